@@ -1,0 +1,14 @@
+# Shortcuts for the two commands of the README (they install what they need).
+.PHONY: run test lint bench-store
+
+run:
+	bash scripts/run.sh
+
+test:
+	bash scripts/test.sh
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy shared/evora services
+
+bench-store:
+	.venv/bin/python scripts/bench_store.py

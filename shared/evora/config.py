@@ -1,0 +1,134 @@
+"""Configuration from `EVORA_*` environment variables (or a `.env` file), CONTRACT section 1.
+
+Every service loads it at start-up; anything invalid stops the process with one line that
+names the variable.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from evora.domain.models import DEFAULT_MAX_PAYLOAD_BYTES
+
+log = logging.getLogger(__name__)
+
+Role = Literal["admin", "producer", "worker"]
+ROLES: tuple[Role, ...] = ("admin", "producer", "worker")
+LOOPBACK = "127.0.0.1"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message is one human-readable line."""
+
+
+def _port(default: int) -> int:
+    return Field(default=default, ge=1, le=65535)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="EVORA_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    database_url: str | None = None
+    mongo_url: str | None = None
+    mongo_db: str = Field(default="evora", min_length=1, pattern=r"^[^/\\. \"$]{1,63}$")
+    tokens: str | None = None
+    auth: Literal["enabled", "disabled"] = "enabled"
+    host: str = "0.0.0.0"
+    api_port: int = _port(8080)
+    dispatcher_port: int = _port(8081)
+    sweeper_port: int = _port(8082)
+    projector_port: int = _port(8083)
+    data_dir: Path = Path(".evora")
+    max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, ge=1, le=64 * 1024 * 1024)
+    archive_url: str | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    db_pool_size: int = Field(default=10, ge=1, le=200)
+
+    @field_validator("database_url", "mongo_url", "tokens", "archive_url", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_dsn(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgres://", "postgresql://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @field_validator("mongo_url")
+    @classmethod
+    def _mongo_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("mongodb://", "mongodb+srv://")):
+            raise ValueError("must be a mongodb:// URL")
+        return value
+
+    @field_validator("tokens")
+    @classmethod
+    def _token_pairs(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_tokens(value)
+        return value
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth == "enabled"
+
+    @property
+    def bind_host(self) -> str:
+        """Without authentication nothing may listen beyond this machine."""
+        return self.host if self.auth_enabled else LOOPBACK
+
+    @property
+    def archive_location(self) -> str:
+        return self.archive_url or str(self.data_dir / "archive")
+
+    def token_roles(self) -> dict[str, Role]:
+        return parse_tokens(self.tokens) if self.tokens else {}
+
+    def require(self, *names: str) -> None:
+        """Fail start-up when a variable this service needs is unset."""
+        for name in names:
+            if getattr(self, name) is None:
+                raise ConfigError(f"EVORA_{name.upper()} is required")
+        if self.auth_enabled and not self.tokens:
+            raise ConfigError("EVORA_TOKENS is required unless EVORA_AUTH=disabled")
+
+
+def parse_tokens(text: str) -> dict[str, Role]:
+    """`role:token,role:token` into token -> role. A role may have several tokens."""
+    table: dict[str, Role] = {}
+    for raw in text.split(","):
+        pair = raw.strip()
+        if not pair:
+            continue
+        role, sep, token = pair.partition(":")
+        role = role.strip()
+        token = token.strip()
+        if not sep or not token:
+            raise ValueError(f"{pair!r} is not role:token")
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+        if token in table and table[token] != role:
+            raise ValueError("the same token is given to two roles")
+        table[token] = role
+    if not table:
+        raise ValueError("no role:token pairs")
+    return table
+
+
+def load_settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "configuration"
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"EVORA_{field.upper()}: {message}") from None

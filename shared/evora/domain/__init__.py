@@ -1,0 +1,1 @@
+"""The job domain: states, transitions, models and errors shared by every service."""

@@ -1,0 +1,66 @@
+"""Typed domain errors. Each carries the stable problem `code` of CONTRACT section 2 and the
+HTTP status the services answer with, so the mapping lives here and nowhere else."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class EvoraError(Exception):
+    """Something went wrong in Evora."""
+
+    code: ClassVar[str] = "error"
+    status: ClassVar[int] = 500
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str | None = None) -> None:
+        self.detail = detail or (self.__doc__ or self.title).strip()
+        super().__init__(self.detail)
+
+
+class JobNotFound(EvoraError):
+    """No job with that id."""
+
+    code = "job_not_found"
+    status = 404
+    title = "Job not found"
+
+
+class LeaseLost(EvoraError):
+    """The lease token is not the job's current lease (it expired, or the job moved on)."""
+
+    code = "lease_lost"
+    status = 409
+    title = "Lease lost"
+
+
+class InvalidState(EvoraError):
+    """The job is not in a state that allows this operation."""
+
+    code = "invalid_state"
+    status = 409
+    title = "Invalid state"
+
+
+class IdempotencyConflict(EvoraError):
+    """The idempotency key was already used for this queue with different submission fields."""
+
+    code = "idempotency_conflict"
+    status = 409
+    title = "Idempotency conflict"
+
+
+class IdempotentJobGone(EvoraError):
+    """The idempotency key was used, but its job has since been removed by retention."""
+
+    code = "idempotent_job_gone"
+    status = 409
+    title = "Idempotent job gone"
+
+
+class QueueNotFound(EvoraError):
+    """No queue by that name has been seen."""
+
+    code = "queue_not_found"
+    status = 404
+    title = "Queue not found"

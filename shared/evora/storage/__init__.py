@@ -1,0 +1,1 @@
+"""PostgreSQL storage: migrations, the job store, the outbox reader and NOTIFY hints."""

@@ -1,0 +1,428 @@
+"""The job store: every operation on jobs, one statement per transition (see queries.py).
+
+Operations that name a job by id and lease token raise the typed errors of
+`evora.domain.errors` when nothing matched, after one cheap look at the job to tell why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+
+from evora.domain.errors import (
+    IdempotencyConflict,
+    IdempotentJobGone,
+    InvalidState,
+    JobNotFound,
+    LeaseLost,
+)
+from evora.domain.models import JobSubmission
+from evora.domain.states import JobState
+from evora.storage import queries
+from evora.storage.notify import NotifyDebouncer
+from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row
+
+EXPIRY_BATCH = 500
+REDRIVE_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: JobDict
+    created: bool
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    lease_expires_at: datetime
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    job: JobDict
+    # False when the job was RUNNING: only `cancel_requested` is set, the worker decides.
+    immediate: bool
+
+
+@dataclass(frozen=True)
+class Completion:
+    id: UUID
+    lease_token: UUID
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    id: UUID
+    lease_token: UUID
+    message: str
+    error_type: str | None = None
+    retryable: bool = True
+    retry_in_seconds: float | None = None
+
+    def error(self) -> dict[str, Any]:
+        return {"message": self.message, "type": self.error_type}
+
+
+@dataclass(frozen=True)
+class AckOutcome:
+    id: UUID
+    status: int  # 200, 404 or 409, as the acks endpoint reports it
+    job: JobDict | None
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[JobDict]
+    next_after: int | None  # submit_seq to continue below, or None at the end
+
+
+class JobStore:
+    def __init__(self, pool: asyncpg.Pool, debouncer: NotifyDebouncer | None = None) -> None:
+        self._pool = pool
+        self._notify = debouncer or NotifyDebouncer()
+
+    # -- producers ---------------------------------------------------------------------
+
+    async def submit(self, submission: JobSubmission) -> Submitted:
+        return (await self.submit_batch([submission]))[0]
+
+    async def submit_batch(self, submissions: Sequence[JobSubmission]) -> list[Submitted]:
+        """Store all or nothing. An idempotency key seen before (in the database or earlier
+        in this batch) replays its job when the fields match and raises
+        IdempotencyConflict when they differ."""
+        fingerprints = [s.fingerprint() for s in submissions]
+        first_with_key: dict[tuple[str, str], int] = {}
+        repeat_of: dict[int, int] = {}
+        for index, sub in enumerate(submissions):
+            if sub.idempotency_key is None:
+                continue
+            key = (sub.queue, sub.idempotency_key)
+            first = first_with_key.setdefault(key, index)
+            if first != index:
+                if fingerprints[first] != fingerprints[index]:
+                    raise IdempotencyConflict(
+                        f"jobs[{index}] reuses idempotency key {sub.idempotency_key!r} of "
+                        f"jobs[{first}] with different fields"
+                    )
+                repeat_of[index] = first
+        fresh = [i for i in range(len(submissions)) if i not in repeat_of]
+        ids = {i: uuid4() for i in fresh}
+        rows = [submissions[i] for i in fresh]
+        async with self._pool.acquire() as conn:
+            # Only replays can turn into a conflict after rows were inserted; without keys a
+            # single statement is already atomic.
+            transaction = conn.transaction() if first_with_key else contextlib.nullcontext()
+            async with transaction:
+                inserted = await conn.fetch(
+                    queries.SUBMIT,
+                    [ids[i] for i in fresh],
+                    [s.queue for s in rows],
+                    [s.type for s in rows],
+                    [s.payload for s in rows],
+                    [s.priority for s in rows],
+                    [s.run_at for s in rows],
+                    [s.delay_seconds or 0.0 for s in rows],
+                    [s.max_attempts for s in rows],
+                    [s.lease_seconds for s in rows],
+                    [s.backoff.initial_seconds for s in rows],
+                    [s.backoff.max_seconds for s in rows],
+                    [s.backoff.multiplier for s in rows],
+                    [s.expires_at for s in rows],
+                    [s.idempotency_key for s in rows],
+                    [s.group_key for s in rows],
+                    [fingerprints[i] for i in fresh],
+                    self._notify.suppressed(),
+                )
+                if inserted:
+                    self._notify.record(inserted[0]["notified"])
+                created = {row["id"]: row for row in inserted}
+                results: dict[int, Submitted] = {}
+                replayed = []
+                for i in fresh:
+                    row = created.get(ids[i])
+                    if row is None:
+                        replayed.append(i)
+                    else:
+                        results[i] = Submitted(job_from_row(row), created=True)
+                if replayed:
+                    results.update(await self._replays(conn, submissions, fingerprints, replayed))
+        for index, first in repeat_of.items():
+            results[index] = Submitted(results[first].job, created=False)
+        return [results[i] for i in range(len(submissions))]
+
+    async def _replays(
+        self,
+        conn: asyncpg.Connection,
+        submissions: Sequence[JobSubmission],
+        fingerprints: Sequence[bytes],
+        indexes: Sequence[int],
+    ) -> dict[int, Submitted]:
+        records = await conn.fetch(
+            queries.IDEMPOTENT_REPLAYS,
+            [submissions[i].queue for i in indexes],
+            [submissions[i].idempotency_key for i in indexes],
+        )
+        by_key = {(r["key_queue"], r["key_name"]): r for r in records}
+        results = {}
+        for i in indexes:
+            sub = submissions[i]
+            record = by_key.get((sub.queue, sub.idempotency_key))
+            if record is None or record["id"] is None:
+                raise IdempotentJobGone(
+                    f"idempotency key {sub.idempotency_key!r} was used in queue {sub.queue!r} "
+                    "by a job that has since been removed"
+                )
+            if bytes(record["fingerprint"]) != fingerprints[i]:
+                raise IdempotencyConflict(
+                    f"idempotency key {sub.idempotency_key!r} was already used in queue "
+                    f"{sub.queue!r} with different fields"
+                )
+            results[i] = Submitted(job_from_row(record), created=False)
+        return results
+
+    async def get(self, job_id: UUID) -> JobDict:
+        row = await self._pool.fetchrow(queries.GET_JOB, job_id)
+        if row is None:
+            raise JobNotFound(f"job {job_id} not found")
+        return job_from_row(row)
+
+    async def events(self, job_id: UUID) -> list[dict[str, Any]]:
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(queries.JOB_EVENTS, job_id)
+            if not rows and await conn.fetchrow(queries.GET_JOB, job_id) is None:
+                raise JobNotFound(f"job {job_id} not found")
+        return [event_from_row(r) for r in rows]
+
+    async def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        after: int | None = None,
+    ) -> JobPage:
+        given = {"queue": queue, "state": state, "type": type}
+        names = tuple(name for name, value in given.items() if value is not None)
+        args: list[Any] = [given[name] for name in names]
+        args.append(limit + 1)
+        if after is not None:
+            args.append(after)
+        rows = await self._pool.fetch(queries.list_jobs(names, after=after is not None), *args)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return JobPage(
+            [job_from_row(r) for r in rows], rows[-1]["submit_seq"] if more and rows else None
+        )
+
+    async def cancel(self, job_id: UUID) -> Cancelled:
+        rows = await self._pool.fetch(queries.CANCEL, job_id)
+        if rows:
+            job = job_from_row(rows[0])
+            return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
+        job = await self.get(job_id)
+        if job["state"] == JobState.RUNNING:  # already requested
+            return Cancelled(job, immediate=False)
+        raise InvalidState(f"job {job_id} is {job['state']} and cannot be cancelled")
+
+    # -- admin -------------------------------------------------------------------------
+
+    async def retry(self, job_id: UUID) -> JobDict:
+        rows = await self._pool.fetch(queries.RETRY, job_id, self._notify.suppressed())
+        return await self._moved_from_dlq(job_id, rows, "retried")
+
+    async def discard(self, job_id: UUID) -> JobDict:
+        rows = await self._pool.fetch(queries.DISCARD, job_id)
+        return await self._moved_from_dlq(job_id, rows, "discarded")
+
+    async def _moved_from_dlq(self, job_id: UUID, rows: list[asyncpg.Record], verb: str) -> JobDict:
+        if rows:
+            self._notify.record(rows[0].get("notified"))
+            return job_from_row(rows[0])
+        job = await self.get(job_id)
+        raise InvalidState(f"job {job_id} is {job['state']}; only DLQ jobs can be {verb}")
+
+    async def redrive(
+        self, queue: str, *, type: str | None = None, limit: int | None = None
+    ) -> int:
+        """Move DLQ jobs of `queue` back to PENDING in bounded batches (short transactions)."""
+        moved = 0
+        while limit is None or moved < limit:
+            batch = REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved)
+            rows = await self._pool.fetch(
+                queries.REDRIVE, queue, type, batch, self._notify.suppressed()
+            )
+            if rows:
+                self._notify.record(rows[0]["notified"])
+            moved += len(rows)
+            if len(rows) < batch:
+                break
+        return moved
+
+    async def pause(self, queue: str) -> None:
+        await self._pool.execute(queries.PAUSE_QUEUE, queue)
+
+    async def resume(self, queue: str) -> None:
+        await self._pool.execute(queries.RESUME_QUEUE, queue)
+
+    async def paused(self, queues: Sequence[str]) -> set[str]:
+        rows = await self._pool.fetch(queries.PAUSED_QUEUES, list(queues))
+        return {r["queue"] for r in rows}
+
+    async def all_paused(self) -> list[str]:
+        rows = await self._pool.fetch(queries.ALL_PAUSED_QUEUES)
+        return [r["queue"] for r in rows]
+
+    # -- workers -----------------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        worker_id: str,
+        queues: Sequence[str],
+        max_jobs: int = 1,
+        types: Sequence[str] | None = None,
+    ) -> list[JobDict]:
+        rows = await self._pool.fetch(
+            queries.CLAIM, list(queues), list(types) if types else None, max_jobs, worker_id
+        )
+        ordered = sorted(rows, key=lambda r: (r["priority"], r["run_at"], r["submit_seq"]))
+        return [claimed_job_from_row(r) for r in ordered]
+
+    async def next_due(self, queues: Sequence[str]) -> datetime | None:
+        due: datetime | None = await self._pool.fetchval(queries.NEXT_DUE, list(queues))
+        return due
+
+    async def heartbeat(
+        self,
+        job_id: UUID,
+        lease_token: UUID,
+        *,
+        lease_seconds: int | None = None,
+        progress: Any = None,
+    ) -> Heartbeat:
+        row = await self._pool.fetchrow(
+            queries.HEARTBEAT, job_id, lease_token, lease_seconds, progress
+        )
+        if row is None:
+            await self.get(job_id)
+            raise LeaseLost(f"lease {lease_token} is not the current lease of job {job_id}")
+        return Heartbeat(row["lease_expires_at"], row["cancel_requested"])
+
+    async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> JobDict:
+        return self._single(await self.complete_many([Completion(job_id, lease_token, result)]))
+
+    async def fail(self, failure: Failure) -> JobDict:
+        return self._single(await self.fail_many([failure]))
+
+    @staticmethod
+    def _single(outcomes: list[AckOutcome]) -> JobDict:
+        outcome = outcomes[0]
+        if outcome.job is not None:
+            return outcome.job
+        if outcome.status == 404:
+            raise JobNotFound(f"job {outcome.id} not found")
+        raise LeaseLost(f"the lease token is not the current lease of job {outcome.id}")
+
+    async def complete_many(self, completions: Sequence[Completion]) -> list[AckOutcome]:
+        """Complete a batch in one statement. Repeating a completion that already succeeded
+        with the same token answers 200 with the job (a worker may retry after a network
+        error)."""
+        if not completions:
+            return []
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                queries.COMPLETE,
+                [c.id for c in completions],
+                [c.lease_token for c in completions],
+                [c.result for c in completions],
+            )
+            done: dict[UUID, JobDict | None] = {r["id"]: job_from_row(r) for r in rows}
+            missed = [c for c in completions if c.id not in done]
+            if missed:
+                await self._explain_misses(conn, missed, done, replay=JobState.COMPLETED)
+        return [self._outcome(c.id, done) for c in completions]
+
+    async def fail_many(self, failures: Sequence[Failure]) -> list[AckOutcome]:
+        if not failures:
+            return []
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                queries.FAIL,
+                [f.id for f in failures],
+                [f.lease_token for f in failures],
+                [f.error() for f in failures],
+                [f.retryable for f in failures],
+                [f.retry_in_seconds for f in failures],
+                self._notify.suppressed(),
+            )
+            if rows:
+                self._notify.record(rows[0]["notified"])
+            done: dict[UUID, JobDict | None] = {r["id"]: job_from_row(r) for r in rows}
+            missed = [f for f in failures if f.id not in done]
+            if missed:
+                await self._explain_misses(conn, missed, done, replay=None)
+        return [self._outcome(f.id, done) for f in failures]
+
+    @staticmethod
+    async def _explain_misses(
+        conn: asyncpg.Connection,
+        missed: Sequence[Completion | Failure],
+        done: dict[UUID, JobDict | None],
+        *,
+        replay: JobState | None,
+    ) -> None:
+        """Mark each missed id as a replay (its job), lost lease (None) or absent (no key)."""
+        current = {r["id"]: r for r in await conn.fetch(queries.JOB_STATES, [m.id for m in missed])}
+        for item in missed:
+            row = current.get(item.id)
+            if row is None or item.id in done:
+                continue
+            if (
+                replay is not None
+                and row["state"] == replay
+                and row["lease_token"] == item.lease_token
+            ):
+                job = await conn.fetchrow(queries.GET_JOB, item.id)
+                done[item.id] = job_from_row(job) if job is not None else None
+            else:
+                done[item.id] = None
+
+    @staticmethod
+    def _outcome(job_id: UUID, done: dict[UUID, JobDict | None]) -> AckOutcome:
+        if job_id not in done:
+            return AckOutcome(job_id, 404, None)
+        job = done[job_id]
+        return AckOutcome(job_id, 200 if job is not None else 409, job)
+
+    async def release(
+        self, job_id: UUID, lease_token: UUID, *, delay_seconds: float = 0.0
+    ) -> JobDict:
+        rows = await self._pool.fetch(
+            queries.RELEASE, job_id, lease_token, delay_seconds, self._notify.suppressed()
+        )
+        if rows:
+            self._notify.record(rows[0]["notified"])
+            return job_from_row(rows[0])
+        await self.get(job_id)
+        raise LeaseLost(f"lease {lease_token} is not the current lease of job {job_id}")
+
+    # -- sweeper -----------------------------------------------------------------------
+
+    async def expire_leases(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
+        rows = await self._pool.fetch(queries.EXPIRE_LEASES, batch, self._notify.suppressed())
+        if rows:
+            self._notify.record(rows[0]["notified"])
+        return [job_from_row(r) for r in rows]
+
+    async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
+        rows = await self._pool.fetch(queries.EXPIRE_TTLS, batch)
+        return [job_from_row(r) for r in rows]

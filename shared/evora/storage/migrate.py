@@ -1,0 +1,123 @@
+"""Versioned SQL migrations, applied under an advisory lock.
+
+Files are `migrations/NNNN_name.sql`, applied in order, each in its own transaction and
+recorded with a checksum in `evora_migrations`. A second run is a no-op; concurrent runs
+serialise on the lock and the later ones find nothing to do. Editing an applied file is
+refused (its checksum no longer matches), because the database would silently differ from
+what the file says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+from evora.storage.db import connect
+
+log = logging.getLogger(__name__)
+
+# Any constant works; it only has to be the same for every Evora process.
+MIGRATION_LOCK_KEY = 0x45564F52_41000001
+
+_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+_CREATE_TABLE = """
+CREATE TABLE IF NOT EXISTS evora_migrations (
+    version    integer PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+class MigrationError(Exception):
+    """The database's migration history does not match the migration files."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def available() -> list[Migration]:
+    found = []
+    for entry in resources.files("evora.storage.migrations").iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"duplicate migration versions in {versions}")
+    return found
+
+
+def latest_version() -> int:
+    return available()[-1].version
+
+
+async def applied_versions(conn: asyncpg.Connection) -> dict[int, str]:
+    exists = await conn.fetchval("SELECT to_regclass('evora_migrations') IS NOT NULL")
+    if not exists:
+        return {}
+    rows = await conn.fetch("SELECT version, checksum FROM evora_migrations")
+    return {row["version"]: row["checksum"] for row in rows}
+
+
+async def current_version(conn: asyncpg.Connection) -> int:
+    versions = await applied_versions(conn)
+    return max(versions, default=0)
+
+
+async def apply_migrations(dsn: str) -> list[int]:
+    """Bring the database at `dsn` up to date; return the versions this call applied."""
+    conn = await connect(dsn, statement_timeout=None)
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        try:
+            return await _apply_pending(conn)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+    finally:
+        await conn.close()
+
+
+async def _apply_pending(conn: asyncpg.Connection) -> list[int]:
+    await conn.execute(_CREATE_TABLE)
+    done = await applied_versions(conn)
+    applied: list[int] = []
+    for migration in available():
+        recorded = done.get(migration.version)
+        if recorded is not None:
+            if recorded != migration.checksum:
+                raise MigrationError(
+                    f"migration {migration.version:04d}_{migration.name} was changed after it "
+                    "was applied; add a new migration instead"
+                )
+            continue
+        async with conn.transaction():
+            await conn.execute(migration.sql)
+            await conn.execute(
+                "INSERT INTO evora_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                migration.version,
+                migration.name,
+                migration.checksum,
+            )
+        log.info("applied migration %04d_%s", migration.version, migration.name)
+        applied.append(migration.version)
+    unknown = sorted(set(done) - {m.version for m in available()})
+    if unknown:
+        log.warning("database has migrations this code does not know: %s", unknown)
+    return applied

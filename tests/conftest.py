@@ -1,0 +1,153 @@
+"""Real servers for the tests, chosen as DESIGN.md says: an explicit URL from the
+environment, else testcontainers when a Docker engine answers, else local child processes.
+
+PostgreSQL isolation is per test: migrations run once into a template database and every
+test gets its own clone, which costs a file copy instead of a migration run.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from pymongo import MongoClient
+
+from evora.embedded import LocalMongo, LocalPostgres
+
+MakeDatabase = Callable[[], Awaitable[str]]
+
+_DOCKER_PING_TIMEOUT_S = 3
+_TEST_PG_SETTINGS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+
+
+@functools.cache
+def _docker_answers() -> bool:
+    # Without DOCKER_HOST or the default socket there is nobody to ask, so skip the import.
+    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
+        return False
+    try:
+        client = importlib.import_module("docker").from_env(timeout=_DOCKER_PING_TIMEOUT_S)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _container_class(module: str, name: str) -> Any:
+    # testcontainers 4.13 moved the modules under .community; pyproject allows older ones.
+    for path in (f"testcontainers.community.{module}", f"testcontainers.{module}"):
+        try:
+            return getattr(importlib.import_module(path), name)
+        except ImportError:
+            continue
+    raise ImportError(f"testcontainers has no {name}")
+
+
+def _with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
+
+
+async def _admin(dsn: str, statement: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """Admin DSN (database ``postgres``) of a server where tests may create databases."""
+    if url := os.environ.get("EVORA_TEST_DATABASE_URL"):
+        yield url
+    elif _docker_answers():
+        container = _container_class("postgres", "PostgresContainer")(
+            "postgres:18", username="postgres", password="postgres", dbname="postgres", driver=None
+        )
+        container.with_command(f"postgres -c max_connections=200 {_TEST_PG_SETTINGS}")
+        with container:
+            yield container.get_connection_url()
+    else:
+        with (
+            tempfile.TemporaryDirectory(prefix="evora-test-pg-") as tmp,
+            LocalPostgres(Path(tmp) / "data", durable=False) as server,
+        ):
+            yield server.dsn()
+
+
+@pytest.fixture(scope="session")
+async def template_db(pg_server_url: str) -> AsyncIterator[str]:
+    """Name of a database with all migrations applied, for cloning."""
+    # Imported here so that tests needing no database do not depend on the storage layer.
+    from evora.storage.migrate import apply_migrations
+
+    name = f"evora_template_{uuid.uuid4().hex[:12]}"
+    await _admin(pg_server_url, f'CREATE DATABASE "{name}"')
+    try:
+        await apply_migrations(_with_database(pg_server_url, name))
+        yield name
+    finally:
+        await _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def make_db_url(pg_server_url: str, template_db: str) -> AsyncIterator[MakeDatabase]:
+    """Creates migrated databases on demand; all are dropped after the test."""
+    created: list[str] = []
+
+    async def make() -> str:
+        name = f"test_{uuid.uuid4().hex}"
+        await _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        created.append(name)
+        return _with_database(pg_server_url, name)
+
+    yield make
+    for name in created:
+        await _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def db_url(make_db_url: MakeDatabase) -> str:
+    """DSN of a freshly migrated database that only this test uses."""
+    return await make_db_url()
+
+
+@pytest.fixture(scope="session")
+def mongo_url() -> Iterator[str]:
+    if url := os.environ.get("EVORA_TEST_MONGO_URL"):
+        yield url
+    elif _docker_answers():
+        with _container_class("mongodb", "MongoDbContainer")("mongo:7") as container:
+            yield container.get_connection_url()
+    else:
+        with (
+            tempfile.TemporaryDirectory(prefix="evora-test-mongo-") as tmp,
+            LocalMongo(Path(tmp)) as server,
+        ):
+            yield server.url
+
+
+@pytest.fixture(scope="session")
+def _mongo_admin(mongo_url: str) -> Iterator[MongoClient[dict[str, Any]]]:
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_url, serverSelectionTimeoutMS=10_000)
+    with client:
+        yield client
+
+
+@pytest.fixture
+def mongo_db_name(_mongo_admin: MongoClient[dict[str, Any]]) -> Iterator[str]:
+    """A database name no other test uses; the database is dropped afterwards."""
+    name = f"evora_test_{uuid.uuid4().hex[:12]}"
+    yield name
+    _mongo_admin.drop_database(name)

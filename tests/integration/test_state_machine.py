@@ -1,0 +1,196 @@
+"""The database itself enforces the state machine of CONTRACT section 3, and every change
+the store makes writes exactly one event carrying the job's new version."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from evora.domain.models import JobSubmission
+from evora.domain.states import TRANSITIONS, EventName, JobState, Transition, allowed
+from evora.storage.jobs import Failure, JobStore
+
+Q = "sm"
+
+
+async def _submit(store: JobStore, **fields: Any) -> UUID:
+    job_id: UUID = (await store.submit(JobSubmission(queue=Q, type="t", **fields))).job["id"]
+    return job_id
+
+
+async def _claim(store: JobStore, job_id: UUID) -> UUID:
+    claimed = await store.claim(worker_id="w1", queues=[Q], max_jobs=100)
+    tokens = {j["id"]: j["lease_token"] for j in claimed}
+    token: UUID = tokens[job_id]
+    return token
+
+
+async def _events(pool: asyncpg.Pool, job_id: UUID) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        "SELECT event, from_state, to_state, job_version, data FROM job_events "
+        "WHERE job_id = $1 ORDER BY job_version",
+        job_id,
+    )
+
+
+async def _in_state(store: JobStore, pool: asyncpg.Pool, state: JobState) -> UUID:
+    """A fresh job brought to `state` through the store."""
+    job_id = await _submit(store, max_attempts=1)
+    if state is JobState.PENDING:
+        return job_id
+    token = await _claim(store, job_id)
+    if state is JobState.RUNNING:
+        return job_id
+    if state is JobState.COMPLETED:
+        await store.complete(job_id, token)
+    elif state is JobState.DLQ:
+        await store.fail(Failure(job_id, token, "boom"))
+    else:
+        await store.cancel(job_id)
+        await store.release(job_id, token)
+    assert (await store.get(job_id))["state"] == state
+    return job_id
+
+
+async def test_python_table_matches_database(pool: asyncpg.Pool) -> None:
+    rows = await pool.fetch("SELECT from_state, to_state, event FROM job_transitions")
+    in_db = {
+        Transition(
+            JobState(r["from_state"]) if r["from_state"] else None,
+            JobState(r["to_state"]),
+            EventName(r["event"]),
+        )
+        for r in rows
+    }
+    assert in_db == TRANSITIONS
+    assert len(rows) == len(TRANSITIONS)
+
+
+async def _assert_one_event_per_version(pool: asyncpg.Pool, job_id: UUID) -> list[str]:
+    events = await _events(pool, job_id)
+    version = await pool.fetchval("SELECT version FROM jobs WHERE id = $1", job_id)
+    assert [e["job_version"] for e in events] == list(range(1, version + 1))
+    for event in events:
+        if event["event"] != EventName.CANCEL_REQUESTED:
+            from_state = JobState(event["from_state"]) if event["from_state"] else None
+            assert (
+                Transition(from_state, JobState(event["to_state"]), EventName(event["event"]))
+                in TRANSITIONS
+            )
+    return [e["event"] for e in events]
+
+
+async def test_every_allowed_transition_writes_one_event(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    seen: set[tuple[str | None, str, str]] = set()
+
+    async def record(job_id: UUID) -> None:
+        await _assert_one_event_per_version(pool, job_id)
+        for e in await _events(pool, job_id):
+            seen.add((e["from_state"], e["to_state"], e["event"]))
+
+    # submitted, claimed, completed
+    a = await _submit(store)
+    await store.complete(a, await _claim(store, a))
+    await record(a)
+    # PENDING -> CANCELLED
+    b = await _submit(store)
+    assert (await store.cancel(b)).immediate
+    await record(b)
+    # PENDING -> DLQ (expired), then DLQ -> PENDING (retried), then PENDING -> RUNNING -> DLQ
+    c = await _submit(store, expires_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
+    assert [j["id"] for j in await store.expire_ttls()] == [c]
+    await store.retry(c)
+    await store.fail(Failure(c, await _claim(store, c), "boom"))
+    await record(c)
+    # RUNNING -> PENDING (failed), released, lease_expired; DLQ -> CANCELLED
+    d = await _submit(store, max_attempts=3)
+    await store.fail(Failure(d, await _claim(store, d), "boom", retry_in_seconds=0))
+    await store.release(d, await _claim(store, d))
+    await _claim(store, d)
+    await pool.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE id = $1", d)
+    assert [j["id"] for j in await store.expire_leases()] == [d]
+    # lease expiry backs off like a failure; make it due again without waiting
+    await pool.execute("UPDATE jobs SET run_at = now() WHERE id = $1", d)
+    await store.fail(Failure(d, await _claim(store, d), "fatal", retryable=False))
+    await store.discard(d)
+    await record(d)
+    # RUNNING -> CANCELLED after a cancel request
+    e = await _submit(store)
+    token = await _claim(store, e)
+    assert not (await store.cancel(e)).immediate
+    await store.fail(Failure(e, token, "stopped"))
+    await record(e)
+
+    expected = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS}
+    assert {(f, t, ev) for f, t, ev in seen if ev != EventName.CANCEL_REQUESTED} == expected
+
+
+async def test_event_data_names_the_reason(store: JobStore, pool: asyncpg.Pool) -> None:
+    job = await _submit(store, max_attempts=2)
+    await store.fail(Failure(job, await _claim(store, job), "oops", "KeyError", retryable=False))
+    events = await _events(pool, job)
+    assert events[-1]["event"] == "dead_lettered"
+    assert events[-1]["data"]["reason"] == "not_retryable"
+    assert events[-1]["data"]["error"] == {"message": "oops", "type": "KeyError"}
+    assert (await store.get(job))["last_error"] == {"message": "oops", "type": "KeyError"}
+
+
+ILLEGAL = [(a, b) for a, b in itertools.product(JobState, JobState) if a != b and not allowed(a, b)]
+
+
+@pytest.mark.parametrize(("from_state", "to_state"), ILLEGAL)
+async def test_illegal_transition_fails_in_the_database(
+    store: JobStore, pool: asyncpg.Pool, from_state: JobState, to_state: JobState
+) -> None:
+    job_id = await _in_state(store, pool, from_state)
+    with pytest.raises(asyncpg.CheckViolationError, match="illegal job transition"):
+        await pool.execute(
+            "UPDATE jobs SET state = $2::job_state, version = version + 1 WHERE id = $1",
+            job_id,
+            to_state.value,
+        )
+    assert (await store.get(job_id))["state"] == from_state
+
+
+@pytest.mark.parametrize("state", [s for s in JobState if s is not JobState.PENDING])
+async def test_new_job_must_be_pending(pool: asyncpg.Pool, state: JobState) -> None:
+    with pytest.raises(asyncpg.CheckViolationError, match="must be PENDING"):
+        await pool.execute(
+            "INSERT INTO jobs (id, queue, type, payload, state, max_attempts, lease_seconds, "
+            "backoff_initial, backoff_max, backoff_multiplier, run_at, finished_at, "
+            "lease_token, lease_expires_at) VALUES (gen_random_uuid(), 'q', 't', '{}', "
+            "$1::job_state, 1, 30, 1, 2, 2, now(), now(), gen_random_uuid(), now())",
+            state.value,
+        )
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["UPDATE job_events SET event = 'x'", "DELETE FROM job_events", "TRUNCATE job_events"],
+)
+async def test_events_are_append_only(store: JobStore, pool: asyncpg.Pool, statement: str) -> None:
+    await _submit(store)
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
+        await pool.execute(statement)
+    assert await pool.fetchval("SELECT count(*) FROM job_events") == 1
+
+
+@pytest.mark.parametrize("state", [JobState.PENDING, JobState.RUNNING])
+async def test_live_jobs_cannot_be_deleted(
+    store: JobStore, pool: asyncpg.Pool, state: JobState
+) -> None:
+    job_id = await _in_state(store, pool, state)
+    with pytest.raises(asyncpg.CheckViolationError, match="may not be deleted"):
+        await pool.execute("DELETE FROM jobs WHERE id = $1", job_id)
+
+
+async def test_finished_jobs_can_be_pruned(store: JobStore, pool: asyncpg.Pool) -> None:
+    job_id = await _in_state(store, pool, JobState.COMPLETED)
+    assert await pool.execute("DELETE FROM jobs WHERE id = $1", job_id) == "DELETE 1"

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from evora.domain.models import JobSubmission
+
+
+def parse(body: dict[str, Any], limit: int = 1_048_576) -> JobSubmission:
+    import orjson
+
+    return JobSubmission.model_validate_json(
+        orjson.dumps(body), context={"max_payload_bytes": limit}
+    )
+
+
+def test_defaults() -> None:
+    job = parse({"queue": "emails", "type": "email.send"})
+    assert job.payload == {} and job.priority == 0 and job.max_attempts == 5
+    assert job.lease_seconds == 30 and job.backoff.initial_seconds == 1
+    assert job.backoff.max_seconds == 3600 and job.backoff.multiplier == 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "t"},
+        {"queue": "-starts-badly", "type": "t"},
+        {"queue": "x" * 129, "type": "t"},
+        {"queue": "q", "type": "has space"},
+        {"queue": "q", "type": "t" * 256},
+        {"queue": "q", "type": "t", "priority": 40000},
+        {"queue": "q", "type": "t", "priority": "1"},
+        {"queue": "q", "type": "t", "priority": 1.5},
+        {"queue": "q", "type": "t", "max_attempts": 0},
+        {"queue": "q", "type": "t", "lease_seconds": 86401},
+        {"queue": "q", "type": "t", "run_at": "2030-01-01T00:00:00Z", "delay_seconds": 1},
+        {"queue": "q", "type": "t", "run_at": "tomorrow"},
+        {"queue": "q", "type": "t", "run_at": "2030-01-01T00:00:00"},
+        {"queue": "q", "type": "t", "delay_seconds": -1},
+        {"queue": "q", "type": "t", "backoff": {"initial_seconds": 0}},
+        {"queue": "q", "type": "t", "backoff": {"initial_seconds": 10, "max_seconds": 5}},
+        {"queue": "q", "type": "t", "backoff": {"multiplier": 0.5}},
+        {"queue": "q", "type": "t", "idempotency_key": ""},
+        {"queue": "q", "type": "t", "group_key": "g" * 256},
+        {"queue": "q", "type": "t", "unknown_field": 1},
+    ],
+)
+def test_invalid_submissions_are_rejected(body: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        parse(body)
+
+
+def test_payload_size_limit_counts_encoded_bytes() -> None:
+    parse({"queue": "q", "type": "t", "payload": "x" * 90}, limit=100)
+    with pytest.raises(ValidationError, match="payload is"):
+        parse({"queue": "q", "type": "t", "payload": "x" * 120}, limit=100)
+
+
+def test_fingerprint_ignores_key_and_fills_defaults() -> None:
+    a = parse({"queue": "q", "type": "t", "idempotency_key": "k"})
+    b = parse({"queue": "q", "type": "t", "priority": 0, "payload": {}, "idempotency_key": "k"})
+    c = parse({"queue": "q", "type": "t", "payload": {"x": 1}, "idempotency_key": "k"})
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
