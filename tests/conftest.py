@@ -22,6 +22,8 @@ import pytest
 from pymongo import MongoClient
 
 from evora.embedded import LocalMongo, LocalPostgres
+from evora.storage.db import create_pool
+from evora.storage.jobs import JobStore
 
 MakeDatabase = Callable[[], Awaitable[str]]
 
@@ -151,3 +153,17 @@ def mongo_db_name(_mongo_admin: MongoClient[dict[str, Any]]) -> Iterator[str]:
     name = f"evora_test_{uuid.uuid4().hex[:12]}"
     yield name
     _mongo_admin.drop_database(name)
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(db_url, min_size=1, max_size=8)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
+def store(pool: asyncpg.Pool) -> JobStore:
+    return JobStore(pool)

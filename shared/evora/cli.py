@@ -31,6 +31,31 @@ def _dev(args: argparse.Namespace, settings: Settings) -> int:
     return run_dev(settings)
 
 
+def _api(args: argparse.Namespace, settings: Settings) -> int:
+    from services.api.main import run
+
+    return run(settings)
+
+
+def _dispatcher(args: argparse.Namespace, settings: Settings) -> int:
+    from services.dispatcher.main import run
+
+    return run(settings)
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from evora.sdk.worker import run_worker_from_module
+
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
+    return run_worker_from_module(
+        args.module,
+        url=args.url,
+        token=args.token,
+        queues=queues,
+        concurrency=args.concurrency,
+    )
+
+
 Command = Callable[[argparse.Namespace, Settings], int]
 
 
@@ -39,14 +64,27 @@ def _parser() -> argparse.ArgumentParser:
         prog="evora", description="Evora: a distributed job queue on PostgreSQL."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    migrate = sub.add_parser(
+    sub.add_parser(
+        "api", help="producer and admin HTTP service (EVORA_API_PORT, default 8080)"
+    ).set_defaults(run=_api)
+    sub.add_parser(
+        "dispatcher",
+        help="worker-facing HTTP service with long-poll claims (EVORA_DISPATCHER_PORT, 8081)",
+    ).set_defaults(run=_dispatcher)
+    sub.add_parser(
         "migrate", help="apply database migrations (idempotent, safe to run concurrently)"
-    )
-    migrate.set_defaults(run=_migrate)
+    ).set_defaults(run=_migrate)
     dev = sub.add_parser(
-        "dev", help="run Evora on this machine with embedded PostgreSQL (data in EVORA_DATA_DIR)"
+        "dev", help="the whole system on this machine with embedded databases (EVORA_DATA_DIR)"
     )
     dev.set_defaults(run=_dev, dev=True)
+    worker = sub.add_parser("worker", help="run a worker with the handlers registered in MODULE")
+    worker.add_argument("module", metavar="MODULE", help="importable module, e.g. myapp.jobs")
+    worker.add_argument("--url", help="dispatcher URL (EVORA_DISPATCHER_URL)")
+    worker.add_argument("--token", help="worker token (EVORA_WORKER_TOKEN)")
+    worker.add_argument("--queues", help="comma-separated queues (EVORA_WORKER_QUEUES)")
+    worker.add_argument("--concurrency", type=int, help="jobs at once (EVORA_WORKER_CONCURRENCY)")
+    worker.set_defaults(run=_worker)
     return parser
 
 

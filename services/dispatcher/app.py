@@ -1,0 +1,75 @@
+"""The dispatcher app: worker routes on the shared base, one pool, one LISTEN connection,
+the wake-up machinery and its fallback poll."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from evora.config import Settings
+from evora.http.app import METRICS, create_base_app, open_pool
+from evora.http.routing import install
+from evora.storage.jobs import JobStore
+from services.dispatcher.acks import Coalescer
+from services.dispatcher.listener import Listener
+from services.dispatcher.metrics import DispatcherMetrics
+from services.dispatcher.routes import routes
+from services.dispatcher.state import DISPATCH, Dispatch
+from services.dispatcher.wakeups import Cause, Wakeups, poll_forever
+
+
+async def create_app(settings: Settings) -> web.Application:
+    settings.require("database_url")
+    dsn = settings.database_url
+    assert dsn is not None
+    app = create_base_app(settings, "dispatcher", "Evora dispatcher")
+    install(app, routes)
+    metrics = DispatcherMetrics(app[METRICS])
+
+    async def resources(app: web.Application) -> AsyncIterator[None]:
+        pool = await open_pool(app, "dispatcher")
+        store = JobStore(pool)
+
+        async def due_in(queue: str) -> float | None:
+            return await store.seconds_until_due([queue])
+
+        def observe(queue: str, cause: Cause) -> None:
+            metrics.wakeups.labels(cause.value).inc()
+
+        wakeups = Wakeups(due_in, observe)
+        app[DISPATCH] = Dispatch(
+            store=store,
+            wakeups=wakeups,
+            metrics=metrics,
+            completions=Coalescer(store.complete_many),
+            failures=Coalescer(store.fail_many),
+        )
+        listener = Listener(
+            dsn,
+            on_notify=wakeups.notify,
+            on_reconnect=lambda: wakeups.poll(Cause.RECONNECT),
+            on_state=lambda up: metrics.listener_connected.set(1 if up else 0),
+        )
+        tasks = [asyncio.create_task(listener.run()), asyncio.create_task(poll_forever(wakeups))]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await app[DISPATCH].completions.close()
+            await app[DISPATCH].failures.close()
+            await pool.close()
+
+    async def answer_waiting_polls(app: web.Application) -> None:
+        # Before in-flight requests are awaited: waiting long-polls answer [] at once.
+        app[DISPATCH].wakeups.close()
+
+    app.cleanup_ctx.append(resources)
+    app.on_shutdown.append(answer_waiting_polls)
+    return app

@@ -1,0 +1,122 @@
+"""Request and response shapes of the worker API (CONTRACT section 5)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from evora.domain.models import (
+    MAX_SECONDS,
+    ClaimedJob,
+    QueueName,
+    TypeName,
+    check_encoded_size,
+    encoded_size_limit,
+)
+
+# Long stack traces are useful up to a point; beyond it they only bloat every event row.
+MAX_ERROR_MESSAGE = 8192
+
+WorkerId = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class ClaimRequest(_Strict):
+    worker_id: WorkerId
+    queues: list[QueueName] = Field(min_length=1, max_length=20)
+    max_jobs: int = Field(default=1, ge=1, le=500)
+    wait_seconds: float = Field(default=20, ge=0, le=60)
+    types: list[TypeName] | None = Field(default=None, min_length=1, max_length=1000)
+
+
+class ClaimResponse(BaseModel):
+    jobs: list[ClaimedJob]
+
+
+class HeartbeatRequest(_Strict):
+    lease_token: UUID
+    lease_seconds: int | None = Field(default=None, ge=1, le=86400)
+    progress: Any = None
+
+    @field_validator("progress")
+    @classmethod
+    def _progress_fits(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_encoded_size(value, encoded_size_limit(info), "progress")
+
+
+class HeartbeatResponse(BaseModel):
+    lease_expires_at: datetime
+    cancel_requested: bool
+
+
+class CompleteRequest(_Strict):
+    lease_token: UUID
+    result: Any = None
+
+    @field_validator("result")
+    @classmethod
+    def _result_fits(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_encoded_size(value, encoded_size_limit(info), "result")
+
+
+class ErrorBody(_Strict):
+    message: str
+    type: str | None = Field(default=None, max_length=255)
+    retryable: bool = True
+
+    @field_validator("message", "type")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        # A failing worker's report is never refused for its text: NUL (which PostgreSQL
+        # cannot store) is replaced and an endless trace is cut.
+        return None if value is None else value.replace("\x00", "\ufffd")[:MAX_ERROR_MESSAGE]
+
+
+class FailRequest(_Strict):
+    lease_token: UUID
+    error: ErrorBody
+    retry_in_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+
+
+class ReleaseRequest(_Strict):
+    lease_token: UUID
+    delay_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+
+
+class Ack(_Strict):
+    id: UUID
+    lease_token: UUID
+    outcome: Literal["complete", "fail"]
+    result: Any = None
+    error: ErrorBody | None = None
+    retry_in_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+
+    @field_validator("result")
+    @classmethod
+    def _result_fits(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_encoded_size(value, encoded_size_limit(info), "result")
+
+    @model_validator(mode="after")
+    def _error_with_failure(self) -> Ack:
+        if self.outcome == "fail" and self.error is None:
+            raise ValueError("a fail ack needs an error")
+        return self
+
+
+class AcksRequest(_Strict):
+    acks: list[Ack] = Field(min_length=1, max_length=1000)
+
+
+class AckResult(BaseModel):
+    id: UUID
+    status: int
+
+
+class AcksResponse(BaseModel):
+    results: list[AckResult]

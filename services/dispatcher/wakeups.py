@@ -1,0 +1,201 @@
+"""Who to wake when: the waiting long-polls of one dispatcher process.
+
+Each queue keeps its waiters in arrival order. A wake-up goes to ONE waiter of the queue,
+never to all of them: a NOTIFY says only "something changed in this queue", not how much,
+so the woken waiter claims, and if its batch came back full it passes the wake-up on
+(`chain`). Many idle workers on one queue therefore cost one claim query per event, not a
+thundering herd.
+
+Wake-ups come from
+- NOTIFY hints (plus one follow-up after the writers' debounce window, which covers any
+  commit whose own notification was suppressed),
+- a timer per queue set to its earliest delayed job (the database says how far off it is),
+- a slow fallback poll, and a catch-up pass after the LISTEN connection reconnects,
+- shutdown, which answers every waiter at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from enum import StrEnum
+
+from evora.storage.notify import DEBOUNCE_SECONDS
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 2.0
+
+
+class Cause(StrEnum):
+    NOTIFY = "notify"
+    FOLLOW_UP = "follow_up"
+    TIMER = "timer"
+    POLL = "poll"
+    CHAIN = "chain"
+    RECONNECT = "reconnect"
+    SHUTDOWN = "shutdown"
+
+
+# Seconds until the earliest delayed job of a queue, by the database's clock.
+DueLookup = Callable[[str], Awaitable[float | None]]
+WakeObserver = Callable[[str, Cause], None]
+
+
+class Waiter:
+    __slots__ = ("future", "queues")
+
+    def __init__(self, queues: tuple[str, ...], future: asyncio.Future[Cause]) -> None:
+        self.queues = queues
+        self.future = future
+
+
+class Wakeups:
+    def __init__(self, due_in: DueLookup, observe: WakeObserver | None = None) -> None:
+        self._due_in = due_in
+        self._observe = observe
+        # dicts as ordered sets: FIFO wake order with O(1) removal
+        self._waiting: dict[str, dict[Waiter, None]] = {}
+        # per queue: the timer for its next delayed job, None when it has none; absent when
+        # unknown (asked again when someone waits on the queue)
+        self._timers: dict[str, asyncio.TimerHandle | None] = {}
+        self._timer_refreshing: set[str] = set()
+        self._closing = False
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def waiting(self) -> dict[str, int]:
+        return {q: len(w) for q, w in self._waiting.items() if w}
+
+    def register(self, queues: Iterable[str]) -> Waiter:
+        """Join the queues' lines *before* claiming, so a hint that arrives during the claim
+        is not lost."""
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(tuple(queues), loop.create_future())
+        if self._closing:
+            waiter.future.set_result(Cause.SHUTDOWN)
+            return waiter
+        for queue in waiter.queues:
+            line = self._waiting.setdefault(queue, {})
+            line[waiter] = None
+            if queue not in self._timers:
+                self._refresh_timer(queue)
+        return waiter
+
+    def rearm(self, waiter: Waiter) -> None:
+        """Wait again after a claim came back empty."""
+        if waiter.future.done() and not self._closing:
+            waiter.future = asyncio.get_running_loop().create_future()
+            for queue in waiter.queues:
+                self._waiting.setdefault(queue, {})[waiter] = None
+
+    def leave(self, waiter: Waiter, *, woken_unused: bool) -> None:
+        """Leave all lines. A waiter that was woken but did not claim (its client left)
+        passes the wake-up on so it is not lost."""
+        for queue in waiter.queues:
+            line = self._waiting.get(queue)
+            if line is not None:
+                line.pop(waiter, None)
+        if not waiter.future.done():
+            waiter.future.cancel()
+        elif woken_unused and not self._closing:
+            self.chain(waiter.queues)
+
+    async def wait(self, waiter: Waiter, seconds: float) -> Cause | None:
+        if seconds <= 0 and not waiter.future.done():
+            return None
+        done, _ = await asyncio.wait({waiter.future}, timeout=seconds)
+        if not done or waiter.future.cancelled():
+            return None
+        return waiter.future.result()
+
+    def _wake_one(self, queue: str, cause: Cause) -> bool:
+        line = self._waiting.get(queue)
+        while line:
+            waiter = next(iter(line))
+            for q in waiter.queues:
+                other = self._waiting.get(q)
+                if other is not None:
+                    other.pop(waiter, None)
+            if not waiter.future.done():
+                waiter.future.set_result(cause)
+                if self._observe is not None:
+                    self._observe(queue, cause)
+                return True
+        return False
+
+    def notify(self, queue: str) -> None:
+        """A hint that `queue` changed: wake one waiter now and one after the debounce
+        window, and re-read when its next delayed job is due."""
+        if not self._waiting.get(queue):
+            return
+        self._wake_one(queue, Cause.NOTIFY)
+        loop = asyncio.get_running_loop()
+        loop.call_later(DEBOUNCE_SECONDS, self._wake_one, queue, Cause.FOLLOW_UP)
+        self._refresh_timer(queue)
+
+    def chain(self, queues: Iterable[str]) -> None:
+        """A claim filled its whole batch, so there may be more: pass the wake-up on."""
+        for queue in queues:
+            self._wake_one(queue, Cause.CHAIN)
+
+    def poll(self, cause: Cause = Cause.POLL) -> None:
+        for queue, line in list(self._waiting.items()):
+            if line:
+                self._wake_one(queue, cause)
+
+    def close(self) -> None:
+        self._closing = True
+        for timer in self._timers.values():
+            if timer is not None:
+                timer.cancel()
+        self._timers.clear()
+        for line in list(self._waiting.values()):
+            for waiter in list(line):
+                if not waiter.future.done():
+                    waiter.future.set_result(Cause.SHUTDOWN)
+            line.clear()
+
+    def _refresh_timer(self, queue: str) -> None:
+        if queue in self._timer_refreshing or self._closing:
+            return
+        self._timer_refreshing.add(queue)
+        asyncio.get_running_loop().create_task(self._set_timer(queue))
+
+    async def _set_timer(self, queue: str) -> None:
+        try:
+            seconds = await self._due_in(queue)
+        except Exception:
+            # The fallback poll still covers this queue; say so once per failure.
+            log.warning("could not read the next due time of queue %s", queue, exc_info=True)
+            seconds = None
+        finally:
+            self._timer_refreshing.discard(queue)
+        if self._closing:
+            return
+        old = self._timers.pop(queue, None)
+        if old is not None:
+            old.cancel()
+        self._timers[queue] = (
+            None
+            if seconds is None
+            else asyncio.get_running_loop().call_later(max(seconds, 0.0), self._timer_fired, queue)
+        )
+
+    def _timer_fired(self, queue: str) -> None:
+        self._timers.pop(queue, None)
+        self._wake_one(queue, Cause.TIMER)
+        # Unknown until a waiter asks again; a queue nobody waits on needs no timer.
+        if self._waiting.get(queue):
+            self._refresh_timer(queue)
+
+
+async def poll_forever(wakeups: Wakeups, interval: float = POLL_SECONDS) -> None:
+    """The guarantee behind the hints: every queue with waiters gets a claim attempt at
+    least this often."""
+    while not wakeups.closing:
+        await asyncio.sleep(interval)
+        wakeups.poll()

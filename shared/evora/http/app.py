@@ -1,0 +1,209 @@
+"""The app factory every service starts from: middleware (request ids, auth, problem+json,
+metrics), `/healthz`, `/readyz`, `/metrics`, `/openapi.json`."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import asyncpg
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from evora.config import Settings
+from evora.domain.errors import EvoraError
+from evora.http.auth import TokenTable, authorize
+from evora.http.jsonio import json_response
+from evora.http.metrics import ServiceMetrics
+from evora.http.openapi import openapi_document
+from evora.http.problems import Problem
+from evora.http.routing import Routes, endpoint_of, install
+from evora.storage.db import create_pool
+from evora.storage.migrate import current_version, latest_version
+
+log = logging.getLogger(__name__)
+
+# Readiness check: None when fine, else the reason the service is not ready.
+ReadinessCheck = Callable[[], Awaitable[str | None]]
+
+REQUEST_ID_HEADER = "X-Request-Id"
+# The largest body any endpoint accepts; each endpoint applies its own smaller limit.
+ABSOLUTE_BODY_LIMIT = 256 * 1024 * 1024
+
+
+@dataclass
+class Lifecycle:
+    """Set when the process starts draining, so /readyz fails before listeners stop."""
+
+    draining: bool = False
+
+
+SETTINGS = web.AppKey("settings", Settings)
+METRICS = web.AppKey("metrics", ServiceMetrics)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+READINESS = web.AppKey("readiness", list[ReadinessCheck])
+TOKENS = web.AppKey("tokens", TokenTable)
+REQUEST_ID = web.RequestKey("request_id", str)
+
+# Failures of the database, not of the request: the client may retry.
+DATABASE_UNAVAILABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.QueryCanceledError,
+    asyncpg.AdminShutdownError,
+)
+
+_HTTP_CODES = {
+    404: ("not_found", "Not found"),
+    405: ("method_not_allowed", "Method not allowed"),
+    413: ("payload_too_large", "Payload too large"),
+}
+
+
+def _problem_for_http_exception(exc: web.HTTPException) -> Problem:
+    code, title = _HTTP_CODES.get(exc.status, ("http_error", exc.reason))
+    return Problem(exc.status, code, title, exc.text or exc.reason)
+
+
+@web.middleware
+async def _edge(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    metrics = request.app[METRICS]
+    endpoint = endpoint_of(request)
+    route = endpoint.path if endpoint else "unmatched"
+    started = time.perf_counter()
+    metrics.http_in_flight.labels(metrics.service).inc()
+    try:
+        try:
+            if endpoint is not None:
+                authorize(request, endpoint, request.app[TOKENS])
+            response = await handler(request)
+        except Problem as problem:
+            response = problem.response()
+        except EvoraError as error:
+            response = Problem(error.status, error.code, error.title, error.detail).response()
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            response = _problem_for_http_exception(exc).response()
+        except DATABASE_UNAVAILABLE as exc:
+            log.warning("database unavailable in %s %s: %r", request.method, route, exc)
+            response = Problem(
+                503,
+                "unavailable",
+                "Service unavailable",
+                "the database is unavailable or overloaded; retry shortly",
+                headers={"Retry-After": "1"},
+            ).response()
+        except Exception:
+            log.exception(
+                "unhandled error in %s %s (request %s)", request.method, route, request_id
+            )
+            response = Problem(
+                500, "internal_error", "Internal error", f"request {request_id} failed; see logs"
+            ).response()
+    finally:
+        metrics.http_in_flight.labels(metrics.service).dec()
+    metrics.http_requests.labels(metrics.service, request.method, route, str(response.status)).inc()
+    metrics.http_latency.labels(metrics.service, request.method, route).observe(
+        time.perf_counter() - started
+    )
+    if not response.prepared:
+        response.headers[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+async def open_pool(app: web.Application, service: str) -> asyncpg.Pool:
+    """The service's pool, registered for /readyz. min_size=0: connections open on first
+    use, so the service starts (and /readyz says why it is not ready) while PostgreSQL is
+    still coming up, instead of crash-looping until it is."""
+    settings = app[SETTINGS]
+    settings.require("database_url")
+    assert settings.database_url is not None
+    pool = await create_pool(
+        settings.database_url,
+        application_name=f"evora-{service}",
+        min_size=0,
+        max_size=settings.db_pool_size,
+    )
+    app[READINESS].append(database_ready(pool))
+    return pool
+
+
+def database_ready(pool: asyncpg.Pool) -> ReadinessCheck:
+    async def check() -> str | None:
+        try:
+            async with pool.acquire(timeout=2) as conn:
+                version = await current_version(conn)
+        except Exception as exc:  # any failure means "not ready", with the reason
+            return f"PostgreSQL unreachable: {exc.__class__.__name__}"
+        if version != latest_version():
+            return f"database schema is at {version}, this code needs {latest_version()}"
+        return None
+
+    return check
+
+
+def _ops_routes(title: str) -> Routes:
+    ops = Routes("operations")
+
+    @ops.add("GET", "/healthz", roles=None, summary="The process is alive.")
+    async def healthz(request: web.Request) -> web.Response:
+        return json_response({"status": "ok"})
+
+    @ops.add(
+        "GET",
+        "/readyz",
+        roles=None,
+        summary="Dependencies reachable and migrations current (503 otherwise).",
+        responses={200: None, 503: None},
+    )
+    async def readyz(request: web.Request) -> web.Response:
+        if request.app[LIFECYCLE].draining:
+            return json_response({"status": "draining"}, status=503)
+        failures = [r for r in [await check() for check in request.app[READINESS]] if r]
+        if failures:
+            return json_response({"status": "unavailable", "reasons": failures}, status=503)
+        return json_response({"status": "ready"})
+
+    @ops.add(
+        "GET",
+        "/metrics",
+        roles=None,
+        summary="Prometheus metrics.",
+        content_type=CONTENT_TYPE_LATEST,
+    )
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(request.app[METRICS].registry)
+        response = web.Response(body=body)
+        response.content_type = "text/plain"
+        response.charset = "utf-8"
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    @ops.add("GET", "/openapi.json", roles=None, summary="This service's OpenAPI 3.1 document.")
+    async def openapi(request: web.Request) -> web.Response:
+        return json_response(openapi_document(request.app, title))
+
+    return ops
+
+
+def create_base_app(settings: Settings, service: str, title: str) -> web.Application:
+    app = web.Application(middlewares=[_edge], client_max_size=ABSOLUTE_BODY_LIMIT)
+    app[SETTINGS] = settings
+    app[METRICS] = ServiceMetrics(service)
+    app[LIFECYCLE] = Lifecycle()
+    app[READINESS] = []
+    app[TOKENS] = TokenTable(settings.token_roles() if settings.auth_enabled else None)
+    install(app, _ops_routes(title))
+    return app

@@ -1,0 +1,134 @@
+"""OpenAPI 3.1 generated from the endpoint declarations and their pydantic models."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from evora.http.problems import PROBLEM_CONTENT_TYPE
+from evora.http.routing import Endpoint, all_endpoints
+
+_PATH_PARAM = re.compile(r"\{(\w+)\}")
+_REF_TEMPLATE = "#/components/schemas/{model}"
+
+_PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "code"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "code": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "loc": {"type": "array", "items": {"type": ["string", "integer"]}},
+                    "msg": {"type": "string"},
+                    "type": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+
+_PROBLEM_DESCRIPTIONS = {
+    400: "Malformed JSON (code malformed_json).",
+    401: "Missing or unknown token (code unauthorized).",
+    403: "The token's role may not call this endpoint (code forbidden).",
+    404: "Not found (e.g. code job_not_found).",
+    409: "Conflict (codes invalid_state, lease_lost, idempotency_conflict).",
+    413: "Body or payload over the size limit (code payload_too_large).",
+    422: "Validation error (code validation_error).",
+}
+
+
+def _models(endpoints: list[Endpoint]) -> list[type[BaseModel]]:
+    seen: dict[str, type[BaseModel]] = {}
+    for e in endpoints:
+        for model in (e.body, e.query, *e.responses.values()):
+            if model is not None:
+                seen[model.__name__] = model
+    return list(seen.values())
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    # Nested models (e.g. an enum) are in components/schemas, which the main document's
+    # models_json_schema call fills; the references must point there too.
+    schema = model.model_json_schema(ref_template=_REF_TEMPLATE)
+    required = set(schema.get("required", []))
+    return [
+        {"name": name, "in": "query", "required": name in required, "schema": prop}
+        for name, prop in schema.get("properties", {}).items()
+    ]
+
+
+def _operation(e: Endpoint) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": e.summary, "tags": [e.tag]}
+    params: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PATH_PARAM.findall(e.path)
+    ]
+    if e.query is not None:
+        params += _query_parameters(e.query)
+    if params:
+        op["parameters"] = params
+    problems = set(e.problems)
+    if e.roles is not None:
+        op["security"] = [{"bearer": []}]
+        problems |= {401, 403}
+    if e.body is not None:
+        # An empty body counts as {} (see bodies.parse_body), so a body whose fields are
+        # all optional may be left out.
+        op["requestBody"] = {
+            "required": bool(e.body.model_json_schema().get("required")),
+            "content": {"application/json": {"schema": _ref(e.body)}},
+        }
+        problems |= {400, 413, 422}
+    if e.query is not None:
+        problems.add(422)
+    responses: dict[str, Any] = {}
+    for status, model in sorted(e.responses.items()):
+        response: dict[str, Any] = {"description": "OK" if status < 300 else "See body"}
+        if model is not None:
+            response["content"] = {e.content_type: {"schema": _ref(model)}}
+        responses[str(status)] = response
+    for status in sorted(problems):
+        responses[str(status)] = {
+            "description": _PROBLEM_DESCRIPTIONS.get(status, "Error"),
+            "content": {PROBLEM_CONTENT_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+    op["responses"] = responses
+    return op
+
+
+def openapi_document(app: web.Application, title: str) -> dict[str, Any]:
+    endpoints = sorted(all_endpoints(app), key=lambda e: (e.path, e.method))
+    _, schemas = models_json_schema(
+        [(m, "validation") for m in _models(endpoints)],
+        ref_template=_REF_TEMPLATE,
+    )
+    components: dict[str, Any] = dict(schemas.get("$defs", {}))
+    components["Problem"] = _PROBLEM_SCHEMA
+    paths: dict[str, dict[str, Any]] = {}
+    for e in endpoints:
+        paths.setdefault(e.path, {})[e.method.lower()] = _operation(e)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": "1"},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

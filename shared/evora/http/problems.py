@@ -1,0 +1,79 @@
+"""RFC 9457 problem details: the one shape of every error response (CONTRACT section 2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from evora.http.jsonio import dumps
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+def problem_type(code: str) -> str:
+    return f"urn:evora:problem:{code}"
+
+
+class Problem(Exception):
+    """An error answer raised from anywhere in a request; the middleware renders it."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        title: str,
+        detail: str,
+        *,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.title = title
+        self.detail = detail
+        self.errors = errors
+        self.headers = headers or {}
+
+    def response(self) -> web.Response:
+        body: dict[str, Any] = {
+            "type": problem_type(self.code),
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "code": self.code,
+        }
+        if self.errors is not None:
+            body["errors"] = self.errors
+        response = web.Response(body=dumps(body), status=self.status, headers=self.headers)
+        response.content_type = PROBLEM_CONTENT_TYPE
+        return response
+
+
+def validation_problem(errors: list[dict[str, Any]], detail: str | None = None) -> Problem:
+    return Problem(
+        422,
+        "validation_error",
+        "Validation error",
+        detail or "the request is not valid; see errors",
+        errors=errors,
+    )
+
+
+def malformed_json(detail: str = "the body is not valid JSON") -> Problem:
+    return Problem(400, "malformed_json", "Malformed JSON", detail)
+
+
+def payload_too_large(detail: str) -> Problem:
+    return Problem(413, "payload_too_large", "Payload too large", detail)
+
+
+def unauthorized(detail: str) -> Problem:
+    return Problem(
+        401, "unauthorized", "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def forbidden(detail: str) -> Problem:
+    return Problem(403, "forbidden", "Forbidden", detail)

@@ -1,0 +1,90 @@
+"""Running a service: listen, drain on SIGTERM, shut down in order.
+
+On a stop signal the service first reports not-ready (so load balancers stop sending), waits
+`drain_seconds`, stops listening, runs the app's shutdown hooks (the dispatcher answers
+waiting long-polls there), lets in-flight requests finish within `shutdown_timeout`, then
+runs cleanup (pools close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from evora.http.app import LIFECYCLE
+
+log = logging.getLogger(__name__)
+
+AppFactory = Callable[[], Awaitable[web.Application]]
+
+
+async def serve_app(
+    app: web.Application,
+    *,
+    name: str,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    drain_seconds: float = 0.0,
+    shutdown_timeout: float = 30.0,
+    started: Callable[[int], None] | None = None,
+    handler_cancellation: bool = False,
+) -> None:
+    """`handler_cancellation` cancels a handler whose client disconnected (the dispatcher
+    uses it to stop waiting for, and release jobs claimed for, a worker that left)."""
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        handler_cancellation=handler_cancellation,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = port
+        if runner.addresses:
+            bound = int(runner.addresses[0][1])
+        log.info("%s listening on http://%s:%d", name, host, bound)
+        if started is not None:
+            started(bound)
+        await stop.wait()
+        log.info("%s draining", name)
+        app[LIFECYCLE].draining = True
+        if drain_seconds > 0:
+            await asyncio.sleep(drain_seconds)
+    finally:
+        await runner.cleanup()
+        log.info("%s stopped", name)
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+def run_service(
+    factory: AppFactory, *, name: str, host: str, port: int, handler_cancellation: bool = False
+) -> int:
+    """Entry point of `evora <service>`: serve until SIGINT/SIGTERM, then drain."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        app = await factory()
+        await serve_app(
+            app,
+            name=name,
+            host=host,
+            port=port,
+            stop=stop,
+            handler_cancellation=handler_cancellation,
+        )
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,65 @@
+"""The public Python SDK (CONTRACT section 6): `Client` for producers and admins, `Worker`
+and `Handlers` for worker processes, and the exceptions both raise."""
+
+from evora.sdk._http import RetryBackoff
+from evora.sdk.client import Client, JobData, JobPage, Submission, SubmitOptions, SubmitResult
+from evora.sdk.errors import (
+    BadRequestError,
+    ConflictError,
+    EvoraClientError,
+    EvoraConnectionError,
+    EvoraHTTPError,
+    ForbiddenError,
+    IdempotencyConflictError,
+    IdempotentJobGoneError,
+    InvalidStateError,
+    JobCancelled,
+    JobNotFoundError,
+    LeaseLostError,
+    MalformedJSONError,
+    NonRetryable,
+    NotFoundError,
+    PayloadTooLargeError,
+    QueueNotFoundError,
+    RequestValidationError,
+    ServerError,
+    UnauthorizedError,
+)
+from evora.sdk.handlers import Handler, Handlers, Job
+from evora.sdk.worker import Worker, WorkerSettings, run_worker_from_module
+
+__all__ = [
+    "BadRequestError",
+    "Client",
+    "ConflictError",
+    "EvoraClientError",
+    "EvoraConnectionError",
+    "EvoraHTTPError",
+    "ForbiddenError",
+    "Handler",
+    "Handlers",
+    "IdempotencyConflictError",
+    "IdempotentJobGoneError",
+    "InvalidStateError",
+    "Job",
+    "JobCancelled",
+    "JobData",
+    "JobNotFoundError",
+    "JobPage",
+    "LeaseLostError",
+    "MalformedJSONError",
+    "NonRetryable",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "QueueNotFoundError",
+    "RequestValidationError",
+    "RetryBackoff",
+    "ServerError",
+    "Submission",
+    "SubmitOptions",
+    "SubmitResult",
+    "UnauthorizedError",
+    "Worker",
+    "WorkerSettings",
+    "run_worker_from_module",
+]

@@ -1,0 +1,195 @@
+"""HTTP plumbing shared by `Client` and `Worker`: one pooled aiohttp session, JSON bodies
+through orjson, a timeout on every call, typed errors, and retries only where they are safe.
+
+Whether a call may be repeated is the caller's decision (`idempotent=`); this module only
+knows which failures are worth repeating:
+
+- the connection could not be established: the server never saw the request, so any call
+  may be repeated;
+- the connection broke or timed out after the request was sent, or a gateway answered
+  502/503/504: the server may have acted on it, so only idempotent calls are repeated;
+- any other answer (4xx, 500) is final: repeating it would get the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+import orjson
+
+from evora.sdk.errors import (
+    EvoraClientError,
+    EvoraConnectionError,
+    EvoraHTTPError,
+    error_from_response,
+)
+
+log = logging.getLogger("evora.sdk")
+
+RETRYABLE_STATUSES: Final = frozenset({502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RetryBackoff:
+    """Exponential backoff with jitter: retry n waits between half and all of
+    `min(max_delay, initial * multiplier ** (n - 1))` seconds.
+
+    Half the ceiling is guaranteed so that delays really grow while the server is down; the
+    random other half spreads out many clients that failed at the same moment."""
+
+    initial: float = 0.2
+    max_delay: float = 5.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial <= self.max_delay or self.multiplier < 1:
+            raise ValueError("need 0 < initial <= max_delay and multiplier >= 1")
+
+    def ceiling(self, retry: int) -> float:
+        """The largest delay before retry number `retry` (1 for the first retry)."""
+        try:
+            grown = self.initial * self.multiplier ** max(retry - 1, 0)
+        except OverflowError:
+            # Workers retry claims forever; after enough failures the power overflows.
+            return self.max_delay
+        return min(self.max_delay, grown)
+
+    def delay(self, retry: int, rand: Callable[[], float] = random.random) -> float:
+        ceiling = self.ceiling(retry)
+        return ceiling / 2 + rand() * ceiling / 2
+
+
+def should_retry(error: EvoraClientError, *, idempotent: bool) -> bool:
+    """Whether a call that failed with `error` may be sent again (see the module docstring)."""
+    if isinstance(error, EvoraConnectionError):
+        return idempotent or not error.request_sent
+    if isinstance(error, EvoraHTTPError):
+        return idempotent and error.status in RETRYABLE_STATUSES
+    return False
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: Mapping[str, str]
+    data: Any
+
+
+class _NoBody:
+    pass
+
+
+NO_BODY: Final = _NoBody()
+
+
+class Transport:
+    """One base URL, one token, one aiohttp session (created on first use, inside the loop)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        timeout: float,
+        retries: int,
+        backoff: RetryBackoff,
+        connection_limit: int = 100,
+    ) -> None:
+        if timeout <= 0 or retries < 0:
+            raise ValueError("timeout must be positive and retries not negative")
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Accept": "application/json, application/problem+json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._timeout = timeout
+        self._retries = retries
+        self._backoff = backoff
+        self._connection_limit = connection_limit
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=self._connection_limit),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = NO_BODY,
+        params: Mapping[str, str] | None = None,
+        idempotent: bool,
+        time_limit: float | None = None,
+        retries: int | None = None,
+    ) -> Response:
+        """Send a request, retrying as `should_retry` allows; raises `EvoraClientError`.
+
+        `time_limit` replaces the default timeout (seconds) of each attempt."""
+        data = None if isinstance(body, _NoBody) else orjson.dumps(body)
+        max_retries = self._retries if retries is None else retries
+        attempt = 1
+        while True:
+            try:
+                return await self._send_once(
+                    method, path, data, params, time_limit or self._timeout
+                )
+            except EvoraClientError as exc:
+                exc.attempts = attempt
+                if attempt > max_retries or not should_retry(exc, idempotent=idempotent):
+                    raise
+                delay = self._backoff.delay(attempt)
+                log.info("%s %s failed (%s); retry %d in %.2fs", method, path, exc, attempt, delay)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def _send_once(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None,
+        params: Mapping[str, str] | None,
+        time_limit: float,
+    ) -> Response:
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        try:
+            async with self._get_session().request(
+                method,
+                self.base_url + path,
+                data=data,
+                params=params,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=time_limit),
+            ) as resp:
+                raw = await resp.read()
+                status, reason, resp_headers = resp.status, resp.reason, resp.headers
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise EvoraConnectionError(
+                f"cannot connect to {self.base_url}: {exc}", request_sent=False
+            ) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason_text = str(exc) or type(exc).__name__
+            raise EvoraConnectionError(
+                f"{method} {path}: no answer ({reason_text})", request_sent=True
+            ) from exc
+        if status >= 400:
+            raise error_from_response(status, raw, reason=reason)
+        try:
+            decoded = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError as exc:
+            raise EvoraClientError(f"{method} {path}: the answer is not JSON") from exc
+        return Response(status, resp_headers, decoded)

@@ -1,0 +1,296 @@
+"""`evora.Client`: the async producer and admin client of the api service (CONTRACT section 4).
+
+Retry safety, call by call. Any call is sent again (up to `retries` times) when the
+connection could not be established, since the server never saw it. After a broken
+connection, a timeout or a 502/503/504, the server may have acted, so a call is repeated
+only when repeating it cannot do anything twice:
+
+- `get`, `events`, `list_jobs`, `queues`, `stats`, `workers`: repeated (reads).
+- `submit` with an idempotency key, `submit_batch` when every item has one: repeated; the
+  server deduplicates and answers a repeat with 200 + the same job, so a result may say
+  `replayed` about a job this very call created.
+- `submit`, `submit_batch` without keys: not repeated; a repeat could create a second job.
+- `cancel`, `discard`: repeated. Both drive the job towards CANCELLED, which is final, so a
+  repeat cannot undo or redo anything; when a repeat finds the job already CANCELLED (the
+  first attempt worked but its answer was lost), the job is returned instead of raising
+  `InvalidStateError`.
+- `pause`, `resume`: repeated; they set a flag.
+- `retry`, `redrive`: not repeated. Between two attempts the job can fail again and be back
+  in the DLQ, and the repeat would grant it a second fresh attempt budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Final, Required, Self, TypedDict, Unpack
+from urllib.parse import quote
+from uuid import UUID
+
+from evora.domain.states import JobState
+from evora.sdk._http import NO_BODY, Response, RetryBackoff, Transport
+from evora.sdk.errors import InvalidStateError
+
+JobData = dict[str, Any]
+"""A job resource exactly as the API returns it (CONTRACT section 3)."""
+
+
+class BackoffSpec(TypedDict, total=False):
+    initial_seconds: float
+    max_seconds: float
+    multiplier: float
+
+
+class SubmitOptions(TypedDict, total=False):
+    """The optional submission fields of CONTRACT section 3; omitted ones take the server's
+    defaults."""
+
+    priority: int
+    run_at: datetime | str
+    delay_seconds: float
+    max_attempts: int
+    lease_seconds: int
+    backoff: BackoffSpec
+    expires_at: datetime | str
+    idempotency_key: str
+    group_key: str
+
+
+class Submission(SubmitOptions, total=False):
+    """One item of `Client.submit_batch`: the wire shape of `POST /v1/jobs`."""
+
+    queue: Required[str]
+    type: Required[str]
+    payload: Any
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """A submitted job and whether the server answered with an existing job for the same
+    idempotency key (200 + `Idempotent-Replayed: true`) instead of creating one (201)."""
+
+    job: JobData
+    replayed: bool
+
+    @property
+    def id(self) -> str:
+        return str(self.job["id"])
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[JobData]
+    next: str | None
+    """Cursor for the next page (`list_jobs(after=...)`), None on the last one."""
+
+
+_UNSET: Final = object()
+
+
+def _segment(value: str | UUID) -> str:
+    return quote(str(value), safe="")
+
+
+class Client:
+    """Async client of the api service; one pooled connection set per instance.
+
+    Use as `async with Client(url, token) as client:` or call `close()`. `timeout` bounds
+    every call in seconds; `retries` is how many more times a call may be sent when that is
+    safe (module docstring), waiting `retry_backoff` in between."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        retry_backoff: RetryBackoff | None = None,
+    ) -> None:
+        self._http = Transport(
+            url, token, timeout=timeout, retries=retries, backoff=retry_backoff or RetryBackoff()
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool,
+        body: Any = NO_BODY,
+        params: Mapping[str, str] | None = None,
+    ) -> Response:
+        return await self._http.request(
+            method, path, body=body, params=params, idempotent=idempotent
+        )
+
+    # Producer endpoints
+
+    async def submit(
+        self, queue: str, type: str, payload: Any = _UNSET, **options: Unpack[SubmitOptions]
+    ) -> SubmitResult:
+        """Submit one job. `payload` defaults to the server's `{}`; pass None for JSON null.
+
+        Raises `IdempotencyConflictError` when `idempotency_key` was used for this queue with
+        different fields, `RequestValidationError` when a field breaks a rule."""
+        body: dict[str, Any] = {"queue": queue, "type": type, **options}
+        if payload is not _UNSET:
+            body["payload"] = payload
+        resp = await self._call(
+            "POST", "/v1/jobs", body=body, idempotent="idempotency_key" in options
+        )
+        replayed = resp.status == 200 or resp.headers.get("Idempotent-Replayed") == "true"
+        return SubmitResult(job=resp.data, replayed=replayed)
+
+    async def submit_batch(self, jobs: Iterable[Submission]) -> list[SubmitResult]:
+        """Submit 1..1000 jobs in one transaction, all or nothing; results in request order.
+
+        An invalid item raises `RequestValidationError` (its `errors` name the index) and
+        stores nothing. Repeated after a lost answer only when every item has an
+        idempotency key."""
+        items = list(jobs)
+        resp = await self._call(
+            "POST",
+            "/v1/jobs/batch",
+            body={"jobs": items},
+            idempotent=bool(items) and all("idempotency_key" in item for item in items),
+        )
+        return [
+            SubmitResult(job=entry["job"], replayed=entry["status"] == 200)
+            for entry in resp.data["jobs"]
+        ]
+
+    async def get(self, job_id: str | UUID) -> JobData:
+        """The job; `JobNotFoundError` when there is none."""
+        resp = await self._call("GET", f"/v1/jobs/{_segment(job_id)}", idempotent=True)
+        data: JobData = resp.data
+        return data
+
+    async def events(self, job_id: str | UUID) -> list[dict[str, Any]]:
+        """The job's events, oldest first (CONTRACT section 7)."""
+        resp = await self._call("GET", f"/v1/jobs/{_segment(job_id)}/events", idempotent=True)
+        events: list[dict[str, Any]] = resp.data["events"]
+        return events
+
+    async def cancel(self, job_id: str | UUID) -> JobData:
+        """Cancel a job: a PENDING one is CANCELLED at once; a RUNNING one gets
+        `cancel_requested` and becomes CANCELLED when its worker gives it up. Final states
+        raise `InvalidStateError`."""
+        return await self._to_cancelled(job_id, f"/v1/jobs/{_segment(job_id)}/cancel")
+
+    # Admin endpoints
+
+    async def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | str | None = None,
+        type: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> JobPage:
+        """One page of jobs, newest first; pass `page.next` as `after` for the next one."""
+        filters = {"queue": queue, "state": state, "type": type, "limit": limit, "after": after}
+        params = {name: str(value) for name, value in filters.items() if value is not None}
+        resp = await self._call("GET", "/v1/jobs", params=params, idempotent=True)
+        return JobPage(jobs=resp.data["jobs"], next=resp.data.get("next"))
+
+    async def iter_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | str | None = None,
+        type: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[JobData]:
+        """Every job matching the filters, newest first, fetching page after page."""
+        after: str | None = None
+        while True:
+            page = await self.list_jobs(
+                queue=queue, state=state, type=type, limit=page_size, after=after
+            )
+            for job in page.jobs:
+                yield job
+            if page.next is None:
+                return
+            after = page.next
+
+    async def retry(self, job_id: str | UUID) -> JobData:
+        """Move a DLQ job back to PENDING with a fresh attempt budget."""
+        resp = await self._call("POST", f"/v1/jobs/{_segment(job_id)}/retry", idempotent=False)
+        data: JobData = resp.data
+        return data
+
+    async def discard(self, job_id: str | UUID) -> JobData:
+        """Move a DLQ job to CANCELLED."""
+        return await self._to_cancelled(job_id, f"/v1/jobs/{_segment(job_id)}/discard")
+
+    async def redrive(self, queue: str, type: str | None = None, limit: int | None = None) -> int:
+        """Move the queue's DLQ jobs (optionally of one type, at most `limit`) to PENDING;
+        returns how many moved."""
+        body: dict[str, Any] = {}
+        if type is not None:
+            body["type"] = type
+        if limit is not None:
+            body["limit"] = limit
+        resp = await self._call(
+            "POST", f"/v1/queues/{_segment(queue)}/redrive", body=body, idempotent=False
+        )
+        return int(resp.data["redriven"])
+
+    async def pause(self, queue: str) -> dict[str, Any]:
+        """Stop handing out the queue's jobs (submissions are still accepted)."""
+        resp = await self._call("POST", f"/v1/queues/{_segment(queue)}/pause", idempotent=True)
+        return dict(resp.data or {})
+
+    async def resume(self, queue: str) -> dict[str, Any]:
+        resp = await self._call("POST", f"/v1/queues/{_segment(queue)}/resume", idempotent=True)
+        return dict(resp.data or {})
+
+    async def queues(self) -> list[dict[str, Any]]:
+        """Stats of every queue, from the read models (eventually consistent)."""
+        resp = await self._call("GET", "/v1/queues", idempotent=True)
+        queues: list[dict[str, Any]] = resp.data["queues"]
+        return queues
+
+    async def stats(self, queue: str) -> dict[str, Any]:
+        """Read-model stats of one queue; `QueueNotFoundError` for a queue never seen."""
+        resp = await self._call("GET", f"/v1/queues/{_segment(queue)}/stats", idempotent=True)
+        stats: dict[str, Any] = resp.data
+        return stats
+
+    async def workers(self) -> list[dict[str, Any]]:
+        """Workers seen recently, from the read models."""
+        resp = await self._call("GET", "/v1/workers", idempotent=True)
+        data = resp.data
+        workers: list[dict[str, Any]] = data["workers"] if isinstance(data, dict) else data
+        return workers
+
+    async def _to_cancelled(self, job_id: str | UUID, path: str) -> JobData:
+        try:
+            resp = await self._call("POST", path, idempotent=True)
+        except InvalidStateError as exc:
+            # A repeat after a lost answer finds the job already moved by the first attempt.
+            if exc.attempts > 1:
+                job = await self.get(job_id)
+                if job.get("state") == JobState.CANCELLED:
+                    return job
+            raise
+        data: JobData = resp.data
+        return data

@@ -1,0 +1,127 @@
+"""Handlers by job type, and the `Job` a handler receives."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+
+from evora.domain.models import TYPE_PATTERN
+from evora.sdk.errors import JobCancelled
+
+_TYPE_RE = re.compile(TYPE_PATTERN)
+
+
+@dataclass(eq=False)
+class Job:
+    """One claimed job, as its handler sees it.
+
+    `data` is everything the dispatcher sent (priority, group_key, run_at, ...). The worker
+    sets `cancel_event` when a heartbeat reports that cancellation was requested; a handler
+    can check `cancel_requested`, call `raise_if_cancel_requested()` between steps, or race
+    its work against `cancel_event.wait()`."""
+
+    id: str
+    queue: str
+    type: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    lease_seconds: int
+    lease_token: str = field(repr=False)
+    data: Mapping[str, Any] = field(repr=False)
+    cancel_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _progress: orjson.Fragment | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_claim(cls, data: Mapping[str, Any]) -> Job:
+        return cls(
+            id=str(data["id"]),
+            queue=data["queue"],
+            type=data["type"],
+            payload=data.get("payload"),
+            attempt=int(data["attempt"]),
+            max_attempts=int(data["max_attempts"]),
+            lease_seconds=int(data["lease_seconds"]),
+            lease_token=str(data["lease_token"]),
+            data=data,
+        )
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def raise_if_cancel_requested(self) -> None:
+        if self.cancel_requested:
+            raise JobCancelled(f"cancellation of job {self.id} was requested")
+
+    def progress(self, value: Any) -> None:
+        """Report progress (any JSON value) with the next heartbeat; a newer report replaces
+        one not yet sent. Raises TypeError at once when `value` is not JSON-serialisable."""
+        self._progress = orjson.Fragment(orjson.dumps(value))
+
+    def _take_progress(self) -> orjson.Fragment | None:
+        progress, self._progress = self._progress, None
+        return progress
+
+    def _restore_progress(self, progress: orjson.Fragment) -> None:
+        if self._progress is None:
+            self._progress = progress
+
+
+Handler = Callable[[Job], Coroutine[Any, Any, Any]]
+"""An async function taking the `Job` and returning its JSON-serialisable result."""
+
+H = TypeVar("H", bound=Handler)
+
+
+class Handlers:
+    """A registry of handlers by job type.
+
+    A module can define one and leave the rest (dispatcher URL, token, queues, concurrency)
+    to `evora worker MODULE`; a `Worker` keeps its handlers in one too::
+
+        handlers = evora.Handlers()
+
+        @handlers.job("email.send")
+        async def send(job: evora.Job) -> dict[str, str]: ...
+    """
+
+    def __init__(self) -> None:
+        self._by_type: dict[str, Handler] = {}
+
+    def job(self, type: str) -> Callable[[H], H]:
+        """Decorator registering an async function for jobs of `type`."""
+
+        def register(handler: H) -> H:
+            self.add(type, handler)
+            return handler
+
+        return register
+
+    def add(self, type: str, handler: Handler) -> None:
+        if not _TYPE_RE.fullmatch(type):
+            raise ValueError(f"invalid job type {type!r}: must match {TYPE_PATTERN}")
+        if not inspect.iscoroutinefunction(handler):
+            raise TypeError(f"the handler for {type!r} must be an async function")
+        existing = self._by_type.get(type)
+        if existing is not None and existing is not handler:
+            raise ValueError(f"a handler for {type!r} is already registered")
+        self._by_type[type] = handler
+
+    def include(self, other: Handlers) -> None:
+        """Register every handler of `other` here too."""
+        for type, handler in other._by_type.items():
+            self.add(type, handler)
+
+    def get(self, type: str) -> Handler | None:
+        return self._by_type.get(type)
+
+    @property
+    def types(self) -> list[str]:
+        return sorted(self._by_type)

@@ -1,0 +1,84 @@
+"""POST /v1/jobs/batch: one transaction, request order, all-or-nothing validation."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from evora.config import Settings
+from services.api.models import BatchResult
+from tests.api.conftest import PRODUCER, ApiClient, MakeClient, job, problem
+
+
+async def test_batch_answers_in_request_order(client: ApiClient, db: asyncpg.Connection) -> None:
+    first = await client.post("/v1/jobs", json=job(idempotency_key="seen"), headers=PRODUCER)
+    existing = (await first.json())["id"]
+    jobs = [
+        job(payload={"i": 0}),
+        job(idempotency_key="seen"),
+        job(queue="sms", type="sms.send", priority=-5),
+        job(idempotency_key="new"),
+        job(idempotency_key="new"),  # a repeat inside the batch replays the item before it
+    ]
+    response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
+    assert response.status == 200
+    body = await response.json()
+    BatchResult.model_validate(body)
+    items = body["jobs"]
+    assert [item["status"] for item in items] == [201, 200, 201, 201, 200]
+    assert items[0]["job"]["payload"] == {"i": 0}
+    assert items[1]["job"]["id"] == existing
+    assert (items[2]["job"]["queue"], items[2]["job"]["priority"]) == ("sms", -5)
+    assert items[3]["job"]["id"] == items[4]["job"]["id"]
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 4
+
+
+async def test_one_invalid_item_stores_nothing(client: ApiClient, db: asyncpg.Connection) -> None:
+    jobs = [job(payload={"i": i}) for i in range(5)]
+    jobs[3]["queue"] = "not a queue!"
+    response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
+    body = await problem(response, 422, "validation_error")
+    assert [e["loc"] for e in body["errors"]] == [["jobs", 3, "queue"]]
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_oversized_payload_names_its_index(
+    make_client: MakeClient, settings: Settings, db: asyncpg.Connection
+) -> None:
+    client = await make_client(settings.model_copy(update={"max_payload_bytes": 100}))
+    jobs = [job(), job(), job(payload="x" * 200)]
+    response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
+    body = await problem(response, 413, "payload_too_large")
+    assert "jobs.2.payload" in body["detail"]
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_conflicting_keys_store_nothing(client: ApiClient, db: asyncpg.Connection) -> None:
+    await client.post("/v1/jobs", json=job(idempotency_key="k", priority=1), headers=PRODUCER)
+    jobs = [job(), job(idempotency_key="k", priority=2)]
+    response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
+    await problem(response, 409, "idempotency_conflict")
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 1
+
+
+async def test_batch_size_is_1_to_1000(client: ApiClient, db: asyncpg.Connection) -> None:
+    for jobs in ([], [job()] * 1001):
+        response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
+        body = await problem(response, 422, "validation_error")
+        assert body["errors"][0]["loc"] == ["jobs"]
+    response = await client.post("/v1/jobs/batch", json={"jobs": [job()] * 1000}, headers=PRODUCER)
+    assert response.status == 200
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 1000
+
+
+async def test_batch_body_must_be_an_object_with_jobs(shared_client: ApiClient) -> None:
+    response = await shared_client.post("/v1/jobs/batch", data=b"", headers=PRODUCER)
+    body = await problem(response, 422, "validation_error")
+    assert body["errors"][0]["loc"] == ["jobs"]
+    response = await shared_client.post("/v1/jobs/batch", data=b"[", headers=PRODUCER)
+    await problem(response, 400, "malformed_json")
+
+
+async def test_oversized_batch_body_is_413(shared_client: ApiClient) -> None:
+    body = b'{"jobs": [' + b" " * (16 * 1024 * 1024) + b"]}"
+    response = await shared_client.post("/v1/jobs/batch", data=body, headers=PRODUCER)
+    await problem(response, 413, "payload_too_large")

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from evora.config import Settings
+from services.dispatcher.app import create_app
+from services.dispatcher.state import DISPATCH, Dispatch
+
+TOKENS = "admin:adm,producer:prod,worker:wrk"
+WORKER = {"Authorization": "Bearer wrk"}
+
+
+@dataclass
+class Dispatcher:
+    url: str
+    app: web.Application
+    http: aiohttp.ClientSession
+
+    @property
+    def state(self) -> Dispatch:
+        return self.app[DISPATCH]
+
+    async def post(
+        self, path: str, body: Any, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        async with self.http.post(
+            self.url + path, json=body, headers=WORKER if headers is None else headers
+        ) as response:
+            return response.status, await response.json(content_type=None)
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.app_registry().get_sample_value(name, labels)
+        return value or 0.0
+
+    def app_registry(self) -> Any:
+        from evora.http.app import METRICS
+
+        return self.app[METRICS].registry
+
+
+@pytest.fixture
+async def dispatcher(db_url: str) -> AsyncIterator[Dispatcher]:
+    settings = Settings(database_url=db_url, tokens=TOKENS)
+    app = await create_app(settings)
+    server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield Dispatcher(str(server.make_url("")).rstrip("/"), app, http)
+    finally:
+        await server.close()

@@ -1,0 +1,155 @@
+"""Long-poll wake-ups: NOTIFY, timers, no thundering herd, disconnects, shutdown, LISTEN
+reconnects. Waiting is observed through the dispatcher's own state, never by sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from evora.domain.models import JobSubmission
+from evora.storage.jobs import JobStore
+from tests.dispatcher.conftest import WORKER, Dispatcher
+
+
+async def until(condition: Any, limit: float = 10.0) -> None:
+    """Wait for a condition of the system under test, bounded."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.005)
+
+
+def long_poll(
+    d: Dispatcher, queues: list[str], wait: float = 20, **fields: Any
+) -> asyncio.Task[tuple[int, Any]]:
+    body = {
+        "worker_id": fields.pop("worker_id", "w"),
+        "queues": queues,
+        "wait_seconds": wait,
+        **fields,
+    }
+    return asyncio.create_task(d.post("/v1/claim", body))
+
+
+def waiting(d: Dispatcher, queue: str) -> int:
+    return d.state.wakeups.waiting().get(queue, 0)
+
+
+async def test_submission_wakes_a_waiting_poll_by_notify(
+    dispatcher: Dispatcher, store: JobStore
+) -> None:
+    poll = long_poll(dispatcher, ["mail"], wait=30)
+    await until(lambda: waiting(dispatcher, "mail") == 1)
+    started = time.monotonic()
+    job = (await store.submit(JobSubmission(queue="mail", type="t"))).job
+    status, answer = await asyncio.wait_for(poll, 10)
+    elapsed = time.monotonic() - started
+    assert status == 200 and [j["id"] for j in answer["jobs"]] == [str(job["id"])]
+    assert dispatcher.metric("evora_dispatcher_wakeups_total", cause="notify") >= 1
+    assert elapsed < 30  # answered long before the wait ran out
+    assert waiting(dispatcher, "mail") == 0
+
+
+async def test_delayed_job_is_handed_out_when_due(dispatcher: Dispatcher, store: JobStore) -> None:
+    job = (await store.submit(JobSubmission(queue="later", type="t", delay_seconds=0.5))).job
+    status, answer = await asyncio.wait_for(long_poll(dispatcher, ["later"], wait=20), 15)
+    assert status == 200 and answer["jobs"][0]["id"] == str(job["id"])
+    assert dispatcher.metric("evora_dispatcher_wakeups_total", cause="timer") >= 1
+
+
+async def test_one_job_wakes_one_waiter_not_all(dispatcher: Dispatcher, store: JobStore) -> None:
+    polls = [long_poll(dispatcher, ["herd"], wait=3, worker_id=f"w{i}") for i in range(20)]
+    # every poll registers, makes its first (empty) claim, then waits
+    await until(lambda: dispatcher.metric("evora_dispatcher_claims_total", result="empty") >= 20)
+    claims_before = dispatcher.metric("evora_dispatcher_claims_total", result="empty")
+    await store.submit(JobSubmission(queue="herd", type="t"))
+    await until(lambda: dispatcher.metric("evora_dispatcher_claims_total", result="jobs") == 1)
+    results = await asyncio.gather(*polls)
+    got = [answer["jobs"] for _, answer in results if answer["jobs"]]
+    assert len(got) == 1
+    wasted = dispatcher.metric("evora_dispatcher_claims_total", result="empty") - claims_before
+    # the follow-up after the debounce window and the fallback polls may cost a few empty
+    # claims, but nowhere near one per waiter
+    assert wasted < 10
+
+
+async def test_full_batch_passes_the_wakeup_on(dispatcher: Dispatcher, store: JobStore) -> None:
+    polls = [
+        long_poll(dispatcher, ["many"], wait=20, max_jobs=2, worker_id=f"w{i}") for i in range(3)
+    ]
+    await until(lambda: waiting(dispatcher, "many") == 3)
+    await store.submit_batch([JobSubmission(queue="many", type="t") for _ in range(6)])
+    results = await asyncio.wait_for(asyncio.gather(*polls), 15)
+    claimed = [j["id"] for _, answer in results for j in answer["jobs"]]
+    assert len(claimed) == len(set(claimed)) == 6
+
+
+async def test_disconnected_poll_strands_nothing(
+    dispatcher: Dispatcher, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    session = aiohttp.ClientSession()
+    body = {"worker_id": "gone", "queues": ["drop"], "wait_seconds": 30}
+    request = asyncio.create_task(
+        session.post(dispatcher.url + "/v1/claim", json=body, headers=WORKER)
+    )
+    await until(lambda: waiting(dispatcher, "drop") == 1)
+    request.cancel()
+    await session.close()
+    await until(lambda: waiting(dispatcher, "drop") == 0)
+    job = (await store.submit(JobSubmission(queue="drop", type="t"))).job
+    _, answer = await asyncio.wait_for(
+        long_poll(dispatcher, ["drop"], wait=10, worker_id="alive"), 15
+    )
+    assert [j["id"] for j in answer["jobs"]] == [str(job["id"])]
+    assert answer["jobs"][0]["attempt"] == 1
+    claimers = await pool.fetch("SELECT worker_id FROM job_events WHERE event = 'claimed'")
+    assert [r["worker_id"] for r in claimers] == ["alive"]
+
+
+async def test_shutdown_answers_waiting_polls_at_once(db_url: str) -> None:
+    from aiohttp.test_utils import TestServer
+
+    from evora.config import Settings
+    from services.dispatcher.app import create_app
+    from services.dispatcher.state import DISPATCH
+
+    app = await create_app(Settings(database_url=db_url, tokens="worker:wrk"))
+    server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+    await server.start_server()
+    async with aiohttp.ClientSession() as http:
+        body = {"worker_id": "w", "queues": ["q"], "wait_seconds": 60}
+        poll = asyncio.create_task(
+            http.post(server.make_url("/v1/claim"), json=body, headers=WORKER)
+        )
+        await until(lambda: app[DISPATCH].wakeups.waiting().get("q") == 1)
+        started = time.monotonic()
+        closing = asyncio.create_task(server.close())
+        response = await asyncio.wait_for(poll, 10)
+        assert response.status == 200 and (await response.json())["jobs"] == []
+        await closing
+    assert time.monotonic() - started < 10
+
+
+async def test_listener_reconnects_and_catches_up(
+    dispatcher: Dispatcher, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    await until(lambda: dispatcher.metric("evora_dispatcher_listener_connected") == 1)
+    killed = await pool.fetchval(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name = 'evora-dispatcher-listen'"
+    )
+    assert killed == 1
+    await until(lambda: dispatcher.metric("evora_dispatcher_listener_connected") == 0)
+    await until(lambda: dispatcher.metric("evora_dispatcher_listener_connected") == 1)
+    poll = long_poll(dispatcher, ["after"], wait=30)
+    await until(lambda: waiting(dispatcher, "after") == 1)
+    notified = dispatcher.metric("evora_dispatcher_wakeups_total", cause="notify")
+    await store.submit(JobSubmission(queue="after", type="t"))
+    _, answer = await asyncio.wait_for(poll, 10)
+    assert len(answer["jobs"]) == 1
+    assert dispatcher.metric("evora_dispatcher_wakeups_total", cause="notify") > notified

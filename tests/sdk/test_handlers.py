@@ -1,0 +1,157 @@
+"""The handler registry, the Job a handler gets, and how exceptions become fail reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+import evora
+from evora.sdk.worker import MAX_ERROR_MESSAGE, failure_from_exception
+
+
+async def noop(job: evora.Job) -> None:
+    return None
+
+
+def test_decorator_registers_by_type_and_returns_the_function() -> None:
+    handlers = evora.Handlers()
+
+    @handlers.job("email.send")
+    async def send(job: evora.Job) -> str:
+        return "sent"
+
+    assert handlers.get("email.send") is send
+    assert handlers.get("other") is None
+    assert handlers.types == ["email.send"]
+
+
+def test_registering_twice_is_an_error_unless_it_is_the_same_function() -> None:
+    handlers = evora.Handlers()
+    handlers.add("t", noop)
+    handlers.add("t", noop)
+
+    async def other(job: evora.Job) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="already registered"):
+        handlers.add("t", other)
+
+
+def test_handlers_must_be_async_and_types_valid() -> None:
+    handlers = evora.Handlers()
+
+    def sync(job: evora.Job) -> None:
+        return None
+
+    with pytest.raises(TypeError, match="async"):
+        handlers.add("t", sync)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="invalid job type"):
+        handlers.add("has space", noop)
+
+
+def test_include_merges_registries() -> None:
+    a, b = evora.Handlers(), evora.Handlers()
+    a.add("a", noop)
+    b.add("b", noop)
+    a.include(b)
+    assert a.types == ["a", "b"]
+
+
+def test_worker_decorator_uses_its_registry() -> None:
+    worker = evora.Worker("http://127.0.0.1:1", "t", ["q"])
+
+    @worker.handler("x.y")
+    async def handle(job: evora.Job) -> None:
+        return None
+
+    assert worker.handlers.get("x.y") is handle
+
+
+def claimed(**overrides: Any) -> dict[str, Any]:
+    data = {
+        "id": "0b8f4c1e-0000-4000-8000-000000000001",
+        "queue": "q",
+        "type": "t",
+        "payload": {"n": 1},
+        "attempt": 2,
+        "max_attempts": 5,
+        "lease_seconds": 30,
+        "lease_token": "tok",
+        "priority": 3,
+    }
+    return {**data, **overrides}
+
+
+def test_job_from_a_claimed_job() -> None:
+    job = evora.Job.from_claim(claimed())
+    assert (job.id, job.queue, job.type, job.payload) == (claimed()["id"], "q", "t", {"n": 1})
+    assert (job.attempt, job.max_attempts, job.lease_seconds, job.lease_token) == (2, 5, 30, "tok")
+    assert job.data["priority"] == 3
+    assert not job.cancel_requested
+    job.raise_if_cancel_requested()
+    job.cancel_event.set()
+    assert job.cancel_requested
+    with pytest.raises(evora.JobCancelled):
+        job.raise_if_cancel_requested()
+
+
+def test_progress_keeps_the_newest_unsent_report() -> None:
+    job = evora.Job.from_claim(claimed())
+    job.progress({"done": 1})
+    job.progress({"done": 2})
+    sent = job._take_progress()
+    assert sent is not None and orjson.loads(orjson.dumps(sent)) == {"done": 2}
+    assert job._take_progress() is None
+    job.progress({"done": 3})
+    job._restore_progress(sent)  # a failed heartbeat must not overwrite a newer report
+    newer = job._take_progress()
+    assert newer is not None and orjson.loads(orjson.dumps(newer)) == {"done": 3}
+    with pytest.raises(TypeError):
+        job.progress(object())
+
+
+class Fatal(Exception):
+    retryable = False
+
+
+def test_failures_are_retryable_unless_the_exception_says_otherwise() -> None:
+    assert failure_from_exception(ValueError("bad")) == {
+        "message": "bad",
+        "type": "ValueError",
+        "retryable": True,
+    }
+    assert failure_from_exception(evora.NonRetryable("never"))["retryable"] is False
+    assert failure_from_exception(Fatal("x")) == {
+        "message": "x",
+        "type": "Fatal",
+        "retryable": False,
+    }
+
+
+def test_failure_message_is_never_empty_nor_huge() -> None:
+    assert failure_from_exception(TimeoutError())["message"] == "TimeoutError"
+    assert len(failure_from_exception(ValueError("x" * 100_000))["message"]) == MAX_ERROR_MESSAGE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"queues": []}, "1..20 queues"),
+        ({"queues": [f"q{i}" for i in range(21)]}, "1..20 queues"),
+        ({"queues": ["-bad"]}, "invalid queue name"),
+        ({"queues": ["q"], "concurrency": 0}, "concurrency"),
+        ({"queues": ["q"], "wait_seconds": 61}, "wait_seconds"),
+        ({"queues": ["q"], "heartbeat_fraction": 1.0}, "heartbeat_fraction"),
+        ({"queues": ["q"], "ack_batch_size": 1001}, "max_batch"),
+    ],
+)
+def test_worker_rejects_bad_settings(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        evora.Worker("http://127.0.0.1:1", "t", **kwargs)
+
+
+def test_queues_must_not_be_a_bare_string() -> None:
+    with pytest.raises(TypeError, match="list of queue names"):
+        evora.Worker("http://127.0.0.1:1", "t", "emails")

@@ -1,0 +1,362 @@
+"""`evora.Worker` against a real HTTP server speaking the contract (tests/sdk/fake.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import evora
+from evora import Client, Worker
+from examples.worker_example import handlers as example_handlers
+from tests.sdk.conftest import FAST
+from tests.sdk.fake import WORKER_TOKEN, FakeEvora, Seen
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_worker(fake: FakeEvora, **kwargs: Any) -> Worker:
+    settings: dict[str, Any] = {
+        "queues": ["q"],
+        "concurrency": 4,
+        "wait_seconds": 30,
+        "grace_period": 5,
+        "backoff": FAST,
+        **kwargs,
+    }
+    return Worker(fake.url, WORKER_TOKEN, **settings)
+
+
+@asynccontextmanager
+async def serving(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(worker.serve())
+    try:
+        yield task
+    finally:
+        await asyncio.wait_for(worker.stop(), 10)
+        await task
+
+
+def in_state(fake: FakeEvora, job_id: str, state: str) -> Callable[[], bool]:
+    return lambda: fake.state(job_id) == state
+
+
+async def test_claims_runs_and_completes_with_the_return_value(
+    fake: FakeEvora, client: Client
+) -> None:
+    worker = make_worker(fake, handlers=example_handlers)
+    job_id = (await client.submit("q", "demo.echo", {"hello": ["world"]})).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    assert (await client.get(job_id))["result"] == {"hello": ["world"]}
+    claim = fake.seen("POST", "/v1/claim")[0].body
+    assert claim["worker_id"] == worker.settings.worker_id and claim["queues"] == ["q"]
+    assert claim["types"] == example_handlers.types and claim["max_jobs"] == 4
+
+
+async def test_failures_are_reported_retryable_unless_the_exception_says_not(
+    fake: FakeEvora, client: Client
+) -> None:
+    flaky = (await client.submit("q", "demo.fail")).id
+    fatal = (await client.submit("q", "demo.fatal", {"x": 1})).id
+    async with serving(make_worker(fake, handlers=example_handlers)):
+        await fake.wait_until(
+            lambda: (
+                fake.jobs[flaky]["attempt"] == 1
+                and fake.state(flaky) == "PENDING"
+                and fake.state(fatal) == "DLQ"
+            )
+        )
+    errors = {
+        item["id"]: item["error"]
+        for batch in fake.seen("POST", "/v1/acks")
+        for item in batch.body["acks"]
+    }
+    assert errors[flaky] == {
+        "message": "attempt 1 of 5 failed (on purpose)",
+        "type": "FlakyServiceError",
+        "retryable": True,
+    }
+    assert errors[fatal]["retryable"] is False and errors[fatal]["type"] == "NonRetryable"
+
+
+async def test_a_result_that_is_not_json_fails_for_good(fake: FakeEvora, client: Client) -> None:
+    worker = make_worker(fake)
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> object:
+        return object()
+
+    job_id = (await client.submit("q", "t")).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "DLQ"))
+    error = fake.jobs[job_id]["last_error"]
+    assert error["type"] == "TypeError" and "not JSON-serialisable" in error["message"]
+
+
+async def test_heartbeats_keep_the_lease_and_carry_progress(
+    fake: FakeEvora, client: Client
+) -> None:
+    worker = make_worker(fake)
+
+    def heartbeats() -> list[Seen]:
+        return fake.seen("POST", "/v1/jobs/{id}/heartbeat")
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> str:
+        job.progress({"step": 1})
+        await fake.wait_until(lambda: len(heartbeats()) >= 2)
+        return "done"
+
+    job_id = (await client.submit("q", "t", lease_seconds=1)).id  # a heartbeat every 1/3 s
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    first, second = (h.body for h in heartbeats()[:2])
+    assert first["progress"] == {"step": 1} and "progress" not in second
+    assert first["lease_token"] == second["lease_token"]
+
+
+async def test_a_cooperative_handler_stops_on_cancel_and_the_job_is_cancelled(
+    fake: FakeEvora, client: Client
+) -> None:
+    worker = make_worker(fake, handlers=example_handlers, cancel_grace=10)
+    job_id = (await client.submit("q", "demo.sleep", {"seconds": 60}, lease_seconds=1)).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "RUNNING"))
+        assert (await client.cancel(job_id))["cancel_requested"]
+        await fake.wait_until(in_state(fake, job_id, "CANCELLED"))
+    assert len(fake.seen("POST", "/v1/jobs/{id}/release")) == 1
+    assert not fake.seen("POST", "/v1/acks")
+
+
+async def test_a_handler_ignoring_cancel_is_cancelled_after_the_cancel_grace(
+    fake: FakeEvora, client: Client
+) -> None:
+    worker = make_worker(fake, cancel_grace=0.1)
+    cancelled = asyncio.Event()
+
+    @worker.handler("t")
+    async def stubborn(job: evora.Job) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    job_id = (await client.submit("q", "t", lease_seconds=1)).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "RUNNING"))
+        await client.cancel(job_id)
+        await fake.wait_until(in_state(fake, job_id, "CANCELLED"))
+    assert cancelled.is_set()
+    assert fake.jobs[job_id]["attempt"] == 0  # released: the attempt does not count
+
+
+async def test_a_lost_lease_seen_by_a_heartbeat_abandons_the_handler(
+    fake: FakeEvora, client: Client
+) -> None:
+    worker = make_worker(fake)
+    cancelled = asyncio.Event()
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    job_id = (await client.submit("q", "t", lease_seconds=1)).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "RUNNING"))
+        fake.take_lease_away(job_id)
+        await asyncio.wait_for(cancelled.wait(), 5)
+    assert not fake.seen("POST", "/v1/acks") and not fake.seen("POST", "/v1/jobs/{id}/release")
+
+
+async def test_an_outcome_for_a_lost_lease_is_logged_as_taken_away(
+    fake: FakeEvora, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = make_worker(fake)
+    gate = asyncio.Event()
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> str:
+        await gate.wait()
+        return "too late"
+
+    job_id = (await client.submit("q", "t")).id
+    with caplog.at_level(logging.WARNING, logger="evora.worker"):
+        async with serving(worker):
+            await fake.wait_until(in_state(fake, job_id, "RUNNING"))
+            fake.take_lease_away(job_id)
+            gate.set()
+            await fake.wait_until(lambda: bool(fake.seen("POST", "/v1/acks")))
+    assert fake.state(job_id) == "PENDING" and fake.jobs[job_id]["result"] is None
+    assert "taken away" in caplog.text
+
+
+async def test_outcomes_are_batched_under_load(fake: FakeEvora, client: Client) -> None:
+    worker = make_worker(fake, concurrency=20)
+    gate = asyncio.Event()
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> int:
+        await gate.wait()
+        return int(job.payload["n"])
+
+    ids = [(await client.submit("q", "t", {"n": n})).id for n in range(20)]
+    async with serving(worker):
+        await fake.wait_until(lambda: all(fake.state(i) == "RUNNING" for i in ids))
+        gate.set()
+        await fake.wait_until(lambda: all(fake.state(i) == "COMPLETED" for i in ids))
+    sizes = [len(batch.body["acks"]) for batch in fake.seen("POST", "/v1/acks")]
+    assert sum(sizes) == 20 and max(sizes) > 1 and len(sizes) < 20
+    assert not fake.seen("POST", "/v1/jobs/{id}/complete")
+    assert [fake.jobs[i]["result"] for i in ids] == list(range(20))
+
+
+async def test_a_lone_outcome_is_not_delayed_by_the_linger(fake: FakeEvora, client: Client) -> None:
+    worker = make_worker(fake, handlers=example_handlers, ack_linger=30)
+    job_id = (await client.submit("q", "demo.echo")).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"), within=3)
+
+
+async def test_a_rejected_batch_is_reported_job_by_job(fake: FakeEvora, client: Client) -> None:
+    fake.fault("POST", "/v1/acks", 413)
+    worker = make_worker(fake, handlers=example_handlers)
+    job_id = (await client.submit("q", "demo.echo", [1, 2])).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    assert fake.seen("POST", "/v1/jobs/{id}/complete")[0].body["result"] == [1, 2]
+
+
+async def test_acks_are_retried_while_the_dispatcher_is_unavailable(
+    fake: FakeEvora, client: Client
+) -> None:
+    for status in (503, 502):
+        fake.fault("POST", "/v1/acks", status)
+    worker = make_worker(fake, handlers=example_handlers)
+    job_id = (await client.submit("q", "demo.echo")).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    assert len(fake.seen("POST", "/v1/acks")) == 3
+
+
+async def test_stop_lets_running_jobs_finish_within_the_grace_and_releases_the_rest(
+    fake: FakeEvora, client: Client
+) -> None:
+    worker = make_worker(fake, concurrency=3, grace_period=0.5)
+    finish = asyncio.Event()
+
+    @worker.handler("quick")
+    async def quick(job: evora.Job) -> str:
+        await finish.wait()
+        return "finished during the grace period"
+
+    @worker.handler("slow")
+    async def slow(job: evora.Job) -> None:
+        await asyncio.Event().wait()
+
+    quick_id = (await client.submit("q", "quick")).id
+    slow_id = (await client.submit("q", "slow")).id
+    task = asyncio.create_task(worker.serve())
+    # Both jobs run and the third slot waits in a long-poll of 30 s.
+    await fake.wait_until(lambda: fake.state(slow_id) == "RUNNING" and fake.active_claims == 1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    stopping = asyncio.create_task(worker.stop())
+    await fake.wait_until(lambda: fake.active_claims == 0)  # the long-poll was abandoned
+    late_id = (await client.submit("q", "quick")).id
+    finish.set()
+    await asyncio.wait_for(stopping, 5)
+    assert 0.5 <= loop.time() - started < 3
+    await task
+    assert fake.state(quick_id) == "COMPLETED"
+    assert fake.state(slow_id) == "PENDING" and fake.jobs[slow_id]["attempt"] == 0
+    assert fake.state(late_id) == "PENDING"  # claiming stopped with stop()
+    assert [r.path for r in fake.seen("POST", "/v1/jobs/{id}/release")] == [
+        f"/v1/jobs/{slow_id}/release"
+    ]
+
+
+async def test_the_claim_loop_survives_the_dispatcher_going_away(
+    fake: FakeEvora, client: Client
+) -> None:
+    class CountFailures(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+            self.several = asyncio.Event()
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("claim failed"):
+                self.count += 1
+                if self.count >= 3:
+                    self.several.set()
+
+    failures = CountFailures()
+    logger = logging.getLogger("evora.worker")
+    logger.addHandler(failures)
+    try:
+        await fake.stop()
+        worker = make_worker(fake, handlers=example_handlers)
+        async with serving(worker):
+            await asyncio.wait_for(failures.several.wait(), 5)
+            await fake.start()  # the same port: a dispatcher restart
+            job_id = (await client.submit("q", "demo.echo", "back")).id
+            await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    finally:
+        logger.removeHandler(failures)
+    assert fake.jobs[job_id]["result"] == "back"
+
+
+async def test_a_refused_token_stops_serve_with_the_error(fake: FakeEvora) -> None:
+    worker = Worker(fake.url, "wrong", ["q"], handlers=example_handlers)
+    with pytest.raises(evora.UnauthorizedError):
+        await asyncio.wait_for(worker.serve(), 5)
+
+
+async def test_jobs_of_a_type_without_handler_fail_retryably(
+    fake: FakeEvora, client: Client
+) -> None:
+    worker = make_worker(fake, handlers=example_handlers, types=["demo.echo", "mystery"])
+    job_id = (await client.submit("q", "mystery")).id
+    async with serving(worker):
+        await fake.wait_until(lambda: fake.jobs[job_id]["last_error"] is not None)
+    assert fake.jobs[job_id]["last_error"]["type"] == "UnknownJobType"
+    assert fake.state(job_id) == "PENDING"
+
+
+async def test_sigterm_stops_the_worker_command_gracefully(fake: FakeEvora, client: Client) -> None:
+    code = (
+        "import sys\n"
+        "from evora.sdk.worker import run_worker_from_module\n"
+        f"sys.exit(run_worker_from_module('examples.worker_example', url={fake.url!r},"
+        f" token={WORKER_TOKEN!r}, queues=['demo'], concurrency=2))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith("EVORA_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        job_id = (await client.submit("demo", "demo.sleep", {"seconds": 0.5})).id
+        await fake.wait_until(in_state(fake, job_id, "RUNNING"), within=10)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 10)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, stderr.decode()
+    assert fake.state(job_id) == "COMPLETED"
+    assert fake.jobs[job_id]["result"] == {"slept": 0.5}
