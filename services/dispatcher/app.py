@@ -13,8 +13,8 @@ from evora.config import Settings
 from evora.http.app import METRICS, create_base_app, open_pool
 from evora.http.routing import install
 from evora.storage.jobs import JobStore
+from evora.storage.listener import Listener
 from services.dispatcher.acks import Coalescer
-from services.dispatcher.listener import Listener
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.routes import routes
 from services.dispatcher.state import DISPATCH, Dispatch
@@ -52,6 +52,7 @@ async def create_app(settings: Settings) -> web.Application:
             on_notify=wakeups.notify,
             on_reconnect=lambda: wakeups.poll(Cause.RECONNECT),
             on_state=lambda up: metrics.listener_connected.set(1 if up else 0),
+            name="evora-dispatcher-listen",
         )
         tasks = [asyncio.create_task(listener.run()), asyncio.create_task(poll_forever(wakeups))]
         try:

@@ -141,6 +141,8 @@ async def claim(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait_seconds
     waiter = dispatch.wakeups.register(queues)
+    for queue in queues:
+        dispatch.metrics.waiting.labels(queue).inc()
     try:
         while not dispatch.wakeups.closing:
             jobs = await _claim_once(dispatch, body, queues)
@@ -160,6 +162,8 @@ async def claim(request: web.Request) -> web.StreamResponse:
             future.done() and not future.cancelled() and future.result() is not Cause.SHUTDOWN
         )
         dispatch.wakeups.leave(waiter, woken_unused=woken_unused)
+        for queue in queues:
+            dispatch.metrics.waiting.labels(queue).dec()
 
 
 @routes.add(

@@ -43,6 +43,18 @@ def _dispatcher(args: argparse.Namespace, settings: Settings) -> int:
     return run(settings)
 
 
+def _projector(args: argparse.Namespace, settings: Settings) -> int:
+    from services.projector.main import run, run_rebuild
+
+    return run_rebuild(settings) if args.rebuild else run(settings)
+
+
+def _sweeper(args: argparse.Namespace, settings: Settings) -> int:
+    from services.sweeper.main import run
+
+    return run(settings)
+
+
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from evora.sdk.worker import run_worker_from_module
 
@@ -71,6 +83,20 @@ def _parser() -> argparse.ArgumentParser:
         "dispatcher",
         help="worker-facing HTTP service with long-poll claims (EVORA_DISPATCHER_PORT, 8081)",
     ).set_defaults(run=_dispatcher)
+    projector = sub.add_parser(
+        "projector",
+        help="tail the job_events outbox into MongoDB read models (EVORA_PROJECTOR_PORT, 8083)",
+    )
+    projector.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="rebuild the read models from the whole outbox into a new generation, then switch",
+    )
+    projector.set_defaults(run=_projector)
+    sub.add_parser(
+        "sweeper",
+        help="lease and TTL expiry, retention; health and metrics (EVORA_SWEEPER_PORT, 8082)",
+    ).set_defaults(run=_sweeper)
     sub.add_parser(
         "migrate", help="apply database migrations (idempotent, safe to run concurrently)"
     ).set_defaults(run=_migrate)

@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     archive_url: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    # Retention (the sweeper): how long finished jobs and idempotency keys are kept, seconds.
+    retention_completed_seconds: int = Field(default=86_400, ge=60)
+    retention_cancelled_seconds: int = Field(default=86_400, ge=60)
+    retention_dlq_seconds: int = Field(default=604_800, ge=60)
+    retention_idempotency_seconds: int = Field(default=604_800, ge=60)
 
     @field_validator("database_url", "mongo_url", "tokens", "archive_url", mode="before")
     @classmethod

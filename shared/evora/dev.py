@@ -35,10 +35,14 @@ class DevService:
 def _services(settings: Settings) -> list[DevService]:
     from services.api.app import create_app as api
     from services.dispatcher.app import create_app as dispatcher
+    from services.projector.app import create_app as projector
+    from services.sweeper.app import create_app as sweeper
 
     return [
         DevService("api", settings.api_port, api),
         DevService("dispatcher", settings.dispatcher_port, dispatcher, handler_cancellation=True),
+        DevService("sweeper", settings.sweeper_port, sweeper),
+        DevService("projector", settings.projector_port, projector),
     ]
 
 

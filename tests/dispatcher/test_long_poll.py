@@ -45,6 +45,7 @@ async def test_submission_wakes_a_waiting_poll_by_notify(
 ) -> None:
     poll = long_poll(dispatcher, ["mail"], wait=30)
     await until(lambda: waiting(dispatcher, "mail") == 1)
+    assert dispatcher.metric("evora_dispatcher_waiting_polls", queue="mail") == 1
     started = time.monotonic()
     job = (await store.submit(JobSubmission(queue="mail", type="t"))).job
     status, answer = await asyncio.wait_for(poll, 10)
@@ -53,6 +54,7 @@ async def test_submission_wakes_a_waiting_poll_by_notify(
     assert dispatcher.metric("evora_dispatcher_wakeups_total", cause="notify") >= 1
     assert elapsed < 30  # answered long before the wait ran out
     assert waiting(dispatcher, "mail") == 0
+    assert dispatcher.metric("evora_dispatcher_waiting_polls", queue="mail") == 0
 
 
 async def test_delayed_job_is_handed_out_when_due(dispatcher: Dispatcher, store: JobStore) -> None:

@@ -59,6 +59,8 @@ DEFAULT_DISPATCHER_URL: Final = "http://127.0.0.1:8081"
 DEFAULT_CONCURRENCY: Final = 10
 MAX_QUEUES: Final = 20
 MAX_CLAIM: Final = 500
+# With wait_seconds=0 (no long-poll), how long an idle worker waits before asking again.
+IDLE_PAUSE_SECONDS: Final = 0.5
 # Long enough for any useful message, short enough that a failure report never hits a limit.
 MAX_ERROR_MESSAGE: Final = 4096
 
@@ -386,6 +388,9 @@ class Worker:
                 failures = 0
             for data in jobs:
                 self._start(data)
+            if not jobs and self.settings.wait_seconds == 0:
+                # Without a long-poll an empty queue would be asked again at once, forever.
+                await asyncio.sleep(IDLE_PAUSE_SECONDS)
 
     async def _claim(self, types: list[str], max_jobs: int) -> list[dict[str, Any]]:
         body = {

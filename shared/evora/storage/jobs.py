@@ -98,6 +98,16 @@ class JobStore:
         self._pool = pool
         self._notify = debouncer or NotifyDebouncer()
 
+    async def _change(
+        self, conn: asyncpg.Connection | asyncpg.Pool, query: str, *args: Any
+    ) -> list[asyncpg.Record]:
+        """Run a transition statement whose last parameter is the queues this process
+        notified recently (see notify.py), and remember the ones it notified now."""
+        rows: list[asyncpg.Record] = await conn.fetch(query, *args, self._notify.suppressed())
+        if rows:
+            self._notify.record(rows[0]["notified"])
+        return rows
+
     # -- producers ---------------------------------------------------------------------
 
     async def submit(self, submission: JobSubmission) -> Submitted:
@@ -130,7 +140,8 @@ class JobStore:
             # single statement is already atomic.
             transaction = conn.transaction() if first_with_key else contextlib.nullcontext()
             async with transaction:
-                inserted = await conn.fetch(
+                inserted = await self._change(
+                    conn,
                     queries.SUBMIT,
                     [ids[i] for i in fresh],
                     [s.queue for s in rows],
@@ -148,10 +159,7 @@ class JobStore:
                     [s.idempotency_key for s in rows],
                     [s.group_key for s in rows],
                     [fingerprints[i] for i in fresh],
-                    self._notify.suppressed(),
                 )
-                if inserted:
-                    self._notify.record(inserted[0]["notified"])
                 created = {row["id"]: row for row in inserted}
                 results: dict[int, Submitted] = {}
                 replayed = []
@@ -233,7 +241,7 @@ class JobStore:
         )
 
     async def cancel(self, job_id: UUID) -> Cancelled:
-        rows = await self._pool.fetch(queries.CANCEL, job_id)
+        rows = await self._change(self._pool, queries.CANCEL, job_id)
         if rows:
             job = job_from_row(rows[0])
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
@@ -245,16 +253,15 @@ class JobStore:
     # -- admin -------------------------------------------------------------------------
 
     async def retry(self, job_id: UUID) -> JobDict:
-        rows = await self._pool.fetch(queries.RETRY, job_id, self._notify.suppressed())
+        rows = await self._change(self._pool, queries.RETRY, job_id)
         return await self._moved_from_dlq(job_id, rows, "retried")
 
     async def discard(self, job_id: UUID) -> JobDict:
-        rows = await self._pool.fetch(queries.DISCARD, job_id)
+        rows = await self._change(self._pool, queries.DISCARD, job_id)
         return await self._moved_from_dlq(job_id, rows, "discarded")
 
     async def _moved_from_dlq(self, job_id: UUID, rows: list[asyncpg.Record], verb: str) -> JobDict:
         if rows:
-            self._notify.record(rows[0].get("notified"))
             return job_from_row(rows[0])
         job = await self.get(job_id)
         raise InvalidState(f"job {job_id} is {job['state']}; only DLQ jobs can be {verb}")
@@ -266,11 +273,7 @@ class JobStore:
         moved = 0
         while limit is None or moved < limit:
             batch = REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved)
-            rows = await self._pool.fetch(
-                queries.REDRIVE, queue, type, batch, self._notify.suppressed()
-            )
-            if rows:
-                self._notify.record(rows[0]["notified"])
+            rows = await self._change(self._pool, queries.REDRIVE, queue, type, batch)
             moved += len(rows)
             if len(rows) < batch:
                 break
@@ -349,7 +352,8 @@ class JobStore:
         if not completions:
             return []
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch(
+            rows = await self._change(
+                conn,
                 queries.COMPLETE,
                 [c.id for c in completions],
                 [c.lease_token for c in completions],
@@ -365,17 +369,15 @@ class JobStore:
         if not failures:
             return []
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch(
+            rows = await self._change(
+                conn,
                 queries.FAIL,
                 [f.id for f in failures],
                 [f.lease_token for f in failures],
                 [f.error() for f in failures],
                 [f.retryable for f in failures],
                 [f.retry_in_seconds for f in failures],
-                self._notify.suppressed(),
             )
-            if rows:
-                self._notify.record(rows[0]["notified"])
             done: dict[UUID, JobDict | None] = {r["id"]: job_from_row(r) for r in rows}
             missed = [f for f in failures if f.id not in done]
             if missed:
@@ -416,11 +418,8 @@ class JobStore:
     async def release(
         self, job_id: UUID, lease_token: UUID, *, delay_seconds: float = 0.0
     ) -> JobDict:
-        rows = await self._pool.fetch(
-            queries.RELEASE, job_id, lease_token, delay_seconds, self._notify.suppressed()
-        )
+        rows = await self._change(self._pool, queries.RELEASE, job_id, lease_token, delay_seconds)
         if rows:
-            self._notify.record(rows[0]["notified"])
             return job_from_row(rows[0])
         await self.get(job_id)
         raise LeaseLost(f"lease {lease_token} is not the current lease of job {job_id}")
@@ -428,11 +427,9 @@ class JobStore:
     # -- sweeper -----------------------------------------------------------------------
 
     async def expire_leases(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
-        rows = await self._pool.fetch(queries.EXPIRE_LEASES, batch, self._notify.suppressed())
-        if rows:
-            self._notify.record(rows[0]["notified"])
+        rows = await self._change(self._pool, queries.EXPIRE_LEASES, batch)
         return [job_from_row(r) for r in rows]
 
     async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
-        rows = await self._pool.fetch(queries.EXPIRE_TTLS, batch)
+        rows = await self._change(self._pool, queries.EXPIRE_TTLS, batch)
         return [job_from_row(r) for r in rows]

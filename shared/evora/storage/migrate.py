@@ -17,12 +17,11 @@ from importlib import resources
 
 import asyncpg
 
+from evora.storage import locks
 from evora.storage.db import connect
 
 log = logging.getLogger(__name__)
 
-# Any constant works; it only has to be the same for every Evora process.
-MIGRATION_LOCK_KEY = 0x45564F52_41000001
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -85,11 +84,11 @@ async def apply_migrations(dsn: str) -> list[int]:
     """Bring the database at `dsn` up to date; return the versions this call applied."""
     conn = await connect(dsn, statement_timeout=None)
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        await conn.execute("SELECT pg_advisory_lock($1)", locks.MIGRATIONS)
         try:
             return await _apply_pending(conn)
         finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+            await conn.execute("SELECT pg_advisory_unlock($1)", locks.MIGRATIONS)
     finally:
         await conn.close()
 

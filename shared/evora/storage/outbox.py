@@ -76,3 +76,42 @@ async def read_events(
         )
         for r in rows
     ]
+
+
+# $1 after-xid (text), $2 after-seq, $3 cap: committed events past a cursor, and the time of
+# the oldest of them, for lag metrics.
+_BACKLOG = """
+SELECT count(*) AS events, min(at) AS oldest
+FROM (
+    SELECT at FROM job_events
+    WHERE (xid, seq) > ($1::text::xid8, $2::int8)
+      AND xid < pg_snapshot_xmin(pg_current_snapshot())
+    ORDER BY xid, seq
+    LIMIT $3
+) AS behind
+"""
+
+# Finished jobs the sweeper pruned, per queue and state (they leave without an event).
+_PRUNED = "SELECT queue, state::text AS state, pruned FROM job_prune_counts"
+
+
+@dataclass(frozen=True)
+class Backlog:
+    events: int
+    oldest: datetime | None
+
+
+async def backlog(
+    conn: asyncpg.Connection | asyncpg.Pool, after: OutboxCursor, cap: int = 100_000
+) -> Backlog:
+    row = await conn.fetchrow(_BACKLOG, str(after.xid), after.seq, cap)
+    assert row is not None
+    return Backlog(int(row["events"]), row["oldest"])
+
+
+async def pruned_counts(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, dict[str, int]]:
+    """queue -> state -> jobs pruned so far."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in await conn.fetch(_PRUNED):
+        counts.setdefault(row["queue"], {})[row["state"]] = int(row["pruned"])
+    return counts

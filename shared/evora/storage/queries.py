@@ -22,9 +22,10 @@ def _transition(prelude: str, change: str, *, suppress_param: int | None = None)
     """Wrap `change` (an UPDATE/INSERT aliased `j` returning `j.*`, the image and the
     `ev_name`, `ev_from`, `ev_worker`, `ev_data` columns) into the full statement.
 
-    With `suppress_param`, queues that received a PENDING job are notified, except those
-    in that text[] parameter (recently notified by this process); the statement returns
-    the notified queues in column `notified`."""
+    With `suppress_param`, queues that may have a newly claimable job are notified (a job
+    became PENDING, or a grouped job changed, which can free its group's next job), except
+    those in that text[] parameter (recently notified by this process); the statement
+    returns the notified queues in column `notified`."""
     with_clause = f"WITH {prelude},\n" if prelude else "WITH "
     notify = ""
     notified_column = ""
@@ -32,7 +33,10 @@ def _transition(prelude: str, change: str, *, suppress_param: int | None = None)
         notify = f""",
 notified AS (
     SELECT q, pg_notify('{JOBS_CHANNEL}', q) AS sent
-    FROM (SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING') AS pending
+    FROM (
+        SELECT DISTINCT queue AS q FROM moved
+        WHERE state = 'PENDING' OR group_key IS NOT NULL
+    ) AS claimable
     WHERE q <> ALL(${suppress_param}::text[])
 )"""
         notified_column = ", (SELECT array_agg(q) FROM notified) AS notified"
@@ -151,7 +155,7 @@ WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
 RETURNING lease_expires_at, cancel_requested
 """
 
-# $1 ids, $2 lease tokens, $3 results.
+# $1 ids, $2 lease tokens, $3 results, $4 suppressed queues.
 COMPLETE = _transition(
     """input AS (
     SELECT DISTINCT ON (id) * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[])
@@ -166,6 +170,7 @@ COMPLETE = _transition(
     + """, 'completed' AS ev_name, 'RUNNING'::job_state AS ev_from,
               j.worker_id AS ev_worker,
               jsonb_build_object('result_bytes', pg_column_size(i.result)) AS ev_data""",
+    suppress_param=4,
 )
 
 # Where a RUNNING job goes when its attempt ends without success. `d` must provide
@@ -269,7 +274,8 @@ EXPIRE_LEASES = _transition(
     suppress_param=2,
 )
 
-# $1 batch size. Sweeper: PENDING jobs whose expires_at passed before they started.
+# $1 batch size, $2 suppressed queues. Sweeper: PENDING jobs whose expires_at passed before
+# they started.
 EXPIRE_TTLS = _transition(
     """due AS (
     SELECT id FROM jobs
@@ -285,10 +291,11 @@ EXPIRE_TTLS = _transition(
     + _EVENT_COLUMNS
     + """, 'dead_lettered' AS ev_name, 'PENDING'::job_state AS ev_from,
               NULL::text AS ev_worker, '{"reason": "expired"}'::jsonb AS ev_data""",
+    suppress_param=2,
 )
 
-# $1 id. PENDING and DLQ jobs are cancelled at once; a RUNNING job gets cancel_requested
-# (once) and its worker decides. Anything else matches nothing.
+# $1 id, $2 suppressed queues. PENDING and DLQ jobs are cancelled at once; a RUNNING job
+# gets cancel_requested (once) and its worker decides. Anything else matches nothing.
 CANCEL = _transition(
     """target AS (
     SELECT id, state FROM jobs
@@ -306,6 +313,7 @@ CANCEL = _transition(
     + """,
         CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END AS ev_name,
         t.state AS ev_from, j.worker_id AS ev_worker, '{}'::jsonb AS ev_data""",
+    suppress_param=2,
 )
 
 # DLQ -> PENDING with a fresh attempt budget; `target` picks the rows. A time-to-live that
@@ -342,7 +350,7 @@ REDRIVE = _transition(
     suppress_param=4,
 )
 
-# $1 id.
+# $1 id, $2 suppressed queues.
 DISCARD = _transition(
     "target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE)",
     """    UPDATE jobs j
@@ -352,6 +360,7 @@ DISCARD = _transition(
     + _EVENT_COLUMNS
     + """, 'cancelled' AS ev_name, 'DLQ'::job_state AS ev_from,
               NULL::text AS ev_worker, '{"reason": "discarded"}'::jsonb AS ev_data""",
+    suppress_param=2,
 )
 
 GET_JOB = "SELECT * FROM jobs WHERE id = $1"

@@ -1,5 +1,5 @@
-"""The dispatcher's one LISTEN connection (rule 7): dedicated, not from the pool, checked
-with a ping, reconnected with backoff, and followed by a catch-up pass after every
+"""A process's one LISTEN connection for NOTIFY hints (rule 7): dedicated, not from the pool,
+checked with a ping, reconnected with backoff, and followed by a catch-up pass after every
 reconnect because notifications sent while it was away are gone."""
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ class Listener:
         on_notify: Callable[[str], None],
         on_reconnect: Callable[[], None],
         on_state: Callable[[bool], None] | None = None,
+        name: str = "evora-listen",
     ) -> None:
         self._dsn = dsn
+        self._name = name
         self._on_notify = on_notify
         self._on_reconnect = on_reconnect
         self._on_state = on_state or (lambda connected: None)
@@ -52,7 +54,7 @@ class Listener:
         first = True
         while True:
             try:
-                conn = await connect(self._dsn, application_name="evora-dispatcher-listen")
+                conn = await connect(self._dsn, application_name=self._name)
             except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
                 log.warning("LISTEN connection failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay * (0.5 + random.random()))

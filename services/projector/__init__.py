@@ -1,0 +1,1 @@
+"""The projector: tails the job_events outbox into MongoDB read models."""

@@ -1,0 +1,227 @@
+"""How events change read-model documents: pure functions, no I/O.
+
+Every document carries the outbox cursor of the last event applied to it. The projector
+applies to a document only the events past its cursor, and writes it back only if its cursor
+is still what was read (compare-and-set), so replaying a batch after a crash, or any
+overlap, changes nothing: each event takes effect exactly once per document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from evora.readmodels.layout import STATE_NAMES, Document
+from evora.readmodels.stats import BUCKET_SECONDS, KEEP_BUCKETS_SECONDS, bucket_of
+from evora.storage.outbox import OutboxEvent
+
+Cursor = tuple[int, int]
+
+LATENCY_SAMPLES = 1000
+FAILURE_REASONS_KEPT = 50
+CURRENT_JOBS_KEPT = 1000
+_MESSAGE_KEY_CHARS = 200
+
+
+def cursor_of(doc: Document) -> Cursor:
+    xid, seq = doc.get("cursor", (0, 0))
+    return int(xid), int(seq)
+
+
+def unseen(doc: Document, events: Iterable[OutboxEvent]) -> list[OutboxEvent]:
+    mark = cursor_of(doc)
+    return [e for e in events if (e.xid, e.seq) > mark]
+
+
+def _advance(doc: Document, events: Sequence[OutboxEvent]) -> None:
+    doc["cursor"] = [events[-1].xid, events[-1].seq]
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    if not samples:
+        return {"p50": 0, "p95": 0, "p99": 0}
+    ordered = sorted(samples)
+    last = len(ordered) - 1
+
+    def at(fraction: float) -> float:
+        return round(ordered[round(fraction * last)], 3)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99)}
+
+
+def _millis(later: datetime, earlier: Any) -> float | None:
+    if not isinstance(earlier, str):
+        return None
+    start = datetime.fromisoformat(earlier)
+    return max((later - start).total_seconds() * 1000, 0.0)
+
+
+def new_queue(queue: str) -> Document:
+    return {
+        "_id": queue,
+        "cursor": [0, 0],
+        "transitions": dict.fromkeys(STATE_NAMES, 0),
+        "pruned": dict.fromkeys(STATE_NAMES, 0),
+        "counts": dict.fromkeys(STATE_NAMES, 0),
+        "totals": {},
+        "completed_buckets": {},
+        "wait_samples": [],
+        "run_samples": [],
+        "latency_ms": {},
+        "oldest_pending_at": None,
+        "last_event_at": None,
+    }
+
+
+def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> None:
+    """Counts move with each transition, totals count events by name, completions fill
+    10-second buckets, claims and completions feed wait and run latency samples."""
+    transitions = doc["transitions"]
+    totals = doc["totals"]
+    buckets = doc["completed_buckets"]
+    for e in events:
+        if e.from_state is not None and e.from_state != e.to_state:
+            transitions[e.from_state] -= 1
+        if e.from_state != e.to_state:
+            transitions[e.to_state] += 1
+        totals[e.event] = totals.get(e.event, 0) + 1
+        if e.event == "claimed":
+            wait = _millis(e.at, e.job.get("run_at"))
+            if wait is not None:
+                doc["wait_samples"].append(wait)
+        elif e.event == "completed":
+            key = str(bucket_of(e.at))
+            buckets[key] = buckets.get(key, 0) + 1
+            run = _millis(e.at, e.job.get("started_at"))
+            if run is not None:
+                doc["run_samples"].append(run)
+        doc["last_event_at"] = e.at
+    oldest_kept = bucket_of(events[-1].at) - KEEP_BUCKETS_SECONDS // BUCKET_SECONDS
+    doc["completed_buckets"] = {k: n for k, n in buckets.items() if int(k) >= oldest_kept}
+    doc["wait_samples"] = doc["wait_samples"][-LATENCY_SAMPLES:]
+    doc["run_samples"] = doc["run_samples"][-LATENCY_SAMPLES:]
+    doc["latency_ms"] = {
+        "wait": _percentiles(doc["wait_samples"]),
+        "run": _percentiles(doc["run_samples"]),
+    }
+    recount(doc)
+    _advance(doc, events)
+
+
+def recount(doc: Document) -> None:
+    """Counts are the transitions seen minus the finished jobs the sweeper pruned, so they
+    equal PostgreSQL's own counts once the projector has caught up."""
+    doc["counts"] = {s: doc["transitions"][s] - doc["pruned"].get(s, 0) for s in STATE_NAMES}
+
+
+def new_worker(worker_id: str) -> Document:
+    return {
+        "_id": worker_id,
+        "cursor": [0, 0],
+        "first_seen": None,
+        "last_seen": None,
+        "queues": [],
+        "claimed": 0,
+        "completed": 0,
+        "failed": 0,
+        "released": 0,
+        "lease_expired": 0,
+        "current_jobs": [],
+    }
+
+
+_WORKER_COUNTERS = {
+    "claimed": "claimed",
+    "completed": "completed",
+    "failed": "failed",
+    "dead_lettered": "failed",
+    "released": "released",
+    "lease_expired": "lease_expired",
+}
+
+
+def apply_to_worker(doc: Document, events: Sequence[OutboxEvent]) -> None:
+    current: list[str] = doc["current_jobs"]
+    queues: list[str] = doc["queues"]
+    for e in events:
+        counter = _WORKER_COUNTERS.get(e.event)
+        if e.event == "dead_lettered" and e.data.get("reason") == "lease_expired":
+            counter = "lease_expired"
+        if counter is not None:
+            doc[counter] += 1
+        job = str(e.job_id)
+        if e.to_state == "RUNNING" and e.from_state != "RUNNING":
+            current.append(job)
+        elif e.from_state == "RUNNING" and e.to_state != "RUNNING" and job in current:
+            current.remove(job)
+        if e.queue not in queues:
+            queues.append(e.queue)
+        doc["first_seen"] = doc["first_seen"] or e.at
+        doc["last_seen"] = e.at
+    doc["current_jobs"] = current[-CURRENT_JOBS_KEPT:]
+    doc["running"] = len(doc["current_jobs"])
+    _advance(doc, events)
+
+
+def failure_key(queue: str, job_type: str) -> str:
+    return f"{queue}\x1f{job_type}"
+
+
+def new_failures(queue: str, job_type: str) -> Document:
+    return {
+        "_id": failure_key(queue, job_type),
+        "cursor": [0, 0],
+        "queue": queue,
+        "type": job_type,
+        "failures": 0,
+        "reasons": {},
+    }
+
+
+def is_failure(event: OutboxEvent) -> bool:
+    return "error" in event.data
+
+
+def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> None:
+    """Failure reasons per (queue, type): error type and message, counted, the most
+    frequent kept."""
+    reasons: dict[str, Document] = doc["reasons"]
+    for e in events:
+        error = e.data.get("error") or {}
+        message = str(error.get("message", ""))[:_MESSAGE_KEY_CHARS]
+        error_type = error.get("type")
+        key = hashlib.sha1(f"{error_type}\x1f{message}".encode()).hexdigest()[:16]
+        reason = reasons.setdefault(
+            key, {"type": error_type, "message": message, "count": 0, "last_at": e.at}
+        )
+        reason["count"] += 1
+        reason["last_at"] = e.at
+        doc["failures"] += 1
+    if len(reasons) > FAILURE_REASONS_KEPT:
+        kept = sorted(reasons.items(), key=lambda kv: kv[1]["count"], reverse=True)
+        doc["reasons"] = dict(kept[:FAILURE_REASONS_KEPT])
+    _advance(doc, events)
+
+
+def job_document(event: OutboxEvent) -> Document:
+    """The job as of this event, for the version-guarded job read model."""
+    image = event.job
+    return {
+        "_id": str(event.job_id),
+        "version": event.job_version,
+        "queue": event.queue,
+        "type": event.type,
+        "state": str(event.to_state),
+        "attempt": image.get("attempt"),
+        "worker_id": image.get("worker_id"),
+        "run_at": _datetime(image.get("run_at")),
+        "created_at": _datetime(image.get("created_at")),
+        "updated_at": event.at,
+        "finished_at": _datetime(image.get("finished_at")),
+    }
+
+
+def _datetime(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None

@@ -1,0 +1,64 @@
+"""Sweeper metrics. Label values are fixed sets (outcomes, kinds), created up front so every
+series is exported from the first scrape, at zero."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from evora.http.metrics import LATENCY_BUCKETS, ServiceMetrics
+
+LEASE_OUTCOMES = ("requeued", "dead_lettered", "cancelled")
+PRUNE_KINDS = ("completed", "cancelled", "dlq", "idempotency_keys")
+
+
+class SweeperMetrics:
+    def __init__(self, base: ServiceMetrics) -> None:
+        registry = base.registry
+        self.leases_expired = Counter(
+            "evora_sweeper_leases_expired",
+            "Expired leases handled, by outcome (requeued, dead_lettered, cancelled).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.ttls_expired = Counter(
+            "evora_sweeper_ttls_expired",
+            "PENDING jobs dead-lettered because their expires_at passed.",
+            registry=registry,
+        )
+        self.pruned = Counter(
+            "evora_sweeper_pruned",
+            "Rows removed by retention, by kind (completed, cancelled, dlq, idempotency_keys).",
+            ["kind"],
+            registry=registry,
+        )
+        self.last_run = Gauge(
+            "evora_sweeper_last_run_timestamp_seconds",
+            "Unix time at which the last expiry pass finished.",
+            registry=registry,
+        )
+        self.pass_duration = Histogram(
+            "evora_sweeper_pass_duration_seconds",
+            "Time of one expiry pass (all due leases and TTLs, batch by batch).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.active = Gauge(
+            "evora_sweeper_active",
+            "1 while this replica holds the sweeper lock and sweeps.",
+            registry=registry,
+        )
+        self.oldest_writing_transaction = Gauge(
+            "evora_sweeper_oldest_writing_transaction_seconds",
+            "Age of the oldest open transaction holding an xid; it pins the outbox horizon "
+            "(the projector cannot read past it) and what vacuum may remove.",
+            registry=registry,
+        )
+        self.jobs_dead_tuples = Gauge(
+            "evora_jobs_dead_tuples",
+            "Dead row versions in the jobs table (pg_stat_user_tables.n_dead_tup).",
+            registry=registry,
+        )
+        for outcome in LEASE_OUTCOMES:
+            self.leases_expired.labels(outcome)
+        for kind in PRUNE_KINDS:
+            self.pruned.labels(kind)

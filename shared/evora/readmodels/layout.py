@@ -1,0 +1,63 @@
+"""Where the read models live in MongoDB.
+
+Read models are kept in generations: collections `rm{N}_*` hold generation N, and the
+control document names the generation readers use. A rebuild writes generation N+1 from
+the start of the outbox, then flips the control document: readers switch at once, with no
+window in which stats are missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+
+Document = dict[str, Any]
+
+CONTROL = "projector_control"
+CONTROL_ID = "control"
+STATE_NAMES = ("PENDING", "RUNNING", "COMPLETED", "DLQ", "CANCELLED")
+# The stats `totals` keys of CONTRACT section 4; the projector counts every event name, these
+# are the ones the contract promises.
+TOTAL_KEYS = ("submitted", "completed", "failed", "dead_lettered", "retried", "lease_expired")
+
+
+def checkpoint_id(generation: int) -> str:
+    return f"checkpoint:{generation}"
+
+
+@dataclass(frozen=True)
+class Generation:
+    number: int
+    queues: AsyncCollection[Document]
+    workers: AsyncCollection[Document]
+    failures: AsyncCollection[Document]
+    jobs: AsyncCollection[Document]
+
+    @classmethod
+    def of(cls, db: AsyncDatabase[Document], number: int) -> Generation:
+        prefix = f"rm{number}_"
+        return cls(
+            number,
+            db[prefix + "queues"],
+            db[prefix + "workers"],
+            db[prefix + "failures"],
+            db[prefix + "jobs"],
+        )
+
+    def all(self) -> list[AsyncCollection[Document]]:
+        return [self.queues, self.workers, self.failures, self.jobs]
+
+
+async def active_generation(db: AsyncDatabase[Document]) -> int:
+    control = await db[CONTROL].find_one({"_id": CONTROL_ID})
+    return int(control["generation"]) if control else 1
+
+
+async def ensure_indexes(generation: Generation) -> None:
+    # oldest pending job per queue; pruning of finished job documents
+    await generation.jobs.create_index([("queue", 1), ("state", 1), ("run_at", 1)])
+    await generation.jobs.create_index([("state", 1), ("finished_at", 1)])
+    await generation.workers.create_index([("last_seen", -1)])

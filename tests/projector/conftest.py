@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from pymongo.asynchronous.database import AsyncDatabase
+
+from evora.readmodels.client import mongo_client
+from evora.readmodels.layout import Document
+
+
+@pytest.fixture
+async def mongo(mongo_url: str, mongo_db_name: str) -> AsyncIterator[AsyncDatabase[Document]]:
+    client = mongo_client(mongo_url, "evora-tests")
+    try:
+        yield client[mongo_db_name]
+    finally:
+        await client.close()
+
+
+async def truth(
+    pool: asyncpg.Pool,
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], int]:
+    """PostgreSQL's own answer: counts per queue and state, event totals per queue and
+    name, and the newest seq."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in await pool.fetch("SELECT queue, state::text, count(*) AS n FROM jobs GROUP BY 1, 2"):
+        counts.setdefault(r["queue"], {})[r["state"]] = r["n"]
+    totals: dict[str, dict[str, int]] = {}
+    for r in await pool.fetch("SELECT queue, event, count(*) AS n FROM job_events GROUP BY 1, 2"):
+        totals.setdefault(r["queue"], {})[r["event"]] = r["n"]
+    newest = await pool.fetchval("SELECT coalesce(max(seq), 0) FROM job_events")
+    return counts, totals, int(newest)

@@ -1,0 +1,181 @@
+"""The projector's read models equal PostgreSQL's truth, whatever order, overlap or replay."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import uuid4
+
+import asyncpg
+from pymongo.asynchronous.database import AsyncDatabase
+
+from evora.domain.models import JobSubmission
+from evora.readmodels.layout import CONTROL, TOTAL_KEYS, Document, checkpoint_id
+from evora.readmodels.reader import ReadModels
+from evora.storage.db import connect
+from evora.storage.jobs import Failure, JobStore
+from services.projector.projector import ProjectionConflict, Projector
+from tests.projector.conftest import truth
+from tests.projector.workload import mixed_workload
+
+QUEUES = ["alpha", "beta", "gamma"]
+VOLATILE = {"at"}
+
+
+async def catch_up(projector: Projector) -> int:
+    applied = 0
+    while batch := await projector.run_once():
+        applied += batch
+    await projector.refresh_pruned()
+    return applied
+
+
+async def assert_matches_truth(
+    pool: asyncpg.Pool, mongo: AsyncDatabase[Document], generation: int = 1
+) -> None:
+    counts, totals, newest = await truth(pool)
+    checkpoint = await mongo[CONTROL].find_one({"_id": checkpoint_id(generation)})
+    assert checkpoint is not None and checkpoint["max_seq"] == newest
+    docs = {d["_id"]: d async for d in mongo[f"rm{generation}_queues"].find({})}
+    assert set(docs) == set(totals)
+    for queue, doc in docs.items():
+        expected = {s: counts.get(queue, {}).get(s, 0) for s in doc["counts"]}
+        assert doc["counts"] == expected, queue
+        assert {k: v for k, v in doc["totals"].items() if v} == totals[queue], queue
+
+
+async def test_lifecycle_is_projected(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    await mixed_workload(store, pool, jobs=300, queues=QUEUES)
+    projector = Projector(pool, mongo, 1, batch_size=97)
+    assert await catch_up(projector) == await pool.fetchval("SELECT count(*) FROM job_events")
+    await assert_matches_truth(pool, mongo)
+
+    stats = await ReadModels(mongo).queue_stats("alpha", paused={"alpha"})
+    assert stats is not None and stats["paused"] is True
+    assert set(stats["totals"]) == set(TOTAL_KEYS)
+    assert stats["as_of"]["seq"] == (await truth(pool))[2]
+    assert stats["latency_ms"]["wait"]["p99"] >= stats["latency_ms"]["wait"]["p50"] >= 0
+    assert stats["throughput"]["completed_per_minute"]["1m"] > 0
+    workers = await ReadModels(mongo).workers()
+    claims = await pool.fetchval("SELECT count(*) FROM job_events WHERE event = 'claimed'")
+    assert sum(w["claimed"] for w in workers) == claims
+    running = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")
+    assert sum(w["running"] for w in workers) == running
+    failures = await ReadModels(mongo).failures("alpha")
+    assert failures and all(t["reasons"] for t in failures)
+
+
+async def test_replay_from_the_start_changes_nothing(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    await mixed_workload(store, pool, jobs=200, queues=QUEUES, seed=3)
+    projector = Projector(pool, mongo, 1, batch_size=50)
+    await catch_up(projector)
+    before = {d["_id"]: d async for d in mongo["rm1_queues"].find({})}
+    # forget the checkpoint, as if every batch were replayed after a crash
+    await mongo[CONTROL].update_one({"_id": checkpoint_id(1)}, {"$set": {"cursor": [0, 0]}})
+    await catch_up(projector)
+    after = {d["_id"]: d async for d in mongo["rm1_queues"].find({})}
+    assert after == before
+    await assert_matches_truth(pool, mongo)
+
+
+async def test_event_committed_out_of_seq_order_is_projected(
+    db_url: str, store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    projector = Projector(pool, mongo, 1)
+    slow = await connect(db_url)
+    try:
+        tx = slow.transaction()
+        await tx.start()
+        await slow.execute(
+            "INSERT INTO job_events (job_id, job_version, queue, type, event, to_state,"
+            " attempt, at, job)"
+            " VALUES ($1, 1, 'late', 't', 'submitted', 'PENDING', 0, now(), '{}')",
+            uuid4(),
+        )
+        await store.submit(JobSubmission(queue="early", type="t"))
+        await catch_up(projector)  # sees nothing past the open transaction
+        assert await mongo["rm1_queues"].find_one({"_id": "early"}) is None
+        await tx.commit()
+    finally:
+        await slow.close()
+    await catch_up(projector)
+    late = await mongo["rm1_queues"].find_one({"_id": "late"})
+    early = await mongo["rm1_queues"].find_one({"_id": "early"})
+    assert late is not None and late["totals"]["submitted"] == 1
+    assert early is not None and early["totals"]["submitted"] == 1
+
+
+async def test_two_projectors_at_once_stay_exact(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    await mixed_workload(store, pool, jobs=400, queues=QUEUES, seed=11)
+    conflicts = 0
+
+    async def run(projector: Projector) -> None:
+        nonlocal conflicts
+        while True:
+            try:
+                if not await projector.run_once():
+                    return
+            except ProjectionConflict:
+                conflicts += 1
+
+    await asyncio.gather(
+        run(Projector(pool, mongo, 1, batch_size=60)), run(Projector(pool, mongo, 1, batch_size=45))
+    )
+    await Projector(pool, mongo, 1).refresh_pruned()
+    await assert_matches_truth(pool, mongo)
+
+
+async def test_rebuild_produces_identical_read_models(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    from services.projector.service import rebuild
+
+    await mixed_workload(store, pool, jobs=250, queues=QUEUES, seed=5)
+    await catch_up(Projector(pool, mongo, 1, batch_size=33))
+
+    def strip(doc: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in doc.items() if k not in VOLATILE}
+
+    first = {
+        name: [strip(d) async for d in mongo[f"rm1_{name}"].find({}).sort("_id", 1)]
+        for name in ("queues", "workers", "failures", "jobs")
+    }
+    generation, applied = await rebuild(pool, mongo)
+    assert generation == 2 and applied == await pool.fetchval("SELECT count(*) FROM job_events")
+    second = {
+        name: [strip(d) async for d in mongo[f"rm2_{name}"].find({}).sort("_id", 1)]
+        for name in ("queues", "workers", "failures", "jobs")
+    }
+    assert second == first
+    assert "rm1_queues" not in await mongo.list_collection_names()
+    stats = await ReadModels(mongo).queue_stats("beta", paused=set())
+    assert stats is not None and stats["counts"] == first["queues"][1]["counts"]
+
+
+async def test_failure_reasons_are_counted(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    ids = [
+        s.job["id"]
+        for s in await store.submit_batch(
+            [JobSubmission(queue="f", type="x", max_attempts=1) for _ in range(5)]
+        )
+    ]
+    for i, job in enumerate(await store.claim(worker_id="w", queues=["f"], max_jobs=5)):
+        await store.fail(
+            Failure(job["id"], job["lease_token"], "disk full" if i < 3 else "timeout", "IOError")
+        )
+    assert len(ids) == 5
+    await catch_up(Projector(pool, mongo, 1))
+    [failures] = await ReadModels(mongo).failures("f")
+    assert failures["failures"] == 5
+    assert [(r["message"], r["count"]) for r in failures["reasons"]] == [
+        ("disk full", 3),
+        ("timeout", 2),
+    ]

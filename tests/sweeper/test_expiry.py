@@ -1,0 +1,186 @@
+"""Lease and TTL expiry through the running sweeper loop: the exact events each path writes,
+and waking at the next deadline instead of on a fixed tick."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from evora.storage.jobs import JobStore
+from services.sweeper.sweeper import Tuning
+from tests.sweeper.conftest import (
+    FAST,
+    StartSweeper,
+    claimed,
+    event_names,
+    events,
+    eventually,
+    force_lease_expiry,
+    submit,
+)
+
+LONG_AGO = datetime(2001, 1, 1, tzinfo=UTC)
+
+
+async def test_expired_lease_goes_back_to_pending_with_backoff(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    running = await start_sweeper()
+    job = await claimed(store, max_attempts=3, backoff={"initial_seconds": 60, "max_seconds": 60})
+    await force_lease_expiry(pool, job["id"])
+
+    async def expired() -> bool:
+        return len(await event_names(pool, job["id"])) == 3
+
+    await eventually(expired, "the lease to be expired")
+    [_, _, (name, data)] = await events(pool, job["id"])
+    assert name == "lease_expired"
+    assert set(data) == {"retry_at"}  # requeued: no reason, but when it may run again
+    current = await store.get(job["id"])
+    assert current["state"] == "PENDING" and current["attempt"] == 1
+    assert current["lease_expires_at"] is None
+    # backoff 60 s (+-20 % jitter) from the expiry
+    assert current["run_at"] > datetime.now(UTC) + timedelta(seconds=40)
+    assert running.metric("evora_sweeper_leases_expired_total", outcome="requeued") == 1
+
+
+async def test_expired_lease_with_no_attempts_left_is_dead_lettered(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    running = await start_sweeper()
+    job = await claimed(store, max_attempts=1)
+    await force_lease_expiry(pool, job["id"])
+
+    async def dead() -> bool:
+        return len(await event_names(pool, job["id"])) == 3
+
+    await eventually(dead, "the job to be dead-lettered")
+    assert await events(pool, job["id"]) == [
+        ("submitted", {}),
+        ("claimed", {}),
+        ("dead_lettered", {"reason": "lease_expired"}),
+    ]
+    assert (await store.get(job["id"]))["state"] == "DLQ"
+    assert running.metric("evora_sweeper_leases_expired_total", outcome="dead_lettered") == 1
+
+
+async def test_expired_lease_of_a_cancel_requested_job_cancels_it(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    running = await start_sweeper()
+    job = await claimed(store, max_attempts=5)
+    assert not (await store.cancel(job["id"])).immediate
+    await force_lease_expiry(pool, job["id"])
+
+    async def cancelled() -> bool:
+        return len(await event_names(pool, job["id"])) == 4
+
+    await eventually(cancelled, "the job to be cancelled")
+    assert await events(pool, job["id"]) == [
+        ("submitted", {}),
+        ("claimed", {}),
+        ("cancel_requested", {}),
+        ("cancelled", {"reason": "cancel_requested"}),
+    ]
+    assert (await store.get(job["id"]))["state"] == "CANCELLED"
+    assert running.metric("evora_sweeper_leases_expired_total", outcome="cancelled") == 1
+
+
+async def test_ttl_expiry_dead_letters_only_jobs_that_never_started(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    soon = datetime.now(UTC) + timedelta(hours=1)
+    started = await claimed(store, "started", expires_at=soon)
+    unlimited = await submit(store, "unlimited")
+    later = await submit(store, "later", expires_at=soon)
+    # Its time-to-live ran out after it started: a RUNNING job is not the TTL's business.
+    await pool.execute(
+        "UPDATE jobs SET expires_at = now() - interval '1 s' WHERE id = $1", started["id"]
+    )
+    running = await start_sweeper()
+    expired = await submit(store, "expired", expires_at=LONG_AGO)
+
+    async def dead() -> bool:
+        return len(await event_names(pool, expired)) == 2
+
+    await eventually(dead, "the TTL to be expired")
+    assert await events(pool, expired) == [
+        ("submitted", {}),
+        ("dead_lettered", {"reason": "expired"}),
+    ]
+    job = await store.get(expired)
+    assert job["state"] == "DLQ" and job["attempt"] == 0
+    assert running.metric("evora_sweeper_ttls_expired_total") == 1
+
+    # After one more full pass, the others are as they were.
+    seen = running.metric("evora_sweeper_last_run_timestamp_seconds")
+    await eventually(
+        lambda: running.metric("evora_sweeper_last_run_timestamp_seconds") > seen,
+        "another pass",
+    )
+    assert (await store.get(started["id"]))["state"] == "RUNNING"
+    assert (await store.get(unlimited))["state"] == "PENDING"
+    assert (await store.get(later))["state"] == "PENDING"
+
+
+async def test_wakes_at_the_next_deadline_not_on_a_tick(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    job = await claimed(store, "leased", lease_seconds=3600)
+    lease_deadline = await pool.fetchval(
+        "UPDATE jobs SET lease_expires_at = now() + interval '1.2 s' WHERE id = $1 "
+        "RETURNING lease_expires_at",
+        job["id"],
+    )
+    ttl_job = await submit(store, "ttl", expires_at=datetime.now(UTC) + timedelta(hours=1))
+    ttl_deadline = await pool.fetchval(
+        "UPDATE jobs SET expires_at = now() + interval '1.8 s' WHERE id = $1 RETURNING expires_at",
+        ttl_job,
+    )
+    # Without the deadline it would look again only after a minute.
+    await start_sweeper(Tuning(max_wait=60.0))
+
+    async def expired_at(job_id: object, event: str) -> datetime | None:
+        at: datetime | None = await pool.fetchval(
+            "SELECT at FROM job_events WHERE job_id = $1 AND event = $2", job_id, event
+        )
+        return at
+
+    async def both_expired() -> bool:
+        return (
+            await expired_at(job["id"], "lease_expired") is not None
+            and await expired_at(ttl_job, "dead_lettered") is not None
+        )
+
+    await eventually(both_expired, "both deadlines to be acted on", within=6.0)
+    lease_late = (await expired_at(job["id"], "lease_expired") - lease_deadline).total_seconds()
+    ttl_late = (await expired_at(ttl_job, "dead_lettered") - ttl_deadline).total_seconds()
+    assert 0 <= lease_late < 0.5, lease_late
+    assert 0 <= ttl_late < 0.5, ttl_late
+
+
+async def test_looks_again_for_leases_claimed_after_it_computed_its_deadline(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    # Nothing to wait for, so the sweeper sleeps its longest wait (1 s by default).
+    running = await start_sweeper(Tuning(max_wait=1.0, standby_seconds=FAST.standby_seconds))
+    await eventually(
+        lambda: running.metric("evora_sweeper_last_run_timestamp_seconds") > 0, "a first pass"
+    )
+    job = await claimed(store, lease_seconds=1)  # a real one-second lease
+    started = time.monotonic()
+
+    async def expired() -> bool:
+        return "lease_expired" in await event_names(pool, job["id"])
+
+    await eventually(expired, "the short lease to be expired", within=5.0)
+    assert time.monotonic() - started < 1.0 + 1.0 + 0.5  # the lease, at most one wait, slack
+    late = await pool.fetchval(
+        "SELECT extract(epoch FROM e.at - $2::timestamptz)::float8 FROM job_events e "
+        "WHERE e.job_id = $1 AND e.event = 'lease_expired'",
+        job["id"],
+        job["lease_expires_at"],
+    )
+    assert 0 <= late < 1.2, late

@@ -1,0 +1,169 @@
+"""Retention: finished jobs past their window are deleted in bounded batches and counted in
+job_prune_counts; live and younger jobs, and every event, stay; idempotency keys follow
+their own window."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from evora.domain.models import JobSubmission
+from evora.domain.states import JobState
+from evora.storage.jobs import Completion, Failure, JobStore
+from evora.storage.retention import PRUNABLE_STATES, PRUNE_FINISHED, RetentionStore
+from tests.sweeper.conftest import FAST, StartSweeper, eventually
+
+DAY = 86_400
+BATCH = 4
+
+
+async def finished(store: JobStore, queue: str, state: JobState, count: int) -> list[UUID]:
+    """`count` jobs of `queue` moved to a finished state the way workers and producers do."""
+    subs = [
+        JobSubmission(queue=queue, type="t", max_attempts=1, idempotency_key=f"{queue}-{state}-{i}")
+        for i in range(count)
+    ]
+    ids = [s.job["id"] for s in await store.submit_batch(subs)]
+    if state == JobState.CANCELLED:
+        for job_id in ids:
+            await store.cancel(job_id)
+        return ids
+    claimed = await store.claim(worker_id="w", queues=[queue], max_jobs=count)
+    assert {j["id"] for j in claimed} == set(ids)
+    if state == JobState.COMPLETED:
+        await store.complete_many([Completion(j["id"], j["lease_token"]) for j in claimed])
+    else:
+        await store.fail_many(
+            [Failure(j["id"], j["lease_token"], "boom", retryable=False) for j in claimed]
+        )
+    return ids
+
+
+async def age(pool: asyncpg.Pool, ids: list[UUID], days: float) -> None:
+    """Pretend these jobs finished `days` ago (no state change, so no trigger or event)."""
+    await pool.execute(
+        "UPDATE jobs SET finished_at = now() - make_interval(secs => $2) "
+        "WHERE id = ANY($1::uuid[])",
+        ids,
+        days * DAY,
+    )
+
+
+async def prune_counts(pool: asyncpg.Pool) -> dict[tuple[str, str], int]:
+    rows = await pool.fetch("SELECT queue, state, pruned FROM job_prune_counts")
+    return {(r["queue"], r["state"]): r["pruned"] for r in rows}
+
+
+async def test_old_finished_jobs_are_pruned_and_accounted_for(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    old: dict[tuple[str, JobState], list[UUID]] = {}
+    kept: list[UUID] = []
+    for queue in ("a", "b"):
+        for state in PRUNABLE_STATES:
+            ids = await finished(store, queue, state, 11 if queue == "a" else 5)
+            # DLQ keeps its jobs for 7 days, the others for one.
+            ancient, recent, young = ids[:-4], ids[-4:-2], ids[-2:]
+            await age(pool, ancient, 8)
+            await age(pool, recent, 2)
+            await age(pool, young, 0.5)
+            if state == JobState.DLQ:
+                old[(queue, state)] = ancient
+                kept += recent + young
+            else:
+                old[(queue, state)] = ancient + recent
+                kept += young
+    live = [
+        (await store.submit(JobSubmission(queue="a", type="t", max_attempts=1))).job["id"],
+        (await store.submit(JobSubmission(queue="b", type="t", delay_seconds=3600))).job["id"],
+    ]
+    [running] = await store.claim(worker_id="w", queues=["a"])
+    events_before = await pool.fetchval("SELECT count(*) FROM job_events")
+    states_before = Counter(r["state"] for r in await pool.fetch("SELECT state FROM jobs"))
+
+    # One statement removes at most its batch.
+    retention = RetentionStore(pool)
+    assert await retention.prune_finished(JobState.COMPLETED, DAY, BATCH) == BATCH
+
+    sweeper = await start_sweeper(replace(FAST, prune_batch=BATCH))
+    expected = sum(len(ids) for ids in old.values())
+
+    def pruned_jobs() -> float:
+        kinds = ("completed", "cancelled", "dlq")
+        return sum(sweeper.metric("evora_sweeper_pruned_total", kind=k) for k in kinds)
+
+    await eventually(lambda: pruned_jobs() + BATCH == expected, "old jobs to be pruned")
+
+    remaining = {r["id"] for r in await pool.fetch("SELECT id FROM jobs")}
+    assert remaining == set(kept) | set(live)
+    assert running["id"] in live
+    counts = await prune_counts(pool)
+    assert counts == {(q, s.value): len(ids) for (q, s), ids in old.items()}
+    # What the read models may rely on: counts derived from events minus the pruned ones
+    # equal the true per-state counts.
+    states_after = Counter(r["state"] for r in await pool.fetch("SELECT state FROM jobs"))
+    for state, before in states_before.items():
+        gone = sum(n for (_, s), n in counts.items() if s == state)
+        assert states_after[state] == before - gone, state
+    assert await pool.fetchval("SELECT count(*) FROM job_events") == events_before
+    assert sweeper.metric("evora_sweeper_pruned_total", kind="dlq") == 7 + 1
+
+    # Another pass finds nothing more.
+    assert sum((await sweeper.sweeper.prune_due()).values()) == 0
+    assert await prune_counts(pool) == counts
+
+
+async def test_idempotency_keys_are_pruned_by_age_but_not_while_their_job_is_live(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    [done, *_] = await finished(store, "k", JobState.COMPLETED, 1)
+    [waiting] = [
+        s.job["id"]
+        for s in await store.submit_batch(
+            [JobSubmission(queue="k", type="t", idempotency_key="scheduled", delay_seconds=9e5)]
+        )
+    ]
+    fresh = await store.submit(JobSubmission(queue="k", type="t", idempotency_key="fresh"))
+    old_keys = [f"spare-{i}" for i in range(9)]
+    # Keys whose jobs are long gone (pruned) or never existed beyond the key.
+    await pool.executemany(
+        "INSERT INTO idempotency_keys (queue, key, fingerprint, job_id, created_at) "
+        "VALUES ('k', $1, '\\x00', gen_random_uuid(), now() - interval '8 days')",
+        [(key,) for key in old_keys],
+    )
+    await pool.execute(
+        "UPDATE idempotency_keys SET created_at = now() - interval '8 days' WHERE job_id = ANY($1)",
+        [done, waiting],
+    )
+
+    sweeper = await start_sweeper(replace(FAST, prune_batch=BATCH))
+    await eventually(
+        lambda: sweeper.metric("evora_sweeper_pruned_total", kind="idempotency_keys") == 10,
+        "old keys to be pruned",
+    )
+    keys = {r["key"] for r in await pool.fetch("SELECT key FROM idempotency_keys")}
+    # The completed job's key went with the others; the scheduled job still owns its key.
+    assert keys == {"scheduled", "fresh"}
+    assert fresh.job["idempotency_key"] == "fresh"
+    assert (await store.get(done))["state"] == "COMPLETED"  # a day old: the job stays
+    assert await prune_counts(pool) == {}  # no job was removed
+
+
+@pytest.mark.parametrize("state", PRUNABLE_STATES)
+async def test_prunes_use_the_finished_index_even_with_a_generic_plan(
+    pool: asyncpg.Pool, state: JobState
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        plan: Any = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) " + PRUNE_FINISHED[state], float(DAY), 1000
+        )
+    text = plan if isinstance(plan, str) else json.dumps(plan)
+    assert '"Index Name": "jobs_finished"' in text
