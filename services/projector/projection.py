@@ -203,25 +203,3 @@ def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> None:
         kept = sorted(reasons.items(), key=lambda kv: kv[1]["count"], reverse=True)
         doc["reasons"] = dict(kept[:FAILURE_REASONS_KEPT])
     _advance(doc, events)
-
-
-def job_document(event: OutboxEvent) -> Document:
-    """The job as of this event, for the version-guarded job read model."""
-    image = event.job
-    return {
-        "_id": str(event.job_id),
-        "version": event.job_version,
-        "queue": event.queue,
-        "type": event.type,
-        "state": str(event.to_state),
-        "attempt": image.get("attempt"),
-        "worker_id": image.get("worker_id"),
-        "run_at": _datetime(image.get("run_at")),
-        "created_at": _datetime(image.get("created_at")),
-        "updated_at": event.at,
-        "finished_at": _datetime(image.get("finished_at")),
-    }
-
-
-def _datetime(value: Any) -> datetime | None:
-    return datetime.fromisoformat(value) if isinstance(value, str) else None

@@ -1,11 +1,15 @@
 """Tailing the outbox into the read models of one generation.
 
-A batch is applied in this order, each step idempotent, so a projector killed at any
-instant and restarted leaves the read models exactly equal to the truth:
-1. job documents, replaced only by a newer job version;
-2. queue, worker and failure documents, each advanced past only the events beyond its own
+A batch is applied in two idempotent steps, so a projector killed at any instant and
+restarted leaves the read models exactly equal to the truth:
+1. queue, worker and failure documents, each advanced past only the events beyond its own
    cursor and written back by compare-and-set on that cursor;
-3. the generation's checkpoint, advanced by compare-and-set.
+2. the generation's checkpoint, advanced by compare-and-set.
+A batch costs one MongoDB write per queue, worker and (queue, type) with failures that it
+touches, not one per event.
+
+What changes without an event (jobs pruned by the sweeper, delayed jobs coming due) is read
+from PostgreSQL by `refresh`, which the service runs every few seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import asyncpg
-from pymongo import InsertOne, ReplaceOne, UpdateOne
+from pymongo import InsertOne, ReplaceOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
@@ -31,14 +35,19 @@ from evora.readmodels.layout import (
     checkpoint_id,
     ensure_indexes,
 )
-from evora.storage.outbox import OutboxCursor, OutboxEvent, pruned_counts, read_events
+from evora.storage.outbox import (
+    OutboxCursor,
+    OutboxEvent,
+    oldest_due,
+    pruned_counts,
+    read_events,
+)
 from services.projector import projection
 from services.projector.metrics import ProjectorMetrics
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 1000
-_DUPLICATE_KEY = 11000
 
 K = TypeVar("K", bound=Hashable)
 
@@ -124,22 +133,11 @@ class Projector:
 
     async def _apply(self, events: Sequence[OutboxEvent]) -> None:
         g = self.generation
-        await self._write_jobs(events)
         by_queue = _group(events, lambda e: e.queue)
         queues = await self._documents(g.queues, by_queue, projection.new_queue)
-        pending = await self._oldest_pending(by_queue)
-        updated_queues: dict[Any, Document] = {}
-        for queue, (original, doc, fresh) in queues.items():
-            if fresh:
-                projection.apply_to_queue(doc, fresh)
-            doc["oldest_pending_at"] = pending.get(queue)
-            if (
-                fresh
-                or original is None
-                or original.get("oldest_pending_at") != doc["oldest_pending_at"]
-            ):
-                updated_queues[queue] = doc
-        await self._compare_and_set(g.queues, queues, updated_queues)
+        await self._compare_and_set(
+            g.queues, queues, self._applied(queues, projection.apply_to_queue)
+        )
 
         by_worker = _group(events, lambda e: e.worker_id)
         workers = await self._documents(g.workers, by_worker, projection.new_worker)
@@ -216,57 +214,30 @@ class Projector:
         if self._metrics is not None:
             self._metrics.writes.labels(collection.name).inc(len(ops))
 
-    async def _write_jobs(self, events: Sequence[OutboxEvent]) -> None:
-        """One write per job per batch: its newest version, never over a newer one."""
-        newest: dict[Any, OutboxEvent] = {}
-        for event in events:
-            known = newest.get(event.job_id)
-            if known is None or event.job_version > known.job_version:
-                newest[event.job_id] = event
-        ops = [
-            UpdateOne(
-                {"_id": str(e.job_id), "version": {"$lt": e.job_version}},
-                {"$set": projection.job_document(e)},
-                upsert=True,
-            )
-            for e in newest.values()
-        ]
-        try:
-            await self.generation.jobs.bulk_write(ops, ordered=False)
-        except BulkWriteError as exc:
-            # A duplicate key means the stored job is already at this version or newer.
-            errors = exc.details.get("writeErrors", [])
-            if any(err.get("code") != _DUPLICATE_KEY for err in errors):
-                raise
-        if self._metrics is not None:
-            self._metrics.writes.labels(self.generation.jobs.name).inc(len(ops))
+    # -- what changes without an event -------------------------------------------------
 
-    async def _oldest_pending(self, by_queue: dict[str, list[OutboxEvent]]) -> dict[str, Any]:
-        oldest = {}
-        for queue in by_queue:
-            doc = await self.generation.jobs.find_one(
-                {"queue": queue, "state": "PENDING"}, sort=[("run_at", 1)], projection={"run_at": 1}
-            )
-            oldest[queue] = doc["run_at"] if doc else None
-        return oldest
-
-    # -- pruned jobs ---------------------------------------------------------------------
-
-    async def refresh_pruned(self) -> int:
-        """Fold the sweeper's prune counts into the queue counts (pruning writes no event)."""
-        pruned = await pruned_counts(self._pool)
-        if not pruned:
-            return 0
-        changed = 0
+    async def refresh(self) -> int:
+        """Fold in what PostgreSQL knows and no event says: the sweeper's prune counts and
+        when each queue's longest-waiting claimable job came due. Returns documents changed."""
         queues = self.generation.queues
-        async for doc in queues.find({"_id": {"$in": list(pruned)}}):
-            wanted = {s: pruned[doc["_id"]].get(s, 0) for s in STATE_NAMES}
-            if doc.get("pruned") == wanted:
+        docs = [doc async for doc in queues.find({})]
+        if not docs:
+            return 0
+        pruned = await pruned_counts(self._pool)
+        due = await oldest_due(self._pool, [doc["_id"] for doc in docs])
+        changed = 0
+        for doc in docs:
+            queue_pruned = pruned.get(doc["_id"], {})
+            wanted = {s: queue_pruned.get(s, 0) for s in STATE_NAMES}
+            oldest = due.get(doc["_id"])
+            if doc.get("pruned") == wanted and doc.get("oldest_pending_at") == oldest:
                 continue
-            doc["pruned"] = wanted
-            projection.recount(doc)
-            result = await queues.replace_one({"_id": doc["_id"], "cursor": doc["cursor"]}, doc)
+            updated = {**doc, "pruned": wanted, "oldest_pending_at": oldest}
+            projection.recount(updated)
+            result = await queues.replace_one({"_id": doc["_id"], "cursor": doc["cursor"]}, updated)
             changed += result.matched_count
+        if self._metrics is not None and changed:
+            self._metrics.writes.labels(queues.name).inc(changed)
         return changed
 
 

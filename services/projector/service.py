@@ -27,7 +27,7 @@ from services.projector.projector import ProjectionConflict, Projector
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
-PRUNED_REFRESH_SECONDS = 5.0
+REFRESH_SECONDS = 5.0
 LAG_REFRESH_SECONDS = 2.0
 
 
@@ -56,16 +56,16 @@ class ProjectorService:
     async def lead(self, ended: asyncio.Event) -> None:
         """Project while this replica holds the lock; return soon after `ended` is set."""
         backoff = Backoff()
-        next_pruned = 0.0
+        next_refresh = 0.0
         next_lag = 0.0
         while not ended.is_set():
             try:
                 projector = await self._current()
                 applied = await projector.run_once()
                 now = time.monotonic()
-                if now >= next_pruned:
-                    await projector.refresh_pruned()
-                    next_pruned = now + PRUNED_REFRESH_SECONDS
+                if now >= next_refresh:
+                    await projector.refresh()
+                    next_refresh = now + REFRESH_SECONDS
                 if now >= next_lag:
                     await self._measure_lag(projector)
                     next_lag = now + LAG_REFRESH_SECONDS
@@ -82,6 +82,7 @@ class ProjectorService:
                 continue
             self.wake.clear()
             await _wait_any(ended, self.wake, POLL_SECONDS)
+        self._metrics.queues.clear()  # a standby exports no per-queue figures
 
     async def _measure_lag(self, projector: Projector) -> None:
         checkpoint = await projector.checkpoint()
@@ -92,6 +93,10 @@ class ProjectorService:
         if behind.oldest is not None:
             age = max((datetime.now(UTC) - behind.oldest).total_seconds(), 0.0)
         self._metrics.seconds_behind.set(age)
+        fields = {"counts": 1, "totals": 1, "latency_ms": 1, "oldest_pending_at": 1}
+        self._metrics.queues.update(
+            [doc async for doc in projector.generation.queues.find({}, fields)]
+        )
 
 
 async def _wait_any(first: asyncio.Event, second: asyncio.Event, seconds: float) -> None:
@@ -130,7 +135,7 @@ async def rebuild(pool: asyncpg.Pool, db: AsyncDatabase[Document]) -> tuple[int,
     while batch := await projector.run_once():
         applied += batch
         log.info("rebuild: %d events applied", applied)
-    await projector.refresh_pruned()
+    await projector.refresh()
     await db[CONTROL].update_one({"_id": CONTROL_ID}, {"$set": {"generation": target}}, upsert=True)
     await _drop_older(db, target)
     return target, applied

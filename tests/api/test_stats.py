@@ -53,8 +53,10 @@ async def test_stats_workers_and_queues(
     [job, *_] = await store.claim(worker_id="w-1", queues=["mail"], max_jobs=2)
     await store.complete(job["id"], job["lease_token"])
     await store.pause("mail")
-    while await Projector(pool, mongo, 1).run_once():
+    projector = Projector(pool, mongo, 1)
+    while await projector.run_once():
         pass
+    await projector.refresh()  # oldest pending comes from PostgreSQL, not from events
     newest = await pool.fetchval("SELECT max(seq) FROM job_events")
     async with aiohttp.ClientSession(headers=ADMIN) as http:
         async with http.get(api_url + "/v1/queues/mail/stats") as r:

@@ -34,7 +34,6 @@ class Generation:
     queues: AsyncCollection[Document]
     workers: AsyncCollection[Document]
     failures: AsyncCollection[Document]
-    jobs: AsyncCollection[Document]
 
     @classmethod
     def of(cls, db: AsyncDatabase[Document], number: int) -> Generation:
@@ -44,11 +43,10 @@ class Generation:
             db[prefix + "queues"],
             db[prefix + "workers"],
             db[prefix + "failures"],
-            db[prefix + "jobs"],
         )
 
     def all(self) -> list[AsyncCollection[Document]]:
-        return [self.queues, self.workers, self.failures, self.jobs]
+        return [self.queues, self.workers, self.failures]
 
 
 async def active_generation(db: AsyncDatabase[Document]) -> int:
@@ -57,7 +55,5 @@ async def active_generation(db: AsyncDatabase[Document]) -> int:
 
 
 async def ensure_indexes(generation: Generation) -> None:
-    # oldest pending job per queue; pruning of finished job documents
-    await generation.jobs.create_index([("queue", 1), ("state", 1), ("run_at", 1)])
-    await generation.jobs.create_index([("state", 1), ("finished_at", 1)])
     await generation.workers.create_index([("last_seen", -1)])
+    await generation.failures.create_index([("queue", 1), ("type", 1)])

@@ -43,6 +43,7 @@ from typing import Any, Final, Literal, TypeVar
 import orjson
 
 from evora.domain.models import QUEUE_PATTERN
+from evora.logs import log_context
 from evora.sdk._http import RETRYABLE_STATUSES, RetryBackoff, Transport, should_retry
 from evora.sdk.acks import Ack, AckBatcher
 from evora.sdk.errors import (
@@ -417,9 +418,11 @@ class Worker:
         job = Job.from_claim(data)
         running = _Running(job)
         self._busy += 1
-        running.task = asyncio.create_task(
-            self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
-        )
+        # The job's task (handler, heartbeats) copies this context: its log records say which job.
+        with log_context(job_id=str(job.id), queue=job.queue, job_type=job.type):
+            running.task = asyncio.create_task(
+                self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
+            )
         self._running.add(running)
         running.task.add_done_callback(lambda _: self._running.discard(running))
 

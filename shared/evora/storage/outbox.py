@@ -91,6 +91,15 @@ FROM (
 ) AS behind
 """
 
+# $1 queues: when the longest-waiting claimable job of each became due (NULL: none due).
+# The first entry of the jobs_scheduled index per queue.
+_OLDEST_DUE = """
+SELECT q.queue,
+       (SELECT min(j.run_at) FROM jobs j
+        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= now()) AS oldest
+FROM unnest($1::text[]) AS q(queue)
+"""
+
 # Finished jobs the sweeper pruned, per queue and state (they leave without an event).
 _PRUNED = "SELECT queue, state::text AS state, pruned FROM job_prune_counts"
 
@@ -115,3 +124,10 @@ async def pruned_counts(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, di
     for row in await conn.fetch(_PRUNED):
         counts.setdefault(row["queue"], {})[row["state"]] = int(row["pruned"])
     return counts
+
+
+async def oldest_due(
+    conn: asyncpg.Connection | asyncpg.Pool, queues: list[str]
+) -> dict[str, datetime | None]:
+    rows = await conn.fetch(_OLDEST_DUE, queues)
+    return {row["queue"]: row["oldest"] for row in rows}
