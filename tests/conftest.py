@@ -20,8 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 from pymongo import MongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.embedded import LocalMongo, LocalPostgres
+from evora.readmodels.client import mongo_client
+from evora.readmodels.layout import Document
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
 
@@ -167,3 +170,13 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 @pytest.fixture
 def store(pool: asyncpg.Pool) -> JobStore:
     return JobStore(pool)
+
+
+@pytest.fixture
+async def mongo(mongo_url: str, mongo_db_name: str) -> AsyncIterator[AsyncDatabase[Document]]:
+    """The test's own MongoDB database, through the client every service uses."""
+    client = mongo_client(mongo_url, "evora-tests")
+    try:
+        yield client[mongo_db_name]
+    finally:
+        await client.close()

@@ -34,17 +34,6 @@ async def api_url(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncItera
         await server.close()
 
 
-@pytest.fixture
-async def mongo(mongo_url: str, mongo_db_name: str) -> AsyncIterator[AsyncDatabase[Document]]:
-    from evora.readmodels.client import mongo_client
-
-    client = mongo_client(mongo_url, "evora-tests")
-    try:
-        yield client[mongo_db_name]
-    finally:
-        await client.close()
-
-
 async def test_stats_workers_and_queues(
     api_url: str, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
 ) -> None:

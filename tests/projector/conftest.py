@@ -1,22 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
-import pytest
-from pymongo.asynchronous.database import AsyncDatabase
-
-from evora.readmodels.client import mongo_client
-from evora.readmodels.layout import Document
-
-
-@pytest.fixture
-async def mongo(mongo_url: str, mongo_db_name: str) -> AsyncIterator[AsyncDatabase[Document]]:
-    client = mongo_client(mongo_url, "evora-tests")
-    try:
-        yield client[mongo_db_name]
-    finally:
-        await client.close()
 
 
 async def truth(
