@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from evora.http.metrics import LATENCY_BUCKETS, ServiceMetrics
 
@@ -52,3 +58,64 @@ class ProjectorMetrics:
             "Batches abandoned because a document changed underneath (another writer).",
             registry=registry,
         )
+        self.queues = QueueGauges()
+        registry.register(self.queues)
+
+
+class QueueGauges(Collector):
+    """Per-queue figures of the read models (CONTRACT section 4 stats), exported by the
+    active projector from a snapshot of its queue documents. Labels: queue, and a state,
+    event name or latency kind from fixed sets, so cardinality is bounded by the number of
+    queues. Empty on a standby replica."""
+
+    def __init__(self) -> None:
+        self._docs: list[dict[str, Any]] = []
+
+    def update(self, docs: Iterable[dict[str, Any]]) -> None:
+        self._docs = list(docs)
+
+    def clear(self) -> None:
+        self._docs = []
+
+    def collect(self) -> Iterator[Metric]:
+        now = datetime.now(UTC)
+        jobs = GaugeMetricFamily(
+            "evora_queue_jobs",
+            "Jobs per queue and state, from the read models (finished jobs until pruned).",
+            labels=["queue", "state"],
+        )
+        age = GaugeMetricFamily(
+            "evora_queue_oldest_pending_age_seconds",
+            "How long the longest-waiting claimable PENDING job of the queue has been due; "
+            "0 when none is due.",
+            labels=["queue"],
+        )
+        events = CounterMetricFamily(
+            "evora_queue_events",
+            "Outbox events projected, by queue and event name (submitted, claimed, completed, "
+            "failed, dead_lettered, lease_expired, released, retried, cancelled, ...).",
+            labels=["queue", "event"],
+        )
+        latency = GaugeMetricFamily(
+            "evora_queue_latency_seconds",
+            "Wait (due to claimed) and run (claimed to completed) latency percentiles of the "
+            "queue's most recent jobs, from the read models.",
+            labels=["queue", "kind", "quantile"],
+        )
+        for doc in self._docs:
+            queue = str(doc["_id"])
+            for state, count in sorted(doc.get("counts", {}).items()):
+                jobs.add_metric([queue, state], float(count))
+            oldest = doc.get("oldest_pending_at")
+            seconds = 0.0
+            if isinstance(oldest, datetime):
+                oldest = oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)
+                seconds = max((now - oldest).total_seconds(), 0.0)
+            age.add_metric([queue], seconds)
+            for event, total in sorted(doc.get("totals", {}).items()):
+                events.add_metric([queue, event], float(total))
+            for kind, percentiles in sorted(doc.get("latency_ms", {}).items()):
+                for name, millis in sorted(percentiles.items()):
+                    quantile = f"0.{name.removeprefix('p')}"
+                    latency.add_metric([queue, kind, quantile], float(millis) / 1000)
+        yield from (jobs, age, events, latency)
