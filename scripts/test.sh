@@ -6,12 +6,43 @@ set -euo pipefail
 
 ensure_venv
 
+# promtool for tests/deploy (`promtool check rules`, `test rules`): only the binary is taken
+# from Debian's `prometheus` package, so no Prometheus daemon is installed or started.
+ensure_promtool() {
+    [ -x .venv/bin/promtool ] && return 0
+    command -v apt-get >/dev/null || return 0
+    local tmp
+    tmp=$(mktemp -d)
+    if ! (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1); then
+        [ "$(id -u)" -eq 0 ] && apt-get update -qq >/dev/null 2>&1
+        (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1) || true
+    fi
+    if ls "$tmp"/prometheus_*.deb >/dev/null 2>&1; then
+        step "promtool from Debian's prometheus package"
+        dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -xO ./usr/bin/promtool >.venv/bin/promtool
+        chmod +x .venv/bin/promtool
+    else
+        echo "warning: promtool unavailable; alert rules get the structure check only" >&2
+    fi
+    rm -rf "$tmp"
+}
+ensure_promtool
+
+# tests/dashboard drive Debian's Chromium headless through Playwright.
+apt_install chromium
+
 step "ruff check"
 ruff check .
 step "ruff format --check"
 ruff format --check .
 step "mypy"
 mypy shared/evora services
+# The PySpark pipeline (tests/pipeline) needs a JVM and the PostgreSQL JDBC driver by path;
+# Spark never downloads jars at run time here.
+if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
+    apt_install openjdk-17-jre-headless
+fi
+apt_install libpostgresql-jdbc-java
 step "pytest${*:+ $*}"
 status=0
 pytest "$@" || status=$?

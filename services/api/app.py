@@ -12,6 +12,7 @@ from evora.http.routing import install
 from evora.readmodels.client import mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
 from evora.storage.jobs import JobStore
+from services.api.dashboard import dashboard
 from services.api.routes import STORE, admin, producer
 from services.api.stats import READ_MODELS, stats
 
@@ -48,5 +49,5 @@ async def create_app(settings: Settings) -> web.Application:
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
     if settings.mongo_url is not None:
         app.cleanup_ctx.append(_read_models)
-    install(app, producer, admin, stats)
+    install(app, producer, admin, stats, dashboard)
     return app

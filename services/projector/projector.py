@@ -4,7 +4,10 @@ A batch is applied in two idempotent steps, so a projector killed at any instant
 restarted leaves the read models exactly equal to the truth:
 1. queue, worker and failure documents, each advanced past only the events beyond its own
    cursor and written back by compare-and-set on that cursor;
-2. the generation's checkpoint, advanced by compare-and-set.
+2. the generation's checkpoint, advanced by compare-and-set;
+then the consumed position is recorded in PostgreSQL (`projector_progress`), because event
+retention (the sweeper, which has no MongoDB) may drop only archived events every generation
+has applied. It trails the checkpoint, so a crash in between only makes retention wait.
 A batch costs one MongoDB write per queue, worker and (queue, type) with failures that it
 touches, not one per event.
 
@@ -32,6 +35,7 @@ from evora.readmodels.layout import (
     STATE_NAMES,
     Document,
     Generation,
+    active_generation,
     checkpoint_id,
     ensure_indexes,
 )
@@ -42,6 +46,7 @@ from evora.storage.outbox import (
     pruned_counts,
     read_events,
 )
+from evora.storage.retention import record_projector_progress
 from services.projector import projection
 from services.projector.metrics import ProjectorMetrics
 
@@ -83,6 +88,9 @@ class Projector:
         self._batch_size = batch_size
         self.generation = Generation.of(db, generation)
         self._indexed = False
+        # Generations only move forward, so once this one was seen active it stays the
+        # newest; until then each batch asks (a rebuild runs ahead of the switch).
+        self._seen_active = False
 
     # -- checkpoint ----------------------------------------------------------------------
 
@@ -124,12 +132,20 @@ class Projector:
         started = time.perf_counter()
         await self._apply(events)
         await self._advance_checkpoint(checkpoint, events)
+        await self._record_progress(events[-1])
         if self._metrics is not None:
             self._metrics.events.inc(len(events))
             self._metrics.batch_size.observe(len(events))
             self._metrics.apply_seconds.observe(time.perf_counter() - started)
             self._metrics.last_seq.set(max(checkpoint.get("max_seq", 0), *(e.seq for e in events)))
         return len(events)
+
+    async def _record_progress(self, last: OutboxEvent) -> None:
+        if not self._seen_active:
+            self._seen_active = await active_generation(self._db) == self.generation.number
+        await record_projector_progress(
+            self._pool, self.generation.number, last.xid, last.seq, self._seen_active
+        )
 
     async def _apply(self, events: Sequence[OutboxEvent]) -> None:
         g = self.generation

@@ -35,6 +35,8 @@ _LEASE_OUTCOME = {
 class Tuning:
     expiry_batch: int = EXPIRY_BATCH
     prune_batch: int = 1000
+    # Archived events go in bigger batches: each is one index range scan and tiny rows.
+    event_prune_batch: int = 5000
     # The deadline the sweeper sleeps until is only the earliest one it saw; a lease claimed
     # afterwards may run out sooner, so it looks again at least this often.
     max_wait: float = 1.0
@@ -56,10 +58,12 @@ _DEADLINE_MARGIN = 0.01
 
 @dataclass(frozen=True)
 class Retention:
-    """How long finished jobs (by state) and idempotency keys are kept, in seconds."""
+    """How long finished jobs (by state), idempotency keys and events are kept, in seconds.
+    Events also have to be archived and projected first (see `RetentionStore`)."""
 
     jobs: Mapping[JobState, float]
     idempotency_keys: float
+    events: float = 30 * 86_400.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Retention:
@@ -70,6 +74,7 @@ class Retention:
                 JobState.DLQ: settings.retention_dlq_seconds,
             },
             idempotency_keys=settings.retention_idempotency_seconds,
+            events=settings.retention_events_seconds,
         )
 
 
@@ -166,8 +171,9 @@ class Sweeper:
     # -- retention ---------------------------------------------------------------------
 
     async def prune_due(self, ended: asyncio.Event | None = None) -> Counter[str]:
-        """One retention pass: finished jobs and idempotency keys past their windows, in
-        batches of one short statement each. Returns the rows removed by kind."""
+        """One retention pass: finished jobs, idempotency keys and archived events past
+        their windows, in batches of one short statement each. Returns the rows removed by
+        kind."""
         removed: Counter[str] = Counter()
         for state in PRUNABLE_STATES:
             if _ended(ended):
@@ -181,14 +187,25 @@ class Sweeper:
                 self._store.prune_idempotency_keys, self._retention.idempotency_keys
             )
             removed["idempotency_keys"] = await self._drain("idempotency_keys", prune_keys, ended)
+        if not _ended(ended):
+            drop_events = functools.partial(
+                self._store.drop_archived_events, self._retention.events
+            )
+            removed["events"] = await self._drain(
+                "events", drop_events, ended, self._tuning.event_prune_batch
+            )
         level = logging.INFO if removed.total() else logging.DEBUG
         log.log(level, "retention pass: pruned %s", _pairs(removed))
         return removed
 
     async def _drain(
-        self, kind: str, prune: Callable[[int], Awaitable[int]], ended: asyncio.Event | None
+        self,
+        kind: str,
+        prune: Callable[[int], Awaitable[int]],
+        ended: asyncio.Event | None,
+        batch: int | None = None,
     ) -> int:
-        batch = self._tuning.prune_batch
+        batch = batch or self._tuning.prune_batch
         total = 0
         while True:
             removed = await prune(batch)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 from evora.config import LOOPBACK, ConfigError, Settings, load_settings
+from evora.logs import configure_logging
 
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -68,7 +68,63 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     )
 
 
+def _pipeline(args: argparse.Namespace, settings: Settings) -> int:
+    from services.pipeline.main import run_command
+
+    return run_command(args, settings)
+
+
 Command = Callable[[argparse.Namespace, Settings], int]
+
+
+def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pipeline = sub.add_parser(
+        "pipeline",
+        help="the PySpark batch pipeline: Parquet event archive and analytics",
+        description="Spark jobs over the event history; see services/pipeline/README.md.",
+    )
+    jobs = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="JOB")
+    archive = jobs.add_parser(
+        "archive",
+        help="copy old, projected events to the Parquet archive (EVORA_ARCHIVE_URL), verify, "
+        "then let the sweeper remove them from PostgreSQL",
+    )
+    archive.add_argument(
+        "--older-than",
+        type=float,
+        metavar="SECONDS",
+        help="archive events older than this (default EVORA_RETENTION_EVENTS_SECONDS)",
+    )
+    archive.add_argument("--max-events", type=int, help="archive at most this many per run")
+    run = jobs.add_parser(
+        "run",
+        help="analytics per queue and job type over archive plus live events, "
+        "to Parquet and MongoDB (analytics_*)",
+    )
+    run.add_argument("--output", help="Parquet output URL (default EVORA_ARCHIVE_URL/analytics)")
+    run.add_argument("--no-mongo", action="store_true", help="write Parquet only")
+    run.add_argument("--top-reasons", type=int, default=5, help="failure reasons kept per type")
+    for job in (archive, run):
+        job.add_argument(
+            "--master", help="Spark master URL (default: spark-submit's, else local[*])"
+        )
+        job.add_argument("--archive-url", help="archive location (default EVORA_ARCHIVE_URL)")
+        job.add_argument(
+            "--jdbc-jar",
+            help="pgjdbc jar (default EVORA_JDBC_JAR or /usr/share/java/postgresql.jar)",
+        )
+        job.add_argument(
+            "--jdbc-partitions", type=int, default=4, help="concurrent JDBC range reads"
+        )
+        job.add_argument("--conf", action="append", metavar="KEY=VALUE", help="extra Spark setting")
+        job.add_argument(
+            "--progress-every",
+            type=float,
+            default=10.0,
+            metavar="SECONDS",
+            help="how often to log Spark progress",
+        )
+    pipeline.set_defaults(run=_pipeline)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--queues", help="comma-separated queues (EVORA_WORKER_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="jobs at once (EVORA_WORKER_CONCURRENCY)")
     worker.set_defaults(run=_worker)
+    _add_pipeline(sub)
     return parser
 
 
@@ -121,10 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "dev", False) and "EVORA_HOST" not in os.environ:
             # `evora dev` stays on this machine unless told otherwise.
             settings = settings.model_copy(update={"host": LOOPBACK})
-        logging.basicConfig(
-            level=settings.log_level,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
+        dev = getattr(args, "dev", False)
+        configure_logging(
+            settings.log_level,
+            settings.log_format or ("text" if dev else "json"),
+            service=args.command,
         )
         run: Command = args.run
         return run(args, settings)

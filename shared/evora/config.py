@@ -49,12 +49,18 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, ge=1, le=64 * 1024 * 1024)
     archive_url: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # One JSON object per line, or readable lines; unset: text in `evora dev`, else json.
+    log_format: Literal["json", "text"] | None = None
     db_pool_size: int = Field(default=10, ge=1, le=200)
     # Retention (the sweeper): how long finished jobs and idempotency keys are kept, seconds.
     retention_completed_seconds: int = Field(default=86_400, ge=60)
     retention_cancelled_seconds: int = Field(default=86_400, ge=60)
     retention_dlq_seconds: int = Field(default=604_800, ge=60)
     retention_idempotency_seconds: int = Field(default=604_800, ge=60)
+    # Events leave job_events only once archived to Parquet (`evora pipeline archive`),
+    # consumed by the projector and older than this; at least an hour, so that retention can
+    # never race the projector or an operator looking at recent history.
+    retention_events_seconds: int = Field(default=30 * 86_400, ge=3600)
 
     @field_validator("database_url", "mongo_url", "tokens", "archive_url", mode="before")
     @classmethod

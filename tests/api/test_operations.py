@@ -31,6 +31,8 @@ API_OPERATIONS = {
     ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
+    ("get", "/"),
+    ("get", "/dashboard/{file}"),
 }
 
 

@@ -64,3 +64,17 @@ def test_fingerprint_ignores_key_and_fills_defaults() -> None:
     b = parse({"queue": "q", "type": "t", "priority": 0, "payload": {}, "idempotency_key": "k"})
     c = parse({"queue": "q", "type": "t", "payload": {"x": 1}, "idempotency_key": "k"})
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+def test_job_ids_are_time_ordered_uuid7() -> None:
+    import time
+
+    from evora.storage.jobs import uuid7
+
+    first = uuid7()
+    time.sleep(0.002)  # a later millisecond; ordering within one is random by design
+    second = uuid7()
+    assert first.version == 7 and second.version == 7
+    assert first.variant == second.variant == "specified in RFC 4122"
+    assert first < second
+    assert abs((first.int >> 80) - time.time_ns() // 1_000_000) < 10_000

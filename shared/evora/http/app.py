@@ -21,8 +21,10 @@ from evora.http.metrics import ServiceMetrics
 from evora.http.openapi import openapi_document
 from evora.http.problems import Problem
 from evora.http.routing import Routes, endpoint_of, install
+from evora.logs import bind as bind_log_context
+from evora.logs import unbind as unbind_log_context
 from evora.storage.db import create_pool
-from evora.storage.migrate import current_version, latest_version
+from evora.storage.migrate import missing_versions
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ async def _edge(
 ) -> web.StreamResponse:
     request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
     request[REQUEST_ID] = request_id
+    log_context = bind_log_context(request_id=request_id)  # on every record of the request
     metrics = request.app[METRICS]
     endpoint = endpoint_of(request)
     route = endpoint.path if endpoint else "unmatched"
@@ -114,6 +117,7 @@ async def _edge(
             ).response()
     finally:
         metrics.http_in_flight.labels(metrics.service).dec()
+        unbind_log_context(log_context)
     metrics.http_requests.labels(metrics.service, request.method, route, str(response.status)).inc()
     metrics.http_latency.labels(metrics.service, request.method, route).observe(
         time.perf_counter() - started
@@ -144,11 +148,11 @@ def database_ready(pool: asyncpg.Pool) -> ReadinessCheck:
     async def check() -> str | None:
         try:
             async with pool.acquire(timeout=2) as conn:
-                version = await current_version(conn)
+                missing = await missing_versions(conn)
         except Exception as exc:  # any failure means "not ready", with the reason
             return f"PostgreSQL unreachable: {exc.__class__.__name__}"
-        if version != latest_version():
-            return f"database schema is at {version}, this code needs {latest_version()}"
+        if missing:
+            return f"database schema lacks migrations {missing} (run `evora migrate`)"
         return None
 
     return check

@@ -7,11 +7,13 @@ Operations that name a job by id and lease token raise the typed errors of
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import asyncpg
 import orjson
@@ -31,6 +33,17 @@ from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, jo
 
 EXPIRY_BATCH = 500
 REDRIVE_BATCH = 500
+
+
+def uuid7() -> UUID:
+    """A time-ordered UUID (RFC 9562 version 7) for new jobs: consecutive ids land on the
+    same primary-key pages, where random ids would touch (and WAL-log) a page per insert
+    once the table is large."""
+    millis = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    rand_a = rand >> 68  # 12 bits
+    rand_b = rand & ((1 << 62) - 1)
+    return UUID(int=(millis << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b)
 
 
 def _jsonb_elements(values: Iterable[Any]) -> list[Any]:
@@ -133,7 +146,7 @@ class JobStore:
                     )
                 repeat_of[index] = first
         fresh = [i for i in range(len(submissions)) if i not in repeat_of]
-        ids = {i: uuid4() for i in fresh}
+        ids = {i: uuid7() for i in fresh}
         rows = [submissions[i] for i in fresh]
         async with self._pool.acquire() as conn:
             # Only replays can turn into a conflict after rows were inserted; without keys a

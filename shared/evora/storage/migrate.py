@@ -80,6 +80,13 @@ async def current_version(conn: asyncpg.Connection) -> int:
     return max(versions, default=0)
 
 
+async def missing_versions(conn: asyncpg.Connection) -> list[int]:
+    """Migrations this code needs that the database has not applied. A database that is
+    ahead (a newer release migrated it) still serves this code: migrations only add."""
+    applied = await applied_versions(conn)
+    return [m.version for m in available() if m.version not in applied]
+
+
 async def apply_migrations(dsn: str) -> list[int]:
     """Bring the database at `dsn` up to date; return the versions this call applied."""
     conn = await connect(dsn, statement_timeout=None)

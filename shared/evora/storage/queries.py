@@ -138,7 +138,9 @@ CLAIM = _transition(
     SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => j.lease_seconds), worker_id = $4,
         started_at = now(), updated_at = now(), version = j.version + 1
-    FROM picked WHERE j.id = picked.id AND j.state = 'PENDING'
+    -- picked holds these rows locked and re-checked as PENDING; repeating the state here
+    -- would only tempt the planner into scanning the pending index for them
+    FROM picked WHERE j.id = picked.id
     RETURNING j.*, """
     + _EVENT_COLUMNS
     + """, 'claimed' AS ev_name, 'PENDING'::job_state AS ev_from,

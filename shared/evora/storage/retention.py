@@ -1,7 +1,7 @@
 """What only the sweeper asks of PostgreSQL, apart from lease and TTL expiry. Those two are
 transitions and live with the others in queries.py and `JobStore`. This module covers the
-next deadline to wake for, retention (pruning finished jobs and old idempotency keys), and
-the health figures the sweeper exports.
+next deadline to wake for, retention (pruning finished jobs and old idempotency keys, and
+dropping archived events), and the health figures the sweeper exports.
 
 Every prune is ONE short statement that removes at most `limit` rows picked with
 `FOR UPDATE SKIP LOCKED`, so it never holds a long transaction, never waits for a row
@@ -80,6 +80,39 @@ WITH gone AS (
 SELECT count(*) FROM gone
 """
 
+# -- events: the archive's retention path (migration 0004) -----------------------------------
+#
+# An event may leave job_events only when it is in the Parquet archive (inside the watermark
+# `evora pipeline archive` records after verifying what it wrote), consumed by every
+# projector generation, and older than the events window. The SQL function checks all three
+# itself; the triggers on job_events let no other DELETE through.
+
+# $1 older than (seconds), $2 at most this many rows. Returns how many events were removed.
+DROP_ARCHIVED_EVENTS = """
+SELECT evora_drop_archived_events(w.upto_seq, $1, $2) FROM event_archive_watermark w
+"""
+
+# $1 generation, $2 xid (text), $3 seq, $4 whether the generation is the active one. The
+# projector's half: after each checkpoint it records how far it has consumed, so that
+# retention (which has no MongoDB) knows. Once a generation is active the rows of older ones
+# go: their read models are dropped and must not hold retention back for ever.
+RECORD_PROJECTOR_PROGRESS = """
+WITH recorded AS (
+    INSERT INTO projector_progress (generation, xid, seq)
+    VALUES ($1, $2::text::xid8, $3)
+    ON CONFLICT (generation) DO UPDATE
+        SET xid = excluded.xid, seq = excluded.seq, updated_at = now()
+)
+DELETE FROM projector_progress WHERE $4 AND generation < $1
+"""
+
+
+async def record_projector_progress(
+    conn: asyncpg.Connection | asyncpg.Pool, generation: int, xid: int, seq: int, active: bool
+) -> None:
+    await conn.execute(RECORD_PROJECTOR_PROGRESS, generation, str(xid), seq, active)
+
+
 # Age of the oldest transaction in the cluster that holds an xid (has written something).
 # The outbox is read below `pg_snapshot_xmin`, so such a transaction holds back the
 # projector (and vacuum) for as long as it stays open. Cluster-wide on purpose: xids are.
@@ -120,6 +153,12 @@ class RetentionStore:
 
     async def prune_idempotency_keys(self, older_than: float, limit: int) -> int:
         removed: int = await self._pool.fetchval(PRUNE_IDEMPOTENCY_KEYS, older_than, limit)
+        return removed
+
+    async def drop_archived_events(self, older_than: float, limit: int) -> int:
+        """Remove up to `limit` archived, projected events older than `older_than` seconds
+        (oldest first); returns how many were removed."""
+        removed: int = await self._pool.fetchval(DROP_ARCHIVED_EVENTS, older_than, limit)
         return removed
 
     async def health(self) -> DatabaseHealth:

@@ -1,0 +1,113 @@
+// Queues overview: every queue's counts per state, throughput, latency, paused flag, and
+// how far behind the read models are.
+
+import { api, seg } from "./api.js";
+import { sparkline } from "./charts.js";
+import { h, replace } from "./dom.js";
+import { ago, countCell, ms, num, pausedBadge, rate, span, secondsSince, STATE_TITLES, STATES } from "./format.js";
+import { record, series } from "./history.js";
+
+function tile(value, label, extra) {
+  return h("div", { class: "tile" }, h("span", { class: "value" }, value), h("span", { class: "label" }, label), extra);
+}
+
+function latencyText(p) {
+  return `${ms(p.p50)} · ${ms(p.p95)} · ${ms(p.p99)}`;
+}
+
+function queueRow(q) {
+  const link = h("a", { href: `#/queues/${seg(q.queue)}`, "data-focus-key": `queue:${q.queue}` }, q.queue);
+  const dlq = q.counts.DLQ
+    ? h("td", { class: "num" }, h("a", { href: `#/queues/${seg(q.queue)}?state=DLQ`, "aria-label": `${q.counts.DLQ} dead-lettered jobs in ${q.queue}` }, num(q.counts.DLQ)))
+    : countCell(0);
+  const trend = series(q.queue, "done").map((p) => p.v);
+  const oldest = q.oldest_pending_at ? ago(q.oldest_pending_at) : h("span", { class: "muted" }, "—");
+  return h(
+    "tr",
+    { "data-queue": q.queue },
+    h("th", { scope: "row" }, link),
+    h("td", null, pausedBadge(q.paused)),
+    countCell(q.counts.PENDING),
+    countCell(q.counts.RUNNING),
+    countCell(q.counts.COMPLETED),
+    dlq,
+    countCell(q.counts.CANCELLED),
+    h("td", { class: "num nowrap" }, `${rate(q.throughput.completed_per_minute["1m"])} · ${rate(q.throughput.completed_per_minute["5m"])} · ${rate(q.throughput.completed_per_minute["15m"])}`),
+    h("td", null, sparkline(trend, `Completed per minute (1 minute rate) of ${q.queue} while this page has been open`)),
+    h(
+      "td",
+      { class: "num nowrap" },
+      h("div", null, h("span", { class: "muted" }, "wait "), latencyText(q.latency_ms.wait)),
+      h("div", null, h("span", { class: "muted" }, "run "), latencyText(q.latency_ms.run)),
+    ),
+    h("td", { class: "nowrap" }, oldest),
+  );
+}
+
+export function mount(root, params, ctx) {
+  const tiles = h("div", { class: "tiles" });
+  const table = h("div");
+  replace(
+    root,
+    h("div", { class: "title-row" }, h("h1", null, "Queues")),
+    h("p", { class: "muted" }, "Counts and rates come from the read models (eventually consistent); paused flags come from PostgreSQL."),
+    tiles,
+    table,
+  );
+
+  async function refresh() {
+    const { queues } = await api("/v1/queues");
+    record(queues);
+    const asOf = queues.length ? queues[0].as_of : null;
+    ctx.setAsOf(asOf);
+    const sum = (state) => queues.reduce((n, q) => n + (q.counts[state] || 0), 0);
+    const done = queues.reduce((n, q) => n + Number(q.throughput.completed_per_minute["1m"] || 0), 0);
+    const lag = asOf && asOf.at ? `${span(secondsSince(asOf.at))} ago` : "not yet";
+    replace(
+      tiles,
+      tile(num(queues.length), "queues"),
+      tile(num(sum("PENDING")), "pending"),
+      tile(num(sum("RUNNING")), "running"),
+      tile(num(sum("DLQ")), "dead-lettered"),
+      tile(`${rate(done)}/min`, "completed, last minute"),
+      tile(lag, asOf ? `read models last projected (event #${asOf.seq})` : "read models last projected"),
+    );
+    if (!queues.length) {
+      replace(
+        table,
+        h("div", { class: "card empty" }, "No queues yet. A queue appears here once jobs are submitted to it and the projector has caught up."),
+      );
+      return;
+    }
+    replace(
+      table,
+      h(
+        "div",
+        { class: "table-wrap" },
+        h(
+          "table",
+          { id: "queues-table" },
+          h("caption", { class: "sr-only" }, "Queues"),
+          h(
+            "thead",
+            null,
+            h(
+              "tr",
+              null,
+              h("th", { scope: "col" }, "Queue"),
+              h("th", { scope: "col" }, "Status"),
+              STATES.map((state) => h("th", { scope: "col", class: "num" }, STATE_TITLES[state])),
+              h("th", { scope: "col", class: "num", title: "Completed per minute over the last 1, 5 and 15 minutes" }, "Done/min 1m·5m·15m"),
+              h("th", { scope: "col" }, "Trend"),
+              h("th", { scope: "col", class: "num", title: "Wait: from due to claimed. Run: from claimed to finished." }, "Latency p50 · p95 · p99"),
+              h("th", { scope: "col" }, "Oldest pending"),
+            ),
+          ),
+          h("tbody", null, queues.map(queueRow)),
+        ),
+      ),
+    );
+  }
+
+  return { title: "Queues", refresh };
+}

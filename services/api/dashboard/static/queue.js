@@ -1,0 +1,307 @@
+// One queue: stats and charts, pause/resume, DLQ redrive (after a confirmation), failure
+// reasons, and its jobs by state and type, a keyset page at a time.
+
+import { api, ApiError, seg, withQuery } from "./api.js";
+import { latencyChart, lineChart, throughputChart } from "./charts.js";
+import { confirmDialog, h, replace } from "./dom.js";
+import { ago, ms, num, pausedBadge, rate, shortId, stateBadge, STATES, time } from "./format.js";
+import { record, series } from "./history.js";
+
+const PAGE_SIZES = ["25", "50", "100"];
+
+export function hashFor(queue, { state = "", type = "", after = "", limit = "" } = {}) {
+  return withQuery(`#/queues/${seg(queue)}`, { state, type, after, limit });
+}
+
+export function jobRow(job, { showQueue = false } = {}) {
+  const error = job.last_error;
+  return h(
+    "tr",
+    { "data-job": job.id },
+    h(
+      "th",
+      { scope: "row", class: "mono" },
+      h("a", { href: `#/jobs/${seg(job.id)}`, title: job.id, "aria-label": `Job ${job.id}`, "data-focus-key": `job:${job.id}` }, shortId(job.id)),
+    ),
+    showQueue ? h("td", null, h("a", { href: `#/queues/${seg(job.queue)}` }, job.queue)) : null,
+    h("td", { class: "mono" }, job.type),
+    h("td", { class: "job-state" }, stateBadge(job.state)),
+    h("td", { class: "num" }, `${job.attempt} / ${job.max_attempts}`),
+    h("td", { class: "num" }, String(job.priority)),
+    h("td", { class: "nowrap" }, time(job.created_at)),
+    h("td", { class: "nowrap" }, ago(job.updated_at)),
+    h("td", { class: "error-text" }, error ? `${error.type ? `${error.type}: ` : ""}${error.message}` : ""),
+  );
+}
+
+export function jobsTable(jobs, { caption, showQueue = false, extraHead = null, row = jobRow }) {
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h(
+      "table",
+      { class: "jobs-table" },
+      h("caption", null, caption),
+      h(
+        "thead",
+        null,
+        h(
+          "tr",
+          null,
+          h("th", { scope: "col" }, "Job"),
+          showQueue ? h("th", { scope: "col" }, "Queue") : null,
+          h("th", { scope: "col" }, "Type"),
+          h("th", { scope: "col" }, "State"),
+          h("th", { scope: "col", class: "num" }, "Attempt"),
+          h("th", { scope: "col", class: "num" }, "Priority"),
+          h("th", { scope: "col" }, "Created"),
+          h("th", { scope: "col" }, "Updated"),
+          h("th", { scope: "col" }, "Last error"),
+          extraHead,
+        ),
+      ),
+      h("tbody", null, jobs.map((job) => row(job, { showQueue }))),
+    ),
+  );
+}
+
+/**
+ * Keyset pagination controls. `stack` holds the `after` of every page before this one,
+ * so "Newer" can go back; go(after) navigates.
+ */
+export function pager({ page, stack, after, go, label }) {
+  const newer = h("button", { type: "button", "data-focus-key": `${label}:newer`, disabled: !after }, "← Newer");
+  const older = h("button", { type: "button", "data-focus-key": `${label}:older`, disabled: !page.next }, "Older →");
+  newer.addEventListener("click", () => go(stack.length ? stack.pop() : "", false));
+  older.addEventListener("click", () => {
+    stack.push(after || "");
+    go(page.next, true);
+  });
+  const where = after ? `Page ${stack.length + 1}` : "Page 1 (newest)";
+  return h("nav", { class: "pager", "aria-label": `${label} pages` }, newer, h("span", { class: "muted" }, `${where} · ${page.jobs.length} shown`), older);
+}
+
+export function mount(root, params, ctx) {
+  const queue = params.queue;
+  const state = STATES.includes(params.state) ? params.state : "";
+  const type = params.type || "";
+  const after = params.after || "";
+  const limit = PAGE_SIZES.includes(params.limit) ? params.limit : "25";
+  const stackKey = `queue:${queue}:${state}:${type}:${limit}`;
+  const stack = (ctx.memory[stackKey] = after ? ctx.memory[stackKey] || [] : []);
+
+  let stats = null;
+  const badge = h("span");
+  const pauseButton = h("button", { type: "button", "data-focus-key": "pause" }, "Pause");
+  const resumeButton = h("button", { type: "button", "data-focus-key": "resume" }, "Resume");
+  const redriveButton = h("button", { type: "button", class: "danger", "data-focus-key": "redrive" }, "Redrive DLQ…");
+  const tabs = h("ul", { class: "state-tabs" });
+  const charts = h("div", { class: "grid" });
+  const failures = h("div");
+  const jobs = h("div");
+
+  const typeInput = h("input", { id: "filter-type", name: "type", value: type, placeholder: "any type", autocomplete: "off", spellcheck: "false", "data-focus-key": "filter-type" });
+  const stateSelect = h(
+    "select",
+    { id: "filter-state", name: "state", "data-focus-key": "filter-state" },
+    h("option", { value: "" }, "Any state"),
+    STATES.map((s) => h("option", { value: s, selected: s === state }, s)),
+  );
+  const limitSelect = h(
+    "select",
+    { id: "filter-limit", name: "limit", "data-focus-key": "filter-limit" },
+    PAGE_SIZES.map((n) => h("option", { value: n, selected: n === limit }, n)),
+  );
+  const filterForm = h(
+    "form",
+    { class: "filters", "aria-label": "Filter jobs" },
+    h("div", { class: "field" }, h("label", { for: "filter-state" }, "State"), stateSelect),
+    h("div", { class: "field" }, h("label", { for: "filter-type" }, "Type"), typeInput),
+    h("div", { class: "field" }, h("label", { for: "filter-limit" }, "Per page"), limitSelect),
+    h("button", { type: "submit", class: "primary", "data-focus-key": "filter-apply" }, "Apply"),
+    h("button", { type: "button", "data-focus-key": "filter-clear", onclick: () => ctx.navigate(hashFor(queue)) }, "Clear filters"),
+  );
+  filterForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    ctx.navigate(hashFor(queue, { state: stateSelect.value, type: typeInput.value.trim(), limit: limitSelect.value === "25" ? "" : limitSelect.value }));
+  });
+
+  replace(
+    root,
+    h("p", { class: "muted" }, h("a", { href: "#/" }, "Queues"), " / ", queue),
+    h(
+      "div",
+      { class: "title-row" },
+      h("h1", null, "Queue ", h("span", { class: "mono" }, queue)),
+      badge,
+      h("div", { class: "actions" }, pauseButton, resumeButton, redriveButton),
+    ),
+    h("nav", { "aria-label": "Jobs by state" }, tabs),
+    charts,
+    failures,
+    h("h2", null, "Jobs"),
+    filterForm,
+    jobs,
+  );
+
+  async function act(button, run) {
+    button.disabled = true;
+    try {
+      await run();
+    } catch (error) {
+      if (!(error instanceof ApiError && error.status === 401)) ctx.announce(`Failed: ${ctx.describe(error)}`, { error: true });
+    } finally {
+      button.disabled = false;
+      await ctx.refreshNow();
+    }
+  }
+
+  pauseButton.addEventListener("click", () =>
+    act(pauseButton, async () => {
+      await api(`/v1/queues/${seg(queue)}/pause`, { method: "POST" });
+      ctx.announce(`Queue ${queue} paused: workers claim nothing from it until it is resumed.`);
+    }).then(() => (resumeButton.hidden ? pauseButton : resumeButton).focus()),
+  );
+  resumeButton.addEventListener("click", () =>
+    act(resumeButton, async () => {
+      await api(`/v1/queues/${seg(queue)}/resume`, { method: "POST" });
+      ctx.announce(`Queue ${queue} resumed.`);
+    }).then(() => (pauseButton.hidden ? resumeButton : pauseButton).focus()),
+  );
+  redriveButton.addEventListener("click", async () => {
+    const known = stats ? stats.counts.DLQ : null;
+    const what = type ? `the dead-lettered jobs of type “${type}”` : "all dead-lettered jobs";
+    const ok = await confirmDialog({
+      title: `Redrive queue ${queue}?`,
+      body: [
+        `This moves ${what} of queue “${queue}” back to PENDING with a fresh attempt budget; workers will run them again.`,
+        known === null ? "" : `The read models count ${num(known)} dead-lettered jobs in this queue.`,
+      ].filter(Boolean),
+      confirm: "Redrive",
+      danger: true,
+    });
+    if (!ok) {
+      redriveButton.focus();
+      return;
+    }
+    await act(redriveButton, async () => {
+      const { redriven } = await api(`/v1/queues/${seg(queue)}/redrive`, { method: "POST", body: type ? { type } : {} });
+      ctx.announce(`Redrove ${num(redriven)} job${redriven === 1 ? "" : "s"} of ${queue} back to PENDING.`);
+    });
+    redriveButton.focus();
+  });
+
+  function renderStats() {
+    const total = stats ? STATES.reduce((n, s) => n + (stats.counts[s] || 0), 0) : null;
+    const tab = (label, value, count) =>
+      h(
+        "li",
+        null,
+        h(
+          "a",
+          { href: hashFor(queue, { state: value, type }), "aria-current": value === state ? "true" : "false", "data-focus-key": `tab:${value}` },
+          label,
+          count === null ? null : [" ", h("span", { class: "n" }, num(count))],
+        ),
+      );
+    replace(tabs, tab("All", "", total), STATES.map((s) => tab(s, s, stats ? stats.counts[s] : null)));
+    if (!stats) {
+      replace(badge);
+      pauseButton.hidden = false;
+      resumeButton.hidden = false;
+      replace(charts, h("div", { class: "card muted" }, "No stats for this queue yet: the read models have not seen it (the projector may still be catching up)."));
+      return;
+    }
+    replace(badge, pausedBadge(stats.paused));
+    pauseButton.hidden = stats.paused;
+    resumeButton.hidden = !stats.paused;
+    const cpm = stats.throughput.completed_per_minute;
+    replace(
+      charts,
+      h(
+        "section",
+        { class: "card", "aria-labelledby": "throughput-title" },
+        h("h2", { id: "throughput-title" }, "Throughput"),
+        throughputChart(cpm),
+        h("p", { class: "muted" }, `Completed per minute: ${rate(cpm["1m"])} (1 min), ${rate(cpm["5m"])} (5 min), ${rate(cpm["15m"])} (15 min). Totals: ${num(stats.totals.submitted)} submitted, ${num(stats.totals.completed)} completed, ${num(stats.totals.failed)} failed attempts, ${num(stats.totals.dead_lettered)} dead-lettered, ${num(stats.totals.retried)} retried, ${num(stats.totals.lease_expired)} leases expired.`),
+        lineChart(series(queue, "done"), { label: "Completed per minute (1 minute rate), sampled while this page is open", format: rate }),
+      ),
+      h(
+        "section",
+        { class: "card", "aria-labelledby": "latency-title" },
+        h("h2", { id: "latency-title" }, "Latency"),
+        latencyChart(stats.latency_ms),
+        h("p", { class: "legend" }, h("span", null, h("span", { class: "swatch swatch-1" }), "wait (due → claimed)"), h("span", null, h("span", { class: "swatch swatch-2" }), "run (claimed → finished)")),
+        h("p", { class: "muted" }, "Oldest pending job: ", stats.oldest_pending_at ? ago(stats.oldest_pending_at) : "—", ". Wait p95 over time:"),
+        lineChart(series(queue, "wait95"), { label: "Wait p95, sampled while this page is open", format: ms }),
+      ),
+    );
+  }
+
+  function renderFailures(types) {
+    if (!types.length) {
+      replace(failures);
+      return;
+    }
+    const rows = types.flatMap((t) =>
+      t.reasons.slice(0, 3).map((r, i) =>
+        h(
+          "tr",
+          null,
+          i === 0 ? h("th", { scope: "row", class: "mono", rowspan: String(Math.min(3, t.reasons.length)) }, t.type, h("div", { class: "muted" }, `${num(t.failures)} failures`)) : null,
+          h("td", { class: "error-text" }, `${r.type ? `${r.type}: ` : ""}${r.message}`),
+          h("td", { class: "num" }, num(r.count)),
+          h("td", { class: "nowrap" }, ago(r.last_at)),
+        ),
+      ),
+    );
+    replace(
+      failures,
+      h("h2", null, "Most frequent failures"),
+      h(
+        "div",
+        { class: "table-wrap" },
+        h(
+          "table",
+          null,
+          h("caption", { class: "sr-only" }, "Most frequent failure reasons per job type"),
+          h("thead", null, h("tr", null, h("th", { scope: "col" }, "Type"), h("th", { scope: "col" }, "Error"), h("th", { scope: "col", class: "num" }, "Count"), h("th", { scope: "col" }, "Last seen"))),
+          h("tbody", null, rows),
+        ),
+      ),
+    );
+  }
+
+  async function refresh() {
+    const statsCall = api(`/v1/queues/${seg(queue)}/stats`).catch((error) => {
+      if (error instanceof ApiError && error.status === 404) return null;
+      throw error;
+    });
+    const failuresCall = api(`/v1/queues/${seg(queue)}/failures`);
+    const pageCall = api(withQuery("/v1/jobs", { queue, state, type, limit, after }));
+    const [found, failed, page] = await Promise.all([statsCall, failuresCall, pageCall]);
+    stats = found;
+    if (stats) {
+      record([stats]);
+      ctx.setAsOf(stats.as_of);
+    }
+    renderStats();
+    renderFailures(failed.types);
+    const caption = `${state ? `${state} jobs` : "Jobs"}${type ? ` of type ${type}` : ""}, newest first`;
+    replace(
+      jobs,
+      page.jobs.length
+        ? jobsTable(page.jobs, { caption })
+        : h("div", { class: "card empty" }, after ? "No more jobs." : "No jobs match these filters."),
+      pager({
+        page,
+        stack,
+        after,
+        label: "Jobs",
+        go: (next) => ctx.navigate(hashFor(queue, { state, type, after: next, limit: limit === "25" ? "" : limit })),
+      }),
+    );
+  }
+
+  return { title: `Queue ${queue}`, refresh };
+}

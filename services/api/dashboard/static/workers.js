@@ -1,0 +1,84 @@
+// Workers seen in the last 24 hours, from the read models.
+
+import { api, seg } from "./api.js";
+import { h, replace } from "./dom.js";
+import { ago, num, secondsSince, shortId, time } from "./format.js";
+
+const ACTIVE_WITHIN_S = 60;
+
+function activity(worker) {
+  const since = secondsSince(worker.last_seen);
+  if (since !== null && since <= ACTIVE_WITHIN_S) return h("span", { class: "state state-active" }, "● active");
+  return h("span", { class: "state state-CANCELLED" }, "○ idle");
+}
+
+function row(w) {
+  return h(
+    "tr",
+    { "data-worker": w.worker_id },
+    h("th", { scope: "row", class: "mono" }, w.worker_id),
+    h("td", null, activity(w)),
+    h("td", null, (w.queues || []).flatMap((q, i) => [i ? ", " : "", h("a", { href: `#/queues/${seg(q)}` }, q)])),
+    h("td", { class: "num" }, num(w.running)),
+    h(
+      "td",
+      { class: "mono" },
+      (w.current_jobs || []).slice(0, 5).flatMap((id, i) => [i ? " " : "", h("a", { href: `#/jobs/${seg(id)}`, title: id, "aria-label": `Job ${id}` }, shortId(id))]),
+      (w.current_jobs || []).length > 5 ? ` +${w.current_jobs.length - 5} more` : "",
+    ),
+    h("td", { class: "num" }, num(w.claimed)),
+    h("td", { class: "num" }, num(w.completed)),
+    h("td", { class: "num" }, num(w.failed)),
+    h("td", { class: "num" }, num(w.released)),
+    h("td", { class: "num" }, num(w.lease_expired)),
+    h("td", { class: "nowrap" }, time(w.first_seen)),
+    h("td", { class: "nowrap" }, ago(w.last_seen)),
+  );
+}
+
+export function mount(root, params, ctx) {
+  const list = h("div");
+  replace(
+    root,
+    h("div", { class: "title-row" }, h("h1", null, "Workers")),
+    h("p", { class: "muted" }, `Workers seen in the last 24 hours, most recent first. Active: seen in the last ${ACTIVE_WITHIN_S} s.`),
+    list,
+  );
+
+  async function refresh() {
+    const { workers } = await api("/v1/workers");
+    if (!workers.length) {
+      replace(list, h("div", { class: "card empty" }, "No worker has claimed a job in the last 24 hours."));
+      return;
+    }
+    replace(
+      list,
+      h(
+        "div",
+        { class: "table-wrap" },
+        h(
+          "table",
+          { id: "workers-table" },
+          h("caption", { class: "sr-only" }, "Workers"),
+          h(
+            "thead",
+            null,
+            h(
+              "tr",
+              null,
+              ["Worker", "Status", "Queues"].map((t) => h("th", { scope: "col" }, t)),
+              h("th", { scope: "col", class: "num" }, "Running"),
+              h("th", { scope: "col" }, "Current jobs"),
+              ["Claimed", "Completed", "Failed", "Released", "Leases expired"].map((t) => h("th", { scope: "col", class: "num" }, t)),
+              h("th", { scope: "col" }, "First seen"),
+              h("th", { scope: "col" }, "Last seen"),
+            ),
+          ),
+          h("tbody", null, workers.map(row)),
+        ),
+      ),
+    );
+  }
+
+  return { title: "Workers", refresh };
+}

@@ -1,0 +1,84 @@
+"""What an event looks like to the pipeline, and which events a slice of history holds.
+
+The archive holds a rectangle of events: every event with `seq <= upto_seq` and
+`xid < below_xid` (migration 0004 says why it is not a plain seq prefix). Each archive run
+adds the difference between the old rectangle and a larger one, and `pipeline run` reads
+the live remainder as the difference between the archived rectangle and the outbox
+horizon. Both are the same query: `between(inner, outer)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql.types import (
+    DateType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+# Larger than any seq; the outer bound of "everything below the horizon".
+MAX_SEQ = 2**63 - 1
+
+# jsonb, uuid, xid8 and the job_state enum as types Spark's JDBC reader knows.
+_SELECT = """seq, xid::text::int8 AS xid, job_id::text AS job_id, job_version, queue, type,
+       event, from_state::text AS from_state, to_state::text AS to_state, attempt,
+       worker_id, at, data::text AS data, job::text AS job"""
+
+EVENT_SCHEMA = StructType(
+    [
+        StructField("seq", LongType(), False),
+        StructField("xid", LongType(), False),
+        StructField("job_id", StringType(), False),
+        StructField("job_version", IntegerType(), False),
+        StructField("queue", StringType(), False),
+        StructField("type", StringType(), False),
+        StructField("event", StringType(), False),
+        StructField("from_state", StringType(), True),
+        StructField("to_state", StringType(), False),
+        StructField("attempt", IntegerType(), False),
+        StructField("worker_id", StringType(), True),
+        StructField("at", TimestampType(), False),
+        # JSON text, exactly as PostgreSQL rendered the jsonb
+        StructField("data", StringType(), False),
+        StructField("job", StringType(), False),
+    ]
+)
+
+EVENT_COLUMNS = tuple(field.name for field in EVENT_SCHEMA.fields)
+
+# As stored in the archive: plus the UTC day it is partitioned by (date=YYYY-MM-DD).
+ARCHIVE_SCHEMA = StructType([*EVENT_SCHEMA.fields, StructField("date", DateType(), False)])
+
+
+@dataclass(frozen=True, order=True)
+class Rectangle:
+    """Events with seq <= upto_seq and xid < below_xid. (0, 0) holds nothing."""
+
+    upto_seq: int = 0
+    below_xid: int = 0
+
+    def contains(self, other: Rectangle) -> bool:
+        return self.upto_seq >= other.upto_seq and self.below_xid >= other.below_xid
+
+    def as_doc(self) -> dict[str, int]:
+        return {"upto_seq": self.upto_seq, "below_xid": self.below_xid}
+
+
+def between(inner: Rectangle, outer: Rectangle) -> str:
+    """SQL for the events in `outer` but not in `inner` (outer must contain inner), as two
+    disjoint index range scans: new sequence numbers (primary key), and late transactions
+    below the old seq bound (job_events_tail on xid)."""
+    if not outer.contains(inner):
+        raise ValueError(f"{outer} does not contain {inner}")
+    return f"""SELECT {_SELECT} FROM job_events
+WHERE seq > {inner.upto_seq} AND seq <= {outer.upto_seq}
+  AND xid < '{outer.below_xid}'::xid8
+UNION ALL
+SELECT {_SELECT} FROM job_events
+WHERE seq <= {inner.upto_seq}
+  AND xid >= '{inner.below_xid}'::xid8 AND xid < '{outer.below_xid}'::xid8"""

@@ -1,0 +1,86 @@
+"""Reading `job_events` from PostgreSQL over JDBC, in parallel ranges of `seq`.
+
+Spark needs the pgjdbc jar (never fetched from Maven at run time: see README.md) and the
+`driver` option spelled out, or it answers "No suitable driver".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+DRIVER = "org.postgresql.Driver"
+DEFAULT_JAR = "/usr/share/java/postgresql.jar"
+
+# libpq URL parameters pgjdbc understands, under pgjdbc's names. Others (say
+# `target_session_attrs`) have no equivalent here and are dropped with a warning.
+_PARAMETERS = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "sslpassword": "sslpassword",
+    "connect_timeout": "connectTimeout",
+    "application_name": "ApplicationName",
+    "options": "options",
+}
+
+
+@dataclass(frozen=True)
+class JdbcSource:
+    url: str
+    user: str | None = None
+    password: str | None = None
+    partitions: int = 4
+    # pgjdbc buffers a whole result unless it fetches with a cursor, which this enables.
+    fetch_size: int = 10_000
+
+    @classmethod
+    def from_dsn(cls, dsn: str, *, partitions: int = 4, fetch_size: int = 10_000) -> JdbcSource:
+        """`postgresql://user:password@host:port/db?sslmode=...` (EVORA_DATABASE_URL) as a
+        JDBC URL. The host part is kept as written, so several hosts and IPv6 work."""
+        parts = urlsplit(dsn)
+        hosts = parts.netloc.rpartition("@")[2] or "localhost"
+        database = unquote(parts.path.lstrip("/")) or "postgres"
+        params = {"ApplicationName": "evora-pipeline"}
+        for key, value in parse_qsl(parts.query):
+            if key in _PARAMETERS:
+                params[_PARAMETERS[key]] = value
+            else:
+                log.warning("database URL parameter %r has no JDBC equivalent; ignored", key)
+        return cls(
+            url=f"jdbc:postgresql://{hosts}/{database}?{urlencode(params)}",
+            user=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            partitions=partitions,
+            fetch_size=fetch_size,
+        )
+
+    def options(self) -> dict[str, str]:
+        options = {"url": self.url, "driver": DRIVER, "fetchsize": str(self.fetch_size)}
+        if self.user is not None:
+            options["user"] = self.user
+        if self.password is not None:
+            # Spark redacts options named like "password" in plans and logs.
+            options["password"] = self.password
+        return options
+
+    def read(self, spark: SparkSession, query: str, lower: int, upper: int) -> DataFrame:
+        """The rows of `query` (which must have a `seq` column), read as `partitions`
+        concurrent range queries over [lower, upper]. The bounds only shape the ranges:
+        the first and last are open-ended, so no row is lost if they are off."""
+        return (
+            spark.read.format("jdbc")
+            .options(**self.options())
+            .option("dbtable", f"({query}) AS events")
+            .option("partitionColumn", "seq")
+            .option("lowerBound", str(lower))
+            .option("upperBound", str(max(upper, lower) + 1))
+            .option("numPartitions", str(max(1, self.partitions)))
+            .load()
+        )

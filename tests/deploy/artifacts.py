@@ -1,0 +1,86 @@
+"""The deployment artifacts the checks read: paths, and the PromQL they contain."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = ROOT / "k8s"
+COMPOSE = ROOT / "docker-compose.yml"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+DASHBOARDS = DEPLOY / "grafana" / "dashboards"
+OVERLAYS = sorted(p for p in (K8S / "overlays").iterdir() if p.is_dir())
+
+# Services that serve /metrics, their default ports and their scrape job names.
+SERVICES = {"api": 8080, "dispatcher": 8081, "sweeper": 8082, "projector": 8083}
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
+def dashboard_queries() -> Iterator[tuple[str, str]]:
+    """(where, PromQL) for every panel target of every dashboard."""
+    for name, board in dashboards().items():
+        for panel in _panels(board.get("panels", [])):
+            for target in panel.get("targets", []):
+                if target.get("expr"):
+                    yield f"{name}: panel {panel.get('title')!r}", target["expr"]
+
+
+def dashboard_variable_queries() -> Iterator[tuple[str, str]]:
+    for name, board in dashboards().items():
+        for variable in board.get("templating", {}).get("list", []):
+            if variable.get("type") == "query":
+                query = variable.get("query")
+                text = query.get("query") if isinstance(query, dict) else query
+                yield f"{name}: variable {variable.get('name')!r}", str(text)
+
+
+def alert_rules() -> Iterator[dict[str, Any]]:
+    for group in load_yaml(ALERTS)["groups"]:
+        yield from group["rules"]
+
+
+def alert_queries() -> Iterator[tuple[str, str]]:
+    for rule in alert_rules():
+        yield f"alert {rule.get('alert') or rule.get('record')}", str(rule["expr"])
+
+
+@cache
+def evora_subcommands() -> frozenset[str]:
+    """The subcommands `evora --help` lists."""
+    done = subprocess.run(
+        [sys.executable, "-m", "evora.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    listed = re.search(r"\{([a-z,_-]+)\}", done.stdout)
+    names = set(listed.group(1).split(",")) if listed else set()
+    names.update(re.findall(r"^    ([a-z][a-z_-]*)\s", done.stdout, flags=re.MULTILINE))
+    return frozenset(names)

@@ -1,0 +1,210 @@
+"""Every metric the Grafana dashboards and the alert rules query is exported by the real
+services: api, dispatcher, sweeper and projector run in this process on the test PostgreSQL
+and MongoDB, are exercised until their labelled series exist, and are scraped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from evora.config import Settings
+from evora.http.serve import serve_app
+from services.api.app import create_app as create_api
+from services.dispatcher.app import create_app as create_dispatcher
+from services.projector.app import create_app as create_projector
+from services.sweeper.app import create_app as create_sweeper
+from tests.deploy import artifacts
+from tests.deploy.promql import label_values_query, parse
+
+TOKENS = "admin:t-admin,producer:t-producer,worker:t-worker"
+PRODUCER = {"Authorization": "Bearer t-producer"}
+WORKER = {"Authorization": "Bearer t-worker"}
+QUEUE = "deploy-check"
+
+# Series Prometheus itself adds: `up` per target, `job`/`instance` on every series.
+PROMETHEUS_METRICS = {"up": {"job", "instance"}}
+TARGET_LABELS = {"job", "instance", "pod", "namespace"}
+
+Catalogue = dict[str, set[str]]  # sample name -> label names seen on it
+
+
+@dataclass
+class Running:
+    name: str
+    url: str
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+async def _serve(app: web.Application, name: str) -> Running:
+    stop = asyncio.Event()
+    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        serve_app(
+            app,
+            name=name,
+            host="127.0.0.1",
+            port=0,
+            stop=stop,
+            shutdown_timeout=5.0,
+            started=bound.set_result,
+            handler_cancellation=name == "dispatcher",
+        )
+    )
+    done, _ = await asyncio.wait({bound, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()
+    if bound not in done:
+        task.cancel()
+        raise AssertionError(f"{name} did not start")
+    return Running(name, f"http://127.0.0.1:{bound.result()}", stop, task)
+
+
+async def _scrape(http: aiohttp.ClientSession, url: str) -> tuple[Catalogue, dict[str, float]]:
+    async with http.get(url + "/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    catalogue: Catalogue = defaultdict(set)
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            catalogue[sample.name].update(sample.labels)
+            key = sample.name + str(sorted(sample.labels.items()))
+            values[key] = sample.value
+    return catalogue, values
+
+
+async def _exercise(http: aiohttp.ClientSession, api: str, dispatcher: str) -> None:
+    """Submit, claim, complete, fail into the DLQ, miss, and long-poll, so the labelled
+    series of every service exist."""
+    for n in range(3):
+        async with http.post(
+            f"{api}/v1/jobs", json={"queue": QUEUE, "type": f"t{n}"}, headers=PRODUCER
+        ) as response:
+            assert response.status == 201, await response.text()
+    async with http.post(f"{api}/v1/jobs", json={"queue": QUEUE}, headers=PRODUCER) as response:
+        assert response.status == 422
+    claim = {"worker_id": "deploy-w", "queues": [QUEUE], "max_jobs": 3, "wait_seconds": 0}
+    async with http.post(f"{dispatcher}/v1/claim", json=claim, headers=WORKER) as response:
+        jobs: list[dict[str, Any]] = (await response.json())["jobs"]
+    assert len(jobs) == 3
+    first, second, _third = jobs
+    async with http.post(
+        f"{dispatcher}/v1/jobs/{first['id']}/complete",
+        json={"lease_token": first["lease_token"], "result": {"ok": True}},
+        headers=WORKER,
+    ) as response:
+        assert response.status == 200, await response.text()
+    async with http.post(
+        f"{dispatcher}/v1/jobs/{second['id']}/fail",
+        json={
+            "lease_token": second["lease_token"],
+            "error": {"message": "no", "type": "Check", "retryable": False},
+        },
+        headers=WORKER,
+    ) as response:
+        assert response.status == 200, await response.text()
+        assert (await response.json())["state"] == "DLQ"
+    # A long-poll that waits (and finds nothing): the waiting gauge gets its queue label.
+    wait = {**claim, "queues": ["deploy-empty"], "wait_seconds": 1}
+    async with http.post(f"{dispatcher}/v1/claim", json=wait, headers=WORKER) as response:
+        assert (await response.json())["jobs"] == []
+
+
+@pytest.fixture
+async def catalogue(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIterator[Catalogue]:
+    settings = Settings(
+        database_url=db_url, mongo_url=mongo_url, mongo_db=mongo_db_name, tokens=TOKENS
+    )
+    running: list[Running] = []
+    try:
+        for name, factory in (
+            ("api", create_api),
+            ("dispatcher", create_dispatcher),
+            ("sweeper", create_sweeper),
+            ("projector", create_projector),
+        ):
+            running.append(await _serve(await factory(settings), name))
+        urls = {r.name: r.url for r in running}
+        async with aiohttp.ClientSession() as http:
+            await _exercise(http, urls["api"], urls["dispatcher"])
+            # The projector exports per-queue figures once it has applied the events and
+            # refreshed its snapshot (every couple of seconds).
+            deadline = time.monotonic() + 30
+            while True:
+                found, values = await _scrape(http, urls["projector"])
+                dlq = f"evora_queue_jobs[('queue', '{QUEUE}'), ('state', 'DLQ')]"
+                if values.get(dlq) == 1.0 and "evora_queue_events_total" in found:
+                    break
+                assert time.monotonic() < deadline, "the projector never exported the queue"
+                await asyncio.sleep(0.2)
+            merged: Catalogue = defaultdict(set)
+            for url in urls.values():
+                found, _ = await _scrape(http, url)
+                for name, labels in found.items():
+                    merged[name] |= labels
+        yield merged
+    finally:
+        for service in reversed(running):
+            service.stop.set()
+            await asyncio.wait_for(service.task, 30)
+
+
+def _check(where: str, expr: str, catalogue: Catalogue) -> list[str]:
+    problems = []
+    known = {**catalogue, **PROMETHEUS_METRICS}
+    parsed = parse(expr)
+    available: set[str] = set(TARGET_LABELS)
+    for selector in parsed.selectors:
+        if selector.metric not in known:
+            problems.append(f"{where}: {selector.metric} is not exported ({expr})")
+            continue
+        labels = known[selector.metric] | TARGET_LABELS
+        available |= labels
+        for label in selector.matchers:
+            if label not in labels:
+                problems.append(f"{where}: {selector.metric} has no label {label!r}")
+    for label in parsed.grouping_labels - available:
+        problems.append(f"{where}: groups by {label!r}, which no selected metric has")
+    return problems
+
+
+async def test_dashboards_and_alerts_use_only_exported_metrics(catalogue: Catalogue) -> None:
+    queries = [*artifacts.dashboard_queries(), *artifacts.alert_queries()]
+    assert len(queries) > 40
+    problems = [p for where, expr in queries for p in _check(where, expr, catalogue)]
+    for where, query in artifacts.dashboard_variable_queries():
+        wanted = label_values_query(query)
+        assert wanted is not None, f"{where}: unexpected variable query {query!r}"
+        metric, label = wanted
+        if label not in catalogue.get(metric, set()):
+            problems.append(f"{where}: {metric} with label {label} is not exported")
+    assert not problems, "\n".join(problems)
+
+
+async def test_catalogue_is_documented_and_consistent(catalogue: Catalogue) -> None:
+    """docs/metrics.md lists every evora_* metric family the services export, and every
+    family follows the naming rules (evora_ prefix; no id-like labels)."""
+    doc = (artifacts.ROOT / "docs" / "metrics.md").read_text()
+    families = {_family(name) for name in catalogue if name.startswith("evora_")}
+    missing = sorted(f for f in families if f"`{f}`" not in doc)
+    assert not missing, f"docs/metrics.md does not list: {missing}"
+    forbidden = {"job_id", "id", "worker_id", "lease_token", "request_id", "idempotency_key"}
+    for name, labels in catalogue.items():
+        assert not labels & forbidden, f"{name} has an unbounded label: {labels & forbidden}"
+
+
+def _family(sample: str) -> str:
+    for suffix in ("_bucket", "_count", "_sum", "_created", "_total"):
+        if sample.endswith(suffix):
+            return sample.removesuffix(suffix)
+    return sample

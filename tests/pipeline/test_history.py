@@ -1,0 +1,97 @@
+"""On a generated history, part archived and removed from PostgreSQL through the retention
+path and part live, `pipeline run` counts every event exactly once: its per-queue totals
+equal the projector's read models and a plain SQL count, queue by queue."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import asyncpg
+from pymongo.asynchronous.database import AsyncDatabase
+
+from evora.domain.states import JobState
+from evora.http.metrics import ServiceMetrics
+from evora.readmodels.layout import TOTAL_KEYS, Document
+from evora.storage.jobs import JobStore
+from evora.storage.retention import RetentionStore
+from services.projector.projector import Projector
+from services.sweeper.metrics import SweeperMetrics
+from services.sweeper.sweeper import Retention, Sweeper, Tuning
+from tests.pipeline.conftest import Pipeline, catch_up, sql_totals
+from tests.projector.workload import mixed_workload
+
+QUEUES = ["alpha", "beta", "gamma"]
+DAY = 86_400.0
+
+
+def sweeper_dropping_events(pool: asyncpg.Pool) -> Sweeper:
+    """A sweeper that keeps finished jobs (so SQL can count them) but drops archived events
+    at once."""
+    keep = 365 * DAY
+    return Sweeper(
+        JobStore(pool),
+        RetentionStore(pool),
+        SweeperMetrics(ServiceMetrics("sweeper")),
+        Retention(jobs=dict.fromkeys(JobState, keep), idempotency_keys=keep, events=0.0),
+        Tuning(event_prune_batch=700),
+    )
+
+
+def add(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {q: dict(Counter(a.get(q, {})) + Counter(b.get(q, {}))) for q in set(a) | set(b)}
+
+
+async def test_pipeline_totals_equal_projector_and_sql(
+    pipeline: Pipeline, store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    await mixed_workload(store, pool, jobs=2500, queues=QUEUES, seed=1)
+    projector = Projector(pool, mongo, 1, batch_size=500)
+    await catch_up(projector)
+    # the projector has consumed everything before anything is removed
+    before = await sql_totals(pool)
+    newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+
+    archived = await pipeline.archive(older_than=0)
+    assert archived.run_id is not None and archived.events > 0
+    removed = await sweeper_dropping_events(pool).prune_due()
+    assert removed["events"] == archived.events
+    left = await pool.fetchval("SELECT count(*) FROM job_events")
+    assert left == sum(sum(t.values()) for t in before.values()) - archived.events
+
+    # more history, which stays live; a queue the archive has never seen
+    await mixed_workload(store, pool, jobs=800, queues=[*QUEUES, "delta"], seed=2)
+    await catch_up(projector)
+    truth = add(before, await sql_totals(pool, f"seq > {newest}"))
+
+    # a document an earlier run wrote for a queue that no longer exists
+    await mongo["analytics_queue_totals"].insert_one({"_id": "gone", "run_id": "earlier"})
+    result = await pipeline.run()
+    assert result.as_of["archive"]["events"] == archived.events
+    assert result.as_of["events"] == sum(sum(t.values()) for t in truth.values())
+
+    analytics = {d["_id"]: d async for d in mongo["analytics_queue_totals"].find({})}
+    projected = {d["_id"]: d async for d in mongo["rm1_queues"].find({})}
+    assert set(analytics) == set(projected) == set(truth) == {*QUEUES, "delta"}
+    for queue, expected in truth.items():
+        doc = analytics[queue]
+        assert doc["by_event"] == expected, queue
+        assert doc["totals"] == {k: expected.get(k, 0) for k in TOTAL_KEYS}, queue
+        assert {k: v for k, v in projected[queue]["totals"].items() if v} == expected, queue
+        assert doc["as_of"]["run_id"] == result.run_id
+
+    # the other outputs agree with PostgreSQL where it can say: no job was pruned, so every
+    # job's latest state is in `jobs`
+    states = await pool.fetch("SELECT queue, state::text, count(*) AS n FROM jobs GROUP BY 1, 2")
+    by_state = {
+        (r["queue"], r["state"]): r["jobs"]
+        for r in await pipeline.output_rows("job_states")
+        if r["type"] == "*"
+    }
+    assert by_state == {(r["queue"], r["state"]): r["n"] for r in states}
+    rates = {r["queue"]: r for r in await pipeline.output_rows("rates") if r["type"] == "*"}
+    for queue, expected in truth.items():
+        assert rates[queue]["jobs"] == expected["submitted"]
+        assert 0 < rates[queue]["retry_rate"] < 1 and 0 < rates[queue]["dlq_rate"] < 1
+    minutes = await pipeline.output_rows("throughput_minute")
+    completed = sum(r["completed"] for r in minutes if r["type"] == "*")
+    assert completed == sum(t.get("completed", 0) for t in truth.values())
