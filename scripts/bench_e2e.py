@@ -24,7 +24,9 @@ Then:
 
 Every phase uses its own queue, starts after a CHECKPOINT, and prints where the time went:
 CPU seconds of each process group (this load generator included; "other" is the rest of the
-machine, i.e. noise), PostgreSQL transactions, rows written and WAL bytes per job.
+machine, i.e. noise), PostgreSQL transactions, rows written and WAL bytes per job, the
+services' own counters (requests and mean handler time per route, claim queries, wake-ups by
+cause) and, for (a), how long finished jobs waited for their outcome to be recorded.
 
     python scripts/bench_e2e.py                 # full size
     python scripts/bench_e2e.py --quick         # smoke run

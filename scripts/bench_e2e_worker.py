@@ -6,6 +6,9 @@ reads too) and the payload's sequence number `i` when it starts. On SIGTERM/SIGI
 worker shuts down gracefully (SDK behaviour) and this process writes what it recorded,
 plus its own CPU time and peak RSS, as JSON to `--out`.
 
+With BENCH_E2E_TRACEMALLOC=PREFIX in the environment it also writes the largest allocation
+sites still alive at exit to PREFIX-<pid>.txt (memory diagnosis; slows the worker a lot).
+
 Not meant to be run by hand; `bench_e2e.py` starts it:
 
     python scripts/bench_e2e_worker.py --url URL --token TOKEN --queue Q --concurrency N --out F

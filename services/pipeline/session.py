@@ -57,7 +57,6 @@ def build_session(options: SessionOptions) -> SparkSession:
         builder = builder.master(master)
         if master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-            settings["spark.sql.shuffle.partitions"] = str(_local_partitions())
             settings["spark.driver.bindAddress"] = "127.0.0.1"
             settings["spark.driver.host"] = "127.0.0.1"
     if options.jdbc_jar and not launched_by_spark_submit():
@@ -68,12 +67,18 @@ def build_session(options: SessionOptions) -> SparkSession:
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    sc = spark.sparkContext
+    sc.setLogLevel("WARN")
+    running_on = sc.master or ""
+    if running_on.startswith("local") and not sc.getConf().contains("spark.sql.shuffle.partitions"):
+        # also when spark-submit chose local mode; its own --conf would win
+        spark.conf.set("spark.sql.shuffle.partitions", str(_local_partitions()))
     log.info(
-        "spark %s session on %s (%d default partitions)",
+        "spark %s session on %s (%d cores, %s shuffle partitions)",
         spark.version,
-        spark.sparkContext.master,
-        spark.sparkContext.defaultParallelism,
+        running_on,
+        sc.defaultParallelism,
+        spark.conf.get("spark.sql.shuffle.partitions"),
     )
     return spark
 
@@ -122,11 +127,11 @@ class ProgressReporter:
             for stage in stages:
                 if stage is None:
                     continue
+                # (PySpark's stage names are internal call sites; the step says more)
                 log.info(
-                    "%s: stage %d %s: %d/%d tasks done, %d running",
+                    "%s: stage %d: %d/%d tasks done, %d running",
                     self._step or "spark",
                     stage.stageId,
-                    stage.name.split(" at ")[0],
                     stage.numCompletedTasks,
                     stage.numTasks,
                     stage.numActiveTasks,
