@@ -360,3 +360,26 @@ async def test_sigterm_stops_the_worker_command_gracefully(fake: FakeEvora, clie
     assert process.returncode == 0, stderr.decode()
     assert fake.state(job_id) == "COMPLETED"
     assert fake.jobs[job_id]["result"] == {"slept": 0.5}
+
+
+async def test_unacked_outcomes_hold_their_slots(fake: FakeEvora, client: Client) -> None:
+    """While the dispatcher cannot take acks, a worker claims no more jobs than its
+    concurrency: finished but unreported jobs keep their slots, so outcomes never pile up
+    (and leases never run out under finished jobs)."""
+    for _ in range(3):
+        fake.fault("POST", "/v1/acks", 503)
+    worker = make_worker(fake, concurrency=2, handlers=example_handlers)
+    ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(6)]
+    most_outstanding = 0
+
+    def outstanding() -> int:
+        return sum(fake.state(i) == "RUNNING" for i in ids)
+
+    async with serving(worker):
+        deadline = asyncio.get_running_loop().time() + 10
+        while not all(fake.state(i) == "COMPLETED" for i in ids):
+            most_outstanding = max(most_outstanding, outstanding())
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.002)  # sampling the fake's state, not synchronising
+    assert most_outstanding <= 2
+    assert len(fake.seen("POST", "/v1/acks")) >= 4  # the failed attempts were retried

@@ -253,10 +253,14 @@ class Worker:
             self._send_acks,
             max_batch=settings.ack_batch_size,
             linger=settings.ack_linger,
-            expect_more=lambda: self._busy > 0,
+            expect_more=lambda: self._handlers > 0,
             backoff=settings.backoff,
         )
+        # Slots stay taken until a job's outcome is recorded, not just until its handler
+        # returns: otherwise claims outrun acks under a backlog, unacked outcomes pile up and
+        # their leases can expire under finished jobs. `_handlers` counts those still running.
         self._busy = 0
+        self._handlers = 0
         self._running: set[_Running] = set()
         self._slot_freed = asyncio.Event()
         self._stop_requested = asyncio.Event()
@@ -446,11 +450,14 @@ class Worker:
             heartbeat.cancel()
             if running.cancel_timer is not None:
                 running.cancel_timer.cancel()
+            self._busy -= 1
+            self._slot_freed.set()
 
     async def _execute(
         self, running: _Running, handler: Handler | None
     ) -> Ack | _Release | _Abandon:
         job = running.job
+        self._handlers += 1
         try:
             if handler is None:
                 # Retryable: another worker of the fleet may know the type.
@@ -468,8 +475,7 @@ class Worker:
                 raise
             return running.outcome()
         finally:
-            self._busy -= 1
-            self._slot_freed.set()
+            self._handlers -= 1
 
     async def _heartbeat(self, running: _Running) -> None:
         job = running.job
