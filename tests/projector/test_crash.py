@@ -94,7 +94,9 @@ async def test_sigkilled_projector_converges_to_the_truth(
             process.wait(10)
             kills += 1
             process = _start(db_url, mongo_url, mongo_db_name, log)
-        assert kills >= KILLS + 1
+        # the workload phase always kills KILLS times; catch-up kills happen only while a
+        # backlog remains, which a fast catch-up may not leave
+        assert kills >= KILLS
         deadline = time.monotonic() + 180
         while await progress() != newest:
             assert process.poll() is None, log.read_text()[-3000:]
