@@ -20,18 +20,13 @@ from typing import Any, Self, TypeVar
 
 import asyncpg
 
+from evora.storage import locks
 from evora.storage.db import connect
 from services.pipeline.events import Rectangle, between
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# Held by archive runs and analytics runs alike. While a run reads the live remainder of the
-# outbox the archived rectangle cannot grow, so the sweeper cannot remove an event the run
-# has read from neither side; and two runs never replace each other's MongoDB documents.
-# (Same scheme as the keys in evora.storage.locks: the next free number there.)
-PIPELINE_LOCK = 0x45564F52_41000004
 
 
 class ArchiveConflict(Exception):
@@ -151,14 +146,18 @@ class ControlDB:
     def locked(self) -> Iterator[None]:
         """Hold the pipeline lock (archive runs and analytics runs one at a time). A killed
         run loses its connection and with it the lock."""
-        if not self._run(self._conn.fetchval("SELECT pg_try_advisory_lock($1)", PIPELINE_LOCK)):
+        if not self._run(
+            self._conn.fetchval("SELECT pg_try_advisory_lock($1)", locks.PIPELINE_ARCHIVE)
+        ):
             log.info("waiting for the pipeline lock: another archive or run is in progress")
-            self._run(self._conn.execute("SELECT pg_advisory_lock($1)", PIPELINE_LOCK))
+            self._run(self._conn.execute("SELECT pg_advisory_lock($1)", locks.PIPELINE_ARCHIVE))
         try:
             yield
         finally:
             try:
-                self._run(self._conn.execute("SELECT pg_advisory_unlock($1)", PIPELINE_LOCK))
+                self._run(
+                    self._conn.execute("SELECT pg_advisory_unlock($1)", locks.PIPELINE_ARCHIVE)
+                )
             except Exception:  # a lost connection has released the lock already
                 log.warning("could not release the pipeline lock", exc_info=True)
 
