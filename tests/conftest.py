@@ -168,8 +168,10 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool) -> JobStore:
-    return JobStore(pool)
+async def store(pool: asyncpg.Pool) -> AsyncIterator[JobStore]:
+    store = JobStore(pool)
+    yield store
+    await store.close()
 
 
 @pytest.fixture

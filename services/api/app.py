@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from evora.coalesce import Coalescer
 from evora.config import Settings
 from evora.http.app import READINESS, SETTINGS, create_base_app, open_pool
 from evora.http.routing import install
@@ -13,7 +14,7 @@ from evora.readmodels.client import mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
 from evora.storage.jobs import JobStore
 from services.api.dashboard import dashboard
-from services.api.routes import STORE, admin, producer
+from services.api.routes import STORE, SUBMITS, admin, producer
 from services.api.stats import READ_MODELS, stats
 
 SERVICE = "api"
@@ -22,10 +23,14 @@ TITLE = "Evora API"
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
     pool = await open_pool(app, SERVICE)
-    app[STORE] = JobStore(pool)
+    store = JobStore(pool)
+    app[STORE] = store
+    app[SUBMITS] = Coalescer(store.submit_each)
     try:
         yield
     finally:
+        await app[SUBMITS].close()
+        await store.close()
         await pool.close()
 
 

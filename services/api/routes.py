@@ -14,13 +14,15 @@ from typing import TypeVar
 from aiohttp import web
 from pydantic import BaseModel
 
+from evora.coalesce import Coalescer
 from evora.config import Role, Settings
+from evora.domain.errors import EvoraError
 from evora.domain.models import JobSubmission
 from evora.http.app import SETTINGS
 from evora.http.bodies import parse_body, parse_query
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import JobStore, Submitted
 from services.api.models import (
     BatchResult,
     BatchSubmission,
@@ -36,6 +38,8 @@ from services.api.models import (
 from services.api.paths import job_id, queue_name
 
 STORE = web.AppKey("store", JobStore)
+# Concurrent single submissions share one statement and one commit (see evora.coalesce).
+SUBMITS = web.AppKey("submits", Coalescer[JobSubmission, Submitted | EvoraError])
 
 PRODUCER: tuple[Role, ...] = ("producer",)
 ADMIN: tuple[Role, ...] = ("admin",)
@@ -103,7 +107,9 @@ async def _submissions(
 )
 async def submit(request: web.Request) -> web.Response:
     submission = await _submissions(request, JobSubmission, submission_body_limit)
-    submitted = await _store(request).submit(submission)
+    submitted = await request.app[SUBMITS].submit(submission)
+    if isinstance(submitted, EvoraError):
+        raise submitted
     if submitted.created:
         return json_response(submitted.job, status=201)
     return json_response(submitted.job, headers={REPLAYED_HEADER: "true"})

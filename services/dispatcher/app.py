@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from evora.coalesce import Coalescer
 from evora.config import Settings
 from evora.http.app import METRICS, create_base_app, open_pool
 from evora.http.routing import install
 from evora.storage.jobs import JobStore
 from evora.storage.listener import Listener
-from services.dispatcher.acks import Coalescer
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.routes import routes
 from services.dispatcher.state import DISPATCH, Dispatch
@@ -65,6 +65,7 @@ async def create_app(settings: Settings) -> web.Application:
                     await task
             await app[DISPATCH].completions.close()
             await app[DISPATCH].failures.close()
+            await store.close()
             await pool.close()
 
     async def answer_waiting_polls(app: web.Application) -> None:

@@ -30,8 +30,7 @@ class DispatcherMetrics:
         )
         self.wakeups = Counter(
             "evora_dispatcher_wakeups",
-            "Waiting long-polls woken, by cause (notify, follow_up, timer, poll, chain, "
-            "reconnect, shutdown).",
+            "Waiting long-polls woken, by cause (notify, timer, poll, chain, reconnect, shutdown).",
             ["cause"],
             registry=registry,
         )

@@ -11,13 +11,13 @@ from uuid import UUID
 
 from aiohttp import web
 
-from evora.domain.errors import JobNotFound, LeaseLost
+from evora.domain.errors import JobNotFound
 from evora.domain.models import Job
 from evora.http.app import REQUEST_ID, REQUEST_ID_HEADER, SETTINGS
 from evora.http.bodies import parse_body
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
-from evora.storage.jobs import AckOutcome, Completion, Failure, JobStore
+from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.rows import JobDict
 from services.dispatcher.models import (
     AcksRequest,
@@ -64,14 +64,6 @@ def _failure(job_id: UUID, lease_token: UUID, error: ErrorBody, retry_in: float 
         retryable=error.retryable,
         retry_in_seconds=retry_in,
     )
-
-
-def _answer(outcome: AckOutcome) -> JobDict:
-    if outcome.job is not None:
-        return outcome.job
-    if outcome.status == 404:
-        raise JobNotFound(f"job {outcome.id} not found")
-    raise LeaseLost(f"the lease token is not the current lease of job {outcome.id}")
 
 
 async def _claim_once(dispatch: Dispatch, body: ClaimRequest, queues: list[str]) -> list[JobDict]:
@@ -145,12 +137,15 @@ async def claim(request: web.Request) -> web.StreamResponse:
         dispatch.metrics.waiting.labels(queue).inc()
     try:
         while not dispatch.wakeups.closing:
+            hints = dispatch.wakeups.hints(queues)
             jobs = await _claim_once(dispatch, body, queues)
             if jobs:
                 if len(jobs) == body.max_jobs:
                     dispatch.wakeups.chain(queues)
                 return await _deliver(request, dispatch, jobs)
-            if not waiter.future.done():
+            # A hint that came in while the claim ran may be for a job it could not see yet.
+            missed = dispatch.wakeups.hints(queues) != hints and loop.time() < deadline
+            if not waiter.future.done() and not missed:
                 cause = await dispatch.wakeups.wait(waiter, deadline - loop.time())
                 if cause is None or cause is Cause.SHUTDOWN:
                     break
@@ -203,7 +198,7 @@ async def complete(request: web.Request) -> web.Response:
     dispatch = request.app[DISPATCH]
     outcome = await dispatch.completions.submit(Completion(job_id, body.lease_token, body.result))
     dispatch.metrics.acks.labels("complete", str(outcome.status)).inc()
-    return json_response(_answer(outcome))
+    return json_response(outcome.job_or_raise())
 
 
 @routes.add(
@@ -223,7 +218,7 @@ async def fail(request: web.Request) -> web.Response:
     failure = _failure(job_id, body.lease_token, body.error, body.retry_in_seconds)
     outcome = await dispatch.failures.submit(failure)
     dispatch.metrics.acks.labels("fail", str(outcome.status)).inc()
-    return json_response(_answer(outcome))
+    return json_response(outcome.job_or_raise())
 
 
 @routes.add(
@@ -264,8 +259,8 @@ async def acks(request: web.Request) -> web.Response:
         for a in body.acks
         if a.outcome == "fail" and a.error is not None
     ]
-    outcomes = iter(await store.complete_many(completions))
-    failed = iter(await store.fail_many(failures))
+    outcomes = iter(await store.complete_many(completions, with_jobs=False))
+    failed = iter(await store.fail_many(failures, with_jobs=False))
     metrics = request.app[DISPATCH].metrics
     results: list[dict[str, Any]] = []
     for ack in body.acks:

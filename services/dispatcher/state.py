@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from evora.coalesce import Coalescer
 from evora.storage.jobs import AckOutcome, Completion, Failure, JobStore
-from services.dispatcher.acks import Coalescer
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.wakeups import Wakeups
 

@@ -7,8 +7,9 @@ so the woken waiter claims, and if its batch came back full it passes the wake-u
 thundering herd.
 
 Wake-ups come from
-- NOTIFY hints (plus one follow-up after the writers' debounce window, which covers any
-  commit whose own notification was suppressed),
+- NOTIFY hints (a writer that suppressed one sends it when its debounce window ends; a
+  hint that arrives while a waiter's claim runs makes that waiter claim again rather than
+  wait, as the claim may have missed its job),
 - a timer per queue set to its earliest delayed job (the database says how far off it is),
 - a slow fallback poll, and a catch-up pass after the LISTEN connection reconnects,
 - shutdown, which answers every waiter at once.
@@ -21,8 +22,6 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from enum import StrEnum
 
-from evora.storage.notify import DEBOUNCE_SECONDS
-
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 2.0
@@ -30,7 +29,6 @@ POLL_SECONDS = 2.0
 
 class Cause(StrEnum):
     NOTIFY = "notify"
-    FOLLOW_UP = "follow_up"
     TIMER = "timer"
     POLL = "poll"
     CHAIN = "chain"
@@ -61,6 +59,8 @@ class Wakeups:
         # unknown (asked again when someone waits on the queue)
         self._timers: dict[str, asyncio.TimerHandle | None] = {}
         self._timer_refreshing: set[str] = set()
+        # hints received per queue, so a claim can tell whether one arrived while it ran
+        self._hints: dict[str, int] = {}
         self._closing = False
 
     @property
@@ -127,14 +127,17 @@ class Wakeups:
                 return True
         return False
 
+    def hints(self, queues: Iterable[str]) -> int:
+        """A counter that moves whenever one of `queues` gets a hint."""
+        return sum(self._hints.get(queue, 0) for queue in queues)
+
     def notify(self, queue: str) -> None:
-        """A hint that `queue` changed: wake one waiter now and one after the debounce
-        window, and re-read when its next delayed job is due."""
+        """A hint that `queue` changed: wake one waiter, and re-read when its next delayed
+        job is due."""
+        self._hints[queue] = self._hints.get(queue, 0) + 1
         if not self._waiting.get(queue):
             return
         self._wake_one(queue, Cause.NOTIFY)
-        loop = asyncio.get_running_loop()
-        loop.call_later(DEBOUNCE_SECONDS, self._wake_one, queue, Cause.FOLLOW_UP)
         self._refresh_timer(queue)
 
     def chain(self, queues: Iterable[str]) -> None:

@@ -38,8 +38,9 @@ async def create_app(settings: Settings, tuning: Tuning | None = None) -> web.Ap
 
     async def background(app: web.Application) -> AsyncIterator[None]:
         pool = await open_pool(app, SERVICE)
+        store = JobStore(pool)
         sweeper = Sweeper(
-            JobStore(pool), RetentionStore(pool), metrics, Retention.from_settings(settings), tuning
+            store, RetentionStore(pool), metrics, Retention.from_settings(settings), tuning
         )
         app[SWEEPER] = sweeper
         leader = AdvisoryLeader(
@@ -60,6 +61,7 @@ async def create_app(settings: Settings, tuning: Tuning | None = None) -> web.Ap
             # Graceful: current batches finish, the lock is released, then the pool closes.
             stop.set()
             await _finish(tasks, tuning.shutdown_grace)
+            await store.close()
             await pool.close()
 
     app.cleanup_ctx.append(background)

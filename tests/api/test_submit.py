@@ -72,6 +72,27 @@ async def test_concurrent_identical_submissions_create_one_job(
     assert await db.fetchval("SELECT count(*) FROM jobs") == 1
 
 
+async def test_concurrent_submissions_each_get_their_own_outcome(
+    client: ApiClient, db: asyncpg.Connection
+) -> None:
+    """Concurrent single submissions share statements; a conflict in one must not fail or
+    undo the others."""
+    await client.post("/v1/jobs", json=job(idempotency_key="taken", priority=1), headers=PRODUCER)
+    bodies = [job(payload={"n": n}) for n in range(20)]
+    bodies += [job(idempotency_key="taken", priority=2)] * 5
+    bodies += [job(idempotency_key="fresh", priority=3)] * 5
+    responses = await asyncio.gather(
+        *(client.post("/v1/jobs", json=body, headers=PRODUCER) for body in bodies)
+    )
+    plain, conflicting, fresh = responses[:20], responses[20:25], responses[25:]
+    assert [r.status for r in plain] == [201] * 20
+    for response in conflicting:
+        await problem(response, 409, "idempotency_conflict")
+    assert sorted(r.status for r in fresh) == [200] * 4 + [201]
+    assert len({(await r.json())["id"] for r in fresh}) == 1
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 1 + 20 + 1
+
+
 async def test_malformed_json_is_400(shared_client: ApiClient) -> None:
     response = await shared_client.post("/v1/jobs", data=b'{"queue": "q",', headers=PRODUCER)
     await problem(response, 400, "malformed_json")

@@ -9,9 +9,9 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
-from evora.domain.errors import InvalidState, JobNotFound, LeaseLost
+from evora.domain.errors import IdempotencyConflict, InvalidState, JobNotFound, LeaseLost
 from evora.domain.models import JobSubmission
-from evora.storage.jobs import Completion, Failure, JobStore
+from evora.storage.jobs import Completion, Failure, JobStore, Submitted
 
 
 def sub(queue: str = "q", **fields: Any) -> JobSubmission:
@@ -25,6 +25,46 @@ async def ids(store: JobStore, *subs: JobSubmission) -> list[UUID]:
 async def event_count(pool: asyncpg.Pool) -> int:
     count: int = await pool.fetchval("SELECT count(*) FROM job_events")
     return count
+
+
+async def test_submit_each_gives_every_submission_its_own_outcome(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    [old] = await ids(store, sub(idempotency_key="old", payload=1))
+    outcomes = await store.submit_each(
+        [
+            sub(payload="plain"),
+            sub(idempotency_key="new", payload=1),
+            sub(idempotency_key="new", payload=1),
+            sub(idempotency_key="new", payload=2),
+            sub(idempotency_key="old", payload=2),
+            sub(idempotency_key="old", payload=1),
+        ]
+    )
+    plain, new, new_again, new_other, old_other, old_again = outcomes
+    assert isinstance(plain, Submitted) and plain.created
+    assert isinstance(new, Submitted) and new.created
+    assert isinstance(new_again, Submitted) and not new_again.created
+    assert new_again.job["id"] == new.job["id"]
+    assert isinstance(new_other, IdempotencyConflict)
+    assert isinstance(old_other, IdempotencyConflict)
+    assert isinstance(old_again, Submitted) and not old_again.created
+    assert old_again.job["id"] == old
+    stored = {r["id"] for r in await pool.fetch("SELECT id FROM jobs")}
+    assert stored == {old, plain.job["id"], new.job["id"]}
+
+
+async def test_a_batch_with_a_conflicting_key_stores_nothing(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    await ids(store, sub(idempotency_key="k", payload=1))
+    with pytest.raises(IdempotencyConflict):
+        await store.submit_batch([sub(payload="other"), sub(idempotency_key="k", payload=2)])
+    with pytest.raises(IdempotencyConflict, match=r"jobs\[2\].*jobs\[1\]"):
+        await store.submit_batch(
+            [sub(), sub(idempotency_key="x", payload=1), sub(idempotency_key="x", payload=2)]
+        )
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
 
 
 async def test_claim_order_is_priority_then_run_at_then_submission(store: JobStore) -> None:

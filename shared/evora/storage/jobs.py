@@ -19,6 +19,7 @@ import asyncpg
 import orjson
 
 from evora.domain.errors import (
+    EvoraError,
     IdempotencyConflict,
     IdempotentJobGone,
     InvalidState,
@@ -28,7 +29,7 @@ from evora.domain.errors import (
 from evora.domain.models import JobSubmission
 from evora.domain.states import JobState
 from evora.storage import queries
-from evora.storage.notify import NotifyDebouncer
+from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
 from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row
 
 EXPIRY_BATCH = 500
@@ -52,6 +53,13 @@ def _jsonb_elements(values: Iterable[Any]) -> list[Any]:
     several elements (misaligning every other unnest column); a pre-encoded fragment is
     always exactly one element."""
     return [orjson.Fragment(orjson.dumps(value)) for value in values]
+
+
+def _key_reused(sub: JobSubmission) -> str:
+    return (
+        f"idempotency key {sub.idempotency_key!r} was already used in queue {sub.queue!r} "
+        "with different fields"
+    )
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,14 @@ class Failure:
 class AckOutcome:
     id: UUID
     status: int  # 200, 404 or 409, as the acks endpoint reports it
-    job: JobDict | None
+    job: JobDict | None  # with status 200, when asked for
+
+    def job_or_raise(self) -> JobDict:
+        if self.status == 200 and self.job is not None:
+            return self.job
+        if self.status == 404:
+            raise JobNotFound(f"job {self.id} not found")
+        raise LeaseLost(f"the lease token is not the current lease of job {self.id}")
 
 
 @dataclass(frozen=True)
@@ -107,115 +122,174 @@ class JobPage:
 
 
 class JobStore:
-    def __init__(self, pool: asyncpg.Pool, debouncer: NotifyDebouncer | None = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, hint_window: float = DEBOUNCE_SECONDS) -> None:
         self._pool = pool
-        self._notify = debouncer or NotifyDebouncer()
+        self._notify = NotifyDebouncer(self._send_hints, hint_window)
+
+    async def _send_hints(self, queues: list[str]) -> None:
+        await self._pool.execute(queries.NOTIFY_QUEUES, queues)
+
+    async def close(self) -> None:
+        """Send the hints still owed; call before closing the pool."""
+        await self._notify.close()
 
     async def _change(
-        self, conn: asyncpg.Connection | asyncpg.Pool, query: str, *args: Any
+        self,
+        conn: asyncpg.Connection | asyncpg.Pool,
+        query: str,
+        *args: Any,
+        committed: bool = True,
     ) -> list[asyncpg.Record]:
         """Run a transition statement whose last parameter is the queues this process
-        notified recently (see notify.py), and remember the ones it notified now."""
+        notified recently (see notify.py), and remember the ones it notified now. Inside a
+        transaction (`committed=False`) the caller settles the hints it owes after commit."""
         rows: list[asyncpg.Record] = await conn.fetch(query, *args, self._notify.suppressed())
         if rows:
             self._notify.record(rows[0]["notified"])
+            if committed:
+                self._owe(rows)
         return rows
+
+    def _owe(self, rows: Sequence[asyncpg.Record]) -> None:
+        if rows:
+            self._notify.owe(rows[0]["owed"])
 
     # -- producers ---------------------------------------------------------------------
 
     async def submit(self, submission: JobSubmission) -> Submitted:
         return (await self.submit_batch([submission]))[0]
 
+    async def submit_each(
+        self, submissions: Sequence[JobSubmission]
+    ) -> list[Submitted | EvoraError]:
+        """Store independent submissions (concurrent single requests) in one statement. Each
+        gets its own outcome: one item's idempotency conflict leaves the others stored, so no
+        transaction is needed around the one atomic statement."""
+        async with self._pool.acquire() as conn:
+            outcomes, _ = await self._store(conn, submissions, committed=True)
+        return outcomes
+
     async def submit_batch(self, submissions: Sequence[JobSubmission]) -> list[Submitted]:
         """Store all or nothing. An idempotency key seen before (in the database or earlier
         in this batch) replays its job when the fields match and raises
         IdempotencyConflict when they differ."""
-        fingerprints = [s.fingerprint() for s in submissions]
-        first_with_key: dict[tuple[str, str], int] = {}
-        repeat_of: dict[int, int] = {}
-        for index, sub in enumerate(submissions):
-            if sub.idempotency_key is None:
-                continue
-            key = (sub.queue, sub.idempotency_key)
-            first = first_with_key.setdefault(key, index)
-            if first != index:
-                if fingerprints[first] != fingerprints[index]:
-                    raise IdempotencyConflict(
-                        f"jobs[{index}] reuses idempotency key {sub.idempotency_key!r} of "
-                        f"jobs[{first}] with different fields"
-                    )
-                repeat_of[index] = first
-        fresh = [i for i in range(len(submissions)) if i not in repeat_of]
-        ids = {i: uuid7() for i in fresh}
-        rows = [submissions[i] for i in fresh]
+        keyed = any(s.idempotency_key is not None for s in submissions)
         async with self._pool.acquire() as conn:
             # Only replays can turn into a conflict after rows were inserted; without keys a
             # single statement is already atomic.
-            transaction = conn.transaction() if first_with_key else contextlib.nullcontext()
+            transaction = conn.transaction() if keyed else contextlib.nullcontext()
             async with transaction:
-                inserted = await self._change(
-                    conn,
-                    queries.SUBMIT,
-                    [ids[i] for i in fresh],
-                    [s.queue for s in rows],
-                    [s.type for s in rows],
-                    _jsonb_elements(s.payload for s in rows),
-                    [s.priority for s in rows],
-                    [s.run_at for s in rows],
-                    [s.delay_seconds or 0.0 for s in rows],
-                    [s.max_attempts for s in rows],
-                    [s.lease_seconds for s in rows],
-                    [s.backoff.initial_seconds for s in rows],
-                    [s.backoff.max_seconds for s in rows],
-                    [s.backoff.multiplier for s in rows],
-                    [s.expires_at for s in rows],
-                    [s.idempotency_key for s in rows],
-                    [s.group_key for s in rows],
-                    [fingerprints[i] for i in fresh],
+                outcomes, rows = await self._store(
+                    conn, submissions, committed=not keyed, name_repeats=True
                 )
-                created = {row["id"]: row for row in inserted}
-                results: dict[int, Submitted] = {}
-                replayed = []
-                for i in fresh:
-                    row = created.get(ids[i])
-                    if row is None:
-                        replayed.append(i)
-                    else:
-                        results[i] = Submitted(job_from_row(row), created=True)
-                if replayed:
-                    results.update(await self._replays(conn, submissions, fingerprints, replayed))
+                stored: list[Submitted] = []
+                for outcome in outcomes:
+                    if isinstance(outcome, EvoraError):
+                        raise outcome
+                    stored.append(outcome)
+        if keyed:
+            self._owe(rows)
+        return stored
+
+    async def _store(
+        self,
+        conn: asyncpg.Connection,
+        submissions: Sequence[JobSubmission],
+        *,
+        committed: bool,
+        name_repeats: bool = False,
+    ) -> tuple[list[Submitted | EvoraError], list[asyncpg.Record]]:
+        """Insert the submissions in one statement; the outcome of each (created, replayed
+        or an idempotency error) and the statement's rows. With `name_repeats` (one batch
+        request) a key repeated with other fields is reported by item index."""
+        # Only a key needs the fingerprint: it is what a replay is compared by.
+        fingerprints = [None if s.idempotency_key is None else s.fingerprint() for s in submissions]
+        first_with_key: dict[tuple[str, str], int] = {}
+        repeat_of: dict[int, int] = {}
+        for index, sub in enumerate(submissions):
+            if sub.idempotency_key is not None:
+                first = first_with_key.setdefault((sub.queue, sub.idempotency_key), index)
+                if first != index:
+                    repeat_of[index] = first
+        fresh = [i for i in range(len(submissions)) if i not in repeat_of]
+        ids = {i: uuid7() for i in fresh}
+        rows = [submissions[i] for i in fresh]
+        inserted = await self._change(
+            conn,
+            queries.SUBMIT,
+            [ids[i] for i in fresh],
+            [s.queue for s in rows],
+            [s.type for s in rows],
+            _jsonb_elements(s.payload for s in rows),
+            [s.priority for s in rows],
+            [s.run_at for s in rows],
+            [s.delay_seconds or 0.0 for s in rows],
+            [s.max_attempts for s in rows],
+            [s.lease_seconds for s in rows],
+            [s.backoff.initial_seconds for s in rows],
+            [s.backoff.max_seconds for s in rows],
+            [s.backoff.multiplier for s in rows],
+            [s.expires_at for s in rows],
+            [s.idempotency_key for s in rows],
+            [s.group_key for s in rows],
+            [fingerprints[i] for i in fresh],
+            committed=committed,
+        )
+        created = {row["id"]: row for row in inserted}
+        results: dict[int, Submitted | EvoraError] = {}
+        replayed = []
+        for i in fresh:
+            row = created.get(ids[i])
+            if row is None:
+                replayed.append(i)
+            else:
+                results[i] = Submitted(job_from_row(row), created=True)
+        # A key that was already stored is judged against the stored job, every time it
+        # appears; a key new in this statement against its first appearance.
+        known = set(replayed)
+        replayed += [i for i, first in repeat_of.items() if first in known]
+        if replayed:
+            results.update(await self._replays(conn, submissions, fingerprints, replayed))
         for index, first in repeat_of.items():
-            results[index] = Submitted(results[first].job, created=False)
-        return [results[i] for i in range(len(submissions))]
+            if first in known:
+                continue
+            if fingerprints[index] != fingerprints[first]:
+                results[index] = IdempotencyConflict(
+                    f"jobs[{index}] reuses the idempotency key of jobs[{first}] with "
+                    "different fields"
+                    if name_repeats
+                    else _key_reused(submissions[index])
+                )
+            else:
+                results[index] = Submitted(job_from_row(created[ids[first]]), created=False)
+        return [results[i] for i in range(len(submissions))], inserted
 
     async def _replays(
         self,
         conn: asyncpg.Connection,
         submissions: Sequence[JobSubmission],
-        fingerprints: Sequence[bytes],
+        fingerprints: Sequence[bytes | None],
         indexes: Sequence[int],
-    ) -> dict[int, Submitted]:
+    ) -> dict[int, Submitted | EvoraError]:
         records = await conn.fetch(
             queries.IDEMPOTENT_REPLAYS,
             [submissions[i].queue for i in indexes],
             [submissions[i].idempotency_key for i in indexes],
         )
         by_key = {(r["key_queue"], r["key_name"]): r for r in records}
-        results = {}
+        results: dict[int, Submitted | EvoraError] = {}
         for i in indexes:
             sub = submissions[i]
             record = by_key.get((sub.queue, sub.idempotency_key))
             if record is None or record["id"] is None:
-                raise IdempotentJobGone(
+                results[i] = IdempotentJobGone(
                     f"idempotency key {sub.idempotency_key!r} was used in queue {sub.queue!r} "
                     "by a job that has since been removed"
                 )
-            if bytes(record["fingerprint"]) != fingerprints[i]:
-                raise IdempotencyConflict(
-                    f"idempotency key {sub.idempotency_key!r} was already used in queue "
-                    f"{sub.queue!r} with different fields"
-                )
-            results[i] = Submitted(job_from_row(record), created=False)
+            elif bytes(record["fingerprint"]) != fingerprints[i]:
+                results[i] = IdempotencyConflict(_key_reused(sub))
+            else:
+                results[i] = Submitted(job_from_row(record), created=False)
         return results
 
     async def get(self, job_id: UUID) -> JobDict:
@@ -351,82 +425,84 @@ class JobStore:
 
     @staticmethod
     def _single(outcomes: list[AckOutcome]) -> JobDict:
-        outcome = outcomes[0]
-        if outcome.job is not None:
-            return outcome.job
-        if outcome.status == 404:
-            raise JobNotFound(f"job {outcome.id} not found")
-        raise LeaseLost(f"the lease token is not the current lease of job {outcome.id}")
+        return outcomes[0].job_or_raise()
 
-    async def complete_many(self, completions: Sequence[Completion]) -> list[AckOutcome]:
+    async def complete_many(
+        self, completions: Sequence[Completion], *, with_jobs: bool = True
+    ) -> list[AckOutcome]:
         """Complete a batch in one statement. Repeating a completion that already succeeded
-        with the same token answers 200 with the job (a worker may retry after a network
-        error)."""
+        with the same token answers 200 (a worker may retry after a network error). Without
+        `with_jobs` the outcomes carry statuses only, which spares building the rows."""
         if not completions:
             return []
         async with self._pool.acquire() as conn:
             rows = await self._change(
                 conn,
-                queries.COMPLETE,
+                queries.COMPLETE if with_jobs else queries.COMPLETE_IDS,
                 [c.id for c in completions],
                 [c.lease_token for c in completions],
                 _jsonb_elements(c.result for c in completions),
             )
-            done: dict[UUID, JobDict | None] = {r["id"]: job_from_row(r) for r in rows}
-            missed = [c for c in completions if c.id not in done]
-            if missed:
-                await self._explain_misses(conn, missed, done, replay=JobState.COMPLETED)
-        return [self._outcome(c.id, done) for c in completions]
+            return await self._outcomes(
+                conn, completions, rows, replay=JobState.COMPLETED, with_jobs=with_jobs
+            )
 
-    async def fail_many(self, failures: Sequence[Failure]) -> list[AckOutcome]:
+    async def fail_many(
+        self, failures: Sequence[Failure], *, with_jobs: bool = True
+    ) -> list[AckOutcome]:
         if not failures:
             return []
         async with self._pool.acquire() as conn:
             rows = await self._change(
                 conn,
-                queries.FAIL,
+                queries.FAIL if with_jobs else queries.FAIL_IDS,
                 [f.id for f in failures],
                 [f.lease_token for f in failures],
                 [f.error() for f in failures],
                 [f.retryable for f in failures],
                 [f.retry_in_seconds for f in failures],
             )
-            done: dict[UUID, JobDict | None] = {r["id"]: job_from_row(r) for r in rows}
-            missed = [f for f in failures if f.id not in done]
-            if missed:
-                await self._explain_misses(conn, missed, done, replay=None)
-        return [self._outcome(f.id, done) for f in failures]
+            return await self._outcomes(conn, failures, rows, replay=None, with_jobs=with_jobs)
 
     @staticmethod
-    async def _explain_misses(
+    async def _outcomes(
         conn: asyncpg.Connection,
-        missed: Sequence[Completion | Failure],
-        done: dict[UUID, JobDict | None],
+        items: Sequence[Completion | Failure],
+        rows: Sequence[asyncpg.Record],
         *,
         replay: JobState | None,
-    ) -> None:
-        """Mark each missed id as a replay (its job), lost lease (None) or absent (no key)."""
-        current = {r["id"]: r for r in await conn.fetch(queries.JOB_STATES, [m.id for m in missed])}
-        for item in missed:
-            row = current.get(item.id)
-            if row is None or item.id in done:
-                continue
-            if (
-                replay is not None
-                and row["state"] == replay
-                and row["lease_token"] == item.lease_token
-            ):
-                job = await conn.fetchrow(queries.GET_JOB, item.id)
-                done[item.id] = job_from_row(job) if job is not None else None
-            else:
-                done[item.id] = None
-
-    @staticmethod
-    def _outcome(job_id: UUID, done: dict[UUID, JobDict | None]) -> AckOutcome:
-        if job_id not in done:
-            return AckOutcome(job_id, 404, None)
-        job = done[job_id]
-        return AckOutcome(job_id, 200 if job is not None else 409, job)
+        with_jobs: bool,
+    ) -> list[AckOutcome]:
+        """200 for the changed jobs; each missed one is a replay (200), a lost lease (409)
+        or an absent job (404), after one look at the current states."""
+        statuses = dict.fromkeys((r["id"] for r in rows), 200)
+        jobs = {r["id"]: job_from_row(r) for r in rows} if with_jobs else {}
+        missed = [item for item in items if item.id not in statuses]
+        if missed:
+            current = {
+                r["id"]: r for r in await conn.fetch(queries.JOB_STATES, [m.id for m in missed])
+            }
+            for item in missed:
+                row = current.get(item.id)
+                if item.id in statuses:
+                    continue
+                if row is None:
+                    statuses[item.id] = 404
+                elif (
+                    replay is not None
+                    and row["state"] == replay
+                    and row["lease_token"] == item.lease_token
+                ):
+                    statuses[item.id] = 200
+                    if with_jobs:
+                        job = await conn.fetchrow(queries.GET_JOB, item.id)
+                        if job is None:
+                            statuses[item.id] = 404
+                        else:
+                            jobs[item.id] = job_from_row(job)
+                else:
+                    statuses[item.id] = 409
+        return [AckOutcome(item.id, statuses[item.id], jobs.get(item.id)) for item in items]
 
     async def release(
         self, job_id: UUID, lease_token: UUID, *, delay_seconds: float = 0.0

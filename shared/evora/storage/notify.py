@@ -2,24 +2,38 @@
 
 Every notifying commit takes a cluster-wide lock, so a process sends at most one
 `pg_notify` per queue per `DEBOUNCE_SECONDS`. Writers pass `suppressed()` into their
-statement, which notifies only the queues not in it, and report back what it notified.
-A dispatcher woken by a hint claims again once the debounce window has passed, so a job
-committed inside a suppressed window is still picked up at once.
+statement, which notifies only the queues not in it and reports back both what it notified
+and which of its queues it left out. A left-out queue is owed a hint: once its commit is
+done the writer calls `owe()`, and the debouncer sends one trailing `pg_notify` for all owed
+queues when the window ends. A job committed inside a suppressed window therefore waits at
+most one window for its hint, and dispatchers never need to guess when to claim again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+
+log = logging.getLogger(__name__)
 
 JOBS_CHANNEL = "evora_jobs"
-DEBOUNCE_SECONDS = 0.05
+# Short enough to stay out of the submit-to-start latency, long enough that a busy process
+# sends a few hundred hints a second per queue, not one per commit.
+DEBOUNCE_SECONDS = 0.002
+
+# Sends a hint for each of these queues (its own statement, outside any transaction).
+SendHints = Callable[[list[str]], Awaitable[None]]
 
 
 class NotifyDebouncer:
-    def __init__(self, interval: float = DEBOUNCE_SECONDS) -> None:
+    def __init__(self, send: SendHints, interval: float = DEBOUNCE_SECONDS) -> None:
+        self._send = send
         self._interval = interval
         self._last: dict[str, float] = {}
+        self._owed: set[str] = set()
+        self._trailing: asyncio.Task[None] | None = None
 
     def suppressed(self) -> list[str]:
         now = time.monotonic()
@@ -33,3 +47,34 @@ class NotifyDebouncer:
         now = time.monotonic()
         for queue in queues:
             self._last[queue] = now
+            self._owed.discard(queue)
+
+    def owe(self, queues: Iterable[str] | None) -> None:
+        """Queues whose committed change was not announced: hint them when the window ends."""
+        if not queues:
+            return
+        self._owed.update(queues)
+        if self._trailing is None:
+            self._trailing = asyncio.get_running_loop().create_task(self._send_trailing())
+
+    async def _send_trailing(self) -> None:
+        try:
+            await asyncio.sleep(self._interval)
+            # A notification sent meanwhile by a later statement settled its queue already.
+            owed = sorted(self._owed)
+            self._owed.clear()
+            if owed:
+                await self._send(owed)
+                self.record(owed)
+        except Exception:
+            # The dispatchers' fallback poll still finds these jobs, only later.
+            log.warning("could not send trailing job hints", exc_info=True)
+        finally:
+            self._trailing = None
+            if self._owed:
+                self._trailing = asyncio.get_running_loop().create_task(self._send_trailing())
+
+    async def close(self) -> None:
+        """Send what is still owed before the pool goes away."""
+        while self._trailing is not None:
+            await self._trailing

@@ -18,28 +18,74 @@ from evora.storage.notify import JOBS_CHANNEL
 _EVENT_COLUMNS = "evora_job_image(j) AS image"
 
 
-def _transition(prelude: str, change: str, *, suppress_param: int | None = None) -> str:
+# The columns of `jobs`: what a transition hands back by default (the event's columns, the
+# image above all, are for the outbox, not the caller).
+JOB_COLUMNS = (
+    "id",
+    "submit_seq",
+    "queue",
+    "type",
+    "payload",
+    "state",
+    "priority",
+    "group_key",
+    "idempotency_key",
+    "attempt",
+    "max_attempts",
+    "lease_seconds",
+    "backoff_initial",
+    "backoff_max",
+    "backoff_multiplier",
+    "run_at",
+    "expires_at",
+    "lease_token",
+    "lease_expires_at",
+    "worker_id",
+    "cancel_requested",
+    "result",
+    "last_error",
+    "progress",
+    "version",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+)
+
+
+def _transition(
+    prelude: str,
+    change: str,
+    *,
+    suppress_param: int | None = None,
+    columns: tuple[str, ...] = JOB_COLUMNS,
+) -> str:
     """Wrap `change` (an UPDATE/INSERT aliased `j` returning `j.*`, the image and the
-    `ev_name`, `ev_from`, `ev_worker`, `ev_data` columns) into the full statement.
+    `ev_name`, `ev_from`, `ev_worker`, `ev_data` columns) into the full statement, which
+    returns `columns` of each changed job.
 
     With `suppress_param`, queues that may have a newly claimable job are notified (a job
     became PENDING, or a grouped job changed, which can free its group's next job), except
     those in that text[] parameter (recently notified by this process); the statement
-    returns the notified queues in column `notified`."""
+    returns the notified queues in column `notified` and the ones it left out in `owed`."""
     with_clause = f"WITH {prelude},\n" if prelude else "WITH "
     notify = ""
     notified_column = ""
     if suppress_param is not None:
         notify = f""",
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
 notified AS (
     SELECT q, pg_notify('{JOBS_CHANNEL}', q) AS sent
-    FROM (
-        SELECT DISTINCT queue AS q FROM moved
-        WHERE state = 'PENDING' OR group_key IS NOT NULL
-    ) AS claimable
+    FROM claimable
     WHERE q <> ALL(${suppress_param}::text[])
 )"""
-        notified_column = ", (SELECT array_agg(q) FROM notified) AS notified"
+        notified_column = (
+            ", (SELECT array_agg(q) FROM notified) AS notified"
+            f", (SELECT array_agg(q) FROM claimable WHERE q = ANY(${suppress_param}::text[]))"
+            " AS owed"
+        )
     return f"""{with_clause}moved AS (
 {change}
 ),
@@ -50,7 +96,7 @@ recorded AS (
            attempt, ev_worker, updated_at, ev_data, image
     FROM moved
 ){notify}
-SELECT moved.*{notified_column} FROM moved"""
+SELECT {", ".join(f"moved.{c}" for c in columns)}{notified_column} FROM moved"""
 
 
 # $1 ids, $2 queues, $3 types, $4 payloads, $5 priorities, $6 run_at (NULL: now + delay),
@@ -158,7 +204,7 @@ RETURNING lease_expires_at, cancel_requested
 """
 
 # $1 ids, $2 lease tokens, $3 results, $4 suppressed queues.
-COMPLETE = _transition(
+_COMPLETE = (
     """input AS (
     SELECT DISTINCT ON (id) * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[])
         AS i(id, token, result)
@@ -172,8 +218,10 @@ COMPLETE = _transition(
     + """, 'completed' AS ev_name, 'RUNNING'::job_state AS ev_from,
               j.worker_id AS ev_worker,
               jsonb_build_object('result_bytes', pg_column_size(i.result)) AS ev_data""",
-    suppress_param=4,
 )
+COMPLETE = _transition(*_COMPLETE, suppress_param=4)
+# The same, answering only which jobs it completed (all a batch of acks reports).
+COMPLETE_IDS = _transition(*_COMPLETE, suppress_param=4, columns=("id",))
 
 # Where a RUNNING job goes when its attempt ends without success. `d` must provide
 # id, to_state, reason, delay, error, worker, released (attempt not counted) and, from the
@@ -218,7 +266,7 @@ _BACKOFF = (
 
 # $1 ids, $2 lease tokens, $3 errors ({message, type}), $4 retryable flags,
 # $5 retry-in seconds (NULL: the job's backoff), $6 suppressed queues.
-FAIL = _transition(
+_FAIL = (
     """input AS (
     SELECT DISTINCT ON (id) * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[],
                                           $5::float8[])
@@ -236,8 +284,9 @@ decided AS (
     FOR UPDATE OF j
 )""",
     _END_ATTEMPT,
-    suppress_param=6,
 )
+FAIL = _transition(*_FAIL, suppress_param=6)
+FAIL_IDS = _transition(*_FAIL, suppress_param=6, columns=("id",))
 
 # $1 id, $2 lease token, $3 delay seconds, $4 suppressed queues.
 # A released claim does not count as an attempt.
@@ -376,6 +425,9 @@ RESUME_QUEUE = f"""
 WITH resumed AS (DELETE FROM paused_queues WHERE queue = $1 RETURNING queue)
 SELECT count(pg_notify('{JOBS_CHANNEL}', queue)) FROM resumed
 """
+
+# $1 queues: the trailing hints a writer owes for changes it did not announce (notify.py).
+NOTIFY_QUEUES = f"SELECT pg_notify('{JOBS_CHANNEL}', q) FROM unnest($1::text[]) AS q"
 
 PAUSED_QUEUES = "SELECT queue FROM paused_queues WHERE queue = ANY($1::text[])"
 

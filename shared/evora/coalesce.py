@@ -1,6 +1,6 @@
-"""Coalescing concurrent single acks into set-based statements (rule 8).
+"""Coalescing concurrent single requests (submissions, acks) into set-based statements.
 
-Items wait only while the previous flush is in flight: at low load every ack goes out at
+Items wait only while the previous flush is in flight: at low load every item goes out at
 once, under load they ride together, so commits per job fall without adding latency.
 """
 
@@ -30,8 +30,8 @@ class Coalescer(Generic[T, R]):
         self._pending.append((item, future))
         if self._draining is None:
             self._draining = asyncio.create_task(self._drain())
-        # A caller that goes away does not withdraw its ack: it is still written, and a
-        # worker that retries gets the idempotent answer.
+        # A caller that goes away does not withdraw its item: it is still written (as it
+        # would be had its statement already started), and a retry gets the idempotent answer.
         return await asyncio.shield(future)
 
     async def _drain(self) -> None:

@@ -1,0 +1,55 @@
+"""NOTIFY hints (rule 7): debounced per process, and never withheld for good."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from evora.domain.models import JobSubmission
+from evora.storage.jobs import JobStore
+from evora.storage.notify import JOBS_CHANNEL
+
+WINDOW = 0.5
+
+
+@pytest.fixture
+async def hints(db_url: str) -> AsyncIterator[asyncio.Queue[tuple[float, str]]]:
+    """(arrival time, queue) of every hint on the channel."""
+    received: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
+    conn = await asyncpg.connect(db_url)
+
+    def on_notify(_conn: object, _pid: int, _channel: str, queue: str) -> None:
+        received.put_nowait((time.monotonic(), queue))
+
+    await conn.add_listener(JOBS_CHANNEL, on_notify)
+    try:
+        yield received
+    finally:
+        await conn.close()
+
+
+async def test_a_held_back_hint_is_sent_when_the_window_ends(
+    pool: asyncpg.Pool, hints: asyncio.Queue[tuple[float, str]]
+) -> None:
+    store = JobStore(pool, hint_window=WINDOW)
+    try:
+        await store.submit(JobSubmission(queue="q", type="t"))
+        first, queue = await asyncio.wait_for(hints.get(), 5)
+        assert queue == "q"
+        # Inside the window: this commit sends no hint of its own...
+        await store.submit_batch([JobSubmission(queue="q", type="t")] * 3)
+        await store.submit(JobSubmission(queue="other", type="t"))
+        _, other = await asyncio.wait_for(hints.get(), 5)
+        assert other == "other"
+        # ...but the one it owes arrives when the window ends, once for all held back.
+        trailing, queue = await asyncio.wait_for(hints.get(), 5)
+        assert queue == "q"
+        assert trailing - first >= WINDOW * 0.8
+        await asyncio.sleep(WINDOW * 2)
+        assert hints.empty()
+    finally:
+        await store.close()
