@@ -22,7 +22,8 @@ Then:
     call start), both `time.time()` on this host.
 (d) peak RSS (VmHWM from /proc/<pid>/status) of api, dispatcher and every worker process.
 
-Every phase uses its own queue, starts after a CHECKPOINT, and prints where the time went:
+Every phase uses its own queue, starts after VACUUM and CHECKPOINT (so one phase's cleanup
+does not run during the next), and prints where the time went:
 CPU seconds of each process group (this load generator included; "other" is the rest of the
 machine, i.e. noise), PostgreSQL transactions, rows written and WAL bytes per job, the
 services' own counters (requests and mean handler time per route, claim queries, wake-ups by
@@ -396,7 +397,12 @@ class Probe:
             machine_busy=machine_busy_seconds(),
         )
 
-    async def checkpoint(self) -> None:
+    async def settle(self) -> None:
+        """Start a phase from a settled database: the previous phase's dead rows vacuumed
+        (otherwise autovacuum cleans up after it during this one) and its dirty pages
+        written out."""
+        if self.local is not None:
+            await self.local.execute("VACUUM (ANALYZE) jobs, job_events, idempotency_keys")
         await self.admin.execute("CHECKPOINT")
 
     @staticmethod
@@ -922,7 +928,7 @@ class Bench:
             self.profiler.attach(phase, targets)
 
     async def begin(self, phase: str, workers: WorkerSet | None = None) -> Snapshot:
-        await self.probe.checkpoint()
+        await self.probe.settle()
         await self.statements.reset()
         self.counters = await self.scrape_services()
         self.profile(phase, [self.system.api, self.system.dispatcher])
@@ -1161,7 +1167,7 @@ class Bench:
             await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
             return await self.probe.snapshot()
 
-        await self.probe.checkpoint()
+        await self.probe.settle()
         await self.statements.reset()
         self.counters = await self.scrape_services()
         self.profile("b", [self.system.api])

@@ -40,6 +40,11 @@ async def create_app(settings: Settings) -> web.Application:
             metrics.wakeups.labels(cause.value).inc()
 
         wakeups = Wakeups(due_in, observe)
+
+        def listening(up: bool) -> None:
+            wakeups.set_listening(up)
+            metrics.listener_connected.set(1 if up else 0)
+
         app[DISPATCH] = Dispatch(
             store=store,
             wakeups=wakeups,
@@ -51,7 +56,7 @@ async def create_app(settings: Settings) -> web.Application:
             dsn,
             on_notify=wakeups.notify,
             on_reconnect=lambda: wakeups.poll(Cause.RECONNECT),
-            on_state=lambda up: metrics.listener_connected.set(1 if up else 0),
+            on_state=listening,
             name="evora-dispatcher-listen",
         )
         tasks = [asyncio.create_task(listener.run()), asyncio.create_task(poll_forever(wakeups))]

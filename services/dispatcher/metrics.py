@@ -18,7 +18,7 @@ class DispatcherMetrics:
         )
         self.claims = Counter(
             "evora_dispatcher_claims",
-            "Claim queries run, by whether they found jobs.",
+            "Claim attempts, by whether they found jobs (skipped: known drained, no query).",
             ["result"],
             registry=registry,
         )

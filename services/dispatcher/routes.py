@@ -132,20 +132,27 @@ async def claim(request: web.Request) -> web.StreamResponse:
     queues = list(dict.fromkeys(body.queues))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait_seconds
+    shape = (tuple(queues), tuple(body.types) if body.types else None)
     waiter = dispatch.wakeups.register(queues)
     for queue in queues:
         dispatch.metrics.waiting.labels(queue).inc()
     try:
+        skip = dispatch.wakeups.drained(shape)
         while not dispatch.wakeups.closing:
             hints = dispatch.wakeups.hints(queues)
-            jobs = await _claim_once(dispatch, body, queues)
+            if skip:
+                jobs, skip = [], False
+                dispatch.metrics.claims.labels("skipped").inc()
+            else:
+                jobs = await _claim_once(dispatch, body, queues)
+                dispatch.wakeups.claimed(shape, hints, short=len(jobs) < body.max_jobs)
             if jobs:
                 if len(jobs) == body.max_jobs:
                     dispatch.wakeups.chain(queues)
                 return await _deliver(request, dispatch, jobs)
-            # A hint that came in while the claim ran may be for a job it could not see yet.
-            missed = dispatch.wakeups.hints(queues) != hints and loop.time() < deadline
-            if not waiter.future.done() and not missed:
+            # The waiter stays in its queues' lines while it claims, so a hint for a job the
+            # claim could not see yet wakes it (or another waiter) instead of going unheard.
+            if not waiter.future.done():
                 cause = await dispatch.wakeups.wait(waiter, deadline - loop.time())
                 if cause is None or cause is Cause.SHUTDOWN:
                     break

@@ -7,12 +7,16 @@ so the woken waiter claims, and if its batch came back full it passes the wake-u
 thundering herd.
 
 Wake-ups come from
-- NOTIFY hints (a writer that suppressed one sends it when its debounce window ends; a
-  hint that arrives while a waiter's claim runs makes that waiter claim again rather than
-  wait, as the claim may have missed its job),
+- NOTIFY hints (a writer that held one back sends it when its debounce window ends),
 - a timer per queue set to its earliest delayed job (the database says how far off it is),
 - a slow fallback poll, and a catch-up pass after the LISTEN connection reconnects,
 - shutdown, which answers every waiter at once.
+
+A new long-poll normally claims at once. It skips that claim when its last claim for the
+same queues and types came back short (it took everything claimable) and no hint, timer or
+poll has touched those queues since: at low load this halves the claim queries, as every
+worker asks again right after each job it gets. Only while the LISTEN connection is up,
+since hints are what would have announced a new job.
 """
 
 from __future__ import annotations
@@ -25,6 +29,13 @@ from enum import StrEnum
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 2.0
+# How often at most a queue's next due time is read. A job delayed by less than this may
+# start up to this much late.
+TIMER_REFRESH_SECONDS = 0.05
+# Claim shapes (queues, types) remembered as drained; more are forgotten, not refused.
+MAX_DRAINED = 10_000
+
+ClaimShape = tuple[tuple[str, ...], tuple[str, ...] | None]
 
 
 class Cause(StrEnum):
@@ -58,9 +69,16 @@ class Wakeups:
         # per queue: the timer for its next delayed job, None when it has none; absent when
         # unknown (asked again when someone waits on the queue)
         self._timers: dict[str, asyncio.TimerHandle | None] = {}
+        # queues whose due time is being read, or was read less than TIMER_REFRESH_SECONDS
+        # ago; and those to read again when that time is up
         self._timer_refreshing: set[str] = set()
-        # hints received per queue, so a claim can tell whether one arrived while it ran
+        self._timer_stale: set[str] = set()
+        # hints and timers per queue, so a claim can tell whether anything happened since
+        # the last claim found the queues drained
         self._hints: dict[str, int] = {}
+        # claim shapes whose last claim came back short, with the hints count before it
+        self._drained: dict[ClaimShape, int] = {}
+        self._listening = False
         self._closing = False
 
     @property
@@ -131,10 +149,34 @@ class Wakeups:
         """A counter that moves whenever one of `queues` gets a hint."""
         return sum(self._hints.get(queue, 0) for queue in queues)
 
+    def _touch(self, queue: str) -> None:
+        self._hints[queue] = self._hints.get(queue, 0) + 1
+
+    def set_listening(self, up: bool) -> None:
+        """Whether the LISTEN connection is up. Hints missed while it was down may hide new
+        jobs, so every claim shape counts as unknown again."""
+        self._listening = up
+        self._drained.clear()
+
+    def drained(self, shape: ClaimShape) -> bool:
+        """True when a claim of `shape` would find nothing: the last one came back short and
+        nothing has touched its queues since it started."""
+        before = self._drained.get(shape)
+        return self._listening and before is not None and before == self.hints(shape[0])
+
+    def claimed(self, shape: ClaimShape, hints_before: int, *, short: bool) -> None:
+        """Record a claim's result (`short`: fewer jobs than it asked for)."""
+        if not short:
+            self._drained.pop(shape, None)
+            return
+        if len(self._drained) >= MAX_DRAINED:
+            self._drained.clear()
+        self._drained[shape] = hints_before
+
     def notify(self, queue: str) -> None:
         """A hint that `queue` changed: wake one waiter, and re-read when its next delayed
         job is due."""
-        self._hints[queue] = self._hints.get(queue, 0) + 1
+        self._touch(queue)
         if not self._waiting.get(queue):
             return
         self._wake_one(queue, Cause.NOTIFY)
@@ -146,6 +188,8 @@ class Wakeups:
             self._wake_one(queue, Cause.CHAIN)
 
     def poll(self, cause: Cause = Cause.POLL) -> None:
+        # The poll is the guarantee behind the hints, so it trusts no earlier claim either.
+        self._drained.clear()
         for queue, line in list(self._waiting.items()):
             if line:
                 self._wake_one(queue, cause)
@@ -163,7 +207,13 @@ class Wakeups:
             line.clear()
 
     def _refresh_timer(self, queue: str) -> None:
-        if queue in self._timer_refreshing or self._closing:
+        """Read when the queue's next delayed job is due. Every hint asks for this (it may
+        announce a delayed job), so a busy queue reads it at most every
+        TIMER_REFRESH_SECONDS, once more after the last hint."""
+        if self._closing:
+            return
+        if queue in self._timer_refreshing:
+            self._timer_stale.add(queue)
             return
         self._timer_refreshing.add(queue)
         asyncio.get_running_loop().create_task(self._set_timer(queue))
@@ -175,8 +225,8 @@ class Wakeups:
             # The fallback poll still covers this queue; say so once per failure.
             log.warning("could not read the next due time of queue %s", queue, exc_info=True)
             seconds = None
-        finally:
-            self._timer_refreshing.discard(queue)
+        loop = asyncio.get_running_loop()
+        loop.call_later(TIMER_REFRESH_SECONDS, self._timer_refreshed, queue)
         if self._closing:
             return
         old = self._timers.pop(queue, None)
@@ -185,11 +235,18 @@ class Wakeups:
         self._timers[queue] = (
             None
             if seconds is None
-            else asyncio.get_running_loop().call_later(max(seconds, 0.0), self._timer_fired, queue)
+            else loop.call_later(max(seconds, 0.0), self._timer_fired, queue)
         )
+
+    def _timer_refreshed(self, queue: str) -> None:
+        self._timer_refreshing.discard(queue)
+        if queue in self._timer_stale:
+            self._timer_stale.discard(queue)
+            self._refresh_timer(queue)
 
     def _timer_fired(self, queue: str) -> None:
         self._timers.pop(queue, None)
+        self._touch(queue)
         self._wake_one(queue, Cause.TIMER)
         # Unknown until a waiter asks again; a queue nobody waits on needs no timer.
         if self._waiting.get(queue):

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from evora import loops
 from evora.config import ROLES, Settings
 from evora.http.serve import serve_app, stop_on_signals
 from evora.storage.migrate import apply_migrations
@@ -92,7 +93,7 @@ def run_dev(settings: Settings) -> int:
             updates["mongo_url"] = mongo.url
         if settings.tokens is None and settings.auth_enabled:
             updates["tokens"] = _kept_tokens(data_dir / "tokens")
-        asyncio.run(_serve(settings.model_copy(update=updates)))
+        loops.run(_serve(settings.model_copy(update=updates)))
     return 0
 
 

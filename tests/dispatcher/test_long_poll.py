@@ -66,8 +66,15 @@ async def test_delayed_job_is_handed_out_when_due(dispatcher: Dispatcher, store:
 
 async def test_one_job_wakes_one_waiter_not_all(dispatcher: Dispatcher, store: JobStore) -> None:
     polls = [long_poll(dispatcher, ["herd"], wait=3, worker_id=f"w{i}") for i in range(20)]
-    # every poll registers, makes its first (empty) claim, then waits
-    await until(lambda: dispatcher.metric("evora_dispatcher_claims_total", result="empty") >= 20)
+    # every poll registers, makes its first claim (empty, or skipped as known drained), then
+    # waits
+    await until(
+        lambda: (
+            dispatcher.metric("evora_dispatcher_claims_total", result="empty")
+            + dispatcher.metric("evora_dispatcher_claims_total", result="skipped")
+            >= 20
+        )
+    )
     claims_before = dispatcher.metric("evora_dispatcher_claims_total", result="empty")
     await store.submit(JobSubmission(queue="herd", type="t"))
     await until(lambda: dispatcher.metric("evora_dispatcher_claims_total", result="jobs") == 1)
@@ -75,9 +82,30 @@ async def test_one_job_wakes_one_waiter_not_all(dispatcher: Dispatcher, store: J
     got = [answer["jobs"] for _, answer in results if answer["jobs"]]
     assert len(got) == 1
     wasted = dispatcher.metric("evora_dispatcher_claims_total", result="empty") - claims_before
-    # the follow-up after the debounce window and the fallback polls may cost a few empty
-    # claims, but nowhere near one per waiter
+    # a fallback poll may cost a few empty claims, but nowhere near one per waiter
     assert wasted < 10
+
+
+async def test_a_poll_skips_its_claim_while_nothing_announced_a_job(
+    dispatcher: Dispatcher, store: JobStore
+) -> None:
+    await until(lambda: dispatcher.metric("evora_dispatcher_listener_connected") == 1)
+    status, answer = await long_poll(dispatcher, ["calm"], wait=0)
+    assert (status, answer["jobs"]) == (200, [])
+    assert dispatcher.metric("evora_dispatcher_claims_total", result="skipped") == 0
+    # the last claim came back short and no hint came since: no query
+    status, answer = await long_poll(dispatcher, ["calm"], wait=0)
+    assert (status, answer["jobs"]) == (200, [])
+    assert dispatcher.metric("evora_dispatcher_claims_total", result="skipped") == 1
+    # a hint with nobody waiting still counts: the next poll claims at once
+    job = (await store.submit(JobSubmission(queue="calm", type="t"))).job
+    await until(lambda: dispatcher.state.wakeups.hints(["calm"]) == 1)
+    status, answer = await long_poll(dispatcher, ["calm"], wait=0)
+    assert [j["id"] for j in answer["jobs"]] == [str(job["id"])]
+    assert dispatcher.metric("evora_dispatcher_claims_total", result="skipped") == 1
+    # other types are another claim shape, known nothing about
+    status, answer = await long_poll(dispatcher, ["calm"], wait=0, types=["other"])
+    assert dispatcher.metric("evora_dispatcher_claims_total", result="skipped") == 1
 
 
 async def test_full_batch_passes_the_wakeup_on(dispatcher: Dispatcher, store: JobStore) -> None:

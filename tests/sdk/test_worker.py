@@ -16,6 +16,7 @@ import pytest
 
 import evora
 from evora import Client, Worker
+from evora.logs import context as log_fields
 from examples.worker_example import handlers as example_handlers
 from tests.sdk.conftest import FAST
 from tests.sdk.fake import WORKER_TOKEN, FakeEvora, Seen
@@ -122,6 +123,76 @@ async def test_heartbeats_keep_the_lease_and_carry_progress(
     first, second = (h.body for h in heartbeats()[:2])
     assert first["progress"] == {"step": 1} and "progress" not in second
     assert first["lease_token"] == second["lease_token"]
+
+
+async def test_a_failed_heartbeat_is_retried_sooner_with_its_progress(
+    fake: FakeEvora, client: Client
+) -> None:
+    fake.fault("POST", "/v1/jobs/{id}/heartbeat", 503)
+    worker = make_worker(fake)
+    loop = asyncio.get_running_loop()
+
+    def heartbeats() -> list[Seen]:
+        return fake.seen("POST", "/v1/jobs/{id}/heartbeat")
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> float:
+        job.progress({"step": 1})
+        await fake.wait_until(lambda: len(heartbeats()) >= 1)
+        failed_at = loop.time()
+        await fake.wait_until(lambda: len(heartbeats()) >= 2)
+        return loop.time() - failed_at
+
+    # A heartbeat every 2/3 s; after a transient failure, the next one 1/6 s later.
+    job_id = (await client.submit("q", "t", lease_seconds=2)).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    failed, retried = (h.body for h in heartbeats()[:2])
+    assert failed["progress"] == retried["progress"] == {"step": 1}
+    assert fake.jobs[job_id]["result"] < 0.5
+
+
+async def test_heartbeats_go_on_until_the_outcome_is_recorded(
+    fake: FakeEvora, client: Client
+) -> None:
+    for _ in range(2):
+        fake.fault("POST", "/v1/acks", 503, delay=0.5)
+    worker = make_worker(fake, handlers=example_handlers)
+    job_id = (await client.submit("q", "demo.echo", lease_seconds=1)).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    # The handler returned at once, the outcome was recorded a second later.
+    assert fake.seen("POST", "/v1/jobs/{id}/heartbeat")
+
+
+async def test_log_records_of_a_job_say_which_job(fake: FakeEvora, client: Client) -> None:
+    class Fields(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.by_message: dict[str, dict[str, Any]] = {}
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.by_message[record.getMessage()] = dict(log_fields())
+
+    worker = make_worker(fake)
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        logging.getLogger("tests.handler").warning("handling %s", job.id)
+        raise RuntimeError("broken")
+
+    fields = Fields()
+    root = logging.getLogger()
+    root.addHandler(fields)
+    try:
+        job_id = (await client.submit("q", "t")).id
+        async with serving(worker):
+            await fake.wait_until(lambda: fake.jobs[job_id]["last_error"] is not None)
+    finally:
+        root.removeHandler(fields)
+    expected = {"job_id": job_id, "queue": "q", "job_type": "t"}
+    assert fields.by_message[f"handling {job_id}"] == expected
+    assert fields.by_message[f"job {job_id} (t, attempt 1 of 5) failed: broken"] == expected
 
 
 async def test_a_cooperative_handler_stops_on_cancel_and_the_job_is_cancelled(
@@ -287,6 +358,44 @@ async def test_stop_lets_running_jobs_finish_within_the_grace_and_releases_the_r
     assert [r.path for r in fake.seen("POST", "/v1/jobs/{id}/release")] == [
         f"/v1/jobs/{slow_id}/release"
     ]
+
+
+async def test_stop_gives_up_on_a_handler_that_ignores_cancellation(
+    fake: FakeEvora, client: Client
+) -> None:
+    worker = make_worker(fake, grace_period=0.5, shutdown_timeout=0.2)
+    started, let_go = asyncio.Event(), asyncio.Event()
+    cancellations = 0
+
+    @worker.handler("t")
+    async def stubborn(job: evora.Job) -> str:
+        nonlocal cancellations
+        started.set()
+        while not let_go.is_set():
+            try:
+                await let_go.wait()
+            except asyncio.CancelledError:
+                cancellations += 1
+        return "too late"
+
+    job_id = (await client.submit("q", "t", lease_seconds=1)).id  # a heartbeat every 1/3 s
+    task = asyncio.create_task(worker.serve())
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.wait_for(worker.stop(), 5)
+    await task
+    assert cancellations == 2  # at the end of the grace period, then when given up on
+    heartbeats = len(fake.seen("POST", "/v1/jobs/{id}/heartbeat"))
+    assert heartbeats > 0
+    await asyncio.sleep(0.5)  # sampling, not synchronising: no heartbeats after giving up
+    assert len(fake.seen("POST", "/v1/jobs/{id}/heartbeat")) == heartbeats
+    # Still running the handler; nothing is left waiting to report once that has ended.
+    running = [t for t in asyncio.all_tasks() if t.get_name().endswith(job_id)]
+    assert running
+    let_go.set()
+    _, pending = await asyncio.wait(running, timeout=5)
+    assert not pending
+    assert fake.state(job_id) == "RUNNING"
+    assert not fake.seen("POST", "/v1/acks") and not fake.seen("POST", "/v1/jobs/{id}/release")
 
 
 async def test_the_claim_loop_survives_the_dispatcher_going_away(

@@ -69,11 +69,12 @@ def test_fingerprint_ignores_key_and_fills_defaults() -> None:
 def test_job_ids_are_time_ordered_uuid7() -> None:
     import time
 
-    from evora.storage.jobs import uuid7
+    from evora.storage.jobs import uuid7s
 
-    first = uuid7()
+    [first] = uuid7s(1)
     time.sleep(0.002)  # a later millisecond; ordering within one is random by design
-    second = uuid7()
+    second, third = uuid7s(2)
+    assert second != third and third.version == 7
     assert first.version == 7 and second.version == 7
     assert first.variant == second.variant == "specified in RFC 4122"
     assert first < second

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from evora import loops
 from evora.http.app import LIFECYCLE
 
 log = logging.getLogger(__name__)
@@ -86,5 +87,5 @@ def run_service(
             handler_cancellation=handler_cancellation,
         )
 
-    asyncio.run(main())
+    loops.run(main())
     return 0

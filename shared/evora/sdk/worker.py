@@ -3,13 +3,15 @@
 Life of a job in the worker:
 
 1. The claim loop long-polls `POST /v1/claim` for as many jobs as it has free slots.
-2. Each job runs its handler in a task of its own; a heartbeat task extends the lease every
-   `heartbeat_fraction` of `lease_seconds`, carries reported progress, and learns about
-   cancel requests.
-3. The slot is free as soon as the handler returns. The outcome (complete with the return
-   value, or fail with the exception) goes through the `AckBatcher`; heartbeats continue
-   until the dispatcher has recorded it, so a slow or briefly unreachable dispatcher does
-   not let the lease expire under a finished job.
+2. Each job runs in a task of its own, which awaits the handler and then reports how it
+   ended. Every `heartbeat_fraction` of `lease_seconds` a heartbeat extends the lease,
+   carries reported progress, and learns about cancel requests; a job's heartbeat task
+   starts only when its first heartbeat is due (a timer until then), as most jobs end
+   sooner.
+3. The outcome (complete with the return value, or fail with the exception) goes through
+   the `AckBatcher`. The job keeps its slot, and its heartbeats continue, until the
+   dispatcher has recorded it, so a slow or briefly unreachable dispatcher does not let the
+   lease expire under a finished job.
 4. A job whose cancellation was requested sees `job.cancel_event` set; if its handler has not
    ended after `cancel_grace` seconds it is cancelled. A handler that ends with an exception
    (including that cancellation) after a cancel request has its job released, which the
@@ -36,14 +38,15 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, Literal, TypeVar
 
 import orjson
 
+from evora import loops
 from evora.domain.models import QUEUE_PATTERN
-from evora.logs import log_context
+from evora.logs import bind
 from evora.sdk._http import RETRYABLE_STATUSES, RetryBackoff, Transport, should_retry
 from evora.sdk.acks import Ack, AckBatcher
 from evora.sdk.errors import (
@@ -131,28 +134,48 @@ _Release = Literal["release"]
 _Abandon = Literal["abandon"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Running:
+    """One job and the task running it. The handler runs in that task, so interrupting the
+    handler cancels the task while `in_handler`; `interrupts` counts those cancellations,
+    which the task takes back once the handler has ended."""
+
     job: Job
-    task: asyncio.Task[None] | None = None
-    handler: asyncio.Task[Any] | None = None
+    task: asyncio.Task[None] = field(init=False)
+    in_handler: bool = False
     interrupted: _Interrupt | None = None
+    interrupts: int = 0
+    # A timer until the first heartbeat is due, then the task sending heartbeats.
+    heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
     cancel_timer: asyncio.TimerHandle | None = None
 
     def interrupt(self, why: _Interrupt) -> None:
         """Cancel the handler if it still runs; the first reason given is the one acted on."""
-        if self.handler is not None and not self.handler.done():
+        if self.in_handler:
             self.interrupted = self.interrupted or why
-            self.handler.cancel()
+            self.interrupts += 1
+            self.task.cancel()
 
-    def outcome(self) -> Ack | _Release | _Abandon:
-        """What to tell the dispatcher once the handler task has ended."""
-        job, handler = self.job, self.handler
-        assert handler is not None and handler.done()
+    def give_up(self) -> None:
+        """Cancel the task whatever it waits for, and stop its timers at once: a handler that
+        ignores cancellation keeps the task alive, but it reports nothing when it ends."""
+        self.stop_timers()
+        self.task.cancel()
+
+    def stop_timers(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+        if self.cancel_timer is not None:
+            self.cancel_timer.cancel()
+
+    def outcome(
+        self, result: Any, error: BaseException | None, cancelled: bool
+    ) -> Ack | _Release | _Abandon:
+        """What to tell the dispatcher once the handler has ended."""
+        job = self.job
         if self.interrupted is _Interrupt.LEASE_LOST:
             return "abandon"
-        error = None if handler.cancelled() else handler.exception()
-        if handler.cancelled() or error is not None:
+        if cancelled or error is not None:
             if self.interrupted is not None or job.cancel_requested:
                 return "release"
             failure = failure_from_exception(error or asyncio.CancelledError())
@@ -167,14 +190,14 @@ class _Running:
             )
             return Ack(job.id, job.lease_token, "fail", error=failure)
         try:
-            result = orjson.Fragment(orjson.dumps(handler.result()))
+            encoded = orjson.Fragment(orjson.dumps(result))
         except TypeError as exc:
             # Deterministic: running the handler again would return the same thing.
             log.error("job %s: the handler's result is not JSON-serialisable: %s", job.id, exc)
             message = f"the handler's result is not JSON-serialisable: {exc}"
             error_body = {"message": message, "type": type(exc).__name__, "retryable": False}
             return Ack(job.id, job.lease_token, "fail", error=error_body)
-        return Ack(job.id, job.lease_token, "complete", result=result)
+        return Ack(job.id, job.lease_token, "complete", result=encoded)
 
 
 class Worker:
@@ -296,8 +319,8 @@ class Worker:
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully (a second signal skips the
-        rest of the grace period). Blocks; runs its own event loop with `asyncio.run`."""
-        asyncio.run(self._serve_until_signalled())
+        rest of the grace period). Blocks; runs its own event loop (see `evora.loops`)."""
+        loops.run(self._serve_until_signalled())
 
     async def _serve_until_signalled(self) -> None:
         loop = asyncio.get_running_loop()
@@ -422,17 +445,21 @@ class Worker:
         job = Job.from_claim(data)
         running = _Running(job)
         self._busy += 1
-        # The job's task (handler, heartbeats) copies this context: its log records say which job.
-        with log_context(job_id=str(job.id), queue=job.queue, job_type=job.type):
-            running.task = asyncio.create_task(
-                self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
-            )
+        running.task = asyncio.get_running_loop().create_task(
+            self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
+        )
         self._running.add(running)
-        running.task.add_done_callback(lambda _: self._running.discard(running))
 
     async def _process(self, running: _Running, handler: Handler | None) -> None:
         job = running.job
-        heartbeat = asyncio.create_task(self._heartbeat(running), name=f"evora-hb-{job.id}")
+        # This task runs in a copy of the context, so nothing needs unbinding. Its records,
+        # the handler's and the heartbeats' say which job.
+        bind(job_id=job.id, queue=job.queue, job_type=job.type)
+        interval = job.lease_seconds * self.settings.heartbeat_fraction
+        # Most jobs end long before their first heartbeat: a timer is cheaper than a task.
+        running.heartbeat = asyncio.get_running_loop().call_later(
+            interval, self._start_heartbeats, running, interval
+        )
         try:
             outcome = await self._execute(running, handler)
             if outcome == "release":
@@ -447,9 +474,8 @@ class Worker:
                 exc,
             )
         finally:
-            heartbeat.cancel()
-            if running.cancel_timer is not None:
-                running.cancel_timer.cancel()
+            running.stop_timers()
+            self._running.discard(running)
             self._busy -= 1
             self._slot_freed.set()
 
@@ -457,32 +483,45 @@ class Worker:
         self, running: _Running, handler: Handler | None
     ) -> Ack | _Release | _Abandon:
         job = running.job
+        if handler is None:
+            # Retryable: another worker of the fleet may know the type.
+            log.error("job %s: no handler for type %r", job.id, job.type)
+            message = f"worker {self.settings.worker_id} has no handler for {job.type!r}"
+            error = {"message": message, "type": "UnknownJobType", "retryable": True}
+            return Ack(job.id, job.lease_token, "fail", error=error)
+        result: Any = None
+        failure: BaseException | None = None
+        cancelled = False
         self._handlers += 1
+        running.in_handler = True
         try:
-            if handler is None:
-                # Retryable: another worker of the fleet may know the type.
-                log.error("job %s: no handler for type %r", job.id, job.type)
-                message = f"worker {self.settings.worker_id} has no handler for {job.type!r}"
-                error = {"message": message, "type": "UnknownJobType", "retryable": True}
-                return Ack(job.id, job.lease_token, "fail", error=error)
-            running.handler = asyncio.create_task(handler(job), name=f"evora-handler-{job.id}")
-            try:
-                # asyncio.wait, unlike awaiting the task, does not raise what the handler
-                # raised, and it leaves the handler alone if this task is cancelled.
-                await asyncio.wait({running.handler})
-            except asyncio.CancelledError:
-                running.handler.cancel()
-                raise
-            return running.outcome()
+            result = await handler(job)
+        except asyncio.CancelledError:
+            cancelled = True
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise  # the process or this coroutine ends, not just the handler
+        except BaseException as exc:
+            failure = exc
         finally:
+            running.in_handler = False
             self._handlers -= 1
+        task = running.task
+        for _ in range(running.interrupts):
+            task.uncancel()
+        if task.cancelling():
+            # Cancelled by someone else (shutdown giving up, or asyncio.run ending): nothing
+            # is reported, whatever the handler did with the cancellation.
+            raise asyncio.CancelledError
+        return running.outcome(result, failure, cancelled)
 
-    async def _heartbeat(self, running: _Running) -> None:
+    def _start_heartbeats(self, running: _Running, interval: float) -> None:
+        running.heartbeat = asyncio.get_running_loop().create_task(
+            self._heartbeat(running, interval), name=f"evora-hb-{running.job.id}"
+        )
+
+    async def _heartbeat(self, running: _Running, interval: float) -> None:
         job = running.job
-        interval = job.lease_seconds * self.settings.heartbeat_fraction
-        delay = interval
         while True:
-            await asyncio.sleep(delay)
             delay = interval
             body: dict[str, Any] = {"lease_token": job.lease_token}
             progress = job._take_progress()
@@ -502,20 +541,20 @@ class Worker:
                 running.interrupt(_Interrupt.LEASE_LOST)
                 return
             except EvoraClientError as exc:
-                transient = should_retry(exc, idempotent=True)
-                if transient:
+                if should_retry(exc, idempotent=True):
                     if progress is not None:
                         job._restore_progress(progress)
                     # Sooner than usual: the lease keeps running out meanwhile.
                     delay = interval / 4
                 log.warning("job %s: heartbeat failed: %s", job.id, exc)
-                continue
-            if resp.data.get("cancel_requested") and not job.cancel_requested:
-                self._on_cancel_requested(running)
+            else:
+                if resp.data.get("cancel_requested") and not job.cancel_requested:
+                    self._on_cancel_requested(running)
+            await asyncio.sleep(delay)
 
     def _on_cancel_requested(self, running: _Running) -> None:
         running.job.cancel_event.set()
-        if running.handler is not None and not running.handler.done():
+        if running.in_handler:
             log.info(
                 "job %s: cancellation requested; the handler has %.1fs to stop",
                 running.job.id,
@@ -613,10 +652,13 @@ class Worker:
                 await self._wait_running(self.settings.shutdown_timeout)
             if self._running:
                 log.error("giving up on %d jobs; their leases will expire", len(self._running))
-                tasks = {running.task for running in self._running if running.task is not None}
-                for task in tasks:
-                    task.cancel()
-                await asyncio.wait(tasks)
+                for running in self._running:
+                    running.give_up()
+                # A handler that ignores cancellation keeps its task alive: waiting for it
+                # would keep serve() from returning.
+                tasks = {running.task for running in self._running if not running.in_handler}
+                if tasks:
+                    await asyncio.wait(tasks)
             # Every outcome a job task waited for has been sent; what is left belongs to
             # tasks given up on just now, so this is a last, short chance.
             await self._acks.close(within=1.0)
@@ -626,7 +668,7 @@ class Worker:
         log.info("worker %s stopped", self.settings.worker_id)
 
     async def _wait_running(self, seconds: float) -> None:
-        tasks = {running.task for running in self._running if running.task is not None}
+        tasks = {running.task for running in self._running}
         if tasks:
             await asyncio.wait(tasks, timeout=seconds)
 
