@@ -30,3 +30,37 @@ async def test_a_burst_of_hints_reads_the_due_time_twice_and_keeps_the_last_answ
     cause = await wakeups.wait(waiter, 2.0)
     assert cause is Cause.TIMER
     wakeups.close()
+
+
+async def test_a_drained_claim_shape_is_trusted_only_while_nothing_could_have_changed() -> None:
+    async def nothing_delayed(queue: str) -> float | None:
+        return None
+
+    wakeups = Wakeups(nothing_delayed)
+    shape = (("q",), ("t",))
+
+    def short_claim() -> None:
+        wakeups.claimed(shape, wakeups.hints(["q"]), short=True)
+
+    short_claim()
+    assert not wakeups.drained(shape)  # hints are not heard yet: nothing is known
+    wakeups.set_listening(True)
+    short_claim()
+    assert wakeups.drained(shape)
+    assert not wakeups.drained((("q",), None))  # other types: another shape
+    wakeups.notify("other")
+    assert wakeups.drained(shape)
+    wakeups.notify("q")
+    assert not wakeups.drained(shape)
+    short_claim()
+    wakeups.set_listening(False)
+    assert not wakeups.drained(shape)
+    wakeups.set_listening(True)
+    assert not wakeups.drained(shape)  # hints may have been missed while away
+    short_claim()
+    wakeups.poll()
+    assert not wakeups.drained(shape)
+    short_claim()
+    wakeups.claimed(shape, wakeups.hints(["q"]), short=False)
+    assert not wakeups.drained(shape)
+    wakeups.close()
