@@ -211,7 +211,9 @@ class Worker:
     - `heartbeat_fraction`: heartbeat every this fraction of the job's `lease_seconds`.
     - `cancel_grace`: after a cancel request, how long a handler may take to stop on its
       own before it is cancelled.
-    - `ack_linger`, `ack_batch_size`: outcome batching (see `evora.sdk.acks`).
+    - `ack_linger`, `ack_batch_size`: outcome batching (see `evora.sdk.acks`). Up to 500
+      outcomes a request by default, as many as one claim hands out: large acks are what
+      lets a busy worker record a batch in one statement (docs/benchmarks.md).
     - `request_timeout`: bound of every call but the long-poll (which gets `wait_seconds`
       more); `shutdown_timeout`: bound of releasing and reporting after the grace period.
     - `backoff`: between failed claims or outcome reports, e.g. while the dispatcher
@@ -233,7 +235,7 @@ class Worker:
         heartbeat_fraction: float = 1 / 3,
         cancel_grace: float = 5.0,
         ack_linger: float = 0.005,
-        ack_batch_size: int = 100,
+        ack_batch_size: int = 500,
         request_timeout: float = 10.0,
         shutdown_timeout: float = 10.0,
         backoff: RetryBackoff | None = None,
