@@ -75,6 +75,31 @@ COLUMNS = (
     "data",
     "job",
 )
+# The fields of the job_image type (migration 0007), in order: COPY writes the row binary.
+IMAGE_FIELDS = (
+    "id",
+    "queue",
+    "type",
+    "state",
+    "priority",
+    "group_key",
+    "idempotency_key",
+    "attempt",
+    "max_attempts",
+    "lease_seconds",
+    "run_at",
+    "expires_at",
+    "lease_expires_at",
+    "worker_id",
+    "cancel_requested",
+    "last_error",
+    "version",
+    "submit_seq",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+)
 COPY_CHUNK = 100_000
 
 
@@ -91,7 +116,7 @@ class JobHistory:
         self.version = 0
         self.attempt = 0
         self.image: dict[str, Any] = {
-            "id": str(self.id),
+            "id": self.id,
             "queue": queue,
             "type": job_type,
             "priority": 0,
@@ -102,8 +127,9 @@ class JobHistory:
             "expires_at": None,
             "cancel_requested": False,
             "last_error": None,
-            "created_at": at.isoformat(),
-            "run_at": at.isoformat(),
+            "submit_seq": None,
+            "created_at": at,
+            "run_at": at,
             "started_at": None,
             "finished_at": None,
         }
@@ -125,13 +151,11 @@ class JobHistory:
             attempt=self.attempt,
             worker_id=worker,
             version=self.version,
-            updated_at=at.isoformat(),
-            lease_expires_at=(at + timedelta(seconds=30)).isoformat()
-            if to_state == "RUNNING"
-            else None,
+            updated_at=at,
+            lease_expires_at=at + timedelta(seconds=30) if to_state == "RUNNING" else None,
         )
         if to_state in ("COMPLETED", "DLQ", "CANCELLED"):
-            image["finished_at"] = at.isoformat()
+            image["finished_at"] = at
         self.rows.append(
             (
                 self.id,
@@ -145,9 +169,14 @@ class JobHistory:
                 worker,
                 at,
                 orjson.dumps(data or {}).decode(),
-                orjson.dumps(image).decode(),
+                tuple(_image_value(image[name]) for name in IMAGE_FIELDS),
             )
         )
+
+
+def _image_value(value: Any) -> Any:
+    # jsonb fields of the row (last_error) go as text: this connection has no JSON codec.
+    return orjson.dumps(value).decode() if isinstance(value, dict) else value
 
 
 def simulate(rng: random.Random, submitted: datetime, queue: str, job_type: str) -> JobHistory:
@@ -162,7 +191,7 @@ def simulate(rng: random.Random, submitted: datetime, queue: str, job_type: str)
         now += timedelta(seconds=rng.expovariate(1 / 2.0))
         worker = f"w{rng.randrange(40)}"
         job.attempt += 1
-        job.image["started_at"] = now.isoformat()
+        job.image["started_at"] = now
         job.emit("claimed", "PENDING", "RUNNING", now, worker)
         now += timedelta(seconds=rng.lognormvariate(1.2, 0.9))
         roll = rng.random()

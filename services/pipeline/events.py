@@ -24,10 +24,11 @@ from pyspark.sql.types import (
 # Larger than any seq; the outer bound of "everything below the horizon".
 MAX_SEQ = 2**63 - 1
 
-# jsonb, uuid, xid8 and the job_state enum as types Spark's JDBC reader knows.
+# jsonb, uuid, xid8, the job_state enum and the job_image row as types Spark's JDBC reader
+# knows (the image as the JSON document it was before migration 0007).
 _SELECT = """seq, xid::text::int8 AS xid, job_id::text AS job_id, job_version, queue, type,
        event, from_state::text AS from_state, to_state::text AS to_state, attempt,
-       worker_id, at, data::text AS data, job::text AS job"""
+       worker_id, at, data::text AS data, to_jsonb(job)::text AS job"""
 
 EVENT_SCHEMA = StructType(
     [
@@ -43,7 +44,7 @@ EVENT_SCHEMA = StructType(
         StructField("attempt", IntegerType(), False),
         StructField("worker_id", StringType(), True),
         StructField("at", TimestampType(), False),
-        # JSON text, exactly as PostgreSQL rendered the jsonb
+        # JSON text, exactly as PostgreSQL renders jsonb
         StructField("data", StringType(), False),
         StructField("job", StringType(), False),
     ]

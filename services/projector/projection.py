@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
 from evora.readmodels.layout import STATE_NAMES, Document
 from evora.readmodels.stats import BUCKET_SECONDS, KEEP_BUCKETS_SECONDS, bucket_of
@@ -51,11 +50,10 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99)}
 
 
-def _millis(later: datetime, earlier: Any) -> float | None:
-    if not isinstance(earlier, str):
+def _millis(later: datetime, earlier: datetime | None) -> float | None:
+    if earlier is None:
         return None
-    start = datetime.fromisoformat(earlier)
-    return max((later - start).total_seconds() * 1000, 0.0)
+    return max((later - earlier).total_seconds() * 1000, 0.0)
 
 
 def new_queue(queue: str) -> Document:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -48,3 +49,36 @@ async def test_edited_migration_is_refused(db_url: str) -> None:
         await conn.close()
     with pytest.raises(MigrationError, match="changed after it was applied"):
         await apply_migrations(db_url)
+
+
+async def test_event_images_written_as_jsonb_become_typed_rows(
+    make_db_url: Callable[[], Awaitable[str]],
+) -> None:
+    dsn = await _empty_database(make_db_url)
+    await apply_migrations(dsn, upto=6)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO jobs (id, queue, type, payload, run_at, max_attempts, lease_seconds,"
+            " backoff_initial, backoff_max, backoff_multiplier, group_key, last_error)"
+            " VALUES (gen_random_uuid(), 'q', 't', '{}', now(), 3, 30, 1, 60, 2, 'g',"
+            ' \'{"type": "E", "message": "m"}\')'
+        )
+        await conn.execute(
+            "INSERT INTO job_events (job_id, job_version, queue, type, event, to_state,"
+            " attempt, at, job)"
+            " SELECT id, version, queue, type, 'submitted', state, attempt, now(),"
+            " evora_job_image(j) FROM jobs j"
+        )
+        before = json.loads(await conn.fetchval("SELECT job::text FROM job_events"))
+
+        assert await apply_migrations(dsn) == [m.version for m in migrate.available()][6:]
+        after = json.loads(await conn.fetchval("SELECT to_jsonb(job)::text FROM job_events"))
+        run_at, queue = await conn.fetchrow(
+            "SELECT (job).run_at = j.run_at, (job).queue FROM job_events e"
+            " JOIN jobs j ON j.id = e.job_id"
+        )
+    finally:
+        await conn.close()
+    assert len(before) == 22 and after == before
+    assert run_at and queue == "q"

@@ -31,8 +31,8 @@ async def test_late_commit_with_lower_seq_is_delivered(
         # The slow transaction takes its seq first...
         slow_seq = await slow.fetchval(
             "INSERT INTO job_events (job_id, job_version, queue, type, event, to_state, attempt,"
-            " at, job) VALUES ($1, 1, 'q', 't', 'submitted', 'PENDING', 0, now(), '{}')"
-            " RETURNING seq",
+            " at, job) VALUES ($1, 1, 'q', 't', 'submitted', 'PENDING', 0, now(),"
+            " jsonb_populate_record(NULL::job_image, '{}')) RETURNING seq",
             uuid4(),
         )
         # ...then a fast one takes a higher seq and commits first.
@@ -65,6 +65,22 @@ async def test_reader_pages_through_everything_in_order(
     # Resuming from any cursor yields exactly the rest.
     rest = await _drain(pool, events[9].cursor, 100)
     assert [e.seq for e in rest] == [e.seq for e in events[10:]]
+
+
+async def test_each_event_carries_the_typed_job_row_after_its_change(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    await store.submit(JobSubmission(queue="q", type="t", group_key="g", payload={"big": 1}))
+    [claimed] = await store.claim(worker_id="w1", queues=["q"])
+    row = await pool.fetchrow("SELECT * FROM jobs WHERE id = $1", claimed["id"])
+    submitted, taken = await _drain(pool, OutboxCursor(), 10)
+    assert (submitted.job["state"], taken.job["state"]) == ("PENDING", "RUNNING")
+    assert submitted.job["started_at"] is None
+    image_fields = set(taken.job) - {"payload", "result", "progress"}
+    assert set(taken.job) == image_fields  # the image stays small
+    for name in image_fields:
+        assert taken.job[name] == row[name], name
+    assert taken.job["version"] == taken.job_version == 2
 
 
 async def test_open_transaction_holds_back_later_events(

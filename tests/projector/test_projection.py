@@ -93,7 +93,8 @@ async def test_event_committed_out_of_seq_order_is_projected(
         await slow.execute(
             "INSERT INTO job_events (job_id, job_version, queue, type, event, to_state,"
             " attempt, at, job)"
-            " VALUES ($1, 1, 'late', 't', 'submitted', 'PENDING', 0, now(), '{}')",
+            " VALUES ($1, 1, 'late', 't', 'submitted', 'PENDING', 0, now(),"
+            " jsonb_populate_record(NULL::job_image, '{}'))",
             uuid4(),
         )
         await store.submit(JobSubmission(queue="early", type="t"))

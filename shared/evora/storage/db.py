@@ -14,15 +14,31 @@ IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 CONNECT_TIMEOUT_S = 10.0
 
 
-def _dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
+# The binary form of jsonb is a version byte, then the JSON text.
+_JSONB_VERSION = b"\x01"
+
+
+def _encode_jsonb(value: Any) -> bytes:
+    return _JSONB_VERSION + orjson.dumps(value)
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return orjson.loads(memoryview(data)[1:])
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    for name in ("jsonb", "json"):
-        await conn.set_type_codec(
-            name, encoder=_dumps, decoder=orjson.loads, schema="pg_catalog", format="text"
-        )
+    # Binary, because asyncpg decodes a composite value (the job_image row of an event)
+    # only when every field type it holds is read in binary.
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=_encode_jsonb,
+        decoder=_decode_jsonb,
+        schema="pg_catalog",
+        format="binary",
+    )
+    await conn.set_type_codec(
+        "json", encoder=orjson.dumps, decoder=orjson.loads, schema="pg_catalog", format="binary"
+    )
 
 
 async def _reset(conn: asyncpg.Connection) -> None:

@@ -87,24 +87,27 @@ async def missing_versions(conn: asyncpg.Connection) -> list[int]:
     return [m.version for m in available() if m.version not in applied]
 
 
-async def apply_migrations(dsn: str) -> list[int]:
-    """Bring the database at `dsn` up to date; return the versions this call applied."""
+async def apply_migrations(dsn: str, *, upto: int | None = None) -> list[int]:
+    """Bring the database at `dsn` up to date (or up to version `upto`); return the versions
+    this call applied."""
     conn = await connect(dsn, statement_timeout=None)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", locks.MIGRATIONS)
         try:
-            return await _apply_pending(conn)
+            return await _apply_pending(conn, upto)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", locks.MIGRATIONS)
     finally:
         await conn.close()
 
 
-async def _apply_pending(conn: asyncpg.Connection) -> list[int]:
+async def _apply_pending(conn: asyncpg.Connection, upto: int | None) -> list[int]:
     await conn.execute(_CREATE_TABLE)
     done = await applied_versions(conn)
     applied: list[int] = []
     for migration in available():
+        if upto is not None and migration.version > upto:
+            break
         recorded = done.get(migration.version)
         if recorded is not None:
             if recorded != migration.checksum:

@@ -44,6 +44,7 @@ class OutboxEvent:
     worker_id: str | None
     at: datetime
     data: dict[str, Any]
+    # the job_image row: the job's columns after the change, typed (timestamps as datetime)
     job: dict[str, Any]
 
     @property
@@ -72,7 +73,7 @@ async def read_events(
             worker_id=r["worker_id"],
             at=r["at"],
             data=r["data"],
-            job=r["job"],
+            job=dict(r["job"].items()),
         )
         for r in rows
     ]
