@@ -1573,7 +1573,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, argparse.Namespace]:
     parser.add_argument("--jobs", type=int, help="(a) jobs (default 50,000; quick 5,000)")
     parser.add_argument("--submit-batch", type=int, default=1000)
     parser.add_argument("--producers", type=int, default=1, help="(a) concurrent producers")
-    parser.add_argument("--worker-processes", type=int, default=2)
+    parser.add_argument("--worker-processes", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=500, help="per worker process")
     parser.add_argument("--rps-clients", type=int, default=32)
     parser.add_argument("--rps-seconds", type=float, help="(b) seconds (default 10; quick 3)")
