@@ -75,31 +75,12 @@ COLUMNS = (
     "data",
     "job",
 )
-# The fields of the job_image type (migration 0007), in order: COPY writes the row binary.
-IMAGE_FIELDS = (
-    "id",
-    "queue",
-    "type",
-    "state",
-    "priority",
-    "group_key",
-    "idempotency_key",
-    "attempt",
-    "max_attempts",
-    "lease_seconds",
-    "run_at",
-    "expires_at",
-    "lease_expires_at",
-    "worker_id",
-    "cancel_requested",
-    "last_error",
-    "version",
-    "submit_seq",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "finished_at",
-)
+# The fields of the job_image row (migration 0007), in order: COPY writes the row binary.
+IMAGE_FIELDS = """
+SELECT attname FROM pg_attribute
+WHERE attrelid = 'job_image'::regclass AND attnum > 0 AND NOT attisdropped
+ORDER BY attnum
+"""
 COPY_CHUNK = 100_000
 
 
@@ -127,7 +108,6 @@ class JobHistory:
             "expires_at": None,
             "cancel_requested": False,
             "last_error": None,
-            "submit_seq": None,
             "created_at": at,
             "run_at": at,
             "started_at": None,
@@ -169,7 +149,7 @@ class JobHistory:
                 worker,
                 at,
                 orjson.dumps(data or {}).decode(),
-                tuple(_image_value(image[name]) for name in IMAGE_FIELDS),
+                dict(image),
             )
         )
 
@@ -256,9 +236,14 @@ async def load(dsn: str, events: int, seed: int) -> float:
     conn = await asyncpg.connect(dsn)
     started = time.perf_counter()
     try:
+        fields = [row["attname"] for row in await conn.fetch(IMAGE_FIELDS)]
         for chunk in generate(events, seed):
+            records = [
+                (*row[:-1], tuple(_image_value(row[-1].get(name)) for name in fields))
+                for row in chunk
+            ]
             # one transaction (one xid) per chunk, as many writers would produce
-            await conn.copy_records_to_table("job_events", records=chunk, columns=COLUMNS)
+            await conn.copy_records_to_table("job_events", records=records, columns=COLUMNS)
         took = time.perf_counter() - started
         await conn.execute("VACUUM ANALYZE job_events")
         # the projector has consumed it all (the archive needs that)
