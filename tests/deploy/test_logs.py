@@ -23,8 +23,8 @@ from evora import cli
 from evora.config import Settings
 from evora.http.app import REQUEST_ID_HEADER, create_base_app
 from evora.http.routing import Routes, install
-from evora.http.serve import serve_app
 from evora.logs import JsonFormatter, TextFormatter, log_context
+from tests.servers import serve
 
 log = logging.getLogger("evora.tests.logs")
 
@@ -96,24 +96,18 @@ async def test_request_id_is_on_every_record_of_the_request(captured: io.StringI
         return web.json_response({})
 
     install(app, routes)
-    stop = asyncio.Event()
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        serve_app(app, name="t", host="127.0.0.1", port=0, stop=stop, started=bound.set_result)
-    )
+    service = await serve(app, "t")
     try:
-        port = await asyncio.wait_for(bound, 10)
         async with aiohttp.ClientSession() as http:
             async with http.get(
-                f"http://127.0.0.1:{port}/log", headers={REQUEST_ID_HEADER: "req-42"}
+                f"{service.url}/log", headers={REQUEST_ID_HEADER: "req-42"}
             ) as response:
                 assert response.headers[REQUEST_ID_HEADER] == "req-42"
-            async with http.get(f"http://127.0.0.1:{port}/log") as response:
+            async with http.get(f"{service.url}/log") as response:
                 generated = response.headers[REQUEST_ID_HEADER]
         log.info("outside")
     finally:
-        stop.set()
-        await task
+        await service.close()
     inside_1, inside_2, outside = _events(captured)
     assert inside_1["request_id"] == "req-42"
     assert inside_2["request_id"] == generated and len(generated) == 32

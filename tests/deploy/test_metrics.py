@@ -8,22 +8,20 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from evora.config import Settings
-from evora.http.serve import serve_app
 from services.api.app import create_app as create_api
 from services.dispatcher.app import create_app as create_dispatcher
 from services.projector.app import create_app as create_projector
 from services.sweeper.app import create_app as create_sweeper
 from tests.deploy import artifacts
 from tests.deploy.promql import label_values_query, parse
+from tests.servers import Service, serve
 
 TOKENS = "admin:t-admin,producer:t-producer,worker:t-worker"
 PRODUCER = {"Authorization": "Bearer t-producer"}
@@ -35,38 +33,6 @@ PROMETHEUS_METRICS = {"up": {"job", "instance"}}
 TARGET_LABELS = {"job", "instance", "pod", "namespace"}
 
 Catalogue = dict[str, set[str]]  # sample name -> label names seen on it
-
-
-@dataclass
-class Running:
-    name: str
-    url: str
-    stop: asyncio.Event
-    task: asyncio.Task[None]
-
-
-async def _serve(app: web.Application, name: str) -> Running:
-    stop = asyncio.Event()
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        serve_app(
-            app,
-            name=name,
-            host="127.0.0.1",
-            port=0,
-            stop=stop,
-            shutdown_timeout=5.0,
-            started=bound.set_result,
-            handler_cancellation=name == "dispatcher",
-        )
-    )
-    done, _ = await asyncio.wait({bound, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        task.result()
-    if bound not in done:
-        task.cancel()
-        raise AssertionError(f"{name} did not start")
-    return Running(name, f"http://127.0.0.1:{bound.result()}", stop, task)
 
 
 async def _scrape(http: aiohttp.ClientSession, url: str) -> tuple[Catalogue, dict[str, float]]:
@@ -125,7 +91,7 @@ async def catalogue(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIte
     settings = Settings(
         database_url=db_url, mongo_url=mongo_url, mongo_db=mongo_db_name, tokens=TOKENS
     )
-    running: list[Running] = []
+    running: list[Service] = []
     try:
         for name, factory in (
             ("api", create_api),
@@ -133,7 +99,8 @@ async def catalogue(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIte
             ("sweeper", create_sweeper),
             ("projector", create_projector),
         ):
-            running.append(await _serve(await factory(settings), name))
+            app = await factory(settings)
+            running.append(await serve(app, name, handler_cancellation=name == "dispatcher"))
         urls = {r.name: r.url for r in running}
         async with aiohttp.ClientSession() as http:
             await _exercise(http, urls["api"], urls["dispatcher"])
@@ -155,8 +122,7 @@ async def catalogue(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIte
         yield merged
     finally:
         for service in reversed(running):
-            service.stop.set()
-            await asyncio.wait_for(service.task, 30)
+            await service.close()
 
 
 def _check(where: str, expr: str, catalogue: Catalogue) -> list[str]:

@@ -27,15 +27,14 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import asyncpg
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from evora import Client, Handlers, RetryBackoff, Worker
 from evora.config import Settings
-from evora.http.serve import serve_app
 from services.api.app import create_app as create_api
 from services.dispatcher.app import create_app as create_dispatcher
 from services.dispatcher.state import DISPATCH
+from tests.servers import Service, serve
 
 ADMIN_TOKEN = "e2e-admin"
 PRODUCER_TOKEN = "e2e-producer"
@@ -64,52 +63,6 @@ async def until(condition: Condition, *, within: float, what: str) -> None:
 
 
 # -- services in this process ------------------------------------------------------------
-
-
-@dataclass
-class Service:
-    """One app served by `serve_app` in a task of this event loop."""
-
-    name: str
-    app: web.Application
-    port: int
-    stop_event: asyncio.Event
-    task: asyncio.Task[None]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def close(self) -> None:
-        self.stop_event.set()
-        await asyncio.wait_for(self.task, 30)
-
-
-async def serve(app: web.Application, name: str, *, handler_cancellation: bool) -> Service:
-    stop = asyncio.Event()
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        serve_app(
-            app,
-            name=name,
-            host="127.0.0.1",
-            port=0,
-            stop=stop,
-            shutdown_timeout=5.0,
-            started=bound.set_result,
-            handler_cancellation=handler_cancellation,
-        ),
-        name=f"e2e-{name}",
-    )
-    racing: set[asyncio.Future[Any]] = {bound, task}
-    done, _ = await asyncio.wait(racing, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        task.result()  # raises why it could not start
-        raise AssertionError(f"{name} stopped before listening")
-    if not done:
-        task.cancel()
-        raise AssertionError(f"{name} did not start listening within 30s")
-    return Service(name, app, bound.result(), stop, task)
 
 
 def settings_for(db_url: str) -> Settings:
