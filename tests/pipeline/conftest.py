@@ -11,18 +11,15 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-from pymongo.asynchronous.database import AsyncDatabase
 from pyspark.sql import Row, SparkSession
 
-from evora.readmodels.client import mongo_client
-from evora.readmodels.layout import Document
 from services.pipeline.archive import ArchiveResult, archive_events
 from services.pipeline.control import ControlDB, Watermark
 from services.pipeline.events import ARCHIVE_SCHEMA
@@ -31,7 +28,6 @@ from services.pipeline.run import RunResult, run_analytics
 from services.pipeline.session import SessionOptions, build_session
 from services.pipeline.sinks import MongoTarget
 from services.pipeline.store import ArchiveStore
-from services.projector.projector import Projector
 
 JAR = os.environ.get("EVORA_JDBC_JAR", "/usr/share/java/postgresql.jar")
 
@@ -57,23 +53,6 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
-
-
-@pytest.fixture
-async def mongo(mongo_url: str, mongo_db_name: str) -> AsyncIterator[AsyncDatabase[Document]]:
-    client = mongo_client(mongo_url, "evora-tests")
-    try:
-        yield client[mongo_db_name]
-    finally:
-        await client.close()
-
-
-async def catch_up(projector: Projector) -> int:
-    applied = 0
-    while batch := await projector.run_once():
-        applied += batch
-    await projector.refresh()
-    return applied
 
 
 async def sql_totals(pool: asyncpg.Pool, where: str = "true") -> dict[str, dict[str, int]]:

@@ -21,7 +21,8 @@ from services.pipeline.events import EVENT_COLUMNS, MAX_SEQ, Rectangle, between
 from services.pipeline.main import run_command
 from services.pipeline.run import LiveSlice, read_history
 from services.projector.projector import Projector
-from tests.pipeline.conftest import Pipeline, catch_up
+from tests.pipeline.conftest import Pipeline
+from tests.projector.conftest import catch_up
 from tests.projector.workload import mixed_workload
 
 QUEUES = ["alpha", "beta"]

@@ -17,7 +17,8 @@ from evora.storage.retention import RetentionStore
 from services.projector.projector import Projector
 from services.sweeper.metrics import SweeperMetrics
 from services.sweeper.sweeper import Retention, Sweeper, Tuning
-from tests.pipeline.conftest import Pipeline, catch_up, sql_totals
+from tests.pipeline.conftest import Pipeline, sql_totals
+from tests.projector.conftest import catch_up
 from tests.projector.workload import mixed_workload
 
 QUEUES = ["alpha", "beta", "gamma"]

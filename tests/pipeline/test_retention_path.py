@@ -18,7 +18,7 @@ from evora.storage.jobs import JobStore
 from evora.storage.retention import RetentionStore
 from services.projector.projector import Projector
 from services.projector.service import rebuild
-from tests.pipeline.conftest import catch_up
+from tests.projector.conftest import catch_up
 
 DROP = "SELECT evora_drop_archived_events($1, $2, $3)"
 

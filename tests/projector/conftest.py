@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from services.projector.projector import Projector
+
 
 async def truth(
     pool: asyncpg.Pool,
@@ -16,3 +18,12 @@ async def truth(
         totals.setdefault(r["queue"], {})[r["event"]] = r["n"]
     newest = await pool.fetchval("SELECT coalesce(max(seq), 0) FROM job_events")
     return counts, totals, int(newest)
+
+
+async def catch_up(projector: Projector) -> int:
+    """Apply everything the outbox holds, then refresh; returns the events applied."""
+    applied = 0
+    while batch := await projector.run_once():
+        applied += batch
+    await projector.refresh()
+    return applied

@@ -15,19 +15,11 @@ from evora.readmodels.reader import ReadModels
 from evora.storage.db import connect
 from evora.storage.jobs import Failure, JobStore
 from services.projector.projector import ProjectionConflict, Projector
-from tests.projector.conftest import truth
+from tests.projector.conftest import catch_up, truth
 from tests.projector.workload import mixed_workload
 
 QUEUES = ["alpha", "beta", "gamma"]
 VOLATILE = {"at"}
-
-
-async def catch_up(projector: Projector) -> int:
-    applied = 0
-    while batch := await projector.run_once():
-        applied += batch
-    await projector.refresh()
-    return applied
 
 
 async def assert_matches_truth(
