@@ -12,7 +12,7 @@ from evora.http.app import READINESS, SETTINGS, create_base_app, open_pool
 from evora.http.routing import install
 from evora.readmodels.client import mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import JobStore, caused_by_an_item
 from services.api.dashboard import dashboard
 from services.api.routes import STORE, SUBMITS, admin, producer
 from services.api.stats import READ_MODELS, stats
@@ -25,7 +25,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     pool = await open_pool(app, SERVICE)
     store = JobStore(pool)
     app[STORE] = store
-    app[SUBMITS] = Coalescer(store.submit_each)
+    app[SUBMITS] = Coalescer(store.submit_each, isolate=caused_by_an_item)
     try:
         yield
     finally:

@@ -13,7 +13,7 @@ from evora.coalesce import Coalescer
 from evora.config import Settings
 from evora.http.app import METRICS, create_base_app, open_pool
 from evora.http.routing import install
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import JobStore, caused_by_an_item
 from evora.storage.listener import Listener
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.routes import routes
@@ -49,8 +49,8 @@ async def create_app(settings: Settings) -> web.Application:
             store=store,
             wakeups=wakeups,
             metrics=metrics,
-            completions=Coalescer(store.complete_many),
-            failures=Coalescer(store.fail_many),
+            completions=Coalescer(store.complete_many, isolate=caused_by_an_item),
+            failures=Coalescer(store.fail_many, isolate=caused_by_an_item),
         )
         listener = Listener(
             dsn,

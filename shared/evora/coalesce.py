@@ -20,8 +20,19 @@ MAX_BATCH = 500
 
 
 class Coalescer(Generic[T, R]):
-    def __init__(self, flush: Callable[[Sequence[T]], Awaitable[Sequence[R]]]) -> None:
+    def __init__(
+        self,
+        flush: Callable[[Sequence[T]], Awaitable[Sequence[R]]],
+        *,
+        isolate: Callable[[Exception], bool] = lambda exc: False,
+    ) -> None:
+        """`flush` handles a batch in one atomic step and answers each item in order.
+        `isolate(exc)` says whether a failed flush may have been caused by one item's values
+        rather than by the flush as a whole (say, the database being down): then the batch is
+        split until the failing items are alone, so a request is only ever answered with its
+        own error. Re-running parts is safe because a failed atomic flush changed nothing."""
         self._flush = flush
+        self._isolate = isolate
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._draining: asyncio.Task[None] | None = None
 
@@ -39,18 +50,27 @@ class Coalescer(Generic[T, R]):
             while self._pending:
                 batch = self._pending[:MAX_BATCH]
                 del self._pending[:MAX_BATCH]
-                try:
-                    results = await self._flush([item for item, _ in batch])
-                except Exception as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for (_, future), result in zip(batch, results, strict=True):
-                    if not future.done():
-                        future.set_result(result)
+                await self._settle(batch)
         finally:
             self._draining = None
+
+    async def _settle(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self._flush([item for item, _ in batch])
+        except Exception as exc:
+            if len(batch) > 1 and self._isolate(exc):
+                log.info("a batch of %d failed (%r); splitting it to answer each", len(batch), exc)
+                middle = len(batch) // 2
+                await self._settle(batch[:middle])
+                await self._settle(batch[middle:])
+                return
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
 
     async def close(self) -> None:
         if self._draining is not None:

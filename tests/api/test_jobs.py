@@ -68,11 +68,15 @@ async def test_cancel_running_is_requested(client: ApiClient, store: JobStore) -
         assert (body["state"], body["cancel_requested"]) == ("RUNNING", True)
 
 
-async def test_cancel_dlq_is_immediate(client: ApiClient, store: JobStore) -> None:
+@pytest.mark.parametrize("caller", [PRODUCER, ADMIN])
+async def test_cancel_leaves_a_dlq_job_to_retry_or_discard(
+    client: ApiClient, store: JobStore, caller: dict[str, str]
+) -> None:
     dead = await job_in_state(client, store, "DLQ")
-    response = await client.post(f"/v1/jobs/{dead['id']}/cancel", headers=PRODUCER)
-    assert response.status == 200
-    assert (await response.json())["state"] == "CANCELLED"
+    response = await client.post(f"/v1/jobs/{dead['id']}/cancel", headers=caller)
+    body = await problem(response, 409, "invalid_state")
+    assert "discard" in body["detail"]
+    assert (await store.get(dead["id"]))["state"] == "DLQ"
 
 
 @pytest.mark.parametrize("state", ["COMPLETED", "CANCELLED"])

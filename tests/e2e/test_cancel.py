@@ -69,6 +69,7 @@ async def test_cancelling_a_running_job_through_the_worker(
     assert job["cancel_requested"] is True
     assert job["finished_at"] is not None
     assert job["lease_expires_at"] is None
+    assert job["attempt"] == 1  # the attempt ran, however it was stopped
     if final == "COMPLETED":
         assert job["result"] == "finished anyway"
     assert await stack.event_names(job_id) == history

@@ -288,7 +288,8 @@ async def test_release_of_cancel_requested_job_cancels_it(store: JobStore) -> No
     [job] = await store.claim(worker_id="w", queues=["q"])
     await store.cancel(job_id)
     released = await store.release(job_id, job["lease_token"])
-    assert released["state"] == "CANCELLED" and released["attempt"] == 0
+    # The attempt ran until the cancel stopped it, so it stays counted.
+    assert released["state"] == "CANCELLED" and released["attempt"] == 1
 
 
 async def test_retry_discard_and_redrive(store: JobStore) -> None:

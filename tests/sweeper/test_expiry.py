@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import Failure, JobStore
 from services.sweeper.sweeper import Tuning
 from tests.sweeper.conftest import (
     FAST,
@@ -22,6 +22,10 @@ from tests.sweeper.conftest import (
 )
 
 LONG_AGO = datetime(2001, 1, 1, tzinfo=UTC)
+LEASE_EXPIRED = {
+    "message": "the lease expired before the worker reported an outcome",
+    "type": "lease_expired",
+}
 
 
 async def test_expired_lease_goes_back_to_pending_with_backoff(
@@ -37,8 +41,11 @@ async def test_expired_lease_goes_back_to_pending_with_backoff(
     await eventually(expired, "the lease to be expired")
     [_, _, (name, data)] = await events(pool, job["id"])
     assert name == "lease_expired"
-    assert set(data) == {"retry_at"}  # requeued: no reason, but when it may run again
+    # requeued: no reason, but when it may run again and what went wrong
+    assert set(data) == {"retry_at", "error"}
+    assert data["error"]["type"] == "lease_expired"
     current = await store.get(job["id"])
+    assert current["last_error"] == data["error"]
     assert current["state"] == "PENDING" and current["attempt"] == 1
     assert current["lease_expires_at"] is None
     # backoff 60 s (+-20 % jitter) from the expiry
@@ -60,9 +67,11 @@ async def test_expired_lease_with_no_attempts_left_is_dead_lettered(
     assert await events(pool, job["id"]) == [
         ("submitted", {}),
         ("claimed", {}),
-        ("dead_lettered", {"reason": "lease_expired"}),
+        ("dead_lettered", {"reason": "lease_expired", "error": LEASE_EXPIRED}),
     ]
-    assert (await store.get(job["id"]))["state"] == "DLQ"
+    dead = await store.get(job["id"])
+    # The dead job says why it died (the dashboard shows last_error).
+    assert dead["state"] == "DLQ" and dead["last_error"] == LEASE_EXPIRED
     assert running.metric("evora_sweeper_leases_expired_total", outcome="dead_lettered") == 1
 
 
@@ -86,6 +95,33 @@ async def test_expired_lease_of_a_cancel_requested_job_cancels_it(
     ]
     assert (await store.get(job["id"]))["state"] == "CANCELLED"
     assert running.metric("evora_sweeper_leases_expired_total", outcome="cancelled") == 1
+
+
+async def test_ttl_spares_a_job_that_started_and_waits_for_its_retry(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    soon = datetime.now(UTC) + timedelta(hours=1)
+    job = await claimed(store, "retrying", max_attempts=3, expires_at=soon)
+    await store.fail(Failure(job["id"], job["lease_token"], "flaky", retry_in_seconds=0))
+    # Its time-to-live runs out while it waits for the retry: it already started, so the TTL
+    # (meant for jobs that never ran) no longer applies.
+    await pool.execute(
+        "UPDATE jobs SET expires_at = now() - interval '1 s' WHERE id = $1", job["id"]
+    )
+    running = await start_sweeper()
+    expired = await submit(store, "expired", expires_at=LONG_AGO)
+    await eventually(
+        lambda: running.metric("evora_sweeper_ttls_expired_total") == 1, "the unstarted TTL"
+    )
+    seen = running.metric("evora_sweeper_last_run_timestamp_seconds")
+    await eventually(
+        lambda: running.metric("evora_sweeper_last_run_timestamp_seconds") > seen,
+        "another pass",
+    )
+    assert (await store.get(expired))["state"] == "DLQ"
+    assert (await store.get(job["id"]))["state"] == "PENDING"
+    [again] = await store.claim(worker_id="w", queues=["retrying"])
+    assert again["id"] == job["id"] and again["attempt"] == 2
 
 
 async def test_ttl_expiry_dead_letters_only_jobs_that_never_started(

@@ -119,10 +119,11 @@ async def test_old_finished_jobs_are_pruned_and_accounted_for(
     assert await prune_counts(pool) == counts
 
 
-async def test_idempotency_keys_are_pruned_by_age_but_not_while_their_job_is_live(
+async def test_idempotency_keys_are_pruned_by_age_but_never_while_their_job_exists(
     start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
 ) -> None:
-    [done, *_] = await finished(store, "k", JobState.COMPLETED, 1)
+    [done] = await finished(store, "k", JobState.COMPLETED, 1)
+    [dead] = await finished(store, "k", JobState.DLQ, 1)
     [waiting] = [
         s.job["id"]
         for s in await store.submit_batch(
@@ -137,21 +138,29 @@ async def test_idempotency_keys_are_pruned_by_age_but_not_while_their_job_is_liv
         "VALUES ('k', $1, '\\x00', gen_random_uuid(), now() - interval '8 days')",
         [(key,) for key in old_keys],
     )
+    # Past the key window, while their jobs (finished or not) are still stored.
     await pool.execute(
         "UPDATE idempotency_keys SET created_at = now() - interval '8 days' WHERE job_id = ANY($1)",
-        [done, waiting],
+        [done, dead, waiting],
     )
 
     sweeper = await start_sweeper(replace(FAST, prune_batch=BATCH))
     await eventually(
-        lambda: sweeper.metric("evora_sweeper_pruned_total", kind="idempotency_keys") == 10,
+        lambda: sweeper.metric("evora_sweeper_pruned_total", kind="idempotency_keys") == 9,
         "old keys to be pruned",
     )
-    keys = {r["key"] for r in await pool.fetch("SELECT key FROM idempotency_keys")}
-    # The completed job's key went with the others; the scheduled job still owns its key.
-    assert keys == {"scheduled", "fresh"}
-    assert fresh.job["idempotency_key"] == "fresh"
-    assert (await store.get(done))["state"] == "COMPLETED"  # a day old: the job stays
+    owners = {r["job_id"] for r in await pool.fetch("SELECT job_id FROM idempotency_keys")}
+    # Only the keys without a job went: every stored job keeps its key, in any state.
+    assert owners == {done, dead, waiting, fresh.job["id"]}
+    dead_job = await store.get(dead)
+    assert dead_job["state"] == "DLQ"
+    # So replaying the DLQ job's submission answers with it instead of making a second job.
+    replay = await store.submit(
+        JobSubmission(
+            queue="k", type="t", max_attempts=1, idempotency_key=dead_job["idempotency_key"]
+        )
+    )
+    assert not replay.created and replay.job["id"] == dead
     assert await prune_counts(pool) == {}  # no job was removed
 
 

@@ -59,6 +59,19 @@ def _jsonb_elements(values: Iterable[Any]) -> list[Any]:
     return [orjson.Fragment(orjson.dumps(value)) for value in values]
 
 
+# SQLSTATE classes: data exception, integrity constraint violation, program limit exceeded,
+# PL/pgSQL raise.
+_ITEM_SQLSTATES = ("22", "23", "54", "P0")
+
+
+def caused_by_an_item(exc: Exception) -> bool:
+    """Whether a failed set-based statement may have failed because of one item's values
+    (invalid or out-of-range data, a violated constraint, a size limit, an error raised by
+    a trigger) rather than because the database is unavailable: only such a failure is worth
+    splitting a batch to find the item it belongs to (see evora.coalesce)."""
+    return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate)[:2] in _ITEM_SQLSTATES
+
+
 def _key_reused(sub: JobSubmission) -> str:
     return (
         f"idempotency key {sub.idempotency_key!r} was already used in queue {sub.queue!r} "
@@ -339,6 +352,11 @@ class JobStore:
         job = await self.get(job_id)
         if job["state"] == JobState.RUNNING:  # already requested
             return Cancelled(job, immediate=False)
+        if job["state"] == JobState.DLQ:
+            raise InvalidState(
+                f"job {job_id} is in the DLQ: an admin can retry it or discard it "
+                f"(POST /v1/jobs/{job_id}/retry or /discard)"
+            )
         raise InvalidState(f"job {job_id} is {job['state']} and cannot be cancelled")
 
     # -- admin -------------------------------------------------------------------------
@@ -477,36 +495,53 @@ class JobStore:
         replay: JobState | None,
         with_jobs: bool,
     ) -> list[AckOutcome]:
-        """200 for the changed jobs; each missed one is a replay (200), a lost lease (409)
-        or an absent job (404), after one look at the current states."""
-        statuses = dict.fromkeys((r["id"] for r in rows), 200)
-        jobs = {r["id"]: job_from_row(r) for r in rows} if with_jobs else {}
-        missed = [item for item in items if item.id not in statuses]
+        """Each item is answered by its own (id, lease token), as if it had been sent alone:
+        200 for the item that changed its job; any other is a replay (200, with `replay` the
+        state a repeat may find), a lost lease (409) or an absent job (404), after one look at
+        the current states. A repeat of the item that changed the job comes after it, so it
+        is a replay or a lost lease, never a second change."""
+        changed = {(r["id"], r["lease_token"]): r for r in rows}
+        jobs = {key: job_from_row(r) for key, r in changed.items()} if with_jobs else {}
+        statuses: dict[int, int] = {}
+        missed: list[int] = []
+        for index, item in enumerate(items):
+            key = (item.id, item.lease_token)
+            if key in changed:
+                statuses[index] = 200
+                del changed[key]
+            else:
+                missed.append(index)
         if missed:
-            current = {
-                r["id"]: r for r in await conn.fetch(queries.JOB_STATES, [m.id for m in missed])
-            }
-            for item in missed:
+            ids = list({items[i].id for i in missed})
+            current = {r["id"]: r for r in await conn.fetch(queries.JOB_STATES, ids)}
+            for index in missed:
+                item = items[index]
                 row = current.get(item.id)
-                if item.id in statuses:
-                    continue
                 if row is None:
-                    statuses[item.id] = 404
+                    statuses[index] = 404
                 elif (
                     replay is not None
                     and row["state"] == replay
                     and row["lease_token"] == item.lease_token
                 ):
-                    statuses[item.id] = 200
-                    if with_jobs:
+                    statuses[index] = 200
+                    key = (item.id, item.lease_token)
+                    if with_jobs and key not in jobs:
                         job = await conn.fetchrow(queries.GET_JOB, item.id)
-                        if job is None:
-                            statuses[item.id] = 404
+                        if job is None:  # pruned in between
+                            statuses[index] = 404
                         else:
-                            jobs[item.id] = job_from_row(job)
+                            jobs[key] = job_from_row(job)
                 else:
-                    statuses[item.id] = 409
-        return [AckOutcome(item.id, statuses[item.id], jobs.get(item.id)) for item in items]
+                    statuses[index] = 409
+        return [
+            AckOutcome(
+                item.id,
+                statuses[i],
+                jobs.get((item.id, item.lease_token)) if statuses[i] == 200 else None,
+            )
+            for i, item in enumerate(items)
+        ]
 
     async def release(
         self, job_id: UUID, lease_token: UUID, *, delay_seconds: float = 0.0

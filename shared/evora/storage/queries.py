@@ -162,7 +162,7 @@ CLAIM = _transition(
         SELECT j.id, j.priority, j.run_at, j.submit_seq
         FROM jobs j
         WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= now()
-          AND (j.expires_at IS NULL OR j.expires_at > now())
+          AND (j.expires_at IS NULL OR j.expires_at > now() OR j.started_at IS NOT NULL)
           AND ($2::text[] IS NULL OR j.type = ANY($2::text[]))
           AND (j.group_key IS NULL OR (
                 NOT EXISTS (
@@ -203,11 +203,20 @@ WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
 RETURNING lease_expires_at, cancel_requested
 """
 
+# Acks arrive in batches (one /v1/acks request, or concurrent single requests coalesced),
+# and a batch may name a job more than once: a stale worker's token beside the owner's, or
+# the owner's retry. Items are therefore kept per (id, token), never merged per id: only the
+# item carrying the current lease token can match its job, whatever else the batch holds,
+# and a repeat of the same (id, token) keeps its first occurrence. The changed rows come
+# back with their lease token, so the caller answers each item by (id, token) too.
+ACK_COLUMNS = ("id", "lease_token")
+
 # $1 ids, $2 lease tokens, $3 results, $4 suppressed queues.
 _COMPLETE = (
     """input AS (
-    SELECT DISTINCT ON (id) * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[])
-        AS i(id, token, result)
+    SELECT DISTINCT ON (id, token) *
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+    ORDER BY id, token, ord
 )""",
     """    UPDATE jobs j
     SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = now(),
@@ -220,8 +229,8 @@ _COMPLETE = (
               jsonb_build_object('result_bytes', pg_column_size(i.result)) AS ev_data""",
 )
 COMPLETE = _transition(*_COMPLETE, suppress_param=4)
-# The same, answering only which jobs it completed (all a batch of acks reports).
-COMPLETE_IDS = _transition(*_COMPLETE, suppress_param=4, columns=("id",))
+# The same, answering only which (job, lease) pairs it completed (all a batch of acks reports).
+COMPLETE_IDS = _transition(*_COMPLETE, suppress_param=4, columns=ACK_COLUMNS)
 
 # Where a RUNNING job goes when its attempt ends without success. `d` must provide
 # id, to_state, reason, delay, error, worker, released (attempt not counted) and, from the
@@ -229,7 +238,9 @@ COMPLETE_IDS = _transition(*_COMPLETE, suppress_param=4, columns=("id",))
 _END_ATTEMPT = (
     """    UPDATE jobs j
     SET state = d.to_state,
-        attempt = j.attempt - CASE WHEN d.released THEN 1 ELSE 0 END,
+        -- a release hands the claim back uncounted, unless it ends the job (cancel requested):
+        -- then the attempt ran and stays counted
+        attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
         last_error = coalesce(d.error, j.last_error),
         lease_expires_at = NULL,
         run_at = CASE WHEN d.to_state = 'PENDING'
@@ -268,9 +279,10 @@ _BACKOFF = (
 # $5 retry-in seconds (NULL: the job's backoff), $6 suppressed queues.
 _FAIL = (
     """input AS (
-    SELECT DISTINCT ON (id) * FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[],
-                                          $5::float8[])
-        AS i(id, token, error, retryable, retry_in)
+    SELECT DISTINCT ON (id, token) *
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
+        WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
+    ORDER BY id, token, ord
 ),
 decided AS (
     SELECT j.id, i.error, j.worker_id AS worker, false AS released, 'failed' AS pending_event,"""
@@ -286,7 +298,7 @@ decided AS (
     _END_ATTEMPT,
 )
 FAIL = _transition(*_FAIL, suppress_param=6)
-FAIL_IDS = _transition(*_FAIL, suppress_param=6, columns=("id",))
+FAIL_IDS = _transition(*_FAIL, suppress_param=6, columns=ACK_COLUMNS)
 
 # $1 id, $2 lease token, $3 delay seconds, $4 suppressed queues.
 # A released claim does not count as an attempt.
@@ -310,8 +322,14 @@ RELEASE = _transition(
 # re-checked `lease_expires_at < now()` fence it against a heartbeat or completion that wins.
 EXPIRE_LEASES = _transition(
     """decided AS (
-    SELECT j.id, NULL::jsonb AS error, j.worker_id AS worker, false AS released,
-           'lease_expired' AS pending_event,"""
+    -- recorded as the attempt's error (unless the job is being cancelled anyway), so a job
+    -- dead-lettered this way says why; one fixed message, so failure statistics count every
+    -- expiry as one reason
+    SELECT j.id,
+           CASE WHEN NOT j.cancel_requested THEN jsonb_build_object(
+               'message', 'the lease expired before the worker reported an outcome',
+               'type', 'lease_expired') END AS error,
+           j.worker_id AS worker, false AS released, 'lease_expired' AS pending_event,"""
     + _OUTCOME.format(dead="false", dead_reason="", exhausted_reason="lease_expired")
     + f""",
         {_BACKOFF} AS delay
@@ -326,11 +344,12 @@ EXPIRE_LEASES = _transition(
 )
 
 # $1 batch size, $2 suppressed queues. Sweeper: PENDING jobs whose expires_at passed before
-# they started.
+# they started. A job that started and waits for a retry is past its TTL's reach.
 EXPIRE_TTLS = _transition(
     """due AS (
     SELECT id FROM jobs
-    WHERE state = 'PENDING' AND expires_at IS NOT NULL AND expires_at <= now()
+    WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL
+      AND expires_at <= now()
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -345,12 +364,13 @@ EXPIRE_TTLS = _transition(
     suppress_param=2,
 )
 
-# $1 id, $2 suppressed queues. PENDING and DLQ jobs are cancelled at once; a RUNNING job
-# gets cancel_requested (once) and its worker decides. Anything else matches nothing.
+# $1 id, $2 suppressed queues. A PENDING job is cancelled at once; a RUNNING job gets
+# cancel_requested (once) and its worker decides. Anything else matches nothing: a DLQ job
+# leaves the DLQ only by an admin's retry or discard.
 CANCEL = _transition(
     """target AS (
     SELECT id, state FROM jobs
-    WHERE id = $1 AND (state IN ('PENDING', 'DLQ') OR (state = 'RUNNING' AND NOT cancel_requested))
+    WHERE id = $1 AND (state = 'PENDING' OR (state = 'RUNNING' AND NOT cancel_requested))
     FOR UPDATE
 )""",
     """    UPDATE jobs j

@@ -26,7 +26,8 @@ PRUNABLE_STATES = (JobState.COMPLETED, JobState.CANCELLED, JobState.DLQ)
 SECONDS_UNTIL_DEADLINE = """
 SELECT extract(epoch FROM least(
     (SELECT min(lease_expires_at) FROM jobs WHERE state = 'RUNNING'),
-    (SELECT min(expires_at) FROM jobs WHERE state = 'PENDING' AND expires_at IS NOT NULL)
+    (SELECT min(expires_at) FROM jobs
+     WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL)
 ) - now())::float8
 """
 
@@ -61,8 +62,9 @@ SELECT count(*) FROM gone
 PRUNE_FINISHED = {state: _prune_finished(state) for state in PRUNABLE_STATES}
 
 # $1 age in seconds, $2 at most this many rows. The window is for the key's age, but a key
-# whose job is still PENDING or RUNNING (say, scheduled far ahead) is kept: replaying that
-# submission must not start a second copy of a job that has not finished.
+# whose job still exists, in any state, is kept: replaying that submission must answer with
+# that job (a DLQ job outlives the default key window), never create a second one. A key
+# therefore lives for the window or as long as its job, whichever is longer.
 PRUNE_IDEMPOTENCY_KEYS = """
 WITH gone AS (
     DELETE FROM idempotency_keys
@@ -70,7 +72,7 @@ WITH gone AS (
         SELECT k.queue, k.key FROM idempotency_keys k
         WHERE k.created_at < now() - make_interval(secs => $1)
           AND NOT EXISTS (
-              SELECT 1 FROM jobs j WHERE j.id = k.job_id AND j.state IN ('PENDING', 'RUNNING'))
+              SELECT 1 FROM jobs j WHERE j.id = k.job_id)
         ORDER BY k.created_at
         LIMIT $2
         FOR UPDATE OF k SKIP LOCKED
