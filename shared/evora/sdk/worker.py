@@ -40,6 +40,7 @@ cancelled never reach the worker: a dispatcher that notices the worker left rele
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -548,8 +549,8 @@ class Worker:
         loop = asyncio.get_running_loop()
 
         def done(_: Future[Any]) -> None:
-            # In the handler thread; the loop is gone when the worker stopped meanwhile.
-            if not loop.is_closed():
+            # In the handler thread. A closed loop means the worker is gone: no slot to free.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._free_slot)
 
         running.thread.add_done_callback(done)
