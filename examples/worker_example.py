@@ -9,6 +9,7 @@ Then submit jobs of these types to the queue, e.g. with `evora.Client`:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 import evora
@@ -37,6 +38,21 @@ async def sleep(job: evora.Job) -> dict[str, float]:
             continue
         job.raise_if_cancel_requested()
     return {"slept": seconds}
+
+
+@handlers.job("demo.hash")
+def hash_payload(job: evora.Job) -> dict[str, str]:
+    """Blocking CPU work in a plain `def`: the worker runs it in a thread, so heartbeats and
+    other jobs go on meanwhile. Hashes the payload `payload["rounds"]` times (default
+    100000), checking for a cancel request now and then."""
+    rounds = int(job.payload.get("rounds", 100_000)) if isinstance(job.payload, dict) else 100_000
+    digest = repr(job.payload).encode()
+    for done in range(rounds):
+        if done % 10_000 == 0:
+            job.raise_if_cancel_requested()
+            job.progress({"rounds_done": done})
+        digest = hashlib.sha256(digest).digest()
+    return {"sha256": digest.hex()}
 
 
 class FlakyServiceError(Exception):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import orjson
 import pytest
 
 import evora
+from evora.sdk.handlers import runs_on_loop
 from evora.sdk.worker import MAX_ERROR_MESSAGE, failure_from_exception
 
 
@@ -39,14 +42,29 @@ def test_registering_twice_is_an_error_unless_it_is_the_same_function() -> None:
         handlers.add("t", other)
 
 
-def test_handlers_must_be_async_and_types_valid() -> None:
+def test_plain_functions_register_too_but_generators_and_bad_types_do_not() -> None:
     handlers = evora.Handlers()
 
-    def sync(job: evora.Job) -> None:
-        return None
+    @handlers.job("sync")
+    def sync(job: evora.Job) -> str:
+        return "done"
 
-    with pytest.raises(TypeError, match="async"):
-        handlers.add("t", sync)  # type: ignore[arg-type]
+    assert handlers.get("sync") is sync
+    assert not runs_on_loop(sync)
+    assert runs_on_loop(noop)
+    assert runs_on_loop(functools.partial(noop))
+
+    def generator(job: evora.Job) -> Iterator[int]:
+        yield 1
+
+    async def async_generator(job: evora.Job) -> AsyncIterator[int]:
+        yield 1
+
+    for bad in (generator, async_generator):
+        with pytest.raises(TypeError, match="not yield"):
+            handlers.add("t", bad)
+    with pytest.raises(TypeError, match="must be a function"):
+        handlers.add("t", "not callable")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="invalid job type"):
         handlers.add("has space", noop)
 

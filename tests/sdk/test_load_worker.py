@@ -166,5 +166,11 @@ def test_an_import_error_inside_the_module_is_not_disguised(make_module: MakeMod
 
 def test_the_example_module_loads() -> None:
     worker = load_worker("examples.worker_example", queues=["demo"], environ={})
-    assert worker.handlers.types == ["demo.echo", "demo.fail", "demo.fatal", "demo.sleep"]
+    assert worker.handlers.types == [
+        "demo.echo",
+        "demo.fail",
+        "demo.fatal",
+        "demo.hash",
+        "demo.sleep",
+    ]
     assert isinstance(worker, evora.Worker)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import signal
@@ -61,6 +62,19 @@ async def test_claims_runs_and_completes_with_the_return_value(
     claim = fake.seen("POST", "/v1/claim")[0].body
     assert claim["worker_id"] == worker.settings.worker_id and claim["queues"] == ["q"]
     assert claim["types"] == example_handlers.types and claim["max_jobs"] == 4
+
+
+async def test_the_example_def_handler_runs_in_a_thread_and_completes(
+    fake: FakeEvora, client: Client
+) -> None:
+    payload = {"rounds": 3}
+    job_id = (await client.submit("q", "demo.hash", payload)).id
+    async with serving(make_worker(fake, handlers=example_handlers)):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    digest = repr(payload).encode()
+    for _ in range(3):
+        digest = hashlib.sha256(digest).digest()
+    assert (await client.get(job_id))["result"] == {"sha256": digest.hex()}
 
 
 async def test_failures_are_reported_retryable_unless_the_exception_says_not(
@@ -165,7 +179,10 @@ async def test_heartbeats_go_on_until_the_outcome_is_recorded(
     assert fake.seen("POST", "/v1/jobs/{id}/heartbeat")
 
 
-async def test_log_records_of_a_job_say_which_job(fake: FakeEvora, client: Client) -> None:
+@pytest.mark.parametrize("kind", ["async def", "def"])
+async def test_log_records_of_a_job_say_which_job(
+    fake: FakeEvora, client: Client, kind: str
+) -> None:
     class Fields(logging.Handler):
         def __init__(self) -> None:
             super().__init__()
@@ -176,11 +193,15 @@ async def test_log_records_of_a_job_say_which_job(fake: FakeEvora, client: Clien
 
     worker = make_worker(fake)
 
-    @worker.handler("t")
-    async def handle(job: evora.Job) -> None:
+    def handle(job: evora.Job) -> None:
         logging.getLogger("tests.handler").warning("handling %s", job.id)
         raise RuntimeError("broken")
 
+    async def handle_async(job: evora.Job) -> None:
+        handle(job)
+
+    # A `def` handler logs from its thread: the job's fields go there with it.
+    worker.handler("t")(handle_async if kind == "async def" else handle)
     fields = Fields()
     root = logging.getLogger()
     root.addHandler(fields)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import threading
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -23,8 +24,10 @@ class Job:
 
     `data` is everything the dispatcher sent (priority, group_key, run_at, ...). The worker
     sets `cancel_event` when a heartbeat reports that cancellation was requested; a handler
-    can check `cancel_requested`, call `raise_if_cancel_requested()` between steps, or race
-    its work against `cancel_event.wait()`."""
+    can check `cancel_requested`, call `raise_if_cancel_requested()` between steps, or (async
+    handlers only) race its work against `cancel_event.wait()`. `cancel_requested`,
+    `raise_if_cancel_requested()` and `progress()` are safe to call from the thread a plain
+    `def` handler runs in."""
 
     id: str
     queue: str
@@ -37,6 +40,9 @@ class Job:
     data: Mapping[str, Any] = field(repr=False)
     cancel_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _progress: orjson.Fragment | None = field(default=None, repr=False)
+    # A sync handler reports progress from its thread while heartbeats take it on the loop;
+    # the lock makes taking (read, then clear) one step, so no report falls in between.
+    _progress_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def from_claim(cls, data: Mapping[str, Any]) -> Job:
@@ -63,21 +69,38 @@ class Job:
     def progress(self, value: Any) -> None:
         """Report progress (any JSON value) with the next heartbeat; a newer report replaces
         one not yet sent. Raises TypeError at once when `value` is not JSON-serialisable."""
-        self._progress = orjson.Fragment(orjson.dumps(value))
+        encoded = orjson.Fragment(orjson.dumps(value))
+        with self._progress_lock:
+            self._progress = encoded
 
     def _take_progress(self) -> orjson.Fragment | None:
-        progress, self._progress = self._progress, None
+        with self._progress_lock:
+            progress, self._progress = self._progress, None
         return progress
 
     def _restore_progress(self, progress: orjson.Fragment) -> None:
-        if self._progress is None:
-            self._progress = progress
+        with self._progress_lock:
+            if self._progress is None:
+                self._progress = progress
 
 
-Handler = Callable[[Job], Coroutine[Any, Any, Any]]
-"""An async function taking the `Job` and returning its JSON-serialisable result."""
+AsyncHandler = Callable[[Job], Coroutine[Any, Any, Any]]
+"""An `async def` taking the `Job` and returning its JSON-serialisable result; it runs on
+the worker's event loop, so it must never block it."""
+
+SyncHandler = Callable[[Job], Any]
+"""A plain `def` taking the `Job` and returning its JSON-serialisable result; the worker runs
+it in a thread of its own, so it may block (CPU work, blocking libraries, `time.sleep`)."""
+
+Handler = AsyncHandler | SyncHandler
 
 H = TypeVar("H", bound=Handler)
+
+
+def runs_on_loop(handler: Handler) -> bool:
+    """Whether the worker awaits `handler` on its event loop (an `async def`, also behind
+    `functools.partial`) rather than calling it in a thread."""
+    return inspect.iscoroutinefunction(handler)
 
 
 class Handlers:
@@ -90,13 +113,17 @@ class Handlers:
 
         @handlers.job("email.send")
         async def send(job: evora.Job) -> dict[str, str]: ...
+
+        @handlers.job("report.render")
+        def render(job: evora.Job) -> dict[str, str]: ...  # blocking work: runs in a thread
     """
 
     def __init__(self) -> None:
         self._by_type: dict[str, Handler] = {}
 
     def job(self, type: str) -> Callable[[H], H]:
-        """Decorator registering an async function for jobs of `type`."""
+        """Decorator registering a handler (`async def`, or `def` run in a thread) for jobs
+        of `type`."""
 
         def register(handler: H) -> H:
             self.add(type, handler)
@@ -107,8 +134,11 @@ class Handlers:
     def add(self, type: str, handler: Handler) -> None:
         if not _TYPE_RE.fullmatch(type):
             raise ValueError(f"invalid job type {type!r}: must match {TYPE_PATTERN}")
-        if not inspect.iscoroutinefunction(handler):
-            raise TypeError(f"the handler for {type!r} must be an async function")
+        if not callable(handler):
+            raise TypeError(f"the handler for {type!r} must be a function")
+        if inspect.isgeneratorfunction(handler) or inspect.isasyncgenfunction(handler):
+            # Its result would be a generator, never the job's result.
+            raise TypeError(f"the handler for {type!r} must return its result, not yield")
         existing = self._by_type.get(type)
         if existing is not None and existing is not handler:
             raise ValueError(f"a handler for {type!r} is already registered")

@@ -4,10 +4,14 @@ Life of a job in the worker:
 
 1. The claim loop long-polls `POST /v1/claim` for as many jobs as it has free slots.
 2. Each job runs in a task of its own, which awaits the handler and then reports how it
-   ended. Every `heartbeat_fraction` of `lease_seconds` a heartbeat extends the lease,
-   carries reported progress, and learns about cancel requests; a job's heartbeat task
-   starts only when its first heartbeat is due (a timer until then), as most jobs end
-   sooner.
+   ended. An `async def` handler runs on the event loop; a plain `def` handler runs in one
+   of the worker's handler threads (as many as `handler_threads`, by default
+   `concurrency`), the task awaiting it there. Every `heartbeat_fraction` of
+   `lease_seconds` a heartbeat extends the lease, carries reported progress, and learns
+   about cancel requests; a job's heartbeat task starts only when its first heartbeat is
+   due (a timer until then), as most jobs end sooner. Heartbeats need nothing but the
+   event loop, so an `async` handler that blocks the loop stalls them all: a watchdog
+   thread (`blocked_loop_warning`) logs a warning naming that handler.
 3. The outcome (complete with the return value, or fail with the exception) goes through
    the `AckBatcher`. The job keeps its slot, and its heartbeats continue, until the
    dispatcher has recorded it, so a slow or briefly unreachable dispatcher does not let the
@@ -16,6 +20,14 @@ Life of a job in the worker:
    ended after `cancel_grace` seconds it is cancelled. A handler that ends with an exception
    (including that cancellation) after a cancel request has its job released, which the
    dispatcher turns into CANCELLED. One that returns normally completes: the work was done.
+5. A thread cannot be stopped from outside. A `def` handler checks `job.cancel_requested`
+   (or calls `job.raise_if_cancel_requested()`) between steps to stop early. When the
+   worker gives up on one still running (the cancel grace or the shutdown grace period
+   over, or the lease lost), the job is released (or abandoned) at once as for an async
+   handler, the thread runs on, and its eventual result or exception is discarded. Until
+   it returns its thread and the job's slot stay taken, so the worker never runs more
+   handlers than `concurrency` at once; the threads are daemon threads, so a stopped
+   worker process exits without waiting for them.
 
 Shutdown (`stop()`, or SIGTERM/SIGINT under `run()`): the in-flight long-poll is cancelled,
 in-flight jobs get `grace_period` seconds to finish, handlers still running after that are
@@ -28,8 +40,10 @@ cancelled never reach the worker: a dispatcher that notices the worker left rele
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
+import inspect
 import logging
 import os
 import re
@@ -38,6 +52,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, Literal, TypeVar
@@ -55,12 +70,18 @@ from evora.sdk.errors import (
     JobNotFoundError,
     LeaseLostError,
 )
-from evora.sdk.handlers import H, Handler, Handlers, Job
+from evora.sdk.handlers import H, Handler, Handlers, Job, runs_on_loop
+from evora.sdk.threads import HandlerThreads
+from evora.sdk.watchdog import LoopWatchdog
 
 log = logging.getLogger("evora.worker")
 
 DEFAULT_DISPATCHER_URL: Final = "http://127.0.0.1:8081"
 DEFAULT_CONCURRENCY: Final = 10
+# Seconds without an event loop tick before the watchdog warns. Well below any lease (the
+# default is 60 s, heartbeats go every third of it) so the warning comes before the damage,
+# well above what a healthy loop ever takes for one step.
+DEFAULT_BLOCKED_LOOP_WARNING: Final = 1.0
 MAX_QUEUES: Final = 20
 MAX_CLAIM: Final = 500
 # With wait_seconds=0 (no long-poll), how long an idle worker waits before asking again.
@@ -105,6 +126,8 @@ class WorkerSettings:
     request_timeout: float
     shutdown_timeout: float
     backoff: RetryBackoff
+    handler_threads: int | None = None
+    blocked_loop_warning: float | None = DEFAULT_BLOCKED_LOOP_WARNING
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.queues) <= MAX_QUEUES:
@@ -122,6 +145,10 @@ class WorkerSettings:
             raise ValueError("grace_period, cancel_grace and ack_linger must not be negative")
         if min(self.request_timeout, self.shutdown_timeout) <= 0:
             raise ValueError("request_timeout and shutdown_timeout must be positive")
+        if self.handler_threads is not None and self.handler_threads < 1:
+            raise ValueError("handler_threads must be at least 1")
+        if self.blocked_loop_warning is not None and self.blocked_loop_warning <= 0:
+            raise ValueError("blocked_loop_warning must be positive (or None: no watchdog)")
 
 
 class _Interrupt(StrEnum):
@@ -136,9 +163,10 @@ _Abandon = Literal["abandon"]
 
 @dataclass(eq=False, slots=True)
 class _Running:
-    """One job and the task running it. The handler runs in that task, so interrupting the
-    handler cancels the task while `in_handler`; `interrupts` counts those cancellations,
-    which the task takes back once the handler has ended."""
+    """One job and the task running it. The handler runs in that task (or, a sync one, in
+    `thread`, which the task awaits), so interrupting the handler cancels the task while
+    `in_handler`; `interrupts` counts those cancellations, which the task takes back once
+    the handler has ended."""
 
     job: Job
     task: asyncio.Task[None] = field(init=False)
@@ -148,6 +176,8 @@ class _Running:
     # A timer until the first heartbeat is due, then the task sending heartbeats.
     heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
     cancel_timer: asyncio.TimerHandle | None = None
+    # A sync handler's call in a handler thread; it may outlive the task.
+    thread: Future[Any] | None = None
 
     def interrupt(self, why: _Interrupt) -> None:
         """Cancel the handler if it still runs; the first reason given is the one acted on."""
@@ -218,6 +248,10 @@ class Worker:
       more); `shutdown_timeout`: bound of releasing and reporting after the grace period.
     - `backoff`: between failed claims or outcome reports, e.g. while the dispatcher
       restarts.
+    - `handler_threads`: how many plain `def` handlers may run at once, each in a thread
+      of its own (default: `concurrency`).
+    - `blocked_loop_warning`: warn when the event loop has not run for this many seconds,
+      naming the handler that blocks it (None: no watchdog).
     """
 
     def __init__(
@@ -239,6 +273,8 @@ class Worker:
         request_timeout: float = 10.0,
         shutdown_timeout: float = 10.0,
         backoff: RetryBackoff | None = None,
+        handler_threads: int | None = None,
+        blocked_loop_warning: float | None = DEFAULT_BLOCKED_LOOP_WARNING,
     ) -> None:
         if isinstance(queues, str):
             raise TypeError("queues must be a list of queue names, not a string")
@@ -258,6 +294,8 @@ class Worker:
             request_timeout=request_timeout,
             shutdown_timeout=shutdown_timeout,
             backoff=backoff or RetryBackoff(initial=0.5, max_delay=30.0),
+            handler_threads=handler_threads,
+            blocked_loop_warning=blocked_loop_warning,
         )
         self._setup(settings, handlers or Handlers())
 
@@ -292,6 +330,14 @@ class Worker:
         self._stopped = asyncio.Event()
         self._claim_task: asyncio.Task[None] | None = None
         self._started = False
+        self._threads = HandlerThreads(
+            settings.handler_threads or settings.concurrency, name="evora-handler"
+        )
+        self._watchdog = (
+            None
+            if settings.blocked_loop_warning is None
+            else LoopWatchdog(settings.blocked_loop_warning, self._describe_task)
+        )
 
     def _reconfigured(
         self,
@@ -316,7 +362,8 @@ class Worker:
         return worker
 
     def handler(self, type: str) -> Callable[[H], H]:
-        """Decorator registering an async handler for jobs of `type`."""
+        """Decorator registering a handler for jobs of `type`: an `async def` runs on the
+        event loop and must never block it; a plain `def` runs in a handler thread."""
         return self.handlers.job(type)
 
     def run(self) -> None:
@@ -372,6 +419,8 @@ class Worker:
             raise RuntimeError("this Worker has already served; create a new one")
         self._started = True
         self._acks.start()
+        if self._watchdog is not None:
+            self._watchdog.start()
         log.info(
             "worker %s claiming %s from queues %s at %s, concurrency %d",
             self.settings.worker_id,
@@ -478,8 +527,33 @@ class Worker:
         finally:
             running.stop_timers()
             self._running.discard(running)
-            self._busy -= 1
-            self._slot_freed.set()
+            if running.thread is not None and not running.thread.done():
+                self._free_slot_when_done(running)
+            else:
+                self._free_slot()
+
+    def _free_slot(self) -> None:
+        self._busy -= 1
+        self._slot_freed.set()
+
+    def _free_slot_when_done(self, running: _Running) -> None:
+        """The job is over for the worker but its sync handler still runs: its thread keeps
+        the slot, so abandoned threads never add up to more than `concurrency`."""
+        assert running.thread is not None
+        log.warning(
+            "job %s: its handler %s is still running in a thread, which cannot be stopped; "
+            "whatever it returns will be discarded",
+            running.job.id,
+            _name_of(self.handlers.get(running.job.type)),
+        )
+        loop = asyncio.get_running_loop()
+
+        def done(_: Future[Any]) -> None:
+            # In the handler thread. A closed loop means the worker is gone: no slot to free.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._free_slot)
+
+        running.thread.add_done_callback(done)
 
     async def _execute(
         self, running: _Running, handler: Handler | None
@@ -497,7 +571,12 @@ class Worker:
         self._handlers += 1
         running.in_handler = True
         try:
-            result = await handler(job)
+            if runs_on_loop(handler):
+                result = await handler(job)
+            else:
+                running.thread = self._threads.submit(lambda: handler(job))
+                # Cancelling this await (an interrupt) leaves the thread running.
+                result = await asyncio.wrap_future(running.thread)
         except asyncio.CancelledError:
             cancelled = True
         except (KeyboardInterrupt, SystemExit, GeneratorExit):
@@ -523,7 +602,10 @@ class Worker:
 
     async def _heartbeat(self, running: _Running, interval: float) -> None:
         job = running.job
+        loop = asyncio.get_running_loop()
         while True:
+            # Every `delay` from one send to the next, however long the answer took.
+            sent_at = loop.time()
             delay = interval
             body: dict[str, Any] = {"lease_token": job.lease_token}
             progress = job._take_progress()
@@ -552,7 +634,7 @@ class Worker:
             else:
                 if resp.data.get("cancel_requested") and not job.cancel_requested:
                     self._on_cancel_requested(running)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(max(0.0, sent_at + delay - loop.time()))
 
     def _on_cancel_requested(self, running: _Running) -> None:
         running.job.cancel_event.set()
@@ -666,6 +748,9 @@ class Worker:
             await self._acks.close(within=1.0)
             await self._http.close()
         finally:
+            self._threads.close()
+            if self._watchdog is not None:
+                self._watchdog.stop()
             self._stopped.set()
         log.info("worker %s stopped", self.settings.worker_id)
 
@@ -673,6 +758,26 @@ class Worker:
         tasks = {running.task for running in self._running}
         if tasks:
             await asyncio.wait(tasks, timeout=seconds)
+
+    def _describe_task(self, task: asyncio.Task[Any] | None) -> str:
+        """For the watchdog, in its thread: which job's handler `task` runs."""
+        if task is None:
+            return "a callback outside any task"
+        # A copy first: the set may change on the loop meanwhile (copying takes no turns).
+        for running in tuple(self._running):
+            if running.task is task:
+                job = running.job
+                return (
+                    f"job {job.id} (type {job.type!r}, handler "
+                    f"{_name_of(self.handlers.get(job.type))})"
+                )
+        return f"task {task.get_name()!r}, which runs no job's handler"
+
+
+def _name_of(handler: Handler | None) -> str:
+    name = getattr(handler, "__qualname__", None) or repr(handler)
+    module = inspect.getmodule(handler)
+    return f"{module.__name__}.{name}" if module is not None else name
 
 
 # `evora worker MODULE`
