@@ -171,6 +171,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _worker_tokens(args: argparse.Namespace) -> list[str]:
+    """The token `evora worker` sends, to keep it out of its logs as well."""
+    if args.command != "worker":
+        return []
+    from evora.sdk.worker import ENV_WORKER_TOKEN
+
+    return [token for token in (args.token, os.environ.get(ENV_WORKER_TOKEN)) if token]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     dev = getattr(args, "dev", False)
@@ -185,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.log_level,
             settings.log_format or ("text" if dev else "json"),
             service=args.command,
+            secrets=[*settings.token_roles(), *_worker_tokens(args)],
         )
         run: Command = args.run
         return run(args, settings)
