@@ -36,8 +36,14 @@ def test_compose_starts_with_its_example_tokens(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     services = artifacts.load_yaml(artifacts.COMPOSE)["services"]
-    env = {k: _compose_default(str(v)) for k, v in services["api"]["environment"].items()}
-    assert env[ALLOW] == "true"
+    envs = {
+        name: {k: _compose_default(str(v)) for k, v in service["environment"].items()}
+        for name, service in services.items()
+        if "EVORA_TOKENS" in service.get("environment", {})
+    }
+    assert {"migrate", "api", "dispatcher-1", "sweeper", "projector"} <= set(envs)
+    assert all(env[ALLOW] == "true" for env in envs.values())
+    env = envs["api"]
     tokens = _settings(env, monkeypatch, tmp_path).token_roles()
     worker_token = _compose_default(services["worker"]["environment"]["EVORA_WORKER_TOKEN"])
     assert tokens[worker_token] == "worker"
