@@ -1,4 +1,4 @@
-"""The `evora` command (CONTRACT section 1). Subcommands appear here as they are built."""
+"""The `evora` command. Subcommands appear here as they are built."""
 
 from __future__ import annotations
 
