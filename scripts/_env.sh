@@ -11,6 +11,41 @@ step() {
 
 _apt_updated=0
 
+# Another apt or dpkg (unattended-upgrades, a second test run) may hold apt's locks for a
+# while: wait for it, up to 10 minutes, rather than fail at once.
+APT_LOCK_WAIT_SECONDS=600
+# DPkg::Lock::Timeout makes apt-get itself wait for dpkg's locks; apt-get update's lock on
+# the package lists has no such option, so apt_wait_for_locks waits for that one too.
+APT_GET=(apt-get -o "DPkg::Lock::Timeout=$APT_LOCK_WAIT_SECONDS")
+_APT_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock
+    /var/cache/apt/archives/lock)
+
+# _apt_lock_held FILE: true while a process holds FILE's POSIX lock (the kind apt and dpkg
+# take); /proc/locks names it by inode and is readable without root.
+_apt_lock_held() {
+    local inode
+    inode=$(stat -c %i "$1" 2>/dev/null) || return 1
+    grep -qE "^[0-9]+: POSIX +[A-Z]+ +[A-Z]+ +[0-9]+ [0-9a-f]+:[0-9a-f]+:$inode " /proc/locks \
+        2>/dev/null
+}
+
+# apt_wait_for_locks: return once no other process holds apt's locks, saying that it waits;
+# fail after APT_LOCK_WAIT_SECONDS.
+apt_wait_for_locks() {
+    local lock waited=0
+    for lock in "${_APT_LOCKS[@]}"; do
+        while _apt_lock_held "$lock"; do
+            if [ "$waited" -ge "$APT_LOCK_WAIT_SECONDS" ]; then
+                echo "error: $lock is still held after $APT_LOCK_WAIT_SECONDS s" >&2
+                return 1
+            fi
+            ((waited % 30)) || step "another apt/dpkg holds $lock: waiting (${waited}s of ${APT_LOCK_WAIT_SECONDS}s)"
+            sleep 2
+            waited=$((waited + 2))
+        done
+    done
+}
+
 # apt_install PKG...: install the Debian packages that are missing; a no-op when all are there.
 apt_install() {
     local pkg missing=()
@@ -33,11 +68,13 @@ apt_install() {
     fi
     step "apt-get install ${missing[*]}"
     if [ "$_apt_updated" -eq 0 ]; then
-        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        apt_wait_for_locks
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive "${APT_GET[@]}" update -qq
         _apt_updated=1
     fi
+    apt_wait_for_locks
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends "${missing[@]}"
+        "${APT_GET[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 }
 
 _python_ok() {

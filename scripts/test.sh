@@ -13,9 +13,10 @@ ensure_promtool() {
     command -v apt-get >/dev/null || return 0
     local tmp
     tmp=$(mktemp -d)
-    if ! (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1); then
-        [ "$(id -u)" -eq 0 ] && apt-get update -qq >/dev/null 2>&1
-        (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1) || true
+    # `apt-get download` takes no apt lock; the update after it does.
+    if ! (cd "$tmp" && "${APT_GET[@]}" download -qq prometheus >/dev/null 2>&1); then
+        { [ "$(id -u)" -eq 0 ] && apt_wait_for_locks && "${APT_GET[@]}" update -qq >/dev/null 2>&1; } || true
+        (cd "$tmp" && "${APT_GET[@]}" download -qq prometheus >/dev/null 2>&1) || true
     fi
     if ls "$tmp"/prometheus_*.deb >/dev/null 2>&1; then
         step "promtool from Debian's prometheus package"

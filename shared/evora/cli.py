@@ -1,4 +1,4 @@
-"""The `evora` command (CONTRACT section 1). Subcommands appear here as they are built."""
+"""The `evora` command. Subcommands appear here as they are built."""
 
 from __future__ import annotations
 
@@ -171,18 +171,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _worker_tokens(args: argparse.Namespace) -> list[str]:
+    """The token `evora worker` sends, to keep it out of its logs as well."""
+    if args.command != "worker":
+        return []
+    from evora.sdk.worker import ENV_WORKER_TOKEN
+
+    return [token for token in (args.token, os.environ.get(ENV_WORKER_TOKEN)) if token]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    dev = getattr(args, "dev", False)
     try:
-        settings = load_settings()
-        if getattr(args, "dev", False) and "EVORA_HOST" not in os.environ:
+        # `evora dev` is on this machine for its user only: the published example tokens
+        # are allowed there.
+        settings = load_settings(**({"allow_example_tokens": True} if dev else {}))
+        if dev and "EVORA_HOST" not in os.environ:
             # `evora dev` stays on this machine unless told otherwise.
             settings = settings.model_copy(update={"host": LOOPBACK})
-        dev = getattr(args, "dev", False)
         configure_logging(
             settings.log_level,
             settings.log_format or ("text" if dev else "json"),
             service=args.command,
+            secrets=[*settings.token_roles(), *_worker_tokens(args)],
         )
         run: Command = args.run
         return run(args, settings)

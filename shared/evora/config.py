@@ -1,4 +1,4 @@
-"""Configuration from `EVORA_*` environment variables (or a `.env` file), CONTRACT section 1.
+"""Configuration from `EVORA_*` environment variables (or a `.env` file).
 
 Every service loads it at start-up; anything invalid stops the process with one line that
 names the variable.
@@ -7,10 +7,11 @@ names the variable.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from evora.domain.models import DEFAULT_MAX_PAYLOAD_BYTES
@@ -20,6 +21,29 @@ log = logging.getLogger(__name__)
 Role = Literal["admin", "producer", "worker"]
 ROLES: tuple[Role, ...] = ("admin", "producer", "worker")
 LOOPBACK = "127.0.0.1"
+
+MIN_TOKEN_LENGTH = 16
+# RFC 6750's b64token, the only characters a Bearer header may carry; it also lets log
+# redaction recognise a whole token after "Bearer " (evora.logs).
+_TOKEN_SYNTAX = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+# Every token value this repository ships or has shipped in docker-compose.yml, k8s/ and the
+# docs (of the earlier ones, those shorter than 16 characters fail the length rule anyway).
+# They are public, so they are refused outside `evora dev` unless
+# EVORA_ALLOW_EXAMPLE_TOKENS=true (docker-compose and the k8s dev overlay set it).
+EXAMPLE_TOKENS = frozenset(
+    {
+        "example-admin-token",
+        "example-producer-token",
+        "example-worker-token",
+        "change-me-admin-token",
+        "change-me-producer-token",
+        "change-me-worker-token",
+        "dev-producer-token",
+        "dev-worker-token",
+        "change-me-producer",
+        "change-me-worker",
+    }
+)
 
 
 class ConfigError(Exception):
@@ -38,7 +62,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     mongo_url: str | None = None
     mongo_db: str = Field(default="evora", min_length=1, pattern=r"^[^/\\. \"$]{1,63}$")
-    tokens: str | None = None
+    # Declared before `tokens`, whose validator reads it; `evora dev` always allows them.
+    allow_example_tokens: bool = False
+    tokens: str | None = Field(default=None, repr=False)
     auth: Literal["enabled", "disabled"] = "enabled"
     host: str = "0.0.0.0"
     api_port: int = _port(8080)
@@ -83,9 +109,11 @@ class Settings(BaseSettings):
 
     @field_validator("tokens")
     @classmethod
-    def _token_pairs(cls, value: str | None) -> str | None:
+    def _token_pairs(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
             parse_tokens(value)
+            if not info.data.get("allow_example_tokens", False):
+                refuse_example_tokens(value)
         return value
 
     @property
@@ -113,26 +141,54 @@ class Settings(BaseSettings):
             raise ConfigError("EVORA_TOKENS is required unless EVORA_AUTH=disabled")
 
 
+def _entries(text: str) -> list[tuple[int, Role, str]]:
+    """(position from 1, role, token) of each non-blank entry. Errors name the position and
+    never the entry: a malformed entry may well be a secret (a token without its role)."""
+    entries: list[tuple[int, Role, str]] = []
+    for position, raw in enumerate(text.split(","), start=1):
+        if not raw.strip():
+            continue
+        role, sep, token = (part.strip() for part in raw.partition(":"))
+        entry = f"entry {position}"
+        if not sep or not token:
+            raise ValueError(f"{entry} is not role:token")
+        if role not in ROLES:
+            raise ValueError(f"{entry} has an unknown role (roles: {', '.join(ROLES)})")
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"{entry} has a token shorter than {MIN_TOKEN_LENGTH} characters")
+        if not _TOKEN_SYNTAX.fullmatch(token):
+            raise ValueError(
+                f"{entry} has a token with characters a Bearer token cannot carry "
+                "(allowed: letters, digits, - . _ ~ + / and trailing =)"
+            )
+        entries.append((position, role, token))
+    if not entries:
+        raise ValueError("no role:token pairs")
+    return entries
+
+
 def parse_tokens(text: str) -> dict[str, Role]:
     """`role:token,role:token` into token -> role. A role may have several tokens."""
     table: dict[str, Role] = {}
-    for raw in text.split(","):
-        pair = raw.strip()
-        if not pair:
-            continue
-        role, sep, token = pair.partition(":")
-        role = role.strip()
-        token = token.strip()
-        if not sep or not token:
-            raise ValueError(f"{pair!r} is not role:token")
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+    first_at: dict[str, int] = {}
+    for position, role, token in _entries(text):
         if token in table and table[token] != role:
-            raise ValueError("the same token is given to two roles")
+            raise ValueError(
+                f"entries {first_at[token]} and {position} give the same token to two roles"
+            )
         table[token] = role
-    if not table:
-        raise ValueError("no role:token pairs")
+        first_at.setdefault(token, position)
     return table
+
+
+def refuse_example_tokens(text: str) -> None:
+    """Tokens published in this repository's examples protect nothing."""
+    for position, _, token in _entries(text):
+        if token in EXAMPLE_TOKENS:
+            raise ValueError(
+                f"entry {position} is an example token published with Evora; "
+                "use a random one (e.g. `openssl rand -hex 24`)"
+            )
 
 
 def load_settings(**overrides: Any) -> Settings:

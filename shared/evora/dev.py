@@ -20,8 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from evora import loops
-from evora.config import ROLES, Settings
+from evora.config import ROLES, Settings, parse_tokens
 from evora.http.serve import serve_app, stop_on_signals
+from evora.logs import redact_secrets
 from evora.storage.migrate import apply_migrations
 
 
@@ -92,7 +93,9 @@ def run_dev(settings: Settings) -> int:
             servers.enter_context(mongo)
             updates["mongo_url"] = mongo.url
         if settings.tokens is None and settings.auth_enabled:
-            updates["tokens"] = _kept_tokens(data_dir / "tokens")
+            tokens = _kept_tokens(data_dir / "tokens")
+            redact_secrets(parse_tokens(tokens))  # printed in the banner, never logged
+            updates["tokens"] = tokens
         loops.run(_serve(settings.model_copy(update=updates)))
     return 0
 

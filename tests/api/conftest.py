@@ -19,10 +19,10 @@ from evora.storage.jobs import Failure, JobStore
 from services.api.app import create_app
 from services.api.routes import STORE
 
-TOKENS = "admin:a,producer:p,worker:w"
-ADMIN = {"Authorization": "Bearer a"}
-PRODUCER = {"Authorization": "Bearer p"}
-WORKER = {"Authorization": "Bearer w"}
+TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
+ADMIN = {"Authorization": "Bearer test-admin-token"}
+PRODUCER = {"Authorization": "Bearer test-producer-token"}
+WORKER = {"Authorization": "Bearer test-worker-token"}
 
 ApiClient = TestClient[web.Request, web.Application]
 MakeClient = Callable[[Settings], Awaitable[ApiClient]]

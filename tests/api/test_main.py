@@ -96,7 +96,9 @@ async def test_evora_api_process_serves_and_stops_on_sigterm(db_url: str) -> Non
             else:
                 pytest.fail("evora api did not start listening")
             async with session.post(
-                "/v1/jobs", json={"queue": "q", "type": "t"}, headers={"Authorization": "Bearer p"}
+                "/v1/jobs",
+                json={"queue": "q", "type": "t"},
+                headers={"Authorization": "Bearer test-producer-token"},
             ) as response:
                 assert response.status == 201
         process.send_signal(signal.SIGTERM)

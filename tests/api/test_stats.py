@@ -17,8 +17,8 @@ from evora.storage.jobs import JobStore
 from services.api.app import create_app
 from services.projector.projector import Projector
 
-ADMIN = {"Authorization": "Bearer adm"}
-TOKENS = "admin:adm,producer:prod,worker:wrk"
+ADMIN = {"Authorization": "Bearer test-admin-token"}
+TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 
 
 @pytest.fixture
@@ -80,7 +80,8 @@ async def test_stats_workers_and_queues(
         assert worker["worker_id"] == "w-1" and worker["claimed"] == 2
         assert worker["completed"] == 1 and worker["running"] == 1
         async with http.get(
-            api_url + "/v1/queues/mail/stats", headers={"Authorization": "Bearer prod"}
+            api_url + "/v1/queues/mail/stats",
+            headers={"Authorization": "Bearer test-producer-token"},
         ) as r:
             assert r.status == 403
 

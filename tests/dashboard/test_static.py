@@ -25,7 +25,9 @@ Client = TestClient[web.Request, web.Application]
 @pytest.fixture(scope="module")
 async def client() -> AsyncIterator[Client]:
     # The real api app with auth on; the pool opens lazily, so no database is needed here.
-    settings = Settings(database_url="postgresql://x@127.0.0.1:1/x", tokens="admin:a")
+    settings = Settings(
+        database_url="postgresql://x@127.0.0.1:1/x", tokens="admin:test-admin-token"
+    )
     client: Client = TestClient(TestServer(await create_app(settings)))
     await client.start_server()
     try:

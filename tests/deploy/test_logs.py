@@ -1,6 +1,6 @@
 """Structured logs: one JSON object per line with ts, level, logger, msg, the service, the
 request id of the HTTP request being served and fields given with `extra=`; the format is
-chosen by EVORA_LOG_FORMAT (json by default, text in `evora dev`)."""
+chosen by EVORA_LOG_FORMAT (json by default, text in `evora dev`). No token is ever written."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import aiohttp
 import pytest
@@ -23,10 +23,21 @@ from evora import cli
 from evora.config import Settings
 from evora.http.app import REQUEST_ID_HEADER, create_base_app
 from evora.http.routing import Routes, install
-from evora.logs import JsonFormatter, TextFormatter, log_context
+from evora.logs import (
+    REDACTED,
+    JsonFormatter,
+    Redaction,
+    TextFormatter,
+    configure_logging,
+    log_context,
+    redact_secrets,
+)
 from tests.servers import serve
 
 log = logging.getLogger("evora.tests.logs")
+
+TOKEN = "producer-token-0123456789"  # a configured token
+ADMIN_TOKEN = "admin-token-0123456789"
 
 
 @pytest.fixture
@@ -155,12 +166,17 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def test_a_service_process_logs_json_lines() -> None:
+async def _api_process_logs(
+    env: dict[str, str], while_up: Callable[[int], Awaitable[None]] | None = None
+) -> list[str]:
+    """Everything `evora api` writes to stderr from start to a SIGTERM stop, JSON lines by
+    default, with `while_up(port)` run against it in between."""
+    port = _free_port()
     env = {
         **os.environ,
         "EVORA_DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none",
-        "EVORA_AUTH": "disabled",
-        "EVORA_API_PORT": str(_free_port()),
+        "EVORA_API_PORT": str(port),
+        **env,
     }
     env.pop("EVORA_LOG_FORMAT", None)
     process = await asyncio.create_subprocess_exec(
@@ -171,8 +187,10 @@ async def test_a_service_process_logs_json_lines() -> None:
         lines = []
         while not any("listening on http" in line for line in lines):
             line = await asyncio.wait_for(process.stderr.readline(), 30)
-            assert line, b"".join(lines).decode() if lines else "no output"
+            assert line, "".join(lines) if lines else "no output"
             lines.append(line.decode())
+        if while_up is not None:
+            await while_up(port)
         process.send_signal(signal.SIGTERM)
         _, rest = await asyncio.wait_for(process.communicate(), 30)
         lines += rest.decode().splitlines()
@@ -181,6 +199,89 @@ async def test_a_service_process_logs_json_lines() -> None:
             process.kill()
             await process.wait()
     assert process.returncode == 0, "".join(lines)
+    return lines
+
+
+async def test_a_service_process_logs_json_lines() -> None:
+    lines = await _api_process_logs({"EVORA_AUTH": "disabled"})
     events = [json.loads(line) for line in lines]
     assert all(e["service"] == "api" and {"ts", "level", "logger", "msg"} <= set(e) for e in events)
     assert any(e["level"] == "warning" and "EVORA_AUTH=disabled" in str(e["msg"]) for e in events)
+
+
+# Requests aiohttp cannot parse: it logs the offending raw line (here the one carrying the
+# token) in the exception of "Error handling request", at ERROR.
+MALFORMED = [
+    f"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\x01\r\n\r\n",
+    f"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: {ADMIN_TOKEN}\x01\r\n\r\n",
+    f"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Token: bearer {ADMIN_TOKEN}\x7f\r\n\r\n",
+]
+
+
+async def _send_raw(port: int, request: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request.encode("latin-1"))
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+
+
+async def test_a_malformed_request_never_logs_its_token() -> None:
+    async def send_malformed(port: int) -> None:
+        for request in MALFORMED:
+            assert (await _send_raw(port, request)).startswith(b"HTTP/1.0 400")
+
+    lines = await _api_process_logs(
+        {"EVORA_TOKENS": f"admin:{ADMIN_TOKEN},producer:{TOKEN}"}, send_malformed
+    )
+    output = "".join(lines)
+    assert TOKEN not in output and ADMIN_TOKEN not in output
+    events = [json.loads(line) for line in lines]
+    errors = [e for e in events if e["logger"] == "aiohttp.server" and e["level"] == "error"]
+    assert len(errors) == len(MALFORMED), output
+    # The records are still there, with the parser's reason and the token's place marked.
+    assert all("BadHttpMessage" in str(e["exc"]) and REDACTED in str(e["exc"]) for e in errors)
+
+
+def test_redaction_covers_message_fields_context_and_tracebacks(captured: io.StringIO) -> None:
+    redaction = Redaction([TOKEN])
+    log.handlers[-1].addFilter(redaction)
+    with log_context(request_id=f"Bearer {ADMIN_TOKEN}"):
+        try:
+            raise ValueError(f"b'Authorization: Bearer {ADMIN_TOKEN}\\x01'")
+        except ValueError:
+            log.exception(
+                "token %s in %r", TOKEN, {"auth": f"bearer {ADMIN_TOKEN}"}, extra={"hdr": TOKEN}
+            )
+        log.warning("%s", f"x={TOKEN}y", stack_info=True)
+        log.info("bad format %d", TOKEN)  # a broken call is written, redacted, not raised
+    first, second, third = _events(captured)
+    assert TOKEN not in captured.getvalue() and ADMIN_TOKEN not in captured.getvalue()
+    assert first["msg"] == f"token {REDACTED} in {{'auth': 'bearer {REDACTED}'}}"
+    assert first["request_id"] == f"Bearer {REDACTED}" and first["hdr"] == REDACTED
+    # A bearer credential runs to the next space or quote, escapes included.
+    assert str(first["exc"]).endswith(f"ValueError: b'Authorization: Bearer {REDACTED}'")
+    assert second["msg"] == f"x={REDACTED}y" and "Stack (most recent call last)" in second["stack"]
+    assert third["msg"] == f"bad format %d ('{REDACTED}',)"
+    assert redaction.redact("Bearer") == "Bearer"  # text without a token is left alone
+
+
+@pytest.mark.parametrize(
+    "name", ["aiohttp.server", "aiohttp.access", "aiohttp.web", "asyncio", "", "evora.x"]
+)
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_every_logger_is_redacted(
+    name: str, fmt: str, capsys: pytest.CaptureFixture[str], root_restored: None
+) -> None:
+    configure_logging("INFO", "json" if fmt == "json" else "text", "api", secrets=[TOKEN])
+    redact_secrets([ADMIN_TOKEN])  # known only later, as the tokens `evora dev` generates
+    try:
+        raise RuntimeError(f"{TOKEN} / Authorization: Bearer unknown-but-secret")
+    except RuntimeError as exc:
+        logging.getLogger(name).error("failed on %s", ADMIN_TOKEN, exc_info=exc)
+    written = capsys.readouterr().err
+    assert f"failed on {REDACTED}" in written and f"RuntimeError: {REDACTED}" in written
+    for secret in (TOKEN, ADMIN_TOKEN, "unknown-but-secret"):
+        assert secret not in written

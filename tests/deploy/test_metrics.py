@@ -23,9 +23,9 @@ from tests.deploy import artifacts
 from tests.deploy.promql import label_values_query, parse
 from tests.servers import Service, serve
 
-TOKENS = "admin:t-admin,producer:t-producer,worker:t-worker"
-PRODUCER = {"Authorization": "Bearer t-producer"}
-WORKER = {"Authorization": "Bearer t-worker"}
+TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
+PRODUCER = {"Authorization": "Bearer test-producer-token"}
+WORKER = {"Authorization": "Bearer test-worker-token"}
 QUEUE = "deploy-check"
 
 # Series Prometheus itself adds: `up` per target, `job`/`instance` on every series.

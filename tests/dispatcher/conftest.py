@@ -13,8 +13,8 @@ from evora.config import Settings
 from services.dispatcher.app import create_app
 from services.dispatcher.state import DISPATCH, Dispatch
 
-TOKENS = "admin:adm,producer:prod,worker:wrk"
-WORKER = {"Authorization": "Bearer wrk"}
+TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
+WORKER = {"Authorization": "Bearer test-worker-token"}
 
 
 @dataclass

@@ -148,7 +148,7 @@ async def test_shutdown_answers_waiting_polls_at_once(db_url: str) -> None:
     from services.dispatcher.app import create_app
     from services.dispatcher.state import DISPATCH
 
-    app = await create_app(Settings(database_url=db_url, tokens="worker:wrk"))
+    app = await create_app(Settings(database_url=db_url, tokens="worker:test-worker-token"))
     server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
     await server.start_server()
     async with aiohttp.ClientSession() as http:

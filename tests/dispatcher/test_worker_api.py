@@ -171,7 +171,9 @@ async def test_bad_requests_are_problems(
 
 async def test_malformed_json_and_auth(dispatcher: Dispatcher) -> None:
     async with dispatcher.http.post(
-        dispatcher.url + "/v1/claim", data=b"{not json", headers={"Authorization": "Bearer wrk"}
+        dispatcher.url + "/v1/claim",
+        data=b"{not json",
+        headers={"Authorization": "Bearer test-worker-token"},
     ) as response:
         assert response.status == 400
         assert response.content_type == "application/problem+json"
@@ -184,10 +186,12 @@ async def test_malformed_json_and_auth(dispatcher: Dispatcher) -> None:
     )
     assert status == 401
     status, problem = await dispatcher.post(
-        "/v1/claim", body, headers={"Authorization": "Bearer prod"}
+        "/v1/claim", body, headers={"Authorization": "Bearer test-producer-token"}
     )
     assert status == 403 and problem["code"] == "forbidden"
-    status, _ = await dispatcher.post("/v1/claim", body, headers={"Authorization": "Bearer adm"})
+    status, _ = await dispatcher.post(
+        "/v1/claim", body, headers={"Authorization": "Bearer test-admin-token"}
+    )
     assert status == 200
 
 

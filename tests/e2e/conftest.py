@@ -36,9 +36,9 @@ from services.dispatcher.app import create_app as create_dispatcher
 from services.dispatcher.state import DISPATCH
 from tests.servers import Service, serve
 
-ADMIN_TOKEN = "e2e-admin"
-PRODUCER_TOKEN = "e2e-producer"
-WORKER_TOKEN = "e2e-worker"
+ADMIN_TOKEN = "e2e-admin-token-0"
+PRODUCER_TOKEN = "e2e-producer-token-0"
+WORKER_TOKEN = "e2e-worker-token-0"
 TOKENS = f"admin:{ADMIN_TOKEN},producer:{PRODUCER_TOKEN},worker:{WORKER_TOKEN}"
 WORKER_HEADERS = {"Authorization": f"Bearer {WORKER_TOKEN}"}
 

@@ -25,7 +25,7 @@ from evora.storage.rows import JobDict
 from services.sweeper.app import SWEEPER, create_app
 from services.sweeper.sweeper import Sweeper, Tuning
 
-TOKENS = "admin:adm,producer:prod,worker:wrk"
+TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 
 # Quick enough that tests driven through the running loop finish fast, and a standby takes
 # over within a fraction of a second.

@@ -104,7 +104,7 @@ async def test_one_sweeper_active_and_a_standby_takes_over(
 
 
 def _sweeper(pool: asyncpg.Pool, batch: int) -> Sweeper:
-    settings = Settings(database_url="postgresql://unused", tokens="admin:x")
+    settings = Settings(database_url="postgresql://unused", tokens="admin:test-admin-token")
     return Sweeper(
         JobStore(pool),
         RetentionStore(pool),
