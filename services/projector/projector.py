@@ -238,10 +238,10 @@ class Projector:
     async def refresh(self) -> int:
         """Fold in what PostgreSQL knows and no event says: the sweeper's prune counts and
         when each queue's longest-waiting claimable job came due. Returns documents changed.
-        Queues are read REFRESH_CHUNK at a time and only the fields involved, so memory does
-        not grow with the number of queues (their latency samples are most of a document)."""
+        Queues are read REFRESH_CHUNK at a time, only the fields involved, and so are their
+        figures from PostgreSQL: memory does not grow with the number of queues (latency
+        samples are most of a queue document)."""
         queues = self.generation.queues
-        pruned = await pruned_counts(self._pool)
         changed = 0
         after: str | None = None
         while True:
@@ -251,7 +251,9 @@ class Projector:
             if not docs:
                 break
             after = docs[-1]["_id"]
-            due = await oldest_due(self._pool, [doc["_id"] for doc in docs])
+            names = [doc["_id"] for doc in docs]
+            pruned = await pruned_counts(self._pool, names)
+            due = await oldest_due(self._pool, names)
             for doc in docs:
                 changed += await self._refresh_one(doc, pruned.get(doc["_id"], {}), due)
         if self._metrics is not None and changed:
