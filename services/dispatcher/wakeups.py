@@ -96,7 +96,7 @@ class Wakeups:
         return self._closing
 
     def waiting(self) -> dict[str, int]:
-        return {q: len(w) for q, w in self._waiting.items() if w}
+        return {q: len(w) for q, w in self._waiting.items()}
 
     def footprint(self) -> dict[str, int]:
         """How many entries each per-queue or per-shape map holds now."""
