@@ -3,18 +3,24 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
+import orjson
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from evora.config import Role
 from evora.domain.errors import QueueNotFound
+from evora.domain.models import QUEUE_PATTERN
+from evora.http.bodies import parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem
 from evora.http.routing import Routes
-from evora.readmodels.reader import ReadModels
+from evora.readmodels.reader import WORKERS_PAGE_MAX, Page, ReadModels
 from services.api.paths import queue_name
 from services.api.routes import STORE
 
@@ -23,6 +29,86 @@ READ_MODELS = web.AppKey("read_models", ReadModels)
 ADMIN: tuple[Role, ...] = ("admin",)
 
 stats = Routes("stats")
+
+
+# -- paging: `limit` and the opaque `after` cursor, the key of the previous page's last item --
+
+QUEUES_PAGE_DEFAULT = 50
+QUEUES_PAGE_MAX = 500
+_NOT_OURS = "not a cursor returned by this API"
+
+
+def encode_key(key: list[str]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(key)).rstrip(b"=").decode()
+
+
+def _decode_key(value: str, arity: int) -> list[str]:
+    """Only the exact strings `encode_key` makes are accepted, so a cursor is one we issued
+    or a 422, never a silent misread."""
+    try:
+        raw = base64.b64decode(value + "=" * (-len(value) % 4), altchars=b"-_", validate=True)
+        key: object = orjson.loads(raw)
+    except (binascii.Error, ValueError):
+        raise ValueError(_NOT_OURS) from None
+    if not isinstance(key, list) or len(key) != arity:
+        raise ValueError(_NOT_OURS)
+    strings = [k for k in key if isinstance(k, str)]
+    if strings != key or encode_key(strings) != value:
+        raise ValueError(_NOT_OURS)
+    return strings
+
+
+def _queue_after(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    [queue] = _decode_key(value, 1)
+    if not re.fullmatch(QUEUE_PATTERN, queue):
+        raise ValueError(_NOT_OURS)
+    return queue
+
+
+def _worker_after(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    seen, worker = _decode_key(value, 2)
+    try:
+        at = datetime.fromisoformat(seen)
+    except ValueError:
+        raise ValueError(_NOT_OURS) from None
+    if at.tzinfo is None:
+        raise ValueError(_NOT_OURS)
+    return (at, worker)
+
+
+_CURSOR_SCHEMA = {"type": "string", "description": "the `next` value of the previous page"}
+QueueCursor = Annotated[str, BeforeValidator(_queue_after), WithJsonSchema(_CURSOR_SCHEMA)]
+WorkerCursor = Annotated[
+    tuple[datetime, str], BeforeValidator(_worker_after), WithJsonSchema(_CURSOR_SCHEMA)
+]
+
+
+class QueueListQuery(BaseModel):
+    # lax (query values are strings); unknown parameters refused, not silently ignored
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=QUEUES_PAGE_MAX)
+    after: QueueCursor | None = None
+
+
+class WorkerListQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The default is the most a page holds: the whole list clients got before paging.
+    limit: int = Field(default=WORKERS_PAGE_MAX, ge=1, le=WORKERS_PAGE_MAX)
+    after: WorkerCursor | None = None
+
+
+def _page(member: str, page: Page) -> web.Response:
+    cursor = None if page.next_key is None else encode_key(page.next_key)
+    return json_response({member: page.items, "next": cursor})
+
+
+_NEXT = Field(description="pass as `after` for the next page; null at the end")
 
 
 class Percentiles(BaseModel):
@@ -58,6 +144,7 @@ class QueueStats(BaseModel):
 
 class QueueList(BaseModel):
     queues: list[QueueStats]
+    next: str | None = _NEXT
 
 
 class WorkerActivity(BaseModel):
@@ -76,6 +163,7 @@ class WorkerActivity(BaseModel):
 
 class WorkerList(BaseModel):
     workers: list[WorkerActivity]
+    next: str | None = _NEXT
 
 
 class FailureReason(BaseModel):
@@ -115,13 +203,18 @@ async def _paused(request: web.Request) -> set[str]:
     "GET",
     "/v1/queues",
     roles=ADMIN,
-    summary="Stats of every queue seen, from the read models.",
+    query=QueueListQuery,
+    summary="Stats of every queue seen, by name, a page at a time (pass `next` as `after`).",
     responses={200: QueueList},
     problems=(503,),
 )
 async def list_queues(request: web.Request) -> web.Response:
-    queues = await _read_models(request).all_queue_stats(await _paused(request))
-    return json_response({"queues": queues})
+    query = parse_query(request, QueueListQuery)
+    read_models = _read_models(request)
+    paused = await _paused(request)
+    return _page(
+        "queues", await read_models.queue_stats_page(paused, limit=query.limit, after=query.after)
+    )
 
 
 @stats.add(
@@ -158,9 +251,12 @@ async def queue_failures(request: web.Request) -> web.Response:
     "GET",
     "/v1/workers",
     roles=ADMIN,
-    summary="Workers seen in the last 24 hours, most recent first, from the read models.",
+    query=WorkerListQuery,
+    summary="Workers seen in the last 24 hours, most recent first, a page at a time.",
     responses={200: WorkerList},
     problems=(503,),
 )
 async def workers(request: web.Request) -> web.Response:
-    return json_response({"workers": await _read_models(request).workers()})
+    query = parse_query(request, WorkerListQuery)
+    page = await _read_models(request).workers_page(limit=query.limit, after=query.after)
+    return _page("workers", page)

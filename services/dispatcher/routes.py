@@ -114,7 +114,7 @@ async def _deliver(
         await _release_undeliverable(dispatch, jobs)
         raise
     for job in jobs:
-        dispatch.metrics.jobs_handed_out.labels(job["queue"]).inc()
+        dispatch.metrics.jobs_handed_out.labels(dispatch.metrics.queue_label(job["queue"])).inc()
     return response
 
 
@@ -134,8 +134,7 @@ async def claim(request: web.Request) -> web.StreamResponse:
     deadline = loop.time() + body.wait_seconds
     shape = (tuple(queues), tuple(body.types) if body.types else None)
     waiter = dispatch.wakeups.register(queues)
-    for queue in queues:
-        dispatch.metrics.waiting.labels(queue).inc()
+    dispatch.metrics.waiting.enter(queues)
     try:
         skip = dispatch.wakeups.drained(shape)
         while not dispatch.wakeups.closing:
@@ -164,8 +163,7 @@ async def claim(request: web.Request) -> web.StreamResponse:
             future.done() and not future.cancelled() and future.result() is not Cause.SHUTDOWN
         )
         dispatch.wakeups.leave(waiter, woken_unused=woken_unused)
-        for queue in queues:
-            dispatch.metrics.waiting.labels(queue).dec()
+        dispatch.metrics.waiting.leave(queues)
 
 
 @routes.add(

@@ -17,6 +17,12 @@ same queues and types came back short (it took everything claimable) and no hint
 poll has touched those queues since: at low load this halves the claim queries, as every
 worker asks again right after each job it gets. Only while the LISTEN connection is up,
 since hints are what would have announced a new job.
+
+Clients name queues freely, so nothing here may grow with the number of queue names ever
+seen: a queue's line goes as soon as its last waiter leaves, and the fallback poll forgets
+the timers and hint marks of every queue nobody waits on (a queue waited on again reads its
+due time afresh). What a queue costs is bounded by the queues waited on now and those
+touched within one poll interval.
 """
 
 from __future__ import annotations
@@ -73,10 +79,14 @@ class Wakeups:
         # ago; and those to read again when that time is up
         self._timer_refreshing: set[str] = set()
         self._timer_stale: set[str] = set()
-        # hints and timers per queue, so a claim can tell whether anything happened since
-        # the last claim found the queues drained
-        self._hints: dict[str, int] = {}
-        # claim shapes whose last claim came back short, with the hints count before it
+        # when each queue was last touched by a hint or timer, on one counter that only
+        # grows, so a claim can tell whether anything happened since the last claim found
+        # the queues drained. Forgotten queues read as `_forgotten`, the newest mark
+        # forgotten: possibly later than their own (a claim more), never earlier.
+        self._touches = 0
+        self._touched: dict[str, int] = {}
+        self._forgotten = 0
+        # claim shapes whose last claim came back short, with the hints mark before it
         self._drained: dict[ClaimShape, int] = {}
         self._listening = False
         self._closing = False
@@ -86,7 +96,18 @@ class Wakeups:
         return self._closing
 
     def waiting(self) -> dict[str, int]:
-        return {q: len(w) for q, w in self._waiting.items() if w}
+        return {q: len(w) for q, w in self._waiting.items()}
+
+    def footprint(self) -> dict[str, int]:
+        """How many entries each per-queue or per-shape map holds now."""
+        return {
+            "waiting": len(self._waiting),
+            "timers": len(self._timers),
+            "timer_refreshing": len(self._timer_refreshing),
+            "timer_stale": len(self._timer_stale),
+            "touched": len(self._touched),
+            "drained": len(self._drained),
+        }
 
     def register(self, queues: Iterable[str]) -> Waiter:
         """Join the queues' lines *before* claiming, so a hint that arrives during the claim
@@ -96,27 +117,34 @@ class Wakeups:
         if self._closing:
             waiter.future.set_result(Cause.SHUTDOWN)
             return waiter
-        for queue in waiter.queues:
-            line = self._waiting.setdefault(queue, {})
-            line[waiter] = None
-            if queue not in self._timers:
-                self._refresh_timer(queue)
+        self._join(waiter)
         return waiter
 
     def rearm(self, waiter: Waiter) -> None:
         """Wait again after a claim came back empty."""
         if waiter.future.done() and not self._closing:
             waiter.future = asyncio.get_running_loop().create_future()
-            for queue in waiter.queues:
-                self._waiting.setdefault(queue, {})[waiter] = None
+            self._join(waiter)
 
-    def leave(self, waiter: Waiter, *, woken_unused: bool) -> None:
-        """Leave all lines. A waiter that was woken but did not claim (its client left)
-        passes the wake-up on so it is not lost."""
+    def _join(self, waiter: Waiter) -> None:
+        for queue in waiter.queues:
+            self._waiting.setdefault(queue, {})[waiter] = None
+            if queue not in self._timers:  # unknown, or forgotten while nobody waited
+                self._refresh_timer(queue)
+
+    def _remove(self, waiter: Waiter) -> None:
+        """Take the waiter out of its lines, dropping lines left empty."""
         for queue in waiter.queues:
             line = self._waiting.get(queue)
             if line is not None:
                 line.pop(waiter, None)
+                if not line:
+                    del self._waiting[queue]
+
+    def leave(self, waiter: Waiter, *, woken_unused: bool) -> None:
+        """Leave all lines. A waiter that was woken but did not claim (its client left)
+        passes the wake-up on so it is not lost."""
+        self._remove(waiter)
         if not waiter.future.done():
             waiter.future.cancel()
         elif woken_unused and not self._closing:
@@ -131,13 +159,9 @@ class Wakeups:
         return waiter.future.result()
 
     def _wake_one(self, queue: str, cause: Cause) -> bool:
-        line = self._waiting.get(queue)
-        while line:
+        while line := self._waiting.get(queue):
             waiter = next(iter(line))
-            for q in waiter.queues:
-                other = self._waiting.get(q)
-                if other is not None:
-                    other.pop(waiter, None)
+            self._remove(waiter)
             if not waiter.future.done():
                 waiter.future.set_result(cause)
                 if self._observe is not None:
@@ -146,11 +170,12 @@ class Wakeups:
         return False
 
     def hints(self, queues: Iterable[str]) -> int:
-        """A counter that moves whenever one of `queues` gets a hint."""
-        return sum(self._hints.get(queue, 0) for queue in queues)
+        """A mark that moves whenever one of `queues` gets a hint."""
+        return max((self._touched.get(queue, self._forgotten) for queue in queues), default=0)
 
     def _touch(self, queue: str) -> None:
-        self._hints[queue] = self._hints.get(queue, 0) + 1
+        self._touches += 1
+        self._touched[queue] = self._touches
 
     def set_listening(self, up: bool) -> None:
         """Whether the LISTEN connection is up. Hints missed while it was down may hide new
@@ -177,7 +202,7 @@ class Wakeups:
         """A hint that `queue` changed: wake one waiter, and re-read when its next delayed
         job is due."""
         self._touch(queue)
-        if not self._waiting.get(queue):
+        if queue not in self._waiting:
             return
         self._wake_one(queue, Cause.NOTIFY)
         self._refresh_timer(queue)
@@ -190,9 +215,21 @@ class Wakeups:
     def poll(self, cause: Cause = Cause.POLL) -> None:
         # The poll is the guarantee behind the hints, so it trusts no earlier claim either.
         self._drained.clear()
-        for queue, line in list(self._waiting.items()):
-            if line:
-                self._wake_one(queue, cause)
+        # before the wake-ups, which empty lines whose waiters will be back after a claim
+        self._forget_unwaited()
+        for queue in list(self._waiting):
+            self._wake_one(queue, cause)
+
+    def _forget_unwaited(self) -> None:
+        """Drop the timers and hint marks of queues nobody waits on. With no drained shape
+        left, only a claim running now still holds a mark, and reading a forgotten queue
+        as `_forgotten` can only make that claim's next check claim once more."""
+        for queue in [q for q in self._timers if q not in self._waiting]:
+            timer = self._timers.pop(queue)
+            if timer is not None:
+                timer.cancel()
+        for queue in [q for q in self._touched if q not in self._waiting]:
+            self._forgotten = max(self._forgotten, self._touched.pop(queue))
 
     def close(self) -> None:
         self._closing = True
@@ -204,7 +241,7 @@ class Wakeups:
             for waiter in list(line):
                 if not waiter.future.done():
                     waiter.future.set_result(Cause.SHUTDOWN)
-            line.clear()
+        self._waiting.clear()
 
     def _refresh_timer(self, queue: str) -> None:
         """Read when the queue's next delayed job is due. Every hint asks for this (it may
@@ -249,7 +286,7 @@ class Wakeups:
         self._touch(queue)
         self._wake_one(queue, Cause.TIMER)
         # Unknown until a waiter asks again; a queue nobody waits on needs no timer.
-        if self._waiting.get(queue):
+        if queue in self._waiting:
             self._refresh_timer(queue)
 
 
@@ -258,4 +295,8 @@ async def poll_forever(wakeups: Wakeups, interval: float = POLL_SECONDS) -> None
     least this often."""
     while not wakeups.closing:
         await asyncio.sleep(interval)
-        wakeups.poll()
+        try:
+            wakeups.poll()
+        except Exception:
+            # Only a bug gets here; the guarantee must outlive it, so the loop goes on.
+            log.exception("the fallback poll failed; polling again in %.1fs", interval)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from pymongo.asynchronous.collection import AsyncCollection
 
 from evora.http.metrics import LATENCY_BUCKETS, ServiceMetrics
+from evora.readmodels.layout import Document
+
+# Queues with series of their own in the evora_queue_* families; the rest are only counted.
+EXPORTED_QUEUES_MAX = 500
+_EXPORTED_FIELDS = dict.fromkeys(("counts", "totals", "latency_ms", "oldest_pending_at"), 1)
+_HOLDING_JOBS = {
+    "$or": [{f"counts.{state}": {"$gt": 0}} for state in ("PENDING", "RUNNING", "DLQ")]
+}
+_MOST_RECENT_FIRST = [("last_event_at", -1), ("_id", 1)]
 
 
 class ProjectorMetrics:
@@ -63,19 +73,29 @@ class ProjectorMetrics:
 
 
 class QueueGauges(Collector):
-    """Per-queue figures of the read models (CONTRACT section 4 stats), exported by the
-    active projector from a snapshot of its queue documents. Labels: queue, and a state,
-    event name or latency kind from fixed sets, so cardinality is bounded by the number of
-    queues. Empty on a standby replica."""
+    """Per-queue figures of the read models (the queue stats), exported by the active
+    projector from a snapshot of its queue documents. Labels: queue, and a state, event
+    name or latency kind from fixed sets. Producers name queues freely, so at most
+    EXPORTED_QUEUES_MAX queues are exported: those holding pending, running or
+    dead-lettered jobs first (what alerts watch), then the most recently active; the number
+    left out is a gauge of its own. Empty on a standby replica."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = EXPORTED_QUEUES_MAX) -> None:
+        self._limit = limit
         self._docs: list[dict[str, Any]] = []
+        self._omitted = 0
 
-    def update(self, docs: Iterable[dict[str, Any]]) -> None:
-        self._docs = list(docs)
+    async def update(self, queues: AsyncCollection[Document]) -> None:
+        chosen = await _most_recent(queues, _HOLDING_JOBS, self._limit)
+        if len(chosen) < self._limit:
+            rest = {"_id": {"$nin": [doc["_id"] for doc in chosen]}}
+            chosen += await _most_recent(queues, rest, self._limit - len(chosen))
+        self._omitted = await queues.count_documents({}) - len(chosen)
+        self._docs = chosen
 
     def clear(self) -> None:
         self._docs = []
+        self._omitted = 0
 
     def collect(self) -> Iterator[Metric]:
         now = datetime.now(UTC)
@@ -118,4 +138,16 @@ class QueueGauges(Collector):
                 for name, millis in sorted(percentiles.items()):
                     quantile = f"0.{name.removeprefix('p')}"
                     latency.add_metric([queue, kind, quantile], float(millis) / 1000)
-        yield from (jobs, age, events, latency)
+        omitted = GaugeMetricFamily(
+            "evora_queue_series_omitted",
+            f"Queues left out of the evora_queue_* families (at most {self._limit} exported).",
+        )
+        omitted.add_metric([], float(self._omitted))
+        yield from (jobs, age, events, latency, omitted)
+
+
+async def _most_recent(
+    queues: AsyncCollection[Document], found: dict[str, Any], limit: int
+) -> list[dict[str, Any]]:
+    cursor = queues.find(found, _EXPORTED_FIELDS).sort(_MOST_RECENT_FIRST).limit(limit)
+    return [doc async for doc in cursor]

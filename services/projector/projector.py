@@ -53,6 +53,9 @@ from services.projector.metrics import ProjectorMetrics
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 1000
+# Queue documents refreshed per read.
+REFRESH_CHUNK = 500
+_REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pending_at"), 1)
 
 K = TypeVar("K", bound=Hashable)
 
@@ -234,27 +237,43 @@ class Projector:
 
     async def refresh(self) -> int:
         """Fold in what PostgreSQL knows and no event says: the sweeper's prune counts and
-        when each queue's longest-waiting claimable job came due. Returns documents changed."""
+        when each queue's longest-waiting claimable job came due. Returns documents changed.
+        Queues are read REFRESH_CHUNK at a time, only the fields involved, and so are their
+        figures from PostgreSQL: memory does not grow with the number of queues (latency
+        samples are most of a queue document)."""
         queues = self.generation.queues
-        docs = [doc async for doc in queues.find({})]
-        if not docs:
-            return 0
-        pruned = await pruned_counts(self._pool)
-        due = await oldest_due(self._pool, [doc["_id"] for doc in docs])
         changed = 0
-        for doc in docs:
-            queue_pruned = pruned.get(doc["_id"], {})
-            wanted = {s: queue_pruned.get(s, 0) for s in STATE_NAMES}
-            oldest = due.get(doc["_id"])
-            if doc.get("pruned") == wanted and doc.get("oldest_pending_at") == oldest:
-                continue
-            updated = {**doc, "pruned": wanted, "oldest_pending_at": oldest}
-            projection.recount(updated)
-            result = await queues.replace_one({"_id": doc["_id"], "cursor": doc["cursor"]}, updated)
-            changed += result.matched_count
+        after: str | None = None
+        while True:
+            found = {} if after is None else {"_id": {"$gt": after}}
+            cursor = queues.find(found, _REFRESH_FIELDS).sort("_id", 1).limit(REFRESH_CHUNK)
+            docs = [doc async for doc in cursor]
+            if not docs:
+                break
+            after = docs[-1]["_id"]
+            names = [doc["_id"] for doc in docs]
+            pruned = await pruned_counts(self._pool, names)
+            due = await oldest_due(self._pool, names)
+            for doc in docs:
+                changed += await self._refresh_one(doc, pruned.get(doc["_id"], {}), due)
         if self._metrics is not None and changed:
             self._metrics.writes.labels(queues.name).inc(changed)
         return changed
+
+    async def _refresh_one(
+        self, doc: Document, queue_pruned: dict[str, int], due: dict[str, datetime | None]
+    ) -> int:
+        wanted = {s: queue_pruned.get(s, 0) for s in STATE_NAMES}
+        oldest = due.get(doc["_id"])
+        if doc.get("pruned") == wanted and doc.get("oldest_pending_at") == oldest:
+            return 0
+        updated = {**doc, "pruned": wanted, "oldest_pending_at": oldest}
+        projection.recount(updated)
+        fields = {key: updated[key] for key in ("pruned", "oldest_pending_at", "counts")}
+        result = await self.generation.queues.update_one(
+            {"_id": doc["_id"], "cursor": doc["cursor"]}, {"$set": fields}
+        )
+        return result.matched_count
 
 
 def _deep_copy(doc: Document) -> Document:

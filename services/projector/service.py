@@ -93,10 +93,7 @@ class ProjectorService:
         if behind.oldest is not None:
             age = max((datetime.now(UTC) - behind.oldest).total_seconds(), 0.0)
         self._metrics.seconds_behind.set(age)
-        fields = {"counts": 1, "totals": 1, "latency_ms": 1, "oldest_pending_at": 1}
-        self._metrics.queues.update(
-            [doc async for doc in projector.generation.queues.find({}, fields)]
-        )
+        await self._metrics.queues.update(projector.generation.queues)
 
 
 async def _wait_any(first: asyncio.Event, second: asyncio.Event, seconds: float) -> None:

@@ -9,6 +9,7 @@ import pytest
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page, expect
 
+from evora.domain.models import JobSubmission
 from services.api.dashboard.routes import CONTENT_SECURITY_POLICY
 from tests.dashboard.conftest import PRODUCER_TOKEN, Dashboard, Problems, login
 
@@ -100,6 +101,16 @@ async def test_overview_shows_a_queue_created_by_submitted_jobs(
     await expect(counts.nth(2)).to_have_text("3")
     await expect(row).to_contain_text("Active")
     await expect(page.locator("#lag")).to_contain_text(f"event #{newest}")
+
+
+async def test_overview_lists_every_queue_page_after_page(dashboard: Dashboard, page: Page) -> None:
+    # more queues than one page of GET /v1/queues holds (500 at most)
+    names = [f"many-{n:03d}" for n in range(520)]
+    await dashboard.store.submit_batch([JobSubmission(queue=name, type="t") for name in names])
+    await dashboard.caught_up()
+    await login(page, dashboard.url)
+    await expect(page.locator("#queues-table tr[data-queue]")).to_have_count(len(names))
+    await expect(page.locator(f"#queues-table tr[data-queue='{names[-1]}']")).to_be_visible()
 
 
 async def test_open_a_job_from_its_queue_and_see_its_timeline(

@@ -5,6 +5,7 @@ and MongoDB, are exercised until their labelled series exist, and are scraped.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -50,8 +51,8 @@ async def _scrape(http: aiohttp.ClientSession, url: str) -> tuple[Catalogue, dic
 
 
 async def _exercise(http: aiohttp.ClientSession, api: str, dispatcher: str) -> None:
-    """Submit, claim, complete, fail into the DLQ, miss, and long-poll, so the labelled
-    series of every service exist."""
+    """Submit, claim, complete, fail into the DLQ and miss, so the labelled series of every
+    service exist."""
     for n in range(3):
         async with http.post(
             f"{api}/v1/jobs", json={"queue": QUEUE, "type": f"t{n}"}, headers=PRODUCER
@@ -80,8 +81,12 @@ async def _exercise(http: aiohttp.ClientSession, api: str, dispatcher: str) -> N
     ) as response:
         assert response.status == 200, await response.text()
         assert (await response.json())["state"] == "DLQ"
-    # A long-poll that waits (and finds nothing): the waiting gauge gets its queue label.
-    wait = {**claim, "queues": ["deploy-empty"], "wait_seconds": 1}
+
+
+async def _wait_in_vain(http: aiohttp.ClientSession, dispatcher: str) -> None:
+    """A long-poll that waits, finding nothing: the waiting gauge has a series for its queue
+    only while it waits."""
+    wait = {"worker_id": "deploy-w", "queues": ["deploy-empty"], "wait_seconds": 60}
     async with http.post(f"{dispatcher}/v1/claim", json=wait, headers=WORKER) as response:
         assert (await response.json())["jobs"] == []
 
@@ -114,11 +119,19 @@ async def catalogue(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIte
                     break
                 assert time.monotonic() < deadline, "the projector never exported the queue"
                 await asyncio.sleep(0.2)
+            waiting = asyncio.create_task(_wait_in_vain(http, urls["dispatcher"]))
+            while "evora_dispatcher_waiting_polls" not in found:
+                assert time.monotonic() < deadline, "the long-poll never waited"
+                await asyncio.sleep(0.05)
+                found, _ = await _scrape(http, urls["dispatcher"])
             merged: Catalogue = defaultdict(set)
             for url in urls.values():
                 found, _ = await _scrape(http, url)
                 for name, labels in found.items():
                     merged[name] |= labels
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
         yield merged
     finally:
         for service in reversed(running):

@@ -51,7 +51,7 @@ async def test_lifecycle_is_projected(
     for kind in ("wait", "run"):  # from the run_at and started_at of the events' images
         assert stats["latency_ms"][kind]["p99"] >= stats["latency_ms"][kind]["p50"] > 0
     assert stats["throughput"]["completed_per_minute"]["1m"] > 0
-    workers = await ReadModels(mongo).workers()
+    workers = (await ReadModels(mongo).workers_page()).items
     claims = await pool.fetchval("SELECT count(*) FROM job_events WHERE event = 'claimed'")
     assert sum(w["claimed"] for w in workers) == claims
     running = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")

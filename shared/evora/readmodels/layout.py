@@ -55,5 +55,6 @@ async def active_generation(db: AsyncDatabase[Document]) -> int:
 
 
 async def ensure_indexes(generation: Generation) -> None:
+    await generation.queues.create_index([("last_event_at", -1)])
     await generation.workers.create_index([("last_seen", -1)])
     await generation.failures.create_index([("queue", 1), ("type", 1)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,10 +15,20 @@ from evora.readmodels.layout import (
     active_generation,
     checkpoint_id,
 )
-from evora.readmodels.stats import render_queue_stats
+from evora.readmodels.stats import STATS_FIELDS, as_utc, render_queue_stats
 
 WORKERS_SEEN_WITHIN = timedelta(hours=24)
-WORKERS_LISTED = 500
+# The most workers one page holds (and, by default, the one page the first clients read).
+WORKERS_PAGE_MAX = 500
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a list, and the key of its last item when more follow (None: the end)."""
+
+    items: list[dict[str, Any]]
+    next_key: list[str] | None
+
 
 _WORKER_FIELDS = (
     "first_seen",
@@ -45,32 +56,54 @@ class ReadModels:
 
     async def queue_stats(self, queue: str, paused: set[str]) -> dict[str, Any] | None:
         generation, as_of = await self._generation()
-        doc = await generation.queues.find_one({"_id": queue})
+        doc = await generation.queues.find_one({"_id": queue}, STATS_FIELDS)
         if doc is None:
             return None
         now = datetime.now(UTC)
         return render_queue_stats(doc, paused=queue in paused, as_of=as_of, now=now)
 
-    async def all_queue_stats(self, paused: set[str]) -> list[dict[str, Any]]:
+    async def queue_stats_page(
+        self, paused: set[str], *, limit: int, after: str | None = None
+    ) -> Page:
+        """Stats of up to `limit` queues by name, those after `after`."""
         generation, as_of = await self._generation()
         now = datetime.now(UTC)
-        return [
-            render_queue_stats(doc, paused=doc["_id"] in paused, as_of=as_of, now=now)
-            async for doc in generation.queues.find({}).sort("_id", 1)
-        ]
-
-    async def workers(self) -> list[dict[str, Any]]:
-        generation, _ = await self._generation()
-        since = datetime.now(UTC) - WORKERS_SEEN_WITHIN
-        cursor = (
-            generation.workers.find({"last_seen": {"$gte": since}})
-            .sort("last_seen", -1)
-            .limit(WORKERS_LISTED)
+        found = {} if after is None else {"_id": {"$gt": after}}
+        cursor = generation.queues.find(found, STATS_FIELDS).sort("_id", 1).limit(limit + 1)
+        docs = [doc async for doc in cursor]
+        return Page(
+            [
+                render_queue_stats(doc, paused=doc["_id"] in paused, as_of=as_of, now=now)
+                for doc in docs[:limit]
+            ],
+            [docs[limit - 1]["_id"]] if len(docs) > limit else None,
         )
-        return [
-            {"worker_id": doc["_id"], **{f: doc.get(f) for f in _WORKER_FIELDS}}
-            async for doc in cursor
-        ]
+
+    async def workers_page(
+        self, *, limit: int = WORKERS_PAGE_MAX, after: tuple[datetime, str] | None = None
+    ) -> Page:
+        """Up to `limit` workers seen within WORKERS_SEEN_WITHIN, most recent first (ties by
+        id), those after `after` (the last_seen and id of the previous page's last)."""
+        generation, _ = await self._generation()
+        found: dict[str, Any] = {"last_seen": {"$gte": datetime.now(UTC) - WORKERS_SEEN_WITHIN}}
+        if after is not None:
+            seen, worker = after
+            found["$or"] = [
+                {"last_seen": {"$lt": seen}},
+                {"last_seen": seen, "_id": {"$gt": worker}},
+            ]
+        cursor = (
+            generation.workers.find(found).sort([("last_seen", -1), ("_id", 1)]).limit(limit + 1)
+        )
+        docs = [doc async for doc in cursor]
+        last = docs[limit - 1] if len(docs) > limit else None
+        return Page(
+            [
+                {"worker_id": doc["_id"], **{f: doc.get(f) for f in _WORKER_FIELDS}}
+                for doc in docs[:limit]
+            ],
+            None if last is None else [as_utc(last["last_seen"]).isoformat(), last["_id"]],
+        )
 
     async def failures(self, queue: str) -> list[dict[str, Any]]:
         generation, _ = await self._generation()

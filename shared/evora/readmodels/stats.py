@@ -15,6 +15,10 @@ BUCKET_SECONDS = 10
 WINDOWS_MINUTES = (1, 5, 15)
 # Buckets older than the widest window are dropped by the projector.
 KEEP_BUCKETS_SECONDS = max(WINDOWS_MINUTES) * 60 + BUCKET_SECONDS
+# What rendering reads of a queue document: not the latency samples, most of its size.
+STATS_FIELDS = dict.fromkeys(
+    ("counts", "totals", "completed_buckets", "latency_ms", "oldest_pending_at"), 1
+)
 
 
 def bucket_of(at: datetime) -> int:
@@ -31,7 +35,7 @@ def completed_per_minute(buckets: dict[str, int], now: datetime) -> dict[str, fl
     return rates
 
 
-def _as_utc(value: Any) -> Any:
+def as_utc(value: Any) -> Any:
     # MongoDB hands back naive datetimes unless the client is tz-aware; they are UTC.
     if isinstance(value, datetime) and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
@@ -57,6 +61,6 @@ def render_queue_stats(
             "wait": latency.get("wait", empty),
             "run": latency.get("run", empty),
         },
-        "oldest_pending_at": _as_utc(doc.get("oldest_pending_at")),
-        "as_of": {"seq": int(as_of.get("seq", 0)), "at": _as_utc(as_of.get("at"))},
+        "oldest_pending_at": as_utc(doc.get("oldest_pending_at")),
+        "as_of": {"seq": int(as_of.get("seq", 0)), "at": as_utc(as_of.get("at"))},
     }

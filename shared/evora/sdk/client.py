@@ -33,6 +33,9 @@ from evora.domain.states import JobState
 from evora.sdk._http import NO_BODY, Response, RetryBackoff, Transport
 from evora.sdk.errors import InvalidStateError
 
+# Queue stats per page when listing every queue: the most the api serves at once.
+QUEUES_PAGE: Final = 500
+
 JobData = dict[str, Any]
 """A job resource exactly as the API returns it (CONTRACT section 3)."""
 
@@ -264,10 +267,18 @@ class Client:
         return dict(resp.data or {})
 
     async def queues(self) -> list[dict[str, Any]]:
-        """Stats of every queue, from the read models (eventually consistent)."""
-        resp = await self._call("GET", "/v1/queues", idempotent=True)
-        queues: list[dict[str, Any]] = resp.data["queues"]
-        return queues
+        """Stats of every queue by name, from the read models (eventually consistent),
+        fetched a page at a time."""
+        queues: list[dict[str, Any]] = []
+        params = {"limit": str(QUEUES_PAGE)}
+        while True:
+            resp = await self._call("GET", "/v1/queues", params=params, idempotent=True)
+            queues.extend(resp.data["queues"])
+            # an api from before paging answers everything at once, without `next`
+            after = resp.data.get("next")
+            if after is None:
+                return queues
+            params["after"] = after
 
     async def stats(self, queue: str) -> dict[str, Any]:
         """Read-model stats of one queue; `QueueNotFoundError` for a queue never seen."""

@@ -63,7 +63,7 @@ class AdvisoryLeader:
         while not stop.is_set():
             try:
                 conn = await connect(self._dsn, application_name=self._name)
-            except CONNECTION_ERRORS as exc:
+            except Exception as exc:  # whatever fails, this loop must go on (with backoff)
                 delay = backoff.next()
                 log.warning("%s: cannot connect (%r); retrying in %.1fs", self._name, exc, delay)
                 await wait_until_set(stop, delay)
@@ -128,7 +128,7 @@ class AdvisoryLeader:
         while not await wait_until_set(ended, PING_SECONDS):
             try:
                 await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT)
-            except CONNECTION_ERRORS as exc:
+            except Exception as exc:  # of any kind: the connection cannot be trusted
                 log.warning("%s: lock connection failed its ping (%r)", self._name, exc)
                 return
 
@@ -144,5 +144,5 @@ class AdvisoryLeader:
         except asyncio.CancelledError:
             conn.terminate()
             raise
-        except CONNECTION_ERRORS:
+        except Exception:  # closing is best effort; the session ends with the socket anyway
             conn.terminate()

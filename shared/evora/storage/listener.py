@@ -1,4 +1,4 @@
-"""A process's one LISTEN connection for NOTIFY hints (rule 7): dedicated, not from the pool,
+"""A process's one LISTEN connection for NOTIFY hints: dedicated, not from the pool,
 checked with a ping, reconnected with backoff, and followed by a catch-up pass after every
 reconnect because notifications sent while it was away are gone."""
 
@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
+from typing import NoReturn
 
 import asyncpg
 
 from evora.storage.db import connect
 from evora.storage.notify import JOBS_CHANNEL
+from evora.waiting import Backoff
 
 log = logging.getLogger(__name__)
 
 PING_SECONDS = 5.0
 PING_TIMEOUT = 3.0
-BACKOFF_INITIAL = 0.2
-BACKOFF_MAX = 10.0
 
 
 class Listener:
@@ -37,6 +36,8 @@ class Listener:
         self._on_reconnect = on_reconnect
         self._on_state = on_state or (lambda connected: None)
         self.connected = asyncio.Event()
+        # after the first connection, every new one starts with a catch-up pass
+        self._listened = False
 
     def _deliver(
         self,
@@ -46,38 +47,47 @@ class Listener:
         payload: object,
     ) -> None:
         if isinstance(payload, str) and payload:
-            self._on_notify(payload)
+            _guarded(self._on_notify, payload)
 
     async def run(self) -> None:
-        """Listen until cancelled, reconnecting forever."""
-        delay = BACKOFF_INITIAL
-        first = True
+        """Listen until cancelled, reconnecting forever. Whatever goes wrong while
+        connecting or listening (the server, the network, asyncpg's own state, a bug) is
+        logged and retried with backoff: this task must never end while the process runs,
+        since the process would go on without hints and nobody would notice."""
+        backoff = Backoff()
         while True:
             try:
-                conn = await connect(self._dsn, application_name=self._name)
-            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-                log.warning("LISTEN connection failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, BACKOFF_MAX)
-                continue
-            delay = BACKOFF_INITIAL
-            try:
-                await conn.add_listener(JOBS_CHANNEL, self._deliver)
-                self.connected.set()
-                self._on_state(True)
-                if not first:
-                    log.info("LISTEN connection restored; catching up")
-                    self._on_reconnect()
-                first = False
-                await self._watch(conn)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                log.warning("LISTEN connection lost (%s); reconnecting", exc)
-            finally:
-                self.connected.clear()
-                self._on_state(False)
-                conn.terminate()
+                await self._listen(backoff)
+            except Exception as exc:  # every failure is "the connection is gone"
+                delay = backoff.next()
+                log.warning(
+                    "LISTEN connection lost or failed (%s: %s); reconnecting in %.1fs",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
 
-    async def _watch(self, conn: asyncpg.Connection) -> None:
+    async def _listen(self, backoff: Backoff) -> NoReturn:
+        """One connection, from connect to its loss."""
+        conn = await connect(self._dsn, application_name=self._name)
+        try:
+            await conn.add_listener(JOBS_CHANNEL, self._deliver)
+            self.connected.set()
+            backoff.reset()
+            _guarded(self._on_state, True)
+            if self._listened:
+                log.info("LISTEN connection restored; catching up")
+                _guarded(self._on_reconnect)
+            self._listened = True
+            await self._watch(conn)
+        finally:
+            if self.connected.is_set():
+                self.connected.clear()
+                _guarded(self._on_state, False)
+            conn.terminate()
+
+    async def _watch(self, conn: asyncpg.Connection) -> NoReturn:
         lost = asyncio.Event()
         conn.add_termination_listener(lambda _: lost.set())
         while not lost.is_set():
@@ -86,3 +96,12 @@ class Listener:
             except TimeoutError:
                 await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT)
         raise ConnectionResetError("the server closed the LISTEN connection")
+
+
+def _guarded(callback: Callable[..., None], *args: object) -> None:
+    """Run a callback of the owner; its failure is a bug to log, not a reason to drop the
+    connection or lose the next notifications."""
+    try:
+        callback(*args)
+    except Exception:
+        log.exception("a LISTEN callback failed")

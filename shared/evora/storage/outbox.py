@@ -102,7 +102,9 @@ FROM unnest($1::text[]) AS q(queue)
 """
 
 # Finished jobs the sweeper pruned, per queue and state (they leave without an event).
-_PRUNED = "SELECT queue, state::text AS state, pruned FROM job_prune_counts"
+_PRUNED = """
+SELECT queue, state::text AS state, pruned FROM job_prune_counts WHERE queue = ANY($1::text[])
+"""
 
 
 @dataclass(frozen=True)
@@ -119,10 +121,12 @@ async def backlog(
     return Backlog(int(row["events"]), row["oldest"])
 
 
-async def pruned_counts(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, dict[str, int]]:
-    """queue -> state -> jobs pruned so far."""
+async def pruned_counts(
+    conn: asyncpg.Connection | asyncpg.Pool, queues: list[str]
+) -> dict[str, dict[str, int]]:
+    """queue -> state -> jobs pruned so far, for `queues`."""
     counts: dict[str, dict[str, int]] = {}
-    for row in await conn.fetch(_PRUNED):
+    for row in await conn.fetch(_PRUNED, queues):
         counts.setdefault(row["queue"], {})[row["state"]] = int(row["pruned"])
     return counts
 

@@ -71,3 +71,18 @@ export async function api(path, { method = "GET", body, token } = {}) {
   }
   return data;
 }
+
+// The most items a list endpoint serves per page.
+const PAGE_MAX = 500;
+
+/** Every item of a keyset-paginated list (`member` of each page), following `next`. */
+export async function apiAll(path, member) {
+  const items = [];
+  let after;
+  do {
+    const page = await api(withQuery(path, { limit: PAGE_MAX, after }));
+    items.push(...page[member]);
+    after = page.next;
+  } while (after);
+  return items;
+}

@@ -1,6 +1,6 @@
 // The dead-letter queue across queues: retry or discard jobs one by one.
 
-import { api, ApiError, seg, withQuery } from "./api.js";
+import { api, apiAll, ApiError, seg, withQuery } from "./api.js";
 import { confirmDialog, h, replace } from "./dom.js";
 import { shortId, stateBadge } from "./format.js";
 import { jobRow, jobsTable, pager } from "./queue.js";
@@ -109,13 +109,13 @@ export function mount(root, params, ctx) {
   async function refresh() {
     const [page, queues] = await Promise.all([
       api(withQuery("/v1/jobs", { state: "DLQ", queue, type, after, limit: 50 })),
-      api("/v1/queues").catch((error) => {
+      apiAll("/v1/queues", "queues").catch((error) => {
         if (error instanceof ApiError && error.status === 401) throw error;
-        return { queues: [] }; // the read models only feed the queue suggestions
+        return []; // the read models only feed the queue suggestions
       }),
     ]);
-    replace(queueList, queues.queues.map((q) => h("option", { value: q.queue })));
-    if (queues.queues.length) ctx.setAsOf(queues.queues[0].as_of);
+    replace(queueList, queues.map((q) => h("option", { value: q.queue })));
+    if (queues.length) ctx.setAsOf(queues[0].as_of);
     // refresh the state of jobs acted on
     const current = await Promise.all(
       [...recent.keys()].map((id) => api(`/v1/jobs/${seg(id)}`).catch(() => null)),

@@ -1,7 +1,7 @@
 // Queues overview: every queue's counts per state, throughput, latency, paused flag, and
 // how far behind the read models are.
 
-import { api, seg } from "./api.js";
+import { apiAll, seg } from "./api.js";
 import { sparkline } from "./charts.js";
 import { h, replace } from "./dom.js";
 import { ago, countCell, ms, num, pausedBadge, rate, span, secondsSince, STATE_TITLES, STATES } from "./format.js";
@@ -56,7 +56,7 @@ export function mount(root, params, ctx) {
   );
 
   async function refresh() {
-    const { queues } = await api("/v1/queues");
+    const queues = await apiAll("/v1/queues", "queues");
     record(queues);
     const asOf = queues.length ? queues[0].as_of : null;
     ctx.setAsOf(asOf);

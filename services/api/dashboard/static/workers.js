@@ -1,6 +1,6 @@
 // Workers seen in the last 24 hours, from the read models.
 
-import { api, seg } from "./api.js";
+import { apiAll, seg } from "./api.js";
 import { h, replace } from "./dom.js";
 import { ago, num, secondsSince, shortId, time } from "./format.js";
 
@@ -46,7 +46,7 @@ export function mount(root, params, ctx) {
   );
 
   async function refresh() {
-    const { workers } = await api("/v1/workers");
+    const workers = await apiAll("/v1/workers", "workers");
     if (!workers.length) {
       replace(list, h("div", { class: "card empty" }, "No worker has claimed a job in the last 24 hours."));
       return;
