@@ -173,5 +173,5 @@ async def test_queues_and_workers_come_a_page_at_a_time(
                 assert r.content_type == "application/problem+json"
                 assert (await r.json())["code"] == "validation_error"
 
-    async with Client(api_url, "adm") as client:
+    async with Client(api_url, "test-admin-token") as client:
         assert [q["queue"] for q in await client.queues()] == names
