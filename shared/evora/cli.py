@@ -56,7 +56,7 @@ def _sweeper(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    from evora.sdk.worker import run_worker_from_module
+    from evora.sdk.loading import run_worker_from_module
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
     return run_worker_from_module(
@@ -175,7 +175,7 @@ def _worker_tokens(args: argparse.Namespace) -> list[str]:
     """The token `evora worker` sends, to keep it out of its logs as well."""
     if args.command != "worker":
         return []
-    from evora.sdk.worker import ENV_WORKER_TOKEN
+    from evora.sdk.loading import ENV_WORKER_TOKEN
 
     return [token for token in (args.token, os.environ.get(ENV_WORKER_TOKEN)) if token]
 

@@ -11,7 +11,7 @@ import pytest
 
 import evora
 from evora.sdk.handlers import runs_on_loop
-from evora.sdk.worker import MAX_ERROR_MESSAGE, failure_from_exception
+from evora.sdk.running import MAX_ERROR_MESSAGE, failure_from_exception
 
 
 async def noop(job: evora.Job) -> None:

@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 
 import evora
-from evora.sdk.worker import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_DISPATCHER_URL,
-    WorkerLoadError,
-    load_worker,
-    run_worker_from_module,
-)
+from evora.sdk.loading import WorkerLoadError, load_worker, run_worker_from_module
+from evora.sdk.settings import DEFAULT_CONCURRENCY, DEFAULT_DISPATCHER_URL
 
 MakeModule = Callable[[str], str]
 

@@ -470,7 +470,7 @@ async def test_jobs_of_a_type_without_handler_fail_retryably(
 async def test_sigterm_stops_the_worker_command_gracefully(fake: FakeEvora, client: Client) -> None:
     code = (
         "import sys\n"
-        "from evora.sdk.worker import run_worker_from_module\n"
+        "from evora.sdk.loading import run_worker_from_module\n"
         f"sys.exit(run_worker_from_module('examples.worker_example', url={fake.url!r},"
         f" token={WORKER_TOKEN!r}, queues=['demo'], concurrency=2))\n"
     )

@@ -26,7 +26,9 @@ from evora.sdk.errors import (
     UnauthorizedError,
 )
 from evora.sdk.handlers import Handler, Handlers, Job
-from evora.sdk.worker import Worker, WorkerSettings, run_worker_from_module
+from evora.sdk.loading import run_worker_from_module
+from evora.sdk.settings import WorkerSettings
+from evora.sdk.worker import Worker
 
 __all__ = [
     "BadRequestError",

@@ -29,6 +29,11 @@ Life of a job in the worker:
    handlers than `concurrency` at once; the threads are daemon threads, so a stopped
    worker process exits without waiting for them.
 
+The parts live in modules of their own: `settings` (defaults and checks), `running` (one
+job's task, interrupts and outcome), `executor` (running handlers, threads included),
+`heartbeats`, `reports` (outcomes and releases to the dispatcher) and `loading`
+(`evora worker MODULE`); this module claims jobs and runs each through those parts.
+
 Shutdown (`stop()`, or SIGTERM/SIGINT under `run()`): the in-flight long-poll is cancelled,
 in-flight jobs get `grace_period` seconds to finish, handlers still running after that are
 cancelled and their jobs released (a second signal does that at once), outcomes are flushed,
@@ -42,192 +47,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import inspect
 import logging
-import os
-import re
-import secrets
 import signal
-import socket
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Final, Literal, TypeVar
-
-import orjson
+from typing import Any
 
 from evora import loops
-from evora.domain.models import QUEUE_PATTERN
 from evora.logs import bind
-from evora.sdk._http import RETRYABLE_STATUSES, RetryBackoff, Transport, should_retry
-from evora.sdk.acks import Ack, AckBatcher
-from evora.sdk.errors import (
-    EvoraClientError,
-    EvoraHTTPError,
-    JobNotFoundError,
-    LeaseLostError,
+from evora.sdk._http import RetryBackoff, Transport
+from evora.sdk.acks import Ack
+from evora.sdk.errors import EvoraClientError, EvoraHTTPError
+from evora.sdk.executor import Executor
+from evora.sdk.handlers import H, Handler, Handlers, Job
+from evora.sdk.heartbeats import Heartbeats
+from evora.sdk.reports import Reports
+from evora.sdk.running import Interrupt, RunningJob
+from evora.sdk.settings import (
+    DEFAULT_BLOCKED_LOOP_WARNING,
+    DEFAULT_CONCURRENCY,
+    IDLE_PAUSE_SECONDS,
+    MAX_CLAIM,
+    WorkerSettings,
+    default_worker_id,
 )
-from evora.sdk.handlers import H, Handler, Handlers, Job, runs_on_loop
-from evora.sdk.threads import HandlerThreads
 from evora.sdk.watchdog import LoopWatchdog
 
 log = logging.getLogger("evora.worker")
-
-DEFAULT_DISPATCHER_URL: Final = "http://127.0.0.1:8081"
-DEFAULT_CONCURRENCY: Final = 10
-# Seconds without an event loop tick before the watchdog warns. Well below any lease (the
-# default is 60 s, heartbeats go every third of it) so the warning comes before the damage,
-# well above what a healthy loop ever takes for one step.
-DEFAULT_BLOCKED_LOOP_WARNING: Final = 1.0
-MAX_QUEUES: Final = 20
-MAX_CLAIM: Final = 500
-# With wait_seconds=0 (no long-poll), how long an idle worker waits before asking again.
-IDLE_PAUSE_SECONDS: Final = 0.5
-# Long enough for any useful message, short enough that a failure report never hits a limit.
-MAX_ERROR_MESSAGE: Final = 4096
-
-_QUEUE_RE = re.compile(QUEUE_PATTERN)
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-def failure_from_exception(exc: BaseException) -> dict[str, Any]:
-    """The `error` of a fail report: retryable unless the exception has a false `retryable`
-    attribute (as `NonRetryable` does)."""
-    message = str(exc) or type(exc).__name__
-    return {
-        "message": message[:MAX_ERROR_MESSAGE],
-        "type": type(exc).__name__,
-        "retryable": bool(getattr(exc, "retryable", True)),
-    }
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    """Everything a `Worker` was configured with; see `Worker` for the meaning."""
-
-    url: str
-    token: str | None
-    queues: tuple[str, ...]
-    concurrency: int
-    worker_id: str
-    types: tuple[str, ...] | None
-    wait_seconds: float
-    grace_period: float
-    heartbeat_fraction: float
-    cancel_grace: float
-    ack_linger: float
-    ack_batch_size: int
-    request_timeout: float
-    shutdown_timeout: float
-    backoff: RetryBackoff
-    handler_threads: int | None = None
-    blocked_loop_warning: float | None = DEFAULT_BLOCKED_LOOP_WARNING
-
-    def __post_init__(self) -> None:
-        if not 1 <= len(self.queues) <= MAX_QUEUES:
-            raise ValueError(f"a worker needs 1..{MAX_QUEUES} queues, got {len(self.queues)}")
-        for queue in self.queues:
-            if not _QUEUE_RE.fullmatch(queue):
-                raise ValueError(f"invalid queue name {queue!r}")
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if not 0 <= self.wait_seconds <= 60:
-            raise ValueError("wait_seconds must be 0..60")
-        if not 0 < self.heartbeat_fraction < 1:
-            raise ValueError("heartbeat_fraction must be between 0 and 1")
-        if min(self.grace_period, self.cancel_grace, self.ack_linger) < 0:
-            raise ValueError("grace_period, cancel_grace and ack_linger must not be negative")
-        if min(self.request_timeout, self.shutdown_timeout) <= 0:
-            raise ValueError("request_timeout and shutdown_timeout must be positive")
-        if self.handler_threads is not None and self.handler_threads < 1:
-            raise ValueError("handler_threads must be at least 1")
-        if self.blocked_loop_warning is not None and self.blocked_loop_warning <= 0:
-            raise ValueError("blocked_loop_warning must be positive (or None: no watchdog)")
-
-
-class _Interrupt(StrEnum):
-    CANCEL = "cancel requested"
-    SHUTDOWN = "shutdown"
-    LEASE_LOST = "lease lost"
-
-
-_Release = Literal["release"]
-_Abandon = Literal["abandon"]
-
-
-@dataclass(eq=False, slots=True)
-class _Running:
-    """One job and the task running it. The handler runs in that task (or, a sync one, in
-    `thread`, which the task awaits), so interrupting the handler cancels the task while
-    `in_handler`; `interrupts` counts those cancellations, which the task takes back once
-    the handler has ended."""
-
-    job: Job
-    task: asyncio.Task[None] = field(init=False)
-    in_handler: bool = False
-    interrupted: _Interrupt | None = None
-    interrupts: int = 0
-    # A timer until the first heartbeat is due, then the task sending heartbeats.
-    heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
-    cancel_timer: asyncio.TimerHandle | None = None
-    # A sync handler's call in a handler thread; it may outlive the task.
-    thread: Future[Any] | None = None
-
-    def interrupt(self, why: _Interrupt) -> None:
-        """Cancel the handler if it still runs; the first reason given is the one acted on."""
-        if self.in_handler:
-            self.interrupted = self.interrupted or why
-            self.interrupts += 1
-            self.task.cancel()
-
-    def give_up(self) -> None:
-        """Cancel the task whatever it waits for, and stop its timers at once: a handler that
-        ignores cancellation keeps the task alive, but it reports nothing when it ends."""
-        self.stop_timers()
-        self.task.cancel()
-
-    def stop_timers(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat.cancel()
-        if self.cancel_timer is not None:
-            self.cancel_timer.cancel()
-
-    def outcome(
-        self, result: Any, error: BaseException | None, cancelled: bool
-    ) -> Ack | _Release | _Abandon:
-        """What to tell the dispatcher once the handler has ended."""
-        job = self.job
-        if self.interrupted is _Interrupt.LEASE_LOST:
-            return "abandon"
-        if cancelled or error is not None:
-            if self.interrupted is not None or job.cancel_requested:
-                return "release"
-            failure = failure_from_exception(error or asyncio.CancelledError())
-            log.warning(
-                "job %s (%s, attempt %d of %d) failed: %s",
-                job.id,
-                job.type,
-                job.attempt,
-                job.max_attempts,
-                failure["message"],
-                exc_info=error,
-            )
-            return Ack(job.id, job.lease_token, "fail", error=failure)
-        try:
-            encoded = orjson.Fragment(orjson.dumps(result))
-        except TypeError as exc:
-            # Deterministic: running the handler again would return the same thing.
-            log.error("job %s: the handler's result is not JSON-serialisable: %s", job.id, exc)
-            message = f"the handler's result is not JSON-serialisable: {exc}"
-            error_body = {"message": message, "type": type(exc).__name__, "retryable": False}
-            return Ack(job.id, job.lease_token, "fail", error=error_body)
-        return Ack(job.id, job.lease_token, "complete", result=encoded)
 
 
 class Worker:
@@ -312,34 +159,39 @@ class Worker:
             backoff=RetryBackoff(),
             connection_limit=0,
         )
-        self._acks = AckBatcher(
-            self._send_acks,
+        self._executor = Executor(
+            settings.worker_id, settings.handler_threads or settings.concurrency
+        )
+        self._reports = Reports(
+            self._http,
             max_batch=settings.ack_batch_size,
             linger=settings.ack_linger,
-            expect_more=lambda: self._handlers > 0,
+            expect_more=lambda: self._executor.running > 0,
             backoff=settings.backoff,
+        )
+        self._heartbeats = Heartbeats(
+            self._http,
+            fraction=settings.heartbeat_fraction,
+            request_timeout=settings.request_timeout,
+            cancel_grace=settings.cancel_grace,
         )
         # Slots stay taken until a job's outcome is recorded, not just until its handler
         # returns: otherwise claims outrun acks under a backlog, unacked outcomes pile up and
-        # their leases can expire under finished jobs. `_handlers` counts those still running.
+        # their leases can expire under finished jobs.
         self._busy = 0
-        self._handlers = 0
-        self._running: set[_Running] = set()
+        self._running: set[RunningJob] = set()
         self._slot_freed = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._stopped = asyncio.Event()
         self._claim_task: asyncio.Task[None] | None = None
         self._started = False
-        self._threads = HandlerThreads(
-            settings.handler_threads or settings.concurrency, name="evora-handler"
-        )
         self._watchdog = (
             None
             if settings.blocked_loop_warning is None
             else LoopWatchdog(settings.blocked_loop_warning, self._describe_task)
         )
 
-    def _reconfigured(
+    def reconfigured(
         self,
         *,
         url: str | None = None,
@@ -403,7 +255,7 @@ class Worker:
 
     def _interrupt_all(self) -> None:
         for running in self._running:
-            running.interrupt(_Interrupt.SHUTDOWN)
+            running.interrupt(Interrupt.SHUTDOWN)
 
     async def serve(self) -> None:
         """Claim and run jobs until `stop()`; for use inside a running event loop.
@@ -418,7 +270,7 @@ class Worker:
         if self._started:
             raise RuntimeError("this Worker has already served; create a new one")
         self._started = True
-        self._acks.start()
+        self._reports.start()
         if self._watchdog is not None:
             self._watchdog.start()
         log.info(
@@ -494,29 +346,25 @@ class Worker:
 
     def _start(self, data: Mapping[str, Any]) -> None:
         job = Job.from_claim(data)
-        running = _Running(job)
+        running = RunningJob(job)
         self._busy += 1
         running.task = asyncio.get_running_loop().create_task(
             self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
         )
         self._running.add(running)
 
-    async def _process(self, running: _Running, handler: Handler | None) -> None:
+    async def _process(self, running: RunningJob, handler: Handler | None) -> None:
         job = running.job
         # This task runs in a copy of the context, so nothing needs unbinding. Its records,
         # the handler's and the heartbeats' say which job.
         bind(job_id=job.id, queue=job.queue, job_type=job.type)
-        interval = job.lease_seconds * self.settings.heartbeat_fraction
-        # Most jobs end long before their first heartbeat: a timer is cheaper than a task.
-        running.heartbeat = asyncio.get_running_loop().call_later(
-            interval, self._start_heartbeats, running, interval
-        )
+        self._heartbeats.schedule(running)
         try:
-            outcome = await self._execute(running, handler)
+            outcome = await self._executor.execute(running, handler)
             if outcome == "release":
-                await self._release(job)
+                await self._reports.release(job)
             elif isinstance(outcome, Ack):
-                await self._report(outcome)
+                await self._reports.report(outcome)
         except EvoraClientError as exc:
             log.error(
                 "job %s: could not tell the dispatcher how it ended (%s); it will run again "
@@ -536,7 +384,7 @@ class Worker:
         self._busy -= 1
         self._slot_freed.set()
 
-    def _free_slot_when_done(self, running: _Running) -> None:
+    def _free_slot_when_done(self, running: RunningJob) -> None:
         """The job is over for the worker but its sync handler still runs: its thread keeps
         the slot, so abandoned threads never add up to more than `concurrency`."""
         assert running.thread is not None
@@ -554,173 +402,6 @@ class Worker:
                 loop.call_soon_threadsafe(self._free_slot)
 
         running.thread.add_done_callback(done)
-
-    async def _execute(
-        self, running: _Running, handler: Handler | None
-    ) -> Ack | _Release | _Abandon:
-        job = running.job
-        if handler is None:
-            # Retryable: another worker of the fleet may know the type.
-            log.error("job %s: no handler for type %r", job.id, job.type)
-            message = f"worker {self.settings.worker_id} has no handler for {job.type!r}"
-            error = {"message": message, "type": "UnknownJobType", "retryable": True}
-            return Ack(job.id, job.lease_token, "fail", error=error)
-        result: Any = None
-        failure: BaseException | None = None
-        cancelled = False
-        self._handlers += 1
-        running.in_handler = True
-        try:
-            if runs_on_loop(handler):
-                result = await handler(job)
-            else:
-                running.thread = self._threads.submit(lambda: handler(job))
-                # Cancelling this await (an interrupt) leaves the thread running.
-                result = await asyncio.wrap_future(running.thread)
-        except asyncio.CancelledError:
-            cancelled = True
-        except (KeyboardInterrupt, SystemExit, GeneratorExit):
-            raise  # the process or this coroutine ends, not just the handler
-        except BaseException as exc:
-            failure = exc
-        finally:
-            running.in_handler = False
-            self._handlers -= 1
-        task = running.task
-        for _ in range(running.interrupts):
-            task.uncancel()
-        if task.cancelling():
-            # Cancelled by someone else (shutdown giving up, or asyncio.run ending): nothing
-            # is reported, whatever the handler did with the cancellation.
-            raise asyncio.CancelledError
-        return running.outcome(result, failure, cancelled)
-
-    def _start_heartbeats(self, running: _Running, interval: float) -> None:
-        running.heartbeat = asyncio.get_running_loop().create_task(
-            self._heartbeat(running, interval), name=f"evora-hb-{running.job.id}"
-        )
-
-    async def _heartbeat(self, running: _Running, interval: float) -> None:
-        job = running.job
-        loop = asyncio.get_running_loop()
-        while True:
-            # Every `delay` from one send to the next, however long the answer took.
-            sent_at = loop.time()
-            delay = interval
-            body: dict[str, Any] = {"lease_token": job.lease_token}
-            progress = job._take_progress()
-            if progress is not None:
-                body["progress"] = progress
-            try:
-                resp = await self._http.request(
-                    "POST",
-                    f"/v1/jobs/{job.id}/heartbeat",
-                    body=body,
-                    idempotent=True,
-                    retries=0,
-                    time_limit=min(interval, self.settings.request_timeout),
-                )
-            except (LeaseLostError, JobNotFoundError) as exc:
-                log.warning("job %s: %s; abandoning it", job.id, exc)
-                running.interrupt(_Interrupt.LEASE_LOST)
-                return
-            except EvoraClientError as exc:
-                if should_retry(exc, idempotent=True):
-                    if progress is not None:
-                        job._restore_progress(progress)
-                    # Sooner than usual: the lease keeps running out meanwhile.
-                    delay = interval / 4
-                log.warning("job %s: heartbeat failed: %s", job.id, exc)
-            else:
-                if resp.data.get("cancel_requested") and not job.cancel_requested:
-                    self._on_cancel_requested(running)
-            await asyncio.sleep(max(0.0, sent_at + delay - loop.time()))
-
-    def _on_cancel_requested(self, running: _Running) -> None:
-        running.job.cancel_event.set()
-        if running.in_handler:
-            log.info(
-                "job %s: cancellation requested; the handler has %.1fs to stop",
-                running.job.id,
-                self.settings.cancel_grace,
-            )
-            running.cancel_timer = asyncio.get_running_loop().call_later(
-                self.settings.cancel_grace, running.interrupt, _Interrupt.CANCEL
-            )
-
-    async def _release(self, job: Job) -> None:
-        try:
-            await self._http.request(
-                "POST",
-                f"/v1/jobs/{job.id}/release",
-                body={"lease_token": job.lease_token},
-                idempotent=True,
-            )
-        except (LeaseLostError, JobNotFoundError) as exc:
-            log.info("job %s: nothing to release (%s)", job.id, exc)
-            return
-        log.info("job %s released", job.id)
-
-    async def _report(self, ack: Ack) -> None:
-        status = await self._acks.submit(ack)
-        if status == 409:
-            log.warning(
-                "job %s: its lease was lost before the outcome was recorded; the job was "
-                "taken away (another attempt owns it now)",
-                ack.job_id,
-            )
-        elif status == 404:
-            log.warning("job %s no longer exists; its outcome was dropped", ack.job_id)
-        elif status != 200:
-            log.error("job %s: the dispatcher answered %d to its outcome", ack.job_id, status)
-
-    async def _send_acks(self, acks: Sequence[Ack]) -> dict[str, int]:
-        try:
-            resp = await self._http.request(
-                "POST",
-                "/v1/acks",
-                body={"acks": [ack.item() for ack in acks]},
-                idempotent=True,
-                retries=0,
-            )
-        except EvoraHTTPError as exc:
-            if exc.status in RETRYABLE_STATUSES:
-                raise
-            # One bad item (a result over the size limit, say) must not sink the others.
-            log.warning(
-                "the dispatcher rejected a batch of %d outcomes (%s); sending them one by one",
-                len(acks),
-                exc,
-            )
-            return {ack.job_id: await self._send_one(ack) for ack in acks}
-        statuses = {str(item["id"]): int(item["status"]) for item in resp.data["results"]}
-        missing = [ack.job_id for ack in acks if ack.job_id not in statuses]
-        if missing:
-            raise EvoraClientError(f"the dispatcher's answer lacks jobs {', '.join(missing)}")
-        return statuses
-
-    async def _send_one(self, ack: Ack) -> int:
-        try:
-            await self._http.request(
-                "POST",
-                f"/v1/jobs/{ack.job_id}/{ack.outcome}",
-                body=ack.endpoint_body(),
-                idempotent=True,
-                retries=0,
-            )
-        except EvoraHTTPError as exc:
-            if exc.status in RETRYABLE_STATUSES:
-                raise
-            if exc.status in (404, 409):
-                return exc.status
-            if ack.outcome == "complete":
-                log.error("job %s: the dispatcher rejected its result (%s)", ack.job_id, exc)
-                message = f"the dispatcher rejected the result: {exc}"[:MAX_ERROR_MESSAGE]
-                error = {"message": message, "type": type(exc).__name__, "retryable": False}
-                return await self._send_one(Ack(ack.job_id, ack.lease_token, "fail", error=error))
-            log.error("job %s: the dispatcher rejected its failure report (%s)", ack.job_id, exc)
-            return exc.status
-        return 200
 
     async def _shutdown(self) -> None:
         self._stop_requested.set()
@@ -745,10 +426,10 @@ class Worker:
                     await asyncio.wait(tasks)
             # Every outcome a job task waited for has been sent; what is left belongs to
             # tasks given up on just now, so this is a last, short chance.
-            await self._acks.close(within=1.0)
+            await self._reports.close(within=1.0)
             await self._http.close()
         finally:
-            self._threads.close()
+            self._executor.close()
             if self._watchdog is not None:
                 self._watchdog.stop()
             self._stopped.set()
@@ -778,132 +459,3 @@ def _name_of(handler: Handler | None) -> str:
     name = getattr(handler, "__qualname__", None) or repr(handler)
     module = inspect.getmodule(handler)
     return f"{module.__name__}.{name}" if module is not None else name
-
-
-# `evora worker MODULE`
-
-ENV_DISPATCHER_URL: Final = "EVORA_DISPATCHER_URL"
-ENV_WORKER_TOKEN: Final = "EVORA_WORKER_TOKEN"
-ENV_WORKER_QUEUES: Final = "EVORA_WORKER_QUEUES"
-ENV_WORKER_CONCURRENCY: Final = "EVORA_WORKER_CONCURRENCY"
-
-
-class WorkerLoadError(Exception):
-    """MODULE cannot give a worker; the message is one human-readable line."""
-
-
-_T = TypeVar("_T")
-
-
-def _instances(values: Iterable[object], cls: type[_T]) -> list[_T]:
-    # By identity: a module may hold the same object under two names.
-    return list({id(value): value for value in values if isinstance(value, cls)}.values())
-
-
-def load_worker(
-    module_name: str,
-    *,
-    url: str | None = None,
-    token: str | None = None,
-    queues: Sequence[str] | None = None,
-    concurrency: int | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Worker:
-    """The worker `evora worker MODULE` runs; see `run_worker_from_module`."""
-    # Like `python -m`: a module next to where the command runs is importable.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name + ".").startswith(exc.name + "."):
-            raise WorkerLoadError(f"cannot import {module_name}: {exc}") from exc
-        raise
-    values = list(vars(module).values())
-    try:
-        worker = _worker_from(module_name, values, url, token, queues, concurrency, environ)
-    except ValueError as exc:
-        raise WorkerLoadError(str(exc)) from exc
-    if not (worker.settings.types or worker.handlers.types):
-        raise WorkerLoadError(f"{module_name} registers no handlers")
-    return worker
-
-
-def _worker_from(
-    module_name: str,
-    values: list[object],
-    url: str | None,
-    token: str | None,
-    queues: Sequence[str] | None,
-    concurrency: int | None,
-    environ: Mapping[str, str] | None,
-) -> Worker:
-    workers = _instances(values, Worker)
-    if len(workers) > 1:
-        raise WorkerLoadError(f"{module_name} defines {len(workers)} evora.Worker objects")
-    if workers:
-        return workers[0]._reconfigured(
-            url=url, token=token, queues=queues, concurrency=concurrency
-        )
-    registries = _instances(values, Handlers)
-    if not registries:
-        raise WorkerLoadError(f"{module_name} defines no evora.Worker and no evora.Handlers")
-    handlers = Handlers()
-    for registry in registries:
-        handlers.include(registry)
-    env = os.environ if environ is None else environ
-    queue_names = queues or [q.strip() for q in env.get(ENV_WORKER_QUEUES, "").split(",")]
-    queue_names = [name for name in queue_names if name]
-    if not queue_names:
-        raise WorkerLoadError(f"no queues given: pass them or set {ENV_WORKER_QUEUES}")
-    if concurrency is None:
-        raw = env.get(ENV_WORKER_CONCURRENCY, "").strip()
-        if raw and not raw.isdigit():
-            raise WorkerLoadError(f"{ENV_WORKER_CONCURRENCY} must be an integer, got {raw!r}")
-        concurrency = int(raw) if raw else DEFAULT_CONCURRENCY
-    return Worker(
-        url or env.get(ENV_DISPATCHER_URL) or DEFAULT_DISPATCHER_URL,
-        token or env.get(ENV_WORKER_TOKEN) or None,
-        queue_names,
-        concurrency,
-        handlers=handlers,
-    )
-
-
-def run_worker_from_module(
-    module_name: str,
-    *,
-    url: str | None,
-    token: str | None,
-    queues: list[str] | None,
-    concurrency: int | None,
-) -> int:
-    """Run the worker MODULE defines until SIGTERM/SIGINT; the exit status is returned.
-
-    MODULE is imported (the current directory is importable, as with `python -m`), then:
-
-    - if it holds an `evora.Worker`, that worker runs, with `url`, `token`, `queues` and
-      `concurrency` replacing its own settings where given (not None);
-    - otherwise its `evora.Handlers` registries (all of them, merged) are run by a new
-      worker configured from the arguments, else from the environment:
-      `EVORA_DISPATCHER_URL` (default http://127.0.0.1:8081), `EVORA_WORKER_TOKEN`,
-      `EVORA_WORKER_QUEUES` (comma-separated, required one way or the other) and
-      `EVORA_WORKER_CONCURRENCY` (default 10).
-
-    Returns 0 after a graceful stop, 1 when the dispatcher refused the worker (bad token,
-    say), 2 when MODULE gives no runnable worker; problems are printed on one line to
-    stderr.
-    """
-    try:
-        worker = load_worker(
-            module_name, url=url, token=token, queues=queues, concurrency=concurrency
-        )
-    except WorkerLoadError as exc:
-        print(f"evora worker: {exc}", file=sys.stderr)
-        return 2
-    try:
-        worker.run()
-    except EvoraClientError as exc:
-        print(f"evora worker: {exc}", file=sys.stderr)
-        return 1
-    return 0

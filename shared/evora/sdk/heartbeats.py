@@ -1,0 +1,89 @@
+"""Heartbeats: every `heartbeat_fraction` of a job's lease, extend the lease, carry the
+progress its handler reported, and learn about cancel requests. A job's heartbeat task
+starts only when its first heartbeat is due (a timer until then), as most jobs end sooner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from evora.sdk._http import Transport, should_retry
+from evora.sdk.errors import EvoraClientError, JobNotFoundError, LeaseLostError
+from evora.sdk.running import Interrupt, RunningJob
+
+log = logging.getLogger("evora.worker")
+
+
+class Heartbeats:
+    def __init__(
+        self, http: Transport, *, fraction: float, request_timeout: float, cancel_grace: float
+    ) -> None:
+        self._http = http
+        self._fraction = fraction
+        self._request_timeout = request_timeout
+        self._cancel_grace = cancel_grace
+
+    def schedule(self, running: RunningJob) -> None:
+        """Arm the job's first heartbeat; `running.stop_timers()` ends them."""
+        interval = running.job.lease_seconds * self._fraction
+        # Most jobs end long before their first heartbeat: a timer is cheaper than a task.
+        running.heartbeat = asyncio.get_running_loop().call_later(
+            interval, self._start, running, interval
+        )
+
+    def _start(self, running: RunningJob, interval: float) -> None:
+        running.heartbeat = asyncio.get_running_loop().create_task(
+            self._beat(running, interval), name=f"evora-hb-{running.job.id}"
+        )
+
+    async def _beat(self, running: RunningJob, interval: float) -> None:
+        job = running.job
+        loop = asyncio.get_running_loop()
+        while True:
+            # Every `delay` from one send to the next, however long the answer took.
+            sent_at = loop.time()
+            delay = interval
+            body: dict[str, Any] = {"lease_token": job.lease_token}
+            progress = job._take_progress()
+            if progress is not None:
+                body["progress"] = progress
+            try:
+                resp = await self._http.request(
+                    "POST",
+                    f"/v1/jobs/{job.id}/heartbeat",
+                    body=body,
+                    idempotent=True,
+                    retries=0,
+                    time_limit=min(interval, self._request_timeout),
+                )
+            except (LeaseLostError, JobNotFoundError) as exc:
+                log.warning("job %s: %s; abandoning it", job.id, exc)
+                running.interrupt(Interrupt.LEASE_LOST)
+                return
+            except EvoraClientError as exc:
+                if should_retry(exc, idempotent=True):
+                    if progress is not None:
+                        job._restore_progress(progress)
+                    # Sooner than usual: the lease keeps running out meanwhile.
+                    delay = interval / 4
+                log.warning("job %s: heartbeat failed: %s", job.id, exc)
+            else:
+                if resp.data.get("cancel_requested") and not job.cancel_requested:
+                    self._cancel_requested(running)
+            await asyncio.sleep(max(0.0, sent_at + delay - loop.time()))
+
+    def _cancel_requested(self, running: RunningJob) -> None:
+        """Tell the handler (`job.cancel_event`); cancel it if it has not ended after
+        `cancel_grace` seconds."""
+        running.job.cancel_event.set()
+        if running.in_handler:
+            log.info(
+                "job %s: cancellation requested; the handler has %.1fs to stop",
+                running.job.id,
+                self._cancel_grace,
+            )
+            running.cancel_timer = asyncio.get_running_loop().call_later(
+                self._cancel_grace, running.interrupt, Interrupt.CANCEL
+            )

@@ -1,0 +1,122 @@
+"""Telling the dispatcher how jobs ended: outcomes go through the `AckBatcher` into
+`POST /v1/acks` (one by one when the dispatcher rejects a whole batch, so one bad item does
+not sink the others); releases go one at a time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from evora.sdk._http import RETRYABLE_STATUSES, RetryBackoff, Transport
+from evora.sdk.acks import Ack, AckBatcher
+from evora.sdk.errors import (
+    EvoraClientError,
+    EvoraHTTPError,
+    JobNotFoundError,
+    LeaseLostError,
+)
+from evora.sdk.handlers import Job
+from evora.sdk.running import MAX_ERROR_MESSAGE
+
+log = logging.getLogger("evora.worker")
+
+
+class Reports:
+    def __init__(
+        self,
+        http: Transport,
+        *,
+        max_batch: int,
+        linger: float,
+        expect_more: Callable[[], bool],
+        backoff: RetryBackoff,
+    ) -> None:
+        self._http = http
+        self._batcher = AckBatcher(
+            self._send_acks,
+            max_batch=max_batch,
+            linger=linger,
+            expect_more=expect_more,
+            backoff=backoff,
+        )
+
+    def start(self) -> None:
+        self._batcher.start()
+
+    async def close(self, *, within: float) -> None:
+        """Send what is still queued, for at most `within` seconds."""
+        await self._batcher.close(within=within)
+
+    async def release(self, job: Job) -> None:
+        try:
+            await self._http.request(
+                "POST",
+                f"/v1/jobs/{job.id}/release",
+                body={"lease_token": job.lease_token},
+                idempotent=True,
+            )
+        except (LeaseLostError, JobNotFoundError) as exc:
+            log.info("job %s: nothing to release (%s)", job.id, exc)
+            return
+        log.info("job %s released", job.id)
+
+    async def report(self, ack: Ack) -> None:
+        status = await self._batcher.submit(ack)
+        if status == 409:
+            log.warning(
+                "job %s: its lease was lost before the outcome was recorded; the job was "
+                "taken away (another attempt owns it now)",
+                ack.job_id,
+            )
+        elif status == 404:
+            log.warning("job %s no longer exists; its outcome was dropped", ack.job_id)
+        elif status != 200:
+            log.error("job %s: the dispatcher answered %d to its outcome", ack.job_id, status)
+
+    async def _send_acks(self, acks: Sequence[Ack]) -> dict[str, int]:
+        try:
+            resp = await self._http.request(
+                "POST",
+                "/v1/acks",
+                body={"acks": [ack.item() for ack in acks]},
+                idempotent=True,
+                retries=0,
+            )
+        except EvoraHTTPError as exc:
+            if exc.status in RETRYABLE_STATUSES:
+                raise
+            # One bad item (a result over the size limit, say) must not sink the others.
+            log.warning(
+                "the dispatcher rejected a batch of %d outcomes (%s); sending them one by one",
+                len(acks),
+                exc,
+            )
+            return {ack.job_id: await self._send_one(ack) for ack in acks}
+        statuses = {str(item["id"]): int(item["status"]) for item in resp.data["results"]}
+        missing = [ack.job_id for ack in acks if ack.job_id not in statuses]
+        if missing:
+            raise EvoraClientError(f"the dispatcher's answer lacks jobs {', '.join(missing)}")
+        return statuses
+
+    async def _send_one(self, ack: Ack) -> int:
+        try:
+            await self._http.request(
+                "POST",
+                f"/v1/jobs/{ack.job_id}/{ack.outcome}",
+                body=ack.endpoint_body(),
+                idempotent=True,
+                retries=0,
+            )
+        except EvoraHTTPError as exc:
+            if exc.status in RETRYABLE_STATUSES:
+                raise
+            if exc.status in (404, 409):
+                return exc.status
+            if ack.outcome == "complete":
+                log.error("job %s: the dispatcher rejected its result (%s)", ack.job_id, exc)
+                message = f"the dispatcher rejected the result: {exc}"[:MAX_ERROR_MESSAGE]
+                error = {"message": message, "type": type(exc).__name__, "retryable": False}
+                return await self._send_one(Ack(ack.job_id, ack.lease_token, "fail", error=error))
+            log.error("job %s: the dispatcher rejected its failure report (%s)", ack.job_id, exc)
+            return exc.status
+        return 200

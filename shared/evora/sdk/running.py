@@ -1,0 +1,111 @@
+"""One job inside the worker: the task running it, what may interrupt its handler, and what
+the worker tells the dispatcher once the handler has ended."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+import orjson
+
+from evora.sdk.acks import Ack
+from evora.sdk.handlers import Job
+
+log = logging.getLogger("evora.worker")
+
+# Long enough for any useful message, short enough that a failure report never hits a limit.
+MAX_ERROR_MESSAGE: Final = 4096
+
+
+def failure_from_exception(exc: BaseException) -> dict[str, Any]:
+    """The `error` of a fail report: retryable unless the exception has a false `retryable`
+    attribute (as `NonRetryable` does)."""
+    message = str(exc) or type(exc).__name__
+    return {
+        "message": message[:MAX_ERROR_MESSAGE],
+        "type": type(exc).__name__,
+        "retryable": bool(getattr(exc, "retryable", True)),
+    }
+
+
+class Interrupt(StrEnum):
+    CANCEL = "cancel requested"
+    SHUTDOWN = "shutdown"
+    LEASE_LOST = "lease lost"
+
+
+Release = Literal["release"]
+Abandon = Literal["abandon"]
+
+
+@dataclass(eq=False, slots=True)
+class RunningJob:
+    """One job and the task running it. The handler runs in that task (or, a sync one, in
+    `thread`, which the task awaits), so interrupting the handler cancels the task while
+    `in_handler`; `interrupts` counts those cancellations, which the task takes back once
+    the handler has ended."""
+
+    job: Job
+    task: asyncio.Task[None] = field(init=False)
+    in_handler: bool = False
+    interrupted: Interrupt | None = None
+    interrupts: int = 0
+    # A timer until the first heartbeat is due, then the task sending heartbeats.
+    heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
+    cancel_timer: asyncio.TimerHandle | None = None
+    # A sync handler's call in a handler thread; it may outlive the task.
+    thread: Future[Any] | None = None
+
+    def interrupt(self, why: Interrupt) -> None:
+        """Cancel the handler if it still runs; the first reason given is the one acted on."""
+        if self.in_handler:
+            self.interrupted = self.interrupted or why
+            self.interrupts += 1
+            self.task.cancel()
+
+    def give_up(self) -> None:
+        """Cancel the task whatever it waits for, and stop its timers at once: a handler that
+        ignores cancellation keeps the task alive, but it reports nothing when it ends."""
+        self.stop_timers()
+        self.task.cancel()
+
+    def stop_timers(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+        if self.cancel_timer is not None:
+            self.cancel_timer.cancel()
+
+    def outcome(
+        self, result: Any, error: BaseException | None, cancelled: bool
+    ) -> Ack | Release | Abandon:
+        """What to tell the dispatcher once the handler has ended."""
+        job = self.job
+        if self.interrupted is Interrupt.LEASE_LOST:
+            return "abandon"
+        if cancelled or error is not None:
+            if self.interrupted is not None or job.cancel_requested:
+                return "release"
+            failure = failure_from_exception(error or asyncio.CancelledError())
+            log.warning(
+                "job %s (%s, attempt %d of %d) failed: %s",
+                job.id,
+                job.type,
+                job.attempt,
+                job.max_attempts,
+                failure["message"],
+                exc_info=error,
+            )
+            return Ack(job.id, job.lease_token, "fail", error=failure)
+        try:
+            encoded = orjson.Fragment(orjson.dumps(result))
+        except TypeError as exc:
+            # Deterministic: running the handler again would return the same thing.
+            log.error("job %s: the handler's result is not JSON-serialisable: %s", job.id, exc)
+            message = f"the handler's result is not JSON-serialisable: {exc}"
+            error_body = {"message": message, "type": type(exc).__name__, "retryable": False}
+            return Ack(job.id, job.lease_token, "fail", error=error_body)
+        return Ack(job.id, job.lease_token, "complete", result=encoded)
