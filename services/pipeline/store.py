@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 EVENTS_DIR = "events"
 STAGING_DIR = "_staging"
-RUN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 _FILE = re.compile(r"^part-(?P<run>\d{8}T\d{6}Z-[0-9a-f]{8})-(?P<n>\d{5,})\.parquet$")
 
 
@@ -89,9 +88,6 @@ class ArchiveStore:
                 continue
             found.append(ArchiveFile(url, partition, match["run"]))
         return found
-
-    def run_files(self, run_id: str) -> list[str]:
-        return [f.url for f in self.files() if f.run_id == run_id]
 
     def remove_uncommitted(self, committed: set[str]) -> int:
         """Delete files of runs that never committed, and any staging leftovers. Only safe

@@ -32,13 +32,6 @@ class EventName(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
 
 
-class DeadLetterReason(StrEnum):
-    EXPIRED = "expired"
-    FAILED = "failed"
-    NOT_RETRYABLE = "not_retryable"
-    LEASE_EXPIRED = "lease_expired"
-
-
 class Transition(NamedTuple):
     from_state: JobState | None
     to_state: JobState
@@ -64,9 +57,3 @@ TRANSITIONS: frozenset[Transition] = frozenset(
         Transition(_S.DLQ, _S.CANCELLED, _E.CANCELLED),
     }
 )
-
-FINAL_STATES: frozenset[JobState] = frozenset({_S.COMPLETED, _S.CANCELLED})
-
-
-def allowed(from_state: JobState | None, to_state: JobState) -> bool:
-    return any(t.from_state == from_state and t.to_state == to_state for t in TRANSITIONS)
