@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from evora.config import Settings
 from evora.domain.errors import EvoraError
 from evora.http.auth import TokenTable, authorize
+from evora.http.bodies import ClientDisconnected
 from evora.http.jsonio import json_response
 from evora.http.metrics import ServiceMetrics
 from evora.http.openapi import openapi_document
@@ -32,8 +33,11 @@ log = logging.getLogger(__name__)
 ReadinessCheck = Callable[[], Awaitable[str | None]]
 
 REQUEST_ID_HEADER = "X-Request-Id"
-# The largest body any endpoint accepts; each endpoint applies its own smaller limit.
+# The largest body any endpoint accepts; each endpoint applies its own smaller limit while
+# it reads (evora.http.bodies), so this only backs up aiohttp's own readers.
 ABSOLUTE_BODY_LIMIT = 256 * 1024 * 1024
+# nginx's "client closed request": counted apart from errors the service made.
+CLIENT_CLOSED_REQUEST = 499
 
 
 @dataclass
@@ -71,7 +75,9 @@ _HTTP_CODES = {
 
 def _problem_for_http_exception(exc: web.HTTPException) -> Problem:
     code, title = _HTTP_CODES.get(exc.status, ("http_error", exc.reason))
-    return Problem(exc.status, code, title, exc.text or exc.reason)
+    # A 405 says which methods the resource allows.
+    headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    return Problem(exc.status, code, title, exc.text or exc.reason, headers=headers)
 
 
 @web.middleware
@@ -99,6 +105,9 @@ async def _edge(
             if exc.status < 400:
                 raise
             response = _problem_for_http_exception(exc).response()
+        except ClientDisconnected as exc:
+            log.debug("client left %s %s before its body arrived: %s", request.method, route, exc)
+            response = web.Response(status=CLIENT_CLOSED_REQUEST)
         except DATABASE_UNAVAILABLE as exc:
             log.warning("database unavailable in %s %s: %r", request.method, route, exc)
             response = Problem(
