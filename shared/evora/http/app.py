@@ -21,6 +21,7 @@ from evora.http.jsonio import json_response
 from evora.http.metrics import ServiceMetrics
 from evora.http.openapi import openapi_document
 from evora.http.problems import Problem
+from evora.http.protocol import EdgeProtocol
 from evora.http.routing import Routes, endpoint_of, install
 from evora.logs import bind as bind_log_context
 from evora.logs import unbind as unbind_log_context
@@ -92,6 +93,8 @@ async def _edge(
     route = endpoint.path if endpoint else "unmatched"
     started = time.perf_counter()
     metrics.http_in_flight.labels(metrics.service).inc()
+    if isinstance(request.protocol, EdgeProtocol):
+        request.protocol.head_received()
     try:
         try:
             if endpoint is not None:
