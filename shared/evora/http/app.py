@@ -25,7 +25,7 @@ from evora.http.protocol import EdgeProtocol
 from evora.http.routing import Routes, endpoint_of, install
 from evora.logs import bind as bind_log_context
 from evora.logs import unbind as unbind_log_context
-from evora.storage.db import create_pool
+from evora.storage.db import create_pool, request_budget
 from evora.storage.migrate import missing_versions
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ REQUEST_ID_HEADER = "X-Request-Id"
 ABSOLUTE_BODY_LIMIT = 256 * 1024 * 1024
 # nginx's "client closed request": counted apart from errors the service made.
 CLIENT_CLOSED_REQUEST = 499
+# How long each use of the database by a request may take (waiting for a pool connection,
+# then its statements) before the request is answered 503 (see evora.storage.db).
+DATABASE_BUDGET_S = 10.0
 
 
 @dataclass
@@ -53,6 +56,7 @@ METRICS = web.AppKey("metrics", ServiceMetrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 READINESS = web.AppKey("readiness", list[ReadinessCheck])
 TOKENS = web.AppKey("tokens", TokenTable)
+DATABASE_BUDGET = web.AppKey("database_budget", float)
 REQUEST_ID = web.RequestKey("request_id", str)
 
 # Failures of the database, not of the request: the client may retry.
@@ -99,7 +103,8 @@ async def _edge(
         try:
             if endpoint is not None:
                 authorize(request, endpoint, request.app[TOKENS])
-            response = await handler(request)
+            with request_budget(request.app[DATABASE_BUDGET]):
+                response = await handler(request)
         except Problem as problem:
             response = problem.response()
         except EvoraError as error:
@@ -221,5 +226,6 @@ def create_base_app(settings: Settings, service: str, title: str) -> web.Applica
     app[LIFECYCLE] = Lifecycle()
     app[READINESS] = []
     app[TOKENS] = TokenTable(settings.token_roles() if settings.auth_enabled else None)
+    app[DATABASE_BUDGET] = DATABASE_BUDGET_S
     install(app, _ops_routes(title))
     return app
