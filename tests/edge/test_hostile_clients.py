@@ -171,7 +171,7 @@ async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
     [
         (b"NOT A REQUEST\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400),
-        (b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 20_000 + b"\r\n\r\n", 431),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 20_000 + b"\r\n\r\n", 400),
         (
             b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
             400,
@@ -182,9 +182,7 @@ async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
 async def test_what_the_http_parser_refuses_is_a_problem(
     api: Served, request_bytes: bytes, status: int
 ) -> None:
-    answer = await exchange(api.port, request_bytes)
-    assert 400 <= answer.status < 500
-    answer.problem(answer.status)
+    (await exchange(api.port, request_bytes)).problem(status)
 
 
 async def test_a_wrong_method_is_405_with_allow(api: Served) -> None:
