@@ -10,8 +10,9 @@ What one body may cost is bounded before it becomes Python objects:
   largest payload can, so it never costs more to parse than a single submission;
 - how deep it nests: the parser stops at `MAX_DEPTH` levels (422).
 
-The checks are O(bytes) in C (`bytes.count`, `in`, `re`), and the costlier ones (removing
-strings to count exactly, finding NaN outside strings) run only for bodies that need them.
+The checks are O(bytes) in C (`bytes.count`, `bytes.translate`, `in`, `re`), and the
+costlier ones (removing strings to count exactly, finding NaN outside strings) run only for
+bodies that need them.
 Then pydantic parses and validates in one pass (strict JSON). Every failure is a problem:
 400 malformed_json, 408 request_timeout, 413 payload_too_large, or 422 validation_error
 with the location of each error.
