@@ -5,8 +5,10 @@ bound, never a 5xx, a hang, or a WARNING."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,60 +21,76 @@ from evora.http import bodies
 from evora.http.app import METRICS
 from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.http.serve import serve_app
-from services.api.app import create_app
-from tests.e2e.conftest import PRODUCER_TOKEN, TOKENS, until
+from services.api.app import create_app as create_api
+from services.dispatcher.app import create_app as create_dispatcher
+from tests.e2e.conftest import PRODUCER_TOKEN, TOKENS, WORKER_TOKEN, until
 
 HEAD_TIMEOUT_S = 1.0
 SLOW_CLIENTS = 200
 # However loaded the machine, a slow client is gone well before this; before the bounds
 # such connections stayed open for minutes.
 CLOSED_WITHIN_S = 15.0
+TOKEN_OF = {"api": PRODUCER_TOKEN, "dispatcher": WORKER_TOKEN}
 
 
 class Served:
-    def __init__(self, app: web.Application, port: int) -> None:
+    def __init__(self, app: web.Application, service: str, port: int) -> None:
         self.app = app
+        self.service = service
         self.port = port
 
     def requests_counted(self, status_prefix: str) -> float:
-        registry = self.app[METRICS].registry
         total = 0.0
-        for family in registry.collect():
+        for family in self.app[METRICS].registry.collect():
             for sample in family.samples:
-                if sample.name == "evora_http_requests_total" and sample.labels[
-                    "status"
-                ].startswith(status_prefix):
+                status = sample.labels.get("status", "")
+                if sample.name == "evora_http_requests_total" and status.startswith(status_prefix):
                     total += sample.value
         return total
 
     def in_flight(self) -> float:
         value = self.app[METRICS].registry.get_sample_value(
-            "evora_http_requests_in_flight", {"service": "api"}
+            "evora_http_requests_in_flight", {"service": self.service}
         )
         return value or 0.0
 
 
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Served]:
-    app = await create_app(Settings(database_url=db_url, tokens=TOKENS))
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, service: str) -> AsyncIterator[Served]:
+    """`app` served as `evora <service>` serves it, with a short head timeout."""
     stop = asyncio.Event()
     bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(
         serve_app(
             app,
-            name="api",
+            name=service,
             host="127.0.0.1",
             port=0,
             stop=stop,
             shutdown_timeout=2.0,
             started=bound.set_result,
+            handler_cancellation=service == "dispatcher",
+            head_timeout=HEAD_TIMEOUT_S,
         )
     )
     try:
-        yield Served(app, await asyncio.wait_for(bound, 30))
+        yield Served(app, service, await asyncio.wait_for(bound, 30))
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture
+async def api(db_url: str) -> AsyncIterator[Served]:
+    async with serving(await create_api(Settings(database_url=db_url, tokens=TOKENS)), "api") as s:
+        yield s
+
+
+@pytest.fixture
+async def dispatcher(db_url: str) -> AsyncIterator[Served]:
+    app = await create_dispatcher(Settings(database_url=db_url, tokens=TOKENS))
+    async with serving(app, "dispatcher") as served:
+        yield served
 
 
 class Answer:
@@ -135,11 +153,33 @@ async def test_nan_and_infinity_are_malformed_json(api: Served, literal: bytes) 
     (await exchange(api.port, post("/v1/jobs", body))).problem(400, "malformed_json")
 
 
+async def test_json_nested_too_deep_is_422(api: Served) -> None:
+    payload = b"[" * 250 + b"]" * 250
+    body = b'{"queue": "q", "type": "t", "payload": ' + payload + b"}"
+    refused = (await exchange(api.port, post("/v1/jobs", body))).problem(422, "validation_error")
+    assert "200 levels" in refused["errors"][0]["msg"]
+
+
 async def test_nan_inside_a_string_is_just_text(api: Served) -> None:
     body = b'{"queue": "q", "type": "t", "payload": {"NaN": "Infinity, NaN, 1e999"}}'
     answer = await exchange(api.port, post("/v1/jobs", body))
     assert answer.status == 201, answer.body
     assert orjson.loads(answer.body)["payload"] == {"NaN": "Infinity, NaN, 1e999"}
+
+
+async def _hang_up_mid_body(served: Served, caplog: pytest.LogCaptureFixture, path: str) -> None:
+    head = post(path, b"x" * 1000, token=TOKEN_OF[served.service])[:-1000]
+    with caplog.at_level(logging.INFO):
+        for _ in range(5):
+            _, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            writer.write(head + b'{"lease_token": ')
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the handler is reading the body
+            writer.close()
+        await until(lambda: served.in_flight() == 0, within=10, what="the requests ended")
+    assert served.requests_counted("5") == 0
+    noisy = [r for r in caplog.records if r.levelno >= logging.INFO and "evora" in r.name]
+    assert not noisy, [r.getMessage() for r in noisy]
 
 
 async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
@@ -148,19 +188,13 @@ async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
     # One real request first, so that the app's database pool is open.
     first = await exchange(api.port, post("/v1/jobs", b'{"queue": "q", "type": "t"}'))
     assert first.status == 201
-    head = post("/v1/jobs", b"x" * 1000)[:-1000]
-    with caplog.at_level(logging.INFO):
-        for _ in range(5):
-            _, writer = await asyncio.open_connection("127.0.0.1", api.port)
-            writer.write(head + b'{"queue": "q", ')
-            await writer.drain()
-            await asyncio.sleep(0.05)  # the handler is reading the body
-            writer.close()
-        await until(lambda: api.in_flight() == 0, within=10, what="the requests ended")
-    assert api.in_flight() == 0
-    assert api.requests_counted("5") == 0
-    noisy = [r for r in caplog.records if r.levelno >= logging.INFO and "evora" in r.name]
-    assert not noisy, [r.getMessage() for r in noisy]
+    await _hang_up_mid_body(api, caplog, "/v1/jobs")
+
+
+async def test_a_worker_that_hangs_up_mid_body_is_no_server_error(
+    dispatcher: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _hang_up_mid_body(dispatcher, caplog, f"/v1/jobs/{uuid.uuid4()}/complete")
 
 
 # -- what aiohttp's parser and router refuse ----------------------------------------------
