@@ -19,7 +19,7 @@ from evora.config import Role, Settings
 from evora.domain.errors import EvoraError
 from evora.domain.models import JobSubmission
 from evora.http.app import SETTINGS
-from evora.http.bodies import parse_body, parse_query
+from evora.http.bodies import ItemsLimit, items_limit, parse_body, parse_query
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
 from evora.storage.jobs import JobStore, Submitted
@@ -45,15 +45,9 @@ PRODUCER: tuple[Role, ...] = ("producer",)
 ADMIN: tuple[Role, ...] = ("admin",)
 
 KIB = 1024
-MIB = 1024 * KIB
 # Room for every submission field besides the payload, and for JSON escapes and whitespace
 # that the payload's compact encoding (what EVORA_MAX_PAYLOAD_BYTES measures) does not have.
 SUBMISSION_OVERHEAD = 64 * KIB
-# A batch body is held in memory while it is validated, so its bound is about memory, not
-# 1000 x the largest payload: big jobs come in smaller batches. At the largest allowed
-# EVORA_MAX_PAYLOAD_BYTES (64 MiB) this equals the base app's absolute body limit.
-BATCH_BODY_FLOOR = 16 * MIB
-BATCH_PAYLOADS = 4
 # Bodies that hold only a few small fields.
 SMALL_BODY_LIMIT = 64 * KIB
 
@@ -69,8 +63,8 @@ def submission_body_limit(settings: Settings) -> int:
     return settings.max_payload_bytes + SUBMISSION_OVERHEAD
 
 
-def batch_body_limit(settings: Settings) -> int:
-    return max(BATCH_BODY_FLOOR, BATCH_PAYLOADS * settings.max_payload_bytes)
+def batch_body_limit(settings: Settings) -> ItemsLimit:
+    return items_limit(settings.max_payload_bytes)
 
 
 def _store(request: web.Request) -> JobStore:
@@ -78,7 +72,7 @@ def _store(request: web.Request) -> JobStore:
 
 
 async def _submissions(
-    request: web.Request, model: type[Body], limit: Callable[[Settings], int]
+    request: web.Request, model: type[Body], limit: Callable[[Settings], int | ItemsLimit]
 ) -> Body:
     """A submission or batch body: payloads are checked against EVORA_MAX_PAYLOAD_BYTES."""
     settings = request.app[SETTINGS]

@@ -14,7 +14,7 @@ from aiohttp import web
 from evora.domain.errors import JobNotFound
 from evora.domain.models import Job
 from evora.http.app import REQUEST_ID, REQUEST_ID_HEADER, SETTINGS
-from evora.http.bodies import parse_body
+from evora.http.bodies import items_limit, parse_body
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
 from evora.storage.jobs import Completion, Failure, JobStore
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 routes = Routes("worker")
 
 CLAIM_BODY_LIMIT = 64 * 1024
-ACKS_BODY_LIMIT = 32 * 1024 * 1024
 _ENVELOPE = 64 * 1024  # room for the fields around a payload-sized value
 
 
@@ -253,8 +252,13 @@ async def release(request: web.Request) -> web.Response:
     responses={200: AcksResponse},
 )
 async def acks(request: web.Request) -> web.Response:
-    context = {"max_payload_bytes": request.app[SETTINGS].max_payload_bytes}
-    body = await parse_body(request, AcksRequest, limit=ACKS_BODY_LIMIT, context=context)
+    max_payload_bytes = request.app[SETTINGS].max_payload_bytes
+    body = await parse_body(
+        request,
+        AcksRequest,
+        limit=items_limit(max_payload_bytes),
+        context={"max_payload_bytes": max_payload_bytes},
+    )
     store: JobStore = request.app[DISPATCH].store
     completions = [
         Completion(a.id, a.lease_token, a.result) for a in body.acks if a.outcome == "complete"

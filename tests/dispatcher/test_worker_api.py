@@ -225,3 +225,42 @@ async def test_health_ready_metrics_openapi(dispatcher: Dispatcher) -> None:
         "/v1/jobs/{id}/release",
     ]:
         assert "post" in doc["paths"][path], path
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "loc"),
+    [
+        ("/v1/jobs/{id}/complete", {"result": {"text": "a\x00b"}}, ["result"]),
+        ("/v1/jobs/{id}/complete", {"result": {"\x00": 1}}, ["result"]),
+        ("/v1/jobs/{id}/heartbeat", {"progress": ["\x00"]}, ["progress"]),
+        (
+            "/v1/acks",
+            {"acks": [{"outcome": "complete"}, {"outcome": "complete", "result": "\x00"}]},
+            ["acks", 1, "result"],
+        ),
+    ],
+)
+async def test_nul_is_refused_and_named_before_the_database(
+    dispatcher: Dispatcher, store: JobStore, path: str, body: dict[str, Any], loc: list[Any]
+) -> None:
+    """PostgreSQL cannot store U+0000 in jsonb; the edge refuses it with where it was, and
+    the job is untouched."""
+    job_id = await submit(store)
+    [job] = await claim(dispatcher)
+    lease = {"id": job_id, "lease_token": job["lease_token"]}
+    if "acks" in body:
+        body = {"acks": [{**lease, **ack} for ack in body["acks"]]}
+    else:
+        body = {"lease_token": job["lease_token"], **body}
+    status, problem = await dispatcher.post(path.format(id=job_id), body)
+    assert status == 422, problem
+    assert [e["loc"] for e in problem["errors"]] == [loc]
+    assert "U+0000" in problem["errors"][0]["msg"]
+    assert (await store.get(UUID(job_id)))["state"] == "RUNNING"
+
+
+async def test_nul_in_a_worker_id_is_refused(dispatcher: Dispatcher) -> None:
+    status, problem = await dispatcher.post(
+        "/v1/claim", {"worker_id": "w\x00", "queues": ["q"], "wait_seconds": 0}
+    )
+    assert status == 422 and problem["errors"][0]["loc"] == ["worker_id"]

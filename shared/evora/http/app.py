@@ -16,14 +16,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from evora.config import Settings
 from evora.domain.errors import EvoraError
 from evora.http.auth import TokenTable, authorize
+from evora.http.bodies import ClientDisconnected
 from evora.http.jsonio import json_response
 from evora.http.metrics import ServiceMetrics
 from evora.http.openapi import openapi_document
 from evora.http.problems import Problem
+from evora.http.protocol import EdgeProtocol
 from evora.http.routing import Routes, endpoint_of, install
 from evora.logs import bind as bind_log_context
 from evora.logs import unbind as unbind_log_context
-from evora.storage.db import create_pool
+from evora.storage.db import create_pool, request_budget
 from evora.storage.migrate import missing_versions
 
 log = logging.getLogger(__name__)
@@ -32,8 +34,14 @@ log = logging.getLogger(__name__)
 ReadinessCheck = Callable[[], Awaitable[str | None]]
 
 REQUEST_ID_HEADER = "X-Request-Id"
-# The largest body any endpoint accepts; each endpoint applies its own smaller limit.
+# The largest body any endpoint accepts; each endpoint applies its own smaller limit while
+# it reads (evora.http.bodies), so this only backs up aiohttp's own readers.
 ABSOLUTE_BODY_LIMIT = 256 * 1024 * 1024
+# nginx's "client closed request": counted apart from errors the service made.
+CLIENT_CLOSED_REQUEST = 499
+# How long each use of the database by a request may take (waiting for a pool connection,
+# then its statements) before the request is answered 503 (see evora.storage.db).
+DATABASE_BUDGET_S = 10.0
 
 
 @dataclass
@@ -48,6 +56,7 @@ METRICS = web.AppKey("metrics", ServiceMetrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 READINESS = web.AppKey("readiness", list[ReadinessCheck])
 TOKENS = web.AppKey("tokens", TokenTable)
+DATABASE_BUDGET = web.AppKey("database_budget", float)
 REQUEST_ID = web.RequestKey("request_id", str)
 
 # Failures of the database, not of the request: the client may retry.
@@ -71,7 +80,9 @@ _HTTP_CODES = {
 
 def _problem_for_http_exception(exc: web.HTTPException) -> Problem:
     code, title = _HTTP_CODES.get(exc.status, ("http_error", exc.reason))
-    return Problem(exc.status, code, title, exc.text or exc.reason)
+    # A 405 says which methods the resource allows.
+    headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    return Problem(exc.status, code, title, exc.text or exc.reason, headers=headers)
 
 
 @web.middleware
@@ -86,11 +97,14 @@ async def _edge(
     route = endpoint.path if endpoint else "unmatched"
     started = time.perf_counter()
     metrics.http_in_flight.labels(metrics.service).inc()
+    if isinstance(request.protocol, EdgeProtocol):
+        request.protocol.head_received()
     try:
         try:
             if endpoint is not None:
                 authorize(request, endpoint, request.app[TOKENS])
-            response = await handler(request)
+            with request_budget(request.app[DATABASE_BUDGET]):
+                response = await handler(request)
         except Problem as problem:
             response = problem.response()
         except EvoraError as error:
@@ -99,6 +113,9 @@ async def _edge(
             if exc.status < 400:
                 raise
             response = _problem_for_http_exception(exc).response()
+        except ClientDisconnected as exc:
+            log.debug("client left %s %s before its body arrived: %s", request.method, route, exc)
+            response = web.Response(status=CLIENT_CLOSED_REQUEST)
         except DATABASE_UNAVAILABLE as exc:
             log.warning("database unavailable in %s %s: %r", request.method, route, exc)
             response = Problem(
@@ -209,5 +226,6 @@ def create_base_app(settings: Settings, service: str, title: str) -> web.Applica
     app[LIFECYCLE] = Lifecycle()
     app[READINESS] = []
     app[TOKENS] = TokenTable(settings.token_roles() if settings.auth_enabled else None)
+    app[DATABASE_BUDGET] = DATABASE_BUDGET_S
     install(app, _ops_routes(title))
     return app

@@ -22,16 +22,23 @@ class TokenTable:
 
     def __init__(self, roles: dict[str, Role] | None) -> None:
         self.enabled = roles is not None
-        self._roles = list((roles or {}).items())
+        self._roles = [(_raw(token), role) for token, role in (roles or {}).items()]
 
     def role_of(self, token: str) -> Role | None:
         # Compare against every token in constant time, so response timing tells nothing
         # about how much of a guess was right.
         found: Role | None = None
+        guess = _raw(token)
         for known, role in self._roles:
-            if hmac.compare_digest(known.encode(), token.encode()):
+            if hmac.compare_digest(known, guess):
                 found = role
         return found
+
+
+def _raw(text: str) -> bytes:
+    # Header values are decoded as UTF-8 with surrogateescape, so bytes that are not UTF-8
+    # arrive as lone surrogates; this turns them back into the bytes the client sent.
+    return text.encode("utf-8", "surrogateescape")
 
 
 def authorize(request: web.Request, endpoint: Endpoint, tokens: TokenTable) -> None:

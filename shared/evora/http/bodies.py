@@ -1,17 +1,32 @@
 """Reading and validating request bodies and query strings at the edge (rule 10).
 
-Bodies are read with a hard cap (413 before reading the rest), parsed and validated in one
-pass by pydantic (strict JSON), and every failure becomes a problem: 400 malformed_json,
-413 payload_too_large, or 422 validation_error with the location of each error.
+What one body may cost is bounded before it becomes Python objects:
+
+- its size in bytes (413 before the rest is read, from Content-Length when declared);
+- how fast it arrives (408 when it trickles in slower than `MIN_BODY_RATE` after a grace);
+- for bodies of many items (batches, acks), how many JSON values it holds (413): parsed
+  JSON costs up to ~80 bytes of memory per value (`[[],[],...]` is 3 bytes per list), so
+  bytes alone do not bound memory. A body of many items may hold as many values as one
+  largest payload can, so it never costs more to parse than a single submission;
+- how deep it nests: the parser stops at `MAX_DEPTH` levels (422).
+
+The checks are O(bytes) in C (`bytes.count`, `bytes.translate`, `in`, `re`), and the
+costlier ones (removing strings to count exactly, finding NaN outside strings) run only for
+bodies that need them.
+Then pydantic parses and validates in one pass (strict JSON). Every failure is a problem:
+400 malformed_json, 408 request_timeout, 413 payload_too_large, or 422 validation_error
+with the location of each error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
@@ -20,36 +35,183 @@ from evora.http.problems import (
     Problem,
     malformed_json,
     payload_too_large,
+    request_timeout,
     validation_problem,
 )
 
 M = TypeVar("M", bound=BaseModel)
 
-# A number whose magnitude no double holds. pydantic reads it as infinity, which would be
-# stored as null; such a body is refused instead. Only bodies with a candidate are re-read.
-_HUGE_NUMBER = re.compile(rb"[0-9.][eE]\+?0*[0-9]{3,}|[0-9]{300,}")
+KIB = 1024
+MIB = 1024 * KIB
 
-_CHUNK = 64 * 1024
+# A body must arrive at this average rate once the grace period is over: a client that
+# trickles bytes cannot hold a connection (and its buffer) open for long.
+BODY_GRACE_S = 10.0
+MIN_BODY_RATE = 64 * KIB  # bytes per second
+
+# Bodies of many items (a batch, acks) are held in memory while they are validated, so
+# their bound is about memory, not 1000 x the largest payload: big items come in smaller
+# bodies. At the largest EVORA_MAX_PAYLOAD_BYTES (64 MiB) this is 256 MiB.
+ITEMS_BODY_FLOOR = 16 * MIB
+ITEMS_PAYLOADS = 4
+# Values of the items' own fields (ids, queue, type, outcome...) besides their payloads.
+ITEMS_ENVELOPE_VALUES = 64 * KIB
+
+# The depth at which pydantic's JSON parser (jiter) stops; the body's own object counts.
+MAX_DEPTH = 200
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+@dataclass(frozen=True)
+class ItemsLimit:
+    """What one body of many items may hold: bytes, and JSON values (objects to build)."""
+
+    bytes: int
+    values: int
+
+
+def items_limit(max_payload_bytes: int) -> ItemsLimit:
+    # Values are counted as the characters `,:[{`, so a payload of n bytes counts at most
+    # 2n/3 (`[[],[],...]`): any single payload that fits EVORA_MAX_PAYLOAD_BYTES fits here.
+    return ItemsLimit(
+        bytes=max(ITEMS_BODY_FLOOR, ITEMS_PAYLOADS * max_payload_bytes),
+        values=max_payload_bytes * 2 // 3 + ITEMS_ENVELOPE_VALUES,
+    )
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its body arrived: nobody to answer, nothing failed."""
+
+
+# A JSON string, escapes included. Possessive quantifiers: linear time whatever the input.
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
+# pydantic's parser accepts these, but they are not JSON.
+_NOT_JSON = re.compile(rb"NaN|Infinity")
+# A number whose magnitude might not fit a double (pydantic reads it as infinity, which
+# would be stored as null): a positive exponent of three digits, or 300 digits. Matched
+# only from the start of a run of digits, possessively, so a body of long digit runs
+# costs linear time, not quadratic.
+_HUGE_NUMBER = re.compile(
+    rb"(?<![0-9.])(?:[0-9.]++[eE]\+?+[0-9]{3,}+|(?=[0-9.]{300})[0-9.]++(?:[eE][+-]?+[0-9]++)?)"
+)
+# Digits as 0 and E as e, so that what any such number contains is a plain substring:
+# `bytes.translate` and `in` search a body at about a nanosecond a byte, where `re` has to
+# try a pattern at every position.
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789E", b"0000000000e")
+_HUGE_HINTS = (b"e000", b"e+000", b"0" * 300)
+
+
+def _might_hold_huge_number(raw: bytes | bytearray) -> bool:
+    flat = raw.translate(_DIGITS_AS_ZERO)
+    return any(hint in flat for hint in _HUGE_HINTS)
+
+
+def _value_count(raw: bytes | bytearray) -> int:
+    """The values and keys the JSON holds, containers twice (they cost about twice as much
+    as a scalar): each value follows one of `,:[`, or is the root, and each container
+    also opens with `[` or `{`. Characters inside strings count too, so this may be more."""
+    return raw.count(b",") + raw.count(b":") + raw.count(b"[") + raw.count(b"{") + 1
+
+
+def _is_infinite(number: bytes) -> bool:
+    try:
+        return math.isinf(float(number))
+    except ValueError:  # not a number after all; the parser says what is wrong
+        return False
+
+
+class _Scan:
+    """Checks of the raw body; the copy without strings is made at most once, if needed."""
+
+    def __init__(self, raw: bytes | bytearray) -> None:
+        self.raw = raw
+        self._skeleton: bytes | None = None
+
+    @property
+    def skeleton(self) -> bytes:
+        """The body with every string emptied: what is left is structure, numbers and
+        literals, so a match there is never text a client sent inside a string."""
+        if self._skeleton is None:
+            self._skeleton = _STRING.sub(b'""', self.raw)
+        return self._skeleton
+
+    def check_values(self, limit: int) -> None:
+        if _value_count(self.raw) <= limit:
+            return
+        count = _value_count(self.skeleton)
+        if count > limit:
+            raise payload_too_large(
+                f"the body holds about {count} JSON values; the limit is {limit} "
+                "(send fewer or smaller items per request)"
+            )
+
+    def check_literals(self) -> None:
+        raw = self.raw
+        if (b"NaN" in raw or b"Infinity" in raw) and _NOT_JSON.search(self.skeleton):
+            raise malformed_json("the body is not valid JSON: NaN and Infinity are not JSON")
+        if _might_hold_huge_number(raw):
+            for number in _HUGE_NUMBER.finditer(self.skeleton):
+                if _is_infinite(number[0]):
+                    shown = number[0][:40].decode()
+                    raise validation_problem(
+                        [{"loc": [], "msg": f"{shown}... is out of range", "type": "number_range"}]
+                    )
+
+
+def check_raw_json(raw: bytes | bytearray, *, max_values: int | None = None) -> None:
+    """The checks made before parsing: at most `max_values` values (if given), and no
+    NaN, Infinity or number beyond a double outside strings."""
+    scan = _Scan(raw)
+    if max_values is not None:
+        scan.check_values(max_values)
+    scan.check_literals()
+
+
+async def read_body(request: web.Request, limit: int) -> bytearray:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise payload_too_large(f"the body is {declared} bytes; the limit is {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_chunked(_CHUNK):
-        size += len(chunk)
-        if size > limit:
-            raise payload_too_large(f"the body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    body = bytearray()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        while True:
+            deadline = started + BODY_GRACE_S + len(body) / MIN_BODY_RATE
+            async with asyncio.timeout_at(deadline):
+                chunk = await request.content.readany()
+            if not chunk:
+                return body
+            if len(body) + len(chunk) > limit:
+                raise payload_too_large(f"the body is over the limit of {limit} bytes")
+            body += chunk
+    except TimeoutError:
+        raise request_timeout(
+            f"the body did not arrive in time ({len(body)} bytes in "
+            f"{loop.time() - started:.0f}s; at least {MIN_BODY_RATE // KIB} KiB/s after "
+            f"{BODY_GRACE_S:.0f}s)"
+        ) from None
+    except (ConnectionError, web.RequestPayloadError) as exc:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ClientDisconnected(str(exc)) from None
+        raise Problem(
+            400, "malformed_body", "Malformed body", f"the body could not be read: {exc}"
+        ) from None
 
 
 def problem_from(exc: ValidationError) -> Problem:
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
     for error in errors:
         if error["type"] == "json_invalid":
+            if "recursion limit" in error["msg"]:
+                return validation_problem(
+                    [
+                        {
+                            "loc": [],
+                            "msg": f"the JSON nests more than {MAX_DEPTH} levels deep",
+                            "type": "too_deep",
+                        }
+                    ]
+                )
             return malformed_json(f"the body is not valid JSON: {error['msg']}")
     for error in errors:
         if error["type"] == PAYLOAD_TOO_LARGE:
@@ -61,23 +223,25 @@ def problem_from(exc: ValidationError) -> Problem:
 
 
 async def parse_body(
-    request: web.Request, model: type[M], *, limit: int, context: Mapping[str, Any] | None = None
+    request: web.Request,
+    model: type[M],
+    *,
+    limit: int | ItemsLimit,
+    context: Mapping[str, Any] | None = None,
 ) -> M:
-    """The body as `model`. An empty body counts as `{}` so that a missing field is reported
-    by name rather than as broken JSON."""
-    raw = await read_body(request, limit)
+    """The body as `model`, read within `limit` (bytes, or bytes and values for a body of
+    many items). An empty body counts as `{}` so that a missing field is reported by name
+    rather than as broken JSON."""
+    if isinstance(limit, ItemsLimit):
+        raw = await read_body(request, limit.bytes)
+        check_raw_json(raw, max_values=limit.values)
+    else:
+        raw = await read_body(request, limit)
+        check_raw_json(raw)
     try:
-        parsed = model.model_validate_json(raw or b"{}", context=dict(context or {}))
+        return model.model_validate_json(raw or b"{}", context=dict(context or {}))
     except ValidationError as exc:
         raise problem_from(exc) from None
-    if _HUGE_NUMBER.search(raw):
-        try:
-            orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise validation_problem(
-                [{"loc": [], "msg": f"a number is out of range: {exc}", "type": "number_range"}]
-            ) from None
-    return parsed
 
 
 def parse_query(request: web.Request, model: type[M]) -> M:

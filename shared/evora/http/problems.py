@@ -77,3 +77,7 @@ def unauthorized(detail: str) -> Problem:
 
 def forbidden(detail: str) -> Problem:
     return Problem(403, "forbidden", "Forbidden", detail)
+
+
+def request_timeout(detail: str) -> Problem:
+    return Problem(408, "request_timeout", "Request timeout", detail)

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from evora import loops
 from evora.http.app import LIFECYCLE
+from evora.http.protocol import HEAD_TIMEOUT_S, LINGER_S, EdgeProtocol
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,11 @@ async def serve_app(
     shutdown_timeout: float = 30.0,
     started: Callable[[int], None] | None = None,
     handler_cancellation: bool = False,
+    head_timeout: float = HEAD_TIMEOUT_S,
 ) -> None:
     """`handler_cancellation` cancels a handler whose client disconnected (the dispatcher
-    uses it to stop waiting for, and release jobs claimed for, a worker that left)."""
+    uses it to stop waiting for, and release jobs claimed for, a worker that left).
+    `head_timeout` bounds how long a request's line and headers may take to arrive."""
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -44,12 +47,10 @@ async def serve_app(
         handler_cancellation=handler_cancellation,
     )
     await runner.setup()
+    listener: asyncio.Server | None = None
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = port
-        if runner.addresses:
-            bound = int(runner.addresses[0][1])
+        listener = await _listen(runner, host, port, head_timeout)
+        bound = int(listener.sockets[0].getsockname()[1]) if listener.sockets else port
         log.info("%s listening on http://%s:%d", name, host, bound)
         if started is not None:
             started(bound)
@@ -59,8 +60,31 @@ async def serve_app(
         if drain_seconds > 0:
             await asyncio.sleep(drain_seconds)
     finally:
+        if listener is not None:
+            listener.close()
         await runner.cleanup()
         log.info("%s stopped", name)
+
+
+async def _listen(
+    runner: web.AppRunner, host: str, port: int, head_timeout: float
+) -> asyncio.Server:
+    """What `web.TCPSite` does, with `EdgeProtocol` handling each connection. The runner's
+    server still tracks the connections, so shutdown treats them as it would its own."""
+    server = runner.server
+    assert server is not None, "the runner is set up"
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: EdgeProtocol(
+            server,
+            loop=loop,
+            access_log=None,
+            head_timeout=head_timeout,
+            lingering_time=LINGER_S,
+        ),
+        host,
+        port,
+    )
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:

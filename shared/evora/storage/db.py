@@ -1,11 +1,26 @@
-"""Connections to PostgreSQL: one place for codecs, timeouts and pool settings."""
+"""Connections to PostgreSQL: one place for codecs, timeouts and pool settings.
+
+Work done for an HTTP request has a deadline. The edge sets a budget (`request_budget`);
+each use of a pool connection under it (waiting for the connection, then every statement
+until it is released) must end within that budget of the moment it began, else it fails
+with TimeoutError (which the edge answers 503 with Retry-After) and its statement is
+cancelled on the server. The budget is per use, not per request, so a long-poll claim that
+waits between its queries, or a coalesced write made for many requests, gets the whole
+budget for each query. Outside requests (sweeper, projector, migrations) nothing changes.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from types import TracebackType
 from typing import Any
 
 import asyncpg
 import orjson
+from asyncpg.pool import PoolAcquireContext
 
 # A job never holds a transaction while it runs (rule 4); these make a stuck client fail
 # fast instead of pinning the outbox horizon and vacuum.
@@ -41,12 +56,149 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+# How long a rollback may take when a connection returns to the pool, whatever the
+# deadline of the work that used it (which may have passed: that is why it rolls back).
+RESET_TIMEOUT_S = 5.0
+
+# Seconds each use of a pool connection may take while serving a request; None elsewhere.
+_budget: ContextVar[float | None] = ContextVar("evora_db_budget", default=None)
+# When the current use of a pool connection must end (event loop time); None if unbounded.
+_deadline: ContextVar[float | None] = ContextVar("evora_db_deadline", default=None)
+
+
+@contextlib.contextmanager
+def request_budget(seconds: float) -> Iterator[None]:
+    """Bound every use of a pool connection made in this context (and in tasks it starts)."""
+    token = _budget.set(seconds)
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def _bounded(timeout: float | None) -> float | None:
+    """A statement's timeout: the one given, else what is left of the deadline (asyncpg
+    raises TimeoutError at once when that is not positive)."""
+    deadline = _deadline.get()
+    if timeout is not None or deadline is None:
+        return timeout
+    return deadline - asyncio.get_running_loop().time()
+
+
+class _DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
+    """Statements without an explicit timeout get what is left of the deadline. (The
+    methods keep asyncpg's signatures, `timeout` included: hence the noqa.)"""
+
+    async def execute(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        return await super().execute(query, *args, timeout=_bounded(timeout))
+
+    async def executemany(
+        self,
+        command: str,
+        args: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        return await super().executemany(command, args, timeout=_bounded(timeout))
+
+    async def fetch(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **kw: Any,
+    ) -> Any:
+        return await super().fetch(query, *args, timeout=_bounded(timeout), **kw)
+
+    async def fetchrow(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **kw: Any,
+    ) -> Any:
+        return await super().fetchrow(query, *args, timeout=_bounded(timeout), **kw)
+
+    async def fetchval(
+        self,
+        query: str,
+        *args: Any,
+        column: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        return await super().fetchval(query, *args, column=column, timeout=_bounded(timeout))
+
+    async def fetchmany(
+        self,
+        query: str,
+        args: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **kw: Any,
+    ) -> Any:
+        return await super().fetchmany(query, args, timeout=_bounded(timeout), **kw)
+
+
+class _DeadlineAcquire:
+    """`pool.acquire()` under a request budget: the wait for a connection and everything
+    done with it share one deadline."""
+
+    def __init__(self, pool: _DeadlinePool, deadline: float, timeout: float | None) -> None:
+        self._pool = pool
+        self._deadline = deadline
+        self._timeout = timeout
+        self._inner: PoolAcquireContext | None = None
+
+    async def __aenter__(self) -> Any:
+        remaining = self._deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise TimeoutError("the request's database deadline passed")
+        timeout = remaining if self._timeout is None else min(self._timeout, remaining)
+        self._inner = self._pool.acquire_unbounded(timeout=timeout)
+        self._token = _deadline.set(self._deadline)
+        try:
+            return await self._inner.__aenter__()
+        except BaseException:
+            _deadline.reset(self._token)
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._inner is not None
+        try:
+            await self._inner.__aexit__(exc_type, exc, traceback)
+        finally:
+            _deadline.reset(self._token)
+
+
+class _DeadlinePool(asyncpg.Pool):  # type: ignore[misc]
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        budget = _budget.get()
+        if budget is None:
+            return self.acquire_unbounded(timeout=timeout)
+        deadline = asyncio.get_running_loop().time() + budget
+        outer = _deadline.get()  # a use nested in another ends no later than it
+        return _DeadlineAcquire(self, deadline if outer is None else min(outer, deadline), timeout)
+
+    def acquire_unbounded(self, *, timeout: float | None = None) -> PoolAcquireContext:
+        return super().acquire(timeout=timeout)
+
+
 async def _reset(conn: asyncpg.Connection) -> None:
     # Pool connections never LISTEN, lock or SET anything, so asyncpg's default reset
     # (four statements, an extra round trip per acquire) would be pure overhead on the hot
     # path; only an abandoned transaction needs undoing.
     if conn.is_in_transaction():
-        await conn.execute("ROLLBACK")
+        await conn.execute("ROLLBACK", timeout=RESET_TIMEOUT_S)
 
 
 def _server_settings(application_name: str, statement_timeout: int | None) -> dict[str, str]:
@@ -82,14 +234,20 @@ async def create_pool(
     min_size: int = 2,
     max_size: int = 10,
 ) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(
+    # asyncpg.create_pool with our pool and connection classes (it takes no pool class).
+    pool = _DeadlinePool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        timeout=CONNECT_TIMEOUT_S,
+        max_queries=50_000,
+        max_inactive_connection_lifetime=300.0,
         init=_init_connection,
         reset=_reset,
+        loop=None,
+        connection_class=_DeadlineConnection,
+        record_class=asyncpg.Record,
+        timeout=CONNECT_TIMEOUT_S,
         server_settings=_server_settings(application_name, STATEMENT_TIMEOUT_MS),
     )
-    assert pool is not None
+    await pool
     return pool
