@@ -172,7 +172,7 @@ async def test_prunes_use_the_finished_index_even_with_a_generic_plan(
         await conn.execute("SET LOCAL enable_seqscan = off")
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         plan: Any = await conn.fetchval(
-            "EXPLAIN (FORMAT JSON) " + PRUNE_FINISHED[state], float(DAY), 1000
+            "EXPLAIN (FORMAT JSON) " + PRUNE_FINISHED, float(DAY), 1000, state.value
         )
     text = plan if isinstance(plan, str) else json.dumps(plan)
     assert '"Index Name": "jobs_finished"' in text

@@ -156,11 +156,16 @@ class JobStore:
         query: str,
         *args: Any,
         committed: bool = True,
+        with_jobs: bool | None = None,
     ) -> list[asyncpg.Record]:
-        """Run a transition statement whose last parameter is the queues this process
-        notified recently (see notify.py), and remember the ones it notified now. Inside a
-        transaction (`committed=False`) the caller settles the hints it owes after commit."""
-        rows: list[asyncpg.Record] = await conn.fetch(query, *args, self._notify.suppressed())
+        """Run a transition statement whose parameters end with the queues this process
+        notified recently (see notify.py) and, for acks, whether to return the jobs
+        (`with_jobs`); remember the queues it notified now. Inside a transaction
+        (`committed=False`) the caller settles the hints it owes after commit."""
+        tail: tuple[Any, ...] = (self._notify.suppressed(),)
+        if with_jobs is not None:
+            tail += (with_jobs,)
+        rows: list[asyncpg.Record] = await conn.fetch(query, *args, *tail)
         if rows:
             self._notify.record(rows[0]["notified"])
             if committed:
@@ -252,7 +257,7 @@ class JobStore:
             [fingerprints[i] for i in fresh],
             committed=committed,
         )
-        created = {row["id"]: row for row in inserted}
+        created = {row["job"]["id"]: row["job"] for row in inserted}
         results: dict[int, Submitted | EvoraError] = {}
         replayed = []
         for i in fresh:
@@ -347,7 +352,7 @@ class JobStore:
     async def cancel(self, job_id: UUID) -> Cancelled:
         rows = await self._change(self._pool, queries.CANCEL, job_id)
         if rows:
-            job = job_from_row(rows[0])
+            job = job_from_row(rows[0]["job"])
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
         job = await self.get(job_id)
         if job["state"] == JobState.RUNNING:  # already requested
@@ -371,7 +376,7 @@ class JobStore:
 
     async def _moved_from_dlq(self, job_id: UUID, rows: list[asyncpg.Record], verb: str) -> JobDict:
         if rows:
-            return job_from_row(rows[0])
+            return job_from_row(rows[0]["job"])
         job = await self.get(job_id)
         raise InvalidState(f"job {job_id} is {job['state']}; only DLQ jobs can be {verb}")
 
@@ -415,8 +420,10 @@ class JobStore:
         rows = await self._pool.fetch(
             queries.CLAIM, list(queues), list(types) if types else None, max_jobs, worker_id
         )
-        ordered = sorted(rows, key=lambda r: (r["priority"], r["run_at"], r["submit_seq"]))
-        return [claimed_job_from_row(r) for r in ordered]
+        jobs = sorted(
+            (r["job"] for r in rows), key=lambda j: (j["priority"], j["run_at"], j["submit_seq"])
+        )
+        return [claimed_job_from_row(j) for j in jobs]
 
     async def seconds_until_due(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest delayed job of `queues` becomes claimable, if any."""
@@ -460,10 +467,11 @@ class JobStore:
         async with self._pool.acquire() as conn:
             rows = await self._change(
                 conn,
-                queries.COMPLETE if with_jobs else queries.COMPLETE_IDS,
+                queries.COMPLETE,
                 [c.id for c in completions],
                 [c.lease_token for c in completions],
                 _jsonb_elements(c.result for c in completions),
+                with_jobs=with_jobs,
             )
             return await self._outcomes(
                 conn, completions, rows, replay=JobState.COMPLETED, with_jobs=with_jobs
@@ -477,12 +485,13 @@ class JobStore:
         async with self._pool.acquire() as conn:
             rows = await self._change(
                 conn,
-                queries.FAIL if with_jobs else queries.FAIL_IDS,
+                queries.FAIL,
                 [f.id for f in failures],
                 [f.lease_token for f in failures],
                 [f.error() for f in failures],
                 [f.retryable for f in failures],
                 [f.retry_in_seconds for f in failures],
+                with_jobs=with_jobs,
             )
             return await self._outcomes(conn, failures, rows, replay=None, with_jobs=with_jobs)
 
@@ -501,7 +510,7 @@ class JobStore:
         the current states. A repeat of the item that changed the job comes after it, so it
         is a replay or a lost lease, never a second change."""
         changed = {(r["id"], r["lease_token"]): r for r in rows}
-        jobs = {key: job_from_row(r) for key, r in changed.items()} if with_jobs else {}
+        jobs = {key: job_from_row(r["job"]) for key, r in changed.items()} if with_jobs else {}
         statuses: dict[int, int] = {}
         missed: list[int] = []
         for index, item in enumerate(items):
@@ -548,7 +557,7 @@ class JobStore:
     ) -> JobDict:
         rows = await self._change(self._pool, queries.RELEASE, job_id, lease_token, delay_seconds)
         if rows:
-            return job_from_row(rows[0])
+            return job_from_row(rows[0]["job"])
         await self.get(job_id)
         raise LeaseLost(f"lease {lease_token} is not the current lease of job {job_id}")
 
@@ -556,8 +565,8 @@ class JobStore:
 
     async def expire_leases(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
         rows = await self._change(self._pool, queries.EXPIRE_LEASES, batch)
-        return [job_from_row(r) for r in rows]
+        return [job_from_row(r["job"]) for r in rows]
 
     async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
         rows = await self._change(self._pool, queries.EXPIRE_TTLS, batch)
-        return [job_from_row(r) for r in rows]
+        return [job_from_row(r["job"]) for r in rows]

@@ -18,7 +18,11 @@ from uuid import UUID
 import asyncpg
 
 from evora.domain.states import JobState
-from evora.storage import queries
+from evora.storage.statements import load
+
+READ_OUTBOX, BACKLOG, OLDEST_DUE, PRUNED = load(
+    "outbox", "read_outbox", "backlog", "oldest_due", "pruned"
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -57,7 +61,7 @@ async def read_events(
 ) -> list[OutboxEvent]:
     """The next committed events after `after`, oldest transaction first. An empty list
     means the reader is caught up with everything that can no longer change."""
-    rows = await conn.fetch(queries.READ_OUTBOX, str(after.xid), after.seq, limit)
+    rows = await conn.fetch(READ_OUTBOX, str(after.xid), after.seq, limit)
     return [
         OutboxEvent(
             xid=r["xid"],
@@ -79,34 +83,6 @@ async def read_events(
     ]
 
 
-# $1 after-xid (text), $2 after-seq, $3 cap: committed events past a cursor, and the time of
-# the oldest of them, for lag metrics.
-_BACKLOG = """
-SELECT count(*) AS events, min(at) AS oldest
-FROM (
-    SELECT at FROM job_events
-    WHERE (xid, seq) > ($1::text::xid8, $2::int8)
-      AND xid < pg_snapshot_xmin(pg_current_snapshot())
-    ORDER BY xid, seq
-    LIMIT $3
-) AS behind
-"""
-
-# $1 queues: when the longest-waiting claimable job of each became due (NULL: none due).
-# The first entry of the jobs_scheduled index per queue.
-_OLDEST_DUE = """
-SELECT q.queue,
-       (SELECT min(j.run_at) FROM jobs j
-        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= now()) AS oldest
-FROM unnest($1::text[]) AS q(queue)
-"""
-
-# Finished jobs the sweeper pruned, per queue and state (they leave without an event).
-_PRUNED = """
-SELECT queue, state::text AS state, pruned FROM job_prune_counts WHERE queue = ANY($1::text[])
-"""
-
-
 @dataclass(frozen=True)
 class Backlog:
     events: int
@@ -116,7 +92,7 @@ class Backlog:
 async def backlog(
     conn: asyncpg.Connection | asyncpg.Pool, after: OutboxCursor, cap: int = 100_000
 ) -> Backlog:
-    row = await conn.fetchrow(_BACKLOG, str(after.xid), after.seq, cap)
+    row = await conn.fetchrow(BACKLOG, str(after.xid), after.seq, cap)
     assert row is not None
     return Backlog(int(row["events"]), row["oldest"])
 
@@ -126,7 +102,7 @@ async def pruned_counts(
 ) -> dict[str, dict[str, int]]:
     """queue -> state -> jobs pruned so far, for `queues`."""
     counts: dict[str, dict[str, int]] = {}
-    for row in await conn.fetch(_PRUNED, queues):
+    for row in await conn.fetch(PRUNED, queues):
         counts.setdefault(row["queue"], {})[row["state"]] = int(row["pruned"])
     return counts
 
@@ -134,5 +110,5 @@ async def pruned_counts(
 async def oldest_due(
     conn: asyncpg.Connection | asyncpg.Pool, queues: list[str]
 ) -> dict[str, datetime | None]:
-    rows = await conn.fetch(_OLDEST_DUE, queues)
+    rows = await conn.fetch(OLDEST_DUE, queues)
     return {row["queue"]: row["oldest"] for row in rows}

@@ -1,0 +1,93 @@
+-- What only the sweeper asks of PostgreSQL, apart from lease and TTL expiry (transitions.sql):
+-- the next deadline to wake for, retention, and health figures. Every prune is ONE short
+-- statement that removes at most a batch of rows picked with FOR UPDATE SKIP LOCKED, so it
+-- never holds a long transaction, never waits for a row someone else is changing, and two
+-- sweepers running at once never remove the same row.
+
+-- name: seconds_until_deadline
+-- Seconds until the earliest lease or TTL runs out, by the database's clock (a replica's own
+-- clock cannot skew it), negative if one is already due, NULL if none is pending. Each `min`
+-- is one probe of a partial index (jobs_running_lease, jobs_pending_ttl).
+SELECT extract(epoch FROM least(
+    (SELECT min(lease_expires_at) FROM jobs WHERE state = 'RUNNING'),
+    (SELECT min(expires_at) FROM jobs
+     WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL)
+) - now())::float8;
+
+-- name: prune_finished
+-- $1 age in seconds, $2 at most this many rows, $3 the finished state. Removes the oldest jobs
+-- that finished in that state more than $1 seconds ago and adds them to job_prune_counts in
+-- the same statement, so the read models can still match the true per-state counts. The
+-- literal list beside `state = $3` lets the planner prove that the `jobs_finished` partial
+-- index applies in a generic (prepared) plan too. ORDER BY in the INSERT takes the counter
+-- rows' locks in one order, so two sweepers pruning at once cannot deadlock on them.
+WITH gone AS (
+    DELETE FROM jobs
+    WHERE id IN (
+        SELECT id FROM jobs
+        WHERE state = $3::job_state AND state IN ('COMPLETED', 'CANCELLED', 'DLQ')
+          AND finished_at < now() - make_interval(secs => $1)
+        ORDER BY finished_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING queue, state
+),
+counted AS (
+    INSERT INTO job_prune_counts AS c (queue, state, pruned)
+    SELECT queue, state, count(*) FROM gone GROUP BY queue, state ORDER BY queue, state
+    ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned
+)
+SELECT count(*) FROM gone;
+
+-- name: prune_idempotency_keys
+-- $1 age in seconds, $2 at most this many rows. The window is for the key's age, but a key
+-- whose job still exists, in any state, is kept: replaying that submission must answer with
+-- that job (a DLQ job outlives the default key window), never create a second one. A key
+-- therefore lives for the window or as long as its job, whichever is longer.
+WITH gone AS (
+    DELETE FROM idempotency_keys
+    WHERE (queue, key) IN (
+        SELECT k.queue, k.key FROM idempotency_keys k
+        WHERE k.created_at < now() - make_interval(secs => $1)
+          AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = k.job_id)
+        ORDER BY k.created_at
+        LIMIT $2
+        FOR UPDATE OF k SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: drop_archived_events
+-- $1 older than (seconds), $2 at most this many rows; returns how many events were removed.
+-- An event may leave job_events only when it is in the Parquet archive (inside the watermark
+-- `evora pipeline archive` records after verifying what it wrote), consumed by every projector
+-- generation, and older than the events window. The SQL function checks all three itself;
+-- the triggers on job_events let no other DELETE through (migration 0004).
+SELECT evora_drop_archived_events(w.upto_seq, $1, $2) FROM event_archive_watermark w;
+
+-- name: record_projector_progress
+-- $1 generation, $2 xid (text), $3 seq, $4 whether the generation is the active one. The
+-- projector's half: after each checkpoint it records how far it has consumed, so that
+-- retention (which has no MongoDB) knows. Once a generation is active the rows of older ones
+-- go: their read models are dropped and must not hold retention back for ever.
+WITH recorded AS (
+    INSERT INTO projector_progress (generation, xid, seq)
+    VALUES ($1, $2::text::xid8, $3)
+    ON CONFLICT (generation) DO UPDATE
+        SET xid = excluded.xid, seq = excluded.seq, updated_at = now()
+)
+DELETE FROM projector_progress WHERE $4 AND generation < $1;
+
+-- name: oldest_writing_transaction_seconds
+-- Age of the oldest transaction in the cluster that holds an xid (has written something).
+-- The outbox is read below `pg_snapshot_xmin`, so such a transaction holds back the projector
+-- (and vacuum) for as long as it stays open. Cluster-wide on purpose: xids are.
+SELECT coalesce(extract(epoch FROM clock_timestamp() - min(xact_start)), 0)::float8
+FROM pg_stat_activity
+WHERE backend_xid IS NOT NULL;
+
+-- name: jobs_dead_tuples
+-- Dead row versions in `jobs` as the statistics collector last saw them.
+SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass;

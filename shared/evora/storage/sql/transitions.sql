@@ -1,0 +1,498 @@
+-- Every change of a job's state is ONE statement: a CTE chain that picks rows under lock,
+-- changes them guarded by their expected state (and lease token), and inserts exactly one
+-- `job_events` row per changed job in `recorded`. A lost race matches no row and so writes
+-- no event. Statements that can make a job claimable also send the NOTIFY hint for its queue
+-- (`claimable`, `notified`), except for the queues in their last text[] parameter, which this
+-- process notified a moment ago (evora/storage/notify.py); they report the queues they
+-- notified (`notified`) and the ones they left out (`owed`). Each changed job comes back whole
+-- as `job` (a `jobs` row).
+
+-- name: claim
+-- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
+-- Per queue, take the first claimable jobs in (priority, run_at, submission) order, skipping
+-- paused queues and rows other claimers hold. A grouped job is claimable only as the head of
+-- its (queue, group) (lowest priority, then submission order, due or not, so a retrying head
+-- keeps its place) and only while no job of its group runs. A time-to-live applies to jobs
+-- never started. `picked` holds the rows locked and re-checked as PENDING; repeating the state
+-- in the UPDATE would only tempt the planner into scanning the pending index for them.
+WITH picked AS (
+    SELECT c.id
+    FROM unnest($1::text[]) AS q(queue)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.submit_seq
+        FROM jobs j
+        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= now()
+          AND (j.expires_at IS NULL OR j.expires_at > now() OR j.started_at IS NOT NULL)
+          AND ($2::text[] IS NULL OR j.type = ANY($2::text[]))
+          AND (j.group_key IS NULL OR (
+                NOT EXISTS (
+                    SELECT 1 FROM jobs r
+                    WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key)
+                AND NOT EXISTS (
+                    SELECT 1 FROM jobs e
+                    WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+                      AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq))))
+        ORDER BY j.priority, j.run_at, j.submit_seq
+        LIMIT $3
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
+    ORDER BY c.priority, c.run_at, c.submit_seq
+    LIMIT $3
+),
+moved AS (
+    UPDATE jobs j
+    SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => j.lease_seconds), worker_id = $4,
+        started_at = now(), updated_at = now(), version = j.version + 1
+    -- picked holds these rows locked and re-checked as PENDING; repeating the state here
+    -- would only tempt the planner into scanning the pending index for them
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+              'claimed' AS ev_name, 'PENDING'::job_state AS ev_from,
+              j.worker_id AS ev_worker, '{}'::jsonb AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+)
+SELECT job
+FROM moved;
+
+-- name: heartbeat
+-- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
+-- A heartbeat is not a transition: no version bump, no event.
+UPDATE jobs
+SET lease_expires_at = now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
+    progress = coalesce($4::jsonb, progress)
+WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
+RETURNING lease_expires_at, cancel_requested;
+
+-- name: complete
+-- $1 ids, $2 lease tokens, $3 results, $4 suppressed queues, $5 whether to return the jobs.
+-- Acks arrive in batches (one /v1/acks request, or concurrent single requests coalesced), and a
+-- batch may name a job more than once: a stale worker's token beside the owner's, or the
+-- owner's retry. Items are therefore kept per (id, token), never merged per id: only the item
+-- carrying the current lease token can match its job, whatever else the batch holds, and a
+-- repeat of the same (id, token) keeps its first occurrence. Each changed job comes back with
+-- its lease token, so the caller answers every item by (id, token) too; without $5 the job
+-- itself is left out (a batch of acks reports statuses only).
+WITH input AS (
+    SELECT DISTINCT ON (id, token) *
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
+    ORDER BY id, token, ord
+),
+moved AS (
+    UPDATE jobs j
+    SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = now(),
+        updated_at = now(), version = j.version + 1
+    FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+              'completed' AS ev_name, 'RUNNING'::job_state AS ev_from,
+              j.worker_id AS ev_worker,
+              jsonb_build_object('result_bytes', pg_column_size(i.result)) AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($4::text[])
+)
+SELECT id, lease_token, CASE WHEN $5::bool THEN job END AS job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
+FROM moved;
+
+-- name: fail
+-- $1 ids, $2 lease tokens, $3 errors ({message, type}), $4 retryable flags,
+-- $5 retry-in seconds (NULL: the job's backoff), $6 suppressed queues, $7 whether to return
+-- the jobs. Fenced per (id, token) like complete. Cancel wins, then the retry budget: the
+-- attempt ends CANCELLED (cancel requested), in the DLQ (not retryable, or no attempts left) or
+-- PENDING again after its backoff.
+WITH input AS (
+    SELECT DISTINCT ON (id, token) *
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
+        WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
+    ORDER BY id, token, ord
+),
+decided AS (
+    SELECT j.id, i.error, j.worker_id AS worker, false AS released, 'failed' AS pending_event,
+        CASE WHEN j.cancel_requested THEN 'CANCELLED'
+             WHEN NOT i.retryable OR j.attempt >= j.max_attempts THEN 'DLQ'
+             ELSE 'PENDING' END::job_state AS to_state,
+        CASE WHEN j.cancel_requested THEN 'cancel_requested'
+             WHEN NOT i.retryable THEN 'not_retryable'
+             WHEN j.attempt >= j.max_attempts THEN 'failed' END AS reason,
+        coalesce(i.retry_in, evora_backoff_seconds(j.backoff_initial, j.backoff_max,
+                                                   j.backoff_multiplier, j.attempt)) AS delay
+    FROM jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token
+    WHERE j.state = 'RUNNING'
+    FOR UPDATE OF j
+),
+moved AS (
+    UPDATE jobs j
+    SET state = d.to_state,
+        -- a release hands the claim back uncounted, unless it ends the job (cancel requested):
+        -- then the attempt ran and stays counted
+        attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+        last_error = coalesce(d.error, j.last_error),
+        lease_expires_at = NULL,
+        run_at = CASE WHEN d.to_state = 'PENDING'
+                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
+        updated_at = now(), version = j.version + 1
+    FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+        CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
+             WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
+             ELSE d.pending_event END AS ev_name,
+        'RUNNING'::job_state AS ev_from, d.worker AS ev_worker,
+        (SELECT coalesce(jsonb_object_agg(key, value), '{}')
+         FROM jsonb_each(jsonb_build_object(
+             'error', d.error, 'reason', d.reason,
+             'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
+         WHERE value <> 'null') AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($6::text[])
+)
+SELECT id, lease_token, CASE WHEN $7::bool THEN job END AS job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($6::text[])) AS owed
+FROM moved;
+
+-- name: release
+-- $1 id, $2 lease token, $3 delay seconds, $4 suppressed queues.
+-- Back to PENDING without counting the attempt, or CANCELLED when a cancel was requested (then
+-- the attempt ran and stays counted).
+WITH decided AS (
+    SELECT j.id, NULL::jsonb AS error, j.worker_id AS worker, true AS released,
+           'released' AS pending_event,
+           CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END::job_state
+               AS to_state,
+           CASE WHEN j.cancel_requested THEN 'cancel_requested' END AS reason,
+           $3::float8 AS delay
+    FROM jobs j
+    WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'RUNNING'
+    FOR UPDATE OF j
+),
+moved AS (
+    UPDATE jobs j
+    SET state = d.to_state,
+        -- a release hands the claim back uncounted, unless it ends the job (cancel requested):
+        -- then the attempt ran and stays counted
+        attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+        last_error = coalesce(d.error, j.last_error),
+        lease_expires_at = NULL,
+        run_at = CASE WHEN d.to_state = 'PENDING'
+                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
+        updated_at = now(), version = j.version + 1
+    FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+        CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
+             WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
+             ELSE d.pending_event END AS ev_name,
+        'RUNNING'::job_state AS ev_from, d.worker AS ev_worker,
+        (SELECT coalesce(jsonb_object_agg(key, value), '{}')
+         FROM jsonb_each(jsonb_build_object(
+             'error', d.error, 'reason', d.reason,
+             'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
+         WHERE value <> 'null') AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($4::text[])
+)
+SELECT job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
+FROM moved;
+
+-- name: expire_leases
+-- $1 batch size, $2 suppressed queues. The sweeper: leases that ran out, decided like a failure
+-- (cancel wins, then the retry budget). SKIP LOCKED and the re-checked `lease_expires_at <
+-- now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
+-- attempt's error (unless the job is being cancelled anyway), so a job dead-lettered this way
+-- says why; one fixed message, so failure statistics count every expiry as one reason.
+WITH decided AS (
+    SELECT j.id,
+           CASE WHEN NOT j.cancel_requested THEN jsonb_build_object(
+               'message', 'the lease expired before the worker reported an outcome',
+               'type', 'lease_expired') END AS error,
+           j.worker_id AS worker, false AS released, 'lease_expired' AS pending_event,
+        CASE WHEN j.cancel_requested THEN 'CANCELLED'
+             WHEN j.attempt >= j.max_attempts THEN 'DLQ'
+             ELSE 'PENDING' END::job_state AS to_state,
+        CASE WHEN j.cancel_requested THEN 'cancel_requested'
+             WHEN j.attempt >= j.max_attempts THEN 'lease_expired' END AS reason,
+        evora_backoff_seconds(j.backoff_initial, j.backoff_max, j.backoff_multiplier,
+                              j.attempt) AS delay
+    FROM jobs j
+    WHERE j.state = 'RUNNING' AND j.lease_expires_at < now()
+    ORDER BY j.lease_expires_at
+    LIMIT $1
+    FOR UPDATE OF j SKIP LOCKED
+),
+moved AS (
+    UPDATE jobs j
+    SET state = d.to_state,
+        -- a release hands the claim back uncounted, unless it ends the job (cancel requested):
+        -- then the attempt ran and stays counted
+        attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+        last_error = coalesce(d.error, j.last_error),
+        lease_expires_at = NULL,
+        run_at = CASE WHEN d.to_state = 'PENDING'
+                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
+        updated_at = now(), version = j.version + 1
+    FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+        CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
+             WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
+             ELSE d.pending_event END AS ev_name,
+        'RUNNING'::job_state AS ev_from, d.worker AS ev_worker,
+        (SELECT coalesce(jsonb_object_agg(key, value), '{}')
+         FROM jsonb_each(jsonb_build_object(
+             'error', d.error, 'reason', d.reason,
+             'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
+         WHERE value <> 'null') AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($2::text[])
+)
+SELECT job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
+FROM moved;
+
+-- name: expire_ttls
+-- $1 batch size, $2 suppressed queues. The sweeper: PENDING jobs whose expires_at passed
+-- before they started. A job that started and waits for a retry is past its TTL's reach.
+WITH due AS (
+    SELECT id FROM jobs
+    WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL
+      AND expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+moved AS (
+    UPDATE jobs j
+    SET state = 'DLQ', finished_at = now(), updated_at = now(), version = j.version + 1
+    FROM due WHERE j.id = due.id AND j.state = 'PENDING'
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+              'dead_lettered' AS ev_name, 'PENDING'::job_state AS ev_from,
+              NULL::text AS ev_worker, '{"reason": "expired"}'::jsonb AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($2::text[])
+)
+SELECT job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
+FROM moved;
+
+-- name: cancel
+-- $1 id, $2 suppressed queues. A PENDING job is cancelled at once; a RUNNING job gets
+-- cancel_requested (once) and its worker decides. Anything else matches nothing: a DLQ job
+-- leaves the DLQ only by an admin's retry or discard.
+WITH target AS (
+    SELECT id, state FROM jobs
+    WHERE id = $1 AND (state = 'PENDING' OR (state = 'RUNNING' AND NOT cancel_requested))
+    FOR UPDATE
+),
+moved AS (
+    UPDATE jobs j
+    SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
+        cancel_requested = (t.state = 'RUNNING'),
+        finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE now() END,
+        updated_at = now(), version = j.version + 1
+    FROM target t WHERE j.id = t.id AND j.state = t.state
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+        CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END AS ev_name,
+        t.state AS ev_from, j.worker_id AS ev_worker, '{}'::jsonb AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($2::text[])
+)
+SELECT job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
+FROM moved;
+
+-- name: retry
+-- $1 id, $2 suppressed queues. DLQ -> PENDING with a fresh attempt budget. A time-to-live
+-- that already ran out is dropped: the operator asked for the job to run.
+WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
+moved AS (
+    UPDATE jobs j
+    SET state = 'PENDING', attempt = 0, run_at = now(), finished_at = NULL,
+        expires_at = CASE WHEN j.expires_at <= now() THEN NULL ELSE j.expires_at END,
+        lease_expires_at = NULL, updated_at = now(), version = j.version + 1
+    FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+              'retried' AS ev_name, 'DLQ'::job_state AS ev_from,
+              NULL::text AS ev_worker, '{}'::jsonb AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($2::text[])
+)
+SELECT job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
+FROM moved;
+
+-- name: redrive
+-- $1 queue, $2 type (NULL: any), $3 batch size, $4 suppressed queues. A bounded batch of the
+-- queue's DLQ jobs back to PENDING, as retry does for one.
+WITH target AS (
+    SELECT id FROM jobs
+    WHERE queue = $1 AND state = 'DLQ' AND ($2::text IS NULL OR type = $2)
+    ORDER BY submit_seq
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+),
+moved AS (
+    UPDATE jobs j
+    SET state = 'PENDING', attempt = 0, run_at = now(), finished_at = NULL,
+        expires_at = CASE WHEN j.expires_at <= now() THEN NULL ELSE j.expires_at END,
+        lease_expires_at = NULL, updated_at = now(), version = j.version + 1
+    FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+              'retried' AS ev_name, 'DLQ'::job_state AS ev_from,
+              NULL::text AS ev_worker, '{}'::jsonb AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($4::text[])
+)
+SELECT job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
+FROM moved;
+
+-- name: discard
+-- $1 id, $2 suppressed queues. DLQ -> CANCELLED.
+WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
+moved AS (
+    UPDATE jobs j
+    SET state = 'CANCELLED', finished_at = now(), updated_at = now(), version = j.version + 1
+    FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
+    RETURNING j.*, j AS job, evora_job_image(j) AS image,
+              'cancelled' AS ev_name, 'DLQ'::job_state AS ev_from,
+              NULL::text AS ev_worker, '{"reason": "discarded"}'::jsonb AS ev_data
+),
+recorded AS (
+    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                            attempt, worker_id, at, data, job)
+    SELECT id, version, queue, type, ev_name, ev_from, state,
+           attempt, ev_worker, updated_at, ev_data, image
+    FROM moved
+),
+claimable AS (
+    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+),
+notified AS (
+    SELECT q, pg_notify('evora_jobs', q) AS sent
+    FROM claimable
+    WHERE q <> ALL($2::text[])
+)
+SELECT job,
+       (SELECT array_agg(q) FROM notified) AS notified,
+       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
+FROM moved;
