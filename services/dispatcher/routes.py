@@ -17,7 +17,7 @@ from evora.http.app import REQUEST_ID, REQUEST_ID_HEADER, SETTINGS
 from evora.http.bodies import items_limit, parse_body
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
-from evora.storage.jobs import Completion, Failure, JobStore
+from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.rows import JobDict
 from services.dispatcher.models import (
     AcksRequest,
@@ -40,6 +40,10 @@ routes = Routes("worker")
 
 CLAIM_BODY_LIMIT = 64 * 1024
 _ENVELOPE = 64 * 1024  # room for the fields around a payload-sized value
+
+
+# What each item of POST /v1/acks answers (and the status a single complete/fail counts).
+ACK_STATUS = {AckResult.DONE: 200, AckResult.LEASE_LOST: 409, AckResult.NOT_FOUND: 404}
 
 
 def _job_id(request: web.Request) -> UUID:
@@ -201,7 +205,7 @@ async def complete(request: web.Request) -> web.Response:
     body = await parse_body(request, CompleteRequest, limit=limit, context=context)
     dispatch = request.app[DISPATCH]
     outcome = await dispatch.completions.submit(Completion(job_id, body.lease_token, body.result))
-    dispatch.metrics.acks.labels("complete", str(outcome.status)).inc()
+    dispatch.metrics.acks.labels("complete", str(ACK_STATUS[outcome.result])).inc()
     return json_response(outcome.job_or_raise())
 
 
@@ -221,7 +225,7 @@ async def fail(request: web.Request) -> web.Response:
     dispatch = request.app[DISPATCH]
     failure = _failure(job_id, body.lease_token, body.error, body.retry_in_seconds)
     outcome = await dispatch.failures.submit(failure)
-    dispatch.metrics.acks.labels("fail", str(outcome.status)).inc()
+    dispatch.metrics.acks.labels("fail", str(ACK_STATUS[outcome.result])).inc()
     return json_response(outcome.job_or_raise())
 
 
@@ -274,6 +278,7 @@ async def acks(request: web.Request) -> web.Response:
     results: list[dict[str, Any]] = []
     for ack in body.acks:
         outcome = next(outcomes if ack.outcome == "complete" else failed)
-        metrics.acks.labels(ack.outcome, str(outcome.status)).inc()
-        results.append({"id": outcome.id, "status": outcome.status})
+        status = ACK_STATUS[outcome.result]
+        metrics.acks.labels(ack.outcome, str(status)).inc()
+        results.append({"id": outcome.id, "status": status})
     return json_response({"results": results})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from uuid import UUID
 
 import asyncpg
@@ -21,6 +22,7 @@ from evora.domain.errors import EvoraError
 from evora.domain.models import JobSubmission
 from evora.storage.jobs import (
     AckOutcome,
+    AckResult,
     Completion,
     Failure,
     JobStore,
@@ -46,8 +48,12 @@ async def event_counts(pool: asyncpg.Pool, job_id: UUID) -> dict[str, int]:
     return {r["event"]: r["n"] for r in rows}
 
 
+# As the dispatcher answers them.
+STATUS = {AckResult.DONE: 200, AckResult.LEASE_LOST: 409, AckResult.NOT_FOUND: 404}
+
+
 def statuses(outcomes: list[AckOutcome]) -> list[int]:
-    return [o.status for o in outcomes]
+    return [STATUS[o.result] for o in outcomes]
 
 
 @pytest.mark.parametrize("with_jobs", [True, False])
@@ -165,7 +171,7 @@ async def test_a_coalesced_ack_the_database_rejects_fails_only_itself(
 
     assert isinstance(answers[4], asyncpg.PostgresError)
     good = [a for i, a in enumerate(answers) if i != 4]
-    assert all(isinstance(a, AckOutcome) and a.status == 200 for a in good)
+    assert all(isinstance(a, AckOutcome) and a.result is AckResult.DONE for a in good)
     states = {
         r["state"]
         for r in await pool.fetch("SELECT state::text FROM jobs WHERE id <> $1", jobs[4]["id"])
@@ -200,7 +206,7 @@ async def test_a_coalesced_submission_the_database_rejects_fails_only_itself(
 async def test_an_unavailable_database_fails_the_batch_without_splitting() -> None:
     flushes: list[int] = []
 
-    async def flush(items: list[int]) -> list[int]:
+    async def flush(items: Sequence[int]) -> list[int]:
         flushes.append(len(items))
         raise ConnectionResetError("the database went away")
 

@@ -11,7 +11,9 @@ import pytest
 
 from evora.domain.errors import IdempotencyConflict, InvalidState, JobNotFound, LeaseLost
 from evora.domain.models import JobSubmission
-from evora.storage.jobs import Completion, Failure, JobStore, Submitted
+from evora.storage.jobs import AckResult, Completion, Failure, JobStore, Submitted
+
+DONE, LEASE_LOST, NOT_FOUND = AckResult.DONE, AckResult.LEASE_LOST, AckResult.NOT_FOUND
 
 
 def sub(queue: str = "q", **fields: Any) -> JobSubmission:
@@ -236,9 +238,9 @@ async def test_batch_acks_report_each_outcome(store: JobStore) -> None:
             Completion(uuid4(), uuid4(), 3),  # no such job
         ]
     )
-    assert [o.status for o in outcomes] == [200, 409, 404]
+    assert [o.result for o in outcomes] == [DONE, LEASE_LOST, NOT_FOUND]
     failed = await store.fail_many([Failure(c, claimed[c], "x"), Failure(a, claimed[a], "late")])
-    assert [o.status for o in failed] == [200, 409]
+    assert [o.result for o in failed] == [DONE, LEASE_LOST]
     assert failed[0].job is not None and failed[0].job["state"] == "PENDING"
 
 

@@ -21,7 +21,7 @@ import pytest
 from evora.domain.errors import IdempotencyConflict, LeaseLost
 from evora.domain.models import JobSubmission
 from evora.storage.db import create_pool
-from evora.storage.jobs import Completion, Failure, JobStore, Submitted
+from evora.storage.jobs import AckResult, Completion, Failure, JobStore, Submitted
 from evora.storage.rows import JobDict
 
 # A hung test (a job that never becomes claimable again) fails instead of blocking the run.
@@ -90,7 +90,7 @@ async def test_concurrent_claimers_claim_every_job_exactly_once(db_url: str) -> 
                 outcomes = await store.complete_many(
                     [Completion(job["id"], job["lease_token"], {"by": worker}) for job in jobs]
                 )
-                assert [o.status for o in outcomes] == [200] * len(jobs)
+                assert [o.result for o in outcomes] == [AckResult.DONE] * len(jobs)
                 assert all(o.job is not None and o.job["state"] == "COMPLETED" for o in outcomes)
 
         per_claimer: list[list[UUID]] = await run_all([claimer(i) for i in range(CLAIMERS)])
@@ -214,7 +214,7 @@ async def test_group_jobs_run_one_at_a_time_in_submission_order(db_url: str) -> 
                         for job in to_fail
                     ]
                 )
-                assert [o.status for o in completed + failed] == [200] * len(jobs)
+                assert [o.result for o in completed + failed] == [AckResult.DONE] * len(jobs)
                 assert all(o.job is not None and o.job["state"] == "PENDING" for o in failed)
                 completes += len(to_complete)
                 fails += len(to_fail)

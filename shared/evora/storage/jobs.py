@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -118,16 +119,24 @@ class Failure:
         return {"message": self.message, "type": self.error_type}
 
 
+class AckResult(StrEnum):
+    """How one complete/fail item ended, each answered as if it had been sent alone."""
+
+    DONE = "done"  # it changed its job, or repeats a completion that did
+    LEASE_LOST = "lease_lost"  # its token is not the job's current lease
+    NOT_FOUND = "not_found"  # no such job
+
+
 @dataclass(frozen=True)
 class AckOutcome:
     id: UUID
-    status: int  # 200, 404 or 409, as the acks endpoint reports it
-    job: JobDict | None  # with status 200, when asked for
+    result: AckResult
+    job: JobDict | None  # when DONE, if asked for
 
     def job_or_raise(self) -> JobDict:
-        if self.status == 200 and self.job is not None:
+        if self.result is AckResult.DONE and self.job is not None:
             return self.job
-        if self.status == 404:
+        if self.result is AckResult.NOT_FOUND:
             raise JobNotFound(f"job {self.id} not found")
         raise LeaseLost(f"the lease token is not the current lease of job {self.id}")
 
@@ -461,7 +470,7 @@ class JobStore:
     ) -> list[AckOutcome]:
         """Complete a batch in one statement. Repeating a completion that already succeeded
         with the same token answers 200 (a worker may retry after a network error). Without
-        `with_jobs` the outcomes carry statuses only, which spares building the rows."""
+        `with_jobs` the outcomes carry results only, which spares building the jobs."""
         if not completions:
             return []
         async with self._pool.acquire() as conn:
@@ -505,18 +514,18 @@ class JobStore:
         with_jobs: bool,
     ) -> list[AckOutcome]:
         """Each item is answered by its own (id, lease token), as if it had been sent alone:
-        200 for the item that changed its job; any other is a replay (200, with `replay` the
-        state a repeat may find), a lost lease (409) or an absent job (404), after one look at
-        the current states. A repeat of the item that changed the job comes after it, so it
+        DONE for the item that changed its job; any other is a replay (DONE, with `replay`
+        the state a repeat may find), a lost lease or an absent job, after one look at the
+        current states. A repeat of the item that changed the job comes after it, so it
         is a replay or a lost lease, never a second change."""
         changed = {(r["id"], r["lease_token"]): r for r in rows}
         jobs = {key: job_from_row(r["job"]) for key, r in changed.items()} if with_jobs else {}
-        statuses: dict[int, int] = {}
+        results: dict[int, AckResult] = {}
         missed: list[int] = []
         for index, item in enumerate(items):
             key = (item.id, item.lease_token)
             if key in changed:
-                statuses[index] = 200
+                results[index] = AckResult.DONE
                 del changed[key]
             else:
                 missed.append(index)
@@ -527,27 +536,27 @@ class JobStore:
                 item = items[index]
                 row = current.get(item.id)
                 if row is None:
-                    statuses[index] = 404
+                    results[index] = AckResult.NOT_FOUND
                 elif (
                     replay is not None
                     and row["state"] == replay
                     and row["lease_token"] == item.lease_token
                 ):
-                    statuses[index] = 200
+                    results[index] = AckResult.DONE
                     key = (item.id, item.lease_token)
                     if with_jobs and key not in jobs:
                         job = await conn.fetchrow(queries.GET_JOB, item.id)
                         if job is None:  # pruned in between
-                            statuses[index] = 404
+                            results[index] = AckResult.NOT_FOUND
                         else:
                             jobs[key] = job_from_row(job)
                 else:
-                    statuses[index] = 409
+                    results[index] = AckResult.LEASE_LOST
         return [
             AckOutcome(
                 item.id,
-                statuses[i],
-                jobs.get((item.id, item.lease_token)) if statuses[i] == 200 else None,
+                results[i],
+                jobs.get((item.id, item.lease_token)) if results[i] is AckResult.DONE else None,
             )
             for i, item in enumerate(items)
         ]
