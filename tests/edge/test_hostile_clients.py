@@ -219,6 +219,24 @@ async def test_what_the_http_parser_refuses_is_a_problem(
     (await exchange(api.port, request_bytes)).problem(status)
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        f"Authorization: Bearer {PRODUCER_TOKEN}\x01".encode(),
+        f"X-Secret: {PRODUCER_TOKEN}\x01".encode(),
+        f"Authorization: Bearer {PRODUCER_TOKEN}\r\nBad Header".encode(),
+    ],
+    ids=["bad-authorization", "bad-other-header", "bad-header-after-token"],
+)
+async def test_a_refused_request_head_is_never_echoed_back(api: Served, header: bytes) -> None:
+    # A proxy that records error bodies would record whatever they quote.
+    answer = await exchange(
+        api.port, b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n"
+    )
+    answer.problem(400)
+    assert PRODUCER_TOKEN.encode() not in answer.body
+
+
 async def test_a_wrong_method_is_405_with_allow(api: Served) -> None:
     answer = await exchange(api.port, b"PUT /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
     answer.problem(405, "method_not_allowed")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -39,9 +40,21 @@ def _code(status: int) -> tuple[str, str]:
     return phrase.lower().replace(" ", "_").replace("-", "_"), phrase
 
 
+# aiohttp's parser messages quote the offending bytes, which may be a header carrying a
+# token; the detail keeps the description only.
+_QUOTED = re.compile(r"""b?'[^'\n]*'?|"[^"\n]*"?""")
+
+
+def _describe(message: str | None) -> str | None:
+    if not message:
+        return None
+    first = _QUOTED.sub("(...)", message.strip().splitlines()[0]).rstrip(" :")
+    return first or None
+
+
 def parser_problem(status: int, message: str | None) -> Problem:
     code, title = _code(status)
-    return Problem(status, code, title, message or title)
+    return Problem(status, code, title, _describe(message) or title)
 
 
 class EdgeProtocol(web.RequestHandler):
