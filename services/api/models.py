@@ -49,7 +49,14 @@ def decode_cursor(value: object) -> object:
 Cursor = Annotated[
     int,
     BeforeValidator(decode_cursor),
-    WithJsonSchema({"type": "string", "description": "the `next` value of the previous page"}),
+    WithJsonSchema(
+        {
+            "type": "string",
+            # an encoded bigint: 8 bytes, unpadded base64url
+            "pattern": "^[A-Za-z0-9_-]{11}$",
+            "description": "the `next` value of the previous page; anything else is a 422",
+        }
+    ),
 ]
 
 

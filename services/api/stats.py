@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from evora.config import Role
 from evora.domain.errors import QueueNotFound
+from evora.domain.models import QueueName
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem
 from evora.http.routing import Routes
@@ -22,7 +23,8 @@ READ_MODELS = web.AppKey("read_models", ReadModels)
 
 ADMIN: tuple[Role, ...] = ("admin",)
 
-stats = Routes("stats")
+# Read models in MongoDB, `paused` from PostgreSQL: 503 when either is unavailable.
+stats = Routes("stats", path={"queue": QueueName}, problems=(503,))
 
 
 class Percentiles(BaseModel):
@@ -117,7 +119,6 @@ async def _paused(request: web.Request) -> set[str]:
     roles=ADMIN,
     summary="Stats of every queue seen, from the read models.",
     responses={200: QueueList},
-    problems=(503,),
 )
 async def list_queues(request: web.Request) -> web.Response:
     queues = await _read_models(request).all_queue_stats(await _paused(request))
@@ -130,7 +131,7 @@ async def list_queues(request: web.Request) -> web.Response:
     roles=ADMIN,
     summary="Read-model stats of one queue (eventually consistent; see as_of).",
     responses={200: QueueStats},
-    problems=(404, 422, 503),
+    problems=(404, 422),
 )
 async def queue_stats(request: web.Request) -> web.Response:
     queue = queue_name(request)
@@ -146,7 +147,7 @@ async def queue_stats(request: web.Request) -> web.Response:
     roles=ADMIN,
     summary="The most frequent failure reasons per job type of a queue.",
     responses={200: FailureList},
-    problems=(422, 503),
+    problems=(422,),
 )
 async def queue_failures(request: web.Request) -> web.Response:
     queue = queue_name(request)
@@ -160,7 +161,6 @@ async def queue_failures(request: web.Request) -> web.Response:
     roles=ADMIN,
     summary="Workers seen in the last 24 hours, most recent first, from the read models.",
     responses={200: WorkerList},
-    problems=(503,),
 )
 async def workers(request: web.Request) -> web.Response:
     return json_response({"workers": await _read_models(request).workers()})

@@ -48,6 +48,14 @@ class _Strict(BaseModel):
 
 
 class Backoff(_Strict):
+    # JSON Schema cannot compare two fields, so /openapi.json says this rule in words.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "max_seconds must be >= initial_seconds (a field left out counts "
+            "with its default), else 422."
+        }
+    )
+
     initial_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
     max_seconds: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
     multiplier: float = Field(default=2.0, ge=1, le=1000)
@@ -103,6 +111,16 @@ Timestamp = Annotated[AwareDatetime, AfterValidator(_storable_in_utc)]
 
 
 class JobSubmission(_Strict):
+    # _one_schedule for /openapi.json: run_at and delay_seconds, both given and not null.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["run_at", "delay_seconds"],
+                "properties": {"run_at": {"type": "string"}, "delay_seconds": {"type": "number"}},
+            }
+        }
+    )
+
     queue: QueueName
     type: TypeName
     payload: Any = Field(default_factory=dict)
