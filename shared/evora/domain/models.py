@@ -97,13 +97,20 @@ def check_encoded_size(value: Any, limit: int, what: str) -> Any:
     return value
 
 
+# asyncpg writes the first and the last instant a datetime can hold as PostgreSQL's
+# -infinity and infinity, and reads those back as naive datetimes: neither round-trips.
+_INFINITY_STAND_INS = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
+
+
 def _storable_in_utc(value: datetime) -> datetime:
     # Timestamps are stored in UTC; an offset that pushes one past year 1 or 9999 there
     # cannot be stored (nor read back).
     try:
-        value.astimezone(UTC)
+        utc = value.astimezone(UTC)
     except OverflowError:
         raise ValueError("is out of range once converted to UTC") from None
+    if utc in _INFINITY_STAND_INS:
+        raise ValueError("is out of range: the first and last instants cannot be stored")
     return value
 
 
