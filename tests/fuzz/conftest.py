@@ -5,10 +5,14 @@ schema-driven fuzzing: schemathesis sends its requests from the test thread with
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
 
+from evora.domain.models import JobSubmission
+from evora.storage.db import create_pool
+from evora.storage.jobs import Failure, JobStore
 from tests.api.conftest import shared_client
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
@@ -64,3 +68,46 @@ async def spawn(
 
         await until(ready, within=30, what=f"the {service} child process is ready")
     return child, url
+
+
+@dataclass
+class Seeded:
+    """Jobs put into the database before fuzzing, so that generated requests can name
+    real jobs: `leases` are (id, lease token) of RUNNING jobs, `ids` are jobs in every
+    state."""
+
+    ids: list[str] = field(default_factory=list)
+    leases: list[tuple[str, str]] = field(default_factory=list)
+
+
+async def seed(db_url: str, *, running: int, each_other_state: int) -> Seeded:
+    pool = await create_pool(db_url, min_size=1, max_size=2)
+    store = JobStore(pool)
+    try:
+        count = running + 4 * each_other_state
+        submissions = [
+            JobSubmission(queue="fuzz", type="seeded", max_attempts=1, lease_seconds=3600)
+            for _ in range(count)
+        ]
+        submitted = await store.submit_batch(submissions)
+        claimed = await store.claim(
+            worker_id="seeder", queues=["fuzz"], max_jobs=count - each_other_state
+        )
+        moves = [
+            lambda j: store.complete(j["id"], j["lease_token"]),
+            lambda j: store.fail(Failure(j["id"], j["lease_token"], "seeded", retryable=False)),
+            lambda j: store.cancel(j["id"]),
+        ]
+        # The jobs the claim left stay PENDING; of the claimed ones, each other final state
+        # takes `each_other_state` and the rest stay RUNNING.
+        for i, move in enumerate(moves):
+            for job in claimed[i * each_other_state : (i + 1) * each_other_state]:
+                await move(job)
+        rest = claimed[len(moves) * each_other_state :]
+        return Seeded(
+            ids=[str(s.job["id"]) for s in submitted],
+            leases=[(str(j["id"]), str(j["lease_token"])) for j in rest],
+        )
+    finally:
+        await store.close()
+        await pool.close()
