@@ -1,6 +1,6 @@
 """The real `evora api` and `evora dispatcher` as child processes on a real PostgreSQL, for
-schema-driven fuzzing: schemathesis sends its requests from the test thread with blocking
-`requests`, so the servers must not share the test's event loop."""
+schema-driven fuzzing: schemathesis sends its requests with blocking `requests` (from a
+thread, so the test's event loop stays free), and the servers run on their own."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from tests.e2e.conftest import Children
 from tests.fuzz.conftest import ADMIN, seed, spawn
 from tests.fuzz.schemafuzz import fuzz, real_jobs
 
-EXAMPLES = 50  # per operation and generation mode
+EXAMPLES = 80  # per operation and generation mode
 
 
 async def test_api_answers_as_documented(
@@ -30,4 +30,4 @@ async def test_api_answers_as_documented(
     report = await asyncio.to_thread(fuzz, url, ADMIN, examples=EXAMPLES, prepare=prepare)
     print(report.summary("api"))
     assert not report.failures, "\n\n".join(report.failures)
-    assert report.requests >= 1000
+    assert report.requests >= 1500

@@ -13,7 +13,7 @@ from tests.e2e.conftest import WORKER_HEADERS, Children
 from tests.fuzz.conftest import seed, spawn
 from tests.fuzz.schemafuzz import fuzz, real_jobs
 
-EXAMPLES = 80  # per operation and generation mode
+EXAMPLES = 160  # per operation and generation mode
 
 
 async def test_dispatcher_answers_as_documented(children: Children, module_db_url: str) -> None:
@@ -29,4 +29,4 @@ async def test_dispatcher_answers_as_documented(children: Children, module_db_ur
     report = await asyncio.to_thread(fuzz, url, WORKER_HEADERS, examples=EXAMPLES, prepare=prepare)
     print(report.summary("dispatcher"))
     assert not report.failures, "\n\n".join(report.failures)
-    assert report.requests >= 900
+    assert report.requests >= 1500
