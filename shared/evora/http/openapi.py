@@ -58,6 +58,13 @@ _PROBLEM_DESCRIPTIONS = {
         "(codes unavailable, read_models_unavailable)."
     ),
 }
+# What JSON Schema cannot say about every body (it treats 100.0 as the integer 100).
+_DOCUMENT_NOTES = (
+    "Bodies are read strictly: an integer field takes a JSON integer written without a "
+    "fraction or exponent (100, not 100.0 or 1e2), a string field only a string; anything "
+    "else is a 422. An empty body counts as {}."
+)
+
 # Statuses whose answer has no body.
 _NO_BODY = {204, 304}
 _NULL = {"type": "null"}
@@ -178,7 +185,7 @@ def openapi_document(app: web.Application, title: str) -> dict[str, Any]:
         paths.setdefault(e.path, {})[e.method.lower()] = _operation(e)
     return {
         "openapi": "3.1.0",
-        "info": {"title": title, "version": "1"},
+        "info": {"title": title, "version": "1", "description": _DOCUMENT_NOTES},
         "paths": paths,
         "components": {
             "schemas": components,
