@@ -9,8 +9,9 @@ document allows is accepted. JSON Schema cannot say all the servers' rules, e.g.
 whose max_seconds is below its initial_seconds, or 100.0 for an integer; the documents
 say those in words.)
 
-Generation is derandomized (the same generated requests on every run, for this
-schemathesis and Hypothesis version; which seeded job a request names varies) and nothing
+Generation is derandomized (Hypothesis makes the same choices on every run, for this
+schemathesis and Hypothesis version; the answers, and so what schemathesis does next,
+may still vary with the database) and nothing
 is kept between runs. A failure is reported with the operation, the mode and a curl
 command that sends the failing request again; `pytest tests/fuzz -s` prints what was sent,
 the statuses answered and where the time went.
