@@ -11,10 +11,9 @@ say those in words.)
 
 Generation is derandomized (Hypothesis makes the same choices on every run, for this
 schemathesis and Hypothesis version; the answers, and so what schemathesis does next,
-may still vary with the database) and nothing
-is kept between runs. A failure is reported with the operation, the mode and a curl
-command that sends the failing request again; `pytest tests/fuzz -s` prints what was sent,
-the statuses answered and where the time went.
+may still vary with the database) and nothing is kept between runs. A failure is reported
+with the operation, the mode and a curl command that sends the failing request again;
+`pytest tests/fuzz -s` prints what was sent, the statuses answered and where the time went.
 """
 
 from __future__ import annotations
@@ -49,6 +48,13 @@ CHECKS = [
     negative_data_rejection,
 ]
 
+# Every request carries a valid token (passed to `fuzz`); a generated Authorization header
+# would only test auth, and a "missing token" negative case would be made valid by it.
+# Explicit, so that no schemathesis.toml around changes what is generated.
+CONFIG = schemathesis.Config.from_dict({"generation": {"with-security-parameters": False}})
+
+# Edits a generated request before it is sent. It must not change whether the request
+# is valid, or the negative_data_rejection check would judge a different request.
 Prepare = Callable[[schemathesis.Case], None]
 
 
@@ -71,7 +77,7 @@ class Report:
 def fuzz(base_url: str, headers: dict[str, str], *, examples: int, prepare: Prepare) -> Report:
     """`examples` requests per operation and mode; `prepare` may edit each before it is
     sent (e.g. to name real jobs)."""
-    schema = schemathesis.openapi.from_url(base_url + "/openapi.json")
+    schema = schemathesis.openapi.from_url(base_url + "/openapi.json", config=CONFIG)
     report = Report()
     for result in schema.get_all_operations():
         operation = result.ok()
@@ -127,12 +133,15 @@ def _pick(value: object) -> int | None:
 def real_jobs(seeded: Seeded) -> Prepare:
     """Replace generated job ids (and their lease tokens) with seeded ones: a path `id`
     with any seeded job, or, where the body carries a lease token, with a RUNNING job and
-    its current token; the same for each item of an acks body."""
+    its current token; the same for each item of an acks body. Only in valid requests: in
+    the others the id or token may be what was made wrong."""
 
     def lease(index: int) -> tuple[str, str]:
         return seeded.leases[index % len(seeded.leases)]
 
     def prepare(case: schemathesis.Case) -> None:
+        if case.meta is None or case.meta.generation.mode is not GenerationMode.POSITIVE:
+            return
         body = case.body
         params = case.path_parameters or {}
         if "id" in params and (index := _pick(params["id"])) is not None:
