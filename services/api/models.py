@@ -49,7 +49,15 @@ def decode_cursor(value: object) -> object:
 Cursor = Annotated[
     int,
     BeforeValidator(decode_cursor),
-    WithJsonSchema({"type": "string", "description": "the `next` value of the previous page"}),
+    WithJsonSchema(
+        {
+            "type": "string",
+            # an encoded bigint: 8 bytes, unpadded base64url, whose last character carries
+            # 4 bits and two zero bits (so every string of this pattern is a cursor)
+            "pattern": "^[A-Za-z0-9_-]{10}[AEIMQUYcgkosw048]$",
+            "description": "the `next` value of the previous page; anything else is a 422",
+        }
+    ),
 ]
 
 

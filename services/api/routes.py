@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TypeVar
+from uuid import UUID
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -17,7 +18,7 @@ from pydantic import BaseModel
 from evora.coalesce import Coalescer
 from evora.config import Role, Settings
 from evora.domain.errors import EvoraError
-from evora.domain.models import JobSubmission
+from evora.domain.models import JobSubmission, QueueName
 from evora.http.app import SETTINGS
 from evora.http.bodies import ItemsLimit, items_limit, parse_body, parse_query
 from evora.http.jsonio import json_response
@@ -55,8 +56,9 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 
 Body = TypeVar("Body", bound=BaseModel)
 
-producer = Routes("producer")
-admin = Routes("admin")
+# Every endpoint here uses the database: 503 when it is unavailable.
+producer = Routes("producer", path={"id": UUID}, problems=(503,))
+admin = Routes("admin", path={"id": UUID, "queue": QueueName}, problems=(503,))
 
 
 def submission_body_limit(settings: Settings) -> int:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from evora.config import Role
 from evora.domain.errors import QueueNotFound
-from evora.domain.models import QUEUE_PATTERN
+from evora.domain.models import QUEUE_PATTERN, QueueName
 from evora.http.bodies import parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem
@@ -28,7 +28,8 @@ READ_MODELS = web.AppKey("read_models", ReadModels)
 
 ADMIN: tuple[Role, ...] = ("admin",)
 
-stats = Routes("stats")
+# Read models in MongoDB, `paused` from PostgreSQL: 503 when either is unavailable.
+stats = Routes("stats", path={"queue": QueueName}, problems=(503,))
 
 
 # -- paging: `limit` and the opaque `after` cursor, the key of the previous page's last item --
@@ -206,7 +207,6 @@ async def _paused(request: web.Request) -> set[str]:
     query=QueueListQuery,
     summary="Stats of every queue seen, by name, a page at a time (pass `next` as `after`).",
     responses={200: QueueList},
-    problems=(503,),
 )
 async def list_queues(request: web.Request) -> web.Response:
     query = parse_query(request, QueueListQuery)
@@ -223,7 +223,7 @@ async def list_queues(request: web.Request) -> web.Response:
     roles=ADMIN,
     summary="Read-model stats of one queue (eventually consistent; see as_of).",
     responses={200: QueueStats},
-    problems=(404, 422, 503),
+    problems=(404, 422),
 )
 async def queue_stats(request: web.Request) -> web.Response:
     queue = queue_name(request)
@@ -239,7 +239,7 @@ async def queue_stats(request: web.Request) -> web.Response:
     roles=ADMIN,
     summary="The most frequent failure reasons per job type of a queue.",
     responses={200: FailureList},
-    problems=(422, 503),
+    problems=(422,),
 )
 async def queue_failures(request: web.Request) -> web.Response:
     queue = queue_name(request)
@@ -254,7 +254,6 @@ async def queue_failures(request: web.Request) -> web.Response:
     query=WorkerListQuery,
     summary="Workers seen in the last 24 hours, most recent first, a page at a time.",
     responses={200: WorkerList},
-    problems=(503,),
 )
 async def workers(request: web.Request) -> web.Response:
     query = parse_query(request, WorkerListQuery)

@@ -90,6 +90,14 @@ class ReleaseRequest(_Strict):
 
 
 class Ack(_Strict):
+    # _error_with_failure for /openapi.json: a fail ack has an error (an object, not null).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"required": ["outcome"], "properties": {"outcome": {"const": "fail"}}},
+            "then": {"required": ["error"], "properties": {"error": {"type": "object"}}},
+        }
+    )
+
     id: UUID
     lease_token: UUID
     outcome: Literal["complete", "fail"]

@@ -36,7 +36,8 @@ from services.dispatcher.wakeups import Cause
 
 log = logging.getLogger(__name__)
 
-routes = Routes("worker")
+# Every endpoint here uses the database: 503 when it is unavailable.
+routes = Routes("worker", path={"id": UUID}, problems=(503,))
 
 CLAIM_BODY_LIMIT = 64 * 1024
 _ENVELOPE = 64 * 1024  # room for the fields around a payload-sized value

@@ -104,12 +104,12 @@ async def test_openapi_lists_every_endpoint(shared_client: ApiClient) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "statuses"),
     [
-        ("post", "/v1/jobs", {"200", "201", "400", "401", "403", "409", "413", "422"}),
-        ("post", "/v1/jobs/batch", {"200", "400", "401", "403", "409", "413", "422"}),
-        ("get", "/v1/jobs/{id}", {"200", "401", "403", "404"}),
-        ("post", "/v1/jobs/{id}/cancel", {"200", "202", "401", "403", "404", "409"}),
-        ("get", "/v1/jobs", {"200", "401", "403", "422"}),
-        ("post", "/v1/queues/{queue}/pause", {"200", "401", "403", "422"}),
+        ("post", "/v1/jobs", {"200", "201", "400", "401", "403", "409", "413", "422", "503"}),
+        ("post", "/v1/jobs/batch", {"200", "400", "401", "403", "409", "413", "422", "503"}),
+        ("get", "/v1/jobs/{id}", {"200", "401", "403", "404", "503"}),
+        ("post", "/v1/jobs/{id}/cancel", {"200", "202", "401", "403", "404", "409", "503"}),
+        ("get", "/v1/jobs", {"200", "401", "403", "422", "503"}),
+        ("post", "/v1/queues/{queue}/pause", {"200", "401", "403", "422", "503"}),
     ],
 )
 async def test_openapi_describes_answers(

@@ -110,6 +110,7 @@ def _etags(header: str) -> set[str]:
     "/",
     roles=None,
     summary="The admin dashboard (sign in with an admin token in the page).",
+    responses={200: None, 304: None},
     problems=(404,),
     content_type="text/html",
 )
@@ -122,8 +123,9 @@ async def index(request: web.Request) -> web.Response:
     ASSET_PREFIX + "{file}",
     roles=None,
     summary="A static file of the dashboard (scripts, styles, icons).",
+    responses={200: None, 304: None},
     problems=(404,),
-    content_type="text/javascript",
+    content_type=tuple(sorted(set(CONTENT_TYPES.values()) - {CONTENT_TYPES[".html"]})),
 )
 async def asset(request: web.Request) -> web.Response:
     name = request.match_info["file"]

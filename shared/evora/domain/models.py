@@ -48,6 +48,14 @@ class _Strict(BaseModel):
 
 
 class Backoff(_Strict):
+    # JSON Schema cannot compare two fields, so /openapi.json says this rule in words.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "max_seconds must be >= initial_seconds (a field left out counts "
+            "with its default), else 422."
+        }
+    )
+
     initial_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
     max_seconds: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
     multiplier: float = Field(default=2.0, ge=1, le=1000)
@@ -89,13 +97,20 @@ def check_encoded_size(value: Any, limit: int, what: str) -> Any:
     return value
 
 
+# asyncpg writes the first and the last instant a datetime can hold as PostgreSQL's
+# -infinity and infinity, and reads those back as naive datetimes: neither round-trips.
+_INFINITY_STAND_INS = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
+
+
 def _storable_in_utc(value: datetime) -> datetime:
     # Timestamps are stored in UTC; an offset that pushes one past year 1 or 9999 there
     # cannot be stored (nor read back).
     try:
-        value.astimezone(UTC)
+        utc = value.astimezone(UTC)
     except OverflowError:
         raise ValueError("is out of range once converted to UTC") from None
+    if utc in _INFINITY_STAND_INS:
+        raise ValueError("is out of range: the first and last instants cannot be stored")
     return value
 
 
@@ -103,6 +118,16 @@ Timestamp = Annotated[AwareDatetime, AfterValidator(_storable_in_utc)]
 
 
 class JobSubmission(_Strict):
+    # _one_schedule for /openapi.json: run_at and delay_seconds, both given and not null.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["run_at", "delay_seconds"],
+                "properties": {"run_at": {"type": "string"}, "delay_seconds": {"type": "number"}},
+            }
+        }
+    )
+
     queue: QueueName
     type: TypeName
     payload: Any = Field(default_factory=dict)

@@ -6,8 +6,9 @@ three can never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -31,12 +32,24 @@ class Endpoint:
     # problem statuses this endpoint may answer with, besides auth and validation
     problems: tuple[int, ...] = ()
     tag: str = ""
-    content_type: str = "application/json"
+    # what a successful answer may be; the first is the one a JSON body model describes
+    content_types: tuple[str, ...] = ("application/json",)
+    # `{name}` of the path -> the type its value must have (e.g. UUID, QueueName); a name
+    # missing here is any string
+    path_params: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Routes:
-    def __init__(self, tag: str) -> None:
+    """A group of endpoints. `path` types the path parameters of every endpoint in the group
+    (a name means the same in all of them), and `problems` are statuses every endpoint of
+    the group may answer with (e.g. 503 when the database is unavailable)."""
+
+    def __init__(
+        self, tag: str, *, path: Mapping[str, Any] | None = None, problems: tuple[int, ...] = ()
+    ) -> None:
         self.tag = tag
+        self.path = dict(path or {})
+        self.problems = problems
         self.endpoints: list[Endpoint] = []
 
     def add(
@@ -50,7 +63,7 @@ class Routes:
         query: type[BaseModel] | None = None,
         responses: dict[int, type[BaseModel] | None] | None = None,
         problems: tuple[int, ...] = (),
-        content_type: str = "application/json",
+        content_type: str | tuple[str, ...] = "application/json",
     ) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             self.endpoints.append(
@@ -63,9 +76,12 @@ class Routes:
                     body=body,
                     query=query,
                     responses=responses or {200: None},
-                    problems=problems,
+                    problems=tuple(sorted({*problems, *self.problems})),
                     tag=self.tag,
-                    content_type=content_type,
+                    content_types=(
+                        (content_type,) if isinstance(content_type, str) else content_type
+                    ),
+                    path_params=self.path,
                 )
             )
             return handler
