@@ -23,7 +23,7 @@ from services.dispatcher.app import create_app as create_dispatcher
 
 UNUSED_DSN = "postgresql://nobody@127.0.0.1:1/none"  # the apps only connect on startup
 
-SETTINGS = Settings(database_url=UNUSED_DSN, tokens="admin:a")
+SETTINGS = Settings(database_url=UNUSED_DSN, tokens="admin:unused-admin-token")
 
 Document = dict[str, Any]
 
