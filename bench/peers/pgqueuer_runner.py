@@ -54,12 +54,14 @@ class PgqueuerRunner:
             [0] * len(indices),
         )
 
+    async def open_pool(self) -> None:
+        """The single-job producer's pool, opened before the first job is offered."""
+        self.pool = await asyncpg.create_pool(
+            self.dsn, min_size=PRODUCER_POOL, max_size=PRODUCER_POOL
+        )
+        self.pool_queries = Queries(AsyncpgPoolDriver(self.pool))
+
     async def enqueue_one(self, i: int) -> None:
-        if self.pool_queries is None:
-            self.pool = await asyncpg.create_pool(
-                self.dsn, min_size=PRODUCER_POOL, max_size=PRODUCER_POOL
-            )
-            self.pool_queries = Queries(AsyncpgPoolDriver(self.pool))
         await self.pool_queries.enqueue(JOB_TYPE, json.dumps({"i": i}).encode(), 0)
 
     async def work(self, on_start: Callable[[Any], None], stop: asyncio.Event) -> None:
@@ -87,7 +89,10 @@ def _system_args(parser: argparse.ArgumentParser) -> None:
 
 
 async def _make(args: argparse.Namespace) -> PgqueuerRunner:
-    return PgqueuerRunner(args.dsn)
+    runner = PgqueuerRunner(args.dsn)
+    if args.mode == "offer":
+        await runner.open_pool()
+    return runner
 
 
 def main() -> None:
