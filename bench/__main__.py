@@ -6,6 +6,7 @@ durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, .
     python -m bench compare --systems evora      # Evora only (no Node or pgqueuer needed)
     python -m bench compare --profile            # also py-spy profiles of Evora's processes
                                                  # and pg_stat_statements
+    python -m bench report FILE                  # print a result file's figures again
 
 Peers are installed on first use into bench/.cache (npm and pip; see bench.peers.install).
 Every process started here is stopped at the end, also on errors and Ctrl-C. Logs, runner
@@ -61,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="py-spy profiles of Evora's processes, pg_stat_statements",
     )
+    show = sub.add_parser("report", help="print the figures of a JSON result file again")
+    show.add_argument("file", type=Path)
     return parser
 
 
@@ -194,6 +197,9 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def main() -> int:
     args = _parser().parse_args()
+    if args.command == "report":
+        print("\n".join(report.lines(json.loads(args.file.read_text())["summary"])))
+        return 0
     return run_compare(args)
 
 

@@ -73,6 +73,13 @@ FIGURES = (
         False,
         _cpu_total("latency"),
     ),
+    Figure(
+        "wal_drain",
+        "WAL bytes per job, enqueue + drain",
+        "B",
+        False,
+        lambda r: (r["enqueue"]["wal_bytes"] + r["drain"]["wal_bytes"]) / r["drain"]["jobs"],
+    ),
     Figure("rss", "peak RSS, sum of worker, services, PostgreSQL", "MiB", False, _rss_total),
 )
 

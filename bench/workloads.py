@@ -82,6 +82,12 @@ class PeakSampler:
             self._thread.join()
 
 
+async def _wal_bytes(conn: asyncpg.Connection) -> int:
+    """Where the cluster's WAL is now, in bytes (one system runs at a time)."""
+    position: int = await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8")
+    return position
+
+
 class Repetition:
     def __init__(
         self,
@@ -199,10 +205,12 @@ class Repetition:
         counters = await self.system.counters()
         await self._begin(conn, "enqueue", self.system.profile_targets())
         before = self._cpu()
+        wal_before = await _wal_bytes(conn)
         out = await self._run_producer(
             "enqueue", ["enqueue", "--count", str(w.jobs), "--batch", str(w.batch)]
         )
         after = self._cpu()
+        wal = await _wal_bytes(conn) - wal_before
         after["producer"] = out["cpu_seconds"]
         cpu = self._per_job_us(before, after, w.jobs)
         seconds = out["t_end"] - out["t_start"]
@@ -212,6 +220,7 @@ class Repetition:
             "jobs_per_s": w.jobs / seconds,
             "cpu_us_per_job": cpu,
             "noise_cores": self._noise_cores(before, after),
+            "wal_bytes": wal,
             "counters": await self._counters_delta(counters),
             "profiles": self._profiles(),
             "statements": await self.cluster.top_statements(conn),
@@ -229,13 +238,16 @@ class Repetition:
         await self.worker.wait_ready_line()
         self._profile("drain", [self.worker])
         before = self._cpu()
+        wal_before = await _wal_bytes(conn)
         finished_at = await self._wait_finished(conn, w.drain_timeout_s)
         after = self._cpu()
+        wal = await _wal_bytes(conn) - wal_before
         self.result["drain"] = {
             "jobs": w.jobs,
             "finished_at": finished_at,
             "cpu_us_per_job": self._per_job_us(before, after, w.jobs),
             "noise_cores": self._noise_cores(before, after),
+            "wal_bytes": wal,
             "counters": await self._counters_delta(counters),
             "profiles": self._profiles(),
             "statements": await self.cluster.top_statements(conn),
@@ -247,6 +259,7 @@ class Repetition:
         counters = await self.system.counters()
         await self._begin(conn, "latency", [*self.system.profile_targets(), self.worker])
         before = self._cpu()
+        wal_before = await _wal_bytes(conn)
         out = await self._run_producer(
             "offer",
             [
@@ -262,6 +275,7 @@ class Repetition:
         await self._wait_finished(conn, w.drain_timeout_s)
         sent = out["sent"]
         after = self._cpu()
+        wal = await _wal_bytes(conn) - wal_before
         after["producer"] = out["cpu_seconds"]
         cpu = self._per_job_us(before, after, len(sent))
         self.result["latency"] = {
@@ -269,6 +283,7 @@ class Repetition:
             "sent": sent,
             "cpu_us_per_job": cpu,
             "noise_cores": self._noise_cores(before, after),
+            "wal_bytes": wal,
             "counters": await self._counters_delta(counters),
             "profiles": self._profiles(),
             "statements": await self.cluster.top_statements(conn),

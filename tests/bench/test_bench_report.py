@@ -16,11 +16,12 @@ def _run(system: str, drain: float, p50: float, worker_cpu: float) -> dict[str, 
     phase = {
         "cpu_us_per_job": {"worker": worker_cpu, "mongo-wire stand-in": 1000.0},
         "noise_cores": 0.0,
+        "wal_bytes": 1000,
     }
     return {
         "system": system,
         "enqueue": {**phase, "jobs_per_s": 1000.0},
-        "drain": {**phase, "jobs_per_s": drain},
+        "drain": {**phase, "jobs_per_s": drain, "jobs": 10},
         "latency": {
             **phase,
             "ms_from_return": {"p50": p50, "p95": p50, "p99": p50},
@@ -47,6 +48,7 @@ def test_ratios_are_against_the_best_peer_in_the_figures_direction() -> None:
     # The MongoDB stand-in and the producers are shown per process but not in the totals.
     assert summary["cpu_drain"]["systems"]["evora"]["median"] == 100.0
     assert summary["rss"]["systems"]["evora"]["median"] == 50.0
+    assert summary["wal_drain"]["systems"]["evora"]["median"] == 200.0
 
 
 def test_profile_summary_ranks_functions_by_samples(tmp_path: Path) -> None:

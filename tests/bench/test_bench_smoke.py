@@ -48,6 +48,8 @@ async def test_evora_run_drains_every_job_and_measures_latency_cpu_and_memory() 
     for process in ("api", "dispatcher", "sweeper", "projector", "worker"):
         assert 10 < run["peak_rss_mib"][process] < 2_000, process
     assert run["after_drain"]["projector_catch_up_s"] >= 0
+    # Jobs and their events were written durably: WAL grew by at least a row per job.
+    assert run["enqueue"]["wal_bytes"] > JOBS * 100
     claimed = run["drain"]["counters"][
         "dispatcher:evora_dispatcher_jobs_claimed_total{queue=bench}"
     ]
