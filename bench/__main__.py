@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ import time
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from bench import procstats, report
@@ -195,10 +197,17 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    # SIGTERM stops a run like Ctrl-C does: the cleanups stop every process started here.
+    signal.signal(signal.SIGTERM, _interrupt)
     args = _parser().parse_args()
     if args.command == "report":
-        print("\n".join(report.lines(json.loads(args.file.read_text())["summary"])))
+        runs = json.loads(args.file.read_text())["runs"]
+        print("\n".join(report.lines(report.summarize(runs))))
         return 0
     return run_compare(args)
 

@@ -92,9 +92,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     systems = list(dict.fromkeys(r["system"] for r in runs))
     summary: dict[str, Any] = {}
     for figure in FIGURES:
-        per_system = {
-            s: _spread([figure.read(r) for r in runs if r["system"] == s]) for s in systems
-        }
+        try:
+            per_system = {
+                s: _spread([figure.read(r) for r in runs if r["system"] == s]) for s in systems
+            }
+        except KeyError:  # a result file from before this figure was measured
+            continue
         peers = {s: v["median"] for s, v in per_system.items() if s != SUBJECT}
         entry: dict[str, Any] = {
             "label": figure.label,
@@ -146,6 +149,8 @@ def _num(value: float) -> str:
 def lines(summary: dict[str, Any]) -> list[str]:
     out = []
     for figure in FIGURES:
+        if figure.key not in summary:
+            continue
         entry = summary[figure.key]
         out.append(
             f"{entry['label']} ({entry['unit']}, "

@@ -10,7 +10,7 @@
 //   node graphile_runner.mjs --dsn DSN MODE --out F [--count N --batch B --rate R
 //                            --seconds S --first K]
 
-import { writeFileSync, renameSync } from "node:fs";
+import { readFileSync, renameSync, writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { Logger, makeWorkerUtils, run } from "graphile-worker";
 
@@ -129,6 +129,9 @@ const modes = { setup, enqueue, offer, work };
 const result = await modes[mode]();
 const usage = process.cpuUsage();
 result.cpu_seconds = (usage.user + usage.system) / 1e6;
-result.maxrss_kib = process.resourceUsage().maxRSS;
+// VmHWM, not resourceUsage().maxRSS: Linux carries getrusage's peak across exec, so a
+// process started by a larger one would report at least its parent's peak.
+const hwm = readFileSync("/proc/self/status", "utf8").match(/^VmHWM:\s+(\d+)/m);
+result.maxrss_kib = hwm ? Number(hwm[1]) : 0;
 writeJson(values.out, result);
 process.exit(0);
