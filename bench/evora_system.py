@@ -56,7 +56,7 @@ def _free_port() -> int:
 class EvoraSystem(System):
     name = "evora"
     unfinished_sql = (
-        "SELECT count(*) FROM jobs WHERE queue = 'bench' AND state IN ('PENDING', 'RUNNING')"
+        "SELECT EXISTS (SELECT FROM jobs WHERE queue = 'bench' AND state IN ('PENDING', 'RUNNING'))"
     )
 
     def __init__(self, children: Children, mongo_url: str) -> None:

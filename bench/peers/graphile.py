@@ -11,7 +11,7 @@ from bench.system import System
 class GraphileSystem(System):
     name = "graphile"
     # Completed jobs are deleted; failed ones would stay (none fail here).
-    unfinished_sql = "SELECT count(*) FROM graphile_worker._private_jobs"
+    unfinished_sql = "SELECT EXISTS (SELECT FROM graphile_worker._private_jobs)"
 
     def __init__(self, children: Children, peers: Peers) -> None:
         super().__init__(children)

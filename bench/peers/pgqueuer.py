@@ -11,7 +11,7 @@ from bench.system import System
 class PgqueuerSystem(System):
     name = "pgqueuer"
     # Completed jobs are deleted from the queue table (and logged elsewhere).
-    unfinished_sql = "SELECT count(*) FROM pgqueuer"
+    unfinished_sql = "SELECT EXISTS (SELECT FROM pgqueuer)"
 
     def __init__(self, children: Children, peers: Peers) -> None:
         super().__init__(children)
