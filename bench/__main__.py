@@ -35,7 +35,9 @@ from bench import procstats, report
 from bench.children import Children
 from bench.cluster import Cluster
 from bench.evora_system import EvoraSystem
+from bench.peers.graphile import GraphileSystem
 from bench.peers.install import GRAPHILE_PACKAGE, PGQUEUER_PACKAGE, Peers, install
+from bench.peers.pgqueuer import PgqueuerSystem
 from bench.profiling import Profiler
 from bench.system import System
 from bench.workloads import Repetition, Workload
@@ -97,7 +99,7 @@ def machine_info(settings: dict[str, str], node: Path | None) -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": versions,
         "postgresql": settings,
-        "load_average_at_start": open("/proc/loadavg").read().split()[:3],
+        "load_average_at_start": Path("/proc/loadavg").read_text().split()[:3],
     }
 
 
@@ -106,11 +108,7 @@ def make_system(name: str, children: Children, cluster: Cluster, peers: Peers | 
         return EvoraSystem(children, cluster.mongo_url)
     assert peers is not None
     if name == "graphile":
-        from bench.peers.graphile import GraphileSystem
-
         return GraphileSystem(children, peers)
-    from bench.peers.pgqueuer import PgqueuerSystem
-
     return PgqueuerSystem(children, peers)
 
 
@@ -130,8 +128,9 @@ async def compare(
             for name in systems:
                 system = make_system(name, children, cluster, peers)
                 label = f"r{rep}"
+                database = f"bench_{name}_{label}"
                 print(f"== {name} repetition {rep}/{repetitions}", flush=True)
-                dsn = await cluster.fresh_database(f"bench_{name}_{label}")
+                dsn = await cluster.fresh_database(database)
                 profiling = profiler if name == "evora" else None
                 result = await Repetition(system, cluster, workload, label, profiling).run(dsn)
                 result["repetition"] = rep
@@ -146,7 +145,7 @@ async def compare(
                     flush=True,
                 )
                 runs.append(result)
-                await cluster.execute(f'DROP DATABASE "bench_{name}_{label}" WITH (FORCE)')
+                await cluster.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
     finally:
         children.stop_all()
     return runs
