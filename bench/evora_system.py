@@ -1,0 +1,179 @@
+"""Evora as deployed: `evora migrate`, then `evora api`, `evora dispatcher`, `evora sweeper`
+and `evora projector` as separate processes with production defaults. Only the database
+and MongoDB URLs, the tokens, the ports and a loopback bind address are set."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.children import Child, Children
+from bench.system import System
+
+SERVICES = ("api", "dispatcher", "sweeper", "projector")
+READY_TIMEOUT_S = 60.0
+CATCH_UP_TIMEOUT_S = 300.0
+# Counters shown with the figures: what the dispatcher and projector did per job.
+COUNTERS = {
+    "dispatcher": (
+        "evora_dispatcher_claims_total",
+        "evora_dispatcher_wakeups_total",
+        "evora_dispatcher_jobs_claimed_total",
+        "evora_dispatcher_acks_total",
+        "evora_http_requests_total",
+    ),
+    "api": ("evora_http_requests_total",),
+    "projector": (
+        "evora_projector_events_total",
+        "evora_projector_batch_size_count",
+        "evora_projector_mongo_writes_total",
+    ),
+}
+
+
+def _evora_command() -> list[str]:
+    # The console script of the environment running the benchmark: what a deployment runs.
+    script = Path(sys.executable).with_name("evora")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "evora.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EvoraSystem(System):
+    name = "evora"
+    unfinished_sql = (
+        "SELECT EXISTS (SELECT FROM jobs WHERE queue = 'bench' AND state IN ('PENDING', 'RUNNING'))"
+    )
+
+    def __init__(self, children: Children, mongo_url: str) -> None:
+        super().__init__(children)
+        self.mongo_url = mongo_url
+        self.tokens = {role: secrets.token_urlsafe(18) for role in ("admin", "producer", "worker")}
+        self.urls: dict[str, str] = {}
+
+    def _env(self, dsn: str, label: str) -> dict[str, str]:
+        env = self.runner_env()
+        env.update(
+            {
+                "EVORA_DATABASE_URL": dsn,
+                "EVORA_MONGO_URL": self.mongo_url,
+                "EVORA_MONGO_DB": label,
+                "EVORA_TOKENS": ",".join(f"{r}:{t}" for r, t in self.tokens.items()),
+                "EVORA_HOST": "127.0.0.1",
+            }
+        )
+        for service in SERVICES:
+            port = _free_port()
+            env[f"EVORA_{service.upper()}_PORT"] = str(port)
+            self.urls[service] = f"http://127.0.0.1:{port}"
+        return env
+
+    async def start(self, dsn: str, label: str) -> None:
+        env = self._env(dsn, label)
+        migrate = await asyncio.create_subprocess_exec(
+            *_evora_command(),
+            "migrate",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if await migrate.wait() != 0:
+            raise RuntimeError("evora migrate failed")
+        self.services = [
+            self.children.spawn(f"evora-{label}-{s}", [*_evora_command(), s], env) for s in SERVICES
+        ]
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(
+                *(self._wait_ready(session, c, self.urls[s]) for s, c in self._by_service())
+            )
+
+    def _by_service(self) -> list[tuple[str, Child]]:
+        return list(zip(SERVICES, self.services, strict=True))
+
+    @staticmethod
+    async def _wait_ready(session: aiohttp.ClientSession, child: Child, url: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not child.alive():
+                raise child.failed("exited while starting")
+            try:
+                async with session.get(url + "/readyz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+        raise child.failed(f"not ready after {READY_TIMEOUT_S:.0f} s")
+
+    def runner_argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "bench.evora_runner",
+            "--api",
+            self.urls["api"],
+            "--dispatcher",
+            self.urls["dispatcher"],
+            "--producer-token",
+            self.tokens["producer"],
+            "--worker-token",
+            self.tokens["worker"],
+        ]
+
+    async def _scrape(self, session: aiohttp.ClientSession, service: str) -> dict[str, float]:
+        async with session.get(self.urls[service] + "/metrics") as resp:
+            text = await resp.text()
+        wanted = COUNTERS[service]
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted:
+                    labels = ",".join(
+                        f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "service"
+                    )
+                    key = f"{service}:{sample.name}{{{labels}}}"
+                    found[key] = found.get(key, 0.0) + sample.value
+        return found
+
+    async def counters(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        async with aiohttp.ClientSession() as session:
+            for service in COUNTERS:
+                found.update(await self._scrape(session, service))
+        return found
+
+    async def after_drain(self) -> dict[str, Any]:
+        """Waits until the projector has applied every event: its lag behind the drain."""
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() - started < CATCH_UP_TIMEOUT_S:
+                async with session.get(self.urls["projector"] + "/metrics") as resp:
+                    text = await resp.text()
+                behind = [
+                    s.value
+                    for f in text_string_to_metric_families(text)
+                    for s in f.samples
+                    if s.name == "evora_projector_events_behind"
+                ]
+                if behind and behind[0] == 0:
+                    break
+                await asyncio.sleep(0.05)
+        return {"projector_catch_up_s": time.monotonic() - started}
+
+    def profile_targets(self) -> list[Child]:
+        return list(self.services)

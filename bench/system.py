@@ -1,0 +1,66 @@
+"""What the harness needs from a system under test; `bench.evora_system` and `bench.peers`
+supply it."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from bench.children import Child, Children
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class System(ABC):
+    """One system in one repetition: its database, its long-running processes (services;
+    the worker is started by the harness through the runner) and its runner command."""
+
+    name: str
+    # True while any job is not finished yet (completed jobs are deleted or marked finished).
+    # EXISTS, not count(*): the harness polls it while the system works, and a count over
+    # the whole table cost PostgreSQL more than a tenth of a core at that rate.
+    unfinished_sql: str
+
+    def __init__(self, children: Children) -> None:
+        self.children = children
+        self.services: list[Child] = []
+
+    @abstractmethod
+    async def start(self, dsn: str, label: str) -> None:
+        """Install the schema in the (empty) database `dsn` and start the services."""
+
+    @abstractmethod
+    def runner_argv(self) -> list[str]:
+        """The runner command (see `bench.runnerkit`) before its mode arguments."""
+
+    def runner_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
+        env["PYTHONPATH"] = str(REPO)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def spawn_runner(self, name: str, mode_args: list[str]) -> Child:
+        return self.children.spawn(
+            f"{self.name}-{name}", self.runner_argv() + mode_args, self.runner_env(), cwd=REPO
+        )
+
+    async def run_setup(self, label: str) -> None:
+        out = self.children.directory / f"{self.name}-{label}-setup.json"
+        await self.spawn_runner(f"{label}-setup", ["setup", "--out", str(out)]).wait_exit(120.0)
+
+    async def counters(self) -> dict[str, float]:
+        """The system's own counters (cumulative), for the figures' 'why'."""
+        return {}
+
+    async def after_drain(self) -> dict[str, Any]:
+        """Anything the system still does once every job is finished (waited for here)."""
+        return {}
+
+    def profile_targets(self) -> list[Child]:
+        return []
+
+    def stop(self) -> None:
+        for child in reversed(self.services):
+            child.stop()

@@ -1,0 +1,328 @@
+"""One repetition of the workloads for one system, the same for every system:
+
+(a) enqueue: `jobs` no-op jobs through the system's batch API, `batch` per call, no worker
+    running; jobs/s = jobs / (last call returned - first call made). Then drain: the worker
+    starts and takes them all; jobs/s = jobs / (moment the database shows no unfinished job
+    - first handler start). The database is polled every POLL_S for that moment.
+(b) latency: the now idle worker waits; a producer offers `rate` jobs/s for `seconds`
+    (open loop, one job per call); latency = handler start - the producer's call returned
+    (also reported from the call's start), both this machine's wall clock.
+(c) CPU seconds per job of every process in each phase (/proc, or the runner's own count
+    for the producers, which exit at the end of their phase), peak RSS of every process
+    (VmHWM, or the runner's ru_maxrss) and PostgreSQL's peak private memory: the largest sum
+    of RssAnon over all its processes, sampled every SAMPLE_S (shared_buffers left out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench import procstats
+from bench.children import Child
+from bench.cluster import Cluster
+from bench.profiling import Profiler
+from bench.stats import distribution
+from bench.system import System
+
+POLL_S = 0.05
+SAMPLE_S = 0.25
+IDLE_BEFORE_OFFER_S = 2.0
+LATENCY_FIRST_INDEX = 10_000_000  # latency jobs' payload i, apart from the drained ones
+POSTGRES = "postgresql"
+MONGO = "mongo-wire stand-in"
+MACHINE = "(machine)"  # keys of a CPU snapshot that are no process of the system
+WALL = "(wall)"
+KIB_PER_MIB = 1024
+
+
+@dataclass(frozen=True)
+class Workload:
+    jobs: int = 20_000
+    batch: int = 1_000
+    rate: float = 200.0
+    seconds: float = 20.0
+    drain_timeout_s: float = 600.0
+
+    @classmethod
+    def quick(cls) -> Workload:
+        return cls(jobs=2_000, rate=100.0, seconds=3.0, drain_timeout_s=120.0)
+
+
+class PeakSampler:
+    """PostgreSQL's private memory (see `Cluster.anon_kib`), sampled in a thread."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self.peak_kib = max(self.peak_kib, self.cluster.anon_kib())
+
+    @contextmanager
+    def running(self) -> Iterator[PeakSampler]:
+        self.peak_kib = self.cluster.anon_kib()
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+
+async def _wal_bytes(conn: asyncpg.Connection) -> int:
+    """Where the cluster's WAL is now, in bytes (one system runs at a time)."""
+    position: int = await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8")
+    return position
+
+
+class Repetition:
+    def __init__(
+        self,
+        system: System,
+        cluster: Cluster,
+        workload: Workload,
+        label: str,
+        profiler: Profiler | None,
+    ) -> None:
+        self.system = system
+        self.cluster = cluster
+        self.workload = workload
+        self.label = label
+        self.profiler = profiler
+        self.directory = system.children.directory
+        self.worker: Child | None = None
+        self.result: dict[str, Any] = {"system": system.name, "label": label}
+
+    # -- measurement helpers ---------------------------------------------------------------
+
+    def _cpu(self) -> dict[str, float]:
+        cpu = {
+            POSTGRES: self.cluster.cpu(),
+            MACHINE: procstats.machine_busy_seconds(),
+            WALL: time.monotonic(),
+        }
+        for child in self.system.services:
+            cpu[self._short(child)] = child.cpu()
+        if self.worker is not None and self.worker.alive():
+            cpu["worker"] = self.worker.cpu()
+        mongo = self.cluster.mongo_pid
+        if self.system.name == "evora" and mongo is not None:
+            cpu[MONGO] = procstats.cpu_seconds(mongo) or 0.0
+        return cpu
+
+    def _short(self, child: Child) -> str:
+        return child.name.rsplit("-", 1)[-1]
+
+    @staticmethod
+    def _noise_cores(before: dict[str, float], after: dict[str, float]) -> float:
+        """Cores the rest of the machine kept busy meanwhile (other people's work): all CPU
+        time of the machine less that of this system's processes, over the wall time."""
+        ours = sum(after[k] - before.get(k, 0.0) for k in after if k not in (MACHINE, WALL))
+        seconds = after[WALL] - before[WALL]
+        return max(0.0, after[MACHINE] - before[MACHINE] - ours) / seconds if seconds else 0.0
+
+    @staticmethod
+    def _per_job_us(
+        before: dict[str, float], after: dict[str, float], jobs: int
+    ) -> dict[str, float]:
+        return {
+            name: (after[name] - before.get(name, 0.0)) * 1e6 / max(jobs, 1)
+            for name in after
+            if name not in (MACHINE, WALL)
+        }
+
+    async def _wait_finished(self, conn: asyncpg.Connection, limit_s: float) -> float:
+        """Polls until no job is unfinished; the wall clock of the poll that saw none."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            sent = time.time()
+            if not await conn.fetchval(self.system.unfinished_sql):
+                return sent
+            await asyncio.sleep(POLL_S)
+        raise RuntimeError(f"{self.system.name}: jobs still unfinished after {limit_s:.0f} s")
+
+    def _out(self, name: str) -> Path:
+        return self.directory / f"{self.system.name}-{self.label}-{name}.json"
+
+    async def _run_producer(self, name: str, args: list[str]) -> dict[str, Any]:
+        out = self._out(name)
+        child = self.system.spawn_runner(f"{self.label}-{name}", [*args, "--out", str(out)])
+        await child.wait_exit(self.workload.drain_timeout_s)
+        data: dict[str, Any] = json.loads(out.read_text())
+        return data
+
+    async def _counters_delta(self, before: dict[str, float]) -> dict[str, float]:
+        after = await self.system.counters()
+        return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+    async def _begin(self, conn: asyncpg.Connection, phase: str, targets: list[Child]) -> None:
+        await self.cluster.reset_statements(conn)
+        self._profile(phase, targets)
+
+    def _profile(self, phase: str, targets: list[Child]) -> None:
+        if self.profiler is not None:
+            self.profiler.attach(f"{self.label}-{phase}", targets)
+
+    def _profiles(self) -> dict[str, list[str]]:
+        return {} if self.profiler is None else self.profiler.stop()
+
+    # -- the phases --------------------------------------------------------------------------
+
+    async def run(self, dsn: str) -> dict[str, Any]:
+        w = self.workload
+        await self.system.start(dsn, self.label)
+        conn = await asyncpg.connect(dsn)
+        try:
+            with PeakSampler(self.cluster).running() as sampler:
+                await self.cluster.execute("CHECKPOINT")
+                await self._enqueue(conn, w)
+                await self._drain(conn, w)
+                self.result["after_drain"] = await self.system.after_drain()
+                await self._latency(conn, w)
+                self._stop_and_collect(sampler)
+        finally:
+            await conn.close()
+            if self.worker is not None:
+                self.worker.stop()
+            self.system.stop()
+        return self.result
+
+    async def _enqueue(self, conn: asyncpg.Connection, w: Workload) -> None:
+        counters = await self.system.counters()
+        await self._begin(conn, "enqueue", self.system.profile_targets())
+        before = self._cpu()
+        wal_before = await _wal_bytes(conn)
+        out = await self._run_producer(
+            "enqueue", ["enqueue", "--count", str(w.jobs), "--batch", str(w.batch)]
+        )
+        after = self._cpu()
+        wal = await _wal_bytes(conn) - wal_before
+        after["producer"] = out["cpu_seconds"]
+        cpu = self._per_job_us(before, after, w.jobs)
+        seconds = out["t_end"] - out["t_start"]
+        self.result["enqueue"] = {
+            "jobs": w.jobs,
+            "seconds": seconds,
+            "jobs_per_s": w.jobs / seconds,
+            "cpu_us_per_job": cpu,
+            "noise_cores": self._noise_cores(before, after),
+            "wal_bytes": wal,
+            "counters": await self._counters_delta(counters),
+            "profiles": self._profiles(),
+            "statements": await self.cluster.top_statements(conn),
+        }
+        self.result.setdefault("peak_rss_mib", {})["producer (enqueue)"] = (
+            out["maxrss_kib"] / KIB_PER_MIB
+        )
+
+    async def _drain(self, conn: asyncpg.Connection, w: Workload) -> None:
+        counters = await self.system.counters()
+        await self._begin(conn, "drain", self.system.profile_targets())
+        self.worker = self.system.spawn_runner(
+            f"{self.label}-worker", ["work", "--out", str(self._out("worker"))]
+        )
+        await self.worker.wait_ready_line()
+        self._profile("drain", [self.worker])
+        before = self._cpu()
+        wal_before = await _wal_bytes(conn)
+        finished_at = await self._wait_finished(conn, w.drain_timeout_s)
+        after = self._cpu()
+        wal = await _wal_bytes(conn) - wal_before
+        self.result["drain"] = {
+            "jobs": w.jobs,
+            "finished_at": finished_at,
+            "cpu_us_per_job": self._per_job_us(before, after, w.jobs),
+            "noise_cores": self._noise_cores(before, after),
+            "wal_bytes": wal,
+            "counters": await self._counters_delta(counters),
+            "profiles": self._profiles(),
+            "statements": await self.cluster.top_statements(conn),
+        }
+
+    async def _latency(self, conn: asyncpg.Connection, w: Workload) -> None:
+        await asyncio.sleep(IDLE_BEFORE_OFFER_S)
+        assert self.worker is not None
+        counters = await self.system.counters()
+        await self._begin(conn, "latency", [*self.system.profile_targets(), self.worker])
+        before = self._cpu()
+        wal_before = await _wal_bytes(conn)
+        out = await self._run_producer(
+            "offer",
+            [
+                "offer",
+                "--rate",
+                str(w.rate),
+                "--seconds",
+                str(w.seconds),
+                "--first",
+                str(LATENCY_FIRST_INDEX),
+            ],
+        )
+        await self._wait_finished(conn, w.drain_timeout_s)
+        sent = out["sent"]
+        after = self._cpu()
+        wal = await _wal_bytes(conn) - wal_before
+        after["producer"] = out["cpu_seconds"]
+        cpu = self._per_job_us(before, after, len(sent))
+        self.result["latency"] = {
+            "offered": len(sent),
+            "sent": sent,
+            "cpu_us_per_job": cpu,
+            "noise_cores": self._noise_cores(before, after),
+            "wal_bytes": wal,
+            "counters": await self._counters_delta(counters),
+            "profiles": self._profiles(),
+            "statements": await self.cluster.top_statements(conn),
+        }
+        self.result["peak_rss_mib"]["producer (offer)"] = out["maxrss_kib"] / KIB_PER_MIB
+
+    def _stop_and_collect(self, sampler: PeakSampler) -> None:
+        assert self.worker is not None
+        rss = self.result["peak_rss_mib"]
+        for child in self.system.services:
+            rss[self._short(child)] = child.peak_rss_kib() / KIB_PER_MIB
+        self.worker.stop()
+        worker = json.loads(self._out("worker").read_text())
+        rss["worker"] = worker["maxrss_kib"] / KIB_PER_MIB
+        rss[POSTGRES + " (private, all processes)"] = sampler.peak_kib / KIB_PER_MIB
+        self._score(worker["starts"])
+
+    def _score(self, starts: list[list[float]]) -> None:
+        """Drain and latency figures from the handler starts the worker recorded."""
+        first: dict[int, float] = {}
+        duplicates = 0
+        for i, t in starts:
+            if int(i) in first:
+                duplicates += 1
+            else:
+                first[int(i)] = t
+        drained = [t for i, t in first.items() if i < LATENCY_FIRST_INDEX]
+        drain = self.result["drain"]
+        drain["handled"] = len(drained)
+        drain["duplicates"] = duplicates
+        drain["seconds"] = drain["finished_at"] - min(drained)
+        drain["jobs_per_s"] = drain["jobs"] / drain["seconds"]
+        latency = self.result["latency"]
+        sent = latency.pop("sent")
+        from_return = [first[int(i)] - t_ret for i, _, t_ret in sent if int(i) in first]
+        from_call = [first[int(i)] - t_call for i, t_call, _ in sent if int(i) in first]
+        calls = [t_ret - t_call for _, t_call, t_ret in sent]
+        latency["handled"] = len(from_return)
+        latency["ms_from_return"] = distribution(from_return)
+        latency["ms_from_call"] = distribution(from_call)
+        latency["ms_enqueue_call"] = distribution(calls)
+        span = max(t for _, t, _ in sent) - min(t for _, t, _ in sent) if sent else 0.0
+        latency["achieved_rate"] = (len(sent) - 1) / span if span > 0 else 0.0
