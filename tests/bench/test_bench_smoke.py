@@ -9,8 +9,6 @@ import math
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from bench import report
 from bench.__main__ import compare
 from bench.cluster import Cluster
@@ -21,7 +19,6 @@ RATE = 50.0
 SECONDS = 2.0
 
 
-@pytest.mark.slow
 async def test_evora_run_drains_every_job_and_measures_latency_cpu_and_memory() -> None:
     workload = Workload(jobs=JOBS, batch=100, rate=RATE, seconds=SECONDS, drain_timeout_s=60.0)
     # Not pytest's tmp_path: other pytest sessions on the machine prune those directories,
