@@ -38,6 +38,8 @@ step "ruff format --check"
 ruff format --check .
 step "mypy"
 mypy shared/evora services
+step "lint-imports (layering contracts in pyproject.toml)"
+lint-imports
 # The PySpark pipeline (tests/pipeline) needs a JVM and the PostgreSQL JDBC driver by path;
 # Spark never downloads jars at run time here.
 if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then

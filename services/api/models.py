@@ -14,10 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from evora.domain.models import Backoff, Job, JobEvent, JobSubmission, QueueName, TypeName
-from evora.domain.states import JobState
+from evora.protocol.limits import MAX_BATCH, MAX_PAGE
+from evora.protocol.states import JobState
 
-MAX_BATCH = 1000
-MAX_LIST_LIMIT = 500
 MAX_REDRIVE = 1_000_000
 
 _CURSOR_BYTES = 8  # a submit_seq is a PostgreSQL bigint
@@ -87,7 +86,7 @@ class JobListQuery(BaseModel):
     queue: QueueName | None = None
     state: JobState | None = None
     type: TypeName | None = None
-    limit: int = Field(default=50, ge=1, le=MAX_LIST_LIMIT)
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
     after: Cursor | None = None
 
 

@@ -15,12 +15,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from evora.config import Role
 from evora.domain.errors import QueueNotFound
-from evora.domain.models import QUEUE_PATTERN, QueueName
+from evora.domain.models import QueueName
 from evora.http.bodies import parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem
 from evora.http.routing import Routes
-from evora.readmodels.reader import WORKERS_PAGE_MAX, Page, ReadModels
+from evora.protocol.limits import MAX_PAGE, QUEUE_PATTERN
+from evora.readmodels.reader import Page, ReadModels
 from services.api.paths import queue_name
 from services.api.routes import STORE
 
@@ -35,7 +36,6 @@ stats = Routes("stats", path={"queue": QueueName}, problems=(503,))
 # -- paging: `limit` and the opaque `after` cursor, the key of the previous page's last item --
 
 QUEUES_PAGE_DEFAULT = 50
-QUEUES_PAGE_MAX = 500
 _NOT_OURS = "not a cursor returned by this API"
 
 
@@ -92,7 +92,7 @@ class QueueListQuery(BaseModel):
     # lax (query values are strings); unknown parameters refused, not silently ignored
     model_config = ConfigDict(extra="forbid")
 
-    limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=QUEUES_PAGE_MAX)
+    limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=MAX_PAGE)
     after: QueueCursor | None = None
 
 
@@ -100,7 +100,7 @@ class WorkerListQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # The default is the most a page holds: the whole list clients got before paging.
-    limit: int = Field(default=WORKERS_PAGE_MAX, ge=1, le=WORKERS_PAGE_MAX)
+    limit: int = Field(default=MAX_PAGE, ge=1, le=MAX_PAGE)
     after: WorkerCursor | None = None
 
 

@@ -9,16 +9,20 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from evora.domain.models import (
-    MAX_SECONDS,
     ClaimedJob,
     QueueName,
     TypeName,
     check_encoded_size,
     encoded_size_limit,
 )
-
-# Long stack traces are useful up to a point; beyond it they only bloat every event row.
-MAX_ERROR_MESSAGE = 8192
+from evora.protocol.limits import (
+    MAX_ACKS,
+    MAX_CLAIM_JOBS,
+    MAX_CLAIM_QUEUES,
+    MAX_ERROR_MESSAGE,
+    MAX_SECONDS,
+    MAX_WAIT_SECONDS,
+)
 
 WorkerId = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00]*$")]
 
@@ -29,9 +33,9 @@ class _Strict(BaseModel):
 
 class ClaimRequest(_Strict):
     worker_id: WorkerId
-    queues: list[QueueName] = Field(min_length=1, max_length=20)
-    max_jobs: int = Field(default=1, ge=1, le=500)
-    wait_seconds: float = Field(default=20, ge=0, le=60)
+    queues: list[QueueName] = Field(min_length=1, max_length=MAX_CLAIM_QUEUES)
+    max_jobs: int = Field(default=1, ge=1, le=MAX_CLAIM_JOBS)
+    wait_seconds: float = Field(default=20, ge=0, le=MAX_WAIT_SECONDS)
     types: list[TypeName] | None = Field(default=None, min_length=1, max_length=1000)
 
 
@@ -118,7 +122,7 @@ class Ack(_Strict):
 
 
 class AcksRequest(_Strict):
-    acks: list[Ack] = Field(min_length=1, max_length=1000)
+    acks: list[Ack] = Field(min_length=1, max_length=MAX_ACKS)
 
 
 class AckResult(BaseModel):

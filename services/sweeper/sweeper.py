@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from evora.config import Settings
-from evora.domain.states import JobState
 from evora.http.app import DATABASE_UNAVAILABLE
+from evora.protocol.states import JobState
 from evora.storage.jobs import EXPIRY_BATCH, JobStore
 from evora.storage.retention import PRUNABLE_STATES, RetentionStore
 from evora.waiting import Backoff, wait_until_set

@@ -1,4 +1,6 @@
-"""The `evora` command. Subcommands appear here as they are built."""
+"""The `evora` command. Services need the `server` extra; `evora worker` runs on the SDK
+alone (a worker's `pip install evora`), so it reads its few settings without the services'
+configuration class."""
 
 from __future__ import annotations
 
@@ -7,9 +9,14 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, get_args
 
-from evora.config import LOOPBACK, ConfigError, Settings, load_settings
-from evora.logs import configure_logging
+from evora.logs import LogFormat, configure_logging
+
+if TYPE_CHECKING:
+    from evora.config import Settings
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -55,7 +62,7 @@ def _sweeper(args: argparse.Namespace, settings: Settings) -> int:
     return run(settings)
 
 
-def _worker(args: argparse.Namespace, settings: Settings) -> int:
+def _worker(args: argparse.Namespace) -> int:
     from evora.sdk.loading import run_worker_from_module
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
@@ -74,7 +81,7 @@ def _pipeline(args: argparse.Namespace, settings: Settings) -> int:
     return run_command(args, settings)
 
 
-Command = Callable[[argparse.Namespace, Settings], int]
+Command = Callable[[argparse.Namespace, "Settings"], int]
 
 
 def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -172,16 +179,38 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _worker_tokens(args: argparse.Namespace) -> list[str]:
-    """The token `evora worker` sends, to keep it out of its logs as well."""
-    if args.command != "worker":
-        return []
+    """The token `evora worker` sends, to keep it out of its logs."""
     from evora.sdk.loading import ENV_WORKER_TOKEN
 
     return [token for token in (args.token, os.environ.get(ENV_WORKER_TOKEN)) if token]
 
 
+def _worker_logging(args: argparse.Namespace) -> None:
+    level = os.environ.get("EVORA_LOG_LEVEL", "INFO").strip().upper() or "INFO"
+    raw_format = os.environ.get("EVORA_LOG_FORMAT", "json").strip().lower() or "json"
+    if level not in LOG_LEVELS:
+        raise ValueError(f"EVORA_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}")
+    formats: tuple[LogFormat, ...] = get_args(LogFormat)
+    fmt = next((f for f in formats if f == raw_format), None)
+    if fmt is None:
+        raise ValueError("EVORA_LOG_FORMAT must be json or text")
+    configure_logging(level, fmt, service="worker", secrets=_worker_tokens(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "worker":
+        try:
+            _worker_logging(args)
+        except ValueError as exc:
+            print(f"evora: invalid configuration: {exc}", file=sys.stderr)
+            return 2
+        try:
+            return _worker(args)
+        except KeyboardInterrupt:
+            return 130
+    from evora.config import LOOPBACK, ConfigError, load_settings
+
     dev = getattr(args, "dev", False)
     try:
         # `evora dev` is on this machine for its user only: the published example tokens
@@ -194,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.log_level,
             settings.log_format or ("text" if dev else "json"),
             service=args.command,
-            secrets=[*settings.token_roles(), *_worker_tokens(args)],
+            secrets=settings.token_roles(),
         )
         run: Command = args.run
         return run(args, settings)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from evora.domain.models import DEFAULT_MAX_PAYLOAD_BYTES
+from evora.protocol.limits import DEFAULT_MAX_PAYLOAD_BYTES
 
 log = logging.getLogger(__name__)
 

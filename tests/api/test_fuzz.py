@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from evora.domain.models import QUEUE_PATTERN, TYPE_PATTERN
 from evora.http.problems import PROBLEM_CONTENT_TYPE
+from evora.protocol.limits import QUEUE_PATTERN, TYPE_PATTERN
 from services.api.models import BatchResult, JobList, JobResponse, QueuePauseState, Redriven
 from tests.api.conftest import ADMIN, ApiClient
 

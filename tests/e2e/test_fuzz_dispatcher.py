@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from evora import Client, Submission
-from evora.domain.models import QUEUE_PATTERN, TYPE_PATTERN
 from evora.domain.models import Job as JobModel
 from evora.http.problems import PROBLEM_CONTENT_TYPE
+from evora.protocol.limits import QUEUE_PATTERN, TYPE_PATTERN
 from services.dispatcher.models import AcksResponse, ClaimResponse, HeartbeatResponse
 from tests.e2e.conftest import (
     FAST,

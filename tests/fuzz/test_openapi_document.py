@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
 from evora.config import Settings
-from evora.domain.models import QUEUE_PATTERN
 from evora.http.openapi import openapi_document
 from evora.http.problems import PROBLEM_CONTENT_TYPE
+from evora.protocol.limits import QUEUE_PATTERN
 from services.api.app import create_app as create_api
 from services.api.models import JobListQuery, decode_cursor, encode_cursor
 from services.dispatcher.app import create_app as create_dispatcher

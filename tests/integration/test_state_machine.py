@@ -12,7 +12,8 @@ import asyncpg
 import pytest
 
 from evora.domain.models import JobSubmission
-from evora.domain.states import TRANSITIONS, EventName, JobState, Transition
+from evora.domain.states import TRANSITIONS, Transition
+from evora.protocol.states import EventName, JobState
 from evora.storage.jobs import Failure, JobStore
 
 Q = "sm"

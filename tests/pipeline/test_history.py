@@ -9,8 +9,8 @@ from collections import Counter
 import asyncpg
 from pymongo.asynchronous.database import AsyncDatabase
 
-from evora.domain.states import JobState
 from evora.http.metrics import ServiceMetrics
+from evora.protocol.states import JobState
 from evora.readmodels.layout import TOTAL_KEYS, Document
 from evora.storage.jobs import JobStore
 from evora.storage.retention import RetentionStore

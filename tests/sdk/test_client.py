@@ -6,7 +6,7 @@ import pytest
 
 import evora
 from evora import Client
-from evora.domain.states import JobState
+from evora.protocol.states import JobState
 from tests.sdk.conftest import FAST
 from tests.sdk.fake import PRODUCER_TOKEN, FakeEvora
 

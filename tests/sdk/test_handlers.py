@@ -10,8 +10,9 @@ import orjson
 import pytest
 
 import evora
+from evora.protocol.limits import MAX_ERROR_MESSAGE
 from evora.sdk.handlers import runs_on_loop
-from evora.sdk.running import MAX_ERROR_MESSAGE, failure_from_exception
+from evora.sdk.running import failure_from_exception
 
 
 async def noop(job: evora.Job) -> None:

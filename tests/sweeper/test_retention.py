@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from evora.domain.models import JobSubmission
-from evora.domain.states import JobState
+from evora.protocol.states import JobState
 from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import PRUNABLE_STATES, PRUNE_FINISHED, RetentionStore
 from tests.sweeper.conftest import FAST, StartSweeper, eventually

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from evora.protocol import problems
+
 
 class EvoraError(Exception):
     """Something went wrong in Evora."""
@@ -21,7 +23,7 @@ class EvoraError(Exception):
 class JobNotFound(EvoraError):
     """No job with that id."""
 
-    code = "job_not_found"
+    code = problems.JOB_NOT_FOUND
     status = 404
     title = "Job not found"
 
@@ -29,7 +31,7 @@ class JobNotFound(EvoraError):
 class LeaseLost(EvoraError):
     """The lease token is not the job's current lease (it expired, or the job moved on)."""
 
-    code = "lease_lost"
+    code = problems.LEASE_LOST
     status = 409
     title = "Lease lost"
 
@@ -37,7 +39,7 @@ class LeaseLost(EvoraError):
 class InvalidState(EvoraError):
     """The job is not in a state that allows this operation."""
 
-    code = "invalid_state"
+    code = problems.INVALID_STATE
     status = 409
     title = "Invalid state"
 
@@ -45,7 +47,7 @@ class InvalidState(EvoraError):
 class IdempotencyConflict(EvoraError):
     """The idempotency key was already used for this queue with different submission fields."""
 
-    code = "idempotency_conflict"
+    code = problems.IDEMPOTENCY_CONFLICT
     status = 409
     title = "Idempotency conflict"
 
@@ -53,7 +55,7 @@ class IdempotencyConflict(EvoraError):
 class IdempotentJobGone(EvoraError):
     """The idempotency key was used, but its job has since been removed by retention."""
 
-    code = "idempotent_job_gone"
+    code = problems.IDEMPOTENT_JOB_GONE
     status = 409
     title = "Idempotent job gone"
 
@@ -61,6 +63,6 @@ class IdempotentJobGone(EvoraError):
 class QueueNotFound(EvoraError):
     """No queue by that name has been seen."""
 
-    code = "queue_not_found"
+    code = problems.QUEUE_NOT_FOUND
     status = 404
     title = "Queue not found"

@@ -24,23 +24,20 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from evora.domain.states import JobState
-
-QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-TYPE_PATTERN = r"^[A-Za-z0-9_.:-]{1,255}$"
-
-# Intervals beyond this overflow nothing in PostgreSQL, but no sane schedule needs them;
-# bounding them keeps every computed timestamp representable.
-MAX_SECONDS = 10 * 365 * 24 * 3600
+from evora.protocol.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    KEY_MAX_LENGTH,
+    MAX_SECONDS,
+    QUEUE_PATTERN,
+    TYPE_PATTERN,
+)
+from evora.protocol.problems import PAYLOAD_TOO_LARGE
+from evora.protocol.states import JobState
 
 QueueName = Annotated[str, Field(pattern=QUEUE_PATTERN)]
 TypeName = Annotated[str, Field(pattern=TYPE_PATTERN)]
 # PostgreSQL text cannot hold U+0000.
-Key = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00]*$")]
-
-DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
-# The validation error type of an oversized payload; HTTP answers it with 413, not 422.
-PAYLOAD_TOO_LARGE = "payload_too_large"
+Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_LENGTH, pattern=r"^[^\x00]*$")]
 
 
 class _Strict(BaseModel):

@@ -7,29 +7,9 @@ A test compares the two.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import NamedTuple
 
-
-class JobState(StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    DLQ = "DLQ"
-    CANCELLED = "CANCELLED"
-
-
-class EventName(StrEnum):
-    SUBMITTED = "submitted"
-    CLAIMED = "claimed"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    LEASE_EXPIRED = "lease_expired"
-    RELEASED = "released"
-    DEAD_LETTERED = "dead_lettered"
-    CANCELLED = "cancelled"
-    RETRIED = "retried"
-    CANCEL_REQUESTED = "cancel_requested"
+from evora.protocol.states import EventName, JobState
 
 
 class Transition(NamedTuple):

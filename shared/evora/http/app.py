@@ -25,6 +25,7 @@ from evora.http.protocol import EdgeProtocol
 from evora.http.routing import Routes, endpoint_of, install
 from evora.logs import bind as bind_log_context
 from evora.logs import unbind as unbind_log_context
+from evora.protocol import problems
 from evora.storage.db import create_pool, request_budget
 from evora.storage.migrate import missing_versions
 
@@ -74,7 +75,7 @@ DATABASE_UNAVAILABLE = (
 _HTTP_CODES = {
     404: ("not_found", "Not found"),
     405: ("method_not_allowed", "Method not allowed"),
-    413: ("payload_too_large", "Payload too large"),
+    413: (problems.PAYLOAD_TOO_LARGE, "Payload too large"),
 }
 
 
@@ -120,7 +121,7 @@ async def _edge(
             log.warning("database unavailable in %s %s: %r", request.method, route, exc)
             response = Problem(
                 503,
-                "unavailable",
+                problems.UNAVAILABLE,
                 "Service unavailable",
                 "the database is unavailable or overloaded; retry shortly",
                 headers={"Retry-After": "1"},
@@ -130,7 +131,10 @@ async def _edge(
                 "unhandled error in %s %s (request %s)", request.method, route, request_id
             )
             response = Problem(
-                500, "internal_error", "Internal error", f"request {request_id} failed; see logs"
+                500,
+                problems.INTERNAL_ERROR,
+                "Internal error",
+                f"request {request_id} failed; see logs",
             ).response()
     finally:
         metrics.http_in_flight.labels(metrics.service).dec()

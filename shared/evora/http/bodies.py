@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from evora.domain.models import PAYLOAD_TOO_LARGE
 from evora.http.problems import (
     Problem,
     malformed_json,
@@ -38,6 +37,7 @@ from evora.http.problems import (
     request_timeout,
     validation_problem,
 )
+from evora.protocol.problems import PAYLOAD_TOO_LARGE
 
 M = TypeVar("M", bound=BaseModel)
 

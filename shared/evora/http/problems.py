@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from evora.http.jsonio import dumps
+from evora.protocol import problems
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
@@ -54,7 +55,7 @@ class Problem(Exception):
 def validation_problem(errors: list[dict[str, Any]], detail: str | None = None) -> Problem:
     return Problem(
         422,
-        "validation_error",
+        problems.VALIDATION_ERROR,
         "Validation error",
         detail or "the request is not valid; see errors",
         errors=errors,
@@ -62,21 +63,21 @@ def validation_problem(errors: list[dict[str, Any]], detail: str | None = None) 
 
 
 def malformed_json(detail: str = "the body is not valid JSON") -> Problem:
-    return Problem(400, "malformed_json", "Malformed JSON", detail)
+    return Problem(400, problems.MALFORMED_JSON, "Malformed JSON", detail)
 
 
 def payload_too_large(detail: str) -> Problem:
-    return Problem(413, "payload_too_large", "Payload too large", detail)
+    return Problem(413, problems.PAYLOAD_TOO_LARGE, "Payload too large", detail)
 
 
 def unauthorized(detail: str) -> Problem:
     return Problem(
-        401, "unauthorized", "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"}
+        401, problems.UNAUTHORIZED, "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"}
     )
 
 
 def forbidden(detail: str) -> Problem:
-    return Problem(403, "forbidden", "Forbidden", detail)
+    return Problem(403, problems.FORBIDDEN, "Forbidden", detail)
 
 
 def request_timeout(detail: str) -> Problem:

@@ -14,11 +14,13 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
+from evora.protocol.states import JobState
+
 Document = dict[str, Any]
 
 CONTROL = "projector_control"
 CONTROL_ID = "control"
-STATE_NAMES = ("PENDING", "RUNNING", "COMPLETED", "DLQ", "CANCELLED")
+STATE_NAMES = tuple(JobState)
 # The stats `totals` keys of CONTRACT section 4; the projector counts every event name, these
 # are the ones the contract promises.
 TOTAL_KEYS = ("submitted", "completed", "failed", "dead_lettered", "retried", "lease_expired")

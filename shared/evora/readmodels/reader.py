@@ -8,6 +8,7 @@ from typing import Any
 
 from pymongo.asynchronous.database import AsyncDatabase
 
+from evora.protocol.limits import MAX_PAGE
 from evora.readmodels.layout import (
     CONTROL,
     Document,
@@ -19,7 +20,6 @@ from evora.readmodels.stats import STATS_FIELDS, as_utc, render_queue_stats
 
 WORKERS_SEEN_WITHIN = timedelta(hours=24)
 # The most workers one page holds (and, by default, the one page the first clients read).
-WORKERS_PAGE_MAX = 500
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class ReadModels:
         )
 
     async def workers_page(
-        self, *, limit: int = WORKERS_PAGE_MAX, after: tuple[datetime, str] | None = None
+        self, *, limit: int = MAX_PAGE, after: tuple[datetime, str] | None = None
     ) -> Page:
         """Up to `limit` workers seen within WORKERS_SEEN_WITHIN, most recent first (ties by
         id), those after `after` (the last_seen and id of the previous page's last)."""

@@ -29,12 +29,12 @@ from typing import Any, Final, Required, Self, TypedDict, Unpack
 from urllib.parse import quote
 from uuid import UUID
 
-from evora.domain.states import JobState
+from evora.protocol.limits import MAX_PAGE
+from evora.protocol.states import JobState
 from evora.sdk._http import NO_BODY, Response, RetryBackoff, Transport
 from evora.sdk.errors import InvalidStateError
 
 # Queue stats per page when listing every queue: the most the api serves at once.
-QUEUES_PAGE: Final = 500
 
 JobData = dict[str, Any]
 """A job resource exactly as the API returns it (CONTRACT section 3)."""
@@ -270,7 +270,7 @@ class Client:
         """Stats of every queue by name, from the read models (eventually consistent),
         fetched a page at a time."""
         queues: list[dict[str, Any]] = []
-        params = {"limit": str(QUEUES_PAGE)}
+        params = {"limit": str(MAX_PAGE)}
         while True:
             resp = await self._call("GET", "/v1/queues", params=params, idempotent=True)
             queues.extend(resp.data["queues"])

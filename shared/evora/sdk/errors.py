@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 import orjson
 
+from evora.protocol import problems
+
 
 class EvoraClientError(Exception):
     """A call to an Evora service did not succeed.
@@ -76,20 +78,20 @@ class BadRequestError(EvoraHTTPError):
 
 
 class MalformedJSONError(BadRequestError):
-    problem_code = "malformed_json"
+    problem_code = problems.MALFORMED_JSON
 
 
 class UnauthorizedError(EvoraHTTPError):
     """The token is missing or unknown."""
 
-    problem_code = "unauthorized"
+    problem_code = problems.UNAUTHORIZED
     problem_status = 401
 
 
 class ForbiddenError(EvoraHTTPError):
     """The token's role may not call this endpoint."""
 
-    problem_code = "forbidden"
+    problem_code = problems.FORBIDDEN
     problem_status = 403
 
 
@@ -98,11 +100,11 @@ class NotFoundError(EvoraHTTPError):
 
 
 class JobNotFoundError(NotFoundError):
-    problem_code = "job_not_found"
+    problem_code = problems.JOB_NOT_FOUND
 
 
 class QueueNotFoundError(NotFoundError):
-    problem_code = "queue_not_found"
+    problem_code = problems.QUEUE_NOT_FOUND
 
 
 class ConflictError(EvoraHTTPError):
@@ -112,36 +114,36 @@ class ConflictError(EvoraHTTPError):
 class LeaseLostError(ConflictError):
     """The lease token is no longer the job's current lease."""
 
-    problem_code = "lease_lost"
+    problem_code = problems.LEASE_LOST
 
 
 class InvalidStateError(ConflictError):
     """The job is not in a state that allows the operation."""
 
-    problem_code = "invalid_state"
+    problem_code = problems.INVALID_STATE
 
 
 class IdempotencyConflictError(ConflictError):
     """The idempotency key was already used for the queue with different fields."""
 
-    problem_code = "idempotency_conflict"
+    problem_code = problems.IDEMPOTENCY_CONFLICT
 
 
 class IdempotentJobGoneError(ConflictError):
     """The idempotency key was used, but retention has since removed its job."""
 
-    problem_code = "idempotent_job_gone"
+    problem_code = problems.IDEMPOTENT_JOB_GONE
 
 
 class PayloadTooLargeError(EvoraHTTPError):
-    problem_code = "payload_too_large"
+    problem_code = problems.PAYLOAD_TOO_LARGE
     problem_status = 413
 
 
 class RequestValidationError(EvoraHTTPError):
     """The request broke a rule; `errors` says where."""
 
-    problem_code = "validation_error"
+    problem_code = problems.VALIDATION_ERROR
     problem_status = 422
 
 

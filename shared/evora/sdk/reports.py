@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from evora.protocol.limits import MAX_ERROR_MESSAGE
 from evora.sdk._http import RETRYABLE_STATUSES, RetryBackoff, Transport
 from evora.sdk.acks import Ack, AckBatcher
 from evora.sdk.errors import (
@@ -16,7 +17,6 @@ from evora.sdk.errors import (
     LeaseLostError,
 )
 from evora.sdk.handlers import Job
-from evora.sdk.running import MAX_ERROR_MESSAGE
 
 log = logging.getLogger("evora.worker")
 

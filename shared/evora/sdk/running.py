@@ -8,17 +8,15 @@ import logging
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 import orjson
 
+from evora.protocol.limits import MAX_ERROR_MESSAGE
 from evora.sdk.acks import Ack
 from evora.sdk.handlers import Job
 
 log = logging.getLogger("evora.worker")
-
-# Long enough for any useful message, short enough that a failure report never hits a limit.
-MAX_ERROR_MESSAGE: Final = 4096
 
 
 def failure_from_exception(exc: BaseException) -> dict[str, Any]:

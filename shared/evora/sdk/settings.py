@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 from typing import Final
 
-from evora.domain.models import QUEUE_PATTERN
+from evora.protocol.limits import MAX_CLAIM_QUEUES, MAX_WAIT_SECONDS, QUEUE_PATTERN
 from evora.sdk._http import RetryBackoff
 
 DEFAULT_DISPATCHER_URL: Final = "http://127.0.0.1:8081"
@@ -18,8 +18,6 @@ DEFAULT_CONCURRENCY: Final = 10
 # default is 60 s, heartbeats go every third of it) so the warning comes before the damage,
 # well above what a healthy loop ever takes for one step.
 DEFAULT_BLOCKED_LOOP_WARNING: Final = 1.0
-MAX_QUEUES: Final = 20
-MAX_CLAIM: Final = 500
 # With wait_seconds=0 (no long-poll), how long an idle worker waits before asking again.
 IDLE_PAUSE_SECONDS: Final = 0.5
 _QUEUE_RE = re.compile(QUEUE_PATTERN)
@@ -52,15 +50,15 @@ class WorkerSettings:
     blocked_loop_warning: float | None = DEFAULT_BLOCKED_LOOP_WARNING
 
     def __post_init__(self) -> None:
-        if not 1 <= len(self.queues) <= MAX_QUEUES:
-            raise ValueError(f"a worker needs 1..{MAX_QUEUES} queues, got {len(self.queues)}")
+        if not 1 <= len(self.queues) <= MAX_CLAIM_QUEUES:
+            raise ValueError(f"a worker needs 1..{MAX_CLAIM_QUEUES} queues, got {len(self.queues)}")
         for queue in self.queues:
             if not _QUEUE_RE.fullmatch(queue):
                 raise ValueError(f"invalid queue name {queue!r}")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if not 0 <= self.wait_seconds <= 60:
-            raise ValueError("wait_seconds must be 0..60")
+        if not 0 <= self.wait_seconds <= MAX_WAIT_SECONDS:
+            raise ValueError(f"wait_seconds must be 0..{MAX_WAIT_SECONDS}")
         if not 0 < self.heartbeat_fraction < 1:
             raise ValueError("heartbeat_fraction must be between 0 and 1")
         if min(self.grace_period, self.cancel_grace, self.ack_linger) < 0:

@@ -56,6 +56,7 @@ from typing import Any
 
 from evora import loops
 from evora.logs import bind
+from evora.protocol.limits import MAX_CLAIM_JOBS
 from evora.sdk._http import RetryBackoff, Transport
 from evora.sdk.acks import Ack
 from evora.sdk.errors import EvoraClientError, EvoraHTTPError
@@ -68,7 +69,6 @@ from evora.sdk.settings import (
     DEFAULT_BLOCKED_LOOP_WARNING,
     DEFAULT_CONCURRENCY,
     IDLE_PAUSE_SECONDS,
-    MAX_CLAIM,
     WorkerSettings,
     default_worker_id,
 )
@@ -303,7 +303,7 @@ class Worker:
                 await self._slot_freed.wait()
             try:
                 jobs = await self._claim(
-                    types, min(self.settings.concurrency - self._busy, MAX_CLAIM)
+                    types, min(self.settings.concurrency - self._busy, MAX_CLAIM_JOBS)
                 )
             except EvoraClientError as exc:
                 if isinstance(exc, EvoraHTTPError) and exc.status < 500 and exc.status != 429:

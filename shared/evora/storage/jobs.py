@@ -28,7 +28,7 @@ from evora.domain.errors import (
     LeaseLost,
 )
 from evora.domain.models import JobSubmission
-from evora.domain.states import JobState
+from evora.protocol.states import JobState
 from evora.storage import queries
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
 from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row

@@ -17,7 +17,7 @@ from uuid import UUID
 
 import asyncpg
 
-from evora.domain.states import JobState
+from evora.protocol.states import JobState
 from evora.storage.statements import load
 
 READ_OUTBOX, BACKLOG, OLDEST_DUE, PRUNED = load(

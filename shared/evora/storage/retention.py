@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from evora.domain.states import JobState
+from evora.protocol.states import JobState
 from evora.storage.statements import load
 
 PRUNABLE_STATES = (JobState.COMPLETED, JobState.CANCELLED, JobState.DLQ)

@@ -1,0 +1,33 @@
+"""The limits of the HTTP interface: what names look like and how much one request may
+carry. The services validate against these, the SDK checks what it can before sending, and
+docs/http-api.md and docs/limits.md describe them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Queue names, and limit keys, use this alphabet; job types a slightly wider one.
+QUEUE_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+TYPE_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,255}$"
+# Idempotency keys, group keys and worker ids: 1..255 characters, no U+0000 (PostgreSQL
+# text cannot hold it).
+KEY_MAX_LENGTH: Final = 255
+
+# The largest job payload, result or progress value (encoded JSON) unless
+# EVORA_MAX_PAYLOAD_BYTES says otherwise.
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_048_576
+# Intervals beyond ten years overflow nothing in PostgreSQL, but no sane schedule needs them;
+# bounding them keeps every computed timestamp representable.
+MAX_SECONDS: Final = 10 * 365 * 24 * 3600
+
+# Jobs in one POST /v1/jobs/batch; outcomes in one POST /v1/acks.
+MAX_BATCH: Final = 1000
+MAX_ACKS: Final = 1000
+# One claim: queues named, jobs handed out, seconds it may wait.
+MAX_CLAIM_QUEUES: Final = 20
+MAX_CLAIM_JOBS: Final = 500
+MAX_WAIT_SECONDS: Final = 60
+# Long stack traces are useful up to a point; beyond it they only bloat every event row.
+MAX_ERROR_MESSAGE: Final = 8192
+# Items in one page of a list endpoint.
+MAX_PAGE: Final = 500

@@ -1,0 +1,27 @@
+"""The states a job can be in and the events that move it (docs/http-api.md; the legal moves
+between them are in evora.domain.states)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    DLQ = "DLQ"
+    CANCELLED = "CANCELLED"
+
+
+class EventName(StrEnum):
+    SUBMITTED = "submitted"
+    CLAIMED = "claimed"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    LEASE_EXPIRED = "lease_expired"
+    RELEASED = "released"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+    RETRIED = "retried"
+    CANCEL_REQUESTED = "cancel_requested"

@@ -1,0 +1,75 @@
+"""A worker's `pip install evora` (no extras) into a clean virtualenv: the SDK works, and none
+of the server side's dependencies come with it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_ONLY = ("asyncpg", "pymongo", "pyspark", "prometheus_client", "pydantic_settings")
+
+CHECK = textwrap.dedent(
+    f"""
+    import importlib.util, sys
+    import evora
+
+    worker = evora.Worker("http://127.0.0.1:1", "a-worker-token-16", queues=["q"])
+
+    @worker.handler("t")
+    def handle(job):
+        return job.payload
+
+    client = evora.Client("http://127.0.0.1:1", "a-producer-token")
+    present = [m for m in {SERVER_ONLY!r} if importlib.util.find_spec(m) is not None]
+    loaded = [m for m in ("evora.storage", "evora.http", "services") if m in sys.modules]
+    print("present", present, "loaded", loaded, "types", worker.handlers.types)
+    """
+)
+
+
+def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> None:
+    # Built from a copy, so the build leaves nothing in the working tree.
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("shared", "services"):
+        shutil.copytree(
+            ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            str(source),
+        ],
+        check=True,
+        timeout=600,
+    )
+
+    checked = subprocess.run(
+        [str(python), "-c", CHECK], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert checked.stdout.strip() == "present [] loaded [] types ['t']", checked.stdout
+
+    # The console script runs a worker module with the SDK alone (no such module: exit 2).
+    cli = subprocess.run(
+        [str(venv / "bin" / "evora"), "worker", "no_such_module_here"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert cli.returncode == 2, cli.stderr
+    assert "cannot import no_such_module_here" in cli.stderr
