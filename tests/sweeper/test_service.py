@@ -54,6 +54,10 @@ async def test_health_readiness_and_metrics(
         lambda: running.metric("evora_sweeper_leases_expired_total", outcome="requeued") == 1,
         "the lease to be expired",
     )
+    # The pass that expired it records its end only when it is over.
+    await eventually(
+        lambda: running.metric("evora_sweeper_last_run_timestamp_seconds") > 0, "a whole pass"
+    )
     status, text = await running.get("/metrics")
     assert status == 200
     samples = {
