@@ -13,15 +13,7 @@ import asyncpg
 from evora.domain.models import JobSubmission
 from evora.storage.jobs import JobStore
 from tests.dispatcher.conftest import WORKER, Dispatcher
-
-
-async def until(condition: Any, limit: float = 10.0) -> None:
-    """Wait for a condition of the system under test, bounded."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.005)
+from tests.polling import until
 
 
 def long_poll(

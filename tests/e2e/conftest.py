@@ -15,10 +15,9 @@ import logging
 import os
 import socket
 import sys
-import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from evora.config import Settings
 from services.api.app import create_app as create_api
 from services.dispatcher.app import create_app as create_dispatcher
 from services.dispatcher.state import DISPATCH
+from tests.polling import Condition, until
 from tests.servers import Service, serve
 
 ADMIN_TOKEN = "e2e-admin-token-0"
@@ -44,22 +44,6 @@ WORKER_HEADERS = {"Authorization": f"Bearer {WORKER_TOKEN}"}
 
 # Retries between failed claims/acks wait tenths of seconds here, not the defaults.
 FAST = RetryBackoff(initial=0.05, max_delay=0.5)
-
-Condition = Callable[[], bool | Awaitable[bool]]
-
-
-async def until(condition: Condition, *, within: float, what: str) -> None:
-    """Poll `condition` (sync or async) until it holds; fail after `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        outcome = condition()
-        if not isinstance(outcome, bool):
-            outcome = await outcome
-        if outcome:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {within}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 # -- services in this process ------------------------------------------------------------

@@ -4,8 +4,6 @@ state, so nothing waits for real time; every wait is a bounded poll of observabl
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +28,6 @@ TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker
 # Quick enough that tests driven through the running loop finish fast, and a standby takes
 # over within a fraction of a second.
 FAST = Tuning(max_wait=0.1, retention_every=0.2, observe_every=0.1, standby_seconds=0.1)
-
-WAIT_TIMEOUT = 10.0
 
 
 @dataclass
@@ -80,24 +76,6 @@ async def start_sweeper(db_url: str) -> AsyncIterator[StartSweeper]:
         finally:
             for server in servers:
                 await server.close()
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
-    what: str,
-    within: float = WAIT_TIMEOUT,
-) -> float:
-    """Poll until `check` holds; return the seconds it took. Fails after `within` seconds."""
-    started = time.monotonic()
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return time.monotonic() - started
-        if time.monotonic() - started > within:
-            pytest.fail(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def submit(store: JobStore, queue: str = "q", **fields: Any) -> UUID:

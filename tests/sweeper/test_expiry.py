@@ -10,13 +10,13 @@ import asyncpg
 
 from evora.storage.jobs import Failure, JobStore
 from services.sweeper.sweeper import Tuning
+from tests.polling import until
 from tests.sweeper.conftest import (
     FAST,
     StartSweeper,
     claimed,
     event_names,
     events,
-    eventually,
     force_lease_expiry,
     submit,
 )
@@ -38,7 +38,7 @@ async def test_expired_lease_goes_back_to_pending_with_backoff(
     async def expired() -> bool:
         return len(await event_names(pool, job["id"])) == 3
 
-    await eventually(expired, "the lease to be expired")
+    await until(expired, "the lease to be expired")
     [_, _, (name, data)] = await events(pool, job["id"])
     assert name == "lease_expired"
     # requeued: no reason, but when it may run again and what went wrong
@@ -63,7 +63,7 @@ async def test_expired_lease_with_no_attempts_left_is_dead_lettered(
     async def dead() -> bool:
         return len(await event_names(pool, job["id"])) == 3
 
-    await eventually(dead, "the job to be dead-lettered")
+    await until(dead, "the job to be dead-lettered")
     assert await events(pool, job["id"]) == [
         ("submitted", {}),
         ("claimed", {}),
@@ -86,7 +86,7 @@ async def test_expired_lease_of_a_cancel_requested_job_cancels_it(
     async def cancelled() -> bool:
         return len(await event_names(pool, job["id"])) == 4
 
-    await eventually(cancelled, "the job to be cancelled")
+    await until(cancelled, "the job to be cancelled")
     assert await events(pool, job["id"]) == [
         ("submitted", {}),
         ("claimed", {}),
@@ -110,11 +110,11 @@ async def test_ttl_spares_a_job_that_started_and_waits_for_its_retry(
     )
     running = await start_sweeper()
     expired = await submit(store, "expired", expires_at=LONG_AGO)
-    await eventually(
+    await until(
         lambda: running.metric("evora_sweeper_ttls_expired_total") == 1, "the unstarted TTL"
     )
     seen = running.metric("evora_sweeper_last_run_timestamp_seconds")
-    await eventually(
+    await until(
         lambda: running.metric("evora_sweeper_last_run_timestamp_seconds") > seen,
         "another pass",
     )
@@ -141,7 +141,7 @@ async def test_ttl_expiry_dead_letters_only_jobs_that_never_started(
     async def dead() -> bool:
         return len(await event_names(pool, expired)) == 2
 
-    await eventually(dead, "the TTL to be expired")
+    await until(dead, "the TTL to be expired")
     assert await events(pool, expired) == [
         ("submitted", {}),
         ("dead_lettered", {"reason": "expired"}),
@@ -152,7 +152,7 @@ async def test_ttl_expiry_dead_letters_only_jobs_that_never_started(
 
     # After one more full pass, the others are as they were.
     seen = running.metric("evora_sweeper_last_run_timestamp_seconds")
-    await eventually(
+    await until(
         lambda: running.metric("evora_sweeper_last_run_timestamp_seconds") > seen,
         "another pass",
     )
@@ -190,7 +190,7 @@ async def test_wakes_at_the_next_deadline_not_on_a_tick(
             and await expired_at(ttl_job, "dead_lettered") is not None
         )
 
-    await eventually(both_expired, "both deadlines to be acted on", within=6.0)
+    await until(both_expired, "both deadlines to be acted on", within=6.0)
     lease_late = (await expired_at(job["id"], "lease_expired") - lease_deadline).total_seconds()
     ttl_late = (await expired_at(ttl_job, "dead_lettered") - ttl_deadline).total_seconds()
     assert 0 <= lease_late < 0.5, lease_late
@@ -202,7 +202,7 @@ async def test_looks_again_for_leases_claimed_after_it_computed_its_deadline(
 ) -> None:
     # Nothing to wait for, so the sweeper sleeps its longest wait (1 s by default).
     running = await start_sweeper(Tuning(max_wait=1.0, standby_seconds=FAST.standby_seconds))
-    await eventually(
+    await until(
         lambda: running.metric("evora_sweeper_last_run_timestamp_seconds") > 0, "a first pass"
     )
     job = await claimed(store, lease_seconds=1)  # a real one-second lease
@@ -211,7 +211,7 @@ async def test_looks_again_for_leases_claimed_after_it_computed_its_deadline(
     async def expired() -> bool:
         return "lease_expired" in await event_names(pool, job["id"])
 
-    await eventually(expired, "the short lease to be expired", within=5.0)
+    await until(expired, "the short lease to be expired", within=5.0)
     assert time.monotonic() - started < 1.0 + 1.0 + 0.5  # the lease, at most one wait, slack
     late = await pool.fetchval(
         "SELECT extract(epoch FROM e.at - $2::timestamptz)::float8 FROM job_events e "

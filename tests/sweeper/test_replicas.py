@@ -19,12 +19,12 @@ from evora.storage.jobs import JobStore
 from evora.storage.retention import RetentionStore
 from services.sweeper.metrics import SweeperMetrics
 from services.sweeper.sweeper import Retention, Sweeper, Tuning
+from tests.polling import until
 from tests.sweeper.conftest import (
     RunningSweeper,
     StartSweeper,
     claimed,
     event_names,
-    eventually,
     force_lease_expiry,
 )
 
@@ -49,7 +49,7 @@ async def test_one_sweeper_active_and_a_standby_takes_over(
     def active() -> list[RunningSweeper]:
         return [r for r in replicas if r.active]
 
-    await eventually(lambda: len(active()) == 1, "one active sweeper")
+    await until(lambda: len(active()) == 1, "one active sweeper")
     [first] = active()
     [holder] = await lock_holders(pool)
     assert (
@@ -64,7 +64,7 @@ async def test_one_sweeper_active_and_a_standby_takes_over(
     async def expired_once() -> bool:
         return (await event_names(pool, job["id"]))[-1] == "lease_expired"
 
-    await eventually(expired_once, "the lease to be expired")
+    await until(expired_once, "the lease to be expired")
     assert await event_names(pool, job["id"]) == ["submitted", "claimed", "lease_expired"]
     counted = [r.metric("evora_sweeper_leases_expired_total", outcome="requeued") for r in replicas]
     assert counted == [1 if r is first else 0 for r in replicas]
@@ -72,13 +72,13 @@ async def test_one_sweeper_active_and_a_standby_takes_over(
     # Kill the active replica's lock connection: it stops, the standby takes over.
     assert await pool.fetchval("SELECT pg_terminate_backend($1)", holder)
     [second] = [r for r in replicas if r is not first]
-    await eventually(lambda: second.active and not first.active, "the standby to take over")
+    await until(lambda: second.active and not first.active, "the standby to take over")
 
     async def new_holder() -> bool:
         holders = await lock_holders(pool)
         return len(holders) == 1 and holders != [holder]
 
-    await eventually(new_holder, "the lock to be held by the new active replica")
+    await until(new_holder, "the lock to be held by the new active replica")
 
     # The old one reconnected and stands by; the new one sweeps.
     job = await claimed(store, "two", max_attempts=5)
@@ -87,7 +87,7 @@ async def test_one_sweeper_active_and_a_standby_takes_over(
     async def expired_by_second() -> bool:
         return second.metric("evora_sweeper_leases_expired_total", outcome="requeued") == 1
 
-    await eventually(expired_by_second, "the new active replica to expire the lease")
+    await until(expired_by_second, "the new active replica to expire the lease")
     assert await event_names(pool, job["id"]) == ["submitted", "claimed", "lease_expired"]
     assert first.metric("evora_sweeper_leases_expired_total", outcome="requeued") == 1
     assert not first.active
@@ -99,7 +99,7 @@ async def test_one_sweeper_active_and_a_standby_takes_over(
         )
         return connected == 2
 
-    await eventually(both_connected, "the old active replica to reconnect as a standby")
+    await until(both_connected, "the old active replica to reconnect as a standby")
     assert len(await lock_holders(pool)) == 1 and not first.active
 
 

@@ -17,7 +17,8 @@ from evora.domain.models import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import PRUNABLE_STATES, PRUNE_FINISHED, RetentionStore
-from tests.sweeper.conftest import FAST, StartSweeper, eventually
+from tests.polling import until
+from tests.sweeper.conftest import FAST, StartSweeper
 
 DAY = 86_400
 BATCH = 4
@@ -98,7 +99,7 @@ async def test_old_finished_jobs_are_pruned_and_accounted_for(
         kinds = ("completed", "cancelled", "dlq")
         return sum(sweeper.metric("evora_sweeper_pruned_total", kind=k) for k in kinds)
 
-    await eventually(lambda: pruned_jobs() + BATCH == expected, "old jobs to be pruned")
+    await until(lambda: pruned_jobs() + BATCH == expected, "old jobs to be pruned")
 
     remaining = {r["id"] for r in await pool.fetch("SELECT id FROM jobs")}
     assert remaining == set(kept) | set(live)
@@ -145,7 +146,7 @@ async def test_idempotency_keys_are_pruned_by_age_but_never_while_their_job_exis
     )
 
     sweeper = await start_sweeper(replace(FAST, prune_batch=BATCH))
-    await eventually(
+    await until(
         lambda: sweeper.metric("evora_sweeper_pruned_total", kind="idempotency_keys") == 9,
         "old keys to be pruned",
     )

@@ -16,11 +16,11 @@ import pytest
 from evora.config import ConfigError, load_settings
 from evora.storage.jobs import JobStore
 from services.sweeper import main
+from tests.polling import until
 from tests.sweeper.conftest import (
     TOKENS,
     StartSweeper,
     claimed,
-    eventually,
     force_lease_expiry,
 )
 
@@ -46,16 +46,16 @@ async def test_health_readiness_and_metrics(
     running = await start_sweeper()
     assert (await running.get("/healthz"))[0] == 200
     assert (await running.get("/readyz"))[0] == 200
-    await eventually(lambda: running.active, "the sweeper to become active")
+    await until(lambda: running.active, "the sweeper to become active")
 
     job = await claimed(store)
     await force_lease_expiry(pool, job["id"])
-    await eventually(
+    await until(
         lambda: running.metric("evora_sweeper_leases_expired_total", outcome="requeued") == 1,
         "the lease to be expired",
     )
     # The pass that expired it records its end only when it is over.
-    await eventually(
+    await until(
         lambda: running.metric("evora_sweeper_last_run_timestamp_seconds") > 0, "a whole pass"
     )
     status, text = await running.get("/metrics")
@@ -89,13 +89,13 @@ async def test_database_health_gauges(start_sweeper: StartSweeper, pool: asyncpg
         await writer.start()
         await conn.execute("SELECT pg_current_xact_id()")
         try:
-            await eventually(
+            await until(
                 lambda: running.metric("evora_sweeper_oldest_writing_transaction_seconds") > 0.3,
                 "the open transaction's age to show",
             )
         finally:
             await writer.rollback()
-    await eventually(
+    await until(
         lambda: running.metric("evora_sweeper_oldest_writing_transaction_seconds") < 0.3,
         "the gauge to drop once it ended",
     )
@@ -117,7 +117,7 @@ async def test_database_health_gauges(start_sweeper: StartSweeper, pool: asyncpg
         "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
     )
     assert dead >= 20
-    await eventually(
+    await until(
         lambda: running.metric("evora_jobs_dead_tuples") >= 20, "dead tuples to be exported"
     )
 
@@ -177,7 +177,7 @@ async def test_evora_sweeper_process_stops_gracefully_on_sigterm(
                 except aiohttp.ClientConnectionError:
                     return False
 
-            await eventually(active, "evora sweeper to start and lead", within=20)
+            await until(active, "evora sweeper to start and lead", within=20)
         assert await pool.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
@@ -200,7 +200,7 @@ async def test_evora_sweeper_process_stops_gracefully_on_sigterm(
             )
             return sessions == 0
 
-        await eventually(disconnected, "its sessions to end")
+        await until(disconnected, "its sessions to end")
     finally:
         if process.returncode is None:
             process.kill()
