@@ -23,7 +23,8 @@ from evora.http.app import SETTINGS
 from evora.http.bodies import ItemsLimit, items_limit, parse_body, parse_query
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
-from evora.storage.jobs import JobStore, Submitted
+from evora.storage.jobs import JobStore
+from evora.storage.submissions import Submitted
 from services.api.models import (
     BatchResult,
     BatchSubmission,

@@ -26,10 +26,10 @@ from evora.storage.jobs import (
     Completion,
     Failure,
     JobStore,
-    Submitted,
     caused_by_an_item,
 )
 from evora.storage.rows import JobDict
+from evora.storage.submissions import Submitted
 
 
 async def claimed_jobs(store: JobStore, queue: str, count: int) -> list[JobDict]:

@@ -11,7 +11,8 @@ import pytest
 
 from evora.domain.errors import IdempotencyConflict, InvalidState, JobNotFound, LeaseLost
 from evora.domain.models import JobSubmission
-from evora.storage.jobs import AckResult, Completion, Failure, JobStore, Submitted
+from evora.storage.jobs import AckResult, Completion, Failure, JobStore
+from evora.storage.submissions import Submitted
 
 DONE, LEASE_LOST, NOT_FOUND = AckResult.DONE, AckResult.LEASE_LOST, AckResult.NOT_FOUND
 

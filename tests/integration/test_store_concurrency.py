@@ -21,8 +21,9 @@ import pytest
 from evora.domain.errors import IdempotencyConflict, LeaseLost
 from evora.domain.models import JobSubmission
 from evora.storage.db import create_pool
-from evora.storage.jobs import AckResult, Completion, Failure, JobStore, Submitted
+from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.rows import JobDict
+from evora.storage.submissions import Submitted
 
 # A hung test (a job that never becomes claimable again) fails instead of blocking the run.
 RUN_TIMEOUT_S = 120.0

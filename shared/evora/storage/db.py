@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any
@@ -39,6 +39,14 @@ def _encode_jsonb(value: Any) -> bytes:
 
 def _decode_jsonb(data: bytes) -> Any:
     return orjson.loads(memoryview(data)[1:])
+
+
+def jsonb_elements(values: Iterable[Any]) -> list[Any]:
+    """JSON values as the elements of a jsonb[] parameter. asyncpg reads a list inside an
+    array parameter as a sub-array, so a JSON array payload or result would turn into
+    several elements (misaligning every other unnest column); a pre-encoded fragment is
+    always exactly one element."""
+    return [orjson.Fragment(orjson.dumps(value)) for value in values]
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

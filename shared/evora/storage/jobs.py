@@ -1,4 +1,5 @@
-"""The job store: every operation on jobs, one statement per transition (see queries.py).
+"""The job store: every operation on jobs, one statement per transition (sql/transitions.sql);
+submissions and their idempotency keys are worked out in submissions.py.
 
 Operations that name a job by id and lease token raise the typed errors of
 `evora.domain.errors` when nothing matched, after one cheap look at the job to tell why.
@@ -7,9 +8,7 @@ Operations that name a job by id and lease token raise the typed errors of
 from __future__ import annotations
 
 import contextlib
-import os
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -17,12 +16,9 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-import orjson
 
 from evora.domain.errors import (
     EvoraError,
-    IdempotencyConflict,
-    IdempotentJobGone,
     InvalidState,
     JobNotFound,
     LeaseLost,
@@ -30,34 +26,13 @@ from evora.domain.errors import (
 from evora.domain.models import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage import queries
+from evora.storage.db import jsonb_elements
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
 from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row
+from evora.storage.submissions import Submitted, store
 
 EXPIRY_BATCH = 500
 REDRIVE_BATCH = 500
-
-
-def uuid7s(count: int) -> list[UUID]:
-    """Time-ordered UUIDs (RFC 9562 version 7) for new jobs: consecutive ids land on the
-    same primary-key pages, where random ids would touch (and WAL-log) a page per insert
-    once the table is large. One read of the system's randomness serves a whole batch."""
-    head = ((time.time_ns() // 1_000_000) << 80) | (0x7 << 76) | (0b10 << 62)
-    noise = os.urandom(10 * count)
-    ids = []
-    for start in range(0, 10 * count, 10):
-        rand = int.from_bytes(noise[start : start + 10], "big")
-        rand_a = rand >> 68  # 12 bits
-        rand_b = rand & ((1 << 62) - 1)
-        ids.append(UUID(int=head | (rand_a << 64) | rand_b))
-    return ids
-
-
-def _jsonb_elements(values: Iterable[Any]) -> list[Any]:
-    """JSON values as the elements of a jsonb[] parameter. asyncpg reads a list inside an
-    array parameter as a sub-array, so a JSON array payload or result would turn into
-    several elements (misaligning every other unnest column); a pre-encoded fragment is
-    always exactly one element."""
-    return [orjson.Fragment(orjson.dumps(value)) for value in values]
 
 
 # SQLSTATE classes: data exception, integrity constraint violation, program limit exceeded,
@@ -71,19 +46,6 @@ def caused_by_an_item(exc: Exception) -> bool:
     a trigger) rather than because the database is unavailable: only such a failure is worth
     splitting a batch to find the item it belongs to (see evora.coalesce)."""
     return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate)[:2] in _ITEM_SQLSTATES
-
-
-def _key_reused(sub: JobSubmission) -> str:
-    return (
-        f"idempotency key {sub.idempotency_key!r} was already used in queue {sub.queue!r} "
-        "with different fields"
-    )
-
-
-@dataclass(frozen=True)
-class Submitted:
-    job: JobDict
-    created: bool
 
 
 @dataclass(frozen=True)
@@ -197,7 +159,7 @@ class JobStore:
         gets its own outcome: one item's idempotency conflict leaves the others stored, so no
         transaction is needed around the one atomic statement."""
         async with self._pool.acquire() as conn:
-            outcomes, _ = await self._store(conn, submissions, committed=True)
+            outcomes, _ = await store(conn, self._change, submissions, committed=True)
         return outcomes
 
     async def submit_batch(self, submissions: Sequence[JobSubmission]) -> list[Submitted]:
@@ -210,8 +172,8 @@ class JobStore:
             # single statement is already atomic.
             transaction = conn.transaction() if keyed else contextlib.nullcontext()
             async with transaction:
-                outcomes, rows = await self._store(
-                    conn, submissions, committed=not keyed, name_repeats=True
+                outcomes, rows = await store(
+                    conn, self._change, submissions, committed=not keyed, name_repeats=True
                 )
                 stored: list[Submitted] = []
                 for outcome in outcomes:
@@ -221,107 +183,6 @@ class JobStore:
         if keyed:
             self._owe(rows)
         return stored
-
-    async def _store(
-        self,
-        conn: asyncpg.Connection,
-        submissions: Sequence[JobSubmission],
-        *,
-        committed: bool,
-        name_repeats: bool = False,
-    ) -> tuple[list[Submitted | EvoraError], list[asyncpg.Record]]:
-        """Insert the submissions in one statement; the outcome of each (created, replayed
-        or an idempotency error) and the statement's rows. With `name_repeats` (one batch
-        request) a key repeated with other fields is reported by item index."""
-        # Only a key needs the fingerprint: it is what a replay is compared by.
-        fingerprints = [None if s.idempotency_key is None else s.fingerprint() for s in submissions]
-        first_with_key: dict[tuple[str, str], int] = {}
-        repeat_of: dict[int, int] = {}
-        for index, sub in enumerate(submissions):
-            if sub.idempotency_key is not None:
-                first = first_with_key.setdefault((sub.queue, sub.idempotency_key), index)
-                if first != index:
-                    repeat_of[index] = first
-        fresh = [i for i in range(len(submissions)) if i not in repeat_of]
-        ids = dict(zip(fresh, uuid7s(len(fresh)), strict=True))
-        rows = [submissions[i] for i in fresh]
-        inserted = await self._change(
-            conn,
-            queries.SUBMIT,
-            [ids[i] for i in fresh],
-            [s.queue for s in rows],
-            [s.type for s in rows],
-            _jsonb_elements(s.payload for s in rows),
-            [s.priority for s in rows],
-            [s.run_at for s in rows],
-            [s.delay_seconds or 0.0 for s in rows],
-            [s.max_attempts for s in rows],
-            [s.lease_seconds for s in rows],
-            [s.backoff.initial_seconds for s in rows],
-            [s.backoff.max_seconds for s in rows],
-            [s.backoff.multiplier for s in rows],
-            [s.expires_at for s in rows],
-            [s.idempotency_key for s in rows],
-            [s.group_key for s in rows],
-            [fingerprints[i] for i in fresh],
-            committed=committed,
-        )
-        created = {row["job"]["id"]: row["job"] for row in inserted}
-        results: dict[int, Submitted | EvoraError] = {}
-        replayed = []
-        for i in fresh:
-            row = created.get(ids[i])
-            if row is None:
-                replayed.append(i)
-            else:
-                results[i] = Submitted(job_from_row(row), created=True)
-        # A key that was already stored is judged against the stored job, every time it
-        # appears; a key new in this statement against its first appearance.
-        known = set(replayed)
-        replayed += [i for i, first in repeat_of.items() if first in known]
-        if replayed:
-            results.update(await self._replays(conn, submissions, fingerprints, replayed))
-        for index, first in repeat_of.items():
-            if first in known:
-                continue
-            if fingerprints[index] != fingerprints[first]:
-                results[index] = IdempotencyConflict(
-                    f"jobs[{index}] reuses the idempotency key of jobs[{first}] with "
-                    "different fields"
-                    if name_repeats
-                    else _key_reused(submissions[index])
-                )
-            else:
-                results[index] = Submitted(job_from_row(created[ids[first]]), created=False)
-        return [results[i] for i in range(len(submissions))], inserted
-
-    async def _replays(
-        self,
-        conn: asyncpg.Connection,
-        submissions: Sequence[JobSubmission],
-        fingerprints: Sequence[bytes | None],
-        indexes: Sequence[int],
-    ) -> dict[int, Submitted | EvoraError]:
-        records = await conn.fetch(
-            queries.IDEMPOTENT_REPLAYS,
-            [submissions[i].queue for i in indexes],
-            [submissions[i].idempotency_key for i in indexes],
-        )
-        by_key = {(r["key_queue"], r["key_name"]): r for r in records}
-        results: dict[int, Submitted | EvoraError] = {}
-        for i in indexes:
-            sub = submissions[i]
-            record = by_key.get((sub.queue, sub.idempotency_key))
-            if record is None or record["id"] is None:
-                results[i] = IdempotentJobGone(
-                    f"idempotency key {sub.idempotency_key!r} was used in queue {sub.queue!r} "
-                    "by a job that has since been removed"
-                )
-            elif bytes(record["fingerprint"]) != fingerprints[i]:
-                results[i] = IdempotencyConflict(_key_reused(sub))
-            else:
-                results[i] = Submitted(job_from_row(record), created=False)
-        return results
 
     async def get(self, job_id: UUID) -> JobDict:
         row = await self._pool.fetchrow(queries.GET_JOB, job_id)
@@ -479,7 +340,7 @@ class JobStore:
                 queries.COMPLETE,
                 [c.id for c in completions],
                 [c.lease_token for c in completions],
-                _jsonb_elements(c.result for c in completions),
+                jsonb_elements(c.result for c in completions),
                 with_jobs=with_jobs,
             )
             return await self._outcomes(
