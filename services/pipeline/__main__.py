@@ -8,7 +8,7 @@ Same arguments as `evora pipeline`; `python -m services.pipeline ...` works too.
 
 import sys
 
-from evora.cli import main
+from services.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main(["pipeline", *sys.argv[1:]]))

@@ -82,7 +82,7 @@ async def test_evora_api_process_serves_and_stops_on_sigterm(db_url: str) -> Non
         "EVORA_API_PORT": str(port),
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "evora.cli", "api", env=env, stderr=asyncio.subprocess.PIPE
+        sys.executable, "-m", "services.cli", "api", env=env, stderr=asyncio.subprocess.PIPE
     )
     try:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:

@@ -19,7 +19,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from evora import cli
 from evora.config import Settings
 from evora.http.app import REQUEST_ID_HEADER, create_base_app
 from evora.http.routing import Routes, install
@@ -32,6 +31,7 @@ from evora.logs import (
     log_context,
     redact_secrets,
 )
+from services import cli
 from tests.servers import serve
 
 log = logging.getLogger("evora.tests.logs")
@@ -180,7 +180,7 @@ async def _api_process_logs(
     }
     env.pop("EVORA_LOG_FORMAT", None)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "evora.cli", "api", env=env, stderr=asyncio.subprocess.PIPE
+        sys.executable, "-m", "services.cli", "api", env=env, stderr=asyncio.subprocess.PIPE
     )
     try:
         assert process.stderr is not None

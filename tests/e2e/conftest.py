@@ -220,7 +220,7 @@ def evora_command(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("evora")
     if script.exists():
         return [str(script), *args]
-    return [sys.executable, "-m", "evora.cli", *args]
+    return [sys.executable, "-m", "services.cli", *args]
 
 
 def child_env(**variables: str) -> dict[str, str]:

@@ -12,10 +12,10 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 from pyspark.sql import SparkSession
 
-from evora.cli import _parser
 from evora.config import Settings
 from evora.readmodels.layout import Document
 from evora.storage.jobs import JobStore
+from services.cli import _parser
 from services.pipeline.control import ControlDB
 from services.pipeline.events import EVENT_COLUMNS, MAX_SEQ, Rectangle, between
 from services.pipeline.main import run_command

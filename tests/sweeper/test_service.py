@@ -165,7 +165,7 @@ async def test_evora_sweeper_process_stops_gracefully_on_sigterm(
         "EVORA_SWEEPER_PORT": str(port),
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "evora.cli", "sweeper", env=env, stderr=asyncio.subprocess.PIPE
+        sys.executable, "-m", "services.cli", "sweeper", env=env, stderr=asyncio.subprocess.PIPE
     )
     try:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:

@@ -69,7 +69,7 @@ def test_fingerprint_ignores_key_and_fills_defaults() -> None:
 def test_job_ids_are_time_ordered_uuid7() -> None:
     import time
 
-    from evora.storage.jobs import uuid7s
+    from evora.storage.submissions import uuid7s
 
     [first] = uuid7s(1)
     time.sleep(0.002)  # a later millisecond; ordering within one is random by design

@@ -33,7 +33,7 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> int:
-    from evora.dev import run_dev
+    from services.dev import run_dev
 
     return run_dev(settings)
 
