@@ -3,24 +3,13 @@ in `graphile_runner.mjs` (its settings are described there). No service processe
 
 from __future__ import annotations
 
-from bench.children import Children
-from bench.peers.install import Peers
-from bench.system import System
+from bench.peers.peer import PeerSystem
 
 
-class GraphileSystem(System):
+class GraphileSystem(PeerSystem):
     name = "graphile"
     # Completed jobs are deleted; failed ones would stay (none fail here).
     unfinished_sql = "SELECT EXISTS (SELECT FROM graphile_worker._private_jobs)"
-
-    def __init__(self, children: Children, peers: Peers) -> None:
-        super().__init__(children)
-        self.peers = peers
-        self.dsn = ""
-
-    async def start(self, dsn: str, label: str) -> None:
-        self.dsn = dsn
-        await self.run_setup(label)
 
     def runner_argv(self) -> list[str]:
         return [str(self.peers.node), str(self.peers.graphile_runner), "--dsn", self.dsn]
