@@ -4,6 +4,11 @@ Every document carries the outbox cursor of the last event applied to it. The pr
 applies to a document only the events past its cursor, and writes it back only if its cursor
 is still what was read (compare-and-set), so replaying a batch after a crash, or any
 overlap, changes nothing: each event takes effect exactly once per document.
+
+Each `apply_to_*` brings a document up to date in place and returns the MongoDB update that
+does the same to the stored copy: only what changed, so a batch neither resends a queue's
+latency samples (new ones are appended, the window trimmed by MongoDB) nor overwrites the
+counts the refresh corrects (they move by increments).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from evora.readmodels.layout import STATE_NAMES, Document
 from evora.readmodels.stats import BUCKET_SECONDS, KEEP_BUCKETS_SECONDS, bucket_of
@@ -50,9 +56,7 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99)}
 
 
-def _millis(later: datetime, earlier: datetime | None) -> float | None:
-    if earlier is None:
-        return None
+def _millis(later: datetime, earlier: datetime) -> float:
     return max((later - earlier).total_seconds() * 1000, 0.0)
 
 
@@ -67,45 +71,56 @@ def new_queue(queue: str) -> Document:
         "completed_buckets": {},
         "wait_samples": [],
         "run_samples": [],
-        "latency_ms": {},
+        "latency_ms": {"wait": _percentiles([]), "run": _percentiles([])},
         "oldest_pending_at": None,
         "last_event_at": None,
     }
 
 
-def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> None:
+def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     """Counts move with each transition, totals count events by name, completions fill
-    10-second buckets, claims and completions feed wait and run latency samples."""
-    transitions = doc["transitions"]
+    10-second buckets, claims and completions feed wait and run latency samples (the
+    LATENCY_SAMPLES most recent of each)."""
+    moved: dict[str, int] = {}
     totals = doc["totals"]
     buckets = doc["completed_buckets"]
+    samples: dict[str, list[float]] = {"wait": [], "run": []}
     for e in events:
-        if e.from_state is not None and e.from_state != e.to_state:
-            transitions[e.from_state] -= 1
         if e.from_state != e.to_state:
-            transitions[e.to_state] += 1
+            if e.from_state is not None:
+                moved[e.from_state] = moved.get(e.from_state, 0) - 1
+            moved[e.to_state] = moved.get(e.to_state, 0) + 1
         totals[e.event] = totals.get(e.event, 0) + 1
         if e.event == "claimed":
-            wait = _millis(e.at, e.job.get("run_at"))
-            if wait is not None:
-                doc["wait_samples"].append(wait)
+            if e.run_at is not None:
+                samples["wait"].append(_millis(e.at, e.run_at))
         elif e.event == "completed":
             key = str(bucket_of(e.at))
             buckets[key] = buckets.get(key, 0) + 1
-            run = _millis(e.at, e.job.get("started_at"))
-            if run is not None:
-                doc["run_samples"].append(run)
-        doc["last_event_at"] = e.at
+            if e.started_at is not None:
+                samples["run"].append(_millis(e.at, e.started_at))
+    increments = {}
+    for state, delta in moved.items():
+        doc["transitions"][state] += delta
+        doc["counts"][state] += delta
+        increments[f"counts.{state}"] = delta
     oldest_kept = bucket_of(events[-1].at) - KEEP_BUCKETS_SECONDS // BUCKET_SECONDS
     doc["completed_buckets"] = {k: n for k, n in buckets.items() if int(k) >= oldest_kept}
-    doc["wait_samples"] = doc["wait_samples"][-LATENCY_SAMPLES:]
-    doc["run_samples"] = doc["run_samples"][-LATENCY_SAMPLES:]
-    doc["latency_ms"] = {
-        "wait": _percentiles(doc["wait_samples"]),
-        "run": _percentiles(doc["run_samples"]),
-    }
-    recount(doc)
+    doc["last_event_at"] = events[-1].at
     _advance(doc, events)
+    changed = ("cursor", "transitions", "totals", "completed_buckets", "last_event_at")
+    update: Document = {"$set": {field: doc[field] for field in changed}}
+    if increments:
+        update["$inc"] = increments
+    appended: dict[str, Any] = {}
+    for kind, new in samples.items():
+        if new:
+            kept = doc[f"{kind}_samples"] = (doc[f"{kind}_samples"] + new)[-LATENCY_SAMPLES:]
+            doc["latency_ms"][kind] = update["$set"][f"latency_ms.{kind}"] = _percentiles(kept)
+            appended[f"{kind}_samples"] = {"$each": new, "$slice": -LATENCY_SAMPLES}
+    if appended:
+        update["$push"] = appended
+    return update
 
 
 def recount(doc: Document) -> None:
@@ -140,27 +155,33 @@ _WORKER_COUNTERS = {
 }
 
 
-def apply_to_worker(doc: Document, events: Sequence[OutboxEvent]) -> None:
-    current: list[str] = doc["current_jobs"]
+def apply_to_worker(doc: Document, events: Sequence[OutboxEvent]) -> Document:
+    # jobs in the order they started running; a dict, so that removing one is cheap
+    current = dict.fromkeys(doc["current_jobs"])
     queues: list[str] = doc["queues"]
     for e in events:
         counter = _WORKER_COUNTERS.get(e.event)
-        if e.event == "dead_lettered" and e.data.get("reason") == "lease_expired":
+        if e.event == "dead_lettered" and e.reason == "lease_expired":
             counter = "lease_expired"
         if counter is not None:
             doc[counter] += 1
-        job = str(e.job_id)
         if e.to_state == "RUNNING" and e.from_state != "RUNNING":
-            current.append(job)
-        elif e.from_state == "RUNNING" and e.to_state != "RUNNING" and job in current:
-            current.remove(job)
+            current[e.job_id] = None
+        elif e.from_state == "RUNNING" and e.to_state != "RUNNING":
+            current.pop(e.job_id, None)
         if e.queue not in queues:
             queues.append(e.queue)
-        doc["first_seen"] = doc["first_seen"] or e.at
-        doc["last_seen"] = e.at
-    doc["current_jobs"] = current[-CURRENT_JOBS_KEPT:]
+    doc["first_seen"] = doc["first_seen"] or events[0].at
+    doc["last_seen"] = events[-1].at
+    doc["current_jobs"] = list(current)[-CURRENT_JOBS_KEPT:]
     doc["running"] = len(doc["current_jobs"])
     _advance(doc, events)
+    return _set_all(doc)
+
+
+def _set_all(doc: Document) -> Document:
+    """The update that stores the whole document (a small one)."""
+    return {"$set": {field: value for field, value in doc.items() if field != "_id"}}
 
 
 def failure_key(queue: str, job_type: str) -> str:
@@ -179,15 +200,15 @@ def new_failures(queue: str, job_type: str) -> Document:
 
 
 def is_failure(event: OutboxEvent) -> bool:
-    return "error" in event.data
+    return event.error is not None
 
 
-def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> None:
+def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     """Failure reasons per (queue, type): error type and message, counted, the most
     frequent kept."""
     reasons: dict[str, Document] = doc["reasons"]
     for e in events:
-        error = e.data.get("error") or {}
+        error = e.error
         message = str(error.get("message", ""))[:_MESSAGE_KEY_CHARS]
         error_type = error.get("type")
         key = hashlib.sha1(f"{error_type}\x1f{message}".encode()).hexdigest()[:16]
@@ -201,3 +222,4 @@ def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> None:
         kept = sorted(reasons.items(), key=lambda kv: kv[1]["count"], reverse=True)
         doc["reasons"] = dict(kept[:FAILURE_REASONS_KEPT])
     _advance(doc, events)
+    return _set_all(doc)

@@ -9,7 +9,12 @@ then the consumed position is recorded in PostgreSQL (`projector_progress`), bec
 retention (the sweeper, which has no MongoDB) may drop only archived events every generation
 has applied. It trails the checkpoint, so a crash in between only makes retention wait.
 A batch costs one MongoDB write per queue, worker and (queue, type) with failures that it
-touches, not one per event.
+touches, not one per event, sent as one bulk write per collection. The documents a batch
+wrote are kept (DocumentCache), so the next batch reads only those it has not seen. A cached
+copy equals the stored one as long as its cursor does (but for the fields `refresh` sets,
+which batches only ever move by increments), and every write is conditional on that cursor:
+a copy gone stale (another writer) fails its write and the batch is replayed with the cache
+emptied.
 
 What changes without an event (jobs pruned by the sweeper, delayed jobs coming due) is read
 from PostgreSQL by `refresh`, which the service runs every few seconds.
@@ -19,13 +24,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
-from pymongo import InsertOne, ReplaceOne
+from pymongo import InsertOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
@@ -57,7 +62,10 @@ BATCH_SIZE = 1000
 REFRESH_CHUNK = 500
 _REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pending_at"), 1)
 
-K = TypeVar("K", bound=Hashable)
+# Documents kept between batches, per collection: a queue document with full latency
+# windows is ~50 KB in memory, so this bounds the cache at a few MB however many queues
+# producers name; beyond it the least recently written are read again when touched.
+CACHED_DOCUMENTS = 64
 
 
 class ProjectionConflict(Exception):
@@ -65,15 +73,29 @@ class ProjectionConflict(Exception):
     The batch is abandoned; replaying it from the checkpoint is safe."""
 
 
-def _group(
-    events: Iterable[OutboxEvent], key: Callable[[OutboxEvent], K | None]
-) -> dict[K, list[OutboxEvent]]:
-    groups: dict[K, list[OutboxEvent]] = defaultdict(list)
-    for event in events:
-        k = key(event)
-        if k is not None:
-            groups[k].append(event)
-    return groups
+class DocumentCache:
+    """The documents of one collection as this projector last wrote them, least recently
+    used first, at most `limit`."""
+
+    def __init__(self, limit: int = CACHED_DOCUMENTS) -> None:
+        self._limit = limit
+        self._docs: OrderedDict[Any, Document] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def get(self, key: Any) -> Document | None:
+        return self._docs.get(key)
+
+    def put(self, docs: Iterable[Document]) -> None:
+        for doc in docs:
+            self._docs[doc["_id"]] = doc
+            self._docs.move_to_end(doc["_id"])
+        while len(self._docs) > self._limit:
+            self._docs.popitem(last=False)
+
+    def clear(self) -> None:
+        self._docs.clear()
 
 
 class Projector:
@@ -94,6 +116,9 @@ class Projector:
         # Generations only move forward, so once this one was seen active it stays the
         # newest; until then each batch asks (a rebuild runs ahead of the switch).
         self._seen_active = False
+        self._queues = DocumentCache()
+        self._workers = DocumentCache()
+        self._failures = DocumentCache()
 
     # -- checkpoint ----------------------------------------------------------------------
 
@@ -151,77 +176,92 @@ class Projector:
         )
 
     async def _apply(self, events: Sequence[OutboxEvent]) -> None:
+        by_queue: dict[str, list[OutboxEvent]] = defaultdict(list)
+        by_worker: dict[str, list[OutboxEvent]] = defaultdict(list)
+        by_failure: dict[str, list[OutboxEvent]] = defaultdict(list)
+        for e in events:
+            by_queue[e.queue].append(e)
+            if e.worker_id is not None:
+                by_worker[e.worker_id].append(e)
+            if projection.is_failure(e):
+                by_failure[projection.failure_key(e.queue, e.type)].append(e)
         g = self.generation
-        by_queue = _group(events, lambda e: e.queue)
-        queues = await self._documents(g.queues, by_queue, projection.new_queue)
-        await self._compare_and_set(
-            g.queues, queues, self._applied(queues, projection.apply_to_queue)
+        await self._project(
+            g.queues, self._queues, by_queue, projection.new_queue, projection.apply_to_queue
         )
-
-        by_worker = _group(events, lambda e: e.worker_id)
-        workers = await self._documents(g.workers, by_worker, projection.new_worker)
-        await self._compare_and_set(
-            g.workers, workers, self._applied(workers, projection.apply_to_worker)
+        await self._project(
+            g.workers, self._workers, by_worker, projection.new_worker, projection.apply_to_worker
         )
-
-        by_failure = _group(
-            events,
-            lambda e: projection.failure_key(e.queue, e.type) if projection.is_failure(e) else None,
-        )
-        failures = await self._documents(
+        await self._project(
             g.failures,
+            self._failures,
             by_failure,
             lambda key: projection.new_failures(*key.split("\x1f", 1)),
+            projection.apply_to_failures,
         )
-        await self._compare_and_set(
-            g.failures, failures, self._applied(failures, projection.apply_to_failures)
-        )
+
+    async def _project(
+        self,
+        collection: AsyncCollection[Document],
+        cache: DocumentCache,
+        groups: dict[str, list[OutboxEvent]],
+        new: Callable[[str], Document],
+        apply: Callable[[Document, Sequence[OutboxEvent]], Document],
+    ) -> None:
+        """Bring the documents of `groups` past the events they have not seen, and write
+        each back only if its cursor is still the one it had (insert: if it is still new)."""
+        if not groups:
+            return
+        try:
+            stored = await self._documents(collection, cache, list(groups))
+            ops: list[InsertOne[Document] | UpdateOne] = []
+            written = []
+            for key, group in groups.items():
+                doc = stored.get(key)
+                fresh = projection.unseen(doc, group) if doc is not None else group
+                if not fresh:
+                    continue
+                if doc is None:
+                    doc = new(key)
+                    apply(doc, fresh)
+                    ops.append(InsertOne(doc))
+                else:
+                    seen = doc["cursor"]
+                    ops.append(UpdateOne({"_id": key, "cursor": seen}, apply(doc, fresh)))
+                written.append(doc)
+            await self._write(collection, ops)
+        except BaseException:
+            # Copies may now be ahead of what is stored, or behind another writer.
+            cache.clear()
+            raise
+        cache.put(written)
 
     @staticmethod
-    def _applied(
-        docs: dict[Any, tuple[Document | None, Document, list[OutboxEvent]]],
-        apply: Callable[[Document, Sequence[OutboxEvent]], None],
-    ) -> dict[Any, Document]:
-        updated = {}
-        for key, (_, doc, fresh) in docs.items():
-            if fresh:
-                apply(doc, fresh)
-                updated[key] = doc
-        return updated
-
     async def _documents(
-        self,
-        collection: AsyncCollection[Document],
-        groups: dict[Any, list[OutboxEvent]],
-        new: Callable[[Any], Document],
-    ) -> dict[Any, tuple[Document | None, Document, list[OutboxEvent]]]:
-        """For each key: the stored document (None if new), a working copy, and the events
-        it has not seen yet."""
-        if not groups:
-            return {}
-        stored = {d["_id"]: d async for d in collection.find({"_id": {"$in": list(groups)}})}
-        result = {}
-        for key, group in groups.items():
-            original = stored.get(key)
-            working = _deep_copy(original) if original is not None else new(key)
-            result[key] = (original, working, projection.unseen(working, group))
-        return result
-
-    async def _compare_and_set(
-        self,
-        collection: AsyncCollection[Document],
-        docs: dict[Any, tuple[Document | None, Document, list[OutboxEvent]]],
-        updated: dict[Any, Document],
-    ) -> None:
-        if not updated:
-            return
-        ops: list[InsertOne[Document] | ReplaceOne[Document]] = []
-        for key, doc in updated.items():
-            original = docs[key][0]
-            if original is None:
-                ops.append(InsertOne(doc))
+        collection: AsyncCollection[Document], cache: DocumentCache, keys: list[str]
+    ) -> dict[str, Document]:
+        """The stored documents of `keys` (absent: none stored), read only where the cache
+        has no copy."""
+        found = {}
+        missing = []
+        for key in keys:
+            doc = cache.get(key)
+            if doc is None:
+                missing.append(key)
             else:
-                ops.append(ReplaceOne({"_id": key, "cursor": original["cursor"]}, doc))
+                found[key] = doc
+        if missing:
+            async for doc in collection.find({"_id": {"$in": missing}}):
+                found[doc["_id"]] = doc
+        return found
+
+    async def _write(
+        self,
+        collection: AsyncCollection[Document],
+        ops: list[InsertOne[Document] | UpdateOne],
+    ) -> None:
+        if not ops:
+            return
         try:
             result = await collection.bulk_write(ops, ordered=False)
         except BulkWriteError as exc:
@@ -274,15 +314,3 @@ class Projector:
             {"_id": doc["_id"], "cursor": doc["cursor"]}, {"$set": fields}
         )
         return result.matched_count
-
-
-def _deep_copy(doc: Document) -> Document:
-    copied: Document = {}
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            copied[key] = _deep_copy(value)
-        elif isinstance(value, list):
-            copied[key] = list(value)
-        else:
-            copied[key] = value
-    return copied

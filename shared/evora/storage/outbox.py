@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-from uuid import UUID
+from typing import Any, NamedTuple
 
 import asyncpg
 
-from evora.protocol.states import JobState
 from evora.storage.statements import load
 
 READ_OUTBOX, BACKLOG, OLDEST_DUE, PRUNED = load(
@@ -33,23 +31,26 @@ class OutboxCursor:
     seq: int = 0
 
 
-@dataclass(frozen=True)
-class OutboxEvent:
+class OutboxEvent(NamedTuple):
+    """One event as the read models see it: built straight from the row's tuple (the
+    projector turns every event of the outbox into one, so it must cost next to nothing)."""
+
     xid: int
     seq: int
-    job_id: UUID
-    job_version: int
+    job_id: str
     queue: str
     type: str
     event: str
-    from_state: JobState | None
-    to_state: JobState
-    attempt: int
+    from_state: str | None
+    to_state: str
     worker_id: str | None
     at: datetime
-    data: dict[str, Any]
-    # the job_image row: the job's columns after the change, typed (timestamps as datetime)
-    job: dict[str, Any]
+    # the job's run_at and started_at after the change
+    run_at: datetime | None
+    started_at: datetime | None
+    # the event data's error (None: the event reports none) and reason
+    error: Any
+    reason: str | None
 
     @property
     def cursor(self) -> OutboxCursor:
@@ -62,25 +63,8 @@ async def read_events(
     """The next committed events after `after`, oldest transaction first. An empty list
     means the reader is caught up with everything that can no longer change."""
     rows = await conn.fetch(READ_OUTBOX, str(after.xid), after.seq, limit)
-    return [
-        OutboxEvent(
-            xid=r["xid"],
-            seq=r["seq"],
-            job_id=r["job_id"],
-            job_version=r["job_version"],
-            queue=r["queue"],
-            type=r["type"],
-            event=r["event"],
-            from_state=JobState(r["from_state"]) if r["from_state"] else None,
-            to_state=JobState(r["to_state"]),
-            attempt=r["attempt"],
-            worker_id=r["worker_id"],
-            at=r["at"],
-            data=r["data"],
-            job=dict(r["job"].items()),
-        )
-        for r in rows
-    ]
+    make = OutboxEvent._make
+    return [make(row) for row in rows]
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,15 @@
 -- order. Sequence numbers commit out of order, so `seq > last` alone would lose events: only
 -- transactions older than every still-running one are read, so nothing that commits later can
 -- land behind the cursor.
-SELECT xid::text::int8 AS xid, seq, job_id, job_version, queue, type, event, from_state,
-       to_state, attempt, worker_id, at, data, job
+-- Only what the read models use, in the field order of `OutboxEvent`: of the job's image its
+-- two timestamps, of the event's data its error (an empty object when present but null) and
+-- reason; text rather than uuid and enum values, so decoding a row builds no objects.
+SELECT xid::text::int8 AS xid, seq, job_id::text AS job_id, queue, type, event,
+       from_state::text AS from_state, to_state::text AS to_state, worker_id, at,
+       (job).run_at AS run_at, (job).started_at AS started_at,
+       CASE WHEN data ? 'error'
+            THEN coalesce(nullif(data -> 'error', 'null'::jsonb), '{}'::jsonb) END AS error,
+       data ->> 'reason' AS reason
 FROM job_events
 WHERE (xid, seq) > ($1::text::xid8, $2::int8)
   AND xid < pg_snapshot_xmin(pg_current_snapshot())
