@@ -14,7 +14,8 @@ wrote are kept (DocumentCache), so the next batch reads only those it has not se
 copy equals the stored one as long as its cursor does (but for the fields `refresh` sets,
 which batches only ever move by increments), and every write is conditional on that cursor:
 a copy gone stale (another writer) fails its write and the batch is replayed with the cache
-emptied.
+emptied. The checkpoint is kept the same way, so a batch reads nothing from MongoDB unless it
+touches documents it has not written.
 
 What changes without an event (jobs pruned by the sweeper, delayed jobs coming due) is read
 from PostgreSQL by `refresh`, which the service runs every few seconds.
@@ -110,7 +111,7 @@ class Projector:
         self._pool = pool
         self._db = db
         self._metrics = metrics
-        self._batch_size = batch_size
+        self.batch_size = batch_size
         self.generation = Generation.of(db, generation)
         self._indexed = False
         # Generations only move forward, so once this one was seen active it stays the
@@ -119,6 +120,9 @@ class Projector:
         self._queues = DocumentCache()
         self._workers = DocumentCache()
         self._failures = DocumentCache()
+        # The checkpoint as this projector last wrote it; its next write is conditional on
+        # it like the documents', so a stale one only costs a replayed batch.
+        self._checkpoint: Document | None = None
 
     # -- checkpoint ----------------------------------------------------------------------
 
@@ -126,7 +130,7 @@ class Projector:
         doc = await self._db[CONTROL].find_one({"_id": checkpoint_id(self.generation.number)})
         return doc or {"_id": checkpoint_id(self.generation.number), "cursor": [0, 0], "max_seq": 0}
 
-    async def _advance_checkpoint(self, old: Document, events: Sequence[OutboxEvent]) -> None:
+    async def _advance_checkpoint(self, old: Document, events: Sequence[OutboxEvent]) -> Document:
         new = {
             "_id": old["_id"],
             "cursor": [events[-1].xid, events[-1].seq],
@@ -140,10 +144,11 @@ class Projector:
                 await control.insert_one(new)
             except Exception as exc:
                 raise ProjectionConflict("checkpoint created concurrently") from exc
-            return
+            return new
         result = await control.replace_one({"_id": old["_id"], "cursor": old["cursor"]}, new)
         if result.matched_count != 1:
             raise ProjectionConflict("checkpoint moved underneath")
+        return new
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -152,21 +157,34 @@ class Projector:
         if not self._indexed:
             await ensure_indexes(self.generation)
             self._indexed = True
-        checkpoint = await self.checkpoint()
+        try:
+            return await self._next_batch()
+        except BaseException:
+            # Cached copies may now be ahead of what is stored, or behind another writer.
+            self._forget()
+            raise
+
+    async def _next_batch(self) -> int:
+        checkpoint = self._checkpoint or await self.checkpoint()
         xid, seq = checkpoint["cursor"]
-        events = await read_events(self._pool, OutboxCursor(int(xid), int(seq)), self._batch_size)
+        events = await read_events(self._pool, OutboxCursor(int(xid), int(seq)), self.batch_size)
         if not events:
             return 0
         started = time.perf_counter()
         await self._apply(events)
-        await self._advance_checkpoint(checkpoint, events)
+        self._checkpoint = await self._advance_checkpoint(checkpoint, events)
         await self._record_progress(events[-1])
         if self._metrics is not None:
             self._metrics.events.inc(len(events))
             self._metrics.batch_size.observe(len(events))
             self._metrics.apply_seconds.observe(time.perf_counter() - started)
-            self._metrics.last_seq.set(max(checkpoint.get("max_seq", 0), *(e.seq for e in events)))
+            self._metrics.last_seq.set(self._checkpoint["max_seq"])
         return len(events)
+
+    def _forget(self) -> None:
+        self._checkpoint = None
+        for cache in (self._queues, self._workers, self._failures):
+            cache.clear()
 
     async def _record_progress(self, last: OutboxEvent) -> None:
         if not self._seen_active:
@@ -212,28 +230,23 @@ class Projector:
         each back only if its cursor is still the one it had (insert: if it is still new)."""
         if not groups:
             return
-        try:
-            stored = await self._documents(collection, cache, list(groups))
-            ops: list[InsertOne[Document] | UpdateOne] = []
-            written = []
-            for key, group in groups.items():
-                doc = stored.get(key)
-                fresh = projection.unseen(doc, group) if doc is not None else group
-                if not fresh:
-                    continue
-                if doc is None:
-                    doc = new(key)
-                    apply(doc, fresh)
-                    ops.append(InsertOne(doc))
-                else:
-                    seen = doc["cursor"]
-                    ops.append(UpdateOne({"_id": key, "cursor": seen}, apply(doc, fresh)))
-                written.append(doc)
-            await self._write(collection, ops)
-        except BaseException:
-            # Copies may now be ahead of what is stored, or behind another writer.
-            cache.clear()
-            raise
+        stored = await self._documents(collection, cache, list(groups))
+        ops: list[InsertOne[Document] | UpdateOne] = []
+        written = []
+        for key, group in groups.items():
+            doc = stored.get(key)
+            fresh = projection.unseen(doc, group) if doc is not None else group
+            if not fresh:
+                continue
+            if doc is None:
+                doc = new(key)
+                apply(doc, fresh)
+                ops.append(InsertOne(doc))
+            else:
+                seen = doc["cursor"]
+                ops.append(UpdateOne({"_id": key, "cursor": seen}, apply(doc, fresh)))
+            written.append(doc)
+        await self._write(collection, ops)
         cache.put(written)
 
     @staticmethod

@@ -1,0 +1,50 @@
+"""Once caught up, the projector's loop lingers before reading again, so that events arriving
+in a trickle are applied in one batch instead of one batch each."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+from pymongo.asynchronous.database import AsyncDatabase
+
+from evora.domain.models import JobSubmission
+from evora.http.metrics import ServiceMetrics
+from evora.readmodels.layout import Document
+from evora.storage.jobs import JobStore
+from services.projector.metrics import ProjectorMetrics
+from services.projector.service import ProjectorService
+
+# Far longer than two submits take on a loaded machine, so both land within it.
+LINGER = 3.0
+
+
+async def _until(metrics: ServiceMetrics, name: str, value: float) -> None:
+    for _ in range(600):
+        if (metrics.registry.get_sample_value(name) or 0) >= value:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name} never reached {value}")
+
+
+async def test_events_arriving_while_it_lingers_share_one_batch(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    base = ServiceMetrics("projector")
+    service = ProjectorService(pool, mongo, ProjectorMetrics(base), linger_seconds=LINGER)
+    ended = asyncio.Event()
+    running = asyncio.create_task(service.lead(ended))
+    try:
+        await store.submit(JobSubmission(queue="q", type="t"))
+        service.wake.set()
+        await _until(base, "evora_projector_events_total", 1)  # a batch of one, then lingers
+        for _ in range(2):
+            await store.submit(JobSubmission(queue="q", type="t"))
+            service.wake.set()
+        await _until(base, "evora_projector_events_total", 3)
+    finally:
+        ended.set()
+        await asyncio.wait_for(running, 30)
+    assert base.registry.get_sample_value("evora_projector_batch_size_count") == 2
+    doc = await mongo["rm1_queues"].find_one({"_id": "q"})
+    assert doc is not None and doc["counts"]["PENDING"] == 3
