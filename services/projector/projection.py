@@ -103,7 +103,8 @@ def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     for state, delta in moved.items():
         doc["transitions"][state] += delta
         doc["counts"][state] += delta
-        increments[f"counts.{state}"] = delta
+        if delta:
+            increments[f"counts.{state}"] = delta
     oldest_kept = bucket_of(events[-1].at) - KEEP_BUCKETS_SECONDS // BUCKET_SECONDS
     doc["completed_buckets"] = {k: n for k, n in buckets.items() if int(k) >= oldest_kept}
     doc["last_event_at"] = events[-1].at
