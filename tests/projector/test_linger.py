@@ -15,7 +15,7 @@ from evora.storage.jobs import JobStore
 from services.projector.metrics import ProjectorMetrics
 from services.projector.service import ProjectorService
 
-# Far longer than two submits take on a loaded machine, so both land within it.
+# Far longer than the two submits half a second apart take, so both land within it.
 LINGER = 3.0
 
 
@@ -38,9 +38,10 @@ async def test_events_arriving_while_it_lingers_share_one_batch(
         await store.submit(JobSubmission(queue="q", type="t"))
         service.wake.set()
         await _until(base, "evora_projector_events_total", 1)  # a batch of one, then lingers
-        for _ in range(2):
+        for _ in range(2):  # half a second apart: without lingering, a batch each
             await store.submit(JobSubmission(queue="q", type="t"))
             service.wake.set()
+            await asyncio.sleep(0.5)
         await _until(base, "evora_projector_events_total", 3)
     finally:
         ended.set()
