@@ -64,7 +64,7 @@ REFRESH_CHUNK = 500
 _REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pending_at"), 1)
 
 # Documents kept between batches, per collection: a queue document with full latency
-# windows is ~50 KB in memory, so this bounds the cache at a few MB however many queues
+# windows holds ~60 KB in memory, so this bounds the cache at a few MB however many queues
 # producers name; beyond it the least recently written are read again when touched.
 CACHED_DOCUMENTS = 64
 
@@ -81,9 +81,6 @@ class DocumentCache:
     def __init__(self, limit: int = CACHED_DOCUMENTS) -> None:
         self._limit = limit
         self._docs: OrderedDict[Any, Document] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._docs)
 
     def get(self, key: Any) -> Document | None:
         return self._docs.get(key)
