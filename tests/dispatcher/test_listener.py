@@ -14,8 +14,8 @@ import pytest
 
 from evora.storage.listener import Listener
 from evora.storage.notify import JOBS_CHANNEL
-from tests.dispatcher.test_long_poll import until
 from tests.pgproxy import Fault, FaultyProxy
+from tests.polling import until
 
 NAME = "evora-test-listen"
 ROUNDS = 4
@@ -118,7 +118,7 @@ async def test_listener_survives_callbacks_that_raise(db_url: str, pool: asyncpg
         await pool.execute("SELECT pg_notify($1, 'boom')", JOBS_CHANNEL)
         await heard_after(pool, heard, "still-listening")
         await killer.kill_next()
-        await until(lambda: len(reconnects) == 1, limit=30)
+        await until(lambda: len(reconnects) == 1, within=30)
         await heard_after(pool, heard, "after-the-reconnect")
         assert not task.done(), task
 
@@ -142,9 +142,9 @@ async def test_listener_survives_its_connection_spoilt_at_every_step_of_setting_
             for done, fault in enumerate(faults, start=1):
                 proxy.fault_next = fault
                 await killer.kill_next()  # so that it connects again, through the fault
-                await until(lambda: proxy.faults == done, limit=30)  # noqa: B023
+                await until(lambda: proxy.faults == done, within=30)  # noqa: B023
                 # ...and once more, cleanly
-                await until(lambda: states.count(True) == done + 1, limit=30)  # noqa: B023
+                await until(lambda: states.count(True) == done + 1, within=30)  # noqa: B023
             await heard_after(pool, heard, "after-the-faults")
             assert not task.done(), task
     finally:

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from evora.storage.notify import JOBS_CHANNEL
 from services.dispatcher.metrics import OTHER_QUEUES, QueueLabels, WaitingPolls
 from tests.dispatcher.conftest import Dispatcher
-from tests.dispatcher.test_long_poll import until
+from tests.polling import until
 
 CLAIMS = 400
 QUEUES_PER_CLAIM = 20  # the most a claim may name
@@ -51,7 +51,7 @@ async def test_state_and_series_of_queues_nobody_waits_on_go_away(
     async with dispatcher.http.get(dispatcher.url + "/metrics") as response:
         exported = await response.read()
     assert len(exported) < METRICS_BYTES_BOUND, len(exported)
-    await until(lambda: not any(wakeups.footprint().values()), limit=15)
+    await until(lambda: not any(wakeups.footprint().values()), within=15)
 
 
 def test_a_counter_labels_the_first_queues_and_counts_the_rest_as_other() -> None:
