@@ -14,17 +14,14 @@ from evora.readmodels.layout import Document
 from evora.storage.jobs import JobStore
 from services.projector.metrics import ProjectorMetrics
 from services.projector.service import ProjectorService
+from tests.polling import until
 
 # Far longer than the two submits half a second apart take, so both land within it.
 LINGER = 3.0
 
 
-async def _until(metrics: ServiceMetrics, name: str, value: float) -> None:
-    for _ in range(600):
-        if (metrics.registry.get_sample_value(name) or 0) >= value:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{name} never reached {value}")
+def events_seen(metrics: ServiceMetrics) -> float:
+    return metrics.registry.get_sample_value("evora_projector_events_total") or 0
 
 
 async def test_events_arriving_while_it_lingers_share_one_batch(
@@ -37,12 +34,12 @@ async def test_events_arriving_while_it_lingers_share_one_batch(
     try:
         await store.submit(JobSubmission(queue="q", type="t"))
         service.wake.set()
-        await _until(base, "evora_projector_events_total", 1)  # a batch of one, then lingers
+        await until(lambda: events_seen(base) >= 1, "the first event", within=30)  # then lingers
         for _ in range(2):  # half a second apart: without lingering, a batch each
             await store.submit(JobSubmission(queue="q", type="t"))
             service.wake.set()
             await asyncio.sleep(0.5)
-        await _until(base, "evora_projector_events_total", 3)
+        await until(lambda: events_seen(base) >= 3, "all three events", within=30)
     finally:
         ended.set()
         await asyncio.wait_for(running, 30)
