@@ -1,4 +1,4 @@
-"""Real servers for the tests, chosen as DESIGN.md says: an explicit URL from the
+"""Real servers for the tests, chosen in this order: an explicit URL from the
 environment, else testcontainers when a Docker engine answers, else local child processes.
 
 PostgreSQL isolation is per test: migrations run once into a template database and every

@@ -1,1 +1,1 @@
-"""`evora api`: the producer and admin HTTP service (CONTRACT section 4)."""
+"""`evora api`: the producer and admin HTTP service (docs/http-api.md)."""

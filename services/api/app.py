@@ -1,4 +1,5 @@
-"""The `evora api` application: the base app plus the job store and the section 4 routes."""
+"""The `evora api` application: the base app plus the job store and the producer and admin
+routes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What the API's endpoints take and answer, as pydantic models.
 
-Request models validate at the edge (DESIGN rule 10). Response models are not used to
-serialise (the store's dicts go straight to orjson); they describe the answers in
+Request models validate at the edge (rule 10 of docs/architecture.md). Response models are
+not used to serialise (the store's dicts go straight to orjson); they describe the answers in
 /openapi.json, and the tests check real answers against them.
 """
 

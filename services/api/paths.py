@@ -1,4 +1,4 @@
-"""Path parameters, checked at the edge like bodies are (DESIGN rule 10)."""
+"""Path parameters, checked at the edge like bodies are (rule 10 of docs/architecture.md)."""
 
 from __future__ import annotations
 

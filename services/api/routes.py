@@ -1,4 +1,4 @@
-"""The producer and admin endpoints (CONTRACT section 4).
+"""The producer and admin endpoints (docs/http-api.md).
 
 Each endpoint is declared once with `Routes.add`: that declaration routes it, tells the
 auth middleware who may call it and writes its part of /openapi.json. Errors are raised

@@ -1,5 +1,5 @@
-"""Read-model endpoints (CONTRACT section 4): queue stats and workers, served from MongoDB
-(eventually consistent), with `paused` from PostgreSQL."""
+"""Read-model endpoints (docs/http-api.md#queues-and-workers): queue stats and workers,
+served from MongoDB (eventually consistent), with `paused` from PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""The dispatcher: worker-facing HTTP service with long-poll claims (CONTRACT section 5)."""
+"""The dispatcher: worker-facing HTTP service with long-poll claims
+(docs/http-api.md#worker-api)."""

@@ -1,4 +1,4 @@
-"""Request and response shapes of the worker API (CONTRACT section 5)."""
+"""Request and response shapes of the worker API (docs/http-api.md#worker-api)."""
 
 from __future__ import annotations
 

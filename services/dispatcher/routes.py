@@ -1,4 +1,4 @@
-"""Worker API handlers (CONTRACT section 5)."""
+"""Worker API handlers (docs/http-api.md#worker-api)."""
 
 from __future__ import annotations
 

@@ -85,8 +85,9 @@ def event_totals(events: DataFrame) -> DataFrame:
 
 
 def queue_totals(totals: DataFrame) -> DataFrame:
-    """CONTRACT section 8's `analytics_queue_totals`, from `event_totals`: the stats `totals`
-    keys (0 when an event never happened), and every event name in `by_event`."""
+    """The documented `analytics_queue_totals` (services/pipeline/README.md), from
+    `event_totals`: the stats `totals` keys (0 when an event never happened), and every event
+    name in `by_event`."""
     per_queue = totals.where(F.col("type") == ALL_TYPES)
     return per_queue.groupBy("queue").agg(
         F.struct(

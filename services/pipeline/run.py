@@ -10,7 +10,8 @@ is computed from the same events although Spark reads the source again for sever
 scripts/bench_pipeline.py; the per-job table is cached).
 
 Outputs go to Parquet under the output URL, one directory per output, and from there to
-MongoDB collections `analytics_<output>` (`analytics_queue_totals` is CONTRACT section 8's).
+MongoDB collections `analytics_<output>` (`analytics_queue_totals` is the documented one:
+services/pipeline/README.md).
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""The sweeper: lease and TTL expiry, retention, and database health metrics (CONTRACT
-section 1, `evora sweeper`)."""
+"""The sweeper: lease and TTL expiry, retention, and database health metrics (`evora
+sweeper`, docs/architecture.md#services)."""

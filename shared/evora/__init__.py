@@ -1,6 +1,6 @@
 """Evora, a distributed job queue on PostgreSQL.
 
-`import evora` gives the public SDK (CONTRACT section 6): `evora.Client` for producers and
+`import evora` gives the public SDK (README.md): `evora.Client` for producers and
 admins, `evora.Worker` and `evora.Handlers` for worker processes, and the exceptions they
 raise. Services and tooling live in the subpackages.
 """

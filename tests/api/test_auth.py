@@ -1,4 +1,5 @@
-"""Who may call what (CONTRACT section 2): 401 without a known token, 403 for the wrong role."""
+"""Who may call what (docs/http-api.md#authentication): 401 without a known token, 403 for
+the wrong role."""
 
 from __future__ import annotations
 

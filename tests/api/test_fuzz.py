@@ -1,5 +1,5 @@
 """Whatever a client sends, the api answers below 500, and every error is problem+json
-(CONTRACT section 2, DESIGN rule 10).
+(docs/http-api.md#errors; rule 10 of docs/architecture.md).
 
 Generated bodies range from well-formed submissions with odd values (which get through
 validation to PostgreSQL) to arbitrary JSON and raw bytes; paths and query strings get

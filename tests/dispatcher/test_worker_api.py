@@ -1,4 +1,5 @@
-"""The worker API over HTTP against a real dispatcher and PostgreSQL (CONTRACT section 5)."""
+"""The worker API over HTTP against a real dispatcher and PostgreSQL
+(docs/http-api.md#worker-api)."""
 
 from __future__ import annotations
 

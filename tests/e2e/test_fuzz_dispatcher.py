@@ -1,5 +1,5 @@
 """Whatever a worker sends, the dispatcher answers below 500, and every error is
-problem+json (CONTRACT section 2).
+problem+json (docs/http-api.md#errors).
 
 The dispatcher and api run for the whole module on one database. Generated requests mix
 real job ids and current lease tokens (held in `Leases`, refilled by claiming real jobs),

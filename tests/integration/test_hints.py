@@ -1,4 +1,5 @@
-"""NOTIFY hints (rule 7): debounced per process, and never withheld for good."""
+"""NOTIFY hints (rule 7 of docs/architecture.md): debounced per process, and never withheld
+for good."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The database itself enforces the state machine of CONTRACT section 3, and every change
-the store makes writes exactly one event carrying the job's new version."""
+"""The database itself enforces the state machine (docs/architecture.md#the-state-machine),
+and every change the store makes writes exactly one event carrying the job's new version."""
 
 from __future__ import annotations
 

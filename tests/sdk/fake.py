@@ -1,7 +1,7 @@
 """An in-memory stand-in for the api and dispatcher services, over real HTTP.
 
-It implements the parts of CONTRACT sections 2, 4 and 5 that the SDK tests exercise, with
-the contract's semantics (states, lease tokens, long-poll, problem+json), so that the SDK is
+It implements the parts of docs/http-api.md that the SDK tests exercise, with
+the same semantics (states, lease tokens, long-poll, problem+json), so that the SDK is
 tested against an HTTP peer before the real services exist. It is not a model of the
 database: no durability, no transactions, retries are delayed by an hour instead of backoff.
 

@@ -1,4 +1,4 @@
-"""`evora.Worker` against a real HTTP server speaking the contract (tests/sdk/fake.py)."""
+"""`evora.Worker` against a real HTTP server speaking the HTTP API (tests/sdk/fake.py)."""
 
 from __future__ import annotations
 

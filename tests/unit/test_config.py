@@ -32,7 +32,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir("/")  # no stray .env file
 
 
-def test_defaults_follow_the_contract() -> None:
+def test_defaults_are_the_documented_ones() -> None:
     s = load_settings()
     assert (s.api_port, s.dispatcher_port, s.sweeper_port, s.projector_port) == (
         8080,

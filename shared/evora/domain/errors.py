@@ -1,4 +1,4 @@
-"""Typed domain errors. Each carries the stable problem `code` of CONTRACT section 2 and the
+"""Typed domain errors. Each carries the stable problem `code` (docs/http-api.md#errors) and the
 HTTP status the services answer with, so the mapping lives here and nowhere else."""
 
 from __future__ import annotations

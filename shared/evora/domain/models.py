@@ -1,4 +1,5 @@
-"""Validated shapes of what clients send (CONTRACT section 3) and what the store returns.
+"""Validated shapes of what clients send (docs/http-api.md#submitting-a-job) and what the
+store returns.
 
 Validation happens once, at the edge, with these models; the store trusts them.
 """
@@ -169,7 +170,7 @@ class LastError(BaseModel):
 
 
 class Job(BaseModel):
-    """A job as the API returns it (CONTRACT section 3)."""
+    """A job as the API returns it (docs/http-api.md#the-job-resource)."""
 
     id: UUID
     queue: str
@@ -200,7 +201,7 @@ class ClaimedJob(Job):
 
 
 class JobEvent(BaseModel):
-    """One row of the `job_events` outbox (CONTRACT section 7)."""
+    """One row of the `job_events` outbox (docs/http-api.md#the-event-resource)."""
 
     seq: int
     job_id: UUID

@@ -1,4 +1,4 @@
-"""The job state machine (CONTRACT section 3).
+"""The job state machine (docs/architecture.md#the-state-machine).
 
 This table is the Python view of the rule; migration 0001 seeds the same rows into
 `job_transitions`, which a trigger on `jobs` consults, so the database rejects anything else.

@@ -1,4 +1,4 @@
-"""Bearer-token authentication with three roles (CONTRACT section 2).
+"""Bearer-token authentication with three roles (docs/http-api.md#authentication).
 
 `admin` may call everything, `producer` the producer endpoints, `worker` the dispatcher's.
 Missing or unknown token: 401; a valid token whose role may not call the endpoint: 403.

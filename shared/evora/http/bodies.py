@@ -1,4 +1,5 @@
-"""Reading and validating request bodies and query strings at the edge (rule 10).
+"""Reading and validating request bodies and query strings at the edge (rule 10 of
+docs/architecture.md).
 
 What one body may cost is bounded before it becomes Python objects:
 

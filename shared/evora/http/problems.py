@@ -1,4 +1,4 @@
-"""RFC 9457 problem details: the one shape of every error response (CONTRACT section 2)."""
+"""RFC 9457 problem details: the one shape of every error response (docs/http-api.md#errors)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ Document = dict[str, Any]
 CONTROL = "projector_control"
 CONTROL_ID = "control"
 STATE_NAMES = tuple(JobState)
-# The stats `totals` keys of CONTRACT section 4; the projector counts every event name, these
-# are the ones the contract promises.
+# The stats `totals` keys (docs/http-api.md#queue-stats); the projector counts every event
+# name, these are the ones the api promises.
 TOTAL_KEYS = ("submitted", "completed", "failed", "dead_lettered", "retried", "lease_expired")
 
 

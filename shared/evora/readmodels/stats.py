@@ -1,4 +1,4 @@
-"""The queue-stats document and how the api renders it (CONTRACT section 4).
+"""The queue-stats document and how the api renders it (docs/http-api.md#queue-stats).
 
 The projector stores raw material (counts, totals, 10-second completion buckets, recent
 latency percentiles); rates are computed at read time so they decay while a queue is idle.

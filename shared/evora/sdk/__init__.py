@@ -1,4 +1,4 @@
-"""The public Python SDK (CONTRACT section 6): `Client` for producers and admins, `Worker`
+"""The public Python SDK (README.md): `Client` for producers and admins, `Worker`
 and `Handlers` for worker processes, and the exceptions both raise."""
 
 from evora.sdk._http import RetryBackoff

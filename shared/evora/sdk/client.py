@@ -1,4 +1,4 @@
-"""`evora.Client`: the async producer and admin client of the api service (CONTRACT section 4).
+"""`evora.Client`: the async producer and admin client of the api service (docs/http-api.md).
 
 Retry safety, call by call. Any call is sent again (up to `retries` times) when the
 connection could not be established, since the server never saw it. After a broken
@@ -37,7 +37,7 @@ from evora.sdk.errors import InvalidStateError
 # Queue stats per page when listing every queue: the most the api serves at once.
 
 JobData = dict[str, Any]
-"""A job resource exactly as the API returns it (CONTRACT section 3)."""
+"""A job resource exactly as the API returns it (docs/http-api.md#the-job-resource)."""
 
 
 class BackoffSpec(TypedDict, total=False):
@@ -47,8 +47,8 @@ class BackoffSpec(TypedDict, total=False):
 
 
 class SubmitOptions(TypedDict, total=False):
-    """The optional submission fields of CONTRACT section 3; omitted ones take the server's
-    defaults."""
+    """The optional submission fields (docs/http-api.md#submitting-a-job); omitted ones take
+    the server's defaults."""
 
     priority: int
     run_at: datetime | str
@@ -186,7 +186,7 @@ class Client:
         return data
 
     async def events(self, job_id: str | UUID) -> list[dict[str, Any]]:
-        """The job's events, oldest first (CONTRACT section 7)."""
+        """The job's events, oldest first (docs/http-api.md#the-event-resource)."""
         resp = await self._call("GET", f"/v1/jobs/{_segment(job_id)}/events", idempotent=True)
         events: list[dict[str, Any]] = resp.data["events"]
         return events

@@ -1,7 +1,7 @@
 """Exceptions of the SDK.
 
 Calls that fail raise an `EvoraClientError`: an `EvoraHTTPError` when a service answered with
-an RFC 9457 problem (CONTRACT section 2), an `EvoraConnectionError` when no answer arrived.
+an RFC 9457 problem (docs/http-api.md#errors), an `EvoraConnectionError` when no answer arrived.
 HTTP errors are mapped to a subclass by the problem's stable `code` first and by the HTTP
 status second, so `except JobNotFoundError` keeps working even if a proxy in between answers
 without a problem body, and `except ConflictError` catches every 409.
@@ -231,4 +231,4 @@ class JobCancelled(Exception):
     """Raised by `Job.raise_if_cancel_requested()`.
 
     A handler that ends with an exception after cancellation was requested has its job
-    released, which the dispatcher turns into CANCELLED (CONTRACT section 3)."""
+    released, which the dispatcher turns into CANCELLED (docs/architecture.md#the-state-machine)."""

@@ -1,4 +1,4 @@
-"""`evora.Worker`: claims jobs from the dispatcher and runs them (CONTRACT sections 5 and 6).
+"""`evora.Worker`: claims jobs from the dispatcher and runs them (docs/http-api.md#worker-api).
 
 Life of a job in the worker:
 

@@ -22,8 +22,8 @@ import asyncpg
 import orjson
 from asyncpg.pool import PoolAcquireContext
 
-# A job never holds a transaction while it runs (rule 4); these make a stuck client fail
-# fast instead of pinning the outbox horizon and vacuum.
+# A job never holds a transaction while it runs (rule 4 of docs/architecture.md); these make
+# a stuck client fail fast instead of pinning the outbox horizon and vacuum.
 STATEMENT_TIMEOUT_MS = 30_000
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 CONNECT_TIMEOUT_S = 10.0

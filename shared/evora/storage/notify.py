@@ -1,4 +1,5 @@
-"""NOTIFY hints that wake dispatchers (rule 7: a hint, never the guarantee).
+"""NOTIFY hints that wake dispatchers (rule 7 of docs/architecture.md: a hint, never the
+guarantee).
 
 Every notifying commit takes a cluster-wide lock, so a process sends at most one
 `pg_notify` per queue per `DEBOUNCE_SECONDS`. Writers pass `suppressed()` into their

@@ -1,4 +1,5 @@
-"""Gap-free reading of the `job_events` outbox (rule 5), for the projector and pipeline.
+"""Gap-free reading of the `job_events` outbox (rule 5 of docs/architecture.md), for the
+projector and pipeline.
 
 Sequence numbers are taken at insert but become visible at commit, so `seq > last` can skip
 an event whose transaction commits after a later one. Events are instead read in

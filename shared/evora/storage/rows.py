@@ -1,4 +1,4 @@
-"""Turning database rows into the JSON shapes of CONTRACT sections 3 and 7."""
+"""Turning database rows into the job and event resources of docs/http-api.md."""
 
 from __future__ import annotations
 
