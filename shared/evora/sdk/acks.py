@@ -1,4 +1,4 @@
-"""Coalescing of job outcomes into `POST /v1/acks` requests (docs/http-api.md#acks).
+"""Coalescing of job outcomes into `POST /v1/acks` requests (docs/http-api.md#post-v1acks).
 
 One flusher sends at most one batch at a time. While a batch is in flight, new outcomes
 queue up and go together in the next one, so the batch size follows the load without any
