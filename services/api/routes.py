@@ -161,8 +161,9 @@ async def job_events(request: web.Request) -> web.Response:
     "/v1/jobs/{id}/cancel",
     roles=PRODUCER,
     summary=(
-        "Cancel a job. PENDING (or DLQ): cancelled now, 200. RUNNING: `cancel_requested` is "
-        "set and the worker stops it, 202. COMPLETED or CANCELLED: 409 invalid_state."
+        "Cancel a job. PENDING: cancelled now, 200. RUNNING: `cancel_requested` is set and "
+        "the worker stops it, 202. DLQ (an admin retries or discards it), COMPLETED or "
+        "CANCELLED: 409 invalid_state."
     ),
     responses={200: JobResponse, 202: JobResponse},
     problems=(404, 409),
