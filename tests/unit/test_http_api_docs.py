@@ -17,6 +17,7 @@ import pytest
 from evora.config import Settings
 from evora.domain.errors import EvoraError
 from evora.http.openapi import openapi_document
+from evora.protocol import problems
 from services.api.app import create_app as create_api
 from services.dispatcher.app import create_app as create_dispatcher
 from services.projector.app import create_app as create_projector
@@ -131,11 +132,21 @@ def _subclasses(cls: type[EvoraError]) -> list[type[EvoraError]]:
     return found
 
 
-def test_every_domain_problem_code_is_in_the_errors_table() -> None:
-    text = DOC.read_text("utf-8")
-    table = text.split("### Errors", 1)[1].split("\n### ", 1)[0]
-    rows = {(int(m[1]), m[2]) for m in re.finditer(r"^\| (\d{3}) \| `(\w+)` \|", table, re.M)}
+def _errors_table() -> set[tuple[int, str]]:
+    """(status, code) of each row of the page's table of problem codes."""
+    table = DOC.read_text("utf-8").split("### Errors", 1)[1].split("\n### ", 1)[0]
+    return {(int(m[1]), m[2]) for m in re.finditer(r"^\| (\d{3}) \| `(\w+)` \|", table, re.M)}
+
+
+def test_every_domain_error_is_in_the_errors_table_with_its_status() -> None:
     errors = _subclasses(EvoraError)
     assert errors, "no domain errors found"
+    rows = _errors_table()
     for error in errors:
         assert (error.status, error.code) in rows, error.__name__
+
+
+def test_every_protocol_problem_code_is_in_the_errors_table() -> None:
+    codes = {value for name, value in vars(problems).items() if name.isupper()}
+    assert "lease_lost" in codes
+    assert codes - {code for _, code in _errors_table()} == set()
