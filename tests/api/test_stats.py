@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -102,6 +103,24 @@ async def test_without_mongo_the_stats_endpoints_answer_503(db_url: str) -> None
                 assert (await r.json())["code"] == "read_models_unavailable"
             async with http.get(server.make_url("/readyz")) as r:
                 assert r.status == 200
+    finally:
+        await server.close()
+
+
+async def test_with_mongo_down_the_stats_endpoints_answer_503(db_url: str) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = Settings(database_url=db_url, tokens=TOKENS, mongo_url=f"mongodb://127.0.0.1:{port}")
+    server = TestServer(await create_app(settings), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession(headers=ADMIN) as http:
+            for path in ("/v1/queues", "/v1/queues/q/stats", "/v1/workers"):
+                async with http.get(server.make_url(path)) as r:
+                    assert r.status == 503, (path, await r.text())
+                    assert r.headers["Retry-After"]
+                    assert (await r.json())["code"] == "unavailable"
     finally:
         await server.close()
 

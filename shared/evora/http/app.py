@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
+import pymongo.errors
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -70,6 +71,8 @@ DATABASE_UNAVAILABLE = (
     asyncpg.TooManyConnectionsError,
     asyncpg.QueryCanceledError,
     asyncpg.AdminShutdownError,
+    # MongoDB (the read models) unreachable or not answering
+    pymongo.errors.ConnectionFailure,
 )
 
 _HTTP_CODES = {
