@@ -23,7 +23,8 @@ from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.http.serve import serve_app
 from services.api.app import create_app as create_api
 from services.dispatcher.app import create_app as create_dispatcher
-from tests.e2e.conftest import PRODUCER_TOKEN, TOKENS, WORKER_TOKEN, until
+from tests.e2e.conftest import PRODUCER_TOKEN, TOKENS, WORKER_TOKEN
+from tests.polling import until
 
 HEAD_TIMEOUT_S = 1.0
 SLOW_CLIENTS = 200
@@ -174,7 +175,7 @@ async def _hang_up_mid_body(served: Served, caplog: pytest.LogCaptureFixture, pa
             _, writer = await asyncio.open_connection("127.0.0.1", served.port)
             writer.write(head + b'{"lease_token": ')
             await writer.drain()
-            await asyncio.sleep(0.05)  # the handler is reading the body
+            await until(lambda: served.in_flight() >= 1, within=10, what="the body being read")
             writer.close()
         await until(lambda: served.in_flight() == 0, within=10, what="the requests ended")
     assert served.requests_counted("5") == 0

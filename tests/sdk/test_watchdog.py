@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from evora.sdk.watchdog import LoopWatchdog
+from tests.polling import until
 
 
 def describe(task: asyncio.Task[Any] | None) -> str:
@@ -31,7 +32,7 @@ async def test_a_blocking_task_is_named_while_it_blocks_and_its_block_measured_a
             time.sleep(1.0)  # noqa: ASYNC251 - the very mistake watched for
 
         await asyncio.create_task(blocker(), name="the-blocker")
-        await asyncio.sleep(0.3)  # a tick or two after the block
+        await until(lambda: len(caplog.messages) >= 2, "the report after the block", within=10)
     finally:
         watchdog.stop()
     during, after = caplog.messages
