@@ -43,7 +43,7 @@ COUNTERS = {
 def _evora_command() -> list[str]:
     # The console script of the environment running the benchmark: what a deployment runs.
     script = Path(sys.executable).with_name("evora")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "evora_services.cli"]
 
 
 def _free_port() -> int:

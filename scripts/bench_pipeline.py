@@ -349,7 +349,7 @@ async def sql_aggregates(dsn: str) -> tuple[float, dict[str, int], dict[tuple[st
 def pipeline(job: str, env: dict[str, str], *extra: str) -> tuple[float, str]:
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "pipeline", job, *extra],
+        [sys.executable, "-m", "evora_services.cli", "pipeline", job, *extra],
         env=env,
         capture_output=True,
         text=True,

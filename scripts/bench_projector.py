@@ -30,8 +30,8 @@ from evora.readmodels.client import mongo_client
 from evora.storage.db import create_pool
 from evora.storage.jobs import Completion, JobStore
 from evora.storage.migrate import apply_migrations
-from services.projector.metrics import ProjectorMetrics
-from services.projector.projector import Projector
+from evora_services.projector.metrics import ProjectorMetrics
+from evora_services.projector.projector import Projector
 
 QUEUES = ["q0", "q1", "q2", "q3"]
 

@@ -37,7 +37,7 @@ ruff check .
 step "ruff format --check"
 ruff format --check .
 step "mypy"
-mypy shared/evora services
+mypy shared/evora evora_services
 step "lint-imports (layering contracts in pyproject.toml)"
 lint-imports
 # The PySpark pipeline (tests/pipeline) needs a JVM and the PostgreSQL JDBC driver by path;

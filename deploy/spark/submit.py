@@ -11,7 +11,7 @@ local one. The arguments are those of `evora pipeline`.
 
 import sys
 
-from services.cli import main
+from evora_services.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main(["pipeline", *sys.argv[1:]]))

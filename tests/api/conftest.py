@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from evora.config import Settings
 from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.storage.jobs import Failure, JobStore
-from services.api.app import create_app
-from services.api.routes import STORE
+from evora_services.api.app import create_app
+from evora_services.api.routes import STORE
 
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 ADMIN = {"Authorization": "Bearer test-admin-token"}

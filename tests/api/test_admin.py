@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from evora.storage.jobs import JobStore
-from services.api.models import JobList, encode_cursor
+from evora_services.api.models import JobList, encode_cursor
 from tests.api.conftest import ADMIN, PRODUCER, ApiClient, job, job_in_state, problem
 
 

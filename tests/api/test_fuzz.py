@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.protocol.limits import QUEUE_PATTERN, TYPE_PATTERN
-from services.api.models import BatchResult, JobList, JobResponse, QueuePauseState, Redriven
+from evora_services.api.models import BatchResult, JobList, JobResponse, QueuePauseState, Redriven
 from tests.api.conftest import ADMIN, ApiClient
 
 FUZZ = settings(

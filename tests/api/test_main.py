@@ -1,4 +1,4 @@
-"""`services.api.main.run`: configuration checks and where it listens."""
+"""`evora_services.api.main.run`: configuration checks and where it listens."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from aiohttp import web
 
 from evora.config import ConfigError, Settings
 from evora.http.serve import AppFactory
-from services.api import main
+from evora_services.api import main
 from tests.api.conftest import TOKENS, settings_for
 
 
@@ -82,7 +82,7 @@ async def test_evora_api_process_serves_and_stops_on_sigterm(db_url: str) -> Non
         "EVORA_API_PORT": str(port),
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "api", env=env, stderr=asyncio.subprocess.PIPE
+        sys.executable, "-m", "evora_services.cli", "api", env=env, stderr=asyncio.subprocess.PIPE
     )
     try:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:

@@ -18,9 +18,9 @@ from evora.domain.models import JobSubmission
 from evora.readmodels.layout import Document
 from evora.sdk.client import Client
 from evora.storage.jobs import JobStore
-from services.api.app import create_app
-from services.api.stats import encode_key
-from services.projector.projector import Projector
+from evora_services.api.app import create_app
+from evora_services.api.stats import encode_key
+from evora_services.projector.projector import Projector
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"

@@ -25,9 +25,9 @@ from evora.http.metrics import ServiceMetrics
 from evora.readmodels.client import mongo_client
 from evora.readmodels.layout import CONTROL, Document, checkpoint_id
 from evora.storage.jobs import Completion, Failure, JobStore
-from services.api.app import create_app
-from services.projector.metrics import ProjectorMetrics
-from services.projector.service import ProjectorService
+from evora_services.api.app import create_app
+from evora_services.projector.metrics import ProjectorMetrics
+from evora_services.projector.service import ProjectorService
 
 ADMIN_TOKEN = "dashboard-admin-token"
 PRODUCER_TOKEN = "dashboard-producer-token"

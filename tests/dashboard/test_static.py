@@ -14,10 +14,10 @@ from yarl import URL
 
 from evora.config import Settings
 from evora.http.problems import PROBLEM_CONTENT_TYPE
-from services.api.app import create_app
-from services.api.dashboard.routes import CONTENT_SECURITY_POLICY, static_files
+from evora_services.api.app import create_app
+from evora_services.api.dashboard.routes import CONTENT_SECURITY_POLICY, static_files
 
-STATIC = Path(__file__).resolve().parents[2] / "services" / "api" / "dashboard" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "evora_services" / "api" / "dashboard" / "static"
 
 Client = TestClient[web.Request, web.Application]
 

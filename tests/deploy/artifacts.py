@@ -73,7 +73,7 @@ def alert_queries() -> Iterator[tuple[str, str]]:
 def evora_subcommands() -> frozenset[str]:
     """The subcommands `evora --help` lists."""
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "--help"],
+        [sys.executable, "-m", "evora_services.cli", "--help"],
         capture_output=True,
         text=True,
         check=True,

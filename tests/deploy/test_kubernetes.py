@@ -320,7 +320,7 @@ def test_pipeline_cronjobs_run_pipeline_subcommands() -> None:
     if "pipeline" not in artifacts.evora_subcommands():
         pytest.skip("`evora pipeline` is not in this tree yet")
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "pipeline", "--help"],
+        [sys.executable, "-m", "evora_services.cli", "pipeline", "--help"],
         capture_output=True,
         text=True,
         check=True,

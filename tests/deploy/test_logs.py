@@ -31,7 +31,7 @@ from evora.logs import (
     log_context,
     redact_secrets,
 )
-from services import cli
+from evora_services import cli
 from tests.servers import serve
 
 log = logging.getLogger("evora.tests.logs")
@@ -180,7 +180,7 @@ async def _api_process_logs(
     }
     env.pop("EVORA_LOG_FORMAT", None)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "api", env=env, stderr=asyncio.subprocess.PIPE
+        sys.executable, "-m", "evora_services.cli", "api", env=env, stderr=asyncio.subprocess.PIPE
     )
     try:
         assert process.stderr is not None

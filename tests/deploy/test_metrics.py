@@ -16,10 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from evora.config import Settings
-from services.api.app import create_app as create_api
-from services.dispatcher.app import create_app as create_dispatcher
-from services.projector.app import create_app as create_projector
-from services.sweeper.app import create_app as create_sweeper
+from evora_services.api.app import create_app as create_api
+from evora_services.dispatcher.app import create_app as create_dispatcher
+from evora_services.projector.app import create_app as create_projector
+from evora_services.sweeper.app import create_app as create_sweeper
 from tests.deploy import artifacts
 from tests.deploy.promql import label_values_query, parse
 from tests.servers import Service, serve

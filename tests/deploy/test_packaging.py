@@ -14,8 +14,13 @@ SERVER_ONLY = ("asyncpg", "pymongo", "pyspark", "prometheus_client", "pydantic_s
 
 CHECK = textwrap.dedent(
     f"""
-    import importlib.util, sys
+    import importlib.metadata, importlib.util, sys
     import evora
+
+    # Only Evora's own names at the top level: a generic one (the services were once a
+    # package called `services`) collides with users' modules of that name.
+    files = importlib.metadata.files("evora") or []
+    tops = sorted({{f.parts[0] for f in files if f.suffix == ".py" and len(f.parts) > 1}})
 
     worker = evora.Worker("http://127.0.0.1:1", "a-worker-token-16", queues=["q"])
 
@@ -25,8 +30,8 @@ CHECK = textwrap.dedent(
 
     client = evora.Client("http://127.0.0.1:1", "a-producer-token")
     present = [m for m in {SERVER_ONLY!r} if importlib.util.find_spec(m) is not None]
-    loaded = [m for m in ("evora.storage", "evora.http", "services") if m in sys.modules]
-    print("present", present, "loaded", loaded, "types", worker.handlers.types)
+    loaded = [m for m in ("evora.storage", "evora.http", "evora_services") if m in sys.modules]
+    print("tops", tops, "present", present, "loaded", loaded, "types", worker.handlers.types)
     """
 )
 
@@ -37,7 +42,7 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("shared", "services"):
+    for folder in ("shared", "evora_services"):
         shutil.copytree(
             ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
         )
@@ -59,11 +64,20 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     )
 
     checked = subprocess.run(
-        [str(python), "-c", CHECK], capture_output=True, text=True, timeout=120, check=True
+        [str(python), "-c", CHECK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=tmp_path,  # not the checkout: its egg-info would answer for the installed package
     )
-    assert checked.stdout.strip() == "present [] loaded [] types ['t']", checked.stdout
+    assert checked.stdout.strip() == (
+        "tops ['evora', 'evora_services'] present [] loaded [] types ['t']"
+    ), checked.stdout
 
-    # The console script runs a worker module with the SDK alone (no such module: exit 2).
+    # The console script runs a worker module with the SDK alone (no such module: exit 2),
+    # from a directory holding a user's own `services.py`.
+    (tmp_path / "services.py").write_text("raise SystemExit('the user module was imported')\n")
     cli = subprocess.run(
         [str(venv / "bin" / "evora"), "worker", "no_such_module_here"],
         capture_output=True,

@@ -10,8 +10,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from evora.config import Settings
-from services.dispatcher.app import create_app
-from services.dispatcher.state import DISPATCH, Dispatch
+from evora_services.dispatcher.app import create_app
+from evora_services.dispatcher.state import DISPATCH, Dispatch
 
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 WORKER = {"Authorization": "Bearer test-worker-token"}

@@ -137,8 +137,8 @@ async def test_shutdown_answers_waiting_polls_at_once(db_url: str) -> None:
     from aiohttp.test_utils import TestServer
 
     from evora.config import Settings
-    from services.dispatcher.app import create_app
-    from services.dispatcher.state import DISPATCH
+    from evora_services.dispatcher.app import create_app
+    from evora_services.dispatcher.state import DISPATCH
 
     app = await create_app(Settings(database_url=db_url, tokens="worker:test-worker-token"))
     server = TestServer(app, host="127.0.0.1", handler_cancellation=True)

@@ -10,7 +10,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from evora.storage.notify import JOBS_CHANNEL
-from services.dispatcher.metrics import OTHER_QUEUES, QueueLabels, WaitingPolls
+from evora_services.dispatcher.metrics import OTHER_QUEUES, QueueLabels, WaitingPolls
 from tests.dispatcher.conftest import Dispatcher
 from tests.polling import until
 

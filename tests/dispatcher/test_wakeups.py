@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.dispatcher.wakeups import TIMER_REFRESH_SECONDS, Cause, Wakeups
+from evora_services.dispatcher.wakeups import TIMER_REFRESH_SECONDS, Cause, Wakeups
 
 
 async def test_a_burst_of_hints_reads_the_due_time_twice_and_keeps_the_last_answer() -> None:

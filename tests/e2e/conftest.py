@@ -30,9 +30,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from evora import Client, Handlers, RetryBackoff, Worker
 from evora.config import Settings
-from services.api.app import create_app as create_api
-from services.dispatcher.app import create_app as create_dispatcher
-from services.dispatcher.state import DISPATCH
+from evora_services.api.app import create_app as create_api
+from evora_services.dispatcher.app import create_app as create_dispatcher
+from evora_services.dispatcher.state import DISPATCH
 from tests.polling import Condition, until
 from tests.servers import Service, serve
 
@@ -220,7 +220,7 @@ def evora_command(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("evora")
     if script.exists():
         return [str(script), *args]
-    return [sys.executable, "-m", "services.cli", *args]
+    return [sys.executable, "-m", "evora_services.cli", *args]
 
 
 def child_env(**variables: str) -> dict[str, str]:

@@ -27,7 +27,7 @@ from evora import Client, Submission
 from evora.domain.models import Job as JobModel
 from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.protocol.limits import QUEUE_PATTERN, TYPE_PATTERN
-from services.dispatcher.models import AcksResponse, ClaimResponse, HeartbeatResponse
+from evora_services.dispatcher.models import AcksResponse, ClaimResponse, HeartbeatResponse
 from tests.e2e.conftest import (
     FAST,
     PRODUCER_TOKEN,

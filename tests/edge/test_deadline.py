@@ -16,8 +16,8 @@ import pytest
 
 from evora.config import Settings
 from evora.http.app import DATABASE_BUDGET
-from services.api.app import create_app as create_api
-from services.dispatcher.app import create_app as create_dispatcher
+from evora_services.api.app import create_app as create_api
+from evora_services.dispatcher.app import create_app as create_dispatcher
 from tests.e2e.conftest import PRODUCER_TOKEN, TOKENS, WORKER_HEADERS
 from tests.servers import Service, serve
 

@@ -21,8 +21,8 @@ from evora.http import bodies
 from evora.http.app import METRICS
 from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.http.serve import serve_app
-from services.api.app import create_app as create_api
-from services.dispatcher.app import create_app as create_dispatcher
+from evora_services.api.app import create_app as create_api
+from evora_services.dispatcher.app import create_app as create_dispatcher
 from tests.e2e.conftest import PRODUCER_TOKEN, TOKENS, WORKER_TOKEN
 from tests.polling import until
 

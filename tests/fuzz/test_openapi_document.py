@@ -17,9 +17,9 @@ from evora.config import Settings
 from evora.http.openapi import openapi_document
 from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.protocol.limits import QUEUE_PATTERN
-from services.api.app import create_app as create_api
-from services.api.models import JobListQuery, decode_cursor, encode_cursor
-from services.dispatcher.app import create_app as create_dispatcher
+from evora_services.api.app import create_app as create_api
+from evora_services.api.models import JobListQuery, decode_cursor, encode_cursor
+from evora_services.dispatcher.app import create_app as create_dispatcher
 
 UNUSED_DSN = "postgresql://nobody@127.0.0.1:1/none"  # the apps only connect on startup
 

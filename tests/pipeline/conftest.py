@@ -20,14 +20,14 @@ import asyncpg
 import pytest
 from pyspark.sql import Row, SparkSession
 
-from services.pipeline.archive import ArchiveResult, archive_events
-from services.pipeline.control import ControlDB, Watermark
-from services.pipeline.events import ARCHIVE_SCHEMA
-from services.pipeline.jdbc import JdbcSource
-from services.pipeline.run import RunResult, run_analytics
-from services.pipeline.session import SessionOptions, build_session
-from services.pipeline.sinks import MongoTarget
-from services.pipeline.store import ArchiveStore
+from evora_services.pipeline.archive import ArchiveResult, archive_events
+from evora_services.pipeline.control import ControlDB, Watermark
+from evora_services.pipeline.events import ARCHIVE_SCHEMA
+from evora_services.pipeline.jdbc import JdbcSource
+from evora_services.pipeline.run import RunResult, run_analytics
+from evora_services.pipeline.session import SessionOptions, build_session
+from evora_services.pipeline.sinks import MongoTarget
+from evora_services.pipeline.store import ArchiveStore
 
 JAR = os.environ.get("EVORA_JDBC_JAR", "/usr/share/java/postgresql.jar")
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from services.pipeline import analytics
-from services.pipeline.events import EVENT_SCHEMA
+from evora_services.pipeline import analytics
+from evora_services.pipeline.events import EVENT_SCHEMA
 
 T0 = datetime(2026, 1, 5, 10, 0, 0, tzinfo=UTC)
 

@@ -15,12 +15,12 @@ from pyspark.sql import SparkSession
 from evora.config import Settings
 from evora.readmodels.layout import Document
 from evora.storage.jobs import JobStore
-from services.cli import _parser
-from services.pipeline.control import ControlDB
-from services.pipeline.events import EVENT_COLUMNS, MAX_SEQ, Rectangle, between
-from services.pipeline.main import run_command
-from services.pipeline.run import LiveSlice, read_history
-from services.projector.projector import Projector
+from evora_services.cli import _parser
+from evora_services.pipeline.control import ControlDB
+from evora_services.pipeline.events import EVENT_COLUMNS, MAX_SEQ, Rectangle, between
+from evora_services.pipeline.main import run_command
+from evora_services.pipeline.run import LiveSlice, read_history
+from evora_services.projector.projector import Projector
 from tests.pipeline.conftest import Pipeline
 from tests.projector.conftest import catch_up
 from tests.projector.workload import mixed_workload

@@ -14,9 +14,9 @@ from evora.protocol.states import JobState
 from evora.readmodels.layout import TOTAL_KEYS, Document
 from evora.storage.jobs import JobStore
 from evora.storage.retention import RetentionStore
-from services.projector.projector import Projector
-from services.sweeper.metrics import SweeperMetrics
-from services.sweeper.sweeper import Retention, Sweeper, Tuning
+from evora_services.projector.projector import Projector
+from evora_services.sweeper.metrics import SweeperMetrics
+from evora_services.sweeper.sweeper import Retention, Sweeper, Tuning
 from tests.pipeline.conftest import Pipeline, sql_totals
 from tests.projector.conftest import catch_up
 from tests.projector.workload import mixed_workload

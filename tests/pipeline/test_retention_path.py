@@ -16,8 +16,8 @@ from evora.domain.models import JobSubmission
 from evora.readmodels.layout import CONTROL, CONTROL_ID, Document
 from evora.storage.jobs import JobStore
 from evora.storage.retention import RetentionStore
-from services.projector.projector import Projector
-from services.projector.service import rebuild
+from evora_services.projector.projector import Projector
+from evora_services.projector.service import rebuild
 from tests.projector.conftest import catch_up
 
 DROP = "SELECT evora_drop_archived_events($1, $2, $3)"

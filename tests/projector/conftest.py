@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from services.projector.projector import Projector
+from evora_services.projector.projector import Projector
 
 
 async def truth(

@@ -15,8 +15,8 @@ from evora.domain.states import JobState
 from evora.readmodels.layout import Document
 from evora.storage.jobs import Completion, JobStore
 from evora.storage.retention import RetentionStore
-from services.projector import projection
-from services.projector.projector import ProjectionConflict, Projector
+from evora_services.projector import projection
+from evora_services.projector.projector import ProjectionConflict, Projector
 from tests.projector.conftest import catch_up
 from tests.projector.test_projection import QUEUES, assert_matches_truth
 from tests.projector.test_queue_sprawl import SAMPLES, sprawl

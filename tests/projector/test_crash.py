@@ -42,7 +42,10 @@ def _start(db_url: str, mongo_url: str, mongo_db: str, log: Path) -> subprocess.
     }
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "projector"], env=env, stdout=out, stderr=out
+            [sys.executable, "-m", "evora_services.cli", "projector"],
+            env=env,
+            stdout=out,
+            stderr=out,
         )
 
 

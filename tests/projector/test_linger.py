@@ -12,8 +12,8 @@ from evora.domain.models import JobSubmission
 from evora.http.metrics import ServiceMetrics
 from evora.readmodels.layout import Document
 from evora.storage.jobs import JobStore
-from services.projector.metrics import ProjectorMetrics
-from services.projector.service import ProjectorService
+from evora_services.projector.metrics import ProjectorMetrics
+from evora_services.projector.service import ProjectorService
 from tests.polling import until
 
 # Far longer than the two submits half a second apart take, so both land within it.

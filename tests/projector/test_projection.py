@@ -14,7 +14,7 @@ from evora.readmodels.layout import CONTROL, TOTAL_KEYS, Document, checkpoint_id
 from evora.readmodels.reader import ReadModels
 from evora.storage.db import connect
 from evora.storage.jobs import Failure, JobStore
-from services.projector.projector import ProjectionConflict, Projector
+from evora_services.projector.projector import ProjectionConflict, Projector
 from tests.projector.conftest import catch_up, truth
 from tests.projector.workload import mixed_workload
 
@@ -129,7 +129,7 @@ async def test_two_projectors_at_once_stay_exact(
 async def test_rebuild_produces_identical_read_models(
     store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
 ) -> None:
-    from services.projector.service import rebuild
+    from evora_services.projector.service import rebuild
 
     await mixed_workload(store, pool, jobs=250, queues=QUEUES, seed=5)
     await catch_up(Projector(pool, mongo, 1, batch_size=33))

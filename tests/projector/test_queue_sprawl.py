@@ -13,9 +13,9 @@ from evora.domain.models import JobSubmission
 from evora.http.metrics import ServiceMetrics
 from evora.readmodels.layout import Document
 from evora.storage.jobs import Completion, JobStore
-from services.projector.metrics import EXPORTED_QUEUES_MAX, ProjectorMetrics
-from services.projector.projector import Projector
-from services.projector.service import ProjectorService
+from evora_services.projector.metrics import EXPORTED_QUEUES_MAX, ProjectorMetrics
+from evora_services.projector.projector import Projector
+from evora_services.projector.service import ProjectorService
 from tests.projector.conftest import catch_up
 
 STUCK = [f"stuck-{n:02d}" for n in range(10)]  # pending jobs, no activity since

@@ -20,8 +20,8 @@ from evora.domain.models import JobSubmission
 from evora.http.app import METRICS
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
-from services.sweeper.app import SWEEPER, create_app
-from services.sweeper.sweeper import Sweeper, Tuning
+from evora_services.sweeper.app import SWEEPER, create_app
+from evora_services.sweeper.sweeper import Sweeper, Tuning
 
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 

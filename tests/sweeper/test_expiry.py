@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from evora.storage.jobs import Failure, JobStore
-from services.sweeper.sweeper import Tuning
+from evora_services.sweeper.sweeper import Tuning
 from tests.polling import until
 from tests.sweeper.conftest import (
     FAST,

@@ -11,7 +11,7 @@ import asyncpg
 
 from evora.domain.errors import LeaseLost
 from evora.storage.jobs import JobStore
-from services.sweeper.sweeper import Tuning
+from evora_services.sweeper.sweeper import Tuning
 from tests.sweeper.conftest import StartSweeper, claimed, event_names, force_lease_expiry
 
 ROUNDS = 40

@@ -17,8 +17,8 @@ from evora.storage import locks
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
 from evora.storage.retention import RetentionStore
-from services.sweeper.metrics import SweeperMetrics
-from services.sweeper.sweeper import Retention, Sweeper, Tuning
+from evora_services.sweeper.metrics import SweeperMetrics
+from evora_services.sweeper.sweeper import Retention, Sweeper, Tuning
 from tests.polling import until
 from tests.sweeper.conftest import (
     RunningSweeper,

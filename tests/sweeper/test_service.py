@@ -15,7 +15,7 @@ import pytest
 
 from evora.config import ConfigError, load_settings
 from evora.storage.jobs import JobStore
-from services.sweeper import main
+from evora_services.sweeper import main
 from tests.polling import until
 from tests.sweeper.conftest import (
     TOKENS,
@@ -165,7 +165,12 @@ async def test_evora_sweeper_process_stops_gracefully_on_sigterm(
         "EVORA_SWEEPER_PORT": str(port),
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "sweeper", env=env, stderr=asyncio.subprocess.PIPE
+        sys.executable,
+        "-m",
+        "evora_services.cli",
+        "sweeper",
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:

@@ -15,8 +15,8 @@ from evora.config import (
     load_settings,
     parse_tokens,
 )
-from services import cli
-from services.dev import _kept_tokens
+from evora_services import cli
+from evora_services.dev import _kept_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "s3cret-value-nobody-may-see"
@@ -187,7 +187,7 @@ def test_required_values_and_disabled_auth(monkeypatch: pytest.MonkeyPatch) -> N
 def test_cli_exits_with_one_line_on_bad_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVORA_API_PORT", "not-a-port")
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "migrate"],
+        [sys.executable, "-m", "evora_services.cli", "migrate"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -210,7 +210,10 @@ def test_service_refuses_bad_tokens_without_printing_them(
     monkeypatch.setenv("EVORA_DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")
     monkeypatch.setenv("EVORA_TOKENS", tokens)
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "api"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "evora_services.cli", "api"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert done.stderr.startswith(f"evora: invalid configuration: {reason}")

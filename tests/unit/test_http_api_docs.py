@@ -18,10 +18,10 @@ from evora.config import Settings
 from evora.domain.errors import EvoraError
 from evora.http.openapi import openapi_document
 from evora.protocol import problems
-from services.api.app import create_app as create_api
-from services.dispatcher.app import create_app as create_dispatcher
-from services.projector.app import create_app as create_projector
-from services.sweeper.app import create_app as create_sweeper
+from evora_services.api.app import create_app as create_api
+from evora_services.dispatcher.app import create_app as create_dispatcher
+from evora_services.projector.app import create_app as create_projector
+from evora_services.sweeper.app import create_app as create_sweeper
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
 

@@ -1,0 +1,59 @@
+"""The `evora api` application: the base app plus the job store and the producer and admin
+routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from evora.coalesce import Coalescer
+from evora.config import Settings
+from evora.http.app import READINESS, SETTINGS, create_base_app, open_pool
+from evora.http.routing import install
+from evora.readmodels.client import mongo_client, mongo_ready
+from evora.readmodels.reader import ReadModels
+from evora.storage.jobs import JobStore, caused_by_an_item
+from evora_services.api.dashboard import dashboard
+from evora_services.api.routes import STORE, SUBMITS, admin, producer
+from evora_services.api.stats import READ_MODELS, stats
+
+SERVICE = "api"
+TITLE = "Evora API"
+
+
+async def _database(app: web.Application) -> AsyncIterator[None]:
+    pool = await open_pool(app, SERVICE)
+    store = JobStore(pool)
+    app[STORE] = store
+    app[SUBMITS] = Coalescer(store.submit_each, isolate=caused_by_an_item)
+    try:
+        yield
+    finally:
+        await app[SUBMITS].close()
+        await store.close()
+        await pool.close()
+
+
+async def _read_models(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    assert settings.mongo_url is not None
+    client = mongo_client(settings.mongo_url, f"evora-{SERVICE}")
+    app[READ_MODELS] = ReadModels(client[settings.mongo_db])
+    app[READINESS].append(mongo_ready(client))
+    try:
+        yield
+    finally:
+        await client.close()
+
+
+async def create_app(settings: Settings) -> web.Application:
+    if settings.database_url is None:
+        raise ValueError("the api needs settings.database_url")
+    app = create_base_app(settings, SERVICE, TITLE)
+    app.cleanup_ctx.append(_database)
+    # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
+    if settings.mongo_url is not None:
+        app.cleanup_ctx.append(_read_models)
+    install(app, producer, admin, stats, dashboard)
+    return app

@@ -1,0 +1,267 @@
+"""The producer and admin endpoints (docs/http-api.md).
+
+Each endpoint is declared once with `Routes.add`: that declaration routes it, tells the
+auth middleware who may call it and writes its part of /openapi.json. Errors are raised
+(EvoraError subclasses from the store, Problems from parsing) and rendered as problem+json
+by the base app's middleware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+from uuid import UUID
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from evora.coalesce import Coalescer
+from evora.config import Role, Settings
+from evora.domain.errors import EvoraError
+from evora.domain.models import JobSubmission, QueueName
+from evora.http.app import SETTINGS
+from evora.http.bodies import ItemsLimit, items_limit, parse_body, parse_query
+from evora.http.jsonio import json_response
+from evora.http.routing import Routes
+from evora.storage.jobs import JobStore
+from evora.storage.submissions import Submitted
+from evora_services.api.models import (
+    BatchResult,
+    BatchSubmission,
+    Events,
+    JobList,
+    JobListQuery,
+    JobResponse,
+    QueuePauseState,
+    Redriven,
+    RedriveRequest,
+    encode_cursor,
+)
+from evora_services.api.paths import job_id, queue_name
+
+STORE = web.AppKey("store", JobStore)
+# Concurrent single submissions share one statement and one commit (see evora.coalesce).
+SUBMITS = web.AppKey("submits", Coalescer[JobSubmission, Submitted | EvoraError])
+
+PRODUCER: tuple[Role, ...] = ("producer",)
+ADMIN: tuple[Role, ...] = ("admin",)
+
+KIB = 1024
+# Room for every submission field besides the payload, and for JSON escapes and whitespace
+# that the payload's compact encoding (what EVORA_MAX_PAYLOAD_BYTES measures) does not have.
+SUBMISSION_OVERHEAD = 64 * KIB
+# Bodies that hold only a few small fields.
+SMALL_BODY_LIMIT = 64 * KIB
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+Body = TypeVar("Body", bound=BaseModel)
+
+# Every endpoint here uses the database: 503 when it is unavailable.
+producer = Routes("producer", path={"id": UUID}, problems=(503,))
+admin = Routes("admin", path={"id": UUID, "queue": QueueName}, problems=(503,))
+
+
+def submission_body_limit(settings: Settings) -> int:
+    return settings.max_payload_bytes + SUBMISSION_OVERHEAD
+
+
+def batch_body_limit(settings: Settings) -> ItemsLimit:
+    return items_limit(settings.max_payload_bytes)
+
+
+def _store(request: web.Request) -> JobStore:
+    return request.app[STORE]
+
+
+async def _submissions(
+    request: web.Request, model: type[Body], limit: Callable[[Settings], int | ItemsLimit]
+) -> Body:
+    """A submission or batch body: payloads are checked against EVORA_MAX_PAYLOAD_BYTES."""
+    settings = request.app[SETTINGS]
+    return await parse_body(
+        request,
+        model,
+        limit=limit(settings),
+        context={"max_payload_bytes": settings.max_payload_bytes},
+    )
+
+
+# -- producer ------------------------------------------------------------------------------
+
+
+@producer.add(
+    "POST",
+    "/v1/jobs",
+    roles=PRODUCER,
+    summary=(
+        "Submit one job. 201 when created; 200 and header `Idempotent-Replayed: true` when "
+        "its idempotency key was already used in the queue with the same fields."
+    ),
+    body=JobSubmission,
+    responses={201: JobResponse, 200: JobResponse},
+    problems=(409,),
+)
+async def submit(request: web.Request) -> web.Response:
+    submission = await _submissions(request, JobSubmission, submission_body_limit)
+    submitted = await request.app[SUBMITS].submit(submission)
+    if isinstance(submitted, EvoraError):
+        raise submitted
+    if submitted.created:
+        return json_response(submitted.job, status=201)
+    return json_response(submitted.job, headers={REPLAYED_HEADER: "true"})
+
+
+@producer.add(
+    "POST",
+    "/v1/jobs/batch",
+    roles=PRODUCER,
+    summary=(
+        "Submit 1..1000 jobs in one transaction. Any invalid item fails the whole batch "
+        "(the error names its index) and nothing is stored."
+    ),
+    body=BatchSubmission,
+    responses={200: BatchResult},
+    problems=(409,),
+)
+async def submit_batch(request: web.Request) -> web.Response:
+    batch = await _submissions(request, BatchSubmission, batch_body_limit)
+    submitted = await _store(request).submit_batch(batch.jobs)
+    return json_response(
+        {"jobs": [{"status": 201 if s.created else 200, "job": s.job} for s in submitted]}
+    )
+
+
+@producer.add(
+    "GET",
+    "/v1/jobs/{id}",
+    roles=PRODUCER,
+    summary="The job.",
+    responses={200: JobResponse},
+    problems=(404,),
+)
+async def get_job(request: web.Request) -> web.Response:
+    return json_response(await _store(request).get(job_id(request)))
+
+
+@producer.add(
+    "GET",
+    "/v1/jobs/{id}/events",
+    roles=PRODUCER,
+    summary="The job's events, oldest first.",
+    responses={200: Events},
+    problems=(404,),
+)
+async def job_events(request: web.Request) -> web.Response:
+    return json_response({"events": await _store(request).events(job_id(request))})
+
+
+@producer.add(
+    "POST",
+    "/v1/jobs/{id}/cancel",
+    roles=PRODUCER,
+    summary=(
+        "Cancel a job. PENDING: cancelled now, 200. RUNNING: `cancel_requested` is set and "
+        "the worker stops it, 202. DLQ (an admin retries or discards it), COMPLETED or "
+        "CANCELLED: 409 invalid_state."
+    ),
+    responses={200: JobResponse, 202: JobResponse},
+    problems=(404, 409),
+)
+async def cancel(request: web.Request) -> web.Response:
+    cancelled = await _store(request).cancel(job_id(request))
+    return json_response(cancelled.job, status=200 if cancelled.immediate else 202)
+
+
+# -- admin ---------------------------------------------------------------------------------
+
+
+@admin.add(
+    "GET",
+    "/v1/jobs",
+    roles=ADMIN,
+    summary="Jobs, newest first, a page at a time (pass `next` as `after`).",
+    query=JobListQuery,
+    responses={200: JobList},
+)
+async def list_jobs(request: web.Request) -> web.Response:
+    query = parse_query(request, JobListQuery)
+    page = await _store(request).list_jobs(
+        queue=query.queue,
+        state=query.state,
+        type=query.type,
+        limit=query.limit,
+        after=query.after,
+    )
+    cursor = None if page.next_after is None else encode_cursor(page.next_after)
+    return json_response({"jobs": page.jobs, "next": cursor})
+
+
+@admin.add(
+    "POST",
+    "/v1/jobs/{id}/retry",
+    roles=ADMIN,
+    summary="Move a DLQ job back to PENDING with a fresh attempt budget.",
+    responses={200: JobResponse},
+    problems=(404, 409),
+)
+async def retry(request: web.Request) -> web.Response:
+    return json_response(await _store(request).retry(job_id(request)))
+
+
+@admin.add(
+    "POST",
+    "/v1/jobs/{id}/discard",
+    roles=ADMIN,
+    summary="Move a DLQ job to CANCELLED.",
+    responses={200: JobResponse},
+    problems=(404, 409),
+)
+async def discard(request: web.Request) -> web.Response:
+    return json_response(await _store(request).discard(job_id(request)))
+
+
+@admin.add(
+    "POST",
+    "/v1/queues/{queue}/redrive",
+    roles=ADMIN,
+    summary=(
+        "Move the queue's DLQ jobs back to PENDING, optionally only of one type and at most "
+        "`limit` of them. The body may be empty."
+    ),
+    body=RedriveRequest,
+    responses={200: Redriven},
+)
+async def redrive(request: web.Request) -> web.Response:
+    queue = queue_name(request)
+    body = await parse_body(request, RedriveRequest, limit=SMALL_BODY_LIMIT)
+    moved = await _store(request).redrive(queue, type=body.type, limit=body.limit)
+    return json_response({"redriven": moved})
+
+
+@admin.add(
+    "POST",
+    "/v1/queues/{queue}/pause",
+    roles=ADMIN,
+    summary="Stop handing out the queue's jobs; submissions are still accepted.",
+    responses={200: QueuePauseState},
+    problems=(422,),
+)
+async def pause(request: web.Request) -> web.Response:
+    queue = queue_name(request)
+    await _store(request).pause(queue)
+    return json_response({"queue": queue, "paused": True})
+
+
+@admin.add(
+    "POST",
+    "/v1/queues/{queue}/resume",
+    roles=ADMIN,
+    summary="Hand out the queue's jobs again.",
+    responses={200: QueuePauseState},
+    problems=(422,),
+)
+async def resume(request: web.Request) -> web.Response:
+    queue = queue_name(request)
+    await _store(request).resume(queue)
+    return json_response({"queue": queue, "paused": False})

@@ -1,0 +1,261 @@
+"""Read-model endpoints (docs/http-api.md#queues-and-workers): queue stats and workers,
+served from MongoDB (eventually consistent), with `paused` from PostgreSQL."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from datetime import datetime
+from typing import Annotated, Any
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+
+from evora.config import Role
+from evora.domain.errors import QueueNotFound
+from evora.domain.models import QueueName
+from evora.http.bodies import parse_query
+from evora.http.jsonio import json_response
+from evora.http.problems import Problem
+from evora.http.routing import Routes
+from evora.protocol.limits import MAX_PAGE, QUEUE_PATTERN
+from evora.readmodels.reader import Page, ReadModels
+from evora_services.api.paths import queue_name
+from evora_services.api.routes import STORE
+
+READ_MODELS = web.AppKey("read_models", ReadModels)
+
+ADMIN: tuple[Role, ...] = ("admin",)
+
+# Read models in MongoDB, `paused` from PostgreSQL: 503 when either is unavailable.
+stats = Routes("stats", path={"queue": QueueName}, problems=(503,))
+
+
+# -- paging: `limit` and the opaque `after` cursor, the key of the previous page's last item --
+
+QUEUES_PAGE_DEFAULT = 50
+_NOT_OURS = "not a cursor returned by this API"
+
+
+def encode_key(key: list[str]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(key)).rstrip(b"=").decode()
+
+
+def _decode_key(value: str, arity: int) -> list[str]:
+    """Only the exact strings `encode_key` makes are accepted, so a cursor is one we issued
+    or a 422, never a silent misread."""
+    try:
+        raw = base64.b64decode(value + "=" * (-len(value) % 4), altchars=b"-_", validate=True)
+        key: object = orjson.loads(raw)
+    except (binascii.Error, ValueError):
+        raise ValueError(_NOT_OURS) from None
+    if not isinstance(key, list) or len(key) != arity:
+        raise ValueError(_NOT_OURS)
+    strings = [k for k in key if isinstance(k, str)]
+    if strings != key or encode_key(strings) != value:
+        raise ValueError(_NOT_OURS)
+    return strings
+
+
+def _queue_after(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    [queue] = _decode_key(value, 1)
+    if not re.fullmatch(QUEUE_PATTERN, queue):
+        raise ValueError(_NOT_OURS)
+    return queue
+
+
+def _worker_after(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    seen, worker = _decode_key(value, 2)
+    try:
+        at = datetime.fromisoformat(seen)
+    except ValueError:
+        raise ValueError(_NOT_OURS) from None
+    if at.tzinfo is None:
+        raise ValueError(_NOT_OURS)
+    return (at, worker)
+
+
+_CURSOR_SCHEMA = {"type": "string", "description": "the `next` value of the previous page"}
+QueueCursor = Annotated[str, BeforeValidator(_queue_after), WithJsonSchema(_CURSOR_SCHEMA)]
+WorkerCursor = Annotated[
+    tuple[datetime, str], BeforeValidator(_worker_after), WithJsonSchema(_CURSOR_SCHEMA)
+]
+
+
+class QueueListQuery(BaseModel):
+    # lax (query values are strings); unknown parameters refused, not silently ignored
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=MAX_PAGE)
+    after: QueueCursor | None = None
+
+
+class WorkerListQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The default is the most a page holds: the whole list clients got before paging.
+    limit: int = Field(default=MAX_PAGE, ge=1, le=MAX_PAGE)
+    after: WorkerCursor | None = None
+
+
+def _page(member: str, page: Page) -> web.Response:
+    cursor = None if page.next_key is None else encode_key(page.next_key)
+    return json_response({member: page.items, "next": cursor})
+
+
+_NEXT = Field(description="pass as `after` for the next page; null at the end")
+
+
+class Percentiles(BaseModel):
+    p50: float
+    p95: float
+    p99: float
+
+
+class Latency(BaseModel):
+    wait: Percentiles
+    run: Percentiles
+
+
+class Throughput(BaseModel):
+    completed_per_minute: dict[str, float]
+
+
+class AsOf(BaseModel):
+    seq: int
+    at: datetime | None
+
+
+class QueueStats(BaseModel):
+    queue: str
+    paused: bool
+    counts: dict[str, int]
+    totals: dict[str, int]
+    throughput: Throughput
+    latency_ms: Latency
+    oldest_pending_at: datetime | None
+    as_of: AsOf
+
+
+class QueueList(BaseModel):
+    queues: list[QueueStats]
+    next: str | None = _NEXT
+
+
+class WorkerActivity(BaseModel):
+    worker_id: str
+    first_seen: datetime | None
+    last_seen: datetime | None
+    queues: list[str]
+    running: int
+    current_jobs: list[str]
+    claimed: int
+    completed: int
+    failed: int
+    released: int
+    lease_expired: int
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerActivity]
+    next: str | None = _NEXT
+
+
+class FailureReason(BaseModel):
+    type: str | None
+    message: str
+    count: int
+    last_at: datetime
+
+
+class TypeFailures(BaseModel):
+    type: str
+    failures: int
+    reasons: list[FailureReason]
+
+
+class FailureList(BaseModel):
+    queue: str
+    types: list[TypeFailures]
+
+
+def _read_models(request: web.Request) -> ReadModels:
+    if READ_MODELS not in request.app:
+        raise Problem(
+            503,
+            "read_models_unavailable",
+            "Read models unavailable",
+            "EVORA_MONGO_URL is not configured for this api",
+        )
+    return request.app[READ_MODELS]
+
+
+async def _paused(request: web.Request) -> set[str]:
+    return set(await request.app[STORE].all_paused())
+
+
+@stats.add(
+    "GET",
+    "/v1/queues",
+    roles=ADMIN,
+    query=QueueListQuery,
+    summary="Stats of every queue seen, by name, a page at a time (pass `next` as `after`).",
+    responses={200: QueueList},
+)
+async def list_queues(request: web.Request) -> web.Response:
+    query = parse_query(request, QueueListQuery)
+    read_models = _read_models(request)
+    paused = await _paused(request)
+    return _page(
+        "queues", await read_models.queue_stats_page(paused, limit=query.limit, after=query.after)
+    )
+
+
+@stats.add(
+    "GET",
+    "/v1/queues/{queue}/stats",
+    roles=ADMIN,
+    summary="Read-model stats of one queue (eventually consistent; see as_of).",
+    responses={200: QueueStats},
+    problems=(404, 422),
+)
+async def queue_stats(request: web.Request) -> web.Response:
+    queue = queue_name(request)
+    found = await _read_models(request).queue_stats(queue, await _paused(request))
+    if found is None:
+        raise QueueNotFound(f"queue {queue!r} has not been seen")
+    return json_response(found)
+
+
+@stats.add(
+    "GET",
+    "/v1/queues/{queue}/failures",
+    roles=ADMIN,
+    summary="The most frequent failure reasons per job type of a queue.",
+    responses={200: FailureList},
+    problems=(422,),
+)
+async def queue_failures(request: web.Request) -> web.Response:
+    queue = queue_name(request)
+    types: list[dict[str, Any]] = await _read_models(request).failures(queue)
+    return json_response({"queue": queue, "types": types})
+
+
+@stats.add(
+    "GET",
+    "/v1/workers",
+    roles=ADMIN,
+    query=WorkerListQuery,
+    summary="Workers seen in the last 24 hours, most recent first, a page at a time.",
+    responses={200: WorkerList},
+)
+async def workers(request: web.Request) -> web.Response:
+    query = parse_query(request, WorkerListQuery)
+    page = await _read_models(request).workers_page(limit=query.limit, after=query.after)
+    return _page("workers", page)

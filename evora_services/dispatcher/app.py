@@ -1,0 +1,82 @@
+"""The dispatcher app: worker routes on the shared base, one pool, one LISTEN connection,
+the wake-up machinery and its fallback poll."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from evora.coalesce import Coalescer
+from evora.config import Settings
+from evora.http.app import METRICS, create_base_app, open_pool
+from evora.http.routing import install
+from evora.storage.jobs import JobStore, caused_by_an_item
+from evora.storage.listener import Listener
+from evora_services.dispatcher.metrics import DispatcherMetrics
+from evora_services.dispatcher.routes import routes
+from evora_services.dispatcher.state import DISPATCH, Dispatch
+from evora_services.dispatcher.wakeups import Cause, Wakeups, poll_forever
+
+
+async def create_app(settings: Settings) -> web.Application:
+    settings.require("database_url")
+    dsn = settings.database_url
+    assert dsn is not None
+    app = create_base_app(settings, "dispatcher", "Evora dispatcher")
+    install(app, routes)
+    metrics = DispatcherMetrics(app[METRICS])
+
+    async def resources(app: web.Application) -> AsyncIterator[None]:
+        pool = await open_pool(app, "dispatcher")
+        store = JobStore(pool)
+
+        async def due_in(queue: str) -> float | None:
+            return await store.seconds_until_due([queue])
+
+        def observe(queue: str, cause: Cause) -> None:
+            metrics.wakeups.labels(cause.value).inc()
+
+        wakeups = Wakeups(due_in, observe)
+
+        def listening(up: bool) -> None:
+            wakeups.set_listening(up)
+            metrics.listener_connected.set(1 if up else 0)
+
+        app[DISPATCH] = Dispatch(
+            store=store,
+            wakeups=wakeups,
+            metrics=metrics,
+            completions=Coalescer(store.complete_many, isolate=caused_by_an_item),
+            failures=Coalescer(store.fail_many, isolate=caused_by_an_item),
+        )
+        listener = Listener(
+            dsn,
+            on_notify=wakeups.notify,
+            on_reconnect=lambda: wakeups.poll(Cause.RECONNECT),
+            on_state=listening,
+            name="evora-dispatcher-listen",
+        )
+        tasks = [asyncio.create_task(listener.run()), asyncio.create_task(poll_forever(wakeups))]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await app[DISPATCH].completions.close()
+            await app[DISPATCH].failures.close()
+            await store.close()
+            await pool.close()
+
+    async def answer_waiting_polls(app: web.Application) -> None:
+        # Before in-flight requests are awaited: waiting long-polls answer [] at once.
+        app[DISPATCH].wakeups.close()
+
+    app.cleanup_ctx.append(resources)
+    app.on_shutdown.append(answer_waiting_polls)
+    return app

@@ -1,0 +1,18 @@
+"""`evora dispatcher`."""
+
+from __future__ import annotations
+
+from evora.config import Settings
+from evora.http.serve import run_service
+from evora_services.dispatcher.app import create_app
+
+
+def run(settings: Settings) -> int:
+    settings.require("database_url")
+    return run_service(
+        lambda: create_app(settings),
+        name="dispatcher",
+        host=settings.bind_host,
+        port=settings.dispatcher_port,
+        handler_cancellation=True,
+    )

@@ -1,0 +1,285 @@
+"""Worker API handlers (docs/http-api.md#worker-api)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from aiohttp import web
+
+from evora.domain.errors import JobNotFound
+from evora.domain.models import Job
+from evora.http.app import REQUEST_ID, REQUEST_ID_HEADER, SETTINGS
+from evora.http.bodies import items_limit, parse_body
+from evora.http.jsonio import json_response
+from evora.http.routing import Routes
+from evora.storage.jobs import AckResult, Completion, Failure, JobStore
+from evora.storage.rows import JobDict
+from evora_services.dispatcher.models import (
+    AcksRequest,
+    AcksResponse,
+    ClaimRequest,
+    ClaimResponse,
+    CompleteRequest,
+    ErrorBody,
+    FailRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ReleaseRequest,
+)
+from evora_services.dispatcher.state import DISPATCH, Dispatch
+from evora_services.dispatcher.wakeups import Cause
+
+log = logging.getLogger(__name__)
+
+# Every endpoint here uses the database: 503 when it is unavailable.
+routes = Routes("worker", path={"id": UUID}, problems=(503,))
+
+CLAIM_BODY_LIMIT = 64 * 1024
+_ENVELOPE = 64 * 1024  # room for the fields around a payload-sized value
+
+
+# What each item of POST /v1/acks answers (and the status a single complete/fail counts).
+ACK_STATUS = {AckResult.DONE: 200, AckResult.LEASE_LOST: 409, AckResult.NOT_FOUND: 404}
+
+
+def _job_id(request: web.Request) -> UUID:
+    try:
+        return UUID(request.match_info["id"])
+    except ValueError:
+        raise JobNotFound(f"job {request.match_info['id']!r} not found") from None
+
+
+def _single_limit(request: web.Request) -> tuple[int, dict[str, int]]:
+    limit = request.app[SETTINGS].max_payload_bytes
+    return limit + _ENVELOPE, {"max_payload_bytes": limit}
+
+
+def _failure(job_id: UUID, lease_token: UUID, error: ErrorBody, retry_in: float | None) -> Failure:
+    return Failure(
+        job_id,
+        lease_token,
+        error.message,
+        error.type,
+        retryable=error.retryable,
+        retry_in_seconds=retry_in,
+    )
+
+
+async def _claim_once(dispatch: Dispatch, body: ClaimRequest, queues: list[str]) -> list[JobDict]:
+    """One claim query. If the request is cancelled (the worker went away) while the query
+    runs, the query still finishes and whatever it claimed is released, not stranded until
+    its lease runs out."""
+    started = time.perf_counter()
+    task = asyncio.ensure_future(
+        dispatch.store.claim(
+            worker_id=body.worker_id, queues=queues, max_jobs=body.max_jobs, types=body.types
+        )
+    )
+    try:
+        jobs = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await _release_undeliverable(dispatch, await task)
+        raise
+    dispatch.metrics.claim_latency.observe(time.perf_counter() - started)
+    dispatch.metrics.claims.labels("jobs" if jobs else "empty").inc()
+    return jobs
+
+
+async def _release_undeliverable(dispatch: Dispatch, jobs: Sequence[JobDict]) -> None:
+    if not jobs:
+        return
+    log.info("releasing %d claimed jobs whose worker left before the answer", len(jobs))
+    dispatch.metrics.released_undeliverable.inc(len(jobs))
+    await asyncio.gather(
+        *(dispatch.store.release(j["id"], j["lease_token"]) for j in jobs),
+        return_exceptions=True,
+    )
+
+
+async def _deliver(
+    request: web.Request, dispatch: Dispatch, jobs: list[JobDict]
+) -> web.StreamResponse:
+    """Write the claimed jobs now, so a worker that is already gone is noticed here and its
+    jobs go back to the queue at once."""
+    response = json_response({"jobs": jobs})
+    response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
+    transport = request.transport
+    try:
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the worker disconnected")
+        await response.prepare(request)
+        await response.write_eof()
+    except (ConnectionError, asyncio.CancelledError):
+        await _release_undeliverable(dispatch, jobs)
+        raise
+    for job in jobs:
+        dispatch.metrics.jobs_handed_out.labels(dispatch.metrics.queue_label(job["queue"])).inc()
+    return response
+
+
+@routes.add(
+    "POST",
+    "/v1/claim",
+    roles=("worker",),
+    summary="Long-poll for up to max_jobs jobs; answers as soon as one is claimed.",
+    body=ClaimRequest,
+    responses={200: ClaimResponse},
+)
+async def claim(request: web.Request) -> web.StreamResponse:
+    body = await parse_body(request, ClaimRequest, limit=CLAIM_BODY_LIMIT)
+    dispatch = request.app[DISPATCH]
+    queues = list(dict.fromkeys(body.queues))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.wait_seconds
+    shape = (tuple(queues), tuple(body.types) if body.types else None)
+    waiter = dispatch.wakeups.register(queues)
+    dispatch.metrics.waiting.enter(queues)
+    try:
+        skip = dispatch.wakeups.drained(shape)
+        while not dispatch.wakeups.closing:
+            hints = dispatch.wakeups.hints(queues)
+            if skip:
+                jobs, skip = [], False
+                dispatch.metrics.claims.labels("skipped").inc()
+            else:
+                jobs = await _claim_once(dispatch, body, queues)
+                dispatch.wakeups.claimed(shape, hints, short=len(jobs) < body.max_jobs)
+            if jobs:
+                if len(jobs) == body.max_jobs:
+                    dispatch.wakeups.chain(queues)
+                return await _deliver(request, dispatch, jobs)
+            # The waiter stays in its queues' lines while it claims, so a hint for a job the
+            # claim could not see yet wakes it (or another waiter) instead of going unheard.
+            if not waiter.future.done():
+                cause = await dispatch.wakeups.wait(waiter, deadline - loop.time())
+                if cause is None or cause is Cause.SHUTDOWN:
+                    break
+            dispatch.wakeups.rearm(waiter)
+        return json_response({"jobs": []})
+    finally:
+        future = waiter.future
+        woken_unused = (
+            future.done() and not future.cancelled() and future.result() is not Cause.SHUTDOWN
+        )
+        dispatch.wakeups.leave(waiter, woken_unused=woken_unused)
+        dispatch.metrics.waiting.leave(queues)
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/heartbeat",
+    roles=("worker",),
+    summary="Extend the lease; tells whether cancellation was requested.",
+    body=HeartbeatRequest,
+    responses={200: HeartbeatResponse},
+    problems=(404, 409),
+)
+async def heartbeat(request: web.Request) -> web.Response:
+    job_id = _job_id(request)
+    limit, context = _single_limit(request)
+    body = await parse_body(request, HeartbeatRequest, limit=limit, context=context)
+    beat = await request.app[DISPATCH].store.heartbeat(
+        job_id, body.lease_token, lease_seconds=body.lease_seconds, progress=body.progress
+    )
+    return json_response(
+        {"lease_expires_at": beat.lease_expires_at, "cancel_requested": beat.cancel_requested}
+    )
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/complete",
+    roles=("worker",),
+    summary="Complete the job with an optional result (repeating with the same token is safe).",
+    body=CompleteRequest,
+    responses={200: Job},
+    problems=(404, 409),
+)
+async def complete(request: web.Request) -> web.Response:
+    job_id = _job_id(request)
+    limit, context = _single_limit(request)
+    body = await parse_body(request, CompleteRequest, limit=limit, context=context)
+    dispatch = request.app[DISPATCH]
+    outcome = await dispatch.completions.submit(Completion(job_id, body.lease_token, body.result))
+    dispatch.metrics.acks.labels("complete", str(ACK_STATUS[outcome.result])).inc()
+    return json_response(outcome.job_or_raise())
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/fail",
+    roles=("worker",),
+    summary="Fail the attempt: retried with backoff, dead-lettered, or cancelled.",
+    body=FailRequest,
+    responses={200: Job},
+    problems=(404, 409),
+)
+async def fail(request: web.Request) -> web.Response:
+    job_id = _job_id(request)
+    limit, _ = _single_limit(request)
+    body = await parse_body(request, FailRequest, limit=limit)
+    dispatch = request.app[DISPATCH]
+    failure = _failure(job_id, body.lease_token, body.error, body.retry_in_seconds)
+    outcome = await dispatch.failures.submit(failure)
+    dispatch.metrics.acks.labels("fail", str(ACK_STATUS[outcome.result])).inc()
+    return json_response(outcome.job_or_raise())
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/release",
+    roles=("worker",),
+    summary="Hand the job back without using up an attempt.",
+    body=ReleaseRequest,
+    responses={200: Job},
+    problems=(404, 409),
+)
+async def release(request: web.Request) -> web.Response:
+    job_id = _job_id(request)
+    body = await parse_body(request, ReleaseRequest, limit=CLAIM_BODY_LIMIT)
+    job = await request.app[DISPATCH].store.release(
+        job_id, body.lease_token, delay_seconds=body.delay_seconds or 0.0
+    )
+    return json_response(job)
+
+
+@routes.add(
+    "POST",
+    "/v1/acks",
+    roles=("worker",),
+    summary="Complete or fail many jobs at once; one status per item.",
+    body=AcksRequest,
+    responses={200: AcksResponse},
+)
+async def acks(request: web.Request) -> web.Response:
+    max_payload_bytes = request.app[SETTINGS].max_payload_bytes
+    body = await parse_body(
+        request,
+        AcksRequest,
+        limit=items_limit(max_payload_bytes),
+        context={"max_payload_bytes": max_payload_bytes},
+    )
+    store: JobStore = request.app[DISPATCH].store
+    completions = [
+        Completion(a.id, a.lease_token, a.result) for a in body.acks if a.outcome == "complete"
+    ]
+    failures = [
+        _failure(a.id, a.lease_token, a.error, a.retry_in_seconds)
+        for a in body.acks
+        if a.outcome == "fail" and a.error is not None
+    ]
+    outcomes = iter(await store.complete_many(completions, with_jobs=False))
+    failed = iter(await store.fail_many(failures, with_jobs=False))
+    metrics = request.app[DISPATCH].metrics
+    results: list[dict[str, Any]] = []
+    for ack in body.acks:
+        outcome = next(outcomes if ack.outcome == "complete" else failed)
+        status = ACK_STATUS[outcome.result]
+        metrics.acks.labels(ack.outcome, str(status)).inc()
+        results.append({"id": outcome.id, "status": status})
+    return json_response({"results": results})

@@ -1,0 +1,326 @@
+"""Tailing the outbox into the read models of one generation.
+
+A batch is applied in two idempotent steps, so a projector killed at any instant and
+restarted leaves the read models exactly equal to the truth:
+1. queue, worker and failure documents, each advanced past only the events beyond its own
+   cursor and written back by compare-and-set on that cursor;
+2. the generation's checkpoint, advanced by compare-and-set;
+then the consumed position is recorded in PostgreSQL (`projector_progress`), because event
+retention (the sweeper, which has no MongoDB) may drop only archived events every generation
+has applied. It trails the checkpoint, so a crash in between only makes retention wait.
+A batch costs one MongoDB write per queue, worker and (queue, type) with failures that it
+touches, not one per event, sent as one bulk write per collection. The documents a batch
+wrote are kept (DocumentCache), so the next batch reads only those it has not seen. A cached
+copy equals the stored one as long as its cursor does (but for the fields `refresh` sets,
+which batches only ever move by increments), and every write is conditional on that cursor:
+a copy gone stale (another writer) fails its write and the batch is replayed with the cache
+emptied. The checkpoint is kept the same way, so a batch reads nothing from MongoDB unless it
+touches documents it has not written.
+
+What changes without an event (jobs pruned by the sweeper, delayed jobs coming due) is read
+from PostgreSQL by `refresh`, which the service runs every few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+from pymongo import InsertOne, UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import BulkWriteError
+
+from evora.readmodels.layout import (
+    CONTROL,
+    STATE_NAMES,
+    Document,
+    Generation,
+    active_generation,
+    checkpoint_id,
+    ensure_indexes,
+)
+from evora.storage.outbox import (
+    OutboxCursor,
+    OutboxEvent,
+    oldest_due,
+    pruned_counts,
+    read_events,
+)
+from evora.storage.retention import record_projector_progress
+from evora_services.projector import projection
+from evora_services.projector.metrics import ProjectorMetrics
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 1000
+# Queue documents refreshed per read.
+REFRESH_CHUNK = 500
+_REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pending_at"), 1)
+
+# Documents kept between batches, per collection: a queue document with full latency
+# windows holds ~60 KB in memory, so this bounds the cache at a few MB however many queues
+# producers name; beyond it the least recently written are read again when touched.
+CACHED_DOCUMENTS = 64
+
+
+class ProjectionConflict(Exception):
+    """A document or checkpoint changed between read and write: another writer is active.
+    The batch is abandoned; replaying it from the checkpoint is safe."""
+
+
+class DocumentCache:
+    """The documents of one collection as this projector last wrote them, least recently
+    used first, at most `limit`."""
+
+    def __init__(self, limit: int = CACHED_DOCUMENTS) -> None:
+        self._limit = limit
+        self._docs: OrderedDict[Any, Document] = OrderedDict()
+
+    def get(self, key: Any) -> Document | None:
+        return self._docs.get(key)
+
+    def put(self, docs: Iterable[Document]) -> None:
+        for doc in docs:
+            self._docs[doc["_id"]] = doc
+            self._docs.move_to_end(doc["_id"])
+        while len(self._docs) > self._limit:
+            self._docs.popitem(last=False)
+
+    def clear(self) -> None:
+        self._docs.clear()
+
+
+class Projector:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        db: AsyncDatabase[Document],
+        generation: int,
+        metrics: ProjectorMetrics | None = None,
+        batch_size: int = BATCH_SIZE,
+    ) -> None:
+        self._pool = pool
+        self._db = db
+        self._metrics = metrics
+        self.batch_size = batch_size
+        self.generation = Generation.of(db, generation)
+        self._indexed = False
+        # Generations only move forward, so once this one was seen active it stays the
+        # newest; until then each batch asks (a rebuild runs ahead of the switch).
+        self._seen_active = False
+        self._queues = DocumentCache()
+        self._workers = DocumentCache()
+        self._failures = DocumentCache()
+        # The checkpoint as this projector last wrote it; its next write is conditional on
+        # it like the documents', so a stale one only costs a replayed batch.
+        self._checkpoint: Document | None = None
+
+    # -- checkpoint ----------------------------------------------------------------------
+
+    async def checkpoint(self) -> Document:
+        doc = await self._db[CONTROL].find_one({"_id": checkpoint_id(self.generation.number)})
+        return doc or {"_id": checkpoint_id(self.generation.number), "cursor": [0, 0], "max_seq": 0}
+
+    async def _advance_checkpoint(self, old: Document, events: Sequence[OutboxEvent]) -> Document:
+        new = {
+            "_id": old["_id"],
+            "cursor": [events[-1].xid, events[-1].seq],
+            "max_seq": max(int(old.get("max_seq", 0)), *(e.seq for e in events)),
+            "at": datetime.now(UTC),
+            "last_event_at": events[-1].at,
+        }
+        control = self._db[CONTROL]
+        if "at" not in old:
+            try:
+                await control.insert_one(new)
+            except Exception as exc:
+                raise ProjectionConflict("checkpoint created concurrently") from exc
+            return new
+        result = await control.replace_one({"_id": old["_id"], "cursor": old["cursor"]}, new)
+        if result.matched_count != 1:
+            raise ProjectionConflict("checkpoint moved underneath")
+        return new
+
+    # -- one batch -----------------------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Apply the next batch; return how many events it held (0: caught up)."""
+        if not self._indexed:
+            await ensure_indexes(self.generation)
+            self._indexed = True
+        try:
+            return await self._next_batch()
+        except BaseException:
+            # Cached copies may now be ahead of what is stored, or behind another writer.
+            self._forget()
+            raise
+
+    async def _next_batch(self) -> int:
+        checkpoint = self._checkpoint or await self.checkpoint()
+        xid, seq = checkpoint["cursor"]
+        events = await read_events(self._pool, OutboxCursor(int(xid), int(seq)), self.batch_size)
+        if not events:
+            return 0
+        started = time.perf_counter()
+        await self._apply(events)
+        self._checkpoint = await self._advance_checkpoint(checkpoint, events)
+        await self._record_progress(events[-1])
+        if self._metrics is not None:
+            self._metrics.events.inc(len(events))
+            self._metrics.batch_size.observe(len(events))
+            self._metrics.apply_seconds.observe(time.perf_counter() - started)
+            self._metrics.last_seq.set(self._checkpoint["max_seq"])
+        return len(events)
+
+    def _forget(self) -> None:
+        self._checkpoint = None
+        for cache in (self._queues, self._workers, self._failures):
+            cache.clear()
+
+    async def _record_progress(self, last: OutboxEvent) -> None:
+        if not self._seen_active:
+            self._seen_active = await active_generation(self._db) == self.generation.number
+        await record_projector_progress(
+            self._pool, self.generation.number, last.xid, last.seq, self._seen_active
+        )
+
+    async def _apply(self, events: Sequence[OutboxEvent]) -> None:
+        by_queue: dict[str, list[OutboxEvent]] = defaultdict(list)
+        by_worker: dict[str, list[OutboxEvent]] = defaultdict(list)
+        by_failure: dict[str, list[OutboxEvent]] = defaultdict(list)
+        for e in events:
+            by_queue[e.queue].append(e)
+            if e.worker_id is not None:
+                by_worker[e.worker_id].append(e)
+            if projection.is_failure(e):
+                by_failure[projection.failure_key(e.queue, e.type)].append(e)
+        g = self.generation
+        await self._project(
+            g.queues, self._queues, by_queue, projection.new_queue, projection.apply_to_queue
+        )
+        await self._project(
+            g.workers, self._workers, by_worker, projection.new_worker, projection.apply_to_worker
+        )
+        await self._project(
+            g.failures,
+            self._failures,
+            by_failure,
+            lambda key: projection.new_failures(*key.split("\x1f", 1)),
+            projection.apply_to_failures,
+        )
+
+    async def _project(
+        self,
+        collection: AsyncCollection[Document],
+        cache: DocumentCache,
+        groups: dict[str, list[OutboxEvent]],
+        new: Callable[[str], Document],
+        apply: Callable[[Document, Sequence[OutboxEvent]], Document],
+    ) -> None:
+        """Bring the documents of `groups` past the events they have not seen, and write
+        each back only if its cursor is still the one it had (insert: if it is still new)."""
+        if not groups:
+            return
+        stored = await self._documents(collection, cache, list(groups))
+        ops: list[InsertOne[Document] | UpdateOne] = []
+        written = []
+        for key, group in groups.items():
+            doc = stored.get(key)
+            fresh = projection.unseen(doc, group) if doc is not None else group
+            if not fresh:
+                continue
+            if doc is None:
+                doc = new(key)
+                apply(doc, fresh)
+                ops.append(InsertOne(doc))
+            else:
+                seen = doc["cursor"]
+                ops.append(UpdateOne({"_id": key, "cursor": seen}, apply(doc, fresh)))
+            written.append(doc)
+        await self._write(collection, ops)
+        cache.put(written)
+
+    @staticmethod
+    async def _documents(
+        collection: AsyncCollection[Document], cache: DocumentCache, keys: list[str]
+    ) -> dict[str, Document]:
+        """The stored documents of `keys` (absent: none stored), read only where the cache
+        has no copy."""
+        found = {}
+        missing = []
+        for key in keys:
+            doc = cache.get(key)
+            if doc is None:
+                missing.append(key)
+            else:
+                found[key] = doc
+        if missing:
+            async for doc in collection.find({"_id": {"$in": missing}}):
+                found[doc["_id"]] = doc
+        return found
+
+    async def _write(
+        self,
+        collection: AsyncCollection[Document],
+        ops: list[InsertOne[Document] | UpdateOne],
+    ) -> None:
+        if not ops:
+            return
+        try:
+            result = await collection.bulk_write(ops, ordered=False)
+        except BulkWriteError as exc:
+            raise ProjectionConflict(
+                f"{collection.name}: {exc.details.get('writeErrors')}"
+            ) from exc
+        if result.inserted_count + result.matched_count != len(ops):
+            raise ProjectionConflict(f"{collection.name}: a document moved underneath")
+        if self._metrics is not None:
+            self._metrics.writes.labels(collection.name).inc(len(ops))
+
+    # -- what changes without an event -------------------------------------------------
+
+    async def refresh(self) -> int:
+        """Fold in what PostgreSQL knows and no event says: the sweeper's prune counts and
+        when each queue's longest-waiting claimable job came due. Returns documents changed.
+        Queues are read REFRESH_CHUNK at a time, only the fields involved, and so are their
+        figures from PostgreSQL: memory does not grow with the number of queues (latency
+        samples are most of a queue document)."""
+        queues = self.generation.queues
+        changed = 0
+        after: str | None = None
+        while True:
+            found = {} if after is None else {"_id": {"$gt": after}}
+            cursor = queues.find(found, _REFRESH_FIELDS).sort("_id", 1).limit(REFRESH_CHUNK)
+            docs = [doc async for doc in cursor]
+            if not docs:
+                break
+            after = docs[-1]["_id"]
+            names = [doc["_id"] for doc in docs]
+            pruned = await pruned_counts(self._pool, names)
+            due = await oldest_due(self._pool, names)
+            for doc in docs:
+                changed += await self._refresh_one(doc, pruned.get(doc["_id"], {}), due)
+        if self._metrics is not None and changed:
+            self._metrics.writes.labels(queues.name).inc(changed)
+        return changed
+
+    async def _refresh_one(
+        self, doc: Document, queue_pruned: dict[str, int], due: dict[str, datetime | None]
+    ) -> int:
+        wanted = {s: queue_pruned.get(s, 0) for s in STATE_NAMES}
+        oldest = due.get(doc["_id"])
+        if doc.get("pruned") == wanted and doc.get("oldest_pending_at") == oldest:
+            return 0
+        updated = {**doc, "pruned": wanted, "oldest_pending_at": oldest}
+        projection.recount(updated)
+        fields = {key: updated[key] for key in ("pruned", "oldest_pending_at", "counts")}
+        result = await self.generation.queues.update_one(
+            {"_id": doc["_id"], "cursor": doc["cursor"]}, {"$set": fields}
+        )
+        return result.matched_count

@@ -1,0 +1,151 @@
+"""The projector's loop: while this replica is the active one, apply batches as fast as the
+outbox fills, then wait for a NOTIFY hint or a short poll.
+
+A batch costs about the same whether it holds 3 events or 300 (reads and writes per
+document, not per event), so once the loop has caught up it lingers LINGER_SECONDS before
+reading again: under a steady trickle each batch then covers that much traffic, for at most
+that much more lag. A full batch (a backlog) is followed at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+
+import asyncpg
+from pymongo.asynchronous.database import AsyncDatabase
+
+from evora.readmodels.layout import (
+    CONTROL,
+    CONTROL_ID,
+    Document,
+    Generation,
+    active_generation,
+    checkpoint_id,
+)
+from evora.storage.outbox import OutboxCursor, backlog
+from evora.waiting import Backoff, wait_until_set
+from evora_services.projector.metrics import ProjectorMetrics
+from evora_services.projector.projector import ProjectionConflict, Projector
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.5
+REFRESH_SECONDS = 5.0
+LAG_REFRESH_SECONDS = 2.0
+LINGER_SECONDS = 0.05
+
+
+class ProjectorService:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        db: AsyncDatabase[Document],
+        metrics: ProjectorMetrics,
+        linger_seconds: float = LINGER_SECONDS,
+    ) -> None:
+        self._pool = pool
+        self._db = db
+        self._metrics = metrics
+        self._linger = linger_seconds
+        self.wake = asyncio.Event()
+        self._projector: Projector | None = None
+
+    async def _current(self) -> Projector:
+        generation = await active_generation(self._db)
+        if self._projector is None or self._projector.generation.number != generation:
+            if self._projector is not None:
+                log.info("read models switched to generation %d", generation)
+                await _drop_older(self._db, generation)
+            self._projector = Projector(self._pool, self._db, generation, self._metrics)
+        return self._projector
+
+    async def lead(self, ended: asyncio.Event) -> None:
+        """Project while this replica holds the lock; return soon after `ended` is set."""
+        backoff = Backoff()
+        next_refresh = 0.0
+        next_lag = 0.0
+        while not ended.is_set():
+            try:
+                projector = await self._current()
+                applied = await projector.run_once()
+                now = time.monotonic()
+                if now >= next_refresh:
+                    await projector.refresh()
+                    next_refresh = now + REFRESH_SECONDS
+                if now >= next_lag:
+                    await self._measure_lag(projector)
+                    next_lag = now + LAG_REFRESH_SECONDS
+                backoff.reset()
+                if applied >= projector.batch_size:
+                    continue
+                if applied:
+                    await wait_until_set(ended, self._linger)
+                    continue
+            except ProjectionConflict as exc:
+                self._metrics.conflicts.inc()
+                log.warning("batch abandoned, will replay from the checkpoint: %s", exc)
+            except Exception:
+                delay = backoff.next()
+                log.exception("projection failed; retrying in %.1fs", delay)
+                await wait_until_set(ended, delay)
+                continue
+            self.wake.clear()
+            await _wait_any(ended, self.wake, POLL_SECONDS)
+            if self.wake.is_set():
+                await wait_until_set(ended, self._linger)
+        self._metrics.queues.clear()  # a standby exports no per-queue figures
+
+    async def _measure_lag(self, projector: Projector) -> None:
+        checkpoint = await projector.checkpoint()
+        xid, seq = checkpoint["cursor"]
+        behind = await backlog(self._pool, OutboxCursor(int(xid), int(seq)))
+        self._metrics.events_behind.set(behind.events)
+        age = 0.0
+        if behind.oldest is not None:
+            age = max((datetime.now(UTC) - behind.oldest).total_seconds(), 0.0)
+        self._metrics.seconds_behind.set(age)
+        await self._metrics.queues.update(projector.generation.queues)
+
+
+async def _wait_any(first: asyncio.Event, second: asyncio.Event, seconds: float) -> None:
+    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+
+
+async def _drop_older(db: AsyncDatabase[Document], generation: int) -> None:
+    """Collections of generations before the active one are never read again."""
+    names = await db.list_collection_names()
+    for name in names:
+        if name.startswith("rm") and "_" in name:
+            number = name[2 : name.index("_")]
+            if number.isdigit() and int(number) < generation:
+                await db.drop_collection(name)
+    await db[CONTROL].delete_many(
+        {"_id": {"$in": [checkpoint_id(n) for n in range(1, generation)]}}
+    )
+
+
+async def rebuild(pool: asyncpg.Pool, db: AsyncDatabase[Document]) -> tuple[int, int]:
+    """Project the whole outbox into a fresh generation, then make it the one readers use.
+    Returns (generation, events applied). The active projector follows the switch."""
+    current = await active_generation(db)
+    target = current + 1
+    fresh = Generation.of(db, target)
+    for collection in fresh.all():
+        await collection.drop()
+    await db[CONTROL].delete_one({"_id": checkpoint_id(target)})
+    projector = Projector(pool, db, target)
+    applied = 0
+    while batch := await projector.run_once():
+        applied += batch
+        log.info("rebuild: %d events applied", applied)
+    await projector.refresh()
+    await db[CONTROL].update_one({"_id": CONTROL_ID}, {"$set": {"generation": target}}, upsert=True)
+    await _drop_older(db, target)
+    return target, applied

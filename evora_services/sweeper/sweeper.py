@@ -1,0 +1,259 @@
+"""What the active sweeper does: expire leases and TTLs as they fall due, and prune what
+retention allows. Every step is a bounded batch, one short statement, so a stop or a lost
+lock takes effect between batches, never inside a long transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from evora.config import Settings
+from evora.http.app import DATABASE_UNAVAILABLE
+from evora.protocol.states import JobState
+from evora.storage.jobs import EXPIRY_BATCH, JobStore
+from evora.storage.retention import PRUNABLE_STATES, RetentionStore
+from evora.waiting import Backoff, wait_until_set
+from evora_services.sweeper.metrics import LEASE_OUTCOMES, SweeperMetrics
+
+log = logging.getLogger(__name__)
+
+# What an expired lease became, by the job's new state.
+_LEASE_OUTCOME = {
+    JobState.PENDING: "requeued",
+    JobState.DLQ: "dead_lettered",
+    JobState.CANCELLED: "cancelled",
+}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    expiry_batch: int = EXPIRY_BATCH
+    prune_batch: int = 1000
+    # Archived events go in bigger batches: each is one index range scan and tiny rows.
+    event_prune_batch: int = 5000
+    # The deadline the sweeper sleeps until is only the earliest one it saw; a lease claimed
+    # afterwards may run out sooner, so it looks again at least this often.
+    max_wait: float = 1.0
+    # A due row that another transaction holds is skipped (SKIP LOCKED) and stays due; this
+    # floor keeps the sweeper from spinning on it until that transaction ends.
+    min_wait: float = 0.05
+    retention_every: float = 60.0
+    observe_every: float = 10.0
+    standby_seconds: float = 3.0
+    # How long a stopping sweeper may take to finish its current batches before it is
+    # cancelled (a batch normally takes milliseconds; the statement timeout is 30 s).
+    shutdown_grace: float = 35.0
+
+
+# Waking a little after the deadline, not at it: expiry compares with `<`, by the clock of
+# a statement that starts a round trip later.
+_DEADLINE_MARGIN = 0.01
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long finished jobs (by state), idempotency keys and events are kept, in seconds.
+    Events also have to be archived and projected first (see `RetentionStore`)."""
+
+    jobs: Mapping[JobState, float]
+    idempotency_keys: float
+    events: float = 30 * 86_400.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Retention:
+        return cls(
+            jobs={
+                JobState.COMPLETED: settings.retention_completed_seconds,
+                JobState.CANCELLED: settings.retention_cancelled_seconds,
+                JobState.DLQ: settings.retention_dlq_seconds,
+            },
+            idempotency_keys=settings.retention_idempotency_seconds,
+            events=settings.retention_events_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class Expired:
+    leases: Counter[str]  # by outcome
+    ttls: int
+
+    @property
+    def total(self) -> int:
+        return self.leases.total() + self.ttls
+
+
+def _ended(event: asyncio.Event | None) -> bool:
+    return event is not None and event.is_set()
+
+
+class Sweeper:
+    def __init__(
+        self,
+        jobs: JobStore,
+        retention_store: RetentionStore,
+        metrics: SweeperMetrics,
+        retention: Retention,
+        tuning: Tuning,
+    ) -> None:
+        self._jobs = jobs
+        self._store = retention_store
+        self._metrics = metrics
+        self._retention = retention
+        self._tuning = tuning
+
+    def set_active(self, active: bool) -> None:
+        self._metrics.active.set(1 if active else 0)
+
+    async def lead(self, ended: asyncio.Event) -> None:
+        """Sweep until `ended` is set. Expiry and retention run side by side, so pruning a
+        large backlog never delays a lease that runs out meanwhile."""
+        await asyncio.gather(self._expire_forever(ended), self._prune_forever(ended))
+
+    # -- expiry ------------------------------------------------------------------------
+
+    async def expire_due(self, ended: asyncio.Event | None = None) -> Expired:
+        """One pass: every lease and TTL due now, batch by batch while batches come back
+        full; with `ended` set it stops after the current batch."""
+        started = time.perf_counter()
+        batch = self._tuning.expiry_batch
+        leases: Counter[str] = Counter()
+        while True:
+            jobs = await self._jobs.expire_leases(batch)
+            for job in jobs:
+                outcome = _LEASE_OUTCOME[job["state"]]
+                leases[outcome] += 1
+                self._metrics.leases_expired.labels(outcome).inc()
+            if len(jobs) < batch or _ended(ended):
+                break
+        ttls = 0
+        while not _ended(ended):
+            expired = len(await self._jobs.expire_ttls(batch))
+            ttls += expired
+            self._metrics.ttls_expired.inc(expired)
+            if expired < batch:
+                break
+        self._metrics.last_run.set(time.time())
+        self._metrics.pass_duration.observe(time.perf_counter() - started)
+        result = Expired(leases, ttls)
+        level = logging.INFO if result.total else logging.DEBUG
+        log.log(
+            level,
+            "expiry pass: leases requeued=%d dead_lettered=%d cancelled=%d; ttls expired=%d",
+            *(leases[outcome] for outcome in LEASE_OUTCOMES),
+            ttls,
+        )
+        return result
+
+    def _wait_for(self, deadline: float | None) -> float:
+        if deadline is None:
+            return self._tuning.max_wait
+        wait = deadline + _DEADLINE_MARGIN
+        return min(max(wait, self._tuning.min_wait), self._tuning.max_wait)
+
+    async def _expire_forever(self, ended: asyncio.Event) -> None:
+        backoff = Backoff()
+        while not ended.is_set():
+            try:
+                await self.expire_due(ended)
+                wait = self._wait_for(await self._store.seconds_until_deadline())
+                backoff.reset()
+            except Exception as exc:
+                wait = backoff.next()
+                _log_failure("expiry", exc, wait)
+            await wait_until_set(ended, wait)
+
+    # -- retention ---------------------------------------------------------------------
+
+    async def prune_due(self, ended: asyncio.Event | None = None) -> Counter[str]:
+        """One retention pass: finished jobs, idempotency keys and archived events past
+        their windows, in batches of one short statement each. Returns the rows removed by
+        kind."""
+        removed: Counter[str] = Counter()
+        for state in PRUNABLE_STATES:
+            if _ended(ended):
+                break
+            prune = functools.partial(
+                self._store.prune_finished, state, self._retention.jobs[state]
+            )
+            removed[state.value.lower()] = await self._drain(state.value.lower(), prune, ended)
+        if not _ended(ended):
+            prune_keys = functools.partial(
+                self._store.prune_idempotency_keys, self._retention.idempotency_keys
+            )
+            removed["idempotency_keys"] = await self._drain("idempotency_keys", prune_keys, ended)
+        if not _ended(ended):
+            drop_events = functools.partial(
+                self._store.drop_archived_events, self._retention.events
+            )
+            removed["events"] = await self._drain(
+                "events", drop_events, ended, self._tuning.event_prune_batch
+            )
+        level = logging.INFO if removed.total() else logging.DEBUG
+        log.log(level, "retention pass: pruned %s", _pairs(removed))
+        return removed
+
+    async def _drain(
+        self,
+        kind: str,
+        prune: Callable[[int], Awaitable[int]],
+        ended: asyncio.Event | None,
+        batch: int | None = None,
+    ) -> int:
+        batch = batch or self._tuning.prune_batch
+        total = 0
+        while True:
+            removed = await prune(batch)
+            total += removed
+            self._metrics.pruned.labels(kind).inc(removed)
+            if removed < batch or _ended(ended):
+                return total
+
+    async def _prune_forever(self, ended: asyncio.Event) -> None:
+        backoff = Backoff()
+        while not ended.is_set():
+            try:
+                await self.prune_due(ended)
+                wait = self._tuning.retention_every
+                backoff.reset()
+            except Exception as exc:
+                wait = backoff.next()
+                _log_failure("retention", exc, wait)
+            await wait_until_set(ended, wait)
+
+    # -- database health (every replica, active or not) --------------------------------
+
+    async def observe(self) -> None:
+        health = await self._store.health()
+        self._metrics.oldest_writing_transaction.set(health.oldest_writing_transaction_seconds)
+        self._metrics.jobs_dead_tuples.set(health.jobs_dead_tuples)
+
+    async def observe_forever(self, stop: asyncio.Event) -> None:
+        backoff = Backoff()
+        while not stop.is_set():
+            try:
+                await self.observe()
+                wait = self._tuning.observe_every
+                backoff.reset()
+            except Exception as exc:
+                wait = backoff.next()
+                _log_failure("health check", exc, wait)
+            await wait_until_set(stop, wait)
+
+
+def _pairs(counts: Counter[str]) -> str:
+    return " ".join(f"{kind}={count}" for kind, count in counts.items())
+
+
+def _log_failure(what: str, exc: Exception, retry_in: float) -> None:
+    # An unreachable database is expected now and then (a failover, a restart) and needs no
+    # traceback; anything else is a bug and gets one.
+    if isinstance(exc, DATABASE_UNAVAILABLE):
+        log.warning("%s failed (%r); retrying in %.1fs", what, exc, retry_in)
+    else:
+        log.exception("%s failed; retrying in %.1fs", what, retry_in)
