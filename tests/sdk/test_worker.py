@@ -323,6 +323,32 @@ async def test_a_lone_outcome_is_not_delayed_by_the_linger(fake: FakeEvora, clie
         await fake.wait_until(in_state(fake, job_id, "COMPLETED"), within=3)
 
 
+async def test_claimed_handlers_start_before_the_next_claim_is_sent(
+    fake: FakeEvora, client: Client
+) -> None:
+    """The submitter waits for the handler to start, not for the worker's next claim: the
+    handlers of a claim's jobs begin before that claim is built and sent."""
+    order: list[str] = []
+    worker = make_worker(fake)
+
+    @worker.handler("t")
+    async def handler(job: evora.Job) -> None:
+        order.append("handler")
+
+    send = worker._http.request
+
+    async def recording(method: str, path: str, **kwargs: Any) -> Any:
+        if path == "/v1/claim":
+            order.append("claim")
+        return await send(method, path, **kwargs)
+
+    worker._http.request = recording  # type: ignore[method-assign]
+    job_id = (await client.submit("q", "t")).id
+    async with serving(worker):
+        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    assert order[:3] == ["claim", "handler", "claim"]
+
+
 async def test_a_rejected_batch_is_reported_job_by_job(fake: FakeEvora, client: Client) -> None:
     fake.fault("POST", "/v1/acks", 413)
     worker = make_worker(fake, handlers=example_handlers)
@@ -493,13 +519,14 @@ async def test_sigterm_stops_the_worker_command_gracefully(fake: FakeEvora, clie
 
 
 async def test_unacked_outcomes_hold_their_slots(fake: FakeEvora, client: Client) -> None:
-    """While the dispatcher cannot take acks, a worker claims no more jobs than its
-    concurrency: finished but unreported jobs keep their slots, so outcomes never pile up
-    (and leases never run out under finished jobs)."""
-    for _ in range(3):
+    """While the dispatcher cannot take acks, a worker holds no more than twice its
+    concurrency in jobs: those whose outcomes are in the batch being retried, and finished
+    ones whose outcomes wait for it and keep their slots, so outcomes never pile up (and
+    leases never run out under finished jobs)."""
+    for _ in range(6):
         fake.fault("POST", "/v1/acks", 503)
     worker = make_worker(fake, concurrency=2, handlers=example_handlers)
-    ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(6)]
+    ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(10)]
     most_outstanding = 0
 
     def outstanding() -> int:
@@ -511,5 +538,26 @@ async def test_unacked_outcomes_hold_their_slots(fake: FakeEvora, client: Client
             most_outstanding = max(most_outstanding, outstanding())
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.002)  # sampling the fake's state, not synchronising
-    assert most_outstanding <= 2
-    assert len(fake.seen("POST", "/v1/acks")) >= 4  # the failed attempts were retried
+    assert most_outstanding <= 4
+    assert len(fake.seen("POST", "/v1/acks")) >= 7  # the failed attempts were retried
+
+
+async def test_the_next_claim_overlaps_the_outcomes_on_their_way(
+    fake: FakeEvora, client: Client
+) -> None:
+    """A job's slot is freed when its outcome is sent, not when the dispatcher has answered:
+    the worker claims again while a slow ack is on its way (a drained batch costs one round
+    trip, not two), and the jobs so claimed keep their slots until their own outcomes go
+    out."""
+    fake.fault("POST", "/v1/acks", 503, delay=2.0)  # the first answer is slow (then retried)
+    worker = make_worker(fake, concurrency=2, handlers=example_handlers)
+    ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(6)]
+
+    def taken() -> int:
+        return sum(fake.state(i) != "PENDING" for i in ids)
+
+    async with serving(worker):
+        await fake.wait_until(lambda: taken() >= 4, within=1.5)
+        assert len(fake.seen("POST", "/v1/acks")) == 1  # the first batch is still on its way
+        assert taken() == 4  # the second pair's outcomes wait, holding their slots
+        await fake.wait_until(lambda: all(fake.state(i) == "COMPLETED" for i in ids))

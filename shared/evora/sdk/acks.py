@@ -6,6 +6,10 @@ timer. On top of that, when other handlers are still running (so more outcomes a
 within milliseconds), the flusher lingers up to `linger` seconds for the batch to fill. When
 nothing else is running it sends at once: a lone job's outcome is never delayed.
 
+Each outcome may name a callback run when it is taken into a batch being sent: the worker
+frees the job's slot then, so its next claim overlaps this batch's round trip, while
+outcomes still queued keep their slots (so at most one batch is ever unsent beyond them).
+
 Sending a batch again after a lost answer is safe: repeating a `complete` with the same
 lease token returns 200 with the same job, and repeating a `fail` finds the lease gone and
 changes nothing (409). Transient failures (see `should_retry`) are therefore retried with
@@ -50,7 +54,7 @@ class Ack:
         return {"id": self.job_id, "outcome": self.outcome, **self.endpoint_body()}
 
 
-_Entry = tuple[Ack, asyncio.Future[int]]
+_Entry = tuple[Ack, asyncio.Future[int], Callable[[], None] | None]
 
 SendAcks = Callable[[Sequence[Ack]], Awaitable[Mapping[str, int]]]
 """Delivers a batch; returns the HTTP status for each job id (200, 404 or 409)."""
@@ -83,10 +87,12 @@ class AckBatcher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="evora-acks")
 
-    def submit(self, ack: Ack) -> asyncio.Future[int]:
-        """Queue an outcome; the future resolves to its status once the dispatcher answered."""
+    def submit(self, ack: Ack, on_sent: Callable[[], None] | None = None) -> asyncio.Future[int]:
+        """Queue an outcome; the future resolves to its status once the dispatcher answered.
+        `on_sent` runs when the outcome goes into a batch being sent (once, even if that batch
+        is retried)."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append((ack, future))
+        self._pending.append((ack, future, on_sent))
         self._wakeup.set()
         if len(self._pending) >= self._max_batch or not self._expect_more():
             self._flush_now.set()
@@ -133,6 +139,9 @@ class AckBatcher:
             self._wakeup.clear()
             self._in_flight = self._pending[: self._max_batch]
             del self._pending[: self._max_batch]
+            for _, _, on_sent in self._in_flight:
+                if on_sent is not None:
+                    on_sent()
             await self._deliver(self._in_flight)
             self._in_flight = []
             if self._pending:
@@ -142,7 +151,7 @@ class AckBatcher:
         failures = 0
         while True:
             try:
-                statuses = await self._send([ack for ack, _ in batch])
+                statuses = await self._send([ack for ack, _, _ in batch])
             except EvoraClientError as exc:
                 if not should_retry(exc, idempotent=True):
                     _settle(batch, exc)
@@ -157,7 +166,7 @@ class AckBatcher:
                 )
                 await asyncio.sleep(delay)
                 continue
-            for ack, future in batch:
+            for ack, future, _ in batch:
                 # A future is already done when the job task awaiting it was cancelled.
                 if not future.done():
                     future.set_result(statuses[ack.job_id])
@@ -165,6 +174,6 @@ class AckBatcher:
 
 
 def _settle(entries: list[_Entry], error: BaseException) -> None:
-    for _, future in entries:
+    for _, future, _ in entries:
         if not future.done():
             future.set_exception(error)

@@ -60,8 +60,10 @@ class Reports:
             return
         log.info("job %s released", job.id)
 
-    async def report(self, ack: Ack) -> None:
-        status = await self._batcher.submit(ack)
+    async def report(self, ack: Ack, on_sent: Callable[[], None] | None = None) -> None:
+        """Report an outcome and wait until the dispatcher has recorded it; `on_sent` runs
+        when it goes out (see `AckBatcher.submit`)."""
+        status = await self._batcher.submit(ack, on_sent)
         if status == 409:
             log.warning(
                 "job %s: its lease was lost before the outcome was recorded; the job was "

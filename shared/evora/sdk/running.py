@@ -57,6 +57,8 @@ class RunningJob:
     cancel_timer: asyncio.TimerHandle | None = None
     # A sync handler's call in a handler thread; it may outlive the task.
     thread: Future[Any] | None = None
+    # Whether the job still counts against the worker's concurrency.
+    holds_slot: bool = True
 
     def interrupt(self, why: Interrupt) -> None:
         """Cancel the handler if it still runs; the first reason given is the one acted on."""

@@ -13,9 +13,12 @@ Life of a job in the worker:
    event loop, so an `async` handler that blocks the loop stalls them all: a watchdog
    thread (`blocked_loop_warning`) logs a warning naming that handler.
 3. The outcome (complete with the return value, or fail with the exception) goes through
-   the `AckBatcher`. The job keeps its slot, and its heartbeats continue, until the
-   dispatcher has recorded it, so a slow or briefly unreachable dispatcher does not let the
-   lease expire under a finished job.
+   the `AckBatcher`. The job's heartbeats continue until the dispatcher has recorded it, so
+   a slow or briefly unreachable dispatcher does not let the lease expire under a finished
+   job. Its slot is freed when the outcome goes out in a batch: the next claim then runs
+   while that batch is on its way instead of after it (a drained batch costs one round trip
+   of latency, not two), and as the batcher sends one batch at a time, finished jobs whose
+   outcomes are not yet recorded never number more than twice `concurrency`.
 4. A job whose cancellation was requested sees `job.cancel_event` set; if its handler has not
    ended after `cancel_grace` seconds it is cancelled. A handler that ends with an exception
    (including that cancellation) after a cancel request has its job released, which the
@@ -175,9 +178,9 @@ class Worker:
             request_timeout=settings.request_timeout,
             cancel_grace=settings.cancel_grace,
         )
-        # Slots stay taken until a job's outcome is recorded, not just until its handler
-        # returns: otherwise claims outrun acks under a backlog, unacked outcomes pile up and
-        # their leases can expire under finished jobs.
+        # Slots stay taken until a job's outcome is sent, not just until its handler returns:
+        # otherwise claims outrun acks under a backlog, unsent outcomes pile up and their
+        # leases can expire under finished jobs.
         self._busy = 0
         self._running: set[RunningJob] = set()
         self._slot_freed = asyncio.Event()
@@ -319,7 +322,12 @@ class Worker:
                 failures = 0
             for data in jobs:
                 self._start(data)
-            if not jobs and self.settings.wait_seconds == 0:
+            if jobs:
+                # Let the handlers just started begin before the next claim is built and
+                # sent: they are what the jobs' submitters are waiting for, the next claim
+                # (which the dispatcher will mostly hold as a long-poll) can wait one turn.
+                await asyncio.sleep(0)
+            elif self.settings.wait_seconds == 0:
                 # Without a long-poll an empty queue would be asked again at once, forever.
                 await asyncio.sleep(IDLE_PAUSE_SECONDS)
 
@@ -364,7 +372,7 @@ class Worker:
             if outcome == "release":
                 await self._reports.release(job)
             elif isinstance(outcome, Ack):
-                await self._reports.report(outcome)
+                await self._reports.report(outcome, lambda: self._release_slot(running))
         except EvoraClientError as exc:
             log.error(
                 "job %s: could not tell the dispatcher how it ended (%s); it will run again "
@@ -378,7 +386,13 @@ class Worker:
             if running.thread is not None and not running.thread.done():
                 self._free_slot_when_done(running)
             else:
-                self._free_slot()
+                self._release_slot(running)
+
+    def _release_slot(self, running: RunningJob) -> None:
+        """Free the job's slot, once; never while its handler's thread still runs."""
+        if running.holds_slot and (running.thread is None or running.thread.done()):
+            running.holds_slot = False
+            self._free_slot()
 
     def _free_slot(self) -> None:
         self._busy -= 1
@@ -399,7 +413,7 @@ class Worker:
         def done(_: Future[Any]) -> None:
             # In the handler thread. A closed loop means the worker is gone: no slot to free.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._free_slot)
+                loop.call_soon_threadsafe(self._release_slot, running)
 
         running.thread.add_done_callback(done)
 
