@@ -33,6 +33,28 @@ async def hints(db_url: str) -> AsyncIterator[asyncio.Queue[tuple[float, str]]]:
         await conn.close()
 
 
+async def test_a_hint_held_back_late_in_the_window_waits_only_for_its_end(
+    pool: asyncpg.Pool, hints: asyncio.Queue[tuple[float, str]]
+) -> None:
+    """The trailing hint goes when the open window ends, not a whole window after the
+    commit that owed it: on the wake-up path, a job submitted just after another would
+    otherwise wait up to twice the window."""
+    store = JobStore(pool, hint_window=WINDOW)
+    try:
+        await store.submit(JobSubmission(queue="q", type="t"))
+        first, _ = await asyncio.wait_for(hints.get(), 5)
+        # Placing the next commit late in the window (not a synchronisation).
+        await asyncio.sleep(max(0.0, first + WINDOW * 0.7 - time.monotonic()))
+        await store.submit(JobSubmission(queue="q", type="t"))
+        committed = time.monotonic()
+        trailing, queue = await asyncio.wait_for(hints.get(), 5)
+        assert queue == "q"
+        assert trailing - first >= WINDOW * 0.8  # still one hint per window
+        assert trailing - committed < WINDOW * 0.6  # what was left of it, not a whole one
+    finally:
+        await store.close()
+
+
 async def test_a_held_back_hint_is_sent_when_the_window_ends(
     pool: asyncpg.Pool, hints: asyncio.Queue[tuple[float, str]]
 ) -> None:

@@ -6,8 +6,9 @@ Every notifying commit takes a cluster-wide lock, so a process sends at most one
 statement, which notifies only the queues not in it and reports back both what it notified
 and which of its queues it left out. A left-out queue is owed a hint: once its commit is
 done the writer calls `owe()`, and the debouncer sends one trailing `pg_notify` for all owed
-queues when the window ends. A job committed inside a suppressed window therefore waits at
-most one window for its hint, and dispatchers never need to guess when to claim again.
+queues when their window ends (not a whole window after the commit). A job committed inside
+a suppressed window therefore waits at most what is left of that window for its hint, and
+dispatchers never need to guess when to claim again.
 """
 
 from __future__ import annotations
@@ -58,12 +59,19 @@ class NotifyDebouncer:
         if self._trailing is None:
             self._trailing = asyncio.get_running_loop().create_task(self._send_trailing())
 
+    def _window_end(self, queue: str) -> float:
+        return self._last.get(queue, -self._interval) + self._interval
+
     async def _send_trailing(self) -> None:
         try:
-            await asyncio.sleep(self._interval)
-            # A notification sent meanwhile by a later statement settled its queue already.
-            owed = sorted(self._owed)
-            self._owed.clear()
+            # Until the earliest owed window ends, not a whole window from now: a job
+            # committed late in a window would otherwise wait up to twice the window.
+            ends = min(self._window_end(queue) for queue in self._owed)
+            await asyncio.sleep(max(0.0, ends - time.monotonic()))
+            # A notification sent meanwhile by a later statement settled its queue already;
+            # a queue whose window ends later stays owed, for the next round.
+            owed = sorted(q for q in self._owed if self._window_end(q) <= ends)
+            self._owed.difference_update(owed)
             if owed:
                 await self._send(owed)
                 self.record(owed)
