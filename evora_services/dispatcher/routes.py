@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -117,8 +118,9 @@ async def _deliver(
     except (ConnectionError, asyncio.CancelledError):
         await _release_undeliverable(dispatch, jobs)
         raise
-    for job in jobs:
-        dispatch.metrics.jobs_handed_out.labels(dispatch.metrics.queue_label(job["queue"])).inc()
+    # One counter update per queue, not per job: a claim hands out up to a thousand jobs.
+    for queue, count in Counter(job["queue"] for job in jobs).items():
+        dispatch.metrics.jobs_handed_out.labels(dispatch.metrics.queue_label(queue)).inc(count)
     return response
 
 
@@ -275,11 +277,14 @@ async def acks(request: web.Request) -> web.Response:
     ]
     outcomes = iter(await store.complete_many(completions, with_jobs=False))
     failed = iter(await store.fail_many(failures, with_jobs=False))
-    metrics = request.app[DISPATCH].metrics
     results: list[dict[str, Any]] = []
+    counted: Counter[tuple[str, int]] = Counter()
     for ack in body.acks:
         outcome = next(outcomes if ack.outcome == "complete" else failed)
         status = ACK_STATUS[outcome.result]
-        metrics.acks.labels(ack.outcome, str(status)).inc()
+        counted[ack.outcome, status] += 1
         results.append({"id": outcome.id, "status": status})
+    metrics = request.app[DISPATCH].metrics
+    for (kind, status), count in counted.items():
+        metrics.acks.labels(kind, str(status)).inc(count)
     return json_response({"results": results})

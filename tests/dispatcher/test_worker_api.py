@@ -132,6 +132,52 @@ async def test_batch_acks(dispatcher: Dispatcher, store: JobStore) -> None:
     assert (await store.get(UUID(ids[1])))["state"] == "DLQ"
 
 
+async def test_claim_and_ack_metrics_count_every_item(
+    dispatcher: Dispatcher, store: JobStore
+) -> None:
+    """Counted once per queue or per (outcome, status) in a batch, but by item: a claim
+    over two queues and an ack batch whose items conflict (a repeat, a stale token, an
+    unknown id) add up as if each had been sent alone."""
+    ids = [await submit(store, max_attempts=1) for _ in range(3)]
+    other = await submit(store, "r")
+    jobs = await claim(dispatcher, ["q", "r"], max_jobs=10)
+    assert dispatcher.metric("evora_dispatcher_jobs_claimed_total", queue="q") == 3
+    assert dispatcher.metric("evora_dispatcher_jobs_claimed_total", queue="r") == 1
+    tokens = {j["id"]: j["lease_token"] for j in jobs}
+    done = {"id": ids[0], "lease_token": tokens[ids[0]], "outcome": "complete"}
+    error = {"message": "x", "retryable": False}
+    status, answer = await dispatcher.post(
+        "/v1/acks",
+        {
+            "acks": [
+                done,
+                done,
+                {"id": ids[1], "lease_token": tokens[ids[1]], "outcome": "fail", "error": error},
+                {"id": ids[2], "lease_token": str(uuid4()), "outcome": "complete"},
+                {"id": other, "lease_token": str(uuid4()), "outcome": "fail", "error": error},
+                {"id": str(uuid4()), "lease_token": str(uuid4()), "outcome": "complete"},
+            ]
+        },
+    )
+    assert status == 200
+    assert [r["status"] for r in answer["results"]] == [200, 200, 200, 409, 409, 404]
+    counted = {
+        (outcome, code): dispatcher.metric(
+            "evora_dispatcher_acks_total", outcome=outcome, status=code
+        )
+        for outcome in ("complete", "fail")
+        for code in ("200", "404", "409")
+    }
+    assert counted == {
+        ("complete", "200"): 2,
+        ("complete", "404"): 1,
+        ("complete", "409"): 1,
+        ("fail", "200"): 1,
+        ("fail", "404"): 0,
+        ("fail", "409"): 1,
+    }
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "code"),
     [
