@@ -64,6 +64,8 @@ class NotifyDebouncer:
 
     async def _send_trailing(self) -> None:
         try:
+            if not self._owed:  # a later statement notified them all before this started
+                return
             # Until the earliest owed window ends, not a whole window from now: a job
             # committed late in a window would otherwise wait up to twice the window.
             ends = min(self._window_end(queue) for queue in self._owed)
