@@ -111,7 +111,8 @@ export class Transport {
     payload: string | undefined,
     options: RequestOptions,
   ): Promise<Response<T>> {
-    const timeout = AbortSignal.timeout(options.timeoutMs ?? this.options.timeoutMs);
+    // AbortSignal.timeout takes whole milliseconds only.
+    const timeout = AbortSignal.timeout(Math.ceil(options.timeoutMs ?? this.options.timeoutMs));
     const signal = options.signal ? AbortSignal.any([timeout, options.signal]) : timeout;
     const headers = payload === undefined ? this.headers : { ...this.headers, "Content-Type": "application/json" };
     let status: number;
