@@ -1,7 +1,7 @@
 // The SDK's wire types cannot drift from the server: src/generated/ must be exactly what
 // the running services' /openapi.json generates. A field the server adds, renames, retypes
-// or makes optional changes the generated text, so this fails until `npm run generate`
-// is run (and CLIENT_METHODS / DISPATCHER_METHODS then fail to compile until a new
+// or makes optional changes the generated text, so this fails until the types are
+// regenerated (python -m tests.typescript.regenerate, or `npm run generate`) (and CLIENT_METHODS / DISPATCHER_METHODS then fail to compile until a new
 // endpoint is covered).
 
 import assert from "node:assert/strict";
@@ -31,7 +31,7 @@ describe("generated types", () => {
       assert.ok(
         committed === fresh,
         `the ${service} service's schemas changed (${firstDifference(committed, fresh)}): run ` +
-          "`npm run generate` with the services running and adapt the SDK",
+          "`python -m tests.typescript.regenerate` (or `npm run generate`) and adapt the SDK",
       );
     });
   }
