@@ -1,8 +1,8 @@
 // The SDK's wire types cannot drift from the server: src/generated/ must be exactly what
 // the running services' /openapi.json generates. A field the server adds, renames, retypes
 // or makes optional changes the generated text, so this fails until the types are
-// regenerated (python -m tests.typescript.regenerate, or `npm run generate`) (and CLIENT_METHODS / DISPATCHER_METHODS then fail to compile until a new
-// endpoint is covered).
+// regenerated (`python -m tests.typescript.regenerate`, or `npm run generate`); then
+// CLIENT_METHODS and DISPATCHER_METHODS fail to compile until a new endpoint is covered.
 
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
