@@ -19,7 +19,7 @@
 import { RetryBackoff } from "./backoff.js";
 import { InvalidStateError } from "./errors.js";
 import type * as api from "./generated/api.js";
-import { Transport, type RequestOptions } from "./http.js";
+import { Transport } from "./http.js";
 import type {
   ApiOperation,
   FailureList,
@@ -99,10 +99,6 @@ export class Client {
     });
   }
 
-  private async call<T>(method: string, path: string, options: RequestOptions): Promise<{ status: number; headers: Headers; data: T }> {
-    return this.http.request<T>(method, path, options);
-  }
-
   // Producer endpoints
 
   /** Submit one job. Throws `IdempotencyConflictError` when `idempotency_key` was used for
@@ -110,7 +106,7 @@ export class Client {
   async submit(queue: string, type: string, payload?: unknown, options: SubmitOptions = {}): Promise<SubmitResult> {
     const body: Submission = { ...options, queue, type };
     if (payload !== undefined) body.payload = payload;
-    const resp = await this.call<Job>("POST", "/v1/jobs", {
+    const resp = await this.http.request<Job>("POST", "/v1/jobs", {
       body,
       idempotent: typeof options.idempotency_key === "string",
     });
@@ -121,7 +117,7 @@ export class Client {
   /** Submit 1..1000 jobs in one transaction, all or nothing; results in request order. An
    * invalid item throws `RequestValidationError` (its `errors` name the index). */
   async submitBatch(jobs: Submission[]): Promise<SubmitResult[]> {
-    const resp = await this.call<api.BatchResult>("POST", "/v1/jobs/batch", {
+    const resp = await this.http.request<api.BatchResult>("POST", "/v1/jobs/batch", {
       body: { jobs },
       idempotent: jobs.length > 0 && jobs.every((job) => typeof job.idempotency_key === "string"),
     });
@@ -130,12 +126,12 @@ export class Client {
 
   /** The job; `JobNotFoundError` when there is none. */
   async get(jobId: string): Promise<Job> {
-    return (await this.call<Job>("GET", `/v1/jobs/${segment(jobId)}`, { idempotent: true })).data;
+    return (await this.http.request<Job>("GET", `/v1/jobs/${segment(jobId)}`, { idempotent: true })).data;
   }
 
   /** The job's events, oldest first. */
   async events(jobId: string): Promise<JobEvent[]> {
-    const resp = await this.call<api.Events>("GET", `/v1/jobs/${segment(jobId)}/events`, { idempotent: true });
+    const resp = await this.http.request<api.Events>("GET", `/v1/jobs/${segment(jobId)}/events`, { idempotent: true });
     return resp.data.events;
   }
 
@@ -150,7 +146,7 @@ export class Client {
 
   /** One page of jobs, newest first; pass `page.next` as `after` for the next one. */
   async listJobs(query: JobListQuery = {}): Promise<JobPage> {
-    const resp = await this.call<api.JobList>("GET", "/v1/jobs", { query: { ...query }, idempotent: true });
+    const resp = await this.http.request<api.JobList>("GET", "/v1/jobs", { query: { ...query }, idempotent: true });
     return { jobs: resp.data.jobs, next: resp.data.next };
   }
 
@@ -166,7 +162,7 @@ export class Client {
 
   /** Move a DLQ job back to PENDING with a fresh attempt budget. */
   async retry(jobId: string): Promise<Job> {
-    return (await this.call<Job>("POST", `/v1/jobs/${segment(jobId)}/retry`, { idempotent: false })).data;
+    return (await this.http.request<Job>("POST", `/v1/jobs/${segment(jobId)}/retry`, { idempotent: false })).data;
   }
 
   /** Move a DLQ job to CANCELLED. */
@@ -177,7 +173,7 @@ export class Client {
   /** Move the queue's DLQ jobs (optionally of one type, at most `limit`) to PENDING;
    * resolves to how many moved. */
   async redrive(queue: string, filter: RedriveRequest = {}): Promise<number> {
-    const resp = await this.call<api.Redriven>("POST", `/v1/queues/${segment(queue)}/redrive`, {
+    const resp = await this.http.request<api.Redriven>("POST", `/v1/queues/${segment(queue)}/redrive`, {
       body: filter,
       idempotent: false,
     });
@@ -186,11 +182,11 @@ export class Client {
 
   /** Stop handing out the queue's jobs (submissions are still accepted). */
   async pause(queue: string): Promise<QueuePauseState> {
-    return (await this.call<QueuePauseState>("POST", `/v1/queues/${segment(queue)}/pause`, { idempotent: true })).data;
+    return (await this.http.request<QueuePauseState>("POST", `/v1/queues/${segment(queue)}/pause`, { idempotent: true })).data;
   }
 
   async resume(queue: string): Promise<QueuePauseState> {
-    return (await this.call<QueuePauseState>("POST", `/v1/queues/${segment(queue)}/resume`, { idempotent: true }))
+    return (await this.http.request<QueuePauseState>("POST", `/v1/queues/${segment(queue)}/resume`, { idempotent: true }))
       .data;
   }
 
@@ -199,7 +195,7 @@ export class Client {
     const all: QueueStats[] = [];
     let after: string | null = null;
     do {
-      const resp: { data: api.QueueList } = await this.call<api.QueueList>("GET", "/v1/queues", {
+      const resp: { data: api.QueueList } = await this.http.request<api.QueueList>("GET", "/v1/queues", {
         query: { limit: MAX_PAGE, after },
         idempotent: true,
       });
@@ -211,12 +207,12 @@ export class Client {
 
   /** Read-model stats of one queue; `QueueNotFoundError` for a queue never seen. */
   async stats(queue: string): Promise<QueueStats> {
-    return (await this.call<QueueStats>("GET", `/v1/queues/${segment(queue)}/stats`, { idempotent: true })).data;
+    return (await this.http.request<QueueStats>("GET", `/v1/queues/${segment(queue)}/stats`, { idempotent: true })).data;
   }
 
   /** The queue's recent failures, grouped by job type and error. */
   async failures(queue: string): Promise<FailureList> {
-    return (await this.call<FailureList>("GET", `/v1/queues/${segment(queue)}/failures`, { idempotent: true })).data;
+    return (await this.http.request<FailureList>("GET", `/v1/queues/${segment(queue)}/failures`, { idempotent: true })).data;
   }
 
   /** Workers seen recently, from the read models, all pages. */
@@ -224,7 +220,7 @@ export class Client {
     const all: WorkerActivity[] = [];
     let after: string | null = null;
     do {
-      const resp: { data: api.WorkerList } = await this.call<api.WorkerList>("GET", "/v1/workers", {
+      const resp: { data: api.WorkerList } = await this.http.request<api.WorkerList>("GET", "/v1/workers", {
         query: { limit: MAX_PAGE, after },
         idempotent: true,
       });
@@ -236,7 +232,7 @@ export class Client {
 
   private async toCancelled(jobId: string, path: string): Promise<Job> {
     try {
-      return (await this.call<Job>("POST", path, { idempotent: true })).data;
+      return (await this.http.request<Job>("POST", path, { idempotent: true })).data;
     } catch (error) {
       // A repeat after a lost answer finds the job already moved by the first attempt.
       if (error instanceof InvalidStateError && error.attempts > 1) {
