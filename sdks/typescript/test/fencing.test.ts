@@ -51,8 +51,9 @@ describe("fencing", () => {
     const w = worker([queue], { concurrency: 2 });
     w.handle("ts.slow", async (job) => {
       if (job.attempt === 1) {
-        // Blocks the event loop, so no heartbeat goes out and the 1 s lease runs out.
-        const until = Date.now() + 2_500;
+        // Blocks the event loop, so no heartbeat goes out and the 1 s lease runs out (the
+        // sweeper notices within a fifth of a second; the rest is room for a loaded machine).
+        const until = Date.now() + 3_500;
         while (Date.now() < until) {
           /* busy */
         }
