@@ -60,6 +60,29 @@ function codeOf(error: unknown): string | undefined {
   return undefined;
 }
 
+/**
+ * A signal that aborts when either `a` or `b` does; `unlink()` detaches it once the call is
+ * over. Not `AbortSignal.any`: on Node 20 every signal it makes stays referenced by a
+ * long-lived input (the worker's stop signal), about 2 KB leaked per request.
+ */
+export function linkSignals(a: AbortSignal, b: AbortSignal): { signal: AbortSignal; unlink: () => void } {
+  const controller = new AbortController();
+  const abort = (event: Event): void => controller.abort((event.target as AbortSignal).reason);
+  const unlink = (): void => {
+    a.removeEventListener("abort", abort);
+    b.removeEventListener("abort", abort);
+  };
+  for (const input of [a, b]) {
+    if (input.aborted) {
+      controller.abort(input.reason);
+      return { signal: controller.signal, unlink: () => {} };
+    }
+  }
+  a.addEventListener("abort", abort, { once: true });
+  b.addEventListener("abort", abort, { once: true });
+  return { signal: controller.signal, unlink };
+}
+
 /** One base URL and one token. */
 export class Transport {
   readonly baseUrl: string;
@@ -113,7 +136,8 @@ export class Transport {
   ): Promise<Response<T>> {
     // AbortSignal.timeout takes whole milliseconds only.
     const timeout = AbortSignal.timeout(Math.ceil(options.timeoutMs ?? this.options.timeoutMs));
-    const signal = options.signal ? AbortSignal.any([timeout, options.signal]) : timeout;
+    const linked = options.signal ? linkSignals(timeout, options.signal) : { signal: timeout, unlink: () => {} };
+    const { signal } = linked;
     const headers = payload === undefined ? this.headers : { ...this.headers, "Content-Type": "application/json" };
     let status: number;
     let statusText: string;
@@ -125,6 +149,7 @@ export class Transport {
       responseHeaders = response.headers;
       text = await response.text();
     } catch (error) {
+      linked.unlink();
       if (options.signal?.aborted) throw options.signal.reason;
       if (timeout.aborted) {
         throw new EvoraConnectionError(`${method} ${path}: no answer within the timeout`, {
@@ -145,6 +170,7 @@ export class Transport {
         requestSent: true,
       });
     }
+    linked.unlink();
     if (status >= 400) throw errorFromResponse(status, text, statusText);
     let data: unknown = null;
     if (text) {
