@@ -5,6 +5,10 @@
 // milliseconds) the flusher lingers up to `lingerMs` for the batch to fill; when nothing
 // else runs it sends at once, so a lone job's outcome is never delayed.
 //
+// Each outcome may name a callback run when it is taken into a batch being sent: the worker
+// frees the job's slot then, so its next claim overlaps this batch's round trip, while
+// outcomes still queued keep their slots (so at most one batch is ever unsent beyond them).
+//
 // Sending a batch again after a lost answer is safe (a repeated complete with the same lease
 // token returns the same job, a repeated fail finds the lease gone and changes nothing), so
 // transient failures are retried with backoff until they succeed or `close()` gives up. When
@@ -33,6 +37,7 @@ function itemJson(ack: Ack): string {
 
 interface Entry {
   ack: Ack;
+  onSent: (() => void) | undefined;
   resolve: (status: number) => void;
   reject: (error: unknown) => void;
 }
@@ -68,10 +73,12 @@ export class AckBatcher {
     this.loop = this.run();
   }
 
-  /** Queue an outcome; resolves to its status (200, 404 or 409) once the dispatcher answered. */
-  submit(ack: Ack): Promise<number> {
+  /** Queue an outcome; resolves to its status (200, 404 or 409) once the dispatcher answered.
+   * `onSent` runs when the outcome goes into a batch being sent (once, even if that batch is
+   * retried). */
+  submit(ack: Ack, onSent?: () => void): Promise<number> {
     return new Promise((resolve, reject) => {
-      this.pending.push({ ack, resolve, reject });
+      this.pending.push({ ack, onSent, resolve, reject });
       this.wake?.();
       if (this.pending.length >= this.options.maxBatch || !this.options.expectMore()) this.flushNow?.();
     });
@@ -114,6 +121,7 @@ export class AckBatcher {
         this.flushNow = null;
       }
       this.inFlight = this.pending.splice(0, this.options.maxBatch);
+      for (const entry of this.inFlight) entry.onSent?.();
       try {
         await this.deliver(this.inFlight);
       } catch {

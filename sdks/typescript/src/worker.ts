@@ -6,9 +6,12 @@
 //    lease a heartbeat extends the lease, carries reported progress and learns about cancel
 //    requests.
 // 3. The outcome (complete with the handler's value, or fail with its error) goes through
-//    the `AckBatcher`. The job keeps its slot, and its heartbeats go on, until the
-//    dispatcher has recorded it, so a slow or briefly unreachable dispatcher does not let
-//    the lease expire under a finished job.
+//    the `AckBatcher`. The job's heartbeats go on until the dispatcher has recorded it, so a
+//    slow or briefly unreachable dispatcher does not let the lease expire under a finished
+//    job. Its slot is freed when the outcome goes out in a batch: the next claim then runs
+//    while that batch is on its way instead of after it, and as the batcher sends one batch
+//    at a time, finished jobs whose outcomes are not yet recorded never number more than
+//    twice `concurrency`.
 // 4. A cancel request aborts `job.signal`. A handler that then throws has its job released,
 //    which the dispatcher turns into CANCELLED; one that returns completes (the work was
 //    done). One still running after `cancelGraceMs` is given up on and its job released.
@@ -112,6 +115,8 @@ class Running {
   /** Why the worker gave up on the handler, if it did. */
   interrupted: Interrupt | null = null;
   handlerDone = false;
+  /** Whether the job still counts against the worker's concurrency. */
+  holdsSlot = true;
   /** Settles once the handler has (the worker may stop waiting for it sooner). */
   handlerSettled: Promise<void> = Promise.resolve();
   /** Settles once the job is over for the worker: its outcome reported or given up. */
@@ -153,7 +158,8 @@ export class Worker extends EventEmitter<WorkerEvents> {
   private readonly logger: Logger;
   private readonly backoff: RetryBackoff;
   private readonly running = new Set<Running>();
-  // Slots stay taken until a job's outcome is recorded and its handler has settled.
+  // Slots stay taken until a job's outcome is sent and its handler has settled: otherwise
+  // claims outrun acks under a backlog and unsent outcomes pile up.
   private busy = 0;
   private handlersRunning = 0;
   private slotFreed: (() => void) | null = null;
@@ -318,7 +324,14 @@ export class Worker extends EventEmitter<WorkerEvents> {
         failures = 0;
       }
       for (const data of jobs) this.start(data);
-      if (jobs.length === 0 && this.waitSeconds === 0) await sleep(IDLE_PAUSE_MS, stop).catch(() => undefined);
+      if (jobs.length > 0) {
+        // Let the handlers just started begin before the next claim is built and sent: they
+        // are what the jobs' submitters wait for; the next claim (mostly held by the
+        // dispatcher as a long-poll) can wait one turn.
+        await new Promise(setImmediate);
+      } else if (this.waitSeconds === 0) {
+        await sleep(IDLE_PAUSE_MS, stop).catch(() => undefined);
+      }
     }
   }
 
@@ -348,11 +361,14 @@ export class Worker extends EventEmitter<WorkerEvents> {
           `job ${job.id}: its handler is still running; it keeps its slot until it settles, and whatever it returns is discarded`,
         );
       }
-      void running.handlerSettled.then(() => this.freeSlot());
+      void running.handlerSettled.then(() => this.releaseSlot(running));
     }
   }
 
-  private freeSlot(): void {
+  /** Frees the job's slot, once; never while its handler still runs. */
+  private releaseSlot(running: Running): void {
+    if (!running.holdsSlot || !running.handlerDone) return;
+    running.holdsSlot = false;
     this.busy -= 1;
     this.slotFreed?.();
   }
@@ -408,7 +424,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
   }
 
   private async report(running: Running, ack: Ack): Promise<void> {
-    const status = await this.acks.submit(ack);
+    const status = await this.acks.submit(ack, () => this.releaseSlot(running));
     if (status === 200) {
       this.emit("reported", running.job, ack.outcome);
     } else if (status === 409) {
