@@ -208,6 +208,7 @@ async def run_node(
         output = raw.decode(errors="replace")
         pytest.fail(f"node --test did not finish within {NODE_RUN_TIMEOUT_S}s:\n{output}")
     output = raw.decode(errors="replace")
+    print(output)  # shown with -s, and with the failure
     assert process.returncode == 0, f"node --test exited {process.returncode}:\n{output}"
     # node's closing lines: a run that executed nothing must not pass.
     passed = re.search(r"^\S* ?pass (\d+)$", output, re.MULTILINE)
