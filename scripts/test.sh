@@ -32,6 +32,40 @@ ensure_promtool
 # tests/dashboard drive Debian's Chromium headless through Playwright.
 apt_install chromium
 
+# tests/typescript run the TypeScript SDK's tests (sdks/typescript) with Node.js >= 20 and
+# npm. Debian's nodejs may be older; then Node 20 comes from the npm registry's
+# node-linux-<arch> package, kept under .venv. Without it those tests fail, never skip.
+NODE_MIN_MAJOR=20
+_node_major() {
+    "$1" --version 2>/dev/null | sed -n 's/^v\([0-9]*\)\..*/\1/p'
+}
+_node_ok() {
+    local major
+    major=$(_node_major "$1")
+    [ -n "$major" ] && [ "$major" -ge "$NODE_MIN_MAJOR" ]
+}
+ensure_node() {
+    local arch
+    case "$(uname -m)" in
+        x86_64) arch=x64 ;;
+        aarch64) arch=arm64 ;;
+        *) arch=$(uname -m) ;;
+    esac
+    local bin="$REPO_ROOT/.venv/node/node_modules/node-linux-$arch/bin"
+    [ -x "$bin/node" ] && export PATH="$bin:$PATH"
+    command -v npm >/dev/null || apt_install nodejs npm
+    _node_ok node && return 0
+    step "Node.js $NODE_MIN_MAJOR from the npm registry (node-linux-$arch)"
+    npm install --prefix .venv/node --no-audit --no-fund --no-save "node-linux-$arch@$NODE_MIN_MAJOR"
+    export PATH="$bin:$PATH"
+    _node_ok node || {
+        echo "error: Node.js >= $NODE_MIN_MAJOR is needed for tests/typescript and could not be installed" >&2
+        return 1
+    }
+}
+ensure_node
+step "node $(node --version), npm $(npm --version 2>/dev/null)"
+
 step "ruff check"
 ruff check .
 step "ruff format --check"

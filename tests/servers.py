@@ -30,8 +30,10 @@ class Service:
         await asyncio.wait_for(self.task, 30)
 
 
-async def serve(app: web.Application, name: str, *, handler_cancellation: bool = False) -> Service:
-    """Start serving on a free loopback port; returns once it listens."""
+async def serve(
+    app: web.Application, name: str, *, handler_cancellation: bool = False, port: int = 0
+) -> Service:
+    """Start serving on loopback `port` (0: a free one); returns once it listens."""
     stop = asyncio.Event()
     bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(
@@ -39,7 +41,7 @@ async def serve(app: web.Application, name: str, *, handler_cancellation: bool =
             app,
             name=name,
             host="127.0.0.1",
-            port=0,
+            port=port,
             stop=stop,
             shutdown_timeout=5.0,
             started=bound.set_result,

@@ -1,0 +1,245 @@
+// `Client`: the producer and admin client of the api service.
+//
+// Retry safety, call by call. Any call is sent again (up to `retries` times) when the
+// connection could not be established, since the server never saw it. After a broken
+// connection, a timeout or a 502/503/504 the server may have acted, so a call is repeated
+// only when repeating it cannot do anything twice:
+// - get, events, listJobs, queues, stats, workers, failures: repeated (reads);
+// - submit with an idempotency key, submitBatch when every item has one: repeated; the
+//   server deduplicates and answers a repeat with 200 + the same job, so a result may say
+//   `replayed` about a job this very call created;
+// - submit, submitBatch without keys: not repeated, a repeat could create a second job;
+// - cancel, discard: repeated. Both drive the job towards CANCELLED, which is final; when a
+//   repeat finds the job already CANCELLED (the first attempt worked but its answer was
+//   lost), the job is returned instead of throwing `InvalidStateError`;
+// - pause, resume: repeated, they set a flag;
+// - retry, redrive: not repeated. Between two attempts the job can fail again and be back
+//   in the DLQ, and the repeat would grant it a second fresh attempt budget.
+
+import { RetryBackoff } from "./backoff.js";
+import { InvalidStateError } from "./errors.js";
+import type * as api from "./generated/api.js";
+import { Transport } from "./http.js";
+import type {
+  ApiOperation,
+  FailureList,
+  Job,
+  JobEvent,
+  JobListQuery,
+  QueuePauseState,
+  QueueStats,
+  RedriveRequest,
+  Submission,
+  SubmitOptions,
+  WorkerActivity,
+} from "./types.js";
+
+export interface ClientOptions {
+  /** The api service, e.g. http://127.0.0.1:8080. */
+  url: string;
+  /** A `producer` token (or `admin`, which may call everything). */
+  token?: string;
+  /** Bound of every call, in milliseconds (default 30 s). */
+  timeoutMs?: number;
+  /** How many more times a call may be sent when that is safe (default 3). */
+  retries?: number;
+  /** The wait between those attempts. */
+  backoff?: RetryBackoff;
+}
+
+/** A submitted job, and whether the server answered with the existing job of the same
+ * idempotency key (200 + `Idempotent-Replayed: true`) instead of creating one (201). */
+export interface SubmitResult {
+  id: string;
+  job: Job;
+  replayed: boolean;
+}
+
+export interface JobPage {
+  jobs: Job[];
+  /** Cursor for the next page (`listJobs({after})`), null on the last one. */
+  next: string | null;
+}
+
+/** The largest page the api serves. */
+const MAX_PAGE = 500;
+
+/** Every api endpoint and the method that calls it: a new endpoint in the generated types
+ * fails to compile here until the client covers it. */
+export const CLIENT_METHODS = {
+  "GET /v1/jobs": "listJobs",
+  "POST /v1/jobs": "submit",
+  "POST /v1/jobs/batch": "submitBatch",
+  "GET /v1/jobs/{id}": "get",
+  "GET /v1/jobs/{id}/events": "events",
+  "POST /v1/jobs/{id}/cancel": "cancel",
+  "POST /v1/jobs/{id}/retry": "retry",
+  "POST /v1/jobs/{id}/discard": "discard",
+  "GET /v1/queues": "queues",
+  "GET /v1/queues/{queue}/stats": "stats",
+  "GET /v1/queues/{queue}/failures": "failures",
+  "POST /v1/queues/{queue}/pause": "pause",
+  "POST /v1/queues/{queue}/resume": "resume",
+  "POST /v1/queues/{queue}/redrive": "redrive",
+  "GET /v1/workers": "workers",
+} as const satisfies Record<ApiOperation, keyof Client>;
+
+function segment(value: string): string {
+  return encodeURIComponent(value);
+}
+
+export class Client {
+  private readonly http: Transport;
+
+  constructor(options: ClientOptions) {
+    this.http = new Transport(options.url, options.token, {
+      timeoutMs: options.timeoutMs ?? 30_000,
+      retries: options.retries ?? 3,
+      backoff: options.backoff ?? new RetryBackoff(),
+    });
+  }
+
+  // Producer endpoints
+
+  /** Submit one job. Throws `IdempotencyConflictError` when `idempotency_key` was used for
+   * this queue with different fields, `RequestValidationError` when a field breaks a rule. */
+  async submit(queue: string, type: string, payload?: unknown, options: SubmitOptions = {}): Promise<SubmitResult> {
+    const body: Submission = { ...options, queue, type };
+    if (payload !== undefined) body.payload = payload;
+    const resp = await this.http.request<Job>("POST", "/v1/jobs", {
+      body,
+      idempotent: typeof options.idempotency_key === "string",
+    });
+    const replayed = resp.status === 200 || resp.headers.get("Idempotent-Replayed") === "true";
+    return { id: resp.data.id, job: resp.data, replayed };
+  }
+
+  /** Submit 1..1000 jobs in one transaction, all or nothing; results in request order. An
+   * invalid item throws `RequestValidationError` (its `errors` name the index). */
+  async submitBatch(jobs: Submission[]): Promise<SubmitResult[]> {
+    const resp = await this.http.request<api.BatchResult>("POST", "/v1/jobs/batch", {
+      body: { jobs },
+      idempotent: jobs.length > 0 && jobs.every((job) => typeof job.idempotency_key === "string"),
+    });
+    return resp.data.jobs.map((item) => ({ id: item.job.id, job: item.job, replayed: item.status === 200 }));
+  }
+
+  /** The job; `JobNotFoundError` when there is none. */
+  async get(jobId: string): Promise<Job> {
+    return (await this.http.request<Job>("GET", `/v1/jobs/${segment(jobId)}`, { idempotent: true })).data;
+  }
+
+  /** The job's events, oldest first. */
+  async events(jobId: string): Promise<JobEvent[]> {
+    const resp = await this.http.request<api.Events>("GET", `/v1/jobs/${segment(jobId)}/events`, { idempotent: true });
+    return resp.data.events;
+  }
+
+  /** Cancel a job: a PENDING one is CANCELLED at once; a RUNNING one gets
+   * `cancel_requested` and becomes CANCELLED when its worker gives it up. Final states
+   * throw `InvalidStateError`. */
+  async cancel(jobId: string): Promise<Job> {
+    return this.toCancelled(jobId, `/v1/jobs/${segment(jobId)}/cancel`);
+  }
+
+  // Admin endpoints
+
+  /** One page of jobs, newest first; pass `page.next` as `after` for the next one. */
+  async listJobs(query: JobListQuery = {}): Promise<JobPage> {
+    const resp = await this.http.request<api.JobList>("GET", "/v1/jobs", { query: { ...query }, idempotent: true });
+    return { jobs: resp.data.jobs, next: resp.data.next };
+  }
+
+  /** Every job matching the filters, newest first, fetching page after page. */
+  async *iterJobs(query: Omit<JobListQuery, "after"> = {}): AsyncGenerator<Job> {
+    let after: string | null = null;
+    do {
+      const page: JobPage = await this.listJobs(after === null ? query : { ...query, after });
+      yield* page.jobs;
+      after = page.next;
+    } while (after !== null);
+  }
+
+  /** Move a DLQ job back to PENDING with a fresh attempt budget. */
+  async retry(jobId: string): Promise<Job> {
+    return (await this.http.request<Job>("POST", `/v1/jobs/${segment(jobId)}/retry`, { idempotent: false })).data;
+  }
+
+  /** Move a DLQ job to CANCELLED. */
+  async discard(jobId: string): Promise<Job> {
+    return this.toCancelled(jobId, `/v1/jobs/${segment(jobId)}/discard`);
+  }
+
+  /** Move the queue's DLQ jobs (optionally of one type, at most `limit`) to PENDING;
+   * resolves to how many moved. */
+  async redrive(queue: string, filter: RedriveRequest = {}): Promise<number> {
+    const resp = await this.http.request<api.Redriven>("POST", `/v1/queues/${segment(queue)}/redrive`, {
+      body: filter,
+      idempotent: false,
+    });
+    return resp.data.redriven;
+  }
+
+  /** Stop handing out the queue's jobs (submissions are still accepted). */
+  async pause(queue: string): Promise<QueuePauseState> {
+    return (await this.http.request<QueuePauseState>("POST", `/v1/queues/${segment(queue)}/pause`, { idempotent: true })).data;
+  }
+
+  async resume(queue: string): Promise<QueuePauseState> {
+    return (await this.http.request<QueuePauseState>("POST", `/v1/queues/${segment(queue)}/resume`, { idempotent: true }))
+      .data;
+  }
+
+  /** Stats of every queue, from the read models (eventually consistent), all pages. */
+  async queues(): Promise<QueueStats[]> {
+    const all: QueueStats[] = [];
+    let after: string | null = null;
+    do {
+      const resp: { data: api.QueueList } = await this.http.request<api.QueueList>("GET", "/v1/queues", {
+        query: { limit: MAX_PAGE, after },
+        idempotent: true,
+      });
+      all.push(...resp.data.queues);
+      after = resp.data.next;
+    } while (after !== null);
+    return all;
+  }
+
+  /** Read-model stats of one queue; `QueueNotFoundError` for a queue never seen. */
+  async stats(queue: string): Promise<QueueStats> {
+    return (await this.http.request<QueueStats>("GET", `/v1/queues/${segment(queue)}/stats`, { idempotent: true })).data;
+  }
+
+  /** The queue's recent failures, grouped by job type and error. */
+  async failures(queue: string): Promise<FailureList> {
+    return (await this.http.request<FailureList>("GET", `/v1/queues/${segment(queue)}/failures`, { idempotent: true })).data;
+  }
+
+  /** Workers seen recently, from the read models, all pages. */
+  async workers(): Promise<WorkerActivity[]> {
+    const all: WorkerActivity[] = [];
+    let after: string | null = null;
+    do {
+      const resp: { data: api.WorkerList } = await this.http.request<api.WorkerList>("GET", "/v1/workers", {
+        query: { limit: MAX_PAGE, after },
+        idempotent: true,
+      });
+      all.push(...resp.data.workers);
+      after = resp.data.next;
+    } while (after !== null);
+    return all;
+  }
+
+  private async toCancelled(jobId: string, path: string): Promise<Job> {
+    try {
+      return (await this.http.request<Job>("POST", path, { idempotent: true })).data;
+    } catch (error) {
+      // A repeat after a lost answer finds the job already moved by the first attempt.
+      if (error instanceof InvalidStateError && error.attempts > 1) {
+        const job = await this.get(jobId);
+        if (job.state === "CANCELLED") return job;
+      }
+      throw error;
+    }
+  }
+}

@@ -1,0 +1,143 @@
+// `DispatcherClient`: the worker API of the dispatcher, call by call. `Worker` is built on
+// it; use it directly only for workers that manage claims and leases themselves.
+//
+// Every claim issues a new lease token. Heartbeat, complete, fail and release with a token
+// that is not the job's current lease throw `LeaseLostError` (409 lease_lost) and change
+// nothing. Complete, fail, release and acks are repeated after a lost answer: repeating a
+// complete with the same token returns the same job, and repeating the others finds the
+// lease gone and changes nothing. Claims are never repeated: a repeat after a lost answer
+// would claim other jobs while the first ones wait for their leases to expire.
+
+import { RetryBackoff } from "./backoff.js";
+import type * as dispatcher from "./generated/dispatcher.js";
+import { Transport } from "./http.js";
+import type {
+  AckItem,
+  AckResult,
+  ClaimRequest,
+  ClaimedJob,
+  DispatchedJob,
+  DispatcherOperation,
+  ErrorBody,
+  HeartbeatResponse,
+} from "./types.js";
+
+export interface DispatcherClientOptions {
+  /** The dispatcher, e.g. http://127.0.0.1:8081. */
+  url: string;
+  /** A `worker` token. */
+  token?: string;
+  /** Bound of every call but a claim's long-poll (which gets `wait_seconds` more), ms. */
+  timeoutMs?: number;
+  retries?: number;
+  backoff?: RetryBackoff;
+}
+
+export interface CallOptions {
+  signal?: AbortSignal;
+  timeoutMs?: number;
+  retries?: number;
+}
+
+/** Every dispatcher endpoint and the method that calls it (checked like `CLIENT_METHODS`). */
+export const DISPATCHER_METHODS = {
+  "POST /v1/claim": "claim",
+  "POST /v1/jobs/{id}/heartbeat": "heartbeat",
+  "POST /v1/jobs/{id}/complete": "complete",
+  "POST /v1/jobs/{id}/fail": "fail",
+  "POST /v1/jobs/{id}/release": "release",
+  "POST /v1/acks": "acks",
+} as const satisfies Record<DispatcherOperation, keyof DispatcherClient>;
+
+function jobPath(jobId: string, action: string): string {
+  return `/v1/jobs/${encodeURIComponent(jobId)}/${action}`;
+}
+
+export class DispatcherClient {
+  readonly timeoutMs: number;
+  private readonly http: Transport;
+
+  constructor(options: DispatcherClientOptions) {
+    this.timeoutMs = options.timeoutMs ?? 10_000;
+    this.http = new Transport(options.url, options.token, {
+      timeoutMs: this.timeoutMs,
+      retries: options.retries ?? 3,
+      backoff: options.backoff ?? new RetryBackoff(),
+    });
+  }
+
+  /** Long-polls for up to `max_jobs` jobs; resolves with none after `wait_seconds`. */
+  async claim(request: ClaimRequest, options: CallOptions = {}): Promise<ClaimedJob[]> {
+    const waitMs = (request.wait_seconds ?? 20) * 1000;
+    const resp = await this.http.request<dispatcher.ClaimResponse>("POST", "/v1/claim", {
+      body: request,
+      idempotent: false,
+      retries: 0,
+      timeoutMs: waitMs + (options.timeoutMs ?? this.timeoutMs),
+      ...(options.signal ? { signal: options.signal } : {}),
+    });
+    return resp.data.jobs;
+  }
+
+  /** Extends the lease; `progress` is any JSON value already encoded as JSON text. */
+  async heartbeat(
+    jobId: string,
+    leaseToken: string,
+    extra: { leaseSeconds?: number; progressJson?: string } = {},
+    options: CallOptions = {},
+  ): Promise<HeartbeatResponse> {
+    let raw = `{"lease_token":${JSON.stringify(leaseToken)}`;
+    if (extra.leaseSeconds !== undefined) raw += `,"lease_seconds":${JSON.stringify(extra.leaseSeconds)}`;
+    if (extra.progressJson !== undefined) raw += `,"progress":${extra.progressJson}`;
+    raw += "}";
+    const resp = await this.http.request<HeartbeatResponse>("POST", jobPath(jobId, "heartbeat"), {
+      raw,
+      idempotent: true,
+      ...options,
+    });
+    return resp.data;
+  }
+
+  /** Completes the job with `result` (any JSON value). */
+  async complete(jobId: string, leaseToken: string, result?: unknown, options: CallOptions = {}): Promise<DispatchedJob> {
+    const body: dispatcher.CompleteRequest = { lease_token: leaseToken };
+    if (result !== undefined) body.result = result;
+    return this.post(jobPath(jobId, "complete"), body, options);
+  }
+
+  /** Fails the job: retried later while attempts remain and `error.retryable` is not false. */
+  async fail(
+    jobId: string,
+    leaseToken: string,
+    error: ErrorBody,
+    retryInSeconds?: number,
+    options: CallOptions = {},
+  ): Promise<DispatchedJob> {
+    const body: dispatcher.FailRequest = { lease_token: leaseToken, error };
+    if (retryInSeconds !== undefined) body.retry_in_seconds = retryInSeconds;
+    return this.post(jobPath(jobId, "fail"), body, options);
+  }
+
+  /** Hands the job back (PENDING) without using up an attempt. */
+  async release(jobId: string, leaseToken: string, delaySeconds?: number, options: CallOptions = {}): Promise<DispatchedJob> {
+    const body: dispatcher.ReleaseRequest = { lease_token: leaseToken };
+    if (delaySeconds !== undefined) body.delay_seconds = delaySeconds;
+    return this.post(jobPath(jobId, "release"), body, options);
+  }
+
+  /** Records up to 1000 outcomes at once; each gets its own status (200, 404 or 409). `raw`
+   * items are the JSON text of `AckItem`s. */
+  async acks(items: AckItem[] | { raw: string[] }, options: CallOptions = {}): Promise<AckResult[]> {
+    const raw = Array.isArray(items) ? undefined : `{"acks":[${items.raw.join(",")}]}`;
+    const resp = await this.http.request<dispatcher.AcksResponse>("POST", "/v1/acks", {
+      ...(raw === undefined ? { body: { acks: items } } : { raw }),
+      idempotent: true,
+      ...options,
+    });
+    return resp.data.results;
+  }
+
+  private async post(path: string, body: unknown, options: CallOptions): Promise<DispatchedJob> {
+    return (await this.http.request<DispatchedJob>("POST", path, { body, idempotent: true, ...options })).data;
+  }
+}

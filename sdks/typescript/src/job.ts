@@ -1,0 +1,93 @@
+// The job a handler receives, and how a handler's ending becomes the outcome to report.
+
+import { JobCancelledError } from "./errors.js";
+import type { ClaimedJob, ErrorBody } from "./types.js";
+
+/** The longest error message the dispatcher stores. */
+export const MAX_ERROR_MESSAGE = 8192;
+
+/**
+ * One claimed job, as its handler sees it. `signal` aborts when the job's cancellation was
+ * requested (reason `JobCancelledError`), when the worker stops and the grace period is over
+ * (`WorkerShutdownError`), or when the lease was lost to another attempt (`LeaseLostError`):
+ * pass it to fetch and timers, or check `signal.aborted` between steps.
+ */
+export class WorkerJob<Payload = unknown> {
+  readonly id: string;
+  readonly queue: string;
+  readonly type: string;
+  readonly payload: Payload;
+  readonly attempt: number;
+  readonly maxAttempts: number;
+  readonly leaseSeconds: number;
+  /** Everything the dispatcher sent (priority, group_key, run_at, ...). */
+  readonly data: Readonly<ClaimedJob>;
+  readonly signal: AbortSignal;
+  /** @internal */
+  readonly leaseToken: string;
+  private readonly controller: AbortController;
+  private cancelled = false;
+  private progressJson: string | undefined;
+
+  constructor(data: ClaimedJob) {
+    this.id = data.id;
+    this.queue = data.queue;
+    this.type = data.type;
+    this.payload = data.payload as Payload;
+    this.attempt = data.attempt;
+    this.maxAttempts = data.max_attempts;
+    this.leaseSeconds = data.lease_seconds;
+    this.leaseToken = data.lease_token;
+    this.data = data;
+    this.controller = new AbortController();
+    this.signal = this.controller.signal;
+  }
+
+  /** Whether a heartbeat reported that this job's cancellation was requested. */
+  get cancelRequested(): boolean {
+    return this.cancelled;
+  }
+
+  /** Report progress (any JSON value) with the next heartbeat; a newer report replaces one
+   * not yet sent. Throws at once when `value` cannot be encoded as JSON. */
+  progress(value: unknown): void {
+    const encoded = JSON.stringify(value);
+    if (encoded === undefined) throw new TypeError("progress must be a JSON value");
+    this.progressJson = encoded;
+  }
+
+  /** @internal */
+  takeProgress(): string | undefined {
+    const progress = this.progressJson;
+    this.progressJson = undefined;
+    return progress;
+  }
+
+  /** @internal A heartbeat that did not arrive: send its progress with the next one. */
+  restoreProgress(progress: string): void {
+    this.progressJson ??= progress;
+  }
+
+  /** @internal */
+  requestCancel(): void {
+    this.cancelled = true;
+    this.abort(new JobCancelledError(this.id));
+  }
+
+  /** @internal Aborts the signal; the first reason given is the one it keeps. */
+  abort(reason: Error): void {
+    if (!this.signal.aborted) this.controller.abort(reason);
+  }
+}
+
+/** The `error` of a fail report: retryable unless the error has `retryable === false`. */
+export function failureFrom(error: unknown): ErrorBody {
+  const isError = error instanceof Error;
+  const message = (isError ? error.message : String(error)) || (isError ? error.name : "error");
+  const retryable = (error as { retryable?: unknown } | null)?.retryable;
+  return {
+    message: message.slice(0, MAX_ERROR_MESSAGE),
+    type: isError ? error.name : typeof error,
+    retryable: retryable !== false,
+  };
+}

@@ -1,0 +1,125 @@
+// `Worker` against the real dispatcher: results and failures, progress, concurrency, and
+// outcomes recorded in batches through POST /v1/acks.
+
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { isDeepStrictEqual } from "node:util";
+import { NonRetryableError, UnauthorizedError } from "../src/index.js";
+import { env, jobInState, producer, queueName, serving, until, worker } from "./support.js";
+
+/** The dispatcher's count of answered requests to `route` (from /metrics). */
+async function requests(route: string): Promise<number> {
+  const text = await (await fetch(`${env.dispatcherUrl}/metrics`)).text();
+  let total = 0;
+  for (const line of text.split("\n")) {
+    if (line.startsWith("evora_http_requests_total{") && line.includes(`route="${route}"`)) {
+      total += Number(line.slice(line.lastIndexOf(" ") + 1));
+    }
+  }
+  return total;
+}
+
+describe("Worker", () => {
+  const client = producer();
+
+  test("completes with the handler's value and fails with its error", async () => {
+    const queue = queueName("ts-outcomes");
+    const w = worker([queue]);
+    w.handle<{ n: number }>("ts.double", (job) => ({ doubled: job.payload.n * 2 }));
+    w.handle("ts.flaky", (job) => {
+      throw new Error(`flaky attempt ${job.attempt}`);
+    });
+    w.handle("ts.fatal", () => {
+      throw new NonRetryableError("never again");
+    });
+    w.handle("ts.bigint", () => ({ n: 10n }));
+    w.handle("ts.nothing", async () => undefined);
+    const run = serving(w);
+    try {
+      const [double, flaky, fatal, bigint, nothing] = await client.submitBatch([
+        { queue, type: "ts.double", payload: { n: 21 } },
+        { queue, type: "ts.flaky", max_attempts: 2, backoff: { initial_seconds: 0.05, max_seconds: 0.05, multiplier: 1 } },
+        { queue, type: "ts.fatal", max_attempts: 5 },
+        { queue, type: "ts.bigint" },
+        { queue, type: "ts.nothing" },
+      ]);
+      assert.deepEqual((await jobInState(client, double!.id, "COMPLETED")).result, { doubled: 42 });
+      assert.equal((await jobInState(client, nothing!.id, "COMPLETED")).result, null);
+      const flakyJob = await jobInState(client, flaky!.id, "DLQ");
+      assert.equal(flakyJob.attempt, 2);
+      assert.deepEqual(flakyJob.last_error, { message: "flaky attempt 2", type: "Error" });
+      const fatalJob = await jobInState(client, fatal!.id, "DLQ");
+      assert.equal(fatalJob.attempt, 1);
+      assert.equal(fatalJob.last_error?.type, "NonRetryableError");
+      const bigintJob = await jobInState(client, bigint!.id, "DLQ");
+      assert.equal(bigintJob.attempt, 1);
+      assert.match(bigintJob.last_error?.message ?? "", /not JSON-serialisable/);
+    } finally {
+      await run.stop();
+    }
+  });
+
+  test("progress goes with the heartbeats", async () => {
+    const queue = queueName("ts-progress");
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const w = worker([queue]);
+    w.handle("ts.progress", async (job) => {
+      job.progress({ step: 1, of: 2 });
+      await gate;
+      return "done";
+    });
+    const run = serving(w);
+    try {
+      const { id } = await client.submit(queue, "ts.progress", null, { lease_seconds: 1 });
+      await until(async () => {
+        const job = await client.get(id);
+        return isDeepStrictEqual(job.progress, { step: 1, of: 2 });
+      }, "the progress reported by a heartbeat");
+      release();
+      await jobInState(client, id, "COMPLETED");
+    } finally {
+      await run.stop();
+    }
+  });
+
+  test("never runs more than `concurrency` handlers, and records outcomes in batches", async () => {
+    const queue = queueName("ts-batches");
+    const jobs = 24;
+    let running = 0;
+    let most = 0;
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const w = worker([queue], { concurrency: 12 });
+    w.handle("ts.gated", async (job) => {
+      running += 1;
+      most = Math.max(most, running);
+      await gate;
+      running -= 1;
+      return job.id;
+    });
+    const acksBefore = await requests("/v1/acks");
+    const completesBefore = await requests("/v1/jobs/{id}/complete");
+    const submitted = await client.submitBatch(Array.from({ length: jobs }, () => ({ queue, type: "ts.gated" })));
+    const run = serving(w);
+    try {
+      await until(() => running === 12, "12 handlers running");
+      release();
+      for (const { id } of submitted) assert.equal((await jobInState(client, id, "COMPLETED")).result, id);
+    } finally {
+      await run.stop();
+    }
+    assert.equal(most, 12);
+    const ackRequests = (await requests("/v1/acks")) - acksBefore;
+    assert.ok(ackRequests >= 1 && ackRequests <= jobs / 3, `${jobs} outcomes took ${ackRequests} ack requests`);
+    assert.equal((await requests("/v1/jobs/{id}/complete")) - completesBefore, 0);
+  });
+
+  test("a token the dispatcher refuses ends serve() with the error", async () => {
+    const w = worker([queueName("ts-refused")], { token: "not-a-worker-token" });
+    w.handle("ts.any", () => null);
+    const error = await w.serve().catch((e) => e);
+    assert.ok(error instanceof UnauthorizedError, String(error));
+    assert.equal(error.code, "unauthorized");
+  });
+});
