@@ -8,6 +8,7 @@ idempotency_conflict); a key whose job was removed stays spent (evora_idempotent
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import uuid
 from typing import Any
@@ -17,6 +18,7 @@ import asyncpg
 import orjson
 import pytest
 
+from evora.domain.models import JobSubmission
 from tests.polling import until
 from tests.servers import Service
 from tests.sql.conftest import PRODUCER
@@ -244,3 +246,24 @@ async def test_racing_sql_and_http_submissions_of_one_key_make_one_job(
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_a_key_stored_before_the_database_computed_fingerprints_still_replays(
+    app_conn: asyncpg.Connection, api: Service
+) -> None:
+    """Before migration 0011 the api stored sha256 of the submission's fields as sorted JSON;
+    a retry after the upgrade with the same fields is still a replay, other fields still a
+    conflict."""
+    job = {**FULL, "idempotency_key": "from-before"}
+    async with aiohttp.ClientSession() as http:
+        status, body = await _http_submit(http, api, job)
+        assert status == 201
+        fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
+            mode="json", exclude={"idempotency_key"}
+        )
+        before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
+        await app_conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
+        status, replay = await _http_submit(http, api, job)
+        assert (status, replay["id"]) == (200, body["id"])
+        status, problem = await _http_submit(http, api, {**job, "priority": 0})
+        assert (status, problem["code"]) == (409, "idempotency_conflict")

@@ -9,6 +9,7 @@ when they differ. Here each item's outcome becomes the job or the error the api 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 import asyncpg
+import orjson
 
 from evora.domain.errors import EvoraError, IdempotencyConflict, IdempotentJobGone
 from evora.domain.models import JobSubmission
@@ -86,12 +88,21 @@ async def store(
         [s.expires_at for s in submissions],
         [s.idempotency_key for s in submissions],
         [s.group_key for s in submissions],
+        [None if s.idempotency_key is None else _fingerprint_before_0011(s) for s in submissions],
         committed=committed,
     )
     return [
         _outcome(index, sub, row, name_repeats)
         for index, (sub, row) in enumerate(zip(submissions, rows, strict=True))
     ], rows
+
+
+def _fingerprint_before_0011(sub: JobSubmission) -> bytes:
+    """The fingerprint the api stored with a key before migration 0011 made the database
+    compute them: a retry of a submission made then, with the same fields, still replays.
+    (Drop it once no key from before the upgrade can still be retried.)"""
+    fields = sub.model_dump(mode="json", exclude={"idempotency_key"})
+    return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
 
 
 def _outcome(

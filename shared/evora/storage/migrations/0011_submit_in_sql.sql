@@ -109,11 +109,14 @@ $$;
 -- ON CONFLICT waits for a racing holder of the same key to commit: of any racing
 -- submissions exactly one creates the job. `quiet` are queues whose hint the caller sends
 -- later itself (storage/notify.py); `notified` and `owed` say which were sent and held back.
+-- `before_0011` are the fingerprints the api computed before this migration (in Python, from
+-- the request), for keys stored then: a retry of such a submission still replays its job.
 CREATE OR REPLACE FUNCTION evora.submit_rows(
     ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[],
     run_ats timestamptz[], delays float8[], max_attempts integer[], leases integer[],
     backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
-    expires_ats timestamptz[], idempotency_keys text[], group_keys text[], quiet text[]
+    expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
+    before_0011 bytea[], quiet text[]
 ) RETURNS TABLE (ord integer, outcome text, first_ord integer, job jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
@@ -197,6 +200,7 @@ BEGIN
                    x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
                    x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
                    x.expires_at, x.group_key) THEN 'replayed'
+               WHEN k.fingerprint = before_0011[x.ord] THEN 'replayed'
                WHEN k.job_id = ANY(ids) THEN 'repeat_conflict'
                ELSE 'conflict'
            END,
@@ -427,7 +431,7 @@ BEGIN
             ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
-            '{}')
+            '{}', '{}')
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
         IF r.outcome IN ('conflict', 'repeat_conflict') THEN
@@ -505,7 +509,8 @@ BEGIN
                              'evora.submit_batch(jsonb)',
                              'evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], '
                              'timestamptz[], float8[], integer[], integer[], float8[], '
-                             'float8[], float8[], timestamptz[], text[], text[], text[])'
+                             'float8[], float8[], timestamptz[], text[], text[], bytea[], '
+                             'text[])'
                             ]::regprocedure[] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
     END LOOP;
