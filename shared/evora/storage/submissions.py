@@ -91,9 +91,10 @@ async def store(
         [None if s.idempotency_key is None else _fingerprint_before_0011(s) for s in submissions],
         committed=committed,
     )
+    by_position = {row["ord"]: row for row in rows}
     return [
-        _outcome(index, sub, row, name_repeats)
-        for index, (sub, row) in enumerate(zip(submissions, rows, strict=True))
+        _outcome(index, sub, by_position[index + 1], name_repeats)
+        for index, sub in enumerate(submissions)
     ], rows
 
 

@@ -68,23 +68,28 @@ $$;
 
 -- Identity of a submission for idempotency: every field as given (delay_seconds as a delay,
 -- not resolved to a time, so a retry later still matches), defaults filled, the key left
--- out. Text and JSON go in as PostgreSQL prints jsonb; numbers and times as their binary
--- form, which no session setting (TimeZone, extra_float_digits) can change.
+-- out. Numbers and times go in as their binary form, which no session setting (TimeZone,
+-- extra_float_digits) changes; texts length-prefixed, nullable fields with a presence byte,
+-- and the payload last as PostgreSQL prints its jsonb (keys sorted, duplicates removed).
 CREATE OR REPLACE FUNCTION evora.fingerprint(
     queue text, type text, payload jsonb, priority smallint, run_at timestamptz,
     delay_seconds float8, max_attempts integer, lease_seconds integer, backoff_initial float8,
     backoff_max float8, backoff_multiplier float8, expires_at timestamptz, group_key text
 ) RETURNS bytea
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+-- STABLE, as convert_to() is: an IMMUTABLE body calling it would not be inlined
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT sha256(
-        convert_to(jsonb_build_array(queue, type, group_key, priority, max_attempts,
-                                     lease_seconds, run_at IS NULL, delay_seconds IS NULL,
-                                     expires_at IS NULL, payload)::text, 'UTF8')
-        || timestamptz_send(coalesce(run_at, '-infinity'))
-        || float8send(coalesce(delay_seconds, 0))
-        || timestamptz_send(coalesce(expires_at, '-infinity'))
+        int4send(length(convert_to(queue, 'UTF8'))) || convert_to(queue, 'UTF8')
+        || int4send(length(convert_to(type, 'UTF8'))) || convert_to(type, 'UTF8')
+        || coalesce('\x01'::bytea || int4send(length(convert_to(group_key, 'UTF8')))
+                    || convert_to(group_key, 'UTF8'), '\x00')
+        || int2send(priority) || int4send(max_attempts) || int4send(lease_seconds)
+        || coalesce('\x01'::bytea || timestamptz_send(run_at), '\x00')
+        || coalesce('\x01'::bytea || float8send(delay_seconds), '\x00')
+        || coalesce('\x01'::bytea || timestamptz_send(expires_at), '\x00')
         || float8send(backoff_initial) || float8send(backoff_max)
-        || float8send(backoff_multiplier))
+        || float8send(backoff_multiplier)
+        || convert_to(payload::text, 'UTF8'))
 $$;
 
 -- A time-ordered UUID (RFC 9562 version 7), as the api makes for its jobs: consecutive ids
@@ -98,7 +103,7 @@ LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
 $$;
 
 -- Stores submissions that are already valid, one array element each, in one statement,
--- and answers each by its position (ord, from 1):
+-- and answers each by its position (ord, from 1), the created ones first:
 --   created          a new job (its `submitted` event written, its queue hinted)
 --   replayed         its idempotency key was stored before with the same fingerprint: the
 --                    stored job, in its current state
@@ -121,17 +126,28 @@ CREATE OR REPLACE FUNCTION evora.submit_rows(
                  owed text[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    made_ords bigint[];
-    made_jobs jobs[];
-    sent text[];
-    held text[];
+    made integer;
+    -- of keyed items only: what a replay is compared by
+    fingerprints bytea[];
 BEGIN
+    IF array_remove(idempotency_keys, NULL) <> '{}' THEN
+        fingerprints := ARRAY(
+            SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
+                       x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
+                       x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
+                       x.expires_at, x.group_key) END
+            FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
+                        backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
+                        idempotency_keys, group_keys)
+                WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
+                                     lease_seconds, backoff_initial, backoff_max,
+                                     backoff_multiplier, expires_at, key, group_key, ord)
+            ORDER BY x.ord);
+    END IF;
+    -- The created items first, straight from the insert ...
+    RETURN QUERY
     WITH input AS (
-        SELECT x.*,
-               CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
-                   x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
-                   x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
-                   x.expires_at, x.group_key) END AS fingerprint
+        SELECT x.*, fingerprints[x.ord] AS fingerprint
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers,
                     expires_ats, idempotency_keys, group_keys)
@@ -177,46 +193,32 @@ BEGIN
         SELECT c.q, pg_notify('evora_jobs', c.q) AS sent FROM claimable c
         WHERE c.q <> ALL(quiet)
     )
-    SELECT array_agg(i.ord ORDER BY i.ord), array_agg(m.whole ORDER BY i.ord),
+    SELECT i.ord::integer, 'created'::text, NULL::integer, m.whole,
            (SELECT array_agg(h.q) FROM hinted h),
            (SELECT array_agg(c.q) FROM claimable c WHERE c.q = ANY(quiet))
-    INTO made_ords, made_jobs, sent, held
     FROM moved m JOIN input i ON i.id = m.id;
-
-    IF coalesce(cardinality(made_ords), 0) = cardinality(ids) THEN
-        RETURN QUERY
-        SELECT n::integer, 'created', NULL::integer, made_jobs[n], sent, held
-        FROM generate_subscripts(made_ords, 1) AS n;
+    GET DIAGNOSTICS made = ROW_COUNT;
+    IF made = cardinality(ids) THEN
         RETURN;
     END IF;
-    -- A new statement, with a new snapshot: it sees the key of a racing submission that
-    -- committed while the insert above waited for it.
+    -- ... then the others, by their key. A new statement, with a new snapshot: it sees the
+    -- key of a racing submission that committed while the insert above waited for it. (An
+    -- item whose key names its own id was created above.)
     RETURN QUERY
     SELECT x.ord::integer,
            CASE
-               WHEN c.n IS NOT NULL THEN 'created'
-               WHEN k.job_id IS NULL OR s.id IS NULL THEN 'gone'
-               WHEN k.fingerprint = evora.fingerprint(
-                   x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
-                   x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
-                   x.expires_at, x.group_key) THEN 'replayed'
-               WHEN k.fingerprint = before_0011[x.ord] THEN 'replayed'
+               WHEN s.id IS NULL THEN 'gone'
+               WHEN k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord]) THEN 'replayed'
                WHEN k.job_id = ANY(ids) THEN 'repeat_conflict'
                ELSE 'conflict'
            END,
-           CASE WHEN c.n IS NULL THEN array_position(ids, k.job_id) END,
-           coalesce(made_jobs[c.n], s),
-           sent, held
-    FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
-                backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
-                idempotency_keys, group_keys)
-        WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
-                             lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
-                             expires_at, key, group_key, ord)
-    LEFT JOIN unnest(made_ords) WITH ORDINALITY AS c(ord, n) ON c.ord = x.ord
-    LEFT JOIN idempotency_keys k ON c.n IS NULL AND k.queue = x.queue AND k.key = x.key
+           array_position(ids, k.job_id),
+           s,
+           NULL::text[], NULL::text[]
+    FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+    LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
     LEFT JOIN jobs s ON s.id = k.job_id
-    ORDER BY x.ord;
+    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id;
 END
 $$;
 
@@ -432,6 +434,7 @@ BEGIN
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
             '{}', '{}')
+        ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
         IF r.outcome IN ('conflict', 'repeat_conflict') THEN
