@@ -148,12 +148,16 @@ async def test_a_committed_job_wakes_a_waiting_worker_as_an_http_one_does(
                 return uuid.UUID((await response.json())["id"])
 
         latencies: dict[str, list[float]] = {"sql": [], "http": []}
+        by_hint = {"sql": 0, "http": 0}
         for _ in range(ROUNDS):
             for way, submit in (("sql", in_sql), ("http", over_http)):
                 before = await _notify_wakeups(http, dispatcher)
                 latencies[way].append(await _woken_within(http, dispatcher, "wake", submit))
-                # woken by the hint, not by the fallback poll
-                assert await _notify_wakeups(http, dispatcher) == before + 1
+                by_hint[way] += int(await _notify_wakeups(http, dispatcher) - before)
+    # Woken by the hint, not by the fallback poll (which wakes every waiter each 2 s, so it
+    # may, rarely, come between a commit and its hint and claim the job first).
+    assert by_hint["sql"] >= ROUNDS - 1, by_hint
+    assert by_hint["http"] >= ROUNDS - 1, by_hint
     for way, seconds in latencies.items():
         ms = sorted(s * 1000 for s in seconds)
         print(f"wake latency {way}: median {ms[len(ms) // 2]:.1f} ms, max {ms[-1]:.1f} ms")
