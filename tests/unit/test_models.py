@@ -59,13 +59,6 @@ def test_payload_size_limit_counts_encoded_bytes() -> None:
         parse({"queue": "q", "type": "t", "payload": "x" * 120}, limit=100)
 
 
-def test_fingerprint_ignores_key_and_fills_defaults() -> None:
-    a = parse({"queue": "q", "type": "t", "idempotency_key": "k"})
-    b = parse({"queue": "q", "type": "t", "priority": 0, "payload": {}, "idempotency_key": "k"})
-    c = parse({"queue": "q", "type": "t", "payload": {"x": 1}, "idempotency_key": "k"})
-    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
-
-
 def test_job_ids_are_time_ordered_uuid7() -> None:
     import time
 

@@ -6,7 +6,6 @@ Validation happens once, at the edge, with these models; the store trusts them.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -154,14 +153,6 @@ class JobSubmission(_Strict):
         if self.run_at is not None:
             return self.run_at
         return now + timedelta(seconds=self.delay_seconds or 0.0)
-
-    def fingerprint(self) -> bytes:
-        """Identity of the submission for idempotency: the fields as given, defaults filled.
-
-        `delay_seconds` is kept as given (not resolved to a time) so that retrying the same
-        request later still matches."""
-        fields = self.model_dump(mode="json", exclude={"idempotency_key"})
-        return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
 
 
 class LastError(BaseModel):

@@ -1,6 +1,6 @@
 """Every SQL statement the job store issues, by name. The statements are written whole in
 sql/transitions.sql (every change of a job's state, one statement each, with its event),
-sql/jobs.sql (submitting and reading jobs) and sql/queues.sql (pausing, hints); only the
+sql/jobs.sql (reading jobs) and sql/queues.sql (pausing, hints); only the
 admin job listing is assembled here, one statement per filter combination.
 """
 
@@ -35,8 +35,8 @@ from evora.storage.statements import load
     "discard",
 )
 
-SUBMIT, IDEMPOTENT_REPLAYS, GET_JOB, JOB_STATES, JOB_EVENTS, NEXT_DUE = load(
-    "jobs", "submit", "idempotent_replays", "get_job", "job_states", "job_events", "next_due"
+GET_JOB, JOB_STATES, JOB_EVENTS, NEXT_DUE = load(
+    "jobs", "get_job", "job_states", "job_events", "next_due"
 )
 
 PAUSE_QUEUE, RESUME_QUEUE, PAUSED_QUEUES, ALL_PAUSED_QUEUES, NOTIFY_QUEUES = load(

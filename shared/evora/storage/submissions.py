@@ -1,13 +1,15 @@
-"""Submitting jobs: new ids, idempotency keys and the answer for every item of a batch.
+"""Submitting jobs: new ids, and the answer for every item of a set of submissions.
 
-A key is stored with a fingerprint of the submission's fields in the same statement as its
-job (sql/jobs.sql, `submit`); a key seen before replays its job when the fields match and is
-an idempotency conflict when they differ. Which items of a batch created a job, replayed one
-or conflicted is decided here, from the statement's rows.
+The rules live in the database, in evora.submit_rows() (migrations/0011_submit_in_sql.sql),
+which is also what applications run when they submit in SQL (evora.submit): an idempotency
+key is stored with a fingerprint of the submission's fields in the same statement as its
+job; a key seen before replays its job when the fields match and is an idempotency conflict
+when they differ. Here each item's outcome becomes the job or the error the api answers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -15,12 +17,15 @@ from dataclasses import dataclass
 from uuid import UUID
 
 import asyncpg
+import orjson
 
 from evora.domain.errors import EvoraError, IdempotencyConflict, IdempotentJobGone
 from evora.domain.models import JobSubmission
-from evora.storage import queries
 from evora.storage.db import jsonb_elements
 from evora.storage.rows import JobDict, job_from_row
+from evora.storage.statements import load
+
+(SUBMIT,) = load("submit", "submit")
 
 # Runs a transition statement and settles its NOTIFY hints (JobStore._change).
 Change = Callable[..., Awaitable[list[asyncpg.Record]]]
@@ -62,94 +67,61 @@ async def store(
     committed: bool,
     name_repeats: bool = False,
 ) -> tuple[list[Submitted | EvoraError], list[asyncpg.Record]]:
-    """Insert the submissions in one statement; the outcome of each (created, replayed
+    """Store the submissions in one statement; the outcome of each (created, replayed
     or an idempotency error) and the statement's rows. With `name_repeats` (one batch
     request) a key repeated with other fields is reported by item index."""
-    # Only a key needs the fingerprint: it is what a replay is compared by.
-    fingerprints = [None if s.idempotency_key is None else s.fingerprint() for s in submissions]
-    first_with_key: dict[tuple[str, str], int] = {}
-    repeat_of: dict[int, int] = {}
-    for index, sub in enumerate(submissions):
-        if sub.idempotency_key is not None:
-            first = first_with_key.setdefault((sub.queue, sub.idempotency_key), index)
-            if first != index:
-                repeat_of[index] = first
-    fresh = [i for i in range(len(submissions)) if i not in repeat_of]
-    ids = dict(zip(fresh, uuid7s(len(fresh)), strict=True))
-    rows = [submissions[i] for i in fresh]
-    inserted = await change(
+    rows = await change(
         conn,
-        queries.SUBMIT,
-        [ids[i] for i in fresh],
-        [s.queue for s in rows],
-        [s.type for s in rows],
-        jsonb_elements(s.payload for s in rows),
-        [s.priority for s in rows],
-        [s.run_at for s in rows],
-        [s.delay_seconds or 0.0 for s in rows],
-        [s.max_attempts for s in rows],
-        [s.lease_seconds for s in rows],
-        [s.backoff.initial_seconds for s in rows],
-        [s.backoff.max_seconds for s in rows],
-        [s.backoff.multiplier for s in rows],
-        [s.expires_at for s in rows],
-        [s.idempotency_key for s in rows],
-        [s.group_key for s in rows],
-        [fingerprints[i] for i in fresh],
+        SUBMIT,
+        uuid7s(len(submissions)),
+        [s.queue for s in submissions],
+        [s.type for s in submissions],
+        jsonb_elements(s.payload for s in submissions),
+        [s.priority for s in submissions],
+        [s.run_at for s in submissions],
+        [s.delay_seconds for s in submissions],
+        [s.max_attempts for s in submissions],
+        [s.lease_seconds for s in submissions],
+        [s.backoff.initial_seconds for s in submissions],
+        [s.backoff.max_seconds for s in submissions],
+        [s.backoff.multiplier for s in submissions],
+        [s.expires_at for s in submissions],
+        [s.idempotency_key for s in submissions],
+        [s.group_key for s in submissions],
+        [None if s.idempotency_key is None else _fingerprint_before_0011(s) for s in submissions],
         committed=committed,
     )
-    created = {row["job"]["id"]: row["job"] for row in inserted}
-    results: dict[int, Submitted | EvoraError] = {}
-    replayed = []
-    for i in fresh:
-        row = created.get(ids[i])
-        if row is None:
-            replayed.append(i)
-        else:
-            results[i] = Submitted(job_from_row(row), created=True)
-    # A key that was already stored is judged against the stored job, every time it
-    # appears; a key new in this statement against its first appearance.
-    known = set(replayed)
-    replayed += [i for i, first in repeat_of.items() if first in known]
-    if replayed:
-        results.update(await _replays(conn, submissions, fingerprints, replayed))
-    for index, first in repeat_of.items():
-        if first in known:
-            continue
-        if fingerprints[index] != fingerprints[first]:
-            results[index] = IdempotencyConflict(
-                f"jobs[{index}] reuses the idempotency key of jobs[{first}] with different fields"
-                if name_repeats
-                else _key_reused(submissions[index])
+    by_position = {row["ord"]: row for row in rows}
+    return [
+        _outcome(index, sub, by_position[index + 1], name_repeats)
+        for index, sub in enumerate(submissions)
+    ], rows
+
+
+def _fingerprint_before_0011(sub: JobSubmission) -> bytes:
+    """The fingerprint the api stored with a key before migration 0011 made the database
+    compute them: a retry of a submission made then, with the same fields, still replays.
+    (Drop it once no key from before the upgrade can still be retried.)"""
+    fields = sub.model_dump(mode="json", exclude={"idempotency_key"})
+    return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+def _outcome(
+    index: int, sub: JobSubmission, row: asyncpg.Record, name_repeats: bool
+) -> Submitted | EvoraError:
+    match row["outcome"]:
+        case "created" | "replayed":
+            return Submitted(job_from_row(row["job"]), created=row["outcome"] == "created")
+        case "repeat_conflict" if name_repeats:
+            return IdempotencyConflict(
+                f"jobs[{index}] reuses the idempotency key of jobs[{row['first_ord'] - 1}] "
+                "with different fields"
             )
-        else:
-            results[index] = Submitted(job_from_row(created[ids[first]]), created=False)
-    return [results[i] for i in range(len(submissions))], inserted
-
-
-async def _replays(
-    conn: asyncpg.Connection,
-    submissions: Sequence[JobSubmission],
-    fingerprints: Sequence[bytes | None],
-    indexes: Sequence[int],
-) -> dict[int, Submitted | EvoraError]:
-    records = await conn.fetch(
-        queries.IDEMPOTENT_REPLAYS,
-        [submissions[i].queue for i in indexes],
-        [submissions[i].idempotency_key for i in indexes],
-    )
-    by_key = {(r["key_queue"], r["key_name"]): r for r in records}
-    results: dict[int, Submitted | EvoraError] = {}
-    for i in indexes:
-        sub = submissions[i]
-        record = by_key.get((sub.queue, sub.idempotency_key))
-        if record is None or record["id"] is None:
-            results[i] = IdempotentJobGone(
+        case "conflict" | "repeat_conflict":
+            return IdempotencyConflict(_key_reused(sub))
+        case "gone":
+            return IdempotentJobGone(
                 f"idempotency key {sub.idempotency_key!r} was used in queue {sub.queue!r} "
                 "by a job that has since been removed"
             )
-        elif bytes(record["fingerprint"]) != fingerprints[i]:
-            results[i] = IdempotencyConflict(_key_reused(sub))
-        else:
-            results[i] = Submitted(job_from_row(record), created=False)
-    return results
+    raise ValueError(f"evora.submit_rows answered an unknown outcome {row['outcome']!r}")

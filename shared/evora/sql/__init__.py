@@ -1,0 +1,225 @@
+"""Submitting jobs inside the application's own transaction (docs/sql-enqueue.md).
+
+For applications that keep their data in Evora's PostgreSQL database: `submit` and
+`submit_batch` call the SQL functions `evora.submit` and `evora.submit_batch` on a
+connection the application already holds, so the job exists exactly when the application's
+transaction commits. They take an asyncpg connection (or pool), a psycopg 3 connection or
+cursor, or a SQLAlchemy connection or session; `submit_sync` and `submit_batch_sync` take
+the synchronous psycopg and SQLAlchemy ones.
+
+No driver is imported here: the connection's own methods are called, so a worker's plain
+`pip install evora` needs none of them. Errors are the driver's own: SQLSTATE class 22 or
+23 with a message that starts with the field (`priority: must be an integer`); an
+idempotency conflict is 23505 with constraint `evora_idempotency_conflict`, a key whose
+job was removed 23505 with `evora_idempotent_job_gone`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+import orjson
+
+__all__ = ["submit", "submit_batch", "submit_batch_sync", "submit_sync"]
+
+Driver = Literal["asyncpg", "psycopg", "sqlalchemy"]
+_DRIVERS: tuple[Driver, ...] = ("asyncpg", "psycopg", "sqlalchemy")
+
+# Parameters go in as text and are cast in SQL, so the application's own type codecs (an
+# asyncpg jsonb codec, a SQLAlchemy JSON type) never see them.
+_SUBMIT = (
+    "SELECT evora.submit({0}, {1}, CAST(CAST({2} AS text) AS jsonb), "
+    "CAST(CAST({3} AS text) AS jsonb))"
+)
+_SUBMIT_BATCH = "SELECT evora.submit_batch(CAST(CAST({0} AS text) AS jsonb))"
+_PLACEHOLDERS: dict[Driver, tuple[str, ...]] = {
+    "asyncpg": ("$1", "$2", "$3", "$4"),
+    "psycopg": ("%s", "%s", "%s", "%s"),
+    "sqlalchemy": (":p1", ":p2", ":p3", ":p4"),
+}
+_EMPTY_PAYLOAD: Any = {}
+
+
+def _driver(conn: object) -> tuple[Driver, bool]:
+    """Which driver `conn` belongs to, and whether its calls are awaited."""
+    for cls in type(conn).__mro__:
+        root = cls.__module__.partition(".")[0]
+        if root in _DRIVERS:
+            driver: Driver = root
+            if driver == "asyncpg":
+                return driver, True
+            if driver == "psycopg":
+                return driver, any(c.__name__.startswith("Async") for c in type(conn).__mro__)
+            return driver, any(
+                c.__module__.startswith("sqlalchemy.ext.asyncio") for c in type(conn).__mro__
+            )
+    raise TypeError(
+        f"evora.sql needs an asyncpg, psycopg 3 or SQLAlchemy connection, not {type(conn)!r}"
+    )
+
+
+def _json(value: Any) -> str:
+    # orjson writes aware datetimes as RFC 3339; a naive one has no offset and is refused
+    # by evora.submit, as by the api.
+    return orjson.dumps(value).decode()
+
+
+def _options(
+    priority: int | None,
+    run_at: datetime | None,
+    delay_seconds: float | None,
+    max_attempts: int | None,
+    lease_seconds: int | None,
+    backoff: Mapping[str, float] | None,
+    expires_at: datetime | None,
+    idempotency_key: str | None,
+    group_key: str | None,
+) -> str:
+    given = {
+        "priority": priority,
+        "run_at": run_at,
+        "delay_seconds": delay_seconds,
+        "max_attempts": max_attempts,
+        "lease_seconds": lease_seconds,
+        "backoff": None if backoff is None else dict(backoff),
+        "expires_at": expires_at,
+        "idempotency_key": idempotency_key,
+        "group_key": group_key,
+    }
+    return _json({name: value for name, value in given.items() if value is not None})
+
+
+class _Call:
+    """One call of evora.submit or evora.submit_batch, written for the connection's driver."""
+
+    def __init__(self, conn: object, statement: str, params: Sequence[str], *, awaited: bool):
+        self.conn: Any = conn
+        self.driver, is_async = _driver(conn)
+        if is_async != awaited:
+            use = "evora.sql.submit" if is_async else "evora.sql.submit_sync"
+            raise TypeError(
+                f"{type(conn).__name__} is {'' if is_async else 'not '}async: use {use}"
+            )
+        self.sql = statement.format(*_PLACEHOLDERS[self.driver])
+        self.params = params
+
+    async def run(self) -> Any:
+        if self.driver == "asyncpg":
+            return await self.conn.fetchval(self.sql, *self.params)
+        if self.driver == "psycopg":
+            cursor = await self.conn.execute(self.sql, self.params)
+            row = await cursor.fetchone()
+            return row[0]
+        result = await self.conn.execute(self._text(), self._named())
+        return result.scalar_one()
+
+    def run_sync(self) -> Any:
+        if self.driver == "psycopg":
+            return self.conn.execute(self.sql, self.params).fetchone()[0]
+        return self.conn.execute(self._text(), self._named()).scalar_one()
+
+    def _text(self) -> Any:
+        from sqlalchemy import text  # only ever reached with a SQLAlchemy connection
+
+        return text(self.sql)
+
+    def _named(self) -> dict[str, str]:
+        return {f"p{n}": value for n, value in enumerate(self.params, start=1)}
+
+
+def _submit_call(
+    conn: object,
+    queue: str,
+    type: str,
+    payload: Any,
+    options: str,
+    *,
+    awaited: bool,
+) -> _Call:
+    return _Call(conn, _SUBMIT, (queue, type, _json(payload), options), awaited=awaited)
+
+
+def _ids(value: Sequence[Any]) -> list[UUID]:
+    return [UUID(str(v)) for v in value]
+
+
+async def submit(
+    conn: object,
+    queue: str,
+    type: str,
+    payload: Any = _EMPTY_PAYLOAD,
+    *,
+    priority: int | None = None,
+    run_at: datetime | None = None,
+    delay_seconds: float | None = None,
+    max_attempts: int | None = None,
+    lease_seconds: int | None = None,
+    backoff: Mapping[str, float] | None = None,
+    expires_at: datetime | None = None,
+    idempotency_key: str | None = None,
+    group_key: str | None = None,
+) -> UUID:
+    """Submit one job in the transaction `conn` is in; its id. Fields left out take the
+    api's defaults; with an idempotency key used before for the same fields, the id of the
+    job first submitted with it."""
+    options = _options(
+        priority,
+        run_at,
+        delay_seconds,
+        max_attempts,
+        lease_seconds,
+        backoff,
+        expires_at,
+        idempotency_key,
+        group_key,
+    )
+    call = _submit_call(conn, queue, type, payload, options, awaited=True)
+    return UUID(str(await call.run()))
+
+
+def submit_sync(
+    conn: object,
+    queue: str,
+    type: str,
+    payload: Any = _EMPTY_PAYLOAD,
+    *,
+    priority: int | None = None,
+    run_at: datetime | None = None,
+    delay_seconds: float | None = None,
+    max_attempts: int | None = None,
+    lease_seconds: int | None = None,
+    backoff: Mapping[str, float] | None = None,
+    expires_at: datetime | None = None,
+    idempotency_key: str | None = None,
+    group_key: str | None = None,
+) -> UUID:
+    """`submit` on a synchronous psycopg or SQLAlchemy connection."""
+    options = _options(
+        priority,
+        run_at,
+        delay_seconds,
+        max_attempts,
+        lease_seconds,
+        backoff,
+        expires_at,
+        idempotency_key,
+        group_key,
+    )
+    call = _submit_call(conn, queue, type, payload, options, awaited=False)
+    return UUID(str(call.run_sync()))
+
+
+async def submit_batch(conn: object, jobs: Sequence[Mapping[str, Any]]) -> list[UUID]:
+    """Submit jobs, each a mapping shaped like the body of POST /v1/jobs, all or nothing in
+    the transaction `conn` is in; their ids, in order."""
+    call = _Call(conn, _SUBMIT_BATCH, (_json(list(jobs)),), awaited=True)
+    return _ids(await call.run())
+
+
+def submit_batch_sync(conn: object, jobs: Sequence[Mapping[str, Any]]) -> list[UUID]:
+    """`submit_batch` on a synchronous psycopg or SQLAlchemy connection."""
+    call = _Call(conn, _SUBMIT_BATCH, (_json(list(jobs)),), awaited=False)
+    return _ids(call.run_sync())

@@ -1,0 +1,269 @@
+"""One idempotency key, submitted in SQL and over HTTP: the same rules, one job.
+
+Same key and same fields replay the first job, whichever way either came in; other fields
+are a conflict (SQLSTATE 23505, constraint evora_idempotency_conflict / 409
+idempotency_conflict); a key whose job was removed stays spent (evora_idempotent_job_gone /
+409 idempotent_job_gone). Racing submissions, in SQL and over HTTP, make exactly one job."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import uuid
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+
+from evora.domain.models import JobSubmission
+from tests.polling import until
+from tests.servers import Service
+from tests.sql.conftest import PRODUCER
+
+CLIENTS = 24
+ROUNDS = 4
+
+FULL: dict[str, Any] = {
+    "queue": "orders",
+    "type": "order.ship",
+    "payload": {"order": 42, "items": [1, 2.5, "three"], "note": "ünïcode ✓"},
+    "priority": -5,
+    "run_at": "2030-06-01T12:00:00+02:00",
+    "max_attempts": 7,
+    "lease_seconds": 120,
+    "backoff": {"initial_seconds": 2, "max_seconds": 60, "multiplier": 3},
+    "expires_at": "2031-01-01T00:00:00Z",
+    "group_key": "customer-7",
+}
+
+
+async def _sql_submit(conn: asyncpg.Connection, job: dict[str, Any]) -> uuid.UUID:
+    options = {k: v for k, v in job.items() if k not in ("queue", "type", "payload")}
+    job_id: uuid.UUID = await conn.fetchval(
+        "SELECT evora.submit($1, $2, $3::text::jsonb, $4::text::jsonb)",
+        job["queue"],
+        job["type"],
+        orjson.dumps(job.get("payload", {})).decode(),
+        orjson.dumps(options).decode(),
+    )
+    return job_id
+
+
+async def _http_submit(
+    http: aiohttp.ClientSession, api: Service, job: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
+    async with http.post(api.url + "/v1/jobs", json=job, headers=PRODUCER) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def test_the_same_fields_replay_across_sql_and_http(
+    app_conn: asyncpg.Connection, api: Service
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        first = {**FULL, "idempotency_key": "sql-first"}
+        job_id = await _sql_submit(app_conn, first)
+        status, body = await _http_submit(http, api, first)
+        assert (status, body["id"]) == (200, str(job_id))
+        # the same instant written with another offset is the same field
+        same_instant = {**first, "run_at": "2030-06-01T10:00:00Z"}
+        assert (await _http_submit(http, api, same_instant))[1]["id"] == str(job_id)
+
+        http_first = {**FULL, "idempotency_key": "http-first", "delay_seconds": 30}
+        del http_first["run_at"]
+        status, body = await _http_submit(http, api, http_first)
+        assert status == 201
+        assert str(await _sql_submit(app_conn, http_first)) == body["id"]
+
+        for change in ({"priority": -4}, {"payload": {"order": 43}}, {"delay_seconds": 31}):
+            other = {**http_first, **change}
+            status, problem = await _http_submit(http, api, other)
+            assert (status, problem["code"]) == (409, "idempotency_conflict")
+            with pytest.raises(asyncpg.UniqueViolationError) as raised:
+                await _sql_submit(app_conn, other)
+            assert raised.value.constraint_name == "evora_idempotency_conflict"
+            assert str(raised.value).startswith("idempotency_key:")
+        assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 2
+
+
+async def test_a_key_whose_job_was_removed_stays_spent(
+    app_conn: asyncpg.Connection, api: Service
+) -> None:
+    job = {"queue": "q", "type": "t", "idempotency_key": "spent"}
+    job_id = await _sql_submit(app_conn, job)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{api.url}/v1/jobs/{job_id}/cancel", headers=PRODUCER) as response:
+            assert response.status == 200
+        await app_conn.execute("DELETE FROM jobs WHERE id = $1", job_id)  # as retention does
+        status, problem = await _http_submit(http, api, job)
+        assert (status, problem["code"]) == (409, "idempotent_job_gone")
+    with pytest.raises(asyncpg.UniqueViolationError) as raised:
+        await _sql_submit(app_conn, job)
+    assert raised.value.constraint_name == "evora_idempotent_job_gone"
+    with pytest.raises(asyncpg.UniqueViolationError) as raised:
+        await app_conn.fetchval(
+            "SELECT evora.submit_batch($1::text::jsonb)",
+            orjson.dumps([{"queue": "q", "type": "t"}, job]).decode(),
+        )
+    assert str(raised.value).startswith("jobs[1].idempotency_key:")
+    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_a_repeated_key_in_one_sql_batch(app_conn: asyncpg.Connection) -> None:
+    job = {"queue": "q", "type": "t", "idempotency_key": "twice"}
+    ids = await app_conn.fetchval(
+        "SELECT evora.submit_batch($1::text::jsonb)",
+        orjson.dumps([job, {**job, "queue": "r"}, job]).decode(),
+    )
+    assert ids[0] == ids[2] != ids[1]
+    with pytest.raises(asyncpg.UniqueViolationError) as raised:
+        await app_conn.fetchval(
+            "SELECT evora.submit_batch($1::text::jsonb)",
+            orjson.dumps(
+                [
+                    {**job, "idempotency_key": "new"},
+                    {**job, "idempotency_key": "new", "priority": 1},
+                ]
+            ).decode(),
+        )
+    assert str(raised.value) == (
+        "jobs[1].idempotency_key: reuses the idempotency key of jobs[0] with different fields"
+    )
+    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 2
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
+async def test_an_http_submission_waits_for_an_open_sql_transaction_holding_its_key(
+    db_url: str, app_conn: asyncpg.Connection, api: Service, commit: bool
+) -> None:
+    job = {"queue": "q", "type": "t", "idempotency_key": "held"}
+    async with aiohttp.ClientSession() as http:
+        tx = app_conn.transaction()
+        await tx.start()
+        held_id = await _sql_submit(app_conn, job)
+        request = asyncio.create_task(_http_submit(http, api, job))
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND application_name LIKE 'evora%'"
+        )
+        monitor = await asyncpg.connect(db_url)
+        try:
+
+            async def api_waits() -> bool:
+                return bool(await monitor.fetchval(waiting) == 1)
+
+            await until(api_waits, "the api waiting for the key")
+        finally:
+            await monitor.close()
+        await (tx.commit() if commit else tx.rollback())
+        status, body = await asyncio.wait_for(request, 30)
+    if commit:
+        assert (status, body["id"]) == (200, str(held_id))
+    else:
+        assert status == 201
+        assert body["id"] != str(held_id)
+    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 1
+
+
+async def _racer(
+    job: dict[str, Any],
+    start: asyncio.Event,
+    *,
+    conn: asyncpg.Connection | None,
+    http: aiohttp.ClientSession,
+    api: Service,
+    batch: bool,
+) -> str:
+    """One racing client: in SQL on `conn` (its own transaction) or over HTTP; the job id
+    it was answered, or "conflict"."""
+    await start.wait()
+    if conn is not None:
+        try:
+            async with conn.transaction():
+                if batch:
+                    ids = await conn.fetchval(
+                        "SELECT evora.submit_batch($1::text::jsonb)", orjson.dumps([job]).decode()
+                    )
+                    return str(ids[0])
+                return str(await _sql_submit(conn, job))
+        except asyncpg.UniqueViolationError as exc:
+            return "conflict" if exc.constraint_name == "evora_idempotency_conflict" else str(exc)
+    if batch:
+        body = {"jobs": [job]}
+        async with http.post(api.url + "/v1/jobs/batch", json=body, headers=PRODUCER) as response:
+            answer = await response.json(content_type=None)
+            if response.status == 200:
+                return str(answer["jobs"][0]["job"]["id"])
+            return "conflict" if answer.get("code") == "idempotency_conflict" else str(answer)
+    status, answer = await _http_submit(http, api, job)
+    if status in (200, 201):
+        return str(answer["id"])
+    return "conflict" if answer.get("code") == "idempotency_conflict" else str(answer)
+
+
+async def test_racing_sql_and_http_submissions_of_one_key_make_one_job(
+    db_url: str, api: Service
+) -> None:
+    """Many clients at once, each in SQL (its own transaction) or over HTTP (single or
+    batch), two thirds with one set of fields and a third with another: one job; every
+    client with the winner's fields gets it, every other one a conflict."""
+    rng = random.Random(17)
+    conns = [await asyncpg.connect(db_url) for _ in range(CLIENTS // 2)]
+    try:
+        async with aiohttp.ClientSession() as http:
+            for round_ in range(ROUNDS):
+                key = f"race-{round_}"
+                variants = [
+                    {"queue": "race", "type": "t", "payload": {"v": v}, "idempotency_key": key}
+                    for v in ("a", "b")
+                ]
+                start = asyncio.Event()
+                chosen = [1 if n % 3 == 0 else 0 for n in range(CLIENTS)]
+                tasks = [
+                    asyncio.create_task(
+                        _racer(
+                            variants[chosen[n]],
+                            start,
+                            conn=conns[n // 2] if n % 2 == 0 else None,
+                            http=http,
+                            api=api,
+                            batch=rng.random() < 0.3,
+                        )
+                    )
+                    for n in range(CLIENTS)
+                ]
+                start.set()
+                answers = await asyncio.gather(*tasks)
+                rows = await conns[0].fetch(
+                    "SELECT id, payload FROM jobs WHERE idempotency_key = $1", key
+                )
+                assert len(rows) == 1
+                winner = 0 if orjson.loads(rows[0]["payload"]) == {"v": "a"} else 1
+                expected = [str(rows[0]["id"]) if c == winner else "conflict" for c in chosen]
+                assert answers == expected
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def test_a_key_stored_before_the_database_computed_fingerprints_still_replays(
+    app_conn: asyncpg.Connection, api: Service
+) -> None:
+    """Before migration 0011 the api stored sha256 of the submission's fields as sorted JSON;
+    a retry after the upgrade with the same fields is still a replay, other fields still a
+    conflict."""
+    job = {**FULL, "idempotency_key": "from-before"}
+    async with aiohttp.ClientSession() as http:
+        status, body = await _http_submit(http, api, job)
+        assert status == 201
+        fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
+            mode="json", exclude={"idempotency_key"}
+        )
+        before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
+        await app_conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
+        status, replay = await _http_submit(http, api, job)
+        assert (status, replay["id"]) == (200, body["id"])
+        status, problem = await _http_submit(http, api, {**job, "priority": 0})
+        assert (status, problem["code"]) == (409, "idempotency_conflict")

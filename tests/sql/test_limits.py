@@ -1,0 +1,43 @@
+"""The numbers the SQL functions validate with are the api's: evora.protocol.limits and the
+bounds and defaults of the api's submission model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import orjson
+from pydantic import BaseModel
+
+from evora.domain.models import Backoff, JobSubmission
+from evora.protocol import limits
+
+
+def _bounds(model: type[BaseModel], field: str) -> tuple[Any, Any, Any]:
+    """(lower bound, upper bound, default) of a model's numeric field."""
+    info = model.model_fields[field]
+    low = high = None
+    for rule in info.metadata:
+        low = getattr(rule, "ge", getattr(rule, "gt", low))
+        high = getattr(rule, "le", getattr(rule, "lt", high))
+    return low, high, info.default
+
+
+async def test_the_sql_limits_are_the_apis(app_conn: asyncpg.Connection) -> None:
+    sql = orjson.loads(await app_conn.fetchval("SELECT evora.limits()::text"))
+    assert sql["queue_pattern"] == limits.QUEUE_PATTERN
+    assert sql["type_pattern"] == limits.TYPE_PATTERN
+    assert sql["key_max_length"] == limits.KEY_MAX_LENGTH
+    assert sql["max_payload_bytes"] == limits.DEFAULT_MAX_PAYLOAD_BYTES
+    assert sql["max_seconds"] == limits.MAX_SECONDS
+    assert sql["max_batch"] == limits.MAX_BATCH
+    for field in ("priority", "max_attempts", "lease_seconds"):
+        low, high, default = _bounds(JobSubmission, field)
+        assert (sql[field]["min"], sql[field]["max"], sql[field]["default"]) == (low, high, default)
+    for field in ("initial_seconds", "max_seconds", "multiplier"):
+        low, high, default = _bounds(Backoff, field)
+        assert sql["backoff"][field] == default
+        top = sql["backoff"]["max_multiplier"] if field == "multiplier" else sql["max_seconds"]
+        assert (low, high) == (1 if field == "multiplier" else 0, top)
+    assert _bounds(JobSubmission, "delay_seconds")[:2] == (0, sql["max_seconds"])
+    assert JobSubmission.model_fields["payload"].default_factory() == {}  # type: ignore[misc,call-arg]
