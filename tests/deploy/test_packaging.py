@@ -3,6 +3,7 @@ of the server side's dependencies come with it."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,10 @@ CHECK = textwrap.dedent(
 )
 
 
+# The clean virtualenv must see only what was installed into it, not a checkout on PYTHONPATH.
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> None:
     # Built from a copy, so the build leaves nothing in the working tree.
     source = tmp_path / "src"
@@ -61,6 +66,7 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
         ],
         check=True,
         timeout=600,
+        env=CLEAN_ENV,
     )
 
     checked = subprocess.run(
@@ -69,6 +75,7 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
         text=True,
         timeout=120,
         check=True,
+        env=CLEAN_ENV,
         cwd=tmp_path,  # not the checkout: its egg-info would answer for the installed package
     )
     assert checked.stdout.strip() == (
@@ -83,6 +90,7 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
         capture_output=True,
         text=True,
         timeout=120,
+        env=CLEAN_ENV,
         cwd=tmp_path,
     )
     assert cli.returncode == 2, cli.stderr
