@@ -1,0 +1,42 @@
+"""Running the real `evora` command in a child process, as a user's shell would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+EVORA = [sys.executable, "-m", "evora_services.cli"]
+
+
+def clean_environment(extra: Mapping[str, str] = {}) -> dict[str, str]:
+    """This process's environment without any EVORA_* variable, plus `extra`, with the
+    source tree importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "shared"), str(REPO)])
+    env.update(extra)
+    return env
+
+
+def evora(
+    *args: str, env: Mapping[str, str] = {}, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EVORA, *args],
+        env=clean_environment(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def one_line(stderr: str) -> str:
+    """The single line a failing command printed; fails when there are more (a traceback)."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
