@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, get_args
 
 from evora.logs import LogFormat, configure_logging
+from evora_services.admin_cli.parser import add_commands
 
 if TYPE_CHECKING:
     from evora.config import Settings
@@ -101,17 +102,27 @@ def _pipeline(args: argparse.Namespace, settings: Settings) -> int:
 Command = Callable[[argparse.Namespace, "Settings"], int]
 
 
+_PIPELINE_ENV = (
+    "EVORA_DATABASE_URL (required), EVORA_ARCHIVE_URL, EVORA_JDBC_JAR, EVORA_LOG_LEVEL; "
+    "see evora_services/pipeline/README.md"
+)
+
+
 def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pipeline = sub.add_parser(
         "pipeline",
         help="the PySpark batch pipeline: Parquet event archive and analytics",
-        description="Spark jobs over the event history; see evora_services/pipeline/README.md.",
+        description="The PySpark batch pipeline: Spark jobs over the event history.",
+        epilog=f"environment: {_PIPELINE_ENV}",
     )
     jobs = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="JOB")
-    archive = jobs.add_parser(
+    archive = _command(
+        jobs,
         "archive",
-        help="copy old, projected events to the Parquet archive (EVORA_ARCHIVE_URL), verify, "
+        "copy old, projected events to the Parquet archive (EVORA_ARCHIVE_URL), verify, "
         "then let the sweeper remove them from PostgreSQL",
+        "Idempotent: a run that stopped half-way is completed by the next.",
+        _PIPELINE_ENV,
     )
     archive.add_argument(
         "--older-than",
@@ -120,10 +131,13 @@ def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="archive events older than this (default EVORA_RETENTION_EVENTS_SECONDS)",
     )
     archive.add_argument("--max-events", type=int, help="archive at most this many per run")
-    run = jobs.add_parser(
+    run = _command(
+        jobs,
         "run",
-        help="analytics per queue and job type over archive plus live events, "
+        "analytics per queue and job type over archive plus live events, "
         "to Parquet and MongoDB (analytics_*)",
+        "Reads PostgreSQL through JDBC.",
+        f"EVORA_MONGO_URL, EVORA_MONGO_DB, {_PIPELINE_ENV}",
     )
     run.add_argument("--output", help="Parquet output URL (default EVORA_ARCHIVE_URL/analytics)")
     run.add_argument("--no-mongo", action="store_true", help="write Parquet only")
@@ -269,6 +283,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_services(sub)
     _add_worker(sub)
     _add_pipeline(sub)
+    add_commands(sub)
     return parser
 
 
@@ -333,6 +348,10 @@ def _services_main(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if hasattr(args, "operate"):  # the operator commands: the SDK alone, no logging set up
+        from evora_services.admin_cli.run import run
+
+        return run(args)
     if args.command == "worker":
         try:
             _worker_logging(args)

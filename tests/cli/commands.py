@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -33,6 +34,20 @@ def evora(
         timeout=timeout,
         check=False,
     )
+
+
+async def evora_async(*args: str, env: Mapping[str, str] = {}) -> subprocess.CompletedProcess[str]:
+    """`evora` while this event loop goes on serving (the servers of the test run in it)."""
+    process = await asyncio.create_subprocess_exec(
+        *EVORA,
+        *args,
+        env=clean_environment(env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return subprocess.CompletedProcess(list(args), process.returncode, out.decode(), err.decode())
 
 
 def one_line(stderr: str) -> str:

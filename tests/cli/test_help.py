@@ -11,10 +11,17 @@ from evora_services.cli import _parser
 from tests.cli.commands import evora
 
 
-def _commands() -> dict[str, argparse.ArgumentParser]:
-    parser = _parser()
-    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(sub.choices)
+def _commands(
+    parser: argparse.ArgumentParser | None = None, path: tuple[str, ...] = ()
+) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """Every command and subcommand, by the words that name it."""
+    found: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+    for action in (parser or _parser())._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found[(*path, name)] = child
+                found.update(_commands(child, (*path, name)))
+    return found
 
 
 def test_version() -> None:
@@ -23,16 +30,16 @@ def test_version() -> None:
     assert result.stdout.strip() == f"evora {metadata.version('evora')}"
 
 
-@pytest.mark.parametrize("name", sorted(_commands()))
+@pytest.mark.parametrize("path", sorted(_commands()), ids=" ".join)
 def test_every_command_has_a_description_and_what_it_reads(
-    name: str, capsys: pytest.CaptureFixture[str]
+    path: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        _parser().parse_args([name, "--help"])
+        _parser().parse_args([*path, "--help"])
     assert exited.value.code == 0
-    text = capsys.readouterr().out
-    parser = _commands()[name]
+    text = " ".join(capsys.readouterr().out.split())
+    parser = _commands()[path]
     # More than the usage line and the options: a sentence about what it does.
-    assert parser.description and len(parser.description) > 40, name
-    assert parser.description.split(".")[0] in " ".join(text.split())
-    assert "environment:" in text or name == "pipeline", name
+    assert parser.description and len(parser.description) > 10, path
+    assert parser.description.split(".")[0] in text
+    assert "environment:" in text, path
