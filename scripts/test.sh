@@ -4,7 +4,7 @@ set -euo pipefail
 # shellcheck source=scripts/_env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
-ensure_venv
+ensure_venv dev
 
 # promtool for tests/deploy (`promtool check rules`, `test rules`): only the binary is taken
 # from Debian's `prometheus` package, so no Prometheus daemon is installed or started.
