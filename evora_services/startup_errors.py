@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import asyncpg
 
 from evora.config import Settings
+from evora.embedded import EmbeddedServerError
 
 
 class StartupError(Exception):
@@ -103,7 +104,7 @@ def _database_problem(exc: BaseException, url: str) -> str | None:
 def explain(exc: BaseException, settings: Settings) -> str | None:
     """One line for a failure to start that has a known cause, else None."""
     for found in _chain(exc):
-        if isinstance(found, StartupError):
+        if isinstance(found, StartupError | EmbeddedServerError):
             return str(found)
         if isinstance(found, OSError) and found.errno == errno.EADDRINUSE:
             match = _BIND_ADDRESS.search(str(found))
