@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     # consumed by the projector and older than this; at least an hour, so that retention can
     # never race the projector or an operator looking at recent history.
     retention_events_seconds: int = Field(default=30 * 86_400, ge=3600)
+    # The dispatcher warns (log and metric) about PENDING jobs due for longer than this that
+    # no worker claimed: most often no running worker handles their type.
+    unclaimed_warning_seconds: int = Field(default=300, ge=10)
 
     @field_validator("log_level", mode="before")
     @classmethod
