@@ -45,7 +45,8 @@ lint-imports
 if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
     apt_install openjdk-17-jre-headless
 fi
-apt_install libpostgresql-jdbc-java
+# junixsocket: pgjdbc's socket factory for database URLs that name a Unix socket.
+apt_install libpostgresql-jdbc-java libjunixsocket-java
 step "pytest${*:+ $*}"
 status=0
 pytest "$@" || status=$?
