@@ -85,6 +85,11 @@ def _database_problem(exc: BaseException, url: str) -> str | None:
         exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError
     ):
         return f"PostgreSQL refused the credentials ({where}): correct EVORA_DATABASE_URL"
+    if isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc):
+        return (
+            f"PostgreSQL does not offer TLS ({where}) but the URL's sslmode requires it: "
+            "enable TLS on the server or choose another sslmode in EVORA_DATABASE_URL"
+        )
     unreachable = isinstance(exc, asyncpg.CannotConnectNowError | socket.gaierror | TimeoutError)
     if isinstance(exc, OSError) and not unreachable:
         unreachable = exc.errno in {

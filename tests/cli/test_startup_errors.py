@@ -127,3 +127,14 @@ def test_a_second_evora_dev_on_the_same_data_dir_is_one_line(
     finally:
         first.terminate()
         first.wait(30)
+
+
+def test_database_urls_with_tls_settings_are_taken(db_url: str) -> None:
+    """Managed PostgreSQL is reached with libpq's sslmode in the URL; this server speaks no
+    TLS, so `prefer` connects in clear and `require` is refused in one line."""
+    preferred = evora("migrate", env={"EVORA_DATABASE_URL": f"{db_url}?sslmode=prefer"})
+    assert preferred.returncode == 0, preferred.stderr
+    required = evora("migrate", env={"EVORA_DATABASE_URL": f"{db_url}?sslmode=require"})
+    assert required.returncode == 1
+    line = one_line(required.stderr)
+    assert "TLS" in line and "sslmode" in line
