@@ -200,7 +200,7 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         sub,
         "api",
         "producer and admin HTTP service, with the dashboard",
-        "Serves /v1/jobs and /v1/queues (docs/http-api.md) and the dashboard at /dashboard/; "
+        "Serves /v1/jobs and /v1/queues (docs/http-api.md) and the dashboard at /; "
         "drains on SIGTERM.",
         f"EVORA_API_PORT (default 8080), {_SERVICE_ENV}",
     ).set_defaults(run=_api)

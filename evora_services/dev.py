@@ -34,7 +34,7 @@ from evora_services.startup_errors import StartupError
 # running system (`. .evora/env`); written once the services listen, removed at the end.
 ENV_FILE = "env"
 LOCK_FILE = "dev.lock"
-DASHBOARD_PATH = "/dashboard/"
+DASHBOARD_PATH = "/"
 
 
 @dataclass(frozen=True)
