@@ -15,6 +15,7 @@ import os
 import secrets
 import shlex
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -231,6 +232,13 @@ def _exports(settings: Settings) -> dict[str, str]:
     return exports
 
 
+def _evora_command() -> str:
+    """How another shell runs this `evora`: by its path when it is the console script (a
+    venv's bin/ is often not on that shell's PATH), else by name."""
+    script = Path(sys.argv[0])
+    return shlex.quote(str(script.resolve())) if script.name == "evora" else "evora"
+
+
 def _banner(
     settings: Settings, services: list[DevService], applied: list[int], exports: dict[str, str]
 ) -> None:
@@ -250,7 +258,8 @@ def _banner(
     env_file = settings.data_dir / ENV_FILE
     lines.append(f"In another shell, `. {env_file}` sets:")
     lines += [f"  export {name}={shlex.quote(value)}" for name, value in exports.items()]
-    lines.append("and run a worker, e.g.:")
-    lines.append("  evora worker examples.worker_example --queues demo")
+    lines.append("and a worker runs from there with, e.g.:")
+    worker = f"{_evora_command()} worker examples.worker_example --queues demo"
+    lines.append(f"  . {shlex.quote(str(env_file))} && {worker}")
     lines.append("Press Ctrl-C to stop.")
     print("\n".join(lines), flush=True)
