@@ -6,23 +6,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
 from typing import TYPE_CHECKING, get_args
 
 from evora.logs import LogFormat, configure_logging
+from evora_services.admin_cli.parser import add_commands
 
 if TYPE_CHECKING:
     from evora.config import Settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
+log = logging.getLogger("evora")
+
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     from evora.storage.migrate import apply_migrations
 
-    settings.require("database_url")
+    settings.require("database_url", serving=False)
     assert settings.database_url is not None
     applied = asyncio.run(apply_migrations(settings.database_url))
     if applied:
@@ -62,13 +67,26 @@ def _sweeper(args: argparse.Namespace, settings: Settings) -> int:
     return run(settings)
 
 
-def _worker(args: argparse.Namespace) -> int:
+def _dispatcher_url(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """--url, else EVORA_DISPATCHER_URL, else the dispatcher of this machine on
+    EVORA_DISPATCHER_PORT (what `evora dispatcher` listens on), else the module's own."""
+    from evora.sdk.loading import ENV_DISPATCHER_URL
+
+    if args.url or environ.get(ENV_DISPATCHER_URL):
+        return str(args.url or environ[ENV_DISPATCHER_URL])
+    port = environ.get("EVORA_DISPATCHER_PORT", "").strip()
+    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError("EVORA_DISPATCHER_PORT must be a port number (1-65535)")
+    return f"http://127.0.0.1:{port}" if port else None
+
+
+def _worker(args: argparse.Namespace, url: str | None) -> int:
     from evora.sdk.loading import run_worker_from_module
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
     return run_worker_from_module(
         args.module,
-        url=args.url,
+        url=url,
         token=args.token,
         queues=queues,
         concurrency=args.concurrency,
@@ -84,17 +102,27 @@ def _pipeline(args: argparse.Namespace, settings: Settings) -> int:
 Command = Callable[[argparse.Namespace, "Settings"], int]
 
 
+_PIPELINE_ENV = (
+    "EVORA_DATABASE_URL (required), EVORA_ARCHIVE_URL, EVORA_JDBC_JAR, EVORA_LOG_LEVEL; "
+    "see evora_services/pipeline/README.md"
+)
+
+
 def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pipeline = sub.add_parser(
         "pipeline",
         help="the PySpark batch pipeline: Parquet event archive and analytics",
-        description="Spark jobs over the event history; see evora_services/pipeline/README.md.",
+        description="The PySpark batch pipeline: Spark jobs over the event history.",
+        epilog=f"environment: {_PIPELINE_ENV}",
     )
     jobs = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="JOB")
-    archive = jobs.add_parser(
+    archive = _command(
+        jobs,
         "archive",
-        help="copy old, projected events to the Parquet archive (EVORA_ARCHIVE_URL), verify, "
+        "copy old, projected events to the Parquet archive (EVORA_ARCHIVE_URL), verify, "
         "then let the sweeper remove them from PostgreSQL",
+        "Idempotent: a run that stopped half-way is completed by the next.",
+        _PIPELINE_ENV,
     )
     archive.add_argument(
         "--older-than",
@@ -103,10 +131,13 @@ def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="archive events older than this (default EVORA_RETENTION_EVENTS_SECONDS)",
     )
     archive.add_argument("--max-events", type=int, help="archive at most this many per run")
-    run = jobs.add_parser(
+    run = _command(
+        jobs,
         "run",
-        help="analytics per queue and job type over archive plus live events, "
+        "analytics per queue and job type over archive plus live events, "
         "to Parquet and MongoDB (analytics_*)",
+        "Reads PostgreSQL through JDBC.",
+        f"EVORA_MONGO_URL, EVORA_MONGO_DB, {_PIPELINE_ENV}",
     )
     run.add_argument("--output", help="Parquet output URL (default EVORA_ARCHIVE_URL/analytics)")
     run.add_argument("--no-mongo", action="store_true", help="write Parquet only")
@@ -134,21 +165,59 @@ def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     pipeline.set_defaults(run=_pipeline)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="evora", description="Evora: a distributed job queue on PostgreSQL."
+def _version() -> str:
+    try:
+        return metadata.version("evora")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
+_SERVICE_ENV = (
+    "EVORA_DATABASE_URL (required), EVORA_TOKENS (role:token,...; required unless "
+    "EVORA_AUTH=disabled), EVORA_HOST, EVORA_LOG_LEVEL, EVORA_LOG_FORMAT; all settings: "
+    "docs/configuration.md"
+)
+
+
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str,
+    environment: str | None = None,
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help says what it does and what it reads."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=f"{summary}. {description}",
+        epilog=f"environment: {environment}" if environment else None,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser(
-        "api", help="producer and admin HTTP service (EVORA_API_PORT, default 8080)"
+
+
+def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _command(
+        sub,
+        "api",
+        "producer and admin HTTP service, with the dashboard",
+        "Serves /v1/jobs and /v1/queues (docs/http-api.md) and the dashboard at /; "
+        "drains on SIGTERM.",
+        f"EVORA_API_PORT (default 8080), {_SERVICE_ENV}",
     ).set_defaults(run=_api)
-    sub.add_parser(
+    _command(
+        sub,
         "dispatcher",
-        help="worker-facing HTTP service with long-poll claims (EVORA_DISPATCHER_PORT, 8081)",
+        "worker-facing HTTP service with long-poll claims",
+        "Workers claim jobs here, heartbeat, and report outcomes; drains on SIGTERM.",
+        f"EVORA_DISPATCHER_PORT (default 8081), {_SERVICE_ENV}",
     ).set_defaults(run=_dispatcher)
-    projector = sub.add_parser(
+    projector = _command(
+        sub,
         "projector",
-        help="tail the job_events outbox into MongoDB read models (EVORA_PROJECTOR_PORT, 8083)",
+        "tail the job_events outbox into MongoDB read models",
+        "Keeps the MongoDB read models (stats, the dashboard) up to date.",
+        f"EVORA_MONGO_URL (required), EVORA_MONGO_DB, EVORA_PROJECTOR_PORT (default 8083), "
+        f"{_SERVICE_ENV}",
     )
     projector.add_argument(
         "--rebuild",
@@ -156,25 +225,65 @@ def _parser() -> argparse.ArgumentParser:
         help="rebuild the read models from the whole outbox into a new generation, then switch",
     )
     projector.set_defaults(run=_projector)
-    sub.add_parser(
+    _command(
+        sub,
         "sweeper",
-        help="lease and TTL expiry, retention; health and metrics (EVORA_SWEEPER_PORT, 8082)",
+        "lease and TTL expiry, retention",
+        "Returns jobs of vanished workers, expires TTLs, removes old finished jobs; serves "
+        "health and metrics.",
+        f"EVORA_SWEEPER_PORT (default 8082), the retention settings, {_SERVICE_ENV}",
     ).set_defaults(run=_sweeper)
-    sub.add_parser(
-        "migrate", help="apply database migrations (idempotent, safe to run concurrently)"
+    _command(
+        sub,
+        "migrate",
+        "apply database migrations",
+        "Idempotent and safe to run concurrently; serves nothing, so it needs no tokens.",
+        "EVORA_DATABASE_URL (required)",
     ).set_defaults(run=_migrate)
-    dev = sub.add_parser(
-        "dev", help="the whole system on this machine with embedded databases (EVORA_DATA_DIR)"
+    _command(
+        sub,
+        "dev",
+        "the whole system on this machine with embedded databases",
+        "Starts PostgreSQL and a MongoDB-wire server under EVORA_DATA_DIR (unless "
+        "EVORA_DATABASE_URL / EVORA_MONGO_URL are set), applies migrations and runs every "
+        "service on loopback. A default port that is busy is replaced by a free one. Prints "
+        "the URLs and tokens and writes them as export lines to EVORA_DATA_DIR/env.",
+        "EVORA_DATA_DIR (default .evora), EVORA_API_PORT, EVORA_DISPATCHER_PORT, "
+        "EVORA_DATABASE_URL, EVORA_MONGO_URL, EVORA_TOKENS",
+    ).set_defaults(run=_dev, dev=True)
+
+
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    worker = _command(
+        sub,
+        "worker",
+        "run a worker with the handlers registered in MODULE",
+        "MODULE holds an evora.Worker, or evora.Handlers registries that a new worker runs. "
+        "Needs only `pip install evora`. SIGTERM or Ctrl-C: stop claiming, finish in-flight "
+        "jobs, release the rest.",
+        "EVORA_DISPATCHER_URL (else http://127.0.0.1:EVORA_DISPATCHER_PORT, default 8081), "
+        "EVORA_WORKER_TOKEN, EVORA_WORKER_QUEUES, EVORA_WORKER_CONCURRENCY, EVORA_LOG_LEVEL, "
+        "EVORA_LOG_FORMAT",
     )
-    dev.set_defaults(run=_dev, dev=True)
-    worker = sub.add_parser("worker", help="run a worker with the handlers registered in MODULE")
     worker.add_argument("module", metavar="MODULE", help="importable module, e.g. myapp.jobs")
     worker.add_argument("--url", help="dispatcher URL (EVORA_DISPATCHER_URL)")
     worker.add_argument("--token", help="worker token (EVORA_WORKER_TOKEN)")
     worker.add_argument("--queues", help="comma-separated queues (EVORA_WORKER_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="jobs at once (EVORA_WORKER_CONCURRENCY)")
-    worker.set_defaults(run=_worker)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evora",
+        description="Evora: a distributed job queue on PostgreSQL. "
+        "`evora COMMAND --help` tells more about each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"evora {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_services(sub)
+    _add_worker(sub)
     _add_pipeline(sub)
+    add_commands(sub)
     return parser
 
 
@@ -197,41 +306,64 @@ def _worker_logging(args: argparse.Namespace) -> None:
     configure_logging(level, fmt, service="worker", secrets=_worker_tokens(args))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "worker":
-        try:
-            _worker_logging(args)
-        except ValueError as exc:
-            print(f"evora: invalid configuration: {exc}", file=sys.stderr)
-            return 2
-        try:
-            return _worker(args)
-        except KeyboardInterrupt:
-            return 130
-    from evora.config import LOOPBACK, ConfigError, load_settings
+def _services_main(args: argparse.Namespace) -> int:
+    from evora.config import LOOPBACK, ConfigError, check_environment, load_settings
+    from evora_services.startup_errors import explain
 
     dev = getattr(args, "dev", False)
     try:
+        warnings = check_environment(os.environ)
         # `evora dev` is on this machine for its user only: the published example tokens
         # are allowed there.
         settings = load_settings(**({"allow_example_tokens": True} if dev else {}))
-        if dev and "EVORA_HOST" not in os.environ:
-            # `evora dev` stays on this machine unless told otherwise.
-            settings = settings.model_copy(update={"host": LOOPBACK})
-        configure_logging(
-            settings.log_level,
-            settings.log_format or ("text" if dev else "json"),
-            service=args.command,
-            secrets=settings.token_roles(),
-        )
-        run: Command = args.run
+    except ConfigError as exc:
+        print(f"evora: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if dev and "EVORA_HOST" not in os.environ:
+        # `evora dev` stays on this machine unless told otherwise.
+        settings = settings.model_copy(update={"host": LOOPBACK})
+    configure_logging(
+        settings.log_level,
+        settings.log_format or ("text" if dev else "json"),
+        service=args.command,
+        secrets=settings.token_roles(),
+    )
+    for warning in warnings:
+        log.warning(warning)
+    run: Command = args.run
+    try:
         return run(args, settings)
     except ConfigError as exc:
         print(f"evora: invalid configuration: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        line = explain(exc, settings)
+        if line is None:
+            raise
+        print(f"evora {args.command}: {line}", file=sys.stderr)
+        return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if hasattr(args, "operate"):  # the operator commands: the SDK alone, no logging set up
+        from evora_services.admin_cli.run import run
+
+        return run(args)
+    if args.command == "worker":
+        try:
+            _worker_logging(args)
+            url = _dispatcher_url(args, os.environ)
+        except ValueError as exc:
+            print(f"evora: invalid configuration: {exc}", file=sys.stderr)
+            return 2
+        try:
+            return _worker(args, url)
+        except KeyboardInterrupt:
+            return 130
+    return _services_main(args)
 
 
 if __name__ == "__main__":

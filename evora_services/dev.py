@@ -9,10 +9,15 @@ same code that runs in production, and Ctrl-C drains them and stops the database
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
 import secrets
+import shlex
 import socket
-from collections.abc import Awaitable, Callable
-from contextlib import ExitStack
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +25,17 @@ from typing import Any
 from aiohttp import web
 
 from evora import loops
-from evora.config import ROLES, Settings, parse_tokens
+from evora.config import LOOPBACK, ROLES, Settings, parse_tokens
 from evora.http.serve import serve_app, stop_on_signals
 from evora.logs import redact_secrets
 from evora.storage.migrate import apply_migrations
+from evora_services.startup_errors import StartupError
+
+# The file, in the data directory, that a shell sources for the URLs and tokens of the
+# running system (`. .evora/env`); written once the services listen, removed at the end.
+ENV_FILE = "env"
+LOCK_FILE = "dev.lock"
+DASHBOARD_PATH = "/"
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,52 @@ class DevService:
     port: int
     factory: Callable[[Settings], Awaitable[web.Application]]
     handler_cancellation: bool = False
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        # As the services bind: a port left in TIME_WAIT by a previous run counts as free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _dev_ports(settings: Settings, environ: Mapping[str, str]) -> Settings:
+    """A port set explicitly (EVORA_API_PORT, ...) is used as given; a default one that is
+    busy is replaced by a free port, so `evora dev` starts on a machine where 8080 is taken.
+    The URLs it uses are printed and written to the env file."""
+    updates: dict[str, object] = {}
+    for field in ("api_port", "dispatcher_port", "sweeper_port", "projector_port"):
+        port: int = getattr(settings, field)
+        if f"EVORA_{field.upper()}" in environ or _free(settings.bind_host, port):
+            continue
+        with socket.socket() as probe:
+            probe.bind((settings.bind_host, 0))
+            updates[field] = int(probe.getsockname()[1])
+    return settings.model_copy(update=updates)
+
+
+@contextmanager
+def _only_instance(data_dir: Path) -> Iterator[None]:
+    """One `evora dev` per data directory: a second one would find the databases running
+    and their files in use. The lock goes with the process, however it ends."""
+    with (data_dir / LOCK_FILE).open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise StartupError(
+                f"evora dev is already running on {data_dir} (pid {holder}): use that one, "
+                "stop it (Ctrl-C in its terminal) or set EVORA_DATA_DIR to another directory"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield
 
 
 def _services(settings: Settings) -> list[DevService]:
@@ -75,7 +133,9 @@ def run_dev(settings: Settings) -> int:
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as servers:
-        updates: dict[str, object] = {}
+        servers.enter_context(_only_instance(data_dir))
+        settings = _dev_ports(settings, os.environ)
+        updates: dict[str, object] = {"data_dir": data_dir}
         if settings.database_url is None:
             postgres = LocalPostgres(
                 data_dir / "postgres",
@@ -132,17 +192,59 @@ async def _serve(settings: Settings) -> None:
     if ready not in done:  # a service could not start (a port in use, a bad database)
         stop.set()
         ready.cancel()
+        # Retrieved, so that asyncio does not report a cancelled gather nobody awaited.
+        with contextlib.suppress(asyncio.CancelledError):
+            await ready
         results = await asyncio.gather(*runs, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         raise errors[0] if errors else RuntimeError("a service stopped during start-up")
-    _banner(settings, services, applied)
-    await asyncio.gather(*runs)
+    env_file = settings.data_dir / ENV_FILE
+    exports = _exports(settings)
+    env_file.write_text(
+        "".join(f"export {name}={shlex.quote(value)}\n" for name, value in exports.items())
+    )
+    env_file.chmod(0o600)
+    try:
+        _banner(settings, services, applied, exports)
+        await asyncio.gather(*runs)
+    finally:
+        env_file.unlink(missing_ok=True)
 
 
-def _banner(settings: Settings, services: list[DevService], applied: list[int]) -> None:
-    host = settings.bind_host
+def _url(settings: Settings, port: int) -> str:
+    # A wildcard address is not one to connect to: clients on this machine use loopback.
+    host = LOOPBACK if settings.bind_host in {"0.0.0.0", "::", ""} else settings.bind_host
+    return f"http://{host}:{port}"
+
+
+def _exports(settings: Settings) -> dict[str, str]:
+    """What a client of this system needs, as environment variables: the operator commands
+    and curl use EVORA_API_URL with a token, `evora worker` EVORA_DISPATCHER_URL and
+    EVORA_WORKER_TOKEN."""
+    exports = {
+        "EVORA_API_URL": _url(settings, settings.api_port),
+        "EVORA_DISPATCHER_URL": _url(settings, settings.dispatcher_port),
+    }
+    by_role = {role: token for token, role in settings.token_roles().items()}
+    for role in ROLES:
+        if role in by_role:
+            exports[f"EVORA_{role.upper()}_TOKEN"] = by_role[role]
+    return exports
+
+
+def _evora_command() -> str:
+    """How another shell runs this `evora`: by its path when it is the console script (a
+    venv's bin/ is often not on that shell's PATH), else by name."""
+    script = Path(sys.argv[0])
+    return shlex.quote(str(script.resolve())) if script.name == "evora" else "evora"
+
+
+def _banner(
+    settings: Settings, services: list[DevService], applied: list[int], exports: dict[str, str]
+) -> None:
     lines = ["", "Evora dev is up:"]
-    lines += [f"  {s.name:<11} http://{host}:{s.port}" for s in services]
+    lines += [f"  {s.name:<11} {_url(settings, s.port)}" for s in services]
+    lines.append(f"  dashboard   {_url(settings, settings.api_port)}{DASHBOARD_PATH}")
     lines.append(f"  PostgreSQL  {settings.database_url}")
     lines.append(f"  MongoDB     {settings.mongo_url}")
     if applied:
@@ -153,5 +255,11 @@ def _banner(settings: Settings, services: list[DevService], applied: list[int]) 
             lines.append(f"    {role:<9} {token}")
     else:
         lines.append("  authentication is DISABLED (loopback only)")
+    env_file = settings.data_dir / ENV_FILE
+    lines.append(f"In another shell, `. {env_file}` sets:")
+    lines += [f"  export {name}={shlex.quote(value)}" for name, value in exports.items()]
+    lines.append("and a worker runs from there with, e.g.:")
+    worker = f"{_evora_command()} worker examples.worker_example --queues demo"
+    lines.append(f"  . {shlex.quote(str(env_file))} && {worker}")
     lines.append("Press Ctrl-C to stop.")
     print("\n".join(lines), flush=True)

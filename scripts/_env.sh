@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced by scripts/test.sh and scripts/run.sh: puts the shell at the repo root with the
-# project's venv (.venv) first on PATH and the project installed in it with its dev extra.
+# project's venv (.venv) first on PATH and the project installed in it (ensure_venv).
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
@@ -93,8 +93,10 @@ _find_python() {
     return 1
 }
 
+# ensure_venv EXTRA: .venv with the project installed with EXTRA (`local`: what running
+# needs; `dev`: everything for the tests), pip's progress shown.
 ensure_venv() {
-    local venv="$REPO_ROOT/.venv"
+    local extra=$1 venv="$REPO_ROOT/.venv"
     if [ ! -x "$venv/bin/python" ] || ! _python_ok "$venv/bin/python"; then
         local python
         python=$(_find_python)
@@ -110,12 +112,12 @@ ensure_venv() {
     export PATH="$venv/bin:$PATH"
 
     # Reinstalling takes seconds even when nothing changed, so it is skipped while
-    # pyproject.toml is what was last installed successfully.
-    local stamp="$venv/.evora-installed" want
+    # pyproject.toml is what was last installed successfully with this extra.
+    local stamp="$venv/.evora-installed-$extra" want
     want=$(sha256sum pyproject.toml | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        step "pip install -e '.[dev]'"
-        python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+        step "pip install -e '.[$extra]'"
+        python -m pip install --disable-pip-version-check --progress-bar on -e ".[$extra]"
         printf '%s\n' "$want" >"$stamp"
     fi
 }

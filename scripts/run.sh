@@ -4,7 +4,7 @@ set -euo pipefail
 # shellcheck source=scripts/_env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
-ensure_venv
+ensure_venv local
 
 step "evora dev $*"
 exec evora dev "$@"

@@ -4,7 +4,7 @@ set -euo pipefail
 # shellcheck source=scripts/_env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
-ensure_venv
+ensure_venv dev
 
 # promtool for tests/deploy (`promtool check rules`, `test rules`): only the binary is taken
 # from Debian's `prometheus` package, so no Prometheus daemon is installed or started.
@@ -79,7 +79,8 @@ lint-imports
 if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
     apt_install openjdk-17-jre-headless
 fi
-apt_install libpostgresql-jdbc-java
+# junixsocket: pgjdbc's socket factory for database URLs that name a Unix socket.
+apt_install libpostgresql-jdbc-java libjunixsocket-java
 step "pytest${*:+ $*}"
 status=0
 pytest "$@" || status=$?

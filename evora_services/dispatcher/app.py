@@ -18,6 +18,7 @@ from evora.storage.listener import Listener
 from evora_services.dispatcher.metrics import DispatcherMetrics
 from evora_services.dispatcher.routes import routes
 from evora_services.dispatcher.state import DISPATCH, Dispatch
+from evora_services.dispatcher.unclaimed import UnclaimedWatch
 from evora_services.dispatcher.wakeups import Cause, Wakeups, poll_forever
 
 
@@ -59,7 +60,12 @@ async def create_app(settings: Settings) -> web.Application:
             on_state=listening,
             name="evora-dispatcher-listen",
         )
-        tasks = [asyncio.create_task(listener.run()), asyncio.create_task(poll_forever(wakeups))]
+        unclaimed = UnclaimedWatch(pool, app[METRICS].registry, settings.unclaimed_warning_seconds)
+        tasks = [
+            asyncio.create_task(listener.run()),
+            asyncio.create_task(poll_forever(wakeups)),
+            asyncio.create_task(unclaimed.run_forever()),
+        ]
         try:
             yield
         finally:

@@ -22,21 +22,45 @@ log = logging.getLogger(__name__)
 JDBC_JAR_ENV = "EVORA_JDBC_JAR"
 
 
-def _jdbc_jar(args: argparse.Namespace) -> str | None:
+def _jdbc_jars(args: argparse.Namespace, database_url: str) -> str | None:
+    """spark.jars: pgjdbc's, and junixsocket's for a URL that names a Unix socket."""
+    from evora_services.pipeline.jdbc import DEFAULT_JAR, JdbcSource
     from evora_services.pipeline.session import launched_by_spark_submit
 
     explicit: str | None = args.jdbc_jar or os.environ.get(JDBC_JAR_ENV)
     if launched_by_spark_submit() and explicit is None:
-        return None  # spark-submit --jars provides it
-    from evora_services.pipeline.jdbc import DEFAULT_JAR
-
+        return None  # spark-submit --jars provides them
     jar = explicit or DEFAULT_JAR
     if "://" not in jar and not os.path.isfile(jar):
         raise ConfigError(
             f"the PostgreSQL JDBC driver is not at {jar}: install libpostgresql-jdbc-java "
             f"(Debian) or point --jdbc-jar / {JDBC_JAR_ENV} at a pgjdbc jar"
         )
-    return jar
+    return ",".join([jar, *JdbcSource.from_dsn(database_url).jars])
+
+
+def _check_database_url(database_url: str) -> None:
+    """Every URL the services accept either works over JDBC or fails here, in one line,
+    before Spark starts (not deep inside it with "Couldn't connect")."""
+    from evora_services.pipeline.jdbc import UNIX_SOCKET_JAR, UnusableDatabaseURL, unix_socket
+
+    try:
+        socket = unix_socket(database_url)
+    except UnusableDatabaseURL as exc:
+        raise ConfigError(f"EVORA_DATABASE_URL: {exc}") from None
+    if socket is None:
+        return
+    if not os.path.isfile(UNIX_SOCKET_JAR):
+        raise ConfigError(
+            f"EVORA_DATABASE_URL names a Unix socket ({socket}): JDBC reaches it through "
+            f"junixsocket, not at {UNIX_SOCKET_JAR}: install libjunixsocket-java (Debian) or "
+            "use a host:port URL"
+        )
+    if not os.path.exists(socket):
+        raise ConfigError(
+            f"EVORA_DATABASE_URL names a Unix socket that does not exist ({socket}): is "
+            "PostgreSQL running, with that socket directory and port?"
+        )
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> None:
@@ -48,6 +72,7 @@ def _check(args: argparse.Namespace, settings: Settings) -> None:
         raise ConfigError("evora pipeline needs PySpark: pip install 'evora[pipeline]'")
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         raise ConfigError("Spark needs Java 17 or newer: no `java` on PATH and no JAVA_HOME")
+    _check_database_url(settings.database_url)
 
 
 def run_command(
@@ -61,7 +86,9 @@ def run_command(
     owned = spark is None
     if spark is None:
         conf = dict(_pairs(args.conf or []))
-        spark = build_session(SessionOptions(args.master, _jdbc_jar(args), conf=conf))
+        assert settings.database_url is not None
+        jars = _jdbc_jars(args, settings.database_url)
+        spark = build_session(SessionOptions(args.master, jars, conf=conf))
     try:
         if args.pipeline_command == "archive":
             return _archive(args, settings, spark)

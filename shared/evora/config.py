@@ -6,8 +6,10 @@ names the variable.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -87,6 +89,14 @@ class Settings(BaseSettings):
     # consumed by the projector and older than this; at least an hour, so that retention can
     # never race the projector or an operator looking at recent history.
     retention_events_seconds: int = Field(default=30 * 86_400, ge=3600)
+    # The dispatcher warns (log and metric) about PENDING jobs due for longer than this that
+    # no worker claimed: most often no running worker handles their type.
+    unclaimed_warning_seconds: int = Field(default=300, ge=10)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_any_case(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @field_validator("database_url", "mongo_url", "tokens", "archive_url", mode="before")
     @classmethod
@@ -132,12 +142,13 @@ class Settings(BaseSettings):
     def token_roles(self) -> dict[str, Role]:
         return parse_tokens(self.tokens) if self.tokens else {}
 
-    def require(self, *names: str) -> None:
-        """Fail start-up when a variable this service needs is unset."""
+    def require(self, *names: str, serving: bool = True) -> None:
+        """Fail start-up when a variable this command needs is unset. Tokens are needed only
+        by a command that serves requests (`serving`), not by `evora migrate`, say."""
         for name in names:
             if getattr(self, name) is None:
                 raise ConfigError(f"EVORA_{name.upper()} is required")
-        if self.auth_enabled and not self.tokens:
+        if serving and self.auth_enabled and not self.tokens:
             raise ConfigError("EVORA_TOKENS is required unless EVORA_AUTH=disabled")
 
 
@@ -189,6 +200,49 @@ def refuse_example_tokens(text: str) -> None:
                 f"entry {position} is an example token published with Evora; "
                 "use a random one (e.g. `openssl rand -hex 24`)"
             )
+
+
+# EVORA_* variables read outside `Settings`: by clients (the SDK worker, the operator
+# commands, the env file of `evora dev`), by the pipeline, and by this repository's tests
+# (which start `evora` processes in their environment). With the settings, every name known.
+OTHER_VARIABLES = frozenset(
+    {
+        "EVORA_API_URL",
+        "EVORA_DISPATCHER_URL",
+        "EVORA_ADMIN_TOKEN",
+        "EVORA_PRODUCER_TOKEN",
+        "EVORA_WORKER_TOKEN",
+        "EVORA_WORKER_QUEUES",
+        "EVORA_WORKER_CONCURRENCY",
+        "EVORA_JDBC_JAR",
+        "EVORA_TEST_DATABASE_URL",
+        "EVORA_TEST_MONGO_URL",
+    }
+)
+# How alike an unknown name and a known one must be (difflib's ratio) to call it a typo.
+TYPO_SIMILARITY = 0.8
+
+
+def known_variables() -> frozenset[str]:
+    prefix = str(Settings.model_config.get("env_prefix", "")).upper()
+    return OTHER_VARIABLES | {prefix + name.upper() for name in Settings.model_fields}
+
+
+def check_environment(environ: Mapping[str, str]) -> list[str]:
+    """Refuse a misspelt EVORA_* variable (one close to a known name): it would otherwise be
+    ignored silently, and a misspelt database URL would run `evora dev` on its embedded one.
+    Returns a warning for each other unknown EVORA_* name, which may belong to a newer or
+    older release, so it does not stop a service."""
+    known = known_variables()
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith("EVORA_") or name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=TYPO_SIMILARITY)
+        if close:
+            raise ConfigError(f"{name} is not an Evora variable: did you mean {close[0]}?")
+        warnings.append(f"{name} is not an Evora variable; it is ignored")
+    return warnings
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -209,6 +209,20 @@ def configure_logging(
     root.setLevel(level)
 
 
+def configure_default_logging(secrets: Iterable[str] = ()) -> bool:
+    """For a program that configured no logging (the root logger has no handler, as in a
+    script that just calls `worker.run()`): readable lines at INFO on stderr, so that what
+    the worker says is seen, with `secrets` redacted. A program's own configuration is left
+    alone, handlers and level both. Returns whether logging was configured here."""
+    root = logging.getLogger()
+    if root.handlers:
+        return False
+    # A level the program chose without a handler (`root.setLevel(DEBUG)`) is kept.
+    level = logging.getLevelName(root.level) if root.level != logging.WARNING else "INFO"
+    configure_logging(level, "text", secrets=secrets)
+    return True
+
+
 def redact_secrets(secrets: Iterable[str]) -> None:
     """Redact these too from now on, on every handler `configure_logging` set up (for
     secrets known only later, such as the tokens `evora dev` generates)."""

@@ -95,3 +95,15 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     )
     assert cli.returncode == 2, cli.stderr
     assert "cannot import no_such_module_here" in cli.stderr
+
+    # The operator commands run with the SDK alone too: an api that is not there is exit 6.
+    operator = subprocess.run(
+        [str(venv / "bin" / "evora"), "jobs", "list", "--url", "http://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "EVORA_ADMIN_TOKEN": "an-admin-token-0000"},
+    )
+    assert operator.returncode == 6, operator.stderr
+    assert "cannot connect" in operator.stderr

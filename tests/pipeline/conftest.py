@@ -23,7 +23,7 @@ from pyspark.sql import Row, SparkSession
 from evora_services.pipeline.archive import ArchiveResult, archive_events
 from evora_services.pipeline.control import ControlDB, Watermark
 from evora_services.pipeline.events import ARCHIVE_SCHEMA
-from evora_services.pipeline.jdbc import JdbcSource
+from evora_services.pipeline.jdbc import UNIX_SOCKET_JAR, JdbcSource
 from evora_services.pipeline.run import RunResult, run_analytics
 from evora_services.pipeline.session import SessionOptions, build_session
 from evora_services.pipeline.sinks import MongoTarget
@@ -46,9 +46,11 @@ def spark() -> Iterator[SparkSession]:
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")) or not os.path.isfile(JAR):
         # scripts/test.sh installs both; a bare `pytest` elsewhere skips instead of failing
         pytest.skip(f"Spark tests need Java and the PostgreSQL JDBC jar at {JAR}")
+    # junixsocket too, where installed, for the tests of URLs that name a Unix socket.
+    jars = ",".join([JAR, *([UNIX_SOCKET_JAR] if os.path.isfile(UNIX_SOCKET_JAR) else [])])
     session = build_session(
         SessionOptions(
-            os.environ.get("SPARK_TEST_MASTER", "local[2]"), JAR, "evora-tests", TEST_CONF
+            os.environ.get("SPARK_TEST_MASTER", "local[2]"), jars, "evora-tests", TEST_CONF
         )
     )
     yield session

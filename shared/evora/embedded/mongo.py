@@ -34,7 +34,7 @@ def find_secantusd() -> str:
     if found is None:
         raise EmbeddedServerError(
             f"{_EXECUTABLE} (the MongoDB-wire server for evora dev and the tests) is not "
-            "installed: install the dev extra with pip install -e '.[dev]'"
+            "installed: install the local extra with pip install -e '.[local]'"
         )
     return found
 

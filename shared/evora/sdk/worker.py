@@ -58,7 +58,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from evora import loops
-from evora.logs import bind
+from evora.logs import bind, configure_default_logging
 from evora.protocol.limits import MAX_CLAIM_JOBS
 from evora.sdk._http import RetryBackoff, Transport
 from evora.sdk.acks import Ack
@@ -223,7 +223,9 @@ class Worker:
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully (a second signal skips the
-        rest of the grace period). Blocks; runs its own event loop (see `evora.loops`)."""
+        rest of the grace period). Blocks; runs its own event loop (see `evora.loops`).
+        Without a logging configuration of the program's, it logs readable lines at INFO."""
+        configure_default_logging(secrets=[self.settings.token or ""])
         loops.run(self._serve_until_signalled())
 
     async def _serve_until_signalled(self) -> None:

@@ -1,0 +1,110 @@
+"""The operator commands' command line, added to `evora`'s own."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TypeAlias
+
+from evora.protocol.states import JobState
+from evora_services.admin_cli import commands
+from evora_services.admin_cli.exits import Exit
+
+# A string: the class is generic for type checkers only.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+ENV_API_URL = "EVORA_API_URL"
+ENV_ADMIN_TOKEN = "EVORA_ADMIN_TOKEN"
+DEFAULT_API_URL = "http://127.0.0.1:8080"
+
+ENVIRONMENT = (
+    f"environment: {ENV_API_URL} (default {DEFAULT_API_URL}), {ENV_ADMIN_TOKEN} (an admin "
+    "token). Exit status: "
+    + ", ".join(f"{status.value} {status.name.lower().replace('_', ' ')}" for status in Exit)
+    + "."
+)
+
+
+def _connection() -> argparse.ArgumentParser:
+    """--url, --token and --json, for every operator command."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help=f"the api's base URL ({ENV_API_URL})")
+    common.add_argument("--token", help=f"an admin token ({ENV_ADMIN_TOKEN})")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return common
+
+
+def _leaf(
+    group: Subparsers, name: str, summary: str, operation: commands.Operation
+) -> argparse.ArgumentParser:
+    leaf = group.add_parser(
+        name,
+        help=summary,
+        description=f"{summary}.",
+        epilog=ENVIRONMENT,
+        parents=[_connection()],
+    )
+    leaf.set_defaults(operate=operation)
+    return leaf
+
+
+def _group(sub: Subparsers, name: str, summary: str, description: str) -> Subparsers:
+    parser = sub.add_parser(
+        name, help=summary, description=f"{summary}. {description}", epilog=ENVIRONMENT
+    )
+    return parser.add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
+
+
+def _listing(parser: argparse.ArgumentParser, *, state: bool) -> None:
+    parser.add_argument("--queue", help="only this queue")
+    parser.add_argument("--type", help="only this job type")
+    if state:
+        parser.add_argument("--state", choices=[s.value for s in JobState], help="only this state")
+    parser.add_argument("--limit", type=int, default=20, help="jobs per page (default 20)")
+    parser.add_argument("--after", help="the page after this cursor (printed as `more:`)")
+
+
+def _ids(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ids", nargs="+", metavar="ID", help="job id(s)")
+
+
+def add_commands(sub: Subparsers) -> None:
+    jobs = _group(sub, "jobs", "look at and act on jobs", "Newest first; ids are shown whole.")
+    listing = _leaf(jobs, "list", "list jobs, newest first", commands.list_jobs)
+    _listing(listing, state=True)
+    listing.set_defaults(fixed_state=None)
+    get = _leaf(jobs, "get", "show one job", commands.get_job)
+    get.add_argument("id", metavar="ID")
+    get.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the job to finish; exit 0 only if it COMPLETED",
+    )
+    _leaf(jobs, "events", "show a job's events, oldest first", commands.job_events).add_argument(
+        "id", metavar="ID"
+    )
+    _ids(_leaf(jobs, "retry", "move DLQ jobs back to PENDING", commands.retry_jobs))
+    _ids(_leaf(jobs, "cancel", "cancel jobs", commands.cancel_jobs))
+
+    queues = _group(sub, "queues", "queue stats and control", "Stats come from the read models.")
+    _leaf(queues, "stats", "stats of every queue, or of one", commands.queue_stats).add_argument(
+        "queue", nargs="?", metavar="QUEUE"
+    )
+    for name, summary, operation in (
+        ("pause", "stop handing out a queue's jobs", commands.pause_queue),
+        ("resume", "hand out a queue's jobs again", commands.resume_queue),
+    ):
+        _leaf(queues, name, summary, operation).add_argument("queue", metavar="QUEUE")
+    redrive = _leaf(
+        queues, "redrive", "move a queue's DLQ jobs back to PENDING", commands.redrive_queue
+    )
+    redrive.add_argument("queue", metavar="QUEUE")
+    redrive.add_argument("--type", help="only jobs of this type")
+    redrive.add_argument("--limit", type=int, help="at most this many")
+
+    dlq = _group(sub, "dlq", "the dead-letter queue", "Jobs that failed for good.")
+    dlq_list = _leaf(dlq, "list", "list DLQ jobs, newest first", commands.list_jobs)
+    _listing(dlq_list, state=False)
+    dlq_list.set_defaults(fixed_state=JobState.DLQ.value)
+    _ids(_leaf(dlq, "retry", "move DLQ jobs back to PENDING", commands.retry_jobs))
+    _ids(_leaf(dlq, "discard", "move DLQ jobs to CANCELLED", commands.discard_jobs))

@@ -1,0 +1,57 @@
+"""Running the real `evora` command in a child process, as a user's shell would."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+EVORA = [sys.executable, "-m", "evora_services.cli"]
+
+
+def clean_environment(extra: Mapping[str, str] = {}) -> dict[str, str]:
+    """This process's environment without any EVORA_* variable, plus `extra`, with the
+    source tree importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "shared"), str(REPO)])
+    env.update(extra)
+    return env
+
+
+def evora(
+    *args: str, env: Mapping[str, str] = {}, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EVORA, *args],
+        env=clean_environment(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+async def evora_async(*args: str, env: Mapping[str, str] = {}) -> subprocess.CompletedProcess[str]:
+    """`evora` while this event loop goes on serving (the servers of the test run in it)."""
+    process = await asyncio.create_subprocess_exec(
+        *EVORA,
+        *args,
+        env=clean_environment(env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return subprocess.CompletedProcess(list(args), process.returncode, out.decode(), err.decode())
+
+
+def one_line(stderr: str) -> str:
+    """The single line a failing command printed; fails when there are more (a traceback)."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]

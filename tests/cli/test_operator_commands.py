@@ -1,0 +1,134 @@
+"""`evora jobs`, `evora queues`, `evora dlq` against a real api: tables for people, JSON for
+scripts, and exit statuses that say what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import evora
+from evora_services.admin_cli.exits import Exit
+from tests.cli.commands import evora_async, one_line
+from tests.cli.conftest import WORKER_TOKEN, System
+from tests.polling import until
+
+
+async def test_jobs_list_get_events_cancel(system: System) -> None:
+    first = (await system.producer.submit("mail", "mail.send", {"to": "a"})).id
+    second = (await system.producer.submit("mail", "mail.send", {"to": "b"})).id
+
+    listed = await evora_async("jobs", "list", "--queue", "mail", "--json", env=system.env())
+    assert listed.returncode == Exit.OK, listed.stderr
+    assert [job["id"] for job in json.loads(listed.stdout)["jobs"]] == [second, first]
+
+    table = await evora_async("jobs", "list", env=system.env())
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == ["ID", "QUEUE", "TYPE", "STATE", "ATTEMPT", "CREATED_AT"]
+    # Whole ids, which people can tell apart and copy.
+    assert [row.split()[:4] for row in rows] == [
+        [second, "mail", "mail.send", "PENDING"],
+        [first, "mail", "mail.send", "PENDING"],
+    ]
+
+    shown = await evora_async("jobs", "get", first, env=system.env())
+    assert shown.returncode == Exit.OK
+    assert "state             PENDING" in shown.stdout
+
+    cancelled = await evora_async("jobs", "cancel", first, "--json", env=system.env())
+    assert json.loads(cancelled.stdout)["jobs"][0]["state"] == "CANCELLED"
+    events = await evora_async("jobs", "events", first, "--json", env=system.env())
+    assert [e["event"] for e in json.loads(events.stdout)["events"]] == ["submitted", "cancelled"]
+
+    waited = await evora_async("jobs", "get", second, "--wait", "0.2", env=system.env())
+    assert waited.returncode == Exit.TIMED_OUT
+
+
+async def test_exit_statuses_say_what_happened(system: System) -> None:
+    job = (await system.producer.submit("mail", "mail.send")).id
+    env = system.env()
+
+    missing = await evora_async("jobs", "get", str(uuid.uuid4()), env=env)
+    assert missing.returncode == Exit.NOT_FOUND
+    assert "job_not_found" in one_line(missing.stderr)
+
+    not_in_dlq = await evora_async("jobs", "retry", job, env=env)
+    assert not_in_dlq.returncode == Exit.CONFLICT
+    one_line(not_in_dlq.stderr)
+
+    bad_token = await evora_async("jobs", "list", env={**env, "EVORA_ADMIN_TOKEN": "x" * 20})
+    assert bad_token.returncode == Exit.UNAUTHORIZED
+
+    no_token = await evora_async("jobs", "list", env={"EVORA_API_URL": system.api.url})
+    assert no_token.returncode == Exit.USAGE
+    assert one_line(no_token.stderr) == "evora: no token: set EVORA_ADMIN_TOKEN or pass --token"
+
+    await system.api.close()
+    down = await evora_async("jobs", "list", env=env)
+    assert down.returncode == Exit.UNREACHABLE
+    one_line(down.stderr)
+
+
+async def test_dlq_and_queues(system: System) -> None:
+    handlers = evora.Handlers()
+
+    @handlers.job("bad.job")
+    async def fail(job: evora.Job) -> None:
+        raise evora.NonRetryable("broken")
+
+    doomed = [(await system.producer.submit("work", "bad.job")).id for _ in range(3)]
+    worker = evora.Worker(system.dispatcher.url, WORKER_TOKEN, ["work"], handlers=handlers)
+    task = asyncio.create_task(worker.serve())
+    env = system.env()
+
+    async def dead_lettered() -> list[str]:
+        result = await evora_async("dlq", "list", "--queue", "work", "--json", env=env)
+        return [job["id"] for job in json.loads(result.stdout)["jobs"]]
+
+    async def all_dead() -> bool:
+        return sorted(await dead_lettered()) == sorted(doomed)
+
+    try:
+        await until(all_dead, "three jobs in the DLQ", within=30)
+        await worker.stop()
+        await task
+
+        retried = await evora_async("dlq", "retry", doomed[0], env=env)
+        assert retried.returncode == Exit.OK, retried.stderr
+        assert retried.stdout.splitlines()[1].split()[:4] == [
+            doomed[0],
+            "work",
+            "bad.job",
+            "PENDING",
+        ]
+        discarded = await evora_async("dlq", "discard", doomed[1], "--json", env=env)
+        assert json.loads(discarded.stdout)["jobs"][0]["state"] == "CANCELLED"
+        redriven = await evora_async("queues", "redrive", "work", "--json", env=env)
+        assert json.loads(redriven.stdout) == {"redriven": 1}
+        assert await dead_lettered() == []
+
+        paused = await evora_async("queues", "pause", "work", env=env)
+        assert paused.stdout.strip() == "queue work paused"
+
+        async def shows_paused() -> bool:
+            stats = await evora_async("queues", "stats", "--json", env=env)
+            queues = {q["queue"]: q for q in json.loads(stats.stdout)["queues"]}
+            return "work" in queues and queues["work"]["paused"] is True
+
+        await until(shows_paused, "the read models show the queue paused", within=30)
+        table = await evora_async("queues", "stats", env=env)
+        assert table.stdout.splitlines()[0].split() == [
+            "QUEUE",
+            "PAUSED",
+            "PENDING",
+            "RUNNING",
+            "COMPLETED",
+            "DLQ",
+            "CANCELLED",
+        ]
+        resumed = await evora_async("queues", "resume", "work", "--json", env=env)
+        assert json.loads(resumed.stdout) == {"queue": "work", "paused": False}
+    finally:
+        if not task.done():
+            await worker.stop()
+            await task

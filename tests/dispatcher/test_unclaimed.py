@@ -1,0 +1,83 @@
+"""Jobs that no worker claims are reported (a WARNING and a gauge) instead of waiting in
+silence; jobs that wait for a reason (a paused queue, their FIFO group) are not."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import aiohttp
+import asyncpg
+import pytest
+from prometheus_client import CollectorRegistry
+
+from evora.config import Settings
+from evora.domain.models import JobSubmission
+from evora.storage.jobs import JobStore
+from evora_services.dispatcher.app import create_app
+from evora_services.dispatcher.unclaimed import UnclaimedWatch
+from tests.polling import until
+from tests.servers import serve
+
+LONG_AGO = datetime.now(UTC) - timedelta(hours=1)
+GAUGE = "evora_dispatcher_unclaimed_jobs"
+
+
+async def _submit(store: JobStore, queue: str, type: str, **fields: object) -> str:
+    submission = JobSubmission.model_validate(
+        {"queue": queue, "type": type, "run_at": LONG_AGO, **fields}
+    )
+    return str((await store.submit(submission)).job["id"])
+
+
+async def test_unclaimed_types_are_reported_until_claimed(
+    store: JobStore, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    orphan = await _submit(store, "mail", "mail.typo")
+    await _submit(store, "mail", "mail.typo")
+    await _submit(store, "mail", "mail.fresh", run_at=datetime.now(UTC))
+    await _submit(store, "held", "held.job")
+    await store.pause("held")
+    await _submit(store, "fifo", "fifo.step", group_key="g")
+    await _submit(store, "fifo", "fifo.step", group_key="g")
+    [running] = await store.claim(worker_id="w", queues=["fifo"], max_jobs=1)
+    registry = CollectorRegistry()
+    watch = UnclaimedWatch(pool, registry, after_seconds=60)
+
+    with caplog.at_level(logging.INFO, logger="evora_services.dispatcher.unclaimed"):
+        found = await watch.check()
+        assert [(u.queue, u.type, u.pending) for u in found] == [("mail", "mail.typo", 2)]
+        assert registry.get_sample_value(GAUGE, {"queue": "mail", "type": "mail.typo"}) == 2
+        [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert "2 PENDING job(s) of type mail.typo in queue mail" in warning.getMessage()
+        assert "is a worker with a handler for mail.typo on queue mail running" in (
+            warning.getMessage()
+        )
+
+        caplog.clear()
+        await watch.check()  # still starving: the gauge stays, no second warning
+        assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+        claimed = await store.claim(worker_id="w", queues=["mail"], max_jobs=2)
+        assert {str(job["id"]) for job in claimed} >= {orphan}
+        assert await watch.check() == []
+        assert registry.get_sample_value(GAUGE, {"queue": "mail", "type": "mail.typo"}) is None
+        assert "jobs of type mail.typo in queue mail are being claimed again" in caplog.text
+    assert running["queue"] == "fifo"
+
+
+async def test_the_dispatcher_serves_the_gauge(db_url: str, store: JobStore) -> None:
+    await _submit(store, "mail", "mail.typo")
+    settings = Settings(database_url=db_url, auth="disabled", unclaimed_warning_seconds=10)
+    dispatcher = await serve(await create_app(settings), "dispatcher", handler_cancellation=True)
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def reported() -> bool:
+                async with http.get(dispatcher.url + "/metrics") as response:
+                    text = await response.text()
+                return f'{GAUGE}{{queue="mail",type="mail.typo"}} 1.0' in text
+
+            await until(reported, "the dispatcher reports the unclaimed job", within=30)
+    finally:
+        await dispatcher.close()
