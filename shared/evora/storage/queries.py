@@ -35,8 +35,8 @@ from evora.storage.statements import load
     "discard",
 )
 
-SUBMIT, IDEMPOTENT_REPLAYS, GET_JOB, JOB_STATES, JOB_EVENTS, NEXT_DUE = load(
-    "jobs", "submit", "idempotent_replays", "get_job", "job_states", "job_events", "next_due"
+SUBMIT, IDEMPOTENT_REPLAYS, GET_JOB, JOB_EVENTS, NEXT_DUE = load(
+    "jobs", "submit", "idempotent_replays", "get_job", "job_events", "next_due"
 )
 
 PAUSE_QUEUE, RESUME_QUEUE, PAUSED_QUEUES, ALL_PAUSED_QUEUES, NOTIFY_QUEUES = load(

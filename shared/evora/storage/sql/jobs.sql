@@ -72,10 +72,6 @@ LEFT JOIN jobs j ON j.id = k.job_id;
 -- $1 id.
 SELECT * FROM jobs WHERE id = $1;
 
--- name: job_states
--- $1 ids: the current state of jobs whose transition matched nothing, to tell the caller why.
-SELECT id, state, lease_token FROM jobs WHERE id = ANY($1::uuid[]);
-
 -- name: job_events
 -- $1 id: the job's events, oldest first.
 SELECT seq, job_id, queue, type, event, from_state, to_state, attempt, worker_id, at, data

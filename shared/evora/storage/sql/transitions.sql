@@ -5,7 +5,10 @@
 -- (`claimable`, `notified`), except for the queues in their last text[] parameter, which this
 -- process notified a moment ago (evora/storage/notify.py); they report the queues they
 -- notified (`notified`) and the ones they left out (`owed`). Each changed job comes back whole
--- as `job` (a `jobs` row).
+-- as `job` (a `jobs` row). The statements a worker sends with a lease token (heartbeat,
+-- complete, fail, release) also answer for what they did not change: one row per item with
+-- its `outcome`, 'done', 'lease_lost' (the job is not RUNNING under that token) or
+-- 'not_found', so nobody has to look at the job again to tell a lost race from a bad id.
 
 -- name: claim
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
@@ -64,12 +67,21 @@ FROM moved;
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
--- A heartbeat is not a transition: no version bump, no event.
-UPDATE jobs
-SET lease_expires_at = now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
-    progress = coalesce($4::jsonb, progress)
-WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
-RETURNING lease_expires_at, cancel_requested;
+-- A heartbeat is not a transition: no version bump, no event. Exactly one row: the new
+-- lease when it matched, else only the outcome.
+WITH beat AS (
+    UPDATE jobs
+    SET lease_expires_at = now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
+        progress = coalesce($4::jsonb, progress)
+    WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
+    RETURNING lease_expires_at, cancel_requested
+)
+SELECT CASE WHEN b.lease_expires_at IS NOT NULL THEN 'done'
+            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = $1) THEN 'lease_lost'
+            ELSE 'not_found' END AS outcome,
+       b.lease_expires_at, b.cancel_requested
+FROM (VALUES (1)) AS one(x)
+LEFT JOIN beat b ON true;
 
 -- name: complete
 -- $1 ids, $2 lease tokens, $3 results, $4 suppressed queues, $5 whether to return the jobs.
@@ -78,12 +90,17 @@ RETURNING lease_expires_at, cancel_requested;
 -- owner's retry. Items are therefore kept per (id, token), never merged per id: only the item
 -- carrying the current lease token can match its job, whatever else the batch holds, and a
 -- repeat of the same (id, token) keeps its first occurrence. Each changed job comes back with
--- its lease token, so the caller answers every item by (id, token) too; without $5 the job
--- itself is left out (a batch of acks reports statuses only).
-WITH input AS (
-    SELECT DISTINCT ON (id, token) *
+-- its lease token. Every item, repeats included, gets one row in its own position: the
+-- winner 'done' with its job; a repeat of a winner is a replay, answered 'done' with the same
+-- job; any other item as if it came alone, after the winners: 'done' if its job was already
+-- COMPLETED under its token (a retry after a lost answer), else 'lease_lost' or 'not_found'.
+-- Without $5 the jobs are left out (a batch of acks reports outcomes only).
+WITH items AS (
+    SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-    ORDER BY id, token, ord
+),
+input AS (
+    SELECT DISTINCT ON (id, token) * FROM items ORDER BY id, token, ord
 ),
 moved AS (
     UPDATE jobs j
@@ -110,22 +127,55 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($4::text[])
 )
-SELECT id, lease_token, CASE WHEN $5::bool THEN job END AS job,
+SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
+            WHEN cur.found THEN 'lease_lost'
+            ELSE 'not_found' END AS outcome,
+       CASE WHEN $5::bool THEN coalesce(m.job, CASE WHEN cur.replayed THEN cur.job END) END
+           AS job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
-FROM moved;
+FROM items i
+LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
+-- An item that changed nothing reads its job as this statement's snapshot shows it. If the
+-- snapshot still shows the job RUNNING under the item's own token (`stale`), a concurrent
+-- transaction moved it after the snapshot was taken (the UPDATE waited for it, then found no
+-- match): only the latest version tells a replay (COMPLETED under the same token) from a
+-- lost lease, so that one row is read again under a lock, which waits for and returns the
+-- latest version. A row this statement changed is never read so: its items matched it, or
+-- carry another token than the one the snapshot shows.
+LEFT JOIN LATERAL (
+    SELECT true AS found, s.state = 'RUNNING' AND s.lease_token = i.token AS stale,
+           s.state = 'COMPLETED' AND s.lease_token = i.token AS replayed, s AS job
+    FROM jobs s WHERE s.id = i.id AND m.id IS NULL
+) snap ON true
+LEFT JOIN LATERAL (
+    SELECT true AS found, l.state = 'COMPLETED' AND l.lease_token = i.token AS replayed,
+           l AS job
+    FROM jobs l WHERE l.id = i.id AND snap.stale
+    FOR SHARE
+) latest ON true
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN snap.stale THEN latest.found ELSE snap.found END AS found,
+           CASE WHEN snap.stale THEN latest.replayed ELSE snap.replayed END AS replayed,
+           CASE WHEN snap.stale THEN latest.job ELSE snap.job END AS job
+) cur
+ORDER BY i.ord;
 
 -- name: fail
 -- $1 ids, $2 lease tokens, $3 errors ({message, type}), $4 retryable flags,
 -- $5 retry-in seconds (NULL: the job's backoff), $6 suppressed queues, $7 whether to return
 -- the jobs. Fenced per (id, token) like complete. Cancel wins, then the retry budget: the
 -- attempt ends CANCELLED (cancel requested), in the DLQ (not retryable, or no attempts left) or
--- PENDING again after its backoff.
-WITH input AS (
-    SELECT DISTINCT ON (id, token) *
+-- PENDING again after its backoff. One row per item in its own position, like complete, except
+-- that a repeat finds the attempt over: a failure is never replayed, so every item that
+-- changed nothing is 'lease_lost', or 'not_found' when no such job exists.
+WITH items AS (
+    SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
         WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
-    ORDER BY id, token, ord
+),
+input AS (
+    SELECT DISTINCT ON (id, token) * FROM items ORDER BY id, token, ord
 ),
 decided AS (
     SELECT j.id, i.error, j.worker_id AS worker, false AS released, 'failed' AS pending_event,
@@ -180,15 +230,23 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($6::text[])
 )
-SELECT id, lease_token, CASE WHEN $7::bool THEN job END AS job,
+SELECT CASE WHEN won.ord IS NOT NULL THEN 'done'
+            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = i.id) THEN 'lease_lost'
+            ELSE 'not_found' END AS outcome,
+       CASE WHEN $7::bool THEN won.job END AS job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($6::text[])) AS owed
-FROM moved;
+FROM items i
+-- only the first occurrence of the winning (id, token) is the winner
+LEFT JOIN (
+    SELECT d.ord, m.job FROM moved m JOIN input d ON d.id = m.id AND d.token = m.lease_token
+) won ON won.ord = i.ord
+ORDER BY i.ord;
 
 -- name: release
 -- $1 id, $2 lease token, $3 delay seconds, $4 suppressed queues.
 -- Back to PENDING without counting the attempt, or CANCELLED when a cancel was requested (then
--- the attempt ran and stays counted).
+-- the attempt ran and stays counted). Exactly one row: the outcome, and the job if it moved.
 WITH decided AS (
     SELECT j.id, NULL::jsonb AS error, j.worker_id AS worker, true AS released,
            'released' AS pending_event,
@@ -239,10 +297,14 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($4::text[])
 )
-SELECT job,
+SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
+            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = $1) THEN 'lease_lost'
+            ELSE 'not_found' END AS outcome,
+       m.job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
-FROM moved;
+FROM (VALUES (1)) AS one(x)
+LEFT JOIN moved m ON true;
 
 -- name: expire_leases
 -- $1 batch size, $2 suppressed queues. The sweeper: leases that ran out, decided like a failure
