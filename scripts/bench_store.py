@@ -60,8 +60,8 @@ from benchsupport import (
     with_database,
 )
 
-from evora.domain.models import JobSubmission
 from evora.embedded import LocalPostgres
+from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.db import create_pool
 from evora.storage.jobs import Completion, JobStore

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from evora.domain.errors import JobNotFound, LeaseLost
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.db import create_pool, jsonb_elements
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore

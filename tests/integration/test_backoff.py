@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import Failure, JobStore
 
 

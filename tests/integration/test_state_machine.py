@@ -11,8 +11,8 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from evora.domain.models import JobSubmission
 from evora.domain.states import TRANSITIONS, Transition
+from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import EventName, JobState
 from evora.storage.jobs import Failure, JobStore
 

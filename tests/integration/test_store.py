@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from evora.domain.errors import IdempotencyConflict, InvalidState, JobNotFound, LeaseLost
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.submissions import Submitted
 

@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from evora.domain.errors import IdempotencyConflict, LeaseLost
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.rows import JobDict

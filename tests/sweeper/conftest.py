@@ -16,8 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from evora.config import Settings
-from evora.domain.models import JobSubmission
 from evora.http.app import METRICS
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
 from evora_services.sweeper.app import SWEEPER, create_app

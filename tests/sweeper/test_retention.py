@@ -13,7 +13,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import PRUNABLE_STATES, PRUNE_FINISHED, RetentionStore

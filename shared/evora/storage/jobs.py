@@ -24,7 +24,7 @@ from evora.domain.errors import (
     JobNotFound,
     LeaseLost,
 )
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage import queries
 from evora.storage.db import jsonb_elements

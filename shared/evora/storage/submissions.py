@@ -17,7 +17,7 @@ from uuid import UUID
 import asyncpg
 
 from evora.domain.errors import EvoraError, IdempotencyConflict, IdempotentJobGone
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.db import jsonb_elements
 from evora.storage.rows import JobDict, job_from_row

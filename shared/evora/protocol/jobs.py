@@ -1,51 +1,29 @@
-"""Validated shapes of what clients send (docs/http-api.md#submitting-a-job) and what the
-store returns.
+"""The job on the wire: what a producer submits (docs/http-api.md#submitting-a-job), the job
+and event resources the services answer with, and the admin API's bodies and pages.
 
-Validation happens once, at the edge, with these models; the store trusts them.
+Request models validate at the edge; response models are not used to serialise (the
+services' dicts go straight to orjson): they describe the answers in /openapi.json, and the
+tests check real answers against them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
-from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from datetime import datetime
+from typing import Any, Literal
 from uuid import UUID
 
 import orjson
-from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from evora.protocol.limits import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    KEY_MAX_LENGTH,
-    MAX_SECONDS,
-    QUEUE_PATTERN,
-    TYPE_PATTERN,
-)
-from evora.protocol.problems import PAYLOAD_TOO_LARGE
+from evora.protocol.fields import Key, QueueName, Timestamp, TypeName, WireModel, fits
+from evora.protocol.limits import MAX_BATCH, MAX_SECONDS
 from evora.protocol.states import JobState
 
-QueueName = Annotated[str, Field(pattern=QUEUE_PATTERN)]
-TypeName = Annotated[str, Field(pattern=TYPE_PATTERN)]
-# PostgreSQL text cannot hold U+0000.
-Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_LENGTH, pattern=r"^[^\x00]*$")]
+MAX_REDRIVE = 1_000_000
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-
-
-class Backoff(_Strict):
+class Backoff(WireModel):
     # JSON Schema cannot compare two fields, so /openapi.json says this rule in words.
     model_config = ConfigDict(
         json_schema_extra={
@@ -65,57 +43,7 @@ class Backoff(_Strict):
         return self
 
 
-def encoded_size_limit(info: ValidationInfo) -> int:
-    context = info.context if isinstance(info.context, dict) else {}
-    limit = context.get("max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
-    return int(limit)
-
-
-# The escape of a NUL character in encoded JSON (not the text `\u0000`, whose backslash is
-# itself escaped).
-_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def check_encoded_size(value: Any, limit: int, what: str) -> Any:
-    """Client JSON (payloads, results, progress) is bounded by its encoded size, and must be
-    something PostgreSQL's jsonb can store."""
-    try:
-        encoded = orjson.dumps(value)
-    except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
-        raise ValueError(f"{what} cannot be stored: {exc}") from None
-    size = len(encoded)
-    if size > limit:
-        raise PydanticCustomError(
-            PAYLOAD_TOO_LARGE,
-            "{what} is {size} bytes encoded; the limit is {limit}",
-            {"what": what, "size": size, "limit": limit},
-        )
-    if b"\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
-        raise ValueError(f"{what} contains U+0000, which PostgreSQL cannot store in JSON")
-    return value
-
-
-# asyncpg writes the first and the last instant a datetime can hold as PostgreSQL's
-# -infinity and infinity, and reads those back as naive datetimes: neither round-trips.
-_INFINITY_STAND_INS = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
-
-
-def _storable_in_utc(value: datetime) -> datetime:
-    # Timestamps are stored in UTC; an offset that pushes one past year 1 or 9999 there
-    # cannot be stored (nor read back).
-    try:
-        utc = value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("is out of range once converted to UTC") from None
-    if utc in _INFINITY_STAND_INS:
-        raise ValueError("is out of range: the first and last instants cannot be stored")
-    return value
-
-
-Timestamp = Annotated[AwareDatetime, AfterValidator(_storable_in_utc)]
-
-
-class JobSubmission(_Strict):
+class JobSubmission(WireModel):
     # _one_schedule for /openapi.json: run_at and delay_seconds, both given and not null.
     model_config = ConfigDict(
         json_schema_extra={
@@ -142,18 +70,13 @@ class JobSubmission(_Strict):
     @field_validator("payload")
     @classmethod
     def _payload_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_encoded_size(value, encoded_size_limit(info), "payload")
+        return fits(value, info, "payload")
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobSubmission:
         if self.run_at is not None and self.delay_seconds is not None:
             raise ValueError("give run_at or delay_seconds, not both")
         return self
-
-    def scheduled_for(self, now: datetime) -> datetime:
-        if self.run_at is not None:
-            return self.run_at
-        return now + timedelta(seconds=self.delay_seconds or 0.0)
 
     def fingerprint(self) -> bytes:
         """Identity of the submission for idempotency: the fields as given, defaults filled.
@@ -162,6 +85,20 @@ class JobSubmission(_Strict):
         request later still matches."""
         fields = self.model_dump(mode="json", exclude={"idempotency_key"})
         return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+class BatchSubmission(WireModel):
+    jobs: list[JobSubmission] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class RedriveRequest(WireModel):
+    type: TypeName | None = Field(default=None, description="only DLQ jobs of this type")
+    limit: int | None = Field(
+        default=None, ge=1, le=MAX_REDRIVE, description="move at most this many jobs"
+    )
+
+
+# -- responses -----------------------------------------------------------------------------
 
 
 class LastError(BaseModel):
@@ -200,6 +137,13 @@ class ClaimedJob(Job):
     lease_token: UUID
 
 
+class JobResponse(Job):
+    """The job resource, with the extra fields the API also returns."""
+
+    backoff: Backoff
+    progress: Any = Field(default=None, description="the last progress a worker reported")
+
+
 class JobEvent(BaseModel):
     """One row of the `job_events` outbox (docs/http-api.md#the-event-resource)."""
 
@@ -214,3 +158,30 @@ class JobEvent(BaseModel):
     worker_id: str | None
     at: datetime
     data: dict[str, Any]
+
+
+class BatchItem(BaseModel):
+    status: Literal[200, 201] = Field(description="201 created, 200 idempotent replay")
+    job: JobResponse
+
+
+class BatchResult(BaseModel):
+    jobs: list[BatchItem]
+
+
+class JobList(BaseModel):
+    jobs: list[JobResponse]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class Events(BaseModel):
+    events: list[JobEvent]
+
+
+class Redriven(BaseModel):
+    redriven: int
+
+
+class QueuePauseState(BaseModel):
+    queue: str
+    paused: bool
