@@ -13,6 +13,7 @@ from evora.domain.errors import IdempotencyConflict, InvalidState, JobNotFound, 
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.submissions import Submitted
+from tests.conftest import Clock
 
 DONE, LEASE_LOST, NOT_FOUND = AckResult.DONE, AckResult.LEASE_LOST, AckResult.NOT_FOUND
 
@@ -164,12 +165,12 @@ async def test_fencing_after_release_and_reclaim(store: JobStore, pool: asyncpg.
     assert job["state"] == "RUNNING" and job["worker_id"] == "b"
 
 
-async def test_fencing_after_lease_expiry(store: JobStore, pool: asyncpg.Pool) -> None:
+async def test_fencing_after_lease_expiry(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
     [job_id] = await ids(store, sub(backoff={"initial_seconds": 0.001, "max_seconds": 0.001}))
     [first] = await store.claim(worker_id="a", queues=["q"])
-    await pool.execute(
-        "UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE id = $1", job_id
-    )
+    await clock.advance(first["lease_seconds"] + 1)
     [expired] = await store.expire_leases()
     assert expired["state"] == "PENDING" and expired["attempt"] == 1
     [second] = await store.claim(worker_id="b", queues=["q"])

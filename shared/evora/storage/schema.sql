@@ -137,6 +137,13 @@ CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
                j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
 $$;
 
+CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
+                            interval '0')
+$$;
+
 CREATE FUNCTION public.evora_reject_event_change() RETURNS trigger
     LANGUAGE plpgsql
     AS $$

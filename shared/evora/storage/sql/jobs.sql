@@ -80,11 +80,11 @@ FROM job_events WHERE job_id = $1 ORDER BY job_version;
 -- name: next_due
 -- $1 queues: seconds until the earliest future run_at (by the database's clock, so a
 -- dispatcher's own clock cannot skew it), so a dispatcher can sleep exactly until then.
-SELECT extract(epoch FROM min(n.run_at) - now())::float8
+SELECT extract(epoch FROM min(n.run_at) - evora_now())::float8
 FROM unnest($1::text[]) AS q(queue)
 CROSS JOIN LATERAL (
     SELECT run_at FROM jobs
-    WHERE state = 'PENDING' AND queue = q.queue AND run_at > now()
+    WHERE state = 'PENDING' AND queue = q.queue AND run_at > evora_now()
     ORDER BY run_at
     LIMIT 1
 ) AS n;

@@ -9,6 +9,8 @@
 -- complete, fail, release) also answer for what they did not change: one row per item with
 -- its `outcome`, 'done', 'lease_lost' (the job is not RUNNING under that token) or
 -- 'not_found', so nobody has to look at the job again to tell a lost race from a bad id.
+-- Time is `evora_now()`, the database's clock, which tests may run ahead (migration 0009);
+-- claim still reads the real `evora_now()`, as submissions do (sql/jobs.sql).
 
 -- name: claim
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
@@ -24,8 +26,8 @@ WITH picked AS (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
         FROM jobs j
-        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= now()
-          AND (j.expires_at IS NULL OR j.expires_at > now() OR j.started_at IS NOT NULL)
+        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora_now()
+          AND (j.expires_at IS NULL OR j.expires_at > evora_now() OR j.started_at IS NOT NULL)
           AND ($2::text[] IS NULL OR j.type = ANY($2::text[]))
           AND (j.group_key IS NULL OR (
                 NOT EXISTS (
@@ -46,8 +48,8 @@ WITH picked AS (
 moved AS (
     UPDATE jobs j
     SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => j.lease_seconds), worker_id = $4,
-        started_at = now(), updated_at = now(), version = j.version + 1
+        lease_expires_at = evora_now() + make_interval(secs => j.lease_seconds), worker_id = $4,
+        started_at = evora_now(), updated_at = evora_now(), version = j.version + 1
     -- picked holds these rows locked and re-checked as PENDING; repeating the state here
     -- would only tempt the planner into scanning the pending index for them
     FROM picked WHERE j.id = picked.id
@@ -71,7 +73,7 @@ FROM moved;
 -- lease when it matched, else only the outcome.
 WITH beat AS (
     UPDATE jobs
-    SET lease_expires_at = now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
+    SET lease_expires_at = evora_now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
         progress = coalesce($4::jsonb, progress)
     WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
     RETURNING lease_expires_at, cancel_requested
@@ -104,8 +106,8 @@ input AS (
 ),
 moved AS (
     UPDATE jobs j
-    SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = now(),
-        updated_at = now(), version = j.version + 1
+    SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = evora_now(),
+        updated_at = evora_now(), version = j.version + 1
     FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'completed' AS ev_name, 'RUNNING'::job_state AS ev_from,
@@ -200,9 +202,9 @@ moved AS (
         last_error = coalesce(d.error, j.last_error),
         lease_expires_at = NULL,
         run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
-        updated_at = now(), version = j.version + 1
+                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
+        updated_at = evora_now(), version = j.version + 1
     FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
         CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
@@ -267,9 +269,9 @@ moved AS (
         last_error = coalesce(d.error, j.last_error),
         lease_expires_at = NULL,
         run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
-        updated_at = now(), version = j.version + 1
+                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
+        updated_at = evora_now(), version = j.version + 1
     FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
         CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
@@ -309,7 +311,7 @@ LEFT JOIN moved m ON true;
 -- name: expire_leases
 -- $1 batch size, $2 suppressed queues. The sweeper: leases that ran out, decided like a failure
 -- (cancel wins, then the retry budget). SKIP LOCKED and the re-checked `lease_expires_at <
--- now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
+-- evora_now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
 -- attempt's error (unless the job is being cancelled anyway), so a job dead-lettered this way
 -- says why; one fixed message, so failure statistics count every expiry as one reason.
 WITH decided AS (
@@ -326,7 +328,7 @@ WITH decided AS (
         evora_backoff_seconds(j.backoff_initial, j.backoff_max, j.backoff_multiplier,
                               j.attempt) AS delay
     FROM jobs j
-    WHERE j.state = 'RUNNING' AND j.lease_expires_at < now()
+    WHERE j.state = 'RUNNING' AND j.lease_expires_at < evora_now()
     ORDER BY j.lease_expires_at
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
@@ -340,9 +342,9 @@ moved AS (
         last_error = coalesce(d.error, j.last_error),
         lease_expires_at = NULL,
         run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
-        updated_at = now(), version = j.version + 1
+                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
+        updated_at = evora_now(), version = j.version + 1
     FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
         CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
@@ -381,14 +383,14 @@ FROM moved;
 WITH due AS (
     SELECT id FROM jobs
     WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL
-      AND expires_at <= now()
+      AND expires_at <= evora_now()
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 moved AS (
     UPDATE jobs j
-    SET state = 'DLQ', finished_at = now(), updated_at = now(), version = j.version + 1
+    SET state = 'DLQ', finished_at = evora_now(), updated_at = evora_now(), version = j.version + 1
     FROM due WHERE j.id = due.id AND j.state = 'PENDING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'dead_lettered' AS ev_name, 'PENDING'::job_state AS ev_from,
@@ -427,8 +429,8 @@ moved AS (
     UPDATE jobs j
     SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
         cancel_requested = (t.state = 'RUNNING'),
-        finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE now() END,
-        updated_at = now(), version = j.version + 1
+        finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora_now() END,
+        updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = t.state
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
         CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END AS ev_name,
@@ -460,9 +462,9 @@ FROM moved;
 WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
     UPDATE jobs j
-    SET state = 'PENDING', attempt = 0, run_at = now(), finished_at = NULL,
-        expires_at = CASE WHEN j.expires_at <= now() THEN NULL ELSE j.expires_at END,
-        lease_expires_at = NULL, updated_at = now(), version = j.version + 1
+    SET state = 'PENDING', attempt = 0, run_at = evora_now(), finished_at = NULL,
+        expires_at = CASE WHEN j.expires_at <= evora_now() THEN NULL ELSE j.expires_at END,
+        lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'retried' AS ev_name, 'DLQ'::job_state AS ev_from,
@@ -500,9 +502,9 @@ WITH target AS (
 ),
 moved AS (
     UPDATE jobs j
-    SET state = 'PENDING', attempt = 0, run_at = now(), finished_at = NULL,
-        expires_at = CASE WHEN j.expires_at <= now() THEN NULL ELSE j.expires_at END,
-        lease_expires_at = NULL, updated_at = now(), version = j.version + 1
+    SET state = 'PENDING', attempt = 0, run_at = evora_now(), finished_at = NULL,
+        expires_at = CASE WHEN j.expires_at <= evora_now() THEN NULL ELSE j.expires_at END,
+        lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'retried' AS ev_name, 'DLQ'::job_state AS ev_from,
@@ -533,7 +535,7 @@ FROM moved;
 WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
     UPDATE jobs j
-    SET state = 'CANCELLED', finished_at = now(), updated_at = now(), version = j.version + 1
+    SET state = 'CANCELLED', finished_at = evora_now(), updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'cancelled' AS ev_name, 'DLQ'::job_state AS ev_from,
