@@ -27,6 +27,7 @@ from evora.readmodels.client import mongo_client
 from evora.readmodels.layout import Document
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
+from tests.servers import Services, start_api, start_dispatcher
 
 MakeDatabase = Callable[[], Awaitable[str]]
 
@@ -211,3 +212,17 @@ async def mongo(mongo_url: str, mongo_db_name: str) -> AsyncIterator[AsyncDataba
         yield client[mongo_db_name]
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def services(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIterator[Services]:
+    """The real api and dispatcher, served in this event loop on the test's database."""
+    api = await start_api(db_url, mongo_url=mongo_url, mongo_db=mongo_db_name)
+    try:
+        dispatcher = await start_dispatcher(db_url)
+        try:
+            yield Services(api, dispatcher)
+        finally:
+            await dispatcher.close()
+    finally:
+        await api.close()
