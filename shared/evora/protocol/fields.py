@@ -8,7 +8,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+)
 from pydantic_core import PydanticCustomError
 
 from evora.protocol.limits import (
@@ -39,7 +46,7 @@ WorkerId = Key
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def fits(value: Any, info: ValidationInfo, what: str) -> Any:
+def _fits(value: Any, info: ValidationInfo, what: str) -> Any:
     """Client JSON (payloads, results, progress) is bounded by its encoded size, and must be
     something PostgreSQL's jsonb can store. The limit is the service's
     EVORA_MAX_PAYLOAD_BYTES, passed as `max_payload_bytes` in the validation context."""
@@ -79,3 +86,16 @@ def _storable_in_utc(value: datetime) -> datetime:
 
 
 Timestamp = Annotated[AwareDatetime, AfterValidator(_storable_in_utc)]
+
+
+def _client_json(what: str) -> AfterValidator:
+    def check(value: Any, info: ValidationInfo) -> Any:
+        return _fits(value, info, what)
+
+    return AfterValidator(check)
+
+
+# Client JSON values, each bounded and checked by `_fits` under its own name.
+Payload = Annotated[Any, _client_json("payload")]
+Result = Annotated[Any, _client_json("result")]
+Progress = Annotated[Any, _client_json("progress")]

@@ -14,9 +14,9 @@ from typing import Any, Literal
 from uuid import UUID
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evora.protocol.fields import Key, QueueName, Timestamp, TypeName, WireModel, fits
+from evora.protocol.fields import Key, Payload, QueueName, Timestamp, TypeName, WireModel
 from evora.protocol.limits import MAX_BATCH, MAX_SECONDS
 from evora.protocol.states import JobState
 
@@ -56,7 +56,7 @@ class JobSubmission(WireModel):
 
     queue: QueueName
     type: TypeName
-    payload: Any = Field(default_factory=dict)
+    payload: Payload = Field(default_factory=dict)
     priority: int = Field(default=0, ge=-32768, le=32767)
     run_at: Timestamp | None = None
     delay_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
@@ -66,11 +66,6 @@ class JobSubmission(WireModel):
     expires_at: Timestamp | None = None
     idempotency_key: Key | None = None
     group_key: Key | None = None
-
-    @field_validator("payload")
-    @classmethod
-    def _payload_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        return fits(value, info, "payload")
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobSubmission:

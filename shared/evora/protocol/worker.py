@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from evora.protocol.fields import QueueName, TypeName, WireModel, WorkerId, fits
+from evora.protocol.fields import (
+    Progress,
+    QueueName,
+    Result,
+    TypeName,
+    WireModel,
+    WorkerId,
+)
 from evora.protocol.jobs import ClaimedJob
 from evora.protocol.limits import (
     MAX_ACKS,
@@ -35,12 +42,7 @@ class ClaimResponse(BaseModel):
 class HeartbeatRequest(WireModel):
     lease_token: UUID
     lease_seconds: int | None = Field(default=None, ge=1, le=86400)
-    progress: Any = None
-
-    @field_validator("progress")
-    @classmethod
-    def _progress_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        return fits(value, info, "progress")
+    progress: Progress = None
 
 
 class HeartbeatResponse(BaseModel):
@@ -50,12 +52,7 @@ class HeartbeatResponse(BaseModel):
 
 class CompleteRequest(WireModel):
     lease_token: UUID
-    result: Any = None
-
-    @field_validator("result")
-    @classmethod
-    def _result_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        return fits(value, info, "result")
+    result: Result = None
 
 
 class ErrorBody(WireModel):
@@ -94,14 +91,9 @@ class Ack(WireModel):
     id: UUID
     lease_token: UUID
     outcome: Literal["complete", "fail"]
-    result: Any = None
+    result: Result = None
     error: ErrorBody | None = None
     retry_in_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
-
-    @field_validator("result")
-    @classmethod
-    def _result_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        return fits(value, info, "result")
 
     @model_validator(mode="after")
     def _error_with_failure(self) -> Ack:
