@@ -106,13 +106,17 @@ async def test_claim_issues_a_fresh_lease(store: JobStore) -> None:
     assert lease == pytest.approx(90, abs=1)
 
 
-async def test_delayed_jobs_wait_for_their_time(store: JobStore, pool: asyncpg.Pool) -> None:
+async def test_delayed_jobs_wait_for_their_time(store: JobStore, clock: Clock) -> None:
     [job_id] = await ids(store, sub(delay_seconds=3600))
     assert await store.claim(worker_id="w", queues=["q"]) == []
     due = await store.seconds_until_due(["q", "empty"])
     assert due is not None and 3590 < due <= 3600
     assert await store.seconds_until_due(["empty"]) is None
-    await pool.execute("UPDATE jobs SET run_at = now() WHERE id = $1", job_id)
+    await clock.advance(3590)
+    assert await store.claim(worker_id="w", queues=["q"]) == []
+    due = await store.seconds_until_due(["q"])
+    assert due is not None and 0 < due <= 10
+    await clock.advance(10)
     assert [j["id"] for j in await store.claim(worker_id="w", queues=["q"])] == [job_id]
 
 
