@@ -1,4 +1,5 @@
-"""CPU time and memory of processes, read from /proc (Linux only, as the benchmark is)."""
+"""CPU time and memory of processes and of the machine, read from /proc (Linux only, as the
+benchmarks are): the benchmark package and scripts/bench_store.py both measure with these."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ def _stat_fields(pid: int) -> list[str] | None:
     # The command name may contain spaces and parentheses; fields resume after the last ')'.
     # From there ppid is [1], utime [11], stime [12], cutime [13], cstime [14].
     return text[text.rindex(")") + 2 :].split()
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU of this process so far."""
+    times = os.times()
+    return times.user + times.system
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -50,6 +57,13 @@ def cluster_cpu_seconds(postmaster: int) -> float:
         if fields is not None:
             ticks += int(fields[11]) + int(fields[12])
     return ticks / _CLOCK_TICKS
+
+
+def postmaster_pid(data_dir: Path) -> int | None:
+    """The postmaster of the PostgreSQL cluster in `data_dir`, if it runs."""
+    with contextlib.suppress(OSError, ValueError):
+        return int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+    return None
 
 
 def status_kib(pid: int, key: str) -> int | None:
@@ -90,3 +104,10 @@ def memory_total_gib() -> float:
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) / 1024 / 1024
     return 0.0
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as /proc/loadavg prints them."""
+    with contextlib.suppress(OSError):
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return "unknown"

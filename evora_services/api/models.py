@@ -1,23 +1,17 @@
-"""What the API's endpoints take and answer, as pydantic models.
-
-Request models validate at the edge (rule 10 of docs/architecture.md). Response models are
-not used to serialise (the store's dicts go straight to orjson); they describe the answers in
-/openapi.json, and the tests check real answers against them.
-"""
+"""The query of the job list and its opaque cursor; the bodies and answers of the API's
+endpoints are the wire models of evora.protocol.jobs."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from evora.domain.models import Backoff, Job, JobEvent, JobSubmission, QueueName, TypeName
-from evora.protocol.limits import MAX_BATCH, MAX_PAGE
+from evora.protocol.fields import QueueName, TypeName
+from evora.protocol.limits import MAX_PAGE
 from evora.protocol.states import JobState
-
-MAX_REDRIVE = 1_000_000
 
 _CURSOR_BYTES = 8  # a submit_seq is a PostgreSQL bigint
 
@@ -60,24 +54,6 @@ Cursor = Annotated[
 ]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-
-
-# -- requests ------------------------------------------------------------------------------
-
-
-class BatchSubmission(_Body):
-    jobs: list[JobSubmission] = Field(min_length=1, max_length=MAX_BATCH)
-
-
-class RedriveRequest(_Body):
-    type: TypeName | None = Field(default=None, description="only DLQ jobs of this type")
-    limit: int | None = Field(
-        default=None, ge=1, le=MAX_REDRIVE, description="move at most this many jobs"
-    )
-
-
 class JobListQuery(BaseModel):
     # Query values arrive as strings, so this model is lax (limit "20" is 20); unknown
     # parameters are refused so that a misspelt filter is not silently ignored.
@@ -88,40 +64,3 @@ class JobListQuery(BaseModel):
     type: TypeName | None = None
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
     after: Cursor | None = None
-
-
-# -- responses -----------------------------------------------------------------------------
-
-
-class JobResponse(Job):
-    """The job resource, with the extra fields the API also returns."""
-
-    backoff: Backoff
-    progress: Any = Field(default=None, description="the last progress a worker reported")
-
-
-class BatchItem(BaseModel):
-    status: Literal[200, 201] = Field(description="201 created, 200 idempotent replay")
-    job: JobResponse
-
-
-class BatchResult(BaseModel):
-    jobs: list[BatchItem]
-
-
-class JobList(BaseModel):
-    jobs: list[JobResponse]
-    next: str | None = Field(description="pass as `after` for the next page; null at the end")
-
-
-class Events(BaseModel):
-    events: list[JobEvent]
-
-
-class Redriven(BaseModel):
-    redriven: int
-
-
-class QueuePauseState(BaseModel):
-    queue: str
-    paused: bool

@@ -7,20 +7,16 @@ from uuid import UUID
 from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
-from evora.domain.errors import JobNotFound
-from evora.domain.models import QueueName
+from evora.domain import ids
 from evora.http.problems import validation_problem
+from evora.protocol.fields import QueueName
 
 _QUEUE_NAME: TypeAdapter[str] = TypeAdapter(QueueName)
 
 
 def job_id(request: web.Request) -> UUID:
-    """The `{id}` of the path. Something that is not a UUID names no job, so it is the same
-    404 as an unknown id rather than a validation error."""
-    try:
-        return UUID(request.match_info["id"])
-    except ValueError:
-        raise JobNotFound("no job has that id") from None
+    """The job the `{id}` of the path names (a 404 if it cannot name one)."""
+    return ids.job_id(request.match_info["id"])
 
 
 def queue_name(request: web.Request) -> str:

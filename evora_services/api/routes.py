@@ -18,23 +18,26 @@ from pydantic import BaseModel
 from evora.coalesce import Coalescer
 from evora.config import Role, Settings
 from evora.domain.errors import EvoraError
-from evora.domain.models import JobSubmission, QueueName
 from evora.http.app import SETTINGS
 from evora.http.bodies import ItemsLimit, items_limit, parse_body, parse_query
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
-from evora.storage.jobs import JobStore
-from evora.storage.submissions import Submitted
-from evora_services.api.models import (
+from evora.protocol.fields import QueueName
+from evora.protocol.jobs import (
     BatchResult,
     BatchSubmission,
     Events,
     JobList,
-    JobListQuery,
     JobResponse,
+    JobSubmission,
     QueuePauseState,
     Redriven,
     RedriveRequest,
+)
+from evora.storage.jobs import JobStore
+from evora.storage.submissions import Submitted
+from evora_services.api.models import (
+    JobListQuery,
     encode_cursor,
 )
 from evora_services.api.paths import job_id, queue_name

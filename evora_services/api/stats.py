@@ -15,11 +15,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from evora.config import Role
 from evora.domain.errors import QueueNotFound
-from evora.domain.models import QueueName
 from evora.http.bodies import parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem
 from evora.http.routing import Routes
+from evora.protocol.fields import QueueName
 from evora.protocol.limits import MAX_PAGE, QUEUE_PATTERN
 from evora.readmodels.reader import Page, ReadModels
 from evora_services.api.paths import queue_name

@@ -12,15 +12,13 @@ from uuid import UUID
 
 from aiohttp import web
 
-from evora.domain.errors import JobNotFound
-from evora.domain.models import Job
+from evora.domain import ids
 from evora.http.app import REQUEST_ID, REQUEST_ID_HEADER, SETTINGS
 from evora.http.bodies import items_limit, parse_body
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
-from evora.storage.jobs import AckResult, Completion, Failure, JobStore
-from evora.storage.rows import JobDict
-from evora_services.dispatcher.models import (
+from evora.protocol.jobs import Job
+from evora.protocol.worker import (
     AcksRequest,
     AcksResponse,
     ClaimRequest,
@@ -32,6 +30,8 @@ from evora_services.dispatcher.models import (
     HeartbeatResponse,
     ReleaseRequest,
 )
+from evora.storage.jobs import AckResult, Completion, Failure, JobStore
+from evora.storage.rows import JobDict
 from evora_services.dispatcher.state import DISPATCH, Dispatch
 from evora_services.dispatcher.wakeups import Cause
 
@@ -46,13 +46,6 @@ _ENVELOPE = 64 * 1024  # room for the fields around a payload-sized value
 
 # What each item of POST /v1/acks answers (and the status a single complete/fail counts).
 ACK_STATUS = {AckResult.DONE: 200, AckResult.LEASE_LOST: 409, AckResult.NOT_FOUND: 404}
-
-
-def _job_id(request: web.Request) -> UUID:
-    try:
-        return UUID(request.match_info["id"])
-    except ValueError:
-        raise JobNotFound(f"job {request.match_info['id']!r} not found") from None
 
 
 def _single_limit(request: web.Request) -> tuple[int, dict[str, int]]:
@@ -182,7 +175,7 @@ async def claim(request: web.Request) -> web.StreamResponse:
     problems=(404, 409),
 )
 async def heartbeat(request: web.Request) -> web.Response:
-    job_id = _job_id(request)
+    job_id = ids.job_id(request.match_info["id"])
     limit, context = _single_limit(request)
     body = await parse_body(request, HeartbeatRequest, limit=limit, context=context)
     beat = await request.app[DISPATCH].store.heartbeat(
@@ -203,7 +196,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     problems=(404, 409),
 )
 async def complete(request: web.Request) -> web.Response:
-    job_id = _job_id(request)
+    job_id = ids.job_id(request.match_info["id"])
     limit, context = _single_limit(request)
     body = await parse_body(request, CompleteRequest, limit=limit, context=context)
     dispatch = request.app[DISPATCH]
@@ -222,7 +215,7 @@ async def complete(request: web.Request) -> web.Response:
     problems=(404, 409),
 )
 async def fail(request: web.Request) -> web.Response:
-    job_id = _job_id(request)
+    job_id = ids.job_id(request.match_info["id"])
     limit, _ = _single_limit(request)
     body = await parse_body(request, FailRequest, limit=limit)
     dispatch = request.app[DISPATCH]
@@ -242,7 +235,7 @@ async def fail(request: web.Request) -> web.Response:
     problems=(404, 409),
 )
 async def release(request: web.Request) -> web.Response:
-    job_id = _job_id(request)
+    job_id = ids.job_id(request.match_info["id"])
     body = await parse_body(request, ReleaseRequest, limit=CLAIM_BODY_LIMIT)
     job = await request.app[DISPATCH].store.release(
         job_id, body.lease_token, delay_seconds=body.delay_seconds or 0.0

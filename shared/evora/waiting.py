@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+
+from evora.protocol.retries import RetryBackoff
 
 BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 10.0
@@ -20,18 +21,17 @@ async def wait_until_set(event: asyncio.Event, seconds: float) -> bool:
 
 
 class Backoff:
-    """Exponential delays with jitter, so replicas that lost the database together do not
-    all come back at the same instant."""
+    """The delays of one loop's consecutive failures, by the formula every Evora client
+    retries with (evora.protocol.retries): exponential with jitter, so replicas that lost
+    the database together do not all come back at the same instant."""
 
     def __init__(self, initial: float = BACKOFF_INITIAL, maximum: float = BACKOFF_MAX) -> None:
-        self._initial = initial
-        self._maximum = maximum
-        self._next = initial
+        self._policy = RetryBackoff(initial=initial, max_delay=maximum)
+        self._failures = 0
 
     def reset(self) -> None:
-        self._next = self._initial
+        self._failures = 0
 
     def next(self) -> float:
-        delay = self._next * (0.5 + random.random())
-        self._next = min(self._next * 2, self._maximum)
-        return delay
+        self._failures += 1
+        return self._policy.delay(self._failures)

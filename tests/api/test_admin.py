@@ -7,8 +7,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from evora.protocol.jobs import JobList
 from evora.storage.jobs import JobStore
-from evora_services.api.models import JobList, encode_cursor
+from evora_services.api.models import encode_cursor
 from tests.api.conftest import ADMIN, PRODUCER, ApiClient, job, job_in_state, problem
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 
 from evora.config import Settings
-from evora_services.api.models import BatchResult
+from evora.protocol.jobs import BatchResult
 from tests.api.conftest import PRODUCER, ApiClient, MakeClient, job, problem
 
 

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
+from evora.protocol.jobs import Events, JobResponse
 from evora.storage.jobs import JobStore
-from evora_services.api.models import Events, JobResponse
 from tests.api.conftest import ADMIN, PRODUCER, ApiClient, created, job_in_state, problem
 
 UNKNOWN_IDS = [str(uuid.uuid4()), "not-a-uuid", "1234", "%E2%98%83", "batch"]

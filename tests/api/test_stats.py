@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.config import Settings
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import Document
 from evora.sdk.client import Client
 from evora.storage.jobs import JobStore

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from evora.config import Settings
-from evora_services.api.models import JobResponse
+from evora.protocol.jobs import JobResponse
 from tests.api.conftest import PRODUCER, ApiClient, MakeClient, job, problem
 
 

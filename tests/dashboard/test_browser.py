@@ -9,7 +9,7 @@ import pytest
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page, expect
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora_services.api.dashboard.routes import CONTENT_SECURITY_POLICY
 from tests.dashboard.conftest import PRODUCER_TOKEN, Dashboard, Problems, login
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from playwright.async_api import Page, expect
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import Completion, Failure
 from tests.dashboard.conftest import Dashboard, login
 

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from tests.dispatcher.conftest import WORKER, Dispatcher
 from tests.polling import until

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from evora.config import Settings
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from evora_services.dispatcher.app import create_app
 from evora_services.dispatcher.unclaimed import UnclaimedWatch

@@ -8,7 +8,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from tests.dispatcher.conftest import Dispatcher
 

@@ -29,17 +29,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from evora import Client, Handlers, RetryBackoff, Worker
-from evora.config import Settings
-from evora_services.api.app import create_app as create_api
-from evora_services.dispatcher.app import create_app as create_dispatcher
 from evora_services.dispatcher.state import DISPATCH
 from tests.polling import Condition, until
-from tests.servers import Service, serve
+from tests.servers import (
+    ADMIN_TOKEN,
+    PRODUCER_TOKEN,
+    TOKENS,
+    WORKER_TOKEN,
+    Service,
+    start_api,
+    start_dispatcher,
+)
 
-ADMIN_TOKEN = "e2e-admin-token-0"
-PRODUCER_TOKEN = "e2e-producer-token-0"
-WORKER_TOKEN = "e2e-worker-token-0"
-TOKENS = f"admin:{ADMIN_TOKEN},producer:{PRODUCER_TOKEN},worker:{WORKER_TOKEN}"
 WORKER_HEADERS = {"Authorization": f"Bearer {WORKER_TOKEN}"}
 
 # Retries between failed claims/acks wait tenths of seconds here, not the defaults.
@@ -47,20 +48,6 @@ FAST = RetryBackoff(initial=0.05, max_delay=0.5)
 
 
 # -- services in this process ------------------------------------------------------------
-
-
-def settings_for(db_url: str) -> Settings:
-    return Settings(database_url=db_url, tokens=TOKENS)
-
-
-async def start_api(db_url: str) -> Service:
-    return await serve(await create_api(settings_for(db_url)), "api", handler_cancellation=False)
-
-
-async def start_dispatcher(db_url: str) -> Service:
-    # As `evora dispatcher` runs it: a handler whose worker disconnected is cancelled.
-    app = await create_dispatcher(settings_for(db_url))
-    return await serve(app, "dispatcher", handler_cancellation=True)
 
 
 def waiting_polls(dispatcher: Service, queue: str) -> int:

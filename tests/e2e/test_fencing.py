@@ -9,7 +9,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
 from tests.e2e.conftest import WORKER_HEADERS, Stack

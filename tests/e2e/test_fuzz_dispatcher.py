@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from evora import Client, Submission
-from evora.domain.models import Job as JobModel
 from evora.http.problems import PROBLEM_CONTENT_TYPE
+from evora.protocol.jobs import Job as JobModel
 from evora.protocol.limits import QUEUE_PATTERN, TYPE_PATTERN
-from evora_services.dispatcher.models import AcksResponse, ClaimResponse, HeartbeatResponse
+from evora.protocol.worker import AcksResponse, ClaimResponse, HeartbeatResponse
 from tests.e2e.conftest import (
     FAST,
     PRODUCER_TOKEN,

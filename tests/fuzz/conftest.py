@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
 from evora.storage.jobs import Failure, JobStore
 from tests.api.conftest import shared_client

@@ -19,7 +19,7 @@ import pytest
 
 from evora.coalesce import Coalescer
 from evora.domain.errors import EvoraError
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import (
     AckOutcome,
     AckResult,

@@ -7,7 +7,7 @@ from uuid import uuid4
 
 import asyncpg
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.db import connect
 from evora.storage.jobs import JobStore
 from evora.storage.outbox import OutboxCursor, OutboxEvent, read_events

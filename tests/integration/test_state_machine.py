@@ -11,10 +11,11 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from evora.domain.models import JobSubmission
 from evora.domain.states import TRANSITIONS, Transition
+from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import EventName, JobState
 from evora.storage.jobs import Failure, JobStore
+from tests.conftest import Clock
 
 Q = "sm"
 
@@ -87,7 +88,7 @@ async def _assert_one_event_per_version(pool: asyncpg.Pool, job_id: UUID) -> lis
 
 
 async def test_every_allowed_transition_writes_one_event(
-    store: JobStore, pool: asyncpg.Pool
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:
     seen: set[tuple[str | None, str, str]] = set()
 
@@ -115,10 +116,10 @@ async def test_every_allowed_transition_writes_one_event(
     await store.fail(Failure(d, await _claim(store, d), "boom", retry_in_seconds=0))
     await store.release(d, await _claim(store, d))
     await _claim(store, d)
-    await pool.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE id = $1", d)
+    # the lease runs out; then the backoff its expiry set (seconds, at this attempt) passes
+    await clock.advance(3600)
     assert [j["id"] for j in await store.expire_leases()] == [d]
-    # lease expiry backs off like a failure; make it due again without waiting
-    await pool.execute("UPDATE jobs SET run_at = now() WHERE id = $1", d)
+    await clock.advance(3600)
     await store.fail(Failure(d, await _claim(store, d), "fatal", retryable=False))
     await store.discard(d)
     await record(d)

@@ -10,9 +10,10 @@ import asyncpg
 import pytest
 
 from evora.domain.errors import IdempotencyConflict, InvalidState, JobNotFound, LeaseLost
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.submissions import Submitted
+from tests.conftest import Clock
 
 DONE, LEASE_LOST, NOT_FOUND = AckResult.DONE, AckResult.LEASE_LOST, AckResult.NOT_FOUND
 
@@ -105,13 +106,17 @@ async def test_claim_issues_a_fresh_lease(store: JobStore) -> None:
     assert lease == pytest.approx(90, abs=1)
 
 
-async def test_delayed_jobs_wait_for_their_time(store: JobStore, pool: asyncpg.Pool) -> None:
+async def test_delayed_jobs_wait_for_their_time(store: JobStore, clock: Clock) -> None:
     [job_id] = await ids(store, sub(delay_seconds=3600))
     assert await store.claim(worker_id="w", queues=["q"]) == []
     due = await store.seconds_until_due(["q", "empty"])
     assert due is not None and 3590 < due <= 3600
     assert await store.seconds_until_due(["empty"]) is None
-    await pool.execute("UPDATE jobs SET run_at = now() WHERE id = $1", job_id)
+    await clock.advance(3590)
+    assert await store.claim(worker_id="w", queues=["q"]) == []
+    due = await store.seconds_until_due(["q"])
+    assert due is not None and 0 < due <= 10
+    await clock.advance(10)
     assert [j["id"] for j in await store.claim(worker_id="w", queues=["q"])] == [job_id]
 
 
@@ -164,12 +169,12 @@ async def test_fencing_after_release_and_reclaim(store: JobStore, pool: asyncpg.
     assert job["state"] == "RUNNING" and job["worker_id"] == "b"
 
 
-async def test_fencing_after_lease_expiry(store: JobStore, pool: asyncpg.Pool) -> None:
+async def test_fencing_after_lease_expiry(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
     [job_id] = await ids(store, sub(backoff={"initial_seconds": 0.001, "max_seconds": 0.001}))
     [first] = await store.claim(worker_id="a", queues=["q"])
-    await pool.execute(
-        "UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE id = $1", job_id
-    )
+    await clock.advance(first["lease_seconds"] + 1)
     [expired] = await store.expire_leases()
     assert expired["state"] == "PENDING" and expired["attempt"] == 1
     [second] = await store.claim(worker_id="b", queues=["q"])

@@ -19,11 +19,12 @@ import asyncpg
 import pytest
 
 from evora.domain.errors import IdempotencyConflict, LeaseLost
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.rows import JobDict
 from evora.storage.submissions import Submitted
+from tests.conftest import Clock
 
 # A hung test (a job that never becomes claimable again) fails instead of blocking the run.
 RUN_TIMEOUT_S = 120.0
@@ -367,9 +368,12 @@ async def race_expiry_with_completion(
     return expired, completed
 
 
-async def test_expiry_and_completion_race_has_exactly_one_winner(db_url: str) -> None:
+async def test_expiry_and_completion_race_has_exactly_one_winner(
+    db_url: str, pg_server_url: str
+) -> None:
     winners: Counter[str] = Counter()
     async with pooled_store(db_url, 4) as (store, pool):
+        clock = Clock(pg_server_url, db_url, [pool])
         for round_ in range(FENCE_ROUNDS):
             # A queue per round, so no earlier job (retrying after its expiry) is claimed.
             queue = f"fence-{round_}"
@@ -379,11 +383,7 @@ async def test_expiry_and_completion_race_has_exactly_one_winner(db_url: str) ->
             job_id = submitted.job["id"]
             [claimed] = await store.claim(worker_id="A", queues=[queue])
             assert claimed["id"] == job_id
-            forced = await pool.execute(
-                "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
-                job_id,
-            )
-            assert forced == "UPDATE 1"
+            await clock.advance(claimed["lease_seconds"] + 1)  # the lease runs out
 
             expired, completed = await race_expiry_with_completion(
                 store, job_id, claimed["lease_token"], expiry_first=bool(round_ % 2)

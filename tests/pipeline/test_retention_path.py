@@ -12,7 +12,7 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.config import ConfigError, load_settings
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import CONTROL, CONTROL_ID, Document
 from evora.storage.jobs import JobStore
 from evora.storage.retention import RetentionStore

@@ -8,8 +8,8 @@ import asyncio
 import asyncpg
 from pymongo.asynchronous.database import AsyncDatabase
 
-from evora.domain.models import JobSubmission
 from evora.http.metrics import ServiceMetrics
+from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import Document
 from evora.storage.jobs import JobStore
 from evora_services.projector.metrics import ProjectorMetrics

@@ -9,7 +9,7 @@ from uuid import uuid4
 import asyncpg
 from pymongo.asynchronous.database import AsyncDatabase
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import CONTROL, TOTAL_KEYS, Document, checkpoint_id
 from evora.readmodels.reader import ReadModels
 from evora.storage.db import connect

@@ -9,8 +9,8 @@ import tracemalloc
 import asyncpg
 from pymongo.asynchronous.database import AsyncDatabase
 
-from evora.domain.models import JobSubmission
 from evora.http.metrics import ServiceMetrics
+from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import Document
 from evora.storage.jobs import Completion, JobStore
 from evora_services.projector.metrics import EXPORTED_QUEUES_MAX, ProjectorMetrics

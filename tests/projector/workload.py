@@ -7,7 +7,7 @@ import random
 
 import asyncpg
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import Completion, Failure, JobStore
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import evora
-from evora.sdk._http import RetryBackoff, should_retry
+from evora.protocol.retries import RetryBackoff
+from evora.sdk._http import should_retry
 from evora.sdk.errors import EvoraClientError, error_from_response
 
 NOT_SENT = evora.EvoraConnectionError("refused", request_sent=False)

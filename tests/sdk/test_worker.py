@@ -1,4 +1,5 @@
-"""`evora.Worker` against a real HTTP server speaking the HTTP API (tests/sdk/fake.py)."""
+"""`evora.Worker` against the real api and dispatcher, through the proxy of tests/sdk/fake.py
+where a test watches what the worker sends or stages a failure."""
 
 from __future__ import annotations
 
@@ -8,24 +9,33 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 
 import evora
 from evora import Client, Worker
 from evora.logs import context as log_fields
+from evora.sdk.client import BackoffSpec
+from evora.storage.jobs import JobStore
+from evora.storage.rows import JobDict
 from examples.worker_example import handlers as example_handlers
+from tests.conftest import Clock
+from tests.polling import Condition, until
 from tests.sdk.conftest import FAST
-from tests.sdk.fake import WORKER_TOKEN, FakeEvora, Seen
+from tests.sdk.fake import FaultProxy, Seen
+from tests.servers import WORKER_TOKEN, Services
 
 REPO = Path(__file__).resolve().parents[2]
+# Jobs whose lease a test takes away are not claimed again while it runs.
+AN_HOUR: BackoffSpec = {"initial_seconds": 3600, "max_seconds": 3600}
 
 
-def make_worker(fake: FakeEvora, **kwargs: Any) -> Worker:
+def make_worker(proxy: FaultProxy, **kwargs: Any) -> Worker:
     settings: dict[str, Any] = {
         "queues": ["q"],
         "concurrency": 4,
@@ -34,7 +44,7 @@ def make_worker(fake: FakeEvora, **kwargs: Any) -> Worker:
         "backoff": FAST,
         **kwargs,
     }
-    return Worker(fake.url, WORKER_TOKEN, **settings)
+    return Worker(proxy.url, WORKER_TOKEN, **settings)
 
 
 @asynccontextmanager
@@ -47,30 +57,55 @@ async def serving(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
         await task
 
 
-def in_state(fake: FakeEvora, job_id: str, state: str) -> Callable[[], bool]:
-    return lambda: fake.state(job_id) == state
+async def stored(store: JobStore, job_id: str) -> JobDict:
+    return await store.get(UUID(job_id))
+
+
+def in_state(store: JobStore, job_id: str, state: str) -> Condition:
+    async def reached() -> bool:
+        return bool((await stored(store, job_id))["state"] == state)
+
+    return reached
+
+
+async def failed(store: JobStore, job_id: str) -> bool:
+    return (await stored(store, job_id))["last_error"] is not None
+
+
+def all_in_state(store: JobStore, ids: list[str], state: str) -> Condition:
+    async def reached() -> bool:
+        return [(await stored(store, i))["state"] for i in ids] == [state] * len(ids)
+
+    return reached
+
+
+async def take_lease_away(clock: Clock, store: JobStore, job_id: str) -> None:
+    """What the sweeper does when a lease runs out: the job goes back to PENDING (for a
+    backoff of AN_HOUR), its token void."""
+    await clock.advance((await stored(store, job_id))["lease_seconds"] + 1)
+    assert [j["id"] for j in await store.expire_leases()] == [UUID(job_id)]
 
 
 async def test_claims_runs_and_completes_with_the_return_value(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(fake, handlers=example_handlers)
+    worker = make_worker(proxy, handlers=example_handlers)
     job_id = (await client.submit("q", "demo.echo", {"hello": ["world"]})).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+        await until(in_state(store, job_id, "COMPLETED"))
     assert (await client.get(job_id))["result"] == {"hello": ["world"]}
-    claim = fake.seen("POST", "/v1/claim")[0].body
+    claim = proxy.seen("POST", "/v1/claim")[0].body
     assert claim["worker_id"] == worker.settings.worker_id and claim["queues"] == ["q"]
     assert claim["types"] == example_handlers.types and claim["max_jobs"] == 4
 
 
 async def test_the_example_def_handler_runs_in_a_thread_and_completes(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     payload = {"rounds": 3}
     job_id = (await client.submit("q", "demo.hash", payload)).id
-    async with serving(make_worker(fake, handlers=example_handlers)):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+    async with serving(make_worker(proxy, handlers=example_handlers)):
+        await until(in_state(store, job_id, "COMPLETED"))
     digest = repr(payload).encode()
     for _ in range(3):
         digest = hashlib.sha256(digest).digest()
@@ -78,21 +113,24 @@ async def test_the_example_def_handler_runs_in_a_thread_and_completes(
 
 
 async def test_failures_are_reported_retryable_unless_the_exception_says_not(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     flaky = (await client.submit("q", "demo.fail")).id
     fatal = (await client.submit("q", "demo.fatal", {"x": 1})).id
-    async with serving(make_worker(fake, handlers=example_handlers)):
-        await fake.wait_until(
-            lambda: (
-                fake.jobs[flaky]["attempt"] == 1
-                and fake.state(flaky) == "PENDING"
-                and fake.state(fatal) == "DLQ"
+    async with serving(make_worker(proxy, handlers=example_handlers)):
+
+        async def reported() -> bool:
+            retrying, dead = await stored(store, flaky), await stored(store, fatal)
+            return bool(
+                retrying["attempt"] == 1
+                and retrying["state"] == "PENDING"
+                and (dead["state"] == "DLQ")
             )
-        )
+
+        await until(reported, "both outcomes recorded")
     errors = {
         item["id"]: item["error"]
-        for batch in fake.seen("POST", "/v1/acks")
+        for batch in proxy.seen("POST", "/v1/acks")
         for item in batch.body["acks"]
     }
     assert errors[flaky] == {
@@ -103,8 +141,10 @@ async def test_failures_are_reported_retryable_unless_the_exception_says_not(
     assert errors[fatal]["retryable"] is False and errors[fatal]["type"] == "NonRetryable"
 
 
-async def test_a_result_that_is_not_json_fails_for_good(fake: FakeEvora, client: Client) -> None:
-    worker = make_worker(fake)
+async def test_a_result_that_is_not_json_fails_for_good(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    worker = make_worker(proxy)
 
     @worker.handler("t")
     async def handle(job: evora.Job) -> object:
@@ -112,76 +152,76 @@ async def test_a_result_that_is_not_json_fails_for_good(fake: FakeEvora, client:
 
     job_id = (await client.submit("q", "t")).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "DLQ"))
-    error = fake.jobs[job_id]["last_error"]
+        await until(in_state(store, job_id, "DLQ"))
+    error = (await stored(store, job_id))["last_error"]
     assert error["type"] == "TypeError" and "not JSON-serialisable" in error["message"]
 
 
 async def test_heartbeats_keep_the_lease_and_carry_progress(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(fake)
+    worker = make_worker(proxy)
 
     def heartbeats() -> list[Seen]:
-        return fake.seen("POST", "/v1/jobs/{id}/heartbeat")
+        return proxy.seen("POST", "/v1/jobs/{id}/heartbeat")
 
     @worker.handler("t")
     async def handle(job: evora.Job) -> str:
         job.progress({"step": 1})
-        await fake.wait_until(lambda: len(heartbeats()) >= 2)
+        await until(lambda: len(heartbeats()) >= 2, "two heartbeats")
         return "done"
 
     job_id = (await client.submit("q", "t", lease_seconds=1)).id  # a heartbeat every 1/3 s
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+        await until(in_state(store, job_id, "COMPLETED"))
     first, second = (h.body for h in heartbeats()[:2])
     assert first["progress"] == {"step": 1} and "progress" not in second
     assert first["lease_token"] == second["lease_token"]
 
 
 async def test_a_failed_heartbeat_is_retried_sooner_with_its_progress(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    fake.fault("POST", "/v1/jobs/{id}/heartbeat", 503)
-    worker = make_worker(fake)
+    proxy.fault("POST", "/v1/jobs/{id}/heartbeat", 503)
+    worker = make_worker(proxy)
     loop = asyncio.get_running_loop()
 
     def heartbeats() -> list[Seen]:
-        return fake.seen("POST", "/v1/jobs/{id}/heartbeat")
+        return proxy.seen("POST", "/v1/jobs/{id}/heartbeat")
 
     @worker.handler("t")
     async def handle(job: evora.Job) -> float:
         job.progress({"step": 1})
-        await fake.wait_until(lambda: len(heartbeats()) >= 1)
+        await until(lambda: len(heartbeats()) >= 1, "a heartbeat")
         failed_at = loop.time()
-        await fake.wait_until(lambda: len(heartbeats()) >= 2)
+        await until(lambda: len(heartbeats()) >= 2, "a second heartbeat")
         return loop.time() - failed_at
 
     # A heartbeat every 2/3 s; after a transient failure, the next one 1/6 s later.
     job_id = (await client.submit("q", "t", lease_seconds=2)).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+        await until(in_state(store, job_id, "COMPLETED"))
     failed, retried = (h.body for h in heartbeats()[:2])
     assert failed["progress"] == retried["progress"] == {"step": 1}
-    assert fake.jobs[job_id]["result"] < 0.5
+    assert (await stored(store, job_id))["result"] < 0.5
 
 
 async def test_heartbeats_go_on_until_the_outcome_is_recorded(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     for _ in range(2):
-        fake.fault("POST", "/v1/acks", 503, delay=0.5)
-    worker = make_worker(fake, handlers=example_handlers)
+        proxy.fault("POST", "/v1/acks", 503, delay=0.5)
+    worker = make_worker(proxy, handlers=example_handlers)
     job_id = (await client.submit("q", "demo.echo", lease_seconds=1)).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+        await until(in_state(store, job_id, "COMPLETED"))
     # The handler returned at once, the outcome was recorded a second later.
-    assert fake.seen("POST", "/v1/jobs/{id}/heartbeat")
+    assert proxy.seen("POST", "/v1/jobs/{id}/heartbeat")
 
 
 @pytest.mark.parametrize("kind", ["async def", "def"])
 async def test_log_records_of_a_job_say_which_job(
-    fake: FakeEvora, client: Client, kind: str
+    proxy: FaultProxy, client: Client, store: JobStore, kind: str
 ) -> None:
     class Fields(logging.Handler):
         def __init__(self) -> None:
@@ -191,7 +231,7 @@ async def test_log_records_of_a_job_say_which_job(
         def emit(self, record: logging.LogRecord) -> None:
             self.by_message[record.getMessage()] = dict(log_fields())
 
-    worker = make_worker(fake)
+    worker = make_worker(proxy)
 
     def handle(job: evora.Job) -> None:
         logging.getLogger("tests.handler").warning("handling %s", job.id)
@@ -208,7 +248,7 @@ async def test_log_records_of_a_job_say_which_job(
     try:
         job_id = (await client.submit("q", "t")).id
         async with serving(worker):
-            await fake.wait_until(lambda: fake.jobs[job_id]["last_error"] is not None)
+            await until(lambda: failed(store, job_id), "the failure recorded")
     finally:
         root.removeHandler(fields)
     expected = {"job_id": job_id, "queue": "q", "job_type": "t"}
@@ -217,22 +257,22 @@ async def test_log_records_of_a_job_say_which_job(
 
 
 async def test_a_cooperative_handler_stops_on_cancel_and_the_job_is_cancelled(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(fake, handlers=example_handlers, cancel_grace=10)
+    worker = make_worker(proxy, handlers=example_handlers, cancel_grace=10)
     job_id = (await client.submit("q", "demo.sleep", {"seconds": 60}, lease_seconds=1)).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "RUNNING"))
+        await until(in_state(store, job_id, "RUNNING"))
         assert (await client.cancel(job_id))["cancel_requested"]
-        await fake.wait_until(in_state(fake, job_id, "CANCELLED"))
-    assert len(fake.seen("POST", "/v1/jobs/{id}/release")) == 1
-    assert not fake.seen("POST", "/v1/acks")
+        await until(in_state(store, job_id, "CANCELLED"))
+    assert len(proxy.seen("POST", "/v1/jobs/{id}/release")) == 1
+    assert not proxy.seen("POST", "/v1/acks")
 
 
 async def test_a_handler_ignoring_cancel_is_cancelled_after_the_cancel_grace(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(fake, cancel_grace=0.1)
+    worker = make_worker(proxy, cancel_grace=0.1)
     cancelled = asyncio.Event()
 
     @worker.handler("t")
@@ -245,17 +285,18 @@ async def test_a_handler_ignoring_cancel_is_cancelled_after_the_cancel_grace(
 
     job_id = (await client.submit("q", "t", lease_seconds=1)).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "RUNNING"))
+        await until(in_state(store, job_id, "RUNNING"))
         await client.cancel(job_id)
-        await fake.wait_until(in_state(fake, job_id, "CANCELLED"))
+        await until(in_state(store, job_id, "CANCELLED"))
     assert cancelled.is_set()
-    assert fake.jobs[job_id]["attempt"] == 0  # released: the attempt does not count
+    # the cancel ended the job: the attempt ran, so it counts
+    assert (await stored(store, job_id))["attempt"] == 1
 
 
 async def test_a_lost_lease_seen_by_a_heartbeat_abandons_the_handler(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore, clock: Clock
 ) -> None:
-    worker = make_worker(fake)
+    worker = make_worker(proxy)
     cancelled = asyncio.Event()
 
     @worker.handler("t")
@@ -266,18 +307,22 @@ async def test_a_lost_lease_seen_by_a_heartbeat_abandons_the_handler(
             cancelled.set()
             raise
 
-    job_id = (await client.submit("q", "t", lease_seconds=1)).id
+    job_id = (await client.submit("q", "t", lease_seconds=1, backoff=AN_HOUR)).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "RUNNING"))
-        fake.take_lease_away(job_id)
+        await until(in_state(store, job_id, "RUNNING"))
+        await take_lease_away(clock, store, job_id)
         await asyncio.wait_for(cancelled.wait(), 5)
-    assert not fake.seen("POST", "/v1/acks") and not fake.seen("POST", "/v1/jobs/{id}/release")
+    assert not proxy.seen("POST", "/v1/acks") and not proxy.seen("POST", "/v1/jobs/{id}/release")
 
 
 async def test_an_outcome_for_a_lost_lease_is_logged_as_taken_away(
-    fake: FakeEvora, client: Client, caplog: pytest.LogCaptureFixture
+    proxy: FaultProxy,
+    client: Client,
+    store: JobStore,
+    clock: Clock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    worker = make_worker(fake)
+    worker = make_worker(proxy)
     gate = asyncio.Event()
 
     @worker.handler("t")
@@ -285,19 +330,22 @@ async def test_an_outcome_for_a_lost_lease_is_logged_as_taken_away(
         await gate.wait()
         return "too late"
 
-    job_id = (await client.submit("q", "t")).id
+    job_id = (await client.submit("q", "t", backoff=AN_HOUR)).id
     with caplog.at_level(logging.WARNING, logger="evora.worker"):
         async with serving(worker):
-            await fake.wait_until(in_state(fake, job_id, "RUNNING"))
-            fake.take_lease_away(job_id)
+            await until(in_state(store, job_id, "RUNNING"))
+            await take_lease_away(clock, store, job_id)
             gate.set()
-            await fake.wait_until(lambda: bool(fake.seen("POST", "/v1/acks")))
-    assert fake.state(job_id) == "PENDING" and fake.jobs[job_id]["result"] is None
+            await until(lambda: bool(proxy.seen("POST", "/v1/acks")), "the outcome sent")
+    late = await stored(store, job_id)
+    assert late["state"] == "PENDING" and late["result"] is None
     assert "taken away" in caplog.text
 
 
-async def test_outcomes_are_batched_under_load(fake: FakeEvora, client: Client) -> None:
-    worker = make_worker(fake, concurrency=20)
+async def test_outcomes_are_batched_under_load(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    worker = make_worker(proxy, concurrency=20)
     gate = asyncio.Event()
 
     @worker.handler("t")
@@ -307,29 +355,31 @@ async def test_outcomes_are_batched_under_load(fake: FakeEvora, client: Client) 
 
     ids = [(await client.submit("q", "t", {"n": n})).id for n in range(20)]
     async with serving(worker):
-        await fake.wait_until(lambda: all(fake.state(i) == "RUNNING" for i in ids))
+        await until(all_in_state(store, ids, "RUNNING"), "all running")
         gate.set()
-        await fake.wait_until(lambda: all(fake.state(i) == "COMPLETED" for i in ids))
-    sizes = [len(batch.body["acks"]) for batch in fake.seen("POST", "/v1/acks")]
+        await until(all_in_state(store, ids, "COMPLETED"), "all completed")
+    sizes = [len(batch.body["acks"]) for batch in proxy.seen("POST", "/v1/acks")]
     assert sum(sizes) == 20 and max(sizes) > 1 and len(sizes) < 20
-    assert not fake.seen("POST", "/v1/jobs/{id}/complete")
-    assert [fake.jobs[i]["result"] for i in ids] == list(range(20))
+    assert not proxy.seen("POST", "/v1/jobs/{id}/complete")
+    assert [(await stored(store, i))["result"] for i in ids] == list(range(20))
 
 
-async def test_a_lone_outcome_is_not_delayed_by_the_linger(fake: FakeEvora, client: Client) -> None:
-    worker = make_worker(fake, handlers=example_handlers, ack_linger=30)
+async def test_a_lone_outcome_is_not_delayed_by_the_linger(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    worker = make_worker(proxy, handlers=example_handlers, ack_linger=30)
     job_id = (await client.submit("q", "demo.echo")).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"), within=3)
+        await until(in_state(store, job_id, "COMPLETED"), within=3)
 
 
 async def test_claimed_handlers_start_before_the_next_claim_is_sent(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     """The submitter waits for the handler to start, not for the worker's next claim: the
     handlers of a claim's jobs begin before that claim is built and sent."""
     order: list[str] = []
-    worker = make_worker(fake)
+    worker = make_worker(proxy)
 
     @worker.handler("t")
     async def handler(job: evora.Job) -> None:
@@ -345,35 +395,37 @@ async def test_claimed_handlers_start_before_the_next_claim_is_sent(
     worker._http.request = recording  # type: ignore[method-assign]
     job_id = (await client.submit("q", "t")).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+        await until(in_state(store, job_id, "COMPLETED"))
     assert order[:3] == ["claim", "handler", "claim"]
 
 
-async def test_a_rejected_batch_is_reported_job_by_job(fake: FakeEvora, client: Client) -> None:
-    fake.fault("POST", "/v1/acks", 413)
-    worker = make_worker(fake, handlers=example_handlers)
+async def test_a_rejected_batch_is_reported_job_by_job(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    proxy.fault("POST", "/v1/acks", 413)
+    worker = make_worker(proxy, handlers=example_handlers)
     job_id = (await client.submit("q", "demo.echo", [1, 2])).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
-    assert fake.seen("POST", "/v1/jobs/{id}/complete")[0].body["result"] == [1, 2]
+        await until(in_state(store, job_id, "COMPLETED"))
+    assert proxy.seen("POST", "/v1/jobs/{id}/complete")[0].body["result"] == [1, 2]
 
 
 async def test_acks_are_retried_while_the_dispatcher_is_unavailable(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     for status in (503, 502):
-        fake.fault("POST", "/v1/acks", status)
-    worker = make_worker(fake, handlers=example_handlers)
+        proxy.fault("POST", "/v1/acks", status)
+    worker = make_worker(proxy, handlers=example_handlers)
     job_id = (await client.submit("q", "demo.echo")).id
     async with serving(worker):
-        await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
-    assert len(fake.seen("POST", "/v1/acks")) == 3
+        await until(in_state(store, job_id, "COMPLETED"))
+    assert len(proxy.seen("POST", "/v1/acks")) == 3
 
 
 async def test_stop_lets_running_jobs_finish_within_the_grace_and_releases_the_rest(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(fake, concurrency=3, grace_period=0.5)
+    worker = make_worker(proxy, concurrency=3, grace_period=0.5)
     finish = asyncio.Event()
 
     @worker.handler("quick")
@@ -389,28 +441,31 @@ async def test_stop_lets_running_jobs_finish_within_the_grace_and_releases_the_r
     slow_id = (await client.submit("q", "slow")).id
     task = asyncio.create_task(worker.serve())
     # Both jobs run and the third slot waits in a long-poll of 30 s.
-    await fake.wait_until(lambda: fake.state(slow_id) == "RUNNING" and fake.active_claims == 1)
+    await until(in_state(store, slow_id, "RUNNING"), "the slow job running")
+    await until(lambda: proxy.in_flight["/v1/claim"] == 1, "a long-poll for the third slot")
     loop = asyncio.get_running_loop()
     started = loop.time()
     stopping = asyncio.create_task(worker.stop())
-    await fake.wait_until(lambda: fake.active_claims == 0)  # the long-poll was abandoned
+    # the long-poll was abandoned
+    await until(lambda: proxy.in_flight["/v1/claim"] == 0, "the long-poll abandoned")
     late_id = (await client.submit("q", "quick")).id
     finish.set()
     await asyncio.wait_for(stopping, 5)
     assert 0.5 <= loop.time() - started < 3
     await task
-    assert fake.state(quick_id) == "COMPLETED"
-    assert fake.state(slow_id) == "PENDING" and fake.jobs[slow_id]["attempt"] == 0
-    assert fake.state(late_id) == "PENDING"  # claiming stopped with stop()
-    assert [r.path for r in fake.seen("POST", "/v1/jobs/{id}/release")] == [
+    assert (await stored(store, quick_id))["state"] == "COMPLETED"
+    slow_job = await stored(store, slow_id)
+    assert slow_job["state"] == "PENDING" and slow_job["attempt"] == 0
+    assert (await stored(store, late_id))["state"] == "PENDING"  # claiming stopped with stop()
+    assert [r.path for r in proxy.seen("POST", "/v1/jobs/{id}/release")] == [
         f"/v1/jobs/{slow_id}/release"
     ]
 
 
 async def test_stop_gives_up_on_a_handler_that_ignores_cancellation(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(fake, grace_period=0.5, shutdown_timeout=0.2)
+    worker = make_worker(proxy, grace_period=0.5, shutdown_timeout=0.2)
     started, let_go = asyncio.Event(), asyncio.Event()
     cancellations = 0
 
@@ -431,22 +486,22 @@ async def test_stop_gives_up_on_a_handler_that_ignores_cancellation(
     await asyncio.wait_for(worker.stop(), 5)
     await task
     assert cancellations == 2  # at the end of the grace period, then when given up on
-    heartbeats = len(fake.seen("POST", "/v1/jobs/{id}/heartbeat"))
+    heartbeats = len(proxy.seen("POST", "/v1/jobs/{id}/heartbeat"))
     assert heartbeats > 0
     await asyncio.sleep(0.5)  # sampling, not synchronising: no heartbeats after giving up
-    assert len(fake.seen("POST", "/v1/jobs/{id}/heartbeat")) == heartbeats
+    assert len(proxy.seen("POST", "/v1/jobs/{id}/heartbeat")) == heartbeats
     # Still running the handler; nothing is left waiting to report once that has ended.
     running = [t for t in asyncio.all_tasks() if t.get_name().endswith(job_id)]
     assert running
     let_go.set()
     _, pending = await asyncio.wait(running, timeout=5)
     assert not pending
-    assert fake.state(job_id) == "RUNNING"
-    assert not fake.seen("POST", "/v1/acks") and not fake.seen("POST", "/v1/jobs/{id}/release")
+    assert (await stored(store, job_id))["state"] == "RUNNING"
+    assert not proxy.seen("POST", "/v1/acks") and not proxy.seen("POST", "/v1/jobs/{id}/release")
 
 
 async def test_the_claim_loop_survives_the_dispatcher_going_away(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     class CountFailures(logging.Handler):
         def __init__(self) -> None:
@@ -464,40 +519,42 @@ async def test_the_claim_loop_survives_the_dispatcher_going_away(
     logger = logging.getLogger("evora.worker")
     logger.addHandler(failures)
     try:
-        await fake.stop()
-        worker = make_worker(fake, handlers=example_handlers)
+        await proxy.stop()
+        worker = make_worker(proxy, handlers=example_handlers)
         async with serving(worker):
             await asyncio.wait_for(failures.several.wait(), 5)
-            await fake.start()  # the same port: a dispatcher restart
+            await proxy.start()  # the same port: a dispatcher restart
             job_id = (await client.submit("q", "demo.echo", "back")).id
-            await fake.wait_until(in_state(fake, job_id, "COMPLETED"))
+            await until(in_state(store, job_id, "COMPLETED"))
     finally:
         logger.removeHandler(failures)
-    assert fake.jobs[job_id]["result"] == "back"
+    assert (await stored(store, job_id))["result"] == "back"
 
 
-async def test_a_refused_token_stops_serve_with_the_error(fake: FakeEvora) -> None:
-    worker = Worker(fake.url, "wrong", ["q"], handlers=example_handlers)
+async def test_a_refused_token_stops_serve_with_the_error(services: Services) -> None:
+    worker = Worker(services.dispatcher.url, "wrong", ["q"], handlers=example_handlers)
     with pytest.raises(evora.UnauthorizedError):
         await asyncio.wait_for(worker.serve(), 5)
 
 
 async def test_jobs_of_a_type_without_handler_fail_retryably(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(fake, handlers=example_handlers, types=["demo.echo", "mystery"])
+    worker = make_worker(proxy, handlers=example_handlers, types=["demo.echo", "mystery"])
     job_id = (await client.submit("q", "mystery")).id
     async with serving(worker):
-        await fake.wait_until(lambda: fake.jobs[job_id]["last_error"] is not None)
-    assert fake.jobs[job_id]["last_error"]["type"] == "UnknownJobType"
-    assert fake.state(job_id) == "PENDING"
+        await until(lambda: failed(store, job_id), "the failure recorded")
+    unknown = await stored(store, job_id)
+    assert unknown["last_error"]["type"] == "UnknownJobType" and unknown["state"] == "PENDING"
 
 
-async def test_sigterm_stops_the_worker_command_gracefully(fake: FakeEvora, client: Client) -> None:
+async def test_sigterm_stops_the_worker_command_gracefully(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
     code = (
         "import sys\n"
         "from evora.sdk.loading import run_worker_from_module\n"
-        f"sys.exit(run_worker_from_module('examples.worker_example', url={fake.url!r},"
+        f"sys.exit(run_worker_from_module('examples.worker_example', url={proxy.url!r},"
         f" token={WORKER_TOKEN!r}, queues=['demo'], concurrency=2))\n"
     )
     env = {key: value for key, value in os.environ.items() if not key.startswith("EVORA_")}
@@ -506,7 +563,7 @@ async def test_sigterm_stops_the_worker_command_gracefully(fake: FakeEvora, clie
     )
     try:
         job_id = (await client.submit("demo", "demo.sleep", {"seconds": 0.5})).id
-        await fake.wait_until(in_state(fake, job_id, "RUNNING"), within=10)
+        await until(in_state(store, job_id, "RUNNING"), within=10)
         process.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(process.communicate(), 10)
     finally:
@@ -514,50 +571,54 @@ async def test_sigterm_stops_the_worker_command_gracefully(fake: FakeEvora, clie
             process.kill()
             await process.wait()
     assert process.returncode == 0, stderr.decode()
-    assert fake.state(job_id) == "COMPLETED"
-    assert fake.jobs[job_id]["result"] == {"slept": 0.5}
+    done = await stored(store, job_id)
+    assert done["state"] == "COMPLETED" and done["result"] == {"slept": 0.5}
 
 
-async def test_unacked_outcomes_hold_their_slots(fake: FakeEvora, client: Client) -> None:
+async def test_unacked_outcomes_hold_their_slots(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
     """While the dispatcher cannot take acks, a worker holds no more than twice its
     concurrency in jobs: those whose outcomes are in the batch being retried, and finished
     ones whose outcomes wait for it and keep their slots, so outcomes never pile up (and
     leases never run out under finished jobs)."""
     for _ in range(6):
-        fake.fault("POST", "/v1/acks", 503)
-    worker = make_worker(fake, concurrency=2, handlers=example_handlers)
+        proxy.fault("POST", "/v1/acks", 503)
+    worker = make_worker(proxy, concurrency=2, handlers=example_handlers)
     ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(10)]
     most_outstanding = 0
 
-    def outstanding() -> int:
-        return sum(fake.state(i) == "RUNNING" for i in ids)
+    async def states() -> list[str]:
+        return [(await stored(store, i))["state"] for i in ids]
 
     async with serving(worker):
         deadline = asyncio.get_running_loop().time() + 10
-        while not all(fake.state(i) == "COMPLETED" for i in ids):
-            most_outstanding = max(most_outstanding, outstanding())
+        while (now := await states()) != ["COMPLETED"] * len(ids):
+            most_outstanding = max(most_outstanding, now.count("RUNNING"))
             assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.002)  # sampling the fake's state, not synchronising
     assert most_outstanding <= 4
-    assert len(fake.seen("POST", "/v1/acks")) >= 7  # the failed attempts were retried
+    assert len(proxy.seen("POST", "/v1/acks")) >= 7  # the failed attempts were retried
 
 
 async def test_the_next_claim_overlaps_the_outcomes_on_their_way(
-    fake: FakeEvora, client: Client
+    proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     """A job's slot is freed when its outcome is sent, not when the dispatcher has answered:
     the worker claims again while a slow ack is on its way (a drained batch costs one round
     trip, not two), and the jobs so claimed keep their slots until their own outcomes go
     out."""
-    fake.fault("POST", "/v1/acks", 503, delay=2.0)  # the first answer is slow (then retried)
-    worker = make_worker(fake, concurrency=2, handlers=example_handlers)
+    proxy.fault("POST", "/v1/acks", 503, delay=2.0)  # the first answer is slow (then retried)
+    worker = make_worker(proxy, concurrency=2, handlers=example_handlers)
     ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(6)]
 
-    def taken() -> int:
-        return sum(fake.state(i) != "PENDING" for i in ids)
+    async def taken() -> int:
+        return sum([(await stored(store, i))["state"] != "PENDING" for i in ids])
+
+    async def at_least_four_taken() -> bool:
+        return await taken() >= 4
 
     async with serving(worker):
-        await fake.wait_until(lambda: taken() >= 4, within=1.5)
-        assert len(fake.seen("POST", "/v1/acks")) == 1  # the first batch is still on its way
-        assert taken() == 4  # the second pair's outcomes wait, holding their slots
-        await fake.wait_until(lambda: all(fake.state(i) == "COMPLETED" for i in ids))
+        await until(at_least_four_taken, "four jobs claimed", within=1.5)
+        assert len(proxy.seen("POST", "/v1/acks")) == 1  # the first batch is still on its way
+        assert await taken() == 4  # the second pair's outcomes wait, holding their slots
+        await until(all_in_state(store, ids, "COMPLETED"), "all completed")

@@ -18,7 +18,7 @@ import asyncpg
 import orjson
 import pytest
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from tests.polling import until
 from tests.servers import Service
 from tests.sql.conftest import PRODUCER

@@ -9,8 +9,8 @@ import asyncpg
 import orjson
 from pydantic import BaseModel
 
-from evora.domain.models import Backoff, JobSubmission
 from evora.protocol import limits
+from evora.protocol.jobs import Backoff, JobSubmission
 
 
 def _bounds(model: type[BaseModel], field: str) -> tuple[Any, Any, Any]:

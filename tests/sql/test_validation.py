@@ -11,7 +11,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 
 BASE: dict[str, Any] = {"queue": "emails", "type": "email.send"}
 

@@ -1,6 +1,7 @@
 """The real sweeper app on a real PostgreSQL. Jobs are put into states the way workers would
-(the root `store` fixture) and deadlines are forced into the past with UPDATEs that change no
-state, so nothing waits for real time; every wait is a bounded poll of observable state."""
+(the root `store` fixture) and deadlines pass by running the database's clock ahead (the
+root `clock` fixture) before the sweeper starts, so nothing waits for real time; every wait
+is a bounded poll of observable state."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from evora.config import Settings
-from evora.domain.models import JobSubmission
 from evora.http.app import METRICS
+from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
 from evora_services.sweeper.app import SWEEPER, create_app
@@ -93,7 +94,10 @@ async def claimed(store: JobStore, queue: str = "q", **fields: Any) -> JobDict:
 
 
 async def force_lease_expiry(pool: asyncpg.Pool, *job_ids: UUID) -> None:
-    """Let leases run out now. A deadline change, not a transition: no event, no trigger."""
+    """Let leases run out now, under a sweeper that is already running: its connections
+    keep the clock they opened with, so the deadline itself moves (a deadline change, not a
+    transition: no event, no trigger). Where the sweeper starts afterwards, tests run the
+    `clock` ahead instead."""
     status = await pool.execute(
         "UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE id = ANY($1::uuid[])",
         list(job_ids),

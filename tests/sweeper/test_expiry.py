@@ -10,6 +10,7 @@ import asyncpg
 
 from evora.storage.jobs import Failure, JobStore
 from evora_services.sweeper.sweeper import Tuning
+from tests.conftest import Clock
 from tests.polling import until
 from tests.sweeper.conftest import (
     FAST,
@@ -17,7 +18,6 @@ from tests.sweeper.conftest import (
     claimed,
     event_names,
     events,
-    force_lease_expiry,
     submit,
 )
 
@@ -29,11 +29,11 @@ LEASE_EXPIRED = {
 
 
 async def test_expired_lease_goes_back_to_pending_with_backoff(
-    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:
-    running = await start_sweeper()
     job = await claimed(store, max_attempts=3, backoff={"initial_seconds": 60, "max_seconds": 60})
-    await force_lease_expiry(pool, job["id"])
+    await clock.advance(job["lease_seconds"] + 1)
+    running = await start_sweeper()
 
     async def expired() -> bool:
         return len(await event_names(pool, job["id"])) == 3
@@ -54,11 +54,11 @@ async def test_expired_lease_goes_back_to_pending_with_backoff(
 
 
 async def test_expired_lease_with_no_attempts_left_is_dead_lettered(
-    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:
-    running = await start_sweeper()
     job = await claimed(store, max_attempts=1)
-    await force_lease_expiry(pool, job["id"])
+    await clock.advance(job["lease_seconds"] + 1)
+    running = await start_sweeper()
 
     async def dead() -> bool:
         return len(await event_names(pool, job["id"])) == 3
@@ -76,12 +76,12 @@ async def test_expired_lease_with_no_attempts_left_is_dead_lettered(
 
 
 async def test_expired_lease_of_a_cancel_requested_job_cancels_it(
-    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:
-    running = await start_sweeper()
     job = await claimed(store, max_attempts=5)
     assert not (await store.cancel(job["id"])).immediate
-    await force_lease_expiry(pool, job["id"])
+    await clock.advance(job["lease_seconds"] + 1)
+    running = await start_sweeper()
 
     async def cancelled() -> bool:
         return len(await event_names(pool, job["id"])) == 4
@@ -98,16 +98,14 @@ async def test_expired_lease_of_a_cancel_requested_job_cancels_it(
 
 
 async def test_ttl_spares_a_job_that_started_and_waits_for_its_retry(
-    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:
     soon = datetime.now(UTC) + timedelta(hours=1)
     job = await claimed(store, "retrying", max_attempts=3, expires_at=soon)
     await store.fail(Failure(job["id"], job["lease_token"], "flaky", retry_in_seconds=0))
     # Its time-to-live runs out while it waits for the retry: it already started, so the TTL
     # (meant for jobs that never ran) no longer applies.
-    await pool.execute(
-        "UPDATE jobs SET expires_at = now() - interval '1 s' WHERE id = $1", job["id"]
-    )
+    await clock.advance(2 * 3600)
     running = await start_sweeper()
     expired = await submit(store, "expired", expires_at=LONG_AGO)
     await until(
@@ -125,16 +123,16 @@ async def test_ttl_spares_a_job_that_started_and_waits_for_its_retry(
 
 
 async def test_ttl_expiry_dead_letters_only_jobs_that_never_started(
-    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:
-    soon = datetime.now(UTC) + timedelta(hours=1)
-    started = await claimed(store, "started", expires_at=soon)
-    unlimited = await submit(store, "unlimited")
-    later = await submit(store, "later", expires_at=soon)
-    # Its time-to-live ran out after it started: a RUNNING job is not the TTL's business.
-    await pool.execute(
-        "UPDATE jobs SET expires_at = now() - interval '1 s' WHERE id = $1", started["id"]
+    now = datetime.now(UTC)
+    started = await claimed(
+        store, "started", expires_at=now + timedelta(minutes=1), lease_seconds=3600
     )
+    unlimited = await submit(store, "unlimited")
+    later = await submit(store, "later", expires_at=now + timedelta(hours=1))
+    # Its time-to-live ran out after it started: a RUNNING job is not the TTL's business.
+    await clock.advance(120)
     running = await start_sweeper()
     expired = await submit(store, "expired", expires_at=LONG_AGO)
 

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 import asyncpg
 
 from evora.config import Settings
-from evora.domain.models import Backoff, JobSubmission
 from evora.http.metrics import ServiceMetrics
+from evora.protocol.jobs import Backoff, JobSubmission
 from evora.storage import locks
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore

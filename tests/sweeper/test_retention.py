@@ -1,6 +1,7 @@
 """Retention: finished jobs past their window are deleted in bounded batches and counted in
 job_prune_counts; live and younger jobs, and every event, stay; idempotency keys follow
-their own window."""
+their own window. Jobs grow old by running the database's clock ahead (the `clock`
+fixture)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import PRUNABLE_STATES, PRUNE_FINISHED, RetentionStore
+from tests.conftest import Clock
 from tests.polling import until
 from tests.sweeper.conftest import FAST, StartSweeper
 
@@ -24,10 +26,15 @@ DAY = 86_400
 BATCH = 4
 
 
-async def finished(store: JobStore, queue: str, state: JobState, count: int) -> list[UUID]:
-    """`count` jobs of `queue` moved to a finished state the way workers and producers do."""
+async def finished(
+    store: JobStore, queue: str, state: JobState, count: int, batch: str = ""
+) -> list[UUID]:
+    """`count` jobs of `queue` moved to a finished state the way workers and producers do
+    (`batch` tells apart the idempotency keys of several calls for one queue and state)."""
     subs = [
-        JobSubmission(queue=queue, type="t", max_attempts=1, idempotency_key=f"{queue}-{state}-{i}")
+        JobSubmission(
+            queue=queue, type="t", max_attempts=1, idempotency_key=f"{queue}-{state}-{batch}{i}"
+        )
         for i in range(count)
     ]
     ids = [s.job["id"] for s in await store.submit_batch(subs)]
@@ -46,34 +53,29 @@ async def finished(store: JobStore, queue: str, state: JobState, count: int) -> 
     return ids
 
 
-async def age(pool: asyncpg.Pool, ids: list[UUID], days: float) -> None:
-    """Pretend these jobs finished `days` ago (no state change, so no trigger or event)."""
-    await pool.execute(
-        "UPDATE jobs SET finished_at = now() - make_interval(secs => $2) "
-        "WHERE id = ANY($1::uuid[])",
-        ids,
-        days * DAY,
-    )
-
-
 async def prune_counts(pool: asyncpg.Pool) -> dict[tuple[str, str], int]:
     rows = await pool.fetch("SELECT queue, state, pruned FROM job_prune_counts")
     return {(r["queue"], r["state"]): r["pruned"] for r in rows}
 
 
 async def test_old_finished_jobs_are_pruned_and_accounted_for(
-    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:
+    # Jobs finish in three batches with the clock run ahead after each: by the end they
+    # finished 8, 2 and half a day ago. DLQ keeps its jobs for 7 days, the others for one.
+    batches = (("ancient", 6 * DAY), ("recent", 1.5 * DAY), ("young", 0.5 * DAY))
+    made: dict[tuple[str, JobState, str], list[UUID]] = {}
+    for batch, then in batches:
+        for queue in ("a", "b"):
+            for state in PRUNABLE_STATES:
+                count = (11 if queue == "a" else 5) - 4 if batch == "ancient" else 2
+                made[(queue, state, batch)] = await finished(store, queue, state, count, batch)
+        await clock.advance(then)
     old: dict[tuple[str, JobState], list[UUID]] = {}
     kept: list[UUID] = []
     for queue in ("a", "b"):
         for state in PRUNABLE_STATES:
-            ids = await finished(store, queue, state, 11 if queue == "a" else 5)
-            # DLQ keeps its jobs for 7 days, the others for one.
-            ancient, recent, young = ids[:-4], ids[-4:-2], ids[-2:]
-            await age(pool, ancient, 8)
-            await age(pool, recent, 2)
-            await age(pool, young, 0.5)
+            ancient, recent, young = (made[(queue, state, batch)] for batch, _ in batches)
             if state == JobState.DLQ:
                 old[(queue, state)] = ancient
                 kept += recent + young

@@ -16,12 +16,12 @@ import pytest
 from evora.config import ConfigError, load_settings
 from evora.storage.jobs import JobStore
 from evora_services.sweeper import main
+from tests.conftest import Clock
 from tests.polling import until
 from tests.sweeper.conftest import (
     TOKENS,
     StartSweeper,
     claimed,
-    force_lease_expiry,
 )
 
 METRIC_NAMES = (
@@ -41,15 +41,15 @@ METRIC_NAMES = (
 
 
 async def test_health_readiness_and_metrics(
-    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:
+    job = await claimed(store)
+    await clock.advance(job["lease_seconds"] + 1)
     running = await start_sweeper()
     assert (await running.get("/healthz"))[0] == 200
     assert (await running.get("/readyz"))[0] == 200
     await until(lambda: running.active, "the sweeper to become active")
 
-    job = await claimed(store)
-    await force_lease_expiry(pool, job["id"])
     await until(
         lambda: running.metric("evora_sweeper_leases_expired_total", outcome="requeued") == 1,
         "the lease to be expired",

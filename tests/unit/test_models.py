@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 
 
 def parse(body: dict[str, Any], limit: int = 1_048_576) -> JobSubmission:

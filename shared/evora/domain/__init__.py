@@ -1,1 +1,2 @@
-"""The job domain: states, transitions, models and errors shared by every service."""
+"""The job domain: the state machine, the typed errors every service raises, and job ids as
+paths name them. The shapes on the wire are in evora.protocol."""

@@ -1,7 +1,7 @@
 """The public Python SDK (README.md): `Client` for producers and admins, `Worker`
 and `Handlers` for worker processes, and the exceptions both raise."""
 
-from evora.sdk._http import RetryBackoff
+from evora.protocol.retries import RetryBackoff
 from evora.sdk.client import Client, JobData, JobPage, Submission, SubmitOptions, SubmitResult
 from evora.sdk.errors import (
     BadRequestError,

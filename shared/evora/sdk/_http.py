@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
 import orjson
 
+from evora.protocol.retries import RETRYABLE_STATUSES, RetryBackoff
 from evora.sdk.errors import (
     EvoraClientError,
     EvoraConnectionError,
@@ -31,38 +31,6 @@ from evora.sdk.errors import (
 )
 
 log = logging.getLogger("evora.sdk")
-
-RETRYABLE_STATUSES: Final = frozenset({502, 503, 504})
-
-
-@dataclass(frozen=True)
-class RetryBackoff:
-    """Exponential backoff with jitter: retry n waits between half and all of
-    `min(max_delay, initial * multiplier ** (n - 1))` seconds.
-
-    Half the ceiling is guaranteed so that delays really grow while the server is down; the
-    random other half spreads out many clients that failed at the same moment."""
-
-    initial: float = 0.2
-    max_delay: float = 5.0
-    multiplier: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.initial <= self.max_delay or self.multiplier < 1:
-            raise ValueError("need 0 < initial <= max_delay and multiplier >= 1")
-
-    def ceiling(self, retry: int) -> float:
-        """The largest delay before retry number `retry` (1 for the first retry)."""
-        try:
-            grown = self.initial * self.multiplier ** max(retry - 1, 0)
-        except OverflowError:
-            # Workers retry claims forever; after enough failures the power overflows.
-            return self.max_delay
-        return min(self.max_delay, grown)
-
-    def delay(self, retry: int, rand: Callable[[], float] = random.random) -> float:
-        ceiling = self.ceiling(retry)
-        return ceiling / 2 + rand() * ceiling / 2
 
 
 def should_retry(error: EvoraClientError, *, idempotent: bool) -> bool:

@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 import orjson
 
-from evora.sdk._http import RetryBackoff, should_retry
+from evora.protocol.retries import RetryBackoff
+from evora.sdk._http import should_retry
 from evora.sdk.errors import EvoraClientError, EvoraConnectionError
 
 log = logging.getLogger("evora.worker")

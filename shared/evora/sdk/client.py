@@ -30,8 +30,9 @@ from urllib.parse import quote
 from uuid import UUID
 
 from evora.protocol.limits import MAX_PAGE
+from evora.protocol.retries import RetryBackoff
 from evora.protocol.states import JobState
-from evora.sdk._http import NO_BODY, Response, RetryBackoff, Transport
+from evora.sdk._http import NO_BODY, Response, Transport
 from evora.sdk.errors import InvalidStateError
 
 # Queue stats per page when listing every queue: the most the api serves at once.

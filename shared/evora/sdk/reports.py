@@ -8,7 +8,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from evora.protocol.limits import MAX_ERROR_MESSAGE
-from evora.sdk._http import RETRYABLE_STATUSES, RetryBackoff, Transport
+from evora.protocol.retries import RETRYABLE_STATUSES, RetryBackoff
+from evora.sdk._http import Transport
 from evora.sdk.acks import Ack, AckBatcher
 from evora.sdk.errors import (
     EvoraClientError,

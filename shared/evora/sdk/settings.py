@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from evora.protocol.limits import MAX_CLAIM_QUEUES, MAX_WAIT_SECONDS, QUEUE_PATTERN
-from evora.sdk._http import RetryBackoff
+from evora.protocol.retries import RetryBackoff
 
 DEFAULT_DISPATCHER_URL: Final = "http://127.0.0.1:8081"
 DEFAULT_CONCURRENCY: Final = 10

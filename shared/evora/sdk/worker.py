@@ -60,7 +60,8 @@ from typing import Any
 from evora import loops
 from evora.logs import bind, configure_default_logging
 from evora.protocol.limits import MAX_CLAIM_JOBS
-from evora.sdk._http import RetryBackoff, Transport
+from evora.protocol.retries import RetryBackoff
+from evora.sdk._http import Transport
 from evora.sdk.acks import Ack
 from evora.sdk.errors import EvoraClientError, EvoraHTTPError
 from evora.sdk.executor import Executor

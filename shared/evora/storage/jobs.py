@@ -1,8 +1,9 @@
 """The job store: every operation on jobs, one statement per transition (sql/transitions.sql);
 submissions and their idempotency keys are worked out in submissions.py.
 
-Operations that name a job by id and lease token raise the typed errors of
-`evora.domain.errors` when nothing matched, after one cheap look at the job to tell why.
+Operations that name a job by id and lease token learn from their own statement why an item
+changed nothing (`AckResult`); the single-item ones raise the matching typed error of
+`evora.domain.errors`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from evora.domain.errors import (
     JobNotFound,
     LeaseLost,
 )
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage import queries
 from evora.storage.db import jsonb_elements
@@ -82,11 +83,18 @@ class Failure:
 
 
 class AckResult(StrEnum):
-    """How one complete/fail item ended, each answered as if it had been sent alone."""
+    """How one item sent with a lease token ended, each answered as if it had been sent
+    alone; the `outcome` column of the statements in sql/transitions.sql."""
 
     DONE = "done"  # it changed its job, or repeats a completion that did
     LEASE_LOST = "lease_lost"  # its token is not the job's current lease
     NOT_FOUND = "not_found"  # no such job
+
+    def raise_unless_done(self, job_id: UUID) -> None:
+        if self is AckResult.NOT_FOUND:
+            raise JobNotFound(f"job {job_id} not found")
+        if self is AckResult.LEASE_LOST:
+            raise LeaseLost(f"the lease token is not the current lease of job {job_id}")
 
 
 @dataclass(frozen=True)
@@ -96,11 +104,10 @@ class AckOutcome:
     job: JobDict | None  # when DONE, if asked for
 
     def job_or_raise(self) -> JobDict:
-        if self.result is AckResult.DONE and self.job is not None:
-            return self.job
-        if self.result is AckResult.NOT_FOUND:
-            raise JobNotFound(f"job {self.id} not found")
-        raise LeaseLost(f"the lease token is not the current lease of job {self.id}")
+        self.result.raise_unless_done(self.id)
+        if self.job is None:
+            raise ValueError("the outcome was asked for without its job")
+        return self.job
 
 
 @dataclass(frozen=True)
@@ -311,9 +318,8 @@ class JobStore:
         row = await self._pool.fetchrow(
             queries.HEARTBEAT, job_id, lease_token, lease_seconds, progress
         )
-        if row is None:
-            await self.get(job_id)
-            raise LeaseLost(f"lease {lease_token} is not the current lease of job {job_id}")
+        assert row is not None  # the statement answers with exactly one row
+        AckResult(row["outcome"]).raise_unless_done(job_id)
         return Heartbeat(row["lease_expires_at"], row["cancel_requested"])
 
     async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> JobDict:
@@ -329,107 +335,47 @@ class JobStore:
     async def complete_many(
         self, completions: Sequence[Completion], *, with_jobs: bool = True
     ) -> list[AckOutcome]:
-        """Complete a batch in one statement. Repeating a completion that already succeeded
-        with the same token answers 200 (a worker may retry after a network error). Without
-        `with_jobs` the outcomes carry results only, which spares building the jobs."""
+        """Complete a batch in one statement, which also answers each item that changed
+        nothing. Repeating a completion that already succeeded with the same token is DONE
+        (a worker may retry after a network error). Without `with_jobs` the outcomes carry
+        results only, which spares building the jobs."""
         if not completions:
             return []
-        async with self._pool.acquire() as conn:
-            rows = await self._change(
-                conn,
-                queries.COMPLETE,
-                [c.id for c in completions],
-                [c.lease_token for c in completions],
-                jsonb_elements(c.result for c in completions),
-                with_jobs=with_jobs,
-            )
-            return await self._outcomes(
-                conn, completions, rows, replay=JobState.COMPLETED, with_jobs=with_jobs
-            )
+        rows = await self._change(
+            self._pool,
+            queries.COMPLETE,
+            [c.id for c in completions],
+            [c.lease_token for c in completions],
+            jsonb_elements(c.result for c in completions),
+            with_jobs=with_jobs,
+        )
+        return _outcomes(completions, rows)
 
     async def fail_many(
         self, failures: Sequence[Failure], *, with_jobs: bool = True
     ) -> list[AckOutcome]:
+        """Fail a batch in one statement, answered like complete_many; a repeated failure
+        finds the attempt over (LEASE_LOST)."""
         if not failures:
             return []
-        async with self._pool.acquire() as conn:
-            rows = await self._change(
-                conn,
-                queries.FAIL,
-                [f.id for f in failures],
-                [f.lease_token for f in failures],
-                [f.error() for f in failures],
-                [f.retryable for f in failures],
-                [f.retry_in_seconds for f in failures],
-                with_jobs=with_jobs,
-            )
-            return await self._outcomes(conn, failures, rows, replay=None, with_jobs=with_jobs)
-
-    @staticmethod
-    async def _outcomes(
-        conn: asyncpg.Connection,
-        items: Sequence[Completion | Failure],
-        rows: Sequence[asyncpg.Record],
-        *,
-        replay: JobState | None,
-        with_jobs: bool,
-    ) -> list[AckOutcome]:
-        """Each item is answered by its own (id, lease token), as if it had been sent alone:
-        DONE for the item that changed its job; any other is a replay (DONE, with `replay`
-        the state a repeat may find), a lost lease or an absent job, after one look at the
-        current states. A repeat of the item that changed the job comes after it, so it
-        is a replay or a lost lease, never a second change."""
-        changed = {(r["id"], r["lease_token"]): r for r in rows}
-        jobs = {key: job_from_row(r["job"]) for key, r in changed.items()} if with_jobs else {}
-        results: dict[int, AckResult] = {}
-        missed: list[int] = []
-        for index, item in enumerate(items):
-            key = (item.id, item.lease_token)
-            if key in changed:
-                results[index] = AckResult.DONE
-                del changed[key]
-            else:
-                missed.append(index)
-        if missed:
-            ids = list({items[i].id for i in missed})
-            current = {r["id"]: r for r in await conn.fetch(queries.JOB_STATES, ids)}
-            for index in missed:
-                item = items[index]
-                row = current.get(item.id)
-                if row is None:
-                    results[index] = AckResult.NOT_FOUND
-                elif (
-                    replay is not None
-                    and row["state"] == replay
-                    and row["lease_token"] == item.lease_token
-                ):
-                    results[index] = AckResult.DONE
-                    key = (item.id, item.lease_token)
-                    if with_jobs and key not in jobs:
-                        job = await conn.fetchrow(queries.GET_JOB, item.id)
-                        if job is None:  # pruned in between
-                            results[index] = AckResult.NOT_FOUND
-                        else:
-                            jobs[key] = job_from_row(job)
-                else:
-                    results[index] = AckResult.LEASE_LOST
-        return [
-            AckOutcome(
-                item.id,
-                results[i],
-                jobs.get((item.id, item.lease_token)) if results[i] is AckResult.DONE else None,
-            )
-            for i, item in enumerate(items)
-        ]
+        rows = await self._change(
+            self._pool,
+            queries.FAIL,
+            [f.id for f in failures],
+            [f.lease_token for f in failures],
+            [f.error() for f in failures],
+            [f.retryable for f in failures],
+            [f.retry_in_seconds for f in failures],
+            with_jobs=with_jobs,
+        )
+        return _outcomes(failures, rows)
 
     async def release(
         self, job_id: UUID, lease_token: UUID, *, delay_seconds: float = 0.0
     ) -> JobDict:
-        rows = await self._change(self._pool, queries.RELEASE, job_id, lease_token, delay_seconds)
-        if rows:
-            return job_from_row(rows[0]["job"])
-        await self.get(job_id)
-        raise LeaseLost(f"lease {lease_token} is not the current lease of job {job_id}")
+        [row] = await self._change(self._pool, queries.RELEASE, job_id, lease_token, delay_seconds)
+        AckResult(row["outcome"]).raise_unless_done(job_id)
+        return job_from_row(row["job"])
 
     # -- sweeper -----------------------------------------------------------------------
 
@@ -440,3 +386,18 @@ class JobStore:
     async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
         rows = await self._change(self._pool, queries.EXPIRE_TTLS, batch)
         return [job_from_row(r["job"]) for r in rows]
+
+
+def _outcomes(
+    items: Sequence[Completion | Failure], rows: Sequence[asyncpg.Record]
+) -> list[AckOutcome]:
+    """The statement answers every item, in order, with its outcome (and its job when DONE
+    and asked for)."""
+    return [
+        AckOutcome(
+            item.id,
+            AckResult(row["outcome"]),
+            None if row["job"] is None else job_from_row(row["job"]),
+        )
+        for item, row in zip(items, rows, strict=True)
+    ]

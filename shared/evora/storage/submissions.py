@@ -20,7 +20,7 @@ import asyncpg
 import orjson
 
 from evora.domain.errors import EvoraError, IdempotencyConflict, IdempotentJobGone
-from evora.domain.models import JobSubmission
+from evora.protocol.jobs import JobSubmission
 from evora.storage.db import jsonb_elements
 from evora.storage.rows import JobDict, job_from_row
 from evora.storage.statements import load

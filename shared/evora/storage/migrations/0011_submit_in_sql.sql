@@ -170,7 +170,7 @@ BEGIN
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key)
         SELECT i.id, i.queue, i.type, i.payload, i.priority,
-               coalesce(i.run_at, now() + make_interval(secs => coalesce(i.delay, 0))),
+               coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
                i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
                i.backoff_multiplier, i.expires_at, i.key, i.group_key
         FROM input i

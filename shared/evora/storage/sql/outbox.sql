@@ -37,7 +37,7 @@ FROM (
 -- The first entry of the jobs_scheduled index per queue.
 SELECT q.queue,
        (SELECT min(j.run_at) FROM jobs j
-        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= now()) AS oldest
+        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora_now()) AS oldest
 FROM unnest($1::text[]) AS q(queue);
 
 -- name: pruned

@@ -12,7 +12,7 @@ SELECT extract(epoch FROM least(
     (SELECT min(lease_expires_at) FROM jobs WHERE state = 'RUNNING'),
     (SELECT min(expires_at) FROM jobs
      WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL)
-) - now())::float8;
+) - evora_now())::float8;
 
 -- name: prune_finished
 -- $1 age in seconds, $2 at most this many rows, $3 the finished state. Removes the oldest jobs
@@ -26,7 +26,7 @@ WITH gone AS (
     WHERE id IN (
         SELECT id FROM jobs
         WHERE state = $3::job_state AND state IN ('COMPLETED', 'CANCELLED', 'DLQ')
-          AND finished_at < now() - make_interval(secs => $1)
+          AND finished_at < evora_now() - make_interval(secs => $1)
         ORDER BY finished_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -49,7 +49,7 @@ WITH gone AS (
     DELETE FROM idempotency_keys
     WHERE (queue, key) IN (
         SELECT k.queue, k.key FROM idempotency_keys k
-        WHERE k.created_at < now() - make_interval(secs => $1)
+        WHERE k.created_at < evora_now() - make_interval(secs => $1)
           AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = k.job_id)
         ORDER BY k.created_at
         LIMIT $2
@@ -76,7 +76,7 @@ WITH recorded AS (
     INSERT INTO projector_progress (generation, xid, seq)
     VALUES ($1, $2::text::xid8, $3)
     ON CONFLICT (generation) DO UPDATE
-        SET xid = excluded.xid, seq = excluded.seq, updated_at = now()
+        SET xid = excluded.xid, seq = excluded.seq, updated_at = evora_now()
 )
 DELETE FROM projector_progress WHERE $4 AND generation < $1;
 

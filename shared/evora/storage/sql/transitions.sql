@@ -5,7 +5,12 @@
 -- (`claimable`, `notified`), except for the queues in their last text[] parameter, which this
 -- process notified a moment ago (evora/storage/notify.py); they report the queues they
 -- notified (`notified`) and the ones they left out (`owed`). Each changed job comes back whole
--- as `job` (a `jobs` row).
+-- as `job` (a `jobs` row). The statements a worker sends with a lease token (heartbeat,
+-- complete, fail, release) also answer for what they did not change: one row per item with
+-- its `outcome`, 'done', 'lease_lost' (the job is not RUNNING under that token) or
+-- 'not_found', so nobody has to look at the job again to tell a lost race from a bad id.
+-- Time is `evora_now()`, the database's clock, which tests may run ahead (migration 0009);
+-- every statement here, the claim and submissions (migration 0011) read it.
 
 -- name: claim
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
@@ -21,8 +26,8 @@ WITH picked AS (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
         FROM jobs j
-        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= now()
-          AND (j.expires_at IS NULL OR j.expires_at > now() OR j.started_at IS NOT NULL)
+        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora_now()
+          AND (j.expires_at IS NULL OR j.expires_at > evora_now() OR j.started_at IS NOT NULL)
           AND ($2::text[] IS NULL OR j.type = ANY($2::text[]))
           AND (j.group_key IS NULL OR (
                 NOT EXISTS (
@@ -43,8 +48,8 @@ WITH picked AS (
 moved AS (
     UPDATE jobs j
     SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => j.lease_seconds), worker_id = $4,
-        started_at = now(), updated_at = now(), version = j.version + 1
+        lease_expires_at = evora_now() + make_interval(secs => j.lease_seconds), worker_id = $4,
+        started_at = evora_now(), updated_at = evora_now(), version = j.version + 1
     -- picked holds these rows locked and re-checked as PENDING; repeating the state here
     -- would only tempt the planner into scanning the pending index for them
     FROM picked WHERE j.id = picked.id
@@ -64,12 +69,21 @@ FROM moved;
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
--- A heartbeat is not a transition: no version bump, no event.
-UPDATE jobs
-SET lease_expires_at = now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
-    progress = coalesce($4::jsonb, progress)
-WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
-RETURNING lease_expires_at, cancel_requested;
+-- A heartbeat is not a transition: no version bump, no event. Exactly one row: the new
+-- lease when it matched, else only the outcome.
+WITH beat AS (
+    UPDATE jobs
+    SET lease_expires_at = evora_now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
+        progress = coalesce($4::jsonb, progress)
+    WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
+    RETURNING lease_expires_at, cancel_requested
+)
+SELECT CASE WHEN b.lease_expires_at IS NOT NULL THEN 'done'
+            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = $1) THEN 'lease_lost'
+            ELSE 'not_found' END AS outcome,
+       b.lease_expires_at, b.cancel_requested
+FROM (VALUES (1)) AS one(x)
+LEFT JOIN beat b ON true;
 
 -- name: complete
 -- $1 ids, $2 lease tokens, $3 results, $4 suppressed queues, $5 whether to return the jobs.
@@ -78,17 +92,22 @@ RETURNING lease_expires_at, cancel_requested;
 -- owner's retry. Items are therefore kept per (id, token), never merged per id: only the item
 -- carrying the current lease token can match its job, whatever else the batch holds, and a
 -- repeat of the same (id, token) keeps its first occurrence. Each changed job comes back with
--- its lease token, so the caller answers every item by (id, token) too; without $5 the job
--- itself is left out (a batch of acks reports statuses only).
-WITH input AS (
-    SELECT DISTINCT ON (id, token) *
+-- its lease token. Every item, repeats included, gets one row in its own position: the
+-- winner 'done' with its job; a repeat of a winner is a replay, answered 'done' with the same
+-- job; any other item as if it came alone, after the winners: 'done' if its job was already
+-- COMPLETED under its token (a retry after a lost answer), else 'lease_lost' or 'not_found'.
+-- Without $5 the jobs are left out (a batch of acks reports outcomes only).
+WITH items AS (
+    SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-    ORDER BY id, token, ord
+),
+input AS (
+    SELECT DISTINCT ON (id, token) * FROM items ORDER BY id, token, ord
 ),
 moved AS (
     UPDATE jobs j
-    SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = now(),
-        updated_at = now(), version = j.version + 1
+    SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = evora_now(),
+        updated_at = evora_now(), version = j.version + 1
     FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'completed' AS ev_name, 'RUNNING'::job_state AS ev_from,
@@ -110,22 +129,55 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($4::text[])
 )
-SELECT id, lease_token, CASE WHEN $5::bool THEN job END AS job,
+SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
+            WHEN cur.found THEN 'lease_lost'
+            ELSE 'not_found' END AS outcome,
+       CASE WHEN $5::bool THEN coalesce(m.job, CASE WHEN cur.replayed THEN cur.job END) END
+           AS job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
-FROM moved;
+FROM items i
+LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
+-- An item that changed nothing reads its job as this statement's snapshot shows it. If the
+-- snapshot still shows the job RUNNING under the item's own token (`stale`), a concurrent
+-- transaction moved it after the snapshot was taken (the UPDATE waited for it, then found no
+-- match): only the latest version tells a replay (COMPLETED under the same token) from a
+-- lost lease, so that one row is read again under a lock, which waits for and returns the
+-- latest version. A row this statement changed is never read so: its items matched it, or
+-- carry another token than the one the snapshot shows.
+LEFT JOIN LATERAL (
+    SELECT true AS found, s.state = 'RUNNING' AND s.lease_token = i.token AS stale,
+           s.state = 'COMPLETED' AND s.lease_token = i.token AS replayed, s AS job
+    FROM jobs s WHERE s.id = i.id AND m.id IS NULL
+) snap ON true
+LEFT JOIN LATERAL (
+    SELECT true AS found, l.state = 'COMPLETED' AND l.lease_token = i.token AS replayed,
+           l AS job
+    FROM jobs l WHERE l.id = i.id AND snap.stale
+    FOR SHARE
+) latest ON true
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN snap.stale THEN latest.found ELSE snap.found END AS found,
+           CASE WHEN snap.stale THEN latest.replayed ELSE snap.replayed END AS replayed,
+           CASE WHEN snap.stale THEN latest.job ELSE snap.job END AS job
+) cur
+ORDER BY i.ord;
 
 -- name: fail
 -- $1 ids, $2 lease tokens, $3 errors ({message, type}), $4 retryable flags,
 -- $5 retry-in seconds (NULL: the job's backoff), $6 suppressed queues, $7 whether to return
 -- the jobs. Fenced per (id, token) like complete. Cancel wins, then the retry budget: the
 -- attempt ends CANCELLED (cancel requested), in the DLQ (not retryable, or no attempts left) or
--- PENDING again after its backoff.
-WITH input AS (
-    SELECT DISTINCT ON (id, token) *
+-- PENDING again after its backoff. One row per item in its own position, like complete, except
+-- that a repeat finds the attempt over: a failure is never replayed, so every item that
+-- changed nothing is 'lease_lost', or 'not_found' when no such job exists.
+WITH items AS (
+    SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
         WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
-    ORDER BY id, token, ord
+),
+input AS (
+    SELECT DISTINCT ON (id, token) * FROM items ORDER BY id, token, ord
 ),
 decided AS (
     SELECT j.id, i.error, j.worker_id AS worker, false AS released, 'failed' AS pending_event,
@@ -150,9 +202,9 @@ moved AS (
         last_error = coalesce(d.error, j.last_error),
         lease_expires_at = NULL,
         run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
-        updated_at = now(), version = j.version + 1
+                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
+        updated_at = evora_now(), version = j.version + 1
     FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
         CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
@@ -180,15 +232,23 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($6::text[])
 )
-SELECT id, lease_token, CASE WHEN $7::bool THEN job END AS job,
+SELECT CASE WHEN won.ord IS NOT NULL THEN 'done'
+            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = i.id) THEN 'lease_lost'
+            ELSE 'not_found' END AS outcome,
+       CASE WHEN $7::bool THEN won.job END AS job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($6::text[])) AS owed
-FROM moved;
+FROM items i
+-- only the first occurrence of the winning (id, token) is the winner
+LEFT JOIN (
+    SELECT d.ord, m.job FROM moved m JOIN input d ON d.id = m.id AND d.token = m.lease_token
+) won ON won.ord = i.ord
+ORDER BY i.ord;
 
 -- name: release
 -- $1 id, $2 lease token, $3 delay seconds, $4 suppressed queues.
 -- Back to PENDING without counting the attempt, or CANCELLED when a cancel was requested (then
--- the attempt ran and stays counted).
+-- the attempt ran and stays counted). Exactly one row: the outcome, and the job if it moved.
 WITH decided AS (
     SELECT j.id, NULL::jsonb AS error, j.worker_id AS worker, true AS released,
            'released' AS pending_event,
@@ -209,9 +269,9 @@ moved AS (
         last_error = coalesce(d.error, j.last_error),
         lease_expires_at = NULL,
         run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
-        updated_at = now(), version = j.version + 1
+                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
+        updated_at = evora_now(), version = j.version + 1
     FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
         CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
@@ -239,15 +299,19 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($4::text[])
 )
-SELECT job,
+SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
+            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = $1) THEN 'lease_lost'
+            ELSE 'not_found' END AS outcome,
+       m.job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
-FROM moved;
+FROM (VALUES (1)) AS one(x)
+LEFT JOIN moved m ON true;
 
 -- name: expire_leases
 -- $1 batch size, $2 suppressed queues. The sweeper: leases that ran out, decided like a failure
 -- (cancel wins, then the retry budget). SKIP LOCKED and the re-checked `lease_expires_at <
--- now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
+-- evora_now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
 -- attempt's error (unless the job is being cancelled anyway), so a job dead-lettered this way
 -- says why; one fixed message, so failure statistics count every expiry as one reason.
 WITH decided AS (
@@ -264,7 +328,7 @@ WITH decided AS (
         evora_backoff_seconds(j.backoff_initial, j.backoff_max, j.backoff_multiplier,
                               j.attempt) AS delay
     FROM jobs j
-    WHERE j.state = 'RUNNING' AND j.lease_expires_at < now()
+    WHERE j.state = 'RUNNING' AND j.lease_expires_at < evora_now()
     ORDER BY j.lease_expires_at
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
@@ -278,9 +342,9 @@ moved AS (
         last_error = coalesce(d.error, j.last_error),
         lease_expires_at = NULL,
         run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE now() END,
-        updated_at = now(), version = j.version + 1
+                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
+        updated_at = evora_now(), version = j.version + 1
     FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
         CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
@@ -319,14 +383,14 @@ FROM moved;
 WITH due AS (
     SELECT id FROM jobs
     WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL
-      AND expires_at <= now()
+      AND expires_at <= evora_now()
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 moved AS (
     UPDATE jobs j
-    SET state = 'DLQ', finished_at = now(), updated_at = now(), version = j.version + 1
+    SET state = 'DLQ', finished_at = evora_now(), updated_at = evora_now(), version = j.version + 1
     FROM due WHERE j.id = due.id AND j.state = 'PENDING'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'dead_lettered' AS ev_name, 'PENDING'::job_state AS ev_from,
@@ -365,8 +429,8 @@ moved AS (
     UPDATE jobs j
     SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
         cancel_requested = (t.state = 'RUNNING'),
-        finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE now() END,
-        updated_at = now(), version = j.version + 1
+        finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora_now() END,
+        updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = t.state
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
         CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END AS ev_name,
@@ -398,9 +462,9 @@ FROM moved;
 WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
     UPDATE jobs j
-    SET state = 'PENDING', attempt = 0, run_at = now(), finished_at = NULL,
-        expires_at = CASE WHEN j.expires_at <= now() THEN NULL ELSE j.expires_at END,
-        lease_expires_at = NULL, updated_at = now(), version = j.version + 1
+    SET state = 'PENDING', attempt = 0, run_at = evora_now(), finished_at = NULL,
+        expires_at = CASE WHEN j.expires_at <= evora_now() THEN NULL ELSE j.expires_at END,
+        lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'retried' AS ev_name, 'DLQ'::job_state AS ev_from,
@@ -438,9 +502,9 @@ WITH target AS (
 ),
 moved AS (
     UPDATE jobs j
-    SET state = 'PENDING', attempt = 0, run_at = now(), finished_at = NULL,
-        expires_at = CASE WHEN j.expires_at <= now() THEN NULL ELSE j.expires_at END,
-        lease_expires_at = NULL, updated_at = now(), version = j.version + 1
+    SET state = 'PENDING', attempt = 0, run_at = evora_now(), finished_at = NULL,
+        expires_at = CASE WHEN j.expires_at <= evora_now() THEN NULL ELSE j.expires_at END,
+        lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'retried' AS ev_name, 'DLQ'::job_state AS ev_from,
@@ -471,7 +535,7 @@ FROM moved;
 WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
     UPDATE jobs j
-    SET state = 'CANCELLED', finished_at = now(), updated_at = now(), version = j.version + 1
+    SET state = 'CANCELLED', finished_at = evora_now(), updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
     RETURNING j.*, j AS job, evora_job_image(j) AS image,
               'cancelled' AS ev_name, 'DLQ'::job_state AS ev_from,

@@ -1,20 +1,22 @@
-"""Request and response shapes of the worker API (docs/http-api.md#worker-api)."""
+"""What a worker sends to the dispatcher and what it answers (docs/http-api.md#worker-api)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from evora.domain.models import (
-    ClaimedJob,
+from evora.protocol.fields import (
+    Progress,
     QueueName,
+    Result,
     TypeName,
-    check_encoded_size,
-    encoded_size_limit,
+    WireModel,
+    WorkerId,
 )
+from evora.protocol.jobs import ClaimedJob
 from evora.protocol.limits import (
     MAX_ACKS,
     MAX_CLAIM_JOBS,
@@ -24,14 +26,8 @@ from evora.protocol.limits import (
     MAX_WAIT_SECONDS,
 )
 
-WorkerId = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00]*$")]
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-
-
-class ClaimRequest(_Strict):
+class ClaimRequest(WireModel):
     worker_id: WorkerId
     queues: list[QueueName] = Field(min_length=1, max_length=MAX_CLAIM_QUEUES)
     max_jobs: int = Field(default=1, ge=1, le=MAX_CLAIM_JOBS)
@@ -43,15 +39,10 @@ class ClaimResponse(BaseModel):
     jobs: list[ClaimedJob]
 
 
-class HeartbeatRequest(_Strict):
+class HeartbeatRequest(WireModel):
     lease_token: UUID
     lease_seconds: int | None = Field(default=None, ge=1, le=86400)
-    progress: Any = None
-
-    @field_validator("progress")
-    @classmethod
-    def _progress_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_encoded_size(value, encoded_size_limit(info), "progress")
+    progress: Progress = None
 
 
 class HeartbeatResponse(BaseModel):
@@ -59,17 +50,12 @@ class HeartbeatResponse(BaseModel):
     cancel_requested: bool
 
 
-class CompleteRequest(_Strict):
+class CompleteRequest(WireModel):
     lease_token: UUID
-    result: Any = None
-
-    @field_validator("result")
-    @classmethod
-    def _result_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_encoded_size(value, encoded_size_limit(info), "result")
+    result: Result = None
 
 
-class ErrorBody(_Strict):
+class ErrorBody(WireModel):
     message: str
     type: str | None = Field(default=None, max_length=255)
     retryable: bool = True
@@ -82,18 +68,18 @@ class ErrorBody(_Strict):
         return None if value is None else value.replace("\x00", "\ufffd")[:MAX_ERROR_MESSAGE]
 
 
-class FailRequest(_Strict):
+class FailRequest(WireModel):
     lease_token: UUID
     error: ErrorBody
     retry_in_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
 
 
-class ReleaseRequest(_Strict):
+class ReleaseRequest(WireModel):
     lease_token: UUID
     delay_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
 
 
-class Ack(_Strict):
+class Ack(WireModel):
     # _error_with_failure for /openapi.json: a fail ack has an error (an object, not null).
     model_config = ConfigDict(
         json_schema_extra={
@@ -105,14 +91,9 @@ class Ack(_Strict):
     id: UUID
     lease_token: UUID
     outcome: Literal["complete", "fail"]
-    result: Any = None
+    result: Result = None
     error: ErrorBody | None = None
     retry_in_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
-
-    @field_validator("result")
-    @classmethod
-    def _result_fits(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_encoded_size(value, encoded_size_limit(info), "result")
 
     @model_validator(mode="after")
     def _error_with_failure(self) -> Ack:
@@ -121,7 +102,7 @@ class Ack(_Strict):
         return self
 
 
-class AcksRequest(_Strict):
+class AcksRequest(WireModel):
     acks: list[Ack] = Field(min_length=1, max_length=MAX_ACKS)
 
 

@@ -1,0 +1,172 @@
+"""The job on the wire: what a producer submits (docs/http-api.md#submitting-a-job), the job
+and event resources the services answer with, and the admin API's bodies and pages.
+
+Request models validate at the edge; response models are not used to serialise (the
+services' dicts go straight to orjson): they describe the answers in /openapi.json, and the
+tests check real answers against them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from evora.protocol.fields import Key, Payload, QueueName, Timestamp, TypeName, WireModel
+from evora.protocol.limits import MAX_BATCH, MAX_SECONDS
+from evora.protocol.states import JobState
+
+MAX_REDRIVE = 1_000_000
+
+
+class Backoff(WireModel):
+    # JSON Schema cannot compare two fields, so /openapi.json says this rule in words.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "max_seconds must be >= initial_seconds (a field left out counts "
+            "with its default), else 422."
+        }
+    )
+
+    initial_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
+    max_seconds: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
+    multiplier: float = Field(default=2.0, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _max_not_below_initial(self) -> Backoff:
+        if self.max_seconds < self.initial_seconds:
+            raise ValueError("max_seconds must be >= initial_seconds")
+        return self
+
+
+class JobSubmission(WireModel):
+    # _one_schedule for /openapi.json: run_at and delay_seconds, both given and not null.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["run_at", "delay_seconds"],
+                "properties": {"run_at": {"type": "string"}, "delay_seconds": {"type": "number"}},
+            }
+        }
+    )
+
+    queue: QueueName
+    type: TypeName
+    payload: Payload = Field(default_factory=dict)
+    priority: int = Field(default=0, ge=-32768, le=32767)
+    run_at: Timestamp | None = None
+    delay_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+    lease_seconds: int = Field(default=30, ge=1, le=86400)
+    backoff: Backoff = Field(default_factory=Backoff)
+    expires_at: Timestamp | None = None
+    idempotency_key: Key | None = None
+    group_key: Key | None = None
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> JobSubmission:
+        if self.run_at is not None and self.delay_seconds is not None:
+            raise ValueError("give run_at or delay_seconds, not both")
+        return self
+
+
+class BatchSubmission(WireModel):
+    jobs: list[JobSubmission] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class RedriveRequest(WireModel):
+    type: TypeName | None = Field(default=None, description="only DLQ jobs of this type")
+    limit: int | None = Field(
+        default=None, ge=1, le=MAX_REDRIVE, description="move at most this many jobs"
+    )
+
+
+# -- responses -----------------------------------------------------------------------------
+
+
+class LastError(BaseModel):
+    message: str
+    type: str | None = None
+
+
+class Job(BaseModel):
+    """A job as the API returns it (docs/http-api.md#the-job-resource)."""
+
+    id: UUID
+    queue: str
+    type: str
+    payload: Any
+    state: JobState
+    priority: int
+    group_key: str | None
+    idempotency_key: str | None
+    attempt: int
+    max_attempts: int
+    lease_seconds: int
+    run_at: datetime
+    expires_at: datetime | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    cancel_requested: bool
+    result: Any
+    last_error: LastError | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ClaimedJob(Job):
+    lease_token: UUID
+
+
+class JobResponse(Job):
+    """The job resource, with the extra fields the API also returns."""
+
+    backoff: Backoff
+    progress: Any = Field(default=None, description="the last progress a worker reported")
+
+
+class JobEvent(BaseModel):
+    """One row of the `job_events` outbox (docs/http-api.md#the-event-resource)."""
+
+    seq: int
+    job_id: UUID
+    queue: str
+    type: str
+    event: str
+    from_state: JobState | None
+    to_state: JobState
+    attempt: int
+    worker_id: str | None
+    at: datetime
+    data: dict[str, Any]
+
+
+class BatchItem(BaseModel):
+    status: Literal[200, 201] = Field(description="201 created, 200 idempotent replay")
+    job: JobResponse
+
+
+class BatchResult(BaseModel):
+    jobs: list[BatchItem]
+
+
+class JobList(BaseModel):
+    jobs: list[JobResponse]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class Events(BaseModel):
+    events: list[JobEvent]
+
+
+class Redriven(BaseModel):
+    redriven: int
+
+
+class QueuePauseState(BaseModel):
+    queue: str
+    paused: bool

@@ -1,0 +1,792 @@
+-- The schema that shared/evora/storage/migrations/ build, as pg_dump prints it (normalised:
+-- no comments, no session settings). Never edit by hand: a test compares it with a freshly
+-- migrated database; after adding a migration, regenerate it with
+--     PYTHONPATH=shared:. python -m tests.schemadump
+
+CREATE SCHEMA evora;
+
+CREATE TYPE evora.submission AS (
+	queue text,
+	type text,
+	payload jsonb,
+	priority smallint,
+	run_at timestamp with time zone,
+	delay_seconds double precision,
+	max_attempts integer,
+	lease_seconds integer,
+	backoff_initial double precision,
+	backoff_max double precision,
+	backoff_multiplier double precision,
+	expires_at timestamp with time zone,
+	idempotency_key text,
+	group_key text
+);
+
+CREATE TYPE public.job_state AS ENUM (
+    'PENDING',
+    'RUNNING',
+    'COMPLETED',
+    'DLQ',
+    'CANCELLED'
+);
+
+CREATE TYPE public.job_image AS (
+	id uuid,
+	queue text,
+	type text,
+	state public.job_state,
+	priority smallint,
+	group_key text,
+	idempotency_key text,
+	attempt integer,
+	max_attempts integer,
+	lease_seconds integer,
+	run_at timestamp with time zone,
+	expires_at timestamp with time zone,
+	lease_expires_at timestamp with time zone,
+	worker_id text,
+	cancel_requested boolean,
+	last_error jsonb,
+	version integer,
+	submit_seq bigint,
+	created_at timestamp with time zone,
+	updated_at timestamp with time zone,
+	started_at timestamp with time zone,
+	finished_at timestamp with time zone
+);
+
+CREATE FUNCTION evora.fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text) RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT sha256(
+        int4send(length(convert_to(queue, 'UTF8'))) || convert_to(queue, 'UTF8')
+        || int4send(length(convert_to(type, 'UTF8'))) || convert_to(type, 'UTF8')
+        || coalesce('\x01'::bytea || int4send(length(convert_to(group_key, 'UTF8')))
+                    || convert_to(group_key, 'UTF8'), '\x00')
+        || int2send(priority) || int4send(max_attempts) || int4send(lease_seconds)
+        || coalesce('\x01'::bytea || timestamptz_send(run_at), '\x00')
+        || coalesce('\x01'::bytea || float8send(delay_seconds), '\x00')
+        || coalesce('\x01'::bytea || timestamptz_send(expires_at), '\x00')
+        || float8send(backoff_initial) || float8send(backoff_max)
+        || float8send(backoff_multiplier)
+        || convert_to(payload::text, 'UTF8'))
+$$;
+
+CREATE FUNCTION evora.limits() RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$
+    SELECT '{
+        "queue_pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$",
+        "type_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
+        "key_max_length": 255,
+        "max_payload_bytes": 1048576,
+        "max_seconds": 315360000,
+        "max_batch": 1000,
+        "priority": {"min": -32768, "max": 32767, "default": 0},
+        "max_attempts": {"min": 1, "max": 1000, "default": 5},
+        "lease_seconds": {"min": 1, "max": 86400, "default": 30},
+        "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
+                    "max_multiplier": 1000}
+    }'::jsonb
+$_$;
+
+CREATE FUNCTION evora.number_field(value jsonb, field text, lo numeric, hi numeric, integral boolean, above_lo boolean DEFAULT false) RETURNS numeric
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    n numeric;
+BEGIN
+    IF jsonb_typeof(value) <> 'number' OR (integral AND value::text !~ '^-?\d+$') THEN
+        PERFORM evora.reject(field, CASE WHEN integral THEN 'must be an integer'
+                                         ELSE 'must be a number' END);
+    END IF;
+    n := value::text::numeric;
+    IF n > hi OR (CASE WHEN above_lo THEN n <= lo ELSE n < lo END) THEN
+        PERFORM evora.reject(field, format('must be %s %s and at most %s',
+            CASE WHEN above_lo THEN 'above' ELSE 'at least' END, lo, hi));
+    END IF;
+    RETURN n;
+END
+$_$;
+
+CREATE FUNCTION evora.reject(field text, problem text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION '%: %', field, problem
+        USING ERRCODE = 'invalid_parameter_value', COLUMN = field;
+END
+$$;
+
+CREATE FUNCTION evora.submit(queue text, type text, payload jsonb DEFAULT '{}'::jsonb, options jsonb DEFAULT '{}'::jsonb) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    given text;
+BEGIN
+    IF payload IS NULL THEN
+        RAISE EXCEPTION 'payload: must not be SQL NULL (a JSON null is ''null''::jsonb)'
+            USING ERRCODE = 'not_null_violation', COLUMN = 'payload';
+    END IF;
+    IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
+        PERFORM evora.reject('options', 'must be a JSON object');
+    END IF;
+    FOR given IN SELECT jsonb_object_keys(options) LOOP
+        IF given IN ('queue', 'type', 'payload') THEN
+            PERFORM evora.reject('options.' || given, 'is an argument of its own');
+        END IF;
+    END LOOP;
+    RETURN (evora.submit_items(jsonb_build_array(options || jsonb_build_object(
+        'queue', queue, 'type', type, 'payload', payload)), false))[1];
+END
+$$;
+
+CREATE FUNCTION evora.submit_batch(jobs jsonb) RETURNS uuid[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    most CONSTANT integer := (evora.limits() ->> 'max_batch')::integer;
+BEGIN
+    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array'
+            OR jsonb_array_length(jobs) NOT BETWEEN 1 AND most THEN
+        PERFORM evora.reject('jobs', format('must be a JSON array of 1 to %s submissions', most));
+    END IF;
+    RETURN evora.submit_items(jobs, true);
+END
+$$;
+
+CREATE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    subs evora.submission[];
+    r record;
+    at text;
+    ids uuid[] := '{}';
+BEGIN
+    SELECT array_agg(evora.validated(e.item,
+               CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
+    INTO subs
+    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
+    FOR r IN
+        SELECT * FROM evora.submit_rows(
+            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
+            ARRAY(SELECT (s).queue FROM unnest(subs) s),
+            ARRAY(SELECT (s).type FROM unnest(subs) s),
+            ARRAY(SELECT (s).payload FROM unnest(subs) s),
+            ARRAY(SELECT (s).priority FROM unnest(subs) s),
+            ARRAY(SELECT (s).run_at FROM unnest(subs) s),
+            ARRAY(SELECT (s).delay_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).max_attempts FROM unnest(subs) s),
+            ARRAY(SELECT (s).lease_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_initial FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_max FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_multiplier FROM unnest(subs) s),
+            ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
+            ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).group_key FROM unnest(subs) s),
+            '{}', '{}')
+        ORDER BY ord
+    LOOP
+        at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
+        IF r.outcome IN ('conflict', 'repeat_conflict') THEN
+            RAISE EXCEPTION '%', CASE r.outcome
+                WHEN 'conflict' THEN format(
+                    '%sidempotency_key: %L was already used in queue %L with different fields',
+                    at, (subs[r.ord]).idempotency_key, (subs[r.ord]).queue)
+                ELSE format('%sidempotency_key: reuses the idempotency key of jobs[%s] with '
+                            'different fields', at, r.first_ord - 1) END
+                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
+                      CONSTRAINT = 'evora_idempotency_conflict';
+        ELSIF r.outcome = 'gone' THEN
+            RAISE EXCEPTION '%idempotency_key: % was used in queue % by a job that has since '
+                            'been removed', at, quote_literal((subs[r.ord]).idempotency_key),
+                            quote_literal((subs[r.ord]).queue)
+                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
+                      CONSTRAINT = 'evora_idempotent_job_gone';
+        END IF;
+        ids := ids || (r.job).id;
+    END LOOP;
+    RETURN ids;
+END
+$$;
+
+CREATE TABLE public.jobs (
+    id uuid NOT NULL,
+    submit_seq bigint NOT NULL,
+    queue text NOT NULL,
+    type text NOT NULL,
+    payload jsonb NOT NULL,
+    state public.job_state DEFAULT 'PENDING'::public.job_state NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    group_key text,
+    idempotency_key text,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer NOT NULL,
+    lease_seconds integer NOT NULL,
+    backoff_initial double precision NOT NULL,
+    backoff_max double precision NOT NULL,
+    backoff_multiplier double precision NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    worker_id text,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    result jsonb,
+    last_error jsonb,
+    progress jsonb,
+    version integer DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
+    CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
+    CONSTRAINT jobs_cancel_request_only_while_running CHECK (((NOT cancel_requested) OR (state = ANY (ARRAY['RUNNING'::public.job_state, 'CANCELLED'::public.job_state, 'COMPLETED'::public.job_state])))),
+    CONSTRAINT jobs_check CHECK ((backoff_max >= backoff_initial)),
+    CONSTRAINT jobs_finished_at_iff_done CHECK (((state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state])) = (finished_at IS NOT NULL))),
+    CONSTRAINT jobs_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 86400))),
+    CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::public.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
+)
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
+ALTER TABLE ONLY public.jobs ALTER COLUMN state SET STATISTICS 0;
+
+CREATE FUNCTION evora.submit_rows(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    made integer;
+    fingerprints bytea[];
+BEGIN
+    IF array_remove(idempotency_keys, NULL) <> '{}' THEN
+        fingerprints := ARRAY(
+            SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
+                       x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
+                       x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
+                       x.expires_at, x.group_key) END
+            FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
+                        backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
+                        idempotency_keys, group_keys)
+                WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
+                                     lease_seconds, backoff_initial, backoff_max,
+                                     backoff_multiplier, expires_at, key, group_key, ord)
+            ORDER BY x.ord);
+    END IF;
+    RETURN QUERY
+    WITH input AS (
+        SELECT x.*, fingerprints[x.ord] AS fingerprint
+        FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
+                    leases, backoff_initials, backoff_maxes, backoff_multipliers,
+                    expires_ats, idempotency_keys, group_keys)
+            WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
+                                 max_attempts, lease_seconds, backoff_initial, backoff_max,
+                                 backoff_multiplier, expires_at, key, group_key, ord)
+    ),
+    keyed AS (
+        INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
+        SELECT DISTINCT ON (i.queue, i.key) i.queue, i.key, i.fingerprint, i.id
+        FROM input i
+        WHERE i.key IS NOT NULL
+        ORDER BY i.queue, i.key, i.ord
+        ON CONFLICT (queue, key) DO NOTHING
+        RETURNING job_id
+    ),
+    moved AS (
+        INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
+                               lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
+                               expires_at, idempotency_key, group_key)
+        SELECT i.id, i.queue, i.type, i.payload, i.priority,
+               coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
+               i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
+               i.backoff_multiplier, i.expires_at, i.key, i.group_key
+        FROM input i
+        WHERE i.key IS NULL OR i.id IN (SELECT k.job_id FROM keyed k)
+        ORDER BY i.ord
+        RETURNING j.*, j AS whole, evora_job_image(j) AS image
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
+               m.attempt, NULL, m.updated_at, '{}', m.image
+        FROM moved m
+    ),
+    claimable AS (
+        SELECT DISTINCT m.queue AS q FROM moved m
+        WHERE m.state = 'PENDING' OR m.group_key IS NOT NULL
+    ),
+    hinted AS (
+        SELECT c.q, pg_notify('evora_jobs', c.q) AS sent FROM claimable c
+        WHERE c.q <> ALL(quiet)
+    )
+    SELECT i.ord::integer, 'created'::text, NULL::integer, m.whole,
+           (SELECT array_agg(h.q) FROM hinted h),
+           (SELECT array_agg(c.q) FROM claimable c WHERE c.q = ANY(quiet))
+    FROM moved m JOIN input i ON i.id = m.id;
+    GET DIAGNOSTICS made = ROW_COUNT;
+    IF made = cardinality(ids) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT x.ord::integer,
+           CASE
+               WHEN s.id IS NULL THEN 'gone'
+               WHEN k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord]) THEN 'replayed'
+               WHEN k.job_id = ANY(ids) THEN 'repeat_conflict'
+               ELSE 'conflict'
+           END,
+           array_position(ids, k.job_id),
+           s,
+           NULL::text[], NULL::text[]
+    FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+    LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+    LEFT JOIN jobs s ON s.id = k.job_id
+    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id;
+END
+$$;
+
+CREATE FUNCTION evora.text_field(value jsonb, field text, pattern text, max_length integer, optional boolean) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    t text;
+BEGIN
+    IF value IS NULL OR jsonb_typeof(value) = 'null' THEN
+        IF optional THEN
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION '%: is required', field
+            USING ERRCODE = 'not_null_violation', COLUMN = field;
+    END IF;
+    IF jsonb_typeof(value) <> 'string' THEN
+        PERFORM evora.reject(field, 'must be a string');
+    END IF;
+    t := value #>> '{}';
+    IF pattern IS NOT NULL AND t !~ pattern THEN
+        PERFORM evora.reject(field, format('must match %s', pattern));
+    END IF;
+    IF max_length IS NOT NULL AND char_length(t) NOT BETWEEN 1 AND max_length THEN
+        PERFORM evora.reject(field, format('must be 1 to %s characters', max_length));
+    END IF;
+    RETURN t;
+END
+$$;
+
+CREATE FUNCTION evora.timestamp_field(value jsonb, field text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    parsed timestamptz;
+BEGIN
+    IF jsonb_typeof(value) = 'null' THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(value) <> 'string' OR value #>> '{}' !~
+            '^\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d(:\d\d(\.\d+)?)?([Zz]|[+-]\d\d(:?\d\d)?)$' THEN
+        PERFORM evora.reject(field, 'must be an RFC 3339 timestamp with an offset');
+    END IF;
+    BEGIN
+        parsed := (value #>> '{}')::timestamptz;
+    EXCEPTION WHEN data_exception THEN
+        PERFORM evora.reject(field, 'is not a valid timestamp');
+    END;
+    IF parsed <= '0001-01-01 00:00:00+00' OR parsed >= '9999-12-31 23:59:59.999999+00' THEN
+        PERFORM evora.reject(field, 'is out of range once converted to UTC');
+    END IF;
+    RETURN parsed;
+END
+$_$;
+
+CREATE FUNCTION evora.uuid7() RETURNS uuid
+    LANGUAGE sql PARALLEL SAFE
+    AS $$
+    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+        PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                          FROM 3)
+        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
+$$;
+
+CREATE FUNCTION evora.validated(item jsonb, at text) RETURNS evora.submission
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+    s evora.submission;
+    field text;
+    value jsonb;
+    delay jsonb := 'null';
+    backoff jsonb := '{}';
+BEGIN
+    IF item IS NULL OR jsonb_typeof(item) <> 'object' THEN
+        PERFORM evora.reject(coalesce(nullif(rtrim(at, '.'), ''), 'submission'),
+                             'must be a JSON object');
+    END IF;
+    s.queue := evora.text_field(item -> 'queue', at || 'queue', lim ->> 'queue_pattern', NULL,
+                                false);
+    s.type := evora.text_field(item -> 'type', at || 'type', lim ->> 'type_pattern', NULL,
+                               false);
+    s.payload := '{}';
+    s.priority := (lim -> 'priority' ->> 'default')::smallint;
+    s.max_attempts := (lim -> 'max_attempts' ->> 'default')::integer;
+    s.lease_seconds := (lim -> 'lease_seconds' ->> 'default')::integer;
+    FOR field, value IN SELECT * FROM jsonb_each(item) LOOP
+        CASE field
+        WHEN 'queue', 'type' THEN
+            NULL;
+        WHEN 'payload' THEN
+            IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
+                PERFORM evora.reject(at || field, format(
+                    'is %s bytes encoded; the limit is %s',
+                    octet_length(value::text), lim ->> 'max_payload_bytes'));
+            END IF;
+            s.payload := value;
+        WHEN 'priority' THEN
+            s.priority := evora.number_field(value, at || field,
+                (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);
+        WHEN 'max_attempts' THEN
+            s.max_attempts := evora.number_field(value, at || field,
+                (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);
+        WHEN 'lease_seconds' THEN
+            s.lease_seconds := evora.number_field(value, at || field,
+                (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);
+        WHEN 'run_at' THEN
+            s.run_at := evora.timestamp_field(value, at || field);
+        WHEN 'expires_at' THEN
+            s.expires_at := evora.timestamp_field(value, at || field);
+        WHEN 'delay_seconds' THEN
+            delay := value;
+        WHEN 'backoff' THEN
+            IF jsonb_typeof(value) <> 'object' THEN
+                PERFORM evora.reject(at || field, 'must be a JSON object');
+            END IF;
+            backoff := value;
+        WHEN 'idempotency_key' THEN
+            s.idempotency_key := evora.text_field(value, at || field, NULL,
+                                                  (lim ->> 'key_max_length')::integer, true);
+        WHEN 'group_key' THEN
+            s.group_key := evora.text_field(value, at || field, NULL,
+                                            (lim ->> 'key_max_length')::integer, true);
+        ELSE
+            PERFORM evora.reject(at || field, 'is not a submission field');
+        END CASE;
+    END LOOP;
+    IF jsonb_typeof(delay) <> 'null' THEN
+        s.delay_seconds := evora.number_field(delay, at || 'delay_seconds', 0,
+                                              (lim ->> 'max_seconds')::numeric, false);
+        IF s.run_at IS NOT NULL THEN
+            PERFORM evora.reject(at || 'delay_seconds', 'give run_at or delay_seconds, not both');
+        END IF;
+    END IF;
+    FOR field IN SELECT jsonb_object_keys(backoff) LOOP
+        IF field NOT IN ('initial_seconds', 'max_seconds', 'multiplier') THEN
+            PERFORM evora.reject(at || 'backoff.' || field, 'is not a backoff field');
+        END IF;
+    END LOOP;
+    s.backoff_initial := coalesce(evora.number_field(backoff -> 'initial_seconds',
+        at || 'backoff.initial_seconds', 0, (lim ->> 'max_seconds')::numeric, false, true),
+        (lim -> 'backoff' ->> 'initial_seconds')::numeric);
+    s.backoff_max := coalesce(evora.number_field(backoff -> 'max_seconds',
+        at || 'backoff.max_seconds', 0, (lim ->> 'max_seconds')::numeric, false, true),
+        (lim -> 'backoff' ->> 'max_seconds')::numeric);
+    s.backoff_multiplier := coalesce(evora.number_field(backoff -> 'multiplier',
+        at || 'backoff.multiplier', 1, (lim -> 'backoff' ->> 'max_multiplier')::numeric, false),
+        (lim -> 'backoff' ->> 'multiplier')::numeric);
+    IF s.backoff_max < s.backoff_initial THEN
+        PERFORM evora.reject(at || 'backoff.max_seconds', 'must be >= initial_seconds');
+    END IF;
+    RETURN s;
+END
+$$;
+
+CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_seconds double precision, multiplier double precision, n integer) RETURNS double precision
+    LANGUAGE sql
+    AS $$
+    SELECT least(
+        max_seconds,
+        exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
+            * (0.8 + 0.4 * random()))
+$$;
+
+CREATE FUNCTION public.evora_drop_archived_events(upto_seq bigint, older_than_seconds double precision, max_rows integer) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO '$user', 'public'
+    AS $$
+DECLARE
+    mark     event_archive_watermark;
+    consumed xid8;
+    removed  bigint;
+BEGIN
+    IF older_than_seconds IS NULL OR older_than_seconds < 0 OR max_rows IS NULL OR max_rows < 1 THEN
+        RAISE EXCEPTION 'invalid retention arguments (older than %, at most % rows)',
+            older_than_seconds, max_rows USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO STRICT mark FROM event_archive_watermark;
+    IF upto_seq IS NULL OR upto_seq > mark.upto_seq THEN
+        RAISE EXCEPTION 'refusing to drop events up to seq %: the archive reaches only seq %',
+            upto_seq, mark.upto_seq USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT p.xid INTO consumed FROM projector_progress p ORDER BY p.xid LIMIT 1;
+    IF consumed IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('evora.drop_archived_events', 'on', true);
+    WITH gone AS (
+        DELETE FROM job_events
+        WHERE seq IN (
+            SELECT e.seq FROM job_events e
+            WHERE e.seq <= upto_seq AND e.xid < mark.below_xid AND e.xid < consumed
+              AND e.at < now() - make_interval(secs => older_than_seconds)
+            ORDER BY e.seq
+            LIMIT max_rows
+        )
+        RETURNING 1
+    )
+    SELECT count(*) INTO removed FROM gone;
+    PERFORM set_config('evora.drop_archived_events', 'off', true);
+    RETURN removed;
+END
+$$;
+
+CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT ROW(j.id, j.queue, j.type, j.state, j.priority, j.group_key, j.idempotency_key,
+               j.attempt, j.max_attempts, j.lease_seconds, j.run_at, j.expires_at,
+               j.lease_expires_at, j.worker_id, j.cancel_requested, j.last_error, j.version,
+               j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
+$$;
+
+CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
+                            interval '0')
+$$;
+
+CREATE FUNCTION public.evora_reject_event_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('evora.drop_archived_events', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    RAISE EXCEPTION 'job_events is append-only (% rejected)', TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+
+CREATE FUNCTION public.evora_reject_illegal_transition() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        RAISE EXCEPTION 'a new job must be PENDING, not %', NEW.state
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF NOT EXISTS (
+        SELECT 1 FROM job_transitions t
+        WHERE t.from_state = OLD.state AND t.to_state = NEW.state
+    ) THEN
+        RAISE EXCEPTION 'illegal job transition % -> % (job %)', OLD.state, NEW.state, OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION public.evora_reject_live_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'job % is % and may not be deleted', OLD.id, OLD.state
+        USING ERRCODE = 'check_violation';
+END
+$$;
+
+CREATE FUNCTION public.evora_reject_unarchived_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM event_archive_watermark w
+        WHERE OLD.seq <= w.upto_seq AND OLD.xid < w.below_xid
+    ) THEN
+        RAISE EXCEPTION 'event % is not archived and may not be deleted', OLD.seq
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN OLD;
+END
+$$;
+
+CREATE TABLE public.event_archive_runs (
+    run_id text NOT NULL,
+    from_seq bigint NOT NULL,
+    upto_seq bigint NOT NULL,
+    from_xid xid8 NOT NULL,
+    below_xid xid8 NOT NULL,
+    events bigint NOT NULL,
+    max_seq bigint NOT NULL,
+    partitions jsonb NOT NULL,
+    committed_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT event_archive_runs_events_check CHECK ((events > 0))
+);
+
+CREATE TABLE public.event_archive_watermark (
+    singleton boolean DEFAULT true NOT NULL,
+    upto_seq bigint NOT NULL,
+    below_xid xid8 NOT NULL,
+    archived bigint NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT event_archive_watermark_archived_check CHECK ((archived >= 0)),
+    CONSTRAINT event_archive_watermark_singleton_check CHECK (singleton),
+    CONSTRAINT event_archive_watermark_upto_seq_check CHECK ((upto_seq >= 0))
+);
+
+CREATE TABLE public.evora_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.idempotency_keys (
+    queue text NOT NULL,
+    key text NOT NULL,
+    fingerprint bytea NOT NULL,
+    job_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.job_events (
+    seq bigint NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    job_id uuid NOT NULL,
+    job_version integer NOT NULL,
+    queue text NOT NULL,
+    type text NOT NULL,
+    event text NOT NULL,
+    from_state public.job_state,
+    to_state public.job_state NOT NULL,
+    attempt integer NOT NULL,
+    worker_id text,
+    at timestamp with time zone NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb NOT NULL,
+    job public.job_image NOT NULL
+);
+
+ALTER TABLE public.job_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.job_events_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.job_prune_counts (
+    queue text NOT NULL,
+    state public.job_state NOT NULL,
+    pruned bigint NOT NULL,
+    CONSTRAINT job_prune_counts_finished_only CHECK ((state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state]))),
+    CONSTRAINT job_prune_counts_pruned_check CHECK ((pruned >= 0))
+);
+
+CREATE TABLE public.job_transitions (
+    from_state public.job_state,
+    to_state public.job_state NOT NULL,
+    event text NOT NULL
+);
+
+ALTER TABLE public.jobs ALTER COLUMN submit_seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.jobs_submit_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.paused_queues (
+    queue text NOT NULL,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.projector_progress (
+    generation integer NOT NULL,
+    xid xid8 NOT NULL,
+    seq bigint NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+ALTER TABLE ONLY public.event_archive_runs
+    ADD CONSTRAINT event_archive_runs_pkey PRIMARY KEY (run_id);
+
+ALTER TABLE ONLY public.event_archive_watermark
+    ADD CONSTRAINT event_archive_watermark_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE ONLY public.evora_migrations
+    ADD CONSTRAINT evora_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY public.idempotency_keys
+    ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue, key);
+
+ALTER TABLE ONLY public.job_events
+    ADD CONSTRAINT job_events_pkey PRIMARY KEY (seq);
+
+ALTER TABLE ONLY public.job_events
+    ADD CONSTRAINT job_events_version_once UNIQUE (job_id, job_version);
+
+ALTER TABLE ONLY public.job_prune_counts
+    ADD CONSTRAINT job_prune_counts_pkey PRIMARY KEY (queue, state);
+
+ALTER TABLE ONLY public.job_transitions
+    ADD CONSTRAINT job_transitions_from_state_to_state_event_key UNIQUE (from_state, to_state, event);
+
+ALTER TABLE ONLY public.jobs
+    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.paused_queues
+    ADD CONSTRAINT paused_queues_pkey PRIMARY KEY (queue);
+
+ALTER TABLE ONLY public.projector_progress
+    ADD CONSTRAINT projector_progress_pkey PRIMARY KEY (generation);
+
+CREATE INDEX idempotency_keys_age ON public.idempotency_keys USING btree (created_at);
+
+CREATE INDEX job_events_tail ON public.job_events USING btree (xid, seq);
+
+CREATE INDEX jobs_claimable ON public.jobs USING btree (queue, priority, run_at, submit_seq) WHERE (state = 'PENDING'::public.job_state);
+
+CREATE INDEX jobs_finished ON public.jobs USING btree (state, finished_at) WHERE (state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state]));
+
+CREATE INDEX jobs_group_pending ON public.jobs USING btree (queue, group_key, priority, submit_seq) WHERE ((state = 'PENDING'::public.job_state) AND (group_key IS NOT NULL));
+
+CREATE UNIQUE INDEX jobs_group_running ON public.jobs USING btree (queue, group_key) WHERE ((state = 'RUNNING'::public.job_state) AND (group_key IS NOT NULL));
+
+CREATE INDEX jobs_listing ON public.jobs USING btree (queue, state, submit_seq);
+
+CREATE INDEX jobs_pending_ttl ON public.jobs USING btree (expires_at) WHERE ((state = 'PENDING'::public.job_state) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
+
+CREATE INDEX jobs_running_lease ON public.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::public.job_state);
+
+CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::public.job_state);
+
+CREATE UNIQUE INDEX jobs_submit_seq ON public.jobs USING btree (submit_seq);
+
+CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON public.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.evora_reject_event_change();
+
+CREATE TRIGGER job_events_delete_archived_only BEFORE DELETE ON public.job_events FOR EACH ROW EXECUTE FUNCTION public.evora_reject_unarchived_delete();
+
+CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON public.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.evora_reject_event_change();
+
+CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::public.job_state, 'RUNNING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_live_delete();
+
+CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> 'PENDING'::public.job_state)) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+
+CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();

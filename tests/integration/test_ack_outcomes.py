@@ -1,0 +1,155 @@
+"""The statements a worker sends with a lease token answer every item themselves: winners
+with their job, losers with why they lost (a lost lease or an unknown job), in the same round
+trip, including the losers of a race with a transaction that committed while the statement
+waited for it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from evora.domain.errors import JobNotFound, LeaseLost
+from evora.protocol.jobs import JobSubmission
+from evora.storage import queries
+from evora.storage.db import create_pool, jsonb_elements
+from evora.storage.jobs import AckResult, Completion, Failure, JobStore
+from evora.storage.rows import JobDict
+from tests.polling import until
+
+DONE, LEASE_LOST, NOT_FOUND = AckResult.DONE, AckResult.LEASE_LOST, AckResult.NOT_FOUND
+
+
+@pytest.fixture
+async def logged() -> list[str]:
+    return []
+
+
+@pytest.fixture
+async def counted_store(db_url: str, logged: list[str]) -> AsyncIterator[JobStore]:
+    """A store on one connection that records every statement of evora.storage.queries it
+    sends (asyncpg's own type introspection left out)."""
+    ours = {v for v in vars(queries).values() if isinstance(v, str)}
+
+    pool = await create_pool(db_url, min_size=1, max_size=1)
+    async with pool.acquire() as conn:  # the pool's one connection, for the whole test
+        conn.add_query_logger(
+            lambda record: logged.append(record.query) if record.query in ours else None
+        )
+    store = JobStore(pool)
+    try:
+        yield store
+    finally:
+        await store.close()
+        await pool.close()
+
+
+async def claimed(store: JobStore, queue: str, count: int) -> list[JobDict]:
+    await store.submit_batch([JobSubmission(queue=queue, type="t") for _ in range(count)])
+    jobs = await store.claim(worker_id="w", queues=[queue], max_jobs=count)
+    assert len(jobs) == count
+    return jobs
+
+
+async def test_one_statement_answers_winners_and_losers(
+    counted_store: JobStore, logged: list[str]
+) -> None:
+    store = counted_store
+    won, other, done_before = await claimed(store, "outcomes", 3)
+    await store.complete(done_before["id"], done_before["lease_token"], "earlier")
+    stale, unknown = uuid.uuid4(), uuid.uuid4()
+    logged.clear()
+
+    outcomes = await store.complete_many(
+        [
+            Completion(won["id"], won["lease_token"], "mine"),
+            Completion(other["id"], stale),
+            Completion(unknown, stale),
+            Completion(done_before["id"], done_before["lease_token"], "again"),
+            Completion(won["id"], won["lease_token"], "repeat"),
+        ]
+    )
+
+    assert len(logged) == 1
+    assert [o.result for o in outcomes] == [DONE, LEASE_LOST, NOT_FOUND, DONE, DONE]
+    jobs = [o.job for o in outcomes]
+    assert jobs[0] is not None and jobs[0]["result"] == "mine"
+    assert jobs[1] is None and jobs[2] is None
+    # replays answer with the job as it stands, not with what they carried
+    assert jobs[3] is not None and jobs[3]["result"] == "earlier"
+    assert jobs[4] is not None and jobs[4]["result"] == "mine"
+
+    logged.clear()
+    failed = await store.fail_many(
+        [Failure(other["id"], other["lease_token"], "x"), Failure(unknown, stale, "y")],
+        with_jobs=False,
+    )
+    assert len(logged) == 1
+    assert [o.result for o in failed] == [DONE, NOT_FOUND]
+
+
+async def test_single_operations_tell_a_lost_lease_from_an_unknown_job_in_one_statement(
+    counted_store: JobStore, logged: list[str]
+) -> None:
+    store = counted_store
+    [job] = await claimed(store, "outcomes-single", 1)
+    stale = uuid.uuid4()
+    for operation in (
+        lambda job_id: store.heartbeat(job_id, stale),
+        lambda job_id: store.release(job_id, stale),
+    ):
+        logged.clear()
+        with pytest.raises(LeaseLost):
+            await operation(job["id"])
+        with pytest.raises(JobNotFound):
+            await operation(uuid.uuid4())
+        assert len(logged) == 2
+
+
+@pytest.mark.parametrize(
+    ("concurrent", "expected"),
+    [
+        # the same completion, retried while the first was still in flight: a replay
+        ("complete", DONE),
+        # the worker handed the job back meanwhile: the lease is gone
+        ("release", LEASE_LOST),
+    ],
+)
+async def test_a_race_lost_to_a_transaction_that_commits_meanwhile_reads_its_outcome(
+    store: JobStore, pool: asyncpg.Pool, concurrent: str, expected: AckResult
+) -> None:
+    """The completion's snapshot still shows the job RUNNING under its token; the job moved
+    while the statement waited for its row, so only the latest version tells why."""
+    [job] = await claimed(store, "outcomes-race", 1)
+    statement, args = {
+        "complete": (
+            queries.COMPLETE,
+            ([job["id"]], [job["lease_token"]], jsonb_elements([1]), [], False),
+        ),
+        "release": (queries.RELEASE, (job["id"], job["lease_token"], 0.0, [])),
+    }[concurrent]
+    async with pool.acquire() as other:
+        transaction = other.transaction()
+        await transaction.start()
+        await other.fetch(statement, *args)
+        answer = asyncio.create_task(
+            store.complete_many([Completion(job["id"], job["lease_token"], 2)])
+        )
+
+        async def waits_for_the_row() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            )
+
+        await until(waits_for_the_row, "the completion waits for the row")
+        await transaction.commit()
+    [outcome] = await answer
+    assert outcome.result is expected
+    if expected is DONE:
+        assert outcome.job is not None and outcome.job["result"] == 1
