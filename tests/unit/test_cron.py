@@ -72,7 +72,7 @@ def test_parse(
         ("5-1 * * * *", "backwards"),
         ("a * * * *", "not a number"),
         ("1,,2 * * * *", "not a number"),
-        ("０ * * * *", "not a number"),
+        ("\uff10 * * * *", "not a number"),  # a full-width zero
         ("@often", "unknown macro"),
         ("0 0 30 2 *", "no day that exists"),
         ("0 0 31 4,6,9,11 *", "no day that exists"),
