@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+import evora
 from tests.api.conftest import ADMIN, PRODUCER, ApiClient, problem
 
 JOB = {"queue": "reports", "type": "report.build", "payload": {"kind": "daily"}}
@@ -121,3 +122,26 @@ async def test_unknown_schedules_names_and_roles(shared_client: ApiClient) -> No
     await problem(response, 403, "forbidden")
     response = await shared_client.get("/v1/schedules", params={"after": "x"}, headers=ADMIN)
     await problem(response, 422, "validation_error")
+
+
+async def test_sdk_methods(client: ApiClient) -> None:
+    url = str(client.make_url("")).rstrip("/")
+    async with evora.Client(url, "test-admin-token", timeout=10) as sdk:
+        made = await sdk.put_schedule(
+            "sdk", "*/5 * * * *", {"queue": "q", "type": "t"}, timezone="Asia/Kolkata"
+        )
+        assert (made["timezone"], made["misfire"]) == ("Asia/Kolkata", "run_once")
+        again = await sdk.put_schedule("sdk", "@daily", {"queue": "q", "type": "t"}, paused=True)
+        assert again["paused"] is True and again["next_run_at"] is None
+        assert [s["name"] for s in await sdk.schedules()] == ["sdk"]
+        assert (await sdk.resume_schedule("sdk"))["paused"] is False
+        assert (await sdk.pause_schedule("sdk"))["paused"] is True
+        job = await sdk.trigger_schedule("sdk")
+        assert (await sdk.schedule("sdk"))["last_job_id"] == job["id"]
+        with pytest.raises(evora.RequestValidationError):
+            await sdk.put_schedule("sdk", "not cron", {"queue": "q", "type": "t"})
+        await sdk.delete_schedule("sdk")
+        with pytest.raises(evora.ScheduleNotFoundError):
+            await sdk.schedule("sdk")
+        with pytest.raises(evora.ScheduleNotFoundError):
+            await sdk.delete_schedule("sdk")
