@@ -54,6 +54,7 @@ async def create_app(
             metrics,
             clock or SystemClock(),
             max_wait=tuning.schedule_max_wait,
+            min_wait=tuning.min_wait,
         )
         app[SCHEDULER] = scheduler
         leader = AdvisoryLeader(

@@ -47,6 +47,7 @@ class Scheduler:
         clock: Clock,
         *,
         max_wait: float = 1.0,
+        min_wait: float = 0.05,
     ) -> None:
         self._store = store
         self._metrics = metrics
@@ -54,6 +55,9 @@ class Scheduler:
         # A schedule put (or resumed) elsewhere is seen within this, even while the
         # earliest known tick is far away.
         self._max_wait = timedelta(seconds=max_wait)
+        # A due schedule that another replica holds (SKIP LOCKED) stays due until that
+        # replica commits; this floor keeps the loop from spinning on it meanwhile.
+        self._min_wait = timedelta(seconds=min_wait)
 
     async def fire_due(self) -> list[Fired]:
         """Steps until no due schedule is left that another replica does not hold."""
@@ -82,7 +86,7 @@ class Scheduler:
                 await self.fire_due()
                 earliest = await self._store.earliest_due()
                 if earliest is not None:
-                    wake = min(wake, earliest + _MARGIN)
+                    wake = max(min(wake, earliest + _MARGIN), now + self._min_wait)
                 backoff.reset()
             except Exception as exc:
                 wait = backoff.next()

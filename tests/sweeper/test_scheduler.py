@@ -122,13 +122,15 @@ async def test_racing_schedulers_make_exactly_one_job_per_tick(
                 await asyncio.gather(tasks[victim], return_exceptions=True)
                 tasks[victim] = asyncio.create_task(loops[victim].scheduler.run(stop))
                 kills += 1
-        end = clock.now()
 
         async def all_handled() -> bool:
+            # a loop that found a due schedule held by another waits a little (clock) time
+            clock.advance(timedelta(milliseconds=1))
             due = await schedules.earliest_due()
-            return due is not None and due > end
+            return due is not None and due > clock.now()
 
         await until(all_handled, "every due tick to be handled", within=60)
+        end = clock.now()
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -263,3 +265,25 @@ async def test_tick_job_and_event_name_the_schedule_and_tick(
     # putting it again (a clock behind the scheduler's) makes no tick twice
     await schedules.put("named", spec("5 12 * * *", timezone="Europe/Berlin"), START)
     assert (await schedules.get("named"))["next_run_at"] == datetime(2026, 5, 3, 10, 5, tzinfo=UTC)
+
+
+async def test_a_tick_handled_twice_still_makes_one_job(
+    db_url: str, pool: asyncpg.Pool, store: JobStore, replicas: list[Replica]
+) -> None:
+    """If the row were ever moved back (a stale writer, a restore), the tick's idempotency
+    key is the last line: the second pass replays the job instead of making another."""
+    clock = FakeClock(datetime(2026, 5, 1, 12, 0, 30, tzinfo=UTC))
+    await ScheduleStore(pool, store).put("again", spec("*/10 * * * *"), clock.now())
+    one = await replica(db_url, replicas, clock)
+    clock.set(datetime(2026, 5, 1, 12, 10, 1, tzinfo=UTC))
+    [first] = await one.scheduler.fire_due()
+    await pool.execute(
+        "UPDATE schedules SET ticked_until = $1, next_run_at = $2",
+        datetime(2026, 5, 1, 12, 0, 30, tzinfo=UTC),
+        datetime(2026, 5, 1, 12, 10, tzinfo=UTC),
+    )
+    [second] = await one.scheduler.fire_due()
+    assert [m.created for m in first.made + second.made] == [True, False]
+    assert first.made[0].job_id == second.made[0].job_id
+    assert await made(pool, "again") == Counter(["2026-05-01T12:10:00Z"])
+    assert one.counted("fired") == 1
