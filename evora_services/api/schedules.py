@@ -122,7 +122,7 @@ def _store(request: web.Request) -> ScheduleStore:
 def _name(request: web.Request) -> str:
     """The `{name}` of the path. A name no schedule could have names none: 404."""
     name = request.match_info["name"]
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ScheduleNotFound(f"no schedule named {name!r}")
     return name
 
@@ -156,7 +156,7 @@ def _now() -> datetime:
 )
 async def put_schedule(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise _invalid_name()
     settings = request.app[SETTINGS]
     body = await parse_body(

@@ -19,7 +19,7 @@ from evora.storage.leadership import AdvisoryLeader
 from evora.storage.retention import RetentionStore
 from evora.storage.schedules import ScheduleStore
 from evora_services.sweeper.metrics import SweeperMetrics
-from evora_services.sweeper.scheduler import Clock, Scheduler, SystemClock
+from evora_services.sweeper.scheduler import Scheduler, SystemClock
 from evora_services.sweeper.sweeper import Retention, Sweeper, Tuning
 
 log = logging.getLogger(__name__)
@@ -28,13 +28,10 @@ SERVICE = "sweeper"
 TITLE = "Evora sweeper"
 
 SWEEPER = web.AppKey("sweeper", Sweeper)
-SCHEDULER = web.AppKey("scheduler", Scheduler)
 
 
-async def create_app(
-    settings: Settings, tuning: Tuning | None = None, clock: Clock | None = None
-) -> web.Application:
-    """`tuning` and `clock` are for tests and benchmarks; production runs with the defaults."""
+async def create_app(settings: Settings, tuning: Tuning | None = None) -> web.Application:
+    """`tuning` is for tests and benchmarks; production runs with the defaults."""
     settings.require("database_url")
     dsn = settings.database_url
     assert dsn is not None
@@ -52,11 +49,10 @@ async def create_app(
         scheduler = Scheduler(
             ScheduleStore(pool, store),
             metrics,
-            clock or SystemClock(),
+            SystemClock(),
             max_wait=tuning.schedule_max_wait,
             min_wait=tuning.min_wait,
         )
-        app[SCHEDULER] = scheduler
         leader = AdvisoryLeader(
             dsn,
             locks.SWEEPER,

@@ -113,11 +113,13 @@ async def test_unknown_schedules_names_and_roles(shared_client: ApiClient) -> No
         ("POST", "/v1/schedules/none/resume"),
         ("POST", "/v1/schedules/none/trigger"),
         ("GET", "/v1/schedules/not%20a%20name"),
+        ("GET", "/v1/schedules/none%0A"),
     ]:
         response = await shared_client.request(method, path, headers=ADMIN)
         await problem(response, 404, "schedule_not_found")
-    response = await shared_client.put("/v1/schedules/not%20a%20name", json=body(), headers=ADMIN)
-    await problem(response, 422, "validation_error")
+    for bad in ("not%20a%20name", "trailing-newline%0A"):
+        response = await shared_client.put(f"/v1/schedules/{bad}", json=body(), headers=ADMIN)
+        await problem(response, 422, "validation_error")
     response = await shared_client.put("/v1/schedules/s", json=body(), headers=PRODUCER)
     await problem(response, 403, "forbidden")
     response = await shared_client.get("/v1/schedules", params={"after": "x"}, headers=ADMIN)
