@@ -11,10 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 
 from evora.domain.misfire import Misfire
@@ -39,14 +39,16 @@ class Sweepers:
         self._db_url = db_url
         self._log = log
         self.processes: list[subprocess.Popen[bytes] | None] = [None, None, None]
+        self.ports = [0, 0, 0]
         self.kills = 0
 
     def start(self, index: int) -> None:
+        self.ports[index] = _free_port()
         env = {
             **os.environ,
             "EVORA_DATABASE_URL": self._db_url,
             "EVORA_AUTH": "disabled",
-            "EVORA_SWEEPER_PORT": str(_free_port()),
+            "EVORA_SWEEPER_PORT": str(self.ports[index]),
         }
         with self._log.open("ab") as out:
             self.processes[index] = subprocess.Popen(
@@ -64,14 +66,31 @@ class Sweepers:
             self.kills += 1
             self.processes[index] = None
 
-    async def churn(self, seconds: float, rng: random.Random) -> None:
-        """Kill one at a time and start it again at once, so two stay up."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            await asyncio.sleep(rng.uniform(0.4, 1.5))
+    async def serving(self, index: int) -> None:
+        """Until the process answers on its port: its scheduler runs from then on (the
+        app starts its background tasks before it listens)."""
+        url = f"http://127.0.0.1:{self.ports[index]}/healthz"
+
+        async def answers() -> bool:
+            process = self.processes[index]
+            assert process is not None and process.poll() is None, self._log.read_text()[-3000:]
+            try:
+                async with aiohttp.ClientSession() as http, http.get(url) as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await until(answers, f"sweeper {index} to serve", within=60)
+
+    async def churn(self, kills: int, rng: random.Random) -> None:
+        """Kill one at a time and start it again, the next kill only once it serves again,
+        so two schedulers always run."""
+        for _ in range(kills):
+            await asyncio.sleep(rng.uniform(0.3, 1.2))
             victim = rng.randrange(3)
             self.kill(victim)
             self.start(victim)
+            await self.serving(victim)
 
     def stop(self) -> None:
         for process in self.processes:
@@ -113,7 +132,9 @@ async def test_sigkilled_schedulers_make_each_tick_once(
     try:
         for index in range(3):
             sweepers.start(index)
-        await sweepers.churn(10, rng)
+        for index in range(3):
+            await sweepers.serving(index)
+        await sweepers.churn(4, rng)
         down_from = datetime.now(UTC)
         for index in range(3):
             sweepers.kill(index)
@@ -121,7 +142,7 @@ async def test_sigkilled_schedulers_make_each_tick_once(
         down_until = datetime.now(UTC)
         for index in range(3):
             sweepers.start(index)
-        await sweepers.churn(12, rng)
+        await sweepers.churn(4, rng)
         end = datetime.now(UTC)
 
         async def handled() -> bool:
@@ -131,7 +152,7 @@ async def test_sigkilled_schedulers_make_each_tick_once(
         await until(handled, "every schedule to be handled up to the end", within=60)
     finally:
         sweepers.stop()
-    assert sweepers.kills >= 10
+    assert sweepers.kills == 4 + 3 + 4
     assert "Traceback" not in log.read_text(errors="replace"), log.read_text()[-3000:]
 
     every = ticks(EVERY_SECOND, "UTC", start, end)
