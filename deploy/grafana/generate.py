@@ -438,6 +438,29 @@ def build() -> dict[str, Any]:
         8,
         8,
     )
+    d.add(
+        timeseries(
+            "Schedule ticks",
+            [
+                (f"sum(rate(evora_schedule_ticks_fired_total[{RATE}])) * 60", "fired"),
+                (f"sum(rate(evora_schedule_ticks_missed_total[{RATE}])) * 60", "missed"),
+            ],
+            description="Per minute, all replicas. Missed: passed over by a misfire policy "
+            "after downtime (docs/schedules.md).",
+        ),
+        8,
+        8,
+    )
+    d.add(
+        timeseries(
+            "Schedule fire delay",
+            quantiles("evora_schedule_fire_delay_seconds", ""),
+            unit="s",
+            description="From a tick to the making of its job.",
+        ),
+        8,
+        8,
+    )
 
     d.row("Projector")
     d.add(

@@ -1,6 +1,7 @@
 """The sweeper app: the shared base (/healthz, /readyz, /metrics), one pool for the sweeping
-statements, and two background tasks: the leader (a dedicated lock connection; sweeps while
-it holds the lock) and the health observer (every replica)."""
+statements, and three background tasks: the leader (a dedicated lock connection; sweeps while
+it holds the lock), and in every replica the health observer and the scheduler (which needs
+no lock: the database makes each tick's job exactly once)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from evora.storage import locks
 from evora.storage.jobs import JobStore
 from evora.storage.leadership import AdvisoryLeader
 from evora.storage.retention import RetentionStore
+from evora.storage.schedules import ScheduleStore
 from evora_services.sweeper.metrics import SweeperMetrics
+from evora_services.sweeper.scheduler import Scheduler, SystemClock
 from evora_services.sweeper.sweeper import Retention, Sweeper, Tuning
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,13 @@ async def create_app(settings: Settings, tuning: Tuning | None = None) -> web.Ap
             store, RetentionStore(pool), metrics, Retention.from_settings(settings), tuning
         )
         app[SWEEPER] = sweeper
+        scheduler = Scheduler(
+            ScheduleStore(pool, store),
+            metrics,
+            SystemClock(),
+            max_wait=tuning.schedule_max_wait,
+            min_wait=tuning.min_wait,
+        )
         leader = AdvisoryLeader(
             dsn,
             locks.SWEEPER,
@@ -54,6 +64,7 @@ async def create_app(settings: Settings, tuning: Tuning | None = None) -> web.Ap
         tasks = [
             asyncio.create_task(leader.run(sweeper.lead, stop)),
             asyncio.create_task(sweeper.observe_forever(stop)),
+            asyncio.create_task(scheduler.run(stop)),
         ]
         try:
             yield

@@ -9,6 +9,9 @@ from evora.http.metrics import LATENCY_BUCKETS, ServiceMetrics
 
 LEASE_OUTCOMES = ("requeued", "dead_lettered", "cancelled")
 PRUNE_KINDS = ("completed", "cancelled", "dlq", "idempotency_keys")
+# How late a schedule's job is made after its tick: on time is well under a second; a
+# catch-up after downtime can be hours.
+FIRE_DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 86400)
 
 
 class SweeperMetrics:
@@ -56,6 +59,22 @@ class SweeperMetrics:
         self.jobs_dead_tuples = Gauge(
             "evora_jobs_dead_tuples",
             "Dead row versions in the jobs table (pg_stat_user_tables.n_dead_tup).",
+            registry=registry,
+        )
+        self.schedule_ticks_fired = Counter(
+            "evora_schedule_ticks_fired",
+            "Schedule ticks that made their job (docs/schedules.md).",
+            registry=registry,
+        )
+        self.schedule_ticks_missed = Counter(
+            "evora_schedule_ticks_missed",
+            "Schedule ticks passed over without a job by their misfire policy after downtime.",
+            registry=registry,
+        )
+        self.schedule_fire_delay = Histogram(
+            "evora_schedule_fire_delay_seconds",
+            "Time from a schedule's tick to the making of its job.",
+            buckets=FIRE_DELAY_BUCKETS,
             registry=registry,
         )
         for outcome in LEASE_OUTCOMES:

@@ -46,6 +46,9 @@ class Tuning:
     retention_every: float = 60.0
     observe_every: float = 10.0
     standby_seconds: float = 3.0
+    # The scheduler sleeps until the earliest tick it knows of, but at most this long, so a
+    # schedule put elsewhere with an earlier tick is seen in time.
+    schedule_max_wait: float = 1.0
     # How long a stopping sweeper may take to finish its current batches before it is
     # cancelled (a batch normally takes milliseconds; the statement timeout is 30 s).
     shutdown_grace: float = 35.0
@@ -165,7 +168,7 @@ class Sweeper:
                 backoff.reset()
             except Exception as exc:
                 wait = backoff.next()
-                _log_failure("expiry", exc, wait)
+                log_failure("expiry", exc, wait)
             await wait_until_set(ended, wait)
 
     # -- retention ---------------------------------------------------------------------
@@ -223,7 +226,7 @@ class Sweeper:
                 backoff.reset()
             except Exception as exc:
                 wait = backoff.next()
-                _log_failure("retention", exc, wait)
+                log_failure("retention", exc, wait)
             await wait_until_set(ended, wait)
 
     # -- database health (every replica, active or not) --------------------------------
@@ -242,7 +245,7 @@ class Sweeper:
                 backoff.reset()
             except Exception as exc:
                 wait = backoff.next()
-                _log_failure("health check", exc, wait)
+                log_failure("health check", exc, wait)
             await wait_until_set(stop, wait)
 
 
@@ -250,7 +253,7 @@ def _pairs(counts: Counter[str]) -> str:
     return " ".join(f"{kind}={count}" for kind, count in counts.items())
 
 
-def _log_failure(what: str, exc: Exception, retry_in: float) -> None:
+def log_failure(what: str, exc: Exception, retry_in: float) -> None:
     # An unreachable database is expected now and then (a failover, a restart) and needs no
     # traceback; anything else is a bug and gets one.
     if isinstance(exc, DATABASE_UNAVAILABLE):

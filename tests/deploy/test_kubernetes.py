@@ -242,7 +242,7 @@ def test_single_active_services_and_scaling(overlay: Path) -> None:
     assert projector["replicas"] == 1
     assert projector["strategy"] == {"type": "Recreate"}
     sweeper = deployments["evora-sweeper"]["spec"]
-    assert sweeper["replicas"] == (2 if overlay.name == "production" else sweeper["replicas"])
+    assert sweeper["replicas"] == (3 if overlay.name == "production" else sweeper["replicas"])
     hpas = by_kind(objects, "HorizontalPodAutoscaler")
     targets = {h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()}
     assert targets == {"evora-api", "evora-dispatcher"}

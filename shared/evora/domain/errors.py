@@ -66,3 +66,11 @@ class QueueNotFound(EvoraError):
     code = problems.QUEUE_NOT_FOUND
     status = 404
     title = "Queue not found"
+
+
+class ScheduleNotFound(EvoraError):
+    """No schedule by that name."""
+
+    code = problems.SCHEDULE_NOT_FOUND
+    status = 404
+    title = "Schedule not found"

@@ -22,6 +22,7 @@ from evora.sdk.errors import (
     PayloadTooLargeError,
     QueueNotFoundError,
     RequestValidationError,
+    ScheduleNotFoundError,
     ServerError,
     UnauthorizedError,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "QueueNotFoundError",
     "RequestValidationError",
     "RetryBackoff",
+    "ScheduleNotFoundError",
     "ServerError",
     "Submission",
     "SubmitOptions",

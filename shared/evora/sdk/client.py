@@ -17,6 +17,11 @@ only when repeating it cannot do anything twice:
 - `pause`, `resume`: repeated; they set a flag.
 - `retry`, `redrive`: not repeated. Between two attempts the job can fail again and be back
   in the DLQ, and the repeat would grant it a second fresh attempt budget.
+- `put_schedule`, `pause_schedule`, `resume_schedule`, `schedule`, `schedules`: repeated (a
+  PUT replaces with the same definition; the others set a flag or read).
+- `delete_schedule`: repeated; a repeat that finds the schedule gone (the first attempt
+  worked) returns instead of raising `ScheduleNotFoundError`.
+- `trigger_schedule`: not repeated; a repeat would make a second job.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from evora.protocol.limits import MAX_PAGE
 from evora.protocol.retries import RetryBackoff
 from evora.protocol.states import JobState
 from evora.sdk._http import NO_BODY, Response, Transport
-from evora.sdk.errors import InvalidStateError
+from evora.sdk.errors import InvalidStateError, ScheduleNotFoundError
 
 # Queue stats per page when listing every queue: the most the api serves at once.
 
@@ -95,6 +100,10 @@ _UNSET: Final = object()
 
 def _segment(value: str | UUID) -> str:
     return quote(str(value), safe="")
+
+
+def _schedule_path(name: str) -> str:
+    return f"/v1/schedules/{_segment(name)}"
 
 
 class Client:
@@ -293,6 +302,75 @@ class Client:
         data = resp.data
         workers: list[dict[str, Any]] = data["workers"] if isinstance(data, dict) else data
         return workers
+
+    # Schedules (docs/schedules.md)
+
+    async def put_schedule(
+        self,
+        name: str,
+        cron: str,
+        job: Submission,
+        *,
+        timezone: str | None = None,
+        misfire: str | None = None,
+        misfire_grace_seconds: int | None = None,
+        paused: bool | None = None,
+    ) -> dict[str, Any]:
+        """Create or replace the schedule `name`: every tick of `cron` (five fields, read
+        in `timezone`, default UTC) submits `job` (without an idempotency key). `misfire`
+        is `skip`, `run_once` (the server's default) or `catch_up`. Returns the schedule;
+        `RequestValidationError` for an invalid expression or zone."""
+        given = {
+            "timezone": timezone,
+            "misfire": misfire,
+            "misfire_grace_seconds": misfire_grace_seconds,
+            "paused": paused,
+        }
+        body = {"cron": cron, "job": job} | {k: v for k, v in given.items() if v is not None}
+        resp = await self._call("PUT", _schedule_path(name), body=body, idempotent=True)
+        return dict(resp.data)
+
+    async def schedules(self) -> list[dict[str, Any]]:
+        """Every schedule by name, fetched a page at a time."""
+        found: list[dict[str, Any]] = []
+        params = {"limit": str(MAX_PAGE)}
+        while True:
+            resp = await self._call("GET", "/v1/schedules", params=params, idempotent=True)
+            found.extend(resp.data["schedules"])
+            after = resp.data.get("next")
+            if after is None:
+                return found
+            params["after"] = after
+
+    async def schedule(self, name: str) -> dict[str, Any]:
+        """The schedule with `next_run_at`, `last_run_at` and `last_job_id`;
+        `ScheduleNotFoundError` when there is none."""
+        resp = await self._call("GET", _schedule_path(name), idempotent=True)
+        return dict(resp.data)
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete the schedule; the jobs it made stay."""
+        try:
+            await self._call("DELETE", _schedule_path(name), idempotent=True)
+        except ScheduleNotFoundError as exc:
+            if exc.attempts == 1:  # gone before this call, not deleted by its first attempt
+                raise
+
+    async def pause_schedule(self, name: str) -> dict[str, Any]:
+        """A paused schedule makes no jobs until resumed."""
+        resp = await self._call("POST", f"{_schedule_path(name)}/pause", idempotent=True)
+        return dict(resp.data)
+
+    async def resume_schedule(self, name: str) -> dict[str, Any]:
+        """Make jobs again from the next tick; ticks while paused make none."""
+        resp = await self._call("POST", f"{_schedule_path(name)}/resume", idempotent=True)
+        return dict(resp.data)
+
+    async def trigger_schedule(self, name: str) -> JobData:
+        """Make one job of the schedule now, outside its ticks; returns the job."""
+        resp = await self._call("POST", f"{_schedule_path(name)}/trigger", idempotent=False)
+        data: JobData = resp.data
+        return data
 
     async def _to_cancelled(self, job_id: str | UUID, path: str) -> JobData:
         try:

@@ -107,6 +107,10 @@ class QueueNotFoundError(NotFoundError):
     problem_code = problems.QUEUE_NOT_FOUND
 
 
+class ScheduleNotFoundError(NotFoundError):
+    problem_code = problems.SCHEDULE_NOT_FOUND
+
+
 class ConflictError(EvoraHTTPError):
     problem_status = 409
 
@@ -159,6 +163,7 @@ _CLASSES: tuple[type[EvoraHTTPError], ...] = (
     NotFoundError,
     JobNotFoundError,
     QueueNotFoundError,
+    ScheduleNotFoundError,
     ConflictError,
     LeaseLostError,
     InvalidStateError,

@@ -191,6 +191,21 @@ class JobStore:
             self._owe(rows)
         return stored
 
+    async def submit_in(
+        self, conn: asyncpg.Connection, submissions: Sequence[JobSubmission]
+    ) -> list[Submitted | EvoraError]:
+        """Store submissions inside the caller's open transaction on `conn`, each with its
+        own outcome as in `submit_each`; they commit or roll back with the caller's work.
+        No hint is held back by the debounce: the statement notifies every queue itself,
+        and PostgreSQL delivers that at commit (never before the jobs are visible) or
+        drops it with a rollback, so nothing is owed afterwards."""
+
+        async def notify_all(conn: asyncpg.Connection, query: str, *args: Any, **_: Any) -> Any:
+            return await conn.fetch(query, *args, [])  # no queue suppressed
+
+        outcomes, _ = await store(conn, notify_all, submissions, committed=False)
+        return outcomes
+
     async def get(self, job_id: UUID) -> JobDict:
         row = await self._pool.fetchrow(queries.GET_JOB, job_id)
         if row is None:

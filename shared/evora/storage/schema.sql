@@ -504,6 +504,15 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.evora_add_submitted_data() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.data := NEW.data || current_setting('evora.submitted_data')::jsonb;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_seconds double precision, multiplier double precision, n integer) RETURNS double precision
     LANGUAGE sql
     AS $$
@@ -724,6 +733,24 @@ CREATE TABLE public.projector_progress (
     updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE public.schedules (
+    name text NOT NULL,
+    cron text NOT NULL,
+    timezone text NOT NULL,
+    job jsonb NOT NULL,
+    misfire text NOT NULL,
+    misfire_grace_seconds integer NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    ticked_until timestamp with time zone NOT NULL,
+    next_run_at timestamp with time zone,
+    last_run_at timestamp with time zone,
+    last_job_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedules_misfire_check CHECK ((misfire = ANY (ARRAY['skip'::text, 'run_once'::text, 'catch_up'::text]))),
+    CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
+);
+
 ALTER TABLE ONLY public.event_archive_runs
     ADD CONSTRAINT event_archive_runs_pkey PRIMARY KEY (run_id);
 
@@ -757,6 +784,9 @@ ALTER TABLE ONLY public.paused_queues
 ALTER TABLE ONLY public.projector_progress
     ADD CONSTRAINT projector_progress_pkey PRIMARY KEY (generation);
 
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
 CREATE INDEX idempotency_keys_age ON public.idempotency_keys USING btree (created_at);
 
 CREATE INDEX job_events_tail ON public.job_events USING btree (xid, seq);
@@ -779,11 +809,15 @@ CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (st
 
 CREATE UNIQUE INDEX jobs_submit_seq ON public.jobs USING btree (submit_seq);
 
+CREATE INDEX schedules_due ON public.schedules USING btree (next_run_at) WHERE (NOT paused);
+
 CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON public.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.evora_reject_event_change();
 
 CREATE TRIGGER job_events_delete_archived_only BEFORE DELETE ON public.job_events FOR EACH ROW EXECUTE FUNCTION public.evora_reject_unarchived_delete();
 
 CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON public.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.evora_reject_event_change();
+
+CREATE TRIGGER job_events_submitted_data BEFORE INSERT ON public.job_events FOR EACH ROW WHEN (((new.event = 'submitted'::text) AND (current_setting('evora.submitted_data'::text, true) <> ''::text))) EXECUTE FUNCTION public.evora_add_submitted_data();
 
 CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::public.job_state, 'RUNNING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_live_delete();
 

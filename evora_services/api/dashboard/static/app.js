@@ -8,6 +8,7 @@ import * as dlq from "./dlq.js";
 import * as job from "./job.js";
 import * as overview from "./overview.js";
 import * as queue from "./queue.js";
+import * as schedules from "./schedules.js";
 import * as workers from "./workers.js";
 
 const INTERVAL_KEY = "evora.refresh-seconds";
@@ -118,7 +119,7 @@ window.addEventListener("evora:unauthorized", () => {
 
 // -- routing -------------------------------------------------------------------------
 
-const VIEWS = { overview, queue, job, dlq, workers };
+const VIEWS = { overview, queue, job, dlq, workers, schedules };
 
 function parseHash() {
   const raw = location.hash.replace(/^#/, "") || "/";
@@ -136,6 +137,7 @@ function parseHash() {
   if (parts[0] === "jobs" && parts.length === 2) return { name: "job", params: { ...params, id: parts[1] } };
   if (parts[0] === "dlq" && parts.length === 1) return { name: "dlq", params };
   if (parts[0] === "workers" && parts.length === 1) return { name: "workers", params };
+  if (parts[0] === "schedules" && parts.length === 1) return { name: "schedules", params };
   return { name: "notFound", params };
 }
 

@@ -1,0 +1,69 @@
+-- Schedules (migrations/0012_schedules.sql). The tick arithmetic is done in Python
+-- (evora.domain.cron); these statements store its results. Changes to one schedule are
+-- made under its row lock, so the scheduler, PUT, pause, resume and trigger serialise.
+
+-- name: lock
+-- $1 name: the schedule, locked for a change in this transaction.
+SELECT * FROM schedules WHERE name = $1 FOR UPDATE;
+
+-- name: upsert
+-- $1 name, $2 cron, $3 timezone, $4 job, $5 misfire, $6 grace seconds, $7 paused,
+-- $8 ticked_until, $9 next_run_at. `created` tells a new schedule from a replaced one.
+INSERT INTO schedules AS s (name, cron, timezone, job, misfire, misfire_grace_seconds,
+                            paused, ticked_until, next_run_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (name) DO UPDATE SET
+    cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, job = EXCLUDED.job,
+    misfire = EXCLUDED.misfire, misfire_grace_seconds = EXCLUDED.misfire_grace_seconds,
+    paused = EXCLUDED.paused, ticked_until = EXCLUDED.ticked_until,
+    next_run_at = EXCLUDED.next_run_at, updated_at = now()
+RETURNING s.*, (xmax = 0) AS created;
+
+-- name: get
+-- $1 name.
+SELECT * FROM schedules WHERE name = $1;
+
+-- name: page
+-- $1 the last name of the previous page (NULL: from the start), $2 how many.
+SELECT * FROM schedules WHERE $1::text IS NULL OR name > $1 ORDER BY name LIMIT $2;
+
+-- name: delete
+-- $1 name. Jobs it made stay.
+DELETE FROM schedules WHERE name = $1 RETURNING name;
+
+-- name: pause
+-- $1 name.
+UPDATE schedules SET paused = true, updated_at = now() WHERE name = $1 RETURNING *;
+
+-- name: resume
+-- $1 name, $2 ticked_until, $3 next_run_at: ticks while it was paused stay unmade.
+UPDATE schedules
+SET paused = false, ticked_until = $2, next_run_at = $3, updated_at = now()
+WHERE name = $1
+RETURNING *;
+
+-- name: take_due
+-- $1 now (the scheduler's clock): one due schedule no other transaction holds, locked.
+-- SKIP LOCKED spreads due schedules over the replicas; none waits for another.
+SELECT * FROM schedules
+WHERE NOT paused AND next_run_at <= $1
+ORDER BY next_run_at
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: advance
+-- $1 name, $2 ticked_until, $3 next_run_at, $4 last_run_at and $5 last_job_id (NULL: as
+-- they were).
+UPDATE schedules
+SET ticked_until = $2, next_run_at = $3,
+    last_run_at = coalesce($4, last_run_at), last_job_id = coalesce($5, last_job_id)
+WHERE name = $1;
+
+-- name: earliest_due
+-- When the next tick of any running schedule is due (NULL: none is).
+SELECT min(next_run_at) FROM schedules WHERE NOT paused;
+
+-- name: name_submission
+-- $1 the data the next `submitted` events of this transaction carry (the migration's
+-- trigger adds it).
+SELECT set_config('evora.submitted_data', $1, true);
