@@ -113,9 +113,10 @@ _NEXT = Field(description="pass as `after` for the next page; null at the end")
 
 
 class Percentiles(BaseModel):
-    p50: float
-    p95: float
-    p99: float
+    # null while there is no sample to measure
+    p50: float | None
+    p95: float | None
+    p99: float | None
 
 
 class Latency(BaseModel):

@@ -19,7 +19,12 @@ from datetime import datetime
 from typing import Any
 
 from evora.readmodels.layout import STATE_NAMES, Document
-from evora.readmodels.stats import BUCKET_SECONDS, KEEP_BUCKETS_SECONDS, bucket_of
+from evora.readmodels.stats import (
+    BUCKET_SECONDS,
+    KEEP_BUCKETS_SECONDS,
+    NO_PERCENTILES,
+    bucket_of,
+)
 from evora.storage.outbox import OutboxEvent
 
 Cursor = tuple[int, int]
@@ -44,9 +49,9 @@ def _advance(doc: Document, events: Sequence[OutboxEvent]) -> None:
     doc["cursor"] = [events[-1].xid, events[-1].seq]
 
 
-def _percentiles(samples: list[float]) -> dict[str, float]:
+def _percentiles(samples: list[float]) -> dict[str, float | None]:
     if not samples:
-        return {"p50": 0, "p95": 0, "p99": 0}
+        return dict(NO_PERCENTILES)
     ordered = sorted(samples)
     last = len(ordered) - 1
 

@@ -21,6 +21,10 @@ STATS_FIELDS = dict.fromkeys(
 )
 
 
+# Latency with no sample yet: unknown, which is not 0 ms.
+NO_PERCENTILES: dict[str, float | None] = {"p50": None, "p95": None, "p99": None}
+
+
 def bucket_of(at: datetime) -> int:
     return int(at.timestamp()) // BUCKET_SECONDS
 
@@ -48,7 +52,6 @@ def render_queue_stats(
     counts = doc.get("counts", {})
     totals = doc.get("totals", {})
     latency = doc.get("latency_ms", {})
-    empty = {"p50": 0, "p95": 0, "p99": 0}
     return {
         "queue": doc["_id"],
         "paused": paused,
@@ -58,8 +61,8 @@ def render_queue_stats(
             "completed_per_minute": completed_per_minute(doc.get("completed_buckets", {}), now)
         },
         "latency_ms": {
-            "wait": latency.get("wait", empty),
-            "run": latency.get("run", empty),
+            "wait": latency.get("wait", NO_PERCENTILES),
+            "run": latency.get("run", NO_PERCENTILES),
         },
         "oldest_pending_at": as_utc(doc.get("oldest_pending_at")),
         "as_of": {"seq": int(as_of.get("seq", 0)), "at": as_utc(as_of.get("at"))},

@@ -2,7 +2,7 @@
 
 import { api, apiAll, ApiError, seg, withQuery } from "./api.js";
 import { confirmDialog, h, replace } from "./dom.js";
-import { shortId, stateBadge } from "./format.js";
+import { jobIdCell, shortId, stateBadge } from "./format.js";
 import { jobRow, jobsTable, pager } from "./queue.js";
 
 function hashFor({ queue = "", type = "", after = "" } = {}) {
@@ -60,7 +60,7 @@ export function mount(root, params, ctx) {
             "li",
             { "data-job": job.id },
             `${verb} `,
-            h("a", { href: `#/jobs/${seg(job.id)}`, class: "mono", title: job.id }, shortId(job.id)),
+            jobIdCell(job.id),
             ` (${job.queue} / ${job.type}): now `,
             stateBadge(job.state),
           ),

@@ -3,7 +3,7 @@
 
 import { api, ApiError, seg } from "./api.js";
 import { confirmDialog, h, replace } from "./dom.js";
-import { ago, jsonBlock, stateBadge, time } from "./format.js";
+import { ago, copyButton, shortId, jsonBlock, runsIn, stateBadge, time } from "./format.js";
 
 function fact(label, ...value) {
   return [h("dt", null, label), h("dd", null, ...value)];
@@ -55,7 +55,7 @@ export function mount(root, params, ctx) {
   replace(
     root,
     h("p", { class: "muted", id: "crumbs" }, h("a", { href: "#/" }, "Queues")),
-    h("div", { class: "title-row" }, h("h1", null, "Job ", h("span", { class: "mono" }, id)), badge, actions),
+    h("div", { class: "title-row" }, h("h1", null, "Job ", h("span", { class: "mono" }, id)), copyButton(id, "job id"), badge, actions),
     body,
   );
 
@@ -151,7 +151,7 @@ export function mount(root, params, ctx) {
             fact("Lease", ...leaseText(job)),
             fact("Worker", maybe(job.worker_id)),
             fact("Priority", String(job.priority)),
-            fact("Run at", time(job.run_at)),
+            fact("Run at", time(job.run_at), runsIn(job) && [" (", runsIn(job), ")"]),
             fact("Created", time(job.created_at)),
             fact("Started", time(job.started_at)),
             fact("Finished", time(job.finished_at)),
@@ -184,5 +184,5 @@ export function mount(root, params, ctx) {
     );
   }
 
-  return { title: `Job ${id.slice(0, 8)}`, refresh };
+  return { title: `Job ${shortId(id)}`, refresh };
 }

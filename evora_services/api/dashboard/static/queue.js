@@ -4,7 +4,7 @@
 import { api, ApiError, seg, withQuery } from "./api.js";
 import { latencyChart, lineChart, throughputChart } from "./charts.js";
 import { confirmDialog, h, replace } from "./dom.js";
-import { ago, ms, num, pausedBadge, rate, shortId, stateBadge, STATES, time } from "./format.js";
+import { ago, jobIdCell, ms, num, pausedBadge, rate, runsIn, stateBadge, STATES, time } from "./format.js";
 import { record, series } from "./history.js";
 
 const PAGE_SIZES = ["25", "50", "100"];
@@ -18,14 +18,10 @@ export function jobRow(job, { showQueue = false } = {}) {
   return h(
     "tr",
     { "data-job": job.id },
-    h(
-      "th",
-      { scope: "row", class: "mono" },
-      h("a", { href: `#/jobs/${seg(job.id)}`, title: job.id, "aria-label": `Job ${job.id}`, "data-focus-key": `job:${job.id}` }, shortId(job.id)),
-    ),
+    h("th", { scope: "row" }, jobIdCell(job.id, `job:${job.id}`)),
     showQueue ? h("td", null, h("a", { href: `#/queues/${seg(job.queue)}` }, job.queue)) : null,
     h("td", { class: "mono" }, job.type),
-    h("td", { class: "job-state" }, stateBadge(job.state)),
+    h("td", { class: "job-state" }, stateBadge(job.state), runsIn(job) && [" ", runsIn(job)]),
     h("td", { class: "num" }, `${job.attempt} / ${job.max_attempts}`),
     h("td", { class: "num" }, String(job.priority)),
     h("td", { class: "nowrap" }, time(job.created_at)),
@@ -209,12 +205,15 @@ export function mount(root, params, ctx) {
       replace(badge);
       pauseButton.hidden = false;
       resumeButton.hidden = false;
+      redriveButton.hidden = true;
       replace(charts, h("div", { class: "card muted" }, "No stats for this queue yet: the read models have not seen it (the projector may still be catching up)."));
       return;
     }
     replace(badge, pausedBadge(stats.paused));
     pauseButton.hidden = stats.paused;
     resumeButton.hidden = !stats.paused;
+    // nothing to redrive: no button to press by mistake during an incident
+    redriveButton.hidden = !stats.counts.DLQ;
     const cpm = stats.throughput.completed_per_minute;
     replace(
       charts,

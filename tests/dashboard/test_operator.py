@@ -1,0 +1,85 @@
+"""The dashboard as an operator uses it during an incident: ids that can be told apart and
+copied, times that say their date and zone, no made-up figures, no buttons that do nothing."""
+
+from __future__ import annotations
+
+import re
+
+from playwright.async_api import Browser, Page, expect
+
+from tests.dashboard.conftest import Dashboard, login
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+async def test_job_ids_can_be_told_apart_and_copied(dashboard: Dashboard, page: Page) -> None:
+    jobs = [await dashboard.submit(queue="ids", type="t", payload={"n": n}) for n in range(3)]
+    # UUIDv7: jobs submitted together share their leading (timestamp) characters
+    assert len({job["id"][:8] for job in jobs}) == 1
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    await login(page, dashboard.url)
+    await page.goto(dashboard.url + "/#/queues/ids")
+
+    shown = []
+    for job in jobs:
+        link = page.get_by_role("link", name=f"Job {job['id']}")
+        await expect(link).to_have_text("…" + job["id"][-12:])
+        await expect(link).to_have_attribute("title", job["id"])
+        shown.append(await link.text_content())
+    assert len(set(shown)) == len(jobs)
+
+    await page.get_by_role("button", name=f"Copy job id {jobs[1]['id']}").click()
+    assert await page.evaluate("navigator.clipboard.readText()") == jobs[1]["id"]
+
+
+async def test_times_have_date_and_zone_and_delayed_jobs_say_when_they_run(
+    dashboard: Dashboard, browser: Browser
+) -> None:
+    delayed = await dashboard.submit(queue="later", type="t", delay_seconds=3600)
+    due = await dashboard.submit(queue="later", type="t")
+    # a zone with a half-hour offset: the page must say which zone its times are in
+    context = await browser.new_context(timezone_id="Asia/Kolkata", locale="en-US")
+    try:
+        page = await context.new_page()
+        await login(page, dashboard.url)
+        await page.goto(dashboard.url + "/#/queues/later")
+        row = page.locator(f"tr[data-job='{delayed['id']}']")
+        await expect(row.locator(".job-state")).to_contain_text(re.compile(r"runs in 59 min"))
+        await expect(page.locator(f"tr[data-job='{due['id']}'] .runs-in")).to_have_count(0)
+        created = row.locator("time").first
+        await expect(created).to_have_text(re.compile(f"^{STAMP}\\+05:30$"))
+        await expect(created).to_have_attribute("title", re.compile(r"^\d+ s ago \("))
+
+        await page.get_by_role("link", name=f"Job {delayed['id']}").click()
+        run_at = page.locator("dt:text-is('Run at') + dd")
+        await expect(run_at).to_contain_text(re.compile(f"{STAMP}\\+05:30 \\(runs in 59 min\\)"))
+        # relative times carry the full stamp on hover
+        updated = page.locator("dt:text-is('Updated') + dd time")
+        await expect(updated).to_have_attribute("title", re.compile(f"^{STAMP}\\+05:30$"))
+    finally:
+        await context.close()
+
+
+async def test_no_latency_is_a_dash_and_an_empty_dlq_has_no_redrive(
+    dashboard: Dashboard, page: Page
+) -> None:
+    await dashboard.submit(queue="quiet", type="t")  # never claimed: no latency sample
+    await dashboard.caught_up()
+    await login(page, dashboard.url)
+    row = page.locator("#queues-table tr[data-queue='quiet']")
+    await expect(row).to_contain_text("wait — · — · —")
+    await expect(row).to_contain_text("run — · — · —")
+    assert "0 ms" not in (await row.text_content() or "")
+
+    await page.goto(dashboard.url + "/#/queues/quiet")
+    await expect(page.get_by_role("heading", name="Queue quiet")).to_be_visible()
+    await expect(page.get_by_role("img", name=re.compile("Latency percentiles"))).to_have_attribute(
+        "aria-label", re.compile(r"Wait: p50 —, p95 —, p99 —")
+    )
+    await expect(page.get_by_role("button", name="Pause")).to_be_visible()
+    await expect(page.get_by_role("button", name="Redrive DLQ…")).to_have_count(0)
+
+    await dashboard.dead_letter("dead-ends")
+    await dashboard.caught_up()
+    await page.goto(dashboard.url + "/#/queues/dead-ends")
+    await expect(page.get_by_role("button", name="Redrive DLQ…")).to_be_visible()
