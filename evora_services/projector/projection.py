@@ -21,9 +21,15 @@ from typing import Any
 from evora.readmodels.layout import STATE_NAMES, Document
 from evora.readmodels.stats import (
     BUCKET_SECONDS,
+    COUNTED_EVENTS,
     KEEP_BUCKETS_SECONDS,
+    MINUTE_FIELDS,
     NO_PERCENTILES,
+    SLOT,
     bucket_of,
+    hour_of,
+    minute_of,
+    oldest_kept_hour,
 )
 from evora.storage.outbox import OutboxEvent
 
@@ -74,6 +80,7 @@ def new_queue(queue: str) -> Document:
         "counts": dict.fromkeys(STATE_NAMES, 0),
         "totals": {},
         "completed_buckets": {},
+        "history": {},
         "wait_samples": [],
         "run_samples": [],
         "latency_ms": {"wait": _percentiles([]), "run": _percentiles([])},
@@ -90,20 +97,27 @@ def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     totals = doc["totals"]
     buckets = doc["completed_buckets"]
     samples: dict[str, list[float]] = {"wait": [], "run": []}
+    minutes = _History(doc.setdefault("history", {}), events)
     for e in events:
         if e.from_state != e.to_state:
             if e.from_state is not None:
                 moved[e.from_state] = moved.get(e.from_state, 0) - 1
             moved[e.to_state] = moved.get(e.to_state, 0) + 1
         totals[e.event] = totals.get(e.event, 0) + 1
+        if e.event in COUNTED_EVENTS:
+            minutes.add(e.at, e.event, 1)
         if e.event == "claimed":
             if e.run_at is not None:
-                samples["wait"].append(_millis(e.at, e.run_at))
+                samples["wait"].append(waited := _millis(e.at, e.run_at))
+                minutes.add(e.at, "wait_ms_sum", waited)
+                minutes.add(e.at, "wait_n", 1)
         elif e.event == "completed":
             key = str(bucket_of(e.at))
             buckets[key] = buckets.get(key, 0) + 1
             if e.started_at is not None:
-                samples["run"].append(_millis(e.at, e.started_at))
+                samples["run"].append(ran := _millis(e.at, e.started_at))
+                minutes.add(e.at, "run_ms_sum", ran)
+                minutes.add(e.at, "run_n", 1)
     increments = {}
     for state, delta in moved.items():
         doc["transitions"][state] += delta
@@ -118,6 +132,7 @@ def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     update: Document = {"$set": {field: doc[field] for field in changed}}
     if increments:
         update["$inc"] = increments
+    minutes.write(update)
     appended: dict[str, Any] = {}
     for kind, new in samples.items():
         if new:
@@ -127,6 +142,38 @@ def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     if appended:
         update["$push"] = appended
     return update
+
+
+class _History:
+    """A queue's per-minute history (see evora.readmodels.stats) brought up to date by one
+    batch: only the minutes it touched are written, and the hours that fell out of the
+    window are dropped. Events of a minute already dropped (a rebuild's old events, seen
+    with newer ones) are left out, so a minute is never both written and dropped."""
+
+    def __init__(self, history: dict[str, dict[str, list[float]]], events: Sequence[OutboxEvent]):
+        self._history = history
+        newest = max(minute_of(e.at) for e in events)
+        kept_hours = [int(hour) for hour in history]
+        self._oldest_hour = oldest_kept_hour(max([newest, *(h * 60 for h in kept_hours)]))
+        self._dropped = [str(hour) for hour in kept_hours if hour < self._oldest_hour]
+        for hour in self._dropped:
+            del history[hour]
+        self._touched: set[tuple[str, str]] = set()
+
+    def add(self, at: datetime, field: str, amount: float) -> None:
+        minute = minute_of(at)
+        if hour_of(minute) < self._oldest_hour:
+            return
+        key = (str(hour_of(minute)), str(minute % 60))
+        row = self._history.setdefault(key[0], {}).setdefault(key[1], [0] * len(MINUTE_FIELDS))
+        row[SLOT[field]] = round(row[SLOT[field]] + amount, 3)
+        self._touched.add(key)
+
+    def write(self, update: Document) -> None:
+        for hour, minute in self._touched:
+            update["$set"][f"history.{hour}.{minute}"] = self._history[hour][minute]
+        if self._dropped:
+            update["$unset"] = {f"history.{hour}": "" for hour in self._dropped}
 
 
 def recount(doc: Document) -> None:

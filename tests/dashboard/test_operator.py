@@ -83,3 +83,36 @@ async def test_no_latency_is_a_dash_and_an_empty_dlq_has_no_redrive(
     await dashboard.caught_up()
     await page.goto(dashboard.url + "/#/queues/dead-ends")
     await expect(page.get_by_role("button", name="Redrive DLQ…")).to_be_visible()
+
+
+async def test_charts_show_history_from_before_the_page_was_opened(
+    dashboard: Dashboard, page: Page
+) -> None:
+    for n in range(3):
+        await dashboard.submit(queue="past", type="t", payload={"n": n})
+    assert await dashboard.complete_all("past") == 3
+    await dashboard.dead_letter("past", "gone")
+    await dashboard.caught_up()
+    await login(page, dashboard.url)  # opened only now
+
+    trend = page.locator("#queues-table tr[data-queue='past'] td.trend")
+    await expect(trend.get_by_role("img")).to_have_attribute(
+        "aria-label", re.compile(r"over the last hour: 3 in total")
+    )
+    await expect(trend.locator("polyline")).to_have_count(1)
+
+    await page.get_by_role("link", name="past", exact=True).click()
+    figure = page.locator("#throughput-history")
+    # (the three may straddle a minute)
+    await expect(figure).to_contain_text(
+        re.compile(
+            r"over the last 24 h: 3 completed \(at most [123] in a minute\), 4 submitted, "
+            r"1 failed or dead-lettered"
+        )
+    )
+    await expect(figure.locator("polyline[data-series='completed']")).to_have_count(1)
+    latency = page.locator("#latency-history")
+    await expect(latency).to_contain_text(re.compile(r"\d+(\.\d)? m?s run"))
+    await expect(page.locator("#latency-history [data-series='run']").first).to_be_attached()
+    await page.get_by_label("History").select_option("60")
+    await expect(figure).to_contain_text("over the last 1 h: 3 completed")

@@ -118,15 +118,15 @@ export function shortId(id) {
 
 /** A button that copies `text` to the clipboard and says so. */
 export function copyButton(text, label) {
-  const button = h("button", { type: "button", class: "small copy", title: `Copy ${label}`, "aria-label": `Copy ${label}` }, "⧉");
+  const button = h("button", { type: "button", class: "small copy", title: `Copy ${label}`, "aria-label": `Copy ${label}` }, "copy");
   button.addEventListener("click", async () => {
     try {
       await navigator.clipboard.writeText(text);
-      button.textContent = "✓";
+      button.textContent = "copied";
     } catch {
-      button.textContent = "✗"; // no clipboard access (an insecure origin): the id is on hover
+      button.textContent = "no access"; // no clipboard (an insecure origin): the id is on hover
     }
-    setTimeout(() => (button.textContent = "⧉"), 1500);
+    setTimeout(() => (button.textContent = "copy"), 1500);
   });
   return button;
 }
