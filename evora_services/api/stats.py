@@ -211,9 +211,12 @@ class WorkerList(BaseModel):
 
 class FailureReason(BaseModel):
     type: str | None
-    message: str
+    message: str = Field(description="the message with its variable parts as placeholders")
     count: int
     last_at: datetime
+    example: str = Field(description="the latest message of this reason, as reported")
+    job_id: str | None = Field(description="the job that failed so last")
+    traceback: str | None = Field(description="the end of that failure's stack trace")
 
 
 class TypeFailures(BaseModel):

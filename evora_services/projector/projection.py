@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from evora.readmodels.failures import MESSAGE_KEY_CHARS, normalise, traceback_tail
 from evora.readmodels.layout import STATE_NAMES, Document
 from evora.readmodels.stats import (
     BUCKET_SECONDS,
@@ -38,7 +39,6 @@ Cursor = tuple[int, int]
 LATENCY_SAMPLES = 1000
 FAILURE_REASONS_KEPT = 50
 CURRENT_JOBS_KEPT = 1000
-_MESSAGE_KEY_CHARS = 200
 
 
 def cursor_of(doc: Document) -> Cursor:
@@ -257,22 +257,33 @@ def is_failure(event: OutboxEvent) -> bool:
 
 
 def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> Document:
-    """Failure reasons per (queue, type): error type and message, counted, the most
-    frequent kept."""
+    """Failure reasons per (queue, type): the error type and its normalised message
+    (evora.readmodels.failures), counted, with the latest example, job and stack trace; the
+    FAILURE_REASONS_KEPT most frequent kept. Only the reasons that changed are written."""
     reasons: dict[str, Document] = doc["reasons"]
+    touched = set()
     for e in events:
         error = e.error
-        message = str(error.get("message", ""))[:_MESSAGE_KEY_CHARS]
+        message = str(error.get("message", ""))
         error_type = error.get("type")
-        key = hashlib.sha1(f"{error_type}\x1f{message}".encode()).hexdigest()[:16]
-        reason = reasons.setdefault(
-            key, {"type": error_type, "message": message, "count": 0, "last_at": e.at}
-        )
+        pattern = normalise(message)
+        key = hashlib.sha1(f"{error_type}\x1f{pattern}".encode()).hexdigest()[:16]
+        reason = reasons.setdefault(key, {"type": error_type, "message": pattern, "count": 0})
         reason["count"] += 1
         reason["last_at"] = e.at
+        reason["example"] = message[:MESSAGE_KEY_CHARS]
+        reason["job_id"] = e.job_id
+        reason["traceback"] = traceback_tail(error.get("traceback"))
+        touched.add(key)
         doc["failures"] += 1
+    dropped: list[str] = []
     if len(reasons) > FAILURE_REASONS_KEPT:
         kept = sorted(reasons.items(), key=lambda kv: kv[1]["count"], reverse=True)
+        dropped = [key for key, _ in kept[FAILURE_REASONS_KEPT:]]
         doc["reasons"] = dict(kept[:FAILURE_REASONS_KEPT])
     _advance(doc, events)
-    return _set_all(doc)
+    written = {f"reasons.{key}": doc["reasons"][key] for key in touched if key in doc["reasons"]}
+    update: Document = {"$set": {"cursor": doc["cursor"], "failures": doc["failures"], **written}}
+    if dropped:
+        update["$unset"] = {f"reasons.{key}": "" for key in dropped}
+    return update

@@ -7,6 +7,7 @@ import re
 
 from playwright.async_api import Browser, Page, expect
 
+from evora.storage.jobs import Failure
 from tests.dashboard.conftest import Dashboard, login
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
@@ -116,3 +117,42 @@ async def test_charts_show_history_from_before_the_page_was_opened(
     await expect(page.locator("#latency-history [data-series='run']").first).to_be_attached()
     await page.get_by_label("History").select_option("60")
     await expect(figure).to_contain_text("over the last 1 h: 3 completed")
+
+
+TRACE = (
+    "Traceback (most recent call last):\n"
+    '  File "shop/orders.py", line 42, in ship\n'
+    "    order = orders[order_id]\n"
+    "KeyError: 'order'\n"
+)
+
+
+async def test_failures_are_grouped_and_show_their_stack_trace(
+    dashboard: Dashboard, page: Page
+) -> None:
+    for n in (1234, 5678):
+        await dashboard.submit(queue="orders", type="ship", max_attempts=1, payload={"n": n})
+    jobs = await dashboard.store.claim(worker_id="w", queues=["orders"], max_jobs=2)
+    for job, n in zip(jobs, (1234, 5678), strict=True):
+        failure = Failure(
+            job["id"], job["lease_token"], f"order {n} not found", "LookupError", traceback=TRACE
+        )
+        await dashboard.store.fail(failure)
+    await dashboard.caught_up()
+    await login(page, dashboard.url)
+    await page.goto(dashboard.url + "/#/queues/orders")
+
+    groups = page.locator("td.failure-reason")
+    await expect(groups).to_have_count(1)
+    row = page.locator("tr", has=groups)
+    await expect(groups.locator(".error-text")).to_have_text("LookupError: order <n> not found")
+    await expect(row.locator("td.num")).to_have_text("2")
+    await expect(groups.locator(".example")).to_contain_text("latest: order 5678 not found")
+    trace = groups.get_by_label("Stack trace of the latest failure")
+    await expect(trace).to_be_hidden()
+    await groups.get_by_text("Stack trace").click()
+    await expect(trace).to_have_text(TRACE)
+
+    await groups.get_by_role("link", name=f"Job {jobs[1]['id']}").click()
+    await expect(page.locator("#error-message")).to_have_text("order 5678 not found")
+    await expect(page.locator("#error-traceback")).to_have_text(TRACE)

@@ -167,6 +167,7 @@ class JobSubmission(_Strict):
 class LastError(BaseModel):
     message: str
     type: str | None = None
+    traceback: str | None = None
 
 
 class Job(BaseModel):

@@ -142,6 +142,17 @@ class ReadModels:
         generation, _ = await self._generation()
         found = []
         async for doc in generation.failures.find({"queue": queue}).sort("type", 1):
-            reasons = sorted(doc["reasons"].values(), key=lambda r: r["count"], reverse=True)
+            reasons = [
+                {
+                    **reason,
+                    # reasons projected before examples were kept: the message is one
+                    "example": reason.get("example", reason["message"]),
+                    "job_id": reason.get("job_id"),
+                    "traceback": reason.get("traceback"),
+                }
+                for reason in sorted(
+                    doc["reasons"].values(), key=lambda r: r["count"], reverse=True
+                )
+            ]
             found.append({"type": doc["type"], "failures": doc["failures"], "reasons": reasons})
         return found

@@ -170,7 +170,15 @@ export function mount(root, params, ctx) {
           job.result === null || job.result === undefined ? h("p", { class: "muted" }, "No result.") : jsonBlock(job.result, "Result JSON", "result"),
           h("h2", { id: "error-title" }, "Last error"),
           error
-            ? h("div", { id: "last-error" }, error.type ? h("p", null, h("strong", null, "Type: "), h("span", { class: "mono" }, error.type)) : null, h("pre", { class: "json error-message", id: "error-message", tabindex: "0", "aria-label": "Last error message" }, error.message))
+            ? h(
+                "div",
+                { id: "last-error" },
+                error.type ? h("p", null, h("strong", null, "Type: "), h("span", { class: "mono" }, error.type)) : null,
+                h("pre", { class: "json error-message", id: "error-message", tabindex: "0", "aria-label": "Last error message" }, error.message),
+                error.traceback
+                  ? h("details", { class: "traceback", open: true }, h("summary", null, "Stack trace"), h("pre", { class: "json", id: "error-traceback", tabindex: "0", "aria-label": "Stack trace of the last error" }, error.traceback))
+                  : null,
+              )
             : h("p", { class: "muted" }, "No error."),
           job.progress === null || job.progress === undefined ? null : [h("h2", null, "Progress"), jsonBlock(job.progress, "Progress JSON", "progress")],
         ),

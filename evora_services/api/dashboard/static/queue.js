@@ -4,7 +4,7 @@
 import { api, ApiError, seg, withQuery } from "./api.js";
 import { historyPoints, latencyChart, lineChart, throughputChart } from "./charts.js";
 import { confirmDialog, h, replace } from "./dom.js";
-import { ago, jobIdCell, ms, num, pausedBadge, rate, runsIn, stateBadge, STATES, time } from "./format.js";
+import { ago, jobIdCell, ms, num, pausedBadge, rate, runsIn, shortId, stateBadge, STATES, time } from "./format.js";
 
 const PAGE_SIZES = ["25", "50", "100"];
 // How far back the history charts look, in minutes (the api keeps 24 h).
@@ -77,6 +77,26 @@ export function pager({ page, stack, after, go, label }) {
   });
   const where = after ? `Page ${stack.length + 1}` : "Page 1 (newest)";
   return h("nav", { class: "pager", "aria-label": `${label} pages` }, newer, h("span", { class: "muted" }, `${where} · ${page.jobs.length} shown`), older);
+}
+
+/** A failure group: its normalised message, then the latest example, its job and its
+ * stack trace (folded). */
+function failureReason(r) {
+  return [
+    h("div", { class: "error-text" }, `${r.type ? `${r.type}: ` : ""}${r.message}`),
+    r.example !== r.message || r.job_id
+      ? h(
+          "div",
+          { class: "muted example" },
+          "latest: ",
+          h("span", { class: "example-text" }, r.example),
+          r.job_id ? [" (", h("a", { href: `#/jobs/${seg(r.job_id)}`, class: "mono", title: r.job_id, "aria-label": `Job ${r.job_id}` }, shortId(r.job_id)), ")"] : null,
+        )
+      : null,
+    r.traceback
+      ? h("details", { class: "traceback" }, h("summary", null, "Stack trace"), h("pre", { class: "json", tabindex: "0", "aria-label": "Stack trace of the latest failure" }, r.traceback))
+      : null,
+  ];
 }
 
 export function mount(root, params, ctx) {
@@ -308,7 +328,7 @@ export function mount(root, params, ctx) {
           "tr",
           null,
           i === 0 ? h("th", { scope: "row", class: "mono", rowspan: String(Math.min(3, t.reasons.length)) }, t.type, h("div", { class: "muted" }, `${num(t.failures)} failures`)) : null,
-          h("td", { class: "error-text" }, `${r.type ? `${r.type}: ` : ""}${r.message}`),
+          h("td", { class: "failure-reason" }, failureReason(r)),
           h("td", { class: "num" }, num(r.count)),
           h("td", { class: "nowrap" }, ago(r.last_at)),
         ),
