@@ -156,3 +156,44 @@ async def test_failures_are_grouped_and_show_their_stack_trace(
     await groups.get_by_role("link", name=f"Job {jobs[1]['id']}").click()
     await expect(page.locator("#error-message")).to_have_text("order 5678 not found")
     await expect(page.locator("#error-traceback")).to_have_text(TRACE)
+
+
+async def test_bulk_retry_and_discard_in_the_dlq_ask_first(
+    dashboard: Dashboard, page: Page
+) -> None:
+    dead = [await dashboard.dead_letter("bulk-dlq", f"boom {n}") for n in range(3)]
+    ids = [job["id"] for job in dead]
+    await login(page, dashboard.url)
+    await page.get_by_role("link", name="Dead letters").click()
+    retry = page.get_by_role("button", name="Retry selected…")
+    discard = page.get_by_role("button", name="Discard selected…")
+    await expect(retry).to_be_disabled()
+    await expect(discard).to_be_disabled()
+
+    for job_id in ids[:2]:
+        await page.get_by_label(f"Select job {job_id}").check()
+    await expect(page.locator("#selected-count")).to_have_text("2 selected")
+    await retry.click()
+    dialog = page.get_by_role("dialog", name="Retry 2 jobs?")
+    await expect(dialog).to_contain_text(ids[0][-12:])
+    await dialog.get_by_role("button", name="Cancel").click()
+    assert [(await dashboard.store.get(i))["state"] for i in ids] == ["DLQ"] * 3
+
+    await retry.click()
+    await dialog.get_by_role("button", name="Retry").click()
+    await expect(page.get_by_role("status")).to_have_text("Retried 2 jobs.")
+    assert [(await dashboard.store.get(i))["state"] for i in ids] == ["PENDING", "PENDING", "DLQ"]
+    await expect(page.locator("#recent-actions li")).to_have_count(2)
+    await expect(page.locator("tr[data-job]")).to_have_count(1)  # refreshed
+
+    await page.get_by_label("Select every job of this page").check()
+    await expect(page.locator("#selected-count")).to_have_text("1 selected")
+    await discard.click()
+    await (
+        page.get_by_role("dialog", name="Discard 1 job?")
+        .get_by_role("button", name="Discard")
+        .click()
+    )
+    await expect(page.get_by_role("status")).to_have_text("Discarded 1 job.")
+    assert (await dashboard.store.get(ids[2]))["state"] == "CANCELLED"
+    await expect(page.get_by_text("The dead-letter queue is empty.")).to_be_visible()

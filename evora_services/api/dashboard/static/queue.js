@@ -32,7 +32,7 @@ export function jobRow(job, { showQueue = false } = {}) {
   );
 }
 
-export function jobsTable(jobs, { caption, showQueue = false, extraHead = null, row = jobRow }) {
+export function jobsTable(jobs, { caption, showQueue = false, leadHead = null, extraHead = null, row = jobRow }) {
   return h(
     "div",
     { class: "table-wrap" },
@@ -46,6 +46,7 @@ export function jobsTable(jobs, { caption, showQueue = false, extraHead = null, 
         h(
           "tr",
           null,
+          leadHead,
           h("th", { scope: "col" }, "Job"),
           showQueue ? h("th", { scope: "col" }, "Queue") : null,
           h("th", { scope: "col" }, "Type"),
