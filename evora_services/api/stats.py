@@ -22,6 +22,7 @@ from evora.http.routing import Routes
 from evora.protocol.fields import QueueName
 from evora.protocol.limits import MAX_PAGE, QUEUE_PATTERN
 from evora.readmodels.reader import Page, ReadModels
+from evora.readmodels.stats import HISTORY_MINUTES
 from evora_services.api.paths import queue_name
 from evora_services.api.routes import STORE
 
@@ -104,6 +105,28 @@ class WorkerListQuery(BaseModel):
     after: WorkerCursor | None = None
 
 
+_MINUTES = Field(
+    default=HISTORY_MINUTES,
+    ge=1,
+    le=HISTORY_MINUTES,
+    description="how many minutes, up to and including the current one",
+)
+
+
+class HistoryQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    minutes: int = _MINUTES
+
+
+class HistoryListQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    minutes: int = _MINUTES
+    limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=MAX_PAGE)
+    after: QueueCursor | None = None
+
+
 def _page(member: str, page: Page) -> web.Response:
     cursor = None if page.next_key is None else encode_key(page.next_key)
     return json_response({member: page.items, "next": cursor})
@@ -113,9 +136,10 @@ _NEXT = Field(description="pass as `after` for the next page; null at the end")
 
 
 class Percentiles(BaseModel):
-    p50: float
-    p95: float
-    p99: float
+    # null while there is no sample to measure
+    p50: float | None
+    p95: float | None
+    p99: float | None
 
 
 class Latency(BaseModel):
@@ -141,6 +165,24 @@ class QueueStats(BaseModel):
     latency_ms: Latency
     oldest_pending_at: datetime | None
     as_of: AsOf
+
+
+class QueueHistory(BaseModel):
+    queue: str
+    step_seconds: int
+    start: datetime = Field(description="the first minute's start (UTC)")
+    end: datetime = Field(description="the last minute's end")
+    submitted: list[int]
+    completed: list[int]
+    failed: list[int]
+    dead_lettered: list[int]
+    wait_ms: list[float | None] = Field(description="mean wait per minute; null: no claim")
+    run_ms: list[float | None] = Field(description="mean run time; null: no completion")
+
+
+class HistoryList(BaseModel):
+    history: list[QueueHistory]
+    next: str | None = _NEXT
 
 
 class QueueList(BaseModel):
@@ -169,9 +211,12 @@ class WorkerList(BaseModel):
 
 class FailureReason(BaseModel):
     type: str | None
-    message: str
+    message: str = Field(description="the message with its variable parts as placeholders")
     count: int
     last_at: datetime
+    example: str = Field(description="the latest message of this reason, as reported")
+    job_id: str | None = Field(description="the job that failed so last")
+    traceback: str | None = Field(description="the end of that failure's stack trace")
 
 
 class TypeFailures(BaseModel):
@@ -259,3 +304,38 @@ async def workers(request: web.Request) -> web.Response:
     query = parse_query(request, WorkerListQuery)
     page = await _read_models(request).workers_page(limit=query.limit, after=query.after)
     return _page("workers", page)
+
+
+@stats.add(
+    "GET",
+    "/v1/stats/queues/{queue}/history",
+    roles=ADMIN,
+    query=HistoryQuery,
+    summary="Per-minute series of one queue (events and mean latencies), the last 24 h at most.",
+    responses={200: QueueHistory},
+    problems=(404, 422),
+)
+async def queue_history(request: web.Request) -> web.Response:
+    queue = queue_name(request)
+    query = parse_query(request, HistoryQuery)
+    found = await _read_models(request).queue_history(queue, query.minutes)
+    if found is None:
+        raise QueueNotFound(f"queue {queue!r} has not been seen")
+    return json_response(found)
+
+
+@stats.add(
+    "GET",
+    "/v1/stats/history",
+    roles=ADMIN,
+    query=HistoryListQuery,
+    summary="Per-minute series of every queue, by name, a page at a time.",
+    responses={200: HistoryList},
+    problems=(422,),
+)
+async def history(request: web.Request) -> web.Response:
+    query = parse_query(request, HistoryListQuery)
+    page = await _read_models(request).history_page(
+        query.minutes, limit=query.limit, after=query.after
+    )
+    return _page("history", page)

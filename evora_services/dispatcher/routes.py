@@ -61,6 +61,7 @@ def _failure(job_id: UUID, lease_token: UUID, error: ErrorBody, retry_in: float 
         error.type,
         retryable=error.retryable,
         retry_in_seconds=retry_in,
+        traceback=error.traceback,
     )
 
 

@@ -136,6 +136,8 @@ class QueueGauges(Collector):
                 events.add_metric([queue, event], float(total))
             for kind, percentiles in sorted(doc.get("latency_ms", {}).items()):
                 for name, millis in sorted(percentiles.items()):
+                    if millis is None:  # no sample yet: no series, rather than a made-up 0
+                        continue
                     quantile = f"0.{name.removeprefix('p')}"
                     latency.add_metric([queue, kind, quantile], float(millis) / 1000)
         omitted = GaugeMetricFamily(

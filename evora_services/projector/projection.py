@@ -18,8 +18,20 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from evora.readmodels.failures import MESSAGE_KEY_CHARS, normalise, traceback_tail
 from evora.readmodels.layout import STATE_NAMES, Document
-from evora.readmodels.stats import BUCKET_SECONDS, KEEP_BUCKETS_SECONDS, bucket_of
+from evora.readmodels.stats import (
+    BUCKET_SECONDS,
+    COUNTED_EVENTS,
+    KEEP_BUCKETS_SECONDS,
+    MINUTE_FIELDS,
+    NO_PERCENTILES,
+    SLOT,
+    bucket_of,
+    hour_of,
+    minute_of,
+    oldest_kept_hour,
+)
 from evora.storage.outbox import OutboxEvent
 
 Cursor = tuple[int, int]
@@ -27,7 +39,6 @@ Cursor = tuple[int, int]
 LATENCY_SAMPLES = 1000
 FAILURE_REASONS_KEPT = 50
 CURRENT_JOBS_KEPT = 1000
-_MESSAGE_KEY_CHARS = 200
 
 
 def cursor_of(doc: Document) -> Cursor:
@@ -44,9 +55,9 @@ def _advance(doc: Document, events: Sequence[OutboxEvent]) -> None:
     doc["cursor"] = [events[-1].xid, events[-1].seq]
 
 
-def _percentiles(samples: list[float]) -> dict[str, float]:
+def _percentiles(samples: list[float]) -> dict[str, float | None]:
     if not samples:
-        return {"p50": 0, "p95": 0, "p99": 0}
+        return dict(NO_PERCENTILES)
     ordered = sorted(samples)
     last = len(ordered) - 1
 
@@ -69,6 +80,7 @@ def new_queue(queue: str) -> Document:
         "counts": dict.fromkeys(STATE_NAMES, 0),
         "totals": {},
         "completed_buckets": {},
+        "history": {},
         "wait_samples": [],
         "run_samples": [],
         "latency_ms": {"wait": _percentiles([]), "run": _percentiles([])},
@@ -85,20 +97,27 @@ def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     totals = doc["totals"]
     buckets = doc["completed_buckets"]
     samples: dict[str, list[float]] = {"wait": [], "run": []}
+    minutes = _History(doc.setdefault("history", {}), events)
     for e in events:
         if e.from_state != e.to_state:
             if e.from_state is not None:
                 moved[e.from_state] = moved.get(e.from_state, 0) - 1
             moved[e.to_state] = moved.get(e.to_state, 0) + 1
         totals[e.event] = totals.get(e.event, 0) + 1
+        if e.event in COUNTED_EVENTS:
+            minutes.add(e.at, e.event, 1)
         if e.event == "claimed":
             if e.run_at is not None:
-                samples["wait"].append(_millis(e.at, e.run_at))
+                samples["wait"].append(waited := _millis(e.at, e.run_at))
+                minutes.add(e.at, "wait_ms_sum", waited)
+                minutes.add(e.at, "wait_n", 1)
         elif e.event == "completed":
             key = str(bucket_of(e.at))
             buckets[key] = buckets.get(key, 0) + 1
             if e.started_at is not None:
-                samples["run"].append(_millis(e.at, e.started_at))
+                samples["run"].append(ran := _millis(e.at, e.started_at))
+                minutes.add(e.at, "run_ms_sum", ran)
+                minutes.add(e.at, "run_n", 1)
     increments = {}
     for state, delta in moved.items():
         doc["transitions"][state] += delta
@@ -113,6 +132,7 @@ def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     update: Document = {"$set": {field: doc[field] for field in changed}}
     if increments:
         update["$inc"] = increments
+    minutes.write(update)
     appended: dict[str, Any] = {}
     for kind, new in samples.items():
         if new:
@@ -122,6 +142,38 @@ def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
     if appended:
         update["$push"] = appended
     return update
+
+
+class _History:
+    """A queue's per-minute history (see evora.readmodels.stats) brought up to date by one
+    batch: only the minutes it touched are written, and the hours that fell out of the
+    window are dropped. Events of a minute already dropped (a rebuild's old events, seen
+    with newer ones) are left out, so a minute is never both written and dropped."""
+
+    def __init__(self, history: dict[str, dict[str, list[float]]], events: Sequence[OutboxEvent]):
+        self._history = history
+        newest = max(minute_of(e.at) for e in events)
+        kept_hours = [int(hour) for hour in history]
+        self._oldest_hour = oldest_kept_hour(max([newest, *(h * 60 for h in kept_hours)]))
+        self._dropped = [str(hour) for hour in kept_hours if hour < self._oldest_hour]
+        for hour in self._dropped:
+            del history[hour]
+        self._touched: set[tuple[str, str]] = set()
+
+    def add(self, at: datetime, field: str, amount: float) -> None:
+        minute = minute_of(at)
+        if hour_of(minute) < self._oldest_hour:
+            return
+        key = (str(hour_of(minute)), str(minute % 60))
+        row = self._history.setdefault(key[0], {}).setdefault(key[1], [0] * len(MINUTE_FIELDS))
+        row[SLOT[field]] = round(row[SLOT[field]] + amount, 3)
+        self._touched.add(key)
+
+    def write(self, update: Document) -> None:
+        for hour, minute in self._touched:
+            update["$set"][f"history.{hour}.{minute}"] = self._history[hour][minute]
+        if self._dropped:
+            update["$unset"] = {f"history.{hour}": "" for hour in self._dropped}
 
 
 def recount(doc: Document) -> None:
@@ -205,22 +257,33 @@ def is_failure(event: OutboxEvent) -> bool:
 
 
 def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> Document:
-    """Failure reasons per (queue, type): error type and message, counted, the most
-    frequent kept."""
+    """Failure reasons per (queue, type): the error type and its normalised message
+    (evora.readmodels.failures), counted, with the latest example, job and stack trace; the
+    FAILURE_REASONS_KEPT most frequent kept. Only the reasons that changed are written."""
     reasons: dict[str, Document] = doc["reasons"]
+    touched = set()
     for e in events:
         error = e.error
-        message = str(error.get("message", ""))[:_MESSAGE_KEY_CHARS]
+        message = str(error.get("message", ""))
         error_type = error.get("type")
-        key = hashlib.sha1(f"{error_type}\x1f{message}".encode()).hexdigest()[:16]
-        reason = reasons.setdefault(
-            key, {"type": error_type, "message": message, "count": 0, "last_at": e.at}
-        )
+        pattern = normalise(message)
+        key = hashlib.sha1(f"{error_type}\x1f{pattern}".encode()).hexdigest()[:16]
+        reason = reasons.setdefault(key, {"type": error_type, "message": pattern, "count": 0})
         reason["count"] += 1
         reason["last_at"] = e.at
+        reason["example"] = message[:MESSAGE_KEY_CHARS]
+        reason["job_id"] = e.job_id
+        reason["traceback"] = traceback_tail(error.get("traceback"))
+        touched.add(key)
         doc["failures"] += 1
+    dropped: list[str] = []
     if len(reasons) > FAILURE_REASONS_KEPT:
         kept = sorted(reasons.items(), key=lambda kv: kv[1]["count"], reverse=True)
+        dropped = [key for key, _ in kept[FAILURE_REASONS_KEPT:]]
         doc["reasons"] = dict(kept[:FAILURE_REASONS_KEPT])
     _advance(doc, events)
-    return _set_all(doc)
+    written = {f"reasons.{key}": doc["reasons"][key] for key in touched if key in doc["reasons"]}
+    update: Document = {"$set": {"cursor": doc["cursor"], "failures": doc["failures"], **written}}
+    if dropped:
+        update["$unset"] = {f"reasons.{key}": "" for key in dropped}
+    return update

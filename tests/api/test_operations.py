@@ -26,6 +26,8 @@ API_OPERATIONS = {
     ("get", "/v1/queues"),
     ("get", "/v1/queues/{queue}/stats"),
     ("get", "/v1/queues/{queue}/failures"),
+    ("get", "/v1/stats/queues/{queue}/history"),
+    ("get", "/v1/stats/history"),
     ("get", "/v1/workers"),
     ("put", "/v1/schedules/{name}"),
     ("get", "/v1/schedules"),

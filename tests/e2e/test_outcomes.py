@@ -60,6 +60,9 @@ async def test_failures_retries_and_unstorable_results(stack: Stack) -> None:
     flaky = jobs["flaky"]
     assert flaky["state"] == "COMPLETED" and flaky["attempt"] == 2
     assert flaky["result"] == {"kind": "flaky"}
+    # the handler's stack trace travels with the failure, down to the line that raised
+    trace = flaky["last_error"].pop("traceback")
+    assert 'in outcome\n    raise ConnectionError("downstream timed out")' in trace
     assert flaky["last_error"] == {"message": "downstream timed out", "type": "ConnectionError"}
     assert await stack.event_names(ids["flaky"]) == [
         "submitted",
@@ -71,6 +74,7 @@ async def test_failures_retries_and_unstorable_results(stack: Stack) -> None:
 
     fatal = jobs["fatal"]
     assert fatal["state"] == "DLQ" and fatal["attempt"] == 1
+    assert fatal["last_error"].pop("traceback").endswith("NonRetryable: cannot ever work\n")
     assert fatal["last_error"] == {"message": "cannot ever work", "type": "NonRetryable"}
     events = await stack.client.events(ids["fatal"])
     assert [e["event"] for e in events] == ["submitted", "claimed", "dead_lettered"]

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 import evora
-from evora.protocol.limits import MAX_ERROR_MESSAGE
+from evora.protocol.limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
 from evora.sdk.handlers import runs_on_loop
 from evora.sdk.running import failure_from_exception
 
@@ -135,18 +135,21 @@ class Fatal(Exception):
     retryable = False
 
 
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:
+        return caught
+
+
 def test_failures_are_retryable_unless_the_exception_says_otherwise() -> None:
-    assert failure_from_exception(ValueError("bad")) == {
-        "message": "bad",
-        "type": "ValueError",
-        "retryable": True,
-    }
+    failure = failure_from_exception(_raised(ValueError("bad")))
+    assert failure.pop("traceback").endswith("raise exc\nValueError: bad\n")
+    assert failure == {"message": "bad", "type": "ValueError", "retryable": True}
     assert failure_from_exception(evora.NonRetryable("never"))["retryable"] is False
-    assert failure_from_exception(Fatal("x")) == {
-        "message": "x",
-        "type": "Fatal",
-        "retryable": False,
-    }
+    failure = failure_from_exception(Fatal("x"))
+    assert failure.pop("traceback") == "tests.sdk.test_handlers.Fatal: x\n"
+    assert failure == {"message": "x", "type": "Fatal", "retryable": False}
 
 
 def test_failure_message_is_never_empty_nor_huge() -> None:
@@ -154,23 +157,15 @@ def test_failure_message_is_never_empty_nor_huge() -> None:
     assert len(failure_from_exception(ValueError("x" * 100_000))["message"]) == MAX_ERROR_MESSAGE
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"queues": []}, "1..20 queues"),
-        ({"queues": [f"q{i}" for i in range(21)]}, "1..20 queues"),
-        ({"queues": ["-bad"]}, "invalid queue name"),
-        ({"queues": ["q"], "concurrency": 0}, "concurrency"),
-        ({"queues": ["q"], "wait_seconds": 61}, "wait_seconds"),
-        ({"queues": ["q"], "heartbeat_fraction": 1.0}, "heartbeat_fraction"),
-        ({"queues": ["q"], "ack_batch_size": 1001}, "max_batch"),
-    ],
-)
-def test_worker_rejects_bad_settings(kwargs: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        evora.Worker("http://127.0.0.1:1", "t", **kwargs)
-
-
-def test_queues_must_not_be_a_bare_string() -> None:
-    with pytest.raises(TypeError, match="list of queue names"):
-        evora.Worker("http://127.0.0.1:1", "t", "emails")
+def test_failure_trace_keeps_its_end_within_the_limit() -> None:
+    try:
+        try:
+            raise ValueError("x" * 100_000)  # a cause with a huge message: a huge trace
+        except ValueError as cause:
+            raise LookupError("at the bottom") from cause
+    except LookupError as exc:
+        trace = failure_from_exception(exc)["traceback"]
+    assert len(trace) == MAX_ERROR_TRACEBACK
+    assert trace.endswith(
+        'raise LookupError("at the bottom") from cause\nLookupError: at the bottom\n'
+    )

@@ -133,6 +133,12 @@ async def test_failures_are_reported_retryable_unless_the_exception_says_not(
         for batch in proxy.seen("POST", "/v1/acks")
         for item in batch.body["acks"]
     }
+    # the stack trace ends where the handler raised
+    assert (
+        errors[flaky]
+        .pop("traceback")
+        .endswith("FlakyServiceError: attempt 1 of 5 failed (on purpose)\n")
+    )
     assert errors[flaky] == {
         "message": "attempt 1 of 5 failed (on purpose)",
         "type": "FlakyServiceError",

@@ -89,6 +89,7 @@ class RedriveRequest(WireModel):
 class LastError(BaseModel):
     message: str
     type: str | None = None
+    traceback: str | None = None
 
 
 class Job(BaseModel):

@@ -29,5 +29,8 @@ MAX_CLAIM_JOBS: Final = 500
 MAX_WAIT_SECONDS: Final = 60
 # Long stack traces are useful up to a point; beyond it they only bloat every event row.
 MAX_ERROR_MESSAGE: Final = 8192
+# The stack trace a worker reports with a failure: its last characters (the innermost
+# frames and the exception) are kept when it is longer.
+MAX_ERROR_TRACEBACK: Final = 8192
 # Items in one page of a list endpoint.
 MAX_PAGE: Final = 500

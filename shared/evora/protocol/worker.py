@@ -22,6 +22,7 @@ from evora.protocol.limits import (
     MAX_CLAIM_JOBS,
     MAX_CLAIM_QUEUES,
     MAX_ERROR_MESSAGE,
+    MAX_ERROR_TRACEBACK,
     MAX_SECONDS,
     MAX_WAIT_SECONDS,
 )
@@ -59,6 +60,7 @@ class ErrorBody(WireModel):
     message: str
     type: str | None = Field(default=None, max_length=255)
     retryable: bool = True
+    traceback: str | None = Field(default=None, description="the stack trace, as text")
 
     @field_validator("message", "type")
     @classmethod
@@ -66,6 +68,12 @@ class ErrorBody(WireModel):
         # A failing worker's report is never refused for its text: NUL (which PostgreSQL
         # cannot store) is replaced and an endless trace is cut.
         return None if value is None else value.replace("\x00", "\ufffd")[:MAX_ERROR_MESSAGE]
+
+    @field_validator("traceback")
+    @classmethod
+    def _trace_storable(cls, value: str | None) -> str | None:
+        # likewise, keeping the end of a trace: the innermost frames and the exception
+        return None if value is None else value.replace("\x00", "\ufffd")[-MAX_ERROR_TRACEBACK:]
 
 
 class FailRequest(WireModel):

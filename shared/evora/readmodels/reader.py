@@ -16,7 +16,14 @@ from evora.readmodels.layout import (
     active_generation,
     checkpoint_id,
 )
-from evora.readmodels.stats import STATS_FIELDS, as_utc, render_queue_stats
+from evora.readmodels.stats import (
+    STATS_FIELDS,
+    as_utc,
+    history_fields,
+    minute_of,
+    render_history,
+    render_queue_stats,
+)
 
 WORKERS_SEEN_WITHIN = timedelta(hours=24)
 # The most workers one page holds (and, by default, the one page the first clients read).
@@ -79,6 +86,32 @@ class ReadModels:
             [docs[limit - 1]["_id"]] if len(docs) > limit else None,
         )
 
+    async def queue_history(self, queue: str, minutes: int) -> dict[str, Any] | None:
+        """The per-minute series of the last `minutes` minutes, up to and including the
+        current one (None: the queue has not been seen)."""
+        generation, _ = await self._generation()
+        last = minute_of(datetime.now(UTC))
+        first = last - minutes + 1
+        doc = await generation.queues.find_one({"_id": queue}, history_fields(first, last))
+        return None if doc is None else render_history(doc, first, minutes)
+
+    async def history_page(self, minutes: int, *, limit: int, after: str | None = None) -> Page:
+        """The same for up to `limit` queues by name, those after `after`."""
+        generation, _ = await self._generation()
+        last = minute_of(datetime.now(UTC))
+        first = last - minutes + 1
+        found = {} if after is None else {"_id": {"$gt": after}}
+        cursor = (
+            generation.queues.find(found, history_fields(first, last))
+            .sort("_id", 1)
+            .limit(limit + 1)
+        )
+        docs = [doc async for doc in cursor]
+        return Page(
+            [render_history(doc, first, minutes) for doc in docs[:limit]],
+            [docs[limit - 1]["_id"]] if len(docs) > limit else None,
+        )
+
     async def workers_page(
         self, *, limit: int = MAX_PAGE, after: tuple[datetime, str] | None = None
     ) -> Page:
@@ -109,6 +142,17 @@ class ReadModels:
         generation, _ = await self._generation()
         found = []
         async for doc in generation.failures.find({"queue": queue}).sort("type", 1):
-            reasons = sorted(doc["reasons"].values(), key=lambda r: r["count"], reverse=True)
+            reasons = [
+                {
+                    **reason,
+                    # reasons projected before examples were kept: the message is one
+                    "example": reason.get("example", reason["message"]),
+                    "job_id": reason.get("job_id"),
+                    "traceback": reason.get("traceback"),
+                }
+                for reason in sorted(
+                    doc["reasons"].values(), key=lambda r: r["count"], reverse=True
+                )
+            ]
             found.append({"type": doc["type"], "failures": doc["failures"], "reasons": reasons})
         return found

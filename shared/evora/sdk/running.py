@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -12,7 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
-from evora.protocol.limits import MAX_ERROR_MESSAGE
+from evora.protocol.limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
 from evora.sdk.acks import Ack
 from evora.sdk.handlers import Job
 
@@ -27,6 +28,8 @@ def failure_from_exception(exc: BaseException) -> dict[str, Any]:
         "message": message[:MAX_ERROR_MESSAGE],
         "type": type(exc).__name__,
         "retryable": bool(getattr(exc, "retryable", True)),
+        # the innermost frames, where the error was raised, are the end of the trace
+        "traceback": "".join(traceback.format_exception(exc))[-MAX_ERROR_TRACEBACK:],
     }
 
 

@@ -77,9 +77,13 @@ class Failure:
     error_type: str | None = None
     retryable: bool = True
     retry_in_seconds: float | None = None
+    traceback: str | None = None
 
     def error(self) -> dict[str, Any]:
-        return {"message": self.message, "type": self.error_type}
+        error = {"message": self.message, "type": self.error_type}
+        if self.traceback is not None:
+            error["traceback"] = self.traceback
+        return error
 
 
 class AckResult(StrEnum):

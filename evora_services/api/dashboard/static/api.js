@@ -76,11 +76,11 @@ export async function api(path, { method = "GET", body, token } = {}) {
 const PAGE_MAX = 500;
 
 /** Every item of a keyset-paginated list (`member` of each page), following `next`. */
-export async function apiAll(path, member) {
+export async function apiAll(path, member, params = {}) {
   const items = [];
   let after;
   do {
-    const page = await api(withQuery(path, { limit: PAGE_MAX, after }));
+    const page = await api(withQuery(path, { ...params, limit: PAGE_MAX, after }));
     items.push(...page[member]);
     after = page.next;
   } while (after);

@@ -3,7 +3,6 @@
 import { api, ApiError, clearToken, getToken, setToken } from "./api.js";
 import { h, replace } from "./dom.js";
 import { clock, span, secondsSince } from "./format.js";
-import { forget } from "./history.js";
 import * as dlq from "./dlq.js";
 import * as job from "./job.js";
 import * as overview from "./overview.js";
@@ -107,7 +106,6 @@ async function signIn(event) {
 
 function signOut() {
   clearToken();
-  forget();
   location.hash = "#/";
   showLogin("");
 }

@@ -71,34 +71,62 @@ export function latencyChart(latency) {
   return barChart({ rows, series: ["wait", "run"], label, format: ms });
 }
 
-/** A line over samples [{t, v}] (t in ms), for values sampled while the page is open. */
-export function lineChart(samples, { label, format, width = 380, height = 110 }) {
+/** [{t, v}] of one series of a queue history (docs/http-api.md#queue-history): t in ms,
+ * v null where the minute has no measurement. */
+export function historyPoints(history, field) {
+  const t0 = Date.parse(history.start);
+  const step = history.step_seconds * 1000;
+  return history[field].map((v, i) => ({ t: t0 + i * step, v }));
+}
+
+/**
+ * Lines over time: lines = [{name, points: [{t, v}]}], drawn in the order given (the first
+ * in colour 1, with an area under it). A null value breaks the line there.
+ */
+export function lineChart(lines, { label, format, width = 380, height = 120 }) {
   const svg = svgRoot(width, height, label, "chart");
   const top = 10;
   const bottom = height - 18;
   const left = 4;
   const right = width - 60;
-  const max = Math.max(1e-9, ...samples.map((p) => p.v));
+  const all = lines.flatMap((line) => line.points);
+  const max = Math.max(1e-9, ...all.map((p) => Number(p.v) || 0));
   for (const frac of [0, 0.5, 1]) {
     const y = bottom - frac * (bottom - top);
     svg.appendChild(s("line", { x1: left, x2: right, y1: y, y2: y, class: "grid-line" }));
     svg.appendChild(s("text", { x: right + 6, y: y + 4 }, format(max * frac)));
   }
-  if (samples.length < 2) {
-    svg.appendChild(
-      s("text", { x: left + 6, y: (top + bottom) / 2 }, "collecting samples while this page is open…"),
-    );
-    return svg;
-  }
-  const t0 = samples[0].t;
-  const t1 = samples[samples.length - 1].t;
+  if (!all.length) return svg;
+  const t0 = Math.min(...all.map((p) => p.t));
+  const t1 = Math.max(...all.map((p) => p.t));
   const x = (t) => left + ((t - t0) / Math.max(1, t1 - t0)) * (right - left);
   const y = (v) => bottom - (v / max) * (bottom - top);
-  const points = samples.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
-  svg.appendChild(
-    s("polygon", { points: `${left},${bottom} ${points} ${x(t1).toFixed(1)},${bottom}`, class: "area" }),
-  );
-  svg.appendChild(s("polyline", { points, class: "line" }));
+  lines.forEach((line, index) => {
+    // runs of consecutive measured points, each its own polyline
+    const runs = [[]];
+    for (const p of line.points) {
+      if (p.v === null || p.v === undefined) {
+        if (runs[runs.length - 1].length) runs.push([]);
+      } else {
+        runs[runs.length - 1].push(`${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`);
+      }
+    }
+    for (const run of runs.filter((r) => r.length)) {
+      if (run.length === 1) {
+        // a lone measured minute: a dot, as a line needs two points
+        const [cx, cy] = run[0].split(",");
+        svg.appendChild(s("circle", { cx, cy, r: 2.5, class: `dot line-${index + 1}`, "data-series": line.name }));
+        continue;
+      }
+      const points = run;
+      if (index === 0) {
+        const first = points[0].split(",")[0];
+        const last = points[points.length - 1].split(",")[0];
+        svg.appendChild(s("polygon", { points: `${first},${bottom} ${points.join(" ")} ${last},${bottom}`, class: "area" }));
+      }
+      svg.appendChild(s("polyline", { points: points.join(" "), class: `line line-${index + 1}`, "data-series": line.name }));
+    }
+  });
   svg.appendChild(s("text", { x: left, y: height - 3 }, `${span((t1 - t0) / 1000)} ago`));
   svg.appendChild(s("text", { x: right, y: height - 3, "text-anchor": "end" }, "now"));
   return svg;
@@ -110,7 +138,7 @@ export function sparkline(values, label) {
   const height = 24;
   const svg = svgRoot(width, height, label, "sparkline");
   if (values.length < 2) return svg;
-  const max = Math.max(1e-9, ...values);
+  const max = Math.max(1, ...values);
   const points = values
     .map((v, i) => `${((i / (values.length - 1)) * (width - 2) + 1).toFixed(1)},${(height - 2 - (v / max) * (height - 4)).toFixed(1)}`)
     .join(" ");

@@ -1,8 +1,9 @@
-// The dead-letter queue across queues: retry or discard jobs one by one.
+// The dead-letter queue across queues: retry or discard jobs one by one, or those selected
+// (after a confirmation).
 
 import { api, apiAll, ApiError, seg, withQuery } from "./api.js";
 import { confirmDialog, h, replace } from "./dom.js";
-import { shortId, stateBadge } from "./format.js";
+import { jobIdCell, shortId, stateBadge } from "./format.js";
 import { jobRow, jobsTable, pager } from "./queue.js";
 
 function hashFor({ queue = "", type = "", after = "" } = {}) {
@@ -33,6 +34,14 @@ export function mount(root, params, ctx) {
     event.preventDefault();
     ctx.navigate(hashFor({ queue: queueInput.value.trim(), type: typeInput.value.trim() }));
   });
+  // Jobs of this page ticked for a bulk action, kept across auto-refreshes while listed.
+  const selected = new Map(); // id -> job
+  let pageJobs = [];
+  let selectAll = null;
+  const selectedCount = h("span", { id: "selected-count" });
+  const retrySelected = h("button", { type: "button", class: "primary", "data-focus-key": "retry-selected" }, "Retry selected…");
+  const discardSelected = h("button", { type: "button", class: "danger", "data-focus-key": "discard-selected" }, "Discard selected…");
+  const bulkBar = h("div", { class: "bulk-bar actions", role: "group", "aria-label": "Selected jobs" }, selectedCount, retrySelected, discardSelected);
   const recentBox = h("div", { "aria-live": "polite" });
   const list = h("div");
   replace(
@@ -60,7 +69,7 @@ export function mount(root, params, ctx) {
             "li",
             { "data-job": job.id },
             `${verb} `,
-            h("a", { href: `#/jobs/${seg(job.id)}`, class: "mono", title: job.id }, shortId(job.id)),
+            jobIdCell(job.id),
             ` (${job.queue} / ${job.type}): now `,
             stateBadge(job.state),
           ),
@@ -69,23 +78,90 @@ export function mount(root, params, ctx) {
     );
   }
 
+  /** Retry or discard one job; shows what became of it. Throws what the api refused. */
+  async function change(job, verb, path) {
+    const updated = await api(path, { method: "POST" });
+    recent.set(job.id, { verb, job: updated });
+    selected.delete(job.id);
+    renderRecent();
+    const row = list.querySelector(`tr[data-job="${CSS.escape(job.id)}"]`);
+    if (row) {
+      replace(row.querySelector(".job-state"), stateBadge(updated.state));
+      replace(row.querySelector(".row-actions"), h("span", { class: "muted" }, `${verb}`));
+      replace(row.querySelector(".select"));
+    }
+    renderSelection();
+    return updated;
+  }
+
   async function act(button, job, verb, path) {
     button.disabled = true;
     try {
-      const updated = await api(path, { method: "POST" });
-      recent.set(job.id, { verb, job: updated });
-      renderRecent();
-      const row = list.querySelector(`tr[data-job="${CSS.escape(job.id)}"]`);
-      if (row) {
-        replace(row.querySelector(".job-state"), stateBadge(updated.state));
-        replace(row.querySelector(".row-actions"), h("span", { class: "muted" }, `${verb}`));
-      }
+      const updated = await change(job, verb, path);
       ctx.announce(`${verb} job ${shortId(job.id)} of ${job.queue}: now ${updated.state}.`);
     } catch (error) {
       button.disabled = false;
       if (!(error instanceof ApiError && error.status === 401)) ctx.announce(`Could not change job ${shortId(job.id)}: ${ctx.describe(error)}`, { error: true });
     }
   }
+
+  function renderSelection() {
+    const n = selected.size;
+    selectedCount.textContent = n ? `${n} selected` : "Select jobs to act on several at once.";
+    retrySelected.disabled = discardSelected.disabled = n === 0;
+    if (selectAll) {
+      const open = pageJobs.filter((job) => !recent.has(job.id));
+      selectAll.checked = open.length > 0 && open.every((job) => selected.has(job.id));
+      selectAll.indeterminate = n > 0 && !selectAll.checked;
+    }
+  }
+
+  function checkbox(job) {
+    const box = h("input", { type: "checkbox", "aria-label": `Select job ${job.id}`, "data-focus-key": `select:${job.id}`, checked: selected.has(job.id) });
+    box.addEventListener("change", () => {
+      if (box.checked) selected.set(job.id, job);
+      else selected.delete(job.id);
+      renderSelection();
+    });
+    return box;
+  }
+
+  async function bulk(button, { verb, action, title, consequence, confirm }) {
+    const jobs = [...selected.values()];
+    const count = `${jobs.length} job${jobs.length === 1 ? "" : "s"}`;
+    const ok = await confirmDialog({
+      title: `${title} ${count}?`,
+      body: [`The ${count} selected ${consequence}`, jobs.map((job) => `${shortId(job.id)} (${job.queue} / ${job.type})`).join(", ")],
+      confirm,
+      danger: true,
+    });
+    if (!ok) {
+      button.focus();
+      return;
+    }
+    button.disabled = true;
+    const refused = [];
+    for (const job of jobs) {
+      try {
+        await change(job, verb, `/v1/jobs/${seg(job.id)}/${action}`);
+      } catch (error) {
+        if (error instanceof ApiError && error.status === 401) return; // sign-in shown
+        refused.push(`${shortId(job.id)}: ${ctx.describe(error)}`);
+      }
+    }
+    const done = jobs.length - refused.length;
+    if (refused.length) ctx.announce(`${verb} ${done} of ${count}; not changed: ${refused.join("; ")}`, { error: true });
+    else ctx.announce(`${verb} ${count}.`);
+    await ctx.refreshNow();
+    button.focus();
+  }
+
+  retrySelected.addEventListener("click", () =>
+    bulk(retrySelected, { verb: "Retried", action: "retry", title: "Retry", consequence: "move back to PENDING with a fresh attempt budget; workers will run them again.", confirm: "Retry" }),
+  );
+  discardSelected.addEventListener("click", () =>
+    bulk(discardSelected, { verb: "Discarded", action: "discard", title: "Discard", consequence: "move to CANCELLED and will not run again.", confirm: "Discard" }),
+  );
 
   function row(job, options) {
     const tr = jobRow(job, options);
@@ -103,6 +179,7 @@ export function mount(root, params, ctx) {
       else discard.focus();
     });
     tr.appendChild(h("td", { class: "row-actions nowrap" }, h("div", { class: "actions" }, retry, discard)));
+    tr.insertBefore(h("td", { class: "select" }, checkbox(job)), tr.firstChild);
     return tr;
   }
 
@@ -123,10 +200,32 @@ export function mount(root, params, ctx) {
     for (const job of current) if (job) recent.get(job.id).job = job;
     renderRecent();
     const caption = `Dead-lettered jobs${queue ? ` of queue ${queue}` : " of every queue"}${type ? `, type ${type}` : ""}, newest first`;
+    pageJobs = page.jobs;
+    const listed = new Set(pageJobs.map((job) => job.id));
+    for (const id of [...selected.keys()]) if (!listed.has(id)) selected.delete(id);
+    selectAll = h("input", { type: "checkbox", "aria-label": "Select every job of this page", "data-focus-key": "select-all" });
+    selectAll.addEventListener("change", () => {
+      for (const job of pageJobs) {
+        if (selectAll.checked && !recent.has(job.id)) selected.set(job.id, job);
+        else selected.delete(job.id);
+      }
+      for (const box of list.querySelectorAll("td.select input")) box.checked = selectAll.checked;
+      renderSelection();
+    });
+    renderSelection();
     replace(
       list,
       page.jobs.length
-        ? jobsTable(page.jobs, { caption, showQueue: true, row, extraHead: h("th", { scope: "col" }, "Actions") })
+        ? [
+            bulkBar,
+            jobsTable(page.jobs, {
+              caption,
+              showQueue: true,
+              row,
+              leadHead: h("td", { class: "select" }, selectAll),
+              extraHead: h("th", { scope: "col" }, "Actions"),
+            }),
+          ]
         : h("div", { class: "card empty" }, after ? "No more dead-lettered jobs." : "The dead-letter queue is empty."),
       pager({ page, stack, after, label: "Dead letters", go: (next) => ctx.navigate(hashFor({ queue, type, after: next })) }),
     );

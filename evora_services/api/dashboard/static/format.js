@@ -26,11 +26,32 @@ export function clock(date, now = new Date()) {
   return `${day} ${time.slice(0, 5)}`;
 }
 
-/** A <time> element (full UTC timestamp on hover), or an em dash for null. */
+/** "+01:00" style offset of a local time, "UTC" when there is none. */
+function zone(date) {
+  const offset = -date.getTimezoneOffset();
+  if (offset === 0) return "UTC";
+  const abs = Math.abs(offset);
+  return `UTC${offset < 0 ? "-" : "+"}${pad(Math.floor(abs / 60))}:${pad(abs % 60)}`;
+}
+
+/** Local time with its date and zone, unambiguous in a shared incident channel:
+ * "2026-11-24 14:03:07 UTC+01:00". */
+export function stamp(date) {
+  const day = `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())}`;
+  return `${day} ${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())} ${zone(date)}`;
+}
+
+/** "3 min ago" / "in 5 s" */
+function relative(date, now = Date.now()) {
+  const seconds = (now - date.getTime()) / 1000;
+  return seconds >= 0 ? `${span(seconds)} ago` : `in ${span(-seconds)}`;
+}
+
+/** A <time> element with date and zone (how long ago on hover), or an em dash for null. */
 export function time(iso) {
   const date = parse(iso);
   if (!date) return h("span", { class: "muted" }, "—");
-  return h("time", { datetime: date.toISOString(), title: date.toISOString() }, clock(date));
+  return h("time", { datetime: date.toISOString(), title: `${relative(date)} (${date.toISOString()})` }, stamp(date));
 }
 
 /** "12 s", "3 min", "2 h 5 min", "4 d" */
@@ -49,13 +70,11 @@ export function secondsSince(iso, now = Date.now()) {
   return date ? (now - date.getTime()) / 1000 : null;
 }
 
-/** "12 s ago" / "in 5 s" with the timestamp on hover. */
+/** "12 s ago" / "in 5 s" with the date, time and zone on hover. */
 export function ago(iso, now = Date.now()) {
   const date = parse(iso);
   if (!date) return h("span", { class: "muted" }, "—");
-  const seconds = (now - date.getTime()) / 1000;
-  const text = seconds >= 0 ? `${span(seconds)} ago` : `in ${span(-seconds)}`;
-  return h("time", { datetime: date.toISOString(), title: date.toISOString() }, text);
+  return h("time", { datetime: date.toISOString(), title: stamp(date) }, relative(date, now));
 }
 
 export function num(value) {
@@ -68,9 +87,10 @@ export function rate(value) {
   return n >= 100 ? n.toFixed(0) : n.toFixed(1);
 }
 
-/** Milliseconds as "850 ms", "1.2 s", "3.4 min". */
+/** Milliseconds as "850 ms", "1.2 s", "3.4 min"; "—" for no measurement (null). */
 export function ms(value) {
-  const n = Number(value || 0);
+  if (value === null || value === undefined) return "—";
+  const n = Number(value);
   if (n < 1000) return `${Math.round(n)} ms`;
   if (n < 60_000) return `${(n / 1000).toFixed(1)} s`;
   if (n < 3_600_000) return `${(n / 60_000).toFixed(1)} min`;
@@ -88,8 +108,46 @@ export function pausedBadge(paused) {
     : h("span", { class: "state state-active" }, "▶ Active");
 }
 
+// A UUIDv7 starts with its timestamp, so jobs submitted together share their first
+// characters; the last 12 are random and tell them apart.
+const ID_TAIL = 12;
+
 export function shortId(id) {
-  return String(id).slice(0, 8);
+  return `…${String(id).slice(-ID_TAIL)}`;
+}
+
+/** A button that copies `text` to the clipboard and says so. */
+export function copyButton(text, label) {
+  const button = h("button", { type: "button", class: "small copy", title: `Copy ${label}`, "aria-label": `Copy ${label}` }, "copy");
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = "copied";
+    } catch {
+      button.textContent = "no access"; // no clipboard (an insecure origin): the id is on hover
+    }
+    setTimeout(() => (button.textContent = "copy"), 1500);
+  });
+  return button;
+}
+
+/** A job id for a table: its distinct tail in monospace linking to the job, the full id
+ * on hover and for screen readers, and a copy button. */
+export function jobIdCell(id, focusKey) {
+  return h(
+    "span",
+    { class: "job-id nowrap" },
+    h("a", { href: `#/jobs/${encodeURIComponent(id)}`, class: "mono", title: id, "aria-label": `Job ${id}`, "data-focus-key": focusKey }, shortId(id)),
+    " ",
+    copyButton(id, `job id ${id}`),
+  );
+}
+
+/** "runs in 5 min" for a pending job that is not due yet, else null. */
+export function runsIn(job, now = Date.now()) {
+  const due = job.state === "PENDING" ? parse(job.run_at) : null;
+  if (!due || due.getTime() <= now) return null;
+  return h("span", { class: "runs-in muted", title: stamp(due) }, `runs in ${span((due.getTime() - now) / 1000)}`);
 }
 
 /** A JSON value, pretty-printed, as text in a <pre> (focusable, as it may scroll). */

@@ -3,7 +3,7 @@
 
 import { api, ApiError, seg } from "./api.js";
 import { confirmDialog, h, replace } from "./dom.js";
-import { ago, jsonBlock, stateBadge, time } from "./format.js";
+import { ago, copyButton, shortId, jsonBlock, runsIn, stateBadge, time } from "./format.js";
 
 function fact(label, ...value) {
   return [h("dt", null, label), h("dd", null, ...value)];
@@ -55,7 +55,7 @@ export function mount(root, params, ctx) {
   replace(
     root,
     h("p", { class: "muted", id: "crumbs" }, h("a", { href: "#/" }, "Queues")),
-    h("div", { class: "title-row" }, h("h1", null, "Job ", h("span", { class: "mono" }, id)), badge, actions),
+    h("div", { class: "title-row" }, h("h1", null, "Job ", h("span", { class: "mono" }, id)), copyButton(id, "job id"), badge, actions),
     body,
   );
 
@@ -151,7 +151,7 @@ export function mount(root, params, ctx) {
             fact("Lease", ...leaseText(job)),
             fact("Worker", maybe(job.worker_id)),
             fact("Priority", String(job.priority)),
-            fact("Run at", time(job.run_at)),
+            fact("Run at", time(job.run_at), runsIn(job) && [" (", runsIn(job), ")"]),
             fact("Created", time(job.created_at)),
             fact("Started", time(job.started_at)),
             fact("Finished", time(job.finished_at)),
@@ -170,7 +170,15 @@ export function mount(root, params, ctx) {
           job.result === null || job.result === undefined ? h("p", { class: "muted" }, "No result.") : jsonBlock(job.result, "Result JSON", "result"),
           h("h2", { id: "error-title" }, "Last error"),
           error
-            ? h("div", { id: "last-error" }, error.type ? h("p", null, h("strong", null, "Type: "), h("span", { class: "mono" }, error.type)) : null, h("pre", { class: "json error-message", id: "error-message", tabindex: "0", "aria-label": "Last error message" }, error.message))
+            ? h(
+                "div",
+                { id: "last-error" },
+                error.type ? h("p", null, h("strong", null, "Type: "), h("span", { class: "mono" }, error.type)) : null,
+                h("pre", { class: "json error-message", id: "error-message", tabindex: "0", "aria-label": "Last error message" }, error.message),
+                error.traceback
+                  ? h("details", { class: "traceback", open: true }, h("summary", null, "Stack trace"), h("pre", { class: "json", id: "error-traceback", tabindex: "0", "aria-label": "Stack trace of the last error" }, error.traceback))
+                  : null,
+              )
             : h("p", { class: "muted" }, "No error."),
           job.progress === null || job.progress === undefined ? null : [h("h2", null, "Progress"), jsonBlock(job.progress, "Progress JSON", "progress")],
         ),
@@ -184,5 +192,5 @@ export function mount(root, params, ctx) {
     );
   }
 
-  return { title: `Job ${id.slice(0, 8)}`, refresh };
+  return { title: `Job ${shortId(id)}`, refresh };
 }

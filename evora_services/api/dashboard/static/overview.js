@@ -2,10 +2,12 @@
 // how far behind the read models are.
 
 import { apiAll, seg } from "./api.js";
-import { sparkline } from "./charts.js";
+import { historyPoints, sparkline } from "./charts.js";
 import { h, replace } from "./dom.js";
 import { ago, countCell, ms, num, pausedBadge, rate, span, secondsSince, STATE_TITLES, STATES } from "./format.js";
-import { record, series } from "./history.js";
+
+// The Trend column: completions per minute over the last hour.
+const TREND_MINUTES = 60;
 
 function tile(value, label, extra) {
   return h("div", { class: "tile" }, h("span", { class: "value" }, value), h("span", { class: "label" }, label), extra);
@@ -15,12 +17,23 @@ function latencyText(p) {
   return `${ms(p.p50)} · ${ms(p.p95)} · ${ms(p.p99)}`;
 }
 
-function queueRow(q) {
+function trendCell(q, history) {
+  if (!history) return h("td", { class: "muted" }, "—");
+  const values = historyPoints(history, "completed").map((p) => p.v);
+  const total = values.reduce((n, v) => n + v, 0);
+  const peak = Math.max(0, ...values);
+  return h(
+    "td",
+    { class: "trend", title: `${num(total)} completed in the last hour, at most ${num(peak)} in a minute` },
+    sparkline(values, `Completed per minute of ${q.queue} over the last hour: ${num(total)} in total, at most ${num(peak)} in a minute`),
+  );
+}
+
+function queueRow(q, history) {
   const link = h("a", { href: `#/queues/${seg(q.queue)}`, "data-focus-key": `queue:${q.queue}` }, q.queue);
   const dlq = q.counts.DLQ
     ? h("td", { class: "num" }, h("a", { href: `#/queues/${seg(q.queue)}?state=DLQ`, "aria-label": `${q.counts.DLQ} dead-lettered jobs in ${q.queue}` }, num(q.counts.DLQ)))
     : countCell(0);
-  const trend = series(q.queue, "done").map((p) => p.v);
   const oldest = q.oldest_pending_at ? ago(q.oldest_pending_at) : h("span", { class: "muted" }, "—");
   return h(
     "tr",
@@ -33,7 +46,7 @@ function queueRow(q) {
     dlq,
     countCell(q.counts.CANCELLED),
     h("td", { class: "num nowrap" }, `${rate(q.throughput.completed_per_minute["1m"])} · ${rate(q.throughput.completed_per_minute["5m"])} · ${rate(q.throughput.completed_per_minute["15m"])}`),
-    h("td", null, sparkline(trend, `Completed per minute (1 minute rate) of ${q.queue} while this page has been open`)),
+    trendCell(q, history),
     h(
       "td",
       { class: "num nowrap" },
@@ -56,8 +69,11 @@ export function mount(root, params, ctx) {
   );
 
   async function refresh() {
-    const queues = await apiAll("/v1/queues", "queues");
-    record(queues);
+    const [queues, histories] = await Promise.all([
+      apiAll("/v1/queues", "queues"),
+      apiAll("/v1/stats/history", "history", { minutes: TREND_MINUTES }),
+    ]);
+    const historyOf = new Map(histories.map((history) => [history.queue, history]));
     const asOf = queues.length ? queues[0].as_of : null;
     ctx.setAsOf(asOf);
     const sum = (state) => queues.reduce((n, q) => n + (q.counts[state] || 0), 0);
@@ -98,12 +114,12 @@ export function mount(root, params, ctx) {
               h("th", { scope: "col" }, "Status"),
               STATES.map((state) => h("th", { scope: "col", class: "num" }, STATE_TITLES[state])),
               h("th", { scope: "col", class: "num", title: "Completed per minute over the last 1, 5 and 15 minutes" }, "Done/min 1m·5m·15m"),
-              h("th", { scope: "col" }, "Trend"),
+              h("th", { scope: "col", title: "Completed per minute over the last hour" }, "Trend (1 h)"),
               h("th", { scope: "col", class: "num", title: "Wait: from due to claimed. Run: from claimed to finished." }, "Latency p50 · p95 · p99"),
               h("th", { scope: "col" }, "Oldest pending"),
             ),
           ),
-          h("tbody", null, queues.map(queueRow)),
+          h("tbody", null, queues.map((q) => queueRow(q, historyOf.get(q.queue)))),
         ),
       ),
     );

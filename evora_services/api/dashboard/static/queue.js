@@ -2,12 +2,14 @@
 // reasons, and its jobs by state and type, a keyset page at a time.
 
 import { api, ApiError, seg, withQuery } from "./api.js";
-import { latencyChart, lineChart, throughputChart } from "./charts.js";
+import { historyPoints, latencyChart, lineChart, throughputChart } from "./charts.js";
 import { confirmDialog, h, replace } from "./dom.js";
-import { ago, ms, num, pausedBadge, rate, shortId, stateBadge, STATES, time } from "./format.js";
-import { record, series } from "./history.js";
+import { ago, jobIdCell, ms, num, pausedBadge, rate, runsIn, shortId, stateBadge, STATES, time } from "./format.js";
 
 const PAGE_SIZES = ["25", "50", "100"];
+// How far back the history charts look, in minutes (the api keeps 24 h).
+const RANGES = { 60: "1 h", 360: "6 h", 1440: "24 h" };
+const DEFAULT_RANGE = "1440";
 
 export function hashFor(queue, { state = "", type = "", after = "", limit = "" } = {}) {
   return withQuery(`#/queues/${seg(queue)}`, { state, type, after, limit });
@@ -18,14 +20,10 @@ export function jobRow(job, { showQueue = false } = {}) {
   return h(
     "tr",
     { "data-job": job.id },
-    h(
-      "th",
-      { scope: "row", class: "mono" },
-      h("a", { href: `#/jobs/${seg(job.id)}`, title: job.id, "aria-label": `Job ${job.id}`, "data-focus-key": `job:${job.id}` }, shortId(job.id)),
-    ),
+    h("th", { scope: "row" }, jobIdCell(job.id, `job:${job.id}`)),
     showQueue ? h("td", null, h("a", { href: `#/queues/${seg(job.queue)}` }, job.queue)) : null,
     h("td", { class: "mono" }, job.type),
-    h("td", { class: "job-state" }, stateBadge(job.state)),
+    h("td", { class: "job-state" }, stateBadge(job.state), runsIn(job) && [" ", runsIn(job)]),
     h("td", { class: "num" }, `${job.attempt} / ${job.max_attempts}`),
     h("td", { class: "num" }, String(job.priority)),
     h("td", { class: "nowrap" }, time(job.created_at)),
@@ -34,7 +32,7 @@ export function jobRow(job, { showQueue = false } = {}) {
   );
 }
 
-export function jobsTable(jobs, { caption, showQueue = false, extraHead = null, row = jobRow }) {
+export function jobsTable(jobs, { caption, showQueue = false, leadHead = null, extraHead = null, row = jobRow }) {
   return h(
     "div",
     { class: "table-wrap" },
@@ -48,6 +46,7 @@ export function jobsTable(jobs, { caption, showQueue = false, extraHead = null, 
         h(
           "tr",
           null,
+          leadHead,
           h("th", { scope: "col" }, "Job"),
           showQueue ? h("th", { scope: "col" }, "Queue") : null,
           h("th", { scope: "col" }, "Type"),
@@ -81,6 +80,26 @@ export function pager({ page, stack, after, go, label }) {
   return h("nav", { class: "pager", "aria-label": `${label} pages` }, newer, h("span", { class: "muted" }, `${where} · ${page.jobs.length} shown`), older);
 }
 
+/** A failure group: its normalised message, then the latest example, its job and its
+ * stack trace (folded). */
+function failureReason(r) {
+  return [
+    h("div", { class: "error-text" }, `${r.type ? `${r.type}: ` : ""}${r.message}`),
+    r.example !== r.message || r.job_id
+      ? h(
+          "div",
+          { class: "muted example" },
+          "latest: ",
+          h("span", { class: "example-text" }, r.example),
+          r.job_id ? [" (", h("a", { href: `#/jobs/${seg(r.job_id)}`, class: "mono", title: r.job_id, "aria-label": `Job ${r.job_id}` }, shortId(r.job_id)), ")"] : null,
+        )
+      : null,
+    r.traceback
+      ? h("details", { class: "traceback" }, h("summary", null, "Stack trace"), h("pre", { class: "json", tabindex: "0", "aria-label": "Stack trace of the latest failure" }, r.traceback))
+      : null,
+  ];
+}
+
 export function mount(root, params, ctx) {
   const queue = params.queue;
   const state = STATES.includes(params.state) ? params.state : "";
@@ -91,6 +110,17 @@ export function mount(root, params, ctx) {
   const stack = (ctx.memory[stackKey] = after ? ctx.memory[stackKey] || [] : []);
 
   let stats = null;
+  let history = null;
+  const range = () => (RANGES[ctx.memory.historyMinutes] ? ctx.memory.historyMinutes : DEFAULT_RANGE);
+  const rangeSelect = h(
+    "select",
+    { id: "history-range", "data-focus-key": "history-range" },
+    Object.entries(RANGES).map(([minutes, text]) => h("option", { value: minutes, selected: minutes === range() }, `last ${text}`)),
+  );
+  rangeSelect.addEventListener("change", () => {
+    ctx.memory.historyMinutes = rangeSelect.value;
+    ctx.refreshNow();
+  });
   const badge = h("span");
   const pauseButton = h("button", { type: "button", "data-focus-key": "pause" }, "Pause");
   const resumeButton = h("button", { type: "button", "data-focus-key": "resume" }, "Resume");
@@ -137,6 +167,7 @@ export function mount(root, params, ctx) {
       h("div", { class: "actions" }, pauseButton, resumeButton, redriveButton),
     ),
     h("nav", { "aria-label": "Jobs by state" }, tabs),
+    h("div", { class: "filters" }, h("div", { class: "field" }, h("label", { for: "history-range" }, "History"), rangeSelect)),
     charts,
     failures,
     h("h2", null, "Jobs"),
@@ -191,6 +222,52 @@ export function mount(root, params, ctx) {
     redriveButton.focus();
   });
 
+  const legend = (...names) =>
+    h("p", { class: "legend" }, names.map((name, i) => h("span", null, h("span", { class: `swatch swatch-${i + 1}` }), name)));
+  const sum = (values) => values.reduce((n, v) => n + (v || 0), 0);
+
+  // Charts of the per-minute history the read models keep (GET /v1/stats/queues/{queue}/history).
+  const historyCharts = {
+    throughput() {
+      if (!history) return null;
+      const span = RANGES[range()];
+      const failed = history.failed.map((n, i) => n + history.dead_lettered[i]);
+      const peak = Math.max(0, ...history.completed);
+      const label = `Jobs per minute over the last ${span}: ${num(sum(history.completed))} completed (at most ${num(peak)} in a minute), ${num(sum(history.submitted))} submitted, ${num(sum(failed))} failed or dead-lettered`;
+      return h(
+        "figure",
+        { id: "throughput-history" },
+        lineChart(
+          [
+            { name: "completed", points: historyPoints(history, "completed") },
+            { name: "submitted", points: historyPoints(history, "submitted") },
+            { name: "failed", points: historyPoints({ ...history, failed }, "failed") },
+          ],
+          { label, format: (v) => `${num(v)}/min` },
+        ),
+        h("figcaption", null, legend("completed", "submitted", "failed or dead-lettered"), h("span", { class: "muted" }, `${label}.`)),
+      );
+    },
+    latency() {
+      if (!history) return null;
+      const measured = (values) => values.filter((v) => v !== null);
+      const worst = (values) => (measured(values).length ? ms(Math.max(...measured(values))) : "—");
+      const label = `Mean wait and run time per minute over the last ${RANGES[range()]}: worst minute ${worst(history.wait_ms)} wait, ${worst(history.run_ms)} run`;
+      return h(
+        "figure",
+        { id: "latency-history" },
+        lineChart(
+          [
+            { name: "wait", points: historyPoints(history, "wait_ms") },
+            { name: "run", points: historyPoints(history, "run_ms") },
+          ],
+          { label, format: ms },
+        ),
+        h("figcaption", { class: "muted" }, `${label}.`),
+      );
+    },
+  };
+
   function renderStats() {
     const total = stats ? STATES.reduce((n, s) => n + (stats.counts[s] || 0), 0) : null;
     const tab = (label, value, count) =>
@@ -209,12 +286,15 @@ export function mount(root, params, ctx) {
       replace(badge);
       pauseButton.hidden = false;
       resumeButton.hidden = false;
+      redriveButton.hidden = true;
       replace(charts, h("div", { class: "card muted" }, "No stats for this queue yet: the read models have not seen it (the projector may still be catching up)."));
       return;
     }
     replace(badge, pausedBadge(stats.paused));
     pauseButton.hidden = stats.paused;
     resumeButton.hidden = !stats.paused;
+    // nothing to redrive: no button to press by mistake during an incident
+    redriveButton.hidden = !stats.counts.DLQ;
     const cpm = stats.throughput.completed_per_minute;
     replace(
       charts,
@@ -224,7 +304,7 @@ export function mount(root, params, ctx) {
         h("h2", { id: "throughput-title" }, "Throughput"),
         throughputChart(cpm),
         h("p", { class: "muted" }, `Completed per minute: ${rate(cpm["1m"])} (1 min), ${rate(cpm["5m"])} (5 min), ${rate(cpm["15m"])} (15 min). Totals: ${num(stats.totals.submitted)} submitted, ${num(stats.totals.completed)} completed, ${num(stats.totals.failed)} failed attempts, ${num(stats.totals.dead_lettered)} dead-lettered, ${num(stats.totals.retried)} retried, ${num(stats.totals.lease_expired)} leases expired.`),
-        lineChart(series(queue, "done"), { label: "Completed per minute (1 minute rate), sampled while this page is open", format: rate }),
+        historyCharts.throughput(),
       ),
       h(
         "section",
@@ -232,8 +312,8 @@ export function mount(root, params, ctx) {
         h("h2", { id: "latency-title" }, "Latency"),
         latencyChart(stats.latency_ms),
         h("p", { class: "legend" }, h("span", null, h("span", { class: "swatch swatch-1" }), "wait (due → claimed)"), h("span", null, h("span", { class: "swatch swatch-2" }), "run (claimed → finished)")),
-        h("p", { class: "muted" }, "Oldest pending job: ", stats.oldest_pending_at ? ago(stats.oldest_pending_at) : "—", ". Wait p95 over time:"),
-        lineChart(series(queue, "wait95"), { label: "Wait p95, sampled while this page is open", format: ms }),
+        h("p", { class: "muted" }, "Oldest pending job: ", stats.oldest_pending_at ? ago(stats.oldest_pending_at) : "—", "."),
+        historyCharts.latency(),
       ),
     );
   }
@@ -249,7 +329,7 @@ export function mount(root, params, ctx) {
           "tr",
           null,
           i === 0 ? h("th", { scope: "row", class: "mono", rowspan: String(Math.min(3, t.reasons.length)) }, t.type, h("div", { class: "muted" }, `${num(t.failures)} failures`)) : null,
-          h("td", { class: "error-text" }, `${r.type ? `${r.type}: ` : ""}${r.message}`),
+          h("td", { class: "failure-reason" }, failureReason(r)),
           h("td", { class: "num" }, num(r.count)),
           h("td", { class: "nowrap" }, ago(r.last_at)),
         ),
@@ -277,14 +357,16 @@ export function mount(root, params, ctx) {
       if (error instanceof ApiError && error.status === 404) return null;
       throw error;
     });
+    const historyCall = api(withQuery(`/v1/stats/queues/${seg(queue)}/history`, { minutes: range() })).catch((error) => {
+      if (error instanceof ApiError && error.status === 404) return null;
+      throw error;
+    });
     const failuresCall = api(`/v1/queues/${seg(queue)}/failures`);
     const pageCall = api(withQuery("/v1/jobs", { queue, state, type, limit, after }));
-    const [found, failed, page] = await Promise.all([statsCall, failuresCall, pageCall]);
+    const [found, past, failed, page] = await Promise.all([statsCall, historyCall, failuresCall, pageCall]);
     stats = found;
-    if (stats) {
-      record([stats]);
-      ctx.setAsOf(stats.as_of);
-    }
+    history = past;
+    if (stats) ctx.setAsOf(stats.as_of);
     renderStats();
     renderFailures(failed.types);
     const caption = `${state ? `${state} jobs` : "Jobs"}${type ? ` of type ${type}` : ""}, newest first`;

@@ -2,7 +2,7 @@
 
 import { apiAll, seg } from "./api.js";
 import { h, replace } from "./dom.js";
-import { ago, num, secondsSince, shortId, time } from "./format.js";
+import { ago, jobIdCell, num, secondsSince, time } from "./format.js";
 
 const ACTIVE_WITHIN_S = 60;
 
@@ -23,7 +23,7 @@ function row(w) {
     h(
       "td",
       { class: "mono" },
-      (w.current_jobs || []).slice(0, 5).flatMap((id, i) => [i ? " " : "", h("a", { href: `#/jobs/${seg(id)}`, title: id, "aria-label": `Job ${id}` }, shortId(id))]),
+      (w.current_jobs || []).slice(0, 5).flatMap((id, i) => [i ? " " : "", jobIdCell(id)]),
       (w.current_jobs || []).length > 5 ? ` +${w.current_jobs.length - 5} more` : "",
     ),
     h("td", { class: "num" }, num(w.claimed)),

@@ -1,0 +1,167 @@
+"""The per-minute history of a queue: what the projector keeps (bounded to the last day) and
+what the api serves from it, on real PostgreSQL and MongoDB."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import asyncpg
+import bson
+import pytest
+from aiohttp.test_utils import TestServer
+from pymongo.asynchronous.database import AsyncDatabase
+
+from evora.config import Settings
+from evora.protocol.jobs import JobSubmission
+from evora.readmodels.layout import Document
+from evora.readmodels.stats import HISTORY_HOURS, HISTORY_MINUTES, MINUTE_FIELDS
+from evora.storage.jobs import Failure, JobStore
+from evora.storage.outbox import OutboxEvent
+from evora_services.api.app import create_app
+from evora_services.api.stats import encode_key
+from evora_services.projector import projection
+from evora_services.projector.projector import Projector
+from tests.projector.conftest import catch_up, truth
+
+ADMIN = {"Authorization": "Bearer test-admin-token"}
+TOKENS = "admin:test-admin-token,producer:test-producer-token"
+COUNTED = ("submitted", "completed", "failed", "dead_lettered")
+# A queue busy every minute for three days: what its document would hold if the history
+# were never trimmed, and what it may hold.
+DAYS = 3
+DOC_BYTES_BOUND = 160 * 1024
+BATCH_MINUTES = 10
+
+
+@pytest.fixture
+async def api_url(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIterator[str]:
+    settings = Settings(
+        database_url=db_url, mongo_url=mongo_url, mongo_db=mongo_db_name, tokens=TOKENS
+    )
+    server = TestServer(await create_app(settings), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+async def _workload(store: JobStore) -> None:
+    """In queue `mail`: 4 submitted, 2 completed, 1 failed attempt (retried later), 1
+    dead-lettered."""
+    await store.submit_batch([JobSubmission(queue="mail", type="send") for _ in range(3)])
+    await store.submit(JobSubmission(queue="mail", type="send", max_attempts=1))
+    jobs = await store.claim(worker_id="w", queues=["mail"], max_jobs=4)
+    assert len(jobs) == 4
+    one_attempt = next(j for j in jobs if j["max_attempts"] == 1)
+    others = [j for j in jobs if j is not one_attempt]
+    for job in others[:2]:
+        await store.complete(job["id"], job["lease_token"])
+    await store.fail(Failure(others[2]["id"], others[2]["lease_token"], "try again"))
+    await store.fail(Failure(one_attempt["id"], one_attempt["lease_token"], "no", None, False))
+
+
+async def test_history_counts_each_event_in_its_minute(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document], api_url: str
+) -> None:
+    await _workload(store)
+    await store.submit(JobSubmission(queue="other", type="t"))
+    await catch_up(Projector(pool, mongo, 1))
+    _, totals, _ = await truth(pool)
+    assert totals["mail"]["dead_lettered"] == 1 and totals["mail"]["failed"] == 1
+
+    async with aiohttp.ClientSession(headers=ADMIN) as http:
+        async with http.get(api_url + "/v1/stats/queues/mail/history?minutes=10") as r:
+            assert r.status == 200, await r.text()
+            history = await r.json()
+        assert history["step_seconds"] == 60
+        start = datetime.fromisoformat(history["start"])
+        end = datetime.fromisoformat(history["end"])
+        assert end - start == timedelta(minutes=10) and start.second == 0
+        assert start <= datetime.now(UTC) < end
+        for name in COUNTED:
+            assert len(history[name]) == 10
+            assert sum(history[name]) == totals["mail"].get(name, 0), name
+        # the claims and the completions were measured; a quiet minute has no mean
+        assert [v for v in history["wait_ms"] if v is not None]
+        assert [v for v in history["run_ms"] if v is not None]
+        assert history["run_ms"][0] is None
+
+        # the default is the whole day
+        async with http.get(api_url + "/v1/stats/queues/mail/history") as r:
+            assert len((await r.json())["submitted"]) == HISTORY_MINUTES
+
+        async with http.get(api_url + "/v1/stats/history?minutes=5&limit=1") as r:
+            first = await r.json()
+        assert [h["queue"] for h in first["history"]] == ["mail"]
+        assert first["next"] == encode_key(["mail"])
+        async with http.get(api_url + f"/v1/stats/history?minutes=5&after={first['next']}") as r:
+            rest = await r.json()
+        assert [h["queue"] for h in rest["history"]] == ["other"] and rest["next"] is None
+        assert sum(rest["history"][0]["submitted"]) == 1
+
+        async with http.get(api_url + "/v1/stats/queues/nobody/history") as r:
+            assert r.status == 404 and (await r.json())["code"] == "queue_not_found"
+        for bad in ("minutes=0", f"minutes={HISTORY_MINUTES + 1}", "minutes=x", "since=1"):
+            async with http.get(api_url + f"/v1/stats/queues/mail/history?{bad}") as r:
+                assert r.status == 422, bad
+                assert r.content_type == "application/problem+json"
+
+
+def _event(seq: int, at: datetime, event: str, **fields: Any) -> OutboxEvent:
+    return OutboxEvent(
+        xid=1,
+        seq=seq,
+        job_id=f"job-{seq}",
+        queue="busy",
+        type="t",
+        event=event,
+        from_state=fields.get("from_state"),
+        to_state=fields.get("to_state", "PENDING"),
+        worker_id=None,
+        at=at,
+        run_at=fields.get("run_at"),
+        started_at=fields.get("started_at"),
+        error=None,
+        reason=None,
+    )
+
+
+async def test_history_stays_bounded_to_the_last_day(mongo: AsyncDatabase[Document]) -> None:
+    """Three days of a queue busy every minute, projected a batch per minute: the stored
+    document (written by the same updates the projector sends) keeps only the last day, and
+    equals the projector's copy."""
+    collection = mongo["history_bound"]
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    doc = projection.new_queue("busy")
+    seq = 0
+    for first in range(0, DAYS * 24 * 60, BATCH_MINUTES):
+        batch = []
+        for minute in range(first, first + BATCH_MINUTES):
+            at = start + timedelta(minutes=minute, seconds=30)
+            ran = at - timedelta(milliseconds=250)
+            seq += 2
+            batch.append(_event(seq - 1, at, "submitted"))
+            batch.append(_event(seq, at, "completed", to_state="COMPLETED", started_at=ran))
+        update = projection.apply_to_queue(doc, batch)
+        if first == 0:
+            await collection.insert_one(doc)
+        else:
+            result = await collection.update_one({"_id": "busy"}, update)
+            assert result.modified_count == 1
+    stored = await collection.find_one({"_id": "busy"})
+    assert stored is not None
+    assert stored["history"] == doc["history"]
+    kept = sum(len(minutes) for minutes in stored["history"].values())
+    assert HISTORY_MINUTES <= kept <= (HISTORY_HOURS + 1) * 60
+    size = len(bson.encode(stored))
+    print(f"queue document with a full day of history: {size} bytes, {kept} minutes")
+    assert size < DOC_BYTES_BOUND
+    newest = max(int(hour) for hour in stored["history"])
+    assert min(int(hour) for hour in stored["history"]) == newest - HISTORY_HOURS
+    row = stored["history"][str(newest)]["30"]
+    assert row[MINUTE_FIELDS.index("run_ms_sum")] == 250.0
+    assert row[MINUTE_FIELDS.index("submitted")] == row[MINUTE_FIELDS.index("completed")] == 1
