@@ -13,11 +13,15 @@
 //   repeat finds the job already CANCELLED (the first attempt worked but its answer was
 //   lost), the job is returned instead of throwing `InvalidStateError`;
 // - pause, resume: repeated, they set a flag;
+// - history, histories, schedules, schedule: repeated (reads);
+// - putSchedule, deleteSchedule, pauseSchedule, resumeSchedule: repeated, each sets the
+//   schedule to a state (a repeated delete that finds nothing resolves all the same);
+// - triggerSchedule: not repeated, a repeat would make a second job;
 // - retry, redrive: not repeated. Between two attempts the job can fail again and be back
 //   in the DLQ, and the repeat would grant it a second fresh attempt budget.
 
 import { RetryBackoff } from "./backoff.js";
-import { InvalidStateError } from "./errors.js";
+import { InvalidStateError, ScheduleNotFoundError } from "./errors.js";
 import type * as api from "./generated/api.js";
 import { Transport } from "./http.js";
 import type {
@@ -82,6 +86,15 @@ export const CLIENT_METHODS = {
   "POST /v1/queues/{queue}/resume": "resume",
   "POST /v1/queues/{queue}/redrive": "redrive",
   "GET /v1/workers": "workers",
+  "GET /v1/stats/history": "histories",
+  "GET /v1/stats/queues/{queue}/history": "history",
+  "PUT /v1/schedules/{name}": "putSchedule",
+  "GET /v1/schedules": "schedules",
+  "GET /v1/schedules/{name}": "schedule",
+  "DELETE /v1/schedules/{name}": "deleteSchedule",
+  "POST /v1/schedules/{name}/pause": "pauseSchedule",
+  "POST /v1/schedules/{name}/resume": "resumeSchedule",
+  "POST /v1/schedules/{name}/trigger": "triggerSchedule",
 } as const satisfies Record<ApiOperation, keyof Client>;
 
 function segment(value: string): string {
@@ -228,6 +241,89 @@ export class Client {
       after = resp.data.next;
     } while (after !== null);
     return all;
+  }
+
+  /** Per-minute history of one queue (the last `minutes`, at most 1440), from the read models. */
+  async history(queue: string, minutes?: number): Promise<api.QueueHistory> {
+    const resp = await this.http.request<api.QueueHistory>("GET", `/v1/stats/queues/${segment(queue)}/history`, {
+      query: { minutes },
+      idempotent: true,
+    });
+    return resp.data;
+  }
+
+  /** Per-minute history of every queue, all pages. */
+  async histories(minutes?: number): Promise<api.QueueHistory[]> {
+    const all: api.QueueHistory[] = [];
+    let after: string | null = null;
+    do {
+      const resp: { data: api.HistoryList } = await this.http.request<api.HistoryList>("GET", "/v1/stats/history", {
+        query: { minutes, limit: MAX_PAGE, after },
+        idempotent: true,
+      });
+      all.push(...resp.data.history);
+      after = resp.data.next;
+    } while (after !== null);
+    return all;
+  }
+
+  // Schedules
+
+  /** Create or replace the schedule `name`; `created` says which. A bad cron expression or
+   * zone throws `RequestValidationError`. */
+  async putSchedule(name: string, body: api.ScheduleBody): Promise<{ schedule: api.Schedule; created: boolean }> {
+    const resp = await this.http.request<api.Schedule>("PUT", `/v1/schedules/${segment(name)}`, {
+      body,
+      idempotent: true,
+    });
+    return { schedule: resp.data, created: resp.status === 201 };
+  }
+
+  /** Every schedule, all pages. */
+  async schedules(): Promise<api.Schedule[]> {
+    const all: api.Schedule[] = [];
+    let after: string | null = null;
+    do {
+      const resp: { data: api.ScheduleList } = await this.http.request<api.ScheduleList>("GET", "/v1/schedules", {
+        query: { limit: MAX_PAGE, after },
+        idempotent: true,
+      });
+      all.push(...resp.data.schedules);
+      after = resp.data.next;
+    } while (after !== null);
+    return all;
+  }
+
+  /** The schedule with its next and last run; `ScheduleNotFoundError` when there is none. */
+  async schedule(name: string): Promise<api.Schedule> {
+    return (await this.http.request<api.Schedule>("GET", `/v1/schedules/${segment(name)}`, { idempotent: true })).data;
+  }
+
+  /** Delete the schedule (jobs it already made stay). */
+  async deleteSchedule(name: string): Promise<void> {
+    try {
+      await this.http.request<unknown>("DELETE", `/v1/schedules/${segment(name)}`, { idempotent: true });
+    } catch (error) {
+      // A repeat after a lost answer finds the schedule already gone.
+      if (!(error instanceof ScheduleNotFoundError && error.attempts > 1)) throw error;
+    }
+  }
+
+  /** A paused schedule makes no jobs. */
+  async pauseSchedule(name: string): Promise<api.Schedule> {
+    return (await this.http.request<api.Schedule>("POST", `/v1/schedules/${segment(name)}/pause`, { idempotent: true }))
+      .data;
+  }
+
+  /** Resume from the next tick (ticks that fell during the pause make nothing). */
+  async resumeSchedule(name: string): Promise<api.Schedule> {
+    return (await this.http.request<api.Schedule>("POST", `/v1/schedules/${segment(name)}/resume`, { idempotent: true }))
+      .data;
+  }
+
+  /** Make one job of the schedule now, outside its ticks. */
+  async triggerSchedule(name: string): Promise<Job> {
+    return (await this.http.request<Job>("POST", `/v1/schedules/${segment(name)}/trigger`, { idempotent: false })).data;
   }
 
   private async toCancelled(jobId: string, path: string): Promise<Job> {

@@ -108,6 +108,9 @@ export class JobNotFoundError extends NotFoundError {
 export class QueueNotFoundError extends NotFoundError {
   static override readonly problemCode: string | null = "queue_not_found";
 }
+export class ScheduleNotFoundError extends NotFoundError {
+  static override readonly problemCode: string | null = "schedule_not_found";
+}
 export class ConflictError extends EvoraHTTPError {
   static override readonly problemStatus: number | null = 409;
 }
@@ -149,6 +152,7 @@ const CLASSES: ErrorClass[] = [
   NotFoundError,
   JobNotFoundError,
   QueueNotFoundError,
+  ScheduleNotFoundError,
   ConflictError,
   LeaseLostError,
   InvalidStateError,

@@ -13,6 +13,7 @@ import {
   JobNotFoundError,
   QueueNotFoundError,
   RequestValidationError,
+  ScheduleNotFoundError,
   UnauthorizedError,
 } from "../src/index.js";
 import { admin, env, FAST, producer, queueName, until } from "./support.js";
@@ -162,5 +163,43 @@ describe("Client", () => {
     const invalid = await client.submit("not a queue!", "ts.echo").catch((e) => e);
     assert.ok(invalid instanceof RequestValidationError, String(invalid));
     assert.ok(invalid.errors.length > 0);
+  });
+
+  test("schedules: put, read, pause, resume, trigger and delete", async () => {
+    const name = queueName("ts-sched");
+    const queue = queueName("ts-sched-q");
+    const body = { cron: "0 9 * * *", timezone: "Europe/Berlin", job: { queue, type: "ts.echo" } };
+    const first = await root.putSchedule(name, body);
+    assert.equal(first.created, true);
+    assert.deepEqual([first.schedule.name, first.schedule.cron, first.schedule.timezone], [name, "0 9 * * *", "Europe/Berlin"]);
+    assert.equal((await root.putSchedule(name, { ...body, misfire: "skip" })).created, false);
+    assert.equal((await root.schedule(name)).misfire, "skip");
+    assert.ok((await root.schedules()).some((s) => s.name === name));
+    assert.equal((await root.pauseSchedule(name)).paused, true);
+    assert.equal((await root.resumeSchedule(name)).paused, false);
+    const job = await root.triggerSchedule(name);
+    assert.deepEqual([job.queue, job.type, job.state], [queue, "ts.echo", "PENDING"]);
+    assert.equal((await root.schedule(name)).last_job_id, job.id);
+    const badCron = await root.putSchedule(name, { ...body, cron: "61 * * * *" }).catch((e) => e);
+    assert.ok(badCron instanceof RequestValidationError, String(badCron));
+    await root.deleteSchedule(name);
+    const gone = await root.schedule(name).catch((e) => e);
+    assert.ok(gone instanceof ScheduleNotFoundError, String(gone));
+    assert.deepEqual([gone.status, gone.code], [404, "schedule_not_found"]);
+  });
+
+  test("history: a queue's per-minute series and every queue's", async () => {
+    const queue = queueName("ts-history");
+    await client.submit(queue, "ts.echo");
+    let submitted = 0;
+    await until(async () => {
+      const history = await root.history(queue, 5).catch(() => null);
+      submitted = history === null ? 0 : history.submitted.reduce((a, b) => a + b, 0);
+      return submitted === 1;
+    }, "the projector counts the submission in the queue's history");
+    const one = await root.history(queue, 5);
+    assert.equal(one.submitted.length, 5);
+    const all = await root.histories(5);
+    assert.ok(all.some((h) => h.queue === queue));
   });
 });

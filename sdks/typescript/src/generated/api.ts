@@ -3,12 +3,17 @@
 
 /** Every /v1 endpoint the api service declares. */
 export type Operation =
+  | "DELETE /v1/schedules/{name}"
   | "GET /v1/jobs"
   | "GET /v1/jobs/{id}"
   | "GET /v1/jobs/{id}/events"
   | "GET /v1/queues"
   | "GET /v1/queues/{queue}/failures"
   | "GET /v1/queues/{queue}/stats"
+  | "GET /v1/schedules"
+  | "GET /v1/schedules/{name}"
+  | "GET /v1/stats/history"
+  | "GET /v1/stats/queues/{queue}/history"
   | "GET /v1/workers"
   | "POST /v1/jobs"
   | "POST /v1/jobs/batch"
@@ -17,7 +22,11 @@ export type Operation =
   | "POST /v1/jobs/{id}/retry"
   | "POST /v1/queues/{queue}/pause"
   | "POST /v1/queues/{queue}/redrive"
-  | "POST /v1/queues/{queue}/resume";
+  | "POST /v1/queues/{queue}/resume"
+  | "POST /v1/schedules/{name}/pause"
+  | "POST /v1/schedules/{name}/resume"
+  | "POST /v1/schedules/{name}/trigger"
+  | "PUT /v1/schedules/{name}";
 
 export interface AsOf {
   seq: number;
@@ -56,9 +65,34 @@ export interface FailureList {
 
 export interface FailureReason {
   type: string | null;
+  /** the message with its variable parts as placeholders */
   message: string;
   count: number;
   last_at: string;
+  /** the latest message of this reason, as reported */
+  example: string;
+  /** the job that failed so last */
+  job_id: string | null;
+  /** the end of that failure's stack trace */
+  traceback: string | null;
+}
+
+export interface HistoryList {
+  history: QueueHistory[];
+  /** pass as `after` for the next page; null at the end */
+  next: string | null;
+}
+
+export interface HistoryListQuery {
+  /** how many minutes, up to and including the current one */
+  minutes?: number;
+  limit?: number;
+  after?: string | null;
+}
+
+export interface HistoryQuery {
+  /** how many minutes, up to and including the current one */
+  minutes?: number;
 }
 
 /** One row of the `job_events` outbox (docs/http-api.md#the-event-resource). */
@@ -141,6 +175,7 @@ export interface JobSubmission {
 export interface LastError {
   message: string;
   type?: string | null;
+  traceback?: string | null;
 }
 
 export interface Latency {
@@ -148,10 +183,12 @@ export interface Latency {
   run: Percentiles;
 }
 
+export type Misfire = "skip" | "run_once" | "catch_up";
+
 export interface Percentiles {
-  p50: number;
-  p95: number;
-  p99: number;
+  p50: number | null;
+  p95: number | null;
+  p99: number | null;
 }
 
 export interface Problem {
@@ -165,6 +202,23 @@ export interface Problem {
     msg?: string;
     type?: string;
   }>;
+}
+
+export interface QueueHistory {
+  queue: string;
+  step_seconds: number;
+  /** the first minute's start (UTC) */
+  start: string;
+  /** the last minute's end */
+  end: string;
+  submitted: number[];
+  completed: number[];
+  failed: number[];
+  dead_lettered: number[];
+  /** mean wait per minute; null: no claim */
+  wait_ms: Array<number | null>;
+  /** mean run time; null: no completion */
+  run_ms: Array<number | null>;
 }
 
 export interface QueueList {
@@ -207,6 +261,66 @@ export interface RedriveRequest {
 
 export interface Redriven {
   redriven: number;
+}
+
+export interface Schedule {
+  name: string;
+  cron: string;
+  timezone: string;
+  /** the submission each tick makes */
+  job: {
+    [key: string]: unknown;
+  };
+  misfire: Misfire;
+  misfire_grace_seconds: number;
+  paused: boolean;
+  /** the next tick; null while paused */
+  next_run_at: string | null;
+  /** when it last made a job (tick or trigger) */
+  last_run_at: string | null;
+  /** the job it made last */
+  last_job_id: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+export interface ScheduleBody {
+  /** five fields (minute hour day-of-month month day-of-week) or @hourly, @daily, @weekly, @monthly, @yearly */
+  cron: string;
+  /** an IANA zone, e.g. Europe/Berlin */
+  timezone?: string;
+  job: ScheduledJob;
+  /** what ticks missed during downtime make */
+  misfire?: Misfire;
+  /** a tick handled this late or later is missed */
+  misfire_grace_seconds?: number;
+  paused?: boolean;
+}
+
+export interface ScheduleList {
+  schedules: Schedule[];
+  /** pass as `after` for the next page; null at the end */
+  next: string | null;
+}
+
+export interface ScheduleListQuery {
+  limit?: number;
+  after?: string | null;
+}
+
+/** The job each tick submits: a submission without `idempotency_key`. */
+export interface ScheduledJob {
+  queue: string;
+  type: string;
+  payload?: unknown;
+  priority?: number;
+  run_at?: string | null;
+  delay_seconds?: number | null;
+  max_attempts?: number;
+  lease_seconds?: number;
+  backoff?: Backoff;
+  expires_at?: string | null;
+  group_key?: string | null;
 }
 
 export interface Throughput {

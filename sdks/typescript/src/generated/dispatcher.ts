@@ -79,6 +79,8 @@ export interface ErrorBody {
   message: string;
   type?: string | null;
   retryable?: boolean;
+  /** the stack trace, as text */
+  traceback?: string | null;
 }
 
 export interface FailRequest {
@@ -129,6 +131,7 @@ export type JobState = "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED"
 export interface LastError {
   message: string;
   type?: string | null;
+  traceback?: string | null;
 }
 
 export interface Problem {
