@@ -642,3 +642,22 @@ async def test_the_next_claim_overlaps_the_outcomes_on_their_way(
         assert len(proxy.seen("POST", "/v1/acks")) == 1  # the first batch is still on its way
         assert await taken() == 4  # the second pair's outcomes wait, holding their slots
         await until(all_in_state(store, ids, "COMPLETED"), "all completed")
+
+
+async def test_a_backlog_drains_with_outcomes_riding_the_claims(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    """A backlog larger than many claims: every outcome is recorded, by claims or acks."""
+    worker = make_worker(proxy, concurrency=50)
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        return None
+
+    ids = [r.id for r in await client.submit_batch([{"queue": "q", "type": "t"}] * 600)]
+    async with serving(worker):
+        await until(all_in_state(store, ids, "COMPLETED"), "all completed", within=60)
+    carried = carried_batches(proxy)
+    sent = [batch.body["acks"] for batch in proxy.seen("POST", "/v1/acks")]
+    assert sorted(a["id"] for b in carried + sent for a in b) == sorted(ids)
+    assert carried
