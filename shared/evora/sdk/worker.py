@@ -347,14 +347,15 @@ class Worker:
                 log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            except asyncio.CancelledError:
+            else:
                 if carried is not None:
+                    carried.answer.set_result(results or [])
+            finally:
+                # Cancelled (shutdown) or broken: the batcher must not wait for it forever.
+                if carried is not None and not carried.answer.done():
                     carried.answer.set_exception(
-                        EvoraConnectionError("the claim was cancelled", request_sent=True)
+                        EvoraConnectionError("the claim carrying them ended", request_sent=True)
                     )
-                raise
-            if carried is not None:
-                carried.answer.set_result(results or [])
             if failures:
                 log.info("claiming again after %d failed attempts", failures)
                 failures = 0
