@@ -444,21 +444,26 @@ async def test_stop_lets_running_jobs_finish_within_the_grace_and_releases_the_r
 ) -> None:
     worker = make_worker(proxy, concurrency=3, grace_period=0.5)
     finish = asyncio.Event()
+    started: set[str] = set()
 
     @worker.handler("quick")
     async def quick(job: evora.Job) -> str:
+        started.add(job.id)
         await finish.wait()
         return "finished during the grace period"
 
     @worker.handler("slow")
     async def slow(job: evora.Job) -> None:
+        started.add(job.id)
         await asyncio.Event().wait()
 
     quick_id = (await client.submit("q", "quick")).id
     slow_id = (await client.submit("q", "slow")).id
     task = asyncio.create_task(worker.serve())
-    # Both jobs run and the third slot waits in a long-poll of 30 s.
-    await until(in_state(store, slow_id, "RUNNING"), "the slow job running")
+    # Both handlers run (not merely claimed: the claim carrying them could still be on its
+    # way, and that in-flight claim is not the long-poll waited for next) and the third slot
+    # waits in a long-poll of 30 s.
+    await until(lambda: started == {quick_id, slow_id}, "both handlers running")
     await until(lambda: proxy.in_flight["/v1/claim"] == 1, "a long-poll for the third slot")
     loop = asyncio.get_running_loop()
     started = loop.time()
