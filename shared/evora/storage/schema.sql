@@ -30,6 +30,17 @@ CREATE TYPE public.job_state AS ENUM (
     'CANCELLED'
 );
 
+CREATE TYPE public.evora_attempt_end AS (
+	id uuid,
+	to_state public.job_state,
+	error jsonb,
+	reason text,
+	delay double precision,
+	released boolean,
+	pending_event text,
+	worker text
+);
+
 CREATE TYPE public.job_image AS (
 	id uuid,
 	queue text,
@@ -559,6 +570,59 @@ BEGIN
     SELECT count(*) INTO removed FROM gone;
     PERFORM set_config('evora.drop_archived_events', 'off', true);
     RETURN removed;
+END
+$$;
+
+CREATE FUNCTION public.evora_end_attempts(ends public.evora_attempt_end[], suppressed text[]) RETURNS TABLE(job public.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH decided AS (
+        SELECT * FROM unnest(ends)
+    ),
+    moved AS (
+        UPDATE jobs j
+        SET state = d.to_state,
+            attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+            last_error = coalesce(d.error, j.last_error),
+            lease_expires_at = NULL,
+            run_at = CASE WHEN d.to_state = 'PENDING'
+                          THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+            finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
+            updated_at = evora_now(), version = j.version + 1
+        FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
+        RETURNING j.*, j AS whole, evora_job_image(j) AS image,
+            CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
+                 WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
+                 ELSE d.pending_event END AS ev_name,
+            d.worker AS ev_worker,
+            (SELECT coalesce(jsonb_object_agg(key, value), '{}')
+             FROM jsonb_each(jsonb_build_object(
+                 'error', d.error, 'reason', d.reason,
+                 'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
+             WHERE value <> 'null') AS ev_data
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type, ev_name, 'RUNNING', state,
+               attempt, ev_worker, updated_at, ev_data, image
+        FROM moved
+    ),
+    claimable AS (
+        SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+    ),
+    hinted AS (
+        SELECT q, pg_notify('evora_jobs', q) AS sent
+        FROM claimable
+        WHERE q <> ALL(suppressed)
+    )
+    SELECT m.whole,
+           (SELECT array_agg(q) FROM hinted),
+           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed))
+    FROM moved m;
 END
 $$;
 

@@ -171,6 +171,8 @@ ORDER BY i.ord;
 -- PENDING again after its backoff. One row per item in its own position, like complete, except
 -- that a repeat finds the attempt over: a failure is never replayed, so every item that
 -- changed nothing is 'lease_lost', or 'not_found' when no such job exists.
+-- This statement, release and expire_leases decide where each attempt goes; moving the rows,
+-- recording the events and the NOTIFY hints are evora_end_attempts() (migration 0015).
 WITH items AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
@@ -180,68 +182,37 @@ input AS (
     SELECT DISTINCT ON (id, token) * FROM items ORDER BY id, token, ord
 ),
 decided AS (
-    SELECT j.id, i.error, j.worker_id AS worker, false AS released, 'failed' AS pending_event,
+    SELECT ROW(
+        j.id,
         CASE WHEN j.cancel_requested THEN 'CANCELLED'
              WHEN NOT i.retryable OR j.attempt >= j.max_attempts THEN 'DLQ'
-             ELSE 'PENDING' END::job_state AS to_state,
+             ELSE 'PENDING' END::job_state,
+        i.error,
         CASE WHEN j.cancel_requested THEN 'cancel_requested'
              WHEN NOT i.retryable THEN 'not_retryable'
-             WHEN j.attempt >= j.max_attempts THEN 'failed' END AS reason,
+             WHEN j.attempt >= j.max_attempts THEN 'failed' END,
         coalesce(i.retry_in, evora_backoff_seconds(j.backoff_initial, j.backoff_max,
-                                                   j.backoff_multiplier, j.attempt)) AS delay
+                                                   j.backoff_multiplier, j.attempt)),
+        false, 'failed', j.worker_id
+    )::evora_attempt_end AS decision
     FROM jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token
     WHERE j.state = 'RUNNING'
     FOR UPDATE OF j
 ),
-moved AS (
-    UPDATE jobs j
-    SET state = d.to_state,
-        -- a release hands the claim back uncounted, unless it ends the job (cancel requested):
-        -- then the attempt ran and stays counted
-        attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
-        last_error = coalesce(d.error, j.last_error),
-        lease_expires_at = NULL,
-        run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
-        updated_at = evora_now(), version = j.version + 1
-    FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-        CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
-             WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
-             ELSE d.pending_event END AS ev_name,
-        'RUNNING'::job_state AS ev_from, d.worker AS ev_worker,
-        (SELECT coalesce(jsonb_object_agg(key, value), '{}')
-         FROM jsonb_each(jsonb_build_object(
-             'error', d.error, 'reason', d.reason,
-             'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
-         WHERE value <> 'null') AS ev_data
-),
-recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($6::text[])
+ended AS (
+    SELECT * FROM evora_end_attempts(ARRAY(SELECT decision FROM decided), $6::text[])
 )
 SELECT CASE WHEN won.ord IS NOT NULL THEN 'done'
             WHEN EXISTS (SELECT 1 FROM jobs WHERE id = i.id) THEN 'lease_lost'
             ELSE 'not_found' END AS outcome,
        CASE WHEN $7::bool THEN won.job END AS job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($6::text[])) AS owed
+       (SELECT notified FROM ended LIMIT 1) AS notified,
+       (SELECT owed FROM ended LIMIT 1) AS owed
 FROM items i
 -- only the first occurrence of the winning (id, token) is the winner
 LEFT JOIN (
-    SELECT d.ord, m.job FROM moved m JOIN input d ON d.id = m.id AND d.token = m.lease_token
+    SELECT d.ord, e.job
+    FROM ended e JOIN input d ON d.id = (e.job).id AND d.token = (e.job).lease_token
 ) won ON won.ord = i.ord
 ORDER BY i.ord;
 
@@ -250,63 +221,26 @@ ORDER BY i.ord;
 -- Back to PENDING without counting the attempt, or CANCELLED when a cancel was requested (then
 -- the attempt ran and stays counted). Exactly one row: the outcome, and the job if it moved.
 WITH decided AS (
-    SELECT j.id, NULL::jsonb AS error, j.worker_id AS worker, true AS released,
-           'released' AS pending_event,
-           CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END::job_state
-               AS to_state,
-           CASE WHEN j.cancel_requested THEN 'cancel_requested' END AS reason,
-           $3::float8 AS delay
+    SELECT ROW(
+        j.id,
+        CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END::job_state,
+        NULL,
+        CASE WHEN j.cancel_requested THEN 'cancel_requested' END,
+        $3::float8, true, 'released', j.worker_id
+    )::evora_attempt_end AS decision
     FROM jobs j
     WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'RUNNING'
     FOR UPDATE OF j
 ),
-moved AS (
-    UPDATE jobs j
-    SET state = d.to_state,
-        -- a release hands the claim back uncounted, unless it ends the job (cancel requested):
-        -- then the attempt ran and stays counted
-        attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
-        last_error = coalesce(d.error, j.last_error),
-        lease_expires_at = NULL,
-        run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
-        updated_at = evora_now(), version = j.version + 1
-    FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-        CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
-             WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
-             ELSE d.pending_event END AS ev_name,
-        'RUNNING'::job_state AS ev_from, d.worker AS ev_worker,
-        (SELECT coalesce(jsonb_object_agg(key, value), '{}')
-         FROM jsonb_each(jsonb_build_object(
-             'error', d.error, 'reason', d.reason,
-             'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
-         WHERE value <> 'null') AS ev_data
-),
-recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($4::text[])
+ended AS (
+    SELECT * FROM evora_end_attempts(ARRAY(SELECT decision FROM decided), $4::text[])
 )
-SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
+SELECT CASE WHEN (e.job).id IS NOT NULL THEN 'done'
             WHEN EXISTS (SELECT 1 FROM jobs WHERE id = $1) THEN 'lease_lost'
             ELSE 'not_found' END AS outcome,
-       m.job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
+       e.job, e.notified, e.owed
 FROM (VALUES (1)) AS one(x)
-LEFT JOIN moved m ON true;
+LEFT JOIN ended e ON true;
 
 -- name: expire_leases
 -- $1 batch size, $2 suppressed queues. The sweeper: leases that ran out, decided like a failure
@@ -315,67 +249,28 @@ LEFT JOIN moved m ON true;
 -- attempt's error (unless the job is being cancelled anyway), so a job dead-lettered this way
 -- says why; one fixed message, so failure statistics count every expiry as one reason.
 WITH decided AS (
-    SELECT j.id,
-           CASE WHEN NOT j.cancel_requested THEN jsonb_build_object(
-               'message', 'the lease expired before the worker reported an outcome',
-               'type', 'lease_expired') END AS error,
-           j.worker_id AS worker, false AS released, 'lease_expired' AS pending_event,
+    SELECT ROW(
+        j.id,
         CASE WHEN j.cancel_requested THEN 'CANCELLED'
              WHEN j.attempt >= j.max_attempts THEN 'DLQ'
-             ELSE 'PENDING' END::job_state AS to_state,
+             ELSE 'PENDING' END::job_state,
+        CASE WHEN NOT j.cancel_requested THEN jsonb_build_object(
+            'message', 'the lease expired before the worker reported an outcome',
+            'type', 'lease_expired') END,
         CASE WHEN j.cancel_requested THEN 'cancel_requested'
-             WHEN j.attempt >= j.max_attempts THEN 'lease_expired' END AS reason,
+             WHEN j.attempt >= j.max_attempts THEN 'lease_expired' END,
         evora_backoff_seconds(j.backoff_initial, j.backoff_max, j.backoff_multiplier,
-                              j.attempt) AS delay
+                              j.attempt),
+        false, 'lease_expired', j.worker_id
+    )::evora_attempt_end AS decision
     FROM jobs j
     WHERE j.state = 'RUNNING' AND j.lease_expires_at < evora_now()
     ORDER BY j.lease_expires_at
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
-),
-moved AS (
-    UPDATE jobs j
-    SET state = d.to_state,
-        -- a release hands the claim back uncounted, unless it ends the job (cancel requested):
-        -- then the attempt ran and stays counted
-        attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
-        last_error = coalesce(d.error, j.last_error),
-        lease_expires_at = NULL,
-        run_at = CASE WHEN d.to_state = 'PENDING'
-                      THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
-        updated_at = evora_now(), version = j.version + 1
-    FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-        CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
-             WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
-             ELSE d.pending_event END AS ev_name,
-        'RUNNING'::job_state AS ev_from, d.worker AS ev_worker,
-        (SELECT coalesce(jsonb_object_agg(key, value), '{}')
-         FROM jsonb_each(jsonb_build_object(
-             'error', d.error, 'reason', d.reason,
-             'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
-         WHERE value <> 'null') AS ev_data
-),
-recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($2::text[])
 )
-SELECT job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
-FROM moved;
+SELECT job, notified, owed
+FROM evora_end_attempts(ARRAY(SELECT decision FROM decided), $2::text[]);
 
 -- name: expire_ttls
 -- $1 batch size, $2 suppressed queues. The sweeper: PENDING jobs whose expires_at passed
