@@ -81,7 +81,7 @@ async def end_by_fail(
         part = jobs[i : i + BATCH]
         errors = ['{"message": "boom", "type": "Bench"}'] * len(part)
         t0 = time.perf_counter()
-        await conn.fetch(
+        rows = await conn.fetch(
             sql,
             [j for j, _ in part],
             [t for _, t in part],
@@ -92,7 +92,15 @@ async def end_by_fail(
             False,
         )
         spent += time.perf_counter() - t0
+        require_done(rows, len(part))
     return spent
+
+
+def require_done(rows: Sequence[asyncpg.Record], expected: int) -> None:
+    """A measurement counts only if every attempt it timed did end."""
+    done = sum(r["outcome"] == "done" for r in rows)
+    if done != expected:
+        raise RuntimeError(f"{done} of {expected} attempts ended")
 
 
 async def end_by_release(
@@ -101,8 +109,9 @@ async def end_by_release(
     spent = 0.0
     for job_id, token in jobs:
         t0 = time.perf_counter()
-        await conn.fetch(sql, job_id, token, 3600.0, [])
+        rows = await conn.fetch(sql, job_id, token, 3600.0, [])
         spent += time.perf_counter() - t0
+        require_done(rows, 1)
     return spent
 
 

@@ -41,6 +41,57 @@ CREATE TYPE public.evora_attempt_end AS (
 	worker text
 );
 
+CREATE TABLE public.jobs (
+    id uuid NOT NULL,
+    submit_seq bigint NOT NULL,
+    queue text NOT NULL,
+    type text NOT NULL,
+    payload jsonb NOT NULL,
+    state public.job_state DEFAULT 'PENDING'::public.job_state NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    group_key text,
+    idempotency_key text,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer NOT NULL,
+    lease_seconds integer NOT NULL,
+    backoff_initial double precision NOT NULL,
+    backoff_max double precision NOT NULL,
+    backoff_multiplier double precision NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    worker_id text,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    result jsonb,
+    last_error jsonb,
+    progress jsonb,
+    version integer DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
+    CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
+    CONSTRAINT jobs_cancel_request_only_while_running CHECK (((NOT cancel_requested) OR (state = ANY (ARRAY['RUNNING'::public.job_state, 'CANCELLED'::public.job_state, 'COMPLETED'::public.job_state])))),
+    CONSTRAINT jobs_check CHECK ((backoff_max >= backoff_initial)),
+    CONSTRAINT jobs_finished_at_iff_done CHECK (((state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state])) = (finished_at IS NOT NULL))),
+    CONSTRAINT jobs_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 86400))),
+    CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::public.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
+)
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
+ALTER TABLE ONLY public.jobs ALTER COLUMN state SET STATISTICS 0;
+
+CREATE TYPE public.evora_move AS (
+	job public.jobs,
+	event text,
+	from_state public.job_state,
+	worker text,
+	data jsonb
+);
+
 CREATE TYPE public.job_image AS (
 	id uuid,
 	queue text,
@@ -223,49 +274,6 @@ BEGIN
     RETURN ids;
 END
 $$;
-
-CREATE TABLE public.jobs (
-    id uuid NOT NULL,
-    submit_seq bigint NOT NULL,
-    queue text NOT NULL,
-    type text NOT NULL,
-    payload jsonb NOT NULL,
-    state public.job_state DEFAULT 'PENDING'::public.job_state NOT NULL,
-    priority smallint DEFAULT 0 NOT NULL,
-    group_key text,
-    idempotency_key text,
-    attempt integer DEFAULT 0 NOT NULL,
-    max_attempts integer NOT NULL,
-    lease_seconds integer NOT NULL,
-    backoff_initial double precision NOT NULL,
-    backoff_max double precision NOT NULL,
-    backoff_multiplier double precision NOT NULL,
-    run_at timestamp with time zone NOT NULL,
-    expires_at timestamp with time zone,
-    lease_token uuid,
-    lease_expires_at timestamp with time zone,
-    worker_id text,
-    cancel_requested boolean DEFAULT false NOT NULL,
-    result jsonb,
-    last_error jsonb,
-    progress jsonb,
-    version integer DEFAULT 1 NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
-    CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
-    CONSTRAINT jobs_cancel_request_only_while_running CHECK (((NOT cancel_requested) OR (state = ANY (ARRAY['RUNNING'::public.job_state, 'CANCELLED'::public.job_state, 'COMPLETED'::public.job_state])))),
-    CONSTRAINT jobs_check CHECK ((backoff_max >= backoff_initial)),
-    CONSTRAINT jobs_finished_at_iff_done CHECK (((state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state])) = (finished_at IS NOT NULL))),
-    CONSTRAINT jobs_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 86400))),
-    CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
-    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::public.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
-)
-WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
-ALTER TABLE ONLY public.jobs ALTER COLUMN state SET STATISTICS 0;
 
 CREATE FUNCTION evora.submit_rows(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
@@ -593,36 +601,25 @@ BEGIN
             finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
             updated_at = evora_now(), version = j.version + 1
         FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
-        RETURNING j.*, j AS whole, evora_job_image(j) AS image,
+        RETURNING j AS whole, ROW(
+            j,
             CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
                  WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
-                 ELSE d.pending_event END AS ev_name,
-            d.worker AS ev_worker,
+                 ELSE d.pending_event END,
+            'RUNNING',
+            d.worker,
             (SELECT coalesce(jsonb_object_agg(key, value), '{}')
              FROM jsonb_each(jsonb_build_object(
                  'error', d.error, 'reason', d.reason,
                  'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
-             WHERE value <> 'null') AS ev_data
+             WHERE value <> 'null')
+        )::evora_move AS move
     ),
     recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type, ev_name, 'RUNNING', state,
-               attempt, ev_worker, updated_at, ev_data, image
-        FROM moved
-    ),
-    claimable AS (
-        SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-    ),
-    hinted AS (
-        SELECT q, pg_notify('evora_jobs', q) AS sent
-        FROM claimable
-        WHERE q <> ALL(suppressed)
+        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
     )
-    SELECT m.whole,
-           (SELECT array_agg(q) FROM hinted),
-           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed))
-    FROM moved m;
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r;
 END
 $$;
 
@@ -640,6 +637,36 @@ CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
     AS $$
     SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
                             interval '0')
+$$;
+
+CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH moved AS (
+        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
+        FROM unnest(moves) AS m
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type, event, from_state, state,
+               attempt, worker, updated_at, data, evora_job_image(whole)
+        FROM moved
+    ),
+    claimable AS (
+        SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+    ),
+    hinted AS (
+        SELECT q, pg_notify('evora_jobs', q) AS sent
+        FROM claimable
+        WHERE q <> ALL(suppressed)
+    )
+    SELECT (SELECT array_agg(q) FROM hinted),
+           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed));
+END
 $$;
 
 CREATE FUNCTION public.evora_reject_event_change() RETURNS trigger

@@ -1,11 +1,60 @@
--- Evora schema, version 15: one place where a RUNNING attempt ends.
+-- Evora schema, version 15: one place for what every transition does after moving its rows,
+-- and one for how a RUNNING attempt ends.
 --
--- Three statements end attempts (storage/sql/transitions.sql): `fail` (a worker's failure),
--- `release` (a worker hands the claim back) and `expire_leases` (the sweeper, for a lease that
--- ran out). Each decides, under its own fence and lock, where each attempt goes; what follows
--- is the same for all three and lives here once: the row moves, one `job_events` row records
--- it, and the queues that gained a claimable job get their NOTIFY hint. A decision is one
--- `evora_attempt_end` per job.
+-- Every statement in storage/sql/transitions.sql moves jobs and then does the same: one
+-- `job_events` row per moved job (the outbox, in the same transaction) and a NOTIFY hint for
+-- each queue that gained a claimable job. `evora_record_moves()` is that, once.
+--
+-- Three statements end attempts: `fail` (a worker's failure), `release` (a worker hands the
+-- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
+-- its own fence and lock, where each attempt goes (one `evora_attempt_end` per job);
+-- `evora_end_attempts()` then moves the rows, the same way for all three.
+
+DO $$
+BEGIN
+    CREATE TYPE evora_move AS (
+        job        jobs,       -- the job as it is after the move
+        event      text,
+        from_state job_state,
+        worker     text,       -- the worker that caused it, if any
+        data       jsonb       -- the event's data
+    );
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+
+-- Records `moves` (one event each) and sends the NOTIFY hint of every queue that gained a
+-- claimable job, except those in `suppressed` (this process notified them a moment ago), which
+-- it returns as owed. One row, whatever it was given. plpgsql so that its plans are prepared
+-- once per connection, like a statement's.
+CREATE OR REPLACE FUNCTION evora_record_moves(moves evora_move[], suppressed text[])
+RETURNS TABLE (notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH moved AS (
+        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
+        FROM unnest(moves) AS m
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type, event, from_state, state,
+               attempt, worker, updated_at, data, evora_job_image(whole)
+        FROM moved
+    ),
+    claimable AS (
+        SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+    ),
+    hinted AS (
+        SELECT q, pg_notify('evora_jobs', q) AS sent
+        FROM claimable
+        WHERE q <> ALL(suppressed)
+    )
+    SELECT (SELECT array_agg(q) FROM hinted),
+           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed));
+END
+$$;
 
 DO $$
 BEGIN
@@ -27,10 +76,8 @@ BEGIN
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
 
--- Moves every decided job that is still RUNNING (the caller holds its row lock) and returns
--- it whole, once per moved job, with the queues notified and the ones owed a hint because they
--- are in `suppressed` (this process notified them a moment ago). plpgsql so that its plan is
--- prepared once per connection, like a statement's.
+-- Moves every decided job that is still RUNNING (the caller holds its row lock) and records
+-- it; returns each moved job whole, with the queues notified and owed (evora_record_moves).
 CREATE OR REPLACE FUNCTION evora_end_attempts(ends evora_attempt_end[], suppressed text[])
 RETURNS TABLE (job jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE AS $$
@@ -53,35 +100,24 @@ BEGIN
             finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
             updated_at = evora_now(), version = j.version + 1
         FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
-        RETURNING j.*, j AS whole, evora_job_image(j) AS image,
+        RETURNING j AS whole, ROW(
+            j,
             CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
                  WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
-                 ELSE d.pending_event END AS ev_name,
-            d.worker AS ev_worker,
+                 ELSE d.pending_event END,
+            'RUNNING',
+            d.worker,
             (SELECT coalesce(jsonb_object_agg(key, value), '{}')
              FROM jsonb_each(jsonb_build_object(
                  'error', d.error, 'reason', d.reason,
                  'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
-             WHERE value <> 'null') AS ev_data
+             WHERE value <> 'null')
+        )::evora_move AS move
     ),
     recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type, ev_name, 'RUNNING', state,
-               attempt, ev_worker, updated_at, ev_data, image
-        FROM moved
-    ),
-    claimable AS (
-        SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-    ),
-    hinted AS (
-        SELECT q, pg_notify('evora_jobs', q) AS sent
-        FROM claimable
-        WHERE q <> ALL(suppressed)
+        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
     )
-    SELECT m.whole,
-           (SELECT array_agg(q) FROM hinted),
-           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed))
-    FROM moved m;
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r;
 END
 $$;

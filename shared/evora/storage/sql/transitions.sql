@@ -287,29 +287,15 @@ moved AS (
     UPDATE jobs j
     SET state = 'DLQ', finished_at = evora_now(), updated_at = evora_now(), version = j.version + 1
     FROM due WHERE j.id = due.id AND j.state = 'PENDING'
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-              'dead_lettered' AS ev_name, 'PENDING'::job_state AS ev_from,
-              NULL::text AS ev_worker, '{"reason": "expired"}'::jsonb AS ev_data
+    RETURNING j.id, j AS job,
+              ROW(j, 'dead_lettered', 'PENDING', NULL, '{"reason": "expired"}')::evora_move AS move
 ),
 recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($2::text[])
+    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $2::text[])
 )
 SELECT job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
-FROM moved;
+       r.notified, r.owed
+FROM moved CROSS JOIN recorded r;
 
 -- name: cancel
 -- $1 id, $2 suppressed queues. A PENDING job is cancelled at once; a RUNNING job gets
@@ -373,33 +359,20 @@ moved AS (
         expires_at = CASE WHEN j.expires_at <= evora_now() THEN NULL ELSE j.expires_at END,
         lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-              'retried' AS ev_name, 'DLQ'::job_state AS ev_from,
-              NULL::text AS ev_worker, '{}'::jsonb AS ev_data
+    RETURNING j.id, j AS job,
+              ROW(j, 'retried', 'DLQ', NULL, '{}')::evora_move AS move
 ),
 recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($2::text[])
+    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $2::text[])
 )
 SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
             WHEN cur.found THEN 'refused'
             ELSE 'not_found' END AS outcome,
        coalesce(m.job, cur.job) AS job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
+       r.notified, r.owed
 FROM (VALUES (1)) AS one(x)
 LEFT JOIN moved m ON true
+CROSS JOIN recorded r
 -- Refused: the job as its latest version shows it. The statement's snapshot may predate a
 -- transaction that the target's row lock waited for and that moved the job out of reach; a
 -- locking read waits for the same transaction and returns what it committed.
@@ -423,29 +396,15 @@ moved AS (
         expires_at = CASE WHEN j.expires_at <= evora_now() THEN NULL ELSE j.expires_at END,
         lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-              'retried' AS ev_name, 'DLQ'::job_state AS ev_from,
-              NULL::text AS ev_worker, '{}'::jsonb AS ev_data
+    RETURNING j.id, j AS job,
+              ROW(j, 'retried', 'DLQ', NULL, '{}')::evora_move AS move
 ),
 recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($4::text[])
+    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $4::text[])
 )
 SELECT job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
-FROM moved;
+       r.notified, r.owed
+FROM moved CROSS JOIN recorded r;
 
 -- name: discard
 -- $1 id, $2 suppressed queues. DLQ -> CANCELLED; any other state is refused. One row answered
@@ -455,33 +414,20 @@ moved AS (
     UPDATE jobs j
     SET state = 'CANCELLED', finished_at = evora_now(), updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-              'cancelled' AS ev_name, 'DLQ'::job_state AS ev_from,
-              NULL::text AS ev_worker, '{"reason": "discarded"}'::jsonb AS ev_data
+    RETURNING j.id, j AS job,
+              ROW(j, 'cancelled', 'DLQ', NULL, '{"reason": "discarded"}')::evora_move AS move
 ),
 recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($2::text[])
+    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $2::text[])
 )
 SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
             WHEN cur.found THEN 'refused'
             ELSE 'not_found' END AS outcome,
        coalesce(m.job, cur.job) AS job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
+       r.notified, r.owed
 FROM (VALUES (1)) AS one(x)
 LEFT JOIN moved m ON true
+CROSS JOIN recorded r
 -- Refused: the job as its latest version shows it. The statement's snapshot may predate a
 -- transaction that the target's row lock waited for and that moved the job out of reach; a
 -- locking read waits for the same transaction and returns what it committed.
