@@ -3,11 +3,36 @@ database of the same server (where the role already exists), changing nothing.""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
 from importlib import resources
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import pytest
 
+from evora.storage.migrate import apply_migrations
 from tests.sql.conftest import MakeRole
+
+# The last version before a later migration (0015) replaced evora.submit_rows(): running
+# 0011 again over a newer database puts its own version back, as any older migration would.
+_SUBMIT_ROWS_OF_0011_UNTIL = 12
+
+
+@pytest.fixture
+async def db_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A database migrated up to the version whose functions 0011 still defines."""
+    name = f"m0011_{uuid.uuid4().hex}"
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        url = urlunsplit(urlsplit(pg_server_url)._replace(path=f"/{name}"))
+        await apply_migrations(url, upto=_SUBMIT_ROWS_OF_0011_UNTIL)
+        yield url
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
 
 _STATE = """
 SELECT (SELECT array_agg(f ORDER BY f) FROM (

@@ -30,7 +30,7 @@ from evora.storage import queries
 from evora.storage.db import jsonb_elements
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
 from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row
-from evora.storage.submissions import Submitted, store
+from evora.storage.submissions import Submitted, needs_transaction, store
 
 EXPIRY_BATCH = 500
 REDRIVE_BATCH = 500
@@ -177,7 +177,7 @@ class JobStore:
         """Store all or nothing. An idempotency key seen before (in the database or earlier
         in this batch) replays its job when the fields match and raises
         IdempotencyConflict when they differ."""
-        keyed = any(s.idempotency_key is not None for s in submissions)
+        keyed = needs_transaction(submissions)
         async with self._pool.acquire() as conn:
             # Only replays can turn into a conflict after rows were inserted; without keys a
             # single statement is already atomic.

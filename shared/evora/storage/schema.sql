@@ -27,7 +27,8 @@ CREATE TYPE public.job_state AS ENUM (
     'RUNNING',
     'COMPLETED',
     'DLQ',
-    'CANCELLED'
+    'CANCELLED',
+    'WAITING'
 );
 
 CREATE TYPE public.job_image AS (
@@ -243,26 +244,36 @@ CREATE TABLE public.jobs (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
+    on_dependency_failure text DEFAULT 'cancel'::text NOT NULL,
+    dependencies_left integer DEFAULT 0 NOT NULL,
+    has_dependents boolean DEFAULT false NOT NULL,
+    depends_on uuid[],
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
     CONSTRAINT jobs_cancel_request_only_while_running CHECK (((NOT cancel_requested) OR (state = ANY (ARRAY['RUNNING'::public.job_state, 'CANCELLED'::public.job_state, 'COMPLETED'::public.job_state])))),
     CONSTRAINT jobs_check CHECK ((backoff_max >= backoff_initial)),
+    CONSTRAINT jobs_dependencies_left CHECK ((dependencies_left >= 0)),
     CONSTRAINT jobs_finished_at_iff_done CHECK (((state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state])) = (finished_at IS NOT NULL))),
     CONSTRAINT jobs_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 86400))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
-    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::public.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
+    CONSTRAINT jobs_on_dependency_failure CHECK ((on_dependency_failure = ANY (ARRAY['cancel'::text, 'run'::text]))),
+    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::public.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT jobs_waiting_has_dependencies CHECK (((state <> 'WAITING'::public.job_state) OR (dependencies_left > 0)))
 )
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
 ALTER TABLE ONLY public.jobs ALTER COLUMN state SET STATISTICS 0;
 
-CREATE FUNCTION evora.submit_rows(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.submit_rows(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[] DEFAULT '{}'::integer[], dependency_ids uuid[] DEFAULT '{}'::uuid[], on_failures text[] DEFAULT NULL::text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
     made integer;
     fingerprints bytea[];
+    lefts integer[];
+    refusals text[];
+    culprits integer[];
 BEGIN
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := ARRAY(
@@ -278,15 +289,63 @@ BEGIN
                                      backoff_multiplier, expires_at, key, group_key, ord)
             ORDER BY x.ord);
     END IF;
+    IF cardinality(dependency_ids) > 0 THEN
+        WITH held AS (
+            SELECT * FROM evora_hold_dependencies(
+                ARRAY(SELECT DISTINCT d FROM unnest(dependency_ids) d WHERE d <> ALL(ids)))
+        ),
+        edge AS (
+            SELECT e.ord, row_number() OVER (PARTITION BY e.ord ORDER BY e.n) AS place,
+                   e.dep = ANY(ids) AS in_call, h.state,
+                   coalesce(on_failures[e.ord], 'cancel') AS policy
+            FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
+                  FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+                  ORDER BY u.ord, u.dep, u.n) AS e
+            LEFT JOIN held h ON h.id = e.dep
+        ),
+        verdict AS (
+            SELECT i.n,
+                   (SELECT count(*) FROM edge e
+                    WHERE e.ord = i.n
+                      AND (e.in_call OR e.state NOT IN ('COMPLETED', 'CANCELLED')))::integer
+                       AS left_count,
+                   bad.refusal, bad.place
+            FROM generate_series(1, cardinality(ids)) AS i(n)
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN e.state IS NULL THEN 'unknown_dependency'
+                            ELSE 'cancelled_dependency' END AS refusal,
+                       e.place::integer AS place
+                FROM edge e
+                WHERE e.ord = i.n AND NOT e.in_call
+                  AND (e.state IS NULL OR (e.state = 'CANCELLED' AND e.policy = 'cancel'))
+                ORDER BY e.place
+                LIMIT 1
+            ) bad ON true
+        )
+        SELECT array_agg(v.left_count ORDER BY v.n), array_agg(v.refusal ORDER BY v.n),
+               array_agg(v.place ORDER BY v.n)
+        INTO lefts, refusals, culprits
+        FROM verdict v;
+    END IF;
     RETURN QUERY
-    WITH input AS (
-        SELECT x.*, fingerprints[x.ord] AS fingerprint
+    WITH lists AS (
+        SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
+        FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
+              FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+              ORDER BY u.ord, u.dep, u.n) AS e
+        GROUP BY e.ord
+    ),
+    input AS (
+        SELECT x.*, fingerprints[x.ord] AS fingerprint,
+               coalesce(lefts[x.ord], 0) AS waiting_on, l.deps
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers,
                     expires_ats, idempotency_keys, group_keys)
             WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
                                  max_attempts, lease_seconds, backoff_initial, backoff_max,
                                  backoff_multiplier, expires_at, key, group_key, ord)
+        LEFT JOIN lists l ON l.ord = x.ord
+        WHERE refusals[x.ord] IS NULL
     ),
     keyed AS (
         INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
@@ -300,15 +359,25 @@ BEGIN
     moved AS (
         INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
-                               expires_at, idempotency_key, group_key)
+                               expires_at, idempotency_key, group_key, state, dependencies_left,
+                               on_dependency_failure, has_dependents, depends_on)
         SELECT i.id, i.queue, i.type, i.payload, i.priority,
                coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
                i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
-               i.backoff_multiplier, i.expires_at, i.key, i.group_key
+               i.backoff_multiplier, i.expires_at, i.key, i.group_key,
+               CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
+               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(dependency_ids),
+               i.deps
         FROM input i
         WHERE i.key IS NULL OR i.id IN (SELECT k.job_id FROM keyed k)
         ORDER BY i.ord
         RETURNING j.*, j AS whole, evora_job_image(j) AS image
+    ),
+    edges AS (
+        INSERT INTO job_dependencies (job_id, depends_on)
+        SELECT m.id, d.dep
+        FROM moved m
+        CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -334,6 +403,11 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY
+    SELECT x.ord::integer, refusals[x.ord], culprits[x.ord], NULL::jobs, NULL::text[],
+           NULL::text[]
+    FROM generate_series(1, cardinality(ids)) AS x(ord)
+    WHERE refusals[x.ord] IS NOT NULL;
+    RETURN QUERY
     SELECT x.ord::integer,
            CASE
                WHEN s.id IS NULL THEN 'gone'
@@ -347,7 +421,7 @@ BEGIN
     FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
     LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
     LEFT JOIN jobs s ON s.id = k.job_id
-    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id;
+    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND refusals[x.ord] IS NULL;
 END
 $$;
 
@@ -522,6 +596,17 @@ CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_secon
             * (0.8 + 0.4 * random()))
 $$;
 
+CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, dependency_state public.job_state) RETURNS public.job_state
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN dependency_state = 'CANCELLED' AND j.on_dependency_failure = 'cancel'
+            THEN 'CANCELLED'::job_state
+        WHEN j.dependencies_left <= 1 THEN 'PENDING'::job_state
+        ELSE 'WAITING'::job_state
+    END
+$$;
+
 CREATE FUNCTION public.evora_drop_archived_events(upto_seq bigint, older_than_seconds double precision, max_rows integer) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO '$user', 'public'
@@ -562,6 +647,18 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.evora_hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state public.job_state)
+    LANGUAGE sql
+    AS $$
+    WITH held AS (
+        SELECT x.id FROM jobs x WHERE x.id = ANY(ids) ORDER BY x.id FOR NO KEY UPDATE
+    )
+    UPDATE jobs j SET has_dependents = true
+    FROM held h
+    WHERE j.id = h.id
+    RETURNING j.id, j.state
+$$;
+
 CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -595,17 +692,11 @@ CREATE FUNCTION public.evora_reject_illegal_transition() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        RAISE EXCEPTION 'a new job must be PENDING, not %', NEW.state
+        RAISE EXCEPTION 'a new job must be PENDING or WAITING, not %', NEW.state
             USING ERRCODE = 'check_violation';
     END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM job_transitions t
-        WHERE t.from_state = OLD.state AND t.to_state = NEW.state
-    ) THEN
-        RAISE EXCEPTION 'illegal job transition % -> % (job %)', OLD.state, NEW.state, OLD.id
-            USING ERRCODE = 'check_violation';
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION 'illegal job transition % -> % (job %)', OLD.state, NEW.state, OLD.id
+        USING ERRCODE = 'check_violation';
 END
 $$;
 
@@ -630,6 +721,61 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     RETURN OLD;
+END
+$$;
+
+CREATE FUNCTION public.evora_settle_dependents() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    hinted bigint;
+BEGIN
+    PERFORM 1
+    FROM jobs j
+    WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
+      AND j.state = 'WAITING'
+    ORDER BY j.id
+    FOR UPDATE OF j;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    WITH next AS (
+        SELECT j.id, evora_dependent_next_state(j, NEW.state) AS state
+        FROM jobs j
+        WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
+          AND j.state = 'WAITING'
+    ),
+    settled AS (
+        UPDATE jobs j
+        SET state = n.state,
+            dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
+                                     ELSE j.dependencies_left - 1 END,
+            version = j.version + (n.state <> 'WAITING')::int,
+            updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
+            finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
+        FROM next n
+        WHERE j.id = n.id AND j.state = 'WAITING'
+        RETURNING j.*, evora_job_image(j) AS image
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type,
+               CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
+               'WAITING', state, attempt, NULL, updated_at,
+               CASE WHEN state = 'CANCELLED'
+                    THEN jsonb_build_object('reason', 'dependency_cancelled',
+                                            'dependency', NEW.id)
+                    ELSE '{}'::jsonb END,
+               image
+        FROM settled
+        WHERE state <> 'WAITING'
+    )
+    SELECT count(pg_notify('evora_jobs', q.queue))
+    INTO hinted
+    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
+    RETURN NULL;
 END
 $$;
 
@@ -670,6 +816,12 @@ CREATE TABLE public.idempotency_keys (
     fingerprint bytea NOT NULL,
     job_id uuid NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.job_dependencies (
+    job_id uuid NOT NULL,
+    depends_on uuid NOT NULL,
+    CONSTRAINT job_dependencies_not_self CHECK ((job_id <> depends_on))
 );
 
 CREATE TABLE public.job_events (
@@ -763,6 +915,9 @@ ALTER TABLE ONLY public.evora_migrations
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue, key);
 
+ALTER TABLE ONLY public.job_dependencies
+    ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on);
+
 ALTER TABLE ONLY public.job_events
     ADD CONSTRAINT job_events_pkey PRIMARY KEY (seq);
 
@@ -788,6 +943,8 @@ ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
 CREATE INDEX idempotency_keys_age ON public.idempotency_keys USING btree (created_at);
+
+CREATE INDEX job_dependencies_dependents ON public.job_dependencies USING btree (depends_on, job_id);
 
 CREATE INDEX job_events_tail ON public.job_events USING btree (xid, seq);
 
@@ -819,8 +976,13 @@ CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON public.job_events FOR E
 
 CREATE TRIGGER job_events_submitted_data BEFORE INSERT ON public.job_events FOR EACH ROW WHEN (((new.event = 'submitted'::text) AND (current_setting('evora.submitted_data'::text, true) <> ''::text))) EXECUTE FUNCTION public.evora_add_submitted_data();
 
-CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::public.job_state, 'RUNNING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_live_delete();
+CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::public.job_state, 'RUNNING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_live_delete();
 
-CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> 'PENDING'::public.job_state)) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 
-CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON public.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state])) AND (old.state IS DISTINCT FROM new.state))) EXECUTE FUNCTION public.evora_settle_dependents();
+
+CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+
+ALTER TABLE ONLY public.job_dependencies
+    ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.jobs(id) ON DELETE CASCADE;

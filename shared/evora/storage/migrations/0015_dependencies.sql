@@ -1,0 +1,405 @@
+-- Evora schema, version 15: jobs that wait for other jobs (docs/dependencies.md).
+--
+-- A job submitted with unfinished dependencies is WAITING. Its readiness is decided by the
+-- database in the transaction that finishes a dependency: an AFTER UPDATE trigger on jobs,
+-- so whichever statement finishes a job (a worker's complete, a cancel, a discard from the
+-- DLQ, a lease expiry) releases or cancels what waits on it, with no polling loop to miss it.
+--
+-- jobs.dependencies_left counts a WAITING job's dependencies not yet final (COMPLETED or
+-- CANCELLED; a job in the DLQ may still be retried, so it keeps its dependents waiting).
+-- Every final transition of a dependency decrements it under the dependent's row lock, so of
+-- two dependencies finishing at once the second sees the first's decrement: exactly one of
+-- them moves the dependent on, and neither can miss it.
+--
+-- jobs.depends_on lists a job's dependencies as submitted, for the job resource; the table
+-- job_dependencies holds the same edges indexed by dependency, for the trigger.
+--
+-- jobs.has_dependents is set on a job when a dependent is submitted: it lets the trigger's
+-- WHEN clause skip every job nothing waits on in C, without a function call. Setting it is
+-- also the submission's lock on the dependency, so a dependency cannot finish between the
+-- submission counting it unfinished and the submission's edge becoming visible.
+--
+-- ALTER TYPE ... ADD VALUE cannot be used in the transaction that adds it, so the runner
+-- commits the statement before the `evora:commit` marker on its own (IF NOT EXISTS keeps it
+-- re-runnable).
+
+ALTER TYPE job_state ADD VALUE IF NOT EXISTS 'WAITING';
+
+-- evora:commit
+
+INSERT INTO job_transitions (from_state, to_state, event) VALUES
+    (NULL,      'WAITING',   'submitted'),
+    ('WAITING', 'PENDING',   'dependencies_met'),
+    ('WAITING', 'CANCELLED', 'cancelled');
+
+-- The legal pairs live in the guard's WHEN clause (version 6), regenerated from
+-- job_transitions whenever it changes.
+DO $$
+DECLARE
+    legal text;
+BEGIN
+    SELECT string_agg(DISTINCT format('(%L::job_state, %L::job_state)', from_state, to_state),
+                      ', ')
+    INTO legal
+    FROM job_transitions
+    WHERE from_state IS NOT NULL;
+
+    DROP TRIGGER IF EXISTS jobs_transition_guard ON jobs;
+    EXECUTE format(
+        'CREATE TRIGGER jobs_transition_guard '
+        'BEFORE UPDATE OF state ON jobs FOR EACH ROW '
+        'WHEN (OLD.state IS DISTINCT FROM NEW.state AND (OLD.state, NEW.state) NOT IN (%s)) '
+        'EXECUTE FUNCTION evora_reject_illegal_transition()',
+        legal);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION evora_reject_illegal_transition() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        RAISE EXCEPTION 'a new job must be PENDING or WAITING, not %', NEW.state
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RAISE EXCEPTION 'illegal job transition % -> % (job %)', OLD.state, NEW.state, OLD.id
+        USING ERRCODE = 'check_violation';
+END
+$$;
+
+DROP TRIGGER jobs_new_state_guard ON jobs;
+CREATE TRIGGER jobs_new_state_guard
+    BEFORE INSERT ON jobs
+    FOR EACH ROW WHEN (NEW.state NOT IN ('PENDING', 'WAITING'))
+    EXECUTE FUNCTION evora_reject_illegal_transition();
+
+-- A WAITING job is live: retention must never remove it.
+DROP TRIGGER jobs_live_delete_guard ON jobs;
+CREATE TRIGGER jobs_live_delete_guard
+    BEFORE DELETE ON jobs
+    FOR EACH ROW WHEN (OLD.state IN ('PENDING', 'RUNNING', 'WAITING'))
+    EXECUTE FUNCTION evora_reject_live_delete();
+
+-- Constant defaults: added without rewriting the table.
+ALTER TABLE jobs
+    ADD COLUMN on_dependency_failure text NOT NULL DEFAULT 'cancel'
+        CONSTRAINT jobs_on_dependency_failure CHECK (on_dependency_failure IN ('cancel', 'run')),
+    ADD COLUMN dependencies_left integer NOT NULL DEFAULT 0
+        CONSTRAINT jobs_dependencies_left CHECK (dependencies_left >= 0),
+    ADD COLUMN has_dependents boolean NOT NULL DEFAULT false,
+    -- what the job resource shows (NULL: none); job_dependencies holds the same edges,
+    -- indexed from the dependency's side
+    ADD COLUMN depends_on uuid[],
+    ADD CONSTRAINT jobs_waiting_has_dependencies
+        CHECK (state <> 'WAITING' OR dependencies_left > 0);
+
+-- One row per (dependent, dependency). The dependency is not a foreign key: it may be pruned
+-- by retention once final, while its dependent's edge still says what it waited for.
+CREATE TABLE job_dependencies (
+    job_id     uuid NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    depends_on uuid NOT NULL,
+    PRIMARY KEY (job_id, depends_on),
+    CONSTRAINT job_dependencies_not_self CHECK (job_id <> depends_on)
+);
+
+-- The dependents of a finishing job (the trigger) and GET /v1/jobs/{id}/dependents.
+CREATE INDEX job_dependencies_dependents ON job_dependencies (depends_on, job_id);
+
+-- What a WAITING dependent becomes when one of its dependencies ends in `dependency_state`
+-- (COMPLETED or CANCELLED): the one statement of the readiness rule.
+CREATE FUNCTION evora_dependent_next_state(j jobs, dependency_state job_state)
+RETURNS job_state
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN dependency_state = 'CANCELLED' AND j.on_dependency_failure = 'cancel'
+            THEN 'CANCELLED'::job_state
+        WHEN j.dependencies_left <= 1 THEN 'PENDING'::job_state
+        ELSE 'WAITING'::job_state
+    END
+$$;
+
+-- Runs once per job that just became COMPLETED or CANCELLED and has dependents. The waiting
+-- dependents are locked in id order first (two transactions finishing dependencies of the
+-- same dependents then queue on the same first row instead of deadlocking), then settled by
+-- a statement with a fresh snapshot that sees every decrement committed before the locks
+-- were granted. A dependent cancelled here is itself a job becoming CANCELLED: this trigger
+-- runs again for it, which is what makes the cancellation transitive.
+CREATE FUNCTION evora_settle_dependents() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    hinted bigint;
+BEGIN
+    PERFORM 1
+    FROM jobs j
+    WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
+      AND j.state = 'WAITING'
+    ORDER BY j.id
+    FOR UPDATE OF j;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    WITH next AS (
+        SELECT j.id, evora_dependent_next_state(j, NEW.state) AS state
+        FROM jobs j
+        WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
+          AND j.state = 'WAITING'
+    ),
+    settled AS (
+        UPDATE jobs j
+        SET state = n.state,
+            dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
+                                     ELSE j.dependencies_left - 1 END,
+            version = j.version + (n.state <> 'WAITING')::int,
+            updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
+            finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
+        FROM next n
+        WHERE j.id = n.id AND j.state = 'WAITING'
+        RETURNING j.*, evora_job_image(j) AS image
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type,
+               CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
+               'WAITING', state, attempt, NULL, updated_at,
+               CASE WHEN state = 'CANCELLED'
+                    THEN jsonb_build_object('reason', 'dependency_cancelled',
+                                            'dependency', NEW.id)
+                    ELSE '{}'::jsonb END,
+               image
+        FROM settled
+        WHERE state <> 'WAITING'
+    )
+    -- The NOTIFY hint, as for any job that becomes PENDING (delivered at commit).
+    SELECT count(pg_notify('evora_jobs', q.queue))
+    INTO hinted
+    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_settle_dependents
+    AFTER UPDATE OF state ON jobs
+    FOR EACH ROW
+    WHEN (NEW.has_dependents AND NEW.state IN ('COMPLETED', 'CANCELLED')
+          AND OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION evora_settle_dependents();
+
+-- A submission's hold on the dependencies of the job it is about to store: locks them in id
+-- order (racing submissions then cannot deadlock), marks them as having dependents, and
+-- returns their current state, committed before the lock was granted. A dependency cannot
+-- finish until the submission commits, and then its trigger sees the new edges.
+CREATE FUNCTION evora_hold_dependencies(ids uuid[]) RETURNS TABLE (id uuid, state job_state)
+LANGUAGE sql AS $$
+    WITH held AS (
+        SELECT x.id FROM jobs x WHERE x.id = ANY(ids) ORDER BY x.id FOR NO KEY UPDATE
+    )
+    UPDATE jobs j SET has_dependents = true
+    FROM held h
+    WHERE j.id = h.id
+    RETURNING j.id, j.state
+$$;
+
+-- evora.submit_rows() of version 11, with each item's dependencies: `dependency_ords` and
+-- `dependency_ids` are its edges (the item's position, from 1, and the job it waits for, in
+-- the item's depends_on order; a job of this same call may be named by its id), and
+-- `on_failures` its on_dependency_failure (NULL: 'cancel'). An item with unfinished
+-- dependencies is stored WAITING. Two more outcomes, for items not stored, with `first_ord`
+-- the position (from 1) of the offending dependency in the item's list:
+--   unknown_dependency    no such job (nor an item of this call)
+--   cancelled_dependency  it is CANCELLED and the item would be cancelled with it
+-- Dependencies can only be existing jobs or items of this call: a cycle cannot be written.
+DROP FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], timestamptz[],
+                                float8[], integer[], integer[], float8[], float8[], float8[],
+                                timestamptz[], text[], text[], bytea[], text[]);
+
+CREATE FUNCTION evora.submit_rows(
+    ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[],
+    run_ats timestamptz[], delays float8[], max_attempts integer[], leases integer[],
+    backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
+    expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
+    before_0011 bytea[], quiet text[],
+    dependency_ords integer[] DEFAULT '{}', dependency_ids uuid[] DEFAULT '{}',
+    on_failures text[] DEFAULT NULL
+) RETURNS TABLE (ord integer, outcome text, first_ord integer, job jobs, notified text[],
+                 owed text[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    made integer;
+    -- of keyed items only: what a replay is compared by
+    fingerprints bytea[];
+    -- by item: dependencies not final, and why it is refused (with the dependency's place)
+    lefts integer[];
+    refusals text[];
+    culprits integer[];
+BEGIN
+    IF array_remove(idempotency_keys, NULL) <> '{}' THEN
+        fingerprints := ARRAY(
+            SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
+                       x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
+                       x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
+                       x.expires_at, x.group_key) END
+            FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
+                        backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
+                        idempotency_keys, group_keys)
+                WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
+                                     lease_seconds, backoff_initial, backoff_max,
+                                     backoff_multiplier, expires_at, key, group_key, ord)
+            ORDER BY x.ord);
+    END IF;
+    IF cardinality(dependency_ids) > 0 THEN
+        WITH held AS (
+            SELECT * FROM evora_hold_dependencies(
+                ARRAY(SELECT DISTINCT d FROM unnest(dependency_ids) d WHERE d <> ALL(ids)))
+        ),
+        edge AS (
+            SELECT e.ord, row_number() OVER (PARTITION BY e.ord ORDER BY e.n) AS place,
+                   e.dep = ANY(ids) AS in_call, h.state,
+                   coalesce(on_failures[e.ord], 'cancel') AS policy
+            -- a dependency named twice by one item counts once
+            FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
+                  FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+                  ORDER BY u.ord, u.dep, u.n) AS e
+            LEFT JOIN held h ON h.id = e.dep
+        ),
+        verdict AS (
+            SELECT i.n,
+                   (SELECT count(*) FROM edge e
+                    WHERE e.ord = i.n
+                      AND (e.in_call OR e.state NOT IN ('COMPLETED', 'CANCELLED')))::integer
+                       AS left_count,
+                   bad.refusal, bad.place
+            FROM generate_series(1, cardinality(ids)) AS i(n)
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN e.state IS NULL THEN 'unknown_dependency'
+                            ELSE 'cancelled_dependency' END AS refusal,
+                       e.place::integer AS place
+                FROM edge e
+                WHERE e.ord = i.n AND NOT e.in_call
+                  AND (e.state IS NULL OR (e.state = 'CANCELLED' AND e.policy = 'cancel'))
+                ORDER BY e.place
+                LIMIT 1
+            ) bad ON true
+        )
+        SELECT array_agg(v.left_count ORDER BY v.n), array_agg(v.refusal ORDER BY v.n),
+               array_agg(v.place ORDER BY v.n)
+        INTO lefts, refusals, culprits
+        FROM verdict v;
+    END IF;
+    -- The created items first, straight from the insert ...
+    RETURN QUERY
+    WITH lists AS (
+        SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
+        FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
+              FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+              ORDER BY u.ord, u.dep, u.n) AS e
+        GROUP BY e.ord
+    ),
+    input AS (
+        SELECT x.*, fingerprints[x.ord] AS fingerprint,
+               coalesce(lefts[x.ord], 0) AS waiting_on, l.deps
+        FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
+                    leases, backoff_initials, backoff_maxes, backoff_multipliers,
+                    expires_ats, idempotency_keys, group_keys)
+            WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
+                                 max_attempts, lease_seconds, backoff_initial, backoff_max,
+                                 backoff_multiplier, expires_at, key, group_key, ord)
+        LEFT JOIN lists l ON l.ord = x.ord
+        WHERE refusals[x.ord] IS NULL
+    ),
+    keyed AS (
+        INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
+        -- a key repeated in this call is stored once, for its first appearance
+        SELECT DISTINCT ON (i.queue, i.key) i.queue, i.key, i.fingerprint, i.id
+        FROM input i
+        WHERE i.key IS NOT NULL
+        ORDER BY i.queue, i.key, i.ord
+        ON CONFLICT (queue, key) DO NOTHING
+        RETURNING job_id
+    ),
+    moved AS (
+        INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
+                               lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
+                               expires_at, idempotency_key, group_key, state, dependencies_left,
+                               on_dependency_failure, has_dependents, depends_on)
+        SELECT i.id, i.queue, i.type, i.payload, i.priority,
+               coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
+               i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
+               i.backoff_multiplier, i.expires_at, i.key, i.group_key,
+               CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
+               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(dependency_ids),
+               i.deps
+        FROM input i
+        WHERE i.key IS NULL OR i.id IN (SELECT k.job_id FROM keyed k)
+        ORDER BY i.ord
+        RETURNING j.*, j AS whole, evora_job_image(j) AS image
+    ),
+    edges AS (
+        INSERT INTO job_dependencies (job_id, depends_on)
+        SELECT m.id, d.dep
+        FROM moved m
+        CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
+               m.attempt, NULL, m.updated_at, '{}', m.image
+        FROM moved m
+    ),
+    claimable AS (
+        SELECT DISTINCT m.queue AS q FROM moved m
+        WHERE m.state = 'PENDING' OR m.group_key IS NOT NULL
+    ),
+    hinted AS (
+        SELECT c.q, pg_notify('evora_jobs', c.q) AS sent FROM claimable c
+        WHERE c.q <> ALL(quiet)
+    )
+    SELECT i.ord::integer, 'created'::text, NULL::integer, m.whole,
+           (SELECT array_agg(h.q) FROM hinted h),
+           (SELECT array_agg(c.q) FROM claimable c WHERE c.q = ANY(quiet))
+    FROM moved m JOIN input i ON i.id = m.id;
+    GET DIAGNOSTICS made = ROW_COUNT;
+    IF made = cardinality(ids) THEN
+        RETURN;
+    END IF;
+    -- ... then the refused ones ...
+    RETURN QUERY
+    SELECT x.ord::integer, refusals[x.ord], culprits[x.ord], NULL::jobs, NULL::text[],
+           NULL::text[]
+    FROM generate_series(1, cardinality(ids)) AS x(ord)
+    WHERE refusals[x.ord] IS NOT NULL;
+    -- ... then the others, by their key. A new statement, with a new snapshot: it sees the
+    -- key of a racing submission that committed while the insert above waited for it. (An
+    -- item whose key names its own id was created above.)
+    RETURN QUERY
+    SELECT x.ord::integer,
+           CASE
+               WHEN s.id IS NULL THEN 'gone'
+               WHEN k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord]) THEN 'replayed'
+               WHEN k.job_id = ANY(ids) THEN 'repeat_conflict'
+               ELSE 'conflict'
+           END,
+           array_position(ids, k.job_id),
+           s,
+           NULL::text[], NULL::text[]
+    FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+    LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+    LEFT JOIN jobs s ON s.id = k.job_id
+    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND refusals[x.ord] IS NULL;
+END
+$$;
+
+-- As every function of the evora schema: Evora's own search_path, nothing PUBLIC's.
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], '
+        'timestamptz[], float8[], integer[], integer[], float8[], float8[], float8[], '
+        'timestamptz[], text[], text[], bytea[], text[], integer[], uuid[], text[]) '
+        'SET search_path = %I, pg_temp', current_schema());
+END
+$$;
+REVOKE ALL ON FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[],
+    timestamptz[], float8[], integer[], integer[], float8[], float8[], float8[], timestamptz[],
+    text[], text[], bytea[], text[], integer[], uuid[], text[]) FROM PUBLIC;
