@@ -26,8 +26,9 @@ from evora.domain.errors import (
 )
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
-from evora.storage import queries
+from evora.storage import dependencies, queries
 from evora.storage.db import jsonb_elements
+from evora.storage.dependencies import DependentsPage
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
 from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row
 from evora.storage.submissions import Submitted, needs_transaction, store
@@ -215,6 +216,11 @@ class JobStore:
         if row is None:
             raise JobNotFound(f"job {job_id} not found")
         return job_from_row(row)
+
+    async def dependents(
+        self, job_id: UUID, *, limit: int, after: int | None = None
+    ) -> DependentsPage:
+        return await dependencies.dependents(self._pool, job_id, limit=limit, after=after)
 
     async def events(self, job_id: UUID) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
