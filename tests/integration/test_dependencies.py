@@ -14,6 +14,8 @@ from evora.domain.errors import InvalidDependency
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage.jobs import Failure, JobStore
+from evora.storage.retention import RetentionStore
+from tests.conftest import Clock
 
 Q = "deps"
 
@@ -209,3 +211,23 @@ async def test_waiting_moves_only_as_the_dependency_rules_say(
             "lease_expires_at = now() WHERE id = $1",
             b,
         )
+
+
+async def test_retention_keeps_a_dlq_job_others_wait_for(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """Pruned, the dependency could never be retried or discarded: its dependents would wait
+    forever. Once nothing waits on it, it ages out like any DLQ job."""
+    kept = await _submit(store, max_attempts=1)
+    waiting = await _submit(store, depends_on=[kept])
+    await _run(store, kept, fail=True)
+    alone = await _submit(store, max_attempts=1)
+    await _run(store, alone, fail=True)
+    await clock.advance(30 * 86400)
+    retention = RetentionStore(pool)
+    assert await retention.prune_finished(JobState.DLQ, 86400, 100) == 1
+    assert await _state(store, kept) is JobState.DLQ
+    await store.discard(kept)
+    assert await _state(store, waiting) is JobState.CANCELLED
+    await clock.advance(30 * 86400)
+    assert await retention.prune_finished(JobState.CANCELLED, 86400, 100) == 2
