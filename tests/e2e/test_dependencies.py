@@ -4,11 +4,15 @@ concurrent `Worker`s run them, and the database alone decides when a waiting job
 from __future__ import annotations
 
 import asyncio
+import signal
+import textwrap
 from collections import Counter
 from datetime import datetime
+from pathlib import Path
 
 from evora import Handlers, Job, Submission
-from tests.e2e.conftest import Stack
+from evora.storage.jobs import JobStore
+from tests.e2e.conftest import WORKER_TOKEN, Children, Stack, child_env, evora_command
 
 
 def _at(event: dict[str, object]) -> datetime:
@@ -123,3 +127,97 @@ async def test_a_parent_discarded_from_the_dlq_cancels_the_subtree_and_run_still
     cancelled = (await stack.client.events(grandchild))[-1]
     assert cancelled["event"] == "cancelled"
     assert cancelled["data"] == {"reason": "dependency_cancelled", "dependency": child}
+
+
+KILLED_WORKER_MODULE = """
+import asyncio
+import os
+import pathlib
+
+import evora
+
+handlers = evora.Handlers()
+SIGNALS = pathlib.Path(os.environ["E2E_SIGNALS"])
+
+
+@handlers.job("step")
+async def step(job: evora.Job) -> str:
+    if job.payload.get("hang"):
+        (SIGNALS / "hanging").touch()
+        await asyncio.sleep(60)  # until the test kills this process
+    return job.payload["name"]
+"""
+
+
+async def test_kill_9_of_a_worker_mid_run_changes_nothing_for_the_diamond(
+    stack: Stack, store: JobStore, children: Children, tmp_path: Path
+) -> None:
+    """B's worker process dies holding B: the lease expires (the sweeper's statement), a
+    second worker retries B, and D still starts once, after B and C completed."""
+    queue = "e2e-diamond-kill"
+    (tmp_path / "e2e_dependency_worker.py").write_text(textwrap.dedent(KILLED_WORKER_MODULE))
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    env = child_env(
+        EVORA_DISPATCHER_URL=stack.dispatcher_url,
+        EVORA_WORKER_TOKEN=WORKER_TOKEN,
+        EVORA_WORKER_QUEUES=queue,
+        EVORA_WORKER_CONCURRENCY="4",
+        E2E_SIGNALS=str(signals),
+    )
+    doomed = await children.spawn("worker", evora_command("worker", "e2e_dependency_worker"), env)
+
+    def item(name: str, *after: str, hang: bool = False) -> Submission:
+        return {
+            "queue": queue,
+            "type": "step",
+            "payload": {"name": name, "hang": hang},
+            "ref": name,
+            "depends_on": [f"ref:{d}" for d in after],
+            "lease_seconds": 2,
+            "backoff": {"initial_seconds": 0.1, "max_seconds": 0.2},
+        }
+
+    items = [item("a"), item("b", "a", hang=True), item("c", "a"), item("d", "b", "c")]
+    _, b, c, d = (r.id for r in await stack.client.submit_batch(items))
+
+    def hanging() -> bool:
+        if not doomed.running:
+            raise AssertionError(f"the worker exited:\n{doomed.output()}")
+        return (signals / "hanging").exists()
+
+    await stack.until(hanging, within=30, what="the worker process runs b")
+    doomed.send(signal.SIGKILL)
+    await doomed.wait(within=10)
+    assert (await stack.client.get(b))["state"] == "RUNNING"
+    assert (await stack.client.get(d))["state"] == "WAITING"
+
+    runs: Counter[str] = Counter()
+    handlers = Handlers()
+
+    @handlers.job("step")
+    async def step(job: Job) -> str:
+        runs[job.id] += 1
+        return str(job.payload["name"])
+
+    stack.start(stack.worker(handlers, [queue], concurrency=4))
+
+    async def all_completed() -> bool:
+        await store.expire_leases()  # what the sweeper does
+        return await stack.states(queue) == {"COMPLETED": 4}
+
+    await stack.until(all_completed, within=60, what="every job completed")
+    assert runs[b] == 1 and runs[d] == 1
+    assert await stack.event_names(b) == [
+        "submitted",
+        "dependencies_met",
+        "claimed",
+        "lease_expired",
+        "claimed",
+        "completed",
+    ]
+    assert await stack.event_names(d) == ["submitted", "dependencies_met", "claimed", "completed"]
+    events = {job: await stack.client.events(job) for job in (b, c, d)}
+    started = _at(next(e for e in events[d] if e["event"] == "claimed"))
+    for branch in (b, c):
+        assert _at(next(e for e in events[branch] if e["event"] == "completed")) <= started
