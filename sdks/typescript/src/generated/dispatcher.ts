@@ -67,6 +67,8 @@ export interface ClaimedJob {
   updated_at: string;
   started_at: string | null;
   finished_at: string | null;
+  /** the jobs this one waits for (or waited for) */
+  depends_on: string[];
   lease_token: string;
 }
 
@@ -124,9 +126,11 @@ export interface Job {
   updated_at: string;
   started_at: string | null;
   finished_at: string | null;
+  /** the jobs this one waits for (or waited for) */
+  depends_on: string[];
 }
 
-export type JobState = "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
+export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
 
 export interface LastError {
   message: string;
