@@ -129,10 +129,10 @@ class EvoraSystem(System):
             self.urls["api"],
             "--dispatcher",
             self.urls["dispatcher"],
-            "--producer-token",
-            self.tokens["producer"],
-            "--worker-token",
-            self.tokens["worker"],
+            # One argument each: a token may start with "-", which argparse would take
+            # for an option.
+            f"--producer-token={self.tokens['producer']}",
+            f"--worker-token={self.tokens['worker']}",
         ]
 
     async def _scrape(self, session: aiohttp.ClientSession, service: str) -> dict[str, float]:

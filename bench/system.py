@@ -37,7 +37,9 @@ class System(ABC):
 
     def runner_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
-        env["PYTHONPATH"] = str(REPO)
+        # This checkout's SDK and services, not whatever the environment has installed: an
+        # editable install of another worktree would otherwise mix its `evora` with these.
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "shared"), str(REPO)])
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

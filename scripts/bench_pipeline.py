@@ -408,6 +408,19 @@ def wait_for_quiet(idle: float = 0.85, window: float = 3.0, patience: float = 18
             return f"{share:.0%} idle before start"
 
 
+def timed_runs(rounds: int, env: dict[str, str], *extra: str) -> tuple[list[float], list[float]]:
+    """`pipeline run` `rounds` times, each on a quiet machine: the process wall times and
+    the job's own times (NaN where its log does not say)."""
+    walls, jobs = [], []
+    for _ in range(rounds):
+        gate = wait_for_quiet()
+        took, log = pipeline("run", env, *extra)
+        walls.append(took)
+        jobs.append(job_seconds(log, "run ") or float("nan"))
+        print(f"  run {took:.1f} s ({gate})")
+    return walls, jobs
+
+
 def median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} s" + (
         f" (runs: {', '.join(f'{v:.1f}' for v in values)})" if len(values) > 1 else ""
@@ -445,13 +458,7 @@ def main(args: argparse.Namespace) -> None:
             print(f"  SQL {took:.1f} s ({gate})")
         print(f"plain SQL, 6 queries: {median(sql_runs)}; rows {sql_rows}")
 
-        live_runs, live_jobs = [], []
-        for _ in range(args.rounds):
-            gate = wait_for_quiet()
-            took, log = pipeline("run", env, *sink, *spark_conf)
-            live_runs.append(took)
-            live_jobs.append(job_seconds(log, "run ") or float("nan"))
-            print(f"  run {took:.1f} s ({gate})")
+        live_runs, live_jobs = timed_runs(args.rounds, env, *sink, *spark_conf)
         print(
             f"pipeline run, all {args.events:,} events live over JDBC: {median(live_runs)} "
             f"process wall, {median(live_jobs)} job"
@@ -471,13 +478,7 @@ def main(args: argparse.Namespace) -> None:
             f"= {archived / job:,.0f} events/s"
         )
 
-        parquet_runs, parquet_jobs = [], []
-        for _ in range(args.rounds):
-            gate = wait_for_quiet()
-            took, log = pipeline("run", env, *sink, *spark_conf)
-            parquet_runs.append(took)
-            parquet_jobs.append(job_seconds(log, "run ") or float("nan"))
-            print(f"  run {took:.1f} s ({gate})")
+        parquet_runs, parquet_jobs = timed_runs(args.rounds, env, *sink, *spark_conf)
         print(
             f"pipeline run, all events from the Parquet archive: {median(parquet_runs)} "
             f"process wall, {median(parquet_jobs)} job"

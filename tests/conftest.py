@@ -198,6 +198,16 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 @pytest.fixture
+async def plain_conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection of its own to the test's database, plain asyncpg (no Evora codecs)."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
 async def store(pool: asyncpg.Pool) -> AsyncIterator[JobStore]:
     store = JobStore(pool)
     yield store

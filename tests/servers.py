@@ -4,10 +4,13 @@ and the real api and dispatcher served so on a test's database."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from evora.config import Settings
 from evora.http.serve import serve_app
@@ -88,3 +91,17 @@ async def start_dispatcher(db_url: str) -> Service:
     # As `evora dispatcher` runs it: a handler whose worker disconnected is cancelled.
     app = await create_dispatcher(settings_for(db_url))
     return await serve(app, "dispatcher", handler_cancellation=True)
+
+
+@contextlib.asynccontextmanager
+async def api_with_read_models(
+    db_url: str, mongo_url: str, mongo_db: str, tokens: str
+) -> AsyncIterator[str]:
+    """The api, reading stats from the MongoDB read models of `mongo_db`; its base URL."""
+    settings = Settings(database_url=db_url, mongo_url=mongo_url, mongo_db=mongo_db, tokens=tokens)
+    server = TestServer(await create_api(settings), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()

@@ -131,9 +131,27 @@ async def submit(request: web.Request) -> web.Response:
 async def submit_batch(request: web.Request) -> web.Response:
     batch = await _submissions(request, BatchSubmission, batch_body_limit)
     submitted = await _store(request).submit_batch(batch.jobs)
+    if _prefers_minimal(request):
+        # Ids and statuses only: a producer that keeps no job spares encoding and parsing
+        # a thousand whole jobs.
+        return json_response(
+            {"jobs": [{"id": s.job["id"], "status": 201 if s.created else 200} for s in submitted]},
+            headers={"Preference-Applied": "return=minimal"},
+        )
     return json_response(
         {"jobs": [{"status": 201 if s.created else 200, "job": s.job} for s in submitted]}
     )
+
+
+def _prefers_minimal(request: web.Request) -> bool:
+    """Whether a `Prefer` header (RFC 7240: comma-separated preferences, each possibly with
+    `;` parameters, the value possibly quoted) asks for `return=minimal`."""
+    for header in request.headers.getall("Prefer", ()):
+        for preference in header.split(","):
+            name, _, value = preference.split(";", 1)[0].partition("=")
+            if name.strip().lower() == "return" and value.strip().strip('"') == "minimal":
+                return True
+    return False
 
 
 @producer.add(

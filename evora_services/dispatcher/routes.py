@@ -19,6 +19,7 @@ from evora.http.jsonio import json_response
 from evora.http.routing import Routes
 from evora.protocol.jobs import Job
 from evora.protocol.worker import (
+    Ack,
     AcksRequest,
     AcksResponse,
     ClaimRequest,
@@ -30,7 +31,7 @@ from evora.protocol.worker import (
     HeartbeatResponse,
     ReleaseRequest,
 )
-from evora.storage.jobs import AckResult, Completion, Failure, JobStore
+from evora.storage.jobs import AckResult, Completion, Failure
 from evora.storage.rows import JobDict
 from evora_services.dispatcher.state import DISPATCH, Dispatch
 from evora_services.dispatcher.wakeups import Cause
@@ -96,12 +97,19 @@ async def _release_undeliverable(dispatch: Dispatch, jobs: Sequence[JobDict]) ->
     )
 
 
+def _claim_answer(jobs: list[JobDict], results: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {"jobs": jobs} if results is None else {"jobs": jobs, "results": results}
+
+
 async def _deliver(
-    request: web.Request, dispatch: Dispatch, jobs: list[JobDict]
+    request: web.Request,
+    dispatch: Dispatch,
+    jobs: list[JobDict],
+    results: list[dict[str, Any]] | None,
 ) -> web.StreamResponse:
     """Write the claimed jobs now, so a worker that is already gone is noticed here and its
     jobs go back to the queue at once."""
-    response = json_response({"jobs": jobs})
+    response = json_response(_claim_answer(jobs, results))
     response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
     transport = request.transport
     try:
@@ -122,13 +130,20 @@ async def _deliver(
     "POST",
     "/v1/claim",
     roles=("worker",),
-    summary="Long-poll for up to max_jobs jobs; answers as soon as one is claimed.",
+    summary=(
+        "Long-poll for up to max_jobs jobs; answers as soon as one is claimed. Outcomes in "
+        "`acks` are recorded first, as by POST /v1/acks."
+    ),
     body=ClaimRequest,
     responses={200: ClaimResponse},
 )
 async def claim(request: web.Request) -> web.StreamResponse:
-    body = await parse_body(request, ClaimRequest, limit=CLAIM_BODY_LIMIT)
+    # A claim may carry outcomes, so it is allowed the size of POST /v1/acks.
+    body = await parse_body(request, ClaimRequest, **_acks_limit(request))
     dispatch = request.app[DISPATCH]
+    # Settled before the claim, so the group and queue slots they free are visible to it
+    # (and a claim that then finds nothing still answers them at once, not after the wait).
+    results = None if body.acks is None else await _settle(dispatch, body.acks)
     queues = list(dict.fromkeys(body.queues))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait_seconds
@@ -136,7 +151,8 @@ async def claim(request: web.Request) -> web.StreamResponse:
     waiter = dispatch.wakeups.register(queues)
     dispatch.metrics.waiting.enter(queues)
     try:
-        skip = dispatch.wakeups.drained(shape)
+        # Recorded outcomes may have freed limited slots: the queue is worth asking again.
+        skip = not body.acks and dispatch.wakeups.drained(shape)
         while not dispatch.wakeups.closing:
             hints = dispatch.wakeups.hints(queues)
             if skip:
@@ -148,7 +164,7 @@ async def claim(request: web.Request) -> web.StreamResponse:
             if jobs:
                 if len(jobs) == body.max_jobs:
                     dispatch.wakeups.chain(queues)
-                return await _deliver(request, dispatch, jobs)
+                return await _deliver(request, dispatch, jobs, results)
             # The waiter stays in its queues' lines while it claims, so a hint for a job the
             # claim could not see yet wakes it (or another waiter) instead of going unheard.
             if not waiter.future.done():
@@ -156,7 +172,7 @@ async def claim(request: web.Request) -> web.StreamResponse:
                 if cause is None or cause is Cause.SHUTDOWN:
                     break
             dispatch.wakeups.rearm(waiter)
-        return json_response({"jobs": []})
+        return json_response(_claim_answer([], results))
     finally:
         future = waiter.future
         woken_unused = (
@@ -253,32 +269,38 @@ async def release(request: web.Request) -> web.Response:
     responses={200: AcksResponse},
 )
 async def acks(request: web.Request) -> web.Response:
+    body = await parse_body(request, AcksRequest, **_acks_limit(request))
+    return json_response({"results": await _settle(request.app[DISPATCH], body.acks)})
+
+
+def _acks_limit(request: web.Request) -> dict[str, Any]:
     max_payload_bytes = request.app[SETTINGS].max_payload_bytes
-    body = await parse_body(
-        request,
-        AcksRequest,
-        limit=items_limit(max_payload_bytes),
-        context={"max_payload_bytes": max_payload_bytes},
-    )
-    store: JobStore = request.app[DISPATCH].store
+    return {
+        "limit": items_limit(max_payload_bytes),
+        "context": {"max_payload_bytes": max_payload_bytes},
+    }
+
+
+async def _settle(dispatch: Dispatch, items: Sequence[Ack]) -> list[dict[str, Any]]:
+    """Record the outcomes of `POST /v1/acks` (or of a claim's `acks`) through the fenced
+    batch statements; one status per item, in order, each as if it had been sent alone."""
     completions = [
-        Completion(a.id, a.lease_token, a.result) for a in body.acks if a.outcome == "complete"
+        Completion(a.id, a.lease_token, a.result) for a in items if a.outcome == "complete"
     ]
     failures = [
         _failure(a.id, a.lease_token, a.error, a.retry_in_seconds)
-        for a in body.acks
+        for a in items
         if a.outcome == "fail" and a.error is not None
     ]
-    outcomes = iter(await store.complete_many(completions, with_jobs=False))
-    failed = iter(await store.fail_many(failures, with_jobs=False))
+    outcomes = iter(await dispatch.store.complete_many(completions, with_jobs=False))
+    failed = iter(await dispatch.store.fail_many(failures, with_jobs=False))
     results: list[dict[str, Any]] = []
     counted: Counter[tuple[str, int]] = Counter()
-    for ack in body.acks:
+    for ack in items:
         outcome = next(outcomes if ack.outcome == "complete" else failed)
         status = ACK_STATUS[outcome.result]
         counted[ack.outcome, status] += 1
         results.append({"id": outcome.id, "status": status})
-    metrics = request.app[DISPATCH].metrics
     for (kind, status), count in counted.items():
-        metrics.acks.labels(kind, str(status)).inc(count)
-    return json_response({"results": results})
+        dispatch.metrics.acks.labels(kind, str(status)).inc(count)
+    return results

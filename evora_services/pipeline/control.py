@@ -15,7 +15,6 @@ from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime
-from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import asyncpg
@@ -132,12 +131,7 @@ class ControlDB:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- locking -----------------------------------------------------------------------

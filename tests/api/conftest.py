@@ -70,13 +70,9 @@ def store(client: ApiClient) -> JobStore:
 
 
 @pytest.fixture
-async def db(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+def db(plain_conn: asyncpg.Connection) -> asyncpg.Connection:
     """A direct connection, to check what was (not) stored."""
-    conn = await asyncpg.connect(db_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+    return plain_conn
 
 
 @contextlib.asynccontextmanager

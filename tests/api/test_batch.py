@@ -82,3 +82,31 @@ async def test_oversized_batch_body_is_413(shared_client: ApiClient) -> None:
     body = b'{"jobs": [' + b" " * (16 * 1024 * 1024) + b"]}"
     response = await shared_client.post("/v1/jobs/batch", data=body, headers=PRODUCER)
     await problem(response, 413, "payload_too_large")
+
+
+async def test_prefer_return_minimal_answers_ids_and_statuses(
+    client: ApiClient, db: asyncpg.Connection
+) -> None:
+    for n, prefer in enumerate(("return=minimal", 'handling=lenient, RETURN="minimal"; x=1')):
+        jobs = [job(idempotency_key=f"k{n}"), job(idempotency_key=f"k{n}"), job()]
+        response = await client.post(
+            "/v1/jobs/batch", json={"jobs": jobs}, headers={**PRODUCER, "Prefer": prefer}
+        )
+        assert response.status == 200
+        assert response.headers["Preference-Applied"] == "return=minimal"
+        items = (await response.json())["jobs"]
+        assert [item["status"] for item in items] == [201, 200, 201]
+        assert all(set(item) == {"id", "status"} for item in items)
+        assert items[0]["id"] == items[1]["id"] != items[2]["id"]
+        stored = await db.fetchval(
+            "SELECT count(*) FROM jobs WHERE id::text = ANY($1)", [i["id"] for i in items]
+        )
+        assert stored == 2
+    # Without the preference (or with another), whole jobs as before.
+    response = await client.post(
+        "/v1/jobs/batch",
+        json={"jobs": [job()]},
+        headers={**PRODUCER, "Prefer": "return=representation"},
+    )
+    assert "Preference-Applied" not in response.headers
+    BatchResult.model_validate(await response.json())

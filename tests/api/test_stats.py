@@ -21,6 +21,7 @@ from evora.storage.jobs import JobStore
 from evora_services.api.app import create_app
 from evora_services.api.stats import encode_key
 from evora_services.projector.projector import Projector
+from tests.servers import api_with_read_models
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
@@ -28,15 +29,8 @@ TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker
 
 @pytest.fixture
 async def api_url(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIterator[str]:
-    settings = Settings(
-        database_url=db_url, mongo_url=mongo_url, mongo_db=mongo_db_name, tokens=TOKENS
-    )
-    server = TestServer(await create_app(settings), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with api_with_read_models(db_url, mongo_url, mongo_db_name, TOKENS) as url:
+        yield url
 
 
 async def test_stats_workers_and_queues(

@@ -237,6 +237,21 @@ class Child:
     def send(self, sig: int) -> None:
         self.process.send_signal(sig)
 
+    async def until_ready(self, http: aiohttp.ClientSession, url: str) -> None:
+        """Wait until the service at `url` answers /readyz with 200; fail at once, with its
+        log, if it exits first."""
+
+        async def ready() -> bool:
+            if not self.running:
+                raise AssertionError(f"{self.name} exited early:\n{self.output()}")
+            try:
+                async with http.get(f"{url}/readyz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await until(ready, within=30, what=f"{self.name} is ready")
+
     async def wait(self, within: float) -> int:
         try:
             return await asyncio.wait_for(self.process.wait(), within)
@@ -296,17 +311,7 @@ async def spawn_dispatcher(
         EVORA_LOG_LEVEL="INFO",
     )
     child = await children.spawn("dispatcher", evora_command("dispatcher"), env)
-
-    async def ready() -> bool:
-        if not child.running:
-            raise AssertionError(f"the dispatcher exited early:\n{child.output()}")
-        try:
-            async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
-                return response.status == 200
-        except aiohttp.ClientError:
-            return False
-
-    await until(ready, within=30, what="the dispatcher child process is ready")
+    await child.until_ready(http, f"http://127.0.0.1:{port}")
     return child
 
 

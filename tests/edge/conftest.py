@@ -18,7 +18,6 @@ from tests.e2e.conftest import (
     child_env,
     evora_command,
     free_port,
-    until,
 )
 
 
@@ -70,17 +69,7 @@ async def start_service(
         )
         child = await children.spawn(service, evora_command(service), env)
         url = f"http://127.0.0.1:{port}"
-
-        async def ready() -> bool:
-            if not child.running:
-                raise AssertionError(f"{service} exited early:\n{child.output()}")
-            try:
-                async with http.get(f"{url}/readyz") as response:
-                    return response.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await until(ready, within=30, what=f"{service} is ready")
+        await child.until_ready(http, url)
         return Running(child, url)
 
     try:

@@ -50,13 +50,9 @@ async def services(db_url: str) -> AsyncIterator[tuple[Service, Service]]:
 
 
 @pytest.fixture
-async def locked_jobs(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+def locked_jobs(plain_conn: asyncpg.Connection) -> asyncpg.Connection:
     """A session that holds the `jobs` table locked until the test ends."""
-    conn = await asyncpg.connect(db_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+    return plain_conn
 
 
 async def lock_jobs(conn: asyncpg.Connection) -> None:

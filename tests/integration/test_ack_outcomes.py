@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -15,36 +14,12 @@ import pytest
 from evora.domain.errors import JobNotFound, LeaseLost
 from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
-from evora.storage.db import create_pool, jsonb_elements
+from evora.storage.db import jsonb_elements
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.rows import JobDict
 from tests.polling import until
 
 DONE, LEASE_LOST, NOT_FOUND = AckResult.DONE, AckResult.LEASE_LOST, AckResult.NOT_FOUND
-
-
-@pytest.fixture
-async def logged() -> list[str]:
-    return []
-
-
-@pytest.fixture
-async def counted_store(db_url: str, logged: list[str]) -> AsyncIterator[JobStore]:
-    """A store on one connection that records every statement of evora.storage.queries it
-    sends (asyncpg's own type introspection left out)."""
-    ours = {v for v in vars(queries).values() if isinstance(v, str)}
-
-    pool = await create_pool(db_url, min_size=1, max_size=1)
-    async with pool.acquire() as conn:  # the pool's one connection, for the whole test
-        conn.add_query_logger(
-            lambda record: logged.append(record.query) if record.query in ours else None
-        )
-    store = JobStore(pool)
-    try:
-        yield store
-    finally:
-        await store.close()
-        await pool.close()
 
 
 async def claimed(store: JobStore, queue: str, count: int) -> list[JobDict]:

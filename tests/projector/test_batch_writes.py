@@ -17,6 +17,7 @@ from evora.storage.jobs import Completion, JobStore
 from evora.storage.retention import RetentionStore
 from evora_services.projector import projection
 from evora_services.projector.projector import ProjectionConflict, Projector
+from tests.conftest import Clock
 from tests.projector.conftest import catch_up
 from tests.projector.test_projection import QUEUES, assert_matches_truth
 from tests.projector.test_queue_sprawl import SAMPLES, sprawl
@@ -55,14 +56,15 @@ async def test_copies_gone_stale_under_another_writer_conflict_then_converge(
 
 
 async def test_counts_corrected_by_another_refresh_are_not_overwritten(
-    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+    store: JobStore,
+    pool: asyncpg.Pool,
+    mongo: AsyncDatabase[Document],
+    clock: Clock,
 ) -> None:
     kept = Projector(pool, mongo, 1)
     await mixed_workload(store, pool, jobs=300, queues=QUEUES, seed=21)
     await catch_up(kept)
-    await pool.execute(
-        "UPDATE jobs SET finished_at = now() - interval '30 days' WHERE finished_at IS NOT NULL"
-    )
+    await clock.advance(2 * 3600)  # every finished job is past the retention below
     retention = RetentionStore(pool)
     for state in (JobState.COMPLETED, JobState.CANCELLED, JobState.DLQ):
         await retention.prune_finished(state, older_than=3600, limit=10_000)

@@ -11,20 +11,18 @@ import aiohttp
 import asyncpg
 import bson
 import pytest
-from aiohttp.test_utils import TestServer
 from pymongo.asynchronous.database import AsyncDatabase
 
-from evora.config import Settings
 from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import Document
 from evora.readmodels.stats import HISTORY_HOURS, HISTORY_MINUTES, MINUTE_FIELDS
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.outbox import OutboxEvent
-from evora_services.api.app import create_app
 from evora_services.api.stats import encode_key
 from evora_services.projector import projection
 from evora_services.projector.projector import Projector
 from tests.projector.conftest import catch_up, truth
+from tests.servers import api_with_read_models
 
 ADMIN = {"Authorization": "Bearer test-admin-token"}
 TOKENS = "admin:test-admin-token,producer:test-producer-token"
@@ -38,15 +36,8 @@ BATCH_MINUTES = 10
 
 @pytest.fixture
 async def api_url(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIterator[str]:
-    settings = Settings(
-        database_url=db_url, mongo_url=mongo_url, mongo_db=mongo_db_name, tokens=TOKENS
-    )
-    server = TestServer(await create_app(settings), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with api_with_read_models(db_url, mongo_url, mongo_db_name, TOKENS) as url:
+        yield url
 
 
 async def _workload(store: JobStore) -> None:

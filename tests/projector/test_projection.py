@@ -15,6 +15,7 @@ from evora.readmodels.reader import ReadModels
 from evora.storage.db import connect
 from evora.storage.jobs import Failure, JobStore
 from evora_services.projector.projector import ProjectionConflict, Projector
+from tests.conftest import Clock
 from tests.projector.conftest import catch_up, truth
 from tests.projector.workload import mixed_workload
 
@@ -177,7 +178,10 @@ async def test_failure_reasons_are_counted(
 
 
 async def test_pruned_jobs_leave_the_counts(
-    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+    store: JobStore,
+    pool: asyncpg.Pool,
+    mongo: AsyncDatabase[Document],
+    clock: Clock,
 ) -> None:
     from evora.domain.states import JobState
     from evora.storage.retention import RetentionStore
@@ -185,9 +189,7 @@ async def test_pruned_jobs_leave_the_counts(
     await mixed_workload(store, pool, jobs=300, queues=QUEUES, seed=21)
     projector = Projector(pool, mongo, 1)
     await catch_up(projector)
-    await pool.execute(
-        "UPDATE jobs SET finished_at = now() - interval '30 days' WHERE finished_at IS NOT NULL"
-    )
+    await clock.advance(2 * 3600)  # every finished job is past the retention below
     retention = RetentionStore(pool)
     pruned = 0
     for state in (JobState.COMPLETED, JobState.CANCELLED, JobState.DLQ):

@@ -16,6 +16,7 @@ from evora.storage.jobs import Completion, JobStore
 from evora_services.projector.metrics import EXPORTED_QUEUES_MAX, ProjectorMetrics
 from evora_services.projector.projector import Projector
 from evora_services.projector.service import ProjectorService
+from tests.conftest import Clock
 from tests.projector.conftest import catch_up
 
 STUCK = [f"stuck-{n:02d}" for n in range(10)]  # pending jobs, no activity since
@@ -57,12 +58,12 @@ async def test_per_queue_metrics_are_capped_and_keep_queues_holding_jobs(
 
 
 async def test_refresh_reads_queue_documents_a_chunk_of_fields_at_a_time(
-    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document], clock: Clock
 ) -> None:
     projector = await sprawl(store, mongo, pool)
     queues = projector.generation.queues
     await queues.update_many({}, {"$set": {"wait_samples": SAMPLES, "run_samples": SAMPLES}})
-    await pool.execute("UPDATE jobs SET run_at = now() - interval '1 minute'")  # due earlier
+    await clock.advance(60)  # the pending jobs have waited a minute longer
 
     tracemalloc.start()
     try:
@@ -70,7 +71,7 @@ async def test_refresh_reads_queue_documents_a_chunk_of_fields_at_a_time(
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert changed == len(STUCK)  # their oldest pending job moved
+    assert changed == len(STUCK)  # their oldest pending job aged
     assert peak < REFRESH_PEAK_BOUND, peak
     stuck = await queues.find_one({"_id": STUCK[0]})
     assert stuck is not None and stuck["wait_samples"] == SAMPLES  # left as they were

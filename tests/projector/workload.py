@@ -36,7 +36,9 @@ async def mixed_workload(
     for _ in range(rounds):
         claimed = await store.claim(worker_id=f"w{rng.randrange(4)}", queues=queues, max_jobs=400)
         if not claimed:
-            # abandoned leases run out, backed-off retries come due
+            # abandoned leases run out, backed-off retries come due. The deadlines are moved
+            # rather than the `clock` run ahead: this happens many times a workload, and each
+            # advance would reopen the pool the callers share with their projectors.
             await pool.execute(
                 "UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE state = 'RUNNING'"
             )

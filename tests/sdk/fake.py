@@ -40,13 +40,19 @@ def route_of(path: str) -> str:
 @dataclass
 class Fault:
     """Answer the next request to `route` with `status`; with `after`, only once the
-    service has handled it (an answer lost on the way back); after `delay` seconds."""
+    service has handled it (an answer lost on the way back); after `delay` seconds. With
+    `with_acks`, only a request whose body carries outcomes (a claim's `acks`)."""
 
     method: str
     route: str
     status: int
     after: bool = False
     delay: float = 0.0
+    with_acks: bool = False
+
+    def matches(self, method: str, route: str, body: Any) -> bool:
+        carries = isinstance(body, dict) and bool(body.get("acks"))
+        return (self.method, self.route) == (method, route) and (carries or not self.with_acks)
 
     def response(self) -> web.Response:
         code = _CODES.get(self.status, f"http_{self.status}")
@@ -108,9 +114,16 @@ class FaultProxy:
             await self._http.close()
 
     def fault(
-        self, method: str, route: str, status: int = 503, *, after: bool = False, delay: float = 0
+        self,
+        method: str,
+        route: str,
+        status: int = 503,
+        *,
+        after: bool = False,
+        delay: float = 0,
+        with_acks: bool = False,
     ) -> None:
-        self.faults.append(Fault(method, route, status, after, delay))
+        self.faults.append(Fault(method, route, status, after, delay, with_acks))
 
     def seen(self, method: str, route: str) -> list[Seen]:
         return [r for r in self.requests if r.method == method and r.route == route]
@@ -123,9 +136,7 @@ class FaultProxy:
         except orjson.JSONDecodeError:
             body = raw
         self.requests.append(Seen(request.method, route, request.path, body))
-        fault = next(
-            (f for f in self.faults if (f.method, f.route) == (request.method, route)), None
-        )
+        fault = next((f for f in self.faults if f.matches(request.method, route, body)), None)
         self.in_flight[route] += 1
         try:
             if fault is not None:

@@ -348,9 +348,16 @@ async def test_an_outcome_for_a_lost_lease_is_logged_as_taken_away(
     assert "taken away" in caplog.text
 
 
+def carried_batches(proxy: FaultProxy) -> list[list[dict[str, Any]]]:
+    """The outcomes each claim carried (its `acks`), claims without any left out."""
+    return [c.body["acks"] for c in proxy.seen("POST", "/v1/claim") if c.body.get("acks")]
+
+
 async def test_outcomes_are_batched_under_load(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
+    """All slots busy: the first batch rides in the claim waiting for their slots (one
+    request, not two), later ones (a claim long-polling by then) go by /v1/acks."""
     worker = make_worker(proxy, concurrency=20)
     gate = asyncio.Event()
 
@@ -364,8 +371,12 @@ async def test_outcomes_are_batched_under_load(
         await until(all_in_state(store, ids, "RUNNING"), "all running")
         gate.set()
         await until(all_in_state(store, ids, "COMPLETED"), "all completed")
-    sizes = [len(batch.body["acks"]) for batch in proxy.seen("POST", "/v1/acks")]
+    carried = carried_batches(proxy)
+    sent = [batch.body["acks"] for batch in proxy.seen("POST", "/v1/acks")]
+    sizes = [len(batch) for batch in carried + sent]
     assert sum(sizes) == 20 and max(sizes) > 1 and len(sizes) < 20
+    assert carried, "no claim carried outcomes"
+    assert sorted(ack["id"] for batch in carried + sent for ack in batch) == sorted(ids)
     assert not proxy.seen("POST", "/v1/jobs/{id}/complete")
     assert [(await stored(store, i))["result"] for i in ids] == list(range(20))
 
@@ -433,21 +444,26 @@ async def test_stop_lets_running_jobs_finish_within_the_grace_and_releases_the_r
 ) -> None:
     worker = make_worker(proxy, concurrency=3, grace_period=0.5)
     finish = asyncio.Event()
+    started: set[str] = set()
 
     @worker.handler("quick")
     async def quick(job: evora.Job) -> str:
+        started.add(job.id)
         await finish.wait()
         return "finished during the grace period"
 
     @worker.handler("slow")
     async def slow(job: evora.Job) -> None:
+        started.add(job.id)
         await asyncio.Event().wait()
 
     quick_id = (await client.submit("q", "quick")).id
     slow_id = (await client.submit("q", "slow")).id
     task = asyncio.create_task(worker.serve())
-    # Both jobs run and the third slot waits in a long-poll of 30 s.
-    await until(in_state(store, slow_id, "RUNNING"), "the slow job running")
+    # Both handlers run (not merely claimed: the claim carrying them could still be on its
+    # way, and that in-flight claim is not the long-poll waited for next) and the third slot
+    # waits in a long-poll of 30 s.
+    await until(lambda: started == {quick_id, slow_id}, "both handlers running")
     await until(lambda: proxy.in_flight["/v1/claim"] == 1, "a long-poll for the third slot")
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -590,6 +606,7 @@ async def test_unacked_outcomes_hold_their_slots(
     leases never run out under finished jobs)."""
     for _ in range(6):
         proxy.fault("POST", "/v1/acks", 503)
+        proxy.fault("POST", "/v1/claim", 503, with_acks=True)
     worker = make_worker(proxy, concurrency=2, handlers=example_handlers)
     ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(10)]
     most_outstanding = 0
@@ -603,17 +620,19 @@ async def test_unacked_outcomes_hold_their_slots(
             most_outstanding = max(most_outstanding, now.count("RUNNING"))
             assert asyncio.get_running_loop().time() < deadline
     assert most_outstanding <= 4
-    assert len(proxy.seen("POST", "/v1/acks")) >= 7  # the failed attempts were retried
+    # the failed attempts were retried, by either way
+    assert len(proxy.seen("POST", "/v1/acks")) + len(carried_batches(proxy)) >= 7
 
 
 async def test_the_next_claim_overlaps_the_outcomes_on_their_way(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     """A job's slot is freed when its outcome is sent, not when the dispatcher has answered:
-    the worker claims again while a slow ack is on its way (a drained batch costs one round
-    trip, not two), and the jobs so claimed keep their slots until their own outcomes go
-    out."""
-    proxy.fault("POST", "/v1/acks", 503, delay=2.0)  # the first answer is slow (then retried)
+    when the claim that outcome makes due is refused (a slow 503), the outcome goes again by
+    `POST /v1/acks` and the worker claims again while that slow ack is on its way; the jobs
+    so claimed keep their slots until their own outcomes go out."""
+    proxy.fault("POST", "/v1/claim", 503, with_acks=True)
+    proxy.fault("POST", "/v1/acks", 503, delay=2.0)  # the retry's answer is slow (then retried)
     worker = make_worker(proxy, concurrency=2, handlers=example_handlers)
     ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(6)]
 
@@ -628,3 +647,22 @@ async def test_the_next_claim_overlaps_the_outcomes_on_their_way(
         assert len(proxy.seen("POST", "/v1/acks")) == 1  # the first batch is still on its way
         assert await taken() == 4  # the second pair's outcomes wait, holding their slots
         await until(all_in_state(store, ids, "COMPLETED"), "all completed")
+
+
+async def test_a_backlog_drains_with_outcomes_riding_the_claims(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    """A backlog larger than many claims: every outcome is recorded, by claims or acks."""
+    worker = make_worker(proxy, concurrency=50)
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        return None
+
+    ids = [r.id for r in await client.submit_batch([{"queue": "q", "type": "t"}] * 600)]
+    async with serving(worker):
+        await until(all_in_state(store, ids, "COMPLETED"), "all completed", within=60)
+    carried = carried_batches(proxy)
+    sent = [batch.body["acks"] for batch in proxy.seen("POST", "/v1/acks")]
+    assert sorted(a["id"] for b in carried + sent for a in b) == sorted(ids)
+    assert carried

@@ -25,13 +25,9 @@ MakeRole = Callable[..., Awaitable[str]]
 
 
 @pytest.fixture
-async def app_conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+def app_conn(plain_conn: asyncpg.Connection) -> asyncpg.Connection:
     """The application's own connection (plain asyncpg, no Evora codecs)."""
-    conn = await asyncpg.connect(db_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+    return plain_conn
 
 
 @pytest.fixture

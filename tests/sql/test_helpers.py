@@ -148,6 +148,12 @@ async def test_the_wrong_flavour_or_object_is_refused(db_url: str) -> None:
         await sql.submit(object(), "q", "t")
 
 
+def test_an_unknown_option_is_refused_like_an_unknown_keyword() -> None:
+    # the options are typed for a checker, but a caller without one must not lose a typo
+    with pytest.raises(TypeError, match="unexpected keyword arguments: prority"):
+        sql.submit_sync(object(), "q", "t", prority=1)  # type: ignore[call-arg]
+
+
 def test_importing_it_loads_no_driver() -> None:
     code = (
         "import sys, evora.sql; "

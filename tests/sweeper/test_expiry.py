@@ -163,6 +163,9 @@ async def test_wakes_at_the_next_deadline_not_on_a_tick(
     start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
 ) -> None:
     job = await claimed(store, "leased", lease_seconds=3600)
+    # Deadlines a second or two ahead of the real time, set directly: what is tested is the
+    # sweeper sleeping on the real clock until them, which running the `clock` ahead cannot
+    # stand for.
     lease_deadline = await pool.fetchval(
         "UPDATE jobs SET lease_expires_at = now() + interval '1.2 s' WHERE id = $1 "
         "RETURNING lease_expires_at",

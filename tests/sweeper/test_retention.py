@@ -141,7 +141,9 @@ async def test_idempotency_keys_are_pruned_by_age_but_never_while_their_job_exis
         "VALUES ('k', $1, '\\x00', gen_random_uuid(), now() - interval '8 days')",
         [(key,) for key in old_keys],
     )
-    # Past the key window, while their jobs (finished or not) are still stored.
+    # Past the key window, while their jobs (finished or not) are still stored. The keys are
+    # aged one by one rather than by running the `clock` ahead, which would age the `fresh`
+    # key (and make the finished jobs prunable) along with them.
     await pool.execute(
         "UPDATE idempotency_keys SET created_at = now() - interval '8 days' WHERE job_id = ANY($1)",
         [done, dead, waiting],

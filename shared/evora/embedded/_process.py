@@ -5,12 +5,32 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Self
 
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server could not be found, started or stopped."""
+
+
+class ServerProcess(ABC):
+    """A server run as a child process; as a context manager, started on entry and stopped
+    on exit."""
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 def free_loopback_port() -> int:

@@ -15,10 +15,14 @@ import sys
 import threading
 from collections import deque
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+from typing import IO
 
-from evora.embedded._process import EmbeddedServerError, lines_tail, stop_process
+from evora.embedded._process import (
+    EmbeddedServerError,
+    ServerProcess,
+    lines_tail,
+    stop_process,
+)
 
 _EXECUTABLE = "secantusd-py"
 _LISTENING = re.compile(r"listening on [0-9.]+:(\d+)")
@@ -39,7 +43,7 @@ def find_secantusd() -> str:
     return found
 
 
-class LocalMongo:
+class LocalMongo(ServerProcess):
     """``secantusd-py`` serving ``storage_path`` on 127.0.0.1; ``":memory:"`` is a scratch store."""
 
     def __init__(
@@ -136,18 +140,6 @@ class LocalMongo:
             self._drainer.join(timeout=5)
             self._drainer = None
         self._port = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _drain(self, stream: IO[str], listening: threading.Event, log: IO[str] | None) -> None:
         try:

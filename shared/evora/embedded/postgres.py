@@ -10,13 +10,13 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import quote
 
 from evora.embedded._pgbin import find_bin_dir, wheel_install_root
 from evora.embedded._process import (
     EmbeddedServerError,
+    ServerProcess,
     file_tail,
     free_loopback_port,
     lines_tail,
@@ -31,7 +31,7 @@ _MAX_SOCKET_PATH = 100
 _NON_DURABLE_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
 
 
-class LocalPostgres:
+class LocalPostgres(ServerProcess):
     """A PostgreSQL cluster in ``data_dir`` served on 127.0.0.1.
 
     The postmaster is started directly (not daemonised through pg_ctl) so this object owns
@@ -123,18 +123,6 @@ class LocalPostgres:
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _prepare_dirs(self, bin_dir: Path, account: RunAs | None) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

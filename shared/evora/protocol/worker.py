@@ -28,18 +28,6 @@ from evora.protocol.limits import (
 )
 
 
-class ClaimRequest(WireModel):
-    worker_id: WorkerId
-    queues: list[QueueName] = Field(min_length=1, max_length=MAX_CLAIM_QUEUES)
-    max_jobs: int = Field(default=1, ge=1, le=MAX_CLAIM_JOBS)
-    wait_seconds: float = Field(default=20, ge=0, le=MAX_WAIT_SECONDS)
-    types: list[TypeName] | None = Field(default=None, min_length=1, max_length=1000)
-
-
-class ClaimResponse(BaseModel):
-    jobs: list[ClaimedJob]
-
-
 class HeartbeatRequest(WireModel):
     lease_token: UUID
     lease_seconds: int | None = Field(default=None, ge=1, le=86400)
@@ -121,3 +109,23 @@ class AckResult(BaseModel):
 
 class AcksResponse(BaseModel):
     results: list[AckResult]
+
+
+class ClaimRequest(WireModel):
+    worker_id: WorkerId
+    queues: list[QueueName] = Field(min_length=1, max_length=MAX_CLAIM_QUEUES)
+    max_jobs: int = Field(default=1, ge=1, le=MAX_CLAIM_JOBS)
+    wait_seconds: float = Field(default=20, ge=0, le=MAX_WAIT_SECONDS)
+    types: list[TypeName] | None = Field(default=None, min_length=1, max_length=1000)
+    acks: list[Ack] | None = Field(
+        default=None,
+        max_length=MAX_ACKS,
+        description="outcomes settled as by POST /v1/acks before the claim runs",
+    )
+
+
+class ClaimResponse(BaseModel):
+    jobs: list[ClaimedJob]
+    results: list[AckResult] | None = Field(
+        default=None, description="one status per item of the request's acks, if it had any"
+    )

@@ -1,11 +1,13 @@
-"""Telling the dispatcher how jobs ended: outcomes go through the `AckBatcher` into
-`POST /v1/acks` (one by one when the dispatcher rejects a whole batch, so one bad item does
-not sink the others); releases go one at a time."""
+"""Telling the dispatcher how jobs ended: outcomes go through the `AckBatcher`, each batch
+with the worker's next claim when that claim is due now (`carry`: one request instead of
+two), otherwise in `POST /v1/acks` (one by one when the dispatcher rejects a whole batch, so
+one bad item does not sink the others); releases go one at a time."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from evora.protocol.limits import MAX_ERROR_MESSAGE
 from evora.protocol.retries import RETRYABLE_STATUSES, RetryBackoff
@@ -22,6 +24,11 @@ from evora.sdk.handlers import Job
 log = logging.getLogger("evora.worker")
 
 
+CarryAcks = Callable[[Sequence[Ack]], Awaitable[list[dict[str, Any]]] | None]
+"""Hands a batch to a claim about to be sent, which answers its `results` (or raises as the
+claim failed); None when no claim is due now."""
+
+
 class Reports:
     def __init__(
         self,
@@ -31,8 +38,10 @@ class Reports:
         linger: float,
         expect_more: Callable[[], bool],
         backoff: RetryBackoff,
+        carry: CarryAcks | None = None,
     ) -> None:
         self._http = http
+        self._carry = carry
         self._batcher = AckBatcher(
             self._send_acks,
             max_batch=max_batch,
@@ -77,14 +86,19 @@ class Reports:
             log.error("job %s: the dispatcher answered %d to its outcome", ack.job_id, status)
 
     async def _send_acks(self, acks: Sequence[Ack]) -> dict[str, int]:
+        carried = None if self._carry is None else self._carry(acks)
         try:
-            resp = await self._http.request(
-                "POST",
-                "/v1/acks",
-                body={"acks": [ack.item() for ack in acks]},
-                idempotent=True,
-                retries=0,
-            )
+            if carried is not None:
+                results = await carried
+            else:
+                resp = await self._http.request(
+                    "POST",
+                    "/v1/acks",
+                    body={"acks": [ack.item() for ack in acks]},
+                    idempotent=True,
+                    retries=0,
+                )
+                results = resp.data["results"]
         except EvoraHTTPError as exc:
             if exc.status in RETRYABLE_STATUSES:
                 raise
@@ -95,7 +109,7 @@ class Reports:
                 exc,
             )
             return {ack.job_id: await self._send_one(ack) for ack in acks}
-        statuses = {str(item["id"]): int(item["status"]) for item in resp.data["results"]}
+        statuses = {str(item["id"]): int(item["status"]) for item in results}
         missing = [ack.job_id for ack in acks if ack.job_id not in statuses]
         if missing:
             raise EvoraClientError(f"the dispatcher's answer lacks jobs {', '.join(missing)}")

@@ -18,7 +18,10 @@ Life of a job in the worker:
    job. Its slot is freed when the outcome goes out in a batch: the next claim then runs
    while that batch is on its way instead of after it (a drained batch costs one round trip
    of latency, not two), and as the batcher sends one batch at a time, finished jobs whose
-   outcomes are not yet recorded never number more than twice `concurrency`.
+   outcomes are not yet recorded never number more than twice `concurrency`. When the
+   claim loop is waiting for exactly those slots (all were taken, as in a drain), the batch
+   rides in that claim's `acks` (one request, not two); otherwise (a claim already
+   long-polling, or shutting down) it goes by `POST /v1/acks` and waits for nothing.
 4. A job whose cancellation was requested sees `job.cancel_event` set; if its handler has not
    ended after `cancel_grace` seconds it is cancelled. A handler that ends with an exception
    (including that cancellation) after a cancel request has its job released, which the
@@ -63,7 +66,7 @@ from evora.protocol.limits import MAX_CLAIM_JOBS
 from evora.protocol.retries import RetryBackoff
 from evora.sdk._http import Transport
 from evora.sdk.acks import Ack
-from evora.sdk.errors import EvoraClientError, EvoraHTTPError
+from evora.sdk.errors import EvoraClientError, EvoraConnectionError, EvoraHTTPError
 from evora.sdk.executor import Executor
 from evora.sdk.handlers import H, Handler, Handlers, Job
 from evora.sdk.heartbeats import Heartbeats
@@ -79,6 +82,15 @@ from evora.sdk.settings import (
 from evora.sdk.watchdog import LoopWatchdog
 
 log = logging.getLogger("evora.worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Carried:
+    """Outcomes (items of `POST /v1/acks`) riding in the next claim, and where its answer
+    for them goes."""
+
+    acks: list[dict[str, Any]]
+    answer: asyncio.Future[list[dict[str, Any]]]
 
 
 class Worker:
@@ -172,6 +184,7 @@ class Worker:
             linger=settings.ack_linger,
             expect_more=lambda: self._executor.running > 0,
             backoff=settings.backoff,
+            carry=self._carry,
         )
         self._heartbeats = Heartbeats(
             self._http,
@@ -185,6 +198,8 @@ class Worker:
         self._busy = 0
         self._running: set[RunningJob] = set()
         self._slot_freed = asyncio.Event()
+        self._waiting_for_slot = False
+        self._carried: _Carried | None = None  # outcomes for the next claim to carry
         self._stop_requested = asyncio.Event()
         self._stopped = asyncio.Event()
         self._claim_task: asyncio.Task[None] | None = None
@@ -306,12 +321,24 @@ class Worker:
         while True:
             while self._busy >= self.settings.concurrency:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                self._waiting_for_slot = True
+                try:
+                    await self._slot_freed.wait()
+                finally:
+                    self._waiting_for_slot = False
+            carried, self._carried = self._carried, None
             try:
-                jobs = await self._claim(
-                    types, min(self.settings.concurrency - self._busy, MAX_CLAIM_JOBS)
+                jobs, results = await self._claim(
+                    types,
+                    min(self.settings.concurrency - self._busy, MAX_CLAIM_JOBS),
+                    None if carried is None else carried.acks,
                 )
             except EvoraClientError as exc:
+                if carried is not None:
+                    # The batcher retries them (or sends them one by one if refused).
+                    carried.answer.set_exception(exc)
+                    if isinstance(exc, EvoraHTTPError) and exc.status in (413, 422):
+                        continue  # perhaps refused for an outcome: claim again without
                 if isinstance(exc, EvoraHTTPError) and exc.status < 500 and exc.status != 429:
                     log.error("the dispatcher refuses to hand out jobs: %s", exc)
                     raise
@@ -320,6 +347,15 @@ class Worker:
                 log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 continue
+            else:
+                if carried is not None:
+                    carried.answer.set_result(results or [])
+            finally:
+                # Cancelled (shutdown) or broken: the batcher must not wait for it forever.
+                if carried is not None and not carried.answer.done():
+                    carried.answer.set_exception(
+                        EvoraConnectionError("the claim carrying them ended", request_sent=True)
+                    )
             if failures:
                 log.info("claiming again after %d failed attempts", failures)
                 failures = 0
@@ -334,14 +370,38 @@ class Worker:
                 # Without a long-poll an empty queue would be asked again at once, forever.
                 await asyncio.sleep(IDLE_PAUSE_SECONDS)
 
-    async def _claim(self, types: list[str], max_jobs: int) -> list[dict[str, Any]]:
-        body = {
+    def _carry(self, acks: Sequence[Ack]) -> asyncio.Future[list[dict[str, Any]]] | None:
+        """Give a batch of outcomes to the next claim if that claim is due now: the claim
+        loop waits for a slot and the batch's jobs have just freed some (their slots are
+        freed as a batch goes out, before it is sent). Otherwise None: the batch must not
+        wait for a claim that may long-poll or never come."""
+        if (
+            not self._waiting_for_slot
+            or self._busy >= self.settings.concurrency
+            or self._carried is not None
+            or self._stop_requested.is_set()
+        ):
+            return None
+        answer: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()
+        self._carried = _Carried([ack.item() for ack in acks], answer)
+        self._slot_freed.set()
+        return answer
+
+    async def _claim(
+        self, types: list[str], max_jobs: int, acks: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        body: dict[str, Any] = {
             "worker_id": self.settings.worker_id,
             "queues": list(self.settings.queues),
             "max_jobs": max_jobs,
             "wait_seconds": self.settings.wait_seconds,
             "types": types,
         }
+        if acks is not None:
+            # Outcomes are answered when the claim returns: they must not wait a long-poll
+            # out (their jobs' tasks and heartbeats wait for the answer).
+            body["acks"] = acks
+            body["wait_seconds"] = 0
         # Not repeated by the transport: a repeat after a lost answer would claim other jobs
         # while the first ones wait for their leases to expire. The loop claims afresh.
         resp = await self._http.request(
@@ -353,7 +413,8 @@ class Worker:
             time_limit=self.settings.wait_seconds + self.settings.request_timeout,
         )
         jobs: list[dict[str, Any]] = resp.data["jobs"]
-        return jobs
+        results: list[dict[str, Any]] | None = resp.data.get("results")
+        return jobs, results
 
     def _start(self, data: Mapping[str, Any]) -> None:
         job = Job.from_claim(data)

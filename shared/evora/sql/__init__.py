@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 from uuid import UUID
 
 import orjson
 
-__all__ = ["submit", "submit_batch", "submit_batch_sync", "submit_sync"]
+__all__ = ["SubmitOptions", "submit", "submit_batch", "submit_batch_sync", "submit_sync"]
 
 Driver = Literal["asyncpg", "psycopg", "sqlalchemy"]
 _DRIVERS: tuple[Driver, ...] = ("asyncpg", "psycopg", "sqlalchemy")
@@ -67,29 +67,29 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _options(
-    priority: int | None,
-    run_at: datetime | None,
-    delay_seconds: float | None,
-    max_attempts: int | None,
-    lease_seconds: int | None,
-    backoff: Mapping[str, float] | None,
-    expires_at: datetime | None,
-    idempotency_key: str | None,
-    group_key: str | None,
-) -> str:
-    given = {
-        "priority": priority,
-        "run_at": run_at,
-        "delay_seconds": delay_seconds,
-        "max_attempts": max_attempts,
-        "lease_seconds": lease_seconds,
-        "backoff": None if backoff is None else dict(backoff),
-        "expires_at": expires_at,
-        "idempotency_key": idempotency_key,
-        "group_key": group_key,
-    }
-    return _json({name: value for name, value in given.items() if value is not None})
+class SubmitOptions(TypedDict, total=False):
+    """The optional fields of a submission, as in the body of POST /v1/jobs; one left out
+    (or None) takes the api's default."""
+
+    priority: int | None
+    run_at: datetime | None
+    delay_seconds: float | None
+    max_attempts: int | None
+    lease_seconds: int | None
+    backoff: Mapping[str, float] | None
+    expires_at: datetime | None
+    idempotency_key: str | None
+    group_key: str | None
+
+
+def _options(options: SubmitOptions) -> str:
+    unknown = sorted(options.keys() - SubmitOptions.__optional_keys__)
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments: {', '.join(unknown)}")
+    given: dict[str, Any] = {name: v for name, v in options.items() if v is not None}
+    if "backoff" in given:
+        given["backoff"] = dict(given["backoff"])
+    return _json(given)
 
 
 class _Call:
@@ -131,15 +131,10 @@ class _Call:
 
 
 def _submit_call(
-    conn: object,
-    queue: str,
-    type: str,
-    payload: Any,
-    options: str,
-    *,
-    awaited: bool,
+    conn: object, queue: str, type: str, payload: Any, options: SubmitOptions, *, awaited: bool
 ) -> _Call:
-    return _Call(conn, _SUBMIT, (queue, type, _json(payload), options), awaited=awaited)
+    params = (queue, type, _json(payload), _options(options))
+    return _Call(conn, _SUBMIT, params, awaited=awaited)
 
 
 def _ids(value: Sequence[Any]) -> list[UUID]:
@@ -151,31 +146,11 @@ async def submit(
     queue: str,
     type: str,
     payload: Any = _EMPTY_PAYLOAD,
-    *,
-    priority: int | None = None,
-    run_at: datetime | None = None,
-    delay_seconds: float | None = None,
-    max_attempts: int | None = None,
-    lease_seconds: int | None = None,
-    backoff: Mapping[str, float] | None = None,
-    expires_at: datetime | None = None,
-    idempotency_key: str | None = None,
-    group_key: str | None = None,
+    **options: Unpack[SubmitOptions],
 ) -> UUID:
     """Submit one job in the transaction `conn` is in; its id. Fields left out take the
     api's defaults; with an idempotency key used before for the same fields, the id of the
     job first submitted with it."""
-    options = _options(
-        priority,
-        run_at,
-        delay_seconds,
-        max_attempts,
-        lease_seconds,
-        backoff,
-        expires_at,
-        idempotency_key,
-        group_key,
-    )
     call = _submit_call(conn, queue, type, payload, options, awaited=True)
     return UUID(str(await call.run()))
 
@@ -185,29 +160,9 @@ def submit_sync(
     queue: str,
     type: str,
     payload: Any = _EMPTY_PAYLOAD,
-    *,
-    priority: int | None = None,
-    run_at: datetime | None = None,
-    delay_seconds: float | None = None,
-    max_attempts: int | None = None,
-    lease_seconds: int | None = None,
-    backoff: Mapping[str, float] | None = None,
-    expires_at: datetime | None = None,
-    idempotency_key: str | None = None,
-    group_key: str | None = None,
+    **options: Unpack[SubmitOptions],
 ) -> UUID:
     """`submit` on a synchronous psycopg or SQLAlchemy connection."""
-    options = _options(
-        priority,
-        run_at,
-        delay_seconds,
-        max_attempts,
-        lease_seconds,
-        backoff,
-        expires_at,
-        idempotency_key,
-        group_key,
-    )
     call = _submit_call(conn, queue, type, payload, options, awaited=False)
     return UUID(str(call.run_sync()))
 

@@ -115,6 +115,15 @@ class AckOutcome:
         return self.job
 
 
+class Decision(StrEnum):
+    """How cancel, retry or discard of one job ended: the `outcome` column of their
+    statements in sql/transitions.sql, which return the job either way."""
+
+    DONE = "done"  # the job moved (or, for a RUNNING job, a cancel was requested)
+    REFUSED = "refused"  # the job's state does not allow the transition
+    NOT_FOUND = "not_found"  # no such job
+
+
 @dataclass(frozen=True)
 class JobPage:
     jobs: list[JobDict]
@@ -252,11 +261,9 @@ class JobStore:
         )
 
     async def cancel(self, job_id: UUID) -> Cancelled:
-        rows = await self._change(self._pool, queries.CANCEL, job_id)
-        if rows:
-            job = job_from_row(rows[0]["job"])
+        result, job = await self._decide(queries.CANCEL, job_id)
+        if result is Decision.DONE:
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
-        job = await self.get(job_id)
         if job["state"] == JobState.RUNNING:  # already requested
             return Cancelled(job, immediate=False)
         if job["state"] == JobState.DLQ:
@@ -269,18 +276,25 @@ class JobStore:
     # -- admin -------------------------------------------------------------------------
 
     async def retry(self, job_id: UUID) -> JobDict:
-        rows = await self._change(self._pool, queries.RETRY, job_id)
-        return await self._moved_from_dlq(job_id, rows, "retried")
+        return await self._moved_from_dlq(queries.RETRY, job_id, "retried")
 
     async def discard(self, job_id: UUID) -> JobDict:
-        rows = await self._change(self._pool, queries.DISCARD, job_id)
-        return await self._moved_from_dlq(job_id, rows, "discarded")
+        return await self._moved_from_dlq(queries.DISCARD, job_id, "discarded")
 
-    async def _moved_from_dlq(self, job_id: UUID, rows: list[asyncpg.Record], verb: str) -> JobDict:
-        if rows:
-            return job_from_row(rows[0]["job"])
-        job = await self.get(job_id)
-        raise InvalidState(f"job {job_id} is {job['state']}; only DLQ jobs can be {verb}")
+    async def _moved_from_dlq(self, query: str, job_id: UUID, verb: str) -> JobDict:
+        result, job = await self._decide(query, job_id)
+        if result is Decision.REFUSED:
+            raise InvalidState(f"job {job_id} is {job['state']}; only DLQ jobs can be {verb}")
+        return job
+
+    async def _decide(self, query: str, job_id: UUID) -> tuple[Decision, JobDict]:
+        """Run an admin transition on one job; its statement answers in the same round trip
+        whether it moved the job or refused it, with the job as it now is."""
+        [row] = await self._change(self._pool, query, job_id)
+        result = Decision(row["outcome"])
+        if result is Decision.NOT_FOUND:
+            raise JobNotFound(f"job {job_id} not found")
+        return result, job_from_row(row["job"])
 
     async def redrive(
         self, queue: str, *, type: str | None = None, limit: int | None = None

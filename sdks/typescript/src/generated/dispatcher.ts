@@ -38,10 +38,14 @@ export interface ClaimRequest {
   max_jobs?: number;
   wait_seconds?: number;
   types?: string[] | null;
+  /** outcomes settled as by POST /v1/acks before the claim runs */
+  acks?: Ack[] | null;
 }
 
 export interface ClaimResponse {
   jobs: ClaimedJob[];
+  /** one status per item of the request's acks, if it had any */
+  results?: AckResult[] | null;
 }
 
 export interface ClaimedJob {

@@ -418,8 +418,9 @@ FROM moved;
 
 -- name: cancel
 -- $1 id, $2 suppressed queues. A PENDING job is cancelled at once; a RUNNING job gets
--- cancel_requested (once) and its worker decides. Anything else matches nothing: a DLQ job
--- leaves the DLQ only by an admin's retry or discard.
+-- cancel_requested (once) and its worker decides. Anything else is refused: a DLQ job leaves
+-- the DLQ only by an admin's retry or discard. Exactly one row, like retry and discard: the
+-- outcome ('done', 'refused' or 'not_found') and the job, moved or as it refused.
 WITH target AS (
     SELECT id, state FROM jobs
     WHERE id = $1 AND (state = 'PENDING' OR (state = 'RUNNING' AND NOT cancel_requested))
@@ -451,14 +452,25 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($2::text[])
 )
-SELECT job,
+SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
+            WHEN cur.found THEN 'refused'
+            ELSE 'not_found' END AS outcome,
+       coalesce(m.job, cur.job) AS job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
-FROM moved;
+FROM (VALUES (1)) AS one(x)
+LEFT JOIN moved m ON true
+-- Refused: the job as its latest version shows it. The statement's snapshot may predate a
+-- transaction that the target's row lock waited for and that moved the job out of reach; a
+-- locking read waits for the same transaction and returns what it committed.
+LEFT JOIN LATERAL (
+    SELECT true AS found, c AS job FROM jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
+) cur ON true;
 
 -- name: retry
 -- $1 id, $2 suppressed queues. DLQ -> PENDING with a fresh attempt budget. A time-to-live
--- that already ran out is dropped: the operator asked for the job to run.
+-- that already ran out is dropped: the operator asked for the job to run. Any other state is
+-- refused; one row answered like cancel.
 WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
     UPDATE jobs j
@@ -485,10 +497,20 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($2::text[])
 )
-SELECT job,
+SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
+            WHEN cur.found THEN 'refused'
+            ELSE 'not_found' END AS outcome,
+       coalesce(m.job, cur.job) AS job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
-FROM moved;
+FROM (VALUES (1)) AS one(x)
+LEFT JOIN moved m ON true
+-- Refused: the job as its latest version shows it. The statement's snapshot may predate a
+-- transaction that the target's row lock waited for and that moved the job out of reach; a
+-- locking read waits for the same transaction and returns what it committed.
+LEFT JOIN LATERAL (
+    SELECT true AS found, c AS job FROM jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
+) cur ON true;
 
 -- name: redrive
 -- $1 queue, $2 type (NULL: any), $3 batch size, $4 suppressed queues. A bounded batch of the
@@ -531,7 +553,8 @@ SELECT job,
 FROM moved;
 
 -- name: discard
--- $1 id, $2 suppressed queues. DLQ -> CANCELLED.
+-- $1 id, $2 suppressed queues. DLQ -> CANCELLED; any other state is refused. One row answered
+-- like cancel.
 WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
     UPDATE jobs j
@@ -556,7 +579,17 @@ notified AS (
     FROM claimable
     WHERE q <> ALL($2::text[])
 )
-SELECT job,
+SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
+            WHEN cur.found THEN 'refused'
+            ELSE 'not_found' END AS outcome,
+       coalesce(m.job, cur.job) AS job,
        (SELECT array_agg(q) FROM notified) AS notified,
        (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
-FROM moved;
+FROM (VALUES (1)) AS one(x)
+LEFT JOIN moved m ON true
+-- Refused: the job as its latest version shows it. The statement's snapshot may predate a
+-- transaction that the target's row lock waited for and that moved the job out of reach; a
+-- locking read waits for the same transaction and returns what it committed.
+LEFT JOIN LATERAL (
+    SELECT true AS found, c AS job FROM jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
+) cur ON true;
