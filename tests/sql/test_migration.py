@@ -14,7 +14,7 @@ import pytest
 from evora.storage.migrate import apply_migrations
 from tests.sql.conftest import MakeRole
 
-# The last version before a later migration (0015) replaced evora.submit_rows(): running
+# The last version before a later migration (0013) replaced evora.submit_rows(): running
 # 0011 again over a newer database puts its own version back, as any older migration would.
 _SUBMIT_ROWS_OF_0011_UNTIL = 12
 

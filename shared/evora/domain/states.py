@@ -1,6 +1,6 @@
 """The job state machine (docs/architecture.md#the-state-machine).
 
-This table is the Python view of the rule; migrations 0001 and 0015 seed the same rows into
+This table is the Python view of the rule; migrations 0001 and 0013 seed the same rows into
 `job_transitions`, which a trigger on `jobs` consults, so the database rejects anything else.
 A test compares the two.
 """

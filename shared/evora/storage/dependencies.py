@@ -1,5 +1,5 @@
 """Reading the dependency graph (docs/dependencies.md): which jobs wait on a job. Deciding
-when a waiting job may run is the database's (migrations/0015_dependencies.sql)."""
+when a waiting job may run is the database's (migrations/0013_dependencies.sql)."""
 
 from __future__ import annotations
 
