@@ -596,13 +596,12 @@ CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_secon
             * (0.8 + 0.4 * random()))
 $$;
 
-CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, dependency_state public.job_state) RETURNS public.job_state
+CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, arrived integer, cancelled boolean) RETURNS public.job_state
     LANGUAGE sql IMMUTABLE
     AS $$
     SELECT CASE
-        WHEN dependency_state = 'CANCELLED' AND j.on_dependency_failure = 'cancel'
-            THEN 'CANCELLED'::job_state
-        WHEN j.dependencies_left <= 1 THEN 'PENDING'::job_state
+        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::job_state
+        WHEN j.dependencies_left <= arrived THEN 'PENDING'::job_state
         ELSE 'WAITING'::job_state
     END
 $$;
@@ -728,35 +727,67 @@ CREATE FUNCTION public.evora_settle_dependents() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    ended_ids uuid[];
+    ended_states job_state[];
     hinted bigint;
 BEGIN
+    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.state ORDER BY n.id)
+    INTO ended_ids, ended_states
+    FROM ended_after n
+    JOIN ended_before o ON o.id = n.id
+    WHERE n.has_dependents AND n.state IN ('COMPLETED', 'CANCELLED')
+      AND o.state IS DISTINCT FROM n.state;
+    IF ended_ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+
     PERFORM 1
     FROM jobs j
-    WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
-      AND j.state = 'WAITING'
+    WHERE j.state = 'WAITING' AND j.id IN (
+        WITH RECURSIVE below(id, cancelling) AS (
+            SELECT d.job_id, e.state = 'CANCELLED'
+            FROM unnest(ended_ids, ended_states) AS e(id, state)
+            JOIN job_dependencies d ON d.depends_on = e.id
+            UNION
+            SELECT d.job_id, true
+            FROM below b
+            JOIN jobs w ON w.id = b.id
+            JOIN job_dependencies d ON d.depends_on = b.id
+            WHERE b.cancelling AND w.state = 'WAITING' AND w.on_dependency_failure = 'cancel'
+        )
+        SELECT b.id FROM below b)
     ORDER BY j.id
     FOR UPDATE OF j;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
-    WITH next AS (
-        SELECT j.id, evora_dependent_next_state(j, NEW.state) AS state
+    WITH arrived AS (
+        SELECT d.job_id AS id, count(*)::integer AS n,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1]
+                   AS cancelled_by
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    ),
+    next AS (
+        SELECT j.id, a.n, a.cancelled_by,
+               evora_dependent_next_state(j, a.n, a.cancelled_by IS NOT NULL) AS state
         FROM jobs j
-        WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
-          AND j.state = 'WAITING'
+        JOIN arrived a ON a.id = j.id
+        WHERE j.state = 'WAITING'
     ),
     settled AS (
         UPDATE jobs j
         SET state = n.state,
             dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
-                                     ELSE j.dependencies_left - 1 END,
+                                     ELSE j.dependencies_left - n.n END,
             version = j.version + (n.state <> 'WAITING')::int,
             updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
             finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
         FROM next n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, evora_job_image(j) AS image
+        RETURNING j.*, n.cancelled_by, evora_job_image(j) AS image
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -766,7 +797,7 @@ BEGIN
                'WAITING', state, attempt, NULL, updated_at,
                CASE WHEN state = 'CANCELLED'
                     THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', NEW.id)
+                                            'dependency', cancelled_by)
                     ELSE '{}'::jsonb END,
                image
         FROM settled
@@ -980,7 +1011,7 @@ CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW 
 
 CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 
-CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON public.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state])) AND (old.state IS DISTINCT FROM new.state))) EXECUTE FUNCTION public.evora_settle_dependents();
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON public.jobs REFERENCING OLD TABLE AS ended_before NEW TABLE AS ended_after FOR EACH STATEMENT EXECUTE FUNCTION public.evora_settle_dependents();
 
 CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 
