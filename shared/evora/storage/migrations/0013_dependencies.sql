@@ -239,27 +239,31 @@ LANGUAGE sql AS $$
     RETURNING j.id, j.state
 $$;
 
--- evora.submit_rows() of version 11, with each item's dependencies: `dependency_ords` and
--- `dependency_ids` are its edges (the item's position, from 1, and the job it waits for, in
--- the item's depends_on order; a job of this same call may be named by its id), and
+-- What evora.submit_rows() of version 11 did, with each item's dependencies: `dependency_ords`
+-- and `dependency_ids` are its edges (the item's position, from 1, and the job it waits for,
+-- in the item's depends_on order; a job of this same call may be named by its id), and
 -- `on_failures` its on_dependency_failure (NULL: 'cancel'). An item with unfinished
 -- dependencies is stored WAITING. Two more outcomes, for items not stored, with `first_ord`
 -- the position (from 1) of the offending dependency in the item's list:
 --   unknown_dependency    no such job (nor an item of this call)
 --   cancelled_dependency  it is CANCELLED and the item would be cancelled with it
 -- Dependencies can only be existing jobs or items of this call: a cycle cannot be written.
+--
+-- It has a name of its own, and evora.submit_rows() is dropped: migration 0011 is written to
+-- be re-runnable and re-creates evora.submit_rows() with its own signature, which must then
+-- not stand beside a second overload of the same name (a call with 0011's arguments would
+-- match both).
 DROP FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], timestamptz[],
                                 float8[], integer[], integer[], float8[], float8[], float8[],
                                 timestamptz[], text[], text[], bytea[], text[]);
 
-CREATE FUNCTION evora.submit_rows(
+CREATE FUNCTION evora.store_submissions(
     ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[],
     run_ats timestamptz[], delays float8[], max_attempts integer[], leases integer[],
     backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
-    before_0011 bytea[], quiet text[],
-    dependency_ords integer[] DEFAULT '{}', dependency_ids uuid[] DEFAULT '{}',
-    on_failures text[] DEFAULT NULL
+    before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
+    on_failures text[]
 ) RETURNS TABLE (ord integer, outcome text, first_ord integer, job jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
@@ -433,12 +437,70 @@ $$;
 DO $$
 BEGIN
     EXECUTE format(
-        'ALTER FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], '
+        'ALTER FUNCTION evora.store_submissions(uuid[], text[], text[], jsonb[], smallint[], '
         'timestamptz[], float8[], integer[], integer[], float8[], float8[], float8[], '
         'timestamptz[], text[], text[], bytea[], text[], integer[], uuid[], text[]) '
         'SET search_path = %I, pg_temp', current_schema());
 END
 $$;
-REVOKE ALL ON FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[],
+REVOKE ALL ON FUNCTION evora.store_submissions(uuid[], text[], text[], jsonb[], smallint[],
     timestamptz[], float8[], integer[], integer[], float8[], float8[], float8[], timestamptz[],
     text[], text[], bytea[], text[], integer[], uuid[], text[]) FROM PUBLIC;
+
+-- evora.submit_items() of version 11, storing through evora.store_submissions(): validates
+-- every item (all or nothing), stores them and raises for the first item, in order, whose
+-- idempotency key conflicts or whose job is gone. The ids, in item order.
+CREATE OR REPLACE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    subs evora.submission[];
+    r record;
+    at text;
+    ids uuid[] := '{}';
+BEGIN
+    SELECT array_agg(evora.validated(e.item,
+               CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
+    INTO subs
+    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
+    FOR r IN
+        SELECT * FROM evora.store_submissions(
+            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
+            ARRAY(SELECT (s).queue FROM unnest(subs) s),
+            ARRAY(SELECT (s).type FROM unnest(subs) s),
+            ARRAY(SELECT (s).payload FROM unnest(subs) s),
+            ARRAY(SELECT (s).priority FROM unnest(subs) s),
+            ARRAY(SELECT (s).run_at FROM unnest(subs) s),
+            ARRAY(SELECT (s).delay_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).max_attempts FROM unnest(subs) s),
+            ARRAY(SELECT (s).lease_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_initial FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_max FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_multiplier FROM unnest(subs) s),
+            ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
+            ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).group_key FROM unnest(subs) s),
+            '{}', '{}', '{}', '{}', NULL)
+        ORDER BY ord
+    LOOP
+        at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
+        IF r.outcome IN ('conflict', 'repeat_conflict') THEN
+            RAISE EXCEPTION '%', CASE r.outcome
+                WHEN 'conflict' THEN format(
+                    '%sidempotency_key: %L was already used in queue %L with different fields',
+                    at, (subs[r.ord]).idempotency_key, (subs[r.ord]).queue)
+                ELSE format('%sidempotency_key: reuses the idempotency key of jobs[%s] with '
+                            'different fields', at, r.first_ord - 1) END
+                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
+                      CONSTRAINT = 'evora_idempotency_conflict';
+        ELSIF r.outcome = 'gone' THEN
+            RAISE EXCEPTION '%idempotency_key: % was used in queue % by a job that has since '
+                            'been removed', at, quote_literal((subs[r.ord]).idempotency_key),
+                            quote_literal((subs[r.ord]).queue)
+                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
+                      CONSTRAINT = 'evora_idempotent_job_gone';
+        END IF;
+        ids := ids || (r.job).id;
+    END LOOP;
+    RETURN ids;
+END
+$$;
