@@ -176,10 +176,14 @@ CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[],
 DECLARE
     made integer;
     fingerprints bytea[];
+    kept uuid[];
+    replays uuid[];
+    waited uuid[];
     lefts integer[];
     refusals text[];
     culprits integer[];
 BEGIN
+    waited := dependency_ids;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := ARRAY(
             SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
@@ -193,18 +197,42 @@ BEGIN
                                      lease_seconds, backoff_initial, backoff_max,
                                      backoff_multiplier, expires_at, key, group_key, ord)
             ORDER BY x.ord);
+        WITH keyed AS (
+            INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
+            SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, fingerprints[x.ord], x.id
+            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            WHERE x.key IS NOT NULL
+            ORDER BY x.queue, x.key, x.ord
+            ON CONFLICT (queue, key) DO NOTHING
+            RETURNING job_id
+        )
+        SELECT coalesce(array_agg(k.job_id), '{}') INTO kept FROM keyed k;
+        replays := ARRAY(
+            SELECT CASE WHEN k.job_id <> x.id
+                         AND k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord])
+                        THEN k.job_id END
+            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+            ORDER BY x.ord);
+        IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
+            waited := ARRAY(
+                SELECT coalesce(r.job, u.dep)
+                FROM unnest(dependency_ids) WITH ORDINALITY AS u(dep, n)
+                LEFT JOIN unnest(ids, replays) AS r(id, job) ON r.id = u.dep
+                ORDER BY u.n);
+        END IF;
     END IF;
-    IF cardinality(dependency_ids) > 0 THEN
+    IF cardinality(waited) > 0 THEN
         WITH held AS (
             SELECT * FROM evora_hold_dependencies(
-                ARRAY(SELECT DISTINCT d FROM unnest(dependency_ids) d WHERE d <> ALL(ids)))
+                ARRAY(SELECT DISTINCT d FROM unnest(waited) d WHERE d <> ALL(ids)))
         ),
         edge AS (
             SELECT e.ord, row_number() OVER (PARTITION BY e.ord ORDER BY e.n) AS place,
                    e.dep = ANY(ids) AS in_call, h.state,
                    coalesce(on_failures[e.ord], 'cancel') AS policy
             FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
-                  FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+                  FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
                   ORDER BY u.ord, u.dep, u.n) AS e
             LEFT JOIN held h ON h.id = e.dep
         ),
@@ -231,18 +259,23 @@ BEGIN
                array_agg(v.place ORDER BY v.n)
         INTO lefts, refusals, culprits
         FROM verdict v;
+        IF kept IS NOT NULL AND array_remove(refusals, NULL) <> '{}' THEN
+            DELETE FROM idempotency_keys k
+            USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
+            WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
+              AND k.job_id = x.id;
+        END IF;
     END IF;
     RETURN QUERY
     WITH lists AS (
         SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
         FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
-              FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+              FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
               ORDER BY u.ord, u.dep, u.n) AS e
         GROUP BY e.ord
     ),
     input AS (
-        SELECT x.*, fingerprints[x.ord] AS fingerprint,
-               coalesce(lefts[x.ord], 0) AS waiting_on, l.deps
+        SELECT x.*, coalesce(lefts[x.ord], 0) AS waiting_on, l.deps
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers,
                     expires_ats, idempotency_keys, group_keys)
@@ -251,15 +284,6 @@ BEGIN
                                  backoff_multiplier, expires_at, key, group_key, ord)
         LEFT JOIN lists l ON l.ord = x.ord
         WHERE refusals[x.ord] IS NULL
-    ),
-    keyed AS (
-        INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
-        SELECT DISTINCT ON (i.queue, i.key) i.queue, i.key, i.fingerprint, i.id
-        FROM input i
-        WHERE i.key IS NOT NULL
-        ORDER BY i.queue, i.key, i.ord
-        ON CONFLICT (queue, key) DO NOTHING
-        RETURNING job_id
     ),
     moved AS (
         INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
@@ -271,10 +295,10 @@ BEGIN
                i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
                i.backoff_multiplier, i.expires_at, i.key, i.group_key,
                CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
-               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(dependency_ids),
+               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(waited),
                i.deps
         FROM input i
-        WHERE i.key IS NULL OR i.id IN (SELECT k.job_id FROM keyed k)
+        WHERE i.key IS NULL OR i.id IN (SELECT unnest(kept))
         ORDER BY i.ord
         RETURNING j.*, j AS whole, evora_job_image(j) AS image
     ),
