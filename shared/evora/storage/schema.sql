@@ -19,7 +19,10 @@ CREATE TYPE evora.submission AS (
 	backoff_multiplier double precision,
 	expires_at timestamp with time zone,
 	idempotency_key text,
-	group_key text
+	group_key text,
+	depends_on text[],
+	on_dependency_failure text,
+	ref text
 );
 
 CREATE TYPE public.job_state AS ENUM (
@@ -87,7 +90,9 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
         "max_attempts": {"min": 1, "max": 1000, "default": 5},
         "lease_seconds": {"min": 1, "max": 86400, "default": 30},
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
-                    "max_multiplier": 1000}
+                    "max_multiplier": 1000},
+        "max_dependencies": 1000,
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
     }'::jsonb
 $_$;
 
@@ -398,17 +403,47 @@ CREATE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
     AS $$
 DECLARE
     subs evora.submission[];
+    new_ids uuid[];
+    named jsonb := '{}';
+    edge_ords integer[] := '{}';
+    edge_ids uuid[] := '{}';
+    n integer;
+    place integer;
+    dep text;
     r record;
     at text;
     ids uuid[] := '{}';
 BEGIN
-    SELECT array_agg(evora.validated(e.item,
+    SELECT array_agg(evora.validated_with_dependencies(e.item,
                CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
     INTO subs
     FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
+    new_ids := ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs)));
+    FOR n IN 1 .. cardinality(subs) LOOP
+        at := CASE WHEN batch THEN format('jobs[%s].', n - 1) ELSE '' END;
+        FOR place IN 1 .. cardinality((subs[n]).depends_on) LOOP
+            dep := (subs[n]).depends_on[place];
+            IF dep LIKE 'ref:%' THEN
+                IF NOT named ? substr(dep, 5) THEN
+                    PERFORM evora.reject(format('%sdepends_on[%s]', at, place - 1),
+                        format('%L names no earlier item of this batch', dep));
+                END IF;
+                dep := named ->> substr(dep, 5);
+            END IF;
+            edge_ords := edge_ords || n;
+            edge_ids := edge_ids || dep::uuid;
+        END LOOP;
+        IF (subs[n]).ref IS NOT NULL THEN
+            IF named ? (subs[n]).ref THEN
+                PERFORM evora.reject(at || 'ref', format(
+                    '%L is already the ref of an earlier item', (subs[n]).ref));
+            END IF;
+            named := named || jsonb_build_object((subs[n]).ref, new_ids[n]);
+        END IF;
+    END LOOP;
     FOR r IN
         SELECT * FROM evora.store_submissions(
-            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
+            new_ids,
             ARRAY(SELECT (s).queue FROM unnest(subs) s),
             ARRAY(SELECT (s).type FROM unnest(subs) s),
             ARRAY(SELECT (s).payload FROM unnest(subs) s),
@@ -423,7 +458,8 @@ BEGIN
             ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
-            '{}', '{}', '{}', '{}', NULL)
+            '{}', '{}', edge_ords, edge_ids,
+            ARRAY(SELECT (s).on_dependency_failure FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -442,6 +478,13 @@ BEGIN
                             quote_literal((subs[r.ord]).queue)
                 USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
                       CONSTRAINT = 'evora_idempotent_job_gone';
+        ELSIF r.outcome = 'unknown_dependency' THEN
+            PERFORM evora.reject(format('%sdepends_on[%s]', at, r.first_ord - 1), format(
+                '%s names no job', (subs[r.ord]).depends_on[r.first_ord]));
+        ELSIF r.outcome = 'cancelled_dependency' THEN
+            PERFORM evora.reject(format('%sdepends_on[%s]', at, r.first_ord - 1), format(
+                '%s names a CANCELLED job (with on_dependency_failure "cancel" this job '
+                'could never run)', (subs[r.ord]).depends_on[r.first_ord]));
         END IF;
         ids := ids || (r.job).id;
     END LOOP;
@@ -601,6 +644,60 @@ BEGIN
     RETURN s;
 END
 $$;
+
+CREATE FUNCTION evora.validated_with_dependencies(item jsonb, at text) RETURNS evora.submission
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+    s evora.submission;
+    dep jsonb;
+    place bigint;
+    field text;
+    given text;
+BEGIN
+    IF item IS NULL OR jsonb_typeof(item) <> 'object' THEN
+        RETURN evora.validated(item, at);  -- which refuses it
+    END IF;
+    s := evora.validated(item - 'depends_on' - 'on_dependency_failure' - 'ref', at);
+    s.ref := evora.text_field(item -> 'ref', at || 'ref', lim ->> 'ref_pattern', NULL, true);
+    s.on_dependency_failure := coalesce(item ->> 'on_dependency_failure', 'cancel');
+    IF item ? 'on_dependency_failure'
+            AND (jsonb_typeof(item -> 'on_dependency_failure') <> 'string'
+                 OR s.on_dependency_failure NOT IN ('cancel', 'run')) THEN
+        PERFORM evora.reject(at || 'on_dependency_failure', 'must be "cancel" or "run"');
+    END IF;
+    s.depends_on := '{}';
+    IF NOT item ? 'depends_on' THEN
+        RETURN s;
+    END IF;
+    IF jsonb_typeof(item -> 'depends_on') <> 'array' THEN
+        PERFORM evora.reject(at || 'depends_on', 'must be a JSON array of job ids');
+    END IF;
+    IF jsonb_array_length(item -> 'depends_on') > (lim ->> 'max_dependencies')::integer THEN
+        PERFORM evora.reject(at || 'depends_on', format(
+            'names %s jobs; the limit is %s', jsonb_array_length(item -> 'depends_on'),
+            lim ->> 'max_dependencies'));
+    END IF;
+    FOR dep, place IN SELECT * FROM jsonb_array_elements(item -> 'depends_on') WITH ORDINALITY
+    LOOP
+        field := format('%sdepends_on[%s]', at, place - 1);
+        given := CASE WHEN jsonb_typeof(dep) = 'string' THEN dep #>> '{}' END;
+        IF given ~ ('^ref:' || substr(lim ->> 'ref_pattern', 2)) THEN
+            NULL;
+        ELSIF given ~ '^[0-9A-Fa-f]{8}-([0-9A-Fa-f]{4}-){3}[0-9A-Fa-f]{12}$' THEN
+            given := given::uuid::text;
+        ELSE
+            PERFORM evora.reject(field, 'must be a job id or "ref:<name>"');
+        END IF;
+        IF given = ANY(s.depends_on) THEN
+            PERFORM evora.reject(field, 'names a job more than once');
+        END IF;
+        s.depends_on := s.depends_on || given;
+    END LOOP;
+    RETURN s;
+END
+$_$;
 
 CREATE FUNCTION public.evora_add_submitted_data() RETURNS trigger
     LANGUAGE plpgsql
