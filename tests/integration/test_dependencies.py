@@ -328,3 +328,21 @@ async def test_batches_completing_parents_of_shared_children_never_deadlock(
             ("submitted", None, "WAITING"),
             ("dependencies_met", "WAITING", "PENDING"),
         ]
+
+
+async def test_a_claimed_job_with_dependencies_carries_the_results_of_the_completed_ones(
+    store: JobStore,
+) -> None:
+    a, b = (i.job["id"] for i in await store.submit_batch([_sub(), _sub(max_attempts=1)]))
+    c = await _submit(store, depends_on=[b, a], on_dependency_failure="run")
+    first = await store.claim(worker_id="w", queues=[Q], max_jobs=10)
+    assert [j["id"] for j in first] == [a, b]
+    # a claim of jobs without dependencies leaves them as they were: nothing read for them
+    assert all("dependency_results" not in j for j in first)
+    await store.complete(a, first[0]["lease_token"], {"rows": 3})
+    await store.fail(Failure(b, first[1]["lease_token"], "boom", retryable=False))
+    await store.discard(b)
+    [claimed] = await store.claim(worker_id="w", queues=[Q], max_jobs=10)
+    assert claimed["id"] == c
+    # b ended CANCELLED: the job runs ("run") without a result of it
+    assert claimed["dependency_results"] == {str(a): {"rows": 3}}
