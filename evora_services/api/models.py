@@ -64,3 +64,12 @@ class JobListQuery(BaseModel):
     type: TypeName | None = None
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
     after: Cursor | None = None
+
+
+class PageQuery(BaseModel):
+    """A page of a list without filters (pass `next` as `after`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+    after: Cursor | None = None

@@ -38,6 +38,7 @@ from evora.storage.jobs import JobStore
 from evora.storage.submissions import Submitted
 from evora_services.api.models import (
     JobListQuery,
+    PageQuery,
     encode_cursor,
 )
 from evora_services.api.paths import job_id, queue_name
@@ -178,11 +179,28 @@ async def job_events(request: web.Request) -> web.Response:
 
 
 @producer.add(
+    "GET",
+    "/v1/jobs/{id}/dependents",
+    roles=PRODUCER,
+    summary="The jobs that depend on this one, in submission order, a page at a time.",
+    query=PageQuery,
+    responses={200: JobList},
+    problems=(404,),
+)
+async def job_dependents(request: web.Request) -> web.Response:
+    query = parse_query(request, PageQuery)
+    page = await _store(request).dependents(job_id(request), limit=query.limit, after=query.after)
+    cursor = None if page.next_after is None else encode_cursor(page.next_after)
+    return json_response({"jobs": page.jobs, "next": cursor})
+
+
+@producer.add(
     "POST",
     "/v1/jobs/{id}/cancel",
     roles=PRODUCER,
     summary=(
-        "Cancel a job. PENDING: cancelled now, 200. RUNNING: `cancel_requested` is set and "
+        "Cancel a job. PENDING or WAITING: cancelled now, 200 (the jobs waiting on it follow "
+        "their on_dependency_failure). RUNNING: `cancel_requested` is set and "
         "the worker stops it, 202. DLQ (an admin retries or discards it), COMPLETED or "
         "CANCELLED: 409 invalid_state."
     ),

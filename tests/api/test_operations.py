@@ -16,6 +16,7 @@ API_OPERATIONS = {
     ("post", "/v1/jobs/batch"),
     ("get", "/v1/jobs/{id}"),
     ("get", "/v1/jobs/{id}/events"),
+    ("get", "/v1/jobs/{id}/dependents"),
     ("post", "/v1/jobs/{id}/cancel"),
     ("get", "/v1/jobs"),
     ("post", "/v1/jobs/{id}/retry"),

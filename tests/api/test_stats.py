@@ -52,6 +52,7 @@ async def test_stats_workers_and_queues(
             stats = await r.json()
         assert stats["queue"] == "mail" and stats["paused"] is True
         assert stats["counts"] == {
+            "WAITING": 0,
             "PENDING": 1,
             "RUNNING": 1,
             "COMPLETED": 1,

@@ -42,6 +42,8 @@ async def _events(pool: asyncpg.Pool, job_id: UUID) -> list[asyncpg.Record]:
 
 async def _in_state(store: JobStore, pool: asyncpg.Pool, state: JobState) -> UUID:
     """A fresh job brought to `state` through the store."""
+    if state is JobState.WAITING:
+        return await _submit(store, depends_on=[await _submit(store)])
     job_id = await _submit(store, max_attempts=1)
     if state is JobState.PENDING:
         return job_id
@@ -129,6 +131,16 @@ async def test_every_allowed_transition_writes_one_event(
     assert not (await store.cancel(e)).immediate
     await store.fail(Failure(e, token, "stopped"))
     await record(e)
+    # submitted WAITING, then WAITING -> PENDING when its dependency completes
+    f = await _submit(store, max_attempts=1)
+    g = await _submit(store, depends_on=[f])
+    await store.complete(f, await _claim(store, f))
+    await record(g)
+    # WAITING -> CANCELLED when its dependency is discarded from the DLQ
+    h = await _submit(store, depends_on=[await _submit(store, depends_on=[g])])
+    await store.fail(Failure(g, await _claim(store, g), "fatal", retryable=False))
+    await store.discard(g)
+    await record(h)
 
     expected = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS}
     assert {(f, t, ev) for f, t, ev in seen if ev != EventName.CANCEL_REQUESTED} == expected
@@ -164,7 +176,9 @@ async def test_illegal_transition_fails_in_the_database(
     assert (await store.get(job_id))["state"] == from_state
 
 
-@pytest.mark.parametrize("state", [s for s in JobState if s is not JobState.PENDING])
+@pytest.mark.parametrize(
+    "state", [s for s in JobState if s not in (JobState.PENDING, JobState.WAITING)]
+)
 async def test_new_job_must_be_pending(pool: asyncpg.Pool, state: JobState) -> None:
     with pytest.raises(asyncpg.CheckViolationError, match="must be PENDING"):
         await pool.execute(

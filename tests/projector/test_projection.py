@@ -199,3 +199,25 @@ async def test_pruned_jobs_leave_the_counts(
     assert await projector.run_once() == 0
     await projector.refresh()
     await assert_matches_truth(pool, mongo)
+
+
+async def test_waiting_jobs_are_counted(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    """WAITING is a state like the others in the read models: counted while a job waits,
+    moved on by `dependencies_met` and by a cancellation its dependency causes."""
+    parent = (await store.submit(JobSubmission(queue="alpha", type="t", max_attempts=1))).job
+    for _ in range(3):
+        await store.submit(JobSubmission(queue="alpha", type="t", depends_on=[parent["id"]]))
+    projector = Projector(pool, mongo, 1, batch_size=97)
+    await catch_up(projector)
+    stats = await ReadModels(mongo).queue_stats("alpha", paused=set())
+    assert stats is not None and stats["counts"]["WAITING"] == 3
+    [claimed] = await store.claim(worker_id="w", queues=["alpha"], max_jobs=10)
+    await store.fail(Failure(claimed["id"], claimed["lease_token"], "x", retryable=False))
+    await store.discard(parent["id"])
+    await catch_up(projector)
+    stats = await ReadModels(mongo).queue_stats("alpha", paused=set())
+    assert stats is not None
+    assert (stats["counts"]["WAITING"], stats["counts"]["CANCELLED"]) == (0, 4)
+    await assert_matches_truth(pool, mongo)

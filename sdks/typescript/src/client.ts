@@ -76,6 +76,7 @@ export const CLIENT_METHODS = {
   "POST /v1/jobs/batch": "submitBatch",
   "GET /v1/jobs/{id}": "get",
   "GET /v1/jobs/{id}/events": "events",
+  "GET /v1/jobs/{id}/dependents": "dependents",
   "POST /v1/jobs/{id}/cancel": "cancel",
   "POST /v1/jobs/{id}/retry": "retry",
   "POST /v1/jobs/{id}/discard": "discard",
@@ -148,7 +149,17 @@ export class Client {
     return resp.data.events;
   }
 
-  /** Cancel a job: a PENDING one is CANCELLED at once; a RUNNING one gets
+  /** One page of the jobs that depend on `jobId`, in submission order; pass `page.next` as
+   * `after` for the next one. `JobNotFoundError` when there is no such job. */
+  async dependents(jobId: string, query: { limit?: number; after?: string } = {}): Promise<JobPage> {
+    const resp = await this.http.request<api.JobList>("GET", `/v1/jobs/${segment(jobId)}/dependents`, {
+      query: { ...query },
+      idempotent: true,
+    });
+    return { jobs: resp.data.jobs, next: resp.data.next };
+  }
+
+  /** Cancel a job: a PENDING or WAITING one is CANCELLED at once; a RUNNING one gets
    * `cancel_requested` and becomes CANCELLED when its worker gives it up. Final states
    * throw `InvalidStateError`. */
   async cancel(jobId: string): Promise<Job> {

@@ -48,6 +48,26 @@ describe("Client", () => {
     );
   });
 
+  test("a batch with refs waits on its dependencies, and dependents lists them", async () => {
+    const queue = queueName("ts-deps");
+    const [a, b, c] = await client.submitBatch([
+      { queue, type: "ts.echo", ref: "a" },
+      { queue, type: "ts.echo", ref: "b", depends_on: ["ref:a"] },
+      { queue, type: "ts.echo", depends_on: ["ref:a", "ref:b"], on_dependency_failure: "run" },
+    ]);
+    assert.deepEqual(
+      [a?.job.state, b?.job.state, c?.job.state],
+      ["PENDING", "WAITING", "WAITING"],
+    );
+    assert.deepEqual(c?.job.depends_on, [a?.id, b?.id]);
+    const first = await client.dependents(a!.id, { limit: 1 });
+    assert.deepEqual(first.jobs.map((j) => j.id), [b?.id]);
+    assert.ok(first.next);
+    const rest = await client.dependents(a!.id, { after: first.next! });
+    assert.deepEqual(rest.jobs.map((j) => j.id), [c?.id]);
+    assert.equal(rest.next, null);
+  });
+
   test("an idempotency key replays the same job, and conflicts on other fields", async () => {
     const queue = queueName("ts-idem");
     const key = randomUUID();

@@ -60,6 +60,14 @@ class IdempotentJobGone(EvoraError):
     title = "Idempotent job gone"
 
 
+class InvalidDependency(EvoraError):
+    """A dependency names no job, or a job whose failure would cancel this one at once."""
+
+    code = problems.VALIDATION_ERROR
+    status = 422
+    title = "Invalid dependency"
+
+
 class QueueNotFound(EvoraError):
     """No queue by that name has been seen."""
 

@@ -1,6 +1,6 @@
 """The job state machine (docs/architecture.md#the-state-machine).
 
-This table is the Python view of the rule; migration 0001 seeds the same rows into
+This table is the Python view of the rule; migrations 0001 and 0013 seed the same rows into
 `job_transitions`, which a trigger on `jobs` consults, so the database rejects anything else.
 A test compares the two.
 """
@@ -35,5 +35,8 @@ TRANSITIONS: frozenset[Transition] = frozenset(
         Transition(_S.RUNNING, _S.CANCELLED, _E.CANCELLED),
         Transition(_S.DLQ, _S.PENDING, _E.RETRIED),
         Transition(_S.DLQ, _S.CANCELLED, _E.CANCELLED),
+        Transition(None, _S.WAITING, _E.SUBMITTED),
+        Transition(_S.WAITING, _S.PENDING, _E.DEPENDENCIES_MET),
+        Transition(_S.WAITING, _S.CANCELLED, _E.CANCELLED),
     }
 )

@@ -9,16 +9,32 @@ tests check real answers against them.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evora.protocol.fields import Key, Payload, QueueName, Timestamp, TypeName, WireModel
-from evora.protocol.limits import MAX_BATCH, MAX_SECONDS
+from evora.protocol.limits import (
+    DEPENDENCY_REF_PREFIX,
+    MAX_BATCH,
+    MAX_DEPENDENCIES,
+    MAX_SECONDS,
+    REF_PATTERN,
+)
 from evora.protocol.states import JobState
 
 MAX_REDRIVE = 1_000_000
+
+# "ref:<name>": the item of the same batch that carries "ref": "<name>", earlier in the list.
+DependencyRef = Annotated[
+    str,
+    Field(
+        pattern="^" + DEPENDENCY_REF_PREFIX + REF_PATTERN[1:],
+        description="an earlier item of the same batch, by its ref",
+    ),
+]
+OnDependencyFailure = Literal["cancel", "run"]
 
 
 class Backoff(WireModel):
@@ -64,11 +80,31 @@ class JobSubmission(WireModel):
     expires_at: Timestamp | None = None
     idempotency_key: Key | None = None
     group_key: Key | None = None
+    depends_on: list[UUID | DependencyRef] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description="jobs that must finish first; until then this job is WAITING",
+    )
+    on_dependency_failure: OnDependencyFailure = Field(
+        default="cancel",
+        description='a dependency ended CANCELLED: "cancel" this job too, or "run" it anyway',
+    )
+    ref: str | None = Field(
+        default=None,
+        pattern=REF_PATTERN,
+        description='a name later items of the same batch depend on as "ref:<name>"',
+    )
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobSubmission:
         if self.run_at is not None and self.delay_seconds is not None:
             raise ValueError("give run_at or delay_seconds, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _dependencies_once(self) -> JobSubmission:
+        if len(set(self.depends_on)) != len(self.depends_on):
+            raise ValueError("depends_on names a job more than once")
         return self
 
 
@@ -117,10 +153,17 @@ class Job(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    depends_on: list[UUID] = Field(description="the jobs this one waits for (or waited for)")
 
 
 class ClaimedJob(Job):
     lease_token: UUID
+    dependency_results: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "{job id: result} of its COMPLETED dependencies; only for a job with dependencies"
+        ),
+    )
 
 
 class JobResponse(Job):
@@ -144,6 +187,10 @@ class JobEvent(BaseModel):
     worker_id: str | None
     at: datetime
     data: dict[str, Any]
+
+
+class Dependents(BaseModel):
+    jobs: list[JobResponse] = Field(description="the jobs that depend on this one")
 
 
 class BatchItem(BaseModel):

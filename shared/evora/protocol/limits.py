@@ -20,6 +20,12 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_048_576
 # bounding them keeps every computed timestamp representable.
 MAX_SECONDS: Final = 10 * 365 * 24 * 3600
 
+# The jobs one job may wait for (docs/dependencies.md).
+MAX_DEPENDENCIES: Final = 1000
+# A dependency on an earlier item of the same batch: "ref:" and the name that item carries.
+DEPENDENCY_REF_PREFIX: Final = "ref:"
+REF_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,255}$"
+
 # Jobs in one POST /v1/jobs/batch; outcomes in one POST /v1/acks.
 MAX_BATCH: Final = 1000
 MAX_ACKS: Final = 1000

@@ -7,6 +7,8 @@ from enum import StrEnum
 
 
 class JobState(StrEnum):
+    # submitted with unfinished dependencies (docs/dependencies.md)
+    WAITING = "WAITING"
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
@@ -24,4 +26,5 @@ class EventName(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
     RETRIED = "retried"
+    DEPENDENCIES_MET = "dependencies_met"
     CANCEL_REQUESTED = "cancel_requested"

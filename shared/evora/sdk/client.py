@@ -26,11 +26,11 @@ only when repeating it cannot do anything twice:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Final, Required, Self, TypedDict, Unpack
+from typing import Any, Final, Literal, Required, Self, TypedDict, Unpack
 from urllib.parse import quote
 from uuid import UUID
 
@@ -65,6 +65,9 @@ class SubmitOptions(TypedDict, total=False):
     expires_at: datetime | str
     idempotency_key: str
     group_key: str
+    depends_on: Sequence[str | UUID]
+    """Jobs that must finish first (docs/dependencies.md); in a batch also "ref:<name>"."""
+    on_dependency_failure: Literal["cancel", "run"]
 
 
 class Submission(SubmitOptions, total=False):
@@ -73,6 +76,8 @@ class Submission(SubmitOptions, total=False):
     queue: Required[str]
     type: Required[str]
     payload: Any
+    ref: str
+    """The name later items of the same batch depend on as "ref:<name>"."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,7 @@ class Client:
         return events
 
     async def cancel(self, job_id: str | UUID) -> JobData:
-        """Cancel a job: a PENDING one is CANCELLED at once; a RUNNING one gets
+        """Cancel a job: a PENDING or WAITING one is CANCELLED at once; a RUNNING one gets
         `cancel_requested` and becomes CANCELLED when its worker gives it up. Final states
         raise `InvalidStateError`."""
         return await self._to_cancelled(job_id, f"/v1/jobs/{_segment(job_id)}/cancel")
@@ -222,6 +227,17 @@ class Client:
         filters = {"queue": queue, "state": state, "type": type, "limit": limit, "after": after}
         params = {name: str(value) for name, value in filters.items() if value is not None}
         resp = await self._call("GET", "/v1/jobs", params=params, idempotent=True)
+        return JobPage(jobs=resp.data["jobs"], next=resp.data.get("next"))
+
+    async def dependents(
+        self, job_id: str | UUID, *, limit: int | None = None, after: str | None = None
+    ) -> JobPage:
+        """One page of the jobs that depend on `job_id`, in submission order; pass
+        `page.next` as `after` for the next one. `JobNotFoundError` when there is no such job."""
+        params = {name: str(v) for name, v in {"limit": limit, "after": after}.items() if v}
+        resp = await self._call(
+            "GET", f"/v1/jobs/{_segment(job_id)}/dependents", params=params, idempotent=True
+        )
         return JobPage(jobs=resp.data["jobs"], next=resp.data.get("next"))
 
     async def iter_jobs(

@@ -26,11 +26,12 @@ from evora.domain.errors import (
 )
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
-from evora.storage import queries
+from evora.storage import dependencies, queries
 from evora.storage.db import jsonb_elements
+from evora.storage.dependencies import DependentsPage
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
 from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row
-from evora.storage.submissions import Submitted, store
+from evora.storage.submissions import Submitted, needs_transaction, store
 
 EXPIRY_BATCH = 500
 REDRIVE_BATCH = 500
@@ -186,7 +187,7 @@ class JobStore:
         """Store all or nothing. An idempotency key seen before (in the database or earlier
         in this batch) replays its job when the fields match and raises
         IdempotencyConflict when they differ."""
-        keyed = any(s.idempotency_key is not None for s in submissions)
+        keyed = needs_transaction(submissions)
         async with self._pool.acquire() as conn:
             # Only replays can turn into a conflict after rows were inserted; without keys a
             # single statement is already atomic.
@@ -224,6 +225,11 @@ class JobStore:
         if row is None:
             raise JobNotFound(f"job {job_id} not found")
         return job_from_row(row)
+
+    async def dependents(
+        self, job_id: UUID, *, limit: int, after: int | None = None
+    ) -> DependentsPage:
+        return await dependencies.dependents(self._pool, job_id, limit=limit, after=after)
 
     async def events(self, job_id: UUID) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
@@ -333,7 +339,9 @@ class JobStore:
         jobs = sorted(
             (r["job"] for r in rows), key=lambda j: (j["priority"], j["run_at"], j["submit_seq"])
         )
-        return [claimed_job_from_row(j) for j in jobs]
+        claimed = [claimed_job_from_row(j) for j in jobs]
+        await dependencies.add_dependency_results(self._pool, claimed)
+        return claimed
 
     async def seconds_until_due(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest delayed job of `queues` becomes claimable, if any."""

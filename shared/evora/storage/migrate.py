@@ -5,6 +5,10 @@ recorded with a checksum in `evora_migrations`. A second run is a no-op; concurr
 serialise on the lock and the later ones find nothing to do. Editing an applied file is
 refused (its checksum no longer matches), because the database would silently differ from
 what the file says.
+
+A file may begin with statements that must be committed before the rest can use them
+(`ALTER TYPE ... ADD VALUE`), ended by a line `-- evora:commit`: they run first, outside the
+file's transaction, so they must be re-runnable (IF NOT EXISTS).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ log = logging.getLogger(__name__)
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
+_COMMIT_MARKER = "\n-- evora:commit\n"
+
 _CREATE_TABLE = """
 CREATE TABLE IF NOT EXISTS evora_migrations (
     version    integer PRIMARY KEY,
@@ -44,6 +50,12 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def committed_first(self) -> str | None:
+        """The statements to commit before the transaction of the rest, if any."""
+        head, marker, _ = self.sql.partition(_COMMIT_MARKER)
+        return head if marker else None
 
     @property
     def checksum(self) -> str:
@@ -116,6 +128,8 @@ async def _apply_pending(conn: asyncpg.Connection, upto: int | None) -> list[int
                     "was applied; add a new migration instead"
                 )
             continue
+        if migration.committed_first is not None:
+            await conn.execute(migration.committed_first)
         async with conn.transaction():
             await conn.execute(migration.sql)
             await conn.execute(

@@ -55,6 +55,7 @@ def job_from_row(row: Mapping[str, Any]) -> JobDict:
         "max_seconds": row["backoff_max"],
         "multiplier": row["backoff_multiplier"],
     }
+    job["depends_on"] = row["depends_on"] or []
     return job
 
 

@@ -19,7 +19,10 @@ CREATE TYPE evora.submission AS (
 	backoff_multiplier double precision,
 	expires_at timestamp with time zone,
 	idempotency_key text,
-	group_key text
+	group_key text,
+	depends_on text[],
+	on_dependency_failure text,
+	ref text
 );
 
 CREATE TYPE public.job_state AS ENUM (
@@ -27,7 +30,8 @@ CREATE TYPE public.job_state AS ENUM (
     'RUNNING',
     'COMPLETED',
     'DLQ',
-    'CANCELLED'
+    'CANCELLED',
+    'WAITING'
 );
 
 CREATE TYPE public.evora_attempt_end AS (
@@ -71,15 +75,22 @@ CREATE TABLE public.jobs (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
+    on_dependency_failure text DEFAULT 'cancel'::text NOT NULL,
+    dependencies_left integer DEFAULT 0 NOT NULL,
+    has_dependents boolean DEFAULT false NOT NULL,
+    depends_on uuid[],
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
     CONSTRAINT jobs_cancel_request_only_while_running CHECK (((NOT cancel_requested) OR (state = ANY (ARRAY['RUNNING'::public.job_state, 'CANCELLED'::public.job_state, 'COMPLETED'::public.job_state])))),
     CONSTRAINT jobs_check CHECK ((backoff_max >= backoff_initial)),
+    CONSTRAINT jobs_dependencies_left CHECK ((dependencies_left >= 0)),
     CONSTRAINT jobs_finished_at_iff_done CHECK (((state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state])) = (finished_at IS NOT NULL))),
     CONSTRAINT jobs_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 86400))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
-    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::public.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
+    CONSTRAINT jobs_on_dependency_failure CHECK ((on_dependency_failure = ANY (ARRAY['cancel'::text, 'run'::text]))),
+    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::public.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT jobs_waiting_has_dependencies CHECK (((state <> 'WAITING'::public.job_state) OR (dependencies_left > 0)))
 )
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
 ALTER TABLE ONLY public.jobs ALTER COLUMN state SET STATISTICS 0;
@@ -148,7 +159,9 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
         "max_attempts": {"min": 1, "max": 1000, "default": 5},
         "lease_seconds": {"min": 1, "max": 86400, "default": 30},
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
-                    "max_multiplier": 1000}
+                    "max_multiplier": 1000},
+        "max_dependencies": 1000,
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
     }'::jsonb
 $_$;
 
@@ -177,6 +190,191 @@ CREATE FUNCTION evora.reject(field text, problem text) RETURNS void
 BEGIN
     RAISE EXCEPTION '%: %', field, problem
         USING ERRCODE = 'invalid_parameter_value', COLUMN = field;
+END
+$$;
+
+CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    made integer;
+    fingerprints bytea[];
+    kept uuid[];
+    replays uuid[];
+    waited uuid[];
+    lefts integer[];
+    refusals text[];
+    culprits integer[];
+BEGIN
+    waited := dependency_ids;
+    IF array_remove(idempotency_keys, NULL) <> '{}' THEN
+        fingerprints := ARRAY(
+            SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
+                       x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
+                       x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
+                       x.expires_at, x.group_key) END
+            FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
+                        backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
+                        idempotency_keys, group_keys)
+                WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
+                                     lease_seconds, backoff_initial, backoff_max,
+                                     backoff_multiplier, expires_at, key, group_key, ord)
+            ORDER BY x.ord);
+        WITH keyed AS (
+            INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
+            SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, fingerprints[x.ord], x.id
+            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            WHERE x.key IS NOT NULL
+            ORDER BY x.queue, x.key, x.ord
+            ON CONFLICT (queue, key) DO NOTHING
+            RETURNING job_id
+        )
+        SELECT coalesce(array_agg(k.job_id), '{}') INTO kept FROM keyed k;
+        replays := ARRAY(
+            SELECT CASE WHEN k.job_id <> x.id
+                         AND k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord])
+                        THEN k.job_id END
+            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+            ORDER BY x.ord);
+        IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
+            waited := ARRAY(
+                SELECT coalesce(r.job, u.dep)
+                FROM unnest(dependency_ids) WITH ORDINALITY AS u(dep, n)
+                LEFT JOIN unnest(ids, replays) AS r(id, job) ON r.id = u.dep
+                ORDER BY u.n);
+        END IF;
+    END IF;
+    IF cardinality(waited) > 0 THEN
+        WITH held AS (
+            SELECT * FROM evora_hold_dependencies(
+                ARRAY(SELECT DISTINCT d FROM unnest(waited) d WHERE d <> ALL(ids)))
+        ),
+        edge AS (
+            SELECT e.ord, row_number() OVER (PARTITION BY e.ord ORDER BY e.n) AS place,
+                   e.dep = ANY(ids) AS in_call, h.state,
+                   coalesce(on_failures[e.ord], 'cancel') AS policy
+            FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
+                  FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
+                  ORDER BY u.ord, u.dep, u.n) AS e
+            LEFT JOIN held h ON h.id = e.dep
+        ),
+        verdict AS (
+            SELECT i.n,
+                   (SELECT count(*) FROM edge e
+                    WHERE e.ord = i.n
+                      AND (e.in_call OR e.state NOT IN ('COMPLETED', 'CANCELLED')))::integer
+                       AS left_count,
+                   bad.refusal, bad.place
+            FROM generate_series(1, cardinality(ids)) AS i(n)
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN e.state IS NULL THEN 'unknown_dependency'
+                            ELSE 'cancelled_dependency' END AS refusal,
+                       e.place::integer AS place
+                FROM edge e
+                WHERE e.ord = i.n AND NOT e.in_call
+                  AND (e.state IS NULL OR (e.state = 'CANCELLED' AND e.policy = 'cancel'))
+                ORDER BY e.place
+                LIMIT 1
+            ) bad ON true
+        )
+        SELECT array_agg(v.left_count ORDER BY v.n), array_agg(v.refusal ORDER BY v.n),
+               array_agg(v.place ORDER BY v.n)
+        INTO lefts, refusals, culprits
+        FROM verdict v;
+        IF kept IS NOT NULL AND array_remove(refusals, NULL) <> '{}' THEN
+            DELETE FROM idempotency_keys k
+            USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
+            WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
+              AND k.job_id = x.id;
+        END IF;
+    END IF;
+    RETURN QUERY
+    WITH lists AS (
+        SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
+        FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
+              FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
+              ORDER BY u.ord, u.dep, u.n) AS e
+        GROUP BY e.ord
+    ),
+    input AS (
+        SELECT x.*, coalesce(lefts[x.ord], 0) AS waiting_on, l.deps
+        FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
+                    leases, backoff_initials, backoff_maxes, backoff_multipliers,
+                    expires_ats, idempotency_keys, group_keys)
+            WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
+                                 max_attempts, lease_seconds, backoff_initial, backoff_max,
+                                 backoff_multiplier, expires_at, key, group_key, ord)
+        LEFT JOIN lists l ON l.ord = x.ord
+        WHERE refusals[x.ord] IS NULL
+    ),
+    moved AS (
+        INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
+                               lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
+                               expires_at, idempotency_key, group_key, state, dependencies_left,
+                               on_dependency_failure, has_dependents, depends_on)
+        SELECT i.id, i.queue, i.type, i.payload, i.priority,
+               coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
+               i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
+               i.backoff_multiplier, i.expires_at, i.key, i.group_key,
+               CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
+               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(waited),
+               i.deps
+        FROM input i
+        WHERE i.key IS NULL OR i.id IN (SELECT unnest(kept))
+        ORDER BY i.ord
+        RETURNING j.*, j AS whole, evora_job_image(j) AS image
+    ),
+    edges AS (
+        INSERT INTO job_dependencies (job_id, depends_on)
+        SELECT m.id, d.dep
+        FROM moved m
+        CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
+               m.attempt, NULL, m.updated_at, '{}', m.image
+        FROM moved m
+    ),
+    claimable AS (
+        SELECT DISTINCT m.queue AS q FROM moved m
+        WHERE m.state = 'PENDING' OR m.group_key IS NOT NULL
+    ),
+    hinted AS (
+        SELECT c.q, pg_notify('evora_jobs', c.q) AS sent FROM claimable c
+        WHERE c.q <> ALL(quiet)
+    )
+    SELECT i.ord::integer, 'created'::text, NULL::integer, m.whole,
+           (SELECT array_agg(h.q) FROM hinted h),
+           (SELECT array_agg(c.q) FROM claimable c WHERE c.q = ANY(quiet))
+    FROM moved m JOIN input i ON i.id = m.id;
+    GET DIAGNOSTICS made = ROW_COUNT;
+    IF made = cardinality(ids) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT x.ord::integer, refusals[x.ord], culprits[x.ord], NULL::jobs, NULL::text[],
+           NULL::text[]
+    FROM generate_series(1, cardinality(ids)) AS x(ord)
+    WHERE refusals[x.ord] IS NOT NULL;
+    RETURN QUERY
+    SELECT x.ord::integer,
+           CASE
+               WHEN s.id IS NULL THEN 'gone'
+               WHEN k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord]) THEN 'replayed'
+               WHEN k.job_id = ANY(ids) THEN 'repeat_conflict'
+               ELSE 'conflict'
+           END,
+           array_position(ids, k.job_id),
+           s,
+           NULL::text[], NULL::text[]
+    FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+    LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+    LEFT JOIN jobs s ON s.id = k.job_id
+    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND refusals[x.ord] IS NULL;
 END
 $$;
 
@@ -224,17 +422,47 @@ CREATE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
     AS $$
 DECLARE
     subs evora.submission[];
+    new_ids uuid[];
+    named jsonb := '{}';
+    edge_ords integer[] := '{}';
+    edge_ids uuid[] := '{}';
+    n integer;
+    place integer;
+    dep text;
     r record;
     at text;
     ids uuid[] := '{}';
 BEGIN
-    SELECT array_agg(evora.validated(e.item,
+    SELECT array_agg(evora.validated_with_dependencies(e.item,
                CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
     INTO subs
     FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
+    new_ids := ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs)));
+    FOR n IN 1 .. cardinality(subs) LOOP
+        at := CASE WHEN batch THEN format('jobs[%s].', n - 1) ELSE '' END;
+        FOR place IN 1 .. cardinality((subs[n]).depends_on) LOOP
+            dep := (subs[n]).depends_on[place];
+            IF dep LIKE 'ref:%' THEN
+                IF NOT named ? substr(dep, 5) THEN
+                    PERFORM evora.reject(format('%sdepends_on[%s]', at, place - 1),
+                        format('%L names no earlier item of this batch', dep));
+                END IF;
+                dep := named ->> substr(dep, 5);
+            END IF;
+            edge_ords := edge_ords || n;
+            edge_ids := edge_ids || dep::uuid;
+        END LOOP;
+        IF (subs[n]).ref IS NOT NULL THEN
+            IF named ? (subs[n]).ref THEN
+                PERFORM evora.reject(at || 'ref', format(
+                    '%L is already the ref of an earlier item', (subs[n]).ref));
+            END IF;
+            named := named || jsonb_build_object((subs[n]).ref, new_ids[n]);
+        END IF;
+    END LOOP;
     FOR r IN
-        SELECT * FROM evora.submit_rows(
-            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
+        SELECT * FROM evora.store_submissions(
+            new_ids,
             ARRAY(SELECT (s).queue FROM unnest(subs) s),
             ARRAY(SELECT (s).type FROM unnest(subs) s),
             ARRAY(SELECT (s).payload FROM unnest(subs) s),
@@ -249,7 +477,8 @@ BEGIN
             ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
-            '{}', '{}')
+            '{}', '{}', edge_ords, edge_ids,
+            ARRAY(SELECT (s).on_dependency_failure FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -268,105 +497,17 @@ BEGIN
                             quote_literal((subs[r.ord]).queue)
                 USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
                       CONSTRAINT = 'evora_idempotent_job_gone';
+        ELSIF r.outcome = 'unknown_dependency' THEN
+            PERFORM evora.reject(format('%sdepends_on[%s]', at, r.first_ord - 1), format(
+                '%s names no job', (subs[r.ord]).depends_on[r.first_ord]));
+        ELSIF r.outcome = 'cancelled_dependency' THEN
+            PERFORM evora.reject(format('%sdepends_on[%s]', at, r.first_ord - 1), format(
+                '%s names a CANCELLED job (with on_dependency_failure "cancel" this job '
+                'could never run)', (subs[r.ord]).depends_on[r.first_ord]));
         END IF;
         ids := ids || (r.job).id;
     END LOOP;
     RETURN ids;
-END
-$$;
-
-CREATE FUNCTION evora.submit_rows(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
-    LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
-    AS $$
-DECLARE
-    made integer;
-    fingerprints bytea[];
-BEGIN
-    IF array_remove(idempotency_keys, NULL) <> '{}' THEN
-        fingerprints := ARRAY(
-            SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
-                       x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
-                       x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
-                       x.expires_at, x.group_key) END
-            FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
-                        backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
-                        idempotency_keys, group_keys)
-                WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
-                                     lease_seconds, backoff_initial, backoff_max,
-                                     backoff_multiplier, expires_at, key, group_key, ord)
-            ORDER BY x.ord);
-    END IF;
-    RETURN QUERY
-    WITH input AS (
-        SELECT x.*, fingerprints[x.ord] AS fingerprint
-        FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
-                    leases, backoff_initials, backoff_maxes, backoff_multipliers,
-                    expires_ats, idempotency_keys, group_keys)
-            WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
-                                 max_attempts, lease_seconds, backoff_initial, backoff_max,
-                                 backoff_multiplier, expires_at, key, group_key, ord)
-    ),
-    keyed AS (
-        INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
-        SELECT DISTINCT ON (i.queue, i.key) i.queue, i.key, i.fingerprint, i.id
-        FROM input i
-        WHERE i.key IS NOT NULL
-        ORDER BY i.queue, i.key, i.ord
-        ON CONFLICT (queue, key) DO NOTHING
-        RETURNING job_id
-    ),
-    moved AS (
-        INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
-                               lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
-                               expires_at, idempotency_key, group_key)
-        SELECT i.id, i.queue, i.type, i.payload, i.priority,
-               coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
-               i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
-               i.backoff_multiplier, i.expires_at, i.key, i.group_key
-        FROM input i
-        WHERE i.key IS NULL OR i.id IN (SELECT k.job_id FROM keyed k)
-        ORDER BY i.ord
-        RETURNING j.*, j AS whole, evora_job_image(j) AS image
-    ),
-    recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
-               m.attempt, NULL, m.updated_at, '{}', m.image
-        FROM moved m
-    ),
-    claimable AS (
-        SELECT DISTINCT m.queue AS q FROM moved m
-        WHERE m.state = 'PENDING' OR m.group_key IS NOT NULL
-    ),
-    hinted AS (
-        SELECT c.q, pg_notify('evora_jobs', c.q) AS sent FROM claimable c
-        WHERE c.q <> ALL(quiet)
-    )
-    SELECT i.ord::integer, 'created'::text, NULL::integer, m.whole,
-           (SELECT array_agg(h.q) FROM hinted h),
-           (SELECT array_agg(c.q) FROM claimable c WHERE c.q = ANY(quiet))
-    FROM moved m JOIN input i ON i.id = m.id;
-    GET DIAGNOSTICS made = ROW_COUNT;
-    IF made = cardinality(ids) THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    SELECT x.ord::integer,
-           CASE
-               WHEN s.id IS NULL THEN 'gone'
-               WHEN k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord]) THEN 'replayed'
-               WHEN k.job_id = ANY(ids) THEN 'repeat_conflict'
-               ELSE 'conflict'
-           END,
-           array_position(ids, k.job_id),
-           s,
-           NULL::text[], NULL::text[]
-    FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
-    LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
-    LEFT JOIN jobs s ON s.id = k.job_id
-    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id;
 END
 $$;
 
@@ -523,6 +664,60 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.validated_with_dependencies(item jsonb, at text) RETURNS evora.submission
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+    s evora.submission;
+    dep jsonb;
+    place bigint;
+    field text;
+    given text;
+BEGIN
+    IF item IS NULL OR jsonb_typeof(item) <> 'object' THEN
+        RETURN evora.validated(item, at);  -- which refuses it
+    END IF;
+    s := evora.validated(item - 'depends_on' - 'on_dependency_failure' - 'ref', at);
+    s.ref := evora.text_field(item -> 'ref', at || 'ref', lim ->> 'ref_pattern', NULL, true);
+    s.on_dependency_failure := coalesce(item ->> 'on_dependency_failure', 'cancel');
+    IF item ? 'on_dependency_failure'
+            AND (jsonb_typeof(item -> 'on_dependency_failure') <> 'string'
+                 OR s.on_dependency_failure NOT IN ('cancel', 'run')) THEN
+        PERFORM evora.reject(at || 'on_dependency_failure', 'must be "cancel" or "run"');
+    END IF;
+    s.depends_on := '{}';
+    IF NOT item ? 'depends_on' THEN
+        RETURN s;
+    END IF;
+    IF jsonb_typeof(item -> 'depends_on') <> 'array' THEN
+        PERFORM evora.reject(at || 'depends_on', 'must be a JSON array of job ids');
+    END IF;
+    IF jsonb_array_length(item -> 'depends_on') > (lim ->> 'max_dependencies')::integer THEN
+        PERFORM evora.reject(at || 'depends_on', format(
+            'names %s jobs; the limit is %s', jsonb_array_length(item -> 'depends_on'),
+            lim ->> 'max_dependencies'));
+    END IF;
+    FOR dep, place IN SELECT * FROM jsonb_array_elements(item -> 'depends_on') WITH ORDINALITY
+    LOOP
+        field := format('%sdepends_on[%s]', at, place - 1);
+        given := CASE WHEN jsonb_typeof(dep) = 'string' THEN dep #>> '{}' END;
+        IF given ~ ('^ref:' || substr(lim ->> 'ref_pattern', 2)) THEN
+            NULL;
+        ELSIF given ~ '^[0-9A-Fa-f]{8}-([0-9A-Fa-f]{4}-){3}[0-9A-Fa-f]{12}$' THEN
+            given := given::uuid::text;
+        ELSE
+            PERFORM evora.reject(field, 'must be a job id or "ref:<name>"');
+        END IF;
+        IF given = ANY(s.depends_on) THEN
+            PERFORM evora.reject(field, 'names a job more than once');
+        END IF;
+        s.depends_on := s.depends_on || given;
+    END LOOP;
+    RETURN s;
+END
+$_$;
+
 CREATE FUNCTION public.evora_add_submitted_data() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -539,6 +734,16 @@ CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_secon
         max_seconds,
         exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
             * (0.8 + 0.4 * random()))
+$$;
+
+CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, arrived integer, cancelled boolean) RETURNS public.job_state
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::job_state
+        WHEN j.dependencies_left <= arrived THEN 'PENDING'::job_state
+        ELSE 'WAITING'::job_state
+    END
 $$;
 
 CREATE FUNCTION public.evora_drop_archived_events(upto_seq bigint, older_than_seconds double precision, max_rows integer) RETURNS bigint
@@ -623,6 +828,18 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.evora_hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state public.job_state)
+    LANGUAGE sql
+    AS $$
+    WITH held AS (
+        SELECT x.id FROM jobs x WHERE x.id = ANY(ids) ORDER BY x.id FOR NO KEY UPDATE
+    )
+    UPDATE jobs j SET has_dependents = true
+    FROM held h
+    WHERE j.id = h.id
+    RETURNING j.id, j.state
+$$;
+
 CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -686,17 +903,11 @@ CREATE FUNCTION public.evora_reject_illegal_transition() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        RAISE EXCEPTION 'a new job must be PENDING, not %', NEW.state
+        RAISE EXCEPTION 'a new job must be PENDING or WAITING, not %', NEW.state
             USING ERRCODE = 'check_violation';
     END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM job_transitions t
-        WHERE t.from_state = OLD.state AND t.to_state = NEW.state
-    ) THEN
-        RAISE EXCEPTION 'illegal job transition % -> % (job %)', OLD.state, NEW.state, OLD.id
-            USING ERRCODE = 'check_violation';
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION 'illegal job transition % -> % (job %)', OLD.state, NEW.state, OLD.id
+        USING ERRCODE = 'check_violation';
 END
 $$;
 
@@ -721,6 +932,93 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     RETURN OLD;
+END
+$$;
+
+CREATE FUNCTION public.evora_settle_dependents() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ended_ids uuid[];
+    ended_states job_state[];
+    hinted bigint;
+BEGIN
+    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.state ORDER BY n.id)
+    INTO ended_ids, ended_states
+    FROM ended_after n
+    JOIN ended_before o ON o.id = n.id
+    WHERE n.has_dependents AND n.state IN ('COMPLETED', 'CANCELLED')
+      AND o.state IS DISTINCT FROM n.state;
+    IF ended_ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+
+    PERFORM 1
+    FROM jobs j
+    WHERE j.state = 'WAITING' AND j.id IN (
+        WITH RECURSIVE below(id, cancelling) AS (
+            SELECT d.job_id, e.state = 'CANCELLED'
+            FROM unnest(ended_ids, ended_states) AS e(id, state)
+            JOIN job_dependencies d ON d.depends_on = e.id
+            UNION
+            SELECT d.job_id, true
+            FROM below b
+            JOIN jobs w ON w.id = b.id
+            JOIN job_dependencies d ON d.depends_on = b.id
+            WHERE b.cancelling AND w.state = 'WAITING' AND w.on_dependency_failure = 'cancel'
+        )
+        SELECT b.id FROM below b)
+    ORDER BY j.id
+    FOR UPDATE OF j;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    WITH arrived AS (
+        SELECT d.job_id AS id, count(*)::integer AS n,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1]
+                   AS cancelled_by
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    ),
+    next AS (
+        SELECT j.id, a.n, a.cancelled_by,
+               evora_dependent_next_state(j, a.n, a.cancelled_by IS NOT NULL) AS state
+        FROM jobs j
+        JOIN arrived a ON a.id = j.id
+        WHERE j.state = 'WAITING'
+    ),
+    settled AS (
+        UPDATE jobs j
+        SET state = n.state,
+            dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
+                                     ELSE j.dependencies_left - n.n END,
+            version = j.version + (n.state <> 'WAITING')::int,
+            updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
+            finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
+        FROM next n
+        WHERE j.id = n.id AND j.state = 'WAITING'
+        RETURNING j.*, n.cancelled_by, evora_job_image(j) AS image
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type,
+               CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
+               'WAITING', state, attempt, NULL, updated_at,
+               CASE WHEN state = 'CANCELLED'
+                    THEN jsonb_build_object('reason', 'dependency_cancelled',
+                                            'dependency', cancelled_by)
+                    ELSE '{}'::jsonb END,
+               image
+        FROM settled
+        WHERE state <> 'WAITING'
+    )
+    SELECT count(pg_notify('evora_jobs', q.queue))
+    INTO hinted
+    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
+    RETURN NULL;
 END
 $$;
 
@@ -761,6 +1059,12 @@ CREATE TABLE public.idempotency_keys (
     fingerprint bytea NOT NULL,
     job_id uuid NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.job_dependencies (
+    job_id uuid NOT NULL,
+    depends_on uuid NOT NULL,
+    CONSTRAINT job_dependencies_not_self CHECK ((job_id <> depends_on))
 );
 
 CREATE TABLE public.job_events (
@@ -854,6 +1158,9 @@ ALTER TABLE ONLY public.evora_migrations
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue, key);
 
+ALTER TABLE ONLY public.job_dependencies
+    ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on);
+
 ALTER TABLE ONLY public.job_events
     ADD CONSTRAINT job_events_pkey PRIMARY KEY (seq);
 
@@ -879,6 +1186,8 @@ ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
 CREATE INDEX idempotency_keys_age ON public.idempotency_keys USING btree (created_at);
+
+CREATE INDEX job_dependencies_dependents ON public.job_dependencies USING btree (depends_on, job_id);
 
 CREATE INDEX job_events_tail ON public.job_events USING btree (xid, seq);
 
@@ -910,8 +1219,13 @@ CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON public.job_events FOR E
 
 CREATE TRIGGER job_events_submitted_data BEFORE INSERT ON public.job_events FOR EACH ROW WHEN (((new.event = 'submitted'::text) AND (current_setting('evora.submitted_data'::text, true) <> ''::text))) EXECUTE FUNCTION public.evora_add_submitted_data();
 
-CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::public.job_state, 'RUNNING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_live_delete();
+CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::public.job_state, 'RUNNING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_live_delete();
 
-CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> 'PENDING'::public.job_state)) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 
-CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON public.jobs REFERENCING OLD TABLE AS ended_before NEW TABLE AS ended_after FOR EACH STATEMENT EXECUTE FUNCTION public.evora_settle_dependents();
+
+CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+
+ALTER TABLE ONLY public.job_dependencies
+    ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.jobs(id) ON DELETE CASCADE;

@@ -1,10 +1,13 @@
 """Submitting jobs: new ids, and the answer for every item of a set of submissions.
 
-The rules live in the database, in evora.submit_rows() (migrations/0011_submit_in_sql.sql),
-which is also what applications run when they submit in SQL (evora.submit): an idempotency
-key is stored with a fingerprint of the submission's fields in the same statement as its
-job; a key seen before replays its job when the fields match and is an idempotency conflict
-when they differ. Here each item's outcome becomes the job or the error the api answers.
+The rules live in the database, in evora.store_submissions() (migrations/0011_submit_in_sql.sql
+and 0013_dependencies.sql), which is also what applications run when they submit in SQL
+(evora.submit): an idempotency key is stored with a fingerprint of the submission's fields
+in the same statement as its job; a key seen before replays its job when the fields match
+and is an idempotency conflict when they differ. Here each item's outcome becomes the job or
+the error the api answers. Dependencies on earlier items of the same batch ("ref:<name>")
+become those items' new ids here, before the statement; whether the other ids name jobs is
+the database's answer.
 """
 
 from __future__ import annotations
@@ -19,8 +22,14 @@ from uuid import UUID
 import asyncpg
 import orjson
 
-from evora.domain.errors import EvoraError, IdempotencyConflict, IdempotentJobGone
+from evora.domain.errors import (
+    EvoraError,
+    IdempotencyConflict,
+    IdempotentJobGone,
+    InvalidDependency,
+)
 from evora.protocol.jobs import JobSubmission
+from evora.protocol.limits import DEPENDENCY_REF_PREFIX
 from evora.storage.db import jsonb_elements
 from evora.storage.rows import JobDict, job_from_row
 from evora.storage.statements import load
@@ -54,6 +63,53 @@ def _key_reused(sub: JobSubmission) -> str:
 
 
 @dataclass(frozen=True)
+class Edges:
+    """Every item's dependencies as ids, flattened: item position (from 1) and the job."""
+
+    ords: list[int]
+    ids: list[UUID]
+
+
+def _field(index: int, name: str, batch: bool) -> str:
+    return f"jobs[{index}].{name}" if batch else name
+
+
+def dependency_edges(
+    submissions: Sequence[JobSubmission], ids: Sequence[UUID], *, batch: bool
+) -> Edges:
+    """Resolve refs to the ids of earlier items. Only earlier items can be named, so a batch
+    cannot describe a cycle."""
+    named: dict[str, UUID] = {}
+    edges = Edges([], [])
+    for index, (sub, job_id) in enumerate(zip(submissions, ids, strict=True)):
+        for place, dep in enumerate(sub.depends_on):
+            if isinstance(dep, str):
+                name = dep.removeprefix(DEPENDENCY_REF_PREFIX)
+                if name not in named:
+                    raise InvalidDependency(
+                        f"{_field(index, 'depends_on', batch)}[{place}]: {dep!r} names no "
+                        "earlier item of this batch"
+                    )
+                dep = named[name]
+            edges.ords.append(index + 1)
+            edges.ids.append(dep)
+        if sub.ref is not None:
+            if sub.ref in named:
+                raise InvalidDependency(
+                    f"{_field(index, 'ref', batch)}: {sub.ref!r} is already the ref of an "
+                    "earlier item"
+                )
+            named[sub.ref] = job_id
+    return edges
+
+
+def needs_transaction(submissions: Sequence[JobSubmission]) -> bool:
+    """Whether storing them all or nothing needs a transaction around the statement: it
+    answers keyed and dependent items one by one, so one can fail after others were stored."""
+    return any(s.idempotency_key is not None or s.depends_on for s in submissions)
+
+
+@dataclass(frozen=True)
 class Submitted:
     job: JobDict
     created: bool
@@ -69,11 +125,14 @@ async def store(
 ) -> tuple[list[Submitted | EvoraError], list[asyncpg.Record]]:
     """Store the submissions in one statement; the outcome of each (created, replayed
     or an idempotency error) and the statement's rows. With `name_repeats` (one batch
-    request) a key repeated with other fields is reported by item index."""
+    request) a key repeated with other fields, and every invalid dependency, is reported by
+    item index."""
+    ids = uuid7s(len(submissions))
+    edges = dependency_edges(submissions, ids, batch=name_repeats)
     rows = await change(
         conn,
         SUBMIT,
-        uuid7s(len(submissions)),
+        ids,
         [s.queue for s in submissions],
         [s.type for s in submissions],
         jsonb_elements(s.payload for s in submissions),
@@ -89,6 +148,9 @@ async def store(
         [s.idempotency_key for s in submissions],
         [s.group_key for s in submissions],
         [None if s.idempotency_key is None else _fingerprint_before_0011(s) for s in submissions],
+        edges.ords,
+        edges.ids,
+        [s.on_dependency_failure for s in submissions],
         committed=committed,
     )
     by_position = {row["ord"]: row for row in rows}
@@ -98,11 +160,15 @@ async def store(
     ], rows
 
 
+# Fields added after migration 0011: not part of the fingerprints computed before it.
+_SINCE_0011 = {"depends_on", "on_dependency_failure", "ref"}
+
+
 def _fingerprint_before_0011(sub: JobSubmission) -> bytes:
     """The fingerprint the api stored with a key before migration 0011 made the database
     compute them: a retry of a submission made then, with the same fields, still replays.
     (Drop it once no key from before the upgrade can still be retried.)"""
-    fields = sub.model_dump(mode="json", exclude={"idempotency_key"})
+    fields = sub.model_dump(mode="json", exclude={"idempotency_key", *_SINCE_0011})
     return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
 
 
@@ -119,9 +185,21 @@ def _outcome(
             )
         case "conflict" | "repeat_conflict":
             return IdempotencyConflict(_key_reused(sub))
+        case "unknown_dependency" | "cancelled_dependency":
+            place = row["first_ord"] - 1
+            problem = (
+                "names no job"
+                if row["outcome"] == "unknown_dependency"
+                else 'names a CANCELLED job (with on_dependency_failure "cancel" this job '
+                "could never run)"
+            )
+            return InvalidDependency(
+                f"{_field(index, 'depends_on', name_repeats)}[{place}]: "
+                f"{sub.depends_on[place]} {problem}"
+            )
         case "gone":
             return IdempotentJobGone(
                 f"idempotency key {sub.idempotency_key!r} was used in queue {sub.queue!r} "
                 "by a job that has since been removed"
             )
-    raise ValueError(f"evora.submit_rows answered an unknown outcome {row['outcome']!r}")
+    raise ValueError(f"evora.store_submissions answered an unknown outcome {row['outcome']!r}")

@@ -6,6 +6,7 @@ export type Operation =
   | "DELETE /v1/schedules/{name}"
   | "GET /v1/jobs"
   | "GET /v1/jobs/{id}"
+  | "GET /v1/jobs/{id}/dependents"
   | "GET /v1/jobs/{id}/events"
   | "GET /v1/queues"
   | "GET /v1/queues/{queue}/failures"
@@ -150,12 +151,14 @@ export interface JobResponse {
   updated_at: string;
   started_at: string | null;
   finished_at: string | null;
+  /** the jobs this one waits for (or waited for) */
+  depends_on: string[];
   backoff: Backoff;
   /** the last progress a worker reported */
   progress?: unknown;
 }
 
-export type JobState = "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
+export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
 
 export interface JobSubmission {
   queue: string;
@@ -170,6 +173,12 @@ export interface JobSubmission {
   expires_at?: string | null;
   idempotency_key?: string | null;
   group_key?: string | null;
+  /** jobs that must finish first; until then this job is WAITING */
+  depends_on?: string[];
+  /** a dependency ended CANCELLED: "cancel" this job too, or "run" it anyway */
+  on_dependency_failure?: "cancel" | "run";
+  /** a name later items of the same batch depend on as "ref:<name>" */
+  ref?: string | null;
 }
 
 export interface LastError {
@@ -184,6 +193,12 @@ export interface Latency {
 }
 
 export type Misfire = "skip" | "run_once" | "catch_up";
+
+/** A page of a list without filters (pass `next` as `after`). */
+export interface PageQuery {
+  limit?: number;
+  after?: string | null;
+}
 
 export interface Percentiles {
   p50: number | null;
@@ -321,6 +336,12 @@ export interface ScheduledJob {
   backoff?: Backoff;
   expires_at?: string | null;
   group_key?: string | null;
+  /** jobs that must finish first; until then this job is WAITING */
+  depends_on?: string[];
+  /** a dependency ended CANCELLED: "cancel" this job too, or "run" it anyway */
+  on_dependency_failure?: "cancel" | "run";
+  /** a name later items of the same batch depend on as "ref:<name>" */
+  ref?: string | null;
 }
 
 export interface Throughput {

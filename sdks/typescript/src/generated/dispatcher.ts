@@ -71,7 +71,13 @@ export interface ClaimedJob {
   updated_at: string;
   started_at: string | null;
   finished_at: string | null;
+  /** the jobs this one waits for (or waited for) */
+  depends_on: string[];
   lease_token: string;
+  /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
+  dependency_results?: {
+    [key: string]: unknown;
+  } | null;
 }
 
 export interface CompleteRequest {
@@ -128,9 +134,11 @@ export interface Job {
   updated_at: string;
   started_at: string | null;
   finished_at: string | null;
+  /** the jobs this one waits for (or waited for) */
+  depends_on: string[];
 }
 
-export type JobState = "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
+export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
 
 export interface LastError {
   message: string;

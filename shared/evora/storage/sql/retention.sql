@@ -21,13 +21,18 @@ SELECT extract(epoch FROM least(
 -- literal list beside `state = $3` lets the planner prove that the `jobs_finished` partial
 -- index applies in a generic (prepared) plan too. ORDER BY in the INSERT takes the counter
 -- rows' locks in one order, so two sweepers pruning at once cannot deadlock on them.
+-- A job in the DLQ that others still wait for is kept: it may yet be retried or discarded,
+-- and only then do they move on (docs/dependencies.md).
 WITH gone AS (
     DELETE FROM jobs
     WHERE id IN (
-        SELECT id FROM jobs
-        WHERE state = $3::job_state AND state IN ('COMPLETED', 'CANCELLED', 'DLQ')
-          AND finished_at < evora_now() - make_interval(secs => $1)
-        ORDER BY finished_at
+        SELECT f.id FROM jobs f
+        WHERE f.state = $3::job_state AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
+          AND f.finished_at < evora_now() - make_interval(secs => $1)
+          AND NOT (f.has_dependents AND EXISTS (
+                SELECT 1 FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+                WHERE d.depends_on = f.id AND w.state = 'WAITING'))
+        ORDER BY f.finished_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     )

@@ -1,0 +1,348 @@
+"""Jobs that wait for other jobs (docs/dependencies.md), on a real PostgreSQL: readiness is
+decided by the database in the transaction that finishes a dependency, whoever finishes it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+
+from evora.domain.errors import InvalidDependency
+from evora.protocol.jobs import JobSubmission
+from evora.protocol.states import JobState
+from evora.storage.db import create_pool
+from evora.storage.jobs import Completion, Failure, JobStore
+from evora.storage.retention import RetentionStore
+from tests.conftest import Clock
+from tests.polling import until
+
+Q = "deps"
+
+
+def _sub(**fields: Any) -> JobSubmission:
+    return JobSubmission(queue=Q, type="t", **fields)
+
+
+async def _submit(store: JobStore, **fields: Any) -> UUID:
+    job_id: UUID = (await store.submit(_sub(**fields))).job["id"]
+    return job_id
+
+
+async def _state(store: JobStore, job_id: UUID) -> JobState:
+    return JobState((await store.get(job_id))["state"])
+
+
+async def _run(store: JobStore, job_id: UUID, *, fail: bool = False) -> None:
+    """Claim `job_id` (alone among the claimable jobs) and complete or fail it."""
+    claimed = await store.claim(worker_id="w", queues=[Q], max_jobs=100)
+    assert [j["id"] for j in claimed] == [job_id]
+    token = claimed[0]["lease_token"]
+    if fail:
+        await store.fail(Failure(job_id, token, "boom", retryable=False))
+    else:
+        await store.complete(job_id, token)
+
+
+async def _events(pool: asyncpg.Pool, job_id: UUID) -> list[tuple[str, str | None, str]]:
+    rows = await pool.fetch(
+        "SELECT event, from_state::text, to_state::text FROM job_events "
+        "WHERE job_id = $1 ORDER BY seq",
+        job_id,
+    )
+    return [(r["event"], r["from_state"], r["to_state"]) for r in rows]
+
+
+async def test_a_job_with_unfinished_dependencies_waits_until_they_complete(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    a = await _submit(store)
+    b = await _submit(store, depends_on=[a])
+    assert await _state(store, b) is JobState.WAITING
+    assert (await store.get(b))["depends_on"] == [a]
+    await _run(store, a)  # would fail if b were claimable too
+    assert await _state(store, b) is JobState.PENDING
+    assert await _events(pool, b) == [
+        ("submitted", None, "WAITING"),
+        ("dependencies_met", "WAITING", "PENDING"),
+    ]
+    # the event carries the job image and version like every other transition's
+    image = await pool.fetchrow(
+        "SELECT (job).state::text, (job).version, job_version FROM job_events "
+        "WHERE job_id = $1 AND event = 'dependencies_met'",
+        b,
+    )
+    assert image is not None and image["state"] == "PENDING"
+    assert image["version"] == image["job_version"] == 2
+
+
+async def test_a_job_whose_dependencies_are_completed_is_submitted_pending(
+    store: JobStore,
+) -> None:
+    a = await _submit(store)
+    await _run(store, a)
+    assert await _state(store, await _submit(store, depends_on=[a])) is JobState.PENDING
+
+
+async def test_diamond_runs_the_join_once_after_both_branches(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    items = await store.submit_batch(
+        [
+            _sub(ref="a"),
+            _sub(ref="b", depends_on=["ref:a"]),
+            _sub(ref="c", depends_on=["ref:a"]),
+            _sub(depends_on=["ref:b", "ref:c"]),
+        ]
+    )
+    a, b, c, d = (i.job["id"] for i in items)
+    assert [i.job["state"] for i in items] == ["PENDING", "WAITING", "WAITING", "WAITING"]
+    await _run(store, a)
+    claimed = await store.claim(worker_id="w", queues=[Q], max_jobs=100)
+    assert {j["id"] for j in claimed} == {b, c}
+    await store.complete(b, next(j["lease_token"] for j in claimed if j["id"] == b))
+    assert await _state(store, d) is JobState.WAITING
+    await store.complete(c, next(j["lease_token"] for j in claimed if j["id"] == c))
+    await _run(store, d)
+    assert [e for e, _, _ in await _events(pool, d)] == [
+        "submitted",
+        "dependencies_met",
+        "claimed",
+        "completed",
+    ]
+
+
+async def test_fan_in_completed_concurrently_releases_the_child_exactly_once(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Parents finishing in racing transactions: each decrements under the child's row
+    lock, so the last one (whichever it is) moves it, and none misses it."""
+    parents = [i.job["id"] for i in await store.submit_batch([_sub() for _ in range(200)])]
+    child = await _submit(store, depends_on=parents)
+    claimed = await store.claim(worker_id="w", queues=[Q], max_jobs=500)
+    assert len(claimed) == 200
+
+    async def complete(job: dict[str, Any]) -> None:
+        await store.complete(job["id"], job["lease_token"])
+
+    await asyncio.gather(*(complete(j) for j in claimed))
+    assert await _state(store, child) is JobState.PENDING
+    assert await _events(pool, child) == [
+        ("submitted", None, "WAITING"),
+        ("dependencies_met", "WAITING", "PENDING"),
+    ]
+
+
+async def test_a_dependency_in_the_dlq_keeps_waiting_and_its_discard_cancels_transitively(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    a = await _submit(store, max_attempts=1)
+    b = await _submit(store, depends_on=[a])
+    c = await _submit(store, depends_on=[b])
+    await _run(store, a, fail=True)
+    assert await _state(store, a) is JobState.DLQ
+    assert await _state(store, b) is JobState.WAITING
+    await store.discard(a)
+    assert (await _state(store, b), await _state(store, c)) == (JobState.CANCELLED,) * 2
+    for job, cause in ((b, a), (c, b)):
+        data = await pool.fetchval(
+            "SELECT data FROM job_events WHERE job_id = $1 AND event = 'cancelled'", job
+        )
+        assert data == {"reason": "dependency_cancelled", "dependency": str(cause)}
+
+
+async def test_a_retried_dependency_still_releases_its_dependents(store: JobStore) -> None:
+    a = await _submit(store, max_attempts=1)
+    b = await _submit(store, depends_on=[a])
+    await _run(store, a, fail=True)
+    await store.retry(a)
+    await _run(store, a)
+    assert await _state(store, b) is JobState.PENDING
+
+
+async def test_on_dependency_failure_run_waits_for_every_dependency_to_be_final(
+    store: JobStore,
+) -> None:
+    a = await _submit(store, max_attempts=1)
+    b = await _submit(store, depends_on=[a], on_dependency_failure="run")
+    c = await _submit(store, depends_on=[a, b], on_dependency_failure="run")
+    await _run(store, a, fail=True)
+    await store.discard(a)
+    assert await _state(store, c) is JobState.WAITING  # b is not final yet
+    await _run(store, b)
+    assert await _state(store, c) is JobState.PENDING
+
+
+async def test_unknown_and_cancelled_dependencies_are_refused_naming_the_field(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    a = await _submit(store)
+    await store.cancel(a)
+    missing = uuid4()
+    [refused] = await store.submit_each(
+        [_sub(depends_on=[a, missing], on_dependency_failure="run")]
+    )
+    assert isinstance(refused, InvalidDependency)
+    assert str(refused).startswith(f"depends_on[1]: {missing} names no job")
+    with pytest.raises(InvalidDependency, match=r"^jobs\[1\]\.depends_on\[0\]: .* CANCELLED"):
+        await store.submit_batch([_sub(), _sub(depends_on=[a])])
+    with pytest.raises(InvalidDependency, match=r"^jobs\[0\]\.depends_on\[0\]: 'ref:b' names"):
+        await store.submit_batch([_sub(depends_on=["ref:b"]), _sub(ref="b")])
+    # all or nothing: the valid item of the refused batch was not stored either
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
+    # "run" accepts a cancelled dependency: it is final
+    after = await _submit(store, depends_on=[a], on_dependency_failure="run")
+    assert await _state(store, after) is JobState.PENDING
+
+
+async def test_a_ref_to_an_item_replayed_by_its_key_waits_for_the_stored_job(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A batch sent again (a retry after a lost answer): its keyed item replays the job
+    stored the first time, and a later item naming it by ref depends on that job, waiting
+    while it runs and PENDING at once once it completed."""
+
+    def batch() -> list[JobSubmission]:
+        return [_sub(ref="a", idempotency_key="k"), _sub(depends_on=["ref:a"])]
+
+    first, waiting = await store.submit_batch(batch())
+    a = first.job["id"]
+    replayed, again = await store.submit_batch(batch())
+    assert not replayed.created and replayed.job["id"] == a
+    assert (again.job["state"], again.job["depends_on"]) == ("WAITING", [a])
+    await _run(store, a)
+    assert await _state(store, waiting.job["id"]) is JobState.PENDING
+    assert await _state(store, again.job["id"]) is JobState.PENDING
+    _, late = await store.submit_batch(batch())
+    assert (late.job["state"], late.job["depends_on"]) == ("PENDING", [a])
+    # the stored job's dependents are the ones that name it, by id or by a replayed ref
+    assert (
+        await pool.fetchval("SELECT count(*) FROM job_dependencies WHERE depends_on = $1", a) == 3
+    )
+
+
+async def test_a_refused_item_leaves_its_idempotency_key_free(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    [refused] = await store.submit_each([_sub(idempotency_key="r", depends_on=[uuid4()])])
+    assert isinstance(refused, InvalidDependency)
+    assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+    assert (await store.submit(_sub(idempotency_key="r"))).created
+
+
+async def test_a_waiting_job_cannot_be_deleted(store: JobStore, pool: asyncpg.Pool) -> None:
+    b = await _submit(store, depends_on=[await _submit(store)])
+    with pytest.raises(asyncpg.CheckViolationError, match="may not be deleted"):
+        await pool.execute("DELETE FROM jobs WHERE id = $1", b)
+
+
+async def test_waiting_moves_only_as_the_dependency_rules_say(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    b = await _submit(store, depends_on=[await _submit(store)])
+    with pytest.raises(asyncpg.CheckViolationError, match="illegal job transition"):
+        await pool.execute(
+            "UPDATE jobs SET state = 'RUNNING', lease_token = gen_random_uuid(), "
+            "lease_expires_at = now() WHERE id = $1",
+            b,
+        )
+
+
+async def test_retention_keeps_a_dlq_job_others_wait_for(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """Pruned, the dependency could never be retried or discarded: its dependents would wait
+    forever. Once nothing waits on it, it ages out like any DLQ job."""
+    kept = await _submit(store, max_attempts=1)
+    waiting = await _submit(store, depends_on=[kept])
+    await _run(store, kept, fail=True)
+    alone = await _submit(store, max_attempts=1)
+    await _run(store, alone, fail=True)
+    await clock.advance(30 * 86400)
+    retention = RetentionStore(pool)
+    assert await retention.prune_finished(JobState.DLQ, 86400, 100) == 1
+    assert await _state(store, kept) is JobState.DLQ
+    await store.discard(kept)
+    assert await _state(store, waiting) is JobState.CANCELLED
+    await clock.advance(30 * 86400)
+    assert await retention.prune_finished(JobState.CANCELLED, 86400, 100) == 2
+
+
+_DEADLOCKS = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+
+
+async def _deadlocks_counted(pool: asyncpg.Pool, application_name: str) -> int:
+    """The database's deadlock count once the connections of `application_name` are gone: a
+    backend reports its counts as it exits (or when idle, later)."""
+    await until(lambda: _gone(pool, application_name), within=30, what=f"{application_name} gone")
+    return int(await pool.fetchval(_DEADLOCKS))
+
+
+async def _gone(pool: asyncpg.Pool, application_name: str) -> bool:
+    return not await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", application_name
+    )
+
+
+async def test_batches_completing_parents_of_shared_children_never_deadlock(
+    store: JobStore, pool: asyncpg.Pool, db_url: str
+) -> None:
+    """Acks arrive in batches, each completed by one statement: racing batches end
+    different parents of the same children, in any order. The children are settled in one
+    order whatever the batch, so the batches queue on each other instead of deadlocking, and
+    every child is released once, after its last parent."""
+    rng = random.Random(16)
+    parents = [i.job["id"] for i in await store.submit_batch([_sub() for _ in range(64)])]
+    children = [
+        i.job["id"]
+        for i in await store.submit_batch(
+            [_sub(depends_on=rng.sample(parents, 12)) for _ in range(48)]
+        )
+    ]
+    claimed = await store.claim(worker_id="w", queues=[Q], max_jobs=500)
+    assert len(claimed) == len(parents)
+    rng.shuffle(claimed)
+    before = int(await pool.fetchval(_DEADLOCKS))
+
+    acks = await create_pool(db_url, application_name="racing-acks", min_size=8, max_size=8)
+    try:
+        racing = JobStore(acks)
+        outcomes = await asyncio.gather(
+            *(
+                racing.complete_many([Completion(j["id"], j["lease_token"]) for j in batch])
+                for batch in (claimed[n : n + 4] for n in range(0, len(claimed), 4))
+            ),
+            return_exceptions=True,
+        )
+        await racing.close()
+    finally:
+        await acks.close()
+
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
+    assert await _deadlocks_counted(pool, "racing-acks") == before
+    for child in children:
+        assert await _events(pool, child) == [
+            ("submitted", None, "WAITING"),
+            ("dependencies_met", "WAITING", "PENDING"),
+        ]
+
+
+async def test_a_claimed_job_with_dependencies_carries_the_results_of_the_completed_ones(
+    store: JobStore,
+) -> None:
+    a, b = (i.job["id"] for i in await store.submit_batch([_sub(), _sub(max_attempts=1)]))
+    c = await _submit(store, depends_on=[b, a], on_dependency_failure="run")
+    first = await store.claim(worker_id="w", queues=[Q], max_jobs=10)
+    assert [j["id"] for j in first] == [a, b]
+    # a claim of jobs without dependencies leaves them as they were: nothing read for them
+    assert all("dependency_results" not in j for j in first)
+    await store.complete(a, first[0]["lease_token"], {"rows": 3})
+    await store.fail(Failure(b, first[1]["lease_token"], "boom", retryable=False))
+    await store.discard(b)
+    [claimed] = await store.claim(worker_id="w", queues=[Q], max_jobs=10)
+    assert claimed["id"] == c
+    # b ended CANCELLED: the job runs ("run") without a result of it
+    assert claimed["dependency_results"] == {str(a): {"rows": 3}}
