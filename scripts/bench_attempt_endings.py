@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A/B of the statements that end attempts (`fail`, `release`, `expire_leases`) between this
-checkout and an earlier revision, on one PostgreSQL, interleaved.
+"""A/B of the statements that end attempts (`complete`, `fail`, `release`, `expire_leases`)
+between this checkout and an earlier revision, on one PostgreSQL, interleaved.
 
 Not a test: it measures and prints. It starts its own durable PostgreSQL (fsync and
 synchronous_commit on), applies this checkout's migrations, and reads the baseline's
@@ -9,6 +9,7 @@ on this checkout's schema, which only adds to earlier ones). Each round, for eac
 turn, it submits and claims a fresh set of jobs, then ends every attempt with one statement
 kind, timing those statements alone:
 
+- complete:      batches of 100 completions (the drain's hot path),
 - fail:          batches of 100 retryable failures (back to PENDING after the backoff),
 - release:       one release per job (the worker hands the claim back),
 - expire_leases: the sweeper's batches of 100, after the clock is run past the leases.
@@ -40,7 +41,7 @@ from evora.storage.migrate import apply_migrations
 from evora.storage.statements import parse
 
 BATCH = 100
-STATEMENTS = ("fail", "release", "expire_leases")
+STATEMENTS = ("complete", "fail", "release", "expire_leases")
 TRANSITIONS = "shared/evora/storage/sql/transitions.sql"
 
 
@@ -71,6 +72,21 @@ async def claimed(
         rows = await conn.fetch(queries.CLAIM, [queue], None, 500, "bench-worker")
         taken += [(r["job"]["id"], r["job"]["lease_token"]) for r in rows]
     return taken
+
+
+async def end_by_complete(
+    conn: asyncpg.Connection, sql: str, jobs: Sequence[tuple[uuid.UUID, uuid.UUID]]
+) -> float:
+    spent = 0.0
+    for i in range(0, len(jobs), BATCH):
+        part = jobs[i : i + BATCH]
+        t0 = time.perf_counter()
+        rows = await conn.fetch(
+            sql, [j for j, _ in part], [t for _, t in part], ["{}"] * len(part), [], False
+        )
+        spent += time.perf_counter() - t0
+        require_done(rows, len(part))
+    return spent
 
 
 async def end_by_fail(
@@ -137,6 +153,7 @@ async def end_by_expiry(
 
 Ender = Callable[[asyncpg.Connection, str, Sequence[tuple[uuid.UUID, uuid.UUID]]], Awaitable[float]]
 ENDERS: dict[str, Ender] = {
+    "complete": end_by_complete,
     "fail": end_by_fail,
     "release": end_by_release,
     "expire_leases": end_by_expiry,

@@ -109,34 +109,21 @@ moved AS (
     SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = evora_now(),
         updated_at = evora_now(), version = j.version + 1
     FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-              'completed' AS ev_name, 'RUNNING'::job_state AS ev_from,
-              j.worker_id AS ev_worker,
-              jsonb_build_object('result_bytes', pg_column_size(i.result)) AS ev_data
+    RETURNING j.id, j.lease_token, j AS job,
+              ROW(j, 'completed', 'RUNNING', j.worker_id,
+                  jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora_move AS move
 ),
 recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($4::text[])
+    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $4::text[])
 )
 SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
             WHEN cur.found THEN 'lease_lost'
             ELSE 'not_found' END AS outcome,
        CASE WHEN $5::bool THEN coalesce(m.job, CASE WHEN cur.replayed THEN cur.job END) END
            AS job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($4::text[])) AS owed
+       r.notified, r.owed
 FROM items i
+CROSS JOIN recorded r
 LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
 -- An item that changed nothing reads its job as this statement's snapshot shows it. If the
 -- snapshot still shows the job RUNNING under the item's own token (`stale`), a concurrent
@@ -316,33 +303,21 @@ moved AS (
         finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora_now() END,
         updated_at = evora_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id AND j.state = t.state
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-        CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END AS ev_name,
-        t.state AS ev_from, j.worker_id AS ev_worker, '{}'::jsonb AS ev_data
+    RETURNING j.id, j AS job,
+        ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
+            t.state, j.worker_id, '{}')::evora_move AS move
 ),
 recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
-),
-claimable AS (
-    SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
-),
-notified AS (
-    SELECT q, pg_notify('evora_jobs', q) AS sent
-    FROM claimable
-    WHERE q <> ALL($2::text[])
+    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $2::text[])
 )
 SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
             WHEN cur.found THEN 'refused'
             ELSE 'not_found' END AS outcome,
        coalesce(m.job, cur.job) AS job,
-       (SELECT array_agg(q) FROM notified) AS notified,
-       (SELECT array_agg(q) FROM claimable WHERE q = ANY($2::text[])) AS owed
+       r.notified, r.owed
 FROM (VALUES (1)) AS one(x)
 LEFT JOIN moved m ON true
+CROSS JOIN recorded r
 -- Refused: the job as its latest version shows it. The statement's snapshot may predate a
 -- transaction that the target's row lock waited for and that moved the job out of reach; a
 -- locking read waits for the same transaction and returns what it committed.
