@@ -121,6 +121,13 @@ class Job(BaseModel):
 
 class ClaimedJob(Job):
     lease_token: UUID
+    traceparent: str | None = Field(
+        default=None,
+        description=(
+            "the W3C trace context the job was submitted with; only from a dispatcher that "
+            "traces, and absent when the job has none"
+        ),
+    )
 
 
 class JobResponse(Job):

@@ -706,6 +706,12 @@ CREATE TABLE public.job_prune_counts (
     CONSTRAINT job_prune_counts_pruned_check CHECK ((pruned >= 0))
 );
 
+CREATE TABLE public.job_traces (
+    job_id uuid NOT NULL,
+    traceparent text NOT NULL,
+    CONSTRAINT job_traces_traceparent_check CHECK ((length(traceparent) = 55))
+);
+
 CREATE TABLE public.job_transitions (
     from_state public.job_state,
     to_state public.job_state NOT NULL,
@@ -772,6 +778,9 @@ ALTER TABLE ONLY public.job_events
 ALTER TABLE ONLY public.job_prune_counts
     ADD CONSTRAINT job_prune_counts_pkey PRIMARY KEY (queue, state);
 
+ALTER TABLE ONLY public.job_traces
+    ADD CONSTRAINT job_traces_pkey PRIMARY KEY (job_id);
+
 ALTER TABLE ONLY public.job_transitions
     ADD CONSTRAINT job_transitions_from_state_to_state_event_key UNIQUE (from_state, to_state, event);
 
@@ -824,3 +833,6 @@ CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW 
 CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> 'PENDING'::public.job_state)) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 
 CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+
+ALTER TABLE ONLY public.job_traces
+    ADD CONSTRAINT job_traces_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.jobs(id) ON DELETE CASCADE;
