@@ -72,6 +72,8 @@ export interface ClaimedJob {
   started_at: string | null;
   finished_at: string | null;
   lease_token: string;
+  /** the W3C trace context the job was submitted with; only from a dispatcher that traces, and absent when the job has none */
+  traceparent?: string | null;
 }
 
 export interface CompleteRequest {
