@@ -111,13 +111,18 @@ ensure_venv() {
     export VIRTUAL_ENV="$venv"
     export PATH="$venv/bin:$PATH"
 
+    # Pinned versions (scripts/locks/EXTRA.txt, where there is one) spare pip the
+    # resolution; --prefer-binary never builds a package from source when a wheel exists.
+    local lock="scripts/locks/$extra.txt" pins=()
+    [ -f "$lock" ] && pins=(-c "$lock")
     # Reinstalling takes seconds even when nothing changed, so it is skipped while
-    # pyproject.toml is what was last installed successfully with this extra.
+    # pyproject.toml (and the pins) are what was last installed successfully.
     local stamp="$venv/.evora-installed-$extra" want
-    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    want=$(cat pyproject.toml "${pins[@]:1}" | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        step "pip install -e '.[$extra]'"
-        python -m pip install --disable-pip-version-check --progress-bar on -e ".[$extra]"
+        step "pip install -e '.[$extra]'${pins:+ (versions pinned by $lock)}"
+        python -m pip install --disable-pip-version-check --progress-bar on --prefer-binary \
+            "${pins[@]}" -e ".[$extra]"
         printf '%s\n' "$want" >"$stamp"
     fi
 }
