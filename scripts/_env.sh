@@ -113,7 +113,10 @@ _install_pinned() {
         step "pip download: the wheels pinned by $lock, once, into $wheels"
         mkdir -p "$wheels"
         python -m pip download --disable-pip-version-check --progress-bar on --prefer-binary \
-            --no-deps -d "$wheels" -r "$lock" "setuptools>=77" wheel
+            --no-deps -d "$wheels" -r "$lock"
+        # pyproject.toml's build backend, with what it needs, for the editable install
+        python -m pip download --disable-pip-version-check --progress-bar on --prefer-binary \
+            -d "$wheels" "setuptools>=77" wheel
         touch "$wheels/.complete"
     fi
     _pip_install --no-index --find-links "$wheels" -c "$lock" -e ".[$extra]" || {
