@@ -143,6 +143,9 @@ async def _deliver_traced(
 
     try:
         traceparents = await dispatch.store.traceparents([job["id"] for job in jobs])
+    except asyncio.CancelledError:  # the worker went away: its jobs go back at once
+        await _release_undeliverable(dispatch, jobs)
+        raise
     except Exception:
         log.warning(
             "could not read the claimed jobs' traces; handing them out without", exc_info=True

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -293,3 +294,18 @@ async def test_concurrent_submissions_keep_each_its_own_trace(untraced_stack: St
     for i, (status, job_id) in enumerate(results):
         assert status == 201
         assert await _stored(stack, job_id) == (parents[i] if i % 2 else None)
+
+
+async def test_jobs_go_out_without_traces_when_those_cannot_be_read(
+    traced_stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    stack = traced_stack
+    _, job_id = await _submit_raw(stack, "unreadable", traceparent=TRACEPARENT)
+    await stack.pool.execute("ALTER TABLE job_traces RENAME TO job_traces_away")
+    try:
+        (job,) = await _claim_raw(stack, "unreadable", 1)
+    finally:
+        await stack.pool.execute("ALTER TABLE job_traces_away RENAME TO job_traces")
+    assert job["id"] == job_id
+    assert "traceparent" not in job
+    assert "could not read the claimed jobs' traces" in caplog.text
