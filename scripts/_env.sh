@@ -146,7 +146,7 @@ ensure_venv() {
     # Reinstalling takes seconds even when nothing changed, so it is skipped while
     # pyproject.toml (and the extra's pins) are what was last installed successfully.
     local lock="scripts/locks/$extra.txt" stamp="$venv/.evora-installed-$extra" want
-    want=$(cat pyproject.toml "$lock" 2>/dev/null | sha256sum | cut -d' ' -f1)
+    want=$(cat pyproject.toml $([ -f "$lock" ] && echo "$lock") | sha256sum | cut -d' ' -f1)
     [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return 0
     if [ -f "$lock" ]; then
         _install_pinned "$extra" "$lock"
