@@ -84,3 +84,24 @@ def test_nothing_of_opentelemetry_is_imported_when_nobody_traces() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_command_line_refuses_an_exporter_it_cannot_honour_in_one_line() -> None:
+    environ = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": ":".join(sys.path),
+        "EVORA_DATABASE_URL": "postgresql://127.0.0.1:1/none",
+        "OTEL_TRACES_EXPORTER": "zipkin",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "evora_services.cli", "migrate"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "evora: invalid configuration: OTEL_TRACES_EXPORTER names zipkin: supported are "
+        "otlp, console and none"
+    ]
