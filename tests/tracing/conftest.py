@@ -27,11 +27,13 @@ def provider() -> TracerProvider:
     return current
 
 
-@pytest.fixture(scope="session")
-def exporter(provider: TracerProvider) -> InMemorySpanExporter:
+@pytest.fixture(scope="package")
+def exporter(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
+    yield exporter
+    # The provider stays global for the session: later tests' SDK spans are not kept.
+    exporter.shutdown()
 
 
 @pytest.fixture
