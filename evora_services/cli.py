@@ -306,6 +306,14 @@ def _worker_logging(args: argparse.Namespace) -> None:
     configure_logging(level, fmt, service="worker", secrets=_worker_tokens(args))
 
 
+def _tracing(command: str) -> None:
+    """OpenTelemetry from the OTEL_* environment, when it asks for tracing (imported only
+    then); ValueError for a setting it cannot honour."""
+    from evora_services.tracing import configure
+
+    configure(command, os.environ)
+
+
 def _services_main(args: argparse.Namespace) -> int:
     from evora.config import LOOPBACK, ConfigError, check_environment, load_settings
     from evora_services.startup_errors import explain
@@ -332,6 +340,11 @@ def _services_main(args: argparse.Namespace) -> int:
         log.warning(warning)
     run: Command = args.run
     try:
+        _tracing(args.command)
+    except ValueError as exc:
+        print(f"evora: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
         return run(args, settings)
     except ConfigError as exc:
         print(f"evora: invalid configuration: {exc}", file=sys.stderr)
@@ -356,6 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _worker_logging(args)
             url = _dispatcher_url(args, os.environ)
+            _tracing("worker")
         except ValueError as exc:
             print(f"evora: invalid configuration: {exc}", file=sys.stderr)
             return 2

@@ -93,6 +93,38 @@ _find_python() {
     return 1
 }
 
+_pip_install() {
+    step "pip install $*"
+    python -m pip install --disable-pip-version-check --progress-bar on --prefer-binary "$@"
+}
+
+# Where the wheels of a lock file are kept, shared by every clone on this machine.
+EVORA_WHEELS_CACHE=${EVORA_WHEELS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/evora/wheels}
+
+# _install_pinned EXTRA LOCK: install the project with EXTRA at the versions LOCK pins.
+# Even with its HTTP cache warm, pip asks every index for every package (most of an
+# install's time); so the pinned wheels (and the build backend's) are downloaded once per
+# lock into EVORA_WHEELS_CACHE, and installed from there without any index or resolution.
+# A lock that no longer covers pyproject.toml falls back to an ordinary install.
+_install_pinned() {
+    local extra=$1 lock=$2 wheels
+    wheels="$EVORA_WHEELS_CACHE/$(sha256sum "$lock" | cut -c1-16)"
+    if [ ! -f "$wheels/.complete" ]; then
+        step "pip download: the wheels pinned by $lock, once, into $wheels"
+        mkdir -p "$wheels"
+        python -m pip download --disable-pip-version-check --progress-bar on --prefer-binary \
+            --no-deps -d "$wheels" -r "$lock"
+        # pyproject.toml's build backend, with what it needs, for the editable install
+        python -m pip download --disable-pip-version-check --progress-bar on --prefer-binary \
+            -d "$wheels" "setuptools>=77" wheel
+        touch "$wheels/.complete"
+    fi
+    _pip_install --no-index --find-links "$wheels" -c "$lock" -e ".[$extra]" || {
+        echo "warning: $lock does not cover pyproject.toml's '.[$extra]'; installing unpinned" >&2
+        _pip_install -c "$lock" -e ".[$extra]"
+    }
+}
+
 # ensure_venv EXTRA: .venv with the project installed with EXTRA (`local`: what running
 # needs; `dev`: everything for the tests), pip's progress shown.
 ensure_venv() {
@@ -112,12 +144,14 @@ ensure_venv() {
     export PATH="$venv/bin:$PATH"
 
     # Reinstalling takes seconds even when nothing changed, so it is skipped while
-    # pyproject.toml is what was last installed successfully with this extra.
-    local stamp="$venv/.evora-installed-$extra" want
-    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        step "pip install -e '.[$extra]'"
-        python -m pip install --disable-pip-version-check --progress-bar on -e ".[$extra]"
-        printf '%s\n' "$want" >"$stamp"
+    # pyproject.toml (and the extra's pins) are what was last installed successfully.
+    local lock="scripts/locks/$extra.txt" stamp="$venv/.evora-installed-$extra" want
+    want=$(cat pyproject.toml $([ -f "$lock" ] && echo "$lock") | sha256sum | cut -d' ' -f1)
+    [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return 0
+    if [ -f "$lock" ]; then
+        _install_pinned "$extra" "$lock"
+    else
+        _pip_install -e ".[$extra]"
     fi
+    printf '%s\n' "$want" >"$stamp"
 }

@@ -15,10 +15,13 @@ from evora.readmodels.client import mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
 from evora.storage.jobs import JobStore, caused_by_an_item
 from evora.storage.schedules import ScheduleStore
+from evora_services import tracing
 from evora_services.api.dashboard import dashboard
 from evora_services.api.routes import STORE, SUBMITS, admin, producer
 from evora_services.api.schedules import SCHEDULES, schedules
 from evora_services.api.stats import READ_MODELS, stats
+from evora_services.api.tracing import traced_submitter
+from evora_services.tracing import TRACER
 
 SERVICE = "api"
 TITLE = "Evora API"
@@ -29,7 +32,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     store = JobStore(pool)
     app[STORE] = store
     app[SCHEDULES] = ScheduleStore(pool, store)
-    app[SUBMITS] = Coalescer(store.submit_each, isolate=caused_by_an_item)
+    app[SUBMITS] = Coalescer(traced_submitter(store), isolate=caused_by_an_item)
     try:
         yield
     finally:
@@ -54,6 +57,7 @@ async def create_app(settings: Settings) -> web.Application:
     if settings.database_url is None:
         raise ValueError("the api needs settings.database_url")
     app = create_base_app(settings, SERVICE, TITLE)
+    app[TRACER] = tracing.tracer("evora.api")
     app.cleanup_ctx.append(_database)
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
     if settings.mongo_url is not None:

@@ -42,10 +42,12 @@ from evora_services.api.models import (
     encode_cursor,
 )
 from evora_services.api.paths import job_id, queue_name
+from evora_services.api.tracing import TracedSubmission, submit_trace
 
 STORE = web.AppKey("store", JobStore)
-# Concurrent single submissions share one statement and one commit (see evora.coalesce).
-SUBMITS = web.AppKey("submits", Coalescer[JobSubmission, Submitted | EvoraError])
+# Concurrent single submissions share one statement and one commit (see evora.coalesce),
+# each with the traceparent its job is stored with.
+SUBMITS = web.AppKey("submits", Coalescer[TracedSubmission, Submitted | EvoraError])
 
 PRODUCER: tuple[Role, ...] = ("producer",)
 ADMIN: tuple[Role, ...] = ("admin",)
@@ -108,9 +110,11 @@ async def _submissions(
 )
 async def submit(request: web.Request) -> web.Response:
     submission = await _submissions(request, JobSubmission, submission_body_limit)
-    submitted = await request.app[SUBMITS].submit(submission)
-    if isinstance(submitted, EvoraError):
-        raise submitted
+    with submit_trace(request, [submission]) as trace:
+        submitted = await request.app[SUBMITS].submit((submission, trace.traceparent))
+        if isinstance(submitted, EvoraError):
+            raise submitted
+        trace.record([submitted])
     if submitted.created:
         return json_response(submitted.job, status=201)
     return json_response(submitted.job, headers={REPLAYED_HEADER: "true"})
@@ -130,7 +134,11 @@ async def submit(request: web.Request) -> web.Response:
 )
 async def submit_batch(request: web.Request) -> web.Response:
     batch = await _submissions(request, BatchSubmission, batch_body_limit)
-    submitted = await _store(request).submit_batch(batch.jobs)
+    with submit_trace(request, batch.jobs) as trace:
+        submitted = await _store(request).submit_batch(
+            batch.jobs, [trace.traceparent] * len(batch.jobs)
+        )
+        trace.record(submitted)
     if _prefers_minimal(request):
         # Ids and statuses only: a producer that keeps no job spares encoding and parsing
         # a thousand whole jobs.

@@ -15,6 +15,7 @@ from evora.http.app import METRICS, create_base_app, open_pool
 from evora.http.routing import install
 from evora.storage.jobs import JobStore, caused_by_an_item
 from evora.storage.listener import Listener
+from evora_services import tracing
 from evora_services.dispatcher.metrics import DispatcherMetrics
 from evora_services.dispatcher.routes import routes
 from evora_services.dispatcher.state import DISPATCH, Dispatch
@@ -52,6 +53,7 @@ async def create_app(settings: Settings) -> web.Application:
             metrics=metrics,
             completions=Coalescer(store.complete_many, isolate=caused_by_an_item),
             failures=Coalescer(store.fail_many, isolate=caused_by_an_item),
+            tracer=tracing.tracer("evora.dispatcher"),
         )
         listener = Listener(
             dsn,

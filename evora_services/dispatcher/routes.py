@@ -18,6 +18,7 @@ from evora.http.bodies import items_limit, parse_body
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
 from evora.protocol.jobs import Job
+from evora.protocol.tracing import TRACEPARENT
 from evora.protocol.worker import (
     Ack,
     AcksRequest,
@@ -126,6 +127,38 @@ async def _deliver(
     return response
 
 
+async def _deliver_traced(
+    request: web.Request,
+    dispatch: Dispatch,
+    jobs: list[JobDict],
+    results: list[dict[str, Any]] | None,
+    worker_id: str,
+    started: int,
+) -> web.StreamResponse:
+    """`_deliver` in a `claim` span, each job with the traceparent it was submitted with,
+    if any. Traces are worth less than the claimed jobs: if they cannot be read, the jobs
+    go out without them rather than wait for their leases to run out."""
+    assert dispatch.tracer is not None
+    from evora_services.tracing.spans import claim_span
+
+    try:
+        traceparents = await dispatch.store.traceparents([job["id"] for job in jobs])
+    except asyncio.CancelledError:  # the worker went away: its jobs go back at once
+        await _release_undeliverable(dispatch, jobs)
+        raise
+    except Exception:
+        log.warning(
+            "could not read the claimed jobs' traces; handing them out without", exc_info=True
+        )
+        traceparents = {}
+    for job in jobs:
+        traceparent = traceparents.get(job["id"])
+        if traceparent is not None:
+            job[TRACEPARENT] = traceparent
+    with claim_span(dispatch.tracer, jobs, worker_id, started):
+        return await _deliver(request, dispatch, jobs, results)
+
+
 @routes.add(
     "POST",
     "/v1/claim",
@@ -155,6 +188,7 @@ async def claim(request: web.Request) -> web.StreamResponse:
         skip = not body.acks and dispatch.wakeups.drained(shape)
         while not dispatch.wakeups.closing:
             hints = dispatch.wakeups.hints(queues)
+            claim_started = time.time_ns()
             if skip:
                 jobs, skip = [], False
                 dispatch.metrics.claims.labels("skipped").inc()
@@ -164,6 +198,10 @@ async def claim(request: web.Request) -> web.StreamResponse:
             if jobs:
                 if len(jobs) == body.max_jobs:
                     dispatch.wakeups.chain(queues)
+                if dispatch.tracer is not None:
+                    return await _deliver_traced(
+                        request, dispatch, jobs, results, body.worker_id, claim_started
+                    )
                 return await _deliver(request, dispatch, jobs, results)
             # The waiter stays in its queues' lines while it claims, so a hint for a job the
             # claim could not see yet wakes it (or another waiter) instead of going unheard.

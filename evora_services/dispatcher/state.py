@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -10,6 +11,9 @@ from evora.coalesce import Coalescer
 from evora.storage.jobs import AckOutcome, Completion, Failure, JobStore
 from evora_services.dispatcher.metrics import DispatcherMetrics
 from evora_services.dispatcher.wakeups import Wakeups
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 
 @dataclass
@@ -19,6 +23,8 @@ class Dispatch:
     metrics: DispatcherMetrics
     completions: Coalescer[Completion, AckOutcome]
     failures: Coalescer[Failure, AckOutcome]
+    # Set when the process traces: claims then hand out each job's traceparent too.
+    tracer: Tracer | None = None
 
 
 DISPATCH = web.AppKey("dispatch", Dispatch)

@@ -164,6 +164,13 @@ class ClaimedJob(Job):
             "{job id: result} of its COMPLETED dependencies; only for a job with dependencies"
         ),
     )
+    traceparent: str | None = Field(
+        default=None,
+        description=(
+            "the W3C trace context the job was submitted with; only from a dispatcher that "
+            "traces, and absent when the job has none"
+        ),
+    )
 
 
 class JobResponse(Job):

@@ -39,6 +39,7 @@ from evora.protocol.retries import RetryBackoff
 from evora.protocol.states import JobState
 from evora.sdk._http import NO_BODY, Response, Transport
 from evora.sdk.errors import InvalidStateError, ScheduleNotFoundError
+from evora.sdk.tracing import context_headers
 
 # Queue stats per page when listing every queue: the most the api serves at once.
 
@@ -153,9 +154,10 @@ class Client:
         idempotent: bool,
         body: Any = NO_BODY,
         params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Response:
         return await self._http.request(
-            method, path, body=body, params=params, idempotent=idempotent
+            method, path, body=body, params=params, idempotent=idempotent, headers=headers
         )
 
     # Producer endpoints
@@ -171,7 +173,11 @@ class Client:
         if payload is not _UNSET:
             body["payload"] = payload
         resp = await self._call(
-            "POST", "/v1/jobs", body=body, idempotent="idempotency_key" in options
+            "POST",
+            "/v1/jobs",
+            body=body,
+            idempotent="idempotency_key" in options,
+            headers=context_headers(),
         )
         replayed = resp.status == 200 or resp.headers.get("Idempotent-Replayed") == "true"
         return SubmitResult(job=resp.data, replayed=replayed)
@@ -188,6 +194,7 @@ class Client:
             "/v1/jobs/batch",
             body={"jobs": items},
             idempotent=bool(items) and all("idempotency_key" in item for item in items),
+            headers=context_headers(),
         )
         return [
             SubmitResult(job=entry["job"], replayed=entry["status"] == 200)

@@ -79,6 +79,7 @@ from evora.sdk.settings import (
     WorkerSettings,
     default_worker_id,
 )
+from evora.sdk.tracing import job_trace
 from evora.sdk.watchdog import LoopWatchdog
 
 log = logging.getLogger("evora.worker")
@@ -432,11 +433,14 @@ class Worker:
         bind(job_id=job.id, queue=job.queue, job_type=job.type)
         self._heartbeats.schedule(running)
         try:
-            outcome = await self._executor.execute(running, handler)
-            if outcome == "release":
-                await self._reports.release(job)
-            elif isinstance(outcome, Ack):
-                await self._reports.report(outcome, lambda: self._release_slot(running))
+            with job_trace(job) as trace:
+                outcome = await self._executor.execute(running, handler)
+                trace.ended(outcome.outcome if isinstance(outcome, Ack) else outcome)
+                if outcome == "release":
+                    await self._reports.release(job)
+                elif isinstance(outcome, Ack):
+                    with trace.ack(outcome.outcome):
+                        await self._reports.report(outcome, lambda: self._release_slot(running))
         except EvoraClientError as exc:
             log.error(
                 "job %s: could not tell the dispatcher how it ended (%s); it will run again "

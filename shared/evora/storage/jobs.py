@@ -26,7 +26,7 @@ from evora.domain.errors import (
 )
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
-from evora.storage import dependencies, queries
+from evora.storage import dependencies, queries, traces
 from evora.storage.db import jsonb_elements
 from evora.storage.dependencies import DependentsPage
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
@@ -174,34 +174,53 @@ class JobStore:
         return (await self.submit_batch([submission]))[0]
 
     async def submit_each(
-        self, submissions: Sequence[JobSubmission]
+        self,
+        submissions: Sequence[JobSubmission],
+        traceparents: Sequence[str | None] | None = None,
     ) -> list[Submitted | EvoraError]:
         """Store independent submissions (concurrent single requests) in one statement. Each
         gets its own outcome: one item's idempotency conflict leaves the others stored, so no
-        transaction is needed around the one atomic statement."""
+        transaction is needed around the one atomic statement, unless some carry a
+        `traceparent` (in submission order) to be kept with their jobs."""
         async with self._pool.acquire() as conn:
-            outcomes, _ = await store(conn, self._change, submissions, committed=True)
+            if not traces.carried(traceparents):
+                outcomes, _ = await store(conn, self._change, submissions, committed=True)
+                return outcomes
+            assert traceparents is not None
+            async with conn.transaction():
+                outcomes, rows = await store(conn, self._change, submissions, committed=False)
+                await traces.keep(conn, rows, traceparents)
+        self._owe(rows)
         return outcomes
 
-    async def submit_batch(self, submissions: Sequence[JobSubmission]) -> list[Submitted]:
-        """Store all or nothing. An idempotency key seen before (in the database or earlier
-        in this batch) replays its job when the fields match and raises
-        IdempotencyConflict when they differ."""
-        keyed = needs_transaction(submissions)
+    async def submit_batch(
+        self,
+        submissions: Sequence[JobSubmission],
+        traceparents: Sequence[str | None] | None = None,
+    ) -> list[Submitted]:
+        """Store all or nothing, with the `traceparent` of each submission that has one. An
+        idempotency key seen before (in the database or earlier in this batch) replays its
+        job when the fields match and raises IdempotencyConflict when they differ."""
+        # Keyed and dependent items are answered one by one, so one can fail after others
+        # were inserted, and traces are written by a second statement; otherwise the single
+        # statement is atomic.
+        traced = traces.carried(traceparents)
+        atomic = needs_transaction(submissions) or traced
         async with self._pool.acquire() as conn:
-            # Only replays can turn into a conflict after rows were inserted; without keys a
-            # single statement is already atomic.
-            transaction = conn.transaction() if keyed else contextlib.nullcontext()
+            transaction = conn.transaction() if atomic else contextlib.nullcontext()
             async with transaction:
                 outcomes, rows = await store(
-                    conn, self._change, submissions, committed=not keyed, name_repeats=True
+                    conn, self._change, submissions, committed=not atomic, name_repeats=True
                 )
                 stored: list[Submitted] = []
                 for outcome in outcomes:
                     if isinstance(outcome, EvoraError):
                         raise outcome
                     stored.append(outcome)
-        if keyed:
+                if traced:
+                    assert traceparents is not None
+                    await traces.keep(conn, rows, traceparents)
+        if atomic:
             self._owe(rows)
         return stored
 
@@ -342,6 +361,10 @@ class JobStore:
         claimed = [claimed_job_from_row(j) for j in jobs]
         await dependencies.add_dependency_results(self._pool, claimed)
         return claimed
+
+    async def traceparents(self, job_ids: Sequence[UUID]) -> dict[UUID, str]:
+        """The traceparent each of `job_ids` was submitted with, for those that have one."""
+        return await traces.of(self._pool, job_ids)
 
     async def seconds_until_due(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest delayed job of `queues` becomes claimable, if any."""

@@ -1101,6 +1101,12 @@ CREATE TABLE public.job_prune_counts (
     CONSTRAINT job_prune_counts_pruned_check CHECK ((pruned >= 0))
 );
 
+CREATE TABLE public.job_traces (
+    job_id uuid NOT NULL,
+    traceparent text NOT NULL,
+    CONSTRAINT job_traces_traceparent_check CHECK ((length(traceparent) = 55))
+);
+
 CREATE TABLE public.job_transitions (
     from_state public.job_state,
     to_state public.job_state NOT NULL,
@@ -1170,6 +1176,9 @@ ALTER TABLE ONLY public.job_events
 ALTER TABLE ONLY public.job_prune_counts
     ADD CONSTRAINT job_prune_counts_pkey PRIMARY KEY (queue, state);
 
+ALTER TABLE ONLY public.job_traces
+    ADD CONSTRAINT job_traces_pkey PRIMARY KEY (job_id);
+
 ALTER TABLE ONLY public.job_transitions
     ADD CONSTRAINT job_transitions_from_state_to_state_event_key UNIQUE (from_state, to_state, event);
 
@@ -1229,3 +1238,6 @@ CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR E
 
 ALTER TABLE ONLY public.job_dependencies
     ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.jobs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.job_traces
+    ADD CONSTRAINT job_traces_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.jobs(id) ON DELETE CASCADE;

@@ -78,6 +78,8 @@ export interface ClaimedJob {
   dependency_results?: {
     [key: string]: unknown;
   } | null;
+  /** the W3C trace context the job was submitted with; only from a dispatcher that traces, and absent when the job has none */
+  traceparent?: string | null;
 }
 
 export interface CompleteRequest {

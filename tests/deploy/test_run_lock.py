@@ -1,0 +1,62 @@
+"""scripts/locks/local.txt, the versions `bash scripts/run.sh` installs without asking any
+index: it must pin every package the `local` extra needs, at a version pyproject.toml
+allows, or run.sh falls back to a slow unpinned install."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCK = ROOT / "scripts/locks/local.txt"
+_SELF = re.compile(r"^evora\[(?P<extras>[^\]]+)\]$")
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def _requirements(extra: str) -> list[Requirement]:
+    """What `pip install '.[extra]'` asks for of other projects (the project's own extras
+    followed), for this platform."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    found: list[Requirement] = []
+    todo, seen = [extra], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for spec in project["optional-dependencies"][name]:
+            match = _SELF.match(spec)
+            if match:
+                todo.extend(e.strip() for e in match["extras"].split(","))
+            else:
+                wanted.append(spec)
+    for spec in wanted:
+        requirement = Requirement(spec)
+        if requirement.marker is None or requirement.marker.evaluate():
+            found.append(requirement)
+    return found
+
+
+def test_the_lock_pins_what_the_local_extra_needs_at_allowed_versions() -> None:
+    pins = _pins()
+    problems = []
+    for requirement in _requirements("local"):
+        version = pins.get(canonicalize_name(requirement.name))
+        if version is None:
+            problems.append(f"{requirement.name}: not pinned")
+        elif not requirement.specifier.contains(version, prereleases=True):
+            problems.append(f"{requirement.name}=={version} is not {requirement.specifier}")
+    assert problems == []
