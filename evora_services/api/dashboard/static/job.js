@@ -1,8 +1,10 @@
-// One job: its fields, payload, result, last error, lease, and the full event timeline.
+// One job: its fields, payload, result, last error, lease, the jobs it waits for and that
+// wait for it (graph.js), and the full event timeline.
 // Payloads, results and errors are shown as text (JSON.stringify into textContent).
 
 import { api, ApiError, seg } from "./api.js";
 import { confirmDialog, h, replace } from "./dom.js";
+import { dependencyGraph, loadNeighbours } from "./graph.js";
 import { ago, copyButton, shortId, jsonBlock, runsIn, stateBadge, time } from "./format.js";
 
 function fact(label, ...value) {
@@ -127,6 +129,7 @@ export function mount(root, params, ctx) {
       }
       throw error;
     }
+    const neighbours = await loadNeighbours(job);
     const crumbs = root.querySelector("#crumbs");
     replace(crumbs, h("a", { href: "#/" }, "Queues"), " / ", h("a", { href: `#/queues/${seg(job.queue)}` }, job.queue), " / ", "job");
     replace(badge, stateBadge(job.state));
@@ -183,6 +186,7 @@ export function mount(root, params, ctx) {
           job.progress === null || job.progress === undefined ? null : [h("h2", null, "Progress"), jsonBlock(job.progress, "Progress JSON", "progress")],
         ),
       ),
+      dependencyGraph(job, neighbours),
       h(
         "section",
         { class: "card timeline-card", "aria-labelledby": "timeline-title" },
