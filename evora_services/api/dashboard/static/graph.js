@@ -10,12 +10,12 @@ import { num, shortId, stateClass } from "./format.js";
 
 export const GRAPH_SIDE = 8;
 
-const NODE_W = 210;
+const NODE_W = 236;
 const NODE_H = 44;
 const ROW = 54; // a node and the gap below it
 const GAP_X = 70; // between columns, where the links run
 const HEAD = 22; // the column titles
-const TYPE_CHARS = 18; // of a job type shown in a node; the whole type is in its tooltip
+const TYPE_CHARS = 16; // of a job type shown in a node; the whole type is in its tooltip
 
 /** The job's first dependencies (fetched one by one: the job carries only their ids; a
  * dependency removed by retention has state null) and its first dependents. */
