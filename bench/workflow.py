@@ -63,6 +63,9 @@ class Shape:
             raise ValueError(f"fan_in must be 1..{MAX_DEPENDENCIES}")
         if not 1 <= self.batch <= MAX_BATCH:
             raise ValueError(f"batch must be 1..{MAX_BATCH}")
+        # the group joins and the final join that names them by ref: one batch
+        if self.groups + 1 > MAX_BATCH:
+            raise ValueError(f"children / fan_in must be below {MAX_BATCH} group joins")
 
     @property
     def groups(self) -> int:
@@ -194,6 +197,7 @@ class WorkflowRepetition(Repetition):
                 "root_run_s": done[0] - start[0],
                 "fan_out_first_child_s": min(child_starts) - done[0],
                 "fan_out_last_child_s": max(child_starts) - done[0],
+                "children_per_s": shape.children / (last_child_done - min(child_starts)),
                 "fan_in_final_join_s": start[shape.final] - last_child_done,
                 "group_join_delay_ms": distribution([start[g] - last_of_group[g] for g in groups]),
                 "wall_s": run["finished_at"] - start[0],
@@ -221,6 +225,12 @@ FIGURES = (
     ),
     Figure(
         "workflow",
+        "children: first start -> last done",
+        "jobs/s",
+        lambda r: r["run"]["children_per_s"],
+    ),
+    Figure(
+        "workflow",
         "last child done -> final join start",
         "ms",
         lambda r: ms(r, "fan_in_final_join_s"),
@@ -241,6 +251,7 @@ FIGURES = (
     Figure("plain", "submit", "s", lambda r: r["enqueue"]["seconds"]),
     Figure("plain", "submit rate", "jobs/s", lambda r: r["enqueue"]["jobs_per_s"]),
     Figure("plain", "wall: first start -> all done", "s", lambda r: r["drain"]["seconds"]),
+    Figure("plain", "drain rate", "jobs/s", lambda r: r["drain"]["jobs_per_s"]),
 )
 
 

@@ -26,6 +26,8 @@ def test_the_shape_is_a_tree_of_joins_only_past_the_fan_in_limit() -> None:
     assert workflow.Shape(children=MAX_DEPENDENCIES).groups == 0  # one join holds them all
     with pytest.raises(ValueError, match="fan_in"):
         workflow.Shape(fan_in=MAX_DEPENDENCIES + 1)
+    with pytest.raises(ValueError, match="group joins"):
+        workflow.Shape(children=10_000, fan_in=10)  # 1,000 group joins and a final one
 
 
 async def test_the_workflow_runs_in_order_once_and_is_measured() -> None:
@@ -46,6 +48,7 @@ async def test_the_workflow_runs_in_order_once_and_is_measured() -> None:
     assert run["fan_out_last_child_s"] >= run["fan_out_first_child_s"]
     assert run["group_join_delay_ms"]["p50"] > 0
     assert run["fan_in_final_join_s"] > 0
+    assert run["children_per_s"] > 0
     assert 0 < run["wall_db_s"] <= run["wall_s"] < SHAPE.timeout_s
     assert flow["submit"]["jobs_per_s"] > 0
     assert flow["submit"]["cpu_us_per_job"]["api"] > 0
