@@ -1,5 +1,5 @@
 -- Submitting jobs. The rules (idempotency keys, the `submitted` event, the NOTIFY hint) are
--- in evora.submit_rows() (migrations/0011_submit_in_sql.sql), which applications that
+-- in evora.store_submissions() (migrations/0013_dependencies.sql), which applications that
 -- submit in SQL reach through evora.submit() and evora.submit_batch().
 
 -- name: submit
@@ -11,8 +11,8 @@
 -- for, $19 on_dependency_failure by item, $20 suppressed queues (see notify.py). One row per
 -- item (`ord` its position, from 1), the created ones first.
 SELECT ord, outcome, first_ord, job, notified, owed
-FROM evora.submit_rows($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int2[],
-                       $6::timestamptz[], $7::float8[], $8::int4[], $9::int4[], $10::float8[],
-                       $11::float8[], $12::float8[], $13::timestamptz[], $14::text[],
-                       $15::text[], $16::bytea[], $20::text[], $17::int4[], $18::uuid[],
-                       $19::text[]);
+FROM evora.store_submissions($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int2[],
+                             $6::timestamptz[], $7::float8[], $8::int4[], $9::int4[],
+                             $10::float8[], $11::float8[], $12::float8[], $13::timestamptz[],
+                             $14::text[], $15::text[], $16::bytea[], $20::text[], $17::int4[],
+                             $18::uuid[], $19::text[]);
