@@ -103,6 +103,35 @@ async def test_a_parents_page_shows_its_dependents(dashboard: Dashboard, page: P
     await expect(page.locator("#dependency-graph")).to_have_count(0)
 
 
+async def test_cancel_a_waiting_job_and_its_dependents_follow(
+    dashboard: Dashboard, page: Page
+) -> None:
+    parent = await dashboard.submit(queue="chain", type="first")
+    waiting = await dashboard.submit(queue="chain", type="second", depends_on=[parent["id"]])
+    last = await dashboard.submit(queue="chain", type="third", depends_on=[waiting["id"]])
+    await login(page, dashboard.url)
+    await page.goto(f"{dashboard.url}/#/jobs/{waiting['id']}")
+    await expect(page.locator("main .title-row .state")).to_have_text("WAITING")
+
+    await page.get_by_role("button", name="Cancel job…").click()
+    dialog = page.get_by_role("dialog", name="Cancel this job?")
+    await expect(dialog).to_contain_text("Jobs waiting for it are cancelled too")
+    await dialog.get_by_role("button", name="Cancel job").click()
+    await expect(page.locator("main .title-row .state")).to_have_text("CANCELLED")
+    await expect(node(page, "dependent", last["id"])).to_have_attribute("data-state", "CANCELLED")
+    assert (await dashboard.store.get(last["id"]))["state"] == "CANCELLED"
+    assert (await dashboard.store.get(parent["id"]))["state"] == "PENDING"
+
+    # a job nobody waits for is cancelled without the warning
+    alone = await dashboard.submit(queue="chain", type="alone")
+    await page.goto(f"{dashboard.url}/#/jobs/{alone['id']}")
+    await expect(page.locator("main .title-row .state")).to_have_text("PENDING")
+    await page.get_by_role("button", name="Cancel job…").click()
+    await expect(dialog).to_be_visible()
+    await expect(dialog).not_to_contain_text("waiting for it")
+    await page.keyboard.press("Escape")
+
+
 async def test_a_thousand_parents_show_a_count_and_the_first_few(
     dashboard: Dashboard, page: Page
 ) -> None:

@@ -79,7 +79,7 @@ export function mount(root, params, ctx) {
     return b;
   }
 
-  function renderActions() {
+  function renderActions(hasDependents) {
     const list = [];
     if (job.state === "DLQ") {
       list.push(button("Retry", "retry", (b) => act(b, "retry", `/v1/jobs/${seg(id)}/retry`, "Retried"), "primary"));
@@ -96,15 +96,18 @@ export function mount(root, params, ctx) {
         }, "danger"),
       );
     }
-    if (job.state === "PENDING" || job.state === "RUNNING") {
+    if (job.state === "WAITING" || job.state === "PENDING" || job.state === "RUNNING") {
       list.push(
         button("Cancel job…", "cancel", async (b) => {
           const ok = await confirmDialog({
             title: "Cancel this job?",
-            body:
+            body: [
               job.state === "RUNNING"
                 ? `Job ${id} is running: its worker is asked to stop it.`
                 : `Job ${id} is cancelled now and will not run.`,
+              // the database cancels them as the job ends CANCELLED (docs/dependencies.md)
+              hasDependents ? "Jobs waiting for it are cancelled too, unless they were submitted to run anyway (on_dependency_failure \"run\")." : null,
+            ].filter(Boolean),
             confirm: "Cancel job",
             danger: true,
           });
@@ -133,7 +136,7 @@ export function mount(root, params, ctx) {
     const crumbs = root.querySelector("#crumbs");
     replace(crumbs, h("a", { href: "#/" }, "Queues"), " / ", h("a", { href: `#/queues/${seg(job.queue)}` }, job.queue), " / ", "job");
     replace(badge, stateBadge(job.state));
-    renderActions();
+    renderActions(neighbours.children.length > 0);
     const error = job.last_error;
     replace(
       body,
