@@ -189,6 +189,7 @@ class WorkflowRepetition(Repetition):
         for c in children:
             g = shape.group_of(c)
             last_of_group[g] = max(last_of_group.get(g, -math.inf), done[c])
+        group_delays = [start[g] - last_of_group[g] for g in groups]
         run = self.result["run"]
         run.update(
             {
@@ -199,7 +200,8 @@ class WorkflowRepetition(Repetition):
                 "fan_out_last_child_s": max(child_starts) - done[0],
                 "children_per_s": shape.children / (last_child_done - min(child_starts)),
                 "fan_in_final_join_s": start[shape.final] - last_child_done,
-                "group_join_delay_ms": distribution([start[g] - last_of_group[g] for g in groups]),
+                "group_join_delay_ms": distribution(group_delays),
+                "group_join_min_delay_ms": min(group_delays, default=math.nan) * 1000,
                 "wall_s": run["finished_at"] - start[0],
                 "wall_db_s": done[shape.final] - start[0],
             }
