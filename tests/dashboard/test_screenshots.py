@@ -174,9 +174,10 @@ async def test_main_pages_with_a_realistic_workload(
     # a few rounds of work; the trend lines are the read models' per-minute history
     for round_no in range(4):
         await work_round(dashboard, rng, round_no)
+    render = await a_workflow_half_done(dashboard)
     await dashboard.caught_up()
     await page.get_by_role("button", name="Refresh").click()
-    await expect(page.locator("#queues-table tbody tr")).to_have_count(4)
+    await expect(page.locator("#queues-table tbody tr")).to_have_count(5)
     await dashboard.store.pause("thumbnails")
     await page.get_by_role("button", name="Refresh").click()
     await expect(page.locator("tr[data-queue='thumbnails']")).to_contain_text("Paused")
@@ -192,7 +193,6 @@ async def test_main_pages_with_a_realistic_workload(
     await expect(page.locator("#timeline > li")).to_have_count(5)
     await shots(page, "job")
 
-    render = await a_workflow_half_done(dashboard)
     await page.goto(f"{dashboard.url}/#/jobs/{render}")
     await expect(page.locator("#dependency-graph a.graph-node")).to_have_count(4)
     await shots(page, "workflow")

@@ -80,7 +80,7 @@ export function mount(root, params, ctx) {
     replace(
       tiles,
       tile(num(queues.length), "queues"),
-      tile(num(sum("WAITING")), "waiting for dependencies"),
+      tile(num(sum("WAITING")), "waiting"),
       tile(num(sum("PENDING")), "pending"),
       tile(num(sum("RUNNING")), "running"),
       tile(num(sum("DLQ")), "dead-lettered"),
