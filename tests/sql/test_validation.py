@@ -4,6 +4,7 @@ put to the api's own submission model, so the two validations cannot drift apart
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import asyncpg
@@ -61,6 +62,16 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"group_key": ""}, "group_key"),
     ({"group_key": ["a"]}, "group_key"),
     ({"colour": "red"}, "colour"),
+    ({"depends_on": "01a20c32-9f79-79ab-93cf-bdbd9eb5bbfa"}, "depends_on"),
+    ({"depends_on": {"a": 1}}, "depends_on"),
+    ({"depends_on": [str(uuid.UUID(int=n)) for n in range(1, 1002)]}, "depends_on"),
+    ({"depends_on": None}, "depends_on"),
+    ({"on_dependency_failure": None}, "on_dependency_failure"),
+    ({"on_dependency_failure": "maybe"}, "on_dependency_failure"),
+    ({"on_dependency_failure": 1}, "on_dependency_failure"),
+    ({"ref": ""}, "ref"),
+    ({"ref": "a b"}, "ref"),
+    ({"ref": 7}, "ref"),
 ]
 
 VALID: list[dict[str, Any]] = [
@@ -81,6 +92,8 @@ VALID: list[dict[str, Any]] = [
     {"backoff": {"initial_seconds": 5, "max_seconds": 315_360_000, "multiplier": 1000}},
     {"idempotency_key": "k" * 255, "group_key": "g" * 255},
     {"idempotency_key": "ключ ✓", "group_key": " "},
+    {"depends_on": [], "on_dependency_failure": "run"},
+    {"on_dependency_failure": "cancel", "ref": None},
 ]
 
 

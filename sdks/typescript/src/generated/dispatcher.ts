@@ -74,6 +74,10 @@ export interface ClaimedJob {
   /** the jobs this one waits for (or waited for) */
   depends_on: string[];
   lease_token: string;
+  /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
+  dependency_results?: {
+    [key: string]: unknown;
+  } | null;
 }
 
 export interface CompleteRequest {
