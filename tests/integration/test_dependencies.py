@@ -14,7 +14,8 @@ import pytest
 from evora.domain.errors import InvalidDependency
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
-from evora.storage.db import create_pool
+from evora.storage import queries
+from evora.storage.db import create_pool, jsonb_elements
 from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import RetentionStore
 from tests.conftest import Clock
@@ -346,3 +347,57 @@ async def test_a_claimed_job_with_dependencies_carries_the_results_of_the_comple
     assert claimed["id"] == c
     # b ended CANCELLED: the job runs ("run") without a result of it
     assert claimed["dependency_results"] == {str(a): {"rows": 3}}
+
+
+async def test_cancelling_the_head_of_a_long_chain_cancels_it_all_in_one_settlement(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """1,000 jobs each waiting on the one before: the whole chain is settled by one
+    statement, not one nested level of triggers per job."""
+    chain = [_sub(ref="0")] + [
+        _sub(ref=str(n), depends_on=[f"ref:{n - 1}"]) for n in range(1, 1000)
+    ]
+    ids = [i.job["id"] for i in await store.submit_batch(chain)]
+    await store.cancel(ids[0])
+    rows = await pool.fetch(
+        "SELECT j.id, j.state::text, e.data->>'dependency' AS cause FROM jobs j "
+        "JOIN job_events e ON e.job_id = j.id AND e.event = 'cancelled' ORDER BY j.submit_seq"
+    )
+    assert [r["id"] for r in rows] == ids
+    assert {r["state"] for r in rows} == {"CANCELLED"}
+    assert [r["cause"] for r in rows[1:]] == [str(i) for i in ids[:-1]]
+
+
+_SETTLING_CALLS = (
+    "SELECT funcname, calls FROM pg_stat_xact_user_functions "
+    "WHERE funcname IN ('evora_note_ended_dependency', 'evora_settle_dependents') "
+    "ORDER BY funcname"
+)
+
+
+async def test_only_statements_that_end_a_job_others_wait_on_run_the_settlement(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Claims and completions of jobs nothing waits on call no trigger function: the
+    triggers' WHEN clauses pass over them. A completion that ends a dependency calls the
+    settlement once for its statement."""
+    plain = [i.job["id"] for i in await store.submit_batch([_sub(), _sub()])]
+    parent = await _submit(store)
+    await _submit(store, depends_on=[parent])
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL track_functions = 'pl'")
+        claimed = await conn.fetch(queries.CLAIM, [Q], None, 10, "w")
+        jobs = {r["job"]["id"]: r["job"] for r in claimed}
+        assert set(jobs) == {*plain, parent}
+
+        async def complete(*ids: UUID) -> None:
+            tokens = [jobs[i]["lease_token"] for i in ids]
+            await conn.fetch(
+                queries.COMPLETE, ids, tokens, jsonb_elements([None] * len(ids)), [], False
+            )
+
+        await complete(*plain)
+        assert await conn.fetch(_SETTLING_CALLS) == []
+        await complete(parent)
+        calls = {r["funcname"]: r["calls"] for r in await conn.fetch(_SETTLING_CALLS)}
+        assert calls == {"evora_note_ended_dependency": 1, "evora_settle_dependents": 1}

@@ -788,6 +788,18 @@ CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
                j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
 $$;
 
+CREATE FUNCTION public.evora_note_ended_dependency() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('evora.ended_dependencies',
+                       coalesce(current_setting('evora.ended_dependencies', true), '')
+                           || NEW.id || ',',
+                       true);
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -852,63 +864,34 @@ DECLARE
     ended_states job_state[];
     hinted bigint;
 BEGIN
-    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.state ORDER BY n.id)
+    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
-    FROM ended_after n
-    JOIN ended_before o ON o.id = n.id
-    WHERE n.has_dependents AND n.state IN ('COMPLETED', 'CANCELLED')
-      AND o.state IS DISTINCT FROM n.state;
-    IF ended_ids IS NULL THEN
-        RETURN NULL;
-    END IF;
+    FROM jobs j
+    WHERE j.id = ANY(string_to_array(
+        rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
+    PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
     FROM jobs j
-    WHERE j.state = 'WAITING' AND j.id IN (
-        WITH RECURSIVE below(id, cancelling) AS (
-            SELECT d.job_id, e.state = 'CANCELLED'
-            FROM unnest(ended_ids, ended_states) AS e(id, state)
-            JOIN job_dependencies d ON d.depends_on = e.id
-            UNION
-            SELECT d.job_id, true
-            FROM below b
-            JOIN jobs w ON w.id = b.id
-            JOIN job_dependencies d ON d.depends_on = b.id
-            WHERE b.cancelling AND w.state = 'WAITING' AND w.on_dependency_failure = 'cancel'
-        )
-        SELECT b.id FROM below b)
+    WHERE j.id IN (SELECT s.id FROM evora_settlement(ended_ids, ended_states) s)
     ORDER BY j.id
     FOR UPDATE OF j;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
-    WITH arrived AS (
-        SELECT d.job_id AS id, count(*)::integer AS n,
-               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1]
-                   AS cancelled_by
-        FROM unnest(ended_ids, ended_states) AS e(id, state)
-        JOIN job_dependencies d ON d.depends_on = e.id
-        GROUP BY d.job_id
-    ),
-    next AS (
-        SELECT j.id, a.n, a.cancelled_by,
-               evora_dependent_next_state(j, a.n, a.cancelled_by IS NOT NULL) AS state
-        FROM jobs j
-        JOIN arrived a ON a.id = j.id
-        WHERE j.state = 'WAITING'
-    ),
-    settled AS (
+    PERFORM set_config('evora.settling', 'on', true);
+    WITH settled AS (
         UPDATE jobs j
         SET state = n.state,
             dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
-                                     ELSE j.dependencies_left - n.n END,
+                                     ELSE j.dependencies_left - n.arrived END,
             version = j.version + (n.state <> 'WAITING')::int,
             updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
             finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
-        FROM next n
+        FROM evora_settlement(ended_ids, ended_states) n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, n.cancelled_by, evora_job_image(j) AS image
+        RETURNING j.*, n.cause, evora_job_image(j) AS image
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -918,7 +901,7 @@ BEGIN
                'WAITING', state, attempt, NULL, updated_at,
                CASE WHEN state = 'CANCELLED'
                     THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', cancelled_by)
+                                            'dependency', cause)
                     ELSE '{}'::jsonb END,
                image
         FROM settled
@@ -927,8 +910,45 @@ BEGIN
     SELECT count(pg_notify('evora_jobs', q.queue))
     INTO hinted
     FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
+    PERFORM set_config('evora.settling', '', true);
     RETURN NULL;
 END
+$$;
+
+CREATE FUNCTION public.evora_settlement(ended_ids uuid[], ended_states public.job_state[]) RETURNS TABLE(id uuid, state public.job_state, arrived integer, cause uuid)
+    LANGUAGE sql STABLE
+    AS $$
+    WITH RECURSIVE cancelled(id) AS (
+        SELECT d.job_id
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN job_dependencies d ON d.depends_on = e.id
+        JOIN jobs w ON w.id = d.job_id
+        WHERE e.state = 'CANCELLED' AND w.state = 'WAITING'
+          AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+        UNION
+        SELECT d.job_id
+        FROM cancelled c
+        JOIN job_dependencies d ON d.depends_on = c.id
+        JOIN jobs w ON w.id = d.job_id
+        WHERE w.state = 'WAITING' AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+    ),
+    ended AS (
+        SELECT e.id, e.state FROM unnest(ended_ids, ended_states) AS e(id, state)
+        UNION ALL
+        SELECT c.id, 'CANCELLED'::job_state FROM cancelled c
+    ),
+    arrivals AS (
+        SELECT d.job_id AS id, count(*)::integer AS arrived,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1] AS cause
+        FROM ended e
+        JOIN job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    )
+    SELECT w.id, evora_dependent_next_state(w, a.arrived, a.cause IS NOT NULL), a.arrived,
+           a.cause
+    FROM arrivals a
+    JOIN jobs w ON w.id = a.id
+    WHERE w.state = 'WAITING'
 $$;
 
 CREATE TABLE public.event_archive_runs (
@@ -1132,7 +1152,9 @@ CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW 
 
 CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 
-CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON public.jobs REFERENCING OLD TABLE AS ended_before NEW TABLE AS ended_after FOR EACH STATEMENT EXECUTE FUNCTION public.evora_settle_dependents();
+CREATE TRIGGER jobs_note_ended_dependency BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state])) AND (old.state IS DISTINCT FROM new.state) AND (current_setting('evora.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION public.evora_note_ended_dependency();
+
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON public.jobs FOR EACH STATEMENT WHEN ((current_setting('evora.ended_dependencies'::text, true) <> ''::text)) EXECUTE FUNCTION public.evora_settle_dependents();
 
 CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 

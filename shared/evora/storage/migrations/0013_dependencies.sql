@@ -1,9 +1,9 @@
 -- Evora schema, version 13: jobs that wait for other jobs (docs/dependencies.md).
 --
 -- A job submitted with unfinished dependencies is WAITING. Its readiness is decided by the
--- database in the transaction that finishes a dependency: an AFTER UPDATE statement trigger
--- on jobs, so whichever statement finishes a job (a worker's complete, a cancel, a discard from the
--- DLQ, a lease expiry) releases or cancels what waits on it, with no polling loop to miss it.
+-- database in the transaction that finishes a dependency, by triggers on jobs: whichever
+-- statement finishes a job (a worker's complete, a cancel, a discard from the DLQ, a lease
+-- expiry) releases or cancels what waits on it, with no polling loop to miss it.
 --
 -- jobs.dependencies_left counts a WAITING job's dependencies not yet final (COMPLETED or
 -- CANCELLED; a job in the DLQ may still be retried, so it keeps its dependents waiting).
@@ -12,12 +12,12 @@
 -- them moves the dependent on, and neither can miss it.
 --
 -- jobs.depends_on lists a job's dependencies as submitted, for the job resource; the table
--- job_dependencies holds the same edges indexed by dependency, for the trigger.
+-- job_dependencies holds the same edges indexed by dependency, for the triggers.
 --
--- jobs.has_dependents is set on a job when a dependent is submitted: it lets the trigger
--- skip at once every job nothing waits on. Setting it is
--- also the submission's lock on the dependency, so a dependency cannot finish between the
--- submission counting it unfinished and the submission's edge becoming visible.
+-- jobs.has_dependents is set on a job when a dependent is submitted: it lets the triggers'
+-- WHEN clauses pass over every job nothing waits on in C, without a function call. Setting
+-- it is also the submission's lock on the dependency, so a dependency cannot finish between
+-- the submission counting it unfinished and the submission's edge becoming visible.
 --
 -- ALTER TYPE ... ADD VALUE cannot be used in the transaction that adds it, so the runner
 -- commits the statement before the `evora:commit` marker on its own (IF NOT EXISTS keeps it
@@ -117,17 +117,73 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- Runs once per statement that updates jobs, with the rows it changed. The jobs it ended
--- that others wait on are settled together, whatever their number and order in the
--- statement (an ack batch completes many): every waiting job they may change, down the
--- subtree a cancellation would follow, is locked first in one global order (id), so two
+-- What the jobs `ended_ids` (each now in its state of `ended_states`, COMPLETED or
+-- CANCELLED) change below them: every WAITING job that waits on one of them, with the state
+-- it moves to, how many of its dependencies ended (`arrived`) and, for one cancelled, the
+-- CANCELLED dependency that cancels it (`cause`). A job cancelled so ends too: the jobs
+-- waiting on it are in the answer as well, down the whole subtree.
+CREATE FUNCTION evora_settlement(ended_ids uuid[], ended_states job_state[])
+RETURNS TABLE (id uuid, state job_state, arrived integer, cause uuid)
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE cancelled(id) AS (
+        SELECT d.job_id
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN job_dependencies d ON d.depends_on = e.id
+        JOIN jobs w ON w.id = d.job_id
+        WHERE e.state = 'CANCELLED' AND w.state = 'WAITING'
+          AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+        UNION
+        SELECT d.job_id
+        FROM cancelled c
+        JOIN job_dependencies d ON d.depends_on = c.id
+        JOIN jobs w ON w.id = d.job_id
+        WHERE w.state = 'WAITING' AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+    ),
+    ended AS (
+        SELECT e.id, e.state FROM unnest(ended_ids, ended_states) AS e(id, state)
+        UNION ALL
+        SELECT c.id, 'CANCELLED'::job_state FROM cancelled c
+    ),
+    arrivals AS (
+        SELECT d.job_id AS id, count(*)::integer AS arrived,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1] AS cause
+        FROM ended e
+        JOIN job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    )
+    SELECT w.id, evora_dependent_next_state(w, a.arrived, a.cause IS NOT NULL), a.arrived,
+           a.cause
+    FROM arrivals a
+    JOIN jobs w ON w.id = a.id
+    WHERE w.state = 'WAITING'
+$$;
+
+-- Waiting jobs are settled once per statement, for every job it ended that others wait on,
+-- whatever their number and order in the statement (an ack batch completes many): all the
+-- waiting jobs that will change are locked first, in one global order (id), so two
 -- transactions ending dependencies of the same jobs queue on the same first row instead of
--- deadlocking. Locking row by row as each dependency ends would not do: two batches ending
--- their dependencies in different orders would take the same rows in different orders.
--- A statement with a fresh snapshot, which sees every decrement committed before the locks
--- were granted, then settles the direct dependents. Those it cancels end in that statement:
--- this trigger runs again for it and settles the next level (its rows are already locked),
--- which is what makes the cancellation transitive.
+-- deadlocking. (Settling row by row as each dependency ends would take the same rows in
+-- different orders in two batches.) A statement with a fresh snapshot, which sees every
+-- decrement committed before the locks were granted, then settles the whole subtree at once.
+--
+-- A BEFORE UPDATE row trigger notes each job the statement ends that others wait on, in a
+-- setting local to the transaction; its WHEN clause passes over every other row in C. The
+-- AFTER UPDATE statement trigger settles them; its WHEN clause passes over every statement
+-- that noted none. (A statement trigger with transition tables would need no note, but
+-- would make every update of jobs, heartbeats and claims included, pay for them.) While it
+-- settles, `evora.settling` keeps the jobs it cancels from being noted: the settlement
+-- already covered what waits on them.
+CREATE FUNCTION evora_note_ended_dependency() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('evora.ended_dependencies',
+                       coalesce(current_setting('evora.ended_dependencies', true), '')
+                           || NEW.id || ',',
+                       true);
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION evora_settle_dependents() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -135,63 +191,34 @@ DECLARE
     ended_states job_state[];
     hinted bigint;
 BEGIN
-    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.state ORDER BY n.id)
+    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
-    FROM ended_after n
-    JOIN ended_before o ON o.id = n.id
-    WHERE n.has_dependents AND n.state IN ('COMPLETED', 'CANCELLED')
-      AND o.state IS DISTINCT FROM n.state;
-    IF ended_ids IS NULL THEN
-        RETURN NULL;
-    END IF;
+    FROM jobs j
+    WHERE j.id = ANY(string_to_array(
+        rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
+    PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
     FROM jobs j
-    WHERE j.state = 'WAITING' AND j.id IN (
-        WITH RECURSIVE below(id, cancelling) AS (
-            SELECT d.job_id, e.state = 'CANCELLED'
-            FROM unnest(ended_ids, ended_states) AS e(id, state)
-            JOIN job_dependencies d ON d.depends_on = e.id
-            UNION
-            SELECT d.job_id, true
-            FROM below b
-            JOIN jobs w ON w.id = b.id
-            JOIN job_dependencies d ON d.depends_on = b.id
-            WHERE b.cancelling AND w.state = 'WAITING' AND w.on_dependency_failure = 'cancel'
-        )
-        SELECT b.id FROM below b)
+    WHERE j.id IN (SELECT s.id FROM evora_settlement(ended_ids, ended_states) s)
     ORDER BY j.id
     FOR UPDATE OF j;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
-    WITH arrived AS (
-        SELECT d.job_id AS id, count(*)::integer AS n,
-               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1]
-                   AS cancelled_by
-        FROM unnest(ended_ids, ended_states) AS e(id, state)
-        JOIN job_dependencies d ON d.depends_on = e.id
-        GROUP BY d.job_id
-    ),
-    next AS (
-        SELECT j.id, a.n, a.cancelled_by,
-               evora_dependent_next_state(j, a.n, a.cancelled_by IS NOT NULL) AS state
-        FROM jobs j
-        JOIN arrived a ON a.id = j.id
-        WHERE j.state = 'WAITING'
-    ),
-    settled AS (
+    PERFORM set_config('evora.settling', 'on', true);
+    WITH settled AS (
         UPDATE jobs j
         SET state = n.state,
             dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
-                                     ELSE j.dependencies_left - n.n END,
+                                     ELSE j.dependencies_left - n.arrived END,
             version = j.version + (n.state <> 'WAITING')::int,
             updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
             finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
-        FROM next n
+        FROM evora_settlement(ended_ids, ended_states) n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, n.cancelled_by, evora_job_image(j) AS image
+        RETURNING j.*, n.cause, evora_job_image(j) AS image
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -201,7 +228,7 @@ BEGIN
                'WAITING', state, attempt, NULL, updated_at,
                CASE WHEN state = 'CANCELLED'
                     THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', cancelled_by)
+                                            'dependency', cause)
                     ELSE '{}'::jsonb END,
                image
         FROM settled
@@ -211,17 +238,23 @@ BEGIN
     SELECT count(pg_notify('evora_jobs', q.queue))
     INTO hinted
     FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
+    PERFORM set_config('evora.settling', '', true);
     RETURN NULL;
 END
 $$;
 
--- A statement-level trigger cannot have a column list or a WHEN on its rows: it runs for
--- every UPDATE of jobs, and its first query returns at once when none of the changed rows
--- ended a job that others wait on.
+CREATE TRIGGER jobs_note_ended_dependency
+    BEFORE UPDATE OF state ON jobs
+    FOR EACH ROW
+    WHEN (NEW.has_dependents AND NEW.state IN ('COMPLETED', 'CANCELLED')
+          AND OLD.state IS DISTINCT FROM NEW.state
+          AND current_setting('evora.settling', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION evora_note_ended_dependency();
+
 CREATE TRIGGER jobs_settle_dependents
-    AFTER UPDATE ON jobs
-    REFERENCING OLD TABLE AS ended_before NEW TABLE AS ended_after
+    AFTER UPDATE OF state ON jobs
     FOR EACH STATEMENT
+    WHEN (current_setting('evora.ended_dependencies', true) <> '')
     EXECUTE FUNCTION evora_settle_dependents();
 
 -- A submission's hold on the dependencies of the job it is about to store: locks them in id
