@@ -7,6 +7,9 @@ durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, .
     python -m bench compare --profile            # also py-spy profiles of Evora's processes
                                                  # and pg_stat_statements
     python -m bench report FILE                  # print a result file's figures again
+    python -m bench workflow                     # a 10,000-job fan-out/fan-in workflow
+                                                 # against the same jobs without
+                                                 # dependencies (see bench.workflow)
 
 Peers are installed on first use into bench/.cache (npm and pip; see bench.peers.install).
 Every process started here is stopped at the end, also on errors and Ctrl-C. Logs, runner
@@ -31,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import procstats, report
+from bench import procstats, report, workflow
 from bench.children import Children
 from bench.cluster import Cluster
 from bench.evora_system import EvoraSystem
@@ -68,6 +71,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     show = sub.add_parser("report", help="print the figures of a JSON result file again")
     show.add_argument("file", type=Path)
+    flow = sub.add_parser("workflow", help="a fan-out/fan-in workflow end to end")
+    flow.add_argument("--repetitions", type=int, default=2)
+    flow.add_argument("--children", type=int, default=workflow.Shape.children)
+    flow.add_argument(
+        "--fan-in",
+        type=int,
+        default=workflow.Shape.fan_in,
+        help="children per join (at most the per-job dependency limit)",
+    )
+    flow.add_argument("--batch", type=int, default=workflow.Shape.batch)
+    flow.add_argument("--out", type=Path, help="JSON result file (default results/...)")
+    flow.add_argument("--keep", type=Path, help="keep logs and runner outputs here")
     return parser
 
 
@@ -196,6 +211,33 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_workflow(args: argparse.Namespace) -> int:
+    shape = workflow.Shape(children=args.children, fan_in=args.fan_in, batch=args.batch)
+    with tempfile.TemporaryDirectory(prefix="evora-bench-") as tmp:
+        directory = (args.keep or Path(tmp)).resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        with Cluster(directory) as cluster:
+            info = machine_info(asyncio.run(cluster.settings()), None)
+            print(json.dumps(info, indent=1))
+            started = time.monotonic()
+            runs = asyncio.run(workflow.compare(cluster, directory, shape, args.repetitions))
+        info["load_average_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        summary = workflow.summarize(runs)
+        out = args.out or Path("bench/results") / datetime.now(UTC).strftime(
+            "workflow-%Y%m%dT%H%M%SZ.json"
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            json.dumps(
+                {"machine": info, "shape": shape.__dict__, "summary": summary, "runs": runs},
+                indent=1,
+            )
+        )
+        print("\n".join(workflow.lines(shape, summary)))
+        print(f"({time.monotonic() - started:.0f} s) results: {out}")
+    return 0
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -208,6 +250,8 @@ def main() -> int:
         runs = json.loads(args.file.read_text())["runs"]
         print("\n".join(report.lines(report.summarize(runs))))
         return 0
+    if args.command == "workflow":
+        return run_workflow(args)
     return run_compare(args)
 
 

@@ -182,23 +182,27 @@ class Repetition:
     # -- the phases --------------------------------------------------------------------------
 
     async def run(self, dsn: str) -> dict[str, Any]:
-        w = self.workload
         await self.system.start(dsn, self.label)
         conn = await asyncpg.connect(dsn)
         try:
             with PeakSampler(self.cluster).running() as sampler:
                 await self.cluster.execute("CHECKPOINT")
-                await self._enqueue(conn, w)
-                await self._drain(conn, w)
-                self.result["after_drain"] = await self.system.after_drain()
-                await self._latency(conn, w)
-                self._stop_and_collect(sampler)
+                await self._phases(conn)
+                self._score(self._stop_and_collect(sampler))
         finally:
             await conn.close()
             if self.worker is not None:
                 self.worker.stop()
             self.system.stop()
         return self.result
+
+    async def _phases(self, conn: asyncpg.Connection) -> None:
+        """What the system is measured doing; the worker, once started, is left running."""
+        w = self.workload
+        await self._enqueue(conn, w)
+        await self._drain(conn, w)
+        self.result["after_drain"] = await self.system.after_drain()
+        await self._latency(conn, w)
 
     async def _enqueue(self, conn: asyncpg.Connection, w: Workload) -> None:
         counters = await self.system.counters()
@@ -289,19 +293,23 @@ class Repetition:
         }
         self.result["peak_rss_mib"]["producer (offer)"] = out["maxrss_kib"] / KIB_PER_MIB
 
-    def _stop_and_collect(self, sampler: PeakSampler) -> None:
+    def _stop_and_collect(self, sampler: PeakSampler) -> list[list[float]]:
+        """Peak memory of every process; stops the worker and returns its handler starts."""
         assert self.worker is not None
-        rss = self.result["peak_rss_mib"]
+        rss = self.result.setdefault("peak_rss_mib", {})
         for child in self.system.services:
             rss[self._short(child)] = child.peak_rss_kib() / KIB_PER_MIB
         self.worker.stop()
         worker = json.loads(self._out("worker").read_text())
         rss["worker"] = worker["maxrss_kib"] / KIB_PER_MIB
         rss[POSTGRES + " (private, all processes)"] = sampler.peak_kib / KIB_PER_MIB
-        self._score(worker["starts"])
+        starts: list[list[float]] = worker["starts"]
+        return starts
 
-    def _score(self, starts: list[list[float]]) -> None:
-        """Drain and latency figures from the handler starts the worker recorded."""
+    @staticmethod
+    def _first_starts(starts: list[list[float]]) -> tuple[dict[int, float], int]:
+        """Each job's first handler start by its payload `i`, and how many starts repeated
+        one (a job run twice)."""
         first: dict[int, float] = {}
         duplicates = 0
         for i, t in starts:
@@ -309,6 +317,11 @@ class Repetition:
                 duplicates += 1
             else:
                 first[int(i)] = t
+        return first, duplicates
+
+    def _score(self, starts: list[list[float]]) -> None:
+        """Drain and latency figures from the handler starts the worker recorded."""
+        first, duplicates = self._first_starts(starts)
         drained = [t for i, t in first.items() if i < LATENCY_FIRST_INDEX]
         drain = self.result["drain"]
         drain["handled"] = len(drained)

@@ -125,6 +125,46 @@ async def a_job_with_history(dashboard: Dashboard) -> str:
     return str(job_id)
 
 
+async def a_workflow_half_done(dashboard: Dashboard) -> str:
+    """A nightly report: one export fans out to four per-region aggregations, and a render
+    waits for all four; two are done, one is running, one still due. Returns the render."""
+    store = dashboard.store
+    regions = ["emea", "amer", "apac", "latam"]
+    [export] = await store.submit_batch(
+        [JobSubmission(queue="nightly", type="report.export", payload={"day": "2026-11-23"})]
+    )
+    export_id = export.job["id"]
+    parts = await store.submit_batch(
+        [
+            JobSubmission(
+                queue="nightly",
+                type="report.aggregate",
+                payload={"region": region},
+                depends_on=[export_id],
+            )
+            for region in regions
+        ]
+    )
+    [render] = await store.submit_batch(
+        [
+            JobSubmission(
+                queue="nightly",
+                type="report.render",
+                payload={"report": "nightly-sales"},
+                depends_on=[p.job["id"] for p in parts],
+            )
+        ]
+    )
+    [first] = await store.claim(worker_id="reporter-21aa@batch-2", queues=["nightly"])
+    assert first["id"] == export_id
+    await store.complete(export_id, first["lease_token"], {"rows": 48_211})
+    claimed = await store.claim(worker_id="reporter-21aa@batch-2", queues=["nightly"], max_jobs=3)
+    assert len(claimed) == 3
+    for job in claimed[:2]:
+        await store.complete(job["id"], job["lease_token"], {"ok": True})
+    return str(render.job["id"])
+
+
 async def test_main_pages_with_a_realistic_workload(
     dashboard: Dashboard, page: Page, shots: Any
 ) -> None:
@@ -134,9 +174,10 @@ async def test_main_pages_with_a_realistic_workload(
     # a few rounds of work; the trend lines are the read models' per-minute history
     for round_no in range(4):
         await work_round(dashboard, rng, round_no)
+    render = await a_workflow_half_done(dashboard)
     await dashboard.caught_up()
     await page.get_by_role("button", name="Refresh").click()
-    await expect(page.locator("#queues-table tbody tr")).to_have_count(4)
+    await expect(page.locator("#queues-table tbody tr")).to_have_count(5)
     await dashboard.store.pause("thumbnails")
     await page.get_by_role("button", name="Refresh").click()
     await expect(page.locator("tr[data-queue='thumbnails']")).to_contain_text("Paused")
@@ -151,6 +192,10 @@ async def test_main_pages_with_a_realistic_workload(
     await page.goto(f"{dashboard.url}/#/jobs/{job_id}")
     await expect(page.locator("#timeline > li")).to_have_count(5)
     await shots(page, "job")
+
+    await page.goto(f"{dashboard.url}/#/jobs/{render}")
+    await expect(page.locator("#dependency-graph a.graph-node")).to_have_count(4)
+    await shots(page, "workflow")
 
     await page.get_by_role("link", name="Dead letters").click()
     await expect(page.locator(".jobs-table tbody tr").first).to_be_visible()

@@ -2,7 +2,7 @@
 // also shown as text next to it), so nothing depends on seeing the chart.
 
 import { s } from "./dom.js";
-import { ms, rate, span } from "./format.js";
+import { ms, num, rate, span, stateClass, STATES, STATE_TITLES } from "./format.js";
 
 function svgRoot(width, height, label, cls) {
   return s(
@@ -46,6 +46,23 @@ export function barChart({ rows, series, label, format }) {
       );
     });
   });
+  return svg;
+}
+
+/** One bar split by state, each part in its state's colour and as wide as its share of
+ * the jobs: counts = {STATE: n}. */
+export function stateChart(counts) {
+  const width = 380;
+  const height = 18;
+  const total = STATES.reduce((n, state) => n + (counts[state] || 0), 0);
+  const label = `Jobs by state: ${STATES.map((state) => `${num(counts[state] || 0)} ${STATE_TITLES[state].toLowerCase()}`).join(", ")}`;
+  const svg = svgRoot(width, height, label, "chart state-chart");
+  let x = 0;
+  for (const state of STATES) {
+    const part = total ? ((counts[state] || 0) / total) * width : 0;
+    if (part > 0) svg.appendChild(s("rect", { x, y: 0, width: part, height, class: `state-part ${stateClass(state)}`, "data-state": state }));
+    x += part;
+  }
   return svg;
 }
 

@@ -97,9 +97,20 @@ export function ms(value) {
   return `${(n / 3_600_000).toFixed(1)} h`;
 }
 
+/** The class that gives an element its state's colours (style.css), "state-other" for a
+ * name this page does not know. */
+export function stateClass(state) {
+  return `state-${STATES.includes(state) ? state : "other"}`;
+}
+
 /** The job state as text in a coloured pill: readable without the colour. */
 export function stateBadge(state) {
-  return h("span", { class: `state state-${STATES.includes(state) ? state : "other"}` }, state);
+  return h("span", { class: `state ${stateClass(state)}` }, state);
+}
+
+/** A state's name after a dot in its colour, for lists of states (tabs, column heads). */
+export function stateLabel(state, text = state) {
+  return [h("span", { class: `state-dot ${stateClass(state)}`, "aria-hidden": "true" }), text];
 }
 
 export function pausedBadge(paused) {

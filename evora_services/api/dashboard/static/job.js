@@ -1,8 +1,10 @@
-// One job: its fields, payload, result, last error, lease, and the full event timeline.
+// One job: its fields, payload, result, last error, lease, the jobs it waits for and that
+// wait for it (graph.js), and the full event timeline.
 // Payloads, results and errors are shown as text (JSON.stringify into textContent).
 
 import { api, ApiError, seg } from "./api.js";
 import { confirmDialog, h, replace } from "./dom.js";
+import { dependencyGraph, loadNeighbours } from "./graph.js";
 import { ago, copyButton, shortId, jsonBlock, runsIn, stateBadge, time } from "./format.js";
 
 function fact(label, ...value) {
@@ -77,7 +79,7 @@ export function mount(root, params, ctx) {
     return b;
   }
 
-  function renderActions() {
+  function renderActions(hasDependents) {
     const list = [];
     if (job.state === "DLQ") {
       list.push(button("Retry", "retry", (b) => act(b, "retry", `/v1/jobs/${seg(id)}/retry`, "Retried"), "primary"));
@@ -94,15 +96,18 @@ export function mount(root, params, ctx) {
         }, "danger"),
       );
     }
-    if (job.state === "PENDING" || job.state === "RUNNING") {
+    if (job.state === "WAITING" || job.state === "PENDING" || job.state === "RUNNING") {
       list.push(
         button("Cancel job…", "cancel", async (b) => {
           const ok = await confirmDialog({
             title: "Cancel this job?",
-            body:
+            body: [
               job.state === "RUNNING"
                 ? `Job ${id} is running: its worker is asked to stop it.`
                 : `Job ${id} is cancelled now and will not run.`,
+              // the database cancels them as the job ends CANCELLED (docs/dependencies.md)
+              hasDependents ? "Jobs waiting for it are cancelled too, unless they were submitted to run anyway (on_dependency_failure \"run\")." : null,
+            ].filter(Boolean),
             confirm: "Cancel job",
             danger: true,
           });
@@ -127,10 +132,11 @@ export function mount(root, params, ctx) {
       }
       throw error;
     }
+    const neighbours = await loadNeighbours(job);
     const crumbs = root.querySelector("#crumbs");
     replace(crumbs, h("a", { href: "#/" }, "Queues"), " / ", h("a", { href: `#/queues/${seg(job.queue)}` }, job.queue), " / ", "job");
     replace(badge, stateBadge(job.state));
-    renderActions();
+    renderActions(neighbours.children.length > 0);
     const error = job.last_error;
     replace(
       body,
@@ -183,6 +189,7 @@ export function mount(root, params, ctx) {
           job.progress === null || job.progress === undefined ? null : [h("h2", null, "Progress"), jsonBlock(job.progress, "Progress JSON", "progress")],
         ),
       ),
+      dependencyGraph(job, neighbours),
       h(
         "section",
         { class: "card timeline-card", "aria-labelledby": "timeline-title" },

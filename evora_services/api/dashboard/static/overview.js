@@ -4,7 +4,7 @@
 import { apiAll, seg } from "./api.js";
 import { historyPoints, sparkline } from "./charts.js";
 import { h, replace } from "./dom.js";
-import { ago, countCell, ms, num, pausedBadge, rate, span, secondsSince, STATE_TITLES, STATES } from "./format.js";
+import { ago, countCell, ms, num, pausedBadge, rate, span, secondsSince, stateLabel, STATE_TITLES, STATES } from "./format.js";
 
 // The Trend column: completions per minute over the last hour.
 const TREND_MINUTES = 60;
@@ -31,20 +31,18 @@ function trendCell(q, history) {
 
 function queueRow(q, history) {
   const link = h("a", { href: `#/queues/${seg(q.queue)}`, "data-focus-key": `queue:${q.queue}` }, q.queue);
-  const dlq = q.counts.DLQ
-    ? h("td", { class: "num" }, h("a", { href: `#/queues/${seg(q.queue)}?state=DLQ`, "aria-label": `${q.counts.DLQ} dead-lettered jobs in ${q.queue}` }, num(q.counts.DLQ)))
-    : countCell(0);
+  // one cell per state, in the order of the column heads (both from STATES)
+  const count = (state) =>
+    state === "DLQ" && q.counts.DLQ
+      ? h("td", { class: "num" }, h("a", { href: `#/queues/${seg(q.queue)}?state=DLQ`, "aria-label": `${q.counts.DLQ} dead-lettered jobs in ${q.queue}` }, num(q.counts.DLQ)))
+      : countCell(q.counts[state] || 0);
   const oldest = q.oldest_pending_at ? ago(q.oldest_pending_at) : h("span", { class: "muted" }, "—");
   return h(
     "tr",
     { "data-queue": q.queue },
     h("th", { scope: "row" }, link),
     h("td", null, pausedBadge(q.paused)),
-    countCell(q.counts.PENDING),
-    countCell(q.counts.RUNNING),
-    countCell(q.counts.COMPLETED),
-    dlq,
-    countCell(q.counts.CANCELLED),
+    STATES.map(count),
     h("td", { class: "num nowrap" }, `${rate(q.throughput.completed_per_minute["1m"])} · ${rate(q.throughput.completed_per_minute["5m"])} · ${rate(q.throughput.completed_per_minute["15m"])}`),
     trendCell(q, history),
     h(
@@ -82,6 +80,7 @@ export function mount(root, params, ctx) {
     replace(
       tiles,
       tile(num(queues.length), "queues"),
+      tile(num(sum("WAITING")), "waiting"),
       tile(num(sum("PENDING")), "pending"),
       tile(num(sum("RUNNING")), "running"),
       tile(num(sum("DLQ")), "dead-lettered"),
@@ -112,7 +111,7 @@ export function mount(root, params, ctx) {
               null,
               h("th", { scope: "col" }, "Queue"),
               h("th", { scope: "col" }, "Status"),
-              STATES.map((state) => h("th", { scope: "col", class: "num" }, STATE_TITLES[state])),
+              STATES.map((state) => h("th", { scope: "col", class: "num" }, stateLabel(state, STATE_TITLES[state]))),
               h("th", { scope: "col", class: "num", title: "Completed per minute over the last 1, 5 and 15 minutes" }, "Done/min 1m·5m·15m"),
               h("th", { scope: "col", title: "Completed per minute over the last hour" }, "Trend (1 h)"),
               h("th", { scope: "col", class: "num", title: "Wait: from due to claimed. Run: from claimed to finished." }, "Latency p50 · p95 · p99"),

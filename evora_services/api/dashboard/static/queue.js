@@ -2,9 +2,9 @@
 // reasons, and its jobs by state and type, a keyset page at a time.
 
 import { api, ApiError, seg, withQuery } from "./api.js";
-import { historyPoints, latencyChart, lineChart, throughputChart } from "./charts.js";
+import { historyPoints, latencyChart, lineChart, stateChart, throughputChart } from "./charts.js";
 import { confirmDialog, h, replace } from "./dom.js";
-import { ago, jobIdCell, ms, num, pausedBadge, rate, runsIn, shortId, stateBadge, STATES, time } from "./format.js";
+import { ago, jobIdCell, ms, num, pausedBadge, rate, runsIn, shortId, stateBadge, stateLabel, STATES, time } from "./format.js";
 
 const PAGE_SIZES = ["25", "50", "100"];
 // How far back the history charts look, in minutes (the api keeps 24 h).
@@ -281,7 +281,7 @@ export function mount(root, params, ctx) {
           count === null ? null : [" ", h("span", { class: "n" }, num(count))],
         ),
       );
-    replace(tabs, tab("All", "", total), STATES.map((s) => tab(s, s, stats ? stats.counts[s] : null)));
+    replace(tabs, tab("All", "", total), STATES.map((s) => tab(stateLabel(s), s, stats ? stats.counts[s] : null)));
     if (!stats) {
       replace(badge);
       pauseButton.hidden = false;
@@ -300,7 +300,10 @@ export function mount(root, params, ctx) {
       charts,
       h(
         "section",
-        { class: "card", "aria-labelledby": "throughput-title" },
+        { class: "card", "aria-labelledby": "states-title throughput-title" },
+        h("h2", { id: "states-title" }, "Jobs by state"),
+        stateChart(stats.counts),
+        h("p", { class: "legend" }, STATES.map((s) => h("span", null, stateLabel(s, `${s} ${num(stats.counts[s] || 0)}`)))),
         h("h2", { id: "throughput-title" }, "Throughput"),
         throughputChart(cpm),
         h("p", { class: "muted" }, `Completed per minute: ${rate(cpm["1m"])} (1 min), ${rate(cpm["5m"])} (5 min), ${rate(cpm["15m"])} (15 min). Totals: ${num(stats.totals.submitted)} submitted, ${num(stats.totals.completed)} completed, ${num(stats.totals.failed)} failed attempts, ${num(stats.totals.dead_lettered)} dead-lettered, ${num(stats.totals.retried)} retried, ${num(stats.totals.lease_expired)} leases expired.`),
