@@ -104,17 +104,19 @@ class Transport:
         idempotent: bool,
         time_limit: float | None = None,
         retries: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Response:
         """Send a request, retrying as `should_retry` allows; raises `EvoraClientError`.
 
-        `time_limit` replaces the default timeout (seconds) of each attempt."""
+        `time_limit` replaces the default timeout (seconds) of each attempt; `headers` are
+        sent besides the transport's own."""
         data = None if isinstance(body, _NoBody) else orjson.dumps(body)
         max_retries = self._retries if retries is None else retries
         attempt = 1
         while True:
             try:
                 return await self._send_once(
-                    method, path, data, params, time_limit or self._timeout
+                    method, path, data, params, time_limit or self._timeout, headers
                 )
             except EvoraClientError as exc:
                 exc.attempts = attempt
@@ -132,8 +134,11 @@ class Transport:
         data: bytes | None,
         params: Mapping[str, str] | None,
         time_limit: float,
+        extra_headers: Mapping[str, str] | None,
     ) -> Response:
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if extra_headers:
+            headers.update(extra_headers)
         try:
             async with self._get_session().request(
                 method,

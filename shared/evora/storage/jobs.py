@@ -182,10 +182,13 @@ class JobStore:
             outcomes, _ = await store(conn, self._change, submissions, committed=True)
         return outcomes
 
-    async def submit_batch(self, submissions: Sequence[JobSubmission]) -> list[Submitted]:
+    async def submit_batch(
+        self, submissions: Sequence[JobSubmission], *, with_jobs: bool = True
+    ) -> list[Submitted]:
         """Store all or nothing. An idempotency key seen before (in the database or earlier
         in this batch) replays its job when the fields match and raises
-        IdempotencyConflict when they differ."""
+        IdempotencyConflict when they differ. Without `with_jobs` the outcomes carry ids
+        only, which spares decoding every job."""
         keyed = any(s.idempotency_key is not None for s in submissions)
         async with self._pool.acquire() as conn:
             # Only replays can turn into a conflict after rows were inserted; without keys a
@@ -193,7 +196,12 @@ class JobStore:
             transaction = conn.transaction() if keyed else contextlib.nullcontext()
             async with transaction:
                 outcomes, rows = await store(
-                    conn, self._change, submissions, committed=not keyed, name_repeats=True
+                    conn,
+                    self._change,
+                    submissions,
+                    committed=not keyed,
+                    name_repeats=True,
+                    with_jobs=with_jobs,
                 )
                 stored: list[Submitted] = []
                 for outcome in outcomes:
@@ -213,8 +221,10 @@ class JobStore:
         and PostgreSQL delivers that at commit (never before the jobs are visible) or
         drops it with a rollback, so nothing is owed afterwards."""
 
-        async def notify_all(conn: asyncpg.Connection, query: str, *args: Any, **_: Any) -> Any:
-            return await conn.fetch(query, *args, [])  # no queue suppressed
+        async def notify_all(
+            conn: asyncpg.Connection, query: str, *args: Any, with_jobs: bool, **_: Any
+        ) -> Any:
+            return await conn.fetch(query, *args, [], with_jobs)  # no queue suppressed
 
         outcomes, _ = await store(conn, notify_all, submissions, committed=False)
         return outcomes

@@ -55,8 +55,15 @@ def _key_reused(sub: JobSubmission) -> str:
 
 @dataclass(frozen=True)
 class Submitted:
-    job: JobDict
+    id: UUID
     created: bool
+    whole: JobDict | None  # the job, when it was asked for
+
+    @property
+    def job(self) -> JobDict:
+        if self.whole is None:
+            raise ValueError("the submission was stored without asking for its job")
+        return self.whole
 
 
 async def store(
@@ -66,10 +73,12 @@ async def store(
     *,
     committed: bool,
     name_repeats: bool = False,
+    with_jobs: bool = True,
 ) -> tuple[list[Submitted | EvoraError], list[asyncpg.Record]]:
     """Store the submissions in one statement; the outcome of each (created, replayed
     or an idempotency error) and the statement's rows. With `name_repeats` (one batch
-    request) a key repeated with other fields is reported by item index."""
+    request) a key repeated with other fields is reported by item index. Without
+    `with_jobs` the outcomes carry the jobs' ids only."""
     rows = await change(
         conn,
         SUBMIT,
@@ -90,6 +99,7 @@ async def store(
         [s.group_key for s in submissions],
         [None if s.idempotency_key is None else _fingerprint_before_0011(s) for s in submissions],
         committed=committed,
+        with_jobs=with_jobs,
     )
     by_position = {row["ord"]: row for row in rows}
     return [
@@ -111,7 +121,8 @@ def _outcome(
 ) -> Submitted | EvoraError:
     match row["outcome"]:
         case "created" | "replayed":
-            return Submitted(job_from_row(row["job"]), created=row["outcome"] == "created")
+            whole = None if row["job"] is None else job_from_row(row["job"])
+            return Submitted(row["id"], row["outcome"] == "created", whole)
         case "repeat_conflict" if name_repeats:
             return IdempotencyConflict(
                 f"jobs[{index}] reuses the idempotency key of jobs[{row['first_ord'] - 1}] "
