@@ -134,16 +134,17 @@ async def submit(request: web.Request) -> web.Response:
 )
 async def submit_batch(request: web.Request) -> web.Response:
     batch = await _submissions(request, BatchSubmission, batch_body_limit)
+    minimal = _prefers_minimal(request)
     with submit_trace(request, batch.jobs) as trace:
         submitted = await _store(request).submit_batch(
-            batch.jobs, [trace.traceparent] * len(batch.jobs)
+            batch.jobs, [trace.traceparent] * len(batch.jobs), with_jobs=not minimal
         )
         trace.record(submitted)
-    if _prefers_minimal(request):
-        # Ids and statuses only: a producer that keeps no job spares encoding and parsing
-        # a thousand whole jobs.
+    if minimal:
+        # Ids and statuses only: a producer that keeps no job spares the decoding and
+        # encoding of a thousand whole jobs here and their parsing on its side.
         return json_response(
-            {"jobs": [{"id": s.job["id"], "status": 201 if s.created else 200} for s in submitted]},
+            {"jobs": [{"id": s.id, "status": 201 if s.created else 200} for s in submitted]},
             headers={"Preference-Applied": "return=minimal"},
         )
     return json_response(

@@ -39,7 +39,7 @@ class SubmitSpan:
         if len(submitted) == 1:
             self.span.set_attributes(
                 {
-                    names.MESSAGE_ID: str(submitted[0].job["id"]),
+                    names.MESSAGE_ID: str(submitted[0].id),
                     names.JOB_OUTCOME: "created" if submitted[0].created else "replayed",
                 }
             )

@@ -37,6 +37,23 @@ async def test_idempotent_replay_and_conflict(client: Client) -> None:
     assert (caught.value.status, caught.value.code) == (409, "idempotency_conflict")
 
 
+async def test_submit_batch_without_jobs_answers_receipts(client: Client) -> None:
+    batch: list[evora.Submission] = [
+        {"queue": "q", "type": "t", "idempotency_key": "k"},
+        {"queue": "q", "type": "t", "idempotency_key": "k"},
+        {"queue": "q", "type": "t", "payload": {"n": 2}},
+    ]
+    receipts = await client.submit_batch(batch, return_jobs=False)
+    assert [type(r) for r in receipts] == [evora.SubmitReceipt] * 3
+    assert [r.replayed for r in receipts] == [False, True, False]
+    assert receipts[0].id == receipts[1].id != receipts[2].id
+    assert (await client.get(receipts[2].id))["payload"] == {"n": 2}
+    # The same batch again with whole jobs: every key replays, the same ids come back.
+    results = await client.submit_batch(batch[:2])
+    assert [(r.id, r.replayed) for r in results] == [(receipts[0].id, True)] * 2
+    assert results[0].job["state"] == "PENDING"
+
+
 async def test_typed_errors_carry_the_problem(client: Client) -> None:
     with pytest.raises(evora.JobNotFoundError) as caught:
         await client.get("00000000-0000-4000-8000-000000000000")

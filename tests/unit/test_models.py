@@ -23,6 +23,18 @@ def test_defaults() -> None:
     assert job.backoff.max_seconds == 3600 and job.backoff.multiplier == 2
 
 
+def test_submissions_without_a_backoff_share_one_immutable_default() -> None:
+    # One model per item was about a quarter of validating a 1,000-job batch (4.4 us per
+    # item, best of 30 runs; 3.0-3.3 us shared).
+    first, second = parse({"queue": "q", "type": "t"}), parse({"queue": "q", "type": "u"})
+    assert first.backoff is second.backoff
+    with pytest.raises(ValidationError):
+        first.backoff.initial_seconds = 99  # type: ignore[misc]
+    assert second.backoff.initial_seconds == 1
+    given = parse({"queue": "q", "type": "t", "backoff": {"multiplier": 3}})
+    assert given.backoff is not first.backoff and given.backoff.multiplier == 3
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -132,7 +132,15 @@ class _Scan:
         """The body with every string emptied: what is left is structure, numbers and
         literals, so a match there is never text a client sent inside a string."""
         if self._skeleton is None:
-            self._skeleton = _STRING.sub(b'""', self.raw)
+            raw = self.raw
+            pieces = raw.split(b'"')
+            if b"\\" not in raw and len(pieces) % 2:
+                # No escapes and balanced quotes: the strings are exactly the odd pieces
+                # between quotes. Splitting runs in C at a nanosecond or two a byte, where the
+                # pattern costs tens: ack bodies (full of ids) take this path on every claim.
+                self._skeleton = b'""'.join(pieces[::2])
+            else:
+                self._skeleton = _STRING.sub(b'""', raw)
         return self._skeleton
 
     def check_values(self, limit: int) -> None:
@@ -149,7 +157,9 @@ class _Scan:
         raw = self.raw
         if (b"NaN" in raw or b"Infinity" in raw) and _NOT_JSON.search(self.skeleton):
             raise malformed_json("the body is not valid JSON: NaN and Infinity are not JSON")
-        if _might_hold_huge_number(raw):
+        # Ids in strings often look like a hint (`4e012...`): the skeleton tells, cheaply,
+        # before the pattern has to try every position of it.
+        if _might_hold_huge_number(raw) and _might_hold_huge_number(self.skeleton):
             for number in _HUGE_NUMBER.finditer(self.skeleton):
                 if _is_infinite(number[0]):
                     shown = number[0][:40].decode()

@@ -2,7 +2,15 @@
 and `Handlers` for worker processes, and the exceptions both raise."""
 
 from evora.protocol.retries import RetryBackoff
-from evora.sdk.client import Client, JobData, JobPage, Submission, SubmitOptions, SubmitResult
+from evora.sdk.client import (
+    Client,
+    JobData,
+    JobPage,
+    Submission,
+    SubmitOptions,
+    SubmitReceipt,
+    SubmitResult,
+)
 from evora.sdk.errors import (
     BadRequestError,
     ConflictError,
@@ -61,6 +69,7 @@ __all__ = [
     "ServerError",
     "Submission",
     "SubmitOptions",
+    "SubmitReceipt",
     "SubmitResult",
     "UnauthorizedError",
     "Worker",

@@ -221,7 +221,7 @@ class ScheduleStore:
             if isinstance(outcome, EvoraError):  # a fresh uuid cannot collide
                 raise outcome
             await conn.execute(
-                ADVANCE, name, row["ticked_until"], row["next_run_at"], now, outcome.job["id"]
+                ADVANCE, name, row["ticked_until"], row["next_run_at"], now, outcome.id
             )
         return outcome.job
 
@@ -266,7 +266,7 @@ class ScheduleStore:
                     # was removed by retention: the tick has had its job, or its chance.
                     log.warning("schedule %r tick %s made no job: %s", name, data["tick"], outcome)
                     continue
-                made.append(Made(tick, outcome.job["id"], outcome.created))
+                made.append(Made(tick, outcome.id, outcome.created))
             last = made[-1] if made else None
             await conn.execute(
                 ADVANCE,

@@ -111,8 +111,15 @@ def needs_transaction(submissions: Sequence[JobSubmission]) -> bool:
 
 @dataclass(frozen=True)
 class Submitted:
-    job: JobDict
+    id: UUID
     created: bool
+    whole: JobDict | None  # the job, when it was asked for
+
+    @property
+    def job(self) -> JobDict:
+        if self.whole is None:
+            raise ValueError("the submission was stored without asking for its job")
+        return self.whole
 
 
 async def store(
@@ -122,11 +129,12 @@ async def store(
     *,
     committed: bool,
     name_repeats: bool = False,
+    with_jobs: bool = True,
 ) -> tuple[list[Submitted | EvoraError], list[asyncpg.Record]]:
     """Store the submissions in one statement; the outcome of each (created, replayed
     or an idempotency error) and the statement's rows. With `name_repeats` (one batch
     request) a key repeated with other fields, and every invalid dependency, is reported by
-    item index."""
+    item index. Without `with_jobs` the outcomes carry the jobs' ids only."""
     ids = uuid7s(len(submissions))
     edges = dependency_edges(submissions, ids, batch=name_repeats)
     rows = await change(
@@ -152,6 +160,7 @@ async def store(
         edges.ids,
         [s.on_dependency_failure for s in submissions],
         committed=committed,
+        with_jobs=with_jobs,
     )
     by_position = {row["ord"]: row for row in rows}
     return [
@@ -177,7 +186,8 @@ def _outcome(
 ) -> Submitted | EvoraError:
     match row["outcome"]:
         case "created" | "replayed":
-            return Submitted(job_from_row(row["job"]), created=row["outcome"] == "created")
+            whole = None if row["job"] is None else job_from_row(row["job"])
+            return Submitted(row["id"], row["outcome"] == "created", whole)
         case "repeat_conflict" if name_repeats:
             return IdempotencyConflict(
                 f"jobs[{index}] reuses the idempotency key of jobs[{row['first_ord'] - 1}] "

@@ -32,7 +32,7 @@ async def keep(
     for row in rows:
         traceparent = traceparents[row["ord"] - 1]
         if row["outcome"] == "created" and traceparent is not None:
-            ids.append(row["job"]["id"])
+            ids.append(row["id"])
             values.append(traceparent)
     if ids:
         await conn.execute(KEEP_TRACES, ids, values)

@@ -8,9 +8,12 @@
 -- initial, $11 backoff max, $12 backoff multiplier, $13 expires_at, $14 idempotency keys,
 -- $15 group keys, $16 fingerprints as computed before migration 0011 (see
 -- submissions.py), $17 dependency edges: item positions (from 1), $18 the jobs they wait
--- for, $19 on_dependency_failure by item, $20 suppressed queues (see notify.py). One row per
--- item (`ord` its position, from 1), the created ones first.
-SELECT ord, outcome, first_ord, job, notified, owed
+-- for, $19 on_dependency_failure by item, $20 suppressed queues (see notify.py), $21 whether
+-- to return the jobs. One row per item (`ord` its position, from 1), the created ones first,
+-- with its job's `id`; without $21 the whole job is left out (a producer that asked for ids
+-- only spares decoding and encoding it).
+SELECT ord, outcome, first_ord, (job).id AS id, CASE WHEN $21::bool THEN job END AS job,
+       notified, owed
 FROM evora.store_submissions($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int2[],
                              $6::timestamptz[], $7::float8[], $8::int4[], $9::int4[],
                              $10::float8[], $11::float8[], $12::float8[], $13::timestamptz[],
