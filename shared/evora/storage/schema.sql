@@ -19,7 +19,17 @@ CREATE TYPE evora.submission AS (
 	backoff_multiplier double precision,
 	expires_at timestamp with time zone,
 	idempotency_key text,
-	group_key text
+	group_key text,
+	limit_keys text[]
+);
+
+CREATE TYPE public.evora_claim_candidate AS (
+	id uuid,
+	priority smallint,
+	run_at timestamp with time zone,
+	submit_seq bigint,
+	keys text[],
+	lane text
 );
 
 CREATE TYPE public.job_state AS ENUM (
@@ -56,7 +66,7 @@ CREATE TYPE public.job_image AS (
 	finished_at timestamp with time zone
 );
 
-CREATE FUNCTION evora.fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text) RETURNS bytea
+CREATE FUNCTION evora.fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text, limit_keys text[]) RETURNS bytea
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     SELECT sha256(
@@ -70,7 +80,45 @@ CREATE FUNCTION evora.fingerprint(queue text, type text, payload jsonb, priority
         || coalesce('\x01'::bytea || timestamptz_send(expires_at), '\x00')
         || float8send(backoff_initial) || float8send(backoff_max)
         || float8send(backoff_multiplier)
-        || convert_to(payload::text, 'UTF8'))
+        || convert_to(payload::text, 'UTF8')
+        || CASE WHEN cardinality(limit_keys) = 0 THEN ''::bytea ELSE '\x02'::bytea || (
+               SELECT string_agg(int4send(length(convert_to(k, 'UTF8'))) || convert_to(k, 'UTF8'),
+                                 ''::bytea ORDER BY n)
+               FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END)
+$$;
+
+CREATE FUNCTION evora.limit_key_lists(ords integer[], names text[]) RETURNS TABLE(ord integer, names text[])
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT u.ord, array_agg(u.name ORDER BY u.n)
+    FROM unnest(ords, names) WITH ORDINALITY AS u(ord, name, n)
+    GROUP BY u.ord
+$$;
+
+CREATE FUNCTION evora.limit_keys_field(value jsonb, field text) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+    keys text[] := '{}';
+    element jsonb;
+    place integer := 0;
+BEGIN
+    IF jsonb_typeof(value) <> 'array'
+            OR jsonb_array_length(value) > (lim ->> 'max_limit_keys')::integer THEN
+        PERFORM evora.reject(field, format('must be a JSON array of at most %s keys',
+                                           lim ->> 'max_limit_keys'));
+    END IF;
+    FOR element IN SELECT * FROM jsonb_array_elements(value) LOOP
+        keys := keys || evora.text_field(element, format('%s[%s]', field, place),
+                                         lim ->> 'limit_key_pattern', NULL, false);
+        IF keys[cardinality(keys)] = ANY(keys[1:cardinality(keys) - 1]) THEN
+            PERFORM evora.reject(format('%s[%s]', field, place), 'repeats an earlier key');
+        END IF;
+        place := place + 1;
+    END LOOP;
+    RETURN keys;
+END
 $$;
 
 CREATE FUNCTION evora.limits() RETURNS jsonb
@@ -80,6 +128,8 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
         "queue_pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$",
         "type_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
         "key_max_length": 255,
+        "limit_key_pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$",
+        "max_limit_keys": 8,
         "max_payload_bytes": 1048576,
         "max_seconds": 315360000,
         "max_batch": 1000,
@@ -188,7 +238,15 @@ BEGIN
             ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
-            '{}', '{}')
+            '{}', '{}',
+            limit_key_ords => ARRAY(
+                SELECT i FROM generate_series(1, cardinality(subs)) AS i,
+                              unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
+                ORDER BY i, k.place),
+            limit_key_names => ARRAY(
+                SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
+                                   unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
+                ORDER BY i, k.place))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -248,6 +306,8 @@ CREATE TABLE public.jobs (
     dependencies_left integer DEFAULT 0 NOT NULL,
     has_dependents boolean DEFAULT false NOT NULL,
     depends_on uuid[],
+    limit_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    limited boolean DEFAULT false NOT NULL,
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -264,7 +324,7 @@ CREATE TABLE public.jobs (
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
 ALTER TABLE ONLY public.jobs ALTER COLUMN state SET STATISTICS 0;
 
-CREATE FUNCTION evora.submit_rows(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[] DEFAULT '{}'::integer[], dependency_ids uuid[] DEFAULT '{}'::uuid[], on_failures text[] DEFAULT NULL::text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.submit_rows(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[] DEFAULT '{}'::integer[], dependency_ids uuid[] DEFAULT '{}'::uuid[], on_failures text[] DEFAULT NULL::text[], limit_key_ords integer[] DEFAULT '{}'::integer[], limit_key_names text[] DEFAULT '{}'::text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -280,13 +340,14 @@ BEGIN
             SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
                        x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
                        x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
-                       x.expires_at, x.group_key) END
+                       x.expires_at, x.group_key, coalesce(l.names, '{}')) END
             FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
                         backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
                         idempotency_keys, group_keys)
                 WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
                                      lease_seconds, backoff_initial, backoff_max,
                                      backoff_multiplier, expires_at, key, group_key, ord)
+            LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) l ON l.ord = x.ord
             ORDER BY x.ord);
     END IF;
     IF cardinality(dependency_ids) > 0 THEN
@@ -337,7 +398,8 @@ BEGIN
     ),
     input AS (
         SELECT x.*, fingerprints[x.ord] AS fingerprint,
-               coalesce(lefts[x.ord], 0) AS waiting_on, l.deps
+               coalesce(lefts[x.ord], 0) AS waiting_on, l.deps,
+               coalesce(lk.names, '{}') AS limit_keys
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers,
                     expires_ats, idempotency_keys, group_keys)
@@ -345,6 +407,7 @@ BEGIN
                                  max_attempts, lease_seconds, backoff_initial, backoff_max,
                                  backoff_multiplier, expires_at, key, group_key, ord)
         LEFT JOIN lists l ON l.ord = x.ord
+        LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
         WHERE refusals[x.ord] IS NULL
     ),
     keyed AS (
@@ -360,14 +423,14 @@ BEGIN
         INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
-                               on_dependency_failure, has_dependents, depends_on)
+                               on_dependency_failure, has_dependents, depends_on, limit_keys)
         SELECT i.id, i.queue, i.type, i.payload, i.priority,
                coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
                i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
                i.backoff_multiplier, i.expires_at, i.key, i.group_key,
                CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
                i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(dependency_ids),
-               i.deps
+               i.deps, i.limit_keys
         FROM input i
         WHERE i.key IS NULL OR i.id IN (SELECT k.job_id FROM keyed k)
         ORDER BY i.ord
@@ -509,6 +572,7 @@ BEGIN
     s.priority := (lim -> 'priority' ->> 'default')::smallint;
     s.max_attempts := (lim -> 'max_attempts' ->> 'default')::integer;
     s.lease_seconds := (lim -> 'lease_seconds' ->> 'default')::integer;
+    s.limit_keys := '{}';
     FOR field, value IN SELECT * FROM jsonb_each(item) LOOP
         CASE field
         WHEN 'queue', 'type' THEN
@@ -546,6 +610,8 @@ BEGIN
         WHEN 'group_key' THEN
             s.group_key := evora.text_field(value, at || field, NULL,
                                             (lim ->> 'key_max_length')::integer, true);
+        WHEN 'limit_keys' THEN
+            s.limit_keys := evora.limit_keys_field(value, at || field);
         ELSE
             PERFORM evora.reject(at || field, 'is not a submission field');
         END CASE;
@@ -594,6 +660,153 @@ CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_secon
         max_seconds,
         exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
             * (0.8 + 0.4 * random()))
+$$;
+
+CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer) RETURNS TABLE(id uuid, limited boolean)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    at CONSTANT timestamptz := evora_now();
+    taken uuid[] := '{}';
+    taken_limited boolean[] := '{}';
+    held text[] := '{}';
+    seen uuid[] := '{}';
+    blocked text[] := '{}';
+    cands evora_claim_candidate[];
+    window_size integer;
+    need integer;
+    lim_keys text[];
+    lim_conc integer[];
+    lim_rate integer[];
+    lim_per float8[];
+    locked text[];
+    cap_keys text[];
+    cap_vals bigint[];
+    new_ids uuid[];
+    new_flags boolean[];
+    new_held text[];
+BEGIN
+    FOR round IN 1..4 LOOP
+        need := wanted - cardinality(taken);
+        EXIT WHEN need <= 0;
+        window_size := 4 * need + 16;
+        cands := ARRAY(
+            SELECT ROW(c.id, c.priority, c.run_at, c.submit_seq,
+                       ARRAY(SELECT DISTINCT x
+                             FROM unnest(('queue:' || q.queue) || c.limit_keys) AS x),
+                       coalesce(c.limit_keys[1], ''))::evora_claim_candidate
+            FROM unnest(queues) AS q(queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
+                FROM jobs j
+                WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= at
+                  AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
+                  AND (types IS NULL OR j.type = ANY(types))
+                  AND (j.group_key IS NULL OR (
+                        NOT EXISTS (
+                            SELECT 1 FROM jobs r
+                            WHERE r.state = 'RUNNING' AND r.queue = j.queue
+                              AND r.group_key = j.group_key)
+                        AND NOT EXISTS (
+                            SELECT 1 FROM jobs e
+                            WHERE e.state = 'PENDING' AND e.queue = j.queue
+                              AND e.group_key = j.group_key
+                              AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq))))
+                  AND j.id <> ALL(seen)
+                  AND NOT (j.limit_keys && blocked)
+                ORDER BY j.priority, j.run_at, j.submit_seq
+                LIMIT window_size
+            ) AS c
+            WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
+              AND ('queue:' || q.queue) <> ALL(blocked));
+        EXIT WHEN cardinality(cands) = 0;
+        seen := seen || ARRAY(SELECT c.id FROM unnest(cands) AS c);
+
+        SELECT coalesce(array_agg(g.key ORDER BY g.key), '{}'),
+               array_agg(g.concurrency ORDER BY g.key), array_agg(g.rate_limit ORDER BY g.key),
+               array_agg(g.rate_per_seconds ORDER BY g.key)
+        INTO lim_keys, lim_conc, lim_rate, lim_per
+        FROM evora_governing_limits(
+            ARRAY(SELECT DISTINCT k FROM unnest(cands) AS c, unnest(c.keys) AS k)) AS g;
+
+        cap_keys := '{}';
+        cap_vals := '{}';
+        IF cardinality(lim_keys) > 0 THEN
+            INSERT INTO flow_buckets (key, tokens, refilled_at)
+            SELECT u.k, coalesce(u.r, 0), at
+            FROM unnest(lim_keys, lim_rate) AS u(k, r)
+            ORDER BY u.k
+            ON CONFLICT (key) DO NOTHING;
+            locked := ARRAY(SELECT b.key FROM flow_buckets b WHERE b.key = ANY(lim_keys)
+                            ORDER BY b.key FOR UPDATE SKIP LOCKED);
+            blocked := blocked || ARRAY(SELECT k FROM unnest(lim_keys) AS k WHERE k <> ALL(locked));
+            SELECT coalesce(array_agg(g.k), '{}'), coalesce(array_agg(g.cap), '{}')
+            INTO cap_keys, cap_vals
+            FROM (
+                SELECT u.k, least(
+                    u.conc - evora_running_holding(u.k)
+                        - (SELECT count(*) FROM unnest(held) AS h WHERE h = u.k),
+                    floor(evora_tokens(b, u.rate, u.per, at))::bigint) AS cap
+                FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(k, conc, rate, per)
+                JOIN flow_buckets b ON b.key = u.k
+                WHERE u.k = ANY(locked)
+            ) AS g;
+        END IF;
+
+        WITH c AS (SELECT * FROM unnest(cands)),
+        caps AS (SELECT * FROM unnest(cap_keys, cap_vals) AS x(key, cap)),
+        ranked AS (
+            SELECT c.id, k.key,
+                   row_number() OVER (PARTITION BY k.key
+                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS place
+            FROM c CROSS JOIN LATERAL unnest(c.keys) AS k(key)
+            WHERE k.key = ANY(cap_keys)
+        ),
+        admitted AS (
+            SELECT c.id, c.priority, c.run_at, c.submit_seq,
+                   c.keys && lim_keys AS is_limited,
+                   row_number() OVER (PARTITION BY c.lane
+                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
+            FROM c
+            WHERE NOT (c.keys && blocked)
+              AND NOT EXISTS (
+                  SELECT 1 FROM ranked r JOIN caps x ON x.key = r.key
+                  WHERE r.id = c.id AND x.cap IS NOT NULL AND r.place > x.cap)
+        ),
+        chosen AS (
+            SELECT a.id, a.is_limited FROM admitted a
+            ORDER BY a.priority, a.turn, a.run_at, a.submit_seq
+            LIMIT need
+        ),
+        got AS (
+            SELECT j.id FROM jobs j
+            WHERE j.id IN (SELECT ch.id FROM chosen ch) AND j.state = 'PENDING'
+            FOR UPDATE OF j SKIP LOCKED
+        )
+        SELECT coalesce(array_agg(ch.id), '{}'), coalesce(array_agg(ch.is_limited), '{}')
+        INTO new_ids, new_flags
+        FROM chosen ch JOIN got g ON g.id = ch.id;
+
+        new_held := ARRAY(SELECT k FROM unnest(cands) AS c, unnest(c.keys) AS k
+                          WHERE c.id = ANY(new_ids) AND k = ANY(cap_keys));
+        taken := taken || new_ids;
+        taken_limited := taken_limited || new_flags;
+        held := held || new_held;
+
+        UPDATE flow_buckets b
+        SET tokens = evora_tokens(b, u.rate, u.per, at) - n.used, refilled_at = at
+        FROM unnest(lim_keys, lim_rate, lim_per) AS u(k, rate, per)
+        JOIN (SELECT h AS k, count(*) AS used FROM unnest(new_held) AS h GROUP BY h) AS n
+            ON n.k = u.k
+        WHERE b.key = u.k AND u.rate IS NOT NULL;
+        blocked := blocked || ARRAY(
+            SELECT x.key FROM unnest(cap_keys, cap_vals) AS x(key, cap)
+            WHERE x.cap - (SELECT count(*) FROM unnest(new_held) AS h WHERE h = x.key) <= 0);
+
+        EXIT WHEN cardinality(cands) < window_size;
+    END LOOP;
+    RETURN QUERY SELECT * FROM unnest(taken, taken_limited);
+END
 $$;
 
 CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, dependency_state public.job_state) RETURNS public.job_state
@@ -645,6 +858,21 @@ BEGIN
     PERFORM set_config('evora.drop_archived_events', 'off', true);
     RETURN removed;
 END
+$$;
+
+CREATE FUNCTION public.evora_governing_limits(keys text[]) RETURNS TABLE(key text, concurrency integer, rate_limit integer, rate_per_seconds double precision)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT DISTINCT ON (k.key) k.key, l.concurrency, l.rate_limit, l.rate_per_seconds
+    FROM unnest(keys) AS k(key)
+    CROSS JOIN LATERAL (
+        SELECT e.concurrency, e.rate_limit, e.rate_per_seconds, -1 AS rank
+        FROM flow_limits e WHERE e.key = k.key
+        UNION ALL
+        SELECT p.concurrency, p.rate_limit, p.rate_per_seconds, length(p.stem)
+        FROM flow_limits p WHERE p.stem IS NOT NULL AND starts_with(k.key, p.stem)
+    ) AS l
+    ORDER BY k.key, l.rank = -1 DESC, l.rank DESC
 $$;
 
 CREATE FUNCTION public.evora_hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state public.job_state)
@@ -724,6 +952,16 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.evora_running_holding(k text) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT count(*) FROM jobs r
+            WHERE starts_with(k, 'queue:') AND r.state = 'RUNNING' AND r.queue = substr(k, 7))
+         + (SELECT count(*) FROM jobs r
+            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys @> ARRAY[k]
+              AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
+$$;
+
 CREATE FUNCTION public.evora_settle_dependents() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -779,6 +1017,19 @@ BEGIN
 END
 $$;
 
+CREATE TABLE public.flow_buckets (
+    key text NOT NULL,
+    tokens double precision NOT NULL,
+    refilled_at timestamp with time zone NOT NULL
+);
+
+CREATE FUNCTION public.evora_tokens(b public.flow_buckets, rate_limit integer, rate_per_seconds double precision, at timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
+                                                * rate_limit / rate_per_seconds)
+$$;
+
 CREATE TABLE public.event_archive_runs (
     run_id text NOT NULL,
     from_seq bigint NOT NULL,
@@ -808,6 +1059,24 @@ CREATE TABLE public.evora_migrations (
     name text NOT NULL,
     checksum text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.flow_limits (
+    key text NOT NULL,
+    concurrency integer,
+    rate_limit integer,
+    rate_per_seconds double precision,
+    stem text GENERATED ALWAYS AS (
+CASE
+    WHEN ("right"(key, 1) = '*'::text) THEN "left"(key, '-1'::integer)
+    ELSE NULL::text
+END) STORED,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT flow_limits_concurrency CHECK ((concurrency >= 1)),
+    CONSTRAINT flow_limits_rate_limit CHECK ((rate_limit >= 1)),
+    CONSTRAINT flow_limits_rate_per_seconds CHECK ((rate_per_seconds > (0)::double precision)),
+    CONSTRAINT flow_limits_rate_whole CHECK (((rate_limit IS NULL) = (rate_per_seconds IS NULL)))
 );
 
 CREATE TABLE public.idempotency_keys (
@@ -912,6 +1181,12 @@ ALTER TABLE ONLY public.event_archive_watermark
 ALTER TABLE ONLY public.evora_migrations
     ADD CONSTRAINT evora_migrations_pkey PRIMARY KEY (version);
 
+ALTER TABLE ONLY public.flow_buckets
+    ADD CONSTRAINT flow_buckets_pkey PRIMARY KEY (key);
+
+ALTER TABLE ONLY public.flow_limits
+    ADD CONSTRAINT flow_limits_pkey PRIMARY KEY (key);
+
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue, key);
 
@@ -942,6 +1217,8 @@ ALTER TABLE ONLY public.projector_progress
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
+CREATE INDEX flow_limits_prefixes ON public.flow_limits USING btree (stem) WHERE (stem IS NOT NULL);
+
 CREATE INDEX idempotency_keys_age ON public.idempotency_keys USING btree (created_at);
 
 CREATE INDEX job_dependencies_dependents ON public.job_dependencies USING btree (depends_on, job_id);
@@ -961,6 +1238,8 @@ CREATE INDEX jobs_listing ON public.jobs USING btree (queue, state, submit_seq);
 CREATE INDEX jobs_pending_ttl ON public.jobs USING btree (expires_at) WHERE ((state = 'PENDING'::public.job_state) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
 
 CREATE INDEX jobs_running_lease ON public.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::public.job_state);
+
+CREATE INDEX jobs_running_limit_keys ON public.jobs USING gin (limit_keys) WHERE ((state = 'RUNNING'::public.job_state) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::public.job_state);
 

@@ -8,11 +8,12 @@
 -- initial, $11 backoff max, $12 backoff multiplier, $13 expires_at, $14 idempotency keys,
 -- $15 group keys, $16 fingerprints as computed before migration 0011 (see
 -- submissions.py), $17 dependency edges: item positions (from 1), $18 the jobs they wait
--- for, $19 on_dependency_failure by item, $20 suppressed queues (see notify.py). One row per
--- item (`ord` its position, from 1), the created ones first.
+-- for, $19 on_dependency_failure by item, $20 limit keys: item positions (from 1), $21 the
+-- keys, $22 suppressed queues (see notify.py). One row per item (`ord` its position, from
+-- 1), the created ones first.
 SELECT ord, outcome, first_ord, job, notified, owed
 FROM evora.submit_rows($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int2[],
                        $6::timestamptz[], $7::float8[], $8::int4[], $9::int4[], $10::float8[],
                        $11::float8[], $12::float8[], $13::timestamptz[], $14::text[],
-                       $15::text[], $16::bytea[], $20::text[], $17::int4[], $18::uuid[],
-                       $19::text[]);
+                       $15::text[], $16::bytea[], $22::text[], $17::int4[], $18::uuid[],
+                       $19::text[], $20::int4[], $21::text[]);
