@@ -118,7 +118,7 @@ async def test_limits_are_for_admins(client: ApiClient) -> None:
 @pytest.mark.parametrize(
     ("keys", "where"),
     [
-        (["a"] * 2, []),
+        (["a"] * 2, ["limit_keys"]),
         ([f"k{n}" for n in range(9)], ["limit_keys"]),
         (["bad key"], ["limit_keys", 0]),
         (["x" * 256], ["limit_keys", 0]),

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evora.protocol.fields import Key, Payload, QueueName, Timestamp, TypeName, WireModel
 from evora.protocol.limits import (
@@ -116,11 +116,12 @@ class JobSubmission(WireModel):
             raise ValueError("depends_on names a job more than once")
         return self
 
-    @model_validator(mode="after")
-    def _limit_keys_once(self) -> JobSubmission:
-        if len(set(self.limit_keys)) != len(self.limit_keys):
-            raise ValueError("limit_keys names a key more than once")
-        return self
+    @field_validator("limit_keys")
+    @classmethod
+    def _limit_keys_once(cls, keys: list[str]) -> list[str]:
+        if len(set(keys)) != len(keys):
+            raise ValueError("names a key more than once")
+        return keys
 
 
 class BatchSubmission(WireModel):

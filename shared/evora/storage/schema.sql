@@ -110,10 +110,11 @@ BEGIN
                                            lim ->> 'max_limit_keys'));
     END IF;
     FOR element IN SELECT * FROM jsonb_array_elements(value) LOOP
-        keys := keys || evora.text_field(element, format('%s[%s]', field, place),
+        keys := keys || evora.text_field(element, format('%s.%s', field, place),
                                          lim ->> 'limit_key_pattern', NULL, false);
         IF keys[cardinality(keys)] = ANY(keys[1:cardinality(keys) - 1]) THEN
-            PERFORM evora.reject(format('%s[%s]', field, place), 'repeats an earlier key');
+            PERFORM evora.reject(field, format('names the key %L more than once',
+                                               keys[cardinality(keys)]));
         END IF;
         place := place + 1;
     END LOOP;
