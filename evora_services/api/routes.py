@@ -199,7 +199,8 @@ async def job_dependents(request: web.Request) -> web.Response:
     "/v1/jobs/{id}/cancel",
     roles=PRODUCER,
     summary=(
-        "Cancel a job. PENDING: cancelled now, 200. RUNNING: `cancel_requested` is set and "
+        "Cancel a job. PENDING or WAITING: cancelled now, 200 (the jobs waiting on it follow "
+        "their on_dependency_failure). RUNNING: `cancel_requested` is set and "
         "the worker stops it, 202. DLQ (an admin retries or discards it), COMPLETED or "
         "CANCELLED: 409 invalid_state."
     ),

@@ -71,3 +71,50 @@ async def test_depends_on_is_validated_like_every_field(client: ApiClient) -> No
     ):
         response = await client.post("/v1/jobs", json=job(**bad), headers=PRODUCER)
         await problem(response, 422, "validation_error")
+
+
+async def test_cancelling_a_waiting_job_cancels_its_waiting_dependents_that_would_cancel(
+    client: ApiClient,
+) -> None:
+    """a <- b <- {c (cancel), d (run)} and c <- e: cancelling b (WAITING) cancels it and,
+    transitively, c and e; d runs anyway once its dependencies are final."""
+    response = await client.post(
+        "/v1/jobs/batch",
+        json={
+            "jobs": [
+                job(ref="a"),
+                job(ref="b", depends_on=["ref:a"]),
+                job(ref="c", depends_on=["ref:b"]),
+                job(ref="d", depends_on=["ref:b"], on_dependency_failure="run"),
+                job(depends_on=["ref:c"]),
+            ]
+        },
+        headers=PRODUCER,
+    )
+    assert response.status == 200, await response.text()
+    a, b, c, d, e = (item["job"]["id"] for item in (await response.json())["jobs"])
+
+    cancelled = await client.post(f"/v1/jobs/{b}/cancel", headers=PRODUCER)
+    assert cancelled.status == 200, await cancelled.text()
+    assert (await cancelled.json())["state"] == "CANCELLED"
+
+    async def state(job_id: str) -> str:
+        got = await client.get(f"/v1/jobs/{job_id}", headers=PRODUCER)
+        return str((await got.json())["state"])
+
+    assert [await state(j) for j in (a, b, c, d, e)] == [
+        "PENDING",
+        "CANCELLED",
+        "CANCELLED",
+        "PENDING",
+        "CANCELLED",
+    ]
+    events = await client.get(f"/v1/jobs/{e}/events", headers=PRODUCER)
+    last = (await events.json())["events"][-1]
+    assert (last["event"], last["data"]) == (
+        "cancelled",
+        {"reason": "dependency_cancelled", "dependency": c},
+    )
+    # a CANCELLED job stays refused
+    again = await client.post(f"/v1/jobs/{b}/cancel", headers=PRODUCER)
+    await problem(again, 409, "invalid_state")

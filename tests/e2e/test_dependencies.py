@@ -4,15 +4,24 @@ concurrent `Worker`s run them, and the database alone decides when a waiting job
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import textwrap
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
+from uuid import UUID
 
 from evora import Handlers, Job, Submission
 from evora.storage.jobs import JobStore
-from tests.e2e.conftest import WORKER_TOKEN, Children, Stack, child_env, evora_command
+from tests.e2e.conftest import (
+    WORKER_TOKEN,
+    Children,
+    Stack,
+    child_env,
+    evora_command,
+    scrape,
+)
 
 
 def _at(event: dict[str, object]) -> datetime:
@@ -221,3 +230,57 @@ async def test_kill_9_of_a_worker_mid_run_changes_nothing_for_the_diamond(
     started = _at(next(e for e in events[d] if e["event"] == "claimed"))
     for branch in (b, c):
         assert _at(next(e for e in events[branch] if e["event"] == "completed")) <= started
+
+
+async def test_workers_completing_parents_of_shared_children_never_deadlock(
+    stack: Stack,
+) -> None:
+    """Several workers ack in batches, the dispatcher completes each batch in one statement
+    on its own connection: racing batches end different parents of the same children. No
+    transaction deadlocks (it would roll back an ack, answered 500, which the worker would
+    retry), and every child runs once, after the last of its parents completed."""
+    queue = "e2e-shared-children"
+    rng = random.Random(16)
+    handlers = Handlers()
+    runs: Counter[str] = Counter()
+
+    @handlers.job("parent")
+    async def parent(job: Job) -> None:
+        runs[job.id] += 1
+
+    @handlers.job("child")
+    async def child(job: Job) -> None:
+        runs[job.id] += 1
+
+    parents = [
+        r.id for r in await stack.client.submit_batch([{"queue": queue, "type": "parent"}] * 96)
+    ]
+    children = await stack.client.submit_batch(
+        [
+            {"queue": queue, "type": "child", "depends_on": rng.sample(parents, 16)}
+            for _ in range(64)
+        ]
+    )
+    for _ in range(4):
+        stack.start(stack.worker(handlers, [queue], concurrency=8, ack_batch_size=6))
+    await stack.wait_for_states(queue, {"COMPLETED": 160}, within=60)
+
+    answered = await scrape(stack.http, stack.dispatcher_url)
+    failed = {
+        sample: n
+        for sample, n in answered.items()
+        if sample[0] == "evora_http_requests_total" and n and "status=500" in sample
+    }
+    assert failed == {}
+    assert set(runs.values()) == {1} and len(runs) == 160
+    completed = {
+        UUID(str(r["job_id"])): r["at"]
+        for r in await stack.pool.fetch(
+            "SELECT job_id, at FROM job_events WHERE queue = $1 AND event = 'completed'", queue
+        )
+    }
+    for item in children:
+        events = await stack.client.events(item.id)
+        assert [e["event"] for e in events][:3] == ["submitted", "dependencies_met", "claimed"]
+        claimed = _at(events[2])
+        assert all(completed[UUID(p)] <= claimed for p in item.job["depends_on"])

@@ -4,6 +4,7 @@ decided by the database in the transaction that finishes a dependency, whoever f
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -13,9 +14,11 @@ import pytest
 from evora.domain.errors import InvalidDependency
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
-from evora.storage.jobs import Failure, JobStore
+from evora.storage.db import create_pool
+from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import RetentionStore
 from tests.conftest import Clock
+from tests.polling import until
 
 Q = "deps"
 
@@ -231,3 +234,62 @@ async def test_retention_keeps_a_dlq_job_others_wait_for(
     assert await _state(store, waiting) is JobState.CANCELLED
     await clock.advance(30 * 86400)
     assert await retention.prune_finished(JobState.CANCELLED, 86400, 100) == 2
+
+
+_DEADLOCKS = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+
+
+async def _deadlocks_counted(pool: asyncpg.Pool, application_name: str) -> int:
+    """The database's deadlock count once the connections of `application_name` are gone: a
+    backend reports its counts as it exits (or when idle, later)."""
+    await until(lambda: _gone(pool, application_name), within=30, what=f"{application_name} gone")
+    return int(await pool.fetchval(_DEADLOCKS))
+
+
+async def _gone(pool: asyncpg.Pool, application_name: str) -> bool:
+    return not await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", application_name
+    )
+
+
+async def test_batches_completing_parents_of_shared_children_never_deadlock(
+    store: JobStore, pool: asyncpg.Pool, db_url: str
+) -> None:
+    """Acks arrive in batches, each completed by one statement: racing batches end
+    different parents of the same children, in any order. The children are settled in one
+    order whatever the batch, so the batches queue on each other instead of deadlocking, and
+    every child is released once, after its last parent."""
+    rng = random.Random(16)
+    parents = [i.job["id"] for i in await store.submit_batch([_sub() for _ in range(64)])]
+    children = [
+        i.job["id"]
+        for i in await store.submit_batch(
+            [_sub(depends_on=rng.sample(parents, 12)) for _ in range(48)]
+        )
+    ]
+    claimed = await store.claim(worker_id="w", queues=[Q], max_jobs=500)
+    assert len(claimed) == len(parents)
+    rng.shuffle(claimed)
+    before = int(await pool.fetchval(_DEADLOCKS))
+
+    acks = await create_pool(db_url, application_name="racing-acks", min_size=8, max_size=8)
+    try:
+        racing = JobStore(acks)
+        outcomes = await asyncio.gather(
+            *(
+                racing.complete_many([Completion(j["id"], j["lease_token"]) for j in batch])
+                for batch in (claimed[n : n + 4] for n in range(0, len(claimed), 4))
+            ),
+            return_exceptions=True,
+        )
+        await racing.close()
+    finally:
+        await acks.close()
+
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
+    assert await _deadlocks_counted(pool, "racing-acks") == before
+    for child in children:
+        assert await _events(pool, child) == [
+            ("submitted", None, "WAITING"),
+            ("dependencies_met", "WAITING", "PENDING"),
+        ]

@@ -1,5 +1,6 @@
 """Migration 0011 can run again over itself, on a database that has it and in a second
-database of the same server (where the role already exists), changing nothing."""
+database of the same server (where the role already exists), changing nothing; and over a
+newer database without leaving two versions of a function side by side."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import asyncpg
 import pytest
 
 from evora.storage.migrate import apply_migrations
+from tests.conftest import MakeDatabase
 from tests.sql.conftest import MakeRole
 
-# The last version before a later migration (0013) replaced evora.submit_rows(): running
-# 0011 again over a newer database puts its own version back, as any older migration would.
-_SUBMIT_ROWS_OF_0011_UNTIL = 12
+# The last version before a later migration (0013) replaced functions of 0011: running 0011
+# again over a newer database puts its own versions back, as any older migration would.
+_FUNCTIONS_OF_0011_UNTIL = 12
 
 
 @pytest.fixture
@@ -27,7 +29,7 @@ async def db_url(pg_server_url: str) -> AsyncIterator[str]:
     try:
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
         url = urlunsplit(urlsplit(pg_server_url)._replace(path=f"/{name}"))
-        await apply_migrations(url, upto=_SUBMIT_ROWS_OF_0011_UNTIL)
+        await apply_migrations(url, upto=_FUNCTIONS_OF_0011_UNTIL)
         yield url
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
@@ -59,6 +61,26 @@ async def test_applying_it_again_changes_nothing(
     # and what it granted still works
     conn = await asyncpg.connect(await make_role("evora_producer"))
     try:
+        assert await conn.fetchval("SELECT evora.submit('q', 't')") is not None
+    finally:
+        await conn.close()
+
+
+async def test_applying_it_again_over_the_newest_schema_leaves_no_overloads(
+    make_db_url: MakeDatabase,
+) -> None:
+    """A later migration that changes the arguments of a function 0011 defines gives the new
+    version another name: 0011 run again re-creates its own, and a call with its arguments
+    must not then match two functions."""
+    url = await make_db_url()
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(_migration())
+        overloaded = await conn.fetch(
+            "SELECT proname FROM pg_proc WHERE pronamespace = 'evora'::regnamespace "
+            "GROUP BY proname HAVING count(*) > 1"
+        )
+        assert overloaded == []
         assert await conn.fetchval("SELECT evora.submit('q', 't')") is not None
     finally:
         await conn.close()

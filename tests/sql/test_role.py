@@ -19,8 +19,8 @@ FORBIDDEN = [
     " SELECT id, 9, queue, type, 'x', state, 0, now(), NULL FROM jobs",
     "DELETE FROM job_events",
     "SELECT evora_drop_archived_events(0, 0, 1)",
-    "SELECT * FROM evora.submit_rows('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
-    "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
+    "SELECT * FROM evora.store_submissions('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
+    "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
     "SELECT evora.validated('{}', '')",
 ]
 

@@ -159,7 +159,7 @@ export class Client {
     return { jobs: resp.data.jobs, next: resp.data.next };
   }
 
-  /** Cancel a job: a PENDING one is CANCELLED at once; a RUNNING one gets
+  /** Cancel a job: a PENDING or WAITING one is CANCELLED at once; a RUNNING one gets
    * `cancel_requested` and becomes CANCELLED when its worker gives it up. Final states
    * throw `InvalidStateError`. */
   async cancel(jobId: string): Promise<Job> {

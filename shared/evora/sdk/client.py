@@ -216,7 +216,7 @@ class Client:
         return events
 
     async def cancel(self, job_id: str | UUID) -> JobData:
-        """Cancel a job: a PENDING one is CANCELLED at once; a RUNNING one gets
+        """Cancel a job: a PENDING or WAITING one is CANCELLED at once; a RUNNING one gets
         `cancel_requested` and becomes CANCELLED when its worker gives it up. Final states
         raise `InvalidStateError`."""
         return await self._to_cancelled(job_id, f"/v1/jobs/{_segment(job_id)}/cancel")

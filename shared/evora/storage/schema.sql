@@ -66,27 +66,6 @@ CREATE TYPE public.job_image AS (
 	finished_at timestamp with time zone
 );
 
-CREATE FUNCTION evora.fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text, limit_keys text[]) RETURNS bytea
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$
-    SELECT sha256(
-        int4send(length(convert_to(queue, 'UTF8'))) || convert_to(queue, 'UTF8')
-        || int4send(length(convert_to(type, 'UTF8'))) || convert_to(type, 'UTF8')
-        || coalesce('\x01'::bytea || int4send(length(convert_to(group_key, 'UTF8')))
-                    || convert_to(group_key, 'UTF8'), '\x00')
-        || int2send(priority) || int4send(max_attempts) || int4send(lease_seconds)
-        || coalesce('\x01'::bytea || timestamptz_send(run_at), '\x00')
-        || coalesce('\x01'::bytea || float8send(delay_seconds), '\x00')
-        || coalesce('\x01'::bytea || timestamptz_send(expires_at), '\x00')
-        || float8send(backoff_initial) || float8send(backoff_max)
-        || float8send(backoff_multiplier)
-        || convert_to(payload::text, 'UTF8')
-        || CASE WHEN cardinality(limit_keys) = 0 THEN ''::bytea ELSE '\x02'::bytea || (
-               SELECT string_agg(int4send(length(convert_to(k, 'UTF8'))) || convert_to(k, 'UTF8'),
-                                 ''::bytea ORDER BY n)
-               FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END)
-$$;
-
 CREATE FUNCTION evora.limit_key_lists(ords integer[], names text[]) RETURNS TABLE(ord integer, names text[])
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -170,109 +149,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION evora.submit(queue text, type text, payload jsonb DEFAULT '{}'::jsonb, options jsonb DEFAULT '{}'::jsonb) RETURNS uuid
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
-    AS $$
-DECLARE
-    given text;
-BEGIN
-    IF payload IS NULL THEN
-        RAISE EXCEPTION 'payload: must not be SQL NULL (a JSON null is ''null''::jsonb)'
-            USING ERRCODE = 'not_null_violation', COLUMN = 'payload';
-    END IF;
-    IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
-        PERFORM evora.reject('options', 'must be a JSON object');
-    END IF;
-    FOR given IN SELECT jsonb_object_keys(options) LOOP
-        IF given IN ('queue', 'type', 'payload') THEN
-            PERFORM evora.reject('options.' || given, 'is an argument of its own');
-        END IF;
-    END LOOP;
-    RETURN (evora.submit_items(jsonb_build_array(options || jsonb_build_object(
-        'queue', queue, 'type', type, 'payload', payload)), false))[1];
-END
-$$;
-
-CREATE FUNCTION evora.submit_batch(jobs jsonb) RETURNS uuid[]
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
-    AS $$
-DECLARE
-    most CONSTANT integer := (evora.limits() ->> 'max_batch')::integer;
-BEGIN
-    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array'
-            OR jsonb_array_length(jobs) NOT BETWEEN 1 AND most THEN
-        PERFORM evora.reject('jobs', format('must be a JSON array of 1 to %s submissions', most));
-    END IF;
-    RETURN evora.submit_items(jobs, true);
-END
-$$;
-
-CREATE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    subs evora.submission[];
-    r record;
-    at text;
-    ids uuid[] := '{}';
-BEGIN
-    SELECT array_agg(evora.validated(e.item,
-               CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
-    INTO subs
-    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
-    FOR r IN
-        SELECT * FROM evora.submit_rows(
-            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
-            ARRAY(SELECT (s).queue FROM unnest(subs) s),
-            ARRAY(SELECT (s).type FROM unnest(subs) s),
-            ARRAY(SELECT (s).payload FROM unnest(subs) s),
-            ARRAY(SELECT (s).priority FROM unnest(subs) s),
-            ARRAY(SELECT (s).run_at FROM unnest(subs) s),
-            ARRAY(SELECT (s).delay_seconds FROM unnest(subs) s),
-            ARRAY(SELECT (s).max_attempts FROM unnest(subs) s),
-            ARRAY(SELECT (s).lease_seconds FROM unnest(subs) s),
-            ARRAY(SELECT (s).backoff_initial FROM unnest(subs) s),
-            ARRAY(SELECT (s).backoff_max FROM unnest(subs) s),
-            ARRAY(SELECT (s).backoff_multiplier FROM unnest(subs) s),
-            ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
-            ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
-            ARRAY(SELECT (s).group_key FROM unnest(subs) s),
-            '{}', '{}',
-            limit_key_ords => ARRAY(
-                SELECT i FROM generate_series(1, cardinality(subs)) AS i,
-                              unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
-                ORDER BY i, k.place),
-            limit_key_names => ARRAY(
-                SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
-                                   unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
-                ORDER BY i, k.place))
-        ORDER BY ord
-    LOOP
-        at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
-        IF r.outcome IN ('conflict', 'repeat_conflict') THEN
-            RAISE EXCEPTION '%', CASE r.outcome
-                WHEN 'conflict' THEN format(
-                    '%sidempotency_key: %L was already used in queue %L with different fields',
-                    at, (subs[r.ord]).idempotency_key, (subs[r.ord]).queue)
-                ELSE format('%sidempotency_key: reuses the idempotency key of jobs[%s] with '
-                            'different fields', at, r.first_ord - 1) END
-                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
-                      CONSTRAINT = 'evora_idempotency_conflict';
-        ELSIF r.outcome = 'gone' THEN
-            RAISE EXCEPTION '%idempotency_key: % was used in queue % by a job that has since '
-                            'been removed', at, quote_literal((subs[r.ord]).idempotency_key),
-                            quote_literal((subs[r.ord]).queue)
-                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
-                      CONSTRAINT = 'evora_idempotent_job_gone';
-        END IF;
-        ids := ids || (r.job).id;
-    END LOOP;
-    RETURN ids;
-END
-$$;
-
 CREATE TABLE public.jobs (
     id uuid NOT NULL,
     submit_seq bigint NOT NULL,
@@ -325,7 +201,7 @@ CREATE TABLE public.jobs (
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
 ALTER TABLE ONLY public.jobs ALTER COLUMN state SET STATISTICS 0;
 
-CREATE FUNCTION evora.submit_rows(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[] DEFAULT '{}'::integer[], dependency_ids uuid[] DEFAULT '{}'::uuid[], on_failures text[] DEFAULT NULL::text[], limit_key_ords integer[] DEFAULT '{}'::integer[], limit_key_names text[] DEFAULT '{}'::text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -338,7 +214,7 @@ DECLARE
 BEGIN
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := ARRAY(
-            SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
+            SELECT CASE WHEN x.key IS NOT NULL THEN evora.submission_fingerprint(
                        x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
                        x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
                        x.expires_at, x.group_key, coalesce(l.names, '{}')) END
@@ -486,6 +362,128 @@ BEGIN
     LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
     LEFT JOIN jobs s ON s.id = k.job_id
     WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND refusals[x.ord] IS NULL;
+END
+$$;
+
+CREATE FUNCTION evora.submission_fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text, limit_keys text[]) RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT sha256(
+        int4send(length(convert_to(queue, 'UTF8'))) || convert_to(queue, 'UTF8')
+        || int4send(length(convert_to(type, 'UTF8'))) || convert_to(type, 'UTF8')
+        || coalesce('\x01'::bytea || int4send(length(convert_to(group_key, 'UTF8')))
+                    || convert_to(group_key, 'UTF8'), '\x00')
+        || int2send(priority) || int4send(max_attempts) || int4send(lease_seconds)
+        || coalesce('\x01'::bytea || timestamptz_send(run_at), '\x00')
+        || coalesce('\x01'::bytea || float8send(delay_seconds), '\x00')
+        || coalesce('\x01'::bytea || timestamptz_send(expires_at), '\x00')
+        || float8send(backoff_initial) || float8send(backoff_max)
+        || float8send(backoff_multiplier)
+        || convert_to(payload::text, 'UTF8')
+        || CASE WHEN cardinality(limit_keys) = 0 THEN ''::bytea ELSE '\x02'::bytea || (
+               SELECT string_agg(int4send(length(convert_to(k, 'UTF8'))) || convert_to(k, 'UTF8'),
+                                 ''::bytea ORDER BY n)
+               FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END)
+$$;
+
+CREATE FUNCTION evora.submit(queue text, type text, payload jsonb DEFAULT '{}'::jsonb, options jsonb DEFAULT '{}'::jsonb) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    given text;
+BEGIN
+    IF payload IS NULL THEN
+        RAISE EXCEPTION 'payload: must not be SQL NULL (a JSON null is ''null''::jsonb)'
+            USING ERRCODE = 'not_null_violation', COLUMN = 'payload';
+    END IF;
+    IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
+        PERFORM evora.reject('options', 'must be a JSON object');
+    END IF;
+    FOR given IN SELECT jsonb_object_keys(options) LOOP
+        IF given IN ('queue', 'type', 'payload') THEN
+            PERFORM evora.reject('options.' || given, 'is an argument of its own');
+        END IF;
+    END LOOP;
+    RETURN (evora.submit_items(jsonb_build_array(options || jsonb_build_object(
+        'queue', queue, 'type', type, 'payload', payload)), false))[1];
+END
+$$;
+
+CREATE FUNCTION evora.submit_batch(jobs jsonb) RETURNS uuid[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    most CONSTANT integer := (evora.limits() ->> 'max_batch')::integer;
+BEGIN
+    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array'
+            OR jsonb_array_length(jobs) NOT BETWEEN 1 AND most THEN
+        PERFORM evora.reject('jobs', format('must be a JSON array of 1 to %s submissions', most));
+    END IF;
+    RETURN evora.submit_items(jobs, true);
+END
+$$;
+
+CREATE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    subs evora.submission[];
+    r record;
+    at text;
+    ids uuid[] := '{}';
+BEGIN
+    SELECT array_agg(evora.validated(e.item,
+               CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
+    INTO subs
+    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
+    FOR r IN
+        SELECT * FROM evora.store_submissions(
+            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
+            ARRAY(SELECT (s).queue FROM unnest(subs) s),
+            ARRAY(SELECT (s).type FROM unnest(subs) s),
+            ARRAY(SELECT (s).payload FROM unnest(subs) s),
+            ARRAY(SELECT (s).priority FROM unnest(subs) s),
+            ARRAY(SELECT (s).run_at FROM unnest(subs) s),
+            ARRAY(SELECT (s).delay_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).max_attempts FROM unnest(subs) s),
+            ARRAY(SELECT (s).lease_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_initial FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_max FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_multiplier FROM unnest(subs) s),
+            ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
+            ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).group_key FROM unnest(subs) s),
+            '{}', '{}', '{}', '{}', NULL,
+            ARRAY(SELECT i FROM generate_series(1, cardinality(subs)) AS i,
+                                unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
+                  ORDER BY i, k.place),
+            ARRAY(SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
+                                     unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
+                  ORDER BY i, k.place))
+        ORDER BY ord
+    LOOP
+        at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
+        IF r.outcome IN ('conflict', 'repeat_conflict') THEN
+            RAISE EXCEPTION '%', CASE r.outcome
+                WHEN 'conflict' THEN format(
+                    '%sidempotency_key: %L was already used in queue %L with different fields',
+                    at, (subs[r.ord]).idempotency_key, (subs[r.ord]).queue)
+                ELSE format('%sidempotency_key: reuses the idempotency key of jobs[%s] with '
+                            'different fields', at, r.first_ord - 1) END
+                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
+                      CONSTRAINT = 'evora_idempotency_conflict';
+        ELSIF r.outcome = 'gone' THEN
+            RAISE EXCEPTION '%idempotency_key: % was used in queue % by a job that has since '
+                            'been removed', at, quote_literal((subs[r.ord]).idempotency_key),
+                            quote_literal((subs[r.ord]).queue)
+                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
+                      CONSTRAINT = 'evora_idempotent_job_gone';
+        END IF;
+        ids := ids || (r.job).id;
+    END LOOP;
+    RETURN ids;
 END
 $$;
 
@@ -810,13 +808,12 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, dependency_state public.job_state) RETURNS public.job_state
+CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, arrived integer, cancelled boolean) RETURNS public.job_state
     LANGUAGE sql IMMUTABLE
     AS $$
     SELECT CASE
-        WHEN dependency_state = 'CANCELLED' AND j.on_dependency_failure = 'cancel'
-            THEN 'CANCELLED'::job_state
-        WHEN j.dependencies_left <= 1 THEN 'PENDING'::job_state
+        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::job_state
+        WHEN j.dependencies_left <= arrived THEN 'PENDING'::job_state
         ELSE 'WAITING'::job_state
     END
 $$;
@@ -967,35 +964,67 @@ CREATE FUNCTION public.evora_settle_dependents() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    ended_ids uuid[];
+    ended_states job_state[];
     hinted bigint;
 BEGIN
+    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.state ORDER BY n.id)
+    INTO ended_ids, ended_states
+    FROM ended_after n
+    JOIN ended_before o ON o.id = n.id
+    WHERE n.has_dependents AND n.state IN ('COMPLETED', 'CANCELLED')
+      AND o.state IS DISTINCT FROM n.state;
+    IF ended_ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+
     PERFORM 1
     FROM jobs j
-    WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
-      AND j.state = 'WAITING'
+    WHERE j.state = 'WAITING' AND j.id IN (
+        WITH RECURSIVE below(id, cancelling) AS (
+            SELECT d.job_id, e.state = 'CANCELLED'
+            FROM unnest(ended_ids, ended_states) AS e(id, state)
+            JOIN job_dependencies d ON d.depends_on = e.id
+            UNION
+            SELECT d.job_id, true
+            FROM below b
+            JOIN jobs w ON w.id = b.id
+            JOIN job_dependencies d ON d.depends_on = b.id
+            WHERE b.cancelling AND w.state = 'WAITING' AND w.on_dependency_failure = 'cancel'
+        )
+        SELECT b.id FROM below b)
     ORDER BY j.id
     FOR UPDATE OF j;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
-    WITH next AS (
-        SELECT j.id, evora_dependent_next_state(j, NEW.state) AS state
+    WITH arrived AS (
+        SELECT d.job_id AS id, count(*)::integer AS n,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1]
+                   AS cancelled_by
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    ),
+    next AS (
+        SELECT j.id, a.n, a.cancelled_by,
+               evora_dependent_next_state(j, a.n, a.cancelled_by IS NOT NULL) AS state
         FROM jobs j
-        WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
-          AND j.state = 'WAITING'
+        JOIN arrived a ON a.id = j.id
+        WHERE j.state = 'WAITING'
     ),
     settled AS (
         UPDATE jobs j
         SET state = n.state,
             dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
-                                     ELSE j.dependencies_left - 1 END,
+                                     ELSE j.dependencies_left - n.n END,
             version = j.version + (n.state <> 'WAITING')::int,
             updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
             finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
         FROM next n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, evora_job_image(j) AS image
+        RETURNING j.*, n.cancelled_by, evora_job_image(j) AS image
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -1005,7 +1034,7 @@ BEGIN
                'WAITING', state, attempt, NULL, updated_at,
                CASE WHEN state = 'CANCELLED'
                     THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', NEW.id)
+                                            'dependency', cancelled_by)
                     ELSE '{}'::jsonb END,
                image
         FROM settled
@@ -1260,7 +1289,7 @@ CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW 
 
 CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 
-CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON public.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state])) AND (old.state IS DISTINCT FROM new.state))) EXECUTE FUNCTION public.evora_settle_dependents();
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON public.jobs REFERENCING OLD TABLE AS ended_before NEW TABLE AS ended_after FOR EACH STATEMENT EXECUTE FUNCTION public.evora_settle_dependents();
 
 CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 

@@ -1,8 +1,8 @@
--- Evora schema, version 15: jobs that wait for other jobs (docs/dependencies.md).
+-- Evora schema, version 13: jobs that wait for other jobs (docs/dependencies.md).
 --
 -- A job submitted with unfinished dependencies is WAITING. Its readiness is decided by the
--- database in the transaction that finishes a dependency: an AFTER UPDATE trigger on jobs,
--- so whichever statement finishes a job (a worker's complete, a cancel, a discard from the
+-- database in the transaction that finishes a dependency: an AFTER UPDATE statement trigger
+-- on jobs, so whichever statement finishes a job (a worker's complete, a cancel, a discard from the
 -- DLQ, a lease expiry) releases or cancels what waits on it, with no polling loop to miss it.
 --
 -- jobs.dependencies_left counts a WAITING job's dependencies not yet final (COMPLETED or
@@ -14,8 +14,8 @@
 -- jobs.depends_on lists a job's dependencies as submitted, for the job resource; the table
 -- job_dependencies holds the same edges indexed by dependency, for the trigger.
 --
--- jobs.has_dependents is set on a job when a dependent is submitted: it lets the trigger's
--- WHEN clause skip every job nothing waits on in C, without a function call. Setting it is
+-- jobs.has_dependents is set on a job when a dependent is submitted: it lets the trigger
+-- skip at once every job nothing waits on. Setting it is
 -- also the submission's lock on the dependency, so a dependency cannot finish between the
 -- submission counting it unfinished and the submission's edge becoming visible.
 --
@@ -104,57 +104,94 @@ CREATE TABLE job_dependencies (
 -- The dependents of a finishing job (the trigger) and GET /v1/jobs/{id}/dependents.
 CREATE INDEX job_dependencies_dependents ON job_dependencies (depends_on, job_id);
 
--- What a WAITING dependent becomes when one of its dependencies ends in `dependency_state`
--- (COMPLETED or CANCELLED): the one statement of the readiness rule.
-CREATE FUNCTION evora_dependent_next_state(j jobs, dependency_state job_state)
+-- What a WAITING dependent becomes when `arrived` of its dependencies have just ended
+-- (COMPLETED or CANCELLED), one of them CANCELLED if `cancelled`: the one statement of the
+-- readiness rule.
+CREATE FUNCTION evora_dependent_next_state(j jobs, arrived integer, cancelled boolean)
 RETURNS job_state
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
-        WHEN dependency_state = 'CANCELLED' AND j.on_dependency_failure = 'cancel'
-            THEN 'CANCELLED'::job_state
-        WHEN j.dependencies_left <= 1 THEN 'PENDING'::job_state
+        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::job_state
+        WHEN j.dependencies_left <= arrived THEN 'PENDING'::job_state
         ELSE 'WAITING'::job_state
     END
 $$;
 
--- Runs once per job that just became COMPLETED or CANCELLED and has dependents. The waiting
--- dependents are locked in id order first (two transactions finishing dependencies of the
--- same dependents then queue on the same first row instead of deadlocking), then settled by
--- a statement with a fresh snapshot that sees every decrement committed before the locks
--- were granted. A dependent cancelled here is itself a job becoming CANCELLED: this trigger
--- runs again for it, which is what makes the cancellation transitive.
+-- Runs once per statement that updates jobs, with the rows it changed. The jobs it ended
+-- that others wait on are settled together, whatever their number and order in the
+-- statement (an ack batch completes many): every waiting job they may change, down the
+-- subtree a cancellation would follow, is locked first in one global order (id), so two
+-- transactions ending dependencies of the same jobs queue on the same first row instead of
+-- deadlocking. Locking row by row as each dependency ends would not do: two batches ending
+-- their dependencies in different orders would take the same rows in different orders.
+-- A statement with a fresh snapshot, which sees every decrement committed before the locks
+-- were granted, then settles the direct dependents. Those it cancels end in that statement:
+-- this trigger runs again for it and settles the next level (its rows are already locked),
+-- which is what makes the cancellation transitive.
 CREATE FUNCTION evora_settle_dependents() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
+    ended_ids uuid[];
+    ended_states job_state[];
     hinted bigint;
 BEGIN
+    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.state ORDER BY n.id)
+    INTO ended_ids, ended_states
+    FROM ended_after n
+    JOIN ended_before o ON o.id = n.id
+    WHERE n.has_dependents AND n.state IN ('COMPLETED', 'CANCELLED')
+      AND o.state IS DISTINCT FROM n.state;
+    IF ended_ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+
     PERFORM 1
     FROM jobs j
-    WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
-      AND j.state = 'WAITING'
+    WHERE j.state = 'WAITING' AND j.id IN (
+        WITH RECURSIVE below(id, cancelling) AS (
+            SELECT d.job_id, e.state = 'CANCELLED'
+            FROM unnest(ended_ids, ended_states) AS e(id, state)
+            JOIN job_dependencies d ON d.depends_on = e.id
+            UNION
+            SELECT d.job_id, true
+            FROM below b
+            JOIN jobs w ON w.id = b.id
+            JOIN job_dependencies d ON d.depends_on = b.id
+            WHERE b.cancelling AND w.state = 'WAITING' AND w.on_dependency_failure = 'cancel'
+        )
+        SELECT b.id FROM below b)
     ORDER BY j.id
     FOR UPDATE OF j;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
-    WITH next AS (
-        SELECT j.id, evora_dependent_next_state(j, NEW.state) AS state
+    WITH arrived AS (
+        SELECT d.job_id AS id, count(*)::integer AS n,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1]
+                   AS cancelled_by
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    ),
+    next AS (
+        SELECT j.id, a.n, a.cancelled_by,
+               evora_dependent_next_state(j, a.n, a.cancelled_by IS NOT NULL) AS state
         FROM jobs j
-        WHERE j.id IN (SELECT d.job_id FROM job_dependencies d WHERE d.depends_on = NEW.id)
-          AND j.state = 'WAITING'
+        JOIN arrived a ON a.id = j.id
+        WHERE j.state = 'WAITING'
     ),
     settled AS (
         UPDATE jobs j
         SET state = n.state,
             dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
-                                     ELSE j.dependencies_left - 1 END,
+                                     ELSE j.dependencies_left - n.n END,
             version = j.version + (n.state <> 'WAITING')::int,
             updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
             finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
         FROM next n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, evora_job_image(j) AS image
+        RETURNING j.*, n.cancelled_by, evora_job_image(j) AS image
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -164,7 +201,7 @@ BEGIN
                'WAITING', state, attempt, NULL, updated_at,
                CASE WHEN state = 'CANCELLED'
                     THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', NEW.id)
+                                            'dependency', cancelled_by)
                     ELSE '{}'::jsonb END,
                image
         FROM settled
@@ -178,11 +215,13 @@ BEGIN
 END
 $$;
 
+-- A statement-level trigger cannot have a column list or a WHEN on its rows: it runs for
+-- every UPDATE of jobs, and its first query returns at once when none of the changed rows
+-- ended a job that others wait on.
 CREATE TRIGGER jobs_settle_dependents
-    AFTER UPDATE OF state ON jobs
-    FOR EACH ROW
-    WHEN (NEW.has_dependents AND NEW.state IN ('COMPLETED', 'CANCELLED')
-          AND OLD.state IS DISTINCT FROM NEW.state)
+    AFTER UPDATE ON jobs
+    REFERENCING OLD TABLE AS ended_before NEW TABLE AS ended_after
+    FOR EACH STATEMENT
     EXECUTE FUNCTION evora_settle_dependents();
 
 -- A submission's hold on the dependencies of the job it is about to store: locks them in id
@@ -200,27 +239,31 @@ LANGUAGE sql AS $$
     RETURNING j.id, j.state
 $$;
 
--- evora.submit_rows() of version 11, with each item's dependencies: `dependency_ords` and
--- `dependency_ids` are its edges (the item's position, from 1, and the job it waits for, in
--- the item's depends_on order; a job of this same call may be named by its id), and
+-- What evora.submit_rows() of version 11 did, with each item's dependencies: `dependency_ords`
+-- and `dependency_ids` are its edges (the item's position, from 1, and the job it waits for,
+-- in the item's depends_on order; a job of this same call may be named by its id), and
 -- `on_failures` its on_dependency_failure (NULL: 'cancel'). An item with unfinished
 -- dependencies is stored WAITING. Two more outcomes, for items not stored, with `first_ord`
 -- the position (from 1) of the offending dependency in the item's list:
 --   unknown_dependency    no such job (nor an item of this call)
 --   cancelled_dependency  it is CANCELLED and the item would be cancelled with it
 -- Dependencies can only be existing jobs or items of this call: a cycle cannot be written.
+--
+-- It has a name of its own, and evora.submit_rows() is dropped: migration 0011 is written to
+-- be re-runnable and re-creates evora.submit_rows() with its own signature, which must then
+-- not stand beside a second overload of the same name (a call with 0011's arguments would
+-- match both).
 DROP FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], timestamptz[],
                                 float8[], integer[], integer[], float8[], float8[], float8[],
                                 timestamptz[], text[], text[], bytea[], text[]);
 
-CREATE FUNCTION evora.submit_rows(
+CREATE FUNCTION evora.store_submissions(
     ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[],
     run_ats timestamptz[], delays float8[], max_attempts integer[], leases integer[],
     backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
-    before_0011 bytea[], quiet text[],
-    dependency_ords integer[] DEFAULT '{}', dependency_ids uuid[] DEFAULT '{}',
-    on_failures text[] DEFAULT NULL
+    before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
+    on_failures text[]
 ) RETURNS TABLE (ord integer, outcome text, first_ord integer, job jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
@@ -394,12 +437,70 @@ $$;
 DO $$
 BEGIN
     EXECUTE format(
-        'ALTER FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], '
+        'ALTER FUNCTION evora.store_submissions(uuid[], text[], text[], jsonb[], smallint[], '
         'timestamptz[], float8[], integer[], integer[], float8[], float8[], float8[], '
         'timestamptz[], text[], text[], bytea[], text[], integer[], uuid[], text[]) '
         'SET search_path = %I, pg_temp', current_schema());
 END
 $$;
-REVOKE ALL ON FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[],
+REVOKE ALL ON FUNCTION evora.store_submissions(uuid[], text[], text[], jsonb[], smallint[],
     timestamptz[], float8[], integer[], integer[], float8[], float8[], float8[], timestamptz[],
     text[], text[], bytea[], text[], integer[], uuid[], text[]) FROM PUBLIC;
+
+-- evora.submit_items() of version 11, storing through evora.store_submissions(): validates
+-- every item (all or nothing), stores them and raises for the first item, in order, whose
+-- idempotency key conflicts or whose job is gone. The ids, in item order.
+CREATE OR REPLACE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    subs evora.submission[];
+    r record;
+    at text;
+    ids uuid[] := '{}';
+BEGIN
+    SELECT array_agg(evora.validated(e.item,
+               CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
+    INTO subs
+    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
+    FOR r IN
+        SELECT * FROM evora.store_submissions(
+            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
+            ARRAY(SELECT (s).queue FROM unnest(subs) s),
+            ARRAY(SELECT (s).type FROM unnest(subs) s),
+            ARRAY(SELECT (s).payload FROM unnest(subs) s),
+            ARRAY(SELECT (s).priority FROM unnest(subs) s),
+            ARRAY(SELECT (s).run_at FROM unnest(subs) s),
+            ARRAY(SELECT (s).delay_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).max_attempts FROM unnest(subs) s),
+            ARRAY(SELECT (s).lease_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_initial FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_max FROM unnest(subs) s),
+            ARRAY(SELECT (s).backoff_multiplier FROM unnest(subs) s),
+            ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
+            ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).group_key FROM unnest(subs) s),
+            '{}', '{}', '{}', '{}', NULL)
+        ORDER BY ord
+    LOOP
+        at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
+        IF r.outcome IN ('conflict', 'repeat_conflict') THEN
+            RAISE EXCEPTION '%', CASE r.outcome
+                WHEN 'conflict' THEN format(
+                    '%sidempotency_key: %L was already used in queue %L with different fields',
+                    at, (subs[r.ord]).idempotency_key, (subs[r.ord]).queue)
+                ELSE format('%sidempotency_key: reuses the idempotency key of jobs[%s] with '
+                            'different fields', at, r.first_ord - 1) END
+                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
+                      CONSTRAINT = 'evora_idempotency_conflict';
+        ELSIF r.outcome = 'gone' THEN
+            RAISE EXCEPTION '%idempotency_key: % was used in queue % by a job that has since '
+                            'been removed', at, quote_literal((subs[r.ord]).idempotency_key),
+                            quote_literal((subs[r.ord]).queue)
+                USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
+                      CONSTRAINT = 'evora_idempotent_job_gone';
+        END IF;
+        ids := ids || (r.job).id;
+    END LOOP;
+    RETURN ids;
+END
+$$;

@@ -1,4 +1,4 @@
--- Evora schema, version 16: concurrency and rate limits per key, enforced by the claim
+-- Evora schema, version 14: concurrency and rate limits per key, enforced by the claim
 -- (docs/flow-control.md).
 --
 -- flow_limits holds the limits by key; a key ending in `*` is a prefix limit, which governs
@@ -313,13 +313,15 @@ BEGIN
 END
 $$;
 
--- Identity of a submission for idempotency, as in version 11, with the limit keys appended
--- when there are any: a submission without them keeps the fingerprint stored before. (The
--- payload's printed jsonb cannot hold a raw \x02: it escapes control characters.)
+-- Identity of a submission for idempotency: evora.fingerprint() of version 11 with the limit
+-- keys appended when there are any, so a submission without them keeps the fingerprint
+-- stored before. (The payload's printed jsonb cannot hold a raw \x02: it escapes control
+-- characters.) A name of its own, as evora.store_submissions() has: 0011 run again re-creates
+-- evora.fingerprint(), which must not then stand beside an overload.
 DROP FUNCTION IF EXISTS evora.fingerprint(text, text, jsonb, smallint, timestamptz, float8,
                                           integer, integer, float8, float8, float8,
                                           timestamptz, text);
-CREATE OR REPLACE FUNCTION evora.fingerprint(
+CREATE OR REPLACE FUNCTION evora.submission_fingerprint(
     queue text, type text, payload jsonb, priority smallint, run_at timestamptz,
     delay_seconds float8, max_attempts integer, lease_seconds integer, backoff_initial float8,
     backoff_max float8, backoff_multiplier float8, expires_at timestamptz, group_key text,
@@ -354,23 +356,22 @@ LANGUAGE sql IMMUTABLE AS $$
     GROUP BY u.ord
 $$;
 
--- evora.submit_rows() of version 15, with each item's limit keys: `limit_key_ords` and
+-- evora.store_submissions() of version 13, with each item's limit keys: `limit_key_ords` and
 -- `limit_key_names` flattened (the item's position, from 1, and the key, in the item's
 -- order). The version before, without them, is dropped: one function, one signature.
-DROP FUNCTION IF EXISTS evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[],
-                                          timestamptz[], float8[], integer[], integer[],
-                                          float8[], float8[], float8[], timestamptz[], text[],
-                                          text[], bytea[], text[], integer[], uuid[], text[]);
+DROP FUNCTION IF EXISTS evora.store_submissions(uuid[], text[], text[], jsonb[], smallint[],
+                                                timestamptz[], float8[], integer[], integer[],
+                                                float8[], float8[], float8[], timestamptz[],
+                                                text[], text[], bytea[], text[], integer[],
+                                                uuid[], text[]);
 
-CREATE OR REPLACE FUNCTION evora.submit_rows(
+CREATE OR REPLACE FUNCTION evora.store_submissions(
     ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[],
     run_ats timestamptz[], delays float8[], max_attempts integer[], leases integer[],
     backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
-    before_0011 bytea[], quiet text[],
-    dependency_ords integer[] DEFAULT '{}', dependency_ids uuid[] DEFAULT '{}',
-    on_failures text[] DEFAULT NULL,
-    limit_key_ords integer[] DEFAULT '{}', limit_key_names text[] DEFAULT '{}'
+    before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
+    on_failures text[], limit_key_ords integer[], limit_key_names text[]
 ) RETURNS TABLE (ord integer, outcome text, first_ord integer, job jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
@@ -385,7 +386,7 @@ DECLARE
 BEGIN
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := ARRAY(
-            SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
+            SELECT CASE WHEN x.key IS NOT NULL THEN evora.submission_fingerprint(
                        x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
                        x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
                        x.expires_at, x.group_key, coalesce(l.names, '{}')) END
@@ -547,14 +548,14 @@ $$;
 DO $$
 BEGIN
     EXECUTE format(
-        'ALTER FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], '
+        'ALTER FUNCTION evora.store_submissions(uuid[], text[], text[], jsonb[], smallint[], '
         'timestamptz[], float8[], integer[], integer[], float8[], float8[], float8[], '
         'timestamptz[], text[], text[], bytea[], text[], integer[], uuid[], text[], integer[], '
         'text[]) '
         'SET search_path = %I, pg_temp', current_schema());
 END
 $$;
-REVOKE ALL ON FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[],
+REVOKE ALL ON FUNCTION evora.store_submissions(uuid[], text[], text[], jsonb[], smallint[],
     timestamptz[], float8[], integer[], integer[], float8[], float8[], float8[], timestamptz[],
     text[], text[], bytea[], text[], integer[], uuid[], text[], integer[], text[]) FROM PUBLIC;
 
@@ -654,8 +655,9 @@ BEGIN
 END
 $$;
 
--- Validates every item (all or nothing), stores them and raises for the first item, in
--- order, whose idempotency key conflicts or whose job is gone. The ids, in item order.
+-- evora.submit_items() of version 13, passing each item's limit keys: validates every item
+-- (all or nothing), stores them and raises for the first item, in order, whose idempotency
+-- key conflicts or whose job is gone. The ids, in item order.
 CREATE OR REPLACE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -669,7 +671,7 @@ BEGIN
     INTO subs
     FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
     FOR r IN
-        SELECT * FROM evora.submit_rows(
+        SELECT * FROM evora.store_submissions(
             ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
             ARRAY(SELECT (s).queue FROM unnest(subs) s),
             ARRAY(SELECT (s).type FROM unnest(subs) s),
@@ -685,15 +687,13 @@ BEGIN
             ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
-            '{}', '{}',
-            limit_key_ords => ARRAY(
-                SELECT i FROM generate_series(1, cardinality(subs)) AS i,
-                              unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
-                ORDER BY i, k.place),
-            limit_key_names => ARRAY(
-                SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
-                                   unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
-                ORDER BY i, k.place))
+            '{}', '{}', '{}', '{}', NULL,
+            ARRAY(SELECT i FROM generate_series(1, cardinality(subs)) AS i,
+                                unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
+                  ORDER BY i, k.place),
+            ARRAY(SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
+                                     unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
+                  ORDER BY i, k.place))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -719,9 +719,8 @@ BEGIN
 END
 $$;
 
-
 -- Nothing in the evora schema is PUBLIC's.
 REVOKE ALL ON FUNCTION evora.limit_keys_field(jsonb, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION evora.limit_key_lists(integer[], text[]) FROM PUBLIC;
-REVOKE ALL ON FUNCTION evora.fingerprint(text, text, jsonb, smallint, timestamptz, float8,
-    integer, integer, float8, float8, float8, timestamptz, text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION evora.submission_fingerprint(text, text, jsonb, smallint, timestamptz,
+    float8, integer, integer, float8, float8, float8, timestamptz, text, text[]) FROM PUBLIC;

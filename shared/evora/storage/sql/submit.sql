@@ -1,5 +1,5 @@
 -- Submitting jobs. The rules (idempotency keys, the `submitted` event, the NOTIFY hint) are
--- in evora.submit_rows() (migrations/0011_submit_in_sql.sql), which applications that
+-- in evora.store_submissions() (migrations/0014_flow_control.sql), which applications that
 -- submit in SQL reach through evora.submit() and evora.submit_batch().
 
 -- name: submit
@@ -12,8 +12,8 @@
 -- keys, $22 suppressed queues (see notify.py). One row per item (`ord` its position, from
 -- 1), the created ones first.
 SELECT ord, outcome, first_ord, job, notified, owed
-FROM evora.submit_rows($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int2[],
-                       $6::timestamptz[], $7::float8[], $8::int4[], $9::int4[], $10::float8[],
-                       $11::float8[], $12::float8[], $13::timestamptz[], $14::text[],
-                       $15::text[], $16::bytea[], $22::text[], $17::int4[], $18::uuid[],
-                       $19::text[], $20::int4[], $21::text[]);
+FROM evora.store_submissions($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int2[],
+                             $6::timestamptz[], $7::float8[], $8::int4[], $9::int4[],
+                             $10::float8[], $11::float8[], $12::float8[], $13::timestamptz[],
+                             $14::text[], $15::text[], $16::bytea[], $22::text[], $17::int4[],
+                             $18::uuid[], $19::text[], $20::int4[], $21::text[]);

@@ -431,13 +431,15 @@ SELECT job,
 FROM moved;
 
 -- name: cancel
--- $1 id, $2 suppressed queues. A PENDING job is cancelled at once; a RUNNING job gets
+-- $1 id, $2 suppressed queues. A PENDING or WAITING job is cancelled at once (the jobs that
+-- wait on it follow, by the database's dependency trigger); a RUNNING job gets
 -- cancel_requested (once) and its worker decides. Anything else is refused: a DLQ job leaves
 -- the DLQ only by an admin's retry or discard. Exactly one row, like retry and discard: the
 -- outcome ('done', 'refused' or 'not_found') and the job, moved or as it refused.
 WITH target AS (
     SELECT id, state FROM jobs
-    WHERE id = $1 AND (state = 'PENDING' OR (state = 'RUNNING' AND NOT cancel_requested))
+    WHERE id = $1
+      AND (state IN ('PENDING', 'WAITING') OR (state = 'RUNNING' AND NOT cancel_requested))
     FOR UPDATE
 ),
 moved AS (
