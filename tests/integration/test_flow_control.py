@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from evora.protocol.jobs import JobSubmission
+from evora.storage import queries
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.limits import LimitSpec, LimitStore, Rate
 from tests.conftest import Clock
@@ -167,3 +168,29 @@ async def test_concurrent_claimers_never_exceed_a_limit(
     await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(8))), 60)
     assert set(peak) == {f"tenant:{t}" for t in range(4)}
     assert max(peak.values()) <= 3
+
+
+async def _claim_plan(pool: asyncpg.Pool) -> str:
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            rows = await conn.fetch(
+                f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {queries.CLAIM}", [Q], None, 10, "w"
+            )
+        finally:
+            await tx.rollback()
+    return "\n".join(r[0] for r in rows)
+
+
+async def test_without_limits_the_claim_never_runs_the_limited_selection(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    await _submit(store, 3, "tenant:1")
+    plan = await _claim_plan(pool)
+    [limited] = [line for line in plan.splitlines() if "evora_claim_limited" in line]
+    assert "never executed" in limited, plan
+    await limits.put("tenant:*", LimitSpec(concurrency=1, rate=None))
+    plan = await _claim_plan(pool)
+    [limited] = [line for line in plan.splitlines() if "evora_claim_limited" in line]
+    assert "never executed" not in limited, plan
