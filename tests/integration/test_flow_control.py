@@ -127,7 +127,8 @@ async def test_the_bucket_hands_out_no_more_tokens_than_it_holds(
         await store.complete(job["id"], job["lease_token"])
     assert len(first) == 3
     assert await _claim(store) == []
-    assert (await limits.usage("api:stripe"))["tokens"] == pytest.approx(0, abs=0.01)
+    # 0.1 token a second: what a second of a slow machine refills at most
+    assert (await limits.usage("api:stripe"))["tokens"] == pytest.approx(0, abs=0.1)
     await clock.advance(10.5)  # one token back (3 per 30 s)
     assert len(await _claim(store)) == 1
     await clock.advance(3600)  # never more than the bucket's capacity
@@ -194,3 +195,17 @@ async def test_without_limits_the_claim_never_runs_the_limited_selection(
     plan = await _claim_plan(pool)
     [limited] = [line for line in plan.splitlines() if "evora_claim_limited" in line]
     assert "never executed" not in limited, plan
+
+
+async def test_a_dispatcher_learns_when_an_empty_bucket_has_a_token_again(
+    store: JobStore, limits: LimitStore, clock: Clock
+) -> None:
+    assert await store.seconds_until_due([Q]) is None
+    await limits.put("api:x", LimitSpec(concurrency=None, rate=Rate(2, 20.0)))
+    await _submit(store, 5, "api:x")
+    assert len(await _claim(store)) == 2
+    # one token per 10 s: the queue is worth a claim again then, not at the next poll
+    assert await store.seconds_until_due([Q]) == pytest.approx(10, abs=0.5)
+    await clock.advance(10.5)
+    assert await store.seconds_until_due([Q]) is None
+    assert len(await _claim(store)) == 1
