@@ -12,7 +12,7 @@ import asyncpg
 from evora.domain.errors import LimitNotFound
 from evora.storage.statements import load
 
-PUT, DELETE, PAGE, GOVERNING, USAGE, KEYS_UNDER = load(
+PUT, DELETE, PAGE, GOVERNING, USAGE, KEYS_UNDER, USAGE_BY_KIND = load(
     "limits",
     "put_limit",
     "delete_limit",
@@ -20,6 +20,7 @@ PUT, DELETE, PAGE, GOVERNING, USAGE, KEYS_UNDER = load(
     "governing_limit",
     "key_usage",
     "keys_under",
+    "usage_by_kind",
 )
 
 LimitDict = dict[str, Any]
@@ -37,6 +38,17 @@ class Rate:
 class LimitSpec:
     concurrency: int | None
     rate: Rate | None
+
+
+@dataclass(frozen=True)
+class KindUsage:
+    """The keys of one kind (what precedes the first `:`) that live jobs hold, summed."""
+
+    kind: str
+    running: int
+    tokens: float | None  # None: no key of the kind has a rate
+    throttled_jobs: int
+    throttled_seconds: float  # how long the longest held back has been due
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,16 @@ class LimitStore:
             "tokens": None if prefix else usage["tokens"],
             "throttled_jobs": usage["throttled_jobs"],
         }
+
+    async def usage_by_kind(self) -> list[KindUsage]:
+        """What metrics export: the usage of every governed key live jobs hold, by kind."""
+        rows = await self._pool.fetch(USAGE_BY_KIND)
+        return [
+            KindUsage(
+                r["kind"], r["running"], r["tokens"], r["throttled_jobs"], r["throttled_seconds"]
+            )
+            for r in rows
+        ]
 
     async def delete(self, key: str) -> None:
         if await self._pool.fetchval(DELETE, key) is None:

@@ -80,3 +80,47 @@ FROM (
     ) AS q
     WHERE starts_with('queue:' || q.queue, $1)
 ) AS x;
+
+-- name: usage_by_kind
+-- Per kind of key (what precedes its first ':', e.g. `tenant`, `queue`), over the keys live
+-- jobs hold that a limit governs: RUNNING jobs holding them, tokens in their buckets (keys
+-- with a rate), due PENDING jobs held back (holding a key without room left) and how long
+-- the longest held back has been due. Reads every live job once.
+WITH live AS (
+    SELECT j.id, j.state, j.run_at, ('queue:' || j.queue) || j.limit_keys AS keys
+    FROM jobs j
+    -- without any limit, nothing to read (a one-time filter: no scan)
+    WHERE j.state IN ('PENDING', 'RUNNING') AND EXISTS (SELECT 1 FROM flow_limits)
+),
+running AS (
+    SELECT k AS key, count(*) AS n FROM live, unnest(live.keys) AS k
+    WHERE live.state = 'RUNNING'
+    GROUP BY k
+),
+governed AS (
+    SELECT * FROM evora_governing_limits(ARRAY(SELECT DISTINCT k FROM live, unnest(live.keys) AS k))
+),
+usage AS (
+    SELECT g.key, split_part(g.key, ':', 1) AS kind, coalesce(r.n, 0) AS running,
+           CASE WHEN g.rate_limit IS NOT NULL THEN coalesce(
+               (SELECT evora_tokens(b, g.rate_limit, g.rate_per_seconds, evora_now())
+                FROM flow_buckets b WHERE b.key = g.key), g.rate_limit) END AS tokens,
+           g.concurrency
+    FROM governed g
+    LEFT JOIN running r ON r.key = g.key
+),
+held AS (
+    SELECT u.kind, count(DISTINCT l.id) AS jobs, min(l.run_at) AS oldest
+    FROM live l
+    CROSS JOIN LATERAL unnest(l.keys) AS k
+    JOIN usage u ON u.key = k AND (u.running >= u.concurrency OR u.tokens < 1)
+    WHERE l.state = 'PENDING' AND l.run_at <= evora_now()
+    GROUP BY u.kind
+)
+SELECT u.kind, sum(u.running)::bigint AS running, sum(u.tokens) AS tokens,
+       coalesce(max(h.jobs), 0)::bigint AS throttled_jobs,
+       coalesce(extract(epoch FROM evora_now() - min(h.oldest)), 0)::float8 AS throttled_seconds
+FROM usage u
+LEFT JOIN held h ON h.kind = u.kind
+GROUP BY u.kind
+ORDER BY u.kind;
