@@ -662,7 +662,7 @@ CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_secon
 $$;
 
 CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer) RETURNS TABLE(id uuid, limited boolean)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 1
     AS $$
 DECLARE
     at CONSTANT timestamptz := evora_now();
