@@ -679,6 +679,8 @@ DECLARE
     lim_rate integer[];
     lim_per float8[];
     locked text[];
+    tried uuid[];
+    try_keys text[];
     cap_keys text[];
     cap_vals bigint[];
     new_ids uuid[];
@@ -719,7 +721,6 @@ BEGIN
             WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
               AND ('queue:' || q.queue) <> ALL(blocked));
         EXIT WHEN cardinality(cands) = 0;
-        seen := seen || ARRAY(SELECT c.id FROM unnest(cands) AS c);
 
         SELECT coalesce(array_agg(g.key ORDER BY g.key), '{}'),
                array_agg(g.concurrency ORDER BY g.key), array_agg(g.rate_limit ORDER BY g.key),
@@ -727,32 +728,60 @@ BEGIN
         INTO lim_keys, lim_conc, lim_rate, lim_per
         FROM evora_governing_limits(
             ARRAY(SELECT DISTINCT k FROM unnest(cands) AS c, unnest(c.keys) AS k)) AS g;
+        tried := ARRAY(
+            SELECT c.id
+            FROM (SELECT c.*, row_number() OVER (PARTITION BY c.lane
+                                                 ORDER BY c.priority, c.run_at, c.submit_seq)
+                                  AS turn
+                  FROM unnest(cands) AS c) AS c
+            ORDER BY c.priority, c.turn, c.run_at, c.submit_seq
+            LIMIT need);
+        seen := seen || tried;
+        try_keys := ARRAY(SELECT DISTINCT k FROM unnest(cands) AS c, unnest(c.keys) AS k
+                          WHERE c.id = ANY(tried) AND k = ANY(lim_keys) ORDER BY k);
 
         cap_keys := '{}';
         cap_vals := '{}';
-        IF cardinality(lim_keys) > 0 THEN
+        IF cardinality(try_keys) > 0 THEN
             INSERT INTO flow_buckets (key, tokens, refilled_at)
             SELECT u.k, coalesce(u.r, 0), at
             FROM unnest(lim_keys, lim_rate) AS u(k, r)
+            WHERE u.k = ANY(try_keys)
             ORDER BY u.k
             ON CONFLICT (key) DO NOTHING;
-            locked := ARRAY(SELECT b.key FROM flow_buckets b WHERE b.key = ANY(lim_keys)
+            locked := ARRAY(SELECT b.key FROM flow_buckets b WHERE b.key = ANY(try_keys)
                             ORDER BY b.key FOR UPDATE SKIP LOCKED);
-            blocked := blocked || ARRAY(SELECT k FROM unnest(lim_keys) AS k WHERE k <> ALL(locked));
+            blocked := blocked || ARRAY(SELECT k FROM unnest(try_keys) AS k WHERE k <> ALL(locked));
+            WITH running AS (
+                SELECT k AS key, count(*) AS n
+                FROM jobs r, unnest(r.limit_keys) AS k
+                WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && locked
+                  AND k = ANY(locked) AND k <> 'queue:' || r.queue
+                GROUP BY k
+                UNION ALL
+                SELECT 'queue:' || r.queue, count(*)
+                FROM jobs r
+                WHERE r.state = 'RUNNING' AND r.queue = ANY(
+                    ARRAY(SELECT substr(k, 7) FROM unnest(locked) AS k
+                          WHERE starts_with(k, 'queue:')))
+                GROUP BY r.queue
+            )
             SELECT coalesce(array_agg(g.k), '{}'), coalesce(array_agg(g.cap), '{}')
             INTO cap_keys, cap_vals
             FROM (
                 SELECT u.k, least(
-                    u.conc - evora_running_holding(u.k)
+                    u.conc - coalesce(r.n, 0)
                         - (SELECT count(*) FROM unnest(held) AS h WHERE h = u.k),
                     floor(evora_tokens(b, u.rate, u.per, at))::bigint) AS cap
                 FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(k, conc, rate, per)
                 JOIN flow_buckets b ON b.key = u.k
+                LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r
+                    ON r.key = u.k
                 WHERE u.k = ANY(locked)
             ) AS g;
         END IF;
 
-        WITH c AS (SELECT * FROM unnest(cands)),
+        WITH c AS (SELECT * FROM unnest(cands) AS c WHERE c.id = ANY(tried)),
         caps AS (SELECT * FROM unnest(cap_keys, cap_vals) AS x(key, cap)),
         ranked AS (
             SELECT c.id, k.key,
@@ -779,7 +808,7 @@ BEGIN
         ),
         got AS (
             SELECT j.id FROM jobs j
-            WHERE j.id IN (SELECT ch.id FROM chosen ch) AND j.state = 'PENDING'
+            WHERE j.id = ANY(ARRAY(SELECT ch.id FROM chosen ch)) AND j.state = 'PENDING'
             FOR UPDATE OF j SKIP LOCKED
         )
         SELECT coalesce(array_agg(ch.id), '{}'), coalesce(array_agg(ch.is_limited), '{}')
@@ -802,7 +831,7 @@ BEGIN
             SELECT x.key FROM unnest(cap_keys, cap_vals) AS x(key, cap)
             WHERE x.cap - (SELECT count(*) FROM unnest(new_held) AS h WHERE h = x.key) <= 0);
 
-        EXIT WHEN cardinality(cands) < window_size;
+        EXIT WHEN cardinality(cands) < window_size AND cardinality(cands) = cardinality(tried);
     END LOOP;
     RETURN QUERY SELECT * FROM unnest(taken, taken_limited);
 END
