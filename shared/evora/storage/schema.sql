@@ -717,6 +717,7 @@ BEGIN
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
+                FOR UPDATE OF j SKIP LOCKED
             ) AS c
             WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
               AND ('queue:' || q.queue) <> ALL(blocked));

@@ -161,6 +161,11 @@ BEGIN
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
+                -- The window is locked, as the unlimited claim locks its jobs: concurrent
+                -- claimers then read different windows (and try different keys) instead of
+                -- all contending for the head of the queue. Rows left unclaimed are free
+                -- again when the claim commits.
+                FOR UPDATE OF j SKIP LOCKED
             ) AS c
             WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
               AND ('queue:' || q.queue) <> ALL(blocked));
