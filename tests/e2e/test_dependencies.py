@@ -34,10 +34,12 @@ async def test_diamond_starts_the_join_once_after_both_branches_completed(
     queue = "e2e-diamond"
     handlers = Handlers()
     runs: Counter[str] = Counter()
+    results_seen: dict[str, dict[str, object]] = {}
 
     @handlers.job("step")
     async def step(job: Job) -> str:
         runs[job.id] += 1
+        results_seen[job.id] = dict(job.dependency_results)
         await asyncio.sleep(0.05)  # long enough for the branches to overlap
         return str(job.payload["name"])
 
@@ -53,6 +55,8 @@ async def test_diamond_starts_the_join_once_after_both_branches_completed(
     await stack.wait_for_states(queue, {"COMPLETED": 4}, within=60)
 
     assert runs == Counter({a: 1, b: 1, c: 1, d: 1})
+    # each step gets what the steps it waited for returned
+    assert results_seen == {a: {}, b: {a: "a"}, c: {a: "a"}, d: {b: "b", c: "c"}}
     events = {job: await stack.client.events(job) for job in (a, b, c, d)}
     assert [e["event"] for e in events[d]] == [
         "submitted",

@@ -14,7 +14,8 @@ import pytest
 from evora.domain.errors import InvalidDependency
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
-from evora.storage.db import create_pool
+from evora.storage import queries
+from evora.storage.db import create_pool, jsonb_elements
 from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import RetentionStore
 from tests.conftest import Clock
@@ -198,6 +199,41 @@ async def test_unknown_and_cancelled_dependencies_are_refused_naming_the_field(
     assert await _state(store, after) is JobState.PENDING
 
 
+async def test_a_ref_to_an_item_replayed_by_its_key_waits_for_the_stored_job(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A batch sent again (a retry after a lost answer): its keyed item replays the job
+    stored the first time, and a later item naming it by ref depends on that job, waiting
+    while it runs and PENDING at once once it completed."""
+
+    def batch() -> list[JobSubmission]:
+        return [_sub(ref="a", idempotency_key="k"), _sub(depends_on=["ref:a"])]
+
+    first, waiting = await store.submit_batch(batch())
+    a = first.job["id"]
+    replayed, again = await store.submit_batch(batch())
+    assert not replayed.created and replayed.job["id"] == a
+    assert (again.job["state"], again.job["depends_on"]) == ("WAITING", [a])
+    await _run(store, a)
+    assert await _state(store, waiting.job["id"]) is JobState.PENDING
+    assert await _state(store, again.job["id"]) is JobState.PENDING
+    _, late = await store.submit_batch(batch())
+    assert (late.job["state"], late.job["depends_on"]) == ("PENDING", [a])
+    # the stored job's dependents are the ones that name it, by id or by a replayed ref
+    assert (
+        await pool.fetchval("SELECT count(*) FROM job_dependencies WHERE depends_on = $1", a) == 3
+    )
+
+
+async def test_a_refused_item_leaves_its_idempotency_key_free(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    [refused] = await store.submit_each([_sub(idempotency_key="r", depends_on=[uuid4()])])
+    assert isinstance(refused, InvalidDependency)
+    assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+    assert (await store.submit(_sub(idempotency_key="r"))).created
+
+
 async def test_a_waiting_job_cannot_be_deleted(store: JobStore, pool: asyncpg.Pool) -> None:
     b = await _submit(store, depends_on=[await _submit(store)])
     with pytest.raises(asyncpg.CheckViolationError, match="may not be deleted"):
@@ -293,3 +329,75 @@ async def test_batches_completing_parents_of_shared_children_never_deadlock(
             ("submitted", None, "WAITING"),
             ("dependencies_met", "WAITING", "PENDING"),
         ]
+
+
+async def test_a_claimed_job_with_dependencies_carries_the_results_of_the_completed_ones(
+    store: JobStore,
+) -> None:
+    a, b = (i.job["id"] for i in await store.submit_batch([_sub(), _sub(max_attempts=1)]))
+    c = await _submit(store, depends_on=[b, a], on_dependency_failure="run")
+    first = await store.claim(worker_id="w", queues=[Q], max_jobs=10)
+    assert [j["id"] for j in first] == [a, b]
+    # a claim of jobs without dependencies leaves them as they were: nothing read for them
+    assert all("dependency_results" not in j for j in first)
+    await store.complete(a, first[0]["lease_token"], {"rows": 3})
+    await store.fail(Failure(b, first[1]["lease_token"], "boom", retryable=False))
+    await store.discard(b)
+    [claimed] = await store.claim(worker_id="w", queues=[Q], max_jobs=10)
+    assert claimed["id"] == c
+    # b ended CANCELLED: the job runs ("run") without a result of it
+    assert claimed["dependency_results"] == {str(a): {"rows": 3}}
+
+
+async def test_cancelling_the_head_of_a_long_chain_cancels_it_all_in_one_settlement(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """1,000 jobs each waiting on the one before: the whole chain is settled by one
+    statement, not one nested level of triggers per job."""
+    chain = [_sub(ref="0")] + [
+        _sub(ref=str(n), depends_on=[f"ref:{n - 1}"]) for n in range(1, 1000)
+    ]
+    ids = [i.job["id"] for i in await store.submit_batch(chain)]
+    await store.cancel(ids[0])
+    rows = await pool.fetch(
+        "SELECT j.id, j.state::text, e.data->>'dependency' AS cause FROM jobs j "
+        "JOIN job_events e ON e.job_id = j.id AND e.event = 'cancelled' ORDER BY j.submit_seq"
+    )
+    assert [r["id"] for r in rows] == ids
+    assert {r["state"] for r in rows} == {"CANCELLED"}
+    assert [r["cause"] for r in rows[1:]] == [str(i) for i in ids[:-1]]
+
+
+_SETTLING_CALLS = (
+    "SELECT funcname, calls FROM pg_stat_xact_user_functions "
+    "WHERE funcname IN ('evora_note_ended_dependency', 'evora_settle_dependents') "
+    "ORDER BY funcname"
+)
+
+
+async def test_only_statements_that_end_a_job_others_wait_on_run_the_settlement(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Claims and completions of jobs nothing waits on call no trigger function: the
+    triggers' WHEN clauses pass over them. A completion that ends a dependency calls the
+    settlement once for its statement."""
+    plain = [i.job["id"] for i in await store.submit_batch([_sub(), _sub()])]
+    parent = await _submit(store)
+    await _submit(store, depends_on=[parent])
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL track_functions = 'pl'")
+        claimed = await conn.fetch(queries.CLAIM, [Q], None, 10, "w")
+        jobs = {r["job"]["id"]: r["job"] for r in claimed}
+        assert set(jobs) == {*plain, parent}
+
+        async def complete(*ids: UUID) -> None:
+            tokens = [jobs[i]["lease_token"] for i in ids]
+            await conn.fetch(
+                queries.COMPLETE, ids, tokens, jsonb_elements([None] * len(ids)), [], False
+            )
+
+        await complete(*plain)
+        assert await conn.fetch(_SETTLING_CALLS) == []
+        await complete(parent)
+        calls = {r["funcname"]: r["calls"] for r in await conn.fetch(_SETTLING_CALLS)}
+        assert calls == {"evora_note_ended_dependency": 1, "evora_settle_dependents": 1}

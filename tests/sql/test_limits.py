@@ -31,6 +31,8 @@ async def test_the_sql_limits_are_the_apis(app_conn: asyncpg.Connection) -> None
     assert sql["max_payload_bytes"] == limits.DEFAULT_MAX_PAYLOAD_BYTES
     assert sql["max_seconds"] == limits.MAX_SECONDS
     assert sql["max_batch"] == limits.MAX_BATCH
+    assert sql["max_dependencies"] == limits.MAX_DEPENDENCIES
+    assert sql["ref_pattern"] == limits.REF_PATTERN
     for field in ("priority", "max_attempts", "lease_seconds"):
         low, high, default = _bounds(JobSubmission, field)
         assert (sql[field]["min"], sql[field]["max"], sql[field]["default"]) == (low, high, default)

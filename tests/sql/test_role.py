@@ -22,6 +22,7 @@ FORBIDDEN = [
     "SELECT * FROM evora.store_submissions('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
     "SELECT evora.validated('{}', '')",
+    "SELECT evora.validated_with_dependencies('{}', '')",
 ]
 
 

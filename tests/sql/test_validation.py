@@ -4,6 +4,7 @@ put to the api's own submission model, so the two validations cannot drift apart
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import asyncpg
@@ -67,6 +68,16 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"limit_keys": ["x" * 256]}, "limit_keys.0"),
     ({"limit_keys": [7]}, "limit_keys.0"),
     ({"colour": "red"}, "colour"),
+    ({"depends_on": "01a20c32-9f79-79ab-93cf-bdbd9eb5bbfa"}, "depends_on"),
+    ({"depends_on": {"a": 1}}, "depends_on"),
+    ({"depends_on": [str(uuid.UUID(int=n)) for n in range(1, 1002)]}, "depends_on"),
+    ({"depends_on": None}, "depends_on"),
+    ({"on_dependency_failure": None}, "on_dependency_failure"),
+    ({"on_dependency_failure": "maybe"}, "on_dependency_failure"),
+    ({"on_dependency_failure": 1}, "on_dependency_failure"),
+    ({"ref": ""}, "ref"),
+    ({"ref": "a b"}, "ref"),
+    ({"ref": 7}, "ref"),
 ]
 
 VALID: list[dict[str, Any]] = [
@@ -90,6 +101,8 @@ VALID: list[dict[str, Any]] = [
     {"limit_keys": []},
     {"limit_keys": ["tenant:42", "api:stripe", "x" * 255, *[f"k{n}" for n in range(5)]]},
     {"limit_keys": ["b", "a"], "idempotency_key": "limited"},
+    {"depends_on": [], "on_dependency_failure": "run"},
+    {"on_dependency_failure": "cancel", "ref": None},
 ]
 
 

@@ -43,7 +43,12 @@ export class WorkerJob<Payload = unknown> {
     this.signal = this.controller.signal;
   }
 
-  /** Whether a heartbeat reported that this job's cancellation was requested. */
+  /** {job id: result} of the COMPLETED jobs this one depends on (empty without dependencies). */
+  get dependencyResults(): Readonly<Record<string, unknown>> {
+    return this.data.dependency_results ?? {};
+  }
+
+    /** Whether a heartbeat reported that this job's cancellation was requested. */
   get cancelRequested(): boolean {
     return this.cancelled;
   }

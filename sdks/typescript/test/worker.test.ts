@@ -115,6 +115,29 @@ describe("Worker", () => {
     assert.equal((await requests("/v1/jobs/{id}/complete")) - completesBefore, 0);
   });
 
+  test("a job with dependencies gets the results of those that completed", async () => {
+    const queue = queueName("ts-dependency-results");
+    const seen = new Map<string, Readonly<Record<string, unknown>>>();
+    const w = worker([queue]);
+    w.handle<{ n: number }>("ts.step", (job) => {
+      seen.set(job.id, job.dependencyResults);
+      return { n: job.payload.n };
+    });
+    const [a, b, join] = await client.submitBatch([
+      { queue, type: "ts.step", payload: { n: 1 }, ref: "a" },
+      { queue, type: "ts.step", payload: { n: 2 }, ref: "b" },
+      { queue, type: "ts.step", payload: { n: 3 }, depends_on: ["ref:a", "ref:b"] },
+    ]);
+    const run = serving(w);
+    try {
+      await jobInState(client, join!.id, "COMPLETED");
+    } finally {
+      await run.stop();
+    }
+    assert.deepEqual(seen.get(a!.id), {});
+    assert.deepEqual(seen.get(join!.id), { [a!.id]: { n: 1 }, [b!.id]: { n: 2 } });
+  });
+
   test("a token the dispatcher refuses ends serve() with the error", async () => {
     const w = worker([queueName("ts-refused")], { token: "not-a-worker-token" });
     w.handle("ts.any", () => null);

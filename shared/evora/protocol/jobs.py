@@ -175,6 +175,12 @@ class Job(BaseModel):
 
 class ClaimedJob(Job):
     lease_token: UUID
+    dependency_results: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "{job id: result} of its COMPLETED dependencies; only for a job with dependencies"
+        ),
+    )
 
 
 class JobResponse(Job):

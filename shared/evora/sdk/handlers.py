@@ -59,6 +59,13 @@ class Job:
         )
 
     @property
+    def dependency_results(self) -> Mapping[str, Any]:
+        """{job id: result} of the COMPLETED jobs this one depends on (empty without
+        dependencies)."""
+        results: Mapping[str, Any] = self.data.get("dependency_results") or {}
+        return results
+
+    @property
     def cancel_requested(self) -> bool:
         return self.cancel_event.is_set()
 

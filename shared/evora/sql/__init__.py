@@ -80,6 +80,8 @@ class SubmitOptions(TypedDict, total=False):
     expires_at: datetime | None
     idempotency_key: str | None
     group_key: str | None
+    depends_on: Sequence[UUID | str] | None
+    on_dependency_failure: Literal["cancel", "run"] | None
 
 
 def _options(options: SubmitOptions) -> str:
@@ -89,6 +91,8 @@ def _options(options: SubmitOptions) -> str:
     given: dict[str, Any] = {name: v for name, v in options.items() if v is not None}
     if "backoff" in given:
         given["backoff"] = dict(given["backoff"])
+    if "depends_on" in given:
+        given["depends_on"] = [str(d) for d in given["depends_on"]]
     return _json(given)
 
 
@@ -169,7 +173,8 @@ def submit_sync(
 
 async def submit_batch(conn: object, jobs: Sequence[Mapping[str, Any]]) -> list[UUID]:
     """Submit jobs, each a mapping shaped like the body of POST /v1/jobs, all or nothing in
-    the transaction `conn` is in; their ids, in order."""
+    the transaction `conn` is in; their ids, in order. An item may carry a `ref` that later
+    items name in their `depends_on` as "ref:<name>"."""
     call = _Call(conn, _SUBMIT_BATCH, (_json(list(jobs)),), awaited=True)
     return _ids(await call.run())
 

@@ -339,7 +339,9 @@ class JobStore:
         jobs = sorted(
             (r["job"] for r in rows), key=lambda j: (j["priority"], j["run_at"], j["submit_seq"])
         )
-        return [claimed_job_from_row(j) for j in jobs]
+        claimed = [claimed_job_from_row(j) for j in jobs]
+        await dependencies.add_dependency_results(self._pool, claimed)
+        return claimed
 
     async def seconds_until_due(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest delayed job of `queues` becomes claimable, if any."""

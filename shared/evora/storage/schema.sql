@@ -20,6 +20,9 @@ CREATE TYPE evora.submission AS (
 	expires_at timestamp with time zone,
 	idempotency_key text,
 	group_key text,
+	depends_on text[],
+	on_dependency_failure text,
+	ref text,
 	limit_keys text[]
 );
 
@@ -117,7 +120,9 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
         "max_attempts": {"min": 1, "max": 1000, "default": 5},
         "lease_seconds": {"min": 1, "max": 86400, "default": 30},
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
-                    "max_multiplier": 1000}
+                    "max_multiplier": 1000},
+        "max_dependencies": 1000,
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
     }'::jsonb
 $_$;
 
@@ -208,10 +213,14 @@ CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[],
 DECLARE
     made integer;
     fingerprints bytea[];
+    kept uuid[];
+    replays uuid[];
+    waited uuid[];
     lefts integer[];
     refusals text[];
     culprits integer[];
 BEGIN
+    waited := dependency_ids;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := ARRAY(
             SELECT CASE WHEN x.key IS NOT NULL THEN evora.submission_fingerprint(
@@ -226,18 +235,42 @@ BEGIN
                                      backoff_multiplier, expires_at, key, group_key, ord)
             LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) l ON l.ord = x.ord
             ORDER BY x.ord);
+        WITH keyed AS (
+            INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
+            SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, fingerprints[x.ord], x.id
+            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            WHERE x.key IS NOT NULL
+            ORDER BY x.queue, x.key, x.ord
+            ON CONFLICT (queue, key) DO NOTHING
+            RETURNING job_id
+        )
+        SELECT coalesce(array_agg(k.job_id), '{}') INTO kept FROM keyed k;
+        replays := ARRAY(
+            SELECT CASE WHEN k.job_id <> x.id
+                         AND k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord])
+                        THEN k.job_id END
+            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+            ORDER BY x.ord);
+        IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
+            waited := ARRAY(
+                SELECT coalesce(r.job, u.dep)
+                FROM unnest(dependency_ids) WITH ORDINALITY AS u(dep, n)
+                LEFT JOIN unnest(ids, replays) AS r(id, job) ON r.id = u.dep
+                ORDER BY u.n);
+        END IF;
     END IF;
-    IF cardinality(dependency_ids) > 0 THEN
+    IF cardinality(waited) > 0 THEN
         WITH held AS (
             SELECT * FROM evora_hold_dependencies(
-                ARRAY(SELECT DISTINCT d FROM unnest(dependency_ids) d WHERE d <> ALL(ids)))
+                ARRAY(SELECT DISTINCT d FROM unnest(waited) d WHERE d <> ALL(ids)))
         ),
         edge AS (
             SELECT e.ord, row_number() OVER (PARTITION BY e.ord ORDER BY e.n) AS place,
                    e.dep = ANY(ids) AS in_call, h.state,
                    coalesce(on_failures[e.ord], 'cancel') AS policy
             FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
-                  FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+                  FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
                   ORDER BY u.ord, u.dep, u.n) AS e
             LEFT JOIN held h ON h.id = e.dep
         ),
@@ -264,18 +297,23 @@ BEGIN
                array_agg(v.place ORDER BY v.n)
         INTO lefts, refusals, culprits
         FROM verdict v;
+        IF kept IS NOT NULL AND array_remove(refusals, NULL) <> '{}' THEN
+            DELETE FROM idempotency_keys k
+            USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
+            WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
+              AND k.job_id = x.id;
+        END IF;
     END IF;
     RETURN QUERY
     WITH lists AS (
         SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
         FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
-              FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+              FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
               ORDER BY u.ord, u.dep, u.n) AS e
         GROUP BY e.ord
     ),
     input AS (
-        SELECT x.*, fingerprints[x.ord] AS fingerprint,
-               coalesce(lefts[x.ord], 0) AS waiting_on, l.deps,
+        SELECT x.*, coalesce(lefts[x.ord], 0) AS waiting_on, l.deps,
                coalesce(lk.names, '{}') AS limit_keys
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers,
@@ -287,15 +325,6 @@ BEGIN
         LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
         WHERE refusals[x.ord] IS NULL
     ),
-    keyed AS (
-        INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
-        SELECT DISTINCT ON (i.queue, i.key) i.queue, i.key, i.fingerprint, i.id
-        FROM input i
-        WHERE i.key IS NOT NULL
-        ORDER BY i.queue, i.key, i.ord
-        ON CONFLICT (queue, key) DO NOTHING
-        RETURNING job_id
-    ),
     moved AS (
         INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
@@ -306,10 +335,10 @@ BEGIN
                i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
                i.backoff_multiplier, i.expires_at, i.key, i.group_key,
                CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
-               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(dependency_ids),
+               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(waited),
                i.deps, i.limit_keys
         FROM input i
-        WHERE i.key IS NULL OR i.id IN (SELECT k.job_id FROM keyed k)
+        WHERE i.key IS NULL OR i.id IN (SELECT unnest(kept))
         ORDER BY i.ord
         RETURNING j.*, j AS whole, evora_job_image(j) AS image
     ),
@@ -430,17 +459,47 @@ CREATE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
     AS $$
 DECLARE
     subs evora.submission[];
+    new_ids uuid[];
+    named jsonb := '{}';
+    edge_ords integer[] := '{}';
+    edge_ids uuid[] := '{}';
+    n integer;
+    place integer;
+    dep text;
     r record;
     at text;
     ids uuid[] := '{}';
 BEGIN
-    SELECT array_agg(evora.validated(e.item,
+    SELECT array_agg(evora.validated_with_dependencies(e.item,
                CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
     INTO subs
     FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
+    new_ids := ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs)));
+    FOR n IN 1 .. cardinality(subs) LOOP
+        at := CASE WHEN batch THEN format('jobs[%s].', n - 1) ELSE '' END;
+        FOR place IN 1 .. cardinality((subs[n]).depends_on) LOOP
+            dep := (subs[n]).depends_on[place];
+            IF dep LIKE 'ref:%' THEN
+                IF NOT named ? substr(dep, 5) THEN
+                    PERFORM evora.reject(format('%sdepends_on[%s]', at, place - 1),
+                        format('%L names no earlier item of this batch', dep));
+                END IF;
+                dep := named ->> substr(dep, 5);
+            END IF;
+            edge_ords := edge_ords || n;
+            edge_ids := edge_ids || dep::uuid;
+        END LOOP;
+        IF (subs[n]).ref IS NOT NULL THEN
+            IF named ? (subs[n]).ref THEN
+                PERFORM evora.reject(at || 'ref', format(
+                    '%L is already the ref of an earlier item', (subs[n]).ref));
+            END IF;
+            named := named || jsonb_build_object((subs[n]).ref, new_ids[n]);
+        END IF;
+    END LOOP;
     FOR r IN
         SELECT * FROM evora.store_submissions(
-            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
+            new_ids,
             ARRAY(SELECT (s).queue FROM unnest(subs) s),
             ARRAY(SELECT (s).type FROM unnest(subs) s),
             ARRAY(SELECT (s).payload FROM unnest(subs) s),
@@ -455,7 +514,8 @@ BEGIN
             ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
-            '{}', '{}', '{}', '{}', NULL,
+            '{}', '{}', edge_ords, edge_ids,
+            ARRAY(SELECT (s).on_dependency_failure FROM unnest(subs) s),
             ARRAY(SELECT i FROM generate_series(1, cardinality(subs)) AS i,
                                 unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
                   ORDER BY i, k.place),
@@ -480,6 +540,13 @@ BEGIN
                             quote_literal((subs[r.ord]).queue)
                 USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
                       CONSTRAINT = 'evora_idempotent_job_gone';
+        ELSIF r.outcome = 'unknown_dependency' THEN
+            PERFORM evora.reject(format('%sdepends_on[%s]', at, r.first_ord - 1), format(
+                '%s names no job', (subs[r.ord]).depends_on[r.first_ord]));
+        ELSIF r.outcome = 'cancelled_dependency' THEN
+            PERFORM evora.reject(format('%sdepends_on[%s]', at, r.first_ord - 1), format(
+                '%s names a CANCELLED job (with on_dependency_failure "cancel" this job '
+                'could never run)', (subs[r.ord]).depends_on[r.first_ord]));
         END IF;
         ids := ids || (r.job).id;
     END LOOP;
@@ -642,6 +709,60 @@ BEGIN
     RETURN s;
 END
 $$;
+
+CREATE FUNCTION evora.validated_with_dependencies(item jsonb, at text) RETURNS evora.submission
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+    s evora.submission;
+    dep jsonb;
+    place bigint;
+    field text;
+    given text;
+BEGIN
+    IF item IS NULL OR jsonb_typeof(item) <> 'object' THEN
+        RETURN evora.validated(item, at);  -- which refuses it
+    END IF;
+    s := evora.validated(item - 'depends_on' - 'on_dependency_failure' - 'ref', at);
+    s.ref := evora.text_field(item -> 'ref', at || 'ref', lim ->> 'ref_pattern', NULL, true);
+    s.on_dependency_failure := coalesce(item ->> 'on_dependency_failure', 'cancel');
+    IF item ? 'on_dependency_failure'
+            AND (jsonb_typeof(item -> 'on_dependency_failure') <> 'string'
+                 OR s.on_dependency_failure NOT IN ('cancel', 'run')) THEN
+        PERFORM evora.reject(at || 'on_dependency_failure', 'must be "cancel" or "run"');
+    END IF;
+    s.depends_on := '{}';
+    IF NOT item ? 'depends_on' THEN
+        RETURN s;
+    END IF;
+    IF jsonb_typeof(item -> 'depends_on') <> 'array' THEN
+        PERFORM evora.reject(at || 'depends_on', 'must be a JSON array of job ids');
+    END IF;
+    IF jsonb_array_length(item -> 'depends_on') > (lim ->> 'max_dependencies')::integer THEN
+        PERFORM evora.reject(at || 'depends_on', format(
+            'names %s jobs; the limit is %s', jsonb_array_length(item -> 'depends_on'),
+            lim ->> 'max_dependencies'));
+    END IF;
+    FOR dep, place IN SELECT * FROM jsonb_array_elements(item -> 'depends_on') WITH ORDINALITY
+    LOOP
+        field := format('%sdepends_on[%s]', at, place - 1);
+        given := CASE WHEN jsonb_typeof(dep) = 'string' THEN dep #>> '{}' END;
+        IF given ~ ('^ref:' || substr(lim ->> 'ref_pattern', 2)) THEN
+            NULL;
+        ELSIF given ~ '^[0-9A-Fa-f]{8}-([0-9A-Fa-f]{4}-){3}[0-9A-Fa-f]{12}$' THEN
+            given := given::uuid::text;
+        ELSE
+            PERFORM evora.reject(field, 'must be a job id or "ref:<name>"');
+        END IF;
+        IF given = ANY(s.depends_on) THEN
+            PERFORM evora.reject(field, 'names a job more than once');
+        END IF;
+        s.depends_on := s.depends_on || given;
+    END LOOP;
+    RETURN s;
+END
+$_$;
 
 CREATE FUNCTION public.evora_add_submitted_data() RETURNS trigger
     LANGUAGE plpgsql
@@ -924,6 +1045,18 @@ CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
                j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
 $$;
 
+CREATE FUNCTION public.evora_note_ended_dependency() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('evora.ended_dependencies',
+                       coalesce(current_setting('evora.ended_dependencies', true), '')
+                           || NEW.id || ',',
+                       true);
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -998,63 +1131,34 @@ DECLARE
     ended_states job_state[];
     hinted bigint;
 BEGIN
-    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.state ORDER BY n.id)
+    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
-    FROM ended_after n
-    JOIN ended_before o ON o.id = n.id
-    WHERE n.has_dependents AND n.state IN ('COMPLETED', 'CANCELLED')
-      AND o.state IS DISTINCT FROM n.state;
-    IF ended_ids IS NULL THEN
-        RETURN NULL;
-    END IF;
+    FROM jobs j
+    WHERE j.id = ANY(string_to_array(
+        rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
+    PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
     FROM jobs j
-    WHERE j.state = 'WAITING' AND j.id IN (
-        WITH RECURSIVE below(id, cancelling) AS (
-            SELECT d.job_id, e.state = 'CANCELLED'
-            FROM unnest(ended_ids, ended_states) AS e(id, state)
-            JOIN job_dependencies d ON d.depends_on = e.id
-            UNION
-            SELECT d.job_id, true
-            FROM below b
-            JOIN jobs w ON w.id = b.id
-            JOIN job_dependencies d ON d.depends_on = b.id
-            WHERE b.cancelling AND w.state = 'WAITING' AND w.on_dependency_failure = 'cancel'
-        )
-        SELECT b.id FROM below b)
+    WHERE j.id IN (SELECT s.id FROM evora_settlement(ended_ids, ended_states) s)
     ORDER BY j.id
     FOR UPDATE OF j;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
 
-    WITH arrived AS (
-        SELECT d.job_id AS id, count(*)::integer AS n,
-               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1]
-                   AS cancelled_by
-        FROM unnest(ended_ids, ended_states) AS e(id, state)
-        JOIN job_dependencies d ON d.depends_on = e.id
-        GROUP BY d.job_id
-    ),
-    next AS (
-        SELECT j.id, a.n, a.cancelled_by,
-               evora_dependent_next_state(j, a.n, a.cancelled_by IS NOT NULL) AS state
-        FROM jobs j
-        JOIN arrived a ON a.id = j.id
-        WHERE j.state = 'WAITING'
-    ),
-    settled AS (
+    PERFORM set_config('evora.settling', 'on', true);
+    WITH settled AS (
         UPDATE jobs j
         SET state = n.state,
             dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
-                                     ELSE j.dependencies_left - n.n END,
+                                     ELSE j.dependencies_left - n.arrived END,
             version = j.version + (n.state <> 'WAITING')::int,
             updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
             finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
-        FROM next n
+        FROM evora_settlement(ended_ids, ended_states) n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, n.cancelled_by, evora_job_image(j) AS image
+        RETURNING j.*, n.cause, evora_job_image(j) AS image
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -1064,7 +1168,7 @@ BEGIN
                'WAITING', state, attempt, NULL, updated_at,
                CASE WHEN state = 'CANCELLED'
                     THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', cancelled_by)
+                                            'dependency', cause)
                     ELSE '{}'::jsonb END,
                image
         FROM settled
@@ -1073,8 +1177,45 @@ BEGIN
     SELECT count(pg_notify('evora_jobs', q.queue))
     INTO hinted
     FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
+    PERFORM set_config('evora.settling', '', true);
     RETURN NULL;
 END
+$$;
+
+CREATE FUNCTION public.evora_settlement(ended_ids uuid[], ended_states public.job_state[]) RETURNS TABLE(id uuid, state public.job_state, arrived integer, cause uuid)
+    LANGUAGE sql STABLE
+    AS $$
+    WITH RECURSIVE cancelled(id) AS (
+        SELECT d.job_id
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN job_dependencies d ON d.depends_on = e.id
+        JOIN jobs w ON w.id = d.job_id
+        WHERE e.state = 'CANCELLED' AND w.state = 'WAITING'
+          AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+        UNION
+        SELECT d.job_id
+        FROM cancelled c
+        JOIN job_dependencies d ON d.depends_on = c.id
+        JOIN jobs w ON w.id = d.job_id
+        WHERE w.state = 'WAITING' AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+    ),
+    ended AS (
+        SELECT e.id, e.state FROM unnest(ended_ids, ended_states) AS e(id, state)
+        UNION ALL
+        SELECT c.id, 'CANCELLED'::job_state FROM cancelled c
+    ),
+    arrivals AS (
+        SELECT d.job_id AS id, count(*)::integer AS arrived,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1] AS cause
+        FROM ended e
+        JOIN job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    )
+    SELECT w.id, evora_dependent_next_state(w, a.arrived, a.cause IS NOT NULL), a.arrived,
+           a.cause
+    FROM arrivals a
+    JOIN jobs w ON w.id = a.id
+    WHERE w.state = 'WAITING'
 $$;
 
 CREATE TABLE public.flow_buckets (
@@ -1319,7 +1460,9 @@ CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW 
 
 CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 
-CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON public.jobs REFERENCING OLD TABLE AS ended_before NEW TABLE AS ended_after FOR EACH STATEMENT EXECUTE FUNCTION public.evora_settle_dependents();
+CREATE TRIGGER jobs_note_ended_dependency BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state])) AND (old.state IS DISTINCT FROM new.state) AND (current_setting('evora.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION public.evora_note_ended_dependency();
+
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON public.jobs FOR EACH STATEMENT WHEN ((current_setting('evora.ended_dependencies'::text, true) <> ''::text)) EXECUTE FUNCTION public.evora_settle_dependents();
 
 CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
 

@@ -76,6 +76,10 @@ export interface ClaimedJob {
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
   lease_token: string;
+  /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
+  dependency_results?: {
+    [key: string]: unknown;
+  } | null;
 }
 
 export interface CompleteRequest {

@@ -300,7 +300,8 @@ BEGIN
 END
 $$;
 
--- The limits and defaults of a submission, with the limit keys a job may hold.
+-- The limits of version 13, with the limit keys a job may hold; evora.protocol.limits holds
+-- the same numbers (tests/sql/test_limits.py keeps them equal).
 CREATE OR REPLACE FUNCTION evora.limits() RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT '{
@@ -316,7 +317,9 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         "max_attempts": {"min": 1, "max": 1000, "default": 5},
         "lease_seconds": {"min": 1, "max": 86400, "default": 30},
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
-                    "max_multiplier": 1000}
+                    "max_multiplier": 1000},
+        "max_dependencies": 1000,
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
     }'::jsonb
 $$;
 
@@ -425,11 +428,18 @@ DECLARE
     made integer;
     -- of keyed items only: what a replay is compared by
     fingerprints bytea[];
+    -- ids whose idempotency key this call stored
+    kept uuid[];
+    -- by item: the stored job it replays (its key was stored before with the same fields)
+    replays uuid[];
+    -- by edge, as dependency_ids: the job waited for, a replayed item standing for its job
+    waited uuid[];
     -- by item: dependencies not final, and why it is refused (with the dependency's place)
     lefts integer[];
     refusals text[];
     culprits integer[];
 BEGIN
+    waited := dependency_ids;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := ARRAY(
             SELECT CASE WHEN x.key IS NOT NULL THEN evora.submission_fingerprint(
@@ -444,11 +454,40 @@ BEGIN
                                      backoff_multiplier, expires_at, key, group_key, ord)
             LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) l ON l.ord = x.ord
             ORDER BY x.ord);
+        -- The keys first, before any dependency is counted: an item whose key replays a
+        -- stored job is that job for the items naming it. A key repeated in this call is
+        -- stored once, for its first appearance.
+        WITH keyed AS (
+            INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
+            SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, fingerprints[x.ord], x.id
+            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            WHERE x.key IS NOT NULL
+            ORDER BY x.queue, x.key, x.ord
+            ON CONFLICT (queue, key) DO NOTHING
+            RETURNING job_id
+        )
+        SELECT coalesce(array_agg(k.job_id), '{}') INTO kept FROM keyed k;
+        -- A new statement, with a new snapshot: it sees the key of a racing submission that
+        -- committed while the insert above waited for it.
+        replays := ARRAY(
+            SELECT CASE WHEN k.job_id <> x.id
+                         AND k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord])
+                        THEN k.job_id END
+            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+            ORDER BY x.ord);
+        IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
+            waited := ARRAY(
+                SELECT coalesce(r.job, u.dep)
+                FROM unnest(dependency_ids) WITH ORDINALITY AS u(dep, n)
+                LEFT JOIN unnest(ids, replays) AS r(id, job) ON r.id = u.dep
+                ORDER BY u.n);
+        END IF;
     END IF;
-    IF cardinality(dependency_ids) > 0 THEN
+    IF cardinality(waited) > 0 THEN
         WITH held AS (
             SELECT * FROM evora_hold_dependencies(
-                ARRAY(SELECT DISTINCT d FROM unnest(dependency_ids) d WHERE d <> ALL(ids)))
+                ARRAY(SELECT DISTINCT d FROM unnest(waited) d WHERE d <> ALL(ids)))
         ),
         edge AS (
             SELECT e.ord, row_number() OVER (PARTITION BY e.ord ORDER BY e.n) AS place,
@@ -456,7 +495,7 @@ BEGIN
                    coalesce(on_failures[e.ord], 'cancel') AS policy
             -- a dependency named twice by one item counts once
             FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
-                  FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+                  FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
                   ORDER BY u.ord, u.dep, u.n) AS e
             LEFT JOIN held h ON h.id = e.dep
         ),
@@ -483,19 +522,25 @@ BEGIN
                array_agg(v.place ORDER BY v.n)
         INTO lefts, refusals, culprits
         FROM verdict v;
+        -- A refused item is not stored: neither is its key.
+        IF kept IS NOT NULL AND array_remove(refusals, NULL) <> '{}' THEN
+            DELETE FROM idempotency_keys k
+            USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
+            WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
+              AND k.job_id = x.id;
+        END IF;
     END IF;
     -- The created items first, straight from the insert ...
     RETURN QUERY
     WITH lists AS (
         SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
         FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
-              FROM unnest(dependency_ords, dependency_ids) WITH ORDINALITY AS u(ord, dep, n)
+              FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
               ORDER BY u.ord, u.dep, u.n) AS e
         GROUP BY e.ord
     ),
     input AS (
-        SELECT x.*, fingerprints[x.ord] AS fingerprint,
-               coalesce(lefts[x.ord], 0) AS waiting_on, l.deps,
+        SELECT x.*, coalesce(lefts[x.ord], 0) AS waiting_on, l.deps,
                coalesce(lk.names, '{}') AS limit_keys
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers,
@@ -507,16 +552,6 @@ BEGIN
         LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
         WHERE refusals[x.ord] IS NULL
     ),
-    keyed AS (
-        INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
-        -- a key repeated in this call is stored once, for its first appearance
-        SELECT DISTINCT ON (i.queue, i.key) i.queue, i.key, i.fingerprint, i.id
-        FROM input i
-        WHERE i.key IS NOT NULL
-        ORDER BY i.queue, i.key, i.ord
-        ON CONFLICT (queue, key) DO NOTHING
-        RETURNING job_id
-    ),
     moved AS (
         INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
@@ -527,10 +562,10 @@ BEGIN
                i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
                i.backoff_multiplier, i.expires_at, i.key, i.group_key,
                CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
-               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(dependency_ids),
+               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(waited),
                i.deps, i.limit_keys
         FROM input i
-        WHERE i.key IS NULL OR i.id IN (SELECT k.job_id FROM keyed k)
+        WHERE i.key IS NULL OR i.id IN (SELECT unnest(kept))
         ORDER BY i.ord
         RETURNING j.*, j AS whole, evora_job_image(j) AS image
     ),
@@ -569,9 +604,8 @@ BEGIN
            NULL::text[]
     FROM generate_series(1, cardinality(ids)) AS x(ord)
     WHERE refusals[x.ord] IS NOT NULL;
-    -- ... then the others, by their key. A new statement, with a new snapshot: it sees the
-    -- key of a racing submission that committed while the insert above waited for it. (An
-    -- item whose key names its own id was created above.)
+    -- ... then the others, by their key, stored before this call or by an earlier item of
+    -- it. (An item whose key names its own id was created above.)
     RETURN QUERY
     SELECT x.ord::integer,
            CASE
@@ -702,23 +736,56 @@ END
 $$;
 
 -- evora.submit_items() of version 13, passing each item's limit keys: validates every item
--- (all or nothing), stores them and raises for the first item, in order, whose idempotency
--- key conflicts or whose job is gone. The ids, in item order.
+-- (all or nothing), resolves each "ref:<name>" to the id of the earlier item that carries
+-- that ref, stores them through evora.store_submissions() and raises for the first item, in
+-- order, whose idempotency key conflicts, whose job is gone or whose dependency names no
+-- job (or one CANCELLED that would cancel it). The ids, in item order.
 CREATE OR REPLACE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
 LANGUAGE plpgsql AS $$
 DECLARE
     subs evora.submission[];
+    new_ids uuid[];
+    -- by ref: the id of the item carrying it
+    named jsonb := '{}';
+    edge_ords integer[] := '{}';
+    edge_ids uuid[] := '{}';
+    n integer;
+    place integer;
+    dep text;
     r record;
     at text;
     ids uuid[] := '{}';
 BEGIN
-    SELECT array_agg(evora.validated(e.item,
+    SELECT array_agg(evora.validated_with_dependencies(e.item,
                CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
     INTO subs
     FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
+    new_ids := ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs)));
+    FOR n IN 1 .. cardinality(subs) LOOP
+        at := CASE WHEN batch THEN format('jobs[%s].', n - 1) ELSE '' END;
+        FOR place IN 1 .. cardinality((subs[n]).depends_on) LOOP
+            dep := (subs[n]).depends_on[place];
+            IF dep LIKE 'ref:%' THEN
+                IF NOT named ? substr(dep, 5) THEN
+                    PERFORM evora.reject(format('%sdepends_on[%s]', at, place - 1),
+                        format('%L names no earlier item of this batch', dep));
+                END IF;
+                dep := named ->> substr(dep, 5);
+            END IF;
+            edge_ords := edge_ords || n;
+            edge_ids := edge_ids || dep::uuid;
+        END LOOP;
+        IF (subs[n]).ref IS NOT NULL THEN
+            IF named ? (subs[n]).ref THEN
+                PERFORM evora.reject(at || 'ref', format(
+                    '%L is already the ref of an earlier item', (subs[n]).ref));
+            END IF;
+            named := named || jsonb_build_object((subs[n]).ref, new_ids[n]);
+        END IF;
+    END LOOP;
     FOR r IN
         SELECT * FROM evora.store_submissions(
-            ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs))),
+            new_ids,
             ARRAY(SELECT (s).queue FROM unnest(subs) s),
             ARRAY(SELECT (s).type FROM unnest(subs) s),
             ARRAY(SELECT (s).payload FROM unnest(subs) s),
@@ -733,7 +800,8 @@ BEGIN
             ARRAY(SELECT (s).expires_at FROM unnest(subs) s),
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
-            '{}', '{}', '{}', '{}', NULL,
+            '{}', '{}', edge_ords, edge_ids,
+            ARRAY(SELECT (s).on_dependency_failure FROM unnest(subs) s),
             ARRAY(SELECT i FROM generate_series(1, cardinality(subs)) AS i,
                                 unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
                   ORDER BY i, k.place),
@@ -758,6 +826,13 @@ BEGIN
                             quote_literal((subs[r.ord]).queue)
                 USING ERRCODE = 'unique_violation', COLUMN = 'idempotency_key',
                       CONSTRAINT = 'evora_idempotent_job_gone';
+        ELSIF r.outcome = 'unknown_dependency' THEN
+            PERFORM evora.reject(format('%sdepends_on[%s]', at, r.first_ord - 1), format(
+                '%s names no job', (subs[r.ord]).depends_on[r.first_ord]));
+        ELSIF r.outcome = 'cancelled_dependency' THEN
+            PERFORM evora.reject(format('%sdepends_on[%s]', at, r.first_ord - 1), format(
+                '%s names a CANCELLED job (with on_dependency_failure "cancel" this job '
+                'could never run)', (subs[r.ord]).depends_on[r.first_ord]));
         END IF;
         ids := ids || (r.job).id;
     END LOOP;
