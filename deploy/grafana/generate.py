@@ -366,6 +366,43 @@ def build() -> dict[str, Any]:
         8,
     )
 
+    d.row("Flow control (limits)")
+    d.add(
+        timeseries(
+            "Running under limits, by key kind",
+            [("max by (kind) (evora_limit_running_jobs)", "{{kind}}")],
+            description="RUNNING jobs holding a limited key, summed over the keys of each kind "
+            "(what precedes the key's first ':'; queue: for queue limits).",
+        ),
+        8,
+        8,
+    )
+    d.add(
+        timeseries(
+            "Throttled jobs, by key kind",
+            [
+                ("max by (kind) (evora_limit_throttled_jobs)", "held back {{kind}}"),
+            ],
+            description="Due PENDING jobs held back because a key they hold has no room left "
+            "(concurrency reached or bucket empty).",
+        ),
+        8,
+        8,
+    )
+    d.add(
+        timeseries(
+            "Time throttled and tokens, by key kind",
+            [
+                ("max by (kind) (evora_limit_throttled_seconds)", "longest wait {{kind}} (s)"),
+                ("max by (kind) (evora_limit_tokens)", "tokens {{kind}}"),
+            ],
+            description="How long the longest-held-back job of each kind has been due, and the "
+            "tokens left in the buckets of its rate-limited keys.",
+        ),
+        8,
+        8,
+    )
+
     d.row("Sweeper")
     d.add(
         timeseries(

@@ -14,9 +14,11 @@ from evora.http.routing import install
 from evora.readmodels.client import mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
 from evora.storage.jobs import JobStore, caused_by_an_item
+from evora.storage.limits import LimitStore
 from evora.storage.schedules import ScheduleStore
 from evora_services import tracing
 from evora_services.api.dashboard import dashboard
+from evora_services.api.limits import LIMITS, limits
 from evora_services.api.routes import STORE, SUBMITS, admin, producer
 from evora_services.api.schedules import SCHEDULES, schedules
 from evora_services.api.stats import READ_MODELS, stats
@@ -32,6 +34,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     store = JobStore(pool)
     app[STORE] = store
     app[SCHEDULES] = ScheduleStore(pool, store)
+    app[LIMITS] = LimitStore(pool)
     app[SUBMITS] = Coalescer(traced_submitter(store), isolate=caused_by_an_item)
     try:
         yield
@@ -62,5 +65,5 @@ async def create_app(settings: Settings) -> web.Application:
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
     if settings.mongo_url is not None:
         app.cleanup_ctx.append(_read_models)
-    install(app, producer, admin, schedules, stats, dashboard)
+    install(app, producer, admin, schedules, limits, stats, dashboard)
     return app

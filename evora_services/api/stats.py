@@ -20,7 +20,7 @@ from evora.http.jsonio import json_response
 from evora.http.problems import Problem
 from evora.http.routing import Routes
 from evora.protocol.fields import QueueName
-from evora.protocol.limits import MAX_PAGE, QUEUE_PATTERN
+from evora.protocol.limits import LIMIT_NAME_PATTERN, MAX_PAGE, QUEUE_PATTERN
 from evora.readmodels.reader import Page, ReadModels
 from evora.readmodels.stats import HISTORY_MINUTES
 from evora_services.api.paths import queue_name
@@ -82,8 +82,18 @@ def _worker_after(value: object) -> object:
     return (at, worker)
 
 
+def _limit_after(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    [key] = _decode_key(value, 1)
+    if not re.fullmatch(LIMIT_NAME_PATTERN, key):
+        raise ValueError(_NOT_OURS)
+    return key
+
+
 _CURSOR_SCHEMA = {"type": "string", "description": "the `next` value of the previous page"}
 QueueCursor = Annotated[str, BeforeValidator(_queue_after), WithJsonSchema(_CURSOR_SCHEMA)]
+LimitCursor = Annotated[str, BeforeValidator(_limit_after), WithJsonSchema(_CURSOR_SCHEMA)]
 WorkerCursor = Annotated[
     tuple[datetime, str], BeforeValidator(_worker_after), WithJsonSchema(_CURSOR_SCHEMA)
 ]

@@ -14,8 +14,10 @@ from evora.config import Settings
 from evora.http.app import METRICS, create_base_app, open_pool
 from evora.http.routing import install
 from evora.storage.jobs import JobStore, caused_by_an_item
+from evora.storage.limits import LimitStore
 from evora.storage.listener import Listener
 from evora_services import tracing
+from evora_services.dispatcher.limits import LimitWatch
 from evora_services.dispatcher.metrics import DispatcherMetrics
 from evora_services.dispatcher.routes import routes
 from evora_services.dispatcher.state import DISPATCH, Dispatch
@@ -63,10 +65,12 @@ async def create_app(settings: Settings) -> web.Application:
             name="evora-dispatcher-listen",
         )
         unclaimed = UnclaimedWatch(pool, app[METRICS].registry, settings.unclaimed_warning_seconds)
+        limits = LimitWatch(LimitStore(pool), app[METRICS].registry)
         tasks = [
             asyncio.create_task(listener.run()),
             asyncio.create_task(poll_forever(wakeups)),
             asyncio.create_task(unclaimed.run_forever()),
+            asyncio.create_task(limits.run_forever()),
         ]
         try:
             yield

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from evora.config import Settings
 from evora_services.api.app import create_app as create_api
+from evora_services.dispatcher import limits as limit_metrics
 from evora_services.dispatcher.app import create_app as create_dispatcher
 from evora_services.projector.app import create_app as create_projector
 from evora_services.sweeper.app import create_app as create_sweeper
@@ -26,8 +27,10 @@ from tests.servers import Service, serve
 
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 PRODUCER = {"Authorization": "Bearer test-producer-token"}
+ADMIN = {"Authorization": "Bearer test-admin-token"}
 WORKER = {"Authorization": "Bearer test-worker-token"}
 QUEUE = "deploy-check"
+LIMITED_QUEUE = "deploy-limited"
 
 # Series Prometheus itself adds: `up` per target, `job`/`instance` on every series.
 PROMETHEUS_METRICS = {"up": {"job", "instance"}}
@@ -83,6 +86,21 @@ async def _exercise(http: aiohttp.ClientSession, api: str, dispatcher: str) -> N
         assert (await response.json())["state"] == "DLQ"
 
 
+async def _throttle(http: aiohttp.ClientSession, api: str, dispatcher: str) -> None:
+    """A rate and concurrency limit with one job running under it and one held back, so the
+    flow-control gauges have series."""
+    limit = {"concurrency": 1, "rate": {"limit": 5, "per_seconds": 60}}
+    async with http.put(f"{api}/v1/limits/deploy:*", json=limit, headers=ADMIN) as response:
+        assert response.status == 201, await response.text()
+    job = {"queue": LIMITED_QUEUE, "type": "t", "limit_keys": ["deploy:1"]}
+    batch = {"jobs": [job, job]}
+    async with http.post(f"{api}/v1/jobs/batch", json=batch, headers=PRODUCER) as response:
+        assert response.status == 200, await response.text()
+    claim = {"worker_id": "deploy-w", "queues": [LIMITED_QUEUE], "max_jobs": 2, "wait_seconds": 0}
+    async with http.post(f"{dispatcher}/v1/claim", json=claim, headers=WORKER) as response:
+        assert len((await response.json())["jobs"]) == 1
+
+
 async def _wait_in_vain(http: aiohttp.ClientSession, dispatcher: str) -> None:
     """A long-poll that waits, finding nothing: the waiting gauge has a series for its queue
     only while it waits."""
@@ -92,7 +110,11 @@ async def _wait_in_vain(http: aiohttp.ClientSession, dispatcher: str) -> None:
 
 
 @pytest.fixture
-async def catalogue(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIterator[Catalogue]:
+async def catalogue(
+    db_url: str, mongo_url: str, mongo_db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Catalogue]:
+    # the flow-control gauges are read every 15 s; here at once after _throttle
+    monkeypatch.setattr(limit_metrics, "CHECK_SECONDS", 0.1)
     settings = Settings(
         database_url=db_url, mongo_url=mongo_url, mongo_db=mongo_db_name, tokens=TOKENS
     )
@@ -109,6 +131,7 @@ async def catalogue(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIte
         urls = {r.name: r.url for r in running}
         async with aiohttp.ClientSession() as http:
             await _exercise(http, urls["api"], urls["dispatcher"])
+            await _throttle(http, urls["api"], urls["dispatcher"])
             # The projector exports per-queue figures once it has applied the events and
             # refreshed its snapshot (every couple of seconds).
             deadline = time.monotonic() + 30
@@ -120,7 +143,7 @@ async def catalogue(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIte
                 assert time.monotonic() < deadline, "the projector never exported the queue"
                 await asyncio.sleep(0.2)
             waiting = asyncio.create_task(_wait_in_vain(http, urls["dispatcher"]))
-            while "evora_dispatcher_waiting_polls" not in found:
+            while {"evora_dispatcher_waiting_polls", "evora_limit_tokens"} - found.keys():
                 assert time.monotonic() < deadline, "the long-poll never waited"
                 await asyncio.sleep(0.05)
                 found, _ = await _scrape(http, urls["dispatcher"])

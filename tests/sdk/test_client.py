@@ -105,3 +105,23 @@ async def test_events(client: Client) -> None:
     job_id = (await client.submit("q", "t")).id
     await client.cancel(job_id)
     assert [e["event"] for e in await client.events(job_id)] == ["submitted", "cancelled"]
+
+
+async def test_limits(client: Client) -> None:
+    made = await client.set_limit("tenant:*", concurrency=2, rate=(10, 60.0))
+    assert (made["key"], made["concurrency"], made["rate"]) == (
+        "tenant:*",
+        2,
+        {"limit": 10, "per_seconds": 60.0},
+    )
+    await client.set_limit("queue:emails", concurrency=5)
+    assert [limit["key"] for limit in await client.limits()] == ["queue:emails", "tenant:*"]
+    job = await client.submit("emails", "t", limit_keys=["tenant:9"])
+    assert job.job["limit_keys"] == ["tenant:9"]
+    usage = await client.limit("tenant:9")
+    assert (usage["governed_by"], usage["running"], usage["tokens"]) == ("tenant:*", 0, 10)
+    await client.delete_limit("tenant:*")
+    with pytest.raises(evora.LimitNotFoundError):
+        await client.limit("tenant:9")
+    with pytest.raises(evora.LimitNotFoundError):
+        await client.delete_limit("tenant:*")

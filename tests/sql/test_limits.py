@@ -33,6 +33,8 @@ async def test_the_sql_limits_are_the_apis(app_conn: asyncpg.Connection) -> None
     assert sql["max_batch"] == limits.MAX_BATCH
     assert sql["max_dependencies"] == limits.MAX_DEPENDENCIES
     assert sql["ref_pattern"] == limits.REF_PATTERN
+    assert sql["limit_key_pattern"] == limits.LIMIT_KEY_PATTERN
+    assert sql["max_limit_keys"] == limits.MAX_LIMIT_KEYS
     for field in ("priority", "max_attempts", "lease_seconds"):
         low, high, default = _bounds(JobSubmission, field)
         assert (sql[field]["min"], sql[field]["max"], sql[field]["default"]) == (low, high, default)

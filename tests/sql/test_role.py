@@ -20,7 +20,7 @@ FORBIDDEN = [
     "DELETE FROM job_events",
     "SELECT evora_drop_archived_events(0, 0, 1)",
     "SELECT * FROM evora.store_submissions('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
-    "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
+    "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
     "SELECT evora.validated('{}', '')",
     "SELECT evora.validated_with_dependencies('{}', '')",
 ]

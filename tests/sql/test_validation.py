@@ -61,6 +61,12 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"idempotency_key": 5}, "idempotency_key"),
     ({"group_key": ""}, "group_key"),
     ({"group_key": ["a"]}, "group_key"),
+    ({"limit_keys": "tenant:1"}, "limit_keys"),
+    ({"limit_keys": [f"k{n}" for n in range(9)]}, "limit_keys"),
+    ({"limit_keys": ["a", "a"]}, "limit_keys"),
+    ({"limit_keys": ["ok", "tenant:*"]}, "limit_keys.1"),
+    ({"limit_keys": ["x" * 256]}, "limit_keys.0"),
+    ({"limit_keys": [7]}, "limit_keys.0"),
     ({"colour": "red"}, "colour"),
     ({"depends_on": "01a20c32-9f79-79ab-93cf-bdbd9eb5bbfa"}, "depends_on"),
     ({"depends_on": {"a": 1}}, "depends_on"),
@@ -92,6 +98,9 @@ VALID: list[dict[str, Any]] = [
     {"backoff": {"initial_seconds": 5, "max_seconds": 315_360_000, "multiplier": 1000}},
     {"idempotency_key": "k" * 255, "group_key": "g" * 255},
     {"idempotency_key": "ключ ✓", "group_key": " "},
+    {"limit_keys": []},
+    {"limit_keys": ["tenant:42", "api:stripe", "x" * 255, *[f"k{n}" for n in range(5)]]},
+    {"limit_keys": ["b", "a"], "idempotency_key": "limited"},
     {"depends_on": [], "on_dependency_failure": "run"},
     {"on_dependency_failure": "cancel", "ref": None},
 ]
@@ -185,6 +194,7 @@ async def test_a_valid_submission_is_accepted(
             model.idempotency_key,
             model.group_key,
         )
+        assert row["limit_keys"] == model.limit_keys
         if model.run_at is not None:
             assert row["run_at"] == model.run_at
 

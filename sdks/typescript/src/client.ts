@@ -17,11 +17,13 @@
 // - putSchedule, deleteSchedule, pauseSchedule, resumeSchedule: repeated, each sets the
 //   schedule to a state (a repeated delete that finds nothing resolves all the same);
 // - triggerSchedule: not repeated, a repeat would make a second job;
+// - setLimit, limits, limit, deleteLimit: repeated (a PUT replaces with the same limit; a
+//   repeated delete that finds nothing resolves all the same);
 // - retry, redrive: not repeated. Between two attempts the job can fail again and be back
 //   in the DLQ, and the repeat would grant it a second fresh attempt budget.
 
 import { RetryBackoff } from "./backoff.js";
-import { InvalidStateError, ScheduleNotFoundError } from "./errors.js";
+import { InvalidStateError, LimitNotFoundError, ScheduleNotFoundError } from "./errors.js";
 import type * as api from "./generated/api.js";
 import { Transport } from "./http.js";
 import type {
@@ -96,6 +98,10 @@ export const CLIENT_METHODS = {
   "POST /v1/schedules/{name}/pause": "pauseSchedule",
   "POST /v1/schedules/{name}/resume": "resumeSchedule",
   "POST /v1/schedules/{name}/trigger": "triggerSchedule",
+  "PUT /v1/limits/{key}": "setLimit",
+  "GET /v1/limits": "limits",
+  "GET /v1/limits/{key}": "limit",
+  "DELETE /v1/limits/{key}": "deleteLimit",
 } as const satisfies Record<ApiOperation, keyof Client>;
 
 function segment(value: string): string {
@@ -335,6 +341,45 @@ export class Client {
   /** Make one job of the schedule now, outside its ticks. */
   async triggerSchedule(name: string): Promise<Job> {
     return (await this.http.request<Job>("POST", `/v1/schedules/${segment(name)}/trigger`, { idempotent: false })).data;
+  }
+
+  // Limits (docs/flow-control.md)
+
+  /** Create or replace the limit of `key` (`tenant:42`, `queue:<queue>`, or a prefix limit
+   * `tenant:*` that applies to every key under it separately); `created` says which. */
+  async setLimit(key: string, body: api.LimitBody): Promise<{ limit: api.Limit; created: boolean }> {
+    const resp = await this.http.request<api.Limit>("PUT", `/v1/limits/${segment(key)}`, { body, idempotent: true });
+    return { limit: resp.data, created: resp.status === 201 };
+  }
+
+  /** Every limit, all pages. */
+  async limits(): Promise<api.Limit[]> {
+    const all: api.Limit[] = [];
+    let after: string | null = null;
+    do {
+      const resp: { data: api.LimitList } = await this.http.request<api.LimitList>("GET", "/v1/limits", {
+        query: { limit: MAX_PAGE, after },
+        idempotent: true,
+      });
+      all.push(...resp.data.limits);
+      after = resp.data.next;
+    } while (after !== null);
+    return all;
+  }
+
+  /** The limit that governs `key` with the key's live usage; `LimitNotFoundError` when none. */
+  async limit(key: string): Promise<api.LimitUsage> {
+    return (await this.http.request<api.LimitUsage>("GET", `/v1/limits/${segment(key)}`, { idempotent: true })).data;
+  }
+
+  /** Delete the limit of `key`. */
+  async deleteLimit(key: string): Promise<void> {
+    try {
+      await this.http.request<unknown>("DELETE", `/v1/limits/${segment(key)}`, { idempotent: true });
+    } catch (error) {
+      // A repeat after a lost answer finds the limit already gone.
+      if (!(error instanceof LimitNotFoundError && error.attempts > 1)) throw error;
+    }
   }
 
   private async toCancelled(jobId: string, path: string): Promise<Job> {

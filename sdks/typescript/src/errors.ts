@@ -111,6 +111,9 @@ export class QueueNotFoundError extends NotFoundError {
 export class ScheduleNotFoundError extends NotFoundError {
   static override readonly problemCode: string | null = "schedule_not_found";
 }
+export class LimitNotFoundError extends NotFoundError {
+  static override readonly problemCode: string | null = "limit_not_found";
+}
 export class ConflictError extends EvoraHTTPError {
   static override readonly problemStatus: number | null = 409;
 }
@@ -153,6 +156,7 @@ const CLASSES: ErrorClass[] = [
   JobNotFoundError,
   QueueNotFoundError,
   ScheduleNotFoundError,
+  LimitNotFoundError,
   ConflictError,
   LeaseLostError,
   InvalidStateError,

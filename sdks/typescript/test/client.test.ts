@@ -11,6 +11,7 @@ import {
   IdempotencyConflictError,
   InvalidStateError,
   JobNotFoundError,
+  LimitNotFoundError,
   QueueNotFoundError,
   RequestValidationError,
   ScheduleNotFoundError,
@@ -206,6 +207,23 @@ describe("Client", () => {
     const gone = await root.schedule(name).catch((e) => e);
     assert.ok(gone instanceof ScheduleNotFoundError, String(gone));
     assert.deepEqual([gone.status, gone.code], [404, "schedule_not_found"]);
+  });
+
+  test("limits: set, list, read usage and delete", async () => {
+    const stem = queueName("ts-tenant");
+    const queue = queueName("ts-limits-q");
+    const made = await root.setLimit(`${stem}:*`, { concurrency: 2, rate: { limit: 10, per_seconds: 60 } });
+    assert.deepEqual([made.created, made.limit.concurrency], [true, 2]);
+    assert.equal((await root.setLimit(`${stem}:*`, { concurrency: 3, rate: null })).created, false);
+    assert.ok((await root.limits()).some((l) => l.key === `${stem}:*`));
+    const job = await client.submit(queue, "ts.echo", {}, { limit_keys: [`${stem}:1`] });
+    assert.deepEqual(job.job.limit_keys, [`${stem}:1`]);
+    const usage = await root.limit(`${stem}:1`);
+    assert.deepEqual([usage.governed_by, usage.concurrency, usage.running], [`${stem}:*`, 3, 0]);
+    await root.deleteLimit(`${stem}:*`);
+    const gone = await root.limit(`${stem}:1`).catch((e) => e);
+    assert.ok(gone instanceof LimitNotFoundError, String(gone));
+    assert.deepEqual([gone.status, gone.code], [404, "limit_not_found"]);
   });
 
   test("history: a queue's per-minute series and every queue's", async () => {

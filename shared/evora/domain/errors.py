@@ -82,3 +82,11 @@ class ScheduleNotFound(EvoraError):
     code = problems.SCHEDULE_NOT_FOUND
     status = 404
     title = "Schedule not found"
+
+
+class LimitNotFound(EvoraError):
+    """No limit governs that key (neither its own nor a prefix limit)."""
+
+    code = problems.LIMIT_NOT_FOUND
+    status = 404
+    title = "Limit not found"

@@ -12,13 +12,15 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evora.protocol.fields import Key, Payload, QueueName, Timestamp, TypeName, WireModel
 from evora.protocol.limits import (
     DEPENDENCY_REF_PREFIX,
+    LIMIT_KEY_PATTERN,
     MAX_BATCH,
     MAX_DEPENDENCIES,
+    MAX_LIMIT_KEYS,
     MAX_SECONDS,
     REF_PATTERN,
 )
@@ -35,6 +37,7 @@ DependencyRef = Annotated[
     ),
 ]
 OnDependencyFailure = Literal["cancel", "run"]
+LimitKey = Annotated[str, Field(pattern=LIMIT_KEY_PATTERN)]
 
 
 class Backoff(WireModel):
@@ -102,6 +105,12 @@ class JobSubmission(WireModel):
         pattern=REF_PATTERN,
         description='a name later items of the same batch depend on as "ref:<name>"',
     )
+    limit_keys: list[LimitKey] = Field(
+        default_factory=list,
+        max_length=MAX_LIMIT_KEYS,
+        description="the concurrency and rate limits this job counts against, besides its "
+        "queue's (docs/flow-control.md); the first is its round-robin lane",
+    )
 
     @model_validator(mode="after")
     def _one_schedule(self) -> JobSubmission:
@@ -114,6 +123,13 @@ class JobSubmission(WireModel):
         if len(set(self.depends_on)) != len(self.depends_on):
             raise ValueError("depends_on names a job more than once")
         return self
+
+    @field_validator("limit_keys")
+    @classmethod
+    def _limit_keys_once(cls, keys: list[str]) -> list[str]:
+        if len(set(keys)) != len(keys):
+            raise ValueError("names a key more than once")
+        return keys
 
 
 class BatchSubmission(WireModel):
@@ -162,6 +178,7 @@ class Job(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     depends_on: list[UUID] = Field(description="the jobs this one waits for (or waited for)")
+    limit_keys: list[str] = Field(description="the limit keys it holds besides its queue's")
 
 
 class ClaimedJob(Job):

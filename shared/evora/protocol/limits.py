@@ -9,6 +9,11 @@ from typing import Final
 # Queue names, and limit keys, use this alphabet; job types a slightly wider one.
 QUEUE_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 TYPE_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,255}$"
+# Limit keys (docs/flow-control.md): the queue alphabet, up to 255 characters; a job holds at
+# most MAX_LIMIT_KEYS of them. A limit's key may end in `*`, making it a prefix limit.
+LIMIT_KEY_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$"
+LIMIT_NAME_PATTERN: Final = r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]{0,254}|[A-Za-z0-9_.:-]{0,253}\*)$"
+MAX_LIMIT_KEYS: Final = 8
 # Idempotency keys, group keys and worker ids: 1..255 characters, no U+0000 (PostgreSQL
 # text cannot hold it).
 KEY_MAX_LENGTH: Final = 255

@@ -22,6 +22,9 @@ only when repeating it cannot do anything twice:
 - `delete_schedule`: repeated; a repeat that finds the schedule gone (the first attempt
   worked) returns instead of raising `ScheduleNotFoundError`.
 - `trigger_schedule`: not repeated; a repeat would make a second job.
+- `set_limit`, `limit`, `limits`: repeated (a PUT replaces with the same limit; reads).
+- `delete_limit`: repeated; a repeat that finds the limit gone (the first attempt worked)
+  returns instead of raising `LimitNotFoundError`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from evora.protocol.limits import MAX_PAGE
 from evora.protocol.retries import RetryBackoff
 from evora.protocol.states import JobState
 from evora.sdk._http import NO_BODY, Response, Transport
-from evora.sdk.errors import InvalidStateError, ScheduleNotFoundError
+from evora.sdk.errors import InvalidStateError, LimitNotFoundError, ScheduleNotFoundError
 from evora.sdk.tracing import context_headers
 
 # Queue stats per page when listing every queue: the most the api serves at once.
@@ -69,6 +72,8 @@ class SubmitOptions(TypedDict, total=False):
     depends_on: Sequence[str | UUID]
     """Jobs that must finish first (docs/dependencies.md); in a batch also "ref:<name>"."""
     on_dependency_failure: Literal["cancel", "run"]
+    limit_keys: Sequence[str]
+    """The concurrency and rate limits the job counts against (docs/flow-control.md)."""
 
 
 class Submission(SubmitOptions, total=False):
@@ -120,6 +125,10 @@ def _segment(value: str | UUID) -> str:
 
 def _schedule_path(name: str) -> str:
     return f"/v1/schedules/{_segment(name)}"
+
+
+def _limit_path(key: str) -> str:
+    return f"/v1/limits/{_segment(key)}"
 
 
 class Client:
@@ -420,6 +429,52 @@ class Client:
         resp = await self._call("POST", f"{_schedule_path(name)}/trigger", idempotent=False)
         data: JobData = resp.data
         return data
+
+    # Limits (docs/flow-control.md)
+
+    async def set_limit(
+        self,
+        key: str,
+        *,
+        concurrency: int | None = None,
+        rate: tuple[int, float] | None = None,
+    ) -> dict[str, Any]:
+        """Create or replace the limit of `key` (`tenant:42`, `queue:<queue>`, or a prefix
+        limit `tenant:*` that applies to every key under it separately): at most
+        `concurrency` jobs holding the key RUNNING, and at most `rate` = (limit,
+        per_seconds) claims per period (a token bucket). Returns the limit."""
+        body = {
+            "concurrency": concurrency,
+            "rate": None if rate is None else {"limit": rate[0], "per_seconds": rate[1]},
+        }
+        resp = await self._call("PUT", _limit_path(key), body=body, idempotent=True)
+        return dict(resp.data)
+
+    async def limits(self) -> list[dict[str, Any]]:
+        """Every limit by key, fetched a page at a time."""
+        found: list[dict[str, Any]] = []
+        params = {"limit": str(MAX_PAGE)}
+        while True:
+            resp = await self._call("GET", "/v1/limits", params=params, idempotent=True)
+            found.extend(resp.data["limits"])
+            after = resp.data.get("next")
+            if after is None:
+                return found
+            params["after"] = after
+
+    async def limit(self, key: str) -> dict[str, Any]:
+        """The limit that governs `key` (its own or a prefix limit's) with the key's live
+        usage: `running`, `tokens`, `throttled_jobs`; `LimitNotFoundError` when none does."""
+        resp = await self._call("GET", _limit_path(key), idempotent=True)
+        return dict(resp.data)
+
+    async def delete_limit(self, key: str) -> None:
+        """Delete the limit of `key`."""
+        try:
+            await self._call("DELETE", _limit_path(key), idempotent=True)
+        except LimitNotFoundError as exc:
+            if exc.attempts == 1:  # gone before this call, not deleted by its first attempt
+                raise
 
     async def _to_cancelled(self, job_id: str | UUID, path: str) -> JobData:
         try:

@@ -111,6 +111,10 @@ class ScheduleNotFoundError(NotFoundError):
     problem_code = problems.SCHEDULE_NOT_FOUND
 
 
+class LimitNotFoundError(NotFoundError):
+    problem_code = problems.LIMIT_NOT_FOUND
+
+
 class ConflictError(EvoraHTTPError):
     problem_status = 409
 
@@ -164,6 +168,7 @@ _CLASSES: tuple[type[EvoraHTTPError], ...] = (
     JobNotFoundError,
     QueueNotFoundError,
     ScheduleNotFoundError,
+    LimitNotFoundError,
     ConflictError,
     LeaseLostError,
     InvalidStateError,

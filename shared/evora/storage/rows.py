@@ -56,6 +56,7 @@ def job_from_row(row: Mapping[str, Any]) -> JobDict:
         "multiplier": row["backoff_multiplier"],
     }
     job["depends_on"] = row["depends_on"] or []
+    job["limit_keys"] = row["limit_keys"]
     return job
 
 

@@ -22,7 +22,8 @@ CREATE TYPE evora.submission AS (
 	group_key text,
 	depends_on text[],
 	on_dependency_failure text,
-	ref text
+	ref text,
+	limit_keys text[]
 );
 
 CREATE TYPE public.job_state AS ENUM (
@@ -43,6 +44,15 @@ CREATE TYPE public.evora_attempt_end AS (
 	released boolean,
 	pending_event text,
 	worker text
+);
+
+CREATE TYPE public.evora_claim_candidate AS (
+	id uuid,
+	priority smallint,
+	run_at timestamp with time zone,
+	submit_seq bigint,
+	keys text[],
+	lane text
 );
 
 CREATE TABLE public.jobs (
@@ -79,6 +89,8 @@ CREATE TABLE public.jobs (
     dependencies_left integer DEFAULT 0 NOT NULL,
     has_dependents boolean DEFAULT false NOT NULL,
     depends_on uuid[],
+    limit_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    limited boolean DEFAULT false NOT NULL,
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -128,21 +140,39 @@ CREATE TYPE public.job_image AS (
 	finished_at timestamp with time zone
 );
 
-CREATE FUNCTION evora.fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text) RETURNS bytea
-    LANGUAGE sql STABLE PARALLEL SAFE
+CREATE FUNCTION evora.limit_key_lists(ords integer[], names text[]) RETURNS TABLE(ord integer, names text[])
+    LANGUAGE sql IMMUTABLE
     AS $$
-    SELECT sha256(
-        int4send(length(convert_to(queue, 'UTF8'))) || convert_to(queue, 'UTF8')
-        || int4send(length(convert_to(type, 'UTF8'))) || convert_to(type, 'UTF8')
-        || coalesce('\x01'::bytea || int4send(length(convert_to(group_key, 'UTF8')))
-                    || convert_to(group_key, 'UTF8'), '\x00')
-        || int2send(priority) || int4send(max_attempts) || int4send(lease_seconds)
-        || coalesce('\x01'::bytea || timestamptz_send(run_at), '\x00')
-        || coalesce('\x01'::bytea || float8send(delay_seconds), '\x00')
-        || coalesce('\x01'::bytea || timestamptz_send(expires_at), '\x00')
-        || float8send(backoff_initial) || float8send(backoff_max)
-        || float8send(backoff_multiplier)
-        || convert_to(payload::text, 'UTF8'))
+    SELECT u.ord, array_agg(u.name ORDER BY u.n)
+    FROM unnest(ords, names) WITH ORDINALITY AS u(ord, name, n)
+    GROUP BY u.ord
+$$;
+
+CREATE FUNCTION evora.limit_keys_field(value jsonb, field text) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+    keys text[] := '{}';
+    element jsonb;
+    place integer := 0;
+BEGIN
+    IF jsonb_typeof(value) <> 'array'
+            OR jsonb_array_length(value) > (lim ->> 'max_limit_keys')::integer THEN
+        PERFORM evora.reject(field, format('must be a JSON array of at most %s keys',
+                                           lim ->> 'max_limit_keys'));
+    END IF;
+    FOR element IN SELECT * FROM jsonb_array_elements(value) LOOP
+        keys := keys || evora.text_field(element, format('%s.%s', field, place),
+                                         lim ->> 'limit_key_pattern', NULL, false);
+        IF keys[cardinality(keys)] = ANY(keys[1:cardinality(keys) - 1]) THEN
+            PERFORM evora.reject(field, format('names the key %L more than once',
+                                               keys[cardinality(keys)]));
+        END IF;
+        place := place + 1;
+    END LOOP;
+    RETURN keys;
+END
 $$;
 
 CREATE FUNCTION evora.limits() RETURNS jsonb
@@ -152,6 +182,8 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
         "queue_pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$",
         "type_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
         "key_max_length": 255,
+        "limit_key_pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$",
+        "max_limit_keys": 8,
         "max_payload_bytes": 1048576,
         "max_seconds": 315360000,
         "max_batch": 1000,
@@ -193,7 +225,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -210,16 +242,17 @@ BEGIN
     waited := dependency_ids;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := ARRAY(
-            SELECT CASE WHEN x.key IS NOT NULL THEN evora.fingerprint(
+            SELECT CASE WHEN x.key IS NOT NULL THEN evora.submission_fingerprint(
                        x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
                        x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
-                       x.expires_at, x.group_key) END
+                       x.expires_at, x.group_key, coalesce(l.names, '{}')) END
             FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
                         backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
                         idempotency_keys, group_keys)
                 WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
                                      lease_seconds, backoff_initial, backoff_max,
                                      backoff_multiplier, expires_at, key, group_key, ord)
+            LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) l ON l.ord = x.ord
             ORDER BY x.ord);
         WITH keyed AS (
             INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
@@ -299,7 +332,8 @@ BEGIN
         GROUP BY e.ord
     ),
     input AS (
-        SELECT x.*, coalesce(lefts[x.ord], 0) AS waiting_on, l.deps
+        SELECT x.*, coalesce(lefts[x.ord], 0) AS waiting_on, l.deps,
+               coalesce(lk.names, '{}') AS limit_keys
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers,
                     expires_ats, idempotency_keys, group_keys)
@@ -307,20 +341,21 @@ BEGIN
                                  max_attempts, lease_seconds, backoff_initial, backoff_max,
                                  backoff_multiplier, expires_at, key, group_key, ord)
         LEFT JOIN lists l ON l.ord = x.ord
+        LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
         WHERE refusals[x.ord] IS NULL
     ),
     moved AS (
         INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
-                               on_dependency_failure, has_dependents, depends_on)
+                               on_dependency_failure, has_dependents, depends_on, limit_keys)
         SELECT i.id, i.queue, i.type, i.payload, i.priority,
                coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
                i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
                i.backoff_multiplier, i.expires_at, i.key, i.group_key,
                CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
                i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(waited),
-               i.deps
+               i.deps, i.limit_keys
         FROM input i
         WHERE i.key IS NULL OR i.id IN (SELECT unnest(kept))
         ORDER BY i.ord
@@ -376,6 +411,27 @@ BEGIN
     LEFT JOIN jobs s ON s.id = k.job_id
     WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND refusals[x.ord] IS NULL;
 END
+$$;
+
+CREATE FUNCTION evora.submission_fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text, limit_keys text[]) RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT sha256(
+        int4send(length(convert_to(queue, 'UTF8'))) || convert_to(queue, 'UTF8')
+        || int4send(length(convert_to(type, 'UTF8'))) || convert_to(type, 'UTF8')
+        || coalesce('\x01'::bytea || int4send(length(convert_to(group_key, 'UTF8')))
+                    || convert_to(group_key, 'UTF8'), '\x00')
+        || int2send(priority) || int4send(max_attempts) || int4send(lease_seconds)
+        || coalesce('\x01'::bytea || timestamptz_send(run_at), '\x00')
+        || coalesce('\x01'::bytea || float8send(delay_seconds), '\x00')
+        || coalesce('\x01'::bytea || timestamptz_send(expires_at), '\x00')
+        || float8send(backoff_initial) || float8send(backoff_max)
+        || float8send(backoff_multiplier)
+        || convert_to(payload::text, 'UTF8')
+        || CASE WHEN cardinality(limit_keys) = 0 THEN ''::bytea ELSE '\x02'::bytea || (
+               SELECT string_agg(int4send(length(convert_to(k, 'UTF8'))) || convert_to(k, 'UTF8'),
+                                 ''::bytea ORDER BY n)
+               FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END)
 $$;
 
 CREATE FUNCTION evora.submit(queue text, type text, payload jsonb DEFAULT '{}'::jsonb, options jsonb DEFAULT '{}'::jsonb) RETURNS uuid
@@ -478,7 +534,13 @@ BEGIN
             ARRAY(SELECT (s).idempotency_key FROM unnest(subs) s),
             ARRAY(SELECT (s).group_key FROM unnest(subs) s),
             '{}', '{}', edge_ords, edge_ids,
-            ARRAY(SELECT (s).on_dependency_failure FROM unnest(subs) s))
+            ARRAY(SELECT (s).on_dependency_failure FROM unnest(subs) s),
+            ARRAY(SELECT i FROM generate_series(1, cardinality(subs)) AS i,
+                                unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
+                  ORDER BY i, k.place),
+            ARRAY(SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
+                                     unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
+                  ORDER BY i, k.place))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -595,6 +657,7 @@ BEGIN
     s.priority := (lim -> 'priority' ->> 'default')::smallint;
     s.max_attempts := (lim -> 'max_attempts' ->> 'default')::integer;
     s.lease_seconds := (lim -> 'lease_seconds' ->> 'default')::integer;
+    s.limit_keys := '{}';
     FOR field, value IN SELECT * FROM jsonb_each(item) LOOP
         CASE field
         WHEN 'queue', 'type' THEN
@@ -632,6 +695,8 @@ BEGIN
         WHEN 'group_key' THEN
             s.group_key := evora.text_field(value, at || field, NULL,
                                             (lim ->> 'key_max_length')::integer, true);
+        WHEN 'limit_keys' THEN
+            s.limit_keys := evora.limit_keys_field(value, at || field);
         ELSE
             PERFORM evora.reject(at || field, 'is not a submission field');
         END CASE;
@@ -736,6 +801,183 @@ CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_secon
             * (0.8 + 0.4 * random()))
 $$;
 
+CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer) RETURNS TABLE(id uuid, limited boolean)
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+DECLARE
+    at CONSTANT timestamptz := evora_now();
+    taken uuid[] := '{}';
+    taken_limited boolean[] := '{}';
+    held text[] := '{}';
+    seen uuid[] := '{}';
+    blocked text[] := '{}';
+    cands evora_claim_candidate[];
+    window_size integer;
+    need integer;
+    lim_keys text[];
+    lim_conc integer[];
+    lim_rate integer[];
+    lim_per float8[];
+    locked text[];
+    tried uuid[];
+    try_keys text[];
+    cap_keys text[];
+    cap_vals bigint[];
+    new_ids uuid[];
+    new_flags boolean[];
+    new_held text[];
+BEGIN
+    FOR round IN 1..4 LOOP
+        need := wanted - cardinality(taken);
+        EXIT WHEN need <= 0;
+        window_size := 4 * need + 16;
+        cands := ARRAY(
+            SELECT ROW(c.id, c.priority, c.run_at, c.submit_seq,
+                       ARRAY(SELECT DISTINCT x
+                             FROM unnest(('queue:' || q.queue) || c.limit_keys) AS x),
+                       coalesce(c.limit_keys[1], ''))::evora_claim_candidate
+            FROM unnest(queues) AS q(queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
+                FROM jobs j
+                WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= at
+                  AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
+                  AND (types IS NULL OR j.type = ANY(types))
+                  AND (j.group_key IS NULL OR (
+                        NOT EXISTS (
+                            SELECT 1 FROM jobs r
+                            WHERE r.state = 'RUNNING' AND r.queue = j.queue
+                              AND r.group_key = j.group_key)
+                        AND NOT EXISTS (
+                            SELECT 1 FROM jobs e
+                            WHERE e.state = 'PENDING' AND e.queue = j.queue
+                              AND e.group_key = j.group_key
+                              AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq))))
+                  AND j.id <> ALL(seen)
+                  AND NOT (j.limit_keys && blocked)
+                ORDER BY j.priority, j.run_at, j.submit_seq
+                LIMIT window_size
+                FOR UPDATE OF j SKIP LOCKED
+            ) AS c
+            WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
+              AND ('queue:' || q.queue) <> ALL(blocked));
+        EXIT WHEN cardinality(cands) = 0;
+
+        SELECT coalesce(array_agg(g.key ORDER BY g.key), '{}'),
+               array_agg(g.concurrency ORDER BY g.key), array_agg(g.rate_limit ORDER BY g.key),
+               array_agg(g.rate_per_seconds ORDER BY g.key)
+        INTO lim_keys, lim_conc, lim_rate, lim_per
+        FROM evora_governing_limits(
+            ARRAY(SELECT DISTINCT k FROM unnest(cands) AS c, unnest(c.keys) AS k)) AS g;
+        tried := ARRAY(
+            SELECT c.id
+            FROM (SELECT c.*, row_number() OVER (PARTITION BY c.lane
+                                                 ORDER BY c.priority, c.run_at, c.submit_seq)
+                                  AS turn
+                  FROM unnest(cands) AS c) AS c
+            ORDER BY c.priority, c.turn, c.run_at, c.submit_seq
+            LIMIT need);
+        seen := seen || tried;
+        try_keys := ARRAY(SELECT DISTINCT k FROM unnest(cands) AS c, unnest(c.keys) AS k
+                          WHERE c.id = ANY(tried) AND k = ANY(lim_keys) ORDER BY k);
+
+        cap_keys := '{}';
+        cap_vals := '{}';
+        IF cardinality(try_keys) > 0 THEN
+            INSERT INTO flow_buckets (key, tokens, refilled_at)
+            SELECT u.k, coalesce(u.r, 0), at
+            FROM unnest(lim_keys, lim_rate) AS u(k, r)
+            WHERE u.k = ANY(try_keys)
+            ORDER BY u.k
+            ON CONFLICT (key) DO NOTHING;
+            locked := ARRAY(SELECT b.key FROM flow_buckets b WHERE b.key = ANY(try_keys)
+                            ORDER BY b.key FOR UPDATE SKIP LOCKED);
+            blocked := blocked || ARRAY(SELECT k FROM unnest(try_keys) AS k WHERE k <> ALL(locked));
+            WITH running AS (
+                SELECT k AS key, count(*) AS n
+                FROM jobs r, unnest(r.limit_keys) AS k
+                WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && locked
+                  AND k = ANY(locked) AND k <> 'queue:' || r.queue
+                GROUP BY k
+                UNION ALL
+                SELECT 'queue:' || r.queue, count(*)
+                FROM jobs r
+                WHERE r.state = 'RUNNING' AND r.queue = ANY(
+                    ARRAY(SELECT substr(k, 7) FROM unnest(locked) AS k
+                          WHERE starts_with(k, 'queue:')))
+                GROUP BY r.queue
+            )
+            SELECT coalesce(array_agg(g.k), '{}'), coalesce(array_agg(g.cap), '{}')
+            INTO cap_keys, cap_vals
+            FROM (
+                SELECT u.k, least(
+                    u.conc - coalesce(r.n, 0)
+                        - (SELECT count(*) FROM unnest(held) AS h WHERE h = u.k),
+                    floor(evora_tokens(b, u.rate, u.per, at))::bigint) AS cap
+                FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(k, conc, rate, per)
+                JOIN flow_buckets b ON b.key = u.k
+                LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r
+                    ON r.key = u.k
+                WHERE u.k = ANY(locked)
+            ) AS g;
+        END IF;
+
+        WITH c AS (SELECT * FROM unnest(cands) AS c WHERE c.id = ANY(tried)),
+        caps AS (SELECT * FROM unnest(cap_keys, cap_vals) AS x(key, cap)),
+        ranked AS (
+            SELECT c.id, k.key,
+                   row_number() OVER (PARTITION BY k.key
+                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS place
+            FROM c CROSS JOIN LATERAL unnest(c.keys) AS k(key)
+            WHERE k.key = ANY(cap_keys)
+        ),
+        admitted AS (
+            SELECT c.id, c.priority, c.run_at, c.submit_seq,
+                   c.keys && lim_keys AS is_limited,
+                   row_number() OVER (PARTITION BY c.lane
+                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
+            FROM c
+            WHERE NOT (c.keys && blocked)
+              AND NOT EXISTS (
+                  SELECT 1 FROM ranked r JOIN caps x ON x.key = r.key
+                  WHERE r.id = c.id AND x.cap IS NOT NULL AND r.place > x.cap)
+        ),
+        chosen AS (
+            SELECT a.id, a.is_limited FROM admitted a
+            ORDER BY a.priority, a.turn, a.run_at, a.submit_seq
+            LIMIT need
+        ),
+        got AS (
+            SELECT j.id FROM jobs j
+            WHERE j.id = ANY(ARRAY(SELECT ch.id FROM chosen ch)) AND j.state = 'PENDING'
+            FOR UPDATE OF j SKIP LOCKED
+        )
+        SELECT coalesce(array_agg(ch.id), '{}'), coalesce(array_agg(ch.is_limited), '{}')
+        INTO new_ids, new_flags
+        FROM chosen ch JOIN got g ON g.id = ch.id;
+
+        new_held := ARRAY(SELECT k FROM unnest(cands) AS c, unnest(c.keys) AS k
+                          WHERE c.id = ANY(new_ids) AND k = ANY(cap_keys));
+        taken := taken || new_ids;
+        taken_limited := taken_limited || new_flags;
+        held := held || new_held;
+
+        UPDATE flow_buckets b
+        SET tokens = evora_tokens(b, u.rate, u.per, at) - n.used, refilled_at = at
+        FROM unnest(lim_keys, lim_rate, lim_per) AS u(k, rate, per)
+        JOIN (SELECT h AS k, count(*) AS used FROM unnest(new_held) AS h GROUP BY h) AS n
+            ON n.k = u.k
+        WHERE b.key = u.k AND u.rate IS NOT NULL;
+        blocked := blocked || ARRAY(
+            SELECT x.key FROM unnest(cap_keys, cap_vals) AS x(key, cap)
+            WHERE x.cap - (SELECT count(*) FROM unnest(new_held) AS h WHERE h = x.key) <= 0);
+
+        EXIT WHEN cardinality(cands) < window_size AND cardinality(cands) = cardinality(tried);
+    END LOOP;
+    RETURN QUERY SELECT * FROM unnest(taken, taken_limited);
+END
+$$;
+
 CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, arrived integer, cancelled boolean) RETURNS public.job_state
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -828,6 +1070,21 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.evora_governing_limits(keys text[]) RETURNS TABLE(key text, concurrency integer, rate_limit integer, rate_per_seconds double precision)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT DISTINCT ON (k.key) k.key, l.concurrency, l.rate_limit, l.rate_per_seconds
+    FROM unnest(keys) AS k(key)
+    CROSS JOIN LATERAL (
+        SELECT e.concurrency, e.rate_limit, e.rate_per_seconds, -1 AS rank
+        FROM flow_limits e WHERE e.key = k.key
+        UNION ALL
+        SELECT p.concurrency, p.rate_limit, p.rate_per_seconds, length(p.stem)
+        FROM flow_limits p WHERE p.stem IS NOT NULL AND starts_with(k.key, p.stem)
+    ) AS l
+    ORDER BY k.key, l.rank = -1 DESC, l.rank DESC
+$$;
+
 CREATE FUNCTION public.evora_hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state public.job_state)
     LANGUAGE sql
     AS $$
@@ -886,7 +1143,8 @@ BEGIN
         FROM moved
     ),
     claimable AS (
-        SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+        SELECT DISTINCT queue AS q FROM moved
+        WHERE state = 'PENDING' OR group_key IS NOT NULL OR (limited AND from_state = 'RUNNING')
     ),
     hinted AS (
         SELECT q, pg_notify('evora_jobs', q) AS sent
@@ -945,6 +1203,16 @@ BEGIN
     END IF;
     RETURN OLD;
 END
+$$;
+
+CREATE FUNCTION public.evora_running_holding(k text) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT count(*) FROM jobs r
+            WHERE starts_with(k, 'queue:') AND r.state = 'RUNNING' AND r.queue = substr(k, 7))
+         + (SELECT count(*) FROM jobs r
+            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys @> ARRAY[k]
+              AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
 $$;
 
 CREATE FUNCTION public.evora_settle_dependents() RETURNS trigger
@@ -1042,6 +1310,19 @@ CREATE FUNCTION public.evora_settlement(ended_ids uuid[], ended_states public.jo
     WHERE w.state = 'WAITING'
 $$;
 
+CREATE TABLE public.flow_buckets (
+    key text NOT NULL,
+    tokens double precision NOT NULL,
+    refilled_at timestamp with time zone NOT NULL
+);
+
+CREATE FUNCTION public.evora_tokens(b public.flow_buckets, rate_limit integer, rate_per_seconds double precision, at timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
+                                                * rate_limit / rate_per_seconds)
+$$;
+
 CREATE TABLE public.event_archive_runs (
     run_id text NOT NULL,
     from_seq bigint NOT NULL,
@@ -1071,6 +1352,24 @@ CREATE TABLE public.evora_migrations (
     name text NOT NULL,
     checksum text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.flow_limits (
+    key text NOT NULL,
+    concurrency integer,
+    rate_limit integer,
+    rate_per_seconds double precision,
+    stem text GENERATED ALWAYS AS (
+CASE
+    WHEN ("right"(key, 1) = '*'::text) THEN "left"(key, '-1'::integer)
+    ELSE NULL::text
+END) STORED,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT flow_limits_concurrency CHECK ((concurrency >= 1)),
+    CONSTRAINT flow_limits_rate_limit CHECK ((rate_limit >= 1)),
+    CONSTRAINT flow_limits_rate_per_seconds CHECK ((rate_per_seconds > (0)::double precision)),
+    CONSTRAINT flow_limits_rate_whole CHECK (((rate_limit IS NULL) = (rate_per_seconds IS NULL)))
 );
 
 CREATE TABLE public.idempotency_keys (
@@ -1181,6 +1480,12 @@ ALTER TABLE ONLY public.event_archive_watermark
 ALTER TABLE ONLY public.evora_migrations
     ADD CONSTRAINT evora_migrations_pkey PRIMARY KEY (version);
 
+ALTER TABLE ONLY public.flow_buckets
+    ADD CONSTRAINT flow_buckets_pkey PRIMARY KEY (key);
+
+ALTER TABLE ONLY public.flow_limits
+    ADD CONSTRAINT flow_limits_pkey PRIMARY KEY (key);
+
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue, key);
 
@@ -1214,6 +1519,8 @@ ALTER TABLE ONLY public.projector_progress
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
+CREATE INDEX flow_limits_prefixes ON public.flow_limits USING btree (stem) WHERE (stem IS NOT NULL);
+
 CREATE INDEX idempotency_keys_age ON public.idempotency_keys USING btree (created_at);
 
 CREATE INDEX job_dependencies_dependents ON public.job_dependencies USING btree (depends_on, job_id);
@@ -1233,6 +1540,8 @@ CREATE INDEX jobs_listing ON public.jobs USING btree (queue, state, submit_seq);
 CREATE INDEX jobs_pending_ttl ON public.jobs USING btree (expires_at) WHERE ((state = 'PENDING'::public.job_state) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
 
 CREATE INDEX jobs_running_lease ON public.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::public.job_state);
+
+CREATE INDEX jobs_running_limit_keys ON public.jobs USING gin (limit_keys) WHERE ((state = 'RUNNING'::public.job_state) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::public.job_state);
 

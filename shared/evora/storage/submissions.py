@@ -159,6 +159,8 @@ async def store(
         edges.ords,
         edges.ids,
         [s.on_dependency_failure for s in submissions],
+        [index + 1 for index, s in enumerate(submissions) for _ in s.limit_keys],
+        [key for s in submissions for key in s.limit_keys],
         committed=committed,
         with_jobs=with_jobs,
     )
@@ -170,7 +172,7 @@ async def store(
 
 
 # Fields added after migration 0011: not part of the fingerprints computed before it.
-_SINCE_0011 = {"depends_on", "on_dependency_failure", "ref"}
+_SINCE_0011 = {"depends_on", "on_dependency_failure", "ref", "limit_keys"}
 
 
 def _fingerprint_before_0011(sub: JobSubmission) -> bytes:

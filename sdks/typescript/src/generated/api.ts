@@ -3,11 +3,14 @@
 
 /** Every /v1 endpoint the api service declares. */
 export type Operation =
+  | "DELETE /v1/limits/{key}"
   | "DELETE /v1/schedules/{name}"
   | "GET /v1/jobs"
   | "GET /v1/jobs/{id}"
   | "GET /v1/jobs/{id}/dependents"
   | "GET /v1/jobs/{id}/events"
+  | "GET /v1/limits"
+  | "GET /v1/limits/{key}"
   | "GET /v1/queues"
   | "GET /v1/queues/{queue}/failures"
   | "GET /v1/queues/{queue}/stats"
@@ -27,6 +30,7 @@ export type Operation =
   | "POST /v1/schedules/{name}/pause"
   | "POST /v1/schedules/{name}/resume"
   | "POST /v1/schedules/{name}/trigger"
+  | "PUT /v1/limits/{key}"
   | "PUT /v1/schedules/{name}";
 
 export interface AsOf {
@@ -153,6 +157,8 @@ export interface JobResponse {
   finished_at: string | null;
   /** the jobs this one waits for (or waited for) */
   depends_on: string[];
+  /** the limit keys it holds besides its queue's */
+  limit_keys: string[];
   backoff: Backoff;
   /** the last progress a worker reported */
   progress?: unknown;
@@ -179,6 +185,8 @@ export interface JobSubmission {
   on_dependency_failure?: "cancel" | "run";
   /** a name later items of the same batch depend on as "ref:<name>" */
   ref?: string | null;
+  /** the concurrency and rate limits this job counts against, besides its queue's (docs/flow-control.md); the first is its round-robin lane */
+  limit_keys?: string[];
 }
 
 export interface LastError {
@@ -190,6 +198,48 @@ export interface LastError {
 export interface Latency {
   wait: Percentiles;
   run: Percentiles;
+}
+
+export interface Limit {
+  key: string;
+  concurrency: number | null;
+  rate: Rate | null;
+  created_at: string;
+  updated_at: string;
+}
+
+export interface LimitBody {
+  /** at most this many jobs holding the key RUNNING */
+  concurrency: number | null;
+  /** at most `limit` claims per `per_seconds` */
+  rate: Rate | null;
+}
+
+export interface LimitList {
+  limits: Limit[];
+  /** pass as `after` for the next page; null at the end */
+  next: string | null;
+}
+
+export interface LimitListQuery {
+  limit?: number;
+  after?: string | null;
+}
+
+export interface LimitUsage {
+  key: string;
+  concurrency: number | null;
+  rate: Rate | null;
+  created_at: string;
+  updated_at: string;
+  /** the key of the limit that applies: the key's own, or a prefix limit's */
+  governed_by: string;
+  /** RUNNING jobs holding the key */
+  running: number;
+  /** tokens in the key's bucket now; null without a rate, or for a prefix */
+  tokens: number | null;
+  /** due PENDING jobs holding the key while it has no room left (0 while it has) */
+  throttled_jobs: number;
 }
 
 export type Misfire = "skip" | "run_once" | "catch_up";
@@ -267,6 +317,13 @@ export interface QueueStats {
   as_of: AsOf;
 }
 
+export interface Rate {
+  /** the bucket's capacity, in claims */
+  limit: number;
+  /** seconds to refill a whole bucket */
+  per_seconds: number;
+}
+
 export interface RedriveRequest {
   /** only DLQ jobs of this type */
   type?: string | null;
@@ -342,6 +399,8 @@ export interface ScheduledJob {
   on_dependency_failure?: "cancel" | "run";
   /** a name later items of the same batch depend on as "ref:<name>" */
   ref?: string | null;
+  /** the concurrency and rate limits this job counts against, besides its queue's (docs/flow-control.md); the first is its round-robin lane */
+  limit_keys?: string[];
 }
 
 export interface Throughput {

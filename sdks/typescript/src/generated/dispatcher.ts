@@ -73,6 +73,8 @@ export interface ClaimedJob {
   finished_at: string | null;
   /** the jobs this one waits for (or waited for) */
   depends_on: string[];
+  /** the limit keys it holds besides its queue's */
+  limit_keys: string[];
   lease_token: string;
   /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
   dependency_results?: {
@@ -138,6 +140,8 @@ export interface Job {
   finished_at: string | null;
   /** the jobs this one waits for (or waited for) */
   depends_on: string[];
+  /** the limit keys it holds besides its queue's */
+  limit_keys: string[];
 }
 
 export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";

@@ -43,8 +43,12 @@ BEGIN
                attempt, worker, updated_at, data, evora_job_image(whole)
         FROM moved
     ),
+    -- a queue gains a claimable job when one becomes PENDING, when a group's running job
+    -- moves (its next may run), and when an attempt claimed under a limit ends (its room is
+    -- free again: migration 0014)
     claimable AS (
-        SELECT DISTINCT queue AS q FROM moved WHERE state = 'PENDING' OR group_key IS NOT NULL
+        SELECT DISTINCT queue AS q FROM moved
+        WHERE state = 'PENDING' OR group_key IS NOT NULL OR (limited AND from_state = 'RUNNING')
     ),
     hinted AS (
         SELECT q, pg_notify('evora_jobs', q) AS sent

@@ -1,5 +1,5 @@
 -- Submitting jobs. The rules (idempotency keys, the `submitted` event, the NOTIFY hint) are
--- in evora.store_submissions() (migrations/0013_dependencies.sql), which applications that
+-- in evora.store_submissions() (migrations/0014_flow_control.sql), which applications that
 -- submit in SQL reach through evora.submit() and evora.submit_batch().
 
 -- name: submit
@@ -8,14 +8,15 @@
 -- initial, $11 backoff max, $12 backoff multiplier, $13 expires_at, $14 idempotency keys,
 -- $15 group keys, $16 fingerprints as computed before migration 0011 (see
 -- submissions.py), $17 dependency edges: item positions (from 1), $18 the jobs they wait
--- for, $19 on_dependency_failure by item, $20 suppressed queues (see notify.py), $21 whether
--- to return the jobs. One row per item (`ord` its position, from 1), the created ones first,
--- with its job's `id`; without $21 the whole job is left out (a producer that asked for ids
--- only spares decoding and encoding it).
-SELECT ord, outcome, first_ord, (job).id AS id, CASE WHEN $21::bool THEN job END AS job,
+-- for, $19 on_dependency_failure by item, $20 limit keys: item positions (from 1), $21 the
+-- keys, $22 suppressed queues (see notify.py), $23 whether to return the jobs. One row per
+-- item (`ord` its position, from 1), the created ones first, with its job's `id`; without
+-- $23 the whole job is left out (a producer that asked for ids only spares decoding and
+-- encoding it).
+SELECT ord, outcome, first_ord, (job).id AS id, CASE WHEN $23::bool THEN job END AS job,
        notified, owed
 FROM evora.store_submissions($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int2[],
                              $6::timestamptz[], $7::float8[], $8::int4[], $9::int4[],
                              $10::float8[], $11::float8[], $12::float8[], $13::timestamptz[],
-                             $14::text[], $15::text[], $16::bytea[], $20::text[], $17::int4[],
-                             $18::uuid[], $19::text[]);
+                             $14::text[], $15::text[], $16::bytea[], $22::text[], $17::int4[],
+                             $18::uuid[], $19::text[], $20::int4[], $21::text[]);

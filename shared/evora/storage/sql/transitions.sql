@@ -1,11 +1,12 @@
 -- Every change of a job's state is ONE statement: a CTE chain that picks rows under lock,
--- changes them guarded by their expected state (and lease token), and inserts exactly one
--- `job_events` row per changed job in `recorded`. A lost race matches no row and so writes
--- no event. Statements that can make a job claimable also send the NOTIFY hint for its queue
--- (`claimable`, `notified`), except for the queues in their last text[] parameter, which this
--- process notified a moment ago (evora/storage/notify.py); they report the queues they
--- notified (`notified`) and the ones they left out (`owed`). Each changed job comes back whole
--- as `job` (a `jobs` row). The statements a worker sends with a lease token (heartbeat,
+-- changes them guarded by their expected state (and lease token), and records exactly one
+-- `job_events` row per changed job. A lost race matches no row and so writes no event.
+-- Recording is evora_record_moves() (migration 0015): the events, and the NOTIFY hint for each
+-- queue that gained a claimable job (a PENDING job, a group's next job, or room under a limit
+-- that an ending attempt frees), except for the queues in the statement's last text[]
+-- parameter, which this process notified a moment ago (evora/storage/notify.py); it reports
+-- the queues notified (`notified`) and the ones left out (`owed`). Each changed job comes back
+-- whole as `job` (a `jobs` row). The statements a worker sends with a lease token (heartbeat,
 -- complete, fail, release) also answer for what they did not change: one row per item with
 -- its `outcome`, 'done', 'lease_lost' (the job is not RUNNING under that token) or
 -- 'not_found', so nobody has to look at the job again to tell a lost race from a bad id.
@@ -20,8 +21,11 @@
 -- keeps its place) and only while no job of its group runs. A time-to-live applies to jobs
 -- never started. `picked` holds the rows locked and re-checked as PENDING; repeating the state
 -- in the UPDATE would only tempt the planner into scanning the pending index for them.
+-- While any concurrency or rate limit exists, evora_claim_limited() (migration 0014,
+-- docs/flow-control.md) picks them instead, enforcing the limits; with none, the one cost is
+-- the EXISTS on the empty flow_limits, a one-time filter of each branch.
 WITH picked AS (
-    SELECT c.id
+    (SELECT c.id, false AS limited
     FROM unnest($1::text[]) AS q(queue)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
@@ -42,14 +46,20 @@ WITH picked AS (
         FOR UPDATE OF j SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
+      AND NOT EXISTS (SELECT 1 FROM flow_limits)
     ORDER BY c.priority, c.run_at, c.submit_seq
-    LIMIT $3
+    LIMIT $3)
+    UNION ALL
+    SELECT l.id, l.limited
+    FROM evora_claim_limited($1::text[], $2::text[], $3::int4) AS l
+    WHERE EXISTS (SELECT 1 FROM flow_limits)
 ),
 moved AS (
     UPDATE jobs j
     SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
         lease_expires_at = evora_now() + make_interval(secs => j.lease_seconds), worker_id = $4,
-        started_at = evora_now(), updated_at = evora_now(), version = j.version + 1
+        started_at = evora_now(), updated_at = evora_now(), version = j.version + 1,
+        limited = picked.limited
     -- picked holds these rows locked and re-checked as PENDING; repeating the state here
     -- would only tempt the planner into scanning the pending index for them
     FROM picked WHERE j.id = picked.id

@@ -1,0 +1,169 @@
+"""The limit endpoints (docs/http-api.md, docs/flow-control.md): concurrency and rate
+limits by key, and their live usage. The claim enforces them; the api only stores them."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from evora.config import Role
+from evora.domain.errors import LimitNotFound
+from evora.http.bodies import parse_body, parse_query
+from evora.http.jsonio import json_response
+from evora.http.problems import Problem, validation_problem
+from evora.http.routing import Routes
+from evora.protocol.fields import WireModel
+from evora.protocol.limits import LIMIT_NAME_PATTERN, MAX_PAGE
+from evora.storage.limits import LimitSpec, LimitStore
+from evora.storage.limits import Rate as StoredRate
+from evora_services.api.routes import SMALL_BODY_LIMIT
+from evora_services.api.stats import LimitCursor, encode_key
+
+LIMITS = web.AppKey("limits", LimitStore)
+
+ADMIN: tuple[Role, ...] = ("admin",)
+# A key (`tenant:42`, `queue:emails`) or a prefix limit's key (`tenant:*`).
+LimitName = Annotated[str, Field(pattern=LIMIT_NAME_PATTERN)]
+_KEY = re.compile(LIMIT_NAME_PATTERN)
+
+limits = Routes("limits", path={"key": LimitName}, problems=(503,))
+
+
+class Rate(WireModel):
+    limit: int = Field(ge=1, le=2**31 - 1, description="the bucket's capacity, in claims")
+    per_seconds: float = Field(
+        gt=0, le=10 * 365 * 24 * 3600, description="seconds to refill a whole bucket"
+    )
+
+
+class LimitBody(WireModel):
+    concurrency: int | None = Field(
+        ge=1, le=2**31 - 1, description="at most this many jobs holding the key RUNNING"
+    )
+    rate: Rate | None = Field(description="at most `limit` claims per `per_seconds`")
+
+
+class Limit(BaseModel):
+    key: str
+    concurrency: int | None
+    rate: Rate | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class LimitUsage(Limit):
+    governed_by: str = Field(
+        description="the key of the limit that applies: the key's own, or a prefix limit's"
+    )
+    running: int = Field(description="RUNNING jobs holding the key")
+    tokens: float | None = Field(
+        description="tokens in the key's bucket now; null without a rate, or for a prefix"
+    )
+    throttled_jobs: int = Field(
+        description="due PENDING jobs holding the key while it has no room left (0 while it has)"
+    )
+
+
+class LimitList(BaseModel):
+    limits: list[Limit]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class LimitListQuery(BaseModel):
+    # lax (query values are strings); unknown parameters refused, not silently ignored
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+    after: LimitCursor | None = None
+
+
+def _store(request: web.Request) -> LimitStore:
+    return request.app[LIMITS]
+
+
+def _key(request: web.Request) -> str:
+    """The `{key}` of the path. A key no limit could have has none: 404."""
+    key = request.match_info["key"]
+    if not _KEY.fullmatch(key):
+        raise LimitNotFound(f"no limit governs key {key!r}")
+    return key
+
+
+def _invalid_key() -> Problem:
+    return validation_problem(
+        [
+            {
+                "loc": ["path", "key"],
+                "msg": f"a limit key matches {LIMIT_NAME_PATTERN}",
+                "type": "string_pattern_mismatch",
+            }
+        ]
+    )
+
+
+@limits.add(
+    "PUT",
+    "/v1/limits/{key}",
+    roles=ADMIN,
+    summary=(
+        "Create or replace the limit of a key (`tenant:*`: every key under the prefix, each "
+        "on its own): 201 when new, 200 when replaced. Claims apply it at once."
+    ),
+    body=LimitBody,
+    responses={201: Limit, 200: Limit},
+)
+async def put_limit(request: web.Request) -> web.Response:
+    key = request.match_info["key"]
+    if not _KEY.fullmatch(key):
+        raise _invalid_key()
+    body = await parse_body(request, LimitBody, limit=SMALL_BODY_LIMIT)
+    rate = None if body.rate is None else StoredRate(body.rate.limit, body.rate.per_seconds)
+    limit, created = await _store(request).put(key, LimitSpec(body.concurrency, rate))
+    return json_response(limit, status=201 if created else 200)
+
+
+@limits.add(
+    "GET",
+    "/v1/limits",
+    roles=ADMIN,
+    summary="Limits by key, a page at a time (pass `next` as `after`).",
+    query=LimitListQuery,
+    responses={200: LimitList},
+)
+async def list_limits(request: web.Request) -> web.Response:
+    query = parse_query(request, LimitListQuery)
+    page = await _store(request).page(after=query.after, limit=query.limit)
+    cursor = None if page.next_after is None else encode_key([page.next_after])
+    return json_response({"limits": page.limits, "next": cursor})
+
+
+@limits.add(
+    "GET",
+    "/v1/limits/{key}",
+    roles=ADMIN,
+    summary=(
+        "The limit that governs the key (its own or a prefix limit's) with the key's live "
+        "usage: `GET /v1/limits/tenant:42` shows tenant:42's own count under `tenant:*`."
+    ),
+    responses={200: LimitUsage},
+    problems=(404,),
+)
+async def get_limit(request: web.Request) -> web.Response:
+    return json_response(await _store(request).usage(_key(request)))
+
+
+@limits.add(
+    "DELETE",
+    "/v1/limits/{key}",
+    roles=ADMIN,
+    summary="Delete the limit of the key; its jobs are no longer held back by it.",
+    responses={204: None},
+    problems=(404,),
+)
+async def delete_limit(request: web.Request) -> web.Response:
+    await _store(request).delete(_key(request))
+    return web.Response(status=204)
