@@ -305,21 +305,21 @@ class JobStore:
     # -- admin -------------------------------------------------------------------------
 
     async def retry(self, job_id: UUID) -> JobDict:
-        return await self._moved_from_dlq(queries.RETRY, job_id, "retried")
+        return await self._leave_dlq(job_id, JobState.PENDING, "retried")
 
     async def discard(self, job_id: UUID) -> JobDict:
-        return await self._moved_from_dlq(queries.DISCARD, job_id, "discarded")
+        return await self._leave_dlq(job_id, JobState.CANCELLED, "discarded")
 
-    async def _moved_from_dlq(self, query: str, job_id: UUID, verb: str) -> JobDict:
-        result, job = await self._decide(query, job_id)
+    async def _leave_dlq(self, job_id: UUID, to: JobState, verb: str) -> JobDict:
+        result, job = await self._decide(queries.LEAVE_DLQ, job_id, to.value)
         if result is Decision.REFUSED:
             raise InvalidState(f"job {job_id} is {job['state']}; only DLQ jobs can be {verb}")
         return job
 
-    async def _decide(self, query: str, job_id: UUID) -> tuple[Decision, JobDict]:
+    async def _decide(self, query: str, job_id: UUID, *args: Any) -> tuple[Decision, JobDict]:
         """Run an admin transition on one job; its statement answers in the same round trip
         whether it moved the job or refused it, with the job as it now is."""
-        [row] = await self._change(self._pool, query, job_id)
+        [row] = await self._change(self._pool, query, job_id, *args)
         result = Decision(row["outcome"])
         if result is Decision.NOT_FOUND:
             raise JobNotFound(f"job {job_id} not found")

@@ -17,9 +17,8 @@ from evora.storage.statements import load
     EXPIRE_LEASES,
     EXPIRE_TTLS,
     CANCEL,
-    RETRY,
+    LEAVE_DLQ,
     REDRIVE,
-    DISCARD,
 ) = load(
     "transitions",
     "claim",
@@ -30,9 +29,8 @@ from evora.storage.statements import load
     "expire_leases",
     "expire_ttls",
     "cancel",
-    "retry",
+    "leave_dlq",
     "redrive",
-    "discard",
 )
 
 GET_JOB, JOB_EVENTS, NEXT_DUE = load("jobs", "get_job", "job_events", "next_due")

@@ -1106,6 +1106,43 @@ CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
                j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
 $$;
 
+CREATE FUNCTION public.evora_leave_dlq(ids uuid[], to_state public.job_state, suppressed text[]) RETURNS TABLE(job public.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    retried CONSTANT boolean := to_state = 'PENDING';
+BEGIN
+    IF to_state NOT IN ('PENDING', 'CANCELLED') THEN
+        RAISE EXCEPTION 'a job leaves the DLQ to PENDING or CANCELLED, not %', to_state;
+    END IF;
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE jobs j
+        SET state = to_state,
+            attempt = CASE WHEN retried THEN 0 ELSE j.attempt END,
+            run_at = CASE WHEN retried THEN evora_now() ELSE j.run_at END,
+            finished_at = CASE WHEN retried THEN NULL ELSE evora_now() END,
+            expires_at = CASE WHEN retried AND j.expires_at <= evora_now() THEN NULL
+                              ELSE j.expires_at END,
+            lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
+        WHERE j.id = ANY(ids) AND j.state = 'DLQ'
+        RETURNING j AS whole, ROW(
+            j,
+            CASE WHEN retried THEN 'retried' ELSE 'cancelled' END,
+            'DLQ',
+            NULL,
+            CASE WHEN retried THEN '{}' ELSE '{"reason": "discarded"}' END::jsonb
+        )::evora_move AS move
+    ),
+    recorded AS (
+        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r;
+END
+$$;
+
 CREATE FUNCTION public.evora_note_ended_dependency() RETURNS trigger
     LANGUAGE plpgsql
     AS $$

@@ -8,7 +8,9 @@
 -- Three statements end attempts: `fail` (a worker's failure), `release` (a worker hands the
 -- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
 -- its own fence and lock, where each attempt goes (one `evora_attempt_end` per job);
--- `evora_end_attempts()` then moves the rows, the same way for all three.
+-- `evora_end_attempts()` then moves the rows, the same way for all three. Likewise
+-- `evora_leave_dlq()` moves jobs out of the DLQ for `leave_dlq` (an admin's retry or discard
+-- of one job) and `redrive` (a queue's batch).
 
 DO $$
 BEGIN
@@ -116,6 +118,47 @@ BEGIN
                  'error', d.error, 'reason', d.reason,
                  'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
              WHERE value <> 'null')
+        )::evora_move AS move
+    ),
+    recorded AS (
+        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r;
+END
+$$;
+
+-- Moves DLQ jobs the caller holds locked: to PENDING (a retry: a fresh attempt budget, due
+-- now, a time-to-live that already ran out dropped because the operator asked for the job to
+-- run) or to CANCELLED (a discard). Returns each moved job whole, with the queues notified and
+-- owed (evora_record_moves).
+CREATE OR REPLACE FUNCTION evora_leave_dlq(ids uuid[], to_state job_state, suppressed text[])
+RETURNS TABLE (job jobs, notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    retried CONSTANT boolean := to_state = 'PENDING';
+BEGIN
+    IF to_state NOT IN ('PENDING', 'CANCELLED') THEN
+        RAISE EXCEPTION 'a job leaves the DLQ to PENDING or CANCELLED, not %', to_state;
+    END IF;
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE jobs j
+        SET state = to_state,
+            attempt = CASE WHEN retried THEN 0 ELSE j.attempt END,
+            run_at = CASE WHEN retried THEN evora_now() ELSE j.run_at END,
+            finished_at = CASE WHEN retried THEN NULL ELSE evora_now() END,
+            expires_at = CASE WHEN retried AND j.expires_at <= evora_now() THEN NULL
+                              ELSE j.expires_at END,
+            lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
+        WHERE j.id = ANY(ids) AND j.state = 'DLQ'
+        RETURNING j AS whole, ROW(
+            j,
+            CASE WHEN retried THEN 'retried' ELSE 'cancelled' END,
+            'DLQ',
+            NULL,
+            CASE WHEN retried THEN '{}' ELSE '{"reason": "discarded"}' END::jsonb
         )::evora_move AS move
     ),
     recorded AS (

@@ -335,31 +335,22 @@ LEFT JOIN LATERAL (
     SELECT true AS found, c AS job FROM jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
 ) cur ON true;
 
--- name: retry
--- $1 id, $2 suppressed queues. DLQ -> PENDING with a fresh attempt budget. A time-to-live
--- that already ran out is dropped: the operator asked for the job to run. Any other state is
--- refused; one row answered like cancel.
+-- name: leave_dlq
+-- $1 id, $2 'PENDING' (an admin's retry) or 'CANCELLED' (a discard), $3 suppressed queues.
+-- A DLQ job moves (evora_leave_dlq(), migration 0015); any other state is refused. One row
+-- answered like cancel.
 WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
-    UPDATE jobs j
-    SET state = 'PENDING', attempt = 0, run_at = evora_now(), finished_at = NULL,
-        expires_at = CASE WHEN j.expires_at <= evora_now() THEN NULL ELSE j.expires_at END,
-        lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
-    FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
-    RETURNING j.id, j AS job,
-              ROW(j, 'retried', 'DLQ', NULL, '{}')::evora_move AS move
-),
-recorded AS (
-    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $2::text[])
+    SELECT (l.job).id, l.job, l.notified, l.owed
+    FROM evora_leave_dlq(ARRAY(SELECT id FROM target), $2::job_state, $3::text[]) AS l
 )
 SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
             WHEN cur.found THEN 'refused'
             ELSE 'not_found' END AS outcome,
        coalesce(m.job, cur.job) AS job,
-       r.notified, r.owed
+       m.notified, m.owed
 FROM (VALUES (1)) AS one(x)
 LEFT JOIN moved m ON true
-CROSS JOIN recorded r
 -- Refused: the job as its latest version shows it. The statement's snapshot may predate a
 -- transaction that the target's row lock waited for and that moved the job out of reach; a
 -- locking read waits for the same transaction and returns what it committed.
@@ -369,55 +360,13 @@ LEFT JOIN LATERAL (
 
 -- name: redrive
 -- $1 queue, $2 type (NULL: any), $3 batch size, $4 suppressed queues. A bounded batch of the
--- queue's DLQ jobs back to PENDING, as retry does for one.
+-- queue's DLQ jobs back to PENDING, as an admin's retry does for one.
 WITH target AS (
     SELECT id FROM jobs
     WHERE queue = $1 AND state = 'DLQ' AND ($2::text IS NULL OR type = $2)
     ORDER BY submit_seq
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-),
-moved AS (
-    UPDATE jobs j
-    SET state = 'PENDING', attempt = 0, run_at = evora_now(), finished_at = NULL,
-        expires_at = CASE WHEN j.expires_at <= evora_now() THEN NULL ELSE j.expires_at END,
-        lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
-    FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
-    RETURNING j.id, j AS job,
-              ROW(j, 'retried', 'DLQ', NULL, '{}')::evora_move AS move
-),
-recorded AS (
-    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $4::text[])
 )
-SELECT job,
-       r.notified, r.owed
-FROM moved CROSS JOIN recorded r;
-
--- name: discard
--- $1 id, $2 suppressed queues. DLQ -> CANCELLED; any other state is refused. One row answered
--- like cancel.
-WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
-moved AS (
-    UPDATE jobs j
-    SET state = 'CANCELLED', finished_at = evora_now(), updated_at = evora_now(), version = j.version + 1
-    FROM target t WHERE j.id = t.id AND j.state = 'DLQ'
-    RETURNING j.id, j AS job,
-              ROW(j, 'cancelled', 'DLQ', NULL, '{"reason": "discarded"}')::evora_move AS move
-),
-recorded AS (
-    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $2::text[])
-)
-SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
-            WHEN cur.found THEN 'refused'
-            ELSE 'not_found' END AS outcome,
-       coalesce(m.job, cur.job) AS job,
-       r.notified, r.owed
-FROM (VALUES (1)) AS one(x)
-LEFT JOIN moved m ON true
-CROSS JOIN recorded r
--- Refused: the job as its latest version shows it. The statement's snapshot may predate a
--- transaction that the target's row lock waited for and that moved the job out of reach; a
--- locking read waits for the same transaction and returns what it committed.
-LEFT JOIN LATERAL (
-    SELECT true AS found, c AS job FROM jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
-) cur ON true;
+SELECT job, notified, owed
+FROM evora_leave_dlq(ARRAY(SELECT id FROM target), 'PENDING', $4::text[]);
