@@ -32,7 +32,7 @@ from evora.protocol.worker import (
     HeartbeatResponse,
     ReleaseRequest,
 )
-from evora.storage.jobs import AckOutcome, AckResult, Completion, Failure
+from evora.storage.jobs import AckResult, Completion, Failure
 from evora.storage.rows import JobDict
 from evora_services.dispatcher.state import DISPATCH, Dispatch
 from evora_services.dispatcher.wakeups import Cause
@@ -85,34 +85,6 @@ async def _claim_once(dispatch: Dispatch, body: ClaimRequest, queues: list[str])
     dispatch.metrics.claim_latency.observe(time.perf_counter() - started)
     dispatch.metrics.claims.labels("jobs" if jobs else "empty").inc()
     return jobs
-
-
-async def _settle_then_claim(
-    dispatch: Dispatch, body: ClaimRequest, acks: Sequence[Ack], queues: list[str]
-) -> tuple[list[dict[str, Any]], list[JobDict]]:
-    """The outcomes a claim carries and its first claim query, in one transaction (one WAL
-    flush for both, the slots the outcomes free visible to the claim); cancelled, it ends
-    like `_claim_once`."""
-    started = time.perf_counter()
-    completions, failures = _split(acks)
-    task = asyncio.ensure_future(
-        dispatch.store.settle_then_claim(
-            completions,
-            failures,
-            worker_id=body.worker_id,
-            queues=queues,
-            max_jobs=body.max_jobs,
-            types=body.types,
-        )
-    )
-    try:
-        completed, failed, jobs = await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await _release_undeliverable(dispatch, (await task)[2])
-        raise
-    dispatch.metrics.claim_latency.observe(time.perf_counter() - started)
-    dispatch.metrics.claims.labels("jobs" if jobs else "empty").inc()
-    return _answers(dispatch, acks, completed, failed), jobs
 
 
 async def _release_undeliverable(dispatch: Dispatch, jobs: Sequence[JobDict]) -> None:
@@ -202,11 +174,9 @@ async def claim(request: web.Request) -> web.StreamResponse:
     # A claim may carry outcomes, so it is allowed the size of POST /v1/acks.
     body = await parse_body(request, ClaimRequest, **_acks_limit(request))
     dispatch = request.app[DISPATCH]
-    # Outcomes are settled with the first claim query, in its transaction, so the group and
-    # queue slots they free are visible to it (and a claim that then finds nothing still
-    # answers them at once, not after the wait).
-    carried = body.acks
-    results: list[dict[str, Any]] | None = None
+    # Settled before the claim, so the group and queue slots they free are visible to it
+    # (and a claim that then finds nothing still answers them at once, not after the wait).
+    results = None if body.acks is None else await _settle(dispatch, body.acks)
     queues = list(dict.fromkeys(body.queues))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait_seconds
@@ -215,15 +185,11 @@ async def claim(request: web.Request) -> web.StreamResponse:
     dispatch.metrics.waiting.enter(queues)
     try:
         # Recorded outcomes may have freed limited slots: the queue is worth asking again.
-        skip = not carried and dispatch.wakeups.drained(shape)
+        skip = not body.acks and dispatch.wakeups.drained(shape)
         while not dispatch.wakeups.closing:
             hints = dispatch.wakeups.hints(queues)
             claim_started = time.time_ns()
-            if carried is not None:
-                results, jobs = await _settle_then_claim(dispatch, body, carried, queues)
-                carried = None
-                dispatch.wakeups.claimed(shape, hints, short=len(jobs) < body.max_jobs)
-            elif skip:
+            if skip:
                 jobs, skip = [], False
                 dispatch.metrics.claims.labels("skipped").inc()
             else:
@@ -244,8 +210,6 @@ async def claim(request: web.Request) -> web.StreamResponse:
                 if cause is None or cause is Cause.SHUTDOWN:
                     break
             dispatch.wakeups.rearm(waiter)
-        if carried is not None:  # shutting down before the first claim: record them anyway
-            results = await _settle(dispatch, carried)
         return json_response(_claim_answer([], results))
     finally:
         future = waiter.future
@@ -358,13 +322,6 @@ def _acks_limit(request: web.Request) -> dict[str, Any]:
 async def _settle(dispatch: Dispatch, items: Sequence[Ack]) -> list[dict[str, Any]]:
     """Record the outcomes of `POST /v1/acks` (or of a claim's `acks`) through the fenced
     batch statements; one status per item, in order, each as if it had been sent alone."""
-    completions, failures = _split(items)
-    completed = await dispatch.store.complete_many(completions, with_jobs=False)
-    failed = await dispatch.store.fail_many(failures, with_jobs=False)
-    return _answers(dispatch, items, completed, failed)
-
-
-def _split(items: Sequence[Ack]) -> tuple[list[Completion], list[Failure]]:
     completions = [
         Completion(a.id, a.lease_token, a.result) for a in items if a.outcome == "complete"
     ]
@@ -373,22 +330,12 @@ def _split(items: Sequence[Ack]) -> tuple[list[Completion], list[Failure]]:
         for a in items
         if a.outcome == "fail" and a.error is not None
     ]
-    return completions, failures
-
-
-def _answers(
-    dispatch: Dispatch,
-    items: Sequence[Ack],
-    completed: Sequence[AckOutcome],
-    failed: Sequence[AckOutcome],
-) -> list[dict[str, Any]]:
-    """One status per item, in order, from the outcomes of its completions and failures;
-    counted in the metrics."""
-    outcomes, failures = iter(completed), iter(failed)
+    outcomes = iter(await dispatch.store.complete_many(completions, with_jobs=False))
+    failed = iter(await dispatch.store.fail_many(failures, with_jobs=False))
     results: list[dict[str, Any]] = []
     counted: Counter[tuple[str, int]] = Counter()
     for ack in items:
-        outcome = next(outcomes if ack.outcome == "complete" else failures)
+        outcome = next(outcomes if ack.outcome == "complete" else failed)
         status = ACK_STATUS[outcome.result]
         counted[ack.outcome, status] += 1
         results.append({"id": outcome.id, "status": status})

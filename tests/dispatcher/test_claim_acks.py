@@ -7,8 +7,6 @@ import asyncio
 from typing import Any
 from uuid import UUID, uuid4
 
-import asyncpg
-
 from evora.storage.jobs import JobStore
 from tests.dispatcher.conftest import Dispatcher
 from tests.dispatcher.test_worker_api import claim, submit
@@ -67,26 +65,6 @@ async def test_outcomes_are_settled_before_the_claim_so_it_sees_freed_group_slot
     answer = await claim_with(dispatcher, [complete(job)], max_jobs=10)
     assert answer["results"] == [{"id": first, "status": 200}]
     assert [j["id"] for j in answer["jobs"]] == [second]
-
-
-async def test_carried_outcomes_commit_with_the_claimed_jobs_in_one_transaction(
-    dispatcher: Dispatcher, store: JobStore, pool: asyncpg.Pool
-) -> None:
-    """One commit, so one WAL flush, for a drained batch's outcomes and the next batch: a
-    flush took 4 ms at the median on this machine under load (0.25 ms idle)."""
-    first, second = await submit(store), await submit(store)
-    [job] = await claim(dispatcher, max_jobs=1)
-    assert job["id"] == first
-    answer = await claim_with(dispatcher, [complete(job)], max_jobs=1)
-    assert [j["id"] for j in answer["jobs"]] == [second]
-    rows = await pool.fetch(
-        "SELECT job_id::text AS id, xid FROM job_events "
-        "WHERE (job_id, event) IN (($1::uuid, 'completed'), ($2::uuid, 'claimed'))",
-        first,
-        second,
-    )
-    assert {r["id"] for r in rows} == {first, second}
-    assert len({r["xid"] for r in rows}) == 1
 
 
 async def test_a_claims_acks_racing_a_strangers_are_fenced_per_item(

@@ -362,39 +362,7 @@ class JobStore:
         max_jobs: int = 1,
         types: Sequence[str] | None = None,
     ) -> list[JobDict]:
-        return await self._claim(self._pool, worker_id, queues, max_jobs, types)
-
-    async def settle_then_claim(
-        self,
-        completions: Sequence[Completion],
-        failures: Sequence[Failure],
-        *,
-        worker_id: str,
-        queues: Sequence[str],
-        max_jobs: int,
-        types: Sequence[str] | None = None,
-    ) -> tuple[list[AckOutcome], list[AckOutcome], list[JobDict]]:
-        """Record outcomes (as complete_many and fail_many without jobs), then claim, in one
-        transaction: the claim sees the slots the outcomes free, and both commit with one
-        WAL flush instead of two. If the claim fails, the outcomes are not recorded either
-        (they are safe to send again)."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            completed = await self._complete(conn, completions, committed=False, with_jobs=False)
-            failed = await self._fail(conn, failures, committed=False, with_jobs=False)
-            jobs = await self._claim(conn, worker_id, queues, max_jobs, types)
-        self._owe(completed)
-        self._owe(failed)
-        return _outcomes(completions, completed), _outcomes(failures, failed), jobs
-
-    async def _claim(
-        self,
-        conn: asyncpg.Connection | asyncpg.Pool,
-        worker_id: str,
-        queues: Sequence[str],
-        max_jobs: int,
-        types: Sequence[str] | None,
-    ) -> list[JobDict]:
-        rows = await conn.fetch(
+        rows = await self._pool.fetch(
             queries.CLAIM, list(queues), list(types) if types else None, max_jobs, worker_id
         )
         jobs = sorted(
@@ -445,58 +413,36 @@ class JobStore:
         nothing. Repeating a completion that already succeeded with the same token is DONE
         (a worker may retry after a network error). Without `with_jobs` the outcomes carry
         results only, which spares building the jobs."""
-        rows = await self._complete(self._pool, completions, committed=True, with_jobs=with_jobs)
-        return _outcomes(completions, rows)
-
-    async def _complete(
-        self,
-        conn: asyncpg.Connection | asyncpg.Pool,
-        completions: Sequence[Completion],
-        *,
-        committed: bool,
-        with_jobs: bool,
-    ) -> list[asyncpg.Record]:
         if not completions:
             return []
-        return await self._change(
-            conn,
+        rows = await self._change(
+            self._pool,
             queries.COMPLETE,
             [c.id for c in completions],
             [c.lease_token for c in completions],
             jsonb_elements(c.result for c in completions),
-            committed=committed,
             with_jobs=with_jobs,
         )
+        return _outcomes(completions, rows)
 
     async def fail_many(
         self, failures: Sequence[Failure], *, with_jobs: bool = True
     ) -> list[AckOutcome]:
         """Fail a batch in one statement, answered like complete_many; a repeated failure
         finds the attempt over (LEASE_LOST)."""
-        rows = await self._fail(self._pool, failures, committed=True, with_jobs=with_jobs)
-        return _outcomes(failures, rows)
-
-    async def _fail(
-        self,
-        conn: asyncpg.Connection | asyncpg.Pool,
-        failures: Sequence[Failure],
-        *,
-        committed: bool,
-        with_jobs: bool,
-    ) -> list[asyncpg.Record]:
         if not failures:
             return []
-        return await self._change(
-            conn,
+        rows = await self._change(
+            self._pool,
             queries.FAIL,
             [f.id for f in failures],
             [f.lease_token for f in failures],
             [f.error() for f in failures],
             [f.retryable for f in failures],
             [f.retry_in_seconds for f in failures],
-            committed=committed,
             with_jobs=with_jobs,
         )
+        return _outcomes(failures, rows)
 
     async def release(
         self, job_id: UUID, lease_token: UUID, *, delay_seconds: float = 0.0
