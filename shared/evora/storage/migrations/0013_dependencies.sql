@@ -286,11 +286,12 @@ $$;
 -- be re-runnable and re-creates evora.submit_rows() with its own signature, which must then
 -- not stand beside a second overload of the same name (a call with 0011's arguments would
 -- match both).
-DROP FUNCTION evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[], timestamptz[],
-                                float8[], integer[], integer[], float8[], float8[], float8[],
-                                timestamptz[], text[], text[], bytea[], text[]);
+DROP FUNCTION IF EXISTS evora.submit_rows(uuid[], text[], text[], jsonb[], smallint[],
+                                          timestamptz[], float8[], integer[], integer[], float8[],
+                                          float8[], float8[], timestamptz[], text[], text[],
+                                          bytea[], text[]);
 
-CREATE FUNCTION evora.store_submissions(
+CREATE OR REPLACE FUNCTION evora.store_submissions(
     ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[],
     run_ats timestamptz[], delays float8[], max_attempts integer[], leases integer[],
     backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
@@ -536,16 +537,25 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- A submission's dependency fields: depends_on as given (a job id in its canonical text
--- form, or "ref:<name>"), on_dependency_failure and ref. No table uses the type.
-ALTER TYPE evora.submission
-    ADD ATTRIBUTE depends_on text[],
-    ADD ATTRIBUTE on_dependency_failure text,
-    ADD ATTRIBUTE ref text;
+-- form, or "ref:<name>"), on_dependency_failure and ref. No table uses the type. Guarded, as
+-- every statement of this migration on the schema evora (replaced, or IF EXISTS): that
+-- schema outlives its tables' schema being dropped and migrated again, as 0011 says.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = 'evora.submission'::regclass AND attname = 'depends_on') THEN
+        ALTER TYPE evora.submission
+            ADD ATTRIBUTE depends_on text[],
+            ADD ATTRIBUTE on_dependency_failure text,
+            ADD ATTRIBUTE ref text;
+    END IF;
+END
+$$;
 
 -- One submission object checked field by field: evora.validated() of version 11 for its
 -- fields, then the dependency fields. A "ref:" is resolved by evora.submit_items(), which
 -- knows the items before this one.
-CREATE FUNCTION evora.validated_with_dependencies(item jsonb, at text)
+CREATE OR REPLACE FUNCTION evora.validated_with_dependencies(item jsonb, at text)
 RETURNS evora.submission
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
