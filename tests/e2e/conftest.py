@@ -299,20 +299,28 @@ async def children(tmp_path: Path) -> AsyncIterator[Children]:
         await spawned.close()
 
 
-async def spawn_dispatcher(
-    children: Children, http: aiohttp.ClientSession, db_url: str, port: int
+async def spawn_service(
+    children: Children, http: aiohttp.ClientSession, db_url: str, service: str, port: int
 ) -> Child:
-    """`evora dispatcher` as a child process, returned once its /readyz answers 200."""
+    """`evora <service>` (dispatcher, sweeper) as a child process listening on `port`,
+    returned once its /readyz answers 200."""
     env = child_env(
         EVORA_DATABASE_URL=db_url,
         EVORA_TOKENS=TOKENS,
         EVORA_HOST="127.0.0.1",
-        EVORA_DISPATCHER_PORT=str(port),
         EVORA_LOG_LEVEL="INFO",
+        **{f"EVORA_{service.upper()}_PORT": str(port)},
     )
-    child = await children.spawn("dispatcher", evora_command("dispatcher"), env)
+    child = await children.spawn(service, evora_command(service), env)
     await child.until_ready(http, f"http://127.0.0.1:{port}")
     return child
+
+
+async def spawn_dispatcher(
+    children: Children, http: aiohttp.ClientSession, db_url: str, port: int
+) -> Child:
+    """`evora dispatcher` as a child process, returned once its /readyz answers 200."""
+    return await spawn_service(children, http, db_url, "dispatcher", port)
 
 
 # -- databases for a whole module --------------------------------------------------------

@@ -16,11 +16,14 @@ from evora import Handlers, Job, Submission
 from evora.storage.jobs import JobStore
 from tests.e2e.conftest import (
     WORKER_TOKEN,
+    Child,
     Children,
     Stack,
     child_env,
     evora_command,
+    free_port,
     scrape,
+    spawn_service,
 )
 
 
@@ -162,12 +165,28 @@ async def step(job: evora.Job) -> str:
 """
 
 
-async def test_kill_9_of_a_worker_mid_run_changes_nothing_for_the_diamond(
-    stack: Stack, store: JobStore, children: Children, tmp_path: Path
-) -> None:
-    """B's worker process dies holding B: the lease expires (the sweeper's statement), a
-    second worker retries B, and D still starts once, after B and C completed."""
-    queue = "e2e-diamond-kill"
+def _diamond_with_a_hanging_b(queue: str, lease_seconds: int) -> list[Submission]:
+    """A -> B, C -> D with short leases and quick retries; whoever first runs B hangs."""
+
+    def item(name: str, *after: str, hang: bool = False) -> Submission:
+        return {
+            "queue": queue,
+            "type": "step",
+            "payload": {"name": name, "hang": hang},
+            "ref": name,
+            "depends_on": [f"ref:{d}" for d in after],
+            "lease_seconds": lease_seconds,
+            "backoff": {"initial_seconds": 0.1, "max_seconds": 0.2},
+        }
+
+    return [item("a"), item("b", "a", hang=True), item("c", "a"), item("d", "b", "c")]
+
+
+async def _worker_process_hanging_in_b(
+    stack: Stack, children: Children, tmp_path: Path, queue: str
+) -> Child:
+    """A real worker process serving `queue`, returned once it has completed A and C and
+    hangs in B."""
     (tmp_path / "e2e_dependency_worker.py").write_text(textwrap.dedent(KILLED_WORKER_MODULE))
     signals = tmp_path / "signals"
     signals.mkdir()
@@ -180,32 +199,19 @@ async def test_kill_9_of_a_worker_mid_run_changes_nothing_for_the_diamond(
     )
     doomed = await children.spawn("worker", evora_command("worker", "e2e_dependency_worker"), env)
 
-    def item(name: str, *after: str, hang: bool = False) -> Submission:
-        return {
-            "queue": queue,
-            "type": "step",
-            "payload": {"name": name, "hang": hang},
-            "ref": name,
-            "depends_on": [f"ref:{d}" for d in after],
-            "lease_seconds": 2,
-            "backoff": {"initial_seconds": 0.1, "max_seconds": 0.2},
-        }
-
-    items = [item("a"), item("b", "a", hang=True), item("c", "a"), item("d", "b", "c")]
-    _, b, c, d = (r.id for r in await stack.client.submit_batch(items))
-
     def hanging() -> bool:
         if not doomed.running:
             raise AssertionError(f"the worker exited:\n{doomed.output()}")
         return (signals / "hanging").exists()
 
     await stack.until(hanging, within=30, what="the worker process runs b")
-    doomed.send(signal.SIGKILL)
-    await doomed.wait(within=10)
-    assert (await stack.client.get(b))["state"] == "RUNNING"
-    assert (await stack.client.get(d))["state"] == "WAITING"
+    # C, released with B, may come in a later claim: once it completed, only B is in doubt.
+    await stack.wait_for_states(queue, {"COMPLETED": 2, "RUNNING": 1, "WAITING": 1}, within=30)
+    return doomed
 
-    runs: Counter[str] = Counter()
+
+def _counting_step(runs: Counter[str]) -> Handlers:
+    """The diamond's handler for an in-process worker, counting its runs by job id."""
     handlers = Handlers()
 
     @handlers.job("step")
@@ -213,7 +219,25 @@ async def test_kill_9_of_a_worker_mid_run_changes_nothing_for_the_diamond(
         runs[job.id] += 1
         return str(job.payload["name"])
 
-    stack.start(stack.worker(handlers, [queue], concurrency=4))
+    return handlers
+
+
+async def test_kill_9_of_a_worker_mid_run_changes_nothing_for_the_diamond(
+    stack: Stack, store: JobStore, children: Children, tmp_path: Path
+) -> None:
+    """B's worker process dies holding B: the lease expires (the sweeper's statement), a
+    second worker retries B, and D still starts once, after B and C completed."""
+    queue = "e2e-diamond-kill"
+    items = _diamond_with_a_hanging_b(queue, lease_seconds=2)
+    _, b, c, d = (r.id for r in await stack.client.submit_batch(items))
+    doomed = await _worker_process_hanging_in_b(stack, children, tmp_path, queue)
+    doomed.send(signal.SIGKILL)
+    await doomed.wait(within=10)
+    assert (await stack.client.get(b))["state"] == "RUNNING"
+    assert (await stack.client.get(d))["state"] == "WAITING"
+
+    runs: Counter[str] = Counter()
+    stack.start(stack.worker(_counting_step(runs), [queue], concurrency=4))
 
     async def all_completed() -> bool:
         await store.expire_leases()  # what the sweeper does
@@ -234,6 +258,67 @@ async def test_kill_9_of_a_worker_mid_run_changes_nothing_for_the_diamond(
     started = _at(next(e for e in events[d] if e["event"] == "claimed"))
     for branch in (b, c):
         assert _at(next(e for e in events[branch] if e["event"] == "completed")) <= started
+
+
+async def test_kill_9_of_a_worker_and_the_sweeper_mid_run_changes_nothing_for_the_diamond(
+    stack: Stack, children: Children, tmp_path: Path
+) -> None:
+    """A real `evora sweeper` process is SIGKILLed while B's lease is outstanding (B's worker
+    process SIGKILLed too), and a new sweeper process expires that lease: B is retried and
+    completes, and D runs once, claimed after every parent's completion was recorded."""
+    queue = "e2e-diamond-sweeper-kill"
+    first_port = free_port()
+    first_sweeper = await spawn_service(children, stack.http, stack.db_url, "sweeper", first_port)
+
+    async def sweeping() -> bool:
+        samples = await scrape(stack.http, f"http://127.0.0.1:{first_port}")
+        return samples[("evora_sweeper_active",)] == 1
+
+    await stack.until(sweeping, within=30, what="the first sweeper holds the lock")
+    items = _diamond_with_a_hanging_b(queue, lease_seconds=4)
+    a, b, c, d = (r.id for r in await stack.client.submit_batch(items))
+    doomed = await _worker_process_hanging_in_b(stack, children, tmp_path, queue)
+
+    first_sweeper.send(signal.SIGKILL)
+    await first_sweeper.wait(within=10)
+    outstanding = await stack.pool.fetchval(
+        "SELECT state = 'RUNNING' AND lease_expires_at > now() FROM jobs WHERE id = $1::uuid", b
+    )
+    assert outstanding, "b's lease ran out before the sweeper was killed"
+    doomed.send(signal.SIGKILL)
+    await doomed.wait(within=10)
+
+    runs: Counter[str] = Counter()
+    stack.start(stack.worker(_counting_step(runs), [queue], concurrency=4))
+    port = free_port()
+    second_sweeper = await spawn_service(children, stack.http, stack.db_url, "sweeper", port)
+    await stack.wait_for_states(queue, {"COMPLETED": 4}, within=60)
+
+    expired = await scrape(stack.http, f"http://127.0.0.1:{port}")
+    assert expired[("evora_sweeper_leases_expired_total", "outcome=requeued")] == 1
+    assert second_sweeper.running
+    assert runs == Counter({b: 1, d: 1})  # a and c ran once in the killed process
+    assert await stack.event_names(b) == [
+        "submitted",
+        "dependencies_met",
+        "claimed",
+        "lease_expired",
+        "claimed",
+        "completed",
+    ]
+    for job in (a, c, d):
+        names = await stack.event_names(job)
+        assert names[-2:] == ["claimed", "completed"] and names.count("claimed") == 1, names
+    seqs = {
+        (str(row["job_id"]), row["event"]): row["seq"]
+        for row in await stack.pool.fetch(
+            "SELECT job_id, event, seq FROM job_events "
+            "WHERE queue = $1 AND event IN ('claimed', 'completed')",
+            queue,
+        )
+        if row["event"] == "completed" or row["job_id"] == UUID(d)
+    }
+    assert all(seqs[(d, "claimed")] > seqs[(parent, "completed")] for parent in (a, b, c))
 
 
 async def test_workers_completing_parents_of_shared_children_never_deadlock(
