@@ -41,7 +41,12 @@ from evora.protocol.limits import MAX_PAGE
 from evora.protocol.retries import RetryBackoff
 from evora.protocol.states import JobState
 from evora.sdk._http import NO_BODY, Response, Transport
-from evora.sdk.errors import InvalidStateError, LimitNotFoundError, ScheduleNotFoundError
+from evora.sdk.errors import (
+    EvoraClientError,
+    InvalidStateError,
+    LimitNotFoundError,
+    ScheduleNotFoundError,
+)
 from evora.sdk.tracing import context_headers
 
 # Queue stats per page when listing every queue: the most the api serves at once.
@@ -337,16 +342,7 @@ class Client:
     async def queues(self) -> list[dict[str, Any]]:
         """Stats of every queue by name, from the read models (eventually consistent),
         fetched a page at a time."""
-        queues: list[dict[str, Any]] = []
-        params = {"limit": str(MAX_PAGE)}
-        while True:
-            resp = await self._call("GET", "/v1/queues", params=params, idempotent=True)
-            queues.extend(resp.data["queues"])
-            # an api from before paging answers everything at once, without `next`
-            after = resp.data.get("next")
-            if after is None:
-                return queues
-            params["after"] = after
+        return await self._every_page("/v1/queues", "queues")
 
     async def stats(self, queue: str) -> dict[str, Any]:
         """Read-model stats of one queue; `QueueNotFoundError` for a queue never seen."""
@@ -390,15 +386,7 @@ class Client:
 
     async def schedules(self) -> list[dict[str, Any]]:
         """Every schedule by name, fetched a page at a time."""
-        found: list[dict[str, Any]] = []
-        params = {"limit": str(MAX_PAGE)}
-        while True:
-            resp = await self._call("GET", "/v1/schedules", params=params, idempotent=True)
-            found.extend(resp.data["schedules"])
-            after = resp.data.get("next")
-            if after is None:
-                return found
-            params["after"] = after
+        return await self._every_page("/v1/schedules", "schedules")
 
     async def schedule(self, name: str) -> dict[str, Any]:
         """The schedule with `next_run_at`, `last_run_at` and `last_job_id`;
@@ -408,11 +396,7 @@ class Client:
 
     async def delete_schedule(self, name: str) -> None:
         """Delete the schedule; the jobs it made stay."""
-        try:
-            await self._call("DELETE", _schedule_path(name), idempotent=True)
-        except ScheduleNotFoundError as exc:
-            if exc.attempts == 1:  # gone before this call, not deleted by its first attempt
-                raise
+        await self._delete(_schedule_path(name), ScheduleNotFoundError)
 
     async def pause_schedule(self, name: str) -> dict[str, Any]:
         """A paused schedule makes no jobs until resumed."""
@@ -452,15 +436,7 @@ class Client:
 
     async def limits(self) -> list[dict[str, Any]]:
         """Every limit by key, fetched a page at a time."""
-        found: list[dict[str, Any]] = []
-        params = {"limit": str(MAX_PAGE)}
-        while True:
-            resp = await self._call("GET", "/v1/limits", params=params, idempotent=True)
-            found.extend(resp.data["limits"])
-            after = resp.data.get("next")
-            if after is None:
-                return found
-            params["after"] = after
+        return await self._every_page("/v1/limits", "limits")
 
     async def limit(self, key: str) -> dict[str, Any]:
         """The limit that governs `key` (its own or a prefix limit's) with the key's live
@@ -470,10 +446,29 @@ class Client:
 
     async def delete_limit(self, key: str) -> None:
         """Delete the limit of `key`."""
+        await self._delete(_limit_path(key), LimitNotFoundError)
+
+    async def _every_page(self, path: str, field: str) -> list[dict[str, Any]]:
+        """Every item of a keyset-paginated list, fetched a page at a time."""
+        found: list[dict[str, Any]] = []
+        params = {"limit": str(MAX_PAGE)}
+        while True:
+            resp = await self._call("GET", path, params=params, idempotent=True)
+            found.extend(resp.data[field])
+            # an api from before paging answers everything at once, without `next`
+            after = resp.data.get("next")
+            if after is None:
+                return found
+            params["after"] = after
+
+    async def _delete(self, path: str, missing: type[EvoraClientError]) -> None:
+        """DELETE, retried; `missing` (the resource's not-found error) is raised only when the
+        resource was gone before this call, not when a retry finds what the first attempt
+        deleted."""
         try:
-            await self._call("DELETE", _limit_path(key), idempotent=True)
-        except LimitNotFoundError as exc:
-            if exc.attempts == 1:  # gone before this call, not deleted by its first attempt
+            await self._call("DELETE", path, idempotent=True)
+        except missing as exc:
+            if exc.attempts == 1:
                 raise
 
     async def _to_cancelled(self, job_id: str | UUID, path: str) -> JobData:
