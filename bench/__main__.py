@@ -6,6 +6,9 @@ durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, .
     python -m bench compare --systems evora      # Evora only (no Node or pgqueuer needed)
     python -m bench compare --profile            # also py-spy profiles of Evora's processes
                                                  # and pg_stat_statements
+    python -m bench compare --systems evora --evora-variant base=/path/to/other/checkout
+                                                 # A/B: that checkout's Evora as a system
+                                                 # of its own ("evora@base"), interleaved
     python -m bench report FILE                  # print a result file's figures again
     python -m bench workflow                     # a 10,000-job fan-out/fan-in workflow
                                                  # against the same jobs without
@@ -58,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
         "--systems",
         default=",".join(SYSTEMS),
         help=f"comma-separated subset of {', '.join(SYSTEMS)}",
+    )
+    compare.add_argument(
+        "--evora-variant",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="also run the Evora of checkout DIR as system evora@LABEL (an A/B in one run)",
     )
     compare.add_argument("--jobs", type=int, help="jobs enqueued and drained (default 20,000)")
     compare.add_argument("--rate", type=float, help="jobs/s offered in the latency run")
@@ -118,9 +128,18 @@ def machine_info(settings: dict[str, str], node: Path | None) -> dict[str, Any]:
     }
 
 
-def make_system(name: str, children: Children, cluster: Cluster, peers: Peers | None) -> System:
+def make_system(
+    name: str,
+    children: Children,
+    cluster: Cluster,
+    peers: Peers | None,
+    variants: dict[str, Path],
+) -> System:
     if name == "evora":
         return EvoraSystem(children, cluster.mongo_url)
+    if name.startswith("evora@"):
+        label = name.removeprefix("evora@")
+        return EvoraSystem(children, cluster.mongo_url, (label, variants[label]))
     assert peers is not None
     if name == "graphile":
         return GraphileSystem(children, peers)
@@ -135,15 +154,16 @@ async def compare(
     workload: Workload,
     peers: Peers | None,
     profiler: Profiler | None,
+    variants: dict[str, Path],
 ) -> list[dict[str, Any]]:
     children = Children(directory)
     runs = []
     try:
         for rep in range(1, repetitions + 1):
             for name in systems:
-                system = make_system(name, children, cluster, peers)
+                system = make_system(name, children, cluster, peers, variants)
                 label = f"r{rep}"
-                database = f"bench_{name}_{label}"
+                database = f"bench_{name.replace('@', '_')}_{label}"
                 print(f"== {name} repetition {rep}/{repetitions}", flush=True)
                 dsn = await cluster.fresh_database(database)
                 profiling = profiler if name == "evora" else None
@@ -173,7 +193,15 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"unknown systems: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     workload = workload_of(args)
-    needs_peers = args.profile or any(s != "evora" for s in systems)
+    variants: dict[str, Path] = {}
+    for spec in args.evora_variant:
+        label, _, source = spec.partition("=")
+        if not label or not (Path(source) / "evora_services").is_dir():
+            print(f"--evora-variant wants LABEL=DIR of an Evora checkout: {spec}", file=sys.stderr)
+            return 2
+        variants[label] = Path(source)
+    systems += [f"evora@{label}" for label in variants]
+    needs_peers = args.profile or any(not s.startswith("evora") for s in systems)
     peers = install() if needs_peers else None
     with tempfile.TemporaryDirectory(prefix="evora-bench-") as tmp:
         directory = (args.keep or Path(tmp)).resolve()
@@ -181,13 +209,31 @@ def run_compare(args: argparse.Namespace) -> int:
         with Cluster(directory, statements=args.profile) as cluster:
             settings = asyncio.run(cluster.settings())
             info = machine_info(settings, peers.node if peers else None)
+            info["evora_variants"] = {
+                label: subprocess.run(
+                    ["git", "-C", str(source), "describe", "--always", "--dirty"],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stdout.strip()
+                for label, source in variants.items()
+            }
             print(json.dumps(info, indent=1))
             profiler = (
                 Profiler(peers.pyspy, directory / "profiles") if (args.profile and peers) else None
             )
             started = time.monotonic()
             runs = asyncio.run(
-                compare(cluster, directory, systems, args.repetitions, workload, peers, profiler)
+                compare(
+                    cluster,
+                    directory,
+                    systems,
+                    args.repetitions,
+                    workload,
+                    peers,
+                    profiler,
+                    variants,
+                )
             )
         summary = report.summarize(runs)
         out = args.out or Path("bench/results") / datetime.now(UTC).strftime(

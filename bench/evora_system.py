@@ -17,7 +17,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.children import Child, Children
-from bench.system import System
+from bench.system import REPO, System
 
 SERVICES = ("api", "dispatcher", "sweeper", "projector")
 READY_TIMEOUT_S = 60.0
@@ -40,10 +40,13 @@ COUNTERS = {
 }
 
 
-def _evora_command() -> list[str]:
+def _evora_command(source: Path = REPO) -> list[str]:
     # The console script of the environment running the benchmark: what a deployment runs.
+    # Another checkout's services run as a module from that checkout (the working directory).
     script = Path(sys.executable).with_name("evora")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "evora_services.cli"]
+    if source == REPO and script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "evora_services.cli"]
 
 
 def _free_port() -> int:
@@ -59,8 +62,15 @@ class EvoraSystem(System):
         "SELECT EXISTS (SELECT FROM jobs WHERE queue = 'bench' AND state IN ('PENDING', 'RUNNING'))"
     )
 
-    def __init__(self, children: Children, mongo_url: str) -> None:
+    def __init__(
+        self, children: Children, mongo_url: str, variant: tuple[str, Path] | None = None
+    ) -> None:
+        """`variant`: (label, checkout) to run another checkout's services, SDK and schema
+        under the name `evora@label`, for an A/B of two versions in one run."""
         super().__init__(children)
+        if variant is not None:
+            self.name = f"evora@{variant[0]}"
+            self.source = variant[1].resolve()
         self.mongo_url = mongo_url
         self.tokens = {role: secrets.token_urlsafe(18) for role in ("admin", "producer", "worker")}
         self.urls: dict[str, str] = {}
@@ -85,9 +95,10 @@ class EvoraSystem(System):
     async def start(self, dsn: str, label: str) -> None:
         env = self._env(dsn, label)
         migrate = await asyncio.create_subprocess_exec(
-            *_evora_command(),
+            *_evora_command(self.source),
             "migrate",
             env=env,
+            cwd=self.source,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -95,7 +106,10 @@ class EvoraSystem(System):
         if await migrate.wait() != 0:
             raise RuntimeError("evora migrate failed")
         self.services = [
-            self.children.spawn(f"evora-{label}-{s}", [*_evora_command(), s], env) for s in SERVICES
+            self.children.spawn(
+                f"{self.name}-{label}-{s}", [*_evora_command(self.source), s], env, self.source
+            )
+            for s in SERVICES
         ]
         async with aiohttp.ClientSession() as session:
             await asyncio.gather(

@@ -18,6 +18,8 @@ class System(ABC):
     the worker is started by the harness through the runner) and its runner command."""
 
     name: str
+    # The checkout whose code the system's Python processes run (see `runner_env`).
+    source: Path = REPO
     # True while any job is not finished yet (completed jobs are deleted or marked finished).
     # EXISTS, not count(*): the harness polls it while the system works, and a count over
     # the whole table cost PostgreSQL more than a tenth of a core at that rate.
@@ -37,9 +39,9 @@ class System(ABC):
 
     def runner_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
-        # This checkout's SDK and services, not whatever the environment has installed: an
-        # editable install of another worktree would otherwise mix its `evora` with these.
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "shared"), str(REPO)])
+        # The source checkout's SDK and services, not whatever the environment has installed:
+        # an editable install of another worktree would otherwise mix its `evora` with these.
+        env["PYTHONPATH"] = os.pathsep.join([str(self.source / "shared"), str(self.source)])
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

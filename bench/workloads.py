@@ -119,7 +119,7 @@ class Repetition:
         if self.worker is not None and self.worker.alive():
             cpu["worker"] = self.worker.cpu()
         mongo = self.cluster.mongo_pid
-        if self.system.name == "evora" and mongo is not None:
+        if self.system.name.startswith("evora") and mongo is not None:
             cpu[MONGO] = procstats.cpu_seconds(mongo) or 0.0
         return cpu
 
