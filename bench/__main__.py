@@ -133,12 +133,13 @@ def make_system(
     children: Children,
     cluster: Cluster,
     peers: Peers | None,
-    variants: dict[str, Path],
+    variants: dict[str, Path] | None,
 ) -> System:
     if name == "evora":
         return EvoraSystem(children, cluster.mongo_url)
     if name.startswith("evora@"):
         label = name.removeprefix("evora@")
+        assert variants is not None
         return EvoraSystem(children, cluster.mongo_url, (label, variants[label]))
     assert peers is not None
     if name == "graphile":
@@ -154,7 +155,7 @@ async def compare(
     workload: Workload,
     peers: Peers | None,
     profiler: Profiler | None,
-    variants: dict[str, Path],
+    variants: dict[str, Path] | None = None,
 ) -> list[dict[str, Any]]:
     children = Children(directory)
     runs = []

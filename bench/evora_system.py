@@ -17,7 +17,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.children import Child, Children
-from bench.system import REPO, System
+from bench.system import System
 
 SERVICES = ("api", "dispatcher", "sweeper", "projector")
 READY_TIMEOUT_S = 60.0
@@ -40,11 +40,11 @@ COUNTERS = {
 }
 
 
-def _evora_command(source: Path = REPO) -> list[str]:
+def _evora_command(variant: bool = False) -> list[str]:
     # The console script of the environment running the benchmark: what a deployment runs.
-    # Another checkout's services run as a module from that checkout (the working directory).
+    # A variant's services run as a module from its checkout (their working directory).
     script = Path(sys.executable).with_name("evora")
-    if source == REPO and script.exists():
+    if script.exists() and not variant:
         return [str(script)]
     return [sys.executable, "-m", "evora_services.cli"]
 
@@ -71,6 +71,7 @@ class EvoraSystem(System):
         if variant is not None:
             self.name = f"evora@{variant[0]}"
             self.source = variant[1].resolve()
+        self.command = _evora_command(variant is not None)
         self.mongo_url = mongo_url
         self.tokens = {role: secrets.token_urlsafe(18) for role in ("admin", "producer", "worker")}
         self.urls: dict[str, str] = {}
@@ -95,7 +96,7 @@ class EvoraSystem(System):
     async def start(self, dsn: str, label: str) -> None:
         env = self._env(dsn, label)
         migrate = await asyncio.create_subprocess_exec(
-            *_evora_command(self.source),
+            *self.command,
             "migrate",
             env=env,
             cwd=self.source,
@@ -106,9 +107,7 @@ class EvoraSystem(System):
         if await migrate.wait() != 0:
             raise RuntimeError("evora migrate failed")
         self.services = [
-            self.children.spawn(
-                f"{self.name}-{label}-{s}", [*_evora_command(self.source), s], env, self.source
-            )
+            self.children.spawn(f"{self.name}-{label}-{s}", [*self.command, s], env, self.source)
             for s in SERVICES
         ]
         async with aiohttp.ClientSession() as session:

@@ -1,17 +1,20 @@
 """Evora's side of the comparative benchmark (`python -m bench compare`) with tiny counts:
 the harness starts PostgreSQL, MongoDB-wire, `evora migrate`, the four services and an SDK
 worker, and produces sane figures. Performance is not asserted; the peers (npm, Node,
-pgqueuer downloads) are not run here."""
+pgqueuer downloads) are not run here. The same checkout also runs as a variant
+(`--evora-variant`), the way an A/B runs another checkout's services."""
 
 from __future__ import annotations
 
 import math
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench import report
 from bench.__main__ import compare
 from bench.cluster import Cluster
+from bench.system import REPO
 from bench.workloads import Workload
 
 JOBS = 300
@@ -26,7 +29,20 @@ async def test_evora_run_drains_every_job_and_measures_latency_cpu_and_memory() 
     with tempfile.TemporaryDirectory(prefix="evora-bench-test-") as tmp:
         directory = Path(tmp)
         with Cluster(directory) as cluster:
-            [run] = await compare(cluster, directory, ["evora"], 1, workload, None, None)
+            runs = await compare(
+                cluster, directory, ["evora", "evora@same"], 1, workload, None, None, {"same": REPO}
+            )
+    assert [r["system"] for r in runs] == ["evora", "evora@same"]
+    for run in runs:
+        _check(run)
+
+    summary = report.summarize(runs)
+    for system, run in zip(("evora", "evora@same"), runs, strict=True):
+        assert summary["drain"]["systems"][system]["median"] == run["drain"]["jobs_per_s"]
+    assert any(line.startswith("  evora@same") for line in report.lines(summary))
+
+
+def _check(run: dict[str, Any]) -> None:
 
     assert run["enqueue"]["jobs_per_s"] > 0
     drain = run["drain"]
@@ -51,7 +67,3 @@ async def test_evora_run_drains_every_job_and_measures_latency_cpu_and_memory() 
         "dispatcher:evora_dispatcher_jobs_claimed_total{queue=bench}"
     ]
     assert claimed == JOBS
-
-    summary = report.summarize([run])
-    assert summary["drain"]["systems"]["evora"]["median"] == drain["jobs_per_s"]
-    assert any(line.startswith("  evora") for line in report.lines(summary))
