@@ -94,12 +94,12 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
     env = clean_environment()
     env.pop("PYTHONPATH")  # the clone's .venv alone says where the code is
     log = tmp_path / "first-terminal.log"
-    with log.open("wb") as out:
+    with log.open("wb") as log_file:
         system = subprocess.Popen(
             ["bash", "-c", first_terminal],
             cwd=clone,
             env=env,
-            stdout=out,
+            stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )

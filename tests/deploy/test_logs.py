@@ -184,7 +184,7 @@ async def _api_process_logs(
     )
     try:
         assert process.stderr is not None
-        lines = []
+        lines: list[str] = []
         while not any("listening on http" in line for line in lines):
             line = await asyncio.wait_for(process.stderr.readline(), 30)
             assert line, "".join(lines) if lines else "no output"
@@ -264,7 +264,9 @@ def test_redaction_covers_message_fields_context_and_tracebacks(captured: io.Str
     assert first["request_id"] == f"Bearer {REDACTED}" and first["hdr"] == REDACTED
     # A bearer credential runs to the next space or quote, escapes included.
     assert str(first["exc"]).endswith(f"ValueError: b'Authorization: Bearer {REDACTED}'")
-    assert second["msg"] == f"x={REDACTED}y" and "Stack (most recent call last)" in second["stack"]
+    assert second["msg"] == f"x={REDACTED}y" and "Stack (most recent call last)" in str(
+        second["stack"]
+    )
     assert third["msg"] == f"bad format %d ('{REDACTED}',)"
     assert redaction.redact("Bearer") == "Bearer"  # text without a token is left alone
 

@@ -17,7 +17,7 @@ _SELF = re.compile(r"^evora\[(?P<extras>[^\]]+)\]$")
 
 
 def _pins() -> dict[str, str]:
-    pins = {}
+    pins: dict[str, str] = {}
     for line in LOCK.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, version = line.split("==")

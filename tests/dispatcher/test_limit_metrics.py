@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
-from evora.storage.limits import LimitSpec, LimitStore, Rate
+from evora.storage.limits import KindUsage, LimitSpec, LimitStore, Rate
 from evora_services.dispatcher import limits as watch_module
 from evora_services.dispatcher.limits import LimitWatch
 from tests.conftest import Clock
@@ -47,10 +47,7 @@ async def test_gauges_per_kind_follow_the_limits(
 
 
 def test_kinds_beyond_the_cap_are_summed() -> None:
-    many = [
-        watch_module.KindUsage(f"k{n:03}", 1, None, 2, float(n))
-        for n in range(watch_module.MAX_KINDS + 3)
-    ]
+    many = [KindUsage(f"k{n:03}", 1, None, 2, float(n)) for n in range(watch_module.MAX_KINDS + 3)]
     capped = watch_module._capped(many)
     assert len(capped) == watch_module.MAX_KINDS + 1
     other = capped[watch_module.OTHER]

@@ -3,6 +3,8 @@ end, bounded) in the job's last error and the failure event, never refused for i
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import asyncpg
 
 from evora.protocol.limits import MAX_ERROR_TRACEBACK
@@ -29,7 +31,7 @@ async def test_a_long_trace_keeps_its_end(
     assert len(kept) == MAX_ERROR_TRACEBACK
     assert kept.endswith("raise KeyError(k)\nKeyError: 'a\ufffdb'\n")
 
-    stored = await store.get(job_id)
+    stored = await store.get(UUID(job_id))
     assert stored["state"] == "DLQ" and stored["last_error"]["traceback"] == kept
     event = await pool.fetchval(
         "SELECT data->'error'->>'traceback' FROM job_events WHERE job_id = $1"

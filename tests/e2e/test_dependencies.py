@@ -15,7 +15,6 @@ from uuid import UUID
 from evora import Handlers, Job, Submission
 from evora.storage.jobs import JobStore
 from tests.e2e.conftest import (
-    WORKER_TOKEN,
     Child,
     Children,
     Stack,
@@ -25,6 +24,7 @@ from tests.e2e.conftest import (
     scrape,
     spawn_service,
 )
+from tests.servers import WORKER_TOKEN
 
 
 def _at(event: dict[str, object]) -> datetime:

@@ -28,13 +28,8 @@ from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.protocol.jobs import Job as JobModel
 from evora.protocol.limits import QUEUE_PATTERN, TYPE_PATTERN
 from evora.protocol.worker import AcksResponse, ClaimResponse, HeartbeatResponse
-from tests.e2e.conftest import (
-    FAST,
-    PRODUCER_TOKEN,
-    WORKER_HEADERS,
-    start_api,
-    start_dispatcher,
-)
+from tests.e2e.conftest import FAST, WORKER_HEADERS
+from tests.servers import PRODUCER_TOKEN, start_api, start_dispatcher
 
 FUZZ = settings(
     max_examples=150,

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from evora import Handlers, Job, Submission
-from tests.e2e.conftest import WORKER_TOKEN, Children, Stack, child_env, evora_command
+from tests.e2e.conftest import Children, Stack, child_env, evora_command
+from tests.servers import WORKER_TOKEN
 
 
 def gated_handlers(gate: asyncio.Event, started: list[str]) -> Handlers:

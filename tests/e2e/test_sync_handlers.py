@@ -27,15 +27,8 @@ from pathlib import Path
 
 from evora import Handlers, Job, Submission
 from evora.storage.jobs import JobStore
-from tests.e2e.conftest import (
-    WORKER_TOKEN,
-    Child,
-    Children,
-    LogRecords,
-    Stack,
-    child_env,
-    evora_command,
-)
+from tests.e2e.conftest import Child, Children, LogRecords, Stack, child_env, evora_command
+from tests.servers import WORKER_TOKEN
 
 HANDLER_SECONDS = 4.0
 LEASE_SECONDS = 2

@@ -11,14 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import (
-    TOKENS,
-    Child,
-    Children,
-    child_env,
-    evora_command,
-    free_port,
-)
+from tests.e2e.conftest import Child, Children, child_env, evora_command, free_port
+from tests.servers import TOKENS
 
 
 @dataclass

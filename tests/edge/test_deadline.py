@@ -18,8 +18,8 @@ from evora.config import Settings
 from evora.http.app import DATABASE_BUDGET
 from evora_services.api.app import create_app as create_api
 from evora_services.dispatcher.app import create_app as create_dispatcher
-from tests.e2e.conftest import PRODUCER_TOKEN, TOKENS, WORKER_HEADERS
-from tests.servers import Service, serve
+from tests.e2e.conftest import WORKER_HEADERS
+from tests.servers import PRODUCER_TOKEN, TOKENS, Service, serve
 
 BUDGET_S = 1.0
 # Generous for a loaded machine, yet far below the lock, which is held for a minute.

@@ -23,8 +23,8 @@ from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.http.serve import serve_app
 from evora_services.api.app import create_app as create_api
 from evora_services.dispatcher.app import create_app as create_dispatcher
-from tests.e2e.conftest import PRODUCER_TOKEN, TOKENS, WORKER_TOKEN
 from tests.polling import until
+from tests.servers import PRODUCER_TOKEN, TOKENS, WORKER_TOKEN
 
 HEAD_TIMEOUT_S = 1.0
 SLOW_CLIENTS = 200

@@ -14,8 +14,9 @@ import uuid
 import aiohttp
 import orjson
 
-from tests.e2e.conftest import PRODUCER_TOKEN, WORKER_HEADERS
+from tests.e2e.conftest import WORKER_HEADERS
 from tests.edge.conftest import Running, StartService
+from tests.servers import PRODUCER_TOKEN
 
 # Far below the ~850 MB the batch used to cost; holding a 15 MiB body (and one copy of it
 # without its strings) is the expected cost.

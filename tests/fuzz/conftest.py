@@ -4,8 +4,9 @@ thread, so the test's event loop stays free), and the servers run on their own."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import pytest
@@ -14,17 +15,9 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
 from evora.storage.jobs import Failure, JobStore
 from tests.api.conftest import shared_client
-from tests.e2e.conftest import (
-    ADMIN_TOKEN,
-    TOKENS,
-    Child,
-    Children,
-    child_env,
-    evora_command,
-    free_port,
-    module_db_url,
-    until,
-)
+from tests.e2e.conftest import Child, Children, child_env, evora_command, free_port, module_db_url
+from tests.polling import until
+from tests.servers import ADMIN_TOKEN, TOKENS
 
 __all__ = ["module_db_url", "shared_client"]  # fixtures these modules use
 
@@ -93,7 +86,7 @@ async def seed(db_url: str, *, running: int, each_other_state: int) -> Seeded:
         claimed = await store.claim(
             worker_id="seeder", queues=["fuzz"], max_jobs=count - each_other_state
         )
-        moves = [
+        moves: list[Callable[[dict[str, Any]], Awaitable[object]]] = [
             lambda j: store.complete(j["id"], j["lease_token"]),
             lambda j: store.fail(Failure(j["id"], j["lease_token"], "seeded", retryable=False)),
             lambda j: store.cancel(j["id"]),

@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Err
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -55,7 +57,7 @@ CONFIG = schemathesis.Config.from_dict({"generation": {"with-security-parameters
 
 # Edits a generated request before it is sent. It must not change whether the request
 # is valid, or the negative_data_rejection check would judge a different request.
-Prepare = Callable[[schemathesis.Case], None]
+Prepare = Callable[[schemathesis.Case[Any]], None]
 
 
 @dataclass
@@ -63,11 +65,13 @@ class Report:
     requests: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
-    seconds: Counter[str] = field(default_factory=Counter)  # per operation
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def summary(self, service: str) -> str:
         """What was sent and answered, and where the time went (pytest -s shows it)."""
-        times = ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.most_common())
+        times = ", ".join(
+            f"{k} {v:.1f}s" for k, v in sorted(self.seconds.items(), key=lambda kv: -kv[1])
+        )
         return (
             f"{service}: {self.requests} requests, statuses {dict(sorted(self.statuses.items()))}"
             f"; {times}"
@@ -80,6 +84,8 @@ def fuzz(base_url: str, headers: dict[str, str], *, examples: int, prepare: Prep
     schema = schemathesis.openapi.from_url(base_url + "/openapi.json", config=CONFIG)
     report = Report()
     for result in schema.get_all_operations():
+        if isinstance(result, Err):
+            raise result.err()
         operation = result.ok()
         negatable = bool(operation.path_parameters or operation.query or operation.body)
         modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if negatable else [])
@@ -93,7 +99,7 @@ def fuzz(base_url: str, headers: dict[str, str], *, examples: int, prepare: Prep
                 suppress_health_check=list(HealthCheck),
             )
             @given(case=operation.as_strategy(generation_mode=mode))
-            def run(case: schemathesis.Case) -> None:
+            def run(case: schemathesis.Case[Any]) -> None:
                 prepare(case)
                 note(case.as_curl_command())
                 sent = time.perf_counter()
@@ -139,7 +145,7 @@ def real_jobs(seeded: Seeded) -> Prepare:
     def lease(index: int) -> tuple[str, str]:
         return seeded.leases[index % len(seeded.leases)]
 
-    def prepare(case: schemathesis.Case) -> None:
+    def prepare(case: schemathesis.Case[Any]) -> None:
         if case.meta is None or case.meta.generation.mode is not GenerationMode.POSITIVE:
             return
         body = case.body

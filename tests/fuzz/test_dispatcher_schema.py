@@ -6,6 +6,7 @@ fails and releases also succeed and move jobs, not only answer 404."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import schemathesis
 
@@ -21,7 +22,7 @@ async def test_dispatcher_answers_as_documented(children: Children, module_db_ur
     _, url = await spawn(children, "dispatcher", module_db_url)
     with_real_jobs = real_jobs(seeded)
 
-    def prepare(case: schemathesis.Case) -> None:
+    def prepare(case: schemathesis.Case[Any]) -> None:
         with_real_jobs(case)
         # A long-poll would only wait out its time: any valid wait becomes 0 (still valid);
         # an invalid one stays, it is what a negative case got wrong.

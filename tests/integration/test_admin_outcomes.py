@@ -24,7 +24,8 @@ async def dead_lettered(store: JobStore, queue: str) -> UUID:
     submitted = await store.submit(JobSubmission(queue=queue, type="t", max_attempts=1))
     [job] = await store.claim(worker_id="w", queues=[queue])
     await store.fail(Failure(job["id"], job["lease_token"], "boom"))
-    return submitted.job["id"]
+    job_id: UUID = submitted.job["id"]
+    return job_id
 
 
 async def test_cancel_decides_in_one_statement(counted_store: JobStore, logged: list[str]) -> None:

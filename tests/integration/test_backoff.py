@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from evora.protocol.jobs import JobSubmission
+from evora.protocol.jobs import Backoff, JobSubmission
 from evora.storage.jobs import Failure, JobStore
 from tests.conftest import Clock
 
@@ -35,12 +35,12 @@ async def test_huge_attempt_numbers_do_not_overflow(pool: asyncpg.Pool) -> None:
 
 
 async def test_store_applies_the_jobs_own_policy(store: JobStore, clock: Clock) -> None:
-    policy = {"initial_seconds": 2.0, "max_seconds": 20.0, "multiplier": 3.0}
+    policy = Backoff(initial_seconds=2.0, max_seconds=20.0, multiplier=3.0)
     submitted = await store.submit(
         JobSubmission(queue="b", type="t", max_attempts=10, backoff=policy)
     )
     job_id = submitted.job["id"]
-    waits = []
+    waits: list[float] = []
     for attempt in range(1, 5):
         await clock.advance(max(waits, default=0.0) + 1)  # past the last backoff
         [job] = await store.claim(worker_id="w", queues=["b"])

@@ -33,11 +33,12 @@ async def _claim(store: JobStore, job_id: UUID) -> UUID:
 
 
 async def _events(pool: asyncpg.Pool, job_id: UUID) -> list[asyncpg.Record]:
-    return await pool.fetch(
+    rows: list[asyncpg.Record] = await pool.fetch(
         "SELECT event, from_state, to_state, job_version, data FROM job_events "
         "WHERE job_id = $1 ORDER BY job_version",
         job_id,
     )
+    return rows
 
 
 async def _in_state(store: JobStore, pool: asyncpg.Pool, state: JobState) -> UUID:

@@ -11,6 +11,7 @@ import pytest
 
 from evora.domain.errors import IdempotencyConflict, InvalidState, JobNotFound, LeaseLost
 from evora.protocol.jobs import JobSubmission
+from evora.protocol.states import JobState
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.submissions import Submitted
 from tests.conftest import Clock
@@ -339,7 +340,7 @@ async def test_list_is_keyset_paginated_newest_first(store: JobStore) -> None:
             break
         after = page.next_after
     assert seen == list(reversed(made))
-    odd = await store.list_jobs(queue="l", type="odd", state="PENDING", limit=50)
+    odd = await store.list_jobs(queue="l", type="odd", state=JobState.PENDING, limit=50)
     assert [j["id"] for j in odd.jobs] == [made[i] for i in (5, 3, 1)]
     assert odd.next_after is None
     everything = await store.list_jobs(limit=500)

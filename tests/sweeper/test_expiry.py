@@ -69,9 +69,9 @@ async def test_expired_lease_with_no_attempts_left_is_dead_lettered(
         ("claimed", {}),
         ("dead_lettered", {"reason": "lease_expired", "error": LEASE_EXPIRED}),
     ]
-    dead = await store.get(job["id"])
+    stored = await store.get(job["id"])
     # The dead job says why it died (the dashboard shows last_error).
-    assert dead["state"] == "DLQ" and dead["last_error"] == LEASE_EXPIRED
+    assert stored["state"] == "DLQ" and stored["last_error"] == LEASE_EXPIRED
     assert running.metric("evora_sweeper_leases_expired_total", outcome="dead_lettered") == 1
 
 
