@@ -50,6 +50,10 @@ _PROBLEM_DESCRIPTIONS = {
     401: "Missing or unknown token (code unauthorized).",
     403: "The token's role may not call this endpoint (code forbidden).",
     404: "Not found (e.g. code job_not_found).",
+    408: (
+        "The body arrived slower than the minimum rate after a grace period (code "
+        "request_timeout); the request was not processed."
+    ),
     409: "Conflict (codes invalid_state, lease_lost, idempotency_conflict).",
     413: "Body or payload over the size limit (code payload_too_large).",
     422: "Validation error (code validation_error).",
@@ -161,7 +165,7 @@ def _operation(e: Endpoint) -> dict[str, Any]:
             "required": bool(e.body.model_json_schema().get("required")),
             "content": {"application/json": {"schema": _ref(e.body)}},
         }
-        problems |= {400, 413, 422}
+        problems |= {400, 408, 413, 422}
     if e.query is not None:
         problems.add(422)
     responses = {
