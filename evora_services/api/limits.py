@@ -55,10 +55,9 @@ class Limit(BaseModel):
     updated_at: datetime
 
 
-class LimitUsage(Limit):
-    governed_by: str = Field(
-        description="the key of the limit that applies: the key's own, or a prefix limit's"
-    )
+class Usage(BaseModel):
+    """A concrete key's live usage under the limit that governs it."""
+
     running: int = Field(description="RUNNING jobs holding the key")
     tokens: float | None = Field(
         description="tokens in the key's bucket now; null without a rate, or for a prefix"
@@ -71,20 +70,18 @@ class LimitUsage(Limit):
     )
 
 
-class GovernedKey(BaseModel):
-    key: str
-    running: int = Field(description="RUNNING jobs holding the key")
-    tokens: float | None = Field(description="tokens in the key's bucket now; null without a rate")
-    throttled_jobs: int = Field(
-        description="due PENDING jobs holding the key while it has no room left (0 while it has)"
-    )
-    throttled_since: datetime | None = Field(
-        description="when the longest held back of those jobs became due; null when none is"
-    )
-
-
 class GovernedLimit(Limit):
-    governed_by: str = Field(description="the key of the limit that applies")
+    governed_by: str = Field(
+        description="the key of the limit that applies: the key's own, or a prefix limit's"
+    )
+
+
+class LimitUsage(GovernedLimit, Usage):
+    pass
+
+
+class GovernedKey(Usage):
+    key: str
 
 
 class GovernedKeyPage(BaseModel):

@@ -84,15 +84,15 @@ export interface FailureReason {
 }
 
 export interface GovernedKey {
-  key: string;
   /** RUNNING jobs holding the key */
   running: number;
-  /** tokens in the key's bucket now; null without a rate */
+  /** tokens in the key's bucket now; null without a rate, or for a prefix */
   tokens: number | null;
   /** due PENDING jobs holding the key while it has no room left (0 while it has) */
   throttled_jobs: number;
   /** when the longest held back of those jobs became due; null when none is */
   throttled_since: string | null;
+  key: string;
 }
 
 export interface GovernedKeyPage {
@@ -108,7 +108,7 @@ export interface GovernedLimit {
   rate: Rate | null;
   created_at: string;
   updated_at: string;
-  /** the key of the limit that applies */
+  /** the key of the limit that applies: the key's own, or a prefix limit's */
   governed_by: string;
 }
 
@@ -257,13 +257,6 @@ export interface LimitListQuery {
 }
 
 export interface LimitUsage {
-  key: string;
-  concurrency: number | null;
-  rate: Rate | null;
-  created_at: string;
-  updated_at: string;
-  /** the key of the limit that applies: the key's own, or a prefix limit's */
-  governed_by: string;
   /** RUNNING jobs holding the key */
   running: number;
   /** tokens in the key's bucket now; null without a rate, or for a prefix */
@@ -272,6 +265,13 @@ export interface LimitUsage {
   throttled_jobs: number;
   /** when the longest held back of those jobs became due; null when none is */
   throttled_since: string | null;
+  key: string;
+  concurrency: number | null;
+  rate: Rate | null;
+  created_at: string;
+  updated_at: string;
+  /** the key of the limit that applies: the key's own, or a prefix limit's */
+  governed_by: string;
 }
 
 export type Misfire = "skip" | "run_once" | "catch_up";

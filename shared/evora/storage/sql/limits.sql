@@ -71,17 +71,16 @@ LEFT JOIN LATERAL (
 -- holding one without room left, with when the longest held back became due. Reads the live
 -- jobs once.
 WITH held AS (
-    SELECT j.state, j.run_at, k AS key
+    SELECT j.id, j.state, j.run_at, k AS key
     FROM jobs j
-    CROSS JOIN LATERAL unnest(CASE WHEN ('queue:' || j.queue) = ANY(j.limit_keys)
-                                   THEN j.limit_keys
-                                   ELSE ('queue:' || j.queue) || j.limit_keys END) AS k
+    CROSS JOIN LATERAL unnest(('queue:' || j.queue) || j.limit_keys) AS k
     WHERE (j.state = 'RUNNING' OR (j.state = 'PENDING' AND j.run_at <= evora_now()))
       AND starts_with(k, $1)
 ),
 keys AS (
-    SELECT h.key, count(*) FILTER (WHERE h.state = 'RUNNING') AS running,
-           count(*) FILTER (WHERE h.state = 'PENDING') AS due,
+    -- a job counts once per key, even holding `queue:<its queue>` among its limit_keys too
+    SELECT h.key, count(DISTINCT h.id) FILTER (WHERE h.state = 'RUNNING') AS running,
+           count(DISTINCT h.id) FILTER (WHERE h.state = 'PENDING') AS due,
            min(h.run_at) FILTER (WHERE h.state = 'PENDING') AS since
     FROM held h
     GROUP BY h.key
@@ -125,12 +124,11 @@ WITH bucket_keys AS (
     ORDER BY b.key
     LIMIT $4
 ),
+-- a job counts once per key, even holding `queue:<its queue>` among its limit_keys too
 running AS (
-    SELECT k AS key, count(*) AS n
+    SELECT k AS key, count(DISTINCT r.id) AS n
     FROM jobs r
-    CROSS JOIN LATERAL unnest(CASE WHEN ('queue:' || r.queue) = ANY(r.limit_keys)
-                                   THEN r.limit_keys
-                                   ELSE ('queue:' || r.queue) || r.limit_keys END) AS k
+    CROSS JOIN LATERAL unnest(('queue:' || r.queue) || r.limit_keys) AS k
     WHERE r.state = 'RUNNING'
       AND (CASE WHEN $2::text IS NULL THEN k = $1 ELSE starts_with(k, $2::text) END)
     GROUP BY k
@@ -163,11 +161,9 @@ full_keys AS (
     SELECT u.key FROM usage u WHERE u.running >= $5::int4 OR u.tokens < 1
 ),
 held AS (
-    SELECT k AS key, count(*) AS jobs, min(p.run_at) AS since
+    SELECT k AS key, count(DISTINCT p.id) AS jobs, min(p.run_at) AS since
     FROM jobs p
-    CROSS JOIN LATERAL unnest(CASE WHEN ('queue:' || p.queue) = ANY(p.limit_keys)
-                                   THEN p.limit_keys
-                                   ELSE ('queue:' || p.queue) || p.limit_keys END) AS k
+    CROSS JOIN LATERAL unnest(('queue:' || p.queue) || p.limit_keys) AS k
     WHERE EXISTS (SELECT 1 FROM full_keys)
       AND p.state = 'PENDING' AND p.run_at <= evora_now()
       AND k IN (SELECT key FROM full_keys)
@@ -215,12 +211,14 @@ FROM limited l, pg_notify('evora_jobs', l.queue);
 SELECT clock_timestamp();
 
 -- name: claims_begun_before
--- $1 an instant: how many other sessions of this database are in a transaction that began
--- before it (a claim among them may not have seen a limit committed at that instant).
--- Sessions of other database users show no transaction start unless this one may read
--- their statistics (pg_read_all_stats), and are not counted.
+-- $1 an instant: how many other client sessions of this database are in a transaction that
+-- began before it (a claim among them may not have seen a limit committed at that instant).
+-- Autovacuum and other background processes claim nothing. Sessions of other database users
+-- show no transaction start unless this one may read their statistics (pg_read_all_stats),
+-- and are not counted.
 SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < $1;
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND pid <> pg_backend_pid() AND xact_start < $1;
 
 -- name: usage_by_kind
 -- Per kind of key (what precedes its first ':', e.g. `tenant`, `queue`), over the keys live
