@@ -168,11 +168,11 @@ class LimitStore:
         hold; its `tokens` is null."""
         async with self._pool.acquire() as conn:
             row = await self._governing(conn, key)
-            rate = (row["concurrency"], row["rate_limit"], row["rate_per_seconds"])
+            spec = (row["concurrency"], row["rate_limit"], row["rate_per_seconds"])
             if key.endswith(PREFIX_MARK):
-                usage = await conn.fetchrow(PREFIX_USAGE, key.removesuffix(PREFIX_MARK), *rate)
+                usage = await conn.fetchrow(PREFIX_USAGE, key.removesuffix(PREFIX_MARK), *spec)
             else:
-                usage = await conn.fetchrow(USAGE, key, *rate)
+                usage = await conn.fetchrow(USAGE, key, *spec)
         assert usage is not None  # an aggregate answers one row
         return {
             **limit_from_row(row),
