@@ -55,10 +55,9 @@ class Limit(BaseModel):
     updated_at: datetime
 
 
-class LimitUsage(Limit):
-    governed_by: str = Field(
-        description="the key of the limit that applies: the key's own, or a prefix limit's"
-    )
+class Usage(BaseModel):
+    """A concrete key's live usage under the limit that governs it."""
+
     running: int = Field(description="RUNNING jobs holding the key")
     tokens: float | None = Field(
         description="tokens in the key's bucket now; null without a rate, or for a prefix"
@@ -66,6 +65,29 @@ class LimitUsage(Limit):
     throttled_jobs: int = Field(
         description="due PENDING jobs holding the key while it has no room left (0 while it has)"
     )
+    throttled_since: datetime | None = Field(
+        description="when the longest held back of those jobs became due; null when none is"
+    )
+
+
+class GovernedLimit(Limit):
+    governed_by: str = Field(
+        description="the key of the limit that applies: the key's own, or a prefix limit's"
+    )
+
+
+class LimitUsage(GovernedLimit, Usage):
+    pass
+
+
+class GovernedKey(Usage):
+    key: str
+
+
+class GovernedKeyPage(BaseModel):
+    limit: GovernedLimit
+    keys: list[GovernedKey]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
 
 
 class LimitList(BaseModel):
@@ -154,6 +176,27 @@ async def list_limits(request: web.Request) -> web.Response:
 )
 async def get_limit(request: web.Request) -> web.Response:
     return json_response(await _store(request).usage(_key(request)))
+
+
+@limits.add(
+    "GET",
+    "/v1/limits/{key}/keys",
+    roles=ADMIN,
+    summary=(
+        "The concrete keys a limit governs, a page at a time in key order (pass `next` as "
+        "`after`), each with its usage: for `tenant:*` the keys under `tenant:` without a "
+        "limit of their own that were claimed under it or have RUNNING jobs; for any other "
+        "key, that key."
+    ),
+    query=LimitListQuery,
+    responses={200: GovernedKeyPage},
+    problems=(404,),
+)
+async def list_governed_keys(request: web.Request) -> web.Response:
+    query = parse_query(request, LimitListQuery)
+    page = await _store(request).governed_keys(_key(request), after=query.after, limit=query.limit)
+    cursor = None if page.next_after is None else encode_key([page.next_after])
+    return json_response({"limit": page.limit, "keys": page.keys, "next": cursor})
 
 
 @limits.add(

@@ -4,7 +4,8 @@ A job whose type no running worker handles (a typo in the type, a worker not dep
 started on other queues) stays PENDING for ever. Every `CHECK_SECONDS` this looks for jobs
 that have been due for longer than EVORA_UNCLAIMED_WARNING_SECONDS without being claimed,
 leaving out those that wait for a reason (a paused queue, a FIFO group whose previous job
-still runs), and per queue and type
+still runs, a concurrency or rate limit with no room left: those are the flow-control
+metrics' throttled jobs), and per queue and type
 - sets the gauge `evora_dispatcher_unclaimed_jobs{queue,type}` (removed once they move),
 - logs a WARNING when a queue and type start to starve, and INFO once they are claimed again.
 
@@ -29,6 +30,23 @@ CHECK_SECONDS = 30.0
 MAX_REPORTED = 100
 
 STATEMENT = """
+WITH full_keys AS (
+    -- the limited keys without room left (docs/flow-control.md): jobs holding one wait for
+    -- their limit, not for a worker, and are reported as throttled by the flow-control
+    -- metrics instead. Only while any limit exists; read from the RUNNING jobs and from the
+    -- buckets whose stored tokens are below one (refilling only adds), never per waiting job.
+    SELECT g.key
+    FROM evora_governing_limits(ARRAY(
+        SELECT DISTINCT k FROM jobs r, unnest(('queue:' || r.queue) || r.limit_keys) AS k
+        WHERE r.state = 'RUNNING' AND EXISTS (SELECT 1 FROM flow_limits)
+        UNION
+        SELECT b.key FROM flow_buckets b WHERE b.tokens < 1
+    )) AS g
+    WHERE evora_running_holding(g.key) >= g.concurrency
+       OR (g.rate_limit IS NOT NULL AND (
+           SELECT evora_tokens(b, g.rate_limit, g.rate_per_seconds, evora_now())
+           FROM flow_buckets b WHERE b.key = g.key) < 1)
+)
 SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
 FROM jobs j
 WHERE j.state = 'PENDING'
@@ -37,6 +55,7 @@ WHERE j.state = 'PENDING'
   AND (j.group_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobs r
         WHERE r.queue = j.queue AND r.group_key = j.group_key AND r.state = 'RUNNING'))
+  AND NOT ((('queue:' || j.queue) || j.limit_keys) && ARRAY(SELECT key FROM full_keys))
 GROUP BY j.queue, j.type
 ORDER BY count(*) DESC, j.queue, j.type
 LIMIT $2
@@ -60,7 +79,8 @@ class UnclaimedWatch:
         self._gauge = Gauge(
             "evora_dispatcher_unclaimed_jobs",
             "PENDING jobs due for longer than EVORA_UNCLAIMED_WARNING_SECONDS that no worker "
-            "claimed (not paused, not waiting behind their FIFO group), by queue and type.",
+            "claimed (not paused, not waiting behind their FIFO group or held back by a "
+            "limit), by queue and type.",
             ["queue", "type"],
             registry=registry,
         )

@@ -3,8 +3,10 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import asyncpg
 import pytest
 
 from evora.storage.jobs import JobStore
@@ -50,6 +52,7 @@ async def test_create_replace_list_read_delete(client: ApiClient) -> None:
         "running": 0,
         "tokens": 10,
         "throttled_jobs": 0,
+        "throttled_since": None,
     }
 
     response = await client.delete("/v1/limits/tenant:*", headers=ADMIN)
@@ -149,3 +152,117 @@ async def test_limit_keys_are_part_of_the_idempotent_identity(client: ApiClient)
     await problem(other, 409, "idempotency_conflict")
     batch = await client.post("/v1/jobs/batch", json={"jobs": [job]}, headers=PRODUCER)
     assert (await batch.json())["jobs"][0]["status"] == 200
+
+
+async def submit(client: ApiClient, queue: str, *keys: str, count: int = 1) -> None:
+    for _ in range(count):
+        job = {"queue": queue, "type": "t", "limit_keys": list(keys)}
+        response = await client.post("/v1/jobs", json=job, headers=PRODUCER)
+        assert response.status == 201, await response.text()
+
+
+async def usage_of(client: ApiClient, key: str) -> dict[str, Any]:
+    response = await client.get(f"/v1/limits/{key}", headers=ADMIN)
+    assert response.status == 200, await response.text()
+    found: dict[str, Any] = await response.json()
+    return found
+
+
+async def test_a_prefix_limit_sums_only_the_keys_it_governs(
+    client: ApiClient, store: JobStore
+) -> None:
+    await put(client, "tenant:*", {"concurrency": 1, "rate": None})
+    # keys under tenant: governed by limits of their own, not by tenant:*
+    await put(client, "tenant:vip", {"concurrency": 5, "rate": None})
+    await put(client, "tenant:eu:*", {"concurrency": 2, "rate": None})
+    await submit(client, "q", "tenant:1", count=2)
+    await submit(client, "q", "tenant:vip", count=3)
+    await submit(client, "q", "tenant:eu:1", count=3)
+    claimed = await store.claim(worker_id="w", queues=["q"], max_jobs=20)
+    assert len(claimed) == 1 + 3 + 2
+
+    prefix = await usage_of(client, "tenant:*")
+    # tenant:1 alone: 1 running, 1 held back; tenant:vip and tenant:eu:1 are not its keys
+    assert (prefix["running"], prefix["throttled_jobs"], prefix["tokens"]) == (1, 1, None)
+    assert prefix["throttled_since"] is not None
+    eu = await usage_of(client, "tenant:eu:*")
+    assert (eu["governed_by"], eu["running"], eu["throttled_jobs"]) == ("tenant:eu:*", 2, 1)
+    vip = await usage_of(client, "tenant:vip")
+    assert (vip["running"], vip["throttled_jobs"], vip["throttled_since"]) == (3, 0, None)
+    # a prefix limit's key names that limit only, never a shorter prefix limit
+    await problem(await client.get("/v1/limits/tenant:e*", headers=ADMIN), 404, "limit_not_found")
+
+
+async def test_the_keys_a_prefix_limit_governs_come_a_page_at_a_time(
+    client: ApiClient, store: JobStore
+) -> None:
+    rate = {"limit": 100, "per_seconds": 60}
+    await put(client, "tenant:*", {"concurrency": 2, "rate": rate})
+    await put(client, "tenant:own", CONCURRENCY)
+    for tenant in ("a", "b", "c", "own"):
+        await submit(client, "q", f"tenant:{tenant}", count=3 if tenant == "b" else 1)
+    claimed = await store.claim(worker_id="w", queues=["q"], max_jobs=20)
+    assert len(claimed) == 5  # tenant:b holds one back
+
+    seen: list[dict[str, Any]] = []
+    after = None
+    while True:
+        params = {"limit": "2"} | ({"after": after} if after else {})
+        response = await client.get("/v1/limits/tenant:*/keys", params=params, headers=ADMIN)
+        assert response.status == 200, await response.text()
+        page = await response.json()
+        assert page["limit"]["key"] == "tenant:*" and page["limit"]["concurrency"] == 2
+        assert len(page["keys"]) <= 2
+        seen += page["keys"]
+        if page["next"] is None:
+            break
+        after = page["next"]
+    assert [k["key"] for k in seen] == ["tenant:a", "tenant:b", "tenant:c"]
+    b = seen[1]
+    assert (b["running"], int(b["tokens"]), b["throttled_jobs"]) == (2, 98, 1)
+    assert b["throttled_since"] is not None
+    assert (seen[0]["running"], seen[0]["throttled_jobs"], int(seen[0]["tokens"])) == (1, 0, 99)
+
+    response = await client.get("/v1/limits/tenant:own/keys", headers=ADMIN)
+    own = await response.json()
+    assert [(k["key"], k["running"]) for k in own["keys"]] == [("tenant:own", 1)]
+    assert own["next"] is None
+    response = await client.get("/v1/limits/tenant:zz/keys", headers=ADMIN)
+    assert [k["key"] for k in (await response.json())["keys"]] == ["tenant:zz"]
+    await problem(await client.get("/v1/limits/nope/keys", headers=ADMIN), 404, "limit_not_found")
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "queues"),
+    [
+        ("put", "api:x", ["held"]),
+        ("put", "api:*", ["held", "other"]),
+        ("put", "queue:held", ["held"]),
+        ("delete", "api:x", ["held"]),
+    ],
+)
+async def test_a_limit_change_wakes_the_queues_whose_jobs_it_may_hold_back(
+    client: ApiClient, db_url: str, change: str, key: str, queues: list[str]
+) -> None:
+    await put(client, "api:x", {"concurrency": 1, "rate": None})
+    await submit(client, "held", "api:x", count=2)
+    await submit(client, "other", "api:y")
+    await submit(client, "plain", count=1)
+    hints: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(db_url)
+    try:
+        await listener.add_listener("evora_jobs", lambda *args: hints.put_nowait(args[3]))
+        if change == "put":
+            await put(
+                client, key, {"concurrency": 3, "rate": None}, status=200 if key == "api:x" else 201
+            )
+        else:
+            response = await client.delete(f"/v1/limits/{key}", headers=ADMIN)
+            assert response.status == 204
+        woken = [await asyncio.wait_for(hints.get(), 5)]
+        await asyncio.sleep(0.2)  # anything else would have come with it
+        while not hints.empty():
+            woken.append(hints.get_nowait())
+    finally:
+        await listener.close()
+    assert sorted(woken) == queues

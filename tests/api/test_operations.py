@@ -40,6 +40,7 @@ API_OPERATIONS = {
     ("put", "/v1/limits/{key}"),
     ("get", "/v1/limits"),
     ("get", "/v1/limits/{key}"),
+    ("get", "/v1/limits/{key}/keys"),
     ("delete", "/v1/limits/{key}"),
     ("get", "/healthz"),
     ("get", "/readyz"),

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from evora.config import Settings
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
+from evora.storage.limits import LimitSpec, LimitStore, Rate
 from evora_services.dispatcher.app import create_app
 from evora_services.dispatcher.unclaimed import UnclaimedWatch
 from tests.polling import until
@@ -64,6 +65,26 @@ async def test_unclaimed_types_are_reported_until_claimed(
         assert registry.get_sample_value(GAUGE, {"queue": "mail", "type": "mail.typo"}) is None
         assert "jobs of type mail.typo in queue mail are being claimed again" in caplog.text
     assert running["queue"] == "fifo"
+
+
+async def test_jobs_held_back_by_a_limit_are_not_unclaimed(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    limits = LimitStore(pool)
+    await limits.put("api:busy", LimitSpec(concurrency=1, rate=None))
+    await limits.put("api:slow", LimitSpec(concurrency=None, rate=Rate(1, 3600)))
+    await limits.put("queue:capped", LimitSpec(concurrency=1, rate=None))
+    await limits.put("api:idle", LimitSpec(concurrency=5, rate=None))
+    for queue, keys in (("busy", ["api:busy"]), ("slow", ["api:slow"]), ("capped", [])):
+        for _ in range(3):
+            await _submit(store, queue, f"{queue}.job", limit_keys=keys)
+        # one runs (or took the bucket's only token); the rest wait for the limit
+        assert len(await store.claim(worker_id="w", queues=[queue], max_jobs=3)) == 1
+    # a key with room left: its job waits for a worker, and is reported
+    await _submit(store, "idle", "idle.job", limit_keys=["api:idle"])
+
+    found = await UnclaimedWatch(pool, CollectorRegistry(), after_seconds=60).check()
+    assert [(u.queue, u.type, u.pending) for u in found] == [("idle", "idle.job", 1)]
 
 
 async def test_the_dispatcher_serves_the_gauge(db_url: str, store: JobStore) -> None:

@@ -17,7 +17,7 @@
 // - putSchedule, deleteSchedule, pauseSchedule, resumeSchedule: repeated, each sets the
 //   schedule to a state (a repeated delete that finds nothing resolves all the same);
 // - triggerSchedule: not repeated, a repeat would make a second job;
-// - setLimit, limits, limit, deleteLimit: repeated (a PUT replaces with the same limit; a
+// - setLimit, limits, limit, limitKeys, deleteLimit: repeated (a PUT replaces with the same limit; a
 //   repeated delete that finds nothing resolves all the same);
 // - retry, redrive: not repeated. Between two attempts the job can fail again and be back
 //   in the DLQ, and the repeat would grant it a second fresh attempt budget.
@@ -101,6 +101,7 @@ export const CLIENT_METHODS = {
   "PUT /v1/limits/{key}": "setLimit",
   "GET /v1/limits": "limits",
   "GET /v1/limits/{key}": "limit",
+  "GET /v1/limits/{key}/keys": "limitKeys",
   "DELETE /v1/limits/{key}": "deleteLimit",
 } as const satisfies Record<ApiOperation, keyof Client>;
 
@@ -370,6 +371,16 @@ export class Client {
   /** The limit that governs `key` with the key's live usage; `LimitNotFoundError` when none. */
   async limit(key: string): Promise<api.LimitUsage> {
     return (await this.http.request<api.LimitUsage>("GET", `/v1/limits/${segment(key)}`, { idempotent: true })).data;
+  }
+
+  /** One page of the concrete keys the limit of `key` governs (for `tenant:*`, the keys under
+   * `tenant:`), each with its usage; pass `page.next` as `after` for the next one. */
+  async limitKeys(key: string, query: { limit?: number; after?: string } = {}): Promise<api.GovernedKeyPage> {
+    const resp = await this.http.request<api.GovernedKeyPage>("GET", `/v1/limits/${segment(key)}/keys`, {
+      query: { ...query },
+      idempotent: true,
+    });
+    return resp.data;
   }
 
   /** Delete the limit of `key`. */

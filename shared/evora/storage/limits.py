@@ -4,7 +4,11 @@ usage. The claim enforces them in the database (migration 0014); nothing here is
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -12,16 +16,39 @@ import asyncpg
 from evora.domain.errors import LimitNotFound
 from evora.storage.statements import load
 
-PUT, DELETE, PAGE, GOVERNING, USAGE, KEYS_UNDER, USAGE_BY_KIND = load(
+(
+    PUT,
+    DELETE,
+    PAGE,
+    GOVERNING,
+    USAGE,
+    PREFIX_USAGE,
+    GOVERNED_KEYS,
+    WAKE,
+    CLOCK,
+    CLAIMS_BEGUN_BEFORE,
+    USAGE_BY_KIND,
+) = load(
     "limits",
     "put_limit",
     "delete_limit",
     "list_limits",
     "governing_limit",
     "key_usage",
-    "keys_under",
+    "prefix_usage",
+    "governed_keys",
+    "wake_limited_queues",
+    "clock",
+    "claims_begun_before",
     "usage_by_kind",
 )
+
+log = logging.getLogger(__name__)
+
+# How long a PUT waits for the claims that began before its limit was committed (they are
+# milliseconds long); a transaction older than that is no claim, and is not waited for.
+SETTLE_SECONDS = 5.0
+SETTLE_POLL_SECONDS = (0.002, 0.05)
 
 LimitDict = dict[str, Any]
 
@@ -49,6 +76,24 @@ class KindUsage:
     tokens: float | None  # None: no key of the kind has a rate
     throttled_jobs: int
     throttled_seconds: float  # how long the longest held back has been due
+
+
+@dataclass(frozen=True)
+class KeyUsage:
+    """One concrete key's usage under the limit that governs it."""
+
+    key: str
+    running: int
+    tokens: float | None  # None: the limit has no rate
+    throttled_jobs: int
+    throttled_since: datetime | None  # when the longest held back became due
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    limit: LimitDict
+    keys: list[KeyUsage]
+    next_after: str | None  # the key to pass as `after` for the next page; None at the end
 
 
 @dataclass(frozen=True)
@@ -82,16 +127,23 @@ class LimitStore:
         self._pool = pool
 
     async def put(self, key: str, spec: LimitSpec) -> tuple[LimitDict, bool]:
-        """Create or replace the limit of `key`; the limit and whether it is new. Claims
-        apply it from their next round: running jobs above a lowered concurrency finish."""
+        """Create or replace the limit of `key`; the limit and whether it is new. It applies
+        to every claim that begins after it is committed, and this returns only once the
+        claims that began before (and may not have seen it) have ended, so a claim begun
+        after the return counts every job they started. RUNNING jobs above a lowered
+        concurrency finish normally; nothing more is admitted until the count is below it."""
         rate = spec.rate
-        row = await self._pool.fetchrow(
-            PUT,
-            key,
-            spec.concurrency,
-            None if rate is None else rate.limit,
-            None if rate is None else rate.per_seconds,
-        )
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    PUT,
+                    key,
+                    spec.concurrency,
+                    None if rate is None else rate.limit,
+                    None if rate is None else rate.per_seconds,
+                )
+                await conn.fetchval(WAKE, key)
+            await _await_claims_begun_before(conn)
         assert row is not None  # an upsert answers its row
         return limit_from_row(row), row["created"]
 
@@ -101,32 +153,63 @@ class LimitStore:
         rows = rows[:limit]
         return LimitPage([limit_from_row(r) for r in rows], rows[-1]["key"] if more else None)
 
+    async def _governing(self, conn: asyncpg.Connection, key: str) -> asyncpg.Record:
+        """The limit that governs `key`: its own, else the longest prefix limit's. A prefix
+        limit's key (`tenant:*`) names that limit only."""
+        row = await conn.fetchrow(GOVERNING, key)
+        if row is None or (key.endswith(PREFIX_MARK) and row["key"] != key):
+            raise _not_found(key)
+        return row
+
     async def usage(self, key: str) -> LimitDict:
         """The limit that governs `key` (its own or a prefix limit, named by `governed_by`)
-        with the key's live usage. A prefix limit's own key sums the keys under its stem
-        that live jobs hold."""
+        with the key's live usage. A prefix limit's own key sums the keys it governs (those
+        under its stem without a limit of their own or a longer prefix limit) that live jobs
+        hold; its `tokens` is null."""
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(GOVERNING, key)
-            if row is None:
-                raise _not_found(key)
-            limit = limit_from_row(row)
+            row = await self._governing(conn, key)
+            spec = (row["concurrency"], row["rate_limit"], row["rate_per_seconds"])
             if key.endswith(PREFIX_MARK):
-                keys: list[str] = await conn.fetchval(KEYS_UNDER, key.removesuffix(PREFIX_MARK))
+                usage = await conn.fetchrow(PREFIX_USAGE, key.removesuffix(PREFIX_MARK), *spec)
             else:
-                keys = [key]
-            usage = await conn.fetchrow(
-                USAGE, keys, row["concurrency"], row["rate_limit"], row["rate_per_seconds"]
-            )
+                usage = await conn.fetchrow(USAGE, key, *spec)
         assert usage is not None  # an aggregate answers one row
-        prefix = key.endswith(PREFIX_MARK)
         return {
-            **limit,
+            **limit_from_row(row),
             "key": key,
             "governed_by": row["key"],
             "running": usage["running"],
-            "tokens": None if prefix else usage["tokens"],
+            "tokens": usage["tokens"],
             "throttled_jobs": usage["throttled_jobs"],
+            "throttled_since": usage["throttled_since"],
         }
+
+    async def governed_keys(self, key: str, *, after: str | None, limit: int) -> KeyPage:
+        """A page of the concrete keys the limit of `key` governs, with each one's usage: the
+        key itself for a limit of one key, the keys under the stem for a prefix limit."""
+        async with self._pool.acquire() as conn:
+            row = await self._governing(conn, key)
+            stem = key.removesuffix(PREFIX_MARK) if key.endswith(PREFIX_MARK) else None
+            rows = await conn.fetch(
+                GOVERNED_KEYS,
+                key,
+                stem,
+                after,
+                limit + 1,
+                row["concurrency"],
+                row["rate_limit"],
+                row["rate_per_seconds"],
+            )
+        more = len(rows) > limit
+        keys = [
+            KeyUsage(r["key"], r["running"], r["tokens"], r["throttled_jobs"], r["throttled_since"])
+            for r in rows[:limit]
+        ]
+        return KeyPage(
+            {**limit_from_row(row), "key": key, "governed_by": row["key"]},
+            keys,
+            keys[-1].key if more else None,
+        )
 
     async def usage_by_kind(self) -> list[KindUsage]:
         """What metrics export: the usage of every governed key live jobs hold, by kind."""
@@ -139,5 +222,28 @@ class LimitStore:
         ]
 
     async def delete(self, key: str) -> None:
-        if await self._pool.fetchval(DELETE, key) is None:
-            raise _not_found(key)
+        """Delete the limit of `key`; the queues whose jobs it may have held back are woken
+        when it is gone."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            if await conn.fetchval(DELETE, key) is None:
+                raise _not_found(key)
+            await conn.fetchval(WAKE, key)
+
+
+async def _await_claims_begun_before(conn: asyncpg.Connection) -> None:
+    """Waits (at most SETTLE_SECONDS) until no transaction that began before now is still
+    open: a claim that began before a limit was committed may admit jobs without it."""
+    since = await conn.fetchval(CLOCK)
+    deadline = time.monotonic() + SETTLE_SECONDS
+    pause, longest = SETTLE_POLL_SECONDS
+    while await conn.fetchval(CLAIMS_BEGUN_BEFORE, since):
+        if time.monotonic() >= deadline:
+            log.warning(
+                "a transaction older than %.0f s is still open; the new limit is in force "
+                "for every claim begun since it was committed, but one begun before may "
+                "still admit jobs without it",
+                SETTLE_SECONDS,
+            )
+            return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, longest)

@@ -5,6 +5,7 @@ import { h, replace } from "./dom.js";
 import { clock, span, secondsSince } from "./format.js";
 import * as dlq from "./dlq.js";
 import * as job from "./job.js";
+import { limitKeys, limits } from "./limits.js";
 import * as overview from "./overview.js";
 import * as queue from "./queue.js";
 import * as schedules from "./schedules.js";
@@ -117,7 +118,7 @@ window.addEventListener("evora:unauthorized", () => {
 
 // -- routing -------------------------------------------------------------------------
 
-const VIEWS = { overview, queue, job, dlq, workers, schedules };
+const VIEWS = { overview, queue, job, dlq, workers, schedules, limits, limitKeys };
 
 function parseHash() {
   const raw = location.hash.replace(/^#/, "") || "/";
@@ -136,6 +137,8 @@ function parseHash() {
   if (parts[0] === "dlq" && parts.length === 1) return { name: "dlq", params };
   if (parts[0] === "workers" && parts.length === 1) return { name: "workers", params };
   if (parts[0] === "schedules" && parts.length === 1) return { name: "schedules", params };
+  if (parts[0] === "limits" && parts.length === 1) return { name: "limits", params };
+  if (parts[0] === "limits" && parts.length === 2) return { name: "limitKeys", params: { ...params, key: parts[1] } };
   return { name: "notFound", params };
 }
 
@@ -175,7 +178,8 @@ function route() {
   for (const link of document.querySelectorAll("[data-nav]")) {
     const active =
       link.dataset.nav === name ||
-      (link.dataset.nav === "overview" && name === "queue");
+      (link.dataset.nav === "overview" && name === "queue") ||
+      (link.dataset.nav === "limits" && name === "limitKeys");
     if (active) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }

@@ -11,6 +11,7 @@ export type Operation =
   | "GET /v1/jobs/{id}/events"
   | "GET /v1/limits"
   | "GET /v1/limits/{key}"
+  | "GET /v1/limits/{key}/keys"
   | "GET /v1/queues"
   | "GET /v1/queues/{queue}/failures"
   | "GET /v1/queues/{queue}/stats"
@@ -80,6 +81,35 @@ export interface FailureReason {
   job_id: string | null;
   /** the end of that failure's stack trace */
   traceback: string | null;
+}
+
+export interface GovernedKey {
+  /** RUNNING jobs holding the key */
+  running: number;
+  /** tokens in the key's bucket now; null without a rate, or for a prefix */
+  tokens: number | null;
+  /** due PENDING jobs holding the key while it has no room left (0 while it has) */
+  throttled_jobs: number;
+  /** when the longest held back of those jobs became due; null when none is */
+  throttled_since: string | null;
+  key: string;
+}
+
+export interface GovernedKeyPage {
+  limit: GovernedLimit;
+  keys: GovernedKey[];
+  /** pass as `after` for the next page; null at the end */
+  next: string | null;
+}
+
+export interface GovernedLimit {
+  key: string;
+  concurrency: number | null;
+  rate: Rate | null;
+  created_at: string;
+  updated_at: string;
+  /** the key of the limit that applies: the key's own, or a prefix limit's */
+  governed_by: string;
 }
 
 export interface HistoryList {
@@ -227,6 +257,14 @@ export interface LimitListQuery {
 }
 
 export interface LimitUsage {
+  /** RUNNING jobs holding the key */
+  running: number;
+  /** tokens in the key's bucket now; null without a rate, or for a prefix */
+  tokens: number | null;
+  /** due PENDING jobs holding the key while it has no room left (0 while it has) */
+  throttled_jobs: number;
+  /** when the longest held back of those jobs became due; null when none is */
+  throttled_since: string | null;
   key: string;
   concurrency: number | null;
   rate: Rate | null;
@@ -234,12 +272,6 @@ export interface LimitUsage {
   updated_at: string;
   /** the key of the limit that applies: the key's own, or a prefix limit's */
   governed_by: string;
-  /** RUNNING jobs holding the key */
-  running: number;
-  /** tokens in the key's bucket now; null without a rate, or for a prefix */
-  tokens: number | null;
-  /** due PENDING jobs holding the key while it has no room left (0 while it has) */
-  throttled_jobs: number;
 }
 
 export type Misfire = "skip" | "run_once" | "catch_up";

@@ -45,41 +45,180 @@ ORDER BY l.key = $1 DESC, length(l.stem) DESC
 LIMIT 1;
 
 -- name: key_usage
--- $1 keys, $2 concurrency, $3 rate limit, $4 rate period: summed over the keys, RUNNING jobs
--- holding them, tokens in their buckets now (NULL without a rate; a key never claimed has a
--- full bucket) and due PENDING jobs holding a key that has no room left.
-SELECT coalesce(sum(u.running), 0)::bigint AS running,
-       sum(u.tokens) AS tokens,
-       coalesce(sum(u.throttled), 0)::bigint AS throttled_jobs
-FROM unnest($1::text[]) AS k(key)
-CROSS JOIN LATERAL (SELECT evora_running_holding(k.key) AS running) AS r
+-- $1 key, $2 concurrency, $3 rate limit, $4 rate period: RUNNING jobs holding the key, tokens
+-- in its bucket now (NULL without a rate; a key never claimed has a full bucket), and the due
+-- PENDING jobs holding it while it has no room left, with when the longest held back became
+-- due.
+SELECT r.running, t.tokens, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
+       h.since AS throttled_since
+FROM (SELECT evora_running_holding($1) AS running) AS r
 CROSS JOIN LATERAL (
     SELECT CASE WHEN $3::int4 IS NOT NULL THEN coalesce(
                (SELECT evora_tokens(b, $3::int4, $4::float8, evora_now())
-                FROM flow_buckets b WHERE b.key = k.key), $3::int4) END AS tokens
+                FROM flow_buckets b WHERE b.key = $1), $3::int4) END AS tokens
 ) AS t
-CROSS JOIN LATERAL (
-    SELECT r.running, t.tokens,
-           CASE WHEN r.running >= $2::int4 OR t.tokens < 1 THEN (
-               SELECT count(*) FROM jobs p
-               WHERE p.state = 'PENDING' AND p.run_at <= evora_now()
-                 AND ((starts_with(k.key, 'queue:') AND p.queue = substr(k.key, 7))
-                      OR p.limit_keys @> ARRAY[k.key]))
-           ELSE 0 END AS throttled
-) AS u;
+LEFT JOIN LATERAL (
+    SELECT count(*) AS jobs, min(p.run_at) AS since FROM jobs p
+    WHERE p.state = 'PENDING' AND p.run_at <= evora_now()
+      AND ((starts_with($1, 'queue:') AND p.queue = substr($1, 7))
+           OR p.limit_keys @> ARRAY[$1::text])
+) AS h ON r.running >= $2::int4 OR t.tokens < 1;
 
--- name: keys_under
--- $1 stem: the keys live jobs (PENDING or RUNNING) hold that start with it.
-SELECT coalesce(array_agg(DISTINCT x.key), '{}') AS keys
-FROM (
-    SELECT k AS key FROM jobs j, unnest(j.limit_keys) AS k
-    WHERE j.state IN ('PENDING', 'RUNNING') AND j.limit_keys <> '{}' AND starts_with(k, $1)
-    UNION
-    SELECT 'queue:' || q.queue FROM (
-        SELECT DISTINCT queue FROM jobs WHERE state IN ('PENDING', 'RUNNING')
-    ) AS q
-    WHERE starts_with('queue:' || q.queue, $1)
-) AS x;
+-- name: prefix_usage
+-- $1 stem of a prefix limit, $2 its concurrency, $3 rate limit, $4 rate period. Summed over
+-- the keys it governs (those starting with the stem that have no limit of their own and no
+-- longer prefix limit) that live jobs hold: RUNNING jobs holding them, and due PENDING jobs
+-- holding one without room left, with when the longest held back became due. Reads the live
+-- jobs once.
+WITH held AS (
+    SELECT j.id, j.state, j.run_at, k AS key
+    FROM jobs j
+    CROSS JOIN LATERAL unnest(('queue:' || j.queue) || j.limit_keys) AS k
+    WHERE (j.state = 'RUNNING' OR (j.state = 'PENDING' AND j.run_at <= evora_now()))
+      AND starts_with(k, $1)
+),
+keys AS (
+    -- a job counts once per key, even holding `queue:<its queue>` among its limit_keys too
+    SELECT h.key, count(DISTINCT h.id) FILTER (WHERE h.state = 'RUNNING') AS running,
+           count(DISTINCT h.id) FILTER (WHERE h.state = 'PENDING') AS due,
+           min(h.run_at) FILTER (WHERE h.state = 'PENDING') AS since
+    FROM held h
+    GROUP BY h.key
+),
+governed AS (
+    SELECT k.*, CASE WHEN $3::int4 IS NOT NULL THEN coalesce(
+               (SELECT evora_tokens(b, $3::int4, $4::float8, evora_now())
+                FROM flow_buckets b WHERE b.key = k.key), $3::int4) END AS tokens
+    FROM keys k
+    WHERE NOT EXISTS (
+        SELECT 1 FROM flow_limits o
+        WHERE o.key = k.key
+           OR (o.stem IS NOT NULL AND length(o.stem) > length($1) AND starts_with(k.key, o.stem)))
+)
+SELECT coalesce(sum(g.running), 0)::bigint AS running, NULL::float8 AS tokens,
+       coalesce(sum(g.due) FILTER (WHERE g.running >= $2::int4 OR g.tokens < 1), 0)::bigint
+           AS throttled_jobs,
+       min(g.since) FILTER (WHERE g.running >= $2::int4 OR g.tokens < 1) AS throttled_since
+FROM governed g;
+
+-- name: governed_keys
+-- $1 the limit's key, $2 its stem (NULL for a limit of one key), $3 key to continue after
+-- (NULL: from the start), $4 page size, $5 concurrency, $6 rate limit, $7 rate period. A page
+-- of the concrete keys the limit governs, in key order, each with its usage as key_usage has
+-- it. For a limit of one key, that key; for a prefix limit, the keys under its stem without a
+-- limit of their own or a longer prefix limit that have a bucket (made by their first claim
+-- under a limit) or RUNNING jobs: a key with neither has all its room. Bounded by the page,
+-- never by how many keys exist: the buckets are read in key order through their primary key
+-- from where the page starts (the keys under a stem lie together in the database's C
+-- collation; another collation only costs a longer scan), the RUNNING jobs once, and the due
+-- PENDING jobs once, only when a key of the page has no room left.
+WITH bucket_keys AS (
+    SELECT b.key FROM flow_buckets b
+    WHERE $2::text IS NOT NULL AND b.key >= $2::text AND ($3::text IS NULL OR b.key > $3::text)
+      AND starts_with(b.key, $2::text)
+      AND NOT EXISTS (
+          SELECT 1 FROM flow_limits o
+          WHERE o.key = b.key
+             OR (o.stem IS NOT NULL AND length(o.stem) > length($2::text)
+                 AND starts_with(b.key, o.stem)))
+    ORDER BY b.key
+    LIMIT $4
+),
+-- a job counts once per key, even holding `queue:<its queue>` among its limit_keys too
+running AS (
+    SELECT k AS key, count(DISTINCT r.id) AS n
+    FROM jobs r
+    CROSS JOIN LATERAL unnest(('queue:' || r.queue) || r.limit_keys) AS k
+    WHERE r.state = 'RUNNING'
+      AND (CASE WHEN $2::text IS NULL THEN k = $1 ELSE starts_with(k, $2::text) END)
+    GROUP BY k
+),
+page AS (
+    SELECT x.key FROM (
+        SELECT key FROM bucket_keys
+        UNION
+        SELECT r.key FROM running r
+        WHERE ($3::text IS NULL OR r.key > $3::text)
+          AND ($2::text IS NULL OR NOT EXISTS (
+              SELECT 1 FROM flow_limits o
+              WHERE o.key = r.key
+                 OR (o.stem IS NOT NULL AND length(o.stem) > length($2::text)
+                     AND starts_with(r.key, o.stem))))
+        UNION
+        SELECT $1 WHERE $2::text IS NULL AND $3::text IS NULL
+    ) AS x
+    ORDER BY x.key
+    LIMIT $4
+),
+usage AS (
+    SELECT p.key, coalesce(r.n, 0)::bigint AS running,
+           CASE WHEN $6::int4 IS NOT NULL THEN coalesce(
+               (SELECT evora_tokens(b, $6::int4, $7::float8, evora_now())
+                FROM flow_buckets b WHERE b.key = p.key), $6::int4) END AS tokens
+    FROM page p LEFT JOIN running r ON r.key = p.key
+),
+full_keys AS (
+    SELECT u.key FROM usage u WHERE u.running >= $5::int4 OR u.tokens < 1
+),
+held AS (
+    SELECT k AS key, count(DISTINCT p.id) AS jobs, min(p.run_at) AS since
+    FROM jobs p
+    CROSS JOIN LATERAL unnest(('queue:' || p.queue) || p.limit_keys) AS k
+    WHERE EXISTS (SELECT 1 FROM full_keys)
+      AND p.state = 'PENDING' AND p.run_at <= evora_now()
+      AND k IN (SELECT key FROM full_keys)
+    GROUP BY k
+)
+SELECT u.key, u.running, u.tokens, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
+       h.since AS throttled_since
+FROM usage u LEFT JOIN held h ON h.key = u.key
+ORDER BY u.key;
+
+-- name: wake_limited_queues
+-- $1 a limit's key, just set or deleted. Sends the queue's NOTIFY hint (as a job becoming
+-- claimable does) to every queue with a PENDING job that holds a key the limit may govern, so
+-- workers waiting on jobs it held back claim again at once; the queues notified. A hint too
+-- many only costs a claim, so this does not ask which of those jobs the limit really held.
+WITH RECURSIVE queues AS (
+    -- the queues with PENDING jobs, one index probe each
+    (SELECT j.queue FROM jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM jobs j
+            WHERE j.state = 'PENDING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+),
+limited AS (
+    SELECT q.queue FROM queues q
+    WHERE q.queue IS NOT NULL
+      AND (CASE
+           WHEN right($1, 1) = '*' THEN
+               starts_with('queue:' || q.queue, left($1, -1)) OR EXISTS (
+                   SELECT 1 FROM jobs p, unnest(p.limit_keys) AS k
+                   WHERE p.state = 'PENDING' AND p.queue = q.queue AND p.limit_keys <> '{}'
+                     AND starts_with(k, left($1, -1)))
+           ELSE
+               'queue:' || q.queue = $1 OR EXISTS (
+                   SELECT 1 FROM jobs p
+                   WHERE p.state = 'PENDING' AND p.queue = q.queue
+                     AND p.limit_keys @> ARRAY[$1::text])
+           END)
+)
+SELECT coalesce(array_agg(l.queue ORDER BY l.queue), '{}') AS notified
+FROM limited l, pg_notify('evora_jobs', l.queue);
+
+-- name: clock
+-- The database's clock now (not the transaction's start), to compare with sessions' starts.
+SELECT clock_timestamp();
+
+-- name: claims_begun_before
+-- $1 an instant: how many other client sessions of this database are in a transaction that
+-- began before it (a claim among them may not have seen a limit committed at that instant).
+-- Autovacuum and other background processes claim nothing. Sessions of other database users
+-- show no transaction start unless this one may read their statistics (pg_read_all_stats),
+-- and are not counted.
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND pid <> pg_backend_pid() AND xact_start < $1;
 
 -- name: usage_by_kind
 -- Per kind of key (what precedes its first ':', e.g. `tenant`, `queue`), over the keys live
