@@ -10,8 +10,10 @@
 -- quarters of PostgreSQL's time in a batch submit. Likewise `x = ANY(array)` compares with
 -- every element, and `array[i]` of an array of text or bytea walks the array from its start.
 -- So here:
---   * the positions of the items to create are decided before the insert, and the created
---     jobs are read back by primary key, position by position: nothing is joined on a guess;
+--   * the positions of the items to create are decided before the insert, in the order of
+--     their ids, and the inserted rows, ranked by id, are matched to them by rank: nothing
+--     is joined on a guess (nor read back from the table, where a plan made while the table
+--     was small would scan it);
 --   * membership ("is this id one of the call's", "was this key stored by this call") is a
 --     hashed `IN (SELECT unnest(...))`, one probe per row;
 --   * every per-item array is read through one `unnest(...) WITH ORDINALITY` with the
@@ -43,11 +45,8 @@ DECLARE
     lefts integer[];
     refusals text[];
     culprits integer[];
-    -- the positions of the items this call creates, in order
+    -- the positions of the items this call creates, in the order of their ids
     created integer[];
-    -- the queues hinted now, and those whose hint the caller owes (see notify.py)
-    hinted_queues text[];
-    owed_queues text[];
 BEGIN
     waited := dependency_ids;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
@@ -142,83 +141,74 @@ BEGIN
         END IF;
     END IF;
     -- Created: an item neither refused nor answered by a key stored before (or by an
-    -- earlier item of this call).
+    -- earlier item of this call). Their positions in the order of their ids: the inserted
+    -- rows, sorted by id too, are matched to them by rank.
     created := ARRAY(
         SELECT x.ord::integer
         FROM unnest(ids, idempotency_keys, refusals) WITH ORDINALITY AS x(id, key, refusal, ord)
         WHERE x.refusal IS NULL AND (x.key IS NULL OR x.id IN (SELECT unnest(kept)))
-        ORDER BY x.ord);
-    IF created <> '{}' THEN
-        WITH lists AS (
-            SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
-            FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
-                  FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
-                  ORDER BY u.ord, u.dep, u.n) AS e
-            GROUP BY e.ord
-        ),
-        moved AS (
-            INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
-                                   lease_seconds, backoff_initial, backoff_max,
-                                   backoff_multiplier, expires_at, idempotency_key, group_key,
-                                   state, dependencies_left, on_dependency_failure,
-                                   has_dependents, depends_on, limit_keys)
-            SELECT x.id, x.queue, x.type, x.payload, x.priority,
-                   coalesce(x.run_at, evora_now() + make_interval(secs => coalesce(x.delay, 0))),
-                   x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
-                   x.backoff_multiplier, x.expires_at, x.key, x.group_key,
-                   CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING'
-                        ELSE 'PENDING' END::job_state,
-                   coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
-                   x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}')
-            FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays,
-                        max_attempts, leases, backoff_initials, backoff_maxes,
-                        backoff_multipliers, expires_ats, idempotency_keys, group_keys,
-                        on_failures)
-                WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
-                                     max_attempts, lease_seconds, backoff_initial,
-                                     backoff_max, backoff_multiplier, expires_at, key,
-                                     group_key, on_failure, ord)
-            LEFT JOIN lists l ON l.ord = x.ord
-            LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk
-                ON lk.ord = x.ord
-            WHERE x.ord IN (SELECT unnest(created))
-            ORDER BY x.ord
-            RETURNING j.id, j.version, j.queue, j.type, j.state, j.attempt, j.updated_at,
-                      j.group_key, j.depends_on, evora_job_image(j) AS image
-        ),
-        edges AS (
-            INSERT INTO job_dependencies (job_id, depends_on)
-            SELECT m.id, d.dep
-            FROM moved m
-            CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
-        ),
-        recorded AS (
-            INSERT INTO job_events (job_id, job_version, queue, type, event, from_state,
-                                    to_state, attempt, worker_id, at, data, job)
-            SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
-                   m.attempt, NULL, m.updated_at, '{}', m.image
-            FROM moved m
-        ),
-        claimable AS (
-            SELECT DISTINCT m.queue AS q FROM moved m
-            WHERE m.state = 'PENDING' OR m.group_key IS NOT NULL
-        ),
-        hinted AS (
-            SELECT c.q, pg_notify('evora_jobs', c.q) AS sent FROM claimable c
-            WHERE c.q <> ALL(quiet)
-        )
-        SELECT (SELECT array_agg(h.q) FROM hinted h),
-               (SELECT array_agg(c.q) FROM claimable c WHERE c.q = ANY(quiet))
-        INTO hinted_queues, owed_queues;
-        -- The created items first, read back by primary key ...
-        RETURN QUERY
-        SELECT c.ord, 'created'::text, NULL::integer, s, hinted_queues, owed_queues
-        FROM unnest(created) WITH ORDINALITY AS c(ord, n)
-        JOIN jobs s ON s.id = ids[c.ord]
-        ORDER BY c.n;
-        IF cardinality(created) = cardinality(ids) THEN
-            RETURN;
-        END IF;
+        ORDER BY x.id);
+    -- The created items first, straight from the insert ...
+    RETURN QUERY
+    WITH lists AS (
+        SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
+        FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
+              FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
+              ORDER BY u.ord, u.dep, u.n) AS e
+        GROUP BY e.ord
+    ),
+    moved AS (
+        INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
+                               lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
+                               expires_at, idempotency_key, group_key, state, dependencies_left,
+                               on_dependency_failure, has_dependents, depends_on, limit_keys)
+        SELECT x.id, x.queue, x.type, x.payload, x.priority,
+               coalesce(x.run_at, evora_now() + make_interval(secs => coalesce(x.delay, 0))),
+               x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
+               x.backoff_multiplier, x.expires_at, x.key, x.group_key,
+               CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
+               coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
+               x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}')
+        FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
+                    leases, backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
+                    idempotency_keys, group_keys, on_failures)
+            WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
+                                 max_attempts, lease_seconds, backoff_initial, backoff_max,
+                                 backoff_multiplier, expires_at, key, group_key, on_failure, ord)
+        LEFT JOIN lists l ON l.ord = x.ord
+        LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
+        WHERE x.ord IN (SELECT unnest(created))
+        ORDER BY x.ord
+        RETURNING j.*, j AS whole, evora_job_image(j) AS image
+    ),
+    edges AS (
+        INSERT INTO job_dependencies (job_id, depends_on)
+        SELECT m.id, d.dep
+        FROM moved m
+        CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
+        WHERE cardinality(waited) > 0  -- else not even a pass over the rows
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
+               m.attempt, NULL, m.updated_at, '{}', m.image
+        FROM moved m
+    ),
+    claimable AS (
+        SELECT DISTINCT m.queue AS q FROM moved m
+        WHERE m.state = 'PENDING' OR m.group_key IS NOT NULL
+    ),
+    hinted AS (
+        SELECT c.q, pg_notify('evora_jobs', c.q) AS sent FROM claimable c
+        WHERE c.q <> ALL(quiet)
+    )
+    SELECT created[m.rank::integer], 'created'::text, NULL::integer, m.whole,
+           (SELECT array_agg(h.q) FROM hinted h),
+           (SELECT array_agg(c.q) FROM claimable c WHERE c.q = ANY(quiet))
+    FROM (SELECT r.whole, row_number() OVER (ORDER BY r.id) AS rank FROM moved r) AS m;
+    IF cardinality(created) = cardinality(ids) THEN
+        RETURN;
     END IF;
     -- ... then the refused ones ...
     RETURN QUERY
