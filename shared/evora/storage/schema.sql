@@ -230,7 +230,6 @@ CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[],
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
-    made integer;
     fingerprints bytea[];
     kept uuid[];
     replays uuid[];
@@ -238,6 +237,7 @@ DECLARE
     lefts integer[];
     refusals text[];
     culprits integer[];
+    created integer[];
 BEGIN
     waited := dependency_ids;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
@@ -256,8 +256,9 @@ BEGIN
             ORDER BY x.ord);
         WITH keyed AS (
             INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
-            SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, fingerprints[x.ord], x.id
-            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, x.fingerprint, x.id
+            FROM unnest(ids, queues, idempotency_keys, fingerprints)
+                WITH ORDINALITY AS x(id, queue, key, fingerprint, ord)
             WHERE x.key IS NOT NULL
             ORDER BY x.queue, x.key, x.ord
             ON CONFLICT (queue, key) DO NOTHING
@@ -265,10 +266,10 @@ BEGIN
         )
         SELECT coalesce(array_agg(k.job_id), '{}') INTO kept FROM keyed k;
         replays := ARRAY(
-            SELECT CASE WHEN k.job_id <> x.id
-                         AND k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord])
+            SELECT CASE WHEN k.job_id <> x.id AND k.fingerprint IN (x.fingerprint, x.before)
                         THEN k.job_id END
-            FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+            FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011)
+                WITH ORDINALITY AS x(id, queue, key, fingerprint, before, ord)
             LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
             ORDER BY x.ord);
         IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
@@ -281,12 +282,13 @@ BEGIN
     END IF;
     IF cardinality(waited) > 0 THEN
         WITH held AS (
-            SELECT * FROM evora_hold_dependencies(
-                ARRAY(SELECT DISTINCT d FROM unnest(waited) d WHERE d <> ALL(ids)))
+            SELECT * FROM evora_hold_dependencies(ARRAY(
+                SELECT DISTINCT d FROM unnest(waited) d
+                WHERE d NOT IN (SELECT unnest(ids))))
         ),
         edge AS (
             SELECT e.ord, row_number() OVER (PARTITION BY e.ord ORDER BY e.n) AS place,
-                   e.dep = ANY(ids) AS in_call, h.state,
+                   e.dep IN (SELECT unnest(ids)) AS in_call, h.state,
                    coalesce(on_failures[e.ord], 'cancel') AS policy
             FROM (SELECT DISTINCT ON (u.ord, u.dep) u.*
                   FROM unnest(dependency_ords, waited) WITH ORDINALITY AS u(ord, dep, n)
@@ -294,28 +296,26 @@ BEGIN
             LEFT JOIN held h ON h.id = e.dep
         ),
         verdict AS (
-            SELECT i.n,
-                   (SELECT count(*) FROM edge e
-                    WHERE e.ord = i.n
-                      AND (e.in_call OR e.state NOT IN ('COMPLETED', 'CANCELLED')))::integer
+            SELECT e.ord,
+                   count(*) FILTER (
+                       WHERE e.in_call OR e.state NOT IN ('COMPLETED', 'CANCELLED'))::integer
                        AS left_count,
-                   bad.refusal, bad.place
-            FROM generate_series(1, cardinality(ids)) AS i(n)
-            LEFT JOIN LATERAL (
-                SELECT CASE WHEN e.state IS NULL THEN 'unknown_dependency'
-                            ELSE 'cancelled_dependency' END AS refusal,
-                       e.place::integer AS place
-                FROM edge e
-                WHERE e.ord = i.n AND NOT e.in_call
-                  AND (e.state IS NULL OR (e.state = 'CANCELLED' AND e.policy = 'cancel'))
-                ORDER BY e.place
-                LIMIT 1
-            ) bad ON true
+                   (array_agg(CASE WHEN e.state IS NULL THEN 'unknown_dependency'
+                                   ELSE 'cancelled_dependency' END ORDER BY e.place)
+                        FILTER (WHERE e.refused))[1] AS refusal,
+                   min(e.place) FILTER (WHERE e.refused)::integer AS place
+            FROM (SELECT e.*,
+                         NOT e.in_call AND (e.state IS NULL
+                                            OR (e.state = 'CANCELLED' AND e.policy = 'cancel'))
+                             AS refused
+                  FROM edge e) AS e
+            GROUP BY e.ord
         )
-        SELECT array_agg(v.left_count ORDER BY v.n), array_agg(v.refusal ORDER BY v.n),
-               array_agg(v.place ORDER BY v.n)
+        SELECT array_agg(coalesce(v.left_count, 0) ORDER BY i.n),
+               array_agg(v.refusal ORDER BY i.n), array_agg(v.place ORDER BY i.n)
         INTO lefts, refusals, culprits
-        FROM verdict v;
+        FROM generate_series(1, cardinality(ids)) AS i(n)
+        LEFT JOIN verdict v ON v.ord = i.n;
         IF kept IS NOT NULL AND array_remove(refusals, NULL) <> '{}' THEN
             DELETE FROM idempotency_keys k
             USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
@@ -323,6 +323,11 @@ BEGIN
               AND k.job_id = x.id;
         END IF;
     END IF;
+    created := ARRAY(
+        SELECT x.ord::integer
+        FROM unnest(ids, idempotency_keys, refusals) WITH ORDINALITY AS x(id, key, refusal, ord)
+        WHERE x.refusal IS NULL AND (x.key IS NULL OR x.id IN (SELECT unnest(kept)))
+        ORDER BY x.id);
     RETURN QUERY
     WITH lists AS (
         SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
@@ -331,34 +336,28 @@ BEGIN
               ORDER BY u.ord, u.dep, u.n) AS e
         GROUP BY e.ord
     ),
-    input AS (
-        SELECT x.*, coalesce(lefts[x.ord], 0) AS waiting_on, l.deps,
-               coalesce(lk.names, '{}') AS limit_keys
-        FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
-                    leases, backoff_initials, backoff_maxes, backoff_multipliers,
-                    expires_ats, idempotency_keys, group_keys)
-            WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
-                                 max_attempts, lease_seconds, backoff_initial, backoff_max,
-                                 backoff_multiplier, expires_at, key, group_key, ord)
-        LEFT JOIN lists l ON l.ord = x.ord
-        LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
-        WHERE refusals[x.ord] IS NULL
-    ),
     moved AS (
         INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
                                on_dependency_failure, has_dependents, depends_on, limit_keys)
-        SELECT i.id, i.queue, i.type, i.payload, i.priority,
-               coalesce(i.run_at, evora_now() + make_interval(secs => coalesce(i.delay, 0))),
-               i.max_attempts, i.lease_seconds, i.backoff_initial, i.backoff_max,
-               i.backoff_multiplier, i.expires_at, i.key, i.group_key,
-               CASE WHEN i.waiting_on > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
-               i.waiting_on, coalesce(on_failures[i.ord], 'cancel'), i.id = ANY(waited),
-               i.deps, i.limit_keys
-        FROM input i
-        WHERE i.key IS NULL OR i.id IN (SELECT unnest(kept))
-        ORDER BY i.ord
+        SELECT x.id, x.queue, x.type, x.payload, x.priority,
+               coalesce(x.run_at, evora_now() + make_interval(secs => coalesce(x.delay, 0))),
+               x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
+               x.backoff_multiplier, x.expires_at, x.key, x.group_key,
+               CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
+               coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
+               x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}')
+        FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
+                    leases, backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
+                    idempotency_keys, group_keys, on_failures)
+            WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
+                                 max_attempts, lease_seconds, backoff_initial, backoff_max,
+                                 backoff_multiplier, expires_at, key, group_key, on_failure, ord)
+        LEFT JOIN lists l ON l.ord = x.ord
+        LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
+        WHERE x.ord IN (SELECT unnest(created))
+        ORDER BY x.ord
         RETURNING j.*, j AS whole, evora_job_image(j) AS image
     ),
     edges AS (
@@ -366,6 +365,7 @@ BEGIN
         SELECT m.id, d.dep
         FROM moved m
         CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
+        WHERE cardinality(waited) > 0  -- else not even a pass over the rows
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -382,34 +382,33 @@ BEGIN
         SELECT c.q, pg_notify('evora_jobs', c.q) AS sent FROM claimable c
         WHERE c.q <> ALL(quiet)
     )
-    SELECT i.ord::integer, 'created'::text, NULL::integer, m.whole,
+    SELECT created[m.rank::integer], 'created'::text, NULL::integer, m.whole,
            (SELECT array_agg(h.q) FROM hinted h),
            (SELECT array_agg(c.q) FROM claimable c WHERE c.q = ANY(quiet))
-    FROM moved m JOIN input i ON i.id = m.id;
-    GET DIAGNOSTICS made = ROW_COUNT;
-    IF made = cardinality(ids) THEN
+    FROM (SELECT r.whole, row_number() OVER (ORDER BY r.id) AS rank FROM moved r) AS m;
+    IF cardinality(created) = cardinality(ids) THEN
         RETURN;
     END IF;
     RETURN QUERY
-    SELECT x.ord::integer, refusals[x.ord], culprits[x.ord], NULL::jobs, NULL::text[],
-           NULL::text[]
-    FROM generate_series(1, cardinality(ids)) AS x(ord)
-    WHERE refusals[x.ord] IS NOT NULL;
+    SELECT x.ord::integer, x.refusal, culprits[x.ord], NULL::jobs, NULL::text[], NULL::text[]
+    FROM unnest(refusals) WITH ORDINALITY AS x(refusal, ord)
+    WHERE x.refusal IS NOT NULL;
     RETURN QUERY
     SELECT x.ord::integer,
            CASE
                WHEN s.id IS NULL THEN 'gone'
-               WHEN k.fingerprint IN (fingerprints[x.ord], before_0011[x.ord]) THEN 'replayed'
-               WHEN k.job_id = ANY(ids) THEN 'repeat_conflict'
+               WHEN k.fingerprint IN (x.fingerprint, x.before) THEN 'replayed'
+               WHEN k.job_id IN (SELECT unnest(ids)) THEN 'repeat_conflict'
                ELSE 'conflict'
            END,
-           array_position(ids, k.job_id),
+           CASE WHEN k.job_id IN (SELECT unnest(ids)) THEN array_position(ids, k.job_id) END,
            s,
            NULL::text[], NULL::text[]
-    FROM unnest(ids, queues, idempotency_keys) WITH ORDINALITY AS x(id, queue, key, ord)
+    FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011, refusals)
+        WITH ORDINALITY AS x(id, queue, key, fingerprint, before, refusal, ord)
     LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
     LEFT JOIN jobs s ON s.id = k.job_id
-    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND refusals[x.ord] IS NULL;
+    WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND x.refusal IS NULL;
 END
 $$;
 

@@ -1,6 +1,6 @@
 -- Submitting jobs. The rules (idempotency keys, the `submitted` event, the NOTIFY hint) are
--- in evora.store_submissions() (migrations/0014_flow_control.sql), which applications that
--- submit in SQL reach through evora.submit() and evora.submit_batch().
+-- in evora.store_submissions() (migrations/0019_linear_submissions.sql), which applications
+-- that submit in SQL reach through evora.submit() and evora.submit_batch().
 
 -- name: submit
 -- $1 ids, $2 queues, $3 types, $4 payloads, $5 priorities, $6 run_at (NULL: now + delay),

@@ -1,0 +1,157 @@
+"""What storing a batch of submissions costs PostgreSQL grows with the batch, not with its
+square, in the plan PL/pgSQL keeps for evora.store_submissions() after a few calls (a
+generic one, made without knowing how many items the arrays hold) as in the plans made for
+the first calls.
+
+The work is counted, not timed: auto_explain reports every nested statement's plan with the
+rows each node produced and the rows its filters threw away, and their sum per item must not
+grow with the batch. (A nested loop joining the items to themselves reads n rows n times.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from evora.protocol.jobs import JobSubmission
+from evora.storage.db import connect
+from evora.storage.jobs import JobStore
+from evora.storage.submissions import Submitted
+
+SMALL, LARGE = 100, 400
+# Rows produced or filtered per item by all the statements of one call. The submit path
+# counts 18-46 per item (shapes below); a join of the items to themselves adds the batch
+# size per item.
+WORK_PER_ITEM_BOUND = 120
+
+Shape = Callable[[int, int], list[JobSubmission]]
+
+
+def plain(start: int, count: int) -> list[JobSubmission]:
+    return [
+        JobSubmission(queue="q", type="t", payload={"n": i}) for i in range(start, start + count)
+    ]
+
+
+def keyed(start: int, count: int) -> list[JobSubmission]:
+    """Every item keyed, the last one repeating the first one's key."""
+    items = [
+        JobSubmission(queue="q", type="t", payload={"n": i}, idempotency_key=f"k{i}")
+        for i in range(start, start + count - 1)
+    ]
+    return [*items, items[0]]
+
+
+def limited(start: int, count: int) -> list[JobSubmission]:
+    return [
+        JobSubmission(queue="q", type="t", payload={"n": i}, limit_keys=[f"a{i % 7}", "b"])
+        for i in range(start, start + count)
+    ]
+
+
+def chained(start: int, count: int) -> list[JobSubmission]:
+    """Each item after the first waits for the one before it."""
+    return [
+        JobSubmission(
+            queue="q",
+            type="t",
+            payload={"n": i},
+            ref=f"r{i}",
+            depends_on=[] if i == start else [f"ref:r{i - 1}"],
+        )
+        for i in range(start, start + count)
+    ]
+
+
+@pytest.fixture
+async def explained(db_url: str) -> AsyncIterator[tuple[asyncpg.Connection, list[str]]]:
+    """A connection whose every statement, nested ones included, sends its analysed plan
+    to the client as a NOTICE."""
+    conn = await connect(db_url)
+    plans: list[str] = []
+    try:
+        try:
+            await conn.execute("LOAD 'auto_explain'")
+        except asyncpg.PostgresError as error:
+            pytest.skip(f"auto_explain cannot be loaded here: {error}")
+        for setting, value in (
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_analyze", "on"),
+            ("auto_explain.log_timing", "off"),
+            ("auto_explain.log_nested_statements", "on"),
+            ("auto_explain.log_format", "json"),
+            ("auto_explain.log_level", "notice"),
+            ("client_min_messages", "notice"),
+        ):
+            await conn.execute(f"SET {setting} = '{value}'")
+        conn.add_log_listener(lambda _conn, message: plans.append(message.message))
+        yield conn, plans
+    finally:
+        await conn.close()
+
+
+def node_work(node: dict[str, Any]) -> float:
+    """Rows a plan node and the nodes under it produced or discarded, over all its loops."""
+    loops = node.get("Actual Loops", 1)
+    own = node.get("Actual Rows", 0) + sum(
+        node.get(k, 0) for k in ("Rows Removed by Filter", "Rows Removed by Join Filter")
+    )
+    return own * loops + sum(node_work(child) for child in node.get("Plans", []))
+
+
+def plan_work(messages: list[str]) -> float:
+    total = 0.0
+    for message in messages:
+        if "{" in message:
+            total += node_work(json.loads(message[message.index("{") :])["Plan"])
+    return total
+
+
+async def work_per_item(
+    store: JobStore,
+    conn: asyncpg.Connection,
+    plans: list[str],
+    shape: Shape,
+    start: int,
+    count: int,
+) -> float:
+    submissions = shape(start, count)
+    plans.clear()
+    async with conn.transaction():
+        outcomes = await store.submit_in(conn, submissions)
+    assert all(isinstance(o, Submitted) for o in outcomes), outcomes
+    return plan_work(plans) / count
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_generic_plan", "force_custom_plan"])
+@pytest.mark.parametrize("shape", [plain, keyed, limited, chained], ids=lambda s: s.__name__)
+async def test_the_work_per_item_does_not_grow_with_the_batch(
+    store: JobStore,
+    explained: tuple[asyncpg.Connection, list[str]],
+    plan_cache_mode: str,
+    shape: Shape,
+) -> None:
+    conn, plans = explained
+    await conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+    await work_per_item(store, conn, plans, shape, -10, 3)  # the connection's first lookups
+    small = await work_per_item(store, conn, plans, shape, 0, SMALL)
+    large = await work_per_item(store, conn, plans, shape, SMALL, LARGE)
+    print(f"{shape.__name__} {plan_cache_mode}: {small:.1f} / {large:.1f} rows per item")
+    assert large < WORK_PER_ITEM_BOUND, (small, large)
+    assert large < 1.5 * small + 5, (small, large)
+
+
+async def test_a_retried_keyed_batch_is_answered_in_linear_work(
+    store: JobStore, explained: tuple[asyncpg.Connection, list[str]]
+) -> None:
+    """Every item replays: they are answered by their keys, not created."""
+    conn, plans = explained
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    first = await work_per_item(store, conn, plans, keyed, 0, LARGE)
+    again = await work_per_item(store, conn, plans, keyed, 0, LARGE)
+    print(f"keyed, created / replayed: {first:.1f} / {again:.1f} rows per item")
+    assert again < WORK_PER_ITEM_BOUND, again
