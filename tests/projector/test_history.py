@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import aiohttp
 import asyncpg
@@ -15,9 +14,16 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import Document
-from evora.readmodels.stats import HISTORY_HOURS, HISTORY_MINUTES, MINUTE_FIELDS
+from evora.readmodels.stats import (
+    HISTORY_HOURS,
+    HISTORY_MINUTES,
+    MINUTE_FIELDS,
+    MINUTE_SECONDS,
+    bucket_of,
+    minute_of,
+)
 from evora.storage.jobs import Failure, JobStore
-from evora.storage.outbox import OutboxEvent
+from evora.storage.outbox import OutboxCursor, QueueChange
 from evora_services.api.stats import encode_key
 from evora_services.projector import projection
 from evora_services.projector.projector import Projector
@@ -102,22 +108,36 @@ async def test_history_counts_each_event_in_its_minute(
                 assert r.content_type == "application/problem+json"
 
 
-def _event(seq: int, at: datetime, event: str, **fields: Any) -> OutboxEvent:
-    return OutboxEvent(
-        xid=1,
-        seq=seq,
-        job_id=f"job-{seq}",
+def _minute(seq: int, minute: int) -> QueueChange:
+    """One busy minute of queue `busy`, summed up as the outbox reader does: a job submitted
+    and one completed after running 250 ms."""
+    at = datetime.fromtimestamp(minute * MINUTE_SECONDS + 30, UTC)
+    fields = {"submitted": 1, "completed": 1, "run_ms_sum": 250.0, "run_n": 1}
+    return QueueChange(
         queue="busy",
-        type="t",
-        event=event,
-        from_state=fields.get("from_state"),
-        to_state=fields.get("to_state", "PENDING"),
-        worker_id=None,
+        cursor=OutboxCursor(1, seq),
         at=at,
-        run_at=fields.get("run_at"),
-        started_at=fields.get("started_at"),
-        error=None,
-        reason=None,
+        moved={"PENDING": 1, "RUNNING": -1, "COMPLETED": 1},
+        totals={"submitted": 1, "completed": 1},
+        minutes={minute: fields},
+        completed={bucket_of(at): 1},
+        waits=[],
+        runs=[250.0],
+    )
+
+
+def _batch(changes: list[QueueChange]) -> QueueChange:
+    """Several minutes' changes as one batch's."""
+    return QueueChange(
+        queue="busy",
+        cursor=changes[-1].cursor,
+        at=changes[-1].at,
+        moved={s: sum(c.moved[s] for c in changes) for s in changes[0].moved},
+        totals={e: sum(c.totals[e] for c in changes) for e in changes[0].totals},
+        minutes={m: f for c in changes for m, f in c.minutes.items()},
+        completed={b: n for c in changes for b, n in c.completed.items()},
+        waits=[],
+        runs=[r for c in changes for r in c.runs],
     )
 
 
@@ -126,19 +146,12 @@ async def test_history_stays_bounded_to_the_last_day(mongo: AsyncDatabase[Docume
     document (written by the same updates the projector sends) keeps only the last day, and
     equals the projector's copy."""
     collection = mongo["history_bound"]
-    start = datetime(2026, 1, 1, tzinfo=UTC)
+    start = minute_of(datetime(2026, 1, 1, tzinfo=UTC))
     doc = projection.new_queue("busy")
-    seq = 0
-    for first in range(0, DAYS * 24 * 60, BATCH_MINUTES):
-        batch = []
-        for minute in range(first, first + BATCH_MINUTES):
-            at = start + timedelta(minutes=minute, seconds=30)
-            ran = at - timedelta(milliseconds=250)
-            seq += 2
-            batch.append(_event(seq - 1, at, "submitted"))
-            batch.append(_event(seq, at, "completed", to_state="COMPLETED", started_at=ran))
+    for first in range(start, start + DAYS * 24 * 60, BATCH_MINUTES):
+        batch = _batch([_minute(m, m) for m in range(first, first + BATCH_MINUTES)])
         update = projection.apply_to_queue(doc, batch)
-        if first == 0:
+        if first == start:
             await collection.insert_one(doc)
         else:
             result = await collection.update_one({"_id": "busy"}, update)

@@ -1,5 +1,6 @@
 """Gap-free reading of the `job_events` outbox (rule 5 of docs/architecture.md), for the
-projector and pipeline.
+projector: each batch summed up in SQL, so that what crosses to the projector grows with the
+queues and workers a batch touches, not with its events.
 
 Sequence numbers are taken at insert but become visible at commit, so `seq > last` can skip
 an event whose transaction commits after a later one. Events are instead read in
@@ -19,8 +20,8 @@ import asyncpg
 
 from evora.storage.statements import load
 
-READ_OUTBOX, BACKLOG, OLDEST_DUE, PRUNED = load(
-    "outbox", "read_outbox", "backlog", "oldest_due", "pruned"
+READ_BATCH, BACKLOG, OLDEST_DUE, PRUNED = load(
+    "outbox", "read_batch", "backlog", "oldest_due", "pruned"
 )
 
 
@@ -32,40 +33,134 @@ class OutboxCursor:
     seq: int = 0
 
 
-class OutboxEvent(NamedTuple):
-    """One event as the read models see it: built straight from the row's tuple (the
-    projector turns every event of the outbox into one, so it must cost next to nothing)."""
+@dataclass(frozen=True, slots=True)
+class QueueChange:
+    """What one batch did to one queue, summed up by PostgreSQL."""
+
+    queue: str
+    cursor: OutboxCursor  # its last event in the batch
+    at: datetime  # when that event happened
+    moved: dict[str, int]  # state -> jobs in it now minus before
+    totals: dict[str, int]  # event name -> events
+    # minute since the epoch -> {event name: events, "wait_ms_sum", "wait_n", "run_ms_sum",
+    # "run_n": the latency samples that fell in it}
+    minutes: dict[int, dict[str, float]]
+    completed: dict[int, int]  # completion bucket since the epoch -> completions
+    waits: list[float]  # due to claimed, ms, oldest first
+    runs: list[float]  # claimed to completed, ms, oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerChange:
+    """What one batch did to one worker: the jobs are those whose running under it changed
+    across the batch (a job that started and stopped within it is in neither list)."""
+
+    worker_id: str
+    cursor: OutboxCursor
+    first_at: datetime
+    last_at: datetime
+    counts: dict[str, int]  # claimed, completed, failed, released, lease_expired
+    queues: list[str]  # in the order the batch first met them
+    started: list[str]  # running under it after the batch, in the order they last started
+    stopped: list[str]  # running under it before the batch, no longer after
+
+
+class FailureEvent(NamedTuple):
+    """An event that reports an error."""
 
     xid: int
     seq: int
     job_id: str
     queue: str
     type: str
-    event: str
-    from_state: str | None
-    to_state: str
-    worker_id: str | None
     at: datetime
-    # the job's run_at and started_at after the change
-    run_at: datetime | None
-    started_at: datetime | None
-    # the event data's error (None: the event reports none) and reason
-    error: Any
-    reason: str | None
-
-    @property
-    def cursor(self) -> OutboxCursor:
-        return OutboxCursor(self.xid, self.seq)
+    error: dict[str, Any]
 
 
-async def read_events(
-    conn: asyncpg.Connection | asyncpg.Pool, after: OutboxCursor, limit: int = 1000
-) -> list[OutboxEvent]:
-    """The next committed events after `after`, oldest transaction first. An empty list
-    means the reader is caught up with everything that can no longer change."""
-    rows = await conn.fetch(READ_OUTBOX, str(after.xid), after.seq, limit)
-    make = OutboxEvent._make
-    return [make(row) for row in rows]
+@dataclass(frozen=True)
+class Batch:
+    upto: OutboxCursor  # the batch's last event
+    at: datetime  # when that event happened
+    events: int
+    max_seq: int
+    queues: list[QueueChange]
+    workers: list[WorkerChange]
+    failures: list[FailureEvent]
+
+
+async def read_batch(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    after: OutboxCursor,
+    limit: int,
+    *,
+    minute_seconds: int,
+    bucket_seconds: int,
+    upto: OutboxCursor | None = None,
+    applied: dict[str, dict[str, OutboxCursor]] | None = None,
+) -> Batch | None:
+    """The next committed events after `after` (at most `limit`; with `upto`, exactly those
+    up to it), summed up per queue and worker. `applied` names the queues and workers whose
+    documents already hold events past `after` ({"queues" or "workers": {key: cursor}}):
+    only their events past that cursor count. None means the reader is caught up with
+    everything that can no longer change."""
+    bounds = {
+        kind: {key: [cursor.xid, cursor.seq] for key, cursor in cursors.items()}
+        for kind, cursors in (applied or {}).items()
+    }
+    row = await conn.fetchrow(
+        READ_BATCH,
+        str(after.xid),
+        after.seq,
+        limit,
+        None if upto is None else str(upto.xid),
+        None if upto is None else upto.seq,
+        bounds,
+        minute_seconds,
+        bucket_seconds,
+    )
+    if row is None:
+        return None
+    return Batch(
+        upto=OutboxCursor(row["xid"], row["seq"]),
+        at=row["at"],
+        events=int(row["events"]),
+        max_seq=int(row["max_seq"]),
+        queues=[_queue_change(q) for q in row["queues"]],
+        workers=[_worker_change(w) for w in row["workers"]],
+        failures=[_failure(f) for f in row["failures"]],
+    )
+
+
+def _queue_change(q: dict[str, Any]) -> QueueChange:
+    return QueueChange(
+        queue=q["queue"],
+        cursor=OutboxCursor(q["xid"], q["seq"]),
+        at=datetime.fromisoformat(q["at"]),
+        moved=q["moved"],
+        totals=q["totals"],
+        minutes={int(minute): fields for minute, fields in q["minutes"].items()},
+        completed={int(bucket): n for bucket, n in q["completed"].items()},
+        waits=q["waits"],
+        runs=q["runs"],
+    )
+
+
+def _worker_change(w: dict[str, Any]) -> WorkerChange:
+    return WorkerChange(
+        worker_id=w["worker_id"],
+        cursor=OutboxCursor(w["xid"], w["seq"]),
+        first_at=datetime.fromisoformat(w["first_at"]),
+        last_at=datetime.fromisoformat(w["last_at"]),
+        counts=w["counts"],
+        queues=w["queues"],
+        started=w["started"],
+        stopped=w["stopped"],
+    )
+
+
+def _failure(f: list[Any]) -> FailureEvent:
+    xid, seq, job_id, queue, job_type, at, error = f
+    return FailureEvent(xid, seq, job_id, queue, job_type, datetime.fromisoformat(at), error)
 
 
 @dataclass(frozen=True)
