@@ -1,7 +1,7 @@
 """How a batch of events changes read-model documents: pure functions, no I/O.
 
-A batch arrives summed up per queue and per worker (`evora.storage.outbox.read_batch`);
-only events that report an error come one by one. Every document carries the outbox cursor
+A batch arrives summed up per queue and per worker (`changes`); only events that report an
+error come one by one. Every document carries the outbox cursor
 of the last event applied to it. The projector applies to a document only the events past
 its cursor, and writes it back only if its cursor is still what was read (compare-and-set),
 so replaying a batch after a crash, or any overlap, changes nothing: each event takes effect
@@ -31,7 +31,8 @@ from evora.readmodels.stats import (
     hour_of,
     oldest_kept_hour,
 )
-from evora.storage.outbox import FailureEvent, QueueChange, WorkerChange
+from evora.storage.outbox import FailureEvent
+from evora_services.projector.changes import QueueChange, WorkerChange
 
 Cursor = tuple[int, int]
 

@@ -52,7 +52,7 @@ from evora.readmodels.layout import (
     checkpoint_id,
     ensure_indexes,
 )
-from evora.readmodels.stats import BUCKET_SECONDS, MINUTE_SECONDS
+from evora.readmodels.stats import BUCKET_SECONDS
 from evora.storage.outbox import (
     Batch,
     FailureEvent,
@@ -62,7 +62,7 @@ from evora.storage.outbox import (
     read_batch,
 )
 from evora.storage.retention import record_projector_progress
-from evora_services.projector import projection
+from evora_services.projector import changes, projection
 from evora_services.projector.metrics import ProjectorMetrics
 
 log = logging.getLogger(__name__)
@@ -207,16 +207,15 @@ class Projector:
         self,
         after: OutboxCursor,
         upto: OutboxCursor | None = None,
-        applied: dict[str, dict[str, OutboxCursor]] | None = None,
+        past: dict[str, dict[str, OutboxCursor]] | None = None,
     ) -> Batch | None:
         return await read_batch(
             self._pool,
             after,
             self.batch_size,
-            minute_seconds=MINUTE_SECONDS,
             bucket_seconds=BUCKET_SECONDS,
             upto=upto,
-            applied=applied,
+            past=past,
         )
 
     def _forget(self) -> None:
@@ -233,21 +232,18 @@ class Projector:
 
     async def _apply(self, after: OutboxCursor, batch: Batch) -> None:
         g = self.generation
-        queues = await self._documents(g.queues, self._queues, [q.queue for q in batch.queues])
-        workers = await self._documents(
-            g.workers, self._workers, [w.worker_id for w in batch.workers]
-        )
+        by_queue, by_worker = changes.fold(batch)
+        queues = await self._documents(g.queues, self._queues, list(by_queue))
+        workers = await self._documents(g.workers, self._workers, list(by_worker))
         # A document already past the batch's start holds some of its events (a batch
         # interrupted after writing it, then read again with more events committed): the
-        # same range is summed up again with only its later events counted.
-        applied = {
-            "queues": _past(after, queues.values()),
-            "workers": _past(after, workers.values()),
-        }
-        if any(applied.values()):
-            again = await self._read(after, batch.upto, applied)
+        # same range is summed up again with its earlier events left out for it.
+        past = {"queues": _past(after, queues.values()), "workers": _past(after, workers.values())}
+        if any(past.values()):
+            again = await self._read(after, batch.upto, past)
             assert again is not None  # the same committed range
             batch = again
+            by_queue, by_worker = changes.fold(batch)
         by_failure: dict[str, list[FailureEvent]] = defaultdict(list)
         for failure in batch.failures:
             by_failure[projection.failure_key(failure.queue, failure.type)].append(failure)
@@ -255,7 +251,7 @@ class Projector:
         await self._project(
             g.queues,
             self._queues,
-            {q.queue: q for q in batch.queues},
+            by_queue,
             queues,
             projection.new_queue,
             projection.apply_to_queue,
@@ -263,7 +259,7 @@ class Projector:
         await self._project(
             g.workers,
             self._workers,
-            {w.worker_id: w for w in batch.workers},
+            by_worker,
             workers,
             projection.new_worker,
             projection.apply_to_worker,

@@ -9,16 +9,14 @@ import asyncpg
 import pytest
 
 from evora.protocol.jobs import JobSubmission
-from evora.readmodels.stats import BUCKET_SECONDS, MINUTE_SECONDS
+from evora.readmodels.stats import BUCKET_SECONDS
 from evora.storage.db import connect
 from evora.storage.jobs import JobStore
 from evora.storage.outbox import Batch, OutboxCursor, read_batch
 
 
 async def _read(pool: asyncpg.Pool, cursor: OutboxCursor, limit: int) -> Batch | None:
-    return await read_batch(
-        pool, cursor, limit, minute_seconds=MINUTE_SECONDS, bucket_seconds=BUCKET_SECONDS
-    )
+    return await read_batch(pool, cursor, limit, bucket_seconds=BUCKET_SECONDS)
 
 
 async def _drain(pool: asyncpg.Pool, cursor: OutboxCursor, limit: int) -> list[Batch]:
@@ -63,7 +61,7 @@ async def test_late_commit_with_lower_seq_is_delivered(
     delivered = await _drain(pool, OutboxCursor(), 100)
     assert sum(b.events for b in delivered) == 2
     assert max(b.max_seq for b in delivered) == fast_seq
-    assert sum(q.totals["submitted"] for b in delivered for q in b.queues) == 2
+    assert sum(g.events for b in delivered for g in b.groups if g.event == "submitted") == 2
 
 
 async def test_reader_pages_through_everything_in_order(
@@ -75,8 +73,9 @@ async def test_reader_pages_through_everything_in_order(
     assert [b.events for b in batches] == [4] * 8 + [3]
     tail = await _tail(pool)
     assert [b.upto for b in batches] == tail[3::4] + tail[-1:]
-    assert sum(q.totals["submitted"] for b in batches for q in b.queues) == 35
-    assert all(q.moved == {"PENDING": q.totals["submitted"]} for b in batches for q in b.queues)
+    groups = [g for b in batches for g in b.groups]
+    assert {(g.event, g.from_state, g.to_state) for g in groups} == {("submitted", None, "PENDING")}
+    assert sum(g.events for g in groups) == 35
     # Resuming from any cursor yields exactly the rest.
     rest = await _drain(pool, tail[9], 100)
     assert [b.events for b in rest] == [25] and rest[0].upto == tail[-1]
@@ -102,13 +101,9 @@ async def test_each_event_carries_the_typed_job_row_after_its_change(
     # what the outbox reader takes of the image: the claim's wait, due to started
     [batch] = await _drain(pool, OutboxCursor(), 10)
     waited = (row["started_at"] - row["run_at"]).total_seconds() * 1000
-    assert batch.queues[0].waits == [pytest.approx(waited)]
-    [worker] = batch.workers
-    assert (worker.worker_id, worker.started, worker.counts["claimed"]) == (
-        "w1",
-        [str(row["id"])],
-        1,
-    )
+    [(waits, runs)] = batch.samples.values()
+    assert waits == pytest.approx([waited]) and not runs
+    assert batch.runs == {"w1": ([str(row["id"])], [])}
 
 
 async def test_open_transaction_holds_back_later_events(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -23,9 +24,10 @@ from evora.readmodels.stats import (
     minute_of,
 )
 from evora.storage.jobs import Failure, JobStore
-from evora.storage.outbox import OutboxCursor, QueueChange
+from evora.storage.outbox import Batch, EventGroup, OutboxCursor
 from evora_services.api.stats import encode_key
 from evora_services.projector import projection
+from evora_services.projector.changes import QueueChange, fold
 from evora_services.projector.projector import Projector
 from tests.projector.conftest import catch_up, truth
 from tests.servers import api_with_read_models
@@ -108,37 +110,31 @@ async def test_history_counts_each_event_in_its_minute(
                 assert r.content_type == "application/problem+json"
 
 
-def _minute(seq: int, minute: int) -> QueueChange:
-    """One busy minute of queue `busy`, summed up as the outbox reader does: a job submitted
-    and one completed after running 250 ms."""
-    at = datetime.fromtimestamp(minute * MINUTE_SECONDS + 30, UTC)
-    fields = {"submitted": 1, "completed": 1, "run_ms_sum": 250.0, "run_n": 1}
-    return QueueChange(
-        queue="busy",
-        cursor=OutboxCursor(1, seq),
-        at=at,
-        moved={"PENDING": 1, "RUNNING": -1, "COMPLETED": 1},
-        totals={"submitted": 1, "completed": 1},
-        minutes={minute: fields},
-        completed={bucket_of(at): 1},
-        waits=[],
-        runs=[250.0],
-    )
-
-
-def _batch(changes: list[QueueChange]) -> QueueChange:
-    """Several minutes' changes as one batch's."""
-    return QueueChange(
-        queue="busy",
-        cursor=changes[-1].cursor,
-        at=changes[-1].at,
-        moved={s: sum(c.moved[s] for c in changes) for s in changes[0].moved},
-        totals={e: sum(c.totals[e] for c in changes) for e in changes[0].totals},
-        minutes={m: f for c in changes for m, f in c.minutes.items()},
-        completed={b: n for c in changes for b, n in c.completed.items()},
-        waits=[],
-        runs=[r for c in changes for r in c.runs],
-    )
+def _busy(minutes: range) -> QueueChange:
+    """Queue `busy` in these minutes, summed up as the outbox reader does: in each, a job
+    submitted and one completed after running 250 ms, 30 s into the minute."""
+    groups = []
+    for position, minute in enumerate(minutes, start=1):
+        at = datetime.fromtimestamp(minute * MINUTE_SECONDS + 30, UTC)
+        seq = minute * 2
+        common: dict[str, Any] = {"queue": "busy", "worker_id": None, "events": 1}
+        common["bucket"] = bucket_of(at)
+        common |= {"lease_expiry": False, "for_queue": True, "for_worker": False, "wait_n": 0}
+        common |= {"wait_ms_sum": 0.0, "last_at": at, "first_at": at}
+        groups += [
+            EventGroup(
+                **common, event="submitted", from_state=None, to_state="PENDING",
+                run_ms_sum=0.0, run_n=0, first=2 * position - 1, last=2 * position - 1,
+                max_seq=seq, last_cursor=OutboxCursor(1, seq),
+            ),
+            EventGroup(
+                **common, event="completed", from_state="RUNNING", to_state="COMPLETED",
+                run_ms_sum=250.0, run_n=1, first=2 * position, last=2 * position,
+                max_seq=seq + 1, last_cursor=OutboxCursor(1, seq + 1),
+            ),
+        ]  # fmt: skip
+    batch = Batch(groups, {"busy": ([], [250.0] * len(minutes))}, {}, [])
+    return fold(batch)[0]["busy"]
 
 
 async def test_history_stays_bounded_to_the_last_day(mongo: AsyncDatabase[Document]) -> None:
@@ -149,7 +145,7 @@ async def test_history_stays_bounded_to_the_last_day(mongo: AsyncDatabase[Docume
     start = minute_of(datetime(2026, 1, 1, tzinfo=UTC))
     doc = projection.new_queue("busy")
     for first in range(start, start + DAYS * 24 * 60, BATCH_MINUTES):
-        batch = _batch([_minute(m, m) for m in range(first, first + BATCH_MINUTES)])
+        batch = _busy(range(first, first + BATCH_MINUTES))
         update = projection.apply_to_queue(doc, batch)
         if first == start:
             await collection.insert_one(doc)

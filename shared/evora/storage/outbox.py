@@ -33,36 +33,29 @@ class OutboxCursor:
     seq: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class QueueChange:
-    """What one batch did to one queue, summed up by PostgreSQL."""
+class EventGroup(NamedTuple):
+    """Events of one batch alike in everything the read models count."""
 
     queue: str
-    cursor: OutboxCursor  # its last event in the batch
-    at: datetime  # when that event happened
-    moved: dict[str, int]  # state -> jobs in it now minus before
-    totals: dict[str, int]  # event name -> events
-    # minute since the epoch -> {event name: events, "wait_ms_sum", "wait_n", "run_ms_sum",
-    # "run_n": the latency samples that fell in it}
-    minutes: dict[int, dict[str, float]]
-    completed: dict[int, int]  # completion bucket since the epoch -> completions
-    waits: list[float]  # due to claimed, ms, oldest first
-    runs: list[float]  # claimed to completed, ms, oldest first
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerChange:
-    """What one batch did to one worker: the jobs are those whose running under it changed
-    across the batch (a job that started and stopped within it is in neither list)."""
-
-    worker_id: str
-    cursor: OutboxCursor
-    first_at: datetime
+    worker_id: str | None
+    event: str
+    from_state: str | None
+    to_state: str
+    bucket: int  # time bucket since the epoch, of the `bucket_seconds` given
+    lease_expiry: bool  # a dead-lettering because the lease ran out
+    for_queue: bool  # past the queue document's cursor: counts for it
+    for_worker: bool  # has a worker, past the worker document's cursor: counts for it
+    events: int
+    wait_ms_sum: float  # due to claimed, of its claims
+    wait_n: int
+    run_ms_sum: float  # claimed to completed, of its completions
+    run_n: int
+    first: int  # position in the batch of its first event, from 1
+    last: int  # and of its last
+    max_seq: int
+    last_cursor: OutboxCursor
     last_at: datetime
-    counts: dict[str, int]  # claimed, completed, failed, released, lease_expired
-    queues: list[str]  # in the order the batch first met them
-    started: list[str]  # running under it after the batch, in the order they last started
-    stopped: list[str]  # running under it before the batch, no longer after
+    first_at: datetime
 
 
 class FailureEvent(NamedTuple):
@@ -79,13 +72,35 @@ class FailureEvent(NamedTuple):
 
 @dataclass(frozen=True)
 class Batch:
-    upto: OutboxCursor  # the batch's last event
-    at: datetime  # when that event happened
-    events: int
-    max_seq: int
-    queues: list[QueueChange]
-    workers: list[WorkerChange]
+    groups: list[EventGroup]
+    # queue -> (wait samples, run samples), ms, in event order; only events counting for it
+    samples: dict[str, tuple[list[float], list[float]]]
+    # worker -> (jobs started running under it and running at the batch's end, in the
+    # order they last started; jobs running under it at the start, no longer at the end)
+    runs: dict[str, tuple[list[str], list[str]]]
     failures: list[FailureEvent]
+
+    @property
+    def events(self) -> int:
+        return max(g.last for g in self.groups)  # positions count every event from 1
+
+    @property
+    def upto(self) -> OutboxCursor:
+        """The batch's last event."""
+        return self._last.last_cursor
+
+    @property
+    def at(self) -> datetime:
+        """When the batch's last event happened."""
+        return self._last.last_at
+
+    @property
+    def max_seq(self) -> int:
+        return max(g.max_seq for g in self.groups)
+
+    @property
+    def _last(self) -> EventGroup:
+        return max(self.groups, key=lambda g: g.last)
 
 
 async def read_batch(
@@ -93,19 +108,18 @@ async def read_batch(
     after: OutboxCursor,
     limit: int,
     *,
-    minute_seconds: int,
     bucket_seconds: int,
     upto: OutboxCursor | None = None,
-    applied: dict[str, dict[str, OutboxCursor]] | None = None,
+    past: dict[str, dict[str, OutboxCursor]] | None = None,
 ) -> Batch | None:
     """The next committed events after `after` (at most `limit`; with `upto`, exactly those
-    up to it), summed up per queue and worker. `applied` names the queues and workers whose
-    documents already hold events past `after` ({"queues" or "workers": {key: cursor}}):
-    only their events past that cursor count. None means the reader is caught up with
-    everything that can no longer change."""
+    up to it), summed up in PostgreSQL. `past` names the queues and workers whose documents
+    already hold events past `after` ({"queues" or "workers": {key: cursor}}): events up to
+    that cursor do not count for them. None means the reader is caught up with everything
+    that can no longer change."""
     bounds = {
         kind: {key: [cursor.xid, cursor.seq] for key, cursor in cursors.items()}
-        for kind, cursors in (applied or {}).items()
+        for kind, cursors in (past or {}).items()
     }
     row = await conn.fetchrow(
         READ_BATCH,
@@ -115,46 +129,29 @@ async def read_batch(
         None if upto is None else str(upto.xid),
         None if upto is None else upto.seq,
         bounds,
-        minute_seconds,
         bucket_seconds,
     )
-    if row is None:
+    assert row is not None
+    if row["groups"] is None:
         return None
     return Batch(
-        upto=OutboxCursor(row["xid"], row["seq"]),
-        at=row["at"],
-        events=int(row["events"]),
-        max_seq=int(row["max_seq"]),
-        queues=[_queue_change(q) for q in row["queues"]],
-        workers=[_worker_change(w) for w in row["workers"]],
-        failures=[_failure(f) for f in row["failures"]],
+        groups=[_group(g) for g in row["groups"]],
+        samples={q: (w, r) for q, (w, r) in (row["samples"] or {}).items()},
+        runs={w: (started, stopped) for w, (started, stopped) in (row["runs"] or {}).items()},
+        failures=[_failure(f) for f in row["failures"] or ()],
     )
 
 
-def _queue_change(q: dict[str, Any]) -> QueueChange:
-    return QueueChange(
-        queue=q["queue"],
-        cursor=OutboxCursor(q["xid"], q["seq"]),
-        at=datetime.fromisoformat(q["at"]),
-        moved=q["moved"],
-        totals=q["totals"],
-        minutes={int(minute): fields for minute, fields in q["minutes"].items()},
-        completed={int(bucket): n for bucket, n in q["completed"].items()},
-        waits=q["waits"],
-        runs=q["runs"],
-    )
-
-
-def _worker_change(w: dict[str, Any]) -> WorkerChange:
-    return WorkerChange(
-        worker_id=w["worker_id"],
-        cursor=OutboxCursor(w["xid"], w["seq"]),
-        first_at=datetime.fromisoformat(w["first_at"]),
-        last_at=datetime.fromisoformat(w["last_at"]),
-        counts=w["counts"],
-        queues=w["queues"],
-        started=w["started"],
-        stopped=w["stopped"],
+def _group(g: list[Any]) -> EventGroup:
+    # the counted fields in the statement's order, then the last event and the first's time
+    xid, seq, last_at, first_at = g[-4:]
+    return EventGroup._make(
+        [
+            *g[:-4],
+            OutboxCursor(xid, seq),
+            datetime.fromisoformat(last_at),
+            datetime.fromisoformat(first_at),
+        ]
     )
 
 

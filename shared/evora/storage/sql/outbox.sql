@@ -4,163 +4,107 @@
 -- $1 after-xid (text), $2 after-seq, $3 limit, $4 upto-xid (text; NULL: the limit and the
 -- horizon end the batch), $5 upto-seq, $6 documents already past the start, as
 -- {"queues": {queue: [xid, seq]}, "workers": {worker: [xid, seq]}}: only their later events
--- count, $7 seconds per history minute, $8 seconds per completion bucket.
--- One batch of the outbox, folded into what the read models need: one row (none when caught
--- up) with where the batch ends, and as JSON per queue its net moves between states, event
--- totals, per-minute figures, completions per bucket and latency samples; per worker its
--- counters, queues and the jobs that began or stopped running under it; and the events that
--- report an error, one by one (failure reasons are grouped by normalised message, which
--- only the projector knows). Sequence numbers commit out of order, so `seq > last` alone
--- would lose events: only transactions older than every still-running one are read, so
--- nothing that commits later can land behind the cursor; with $4 the batch is the same
--- committed range again.
+-- count for them, $7 seconds per time bucket.
+-- One batch of the outbox, summed up for the read models in one row of JSON (all NULL when
+-- caught up): `groups`, its events grouped by everything the read models count (queue,
+-- worker, event, transition, time bucket, a dead-lettering by lease expiry; whether the
+-- event counts for its queue's and its worker's documents), each with its count, latency
+-- sums, first and last event; `samples`, per queue the latency samples in event order;
+-- `runs`, per worker the jobs that started running under it and were still running at the
+-- batch's end, and those that stopped and were running at its start; `failures`, the events
+-- that report an error, one by one (reasons are grouped by a normalised message only the
+-- projector knows). Sequence numbers commit out of order, so `seq > last` alone would lose
+-- events: only transactions older than every still-running one are read, so nothing that
+-- commits later can land behind the cursor; with $4 the batch is the same committed range
+-- again.
 WITH batch AS MATERIALIZED (
-    SELECT e.xid, e.seq, e.queue, e.type, e.event, e.from_state::text AS from_state,
-           e.to_state::text AS to_state, e.worker_id, e.at, e.job_id::text AS job_id,
-           e.data, row_number() OVER (ORDER BY e.xid, e.seq) AS n,
-           CASE WHEN e.event = 'claimed' AND (e.job).run_at IS NOT NULL
-                THEN greatest(extract(epoch FROM e.at - (e.job).run_at) * 1000, 0) END
-               AS wait_ms,
-           CASE WHEN e.event = 'completed' AND (e.job).started_at IS NOT NULL
-                THEN greatest(extract(epoch FROM e.at - (e.job).started_at) * 1000, 0) END
-               AS run_ms
-    FROM job_events e
-    WHERE (e.xid, e.seq) > ($1::text::xid8, $2::int8)
-      AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
-      AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
-    ORDER BY e.xid, e.seq
-    LIMIT $3
-),
-queued AS (
-    SELECT b.*, floor(extract(epoch FROM b.at) / $7::int)::int8 AS minute
-    FROM batch b
-    LEFT JOIN jsonb_each($6::jsonb -> 'queues') AS d(queue, cursor) ON d.queue = b.queue
-    WHERE d.cursor IS NULL
-       OR (b.xid, b.seq) > ((d.cursor ->> 0)::xid8, (d.cursor ->> 1)::int8)
-),
-per_minute AS (
-    SELECT queue, minute, event, count(*) AS n, sum(wait_ms) AS wait_sum,
-           count(wait_ms) AS wait_n, sum(run_ms) AS run_sum, count(run_ms) AS run_n
-    FROM queued GROUP BY queue, minute, event
-),
-queue_minutes AS (
-    SELECT queue, jsonb_object_agg(minute, fields) AS minutes
+    -- numbered after the limit, so that only the batch's rows are sorted (a top-N sort)
+    SELECT b.xid, b.seq, row_number() OVER (ORDER BY b.xid, b.seq) AS n, b.queue, b.type,
+           b.worker_id, b.event, b.from_state, b.to_state, b.at, b.job_id, b.error,
+           CASE WHEN b.event = 'claimed' AND b.run_at IS NOT NULL
+                THEN greatest(date_part('epoch', b.at - b.run_at) * 1000, 0) END AS wait_ms,
+           CASE WHEN b.event = 'completed' AND b.started_at IS NOT NULL
+                THEN greatest(date_part('epoch', b.at - b.started_at) * 1000, 0) END AS run_ms,
+           floor(date_part('epoch', b.at) / $7::int)::int8 AS bucket,
+           b.event = 'dead_lettered' AND b.reason IS NOT DISTINCT FROM 'lease_expired'
+               AS lease_expiry,
+           coalesce((b.xid, b.seq) > ((b.queue_past ->> 0)::xid8, (b.queue_past ->> 1)::int8),
+                    true) AS for_queue,
+           b.worker_id IS NOT NULL
+               AND coalesce((b.xid, b.seq) > ((b.worker_past ->> 0)::xid8,
+                                               (b.worker_past ->> 1)::int8), true)
+               AS for_worker
     FROM (
-        SELECT queue, minute,
-               jsonb_object_agg(event, n) || jsonb_build_object(
-                   'wait_ms_sum', coalesce(sum(wait_sum), 0), 'wait_n', sum(wait_n),
-                   'run_ms_sum', coalesce(sum(run_sum), 0), 'run_n', sum(run_n)) AS fields
-        FROM per_minute GROUP BY queue, minute
-    ) m
-    GROUP BY queue
+        SELECT e.xid, e.seq, e.queue, e.type, e.event, e.from_state::text AS from_state,
+               e.to_state::text AS to_state, e.worker_id, e.at, e.job_id,
+               (e.job).run_at AS run_at, (e.job).started_at AS started_at,
+               e.data ->> 'reason' AS reason,
+               -- an error reported as null is still a failure: an empty object
+               CASE WHEN e.data ? 'error'
+                    THEN coalesce(nullif(e.data -> 'error', 'null'::jsonb), '{}'::jsonb)
+               END AS error,
+               $6::jsonb -> 'queues' -> e.queue AS queue_past,
+               $6::jsonb -> 'workers' -> e.worker_id AS worker_past
+        FROM job_events e
+        WHERE (e.xid, e.seq) > ($1::text::xid8, $2::int8)
+          AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+          AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
+        ORDER BY e.xid, e.seq
+        LIMIT $3
+    ) b
 ),
-queue_totals AS (
-    SELECT queue, jsonb_object_agg(event, n) AS totals
-    FROM (SELECT queue, event, sum(n) AS n FROM per_minute GROUP BY queue, event) t
-    GROUP BY queue
+groups AS (
+    SELECT queue, worker_id, event, from_state, to_state, bucket, lease_expiry, for_queue,
+           for_worker, count(*) AS events,
+           coalesce(sum(wait_ms), 0) AS wait_ms_sum, count(wait_ms) AS wait_n,
+           coalesce(sum(run_ms), 0) AS run_ms_sum, count(run_ms) AS run_n,
+           min(n) AS first, max(n) AS last, max(seq) AS max_seq
+    FROM batch
+    GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
 ),
-queue_moves AS (
-    SELECT queue, jsonb_object_agg(state, delta) AS moved
-    FROM (
-        SELECT q.queue, m.state, sum(m.delta) AS delta
-        FROM queued q, LATERAL (VALUES (q.from_state, -1), (q.to_state, 1)) AS m(state, delta)
-        WHERE q.from_state IS DISTINCT FROM q.to_state AND m.state IS NOT NULL
-        GROUP BY q.queue, m.state
-    ) s
-    GROUP BY queue
-),
-queue_buckets AS (
-    SELECT queue, jsonb_object_agg(bucket, n) AS completed
-    FROM (
-        SELECT queue, floor(extract(epoch FROM at) / $8::int)::int8 AS bucket, count(*) AS n
-        FROM queued WHERE event = 'completed' GROUP BY 1, 2
-    ) c
-    GROUP BY queue
-),
-queue_rows AS (
-    SELECT g.queue, jsonb_build_object(
-               'queue', g.queue, 'xid', l.xid::text::int8, 'seq', l.seq, 'at', l.at,
-               'moved', coalesce(m.moved, '{}'), 'totals', t.totals, 'minutes', mi.minutes,
-               'completed', coalesce(c.completed, '{}'),
-               'waits', coalesce(g.waits, '{}'), 'runs', coalesce(g.runs, '{}')) AS row
-    FROM (
-        SELECT queue, max(n) AS last,
-               array_agg(wait_ms ORDER BY n) FILTER (WHERE wait_ms IS NOT NULL) AS waits,
-               array_agg(run_ms ORDER BY n) FILTER (WHERE run_ms IS NOT NULL) AS runs
-        FROM queued GROUP BY queue
-    ) g
-    JOIN batch l ON l.n = g.last
-    JOIN queue_totals t ON t.queue = g.queue
-    JOIN queue_minutes mi ON mi.queue = g.queue
-    LEFT JOIN queue_moves m ON m.queue = g.queue
-    LEFT JOIN queue_buckets c ON c.queue = g.queue
-),
-worked AS (
-    SELECT b.*
-    FROM batch b
-    LEFT JOIN jsonb_each($6::jsonb -> 'workers') AS d(worker, cursor) ON d.worker = b.worker_id
-    WHERE b.worker_id IS NOT NULL
-      AND (d.cursor IS NULL
-           OR (b.xid, b.seq) > ((d.cursor ->> 0)::xid8, (d.cursor ->> 1)::int8))
-),
--- per job whose running under the worker changed: running before the batch, and after it
-runs AS (
-    SELECT worker_id, job_id, max(n) AS last,
-           (array_agg(from_state = 'RUNNING' ORDER BY n))[1] AS before,
-           (array_agg(to_state = 'RUNNING' ORDER BY n DESC))[1] AS after
-    FROM worked
-    WHERE (to_state = 'RUNNING') <> coalesce(from_state = 'RUNNING', false)
+-- per job whose running under a worker changed: when it last started and stopped, and when
+-- it first stopped and started (running already at the batch's start: it stopped first)
+moves AS (
+    SELECT worker_id, job_id, max(n) FILTER (WHERE entering) AS last_in,
+           max(n) FILTER (WHERE NOT entering) AS last_out,
+           min(n) FILTER (WHERE entering) AS first_in,
+           min(n) FILTER (WHERE NOT entering) AS first_out
+    FROM (SELECT worker_id, job_id, n, to_state = 'RUNNING' AS entering FROM batch
+          WHERE for_worker
+            AND (to_state = 'RUNNING') <> coalesce(from_state = 'RUNNING', false)) m
     GROUP BY worker_id, job_id
 ),
-worker_queues AS (
-    SELECT worker_id, jsonb_agg(queue ORDER BY first) AS queues
-    FROM (SELECT worker_id, queue, min(n) AS first FROM worked GROUP BY 1, 2) f
-    GROUP BY worker_id
-),
-worker_runs AS (
+runs AS (
     SELECT worker_id,
-           coalesce(jsonb_agg(job_id ORDER BY last) FILTER (WHERE after), '[]') AS started,
-           coalesce(jsonb_agg(job_id) FILTER (WHERE before AND NOT after), '[]') AS stopped
-    FROM runs GROUP BY worker_id
-),
--- what each worker counts: a dead-lettering by lease expiry is a lease expiry, not a failure
-worker_rows AS (
-    SELECT jsonb_build_object(
-               'worker_id', g.worker_id, 'xid', l.xid::text::int8, 'seq', l.seq,
-               'first_at', f.at, 'last_at', l.at, 'queues', q.queues,
-               'started', coalesce(r.started, '[]'), 'stopped', coalesce(r.stopped, '[]'),
-               'counts', jsonb_build_object(
-                   'claimed', g.claimed, 'completed', g.completed, 'failed', g.failed,
-                   'released', g.released, 'lease_expired', g.lease_expired)) AS row
-    FROM (
-        SELECT worker_id, min(n) AS first, max(n) AS last,
-               count(*) FILTER (WHERE event = 'claimed') AS claimed,
-               count(*) FILTER (WHERE event = 'completed') AS completed,
-               count(*) FILTER (WHERE event = 'failed' OR (event = 'dead_lettered'
-                   AND (data ->> 'reason') IS DISTINCT FROM 'lease_expired')) AS failed,
-               count(*) FILTER (WHERE event = 'released') AS released,
-               count(*) FILTER (WHERE event = 'lease_expired' OR (event = 'dead_lettered'
-                   AND data ->> 'reason' = 'lease_expired')) AS lease_expired
-        FROM worked GROUP BY worker_id
-    ) g
-    JOIN batch f ON f.n = g.first
-    JOIN batch l ON l.n = g.last
-    JOIN worker_queues q ON q.worker_id = g.worker_id
-    LEFT JOIN worker_runs r ON r.worker_id = g.worker_id
+           jsonb_agg(job_id::text ORDER BY last_in)
+               FILTER (WHERE last_in > coalesce(last_out, 0)) AS started,
+           jsonb_agg(job_id::text ORDER BY first_out)
+               FILTER (WHERE first_out < coalesce(first_in, last_out + 1)
+                         AND last_out > coalesce(last_in, 0)) AS stopped
+    FROM moves
+    GROUP BY worker_id
 )
-SELECT l.xid::text::int8 AS xid, l.seq, l.at, l.n AS events,
-       (SELECT max(seq) FROM batch) AS max_seq,
-       (SELECT coalesce(jsonb_agg(row), '[]') FROM queue_rows) AS queues,
-       (SELECT coalesce(jsonb_agg(row), '[]') FROM worker_rows) AS workers,
-       -- an error reported as null is still a failure: an empty object
-       (SELECT coalesce(jsonb_agg(jsonb_build_array(
-                   xid::text::int8, seq, job_id, queue, type, at,
-                   coalesce(nullif(data -> 'error', 'null'::jsonb), '{}'::jsonb))
-               ORDER BY n), '[]')
-        FROM batch WHERE data ? 'error') AS failures
-FROM batch l
-ORDER BY l.n DESC
-LIMIT 1;
+SELECT (SELECT jsonb_agg(jsonb_build_array(
+                   g.queue, g.worker_id, g.event, g.from_state, g.to_state, g.bucket,
+                   g.lease_expiry, g.for_queue, g.for_worker, g.events, g.wait_ms_sum,
+                   g.wait_n, g.run_ms_sum, g.run_n, g.first, g.last, g.max_seq,
+                   l.xid::text::int8, l.seq, l.at, f.at))
+        FROM groups g JOIN batch l ON l.n = g.last JOIN batch f ON f.n = g.first) AS groups,
+       (SELECT jsonb_object_agg(queue, jsonb_build_array(waits, runs))
+        FROM (SELECT queue,
+                     coalesce(array_agg(wait_ms ORDER BY n) FILTER (WHERE wait_ms IS NOT NULL),
+                              '{}') AS waits,
+                     coalesce(array_agg(run_ms ORDER BY n) FILTER (WHERE run_ms IS NOT NULL),
+                              '{}') AS runs
+              FROM batch
+              WHERE for_queue AND (wait_ms IS NOT NULL OR run_ms IS NOT NULL)
+              GROUP BY queue) s) AS samples,
+       (SELECT jsonb_object_agg(worker_id, jsonb_build_array(
+                   coalesce(started, '[]'), coalesce(stopped, '[]')))
+        FROM runs) AS runs,
+       (SELECT jsonb_agg(jsonb_build_array(xid::text::int8, seq, job_id, queue, type, at, error)
+               ORDER BY n)
+        FROM batch WHERE error IS NOT NULL) AS failures;
 
 -- name: backlog
 -- $1 after-xid (text), $2 after-seq, $3 cap: committed events past a cursor, and the time of
