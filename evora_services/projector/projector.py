@@ -67,7 +67,7 @@ from evora_services.projector.metrics import ProjectorMetrics
 
 log = logging.getLogger(__name__)
 
-BATCH_SIZE = 1000
+BATCH_SIZE = 5000
 # Queue documents refreshed per read.
 REFRESH_CHUNK = 500
 _REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pending_at"), 1)
