@@ -1,11 +1,10 @@
 """How a batch of events changes read-model documents: pure functions, no I/O.
 
 A batch arrives summed up per queue and per worker (`changes`); only events that report an
-error come one by one. Every document carries the outbox cursor
-of the last event applied to it. The projector applies to a document only the events past
-its cursor, and writes it back only if its cursor is still what was read (compare-and-set),
-so replaying a batch after a crash, or any overlap, changes nothing: each event takes effect
-exactly once per document.
+error come one by one. Every document carries the outbox cursor of the last event applied
+to it. The projector applies to a document only the events past its cursor, and writes it
+back only if its cursor is still what was read (compare-and-set), so replaying a batch after
+a crash, or any overlap, changes nothing: each event takes effect exactly once per document.
 
 Each `apply_to_*` brings a document up to date in place and returns the MongoDB update that
 does the same to the stored copy: only what changed, so a batch neither resends a queue's
@@ -108,7 +107,7 @@ def apply_to_queue(doc: Document, change: QueueChange) -> Document:
     minutes = _History(doc.setdefault("history", {}), max(change.minutes))
     for minute, fields in change.minutes.items():
         for field in MINUTE_FIELDS:
-            if field in fields:
+            if fields.get(field):  # a minute of other events only gets no row
                 minutes.add(minute, field, fields[field])
     minutes.write(update)
     appended: dict[str, Any] = {}

@@ -282,7 +282,7 @@ class Projector:
         self,
         collection: AsyncCollection[Document],
         cache: DocumentCache,
-        changes: dict[str, Change],
+        changed: dict[str, Change],
         stored: dict[str, Document],
         new: Callable[[str], Document],
         apply: Callable[[Document, Change], Document],
@@ -291,7 +291,7 @@ class Projector:
         still the one it had (insert: if it is still new)."""
         ops: list[InsertOne[Document] | UpdateOne] = []
         written = []
-        for key, change in changes.items():
+        for key, change in changed.items():
             doc = stored.get(key)
             if doc is None:
                 doc = new(key)
