@@ -82,13 +82,16 @@ async def main(args: argparse.Namespace) -> None:
         metrics = ProjectorMetrics(ServiceMetrics("bench"))
         projector = Projector(pool, db, 1, metrics)
         started = time.perf_counter()
+        cpu = time.process_time()  # this process: the projector (servers run apart)
         applied = 0
         while batch := await projector.run_once():
             applied += batch
         took = time.perf_counter() - started
+        cpu = time.process_time() - cpu
         print(
             f"catch-up: {applied} events in {took:.1f} s = {applied / took:,.0f} events/s; "
-            f"{writes(metrics) / applied:.3f} MongoDB writes per event"
+            f"{writes(metrics) / applied:.3f} MongoDB writes per event; "
+            f"projector CPU {cpu / applied * 1e6:.1f} us per event"
         )
 
         lags_events: list[int] = []

@@ -1,9 +1,10 @@
-"""How events change read-model documents: pure functions, no I/O.
+"""How a batch of events changes read-model documents: pure functions, no I/O.
 
-Every document carries the outbox cursor of the last event applied to it. The projector
-applies to a document only the events past its cursor, and writes it back only if its cursor
-is still what was read (compare-and-set), so replaying a batch after a crash, or any
-overlap, changes nothing: each event takes effect exactly once per document.
+A batch arrives summed up per queue and per worker (`changes`); only events that report an
+error come one by one. Every document carries the outbox cursor of the last event applied
+to it. The projector applies to a document only the events past its cursor, and writes it
+back only if its cursor is still what was read (compare-and-set), so replaying a batch after
+a crash, or any overlap, changes nothing: each event takes effect exactly once per document.
 
 Each `apply_to_*` brings a document up to date in place and returns the MongoDB update that
 does the same to the stored copy: only what changed, so a batch neither resends a queue's
@@ -15,24 +16,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 from typing import Any
 
 from evora.readmodels.failures import MESSAGE_KEY_CHARS, normalise, traceback_tail
 from evora.readmodels.layout import STATE_NAMES, Document
 from evora.readmodels.stats import (
     BUCKET_SECONDS,
-    COUNTED_EVENTS,
     KEEP_BUCKETS_SECONDS,
     MINUTE_FIELDS,
     NO_PERCENTILES,
     SLOT,
     bucket_of,
     hour_of,
-    minute_of,
     oldest_kept_hour,
 )
-from evora.storage.outbox import OutboxEvent
+from evora.storage.outbox import FailureEvent
+from evora_services.projector.changes import QueueChange, WorkerChange
 
 Cursor = tuple[int, int]
 
@@ -46,13 +45,9 @@ def cursor_of(doc: Document) -> Cursor:
     return int(xid), int(seq)
 
 
-def unseen(doc: Document, events: Iterable[OutboxEvent]) -> list[OutboxEvent]:
+def unseen(doc: Document, events: Iterable[FailureEvent]) -> list[FailureEvent]:
     mark = cursor_of(doc)
     return [e for e in events if (e.xid, e.seq) > mark]
-
-
-def _advance(doc: Document, events: Sequence[OutboxEvent]) -> None:
-    doc["cursor"] = [events[-1].xid, events[-1].seq]
 
 
 def _percentiles(samples: list[float]) -> dict[str, float | None]:
@@ -65,10 +60,6 @@ def _percentiles(samples: list[float]) -> dict[str, float | None]:
         return round(ordered[round(fraction * last)], 3)
 
     return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99)}
-
-
-def _millis(later: datetime, earlier: datetime) -> float:
-    return max((later - earlier).total_seconds() * 1000, 0.0)
 
 
 def new_queue(queue: str) -> Document:
@@ -89,52 +80,38 @@ def new_queue(queue: str) -> Document:
     }
 
 
-def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
+def apply_to_queue(doc: Document, change: QueueChange) -> Document:
     """Counts move with each transition, totals count events by name, completions fill
     10-second buckets, claims and completions feed wait and run latency samples (the
     LATENCY_SAMPLES most recent of each)."""
-    moved: dict[str, int] = {}
-    totals = doc["totals"]
-    buckets = doc["completed_buckets"]
-    samples: dict[str, list[float]] = {"wait": [], "run": []}
-    minutes = _History(doc.setdefault("history", {}), events)
-    for e in events:
-        if e.from_state != e.to_state:
-            if e.from_state is not None:
-                moved[e.from_state] = moved.get(e.from_state, 0) - 1
-            moved[e.to_state] = moved.get(e.to_state, 0) + 1
-        totals[e.event] = totals.get(e.event, 0) + 1
-        if e.event in COUNTED_EVENTS:
-            minutes.add(e.at, e.event, 1)
-        if e.event == "claimed":
-            if e.run_at is not None:
-                samples["wait"].append(waited := _millis(e.at, e.run_at))
-                minutes.add(e.at, "wait_ms_sum", waited)
-                minutes.add(e.at, "wait_n", 1)
-        elif e.event == "completed":
-            key = str(bucket_of(e.at))
-            buckets[key] = buckets.get(key, 0) + 1
-            if e.started_at is not None:
-                samples["run"].append(ran := _millis(e.at, e.started_at))
-                minutes.add(e.at, "run_ms_sum", ran)
-                minutes.add(e.at, "run_n", 1)
     increments = {}
-    for state, delta in moved.items():
+    for state, delta in change.moved.items():
         doc["transitions"][state] += delta
         doc["counts"][state] += delta
         if delta:
             increments[f"counts.{state}"] = delta
-    oldest_kept = bucket_of(events[-1].at) - KEEP_BUCKETS_SECONDS // BUCKET_SECONDS
+    totals = doc["totals"]
+    for event, n in change.totals.items():
+        totals[event] = totals.get(event, 0) + n
+    buckets = doc["completed_buckets"]
+    for bucket, n in change.completed.items():
+        buckets[str(bucket)] = buckets.get(str(bucket), 0) + n
+    oldest_kept = bucket_of(change.at) - KEEP_BUCKETS_SECONDS // BUCKET_SECONDS
     doc["completed_buckets"] = {k: n for k, n in buckets.items() if int(k) >= oldest_kept}
-    doc["last_event_at"] = events[-1].at
-    _advance(doc, events)
+    doc["last_event_at"] = change.at
+    doc["cursor"] = [change.cursor.xid, change.cursor.seq]
     changed = ("cursor", "transitions", "totals", "completed_buckets", "last_event_at")
     update: Document = {"$set": {field: doc[field] for field in changed}}
     if increments:
         update["$inc"] = increments
+    minutes = _History(doc.setdefault("history", {}), max(change.minutes))
+    for minute, fields in change.minutes.items():
+        for field in MINUTE_FIELDS:
+            if fields.get(field):  # a minute of other events only gets no row
+                minutes.add(minute, field, fields[field])
     minutes.write(update)
     appended: dict[str, Any] = {}
-    for kind, new in samples.items():
+    for kind, new in (("wait", change.waits), ("run", change.runs)):
         if new:
             kept = doc[f"{kind}_samples"] = (doc[f"{kind}_samples"] + new)[-LATENCY_SAMPLES:]
             doc["latency_ms"][kind] = update["$set"][f"latency_ms.{kind}"] = _percentiles(kept)
@@ -147,12 +124,11 @@ def apply_to_queue(doc: Document, events: Sequence[OutboxEvent]) -> Document:
 class _History:
     """A queue's per-minute history (see evora.readmodels.stats) brought up to date by one
     batch: only the minutes it touched are written, and the hours that fell out of the
-    window are dropped. Events of a minute already dropped (a rebuild's old events, seen
+    window are dropped. Figures of a minute already dropped (a rebuild's old events, seen
     with newer ones) are left out, so a minute is never both written and dropped."""
 
-    def __init__(self, history: dict[str, dict[str, list[float]]], events: Sequence[OutboxEvent]):
+    def __init__(self, history: dict[str, dict[str, list[float]]], newest: int):
         self._history = history
-        newest = max(minute_of(e.at) for e in events)
         kept_hours = [int(hour) for hour in history]
         self._oldest_hour = oldest_kept_hour(max([newest, *(h * 60 for h in kept_hours)]))
         self._dropped = [str(hour) for hour in kept_hours if hour < self._oldest_hour]
@@ -160,8 +136,7 @@ class _History:
             del history[hour]
         self._touched: set[tuple[str, str]] = set()
 
-    def add(self, at: datetime, field: str, amount: float) -> None:
-        minute = minute_of(at)
+    def add(self, minute: int, field: str, amount: float) -> None:
         if hour_of(minute) < self._oldest_hour:
             return
         key = (str(hour_of(minute)), str(minute % 60))
@@ -198,37 +173,23 @@ def new_worker(worker_id: str) -> Document:
     }
 
 
-_WORKER_COUNTERS = {
-    "claimed": "claimed",
-    "completed": "completed",
-    "failed": "failed",
-    "dead_lettered": "failed",
-    "released": "released",
-    "lease_expired": "lease_expired",
-}
-
-
-def apply_to_worker(doc: Document, events: Sequence[OutboxEvent]) -> Document:
+def apply_to_worker(doc: Document, change: WorkerChange) -> Document:
+    for counter, n in change.counts.items():
+        doc[counter] += n
     # jobs in the order they started running; a dict, so that removing one is cheap
     current = dict.fromkeys(doc["current_jobs"])
+    for job in change.stopped:
+        current.pop(job, None)
+    for job in change.started:  # one that stopped and started again moves to the end
+        current.pop(job, None)
+        current[job] = None
     queues: list[str] = doc["queues"]
-    for e in events:
-        counter = _WORKER_COUNTERS.get(e.event)
-        if e.event == "dead_lettered" and e.reason == "lease_expired":
-            counter = "lease_expired"
-        if counter is not None:
-            doc[counter] += 1
-        if e.to_state == "RUNNING" and e.from_state != "RUNNING":
-            current[e.job_id] = None
-        elif e.from_state == "RUNNING" and e.to_state != "RUNNING":
-            current.pop(e.job_id, None)
-        if e.queue not in queues:
-            queues.append(e.queue)
-    doc["first_seen"] = doc["first_seen"] or events[0].at
-    doc["last_seen"] = events[-1].at
+    queues.extend(queue for queue in change.queues if queue not in queues)
+    doc["first_seen"] = doc["first_seen"] or change.first_at
+    doc["last_seen"] = change.last_at
     doc["current_jobs"] = list(current)[-CURRENT_JOBS_KEPT:]
     doc["running"] = len(doc["current_jobs"])
-    _advance(doc, events)
+    doc["cursor"] = [change.cursor.xid, change.cursor.seq]
     return _set_all(doc)
 
 
@@ -252,11 +213,7 @@ def new_failures(queue: str, job_type: str) -> Document:
     }
 
 
-def is_failure(event: OutboxEvent) -> bool:
-    return event.error is not None
-
-
-def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> Document:
+def apply_to_failures(doc: Document, events: Sequence[FailureEvent]) -> Document:
     """Failure reasons per (queue, type): the error type and its normalised message
     (evora.readmodels.failures), counted, with the latest example, job and stack trace; the
     FAILURE_REASONS_KEPT most frequent kept. Only the reasons that changed are written."""
@@ -281,7 +238,7 @@ def apply_to_failures(doc: Document, events: Sequence[OutboxEvent]) -> Document:
         kept = sorted(reasons.items(), key=lambda kv: kv[1]["count"], reverse=True)
         dropped = [key for key, _ in kept[FAILURE_REASONS_KEPT:]]
         doc["reasons"] = dict(kept[:FAILURE_REASONS_KEPT])
-    _advance(doc, events)
+    doc["cursor"] = [events[-1].xid, events[-1].seq]
     written = {f"reasons.{key}": doc["reasons"][key] for key in touched if key in doc["reasons"]}
     update: Document = {"$set": {"cursor": doc["cursor"], "failures": doc["failures"], **written}}
     if dropped:

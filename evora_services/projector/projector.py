@@ -1,5 +1,9 @@
 """Tailing the outbox into the read models of one generation.
 
+PostgreSQL sums each batch up per queue and per worker (`read_batch`), so the projector
+handles one change per document, not one object per event; only events that report an
+error come one by one (their reasons are grouped here).
+
 A batch is applied in two idempotent steps, so a projector killed at any instant and
 restarted leaves the read models exactly equal to the truth:
 1. queue, worker and failure documents, each advanced past only the events beyond its own
@@ -8,6 +12,9 @@ restarted leaves the read models exactly equal to the truth:
 then the consumed position is recorded in PostgreSQL (`projector_progress`), because event
 retention (the sweeper, which has no MongoDB) may drop only archived events every generation
 has applied. It trails the checkpoint, so a crash in between only makes retention wait.
+A document already past the batch's start (written by an interrupted attempt, after which
+the batch, read again, holds more events) gets the same range summed up again with only its
+later events counted.
 A batch costs one MongoDB write per queue, worker and (queue, type) with failures that it
 touches, not one per event, sent as one bulk write per collection. The documents a batch
 wrote are kept (DocumentCache), so the next batch reads only those it has not seen. A cached
@@ -26,9 +33,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from pymongo import InsertOne, UpdateOne
@@ -45,20 +52,22 @@ from evora.readmodels.layout import (
     checkpoint_id,
     ensure_indexes,
 )
+from evora.readmodels.stats import BUCKET_SECONDS
 from evora.storage.outbox import (
+    Batch,
+    FailureEvent,
     OutboxCursor,
-    OutboxEvent,
     oldest_due,
     pruned_counts,
-    read_events,
+    read_batch,
 )
 from evora.storage.retention import record_projector_progress
-from evora_services.projector import projection
+from evora_services.projector import changes, projection
 from evora_services.projector.metrics import ProjectorMetrics
 
 log = logging.getLogger(__name__)
 
-BATCH_SIZE = 1000
+BATCH_SIZE = 5000
 # Queue documents refreshed per read.
 REFRESH_CHUNK = 500
 _REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pending_at"), 1)
@@ -67,6 +76,21 @@ _REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pend
 # windows holds ~60 KB in memory, so this bounds the cache at a few MB however many queues
 # producers name; beyond it the least recently written are read again when touched.
 CACHED_DOCUMENTS = 64
+
+
+# What one document gets from a batch: a queue's or worker's summed-up change, or the
+# failures of one (queue, type).
+Change = TypeVar("Change")
+
+
+def _past(after: OutboxCursor, docs: Iterable[Document]) -> dict[str, OutboxCursor]:
+    """The documents whose cursor is beyond `after`, with that cursor."""
+    past = {}
+    for doc in docs:
+        cursor = OutboxCursor(*projection.cursor_of(doc))
+        if cursor > after:
+            past[doc["_id"]] = cursor
+    return past
 
 
 class ProjectionConflict(Exception):
@@ -127,13 +151,13 @@ class Projector:
         doc = await self._db[CONTROL].find_one({"_id": checkpoint_id(self.generation.number)})
         return doc or {"_id": checkpoint_id(self.generation.number), "cursor": [0, 0], "max_seq": 0}
 
-    async def _advance_checkpoint(self, old: Document, events: Sequence[OutboxEvent]) -> Document:
+    async def _advance_checkpoint(self, old: Document, batch: Batch) -> Document:
         new = {
             "_id": old["_id"],
-            "cursor": [events[-1].xid, events[-1].seq],
-            "max_seq": max(int(old.get("max_seq", 0)), *(e.seq for e in events)),
+            "cursor": [batch.upto.xid, batch.upto.seq],
+            "max_seq": max(int(old.get("max_seq", 0)), batch.max_seq),
             "at": datetime.now(UTC),
-            "last_event_at": events[-1].at,
+            "last_event_at": batch.at,
         }
         control = self._db[CONTROL]
         if "at" not in old:
@@ -164,53 +188,92 @@ class Projector:
     async def _next_batch(self) -> int:
         checkpoint = self._checkpoint or await self.checkpoint()
         xid, seq = checkpoint["cursor"]
-        events = await read_events(self._pool, OutboxCursor(int(xid), int(seq)), self.batch_size)
-        if not events:
+        after = OutboxCursor(int(xid), int(seq))
+        batch = await self._read(after)
+        if batch is None:
             return 0
         started = time.perf_counter()
-        await self._apply(events)
-        self._checkpoint = await self._advance_checkpoint(checkpoint, events)
-        await self._record_progress(events[-1])
+        await self._apply(after, batch)
+        self._checkpoint = await self._advance_checkpoint(checkpoint, batch)
+        await self._record_progress(batch.upto)
         if self._metrics is not None:
-            self._metrics.events.inc(len(events))
-            self._metrics.batch_size.observe(len(events))
+            self._metrics.events.inc(batch.events)
+            self._metrics.batch_size.observe(batch.events)
             self._metrics.apply_seconds.observe(time.perf_counter() - started)
             self._metrics.last_seq.set(self._checkpoint["max_seq"])
-        return len(events)
+        return batch.events
+
+    async def _read(
+        self,
+        after: OutboxCursor,
+        upto: OutboxCursor | None = None,
+        past: dict[str, dict[str, OutboxCursor]] | None = None,
+    ) -> Batch | None:
+        return await read_batch(
+            self._pool,
+            after,
+            self.batch_size,
+            bucket_seconds=BUCKET_SECONDS,
+            upto=upto,
+            past=past,
+        )
 
     def _forget(self) -> None:
         self._checkpoint = None
         for cache in (self._queues, self._workers, self._failures):
             cache.clear()
 
-    async def _record_progress(self, last: OutboxEvent) -> None:
+    async def _record_progress(self, last: OutboxCursor) -> None:
         if not self._seen_active:
             self._seen_active = await active_generation(self._db) == self.generation.number
         await record_projector_progress(
             self._pool, self.generation.number, last.xid, last.seq, self._seen_active
         )
 
-    async def _apply(self, events: Sequence[OutboxEvent]) -> None:
-        by_queue: dict[str, list[OutboxEvent]] = defaultdict(list)
-        by_worker: dict[str, list[OutboxEvent]] = defaultdict(list)
-        by_failure: dict[str, list[OutboxEvent]] = defaultdict(list)
-        for e in events:
-            by_queue[e.queue].append(e)
-            if e.worker_id is not None:
-                by_worker[e.worker_id].append(e)
-            if projection.is_failure(e):
-                by_failure[projection.failure_key(e.queue, e.type)].append(e)
+    async def _apply(self, after: OutboxCursor, batch: Batch) -> None:
         g = self.generation
+        by_queue, by_worker = changes.fold(batch)
+        queues = await self._documents(g.queues, self._queues, list(by_queue))
+        workers = await self._documents(g.workers, self._workers, list(by_worker))
+        # A document already past the batch's start holds some of its events (a batch
+        # interrupted after writing it, then read again with more events committed): the
+        # same range is summed up again with its earlier events left out for it.
+        past = {"queues": _past(after, queues.values()), "workers": _past(after, workers.values())}
+        if any(past.values()):
+            again = await self._read(after, batch.upto, past)
+            assert again is not None  # the same committed range
+            batch = again
+            by_queue, by_worker = changes.fold(batch)
+        by_failure: dict[str, list[FailureEvent]] = defaultdict(list)
+        for failure in batch.failures:
+            by_failure[projection.failure_key(failure.queue, failure.type)].append(failure)
+        failures = await self._documents(g.failures, self._failures, list(by_failure))
         await self._project(
-            g.queues, self._queues, by_queue, projection.new_queue, projection.apply_to_queue
+            g.queues,
+            self._queues,
+            by_queue,
+            queues,
+            projection.new_queue,
+            projection.apply_to_queue,
         )
         await self._project(
-            g.workers, self._workers, by_worker, projection.new_worker, projection.apply_to_worker
+            g.workers,
+            self._workers,
+            by_worker,
+            workers,
+            projection.new_worker,
+            projection.apply_to_worker,
         )
+        fresh_failures = {
+            key: fresh
+            for key, group in by_failure.items()
+            if (fresh := projection.unseen(failures[key], group) if key in failures else group)
+        }
         await self._project(
             g.failures,
             self._failures,
-            by_failure,
+            fresh_failures,
+            failures,
             lambda key: projection.new_failures(*key.split("\x1f", 1)),
             projection.apply_to_failures,
         )
@@ -219,29 +282,24 @@ class Projector:
         self,
         collection: AsyncCollection[Document],
         cache: DocumentCache,
-        groups: dict[str, list[OutboxEvent]],
+        changed: dict[str, Change],
+        stored: dict[str, Document],
         new: Callable[[str], Document],
-        apply: Callable[[Document, Sequence[OutboxEvent]], Document],
+        apply: Callable[[Document, Change], Document],
     ) -> None:
-        """Bring the documents of `groups` past the events they have not seen, and write
-        each back only if its cursor is still the one it had (insert: if it is still new)."""
-        if not groups:
-            return
-        stored = await self._documents(collection, cache, list(groups))
+        """Apply each change to its document, and write each back only if its cursor is
+        still the one it had (insert: if it is still new)."""
         ops: list[InsertOne[Document] | UpdateOne] = []
         written = []
-        for key, group in groups.items():
+        for key, change in changed.items():
             doc = stored.get(key)
-            fresh = projection.unseen(doc, group) if doc is not None else group
-            if not fresh:
-                continue
             if doc is None:
                 doc = new(key)
-                apply(doc, fresh)
+                apply(doc, change)
                 ops.append(InsertOne(doc))
             else:
                 seen = doc["cursor"]
-                ops.append(UpdateOne({"_id": key, "cursor": seen}, apply(doc, fresh)))
+                ops.append(UpdateOne({"_id": key, "cursor": seen}, apply(doc, change)))
             written.append(doc)
         await self._write(collection, ops)
         cache.put(written)

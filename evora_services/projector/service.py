@@ -1,9 +1,11 @@
 """The projector's loop: while this replica is the active one, apply batches as fast as the
 outbox fills, then wait for a NOTIFY hint or a short poll.
 
-A batch costs about the same whether it holds 3 events or 300 (reads and writes per
-document, not per event), so once the loop has caught up it lingers LINGER_SECONDS before
-reading again: under a steady trickle each batch then covers that much traffic, for at most
+A batch costs about the same whether it holds 3 events or 3,000 (summed up in SQL, one
+write per document), so once the loop has caught up it lingers before reading again
+(`Linger`): briefly after idling, so that a lone event reaches the read models within
+milliseconds, and twice as long each time the next read finds new events again, up to
+LINGER_LONGEST, so that under steady traffic each batch covers that much of it, for at most
 that much more lag. A full batch (a backlog) is followed at once."""
 
 from __future__ import annotations
@@ -34,7 +36,27 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 REFRESH_SECONDS = 5.0
 LAG_REFRESH_SECONDS = 2.0
-LINGER_SECONDS = 0.05
+LINGER_SHORTEST = 0.005
+LINGER_LONGEST = 0.2
+
+
+class Linger:
+    """How long to wait before reading again after a batch that did not fill: `shortest`
+    after idling, doubled by each such batch in a row, at most `longest`."""
+
+    def __init__(self, shortest: float, longest: float) -> None:
+        self._shortest = shortest
+        self._longest = longest
+        self.seconds = shortest
+
+    def after_batch(self) -> float:
+        """The wait after a batch that found events; the next one is twice as long."""
+        seconds = self.seconds
+        self.seconds = min(seconds * 2, self._longest)
+        return seconds
+
+    def idle(self) -> None:
+        self.seconds = self._shortest
 
 
 class ProjectorService:
@@ -43,12 +65,12 @@ class ProjectorService:
         pool: asyncpg.Pool,
         db: AsyncDatabase[Document],
         metrics: ProjectorMetrics,
-        linger_seconds: float = LINGER_SECONDS,
+        linger: tuple[float, float] = (LINGER_SHORTEST, LINGER_LONGEST),
     ) -> None:
         self._pool = pool
         self._db = db
         self._metrics = metrics
-        self._linger = linger_seconds
+        self._linger = linger
         self.wake = asyncio.Event()
         self._projector: Projector | None = None
 
@@ -64,6 +86,7 @@ class ProjectorService:
     async def lead(self, ended: asyncio.Event) -> None:
         """Project while this replica holds the lock; return soon after `ended` is set."""
         backoff = Backoff()
+        linger = Linger(*self._linger)
         next_refresh = 0.0
         next_lag = 0.0
         while not ended.is_set():
@@ -81,8 +104,9 @@ class ProjectorService:
                 if applied >= projector.batch_size:
                     continue
                 if applied:
-                    await wait_until_set(ended, self._linger)
+                    await wait_until_set(ended, linger.after_batch())
                     continue
+                linger.idle()
             except ProjectionConflict as exc:
                 self._metrics.conflicts.inc()
                 log.warning("batch abandoned, will replay from the checkpoint: %s", exc)
@@ -94,7 +118,7 @@ class ProjectorService:
             self.wake.clear()
             await _wait_any(ended, self.wake, POLL_SECONDS)
             if self.wake.is_set():
-                await wait_until_set(ended, self._linger)
+                await wait_until_set(ended, linger.seconds)
         self._metrics.queues.clear()  # a standby exports no per-queue figures
 
     async def _measure_lag(self, projector: Projector) -> None:

@@ -15,11 +15,19 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import Document
-from evora.readmodels.stats import HISTORY_HOURS, HISTORY_MINUTES, MINUTE_FIELDS
+from evora.readmodels.stats import (
+    HISTORY_HOURS,
+    HISTORY_MINUTES,
+    MINUTE_FIELDS,
+    MINUTE_SECONDS,
+    bucket_of,
+    minute_of,
+)
 from evora.storage.jobs import Failure, JobStore
-from evora.storage.outbox import OutboxEvent
+from evora.storage.outbox import Batch, EventGroup, OutboxCursor
 from evora_services.api.stats import encode_key
 from evora_services.projector import projection
+from evora_services.projector.changes import QueueChange, fold
 from evora_services.projector.projector import Projector
 from tests.projector.conftest import catch_up, truth
 from tests.servers import api_with_read_models
@@ -102,23 +110,31 @@ async def test_history_counts_each_event_in_its_minute(
                 assert r.content_type == "application/problem+json"
 
 
-def _event(seq: int, at: datetime, event: str, **fields: Any) -> OutboxEvent:
-    return OutboxEvent(
-        xid=1,
-        seq=seq,
-        job_id=f"job-{seq}",
-        queue="busy",
-        type="t",
-        event=event,
-        from_state=fields.get("from_state"),
-        to_state=fields.get("to_state", "PENDING"),
-        worker_id=None,
-        at=at,
-        run_at=fields.get("run_at"),
-        started_at=fields.get("started_at"),
-        error=None,
-        reason=None,
-    )
+def _busy(minutes: range) -> QueueChange:
+    """Queue `busy` in these minutes, summed up as the outbox reader does: in each, a job
+    submitted and one completed after running 250 ms, 30 s into the minute."""
+    groups = []
+    for position, minute in enumerate(minutes, start=1):
+        at = datetime.fromtimestamp(minute * MINUTE_SECONDS + 30, UTC)
+        seq = minute * 2
+        common: dict[str, Any] = {"queue": "busy", "worker_id": None, "events": 1}
+        common["bucket"] = bucket_of(at)
+        common |= {"lease_expiry": False, "for_queue": True, "for_worker": False, "wait_n": 0}
+        common |= {"wait_ms_sum": 0.0, "last_at": at, "first_at": at}
+        groups += [
+            EventGroup(
+                **common, event="submitted", from_state=None, to_state="PENDING",
+                run_ms_sum=0.0, run_n=0, first=2 * position - 1, last=2 * position - 1,
+                max_seq=seq, last_cursor=OutboxCursor(1, seq),
+            ),
+            EventGroup(
+                **common, event="completed", from_state="RUNNING", to_state="COMPLETED",
+                run_ms_sum=250.0, run_n=1, first=2 * position, last=2 * position,
+                max_seq=seq + 1, last_cursor=OutboxCursor(1, seq + 1),
+            ),
+        ]  # fmt: skip
+    batch = Batch(groups, {"busy": ([], [250.0] * len(minutes))}, {}, [])
+    return fold(batch)[0]["busy"]
 
 
 async def test_history_stays_bounded_to_the_last_day(mongo: AsyncDatabase[Document]) -> None:
@@ -126,19 +142,12 @@ async def test_history_stays_bounded_to_the_last_day(mongo: AsyncDatabase[Docume
     document (written by the same updates the projector sends) keeps only the last day, and
     equals the projector's copy."""
     collection = mongo["history_bound"]
-    start = datetime(2026, 1, 1, tzinfo=UTC)
+    start = minute_of(datetime(2026, 1, 1, tzinfo=UTC))
     doc = projection.new_queue("busy")
-    seq = 0
-    for first in range(0, DAYS * 24 * 60, BATCH_MINUTES):
-        batch = []
-        for minute in range(first, first + BATCH_MINUTES):
-            at = start + timedelta(minutes=minute, seconds=30)
-            ran = at - timedelta(milliseconds=250)
-            seq += 2
-            batch.append(_event(seq - 1, at, "submitted"))
-            batch.append(_event(seq, at, "completed", to_state="COMPLETED", started_at=ran))
+    for first in range(start, start + DAYS * 24 * 60, BATCH_MINUTES):
+        batch = _busy(range(first, first + BATCH_MINUTES))
         update = projection.apply_to_queue(doc, batch)
-        if first == 0:
+        if first == start:
             await collection.insert_one(doc)
         else:
             result = await collection.update_one({"_id": "busy"}, update)

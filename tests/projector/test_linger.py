@@ -13,7 +13,7 @@ from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import Document
 from evora.storage.jobs import JobStore
 from evora_services.projector.metrics import ProjectorMetrics
-from evora_services.projector.service import ProjectorService
+from evora_services.projector.service import Linger, ProjectorService
 from tests.polling import until
 
 # Far longer than the two submits half a second apart take, so both land within it.
@@ -28,7 +28,7 @@ async def test_events_arriving_while_it_lingers_share_one_batch(
     store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
 ) -> None:
     base = ServiceMetrics("projector")
-    service = ProjectorService(pool, mongo, ProjectorMetrics(base), linger_seconds=LINGER)
+    service = ProjectorService(pool, mongo, ProjectorMetrics(base), linger=(LINGER, LINGER))
     ended = asyncio.Event()
     running = asyncio.create_task(service.lead(ended))
     try:
@@ -46,3 +46,20 @@ async def test_events_arriving_while_it_lingers_share_one_batch(
     assert base.registry.get_sample_value("evora_projector_batch_size_count") == 2
     doc = await mongo["rm1_queues"].find_one({"_id": "q"})
     assert doc is not None and doc["counts"]["PENDING"] == 3
+
+
+def test_linger_grows_while_events_keep_coming_and_is_short_after_idling() -> None:
+    linger = Linger(0.005, 0.2)
+    # steady traffic: every read finds events, so each batch covers more of it
+    assert [linger.after_batch() for _ in range(8)] == [
+        0.005,
+        0.01,
+        0.02,
+        0.04,
+        0.08,
+        0.16,
+        0.2,
+        0.2,
+    ]
+    linger.idle()  # a read found nothing: the next lone event is read within 5 ms
+    assert linger.seconds == 0.005

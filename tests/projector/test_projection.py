@@ -23,6 +23,18 @@ QUEUES = ["alpha", "beta", "gamma"]
 VOLATILE = {"at"}
 
 
+def strip(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in VOLATILE}
+
+
+async def read_models(mongo: AsyncDatabase[Document], generation: int) -> dict[str, Any]:
+    """Every document of a generation but for what changes with the moment of writing."""
+    return {
+        name: [strip(d) async for d in mongo[f"rm{generation}_{name}"].find({}).sort("_id", 1)]
+        for name in ("queues", "workers", "failures")
+    }
+
+
 async def assert_matches_truth(
     pool: asyncpg.Pool, mongo: AsyncDatabase[Document], generation: int = 1
 ) -> None:
@@ -75,6 +87,24 @@ async def test_replay_from_the_start_changes_nothing(
     after = {d["_id"]: d async for d in mongo["rm1_queues"].find({})}
     assert after == before
     await assert_matches_truth(pool, mongo)
+
+
+async def test_a_batch_read_again_with_more_events_counts_each_event_once(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    """An attempt at a batch wrote its documents, then died before its checkpoint; read
+    again, the batch holds more events (more had committed): the documents the attempt
+    reached get only the later ones, and everything equals a projection from scratch."""
+    await mixed_workload(store, pool, jobs=150, queues=QUEUES, seed=13)
+    await catch_up(Projector(pool, mongo, 1, batch_size=10_000))  # one batch
+    await mongo[CONTROL].delete_one({"_id": checkpoint_id(1)})  # as if never written
+    await mixed_workload(store, pool, jobs=150, queues=QUEUES, seed=14)
+    restarted = Projector(pool, mongo, 1, batch_size=10_000)
+    assert await restarted.run_once() == await pool.fetchval("SELECT count(*) FROM job_events")
+    await restarted.refresh()
+    await assert_matches_truth(pool, mongo)
+    await catch_up(Projector(pool, mongo, 2, batch_size=97))
+    assert await read_models(mongo, 1) == await read_models(mongo, 2)
 
 
 async def test_event_committed_out_of_seq_order_is_projected(
@@ -134,21 +164,10 @@ async def test_rebuild_produces_identical_read_models(
 
     await mixed_workload(store, pool, jobs=250, queues=QUEUES, seed=5)
     await catch_up(Projector(pool, mongo, 1, batch_size=33))
-
-    def strip(doc: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in doc.items() if k not in VOLATILE}
-
-    first = {
-        name: [strip(d) async for d in mongo[f"rm1_{name}"].find({}).sort("_id", 1)]
-        for name in ("queues", "workers", "failures")
-    }
+    first = await read_models(mongo, 1)
     generation, applied = await rebuild(pool, mongo)
     assert generation == 2 and applied == await pool.fetchval("SELECT count(*) FROM job_events")
-    second = {
-        name: [strip(d) async for d in mongo[f"rm2_{name}"].find({}).sort("_id", 1)]
-        for name in ("queues", "workers", "failures")
-    }
-    assert second == first
+    assert await read_models(mongo, 2) == first
     assert "rm1_queues" not in await mongo.list_collection_names()
     stats = await ReadModels(mongo).queue_stats("beta", paused=set())
     assert stats is not None and stats["counts"] == first["queues"][1]["counts"]

@@ -1,5 +1,6 @@
 """Gap-free reading of the `job_events` outbox (rule 5 of docs/architecture.md), for the
-projector and pipeline.
+projector: each batch summed up in SQL, so that what crosses to the projector grows with the
+queues and workers a batch touches, not with its events.
 
 Sequence numbers are taken at insert but become visible at commit, so `seq > last` can skip
 an event whose transaction commits after a later one. Events are instead read in
@@ -19,8 +20,8 @@ import asyncpg
 
 from evora.storage.statements import load
 
-READ_OUTBOX, BACKLOG, OLDEST_DUE, PRUNED = load(
-    "outbox", "read_outbox", "backlog", "oldest_due", "pruned"
+READ_BATCH, BACKLOG, OLDEST_DUE, PRUNED = load(
+    "outbox", "read_batch", "backlog", "oldest_due", "pruned"
 )
 
 
@@ -32,40 +33,131 @@ class OutboxCursor:
     seq: int = 0
 
 
-class OutboxEvent(NamedTuple):
-    """One event as the read models see it: built straight from the row's tuple (the
-    projector turns every event of the outbox into one, so it must cost next to nothing)."""
+class EventGroup(NamedTuple):
+    """Events of one batch alike in everything the read models count."""
+
+    queue: str
+    worker_id: str | None
+    event: str
+    from_state: str | None
+    to_state: str
+    bucket: int  # time bucket since the epoch, of the `bucket_seconds` given
+    lease_expiry: bool  # a dead-lettering because the lease ran out
+    for_queue: bool  # past the queue document's cursor: counts for it
+    for_worker: bool  # has a worker, past the worker document's cursor: counts for it
+    events: int
+    wait_ms_sum: float  # due to claimed, of its claims
+    wait_n: int
+    run_ms_sum: float  # claimed to completed, of its completions
+    run_n: int
+    first: int  # position in the batch of its first event, from 1
+    last: int  # and of its last
+    max_seq: int
+    last_cursor: OutboxCursor
+    last_at: datetime
+    first_at: datetime
+
+
+class FailureEvent(NamedTuple):
+    """An event that reports an error."""
 
     xid: int
     seq: int
     job_id: str
     queue: str
     type: str
-    event: str
-    from_state: str | None
-    to_state: str
-    worker_id: str | None
     at: datetime
-    # the job's run_at and started_at after the change
-    run_at: datetime | None
-    started_at: datetime | None
-    # the event data's error (None: the event reports none) and reason
-    error: Any
-    reason: str | None
+    error: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Batch:
+    groups: list[EventGroup]
+    # queue -> (wait samples, run samples), ms, in event order; only events counting for it
+    samples: dict[str, tuple[list[float], list[float]]]
+    # worker -> (jobs started running under it and running at the batch's end, in the
+    # order they last started; jobs running under it at the start, no longer at the end)
+    runs: dict[str, tuple[list[str], list[str]]]
+    failures: list[FailureEvent]
 
     @property
-    def cursor(self) -> OutboxCursor:
-        return OutboxCursor(self.xid, self.seq)
+    def events(self) -> int:
+        return max(g.last for g in self.groups)  # positions count every event from 1
+
+    @property
+    def upto(self) -> OutboxCursor:
+        """The batch's last event."""
+        return self._last.last_cursor
+
+    @property
+    def at(self) -> datetime:
+        """When the batch's last event happened."""
+        return self._last.last_at
+
+    @property
+    def max_seq(self) -> int:
+        return max(g.max_seq for g in self.groups)
+
+    @property
+    def _last(self) -> EventGroup:
+        return max(self.groups, key=lambda g: g.last)
 
 
-async def read_events(
-    conn: asyncpg.Connection | asyncpg.Pool, after: OutboxCursor, limit: int = 1000
-) -> list[OutboxEvent]:
-    """The next committed events after `after`, oldest transaction first. An empty list
-    means the reader is caught up with everything that can no longer change."""
-    rows = await conn.fetch(READ_OUTBOX, str(after.xid), after.seq, limit)
-    make = OutboxEvent._make
-    return [make(row) for row in rows]
+async def read_batch(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    after: OutboxCursor,
+    limit: int,
+    *,
+    bucket_seconds: int,
+    upto: OutboxCursor | None = None,
+    past: dict[str, dict[str, OutboxCursor]] | None = None,
+) -> Batch | None:
+    """The next committed events after `after` (at most `limit`; with `upto`, exactly those
+    up to it), summed up in PostgreSQL. `past` names the queues and workers whose documents
+    already hold events past `after` ({"queues" or "workers": {key: cursor}}): events up to
+    that cursor do not count for them. None means the reader is caught up with everything
+    that can no longer change."""
+    bounds = {
+        kind: {key: [cursor.xid, cursor.seq] for key, cursor in cursors.items()}
+        for kind, cursors in (past or {}).items()
+    }
+    row = await conn.fetchrow(
+        READ_BATCH,
+        str(after.xid),
+        after.seq,
+        limit,
+        None if upto is None else str(upto.xid),
+        None if upto is None else upto.seq,
+        bounds,
+        bucket_seconds,
+    )
+    assert row is not None
+    if row["groups"] is None:
+        return None
+    return Batch(
+        groups=[_group(g) for g in row["groups"]],
+        samples={q: (w, r) for q, (w, r) in (row["samples"] or {}).items()},
+        runs={w: (started, stopped) for w, (started, stopped) in (row["runs"] or {}).items()},
+        failures=[_failure(f) for f in row["failures"] or ()],
+    )
+
+
+def _group(g: list[Any]) -> EventGroup:
+    # the counted fields in the statement's order, then the last event and the first's time
+    xid, seq, last_at, first_at = g[-4:]
+    return EventGroup._make(
+        [
+            *g[:-4],
+            OutboxCursor(xid, seq),
+            datetime.fromisoformat(last_at),
+            datetime.fromisoformat(first_at),
+        ]
+    )
+
+
+def _failure(f: list[Any]) -> FailureEvent:
+    xid, seq, job_id, queue, job_type, at, error = f
+    return FailureEvent(xid, seq, job_id, queue, job_type, datetime.fromisoformat(at), error)
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,110 @@
 -- The outbox tail and the figures the projector derives from the tables themselves.
 
--- name: read_outbox
--- $1 after-xid (text), $2 after-seq, $3 limit. Events committed past a cursor, in (xid, seq)
--- order. Sequence numbers commit out of order, so `seq > last` alone would lose events: only
--- transactions older than every still-running one are read, so nothing that commits later can
--- land behind the cursor.
--- Only what the read models use, in the field order of `OutboxEvent`: of the job's image its
--- two timestamps, of the event's data its error (an empty object when present but null) and
--- reason; text rather than uuid and enum values, so decoding a row builds no objects.
-SELECT xid::text::int8 AS xid, seq, job_id::text AS job_id, queue, type, event,
-       from_state::text AS from_state, to_state::text AS to_state, worker_id, at,
-       (job).run_at AS run_at, (job).started_at AS started_at,
-       CASE WHEN data ? 'error'
-            THEN coalesce(nullif(data -> 'error', 'null'::jsonb), '{}'::jsonb) END AS error,
-       data ->> 'reason' AS reason
-FROM job_events
-WHERE (xid, seq) > ($1::text::xid8, $2::int8)
-  AND xid < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY xid, seq
-LIMIT $3;
+-- name: read_batch
+-- $1 after-xid (text), $2 after-seq, $3 limit, $4 upto-xid (text; NULL: the limit and the
+-- horizon end the batch), $5 upto-seq, $6 documents already past the start, as
+-- {"queues": {queue: [xid, seq]}, "workers": {worker: [xid, seq]}}: only their later events
+-- count for them, $7 seconds per time bucket.
+-- One batch of the outbox, summed up for the read models in one row of JSON (all NULL when
+-- caught up): `groups`, its events grouped by everything the read models count (queue,
+-- worker, event, transition, time bucket, a dead-lettering by lease expiry; whether the
+-- event counts for its queue's and its worker's documents), each with its count, latency
+-- sums, first and last event; `samples`, per queue the latency samples in event order;
+-- `runs`, per worker the jobs that started running under it and were still running at the
+-- batch's end, and those that stopped and were running at its start; `failures`, the events
+-- that report an error, one by one (reasons are grouped by a normalised message only the
+-- projector knows). Sequence numbers commit out of order, so `seq > last` alone would lose
+-- events: only transactions older than every still-running one are read, so nothing that
+-- commits later can land behind the cursor; with $4 the batch is the same committed range
+-- again.
+WITH batch AS MATERIALIZED (
+    -- numbered after the limit, so that only the batch's rows are sorted (a top-N sort)
+    SELECT b.xid, b.seq, row_number() OVER (ORDER BY b.xid, b.seq) AS n, b.queue, b.type,
+           b.worker_id, b.event, b.from_state, b.to_state, b.at, b.job_id, b.error,
+           CASE WHEN b.event = 'claimed' AND b.run_at IS NOT NULL
+                THEN greatest(date_part('epoch', b.at - b.run_at) * 1000, 0) END AS wait_ms,
+           CASE WHEN b.event = 'completed' AND b.started_at IS NOT NULL
+                THEN greatest(date_part('epoch', b.at - b.started_at) * 1000, 0) END AS run_ms,
+           floor(date_part('epoch', b.at) / $7::int)::int8 AS bucket,
+           b.event = 'dead_lettered' AND b.reason IS NOT DISTINCT FROM 'lease_expired'
+               AS lease_expiry,
+           coalesce((b.xid, b.seq) > ((b.queue_past ->> 0)::xid8, (b.queue_past ->> 1)::int8),
+                    true) AS for_queue,
+           b.worker_id IS NOT NULL
+               AND coalesce((b.xid, b.seq) > ((b.worker_past ->> 0)::xid8,
+                                               (b.worker_past ->> 1)::int8), true)
+               AS for_worker
+    FROM (
+        SELECT e.xid, e.seq, e.queue, e.type, e.event, e.from_state::text AS from_state,
+               e.to_state::text AS to_state, e.worker_id, e.at, e.job_id,
+               (e.job).run_at AS run_at, (e.job).started_at AS started_at,
+               e.data ->> 'reason' AS reason,
+               -- an error reported as null is still a failure: an empty object
+               CASE WHEN e.data ? 'error'
+                    THEN coalesce(nullif(e.data -> 'error', 'null'::jsonb), '{}'::jsonb)
+               END AS error,
+               $6::jsonb -> 'queues' -> e.queue AS queue_past,
+               $6::jsonb -> 'workers' -> e.worker_id AS worker_past
+        FROM job_events e
+        WHERE (e.xid, e.seq) > ($1::text::xid8, $2::int8)
+          AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+          AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
+        ORDER BY e.xid, e.seq
+        LIMIT $3
+    ) b
+),
+groups AS (
+    SELECT queue, worker_id, event, from_state, to_state, bucket, lease_expiry, for_queue,
+           for_worker, count(*) AS events,
+           coalesce(sum(wait_ms), 0) AS wait_ms_sum, count(wait_ms) AS wait_n,
+           coalesce(sum(run_ms), 0) AS run_ms_sum, count(run_ms) AS run_n,
+           min(n) AS first, max(n) AS last, max(seq) AS max_seq
+    FROM batch
+    GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+),
+-- per job whose running under a worker changed: when it last started and stopped, and when
+-- it first stopped and started (running already at the batch's start: it stopped first)
+moves AS (
+    SELECT worker_id, job_id, max(n) FILTER (WHERE entering) AS last_in,
+           max(n) FILTER (WHERE NOT entering) AS last_out,
+           min(n) FILTER (WHERE entering) AS first_in,
+           min(n) FILTER (WHERE NOT entering) AS first_out
+    FROM (SELECT worker_id, job_id, n, to_state = 'RUNNING' AS entering FROM batch
+          WHERE for_worker
+            AND (to_state = 'RUNNING') <> coalesce(from_state = 'RUNNING', false)) m
+    GROUP BY worker_id, job_id
+),
+runs AS (
+    SELECT worker_id,
+           jsonb_agg(job_id::text ORDER BY last_in)
+               FILTER (WHERE last_in > coalesce(last_out, 0)) AS started,
+           jsonb_agg(job_id::text ORDER BY first_out)
+               FILTER (WHERE first_out < coalesce(first_in, last_out + 1)
+                         AND last_out > coalesce(last_in, 0)) AS stopped
+    FROM moves
+    GROUP BY worker_id
+)
+SELECT (SELECT jsonb_agg(jsonb_build_array(
+                   g.queue, g.worker_id, g.event, g.from_state, g.to_state, g.bucket,
+                   g.lease_expiry, g.for_queue, g.for_worker, g.events, g.wait_ms_sum,
+                   g.wait_n, g.run_ms_sum, g.run_n, g.first, g.last, g.max_seq,
+                   l.xid::text::int8, l.seq, l.at, f.at))
+        FROM groups g JOIN batch l ON l.n = g.last JOIN batch f ON f.n = g.first) AS groups,
+       (SELECT jsonb_object_agg(queue, jsonb_build_array(waits, runs))
+        FROM (SELECT queue,
+                     coalesce(array_agg(wait_ms ORDER BY n) FILTER (WHERE wait_ms IS NOT NULL),
+                              '{}') AS waits,
+                     coalesce(array_agg(run_ms ORDER BY n) FILTER (WHERE run_ms IS NOT NULL),
+                              '{}') AS runs
+              FROM batch
+              WHERE for_queue AND (wait_ms IS NOT NULL OR run_ms IS NOT NULL)
+              GROUP BY queue) s) AS samples,
+       (SELECT jsonb_object_agg(worker_id, jsonb_build_array(
+                   coalesce(started, '[]'), coalesce(stopped, '[]')))
+        FROM runs) AS runs,
+       (SELECT jsonb_agg(jsonb_build_array(xid::text::int8, seq, job_id, queue, type, at, error)
+               ORDER BY n)
+        FROM batch WHERE error IS NOT NULL) AS failures;
 
 -- name: backlog
 -- $1 after-xid (text), $2 after-seq, $3 cap: committed events past a cursor, and the time of
