@@ -21,7 +21,6 @@ from evora import Handlers, Job, Submission, Worker
 from evora.storage.jobs import JobStore
 from tests.e2e.conftest import (
     FAST,
-    WORKER_TOKEN,
     Children,
     Stack,
     child_env,
@@ -29,6 +28,7 @@ from tests.e2e.conftest import (
     free_port,
     spawn_dispatcher,
 )
+from tests.servers import WORKER_TOKEN
 
 # Every key a job holds: its queue's and its limit_keys.
 RUNNING_BY_KEY = """

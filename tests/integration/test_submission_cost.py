@@ -100,7 +100,8 @@ def node_work(node: dict[str, Any]) -> float:
     own = node.get("Actual Rows", 0) + sum(
         node.get(k, 0) for k in ("Rows Removed by Filter", "Rows Removed by Join Filter")
     )
-    return own * loops + sum(node_work(child) for child in node.get("Plans", []))
+    work: float = own * loops + sum(node_work(child) for child in node.get("Plans", []))
+    return work
 
 
 def plan_work(messages: list[str]) -> float:

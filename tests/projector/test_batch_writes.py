@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
-from evora.domain.states import JobState
 from evora.protocol.jobs import JobSubmission
+from evora.protocol.states import JobState
 from evora.readmodels.layout import Document
 from evora.storage.jobs import Completion, JobStore
 from evora.storage.retention import RetentionStore

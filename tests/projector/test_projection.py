@@ -202,7 +202,7 @@ async def test_pruned_jobs_leave_the_counts(
     mongo: AsyncDatabase[Document],
     clock: Clock,
 ) -> None:
-    from evora.domain.states import JobState
+    from evora.protocol.states import JobState
     from evora.storage.retention import RetentionStore
 
     await mixed_workload(store, pool, jobs=300, queues=QUEUES, seed=21)
