@@ -172,6 +172,27 @@ async def test_concurrent_claimers_never_exceed_a_limit(
     assert max(peak.values()) <= 3
 
 
+async def test_a_claim_never_waits_for_another_making_a_keys_bucket(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    await limits.put("tenant:*", LimitSpec(concurrency=5, rate=None))
+    await _submit(store, 30, "tenant:new")
+    await _submit(store, 3, "tenant:other")
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            # one job of tenant:new, whose bucket row this claim makes: left uncommitted
+            assert len(await conn.fetch(queries.CLAIM, [Q], None, 1, "first")) == 1
+            # tenant:new's jobs past the first claim's window are tried here: the key is
+            # skipped as held, the claim never waits for the first one to end (two claims
+            # waiting so for each other's new keys deadlocked)
+            second = await asyncio.wait_for(_claim(store, max_jobs=10), 10)
+        finally:
+            await tx.rollback()
+    assert _lanes(second) == {"tenant:other": 3}
+
+
 async def _claim_plan(pool: asyncpg.Pool) -> str:
     async with pool.acquire() as conn:
         tx = conn.transaction()
