@@ -810,11 +810,14 @@ DECLARE
     taken uuid[] := '{}';
     taken_limited boolean[] := '{}';
     held text[] := '{}';
-    seen uuid[] := '{}';
     blocked text[] := '{}';
+    rest evora_claim_candidate[] := '{}';
+    open_queues text[] := queues;
+    last_priority smallint[] := array_fill((-32768)::smallint, ARRAY[cardinality(queues)]);
+    last_run_at timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)]);
+    last_seq bigint[] := array_fill(0::bigint, ARRAY[cardinality(queues)]);
     window_size integer;
     need integer;
-    found_n integer;
     tried evora_claim_candidate[];
     lim_keys text[];
     lim_conc integer[];
@@ -829,18 +832,21 @@ BEGIN
     FOR round IN 1..4 LOOP
         need := wanted - cardinality(taken);
         EXIT WHEN need <= 0;
-        window_size := 4 * need + 16;
+        rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
+        window_size := greatest(4 * need + 16 - cardinality(rest), 0);
 
-        WITH win AS MATERIALIZED (
-            SELECT c.id, c.priority, c.run_at, c.submit_seq,
+        WITH fresh AS MATERIALIZED (
+            SELECT q.queue, c.id, c.priority, c.run_at, c.submit_seq,
                    ARRAY(SELECT DISTINCT x
                          FROM unnest(('queue:' || q.queue) || c.limit_keys) AS x) AS keys,
                    coalesce(c.limit_keys[1], '') AS lane
-            FROM unnest(queues) AS q(queue)
+            FROM unnest(open_queues, last_priority, last_run_at, last_seq)
+                AS q(queue, priority, run_at, seq)
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
                 FROM jobs j
                 WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= at
+                  AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
                   AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
                   AND (types IS NULL OR j.type = ANY(types))
                   AND (j.group_key IS NULL OR (
@@ -853,7 +859,6 @@ BEGIN
                             WHERE e.state = 'PENDING' AND e.queue = j.queue
                               AND e.group_key = j.group_key
                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq))))
-                  AND NOT (j.id = ANY(seen))
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
@@ -862,19 +867,37 @@ BEGIN
             WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
               AND NOT ('queue:' || q.queue = ANY(blocked))
         ),
-        try AS MATERIALIZED (
+        ends AS MATERIALIZED (
+            SELECT e.queue, e.priority, e.run_at, e.submit_seq
+            FROM (SELECT f.queue, f.priority, f.run_at, f.submit_seq,
+                         count(*) OVER (PARTITION BY f.queue) AS n,
+                         row_number() OVER (PARTITION BY f.queue
+                                            ORDER BY f.priority DESC, f.run_at DESC,
+                                                     f.submit_seq DESC) AS back
+                  FROM fresh f) AS e
+            WHERE e.back = 1 AND e.n = window_size
+            UNION ALL
+            SELECT * FROM unnest(open_queues, last_priority, last_run_at, last_seq)
+            WHERE window_size = 0
+        ),
+        win AS MATERIALIZED (
+            SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
+            UNION ALL
+            SELECT r.* FROM unnest(rest) AS r
+        ),
+        turns AS MATERIALIZED (
             SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
-                       w.lane)::evora_claim_candidate AS c
+                       w.lane)::evora_claim_candidate AS c,
+                   row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
+                       <= need AS tried
             FROM (SELECT w.*, row_number() OVER (PARTITION BY w.lane
                                                  ORDER BY w.priority, w.run_at, w.submit_seq)
                                   AS turn
                   FROM win w) AS w
-            ORDER BY w.priority, w.turn, w.run_at, w.submit_seq
-            LIMIT need
         ),
         gov AS MATERIALIZED (
             SELECT * FROM evora_governing_limits(
-                ARRAY(SELECT DISTINCT k FROM try t, unnest((t.c).keys) AS k))
+                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k WHERE t.tried))
         ),
         row_locked AS MATERIALIZED (
             SELECT b.key FROM flow_buckets b
@@ -897,8 +920,12 @@ BEGIN
         mine AS (
             SELECT key FROM row_locked UNION ALL SELECT key FROM made
         )
-        SELECT (SELECT count(*) FROM win),
-               ARRAY(SELECT t.c FROM try t),
+        SELECT ARRAY(SELECT t.c FROM turns t WHERE t.tried),
+               ARRAY(SELECT t.c FROM turns t WHERE NOT t.tried),
+               ARRAY(SELECT e.queue FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.priority FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.run_at FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.submit_seq FROM ends e ORDER BY e.queue),
                ARRAY(SELECT g.key FROM gov g ORDER BY g.key),
                ARRAY(SELECT g.concurrency FROM gov g ORDER BY g.key),
                ARRAY(SELECT g.rate_limit FROM gov g ORDER BY g.key),
@@ -906,9 +933,9 @@ BEGIN
                ARRAY(SELECT m.key FROM mine m),
                ARRAY(SELECT g.key FROM gov g
                      WHERE NOT EXISTS (SELECT 1 FROM mine m WHERE m.key = g.key))
-        INTO found_n, tried, lim_keys, lim_conc, lim_rate, lim_per, owned, full_keys;
-        EXIT WHEN found_n = 0;
-        seen := seen || ARRAY(SELECT t.id FROM unnest(tried) AS t);
+        INTO tried, rest, open_queues, last_priority, last_run_at, last_seq,
+             lim_keys, lim_conc, lim_rate, lim_per, owned, full_keys;
+        EXIT WHEN cardinality(tried) = 0;
         blocked := blocked || full_keys;
 
         WITH c AS (SELECT * FROM unnest(tried) AS c),
@@ -956,7 +983,7 @@ BEGIN
                    row_number() OVER (PARTITION BY c.lane
                                       ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
             FROM c
-            WHERE NOT (c.keys && blocked)
+            WHERE NOT (c.keys && full_keys)
               AND NOT EXISTS (SELECT 1 FROM ranked r
                               WHERE r.id = c.id AND r.cap IS NOT NULL AND r.place > r.cap)
         ),
@@ -966,11 +993,10 @@ BEGIN
             LIMIT need
         ),
         used AS MATERIALIZED (
-            SELECT k.key, count(*) AS n
-            FROM chosen ch
-            CROSS JOIN LATERAL unnest(ch.keys) AS k(key)
+            SELECT x.key, count(*) AS n
+            FROM (SELECT unnest(ch.keys) AS key FROM chosen ch) AS k
             JOIN caps x ON x.key = k.key
-            GROUP BY k.key
+            GROUP BY x.key
         ),
         spent AS (
             UPDATE flow_buckets b
@@ -988,8 +1014,7 @@ BEGIN
         taken_limited := taken_limited || new_flags;
         held := held || new_held;
         blocked := blocked || full_keys;
-
-        EXIT WHEN found_n < window_size AND found_n = cardinality(tried);
+        EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
     END LOOP;
     RETURN QUERY SELECT * FROM unnest(taken, taken_limited);
 END
@@ -1594,7 +1619,7 @@ CREATE INDEX jobs_pending_ttl ON public.jobs USING btree (expires_at) WHERE ((st
 
 CREATE INDEX jobs_running_lease ON public.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::public.job_state);
 
-CREATE INDEX jobs_running_limit_keys ON public.jobs USING gin (limit_keys) WHERE ((state = 'RUNNING'::public.job_state) AND (limit_keys <> '{}'::text[]));
+CREATE INDEX jobs_running_limit_keys ON public.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = 'RUNNING'::public.job_state) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::public.job_state);
 
