@@ -69,6 +69,13 @@ DECLARE
     last_priority smallint[] := array_fill((-32768)::smallint, ARRAY[cardinality(queues)]);
     last_run_at timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)]);
     last_seq bigint[] := array_fill(0::bigint, ARRAY[cardinality(queues)]);
+    -- whether windows are read wide (4 x what is still wanted): round-robin order over a
+    -- narrow window (what is wanted and a few more) tries the same jobs as over a wide one
+    -- when no lane comes twice among them; one queue's window is first read narrow, and
+    -- widened only when a lane does
+    wide boolean := cardinality(queues) <> 1;
+    widen boolean;
+    rounds integer := 0;
     window_size integer;
     need integer;
     tried evora_claim_candidate[];
@@ -82,11 +89,12 @@ DECLARE
     new_held text[];
     full_keys text[];
 BEGIN
-    FOR round IN 1..4 LOOP
+    WHILE rounds < 4 LOOP
         need := wanted - cardinality(taken);
         EXIT WHEN need <= 0;
         rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
-        window_size := greatest(4 * need + 16 - cardinality(rest), 0);
+        window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
+                                - cardinality(rest), 0);
 
         WITH fresh AS MATERIALIZED (
             SELECT q.queue, c.id, c.priority, c.run_at, c.submit_seq,
@@ -151,15 +159,23 @@ BEGIN
             SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
                        w.lane)::evora_claim_candidate AS c,
                    row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
-                       <= need AS tried
+                       <= need AS tried,
+                   w.turn
             FROM (SELECT w.*, row_number() OVER (PARTITION BY w.lane
                                                  ORDER BY w.priority, w.run_at, w.submit_seq)
                                   AS turn
                   FROM win w) AS w
         ),
+        -- a narrow window that came back full, with a lane twice among the jobs to try: read
+        -- on wide before trying any
+        widening AS MATERIALIZED (
+            SELECT NOT wide AND EXISTS (SELECT 1 FROM ends)
+                   AND EXISTS (SELECT 1 FROM turns t WHERE t.tried AND t.turn > 1) AS yes
+        ),
         gov AS MATERIALIZED (
             SELECT * FROM evora_governing_limits(
-                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k WHERE t.tried))
+                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k
+                      WHERE t.tried AND NOT (SELECT w.yes FROM widening w)))
         ),
         row_locked AS MATERIALIZED (
             SELECT b.key FROM flow_buckets b
@@ -187,7 +203,8 @@ BEGIN
         mine AS (
             SELECT key FROM row_locked UNION ALL SELECT key FROM made
         )
-        SELECT ARRAY(SELECT t.c FROM turns t WHERE t.tried),
+        SELECT (SELECT w.yes FROM widening w),
+               ARRAY(SELECT t.c FROM turns t WHERE t.tried),
                ARRAY(SELECT t.c FROM turns t WHERE NOT t.tried),
                ARRAY(SELECT e.queue FROM ends e ORDER BY e.queue),
                ARRAY(SELECT e.priority FROM ends e ORDER BY e.queue),
@@ -200,8 +217,13 @@ BEGIN
                ARRAY(SELECT m.key FROM mine m),
                ARRAY(SELECT g.key FROM gov g
                      WHERE NOT EXISTS (SELECT 1 FROM mine m WHERE m.key = g.key))
-        INTO tried, rest, open_queues, last_priority, last_run_at, last_seq,
+        INTO widen, tried, rest, open_queues, last_priority, last_run_at, last_seq,
              lim_keys, lim_conc, lim_rate, lim_per, owned, full_keys;
+        IF widen THEN
+            rest := tried || rest;
+            wide := true;
+            CONTINUE;
+        END IF;
         EXIT WHEN cardinality(tried) = 0;
         blocked := blocked || full_keys;
 
@@ -286,6 +308,7 @@ BEGIN
         taken := taken || new_ids;
         taken_limited := taken_limited || new_flags;
         held := held || new_held;
+        rounds := rounds + 1;
         blocked := blocked || full_keys;
         EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
     END LOOP;
