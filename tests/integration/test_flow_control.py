@@ -193,6 +193,26 @@ async def test_a_claim_never_waits_for_another_making_a_keys_bucket(
     assert _lanes(second) == {"tenant:other": 3}
 
 
+async def test_a_claim_holds_back_few_jobs_beyond_those_it_takes(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    await limits.put("tenant:*", LimitSpec(concurrency=1, rate=None))
+    await store.submit_batch(
+        [JobSubmission(queue=Q, type="t", limit_keys=[f"tenant:{n}"]) for n in range(200)]
+    )
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            assert len(await conn.fetch(queries.CLAIM, [Q], None, 10, "first")) == 10
+            # every job in a lane of its own, so round-robin order is the queue's: the open
+            # claim holds the 10 jobs it took and 16 more it read, not four times that
+            second = await _claim(store, max_jobs=500)
+        finally:
+            await tx.rollback()
+    assert len(second) == 200 - 10 - 16
+
+
 async def test_counting_a_keys_running_jobs_reads_only_that_key(
     store: JobStore, limits: LimitStore, pool: asyncpg.Pool
 ) -> None:
