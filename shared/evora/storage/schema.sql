@@ -805,41 +805,51 @@ CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted i
     AS $$
 DECLARE
     at CONSTANT timestamptz := evora_now();
+    making CONSTANT integer := 1163284306;  -- 'EVOR'
     taken uuid[] := '{}';
     taken_limited boolean[] := '{}';
     held text[] := '{}';
-    seen uuid[] := '{}';
     blocked text[] := '{}';
-    cands evora_claim_candidate[];
+    rest evora_claim_candidate[] := '{}';
+    open_queues text[] := queues;
+    last_priority smallint[] := array_fill((-32768)::smallint, ARRAY[cardinality(queues)]);
+    last_run_at timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)]);
+    last_seq bigint[] := array_fill(0::bigint, ARRAY[cardinality(queues)]);
+    wide boolean := cardinality(queues) <> 1;
+    widen boolean;
+    rounds integer := 0;
     window_size integer;
     need integer;
+    tried evora_claim_candidate[];
     lim_keys text[];
     lim_conc integer[];
     lim_rate integer[];
     lim_per float8[];
-    locked text[];
-    tried uuid[];
-    try_keys text[];
-    cap_keys text[];
-    cap_vals bigint[];
+    owned text[];
     new_ids uuid[];
     new_flags boolean[];
     new_held text[];
+    full_keys text[];
 BEGIN
-    FOR round IN 1..4 LOOP
+    WHILE rounds < 4 LOOP
         need := wanted - cardinality(taken);
         EXIT WHEN need <= 0;
-        window_size := 4 * need + 16;
-        cands := ARRAY(
-            SELECT ROW(c.id, c.priority, c.run_at, c.submit_seq,
-                       ARRAY(SELECT DISTINCT x
-                             FROM unnest(('queue:' || q.queue) || c.limit_keys) AS x),
-                       coalesce(c.limit_keys[1], ''))::evora_claim_candidate
-            FROM unnest(queues) AS q(queue)
+        rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
+        window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
+                                - cardinality(rest), 0);
+
+        WITH fresh AS MATERIALIZED (
+            SELECT q.queue, c.id, c.priority, c.run_at, c.submit_seq,
+                   ARRAY(SELECT DISTINCT x
+                         FROM unnest(('queue:' || q.queue) || c.limit_keys) AS x) AS keys,
+                   coalesce(c.limit_keys[1], '') AS lane
+            FROM unnest(open_queues, last_priority, last_run_at, last_seq)
+                AS q(queue, priority, run_at, seq)
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
                 FROM jobs j
                 WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= at
+                  AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
                   AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
                   AND (types IS NULL OR j.type = ANY(types))
                   AND (j.group_key IS NULL OR (
@@ -852,126 +862,175 @@ BEGIN
                             WHERE e.state = 'PENDING' AND e.queue = j.queue
                               AND e.group_key = j.group_key
                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq))))
-                  AND j.id <> ALL(seen)
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
                 FOR UPDATE OF j SKIP LOCKED
             ) AS c
             WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
-              AND ('queue:' || q.queue) <> ALL(blocked));
-        EXIT WHEN cardinality(cands) = 0;
-
-        SELECT coalesce(array_agg(g.key ORDER BY g.key), '{}'),
-               array_agg(g.concurrency ORDER BY g.key), array_agg(g.rate_limit ORDER BY g.key),
-               array_agg(g.rate_per_seconds ORDER BY g.key)
-        INTO lim_keys, lim_conc, lim_rate, lim_per
-        FROM evora_governing_limits(
-            ARRAY(SELECT DISTINCT k FROM unnest(cands) AS c, unnest(c.keys) AS k)) AS g;
-        tried := ARRAY(
-            SELECT c.id
-            FROM (SELECT c.*, row_number() OVER (PARTITION BY c.lane
-                                                 ORDER BY c.priority, c.run_at, c.submit_seq)
+              AND NOT ('queue:' || q.queue = ANY(blocked))
+        ),
+        ends AS MATERIALIZED (
+            SELECT e.queue, e.priority, e.run_at, e.submit_seq
+            FROM (SELECT f.queue, f.priority, f.run_at, f.submit_seq,
+                         count(*) OVER (PARTITION BY f.queue) AS n,
+                         row_number() OVER (PARTITION BY f.queue
+                                            ORDER BY f.priority DESC, f.run_at DESC,
+                                                     f.submit_seq DESC) AS back
+                  FROM fresh f) AS e
+            WHERE e.back = 1 AND e.n = window_size
+            UNION ALL
+            SELECT * FROM unnest(open_queues, last_priority, last_run_at, last_seq)
+            WHERE window_size = 0
+        ),
+        win AS MATERIALIZED (
+            SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
+            UNION ALL
+            SELECT r.* FROM unnest(rest) AS r
+        ),
+        turns AS MATERIALIZED (
+            SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
+                       w.lane)::evora_claim_candidate AS c,
+                   row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
+                       <= need AS tried,
+                   w.turn
+            FROM (SELECT w.*, row_number() OVER (PARTITION BY w.lane
+                                                 ORDER BY w.priority, w.run_at, w.submit_seq)
                                   AS turn
-                  FROM unnest(cands) AS c) AS c
-            ORDER BY c.priority, c.turn, c.run_at, c.submit_seq
-            LIMIT need);
-        seen := seen || tried;
-        try_keys := ARRAY(SELECT DISTINCT k FROM unnest(cands) AS c, unnest(c.keys) AS k
-                          WHERE c.id = ANY(tried) AND k = ANY(lim_keys) ORDER BY k);
-
-        cap_keys := '{}';
-        cap_vals := '{}';
-        IF cardinality(try_keys) > 0 THEN
-            INSERT INTO flow_buckets (key, tokens, refilled_at)
-            SELECT u.k, coalesce(u.r, 0), at
-            FROM unnest(lim_keys, lim_rate) AS u(k, r)
-            WHERE u.k = ANY(try_keys)
-            ORDER BY u.k
-            ON CONFLICT (key) DO NOTHING;
-            locked := ARRAY(SELECT b.key FROM flow_buckets b WHERE b.key = ANY(try_keys)
-                            ORDER BY b.key FOR UPDATE SKIP LOCKED);
-            blocked := blocked || ARRAY(SELECT k FROM unnest(try_keys) AS k WHERE k <> ALL(locked));
-            WITH running AS (
-                SELECT k AS key, count(*) AS n
-                FROM jobs r, unnest(r.limit_keys) AS k
-                WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && locked
-                  AND k = ANY(locked) AND k <> 'queue:' || r.queue
-                GROUP BY k
-                UNION ALL
-                SELECT 'queue:' || r.queue, count(*)
-                FROM jobs r
-                WHERE r.state = 'RUNNING' AND r.queue = ANY(
-                    ARRAY(SELECT substr(k, 7) FROM unnest(locked) AS k
-                          WHERE starts_with(k, 'queue:')))
-                GROUP BY r.queue
-            )
-            SELECT coalesce(array_agg(g.k), '{}'), coalesce(array_agg(g.cap), '{}')
-            INTO cap_keys, cap_vals
-            FROM (
-                SELECT u.k, least(
-                    u.conc - coalesce(r.n, 0)
-                        - (SELECT count(*) FROM unnest(held) AS h WHERE h = u.k),
-                    floor(evora_tokens(b, u.rate, u.per, at))::bigint) AS cap
-                FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(k, conc, rate, per)
-                JOIN flow_buckets b ON b.key = u.k
-                LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r
-                    ON r.key = u.k
-                WHERE u.k = ANY(locked)
-            ) AS g;
+                  FROM win w) AS w
+        ),
+        widening AS MATERIALIZED (
+            SELECT NOT wide AND EXISTS (SELECT 1 FROM ends)
+                   AND EXISTS (SELECT 1 FROM turns t WHERE t.tried AND t.turn > 1) AS yes
+        ),
+        gov AS MATERIALIZED (
+            SELECT * FROM evora_governing_limits(
+                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k
+                      WHERE t.tried AND NOT (SELECT w.yes FROM widening w)))
+        ),
+        row_locked AS MATERIALIZED (
+            SELECT b.key FROM flow_buckets b
+            WHERE b.key = ANY(ARRAY(SELECT g.key FROM gov g))
+            ORDER BY b.key
+            FOR UPDATE SKIP LOCKED
+        ),
+        missing AS MATERIALIZED (
+            SELECT g.key, g.rate_limit FROM gov g
+            WHERE NOT EXISTS (SELECT 1 FROM flow_buckets o WHERE o.key = g.key)
+        ),
+        made AS (
+            INSERT INTO flow_buckets AS b (key, tokens, refilled_at)
+            SELECT m.key, coalesce(m.rate_limit, 0), at
+            FROM missing m
+            WHERE pg_try_advisory_xact_lock(making, hashtext(m.key))
+            ON CONFLICT (key) DO NOTHING
+            RETURNING b.key
+        ),
+        mine AS (
+            SELECT key FROM row_locked UNION ALL SELECT key FROM made
+        )
+        SELECT (SELECT w.yes FROM widening w),
+               ARRAY(SELECT t.c FROM turns t WHERE t.tried),
+               ARRAY(SELECT t.c FROM turns t WHERE NOT t.tried),
+               ARRAY(SELECT e.queue FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.priority FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.run_at FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.submit_seq FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT g.key FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.concurrency FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.rate_limit FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.rate_per_seconds FROM gov g ORDER BY g.key),
+               ARRAY(SELECT m.key FROM mine m),
+               ARRAY(SELECT g.key FROM gov g
+                     WHERE NOT EXISTS (SELECT 1 FROM mine m WHERE m.key = g.key))
+        INTO widen, tried, rest, open_queues, last_priority, last_run_at, last_seq,
+             lim_keys, lim_conc, lim_rate, lim_per, owned, full_keys;
+        IF widen THEN
+            rest := tried || rest;
+            wide := true;
+            CONTINUE;
         END IF;
+        EXIT WHEN cardinality(tried) = 0;
+        blocked := blocked || full_keys;
 
-        WITH c AS (SELECT * FROM unnest(cands) AS c WHERE c.id = ANY(tried)),
-        caps AS (SELECT * FROM unnest(cap_keys, cap_vals) AS x(key, cap)),
+        WITH c AS (SELECT * FROM unnest(tried) AS c),
+        lim AS (
+            SELECT * FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(key, conc, rate, per)
+        ),
+        mine AS (SELECT DISTINCT key FROM unnest(owned) AS m(key)),
+        running AS (
+            SELECT k.key, count(*) AS n
+            FROM jobs r
+            CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
+            JOIN mine m ON m.key = k.key
+            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && owned
+              AND k.key <> 'queue:' || r.queue
+            GROUP BY k.key
+            UNION ALL
+            SELECT 'queue:' || r.queue, count(*)
+            FROM jobs r
+            WHERE r.state = 'RUNNING' AND r.queue = ANY(
+                ARRAY(SELECT substr(m.key, 7) FROM mine m WHERE starts_with(m.key, 'queue:')))
+            GROUP BY r.queue
+        ),
+        before AS (SELECT h AS key, count(*) AS n FROM unnest(held) AS h GROUP BY h),
+        caps AS MATERIALIZED (
+            SELECT l.key, l.rate, l.per, least(
+                l.conc - coalesce(r.n, 0) - coalesce(h.n, 0),
+                floor(evora_tokens(b, l.rate, l.per, at))::bigint) AS cap
+            FROM lim l
+            JOIN mine m ON m.key = l.key
+            JOIN flow_buckets b ON b.key = l.key
+            LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r ON r.key = l.key
+            LEFT JOIN before h ON h.key = l.key
+        ),
         ranked AS (
-            SELECT c.id, k.key,
-                   row_number() OVER (PARTITION BY k.key
+            SELECT c.id, x.cap,
+                   row_number() OVER (PARTITION BY x.key
                                       ORDER BY c.priority, c.run_at, c.submit_seq) AS place
-            FROM c CROSS JOIN LATERAL unnest(c.keys) AS k(key)
-            WHERE k.key = ANY(cap_keys)
+            FROM c
+            CROSS JOIN LATERAL unnest(c.keys) AS k(key)
+            JOIN caps x ON x.key = k.key
         ),
         admitted AS (
-            SELECT c.id, c.priority, c.run_at, c.submit_seq,
+            SELECT c.id, c.priority, c.run_at, c.submit_seq, c.keys,
                    c.keys && lim_keys AS is_limited,
                    row_number() OVER (PARTITION BY c.lane
                                       ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
             FROM c
-            WHERE NOT (c.keys && blocked)
-              AND NOT EXISTS (
-                  SELECT 1 FROM ranked r JOIN caps x ON x.key = r.key
-                  WHERE r.id = c.id AND x.cap IS NOT NULL AND r.place > x.cap)
+            WHERE NOT (c.keys && full_keys)
+              AND NOT EXISTS (SELECT 1 FROM ranked r
+                              WHERE r.id = c.id AND r.cap IS NOT NULL AND r.place > r.cap)
         ),
-        chosen AS (
-            SELECT a.id, a.is_limited FROM admitted a
+        chosen AS MATERIALIZED (
+            SELECT a.id, a.is_limited, a.keys FROM admitted a
             ORDER BY a.priority, a.turn, a.run_at, a.submit_seq
             LIMIT need
         ),
-        got AS (
-            SELECT j.id FROM jobs j
-            WHERE j.id = ANY(ARRAY(SELECT ch.id FROM chosen ch)) AND j.state = 'PENDING'
-            FOR UPDATE OF j SKIP LOCKED
+        used AS MATERIALIZED (
+            SELECT x.key, count(*) AS n
+            FROM (SELECT unnest(ch.keys) AS key FROM chosen ch) AS k
+            JOIN caps x ON x.key = k.key
+            GROUP BY x.key
+        ),
+        spent AS (
+            UPDATE flow_buckets b
+            SET tokens = evora_tokens(b, x.rate, x.per, at) - u.n, refilled_at = at
+            FROM used u JOIN caps x ON x.key = u.key
+            WHERE b.key = u.key AND x.rate IS NOT NULL
         )
-        SELECT coalesce(array_agg(ch.id), '{}'), coalesce(array_agg(ch.is_limited), '{}')
-        INTO new_ids, new_flags
-        FROM chosen ch JOIN got g ON g.id = ch.id;
-
-        new_held := ARRAY(SELECT k FROM unnest(cands) AS c, unnest(c.keys) AS k
-                          WHERE c.id = ANY(new_ids) AND k = ANY(cap_keys));
+        SELECT ARRAY(SELECT ch.id FROM chosen ch),
+               ARRAY(SELECT ch.is_limited FROM chosen ch),
+               ARRAY(SELECT u.key FROM used u CROSS JOIN generate_series(1, u.n)),
+               ARRAY(SELECT x.key FROM caps x LEFT JOIN used u ON u.key = x.key
+                     WHERE x.cap - coalesce(u.n, 0) <= 0)
+        INTO new_ids, new_flags, new_held, full_keys;
         taken := taken || new_ids;
         taken_limited := taken_limited || new_flags;
         held := held || new_held;
-
-        UPDATE flow_buckets b
-        SET tokens = evora_tokens(b, u.rate, u.per, at) - n.used, refilled_at = at
-        FROM unnest(lim_keys, lim_rate, lim_per) AS u(k, rate, per)
-        JOIN (SELECT h AS k, count(*) AS used FROM unnest(new_held) AS h GROUP BY h) AS n
-            ON n.k = u.k
-        WHERE b.key = u.k AND u.rate IS NOT NULL;
-        blocked := blocked || ARRAY(
-            SELECT x.key FROM unnest(cap_keys, cap_vals) AS x(key, cap)
-            WHERE x.cap - (SELECT count(*) FROM unnest(new_held) AS h WHERE h = x.key) <= 0);
-
-        EXIT WHEN cardinality(cands) < window_size AND cardinality(cands) = cardinality(tried);
+        rounds := rounds + 1;
+        blocked := blocked || full_keys;
+        EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
     END LOOP;
     RETURN QUERY SELECT * FROM unnest(taken, taken_limited);
 END
@@ -1072,16 +1131,15 @@ $$;
 CREATE FUNCTION public.evora_governing_limits(keys text[]) RETURNS TABLE(key text, concurrency integer, rate_limit integer, rate_per_seconds double precision)
     LANGUAGE sql STABLE
     AS $$
-    SELECT DISTINCT ON (k.key) k.key, l.concurrency, l.rate_limit, l.rate_per_seconds
-    FROM unnest(keys) AS k(key)
-    CROSS JOIN LATERAL (
-        SELECT e.concurrency, e.rate_limit, e.rate_per_seconds, -1 AS rank
-        FROM flow_limits e WHERE e.key = k.key
-        UNION ALL
-        SELECT p.concurrency, p.rate_limit, p.rate_per_seconds, length(p.stem)
-        FROM flow_limits p WHERE p.stem IS NOT NULL AND starts_with(k.key, p.stem)
-    ) AS l
-    ORDER BY k.key, l.rank = -1 DESC, l.rank DESC
+    SELECT e.key, e.concurrency, e.rate_limit, e.rate_per_seconds
+    FROM flow_limits e
+    WHERE e.key = ANY(keys)
+    UNION ALL
+    (SELECT DISTINCT ON (k.key) k.key, p.concurrency, p.rate_limit, p.rate_per_seconds
+     FROM (SELECT * FROM flow_limits WHERE stem IS NOT NULL) AS p
+     JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
+     WHERE NOT EXISTS (SELECT 1 FROM flow_limits e WHERE e.key = k.key)
+     ORDER BY k.key, length(p.stem) DESC)
 $$;
 
 CREATE FUNCTION public.evora_hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state public.job_state)
@@ -1577,7 +1635,7 @@ CREATE INDEX jobs_pending_ttl ON public.jobs USING btree (expires_at) WHERE ((st
 
 CREATE INDEX jobs_running_lease ON public.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::public.job_state);
 
-CREATE INDEX jobs_running_limit_keys ON public.jobs USING gin (limit_keys) WHERE ((state = 'RUNNING'::public.job_state) AND (limit_keys <> '{}'::text[]));
+CREATE INDEX jobs_running_limit_keys ON public.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = 'RUNNING'::public.job_state) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::public.job_state);
 
