@@ -522,6 +522,39 @@ async def test_stop_gives_up_on_a_handler_that_ignores_cancellation(
     assert not proxy.seen("POST", "/v1/acks") and not proxy.seen("POST", "/v1/jobs/{id}/release")
 
 
+async def test_outcomes_handed_to_a_claim_that_stop_cancels_are_still_recorded(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    """The last handler of a full claim asks the worker to stop: the batch of outcomes that
+    frees the slots is handed to the next claim in the same moment as stop() cancels the
+    claim loop, before that claim is sent. The outcomes go by POST /v1/acks instead, and
+    stop() returns without waiting out the grace period."""
+    worker = make_worker(proxy, concurrency=2, grace_period=2, shutdown_timeout=2)
+    handled: list[str] = []
+    last_handled = asyncio.Event()
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        handled.append(job.id)
+        if len(handled) == 2:
+            last_handled.set()
+
+    ids = [(await client.submit("q", "t")).id for _ in range(2)]
+    task = asyncio.create_task(worker.serve())
+    # Awaited directly, not through wait_for (a task of its own): stop() must run in the
+    # same turn of the loop as the batcher hands the outcomes over, before the claim loop.
+    await last_handled.wait()
+    loop = asyncio.get_running_loop()
+    stop_started = loop.time()
+    await worker.stop()  # bounded: the grace period and shutdown_timeout
+    await task
+    assert loop.time() - stop_started < 1.5  # not the grace period: nothing was left running
+    assert [(await stored(store, i))["state"] for i in ids] == ["COMPLETED"] * 2
+    assert sorted(a["id"] for b in proxy.seen("POST", "/v1/acks") for a in b.body["acks"]) == (
+        sorted(ids)
+    )
+
+
 async def test_the_claim_loop_survives_the_dispatcher_going_away(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:

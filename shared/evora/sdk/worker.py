@@ -318,6 +318,18 @@ class Worker:
             await self._shutdown()
 
     async def _claim_loop(self, types: list[str]) -> None:
+        try:
+            await self._claim_until_stopped(types)
+        finally:
+            # A batch handed over while the loop waited for slots, in the same moment as the
+            # loop was cancelled (stop): no claim will carry it, the batcher sends it itself.
+            carried, self._carried = self._carried, None
+            if carried is not None and not carried.answer.done():
+                carried.answer.set_exception(
+                    EvoraConnectionError("no claim carried them", request_sent=False)
+                )
+
+    async def _claim_until_stopped(self, types: list[str]) -> None:
         failures = 0
         while True:
             while self._busy >= self.settings.concurrency:
