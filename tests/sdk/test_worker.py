@@ -185,6 +185,42 @@ async def test_heartbeats_keep_the_lease_and_carry_progress(
     assert first["lease_token"] == second["lease_token"]
 
 
+async def test_the_jobs_of_a_claim_share_one_timer_until_their_first_heartbeat(
+    proxy: FaultProxy, client: Client, store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim of ten jobs with one lease length arms one timer, not ten. The jobs that end
+    before it fires get no heartbeat; the one still running gets its heartbeats from then."""
+    worker = make_worker(proxy, concurrency=10)
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_later = loop.call_later
+
+    def counting(delay: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        armed.append(delay)
+        return call_later(delay, callback, *args, **kwargs)
+
+    def heartbeats() -> list[Seen]:
+        return proxy.seen("POST", "/v1/jobs/{id}/heartbeat")
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        if job.payload["long"]:
+            await until(lambda: len(heartbeats()) >= 2, "two heartbeats")
+
+    submitted = [
+        {"queue": "q", "type": "t", "payload": {"long": n == 0}, "lease_seconds": 1}
+        for n in range(10)
+    ]
+    ids = [r.id for r in await client.submit_batch(submitted)]
+    monkeypatch.setattr(loop, "call_later", counting)
+    async with serving(worker):
+        await until(all_in_state(store, ids, "COMPLETED"), "all completed")
+    assert proxy.seen("POST", "/v1/claim")[0].body["max_jobs"] == 10
+    # a heartbeat every 1/3 s: one timer for the whole claim
+    assert armed.count(1 / 3) == 1
+    assert {h.path for h in heartbeats()} == {f"/v1/jobs/{ids[0]}/heartbeat"}
+
+
 async def test_a_failed_heartbeat_is_retried_sooner_with_its_progress(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
