@@ -20,7 +20,7 @@ import pytest
 import evora
 from evora import Client, Worker
 from evora.logs import context as log_fields
-from evora.sdk.client import BackoffSpec
+from evora.sdk.client import BackoffSpec, Submission
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
 from examples.worker_example import handlers as example_handlers
@@ -207,7 +207,7 @@ async def test_the_jobs_of_a_claim_share_one_timer_until_their_first_heartbeat(
         if job.payload["long"]:
             await until(lambda: len(heartbeats()) >= 2, "two heartbeats")
 
-    submitted = [
+    submitted: list[Submission] = [
         {"queue": "q", "type": "t", "payload": {"long": n == 0}, "lease_seconds": 1}
         for n in range(10)
     ]
