@@ -20,7 +20,7 @@ import pytest
 import evora
 from evora import Client, Worker
 from evora.logs import context as log_fields
-from evora.sdk.client import BackoffSpec
+from evora.sdk.client import BackoffSpec, Submission
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
 from examples.worker_example import handlers as example_handlers
@@ -183,6 +183,42 @@ async def test_heartbeats_keep_the_lease_and_carry_progress(
     first, second = (h.body for h in heartbeats()[:2])
     assert first["progress"] == {"step": 1} and "progress" not in second
     assert first["lease_token"] == second["lease_token"]
+
+
+async def test_the_jobs_of_a_claim_share_one_timer_until_their_first_heartbeat(
+    proxy: FaultProxy, client: Client, store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim of ten jobs with one lease length arms one timer, not ten. The jobs that end
+    before it fires get no heartbeat; the one still running gets its heartbeats from then."""
+    worker = make_worker(proxy, concurrency=10)
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_later = loop.call_later
+
+    def counting(delay: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        armed.append(delay)
+        return call_later(delay, callback, *args, **kwargs)
+
+    def heartbeats() -> list[Seen]:
+        return proxy.seen("POST", "/v1/jobs/{id}/heartbeat")
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        if job.payload["long"]:
+            await until(lambda: len(heartbeats()) >= 2, "two heartbeats")
+
+    submitted: list[Submission] = [
+        {"queue": "q", "type": "t", "payload": {"long": n == 0}, "lease_seconds": 1}
+        for n in range(10)
+    ]
+    ids = [r.id for r in await client.submit_batch(submitted)]
+    monkeypatch.setattr(loop, "call_later", counting)
+    async with serving(worker):
+        await until(all_in_state(store, ids, "COMPLETED"), "all completed")
+    assert proxy.seen("POST", "/v1/claim")[0].body["max_jobs"] == 10
+    # a heartbeat every 1/3 s: one timer for the whole claim
+    assert armed.count(1 / 3) == 1
+    assert {h.path for h in heartbeats()} == {f"/v1/jobs/{ids[0]}/heartbeat"}
 
 
 async def test_a_failed_heartbeat_is_retried_sooner_with_its_progress(
@@ -520,6 +556,39 @@ async def test_stop_gives_up_on_a_handler_that_ignores_cancellation(
     assert not pending
     assert (await stored(store, job_id))["state"] == "RUNNING"
     assert not proxy.seen("POST", "/v1/acks") and not proxy.seen("POST", "/v1/jobs/{id}/release")
+
+
+async def test_outcomes_handed_to_a_claim_that_stop_cancels_are_still_recorded(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    """The last handler of a full claim asks the worker to stop: the batch of outcomes that
+    frees the slots is handed to the next claim in the same moment as stop() cancels the
+    claim loop, before that claim is sent. The outcomes go by POST /v1/acks instead, and
+    stop() returns without waiting out the grace period."""
+    worker = make_worker(proxy, concurrency=2, grace_period=2, shutdown_timeout=2)
+    handled: list[str] = []
+    last_handled = asyncio.Event()
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        handled.append(job.id)
+        if len(handled) == 2:
+            last_handled.set()
+
+    ids = [(await client.submit("q", "t")).id for _ in range(2)]
+    task = asyncio.create_task(worker.serve())
+    # Awaited directly, not through wait_for (a task of its own): stop() must run in the
+    # same turn of the loop as the batcher hands the outcomes over, before the claim loop.
+    await last_handled.wait()
+    loop = asyncio.get_running_loop()
+    stop_started = loop.time()
+    await worker.stop()  # bounded: the grace period and shutdown_timeout
+    await task
+    assert loop.time() - stop_started < 1.5  # not the grace period: nothing was left running
+    assert [(await stored(store, i))["state"] for i in ids] == ["COMPLETED"] * 2
+    assert sorted(a["id"] for b in proxy.seen("POST", "/v1/acks") for a in b.body["acks"]) == (
+        sorted(ids)
+    )
 
 
 async def test_the_claim_loop_survives_the_dispatcher_going_away(

@@ -1,12 +1,18 @@
 """Heartbeats: every `heartbeat_fraction` of a job's lease, extend the lease, carry the
-progress its handler reported, and learn about cancel requests. A job's heartbeat task
-starts only when its first heartbeat is due (a timer until then), as most jobs end sooner.
+progress its handler reported, and learn about cancel requests.
+
+Most jobs end long before their first heartbeat, so nothing runs per job until then: the
+jobs of one claim with the same lease wait for it together (`FirstBeat`, one timer for all
+of them, cancelled when the last one ends), and a job's heartbeat task starts only when
+that timer fires while it still runs. A drain of a thousand jobs a second then arms a few
+timers a second, not a thousand (each armed and cancelled again on the event loop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from evora.sdk._http import Transport, should_retry
@@ -14,6 +20,22 @@ from evora.sdk.errors import EvoraClientError, JobNotFoundError, LeaseLostError
 from evora.sdk.running import Interrupt, RunningJob
 
 log = logging.getLogger("evora.worker")
+
+
+class FirstBeat:
+    """Jobs of one claim, with one lease length, whose first heartbeat is not due yet."""
+
+    __slots__ = ("members", "timer")
+
+    def __init__(self) -> None:
+        self.members: set[RunningJob] = set()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def leave(self, running: RunningJob) -> None:
+        """`running` ended before its first heartbeat; the last one out stops the timer."""
+        self.members.discard(running)
+        if not self.members and self.timer is not None:
+            self.timer.cancel()
 
 
 class Heartbeats:
@@ -25,18 +47,29 @@ class Heartbeats:
         self._request_timeout = request_timeout
         self._cancel_grace = cancel_grace
 
-    def schedule(self, running: RunningJob) -> None:
-        """Arm the job's first heartbeat; `running.stop_timers()` ends them."""
-        interval = running.job.lease_seconds * self._fraction
-        # Most jobs end long before their first heartbeat: a timer is cheaper than a task.
-        running.heartbeat = asyncio.get_running_loop().call_later(
-            interval, self._start, running, interval
-        )
+    def schedule(self, claimed: Iterable[RunningJob]) -> None:
+        """Arm the first heartbeat of the jobs of one claim, one timer per lease length;
+        `running.stop_timers()` ends a job's heartbeats."""
+        by_interval: dict[float, FirstBeat] = {}
+        for running in claimed:
+            interval = running.job.lease_seconds * self._fraction
+            group = by_interval.get(interval)
+            if group is None:
+                group = by_interval[interval] = FirstBeat()
+            group.members.add(running)
+            running.first_beat = group
+        loop = asyncio.get_running_loop()
+        for interval, group in by_interval.items():
+            group.timer = loop.call_later(interval, self._start, group, interval)
 
-    def _start(self, running: RunningJob, interval: float) -> None:
-        running.heartbeat = asyncio.get_running_loop().create_task(
-            self._beat(running, interval), name=f"evora-hb-{running.job.id}"
-        )
+    def _start(self, group: FirstBeat, interval: float) -> None:
+        loop = asyncio.get_running_loop()
+        members, group.members = group.members, set()
+        for running in members:
+            running.first_beat = None
+            running.heartbeat = loop.create_task(
+                self._beat(running, interval), name=f"evora-hb-{running.job.id}"
+            )
 
     async def _beat(self, running: RunningJob, interval: float) -> None:
         job = running.job

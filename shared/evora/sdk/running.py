@@ -9,13 +9,16 @@ import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from evora.protocol.limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
 from evora.sdk.acks import Ack
 from evora.sdk.handlers import Job
+
+if TYPE_CHECKING:
+    from evora.sdk.heartbeats import FirstBeat
 
 log = logging.getLogger("evora.worker")
 
@@ -55,8 +58,9 @@ class RunningJob:
     in_handler: bool = False
     interrupted: Interrupt | None = None
     interrupts: int = 0
-    # A timer until the first heartbeat is due, then the task sending heartbeats.
-    heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
+    # The claim's jobs waiting for their first heartbeat, then the task sending heartbeats.
+    first_beat: FirstBeat | None = None
+    heartbeat: asyncio.Task[None] | None = None
     cancel_timer: asyncio.TimerHandle | None = None
     # A sync handler's call in a handler thread; it may outlive the task.
     thread: Future[Any] | None = None
@@ -77,6 +81,9 @@ class RunningJob:
         self.task.cancel()
 
     def stop_timers(self) -> None:
+        if self.first_beat is not None:
+            self.first_beat.leave(self)
+            self.first_beat = None
         if self.heartbeat is not None:
             self.heartbeat.cancel()
         if self.cancel_timer is not None:

@@ -9,8 +9,7 @@ and imports nothing: the SDK does not depend on OpenTelemetry.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from evora.protocol.tracing import TRACEPARENT
@@ -43,20 +42,32 @@ class JobTrace:
 
     def ack(self, outcome: str) -> AbstractContextManager[object]:
         """Around reporting the outcome until the dispatcher has recorded it."""
-        return nullcontext()
+        return _NO_SPAN
+
+
+_NO_SPAN = nullcontext()
+
+
+class _Untraced(AbstractContextManager[JobTrace]):
+    """`job_trace` without OpenTelemetry: one shared instance, so that a job costs no
+    context manager of its own."""
+
+    def __enter__(self) -> JobTrace:
+        return _UNTRACED
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
 
 
 _UNTRACED = JobTrace()
+_UNTRACED_RUN = _Untraced()
 
 
-@contextmanager
-def job_trace(job: Job) -> Iterator[JobTrace]:
+def job_trace(job: Job) -> AbstractContextManager[JobTrace]:
     """Around running `job` and reporting how it ended: the `run` span, a child of the
     context the job was submitted in (or of the current one when it carries none)."""
     if not _traced():
-        yield _UNTRACED
-        return
+        return _UNTRACED_RUN
     from evora.sdk._otel import run_span
 
-    with run_span(job) as trace:
-        yield trace
+    return run_span(job)

@@ -9,9 +9,9 @@ Life of a job in the worker:
    `concurrency`), the task awaiting it there. Every `heartbeat_fraction` of
    `lease_seconds` a heartbeat extends the lease, carries reported progress, and learns
    about cancel requests; a job's heartbeat task starts only when its first heartbeat is
-   due (a timer until then), as most jobs end sooner. Heartbeats need nothing but the
-   event loop, so an `async` handler that blocks the loop stalls them all: a watchdog
-   thread (`blocked_loop_warning`) logs a warning naming that handler.
+   due (one timer for the jobs of a claim until then), as most jobs end sooner. Heartbeats
+   need nothing but the event loop, so an `async` handler that blocks the loop stalls them
+   all: a watchdog thread (`blocked_loop_warning`) logs a warning naming that handler.
 3. The outcome (complete with the return value, or fail with the exception) goes through
    the `AckBatcher`. The job's heartbeats continue until the dispatcher has recorded it, so
    a slow or briefly unreachable dispatcher does not let the lease expire under a finished
@@ -318,6 +318,18 @@ class Worker:
             await self._shutdown()
 
     async def _claim_loop(self, types: list[str]) -> None:
+        try:
+            await self._claim_until_stopped(types)
+        finally:
+            # A batch handed over while the loop waited for slots, in the same moment as the
+            # loop was cancelled (stop): no claim will carry it, the batcher sends it itself.
+            carried, self._carried = self._carried, None
+            if carried is not None and not carried.answer.done():
+                carried.answer.set_exception(
+                    EvoraConnectionError("no claim carried them", request_sent=False)
+                )
+
+    async def _claim_until_stopped(self, types: list[str]) -> None:
         failures = 0
         while True:
             while self._busy >= self.settings.concurrency:
@@ -360,8 +372,7 @@ class Worker:
             if failures:
                 log.info("claiming again after %d failed attempts", failures)
                 failures = 0
-            for data in jobs:
-                self._start(data)
+            self._heartbeats.schedule([self._start(data) for data in jobs])
             if jobs:
                 # Let the handlers just started begin before the next claim is built and
                 # sent: they are what the jobs' submitters are waiting for, the next claim
@@ -417,7 +428,7 @@ class Worker:
         results: list[dict[str, Any]] | None = resp.data.get("results")
         return jobs, results
 
-    def _start(self, data: Mapping[str, Any]) -> None:
+    def _start(self, data: Mapping[str, Any]) -> RunningJob:
         job = Job.from_claim(data)
         running = RunningJob(job)
         self._busy += 1
@@ -425,13 +436,13 @@ class Worker:
             self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
         )
         self._running.add(running)
+        return running
 
     async def _process(self, running: RunningJob, handler: Handler | None) -> None:
         job = running.job
         # This task runs in a copy of the context, so nothing needs unbinding. Its records,
         # the handler's and the heartbeats' say which job.
         bind(job_id=job.id, queue=job.queue, job_type=job.type)
-        self._heartbeats.schedule(running)
         try:
             with job_trace(job) as trace:
                 outcome = await self._executor.execute(running, handler)
