@@ -6,6 +6,7 @@ normally while nothing more is admitted."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ import asyncpg
 import pytest
 
 from evora.protocol.jobs import JobSubmission
+from evora.storage import limits as limits_module
 from evora.storage import queries
 from evora.storage.jobs import JobStore
 from evora.storage.limits import LimitSpec, LimitStore
@@ -123,3 +125,24 @@ async def test_running_jobs_above_a_lowered_limit_finish_and_nothing_is_admitted
     await store.complete(running[3]["id"], running[3]["lease_token"])
     assert len(await _claim(store)) == 1
     assert (await limits.usage(KEY))["running"] == 2
+
+
+async def test_a_put_does_not_wait_for_a_transaction_open_longer_than_a_claim_lasts(
+    db_url: str,
+    limits: LimitStore,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A report (or a session left idle in a transaction) open since before the window a
+    # claim could have begun in: a PUT does not wait for it to end, and says nothing.
+    monkeypatch.setattr(limits_module, "SETTLE_SECONDS", 0.5)
+    report = await asyncpg.connect(db_url)
+    try:
+        async with report.transaction():
+            await report.fetchval("SELECT 1")
+            await asyncio.sleep(1.0)  # twice the window
+            with caplog.at_level(logging.WARNING, logger=limits_module.__name__):
+                await limits.put(KEY, LimitSpec(concurrency=3, rate=None))
+    finally:
+        await report.close()
+    assert [r.getMessage() for r in caplog.records if r.name == limits_module.__name__] == []

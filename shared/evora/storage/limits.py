@@ -231,16 +231,17 @@ class LimitStore:
 
 
 async def _await_claims_begun_before(conn: asyncpg.Connection) -> None:
-    """Waits (at most SETTLE_SECONDS) until no transaction that began before now is still
-    open: a claim that began before a limit was committed may admit jobs without it."""
+    """Waits (at most SETTLE_SECONDS) until no transaction begun in the SETTLE_SECONDS before
+    now is still open: a claim that began before a limit was committed may admit jobs
+    without it. Older transactions are no claims and are not waited for."""
     since = await conn.fetchval(CLOCK)
     deadline = time.monotonic() + SETTLE_SECONDS
     pause, longest = SETTLE_POLL_SECONDS
-    while await conn.fetchval(CLAIMS_BEGUN_BEFORE, since):
+    while await conn.fetchval(CLAIMS_BEGUN_BEFORE, since, SETTLE_SECONDS):
         if time.monotonic() >= deadline:
             log.warning(
-                "a transaction older than %.0f s is still open; the new limit is in force "
-                "for every claim begun since it was committed, but one begun before may "
+                "a transaction begun up to %.0f s before the limit was committed is still "
+                "open; the limit is in force for every claim begun since, but that one may "
                 "still admit jobs without it",
                 SETTLE_SECONDS,
             )

@@ -211,14 +211,17 @@ FROM limited l, pg_notify('evora_jobs', l.queue);
 SELECT clock_timestamp();
 
 -- name: claims_begun_before
--- $1 an instant: how many other client sessions of this database are in a transaction that
--- began before it (a claim among them may not have seen a limit committed at that instant).
--- Autovacuum and other background processes claim nothing. Sessions of other database users
--- show no transaction start unless this one may read their statistics (pg_read_all_stats),
--- and are not counted.
+-- $1 an instant, $2 seconds: how many other client sessions of this database are in a
+-- transaction that began before that instant and at most $2 seconds before it (a claim
+-- among them may not have seen a limit committed at that instant). A claim lasts
+-- milliseconds: a transaction open longer (a report, a dump, a session left idle in one)
+-- is no claim, and a PUT must not wait for it. Autovacuum and other background processes
+-- claim nothing. Sessions of other database users show no transaction start unless this
+-- one may read their statistics (pg_read_all_stats), and are not counted.
 SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend'
-  AND pid <> pg_backend_pid() AND xact_start < $1;
+  AND pid <> pg_backend_pid() AND xact_start < $1
+  AND xact_start > $1 - make_interval(secs => $2);
 
 -- name: usage_by_kind
 -- Per kind of key (what precedes its first ':', e.g. `tenant`, `queue`), over the keys live
