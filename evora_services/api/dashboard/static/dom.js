@@ -89,3 +89,22 @@ export function confirmDialog({ title, body, confirm, danger = false, extra = nu
     cancel.focus();
   });
 }
+
+/** A table in its scrolling wrapper. `table`: the table's attributes (an id or a class);
+ * `caption`: read to screen readers only, unless `showCaption`; `heads`: the header cells
+ * (a string is a plain column header; nested lists and nulls are allowed); `rows`: the
+ * body's rows. */
+export function dataTable({ table = null, caption, showCaption = false, heads, rows }) {
+  const cells = heads.flat().map((c) => (typeof c === "string" ? h("th", { scope: "col" }, c) : c));
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h(
+      "table",
+      table,
+      h("caption", showCaption ? null : { class: "sr-only" }, caption),
+      h("thead", null, h("tr", null, cells)),
+      h("tbody", null, rows),
+    ),
+  );
+}

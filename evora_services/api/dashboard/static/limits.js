@@ -3,7 +3,7 @@
 // (for `tenant:*`, each tenant), a page at a time: there may be millions of them.
 
 import { api, ApiError, seg, withQuery } from "./api.js";
-import { confirmDialog, h, replace } from "./dom.js";
+import { confirmDialog, dataTable, h, replace } from "./dom.js";
 import { countCell, num, secondsSince, span } from "./format.js";
 
 const LIMITS_PAGE = 25;
@@ -176,17 +176,12 @@ function limitsMount(root, params, ctx) {
     }
     replace(
       list,
-      h(
-        "div",
-        { class: "table-wrap" },
-        h(
-          "table",
-          { id: "limits-table" },
-          h("caption", { class: "sr-only" }, "Limits and their usage"),
-          h("thead", null, h("tr", null, ["Key", "Kind", "Concurrency", "Rate", ...USAGE_HEAD, "Actions"].map((t) => h("th", { scope: "col" }, t)))),
-          h("tbody", null, page.limits.map((limit, i) => row(limit, usages[i]))),
-        ),
-      ),
+      dataTable({
+        table: { id: "limits-table" },
+        caption: "Limits and their usage",
+        heads: ["Key", "Kind", "Concurrency", "Rate", ...USAGE_HEAD, "Actions"],
+        rows: page.limits.map((limit, i) => row(limit, usages[i])),
+      }),
       keysetPager({ next: page.next, stack, after, label: "Limits", shown: page.limits.length, go: (to) => ctx.navigate(withQuery("#/limits", { after: to })) }),
     );
   }
@@ -225,17 +220,12 @@ function keysMount(root, params, ctx) {
       list,
       h("p", { class: "muted" }, note),
       page.keys.length
-        ? h(
-            "div",
-            { class: "table-wrap" },
-            h(
-              "table",
-              { id: "limit-keys-table" },
-              h("caption", { class: "sr-only" }, `Keys governed by ${key}`),
-              h("thead", null, h("tr", null, ["Key", ...USAGE_HEAD].map((t) => h("th", { scope: "col" }, t)))),
-              h("tbody", null, page.keys.map((k) => h("tr", { "data-key": k.key }, h("th", { scope: "row", class: "mono" }, k.key), usageCells(k, limit.concurrency)))),
-            ),
-          )
+        ? dataTable({
+            table: { id: "limit-keys-table" },
+            caption: `Keys governed by ${key}`,
+            heads: ["Key", ...USAGE_HEAD],
+            rows: page.keys.map((k) => h("tr", { "data-key": k.key }, h("th", { scope: "row", class: "mono" }, k.key), usageCells(k, limit.concurrency))),
+          })
         : h("div", { class: "card empty" }, "No key under this limit has been claimed yet."),
       keysetPager({ next: page.next, stack, after, label: "Keys", shown: page.keys.length, go: (to) => ctx.navigate(withQuery(`#/limits/${seg(key)}`, { after: to })) }),
     );

@@ -3,7 +3,7 @@
 
 import { apiAll, seg } from "./api.js";
 import { historyPoints, sparkline } from "./charts.js";
-import { h, replace } from "./dom.js";
+import { dataTable, h, replace } from "./dom.js";
 import { ago, countCell, ms, num, pausedBadge, rate, span, secondsSince, stateLabel, STATE_TITLES, STATES } from "./format.js";
 
 // The Trend column: completions per minute over the last hour.
@@ -96,31 +96,20 @@ export function mount(root, params, ctx) {
     }
     replace(
       table,
-      h(
-        "div",
-        { class: "table-wrap" },
-        h(
-          "table",
-          { id: "queues-table" },
-          h("caption", { class: "sr-only" }, "Queues"),
-          h(
-            "thead",
-            null,
-            h(
-              "tr",
-              null,
-              h("th", { scope: "col" }, "Queue"),
-              h("th", { scope: "col" }, "Status"),
-              STATES.map((state) => h("th", { scope: "col", class: "num" }, stateLabel(state, STATE_TITLES[state]))),
-              h("th", { scope: "col", class: "num", title: "Completed per minute over the last 1, 5 and 15 minutes" }, "Done/min 1m·5m·15m"),
-              h("th", { scope: "col", title: "Completed per minute over the last hour" }, "Trend (1 h)"),
-              h("th", { scope: "col", class: "num", title: "Wait: from due to claimed. Run: from claimed to finished." }, "Latency p50 · p95 · p99"),
-              h("th", { scope: "col" }, "Oldest pending"),
-            ),
-          ),
-          h("tbody", null, queues.map((q) => queueRow(q, historyOf.get(q.queue)))),
-        ),
-      ),
+      dataTable({
+        table: { id: "queues-table" },
+        caption: "Queues",
+        heads: [
+          "Queue",
+          "Status",
+          STATES.map((state) => h("th", { scope: "col", class: "num" }, stateLabel(state, STATE_TITLES[state]))),
+          h("th", { scope: "col", class: "num", title: "Completed per minute over the last 1, 5 and 15 minutes" }, "Done/min 1m·5m·15m"),
+          h("th", { scope: "col", title: "Completed per minute over the last hour" }, "Trend (1 h)"),
+          h("th", { scope: "col", class: "num", title: "Wait: from due to claimed. Run: from claimed to finished." }, "Latency p50 · p95 · p99"),
+          "Oldest pending",
+        ],
+        rows: queues.map((q) => queueRow(q, historyOf.get(q.queue))),
+      }),
     );
   }
 

@@ -3,7 +3,7 @@
 
 import { api, ApiError, seg, withQuery } from "./api.js";
 import { historyPoints, latencyChart, lineChart, stateChart, throughputChart } from "./charts.js";
-import { confirmDialog, h, replace } from "./dom.js";
+import { confirmDialog, dataTable, h, replace } from "./dom.js";
 import { ago, jobIdCell, ms, num, pausedBadge, rate, runsIn, shortId, stateBadge, stateLabel, STATES, time } from "./format.js";
 
 const PAGE_SIZES = ["25", "50", "100"];
@@ -33,35 +33,25 @@ export function jobRow(job, { showQueue = false } = {}) {
 }
 
 export function jobsTable(jobs, { caption, showQueue = false, leadHead = null, extraHead = null, row = jobRow }) {
-  return h(
-    "div",
-    { class: "table-wrap" },
-    h(
-      "table",
-      { class: "jobs-table" },
-      h("caption", null, caption),
-      h(
-        "thead",
-        null,
-        h(
-          "tr",
-          null,
-          leadHead,
-          h("th", { scope: "col" }, "Job"),
-          showQueue ? h("th", { scope: "col" }, "Queue") : null,
-          h("th", { scope: "col" }, "Type"),
-          h("th", { scope: "col" }, "State"),
-          h("th", { scope: "col", class: "num" }, "Attempt"),
-          h("th", { scope: "col", class: "num" }, "Priority"),
-          h("th", { scope: "col" }, "Created"),
-          h("th", { scope: "col" }, "Updated"),
-          h("th", { scope: "col" }, "Last error"),
-          extraHead,
-        ),
-      ),
-      h("tbody", null, jobs.map((job) => row(job, { showQueue }))),
-    ),
-  );
+  return dataTable({
+    table: { class: "jobs-table" },
+    caption,
+    showCaption: true,
+    heads: [
+      leadHead,
+      "Job",
+      showQueue ? "Queue" : null,
+      "Type",
+      "State",
+      h("th", { scope: "col", class: "num" }, "Attempt"),
+      h("th", { scope: "col", class: "num" }, "Priority"),
+      "Created",
+      "Updated",
+      "Last error",
+      extraHead,
+    ],
+    rows: jobs.map((job) => row(job, { showQueue })),
+  });
 }
 
 /**
@@ -341,17 +331,11 @@ export function mount(root, params, ctx) {
     replace(
       failures,
       h("h2", null, "Most frequent failures"),
-      h(
-        "div",
-        { class: "table-wrap" },
-        h(
-          "table",
-          null,
-          h("caption", { class: "sr-only" }, "Most frequent failure reasons per job type"),
-          h("thead", null, h("tr", null, h("th", { scope: "col" }, "Type"), h("th", { scope: "col" }, "Error"), h("th", { scope: "col", class: "num" }, "Count"), h("th", { scope: "col" }, "Last seen"))),
-          h("tbody", null, rows),
-        ),
-      ),
+      dataTable({
+        caption: "Most frequent failure reasons per job type",
+        heads: ["Type", "Error", h("th", { scope: "col", class: "num" }, "Count"), "Last seen"],
+        rows,
+      }),
     );
   }
 

@@ -1,7 +1,7 @@
 // Schedules (periodic jobs): next and last run, the last job, and pause / resume / trigger.
 
 import { api, apiAll, seg } from "./api.js";
-import { h, replace } from "./dom.js";
+import { dataTable, h, replace } from "./dom.js";
 import { ago, pausedBadge, shortId } from "./format.js";
 
 function jobLink(id) {
@@ -62,21 +62,12 @@ export function mount(root, params, ctx) {
     }
     replace(
       list,
-      h(
-        "div",
-        { class: "table-wrap" },
-        h(
-          "table",
-          { id: "schedules-table" },
-          h("caption", { class: "sr-only" }, "Schedules"),
-          h(
-            "thead",
-            null,
-            h("tr", null, ["Schedule", "Cron", "Time zone", "Queue / type", "Misfire", "Status", "Next run", "Last run", "Last job", "Actions"].map((t) => h("th", { scope: "col" }, t))),
-          ),
-          h("tbody", null, schedules.map(row)),
-        ),
-      ),
+      dataTable({
+        table: { id: "schedules-table" },
+        caption: "Schedules",
+        heads: ["Schedule", "Cron", "Time zone", "Queue / type", "Misfire", "Status", "Next run", "Last run", "Last job", "Actions"],
+        rows: schedules.map(row),
+      }),
     );
   }
 

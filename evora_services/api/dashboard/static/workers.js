@@ -1,7 +1,7 @@
 // Workers seen in the last 24 hours, from the read models.
 
 import { apiAll, seg } from "./api.js";
-import { h, replace } from "./dom.js";
+import { dataTable, h, replace } from "./dom.js";
 import { ago, jobIdCell, num, secondsSince, time } from "./format.js";
 
 const ACTIVE_WITHIN_S = 60;
@@ -53,30 +53,21 @@ export function mount(root, params, ctx) {
     }
     replace(
       list,
-      h(
-        "div",
-        { class: "table-wrap" },
-        h(
-          "table",
-          { id: "workers-table" },
-          h("caption", { class: "sr-only" }, "Workers"),
-          h(
-            "thead",
-            null,
-            h(
-              "tr",
-              null,
-              ["Worker", "Status", "Queues"].map((t) => h("th", { scope: "col" }, t)),
-              h("th", { scope: "col", class: "num" }, "Running"),
-              h("th", { scope: "col" }, "Current jobs"),
-              ["Claimed", "Completed", "Failed", "Released", "Leases expired"].map((t) => h("th", { scope: "col", class: "num" }, t)),
-              h("th", { scope: "col" }, "First seen"),
-              h("th", { scope: "col" }, "Last seen"),
-            ),
-          ),
-          h("tbody", null, workers.map(row)),
-        ),
-      ),
+      dataTable({
+        table: { id: "workers-table" },
+        caption: "Workers",
+        heads: [
+          "Worker",
+          "Status",
+          "Queues",
+          h("th", { scope: "col", class: "num" }, "Running"),
+          "Current jobs",
+          ["Claimed", "Completed", "Failed", "Released", "Leases expired"].map((t) => h("th", { scope: "col", class: "num" }, t)),
+          "First seen",
+          "Last seen",
+        ],
+        rows: workers.map(row),
+      }),
     );
   }
 
