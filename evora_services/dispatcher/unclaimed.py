@@ -23,43 +23,13 @@ from datetime import datetime
 import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
 
+from evora.storage import queries
+
 log = logging.getLogger(__name__)
 
 CHECK_SECONDS = 30.0
 # Queue and type pairs reported at once: bounds the gauge's series and the query's answer.
 MAX_REPORTED = 100
-
-STATEMENT = """
-WITH full_keys AS (
-    -- the limited keys without room left (docs/flow-control.md): jobs holding one wait for
-    -- their limit, not for a worker, and are reported as throttled by the flow-control
-    -- metrics instead. Only while any limit exists; read from the RUNNING jobs and from the
-    -- buckets whose stored tokens are below one (refilling only adds), never per waiting job.
-    SELECT g.key
-    FROM evora_governing_limits(ARRAY(
-        SELECT DISTINCT k FROM jobs r, unnest(('queue:' || r.queue) || r.limit_keys) AS k
-        WHERE r.state = 'RUNNING' AND EXISTS (SELECT 1 FROM flow_limits)
-        UNION
-        SELECT b.key FROM flow_buckets b WHERE b.tokens < 1
-    )) AS g
-    WHERE evora_running_holding(g.key) >= g.concurrency
-       OR (g.rate_limit IS NOT NULL AND (
-           SELECT evora_tokens(b, g.rate_limit, g.rate_per_seconds, evora_now())
-           FROM flow_buckets b WHERE b.key = g.key) < 1)
-)
-SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
-FROM jobs j
-WHERE j.state = 'PENDING'
-  AND j.run_at <= now() - make_interval(secs => $1)
-  AND NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = j.queue)
-  AND (j.group_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM jobs r
-        WHERE r.queue = j.queue AND r.group_key = j.group_key AND r.state = 'RUNNING'))
-  AND NOT ((('queue:' || j.queue) || j.limit_keys) && ARRAY(SELECT key FROM full_keys))
-GROUP BY j.queue, j.type
-ORDER BY count(*) DESC, j.queue, j.type
-LIMIT $2
-"""
 
 
 @dataclass(frozen=True)
@@ -87,7 +57,7 @@ class UnclaimedWatch:
         self._starving: set[tuple[str, str]] = set()
 
     async def check(self) -> list[Unclaimed]:
-        rows = await self._pool.fetch(STATEMENT, self.after_seconds, MAX_REPORTED)
+        rows = await self._pool.fetch(queries.UNCLAIMED_JOBS, self.after_seconds, MAX_REPORTED)
         found = [Unclaimed(r["queue"], r["type"], r["pending"], r["oldest"]) for r in rows]
         now = {(u.queue, u.type): u for u in found}
         for queue, type_ in sorted(self._starving - now.keys()):

@@ -33,7 +33,9 @@ from evora.storage.statements import load
     "redrive",
 )
 
-GET_JOB, JOB_EVENTS, NEXT_DUE = load("jobs", "get_job", "job_events", "next_due")
+GET_JOB, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(
+    "jobs", "get_job", "job_events", "next_due", "unclaimed_jobs"
+)
 
 PAUSE_QUEUE, RESUME_QUEUE, PAUSED_QUEUES, ALL_PAUSED_QUEUES, NOTIFY_QUEUES = load(
     "queues", "pause_queue", "resume_queue", "paused_queues", "all_paused_queues", "notify_queues"

@@ -33,3 +33,38 @@ SELECT extract(epoch FROM least(
      -- stored tokens only grow by a claim's refill: below 1 is where an empty bucket can be
      WHERE b.tokens < 1 AND g.rate_limit IS NOT NULL AND r.refilled > evora_now())
 ) - evora_now())::float8;
+
+-- name: unclaimed_jobs
+-- $1 seconds, $2 at most this many rows: per queue and type, the PENDING jobs due for longer
+-- than $1 seconds that no worker claimed, leaving out those that wait for a reason (a paused
+-- queue, a FIFO group whose previous job still runs, a limit with no room left), the most
+-- first (the dispatcher's unclaimed-jobs warning).
+WITH full_keys AS (
+    -- the limited keys without room left (docs/flow-control.md): jobs holding one wait for
+    -- their limit, not for a worker, and are reported as throttled by the flow-control
+    -- metrics instead. Only while any limit exists; read from the RUNNING jobs and from the
+    -- buckets whose stored tokens are below one (refilling only adds), never per waiting job.
+    SELECT g.key
+    FROM evora_governing_limits(ARRAY(
+        SELECT DISTINCT k FROM jobs r, unnest(('queue:' || r.queue) || r.limit_keys) AS k
+        WHERE r.state = 'RUNNING' AND EXISTS (SELECT 1 FROM flow_limits)
+        UNION
+        SELECT b.key FROM flow_buckets b WHERE b.tokens < 1
+    )) AS g
+    WHERE evora_running_holding(g.key) >= g.concurrency
+       OR (g.rate_limit IS NOT NULL AND (
+           SELECT evora_tokens(b, g.rate_limit, g.rate_per_seconds, evora_now())
+           FROM flow_buckets b WHERE b.key = g.key) < 1)
+)
+SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
+FROM jobs j
+WHERE j.state = 'PENDING'
+  AND j.run_at <= now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = j.queue)
+  AND (j.group_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jobs r
+        WHERE r.queue = j.queue AND r.group_key = j.group_key AND r.state = 'RUNNING'))
+  AND NOT ((('queue:' || j.queue) || j.limit_keys) && ARRAY(SELECT key FROM full_keys))
+GROUP BY j.queue, j.type
+ORDER BY count(*) DESC, j.queue, j.type
+LIMIT $2;
