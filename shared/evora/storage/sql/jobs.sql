@@ -59,7 +59,7 @@ WITH full_keys AS (
 SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
 FROM jobs j
 WHERE j.state = 'PENDING'
-  AND j.run_at <= now() - make_interval(secs => $1)
+  AND j.run_at <= evora_now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = j.queue)
   AND (j.group_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobs r
