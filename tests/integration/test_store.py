@@ -59,6 +59,46 @@ async def test_submit_each_gives_every_submission_its_own_outcome(
     assert stored == {old, plain.job["id"], new.job["id"]}
 
 
+async def test_each_item_keeps_its_own_fields_whether_shared_or_not(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    # Fields every item shares travel once and are spread in SQL; the others per item. Each
+    # item must come back with exactly its own values either way.
+    expires = datetime(2100, 1, 1, tzinfo=UTC)
+    batch = [
+        sub(payload=[1, 2], priority=3, max_attempts=7, expires_at=expires),
+        sub(payload=None, priority=3, max_attempts=7, expires_at=expires, group_key="g"),
+        sub(payload={"a": "ü"}, priority=-4, max_attempts=7, expires_at=expires),
+    ]
+    created = [s.id for s in await store.submit_batch(batch, with_jobs=False)]
+    rows = {
+        r["id"]: r
+        for r in await pool.fetch(
+            "SELECT id, payload, priority, max_attempts, expires_at, group_key, backoff_max "
+            "FROM jobs"
+        )
+    }
+    assert [rows[i]["payload"] for i in created] == [[1, 2], None, {"a": "ü"}]
+    assert [rows[i]["priority"] for i in created] == [3, 3, -4]
+    assert [rows[i]["group_key"] for i in created] == [None, "g", None]
+    assert {(r["max_attempts"], r["expires_at"], r["backoff_max"]) for r in rows.values()} == {
+        (7, expires, 3600.0)
+    }
+
+
+async def test_a_zero_and_a_negative_zero_are_not_one_shared_value(store: JobStore) -> None:
+    # 0.0 == -0.0 in Python, yet float8 tells them apart, and so does the idempotency
+    # fingerprint: a retry of the second item alone must replay it, not conflict.
+    first, second = await store.submit_batch(
+        [
+            sub(idempotency_key="plus", delay_seconds=0.0),
+            sub(idempotency_key="minus", delay_seconds=-0.0),
+        ]
+    )
+    [again] = await store.submit_batch([sub(idempotency_key="minus", delay_seconds=-0.0)])
+    assert not again.created and again.id == second.id != first.id
+
+
 async def test_a_batch_with_a_conflicting_key_stores_nothing(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:

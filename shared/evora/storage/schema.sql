@@ -140,6 +140,12 @@ CREATE TYPE public.job_image AS (
 	finished_at timestamp with time zone
 );
 
+CREATE FUNCTION evora.for_each_item(vals anyarray, items integer) RETURNS anyarray
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN cardinality(vals) = 1 THEN array_fill(vals[1], ARRAY[items]) ELSE vals END
+$$;
+
 CREATE FUNCTION evora.limit_key_lists(ords integer[], names text[]) RETURNS TABLE(ord integer, names text[])
     LANGUAGE sql IMMUTABLE
     AS $$

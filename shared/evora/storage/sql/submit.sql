@@ -3,20 +3,31 @@
 -- that submit in SQL reach through evora.submit() and evora.submit_batch().
 
 -- name: submit
--- $1 ids, $2 queues, $3 types, $4 payloads, $5 priorities, $6 run_at (NULL: now + delay),
--- $7 delay seconds (NULL: not given), $8 max_attempts, $9 lease_seconds, $10 backoff
--- initial, $11 backoff max, $12 backoff multiplier, $13 expires_at, $14 idempotency keys,
--- $15 group keys, $16 fingerprints as computed before migration 0011 (see
--- submissions.py), $17 dependency edges: item positions (from 1), $18 the jobs they wait
--- for, $19 on_dependency_failure by item, $20 limit keys: item positions (from 1), $21 the
--- keys, $22 suppressed queues (see notify.py), $23 whether to return the jobs. One row per
+-- $1 ids, $2 queues, $3 types, $4 payloads (one JSON array, by item), $5 priorities, $6
+-- run_at (NULL: now + delay), $7 delay seconds (NULL: not given), $8 max_attempts, $9
+-- lease_seconds, $10 backoff initial, $11 backoff max, $12 backoff multiplier, $13
+-- expires_at, $14 idempotency keys, $15 group keys, $16 fingerprints as computed before
+-- migration 0011 (see submissions.py), $17 dependency edges: item positions (from 1), $18
+-- the jobs they wait for, $19 on_dependency_failure by item, $20 limit keys: item positions
+-- (from 1), $21 the keys, $22 suppressed queues (see notify.py), $23 whether to return the
+-- jobs. $2, $3 and $5-$16 and $19 hold one element per item, or one element that every item
+-- shares (evora.for_each_item, migrations/0021_shared_submission_values.sql). One row per
 -- item (`ord` its position, from 1), the created ones first, with its job's `id`; without
 -- $23 the whole job is left out (a producer that asked for ids only spares decoding and
 -- encoding it).
 SELECT ord, outcome, first_ord, (job).id AS id, CASE WHEN $23::bool THEN job END AS job,
        notified, owed
-FROM evora.store_submissions($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int2[],
-                             $6::timestamptz[], $7::float8[], $8::int4[], $9::int4[],
-                             $10::float8[], $11::float8[], $12::float8[], $13::timestamptz[],
-                             $14::text[], $15::text[], $16::bytea[], $22::text[], $17::int4[],
-                             $18::uuid[], $19::text[], $20::int4[], $21::text[]);
+FROM cardinality($1::uuid[]) AS n,
+     evora.store_submissions(
+         $1::uuid[], evora.for_each_item($2::text[], n), evora.for_each_item($3::text[], n),
+         -- one document rather than a jsonb[]: encoded by one call, not one per element
+         ARRAY(SELECT p.value::jsonb FROM json_array_elements($4::json) WITH ORDINALITY AS p
+               ORDER BY p.ordinality),
+         evora.for_each_item($5::int2[], n), evora.for_each_item($6::timestamptz[], n),
+         evora.for_each_item($7::float8[], n), evora.for_each_item($8::int4[], n),
+         evora.for_each_item($9::int4[], n), evora.for_each_item($10::float8[], n),
+         evora.for_each_item($11::float8[], n), evora.for_each_item($12::float8[], n),
+         evora.for_each_item($13::timestamptz[], n), evora.for_each_item($14::text[], n),
+         evora.for_each_item($15::text[], n), evora.for_each_item($16::bytea[], n), $22::text[],
+         $17::int4[], $18::uuid[], evora.for_each_item($19::text[], n), $20::int4[],
+         $21::text[]);
