@@ -13,16 +13,23 @@ from typing import TypeVar
 from uuid import UUID
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from evora.coalesce import Coalescer
 from evora.config import Role, Settings
 from evora.domain.errors import EvoraError
 from evora.http.app import SETTINGS
-from evora.http.bodies import ItemsLimit, items_limit, parse_body, parse_query
+from evora.http.bodies import (
+    ItemsLimit,
+    items_limit,
+    parse_body,
+    parse_query,
+    read_json_body,
+    validate_body,
+)
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
-from evora.protocol.fields import QueueName
+from evora.protocol.fields import CHECKED_TOGETHER, QueueName, all_fit
 from evora.protocol.jobs import (
     BatchResult,
     BatchSubmission,
@@ -133,7 +140,7 @@ async def submit(request: web.Request) -> web.Response:
     problems=(409,),
 )
 async def submit_batch(request: web.Request) -> web.Response:
-    batch = await _submissions(request, BatchSubmission, batch_body_limit)
+    batch = await _batch(request)
     minimal = _prefers_minimal(request)
     with submit_trace(request, batch.jobs) as trace:
         submitted = await _store(request).submit_batch(
@@ -150,6 +157,25 @@ async def submit_batch(request: web.Request) -> web.Response:
     return json_response(
         {"jobs": [{"status": 201 if s.created else 200, "job": s.job} for s in submitted]}
     )
+
+
+async def _batch(request: web.Request) -> BatchSubmission:
+    """A batch body, its payloads checked against EVORA_MAX_PAYLOAD_BYTES all at once (one
+    encoding for the batch, not one per item). When that check or any other fails, the
+    body is validated again payload by payload, which says exactly which item breaks what."""
+    settings = request.app[SETTINGS]
+    raw = await read_json_body(request, batch_body_limit(settings))
+    context = {"max_payload_bytes": settings.max_payload_bytes}
+    try:
+        batch = BatchSubmission.model_validate_json(
+            raw, context={**context, CHECKED_TOGETHER: True}
+        )
+    except ValidationError:
+        return validate_body(raw, BatchSubmission, context)
+    if all_fit([job.payload for job in batch.jobs], settings.max_payload_bytes):
+        return batch
+    del batch  # not held while the body is parsed again
+    return validate_body(raw, BatchSubmission, context)
 
 
 def _prefers_minimal(request: web.Request) -> bool:

@@ -52,6 +52,32 @@ async def test_oversized_payload_names_its_index(
     assert await db.fetchval("SELECT count(*) FROM jobs") == 0
 
 
+async def test_payloads_over_the_limit_together_but_not_alone_are_stored(
+    make_client: MakeClient, settings: Settings, db: asyncpg.Connection
+) -> None:
+    # The batch's payloads are checked together first; over the limit together is not a
+    # reason to refuse, only to check them one by one.
+    client = await make_client(settings.model_copy(update={"max_payload_bytes": 100}))
+    jobs = [job(payload="x" * 90) for _ in range(3)]
+    response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
+    assert response.status == 200
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 3
+
+
+async def test_an_oversized_payload_beside_another_error_answers_as_checked_one_by_one(
+    make_client: MakeClient, settings: Settings, db: asyncpg.Connection
+) -> None:
+    client = await make_client(settings.model_copy(update={"max_payload_bytes": 100}))
+    jobs = [job(payload="x" * 200), job(priority="high"), job(payload=2**70)]
+    response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
+    body = await problem(response, 413, "payload_too_large")
+    assert "jobs.0.payload" in body["detail"]
+    response = await client.post("/v1/jobs/batch", json={"jobs": jobs[1:]}, headers=PRODUCER)
+    body = await problem(response, 422, "validation_error")
+    assert [e["loc"] for e in body["errors"]] == [["jobs", 0, "priority"], ["jobs", 1, "payload"]]
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 0
+
+
 async def test_conflicting_keys_store_nothing(client: ApiClient, db: asyncpg.Connection) -> None:
     await client.post("/v1/jobs", json=job(idempotency_key="k", priority=1), headers=PRODUCER)
     jobs = [job(), job(idempotency_key="k", priority=2)]

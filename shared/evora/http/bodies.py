@@ -233,6 +233,29 @@ def problem_from(exc: ValidationError) -> Problem:
     )
 
 
+async def read_json_body(request: web.Request, limit: int | ItemsLimit) -> bytes | bytearray:
+    """The raw body, read within `limit` (bytes, or bytes and values for a body of many
+    items) and checked as JSON text can be before parsing. An empty body counts as `{}` so
+    that a missing field is reported by name rather than as broken JSON."""
+    if isinstance(limit, ItemsLimit):
+        raw = await read_body(request, limit.bytes)
+        check_raw_json(raw, max_values=limit.values)
+    else:
+        raw = await read_body(request, limit)
+        check_raw_json(raw)
+    return raw or b"{}"
+
+
+def validate_body(
+    raw: bytes | bytearray, model: type[M], context: Mapping[str, Any] | None = None
+) -> M:
+    """A body from `read_json_body` as `model`; a problem when it is not one."""
+    try:
+        return model.model_validate_json(raw, context=dict(context or {}))
+    except ValidationError as exc:
+        raise problem_from(exc) from None
+
+
 async def parse_body(
     request: web.Request,
     model: type[M],
@@ -240,19 +263,8 @@ async def parse_body(
     limit: int | ItemsLimit,
     context: Mapping[str, Any] | None = None,
 ) -> M:
-    """The body as `model`, read within `limit` (bytes, or bytes and values for a body of
-    many items). An empty body counts as `{}` so that a missing field is reported by name
-    rather than as broken JSON."""
-    if isinstance(limit, ItemsLimit):
-        raw = await read_body(request, limit.bytes)
-        check_raw_json(raw, max_values=limit.values)
-    else:
-        raw = await read_body(request, limit)
-        check_raw_json(raw)
-    try:
-        return model.model_validate_json(raw or b"{}", context=dict(context or {}))
-    except ValidationError as exc:
-        raise problem_from(exc) from None
+    """The body as `model`, read within `limit` (`read_json_body`)."""
+    return validate_body(await read_json_body(request, limit), model, context)
 
 
 def parse_query(request: web.Request, model: type[M]) -> M:
