@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import orjson
 from aiohttp import web
 
 from evora.domain import ids
 from evora.http.app import REQUEST_ID, REQUEST_ID_HEADER, SETTINGS
-from evora.http.bodies import items_limit, parse_body
+from evora.http.bodies import parse_body
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
 from evora.protocol.jobs import Job
@@ -34,6 +35,7 @@ from evora.protocol.worker import (
 )
 from evora.storage.jobs import AckResult, Completion, Failure
 from evora.storage.rows import JobDict
+from evora_services.dispatcher.ack_bodies import read_acks, read_claim
 from evora_services.dispatcher.state import DISPATCH, Dispatch
 from evora_services.dispatcher.wakeups import Cause
 
@@ -172,11 +174,11 @@ async def _deliver_traced(
 )
 async def claim(request: web.Request) -> web.StreamResponse:
     # A claim may carry outcomes, so it is allowed the size of POST /v1/acks.
-    body = await parse_body(request, ClaimRequest, **_acks_limit(request))
+    body, encoded_results = await read_claim(request)
     dispatch = request.app[DISPATCH]
     # Settled before the claim, so the group and queue slots they free are visible to it
     # (and a claim that then finds nothing still answers them at once, not after the wait).
-    results = None if body.acks is None else await _settle(dispatch, body.acks)
+    results = None if body.acks is None else await _settle(dispatch, body.acks, encoded_results)
     queues = list(dict.fromkeys(body.queues))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait_seconds
@@ -307,38 +309,46 @@ async def release(request: web.Request) -> web.Response:
     responses={200: AcksResponse},
 )
 async def acks(request: web.Request) -> web.Response:
-    body = await parse_body(request, AcksRequest, **_acks_limit(request))
-    return json_response({"results": await _settle(request.app[DISPATCH], body.acks)})
+    body, encoded_results = await read_acks(request)
+    return json_response(
+        {"results": await _settle(request.app[DISPATCH], body.acks, encoded_results)}
+    )
 
 
-def _acks_limit(request: web.Request) -> dict[str, Any]:
-    max_payload_bytes = request.app[SETTINGS].max_payload_bytes
-    return {
-        "limit": items_limit(max_payload_bytes),
-        "context": {"max_payload_bytes": max_payload_bytes},
-    }
-
-
-async def _settle(dispatch: Dispatch, items: Sequence[Ack]) -> list[dict[str, Any]]:
+async def _settle(
+    dispatch: Dispatch, items: Sequence[Ack], encoded_results: Sequence[orjson.Fragment]
+) -> list[dict[str, Any]]:
     """Record the outcomes of `POST /v1/acks` (or of a claim's `acks`) through the fenced
-    batch statements; one status per item, in order, each as if it had been sent alone."""
-    completions = [
-        Completion(a.id, a.lease_token, a.result) for a in items if a.outcome == "complete"
+    batch statements; one status per item, in order, each as if it had been sent alone.
+    Completions go as columns, with no object per item: they are nearly every ack."""
+    ids: list[UUID] = []
+    tokens: list[UUID] = []
+    results: list[orjson.Fragment] = []
+    failures: list[Failure] = []
+    for ack, result in zip(items, encoded_results, strict=True):
+        if ack.outcome == "complete":
+            ids.append(ack.id)
+            tokens.append(ack.lease_token)
+            results.append(result)
+        elif ack.error is not None:  # always, for a fail: the model requires it
+            failures.append(_failure(ack.id, ack.lease_token, ack.error, ack.retry_in_seconds))
+    completed = [
+        ACK_STATUS[r] for r in await dispatch.store.settle_completions(ids, tokens, results)
     ]
-    failures = [
-        _failure(a.id, a.lease_token, a.error, a.retry_in_seconds)
-        for a in items
-        if a.outcome == "fail" and a.error is not None
+    failed = [
+        ACK_STATUS[o.result] for o in await dispatch.store.fail_many(failures, with_jobs=False)
     ]
-    outcomes = iter(await dispatch.store.complete_many(completions, with_jobs=False))
-    failed = iter(await dispatch.store.fail_many(failures, with_jobs=False))
-    results: list[dict[str, Any]] = []
-    counted: Counter[tuple[str, int]] = Counter()
-    for ack in items:
-        outcome = next(outcomes if ack.outcome == "complete" else failed)
-        status = ACK_STATUS[outcome.result]
-        counted[ack.outcome, status] += 1
-        results.append({"id": outcome.id, "status": status})
-    for (kind, status), count in counted.items():
+    _count_acks(dispatch, "complete", completed)
+    _count_acks(dispatch, "fail", failed)
+    if failed:
+        completes, fails = iter(completed), iter(failed)
+        statuses = [next(completes if ack.outcome == "complete" else fails) for ack in items]
+    else:
+        statuses = completed
+    return [{"id": ack.id, "status": status} for ack, status in zip(items, statuses, strict=True)]
+
+
+def _count_acks(dispatch: Dispatch, kind: str, statuses: list[int]) -> None:
+    # One counter update per status, not per item.
+    for status, count in Counter(statuses).items():
         dispatch.metrics.acks.labels(kind, str(status)).inc(count)
-    return results
