@@ -4,7 +4,8 @@
 Not a test: it measures and prints. It starts its own PostgreSQL (`LocalPostgres`, default
 durability) in a temporary directory, applies the migrations of the `evora` package on the
 path (so `PYTHONPATH=<checkout>/shared:<checkout>` picks the code to measure), loads some
-finished history, and then, per round: submits `--jobs` jobs, CHECKPOINTs, and drains them
+finished history (and with `--running`, jobs that other workers hold RUNNING in another
+queue), and then, per round: submits `--jobs` jobs, CHECKPOINTs, and drains them
 as one SDK worker does as deployed, one claim of `--batch` jobs at a time followed by one
 `complete_many` of that batch. Per round it prints the cluster's CPU microseconds per job
 (every PostgreSQL process, from /proc), WAL bytes and full-page images per job, and with
@@ -111,6 +112,11 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
     try:
         await submit(store, args.history)
         await drain(store, 1000)
+        for start in range(0, args.running, 1000):
+            # jobs other workers hold RUNNING in another queue while this one drains
+            size = min(1000, args.running - start)
+            await store.submit_batch([JobSubmission(queue="elsewhere", type="noop")] * size)
+            await store.claim(worker_id="elsewhere", queues=["elsewhere"], max_jobs=size)
         await pool.execute("VACUUM ANALYZE jobs")
         cpu: list[float] = []
         wal_per_job: list[float] = []
@@ -154,6 +160,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=100, help="claim max_jobs and ack batch")
     parser.add_argument("--history", type=int, default=20_000, help="finished jobs loaded first")
+    parser.add_argument(
+        "--running", type=int, default=0, help="jobs held RUNNING in another queue meanwhile"
+    )
     parser.add_argument(
         "--what-if", help="SQL run after the migrations (a what-if, e.g. dropping an index)"
     )
