@@ -115,7 +115,8 @@ WITH items AS (
 -- rather than filtering `jobs`: as a filter, the planner may read it as "scan every RUNNING
 -- job" (through an index on state, every queue's) and hash-join the items to them, an ack
 -- costing as much as the jobs running anywhere (tests/integration/test_ack_cost.py). Joined,
--- each item is one probe of the primary key.
+-- each item is one probe of the primary key. (DISTINCT ON keeps `input` a subquery of its
+-- own, so `fenced` stays a column instead of being folded back into a constant filter.)
 input AS (
     SELECT DISTINCT ON (id, token) *, 'RUNNING'::job_state AS fenced
     FROM items ORDER BY id, token, ord
