@@ -1098,8 +1098,8 @@ CREATE FUNCTION public.evora_end_attempts(ends public.evora_attempt_end[], suppr
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    WITH decided AS (
-        SELECT * FROM unnest(ends)
+    WITH decided AS MATERIALIZED (
+        SELECT *, 'RUNNING'::job_state AS fenced FROM unnest(ends)
     ),
     moved AS (
         UPDATE jobs j
@@ -1111,7 +1111,7 @@ BEGIN
                           THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
             finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
             updated_at = evora_now(), version = j.version + 1
-        FROM decided d WHERE j.id = d.id AND j.state = 'RUNNING'
+        FROM decided d WHERE j.id = d.id AND j.state = d.fenced
         RETURNING j AS whole, ROW(
             j,
             CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'

@@ -111,14 +111,21 @@ WITH items AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
 ),
+-- The fence's state comes with the items (`fenced`), so that it joins each item to its job
+-- rather than filtering `jobs`: as a filter, the planner may read it as "scan every RUNNING
+-- job" (through an index on state, every queue's) and hash-join the items to them, an ack
+-- costing as much as the jobs running anywhere (tests/integration/test_ack_cost.py). Joined,
+-- each item is one probe of the primary key. (DISTINCT ON keeps `input` a subquery of its
+-- own, so `fenced` stays a column instead of being folded back into a constant filter.)
 input AS (
-    SELECT DISTINCT ON (id, token) * FROM items ORDER BY id, token, ord
+    SELECT DISTINCT ON (id, token) *, 'RUNNING'::job_state AS fenced
+    FROM items ORDER BY id, token, ord
 ),
 moved AS (
     UPDATE jobs j
     SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = evora_now(),
         updated_at = evora_now(), version = j.version + 1
-    FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
+    FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
     RETURNING j.id, j.lease_token, j AS job,
               ROW(j, 'completed', 'RUNNING', j.worker_id,
                   jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora_move AS move
@@ -175,8 +182,10 @@ WITH items AS (
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
         WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
 ),
+-- the fence's state comes with the items, for the reason given at complete
 input AS (
-    SELECT DISTINCT ON (id, token) * FROM items ORDER BY id, token, ord
+    SELECT DISTINCT ON (id, token) *, 'RUNNING'::job_state AS fenced
+    FROM items ORDER BY id, token, ord
 ),
 decided AS (
     SELECT ROW(
@@ -192,8 +201,7 @@ decided AS (
                                                    j.backoff_multiplier, j.attempt)),
         false, 'failed', j.worker_id
     )::evora_attempt_end AS decision
-    FROM jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token
-    WHERE j.state = 'RUNNING'
+    FROM jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
     FOR UPDATE OF j
 ),
 ended AS (

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""What PostgreSQL spends per drained job: CPU and WAL of the claim and completion path.
+
+Not a test: it measures and prints. It starts its own PostgreSQL (`LocalPostgres`, default
+durability) in a temporary directory, applies the migrations of the `evora` package on the
+path (so `PYTHONPATH=<checkout>/shared:<checkout>` picks the code to measure), loads some
+finished history (and with `--running`, jobs that other workers hold RUNNING in another
+queue), and then, per round: submits `--jobs` jobs, CHECKPOINTs, and drains them
+as one SDK worker does as deployed, one claim of `--batch` jobs at a time followed by one
+`complete_many` of that batch. Per round it prints the cluster's CPU microseconds per job
+(every PostgreSQL process, from /proc), WAL bytes and full-page images per job, and with
+`--waldump` the WAL of the last round by record type (`pg_walinspect`).
+
+    PYTHONPATH=shared:. python scripts/bench_drain_pg.py --rounds 3 --jobs 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+
+from evora.embedded import LocalPostgres
+from evora.protocol.jobs import JobSubmission
+from evora.storage.db import create_pool
+from evora.storage.jobs import Completion, JobStore
+from evora.storage.migrate import apply_migrations
+
+# Run as a file: the repository's bench package, whose /proc readings this shares, is
+# importable from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import procstats
+
+QUEUE = "drain"
+
+
+async def submit(store: JobStore, jobs: int) -> None:
+    for start in range(0, jobs, 1000):
+        size = min(1000, jobs - start)
+        items = [JobSubmission(queue=QUEUE, type="noop", payload={"n": i}) for i in range(size)]
+        await store.submit_batch(items)
+
+
+class Split:
+    """PostgreSQL CPU seconds spent while claims, and while completions, were in flight."""
+
+    def __init__(self, postmaster: int) -> None:
+        self.postmaster = postmaster
+        self.claim = 0.0
+        self.complete = 0.0
+
+
+async def drain(store: JobStore, batch: int, split: Split | None = None) -> int:
+    drained = 0
+    while True:
+        c0 = procstats.cluster_cpu_seconds(split.postmaster) if split else 0.0
+        jobs = await store.claim(worker_id="drain-worker", queues=[QUEUE], max_jobs=batch)
+        c1 = procstats.cluster_cpu_seconds(split.postmaster) if split else 0.0
+        if not jobs:
+            return drained
+        await store.complete_many(
+            [Completion(j["id"], j["lease_token"]) for j in jobs], with_jobs=False
+        )
+        if split:
+            split.claim += c1 - c0
+            split.complete += procstats.cluster_cpu_seconds(split.postmaster) - c1
+        drained += len(jobs)
+
+
+async def wal(conn: asyncpg.Connection) -> tuple[str, int, int]:
+    row = await conn.fetchrow(
+        "SELECT pg_current_wal_lsn()::text AS lsn, "
+        "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8 AS bytes, "
+        "(SELECT wal_fpi FROM pg_stat_wal) AS fpi"
+    )
+    assert row is not None
+    return row["lsn"], row["bytes"], row["fpi"]
+
+
+async def wal_by_record(conn: asyncpg.Connection, start: str, end: str, jobs: int) -> str:
+    await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    rows = await conn.fetch(
+        'SELECT "resource_manager/record_type" AS kind, count, record_size, fpi_size '
+        "FROM pg_get_wal_stats($1::text::pg_lsn, $2::text::pg_lsn, true) WHERE count > 0 "
+        "ORDER BY record_size + fpi_size DESC",
+        start,
+        end,
+    )
+    return "\n".join(
+        f"  {r['kind']:<28} {r['count'] / jobs:6.2f}/job {r['record_size'] / jobs:7.0f} B/job"
+        f" (+{r['fpi_size'] / jobs:.0f} FPI)"
+        for r in rows
+    )
+
+
+async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Path) -> None:
+    await apply_migrations(dsn)
+    if args.what_if:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(args.what_if)
+        finally:
+            await conn.close()
+    pool = await create_pool(dsn, min_size=2, max_size=2)
+    store = JobStore(pool)
+    try:
+        await submit(store, args.history)
+        await drain(store, 1000)
+        for start in range(0, args.running, 1000):
+            # jobs other workers hold RUNNING in another queue while this one drains
+            size = min(1000, args.running - start)
+            await store.submit_batch([JobSubmission(queue="elsewhere", type="noop")] * size)
+            await store.claim(worker_id="elsewhere", queues=["elsewhere"], max_jobs=size)
+        await pool.execute("VACUUM ANALYZE jobs")
+        cpu: list[float] = []
+        wal_per_job: list[float] = []
+        for round_ in range(1, args.rounds + 1):
+            await submit(store, args.jobs)
+            async with pool.acquire() as conn:
+                await conn.execute("CHECKPOINT")
+                lsn0, wal0, fpi0 = await wal(conn)
+            cpu0 = procstats.cluster_cpu_seconds(postmaster)
+            t0 = time.perf_counter()
+            split = Split(postmaster)
+            drained = await drain(store, args.batch, split)
+            seconds = time.perf_counter() - t0
+            cpu1 = procstats.cluster_cpu_seconds(postmaster)
+            async with pool.acquire() as conn:
+                lsn1, wal1, fpi1 = await wal(conn)
+            cpu.append((cpu1 - cpu0) / drained * 1e6)
+            wal_per_job.append((wal1 - wal0) / drained)
+            print(
+                f"round {round_}: {drained} jobs in {seconds:.2f} s, PG CPU {cpu[-1]:.1f} us/job, "
+                f"WAL {wal_per_job[-1]:,.0f} B/job, FPI {(fpi1 - fpi0) / drained:.3f}/job "
+                f"(claims {split.claim / drained * 1e6:.1f}, "
+                f"completions {split.complete / drained * 1e6:.1f} us/job)",
+                flush=True,
+            )
+        print(
+            f"median: PG CPU {statistics.median(cpu):.1f} us/job, "
+            f"WAL {statistics.median(wal_per_job):,.0f} B/job"
+        )
+        if args.waldump:
+            async with pool.acquire() as conn:
+                print(await wal_by_record(conn, lsn0, lsn1, drained))
+    finally:
+        await store.close()
+        await pool.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--jobs", type=int, default=10_000, help="jobs drained per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=100, help="claim max_jobs and ack batch")
+    parser.add_argument("--history", type=int, default=20_000, help="finished jobs loaded first")
+    parser.add_argument(
+        "--running", type=int, default=0, help="jobs held RUNNING in another queue meanwhile"
+    )
+    parser.add_argument(
+        "--what-if", help="SQL run after the migrations (a what-if, e.g. dropping an index)"
+    )
+    parser.add_argument("--waldump", action="store_true", help="WAL of the last round by type")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="evora-drain-pg-") as tmp:
+        data_dir = Path(tmp) / "data"
+        with LocalPostgres(data_dir, durable=True, log_path=Path(tmp) / "postgres.log") as pg:
+            postmaster = procstats.postmaster_pid(data_dir)
+            assert postmaster is not None
+            asyncio.run(run(args, pg.dsn("postgres"), postmaster, data_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""An ack's cost follows its own items, not how many jobs run elsewhere.
+
+A completion or failure finds each job by its id, fenced by the item's token and the state the
+job must be in. If the planner reads the fence's `state = 'RUNNING'` as a filter on `jobs`, it
+may instead scan every RUNNING job of every queue (through an index on state) and hash-join
+the items to them: with the default estimate for `state`, which has no statistics, a scan of
+"a few hundred" rows looks cheaper than one index probe per item. (With no such filter, a
+table small enough would rightly be read whole; a queue's backlog makes it too big for that.)
+The count of rows read is exact (the transaction's own `pg_stat_xact_user_tables`), so the
+bound below involves no timing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import asyncpg
+
+from evora.protocol.jobs import JobSubmission
+from evora.storage import queries
+from evora.storage.db import jsonb_elements
+from evora.storage.jobs import JobStore
+
+ELSEWHERE = 3_000  # jobs RUNNING under other workers, in another queue
+BACKLOG = 20_000  # jobs waiting in a third queue: a table too big to read whole for one ack
+ITEMS = 50
+# Per acked item: one probe of the primary key for the change, a re-read for its answer, the
+# index entries the new row versions and events check; far below ELSEWHERE / ITEMS = 60.
+ROWS_READ_PER_ITEM = 12
+
+Arguments = Callable[[list[object], list[object]], tuple[object, ...]]
+
+
+async def rows_read(conn: asyncpg.Connection) -> int:
+    read: int = await conn.fetchval(
+        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
+        "FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
+    )
+    return read
+
+
+def complete_args(ids: list[object], tokens: list[object]) -> tuple[object, ...]:
+    return (ids, tokens, jsonb_elements(None for _ in ids), [], False)
+
+
+def fail_args(ids: list[object], tokens: list[object]) -> tuple[object, ...]:
+    errors = [{"message": "boom", "type": None} for _ in ids]
+    return (ids, tokens, errors, [True] * len(ids), [None] * len(ids), [], False)
+
+
+# asyncpg prepares every statement, and from its sixth run PostgreSQL may keep a generic plan,
+# made without the parameters' values: both kinds of plan must probe per item.
+PLANS = ("auto", "force_generic_plan")
+STATEMENTS = {"complete": (queries.COMPLETE, complete_args), "fail": (queries.FAIL, fail_args)}
+
+
+async def test_an_ack_reads_rows_for_its_items_not_for_every_running_job(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    # one table for every case: filling it is most of this test's time
+    for _ in range(BACKLOG // 1000):
+        await store.submit_batch([JobSubmission(queue="backlog", type="t") for _ in range(1000)])
+    for _ in range(ELSEWHERE // 1000):
+        await store.submit_batch([JobSubmission(queue="busy", type="t") for _ in range(1000)])
+        assert len(await store.claim(worker_id="others", queues=["busy"], max_jobs=1000)) == 1000
+    cases = [(name, plans) for name in STATEMENTS for plans in PLANS]
+    await store.submit_batch(
+        [JobSubmission(queue="mine", type="t") for _ in range(ITEMS * len(cases))]
+    )
+    read: dict[tuple[str, str], int] = {}
+    async with pool.acquire() as conn:
+        await conn.execute("ANALYZE jobs")
+        for name, plans in cases:
+            statement, args = STATEMENTS[name]
+            mine = await store.claim(worker_id="me", queues=["mine"], max_jobs=ITEMS)
+            assert len(mine) == ITEMS
+            await conn.execute(f"SET plan_cache_mode = {plans}")
+            async with conn.transaction():
+                before = await rows_read(conn)
+                rows = await conn.fetch(
+                    statement, *args([j["id"] for j in mine], [j["lease_token"] for j in mine])
+                )
+                read[name, plans] = await rows_read(conn) - before
+            assert [r["outcome"] for r in rows] == ["done"] * ITEMS
+    assert all(n <= ITEMS * ROWS_READ_PER_ITEM for n in read.values()), (
+        f"rows of jobs read to ack {ITEMS} items: {read}"
+    )
