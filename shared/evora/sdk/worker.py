@@ -346,8 +346,8 @@ class Worker:
             for claim in claims:
                 claim.cancel()
             await asyncio.wait(claims)
-            # A batch handed over while the loop waited for slots, in the same moment as the
-            # loop was cancelled (stop): no claim will carry it, the batcher sends it itself.
+            # A batch handed over while a claim waited for slots, in the same moment as the
+            # claims were cancelled (stop): no claim will carry it, the batcher sends it itself.
             carried, self._carried = self._carried, None
             if carried is not None and not carried.answer.done():
                 carried.answer.set_exception(
