@@ -54,7 +54,15 @@ ContextToken = Token[Mapping[str, Any]]
 def bind(**fields: Any) -> ContextToken:
     """Add fields (None values are left out) to the log context of this task and of the
     tasks it creates from now on; undo with `unbind(token)` in the same task."""
-    return _CONTEXT.set({**_CONTEXT.get(), **{k: v for k, v in fields.items() if v is not None}})
+    for value in fields.values():
+        if value is None:
+            fields = {k: v for k, v in fields.items() if v is not None}
+            break
+    bound = _CONTEXT.get()
+    # `fields` is this call's own dict, which nothing else holds or changes: with nothing
+    # bound before (a job's task in the worker, a request in a service) it is the context
+    # as it is, one dict per bind rather than three.
+    return _CONTEXT.set({**bound, **fields} if bound else fields)
 
 
 def unbind(token: ContextToken) -> None:

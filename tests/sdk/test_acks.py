@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 import pytest
 
 import evora
+from evora.sdk._http import Transport
 from evora.sdk.acks import Ack, AckBatcher
+from evora.sdk.reports import Reports
 from tests.sdk.conftest import FAST
 
 
@@ -152,3 +155,43 @@ def test_ack_wire_shapes() -> None:
         "lease_token": "token-1",
         "error": {"message": "m", "retryable": True},
     }
+
+
+@pytest.mark.parametrize(
+    ("status", "level", "says"),
+    [
+        (409, logging.WARNING, "taken away"),
+        (404, logging.WARNING, "no longer exists"),
+        (500, logging.ERROR, "answered 500"),
+    ],
+)
+async def test_a_refused_outcome_is_logged_naming_its_job(
+    status: int, level: int, says: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The job's task awaits the batcher's future itself; the answer is read and logged where
+    # the batch is sent, out of that task's log context, so the record names the job itself.
+    def carry(acks: Sequence[Ack]) -> asyncio.Future[list[dict[str, Any]]]:
+        answer: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()
+        answer.set_result(
+            [{"id": a.job_id, "status": 200 if a.job_id == "job-1" else status} for a in acks]
+        )
+        return answer
+
+    reports = Reports(
+        Transport("http://127.0.0.1:9", None, timeout=1.0, retries=0, backoff=FAST),
+        max_batch=10,
+        linger=0.0,
+        expect_more=lambda: False,
+        backoff=FAST,
+        carry=carry,
+    )
+    reports.start()
+    with caplog.at_level(logging.WARNING, logger="evora.worker"):
+        statuses = await asyncio.wait_for(
+            asyncio.gather(reports.report(ack(1)), reports.report(ack(2))), 1.0
+        )
+    await reports.close(within=1.0)
+    assert statuses == [200, status]
+    [record] = caplog.records
+    assert (record.levelno, record.__dict__["job_id"]) == (level, "job-2")
+    assert says in record.getMessage()

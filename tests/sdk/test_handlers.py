@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import gc
+import threading
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -129,6 +133,41 @@ def test_progress_keeps_the_newest_unsent_report() -> None:
     assert newer is not None and orjson.loads(orjson.dumps(newer)) == {"done": 3}
     with pytest.raises(TypeError):
         job.progress(object())
+
+
+def test_threads_asking_for_the_cancel_event_at_once_get_the_same_one() -> None:
+    # Created when first asked for: a handler thread and the loop must not each make one,
+    # or a cancel request set on one would go unseen on the other.
+    job = evora.Job.from_claim(claimed())
+    start = threading.Barrier(8)
+
+    def ask() -> asyncio.Event:
+        start.wait()
+        return job.cancel_event
+
+    with ThreadPoolExecutor(8) as pool:
+        events = list(pool.map(lambda _: ask(), range(8)))
+    assert all(event is events[0] for event in events)
+    assert not job.cancel_requested
+    events[0].set()
+    assert job.cancel_requested
+
+
+def test_a_claimed_job_is_one_object_for_the_garbage_collector() -> None:
+    # A drain builds a thousand jobs a second; every container the collector tracks brings
+    # its next young collection nearer. The cancel event (with its queue of waiters) waits
+    # until someone asks for it, the progress lock is shared: 4 objects per job before.
+    data = [claimed(id=str(i)) for i in range(1000)]
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        jobs = [evora.Job.from_claim(item) for item in data]
+        tracked = len(gc.get_objects()) - before - 1  # less the list holding them
+    finally:
+        gc.enable()
+    assert all(not job.cancel_requested for job in jobs)
+    assert tracked / len(jobs) <= 1.5
 
 
 class Fatal(Exception):

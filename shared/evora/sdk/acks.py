@@ -43,15 +43,28 @@ class Ack(NamedTuple):
     result: orjson.Fragment | None = None
     error: Mapping[str, Any] | None = None
 
-    def endpoint_body(self) -> dict[str, Any]:
-        """The body of `POST /v1/jobs/{id}/complete` or `/fail`."""
-        if self.outcome == "complete":
-            return {"lease_token": self.lease_token, "result": self.result}
-        return {"lease_token": self.lease_token, "error": self.error}
-
     def item(self) -> dict[str, Any]:
-        """One entry of `POST /v1/acks`."""
-        return {"id": self.job_id, "outcome": self.outcome, **self.endpoint_body()}
+        """One entry of `POST /v1/acks` (one per job of a batch: one dict, built at once)."""
+        if self.outcome == "complete":
+            return {
+                "id": self.job_id,
+                "outcome": "complete",
+                "lease_token": self.lease_token,
+                "result": self.result,
+            }
+        return {
+            "id": self.job_id,
+            "outcome": "fail",
+            "lease_token": self.lease_token,
+            "error": self.error,
+        }
+
+    def endpoint_body(self) -> dict[str, Any]:
+        """The body of `POST /v1/jobs/{id}/complete` or `/fail`: the item without what the
+        path says."""
+        body = self.item()
+        del body["id"], body["outcome"]
+        return body
 
 
 _Entry = tuple[Ack, asyncio.Future[int], Callable[[], None] | None]

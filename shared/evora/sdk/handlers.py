@@ -17,6 +17,12 @@ from evora.sdk.errors import JobCancelled
 
 _TYPE_RE = re.compile(TYPE_PATTERN)
 
+# What a sync handler's thread and the event loop may change of one job at once: its
+# progress (taking it is a read and a clear, with no report falling in between) and its
+# cancel event while it is created. One lock for all jobs, not one per job: the steps it
+# guards are a few bytecodes long, and a drain builds a thousand jobs a second.
+_SHARED_STATE = threading.Lock()
+
 
 @dataclass(eq=False)
 class Job:
@@ -38,11 +44,9 @@ class Job:
     lease_seconds: int
     lease_token: str = field(repr=False)
     data: Mapping[str, Any] = field(repr=False)
-    cancel_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # Created when first asked for (most jobs never are): see `cancel_event`.
+    _cancel_event: asyncio.Event | None = field(default=None, repr=False)
     _progress: orjson.Fragment | None = field(default=None, repr=False)
-    # A sync handler reports progress from its thread while heartbeats take it on the loop;
-    # the lock makes taking (read, then clear) one step, so no report falls in between.
-    _progress_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def from_claim(cls, data: Mapping[str, Any]) -> Job:
@@ -66,8 +70,21 @@ class Job:
         return results
 
     @property
+    def cancel_event(self) -> asyncio.Event:
+        """Set when cancellation of the job was requested."""
+        event = self._cancel_event
+        if event is None:
+            # A handler thread may ask in the same moment as the loop: one event for both.
+            with _SHARED_STATE:
+                event = self._cancel_event
+                if event is None:
+                    event = self._cancel_event = asyncio.Event()
+        return event
+
+    @property
     def cancel_requested(self) -> bool:
-        return self.cancel_event.is_set()
+        event = self._cancel_event
+        return event is not None and event.is_set()
 
     def raise_if_cancel_requested(self) -> None:
         if self.cancel_requested:
@@ -77,16 +94,16 @@ class Job:
         """Report progress (any JSON value) with the next heartbeat; a newer report replaces
         one not yet sent. Raises TypeError at once when `value` is not JSON-serialisable."""
         encoded = orjson.Fragment(orjson.dumps(value))
-        with self._progress_lock:
+        with _SHARED_STATE:
             self._progress = encoded
 
     def _take_progress(self) -> orjson.Fragment | None:
-        with self._progress_lock:
+        with _SHARED_STATE:
             progress, self._progress = self._progress, None
         return progress
 
     def _restore_progress(self, progress: orjson.Fragment) -> None:
-        with self._progress_lock:
+        with _SHARED_STATE:
             if self._progress is None:
                 self._progress = progress
 

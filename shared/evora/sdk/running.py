@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("evora.worker")
 
+# The result of a handler that returns nothing, as many do: encoded once, not per job.
+_NULL = orjson.Fragment(b"null")
+
 
 def failure_from_exception(exc: BaseException) -> dict[str, Any]:
     """The `error` of a fail report: retryable unless the exception has a false `retryable`
@@ -111,7 +114,7 @@ class RunningJob:
             )
             return Ack(job.id, job.lease_token, "fail", error=failure)
         try:
-            encoded = orjson.Fragment(orjson.dumps(result))
+            encoded = _NULL if result is None else orjson.Fragment(orjson.dumps(result))
         except TypeError as exc:
             # Deterministic: running the handler again would return the same thing.
             log.error("job %s: the handler's result is not JSON-serialisable: %s", job.id, exc)
