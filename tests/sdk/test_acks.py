@@ -191,7 +191,7 @@ async def test_a_refused_outcome_is_logged_naming_its_job(
             asyncio.gather(reports.report(ack(1)), reports.report(ack(2))), 1.0
         )
     await reports.close(within=1.0)
-    assert statuses == [200, status]
+    assert list(statuses) == [200, status]
     [record] = caplog.records
     assert (record.levelno, record.__dict__["job_id"]) == (level, "job-2")
     assert says in record.getMessage()
