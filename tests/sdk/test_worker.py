@@ -96,8 +96,7 @@ async def test_claims_runs_and_completes_with_the_return_value(
     assert (await client.get(job_id))["result"] == {"hello": ["world"]}
     claim = proxy.seen("POST", "/v1/claim")[0].body
     assert claim["worker_id"] == worker.settings.worker_id and claim["queues"] == ["q"]
-    # two claims in flight, each for half of concurrency 4
-    assert claim["types"] == example_handlers.types and claim["max_jobs"] == 2
+    assert claim["types"] == example_handlers.types and claim["max_jobs"] == 4
 
 
 async def test_the_example_def_handler_runs_in_a_thread_and_completes(
@@ -129,7 +128,11 @@ async def test_failures_are_reported_retryable_unless_the_exception_says_not(
             )
 
         await until(reported, "both outcomes recorded")
-    errors = {item["id"]: item["error"] for item in outcomes_sent(proxy)}
+    errors = {
+        item["id"]: item["error"]
+        for batch in proxy.seen("POST", "/v1/acks")
+        for item in batch.body["acks"]
+    }
     # the stack trace ends where the handler raised
     assert (
         errors[flaky]
@@ -187,7 +190,7 @@ async def test_the_jobs_of_a_claim_share_one_timer_until_their_first_heartbeat(
 ) -> None:
     """A claim of ten jobs with one lease length arms one timer, not ten. The jobs that end
     before it fires get no heartbeat; the one still running gets its heartbeats from then."""
-    worker = make_worker(proxy, concurrency=10, claims_in_flight=1)  # one claim of ten
+    worker = make_worker(proxy, concurrency=10)
     loop = asyncio.get_running_loop()
     armed: list[float] = []
     call_later = loop.call_later
@@ -386,12 +389,6 @@ def carried_batches(proxy: FaultProxy) -> list[list[dict[str, Any]]]:
     return [c.body["acks"] for c in proxy.seen("POST", "/v1/claim") if c.body.get("acks")]
 
 
-def outcomes_sent(proxy: FaultProxy) -> list[dict[str, Any]]:
-    """Every outcome the worker sent in a batch, carried by a claim or by POST /v1/acks."""
-    sent = [batch.body["acks"] for batch in proxy.seen("POST", "/v1/acks")]
-    return [item for batch in carried_batches(proxy) + sent for item in batch]
-
-
 async def test_outcomes_are_batched_under_load(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
@@ -444,20 +441,15 @@ async def test_claimed_handlers_start_before_the_next_claim_is_sent(
     send = worker._http.request
 
     async def recording(method: str, path: str, **kwargs: Any) -> Any:
-        if path != "/v1/claim":
-            return await send(method, path, **kwargs)
-        order.append("claim")
-        answer = await send(method, path, **kwargs)
-        if answer.data["jobs"]:
-            order.append("answered")
-        return answer
+        if path == "/v1/claim":
+            order.append("claim")
+        return await send(method, path, **kwargs)
 
     worker._http.request = recording  # type: ignore[method-assign]
     job_id = (await client.submit("q", "t")).id
     async with serving(worker):
         await until(in_state(store, job_id, "COMPLETED"))
-    answered = order.index("answered")
-    assert order[answered + 1 :][:2] == ["handler", "claim"]
+    assert order[:3] == ["claim", "handler", "claim"]
 
 
 async def test_a_rejected_batch_is_reported_job_by_job(
@@ -569,10 +561,10 @@ async def test_stop_gives_up_on_a_handler_that_ignores_cancellation(
 async def test_outcomes_handed_to_a_claim_that_stop_cancels_are_still_recorded(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    """The last handler of a full worker (every slot taken) asks it to stop: the batch of
-    outcomes that frees the slots is handed to the next claim in the same moment as stop()
-    cancels the claims, before that claim is sent. The outcomes go by POST /v1/acks instead,
-    and stop() returns without waiting out the grace period."""
+    """The last handler of a full claim asks the worker to stop: the batch of outcomes that
+    frees the slots is handed to the next claim in the same moment as stop() cancels the
+    claim loop, before that claim is sent. The outcomes go by POST /v1/acks instead, and
+    stop() returns without waiting out the grace period."""
     worker = make_worker(proxy, concurrency=2, grace_period=2, shutdown_timeout=2)
     handled: list[str] = []
     last_handled = asyncio.Event()
@@ -594,10 +586,9 @@ async def test_outcomes_handed_to_a_claim_that_stop_cancels_are_still_recorded(
     await task
     assert loop.time() - stop_started < 1.5  # not the grace period: nothing was left running
     assert [(await stored(store, i))["state"] for i in ids] == ["COMPLETED"] * 2
-    # (a claim that stop() cancelled after it was sent may have carried some already: they
-    # are sent again, which is safe)
-    assert {a["id"] for a in outcomes_sent(proxy)} == set(ids)
-    assert proxy.seen("POST", "/v1/acks")  # the last outcome: no claim carried it
+    assert sorted(a["id"] for b in proxy.seen("POST", "/v1/acks") for a in b.body["acks"]) == (
+        sorted(ids)
+    )
 
 
 async def test_the_claim_loop_survives_the_dispatcher_going_away(
@@ -711,8 +702,7 @@ async def test_the_next_claim_overlaps_the_outcomes_on_their_way(
     so claimed keep their slots until their own outcomes go out."""
     proxy.fault("POST", "/v1/claim", 503, with_acks=True)
     proxy.fault("POST", "/v1/acks", 503, delay=2.0)  # the retry's answer is slow (then retried)
-    # One claim at a time: with two, the other claim would carry the refused outcomes.
-    worker = make_worker(proxy, concurrency=2, handlers=example_handlers, claims_in_flight=1)
+    worker = make_worker(proxy, concurrency=2, handlers=example_handlers)
     ids = [(await client.submit("q", "demo.echo", {"n": n})).id for n in range(6)]
 
     async def taken() -> int:
@@ -741,5 +731,7 @@ async def test_a_backlog_drains_with_outcomes_riding_the_claims(
     ids = [r.id for r in await client.submit_batch([{"queue": "q", "type": "t"}] * 600)]
     async with serving(worker):
         await until(all_in_state(store, ids, "COMPLETED"), "all completed", within=60)
-    assert sorted(a["id"] for a in outcomes_sent(proxy)) == sorted(ids)
-    assert carried_batches(proxy)
+    carried = carried_batches(proxy)
+    sent = [batch.body["acks"] for batch in proxy.seen("POST", "/v1/acks")]
+    assert sorted(a["id"] for b in carried + sent for a in b) == sorted(ids)
+    assert carried

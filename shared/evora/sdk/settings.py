@@ -20,11 +20,6 @@ DEFAULT_CONCURRENCY: Final = 10
 DEFAULT_BLOCKED_LOOP_WARNING: Final = 1.0
 # With wait_seconds=0 (no long-poll), how long an idle worker waits before asking again.
 IDLE_PAUSE_SECONDS: Final = 0.5
-# Claims a worker keeps in flight at once. Two let PostgreSQL, the dispatcher and the worker
-# work at the same time in a drain (one claim is served while the jobs of the other run) and
-# leave a long-poll waiting while the other returns; more only adds requests.
-DEFAULT_CLAIMS_IN_FLIGHT: Final = 2
-MAX_CLAIMS_IN_FLIGHT: Final = 4
 _QUEUE_RE = re.compile(QUEUE_PATTERN)
 
 
@@ -53,7 +48,6 @@ class WorkerSettings:
     backoff: RetryBackoff
     handler_threads: int | None = None
     blocked_loop_warning: float | None = DEFAULT_BLOCKED_LOOP_WARNING
-    claims_in_flight: int = DEFAULT_CLAIMS_IN_FLIGHT
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.queues) <= MAX_CLAIM_QUEUES:
@@ -75,5 +69,3 @@ class WorkerSettings:
             raise ValueError("handler_threads must be at least 1")
         if self.blocked_loop_warning is not None and self.blocked_loop_warning <= 0:
             raise ValueError("blocked_loop_warning must be positive (or None: no watchdog)")
-        if not 1 <= self.claims_in_flight <= MAX_CLAIMS_IN_FLIGHT:
-            raise ValueError(f"claims_in_flight must be 1..{MAX_CLAIMS_IN_FLIGHT}")

@@ -2,13 +2,7 @@
 
 Life of a job in the worker:
 
-1. The claim loop long-polls `POST /v1/claim` for as many jobs as it has free slots, with
-   up to `claims_in_flight` claims at once (two by default), each asking for at most its
-   share of `concurrency` (half, rounded up) and reserving the slots it asks for until it
-   is answered: jobs held plus slots reserved never exceed `concurrency`. In a drain the
-   claims alternate, one served by the dispatcher and PostgreSQL while the worker runs the
-   other's jobs; an idle worker keeps both long-polls waiting, so a job arriving while one
-   is on its way back still finds the other.
+1. The claim loop long-polls `POST /v1/claim` for as many jobs as it has free slots.
 2. Each job runs in a task of its own, which awaits the handler and then reports how it
    ended. An `async def` handler runs on the event loop; a plain `def` handler runs in one
    of the worker's handler threads (as many as `handler_threads`, by default
@@ -24,9 +18,9 @@ Life of a job in the worker:
    job. Its slot is freed when the outcome goes out in a batch: the next claim then runs
    while that batch is on its way instead of after it (a drained batch costs one round trip
    of latency, not two), and as the batcher sends one batch at a time, finished jobs whose
-   outcomes are not yet recorded never number more than twice `concurrency`. When a claim
-   is waiting for exactly those slots (all were taken, as in a drain), the batch rides in
-   the next claim's `acks` (one request, not two); otherwise (every claim already
+   outcomes are not yet recorded never number more than twice `concurrency`. When the
+   claim loop is waiting for exactly those slots (all were taken, as in a drain), the batch
+   rides in that claim's `acks` (one request, not two); otherwise (a claim already
    long-polling, or shutting down) it goes by `POST /v1/acks` and waits for nothing.
 4. A job whose cancellation was requested sees `job.cancel_event` set; if its handler has not
    ended after `cancel_grace` seconds it is cancelled. A handler that ends with an exception
@@ -46,7 +40,7 @@ job's task, interrupts and outcome), `executor` (running handlers, threads inclu
 `heartbeats`, `reports` (outcomes and releases to the dispatcher) and `loading`
 (`evora worker MODULE`); this module claims jobs and runs each through those parts.
 
-Shutdown (`stop()`, or SIGTERM/SIGINT under `run()`): the in-flight long-polls are cancelled,
+Shutdown (`stop()`, or SIGTERM/SIGINT under `run()`): the in-flight long-poll is cancelled,
 in-flight jobs get `grace_period` seconds to finish, handlers still running after that are
 cancelled and their jobs released (a second signal does that at once), outcomes are flushed,
 and `serve()` returns. Jobs the dispatcher claims in the very moment the long-poll is
@@ -80,7 +74,6 @@ from evora.sdk.reports import Reports
 from evora.sdk.running import Interrupt, RunningJob
 from evora.sdk.settings import (
     DEFAULT_BLOCKED_LOOP_WARNING,
-    DEFAULT_CLAIMS_IN_FLIGHT,
     DEFAULT_CONCURRENCY,
     IDLE_PAUSE_SECONDS,
     WorkerSettings,
@@ -123,8 +116,6 @@ class Worker:
       of its own (default: `concurrency`).
     - `blocked_loop_warning`: warn when the event loop has not run for this many seconds,
       naming the handler that blocks it (None: no watchdog).
-    - `claims_in_flight`: claims sent at once (1..4), each for at most `concurrency` /
-      `claims_in_flight` jobs, rounded up (1: one claim at a time, for every free slot).
     """
 
     def __init__(
@@ -148,7 +139,6 @@ class Worker:
         backoff: RetryBackoff | None = None,
         handler_threads: int | None = None,
         blocked_loop_warning: float | None = DEFAULT_BLOCKED_LOOP_WARNING,
-        claims_in_flight: int = DEFAULT_CLAIMS_IN_FLIGHT,
     ) -> None:
         if isinstance(queues, str):
             raise TypeError("queues must be a list of queue names, not a string")
@@ -170,7 +160,6 @@ class Worker:
             backoff=backoff or RetryBackoff(initial=0.5, max_delay=30.0),
             handler_threads=handler_threads,
             blocked_loop_warning=blocked_loop_warning,
-            claims_in_flight=claims_in_flight,
         )
         self._setup(settings, handlers or Handlers())
 
@@ -208,13 +197,9 @@ class Worker:
         # otherwise claims outrun acks under a backlog, unsent outcomes pile up and their
         # leases can expire under finished jobs.
         self._busy = 0
-        # Slots asked for by the claims in flight: reserved until each is answered, so the
-        # jobs held and the jobs about to arrive never add up to more than `concurrency`.
-        self._reserved = 0
-        self._claim_share = -(-settings.concurrency // settings.claims_in_flight)
         self._running: set[RunningJob] = set()
         self._slot_freed = asyncio.Event()
-        self._claims_waiting = 0  # claims waiting for a free slot
+        self._waiting_for_slot = False
         self._carried: _Carried | None = None  # outcomes for the next claim to carry
         self._stop_requested = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -333,21 +318,11 @@ class Worker:
             await self._shutdown()
 
     async def _claim_loop(self, types: list[str]) -> None:
-        claims = [
-            asyncio.create_task(self._claim_until_stopped(types), name=f"evora-claims-{n}")
-            for n in range(self.settings.claims_in_flight)
-        ]
         try:
-            # They claim until stopped (cancelled) or refused: a refusal ends them all.
-            done, _ = await asyncio.wait(claims, return_when=asyncio.FIRST_EXCEPTION)
-            for claim in done:
-                claim.result()
+            await self._claim_until_stopped(types)
         finally:
-            for claim in claims:
-                claim.cancel()
-            await asyncio.wait(claims)
-            # A batch handed over while a claim waited for slots, in the same moment as the
-            # claims were cancelled (stop): no claim will carry it, the batcher sends it itself.
+            # A batch handed over while the loop waited for slots, in the same moment as the
+            # loop was cancelled (stop): no claim will carry it, the batcher sends it itself.
             carried, self._carried = self._carried, None
             if carried is not None and not carried.answer.done():
                 carried.answer.set_exception(
@@ -357,21 +332,19 @@ class Worker:
     async def _claim_until_stopped(self, types: list[str]) -> None:
         failures = 0
         while True:
-            while self._free_slots() <= 0:
+            while self._busy >= self.settings.concurrency:
                 self._slot_freed.clear()
-                self._claims_waiting += 1
+                self._waiting_for_slot = True
                 try:
                     await self._slot_freed.wait()
                 finally:
-                    self._claims_waiting -= 1
-            # No await from the check above to the reservation: whichever claim takes the
-            # slots a carried batch freed also takes the batch.
+                    self._waiting_for_slot = False
             carried, self._carried = self._carried, None
-            max_jobs = min(self._free_slots(), self._claim_share, MAX_CLAIM_JOBS)
-            self._reserved += max_jobs
             try:
                 jobs, results = await self._claim(
-                    types, max_jobs, None if carried is None else carried.acks
+                    types,
+                    min(self.settings.concurrency - self._busy, MAX_CLAIM_JOBS),
+                    None if carried is None else carried.acks,
                 )
             except EvoraClientError as exc:
                 if carried is not None:
@@ -391,10 +364,6 @@ class Worker:
                 if carried is not None:
                     carried.answer.set_result(results or [])
             finally:
-                # The claimed jobs take their slots below, with no await between; the slots
-                # asked for and not filled are free for the other claims.
-                self._reserved -= max_jobs
-                self._slot_freed.set()
                 # Cancelled (shutdown) or broken: the batcher must not wait for it forever.
                 if carried is not None and not carried.answer.done():
                     carried.answer.set_exception(
@@ -413,17 +382,14 @@ class Worker:
                 # Without a long-poll an empty queue would be asked again at once, forever.
                 await asyncio.sleep(IDLE_PAUSE_SECONDS)
 
-    def _free_slots(self) -> int:
-        return self.settings.concurrency - self._busy - self._reserved
-
     def _carry(self, acks: Sequence[Ack]) -> asyncio.Future[list[dict[str, Any]]] | None:
-        """Give a batch of outcomes to the next claim if that claim is due now: a claim
-        waits for a slot and the batch's jobs have just freed some (their slots are freed
-        as a batch goes out, before it is sent). Otherwise None: the batch must not wait
-        for a claim that may long-poll or never come."""
+        """Give a batch of outcomes to the next claim if that claim is due now: the claim
+        loop waits for a slot and the batch's jobs have just freed some (their slots are
+        freed as a batch goes out, before it is sent). Otherwise None: the batch must not
+        wait for a claim that may long-poll or never come."""
         if (
-            not self._claims_waiting
-            or self._free_slots() <= 0
+            not self._waiting_for_slot
+            or self._busy >= self.settings.concurrency
             or self._carried is not None
             or self._stop_requested.is_set()
         ):
