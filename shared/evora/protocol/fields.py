@@ -92,13 +92,17 @@ def encode_client_json(value: Any, what: str, limit: int) -> bytes:
 
 def all_fit(values: Sequence[Any], limit: int) -> bool:
     """Whether every value surely passes `_fits`, found with one encoding of them all (a
-    thousand payloads of a batch: one call instead of a thousand): together they are within
-    `limit` and hold no NUL. False says only "check them one by one"."""
+    thousand payloads of a batch: one call instead of a thousand), and only when together
+    they exceed `limit` with one encoding each (a batch of payloads of a few kilobytes is
+    over a limit of one megabyte together, and must not be validated twice for it). False
+    says only "check them one by one"."""
     try:
         encoded = orjson.dumps(values)
     except orjson.JSONEncodeError:
         return False
-    return len(encoded) <= limit and not _holds_nul(encoded)
+    if _holds_nul(encoded):
+        return False
+    return len(encoded) <= limit or all(len(orjson.dumps(value)) <= limit for value in values)
 
 
 # asyncpg writes the first and the last instant a datetime can hold as PostgreSQL's
