@@ -1,15 +1,21 @@
 """Outcomes carried by `POST /v1/claim` (its `acks` field), against a real dispatcher and
-PostgreSQL (docs/http-api.md#post-v1claim): settled like `POST /v1/acks`, before the claim."""
+PostgreSQL (docs/http-api.md#post-v1claim): settled like `POST /v1/acks`, while the claim
+runs, and the claim answers what it would have found after them."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 from uuid import UUID, uuid4
+
+import asyncpg
 
 from evora.storage.jobs import JobStore
 from tests.dispatcher.conftest import Dispatcher
 from tests.dispatcher.test_worker_api import claim, submit
+from tests.polling import until
 
 
 def complete(job: dict[str, Any], token: str | None = None) -> dict[str, Any]:
@@ -65,6 +71,92 @@ async def test_outcomes_are_settled_before_the_claim_so_it_sees_freed_group_slot
     answer = await claim_with(dispatcher, [complete(job)], max_jobs=10)
     assert answer["results"] == [{"id": first, "status": 200}]
     assert [j["id"] for j in answer["jobs"]] == [second]
+
+
+@asynccontextmanager
+async def row_locked(db_url: str, job_id: str) -> AsyncIterator[None]:
+    """Hold `job_id`'s row lock from another session, so whatever settles it waits."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", UUID(job_id))
+            yield
+    finally:
+        await conn.close()
+
+
+async def state_of(store: JobStore, job_id: str) -> str:
+    state: str = (await store.get(UUID(job_id)))["state"]
+    return state
+
+
+async def test_the_claim_runs_while_its_outcomes_are_settled(
+    dispatcher: Dispatcher, store: JobStore, db_url: str
+) -> None:
+    """The settle and the claim are two statements at once: with the settle held up by a
+    row lock, the next job is already claimed (and committed) before the settle ends. Each
+    answer then holds both: the outcome's status and the job."""
+    first = await submit(store)
+    [job] = await claim(dispatcher)
+    second = await submit(store)
+    async with row_locked(db_url, first):
+        answering = asyncio.ensure_future(claim_with(dispatcher, [complete(job)]))
+        await until(lambda: _is_running(store, second), "the claim ran while the settle was held")
+        assert await state_of(store, first) == "RUNNING"  # the settle still waits
+        assert not answering.done()  # and the answer waits for it
+    answer = await answering
+    assert answer["results"] == [{"id": first, "status": 200}]
+    assert [j["id"] for j in answer["jobs"]] == [second]
+    assert await state_of(store, first) == "COMPLETED"
+
+
+async def _is_running(store: JobStore, job_id: str) -> bool:
+    return await state_of(store, job_id) == "RUNNING"
+
+
+async def test_a_short_claim_runs_again_for_the_slots_its_outcomes_free(
+    dispatcher: Dispatcher, store: JobStore, db_url: str
+) -> None:
+    """The first claim ran while the group's first job was still RUNNING (its completion held
+    by a row lock), so it found only the ungrouped job; once the completion is recorded the
+    claim runs again and the answer also holds the group's next job."""
+    first = await submit(store, group_key="g")
+    [job] = await claim(dispatcher)
+    second = await submit(store, group_key="g")
+    loose = await submit(store)
+    async with row_locked(db_url, first):
+        answering = asyncio.ensure_future(claim_with(dispatcher, [complete(job)], max_jobs=5))
+        await until(lambda: _is_running(store, loose), "the first claim took the loose job")
+        assert await state_of(store, second) == "PENDING"
+    answer = await answering
+    assert answer["results"] == [{"id": first, "status": 200}]
+    assert [j["id"] for j in answer["jobs"]] == [loose, second]
+
+
+async def test_a_worker_leaving_while_its_outcomes_settle_strands_nothing(
+    dispatcher: Dispatcher, store: JobStore, db_url: str
+) -> None:
+    """The worker disconnects after the claim took a job but before the settle ended: the
+    job goes back to the queue at once, and the outcomes are still recorded."""
+    first = await submit(store)
+    [job] = await claim(dispatcher)
+    second = await submit(store)
+    async with row_locked(db_url, first):
+        answering = asyncio.ensure_future(claim_with(dispatcher, [complete(job)]))
+        await until(lambda: _is_running(store, second), "the claim took the next job")
+        answering.cancel()  # the client closes its connection
+        await until(
+            lambda: _is_pending(store, second), "the undelivered job went back to the queue"
+        )
+    await until(lambda: _is_completed(store, first), "the carried outcome was recorded")
+
+
+async def _is_pending(store: JobStore, job_id: str) -> bool:
+    return await state_of(store, job_id) == "PENDING"
+
+
+async def _is_completed(store: JobStore, job_id: str) -> bool:
+    return await state_of(store, job_id) == "COMPLETED"
 
 
 async def test_a_claims_acks_racing_a_strangers_are_fenced_per_item(

@@ -120,7 +120,7 @@ class ClaimRequest(WireModel):
     acks: list[Ack] | None = Field(
         default=None,
         max_length=MAX_ACKS,
-        description="outcomes settled as by POST /v1/acks before the claim runs",
+        description="outcomes settled as by POST /v1/acks while the claim runs",
     )
 
 

@@ -38,7 +38,7 @@ export interface ClaimRequest {
   max_jobs?: number;
   wait_seconds?: number;
   types?: string[] | null;
-  /** outcomes settled as by POST /v1/acks before the claim runs */
+  /** outcomes settled as by POST /v1/acks while the claim runs */
   acks?: Ack[] | null;
 }
 
