@@ -27,9 +27,10 @@
 -- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
 -- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
 -- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
--- While any concurrency or rate limit exists, evora_claim_limited() (migration 0014,
--- docs/flow-control.md) picks them instead, enforcing the limits; with none, the one cost is
--- the EXISTS on the empty flow_limits, a one-time filter of each branch.
+-- While any concurrency or rate limit exists, evora_claim_limited() (migration 0014, last
+-- changed by 0022, docs/flow-control.md) picks them instead, enforcing the limits, with the
+-- same group checks; with none, the one cost is the EXISTS on the empty flow_limits, a
+-- one-time filter of each branch.
 WITH picked AS (
     (SELECT c.id, false AS limited
     FROM unnest($1::text[]) AS q(queue)
