@@ -859,15 +859,15 @@ BEGIN
                   AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
                   AND (types IS NULL OR j.type = ANY(types))
                   AND (j.group_key IS NULL OR (
-                        NOT EXISTS (
-                            SELECT 1 FROM jobs r
-                            WHERE r.state = 'RUNNING' AND r.queue = j.queue
-                              AND r.group_key = j.group_key)
-                        AND NOT EXISTS (
-                            SELECT 1 FROM jobs e
-                            WHERE e.state = 'PENDING' AND e.queue = j.queue
-                              AND e.group_key = j.group_key
-                              AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq))))
+                        (SELECT true FROM jobs r
+                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
+                           AND r.group_key = j.group_key
+                         LIMIT 1) IS NULL
+                        AND (SELECT true FROM jobs e
+                             WHERE e.state = 'PENDING' AND e.queue = j.queue
+                               AND e.group_key = j.group_key
+                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+                             LIMIT 1) IS NULL))
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size

@@ -21,9 +21,16 @@
 -- keeps its place) and only while no job of its group runs. A time-to-live applies to jobs
 -- never started. `picked` holds the rows locked and re-checked as PENDING; repeating the state
 -- in the UPDATE would only tempt the planner into scanning the pending index for them.
--- While any concurrency or rate limit exists, evora_claim_limited() (migration 0014,
--- docs/flow-control.md) picks them instead, enforcing the limits; with none, the one cost is
--- the EXISTS on the empty flow_limits, a one-time filter of each branch.
+-- The two group checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
+-- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
+-- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
+-- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
+-- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
+-- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
+-- While any concurrency or rate limit exists, evora_claim_limited() (migration 0014, last
+-- changed by 0022, docs/flow-control.md) picks them instead, enforcing the limits, with the
+-- same group checks; with none, the one cost is the EXISTS on the empty flow_limits, a
+-- one-time filter of each branch.
 WITH picked AS (
     (SELECT c.id, false AS limited
     FROM unnest($1::text[]) AS q(queue)
@@ -34,13 +41,13 @@ WITH picked AS (
           AND (j.expires_at IS NULL OR j.expires_at > evora_now() OR j.started_at IS NOT NULL)
           AND ($2::text[] IS NULL OR j.type = ANY($2::text[]))
           AND (j.group_key IS NULL OR (
-                NOT EXISTS (
-                    SELECT 1 FROM jobs r
-                    WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key)
-                AND NOT EXISTS (
-                    SELECT 1 FROM jobs e
-                    WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
-                      AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq))))
+                (SELECT true FROM jobs r
+                 WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+                 LIMIT 1) IS NULL
+                AND (SELECT true FROM jobs e
+                     WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+                       AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+                     LIMIT 1) IS NULL))
         ORDER BY j.priority, j.run_at, j.submit_seq
         LIMIT $3
         FOR UPDATE OF j SKIP LOCKED
