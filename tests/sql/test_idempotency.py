@@ -346,6 +346,26 @@ async def test_a_batch_with_refs_sent_again_replays_in_sql_and_over_http(
     await _conflict(app_conn, _sql_batch(app_conn, other_job))
 
 
+async def test_a_key_stored_before_the_database_computed_fingerprints_refuses_dependencies(
+    app_conn: asyncpg.Connection, api: Service
+) -> None:
+    """A submission made before migration 0011 could have no dependencies: one that has
+    them is not its retry, even with every other field the same."""
+    job = {**FULL, "idempotency_key": "old-no-deps"}
+    parent = str(await _sql_submit(app_conn, {"queue": "p", "type": "t"}))
+    async with aiohttp.ClientSession() as http:
+        status, _ = await _http_submit(http, api, job)
+        assert status == 201
+        fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
+            mode="json",
+            exclude={"idempotency_key", "depends_on", "on_dependency_failure", "ref", "limit_keys"},
+        )
+        before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
+        await app_conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
+        status, problem = await _http_submit(http, api, {**job, "depends_on": [parent]})
+        assert (status, problem["code"]) == (409, "idempotency_conflict")
+
+
 async def test_racing_submissions_of_one_key_with_other_dependencies_make_one_job(
     db_url: str, app_conn: asyncpg.Connection, api: Service
 ) -> None:
