@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
-from evora.domain.errors import InvalidDependency
+from evora.domain.errors import IdempotencyConflict, InvalidDependency
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage import queries
@@ -223,6 +223,38 @@ async def test_a_ref_to_an_item_replayed_by_its_key_waits_for_the_stored_job(
     assert (
         await pool.fetchval("SELECT count(*) FROM job_dependencies WHERE depends_on = $1", a) == 3
     )
+
+
+async def test_a_keyed_chain_sent_again_replays_and_a_changed_link_is_a_conflict(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """a <- m <- c, with keys on a and c and none on m (made again by every replay). c's
+    dependency is m as submitted, m's own dependencies included: changed anywhere below c,
+    the batch is refused and stores nothing."""
+    x = await _submit(store)
+
+    def batch(*, m_depends_on: str | UUID = "ref:a", policy: str = "cancel") -> list[JobSubmission]:
+        return [
+            _sub(ref="a", idempotency_key="a", payload={"step": "a"}),
+            _sub(ref="m", payload={"step": "m"}, depends_on=[m_depends_on]),
+            _sub(
+                idempotency_key="c",
+                payload={"step": "c"},
+                depends_on=["ref:m"],
+                on_dependency_failure=policy,
+            ),
+        ]
+
+    a, m, c = await store.submit_batch(batch())
+    a2, m2, c2 = await store.submit_batch(batch())
+    assert (a2.created, m2.created, c2.created) == (False, True, False)
+    assert (a2.id, c2.id) == (a.id, c.id) and m2.id != m.id
+    assert c2.job["depends_on"] == [m.id]
+    stored = await pool.fetchval("SELECT count(*) FROM jobs")
+    for other in (batch(m_depends_on=x), batch(policy="run")):
+        with pytest.raises(IdempotencyConflict, match="'c'"):
+            await store.submit_batch(other)
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == stored
 
 
 async def test_a_refused_item_leaves_its_idempotency_key_free(

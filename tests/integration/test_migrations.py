@@ -82,3 +82,44 @@ async def test_event_images_written_as_jsonb_become_typed_rows(
         await conn.close()
     assert len(before) == 22 and after == before
     assert run_at and queue == "q"
+
+
+async def test_keys_stored_before_dependencies_were_compared_still_replay_without_them(
+    make_db_url: Callable[[], Awaitable[str]],
+) -> None:
+    """Migration 0023 folds a submission's dependencies into its key's fingerprint only when
+    it has some: a key stored before it by a submission without dependencies replays as
+    before. One stored with dependencies was stored without them in its fingerprint, so a
+    retry cannot tell them apart from others: it is refused, never wrongly replayed."""
+    dsn = await _empty_database(make_db_url)
+    await apply_migrations(dsn, upto=22)
+    options = {
+        "priority": -3,
+        "run_at": "2030-06-01T12:00:00+02:00",
+        "max_attempts": 7,
+        "lease_seconds": 120,
+        "backoff": {"initial_seconds": 2, "max_seconds": 60, "multiplier": 3},
+        "expires_at": "2031-01-01T00:00:00Z",
+        "group_key": "g",
+        "limit_keys": ["tenant:7"],
+        "on_dependency_failure": "run",
+        "idempotency_key": "free",
+    }
+    submit = "SELECT evora.submit('q', 't', $1::text::jsonb, $2::text::jsonb)"
+    payload = json.dumps({"n": 1, "s": "ü"})
+    conn = await asyncpg.connect(dsn)
+    try:
+        free = await conn.fetchval(submit, payload, json.dumps(options))
+        parent = await conn.fetchval("SELECT evora.submit('q', 'parent')")
+        dependent = {**options, "idempotency_key": "dependent", "depends_on": [str(parent)]}
+        await conn.fetchval(submit, payload, json.dumps(dependent))
+
+        assert 23 in await apply_migrations(dsn)
+        assert await conn.fetchval(submit, payload, json.dumps(options)) == free
+        with pytest.raises(asyncpg.UniqueViolationError, match="with different fields"):
+            await conn.fetchval(submit, payload, json.dumps({**options, "priority": 0}))
+        with pytest.raises(asyncpg.UniqueViolationError, match="with different fields"):
+            await conn.fetchval(submit, payload, json.dumps(dependent))
+        assert await conn.fetchval("SELECT count(*) FROM jobs") == 3
+    finally:
+        await conn.close()

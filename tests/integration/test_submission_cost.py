@@ -67,6 +67,13 @@ def chained(start: int, count: int) -> list[JobSubmission]:
     ]
 
 
+def keyed_chained(start: int, count: int) -> list[JobSubmission]:
+    """Chained, every item keyed: each key's fingerprint takes in the one before it."""
+    return [
+        sub.model_copy(update={"idempotency_key": f"c{sub.ref}"}) for sub in chained(start, count)
+    ]
+
+
 @pytest.fixture
 async def explained(db_url: str) -> AsyncIterator[tuple[asyncpg.Connection, list[str]]]:
     """A connection whose every statement, nested ones included, sends its analysed plan
@@ -127,7 +134,9 @@ async def work_per_item(
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["force_generic_plan", "force_custom_plan"])
-@pytest.mark.parametrize("shape", [plain, keyed, limited, chained], ids=lambda s: s.__name__)
+@pytest.mark.parametrize(
+    "shape", [plain, keyed, limited, chained, keyed_chained], ids=lambda s: s.__name__
+)
 async def test_the_work_per_item_does_not_grow_with_the_batch(
     store: JobStore,
     explained: tuple[asyncpg.Connection, list[str]],

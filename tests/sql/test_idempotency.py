@@ -269,3 +269,161 @@ async def test_a_key_stored_before_the_database_computed_fingerprints_still_repl
         assert (status, replay["id"]) == (200, body["id"])
         status, problem = await _http_submit(http, api, {**job, "priority": 0})
         assert (status, problem["code"]) == (409, "idempotency_conflict")
+
+
+async def _conflict(conn: asyncpg.Connection, submit: Any) -> None:
+    """`submit` raises the idempotency conflict and stores nothing."""
+    stored = await conn.fetchval("SELECT count(*) FROM jobs")
+    with pytest.raises(asyncpg.UniqueViolationError) as raised:
+        async with conn.transaction():
+            await submit
+    assert raised.value.constraint_name == "evora_idempotency_conflict"
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == stored
+
+
+async def test_dependencies_are_part_of_what_a_key_compares_in_sql(
+    app_conn: asyncpg.Connection,
+) -> None:
+    a, b, c = [str(await _sql_submit(app_conn, {"queue": "p", "type": "t"})) for _ in range(3)]
+    job = {"queue": "q", "type": "t", "idempotency_key": "deps", "depends_on": [a, b]}
+    job_id = await _sql_submit(app_conn, job)
+    assert await _sql_submit(app_conn, {**job, "depends_on": [b, a]}) == job_id
+    changes: list[dict[str, Any]] = [
+        {"depends_on": [a, c]},
+        {"depends_on": [a]},
+        {"depends_on": []},
+        {"on_dependency_failure": "run"},
+    ]
+    for change in changes:
+        await _conflict(app_conn, _sql_submit(app_conn, {**job, **change}))
+    assert await app_conn.fetchval("SELECT count(*) FROM job_dependencies") == 2
+
+
+def _sql_batch(conn: asyncpg.Connection, items: list[dict[str, Any]]) -> Any:
+    return conn.fetchval("SELECT evora.submit_batch($1::text::jsonb)", orjson.dumps(items).decode())
+
+
+def _workflow(x: str, *, policy: str = "cancel", plain: int = 1) -> list[dict[str, Any]]:
+    return [
+        {"queue": "q", "type": "extract", "ref": "a", "idempotency_key": "wf:a"},
+        {"queue": "q", "type": "extract", "ref": "plain", "payload": {"n": plain}},
+        {
+            "queue": "q",
+            "type": "report",
+            "idempotency_key": "wf:b",
+            "depends_on": ["ref:a", "ref:plain", x],
+            "on_dependency_failure": policy,
+        },
+    ]
+
+
+async def test_a_batch_with_refs_sent_again_replays_in_sql_and_over_http(
+    app_conn: asyncpg.Connection, api: Service
+) -> None:
+    """The refs of a batch sent again resolve to other ids (the replayed job, a new job for
+    an item without a key), yet it is the same submission: whichever way each copy came in."""
+    x = str(await _sql_submit(app_conn, {"queue": "p", "type": "t"}))
+    a, plain, b = await _sql_batch(app_conn, _workflow(x))
+    again = await _sql_batch(app_conn, _workflow(x))
+    assert (again[0], again[2]) == (a, b) and again[1] != plain
+    async with aiohttp.ClientSession() as http:
+        body = {"jobs": _workflow(x)}
+        async with http.post(api.url + "/v1/jobs/batch", json=body, headers=PRODUCER) as response:
+            assert response.status == 200
+            items = (await response.json())["jobs"]
+        assert [item["status"] for item in items] == [200, 201, 200]
+        assert items[2]["job"]["id"] == str(b)
+        for other in (_workflow(x, policy="run"), _workflow(x, plain=2)):
+            async with http.post(
+                api.url + "/v1/jobs/batch", json={"jobs": other}, headers=PRODUCER
+            ) as response:
+                assert response.status == 409
+                assert (await response.json(content_type=None))["code"] == "idempotency_conflict"
+            await _conflict(app_conn, _sql_batch(app_conn, other))
+    y = str(await _sql_submit(app_conn, {"queue": "p", "type": "t"}))
+    other_job = _workflow(x)
+    other_job[2] = {**other_job[2], "depends_on": ["ref:a", "ref:plain", y]}
+    await _conflict(app_conn, _sql_batch(app_conn, other_job))
+
+
+async def test_a_key_stored_before_the_database_computed_fingerprints_refuses_dependencies(
+    app_conn: asyncpg.Connection, api: Service
+) -> None:
+    """A submission made before migration 0011 could have no dependencies: one that has
+    them is not its retry, even with every other field the same."""
+    job = {**FULL, "idempotency_key": "old-no-deps"}
+    parent = str(await _sql_submit(app_conn, {"queue": "p", "type": "t"}))
+    async with aiohttp.ClientSession() as http:
+        status, _ = await _http_submit(http, api, job)
+        assert status == 201
+        fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
+            mode="json",
+            exclude={"idempotency_key", "depends_on", "on_dependency_failure", "ref", "limit_keys"},
+        )
+        before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
+        await app_conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
+        status, problem = await _http_submit(http, api, {**job, "depends_on": [parent]})
+        assert (status, problem["code"]) == (409, "idempotency_conflict")
+
+
+async def test_racing_submissions_of_one_key_with_other_dependencies_make_one_job(
+    db_url: str, app_conn: asyncpg.Connection, api: Service
+) -> None:
+    """Clients in SQL and over HTTP race one key with one of four sets of dependencies, two
+    of them the same jobs in another order: one job; the clients whose dependencies are the
+    winner's get it, every other one a conflict."""
+    rng = random.Random(23)
+    a, b, c = [str(await _sql_submit(app_conn, {"queue": "p", "type": "t"})) for _ in range(3)]
+    variants: list[dict[str, Any]] = [
+        {"depends_on": [a, b]},
+        {"depends_on": [b, a]},
+        {"depends_on": [a, c]},
+        {"depends_on": [a, b], "on_dependency_failure": "run"},
+    ]
+    same = [0, 0, 2, 3]  # the variant each one is the same submission as
+    conns = [await asyncpg.connect(db_url) for _ in range(CLIENTS // 2)]
+    try:
+        async with aiohttp.ClientSession() as http:
+            for round_ in range(ROUNDS):
+                key = f"deps-race-{round_}"
+                start = asyncio.Event()
+                chosen = [rng.randrange(len(variants)) for _ in range(CLIENTS)]
+                tasks = [
+                    asyncio.create_task(
+                        _racer(
+                            {"queue": "race", "type": "t", "idempotency_key": key}
+                            | variants[chosen[n]],
+                            start,
+                            conn=conns[n // 2] if n % 2 == 0 else None,
+                            http=http,
+                            api=api,
+                            batch=rng.random() < 0.3,
+                        )
+                    )
+                    for n in range(CLIENTS)
+                ]
+                start.set()
+                answers = await asyncio.gather(*tasks)
+                rows = await conns[0].fetch(
+                    "SELECT id, depends_on, on_dependency_failure FROM jobs "
+                    "WHERE idempotency_key = $1",
+                    key,
+                )
+                assert len(rows) == 1
+                stored = ({str(d) for d in rows[0]["depends_on"]}, rows[0]["on_dependency_failure"])
+                winner = next(
+                    n
+                    for n, v in enumerate(variants)
+                    if (set(v["depends_on"]), v.get("on_dependency_failure", "cancel")) == stored
+                )
+                expected = [
+                    str(rows[0]["id"]) if same[c] == same[winner] else "conflict" for c in chosen
+                ]
+                assert answers == expected
+                edges = await conns[0].fetchval(
+                    "SELECT count(*) FROM job_dependencies WHERE job_id = $1", rows[0]["id"]
+                )
+                assert edges == len(stored[0])
+    finally:
+        for conn in conns:
+            await conn.close()

@@ -247,19 +247,11 @@ DECLARE
 BEGIN
     waited := dependency_ids;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
-        fingerprints := ARRAY(
-            SELECT CASE WHEN x.key IS NOT NULL THEN evora.submission_fingerprint(
-                       x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
-                       x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
-                       x.expires_at, x.group_key, coalesce(l.names, '{}')) END
-            FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
-                        backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
-                        idempotency_keys, group_keys)
-                WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
-                                     lease_seconds, backoff_initial, backoff_max,
-                                     backoff_multiplier, expires_at, key, group_key, ord)
-            LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) l ON l.ord = x.ord
-            ORDER BY x.ord);
+        fingerprints := evora.submission_fingerprints(
+            ids, queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
+            backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
+            idempotency_keys, group_keys, dependency_ords, dependency_ids, on_failures,
+            limit_key_ords, limit_key_names);
         WITH keyed AS (
             INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
             SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, x.fingerprint, x.id
@@ -437,6 +429,89 @@ CREATE FUNCTION evora.submission_fingerprint(queue text, type text, payload json
                SELECT string_agg(int4send(length(convert_to(k, 'UTF8'))) || convert_to(k, 'UTF8'),
                                  ''::bytea ORDER BY n)
                FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END)
+$$;
+
+CREATE FUNCTION evora.submission_fingerprints(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[]) RETURNS bytea[]
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    named integer[] := '{}';
+    prints bytea[];
+    heads bytea[];
+    item record;
+BEGIN
+    IF cardinality(dependency_ids) > 0 THEN
+        named := ARRAY(
+            SELECT DISTINCT i.ord::integer
+            FROM unnest(dependency_ids) AS e(dep)
+            JOIN unnest(ids) WITH ORDINALITY AS i(id, ord) ON i.id = e.dep);
+    END IF;
+    SELECT array_agg(CASE WHEN y.deps IS NULL THEN y.plain
+                          WHEN y.items = 0 THEN sha256(y.plain || y.head) END ORDER BY y.ord),
+           array_agg(CASE WHEN y.items > 0 THEN y.plain || y.head END ORDER BY y.ord)
+    INTO prints, heads
+    FROM (
+        SELECT x.ord, d.deps, d.items,
+               CASE WHEN x.key IS NOT NULL OR x.ord IN (SELECT unnest(named))
+                    THEN evora.submission_fingerprint(
+                       x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
+                       x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
+                       x.expires_at, x.group_key, coalesce(l.names, '{}')) END AS plain,
+               CASE WHEN d.deps IS NOT NULL
+                    THEN '\x03'::bytea
+                         || int4send(octet_length(convert_to(coalesce(x.on_failure, 'cancel'),
+                                                             'UTF8')))
+                         || convert_to(coalesce(x.on_failure, 'cancel'), 'UTF8')
+                         || coalesce(d.jobs, ''::bytea) END AS head
+        FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
+                    backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
+                    idempotency_keys, group_keys, on_failures)
+            WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
+                                 lease_seconds, backoff_initial, backoff_max,
+                                 backoff_multiplier, expires_at, key, group_key, on_failure, ord)
+        LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) l ON l.ord = x.ord
+        LEFT JOIN (
+            SELECT e.ord, count(*) AS deps, count(i.ord) AS items,
+                   string_agg('\x01'::bytea || uuid_send(e.dep), ''::bytea
+                              ORDER BY '\x01'::bytea || uuid_send(e.dep))
+                       FILTER (WHERE i.ord IS NULL) AS jobs
+            FROM unnest(dependency_ords, dependency_ids) AS e(ord, dep)
+            LEFT JOIN unnest(ids) WITH ORDINALITY AS i(id, ord) ON i.id = e.dep
+            GROUP BY e.ord
+        ) AS d ON d.ord = x.ord
+    ) AS y;
+    IF array_remove(heads, NULL) <> '{}' THEN
+        FOR item IN
+            SELECT e.ord, h.head, array_agg(i.ord::integer) AS items,
+                   array_agg(coalesce('\x01'::bytea
+                                      || int4send(octet_length(convert_to(i.key, 'UTF8')))
+                                      || convert_to(i.key, 'UTF8'), '\x00')) AS item_keys
+            FROM unnest(dependency_ords, dependency_ids) AS e(ord, dep)
+            JOIN unnest(ids, idempotency_keys) WITH ORDINALITY AS i(id, key, ord) ON i.id = e.dep
+            JOIN unnest(heads) WITH ORDINALITY AS h(head, ord) ON h.ord = e.ord
+            WHERE h.head IS NOT NULL
+            GROUP BY e.ord, h.head
+            ORDER BY e.ord
+        LOOP
+            IF cardinality(item.items) = 1 THEN
+                prints[item.ord] := sha256(item.head || '\x02'::bytea || prints[item.items[1]]
+                                           || item.item_keys[1]);
+            ELSE
+                prints[item.ord] := sha256(item.head || (
+                    SELECT string_agg(n.repr, ''::bytea ORDER BY n.repr)
+                    FROM (SELECT '\x02'::bytea || prints[u.ord] || u.key
+                          FROM unnest(item.items, item.item_keys) AS u(ord, key)) AS n(repr)));
+            END IF;
+        END LOOP;
+    END IF;
+    IF named = '{}' THEN
+        RETURN prints;
+    END IF;
+    RETURN ARRAY(
+        SELECT CASE WHEN x.key IS NOT NULL THEN x.print END
+        FROM unnest(idempotency_keys, prints) WITH ORDINALITY AS x(key, print, ord)
+        ORDER BY x.ord);
+END
 $$;
 
 CREATE FUNCTION evora.submit(queue text, type text, payload jsonb DEFAULT '{}'::jsonb, options jsonb DEFAULT '{}'::jsonb) RETURNS uuid

@@ -1,7 +1,7 @@
 """Submitting jobs: new ids, and the answer for every item of a set of submissions.
 
 The rules live in the database, in evora.store_submissions() (migrations 0011, 0013 and
-0014; its current text is migrations/0019_linear_submissions.sql), which is also what
+0014; its current text is migrations/0023_dependency_fingerprints.sql), which is also what
 applications run when they submit in SQL (evora.submit): an idempotency key is stored with a
 fingerprint of the submission's fields in the same statement as its job; a key seen before
 replays its job when the fields match and is an idempotency conflict when they differ. Here
@@ -176,12 +176,7 @@ async def store(
         _per_item([s.expires_at for s in submissions]),
         _per_item([s.idempotency_key for s in submissions]),
         _per_item([s.group_key for s in submissions]),
-        _per_item(
-            [
-                None if s.idempotency_key is None else _fingerprint_before_0011(s)
-                for s in submissions
-            ]
-        ),
+        _per_item([_fingerprint_before_0011(s) for s in submissions]),
         edges.ords,
         edges.ids,
         _per_item([s.on_dependency_failure for s in submissions]),
@@ -201,10 +196,14 @@ async def store(
 _SINCE_0011 = {"depends_on", "on_dependency_failure", "ref", "limit_keys"}
 
 
-def _fingerprint_before_0011(sub: JobSubmission) -> bytes:
+def _fingerprint_before_0011(sub: JobSubmission) -> bytes | None:
     """The fingerprint the api stored with a key before migration 0011 made the database
     compute them: a retry of a submission made then, with the same fields, still replays.
-    (Drop it once no key from before the upgrade can still be retried.)"""
+    None for a submission with dependencies: one made then had none, so this fingerprint
+    (which leaves them out) would replay it for any. (Drop it once no key from before the
+    upgrade can still be retried.)"""
+    if sub.idempotency_key is None or sub.depends_on:
+        return None
     fields = sub.model_dump(mode="json", exclude={"idempotency_key", *_SINCE_0011})
     return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
 

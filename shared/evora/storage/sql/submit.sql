@@ -1,5 +1,5 @@
 -- Submitting jobs. The rules (idempotency keys, the `submitted` event, the NOTIFY hint) are
--- in evora.store_submissions() (migrations/0019_linear_submissions.sql), which applications
+-- in evora.store_submissions() (migrations/0023_dependency_fingerprints.sql), which applications
 -- that submit in SQL reach through evora.submit() and evora.submit_batch().
 
 -- name: submit
