@@ -346,13 +346,16 @@ async def test_a_batch_with_refs_sent_again_replays_in_sql_and_over_http(
     await _conflict(app_conn, _sql_batch(app_conn, other_job))
 
 
-async def test_a_key_stored_before_the_database_computed_fingerprints_refuses_dependencies(
-    app_conn: asyncpg.Connection, api: Service
+@pytest.mark.parametrize("added", ["depends_on", "limit_keys"])
+async def test_a_key_stored_before_the_database_computed_fingerprints_refuses_later_fields(
+    app_conn: asyncpg.Connection, api: Service, added: str
 ) -> None:
-    """A submission made before migration 0011 could have no dependencies: one that has
-    them is not its retry, even with every other field the same."""
+    """A submission made before migration 0011 could have no dependencies and no limit keys
+    (both came later): one that has them is not its retry, even with every other field the
+    same."""
     job = {**FULL, "idempotency_key": "old-no-deps"}
     parent = str(await _sql_submit(app_conn, {"queue": "p", "type": "t"}))
+    later = {"depends_on": [parent], "limit_keys": ["tenant:acme"]}[added]
     async with aiohttp.ClientSession() as http:
         status, _ = await _http_submit(http, api, job)
         assert status == 201
@@ -362,7 +365,7 @@ async def test_a_key_stored_before_the_database_computed_fingerprints_refuses_de
         )
         before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
         await app_conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
-        status, problem = await _http_submit(http, api, {**job, "depends_on": [parent]})
+        status, problem = await _http_submit(http, api, {**job, added: later})
         assert (status, problem["code"]) == (409, "idempotency_conflict")
 
 

@@ -199,10 +199,10 @@ _SINCE_0011 = {"depends_on", "on_dependency_failure", "ref", "limit_keys"}
 def _fingerprint_before_0011(sub: JobSubmission) -> bytes | None:
     """The fingerprint the api stored with a key before migration 0011 made the database
     compute them: a retry of a submission made then, with the same fields, still replays.
-    None for a submission with dependencies: one made then had none, so this fingerprint
-    (which leaves them out) would replay it for any. (Drop it once no key from before the
-    upgrade can still be retried.)"""
-    if sub.idempotency_key is None or sub.depends_on:
+    None for a submission with dependencies or limit keys: one made then had neither, so this
+    fingerprint (which leaves them out) would replay it for any. (Drop it once no key from
+    before the upgrade can still be retried.)"""
+    if sub.idempotency_key is None or sub.depends_on or sub.limit_keys:
         return None
     fields = sub.model_dump(mode="json", exclude={"idempotency_key", *_SINCE_0011})
     return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
