@@ -85,9 +85,27 @@ async def row_locked(db_url: str, job_id: str) -> AsyncIterator[None]:
         await conn.close()
 
 
-async def state_of(store: JobStore, job_id: str) -> str:
-    state: str = (await store.get(UUID(job_id)))["state"]
-    return state
+async def has_state(store: JobStore, job_id: str, state: str) -> bool:
+    job = await store.get(UUID(job_id))
+    return bool(job["state"] == state)
+
+
+@asynccontextmanager
+async def settle_held(
+    dispatcher: Dispatcher,
+    store: JobStore,
+    db_url: str,
+    job: dict[str, Any],
+    taken: str,
+    **fields: Any,
+) -> AsyncIterator[asyncio.Future[dict[str, Any]]]:
+    """A claim carrying `job`'s completion, sent while `job`'s row is locked so that its
+    settle waits; entered once that claim has taken `taken` (committed: RUNNING), which
+    proves the claim ran while the settle was held. The lock goes on exit."""
+    async with row_locked(db_url, job["id"]):
+        answering = asyncio.ensure_future(claim_with(dispatcher, [complete(job)], **fields))
+        await until(lambda: has_state(store, taken, "RUNNING"), f"the claim took {taken}")
+        yield answering
 
 
 async def test_the_claim_runs_while_its_outcomes_are_settled(
@@ -99,19 +117,13 @@ async def test_the_claim_runs_while_its_outcomes_are_settled(
     first = await submit(store)
     [job] = await claim(dispatcher)
     second = await submit(store)
-    async with row_locked(db_url, first):
-        answering = asyncio.ensure_future(claim_with(dispatcher, [complete(job)]))
-        await until(lambda: _is_running(store, second), "the claim ran while the settle was held")
-        assert await state_of(store, first) == "RUNNING"  # the settle still waits
+    async with settle_held(dispatcher, store, db_url, job, second) as answering:
+        assert await has_state(store, first, "RUNNING")  # the settle still waits
         assert not answering.done()  # and the answer waits for it
     answer = await answering
     assert answer["results"] == [{"id": first, "status": 200}]
     assert [j["id"] for j in answer["jobs"]] == [second]
-    assert await state_of(store, first) == "COMPLETED"
-
-
-async def _is_running(store: JobStore, job_id: str) -> bool:
-    return await state_of(store, job_id) == "RUNNING"
+    assert await has_state(store, first, "COMPLETED")
 
 
 async def test_a_short_claim_runs_again_for_the_slots_its_outcomes_free(
@@ -124,10 +136,8 @@ async def test_a_short_claim_runs_again_for_the_slots_its_outcomes_free(
     [job] = await claim(dispatcher)
     second = await submit(store, group_key="g")
     loose = await submit(store)
-    async with row_locked(db_url, first):
-        answering = asyncio.ensure_future(claim_with(dispatcher, [complete(job)], max_jobs=5))
-        await until(lambda: _is_running(store, loose), "the first claim took the loose job")
-        assert await state_of(store, second) == "PENDING"
+    async with settle_held(dispatcher, store, db_url, job, loose, max_jobs=5) as answering:
+        assert await has_state(store, second, "PENDING")
     answer = await answering
     assert answer["results"] == [{"id": first, "status": 200}]
     assert [j["id"] for j in answer["jobs"]] == [loose, second]
@@ -141,22 +151,13 @@ async def test_a_worker_leaving_while_its_outcomes_settle_strands_nothing(
     first = await submit(store)
     [job] = await claim(dispatcher)
     second = await submit(store)
-    async with row_locked(db_url, first):
-        answering = asyncio.ensure_future(claim_with(dispatcher, [complete(job)]))
-        await until(lambda: _is_running(store, second), "the claim took the next job")
+    async with settle_held(dispatcher, store, db_url, job, second) as answering:
         answering.cancel()  # the client closes its connection
         await until(
-            lambda: _is_pending(store, second), "the undelivered job went back to the queue"
+            lambda: has_state(store, second, "PENDING"),
+            "the undelivered job went back to the queue",
         )
-    await until(lambda: _is_completed(store, first), "the carried outcome was recorded")
-
-
-async def _is_pending(store: JobStore, job_id: str) -> bool:
-    return await state_of(store, job_id) == "PENDING"
-
-
-async def _is_completed(store: JobStore, job_id: str) -> bool:
-    return await state_of(store, job_id) == "COMPLETED"
+    await until(lambda: has_state(store, first, "COMPLETED"), "the carried outcome was recorded")
 
 
 async def test_a_claims_acks_racing_a_strangers_are_fenced_per_item(

@@ -203,6 +203,34 @@ async def _racer(
     return "conflict" if answer.get("code") == "idempotency_conflict" else str(answer)
 
 
+async def _race(
+    jobs: list[dict[str, Any]],
+    conns: list[asyncpg.Connection],
+    http: aiohttp.ClientSession,
+    api: Service,
+    rng: random.Random,
+) -> list[str]:
+    """Client n submits jobs[n], all released at once: every other client in SQL on its own
+    connection, the rest over HTTP (about a third of those as a batch of one). Each one's
+    answer, in order."""
+    start = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            _racer(
+                job,
+                start,
+                conn=conns[n // 2] if n % 2 == 0 else None,
+                http=http,
+                api=api,
+                batch=rng.random() < 0.3,
+            )
+        )
+        for n, job in enumerate(jobs)
+    ]
+    start.set()
+    return list(await asyncio.gather(*tasks))
+
+
 async def test_racing_sql_and_http_submissions_of_one_key_make_one_job(
     db_url: str, api: Service
 ) -> None:
@@ -219,23 +247,8 @@ async def test_racing_sql_and_http_submissions_of_one_key_make_one_job(
                     {"queue": "race", "type": "t", "payload": {"v": v}, "idempotency_key": key}
                     for v in ("a", "b")
                 ]
-                start = asyncio.Event()
                 chosen = [1 if n % 3 == 0 else 0 for n in range(CLIENTS)]
-                tasks = [
-                    asyncio.create_task(
-                        _racer(
-                            variants[chosen[n]],
-                            start,
-                            conn=conns[n // 2] if n % 2 == 0 else None,
-                            http=http,
-                            api=api,
-                            batch=rng.random() < 0.3,
-                        )
-                    )
-                    for n in range(CLIENTS)
-                ]
-                start.set()
-                answers = await asyncio.gather(*tasks)
+                answers = await _race([variants[c] for c in chosen], conns, http, api, rng)
                 rows = await conns[0].fetch(
                     "SELECT id, payload FROM jobs WHERE idempotency_key = $1", key
                 )
@@ -248,6 +261,23 @@ async def test_racing_sql_and_http_submissions_of_one_key_make_one_job(
             await conn.close()
 
 
+async def _stored_before_0011(
+    http: aiohttp.ClientSession, api: Service, conn: asyncpg.Connection, job: dict[str, Any]
+) -> Any:
+    """Submit `job` (its only keyed submission so far), then give its key the fingerprint
+    the api stored before migration 0011: sha256 of the fields a submission had then, as
+    sorted JSON. The job as answered."""
+    status, body = await _http_submit(http, api, job)
+    assert status == 201
+    fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
+        mode="json",
+        exclude={"idempotency_key", "depends_on", "on_dependency_failure", "ref", "limit_keys"},
+    )
+    before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
+    await conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
+    return body
+
+
 async def test_a_key_stored_before_the_database_computed_fingerprints_still_replays(
     app_conn: asyncpg.Connection, api: Service
 ) -> None:
@@ -256,15 +286,7 @@ async def test_a_key_stored_before_the_database_computed_fingerprints_still_repl
     conflict."""
     job = {**FULL, "idempotency_key": "from-before"}
     async with aiohttp.ClientSession() as http:
-        status, body = await _http_submit(http, api, job)
-        assert status == 201
-        fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
-            # the fields the submission had then
-            mode="json",
-            exclude={"idempotency_key", "depends_on", "on_dependency_failure", "ref", "limit_keys"},
-        )
-        before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
-        await app_conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
+        body = await _stored_before_0011(http, api, app_conn, job)
         status, replay = await _http_submit(http, api, job)
         assert (status, replay["id"]) == (200, body["id"])
         status, problem = await _http_submit(http, api, {**job, "priority": 0})
@@ -357,14 +379,7 @@ async def test_a_key_stored_before_the_database_computed_fingerprints_refuses_la
     parent = str(await _sql_submit(app_conn, {"queue": "p", "type": "t"}))
     later = {"depends_on": [parent], "limit_keys": ["tenant:acme"]}[added]
     async with aiohttp.ClientSession() as http:
-        status, _ = await _http_submit(http, api, job)
-        assert status == 201
-        fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
-            mode="json",
-            exclude={"idempotency_key", "depends_on", "on_dependency_failure", "ref", "limit_keys"},
-        )
-        before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
-        await app_conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
+        await _stored_before_0011(http, api, app_conn, job)
         status, problem = await _http_submit(http, api, {**job, added: later})
         assert (status, problem["code"]) == (409, "idempotency_conflict")
 
@@ -389,24 +404,12 @@ async def test_racing_submissions_of_one_key_with_other_dependencies_make_one_jo
         async with aiohttp.ClientSession() as http:
             for round_ in range(ROUNDS):
                 key = f"deps-race-{round_}"
-                start = asyncio.Event()
                 chosen = [rng.randrange(len(variants)) for _ in range(CLIENTS)]
-                tasks = [
-                    asyncio.create_task(
-                        _racer(
-                            {"queue": "race", "type": "t", "idempotency_key": key}
-                            | variants[chosen[n]],
-                            start,
-                            conn=conns[n // 2] if n % 2 == 0 else None,
-                            http=http,
-                            api=api,
-                            batch=rng.random() < 0.3,
-                        )
-                    )
-                    for n in range(CLIENTS)
+                jobs = [
+                    {"queue": "race", "type": "t", "idempotency_key": key} | variants[c]
+                    for c in chosen
                 ]
-                start.set()
-                answers = await asyncio.gather(*tasks)
+                answers = await _race(jobs, conns, http, api, rng)
                 rows = await conns[0].fetch(
                     "SELECT id, depends_on, on_dependency_failure FROM jobs "
                     "WHERE idempotency_key = $1",
