@@ -4,6 +4,9 @@ durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, .
     python -m bench compare                      # 3 repetitions of the full workloads
     python -m bench compare --quick              # small counts: a smoke run
     python -m bench compare --systems evora      # Evora only (no Node or pgqueuer needed)
+    python -m bench compare --systems evora,graphile,pgqueuer,evora-prefetch
+                                                 # also Evora with a tuned SDK worker that
+                                                 # holds 100 jobs ahead (`prefetch`)
     python -m bench compare --profile            # also py-spy profiles of Evora's processes
                                                  # and pg_stat_statements
     python -m bench compare --systems evora --evora-variant base=/path/to/other/checkout
@@ -48,7 +51,11 @@ from bench.profiling import Profiler
 from bench.system import System
 from bench.workloads import Repetition, Workload
 
-SYSTEMS = ("evora", "graphile", "pgqueuer")
+SYSTEMS = ("evora", "graphile", "pgqueuer", "evora-prefetch")
+DEFAULT_SYSTEMS = SYSTEMS[:3]
+# The SDK worker of `evora-prefetch` holds this many jobs claimed beyond its concurrency
+# (100): as many as graphile-worker's tuned local queue.
+PREFETCH = 100
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,8 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     compare.add_argument(
         "--systems",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated subset of {', '.join(SYSTEMS)}",
+        default=",".join(DEFAULT_SYSTEMS),
+        help=f"comma-separated subset of {', '.join(SYSTEMS)} (default: the first three)",
     )
     compare.add_argument(
         "--evora-variant",
@@ -72,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--jobs", type=int, help="jobs enqueued and drained (default 20,000)")
     compare.add_argument("--rate", type=float, help="jobs/s offered in the latency run")
     compare.add_argument("--seconds", type=float, help="length of the latency run")
+    compare.add_argument(
+        "--handler-ms",
+        type=float,
+        help="how long each job's handler takes (default 0: no-op jobs)",
+    )
     compare.add_argument("--out", type=Path, help="JSON result file (default results/...)")
     compare.add_argument("--keep", type=Path, help="keep logs and runner outputs here")
     compare.add_argument(
@@ -98,7 +110,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def workload_of(args: argparse.Namespace) -> Workload:
     base = Workload.quick() if args.quick else Workload()
-    changes = {k: v for k in ("jobs", "rate", "seconds") if (v := getattr(args, k)) is not None}
+    changes = {
+        k: v
+        for k in ("jobs", "rate", "seconds", "handler_ms")
+        if (v := getattr(args, k)) is not None
+    }
     return Workload(**{**base.__dict__, **changes})
 
 
@@ -137,6 +153,8 @@ def make_system(
 ) -> System:
     if name == "evora":
         return EvoraSystem(children, cluster.mongo_url)
+    if name == "evora-prefetch":
+        return EvoraSystem(children, cluster.mongo_url, prefetch=PREFETCH)
     if name.startswith("evora@"):
         label = name.removeprefix("evora@")
         assert variants is not None

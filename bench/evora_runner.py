@@ -2,6 +2,8 @@
 `evora.Client` on the api (`POST /v1/jobs/batch`, `POST /v1/jobs`), the worker an
 `evora.Worker` on the dispatcher with the SDK's defaults except concurrency 100, so that
 one claim asks for up to 100 jobs; outcomes go back in batches (the SDK's ack batching).
+`--prefetch N` sets the worker's `prefetch` (system `evora-prefetch`: a tuned
+configuration, as graphile-worker's local queue is, never the default).
 
     python -m bench.evora_runner --api URL --dispatcher URL --producer-token T \
         --worker-token T MODE ...
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bench.runnerkit import JOB_TYPE, QUEUE, parse_args, ready, run_mode
@@ -41,12 +43,12 @@ class EvoraRunner:
     async def enqueue_one(self, i: int) -> None:
         await self.client.submit(QUEUE, JOB_TYPE, {"i": i})
 
-    async def work(self, on_start: Callable[[Any], None], stop: asyncio.Event) -> None:
+    async def work(self, handle: Callable[[Any], Awaitable[None]], stop: asyncio.Event) -> None:
         handlers = Handlers()
 
         @handlers.job(JOB_TYPE)
         async def noop(job: Job) -> None:
-            on_start(job.payload)
+            await handle(job.payload)
 
         worker = Worker(
             self.args.dispatcher,
@@ -54,6 +56,7 @@ class EvoraRunner:
             [QUEUE],
             WORKER_CONCURRENCY,
             handlers=handlers,
+            prefetch=self.args.prefetch,
         )
         serving = asyncio.create_task(worker.serve())
         ready()
@@ -70,6 +73,7 @@ def _system_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dispatcher", required=True)
     parser.add_argument("--producer-token", required=True)
     parser.add_argument("--worker-token", required=True)
+    parser.add_argument("--prefetch", type=int, default=0)
 
 
 async def _make(args: argparse.Namespace) -> EvoraRunner:

@@ -63,14 +63,23 @@ class EvoraSystem(System):
     )
 
     def __init__(
-        self, children: Children, mongo_url: str, variant: tuple[str, Path] | None = None
+        self,
+        children: Children,
+        mongo_url: str,
+        variant: tuple[str, Path] | None = None,
+        *,
+        prefetch: int = 0,
     ) -> None:
         """`variant`: (label, checkout) to run another checkout's services, SDK and schema
-        under the name `evora@label`, for an A/B of two versions in one run."""
+        under the name `evora@label`, for an A/B of two versions in one run. `prefetch`: the
+        SDK worker's, under the name `evora-prefetch` (a tuned worker, not the default)."""
         super().__init__(children)
         if variant is not None:
             self.name = f"evora@{variant[0]}"
             self.source = variant[1].resolve()
+        elif prefetch:
+            self.name = "evora-prefetch"
+        self.prefetch = prefetch
         self.command = _evora_command(variant is not None)
         self.mongo_url = mongo_url
         self.tokens = {role: secrets.token_urlsafe(18) for role in ("admin", "producer", "worker")}
@@ -146,6 +155,7 @@ class EvoraSystem(System):
             # for an option.
             f"--producer-token={self.tokens['producer']}",
             f"--worker-token={self.tokens['worker']}",
+            f"--prefetch={self.prefetch}",
         ]
 
     async def _scrape(self, session: aiohttp.ClientSession, service: str) -> dict[str, float]:

@@ -98,7 +98,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             }
         except KeyError:  # a result file from before this figure was measured
             continue
-        peers = {s: v["median"] for s, v in per_system.items() if s != SUBJECT}
+        # Peers are the other queues: Evora's variants and configurations are not.
+        peers = {s: v["median"] for s, v in per_system.items() if not s.startswith(SUBJECT)}
         entry: dict[str, Any] = {
             "label": figure.label,
             "unit": figure.unit,

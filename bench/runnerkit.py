@@ -45,9 +45,10 @@ class Runner(Protocol):
 
     async def enqueue_one(self, i: int) -> None: ...
 
-    async def work(self, on_start: Callable[[Any], None], stop: asyncio.Event) -> None:
-        """Run the worker until `stop` is set, calling `on_start(payload)` first thing in
-        every handler; print `READY` (see `ready`) once claiming."""
+    async def work(self, handle: Callable[[Any], Awaitable[None]], stop: asyncio.Event) -> None:
+        """Run the worker until `stop` is set, every handler being `await handle(payload)`
+        (which records the start and lasts the workload's handler time); print `READY`
+        (see `ready`) once claiming."""
         ...
 
     async def close(self) -> None: ...
@@ -99,19 +100,21 @@ async def _offer(runner: Runner, rate: float, seconds: float, first: int) -> dic
     return {"sent": sent}
 
 
-async def _work(runner: Runner) -> dict[str, Any]:
+async def _work(runner: Runner, handler_seconds: float) -> dict[str, Any]:
     starts: list[list[float]] = []
 
-    def on_start(payload: Any) -> None:
+    async def handle(payload: Any) -> None:
         now = time.time()
         seq = payload.get("i", -1) if isinstance(payload, dict) else -1
         starts.append([seq, now])
+        if handler_seconds:
+            await asyncio.sleep(handler_seconds)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await runner.work(on_start, stop)
+    await runner.work(handle, stop)
     return {"starts": starts}
 
 
@@ -127,6 +130,7 @@ def parse_args(
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--handler-ms", type=float, default=0.0)
     return parser.parse_args()
 
 
@@ -145,7 +149,7 @@ async def run_mode(args: argparse.Namespace, make: Callable[[], Awaitable[Runner
         elif args.mode == "offer":
             result = await _offer(runner, args.rate, args.seconds, args.first)
         else:
-            result = await _work(runner)
+            result = await _work(runner, args.handler_ms / 1000)
     finally:
         await runner.close()
     times = os.times()

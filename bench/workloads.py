@@ -52,6 +52,7 @@ class Workload:
     rate: float = 200.0
     seconds: float = 20.0
     drain_timeout_s: float = 600.0
+    handler_ms: float = 0.0  # how long each handler takes (0: no-op jobs)
 
     @classmethod
     def quick(cls) -> Workload:
@@ -236,7 +237,8 @@ class Repetition:
         counters = await self.system.counters()
         await self._begin(conn, "drain", self.system.profile_targets())
         self.worker = self.system.spawn_runner(
-            f"{self.label}-worker", ["work", "--out", str(self._out("worker"))]
+            f"{self.label}-worker",
+            ["work", "--out", str(self._out("worker")), "--handler-ms", str(w.handler_ms)],
         )
         await self.worker.wait_ready_line()
         self._profile("drain", [self.worker])

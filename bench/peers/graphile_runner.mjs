@@ -2,20 +2,19 @@
 //
 // Producer: WorkerUtils.addJobs (one call per batch of 1,000) and WorkerUtils.addJob for
 // single jobs (its pg pool: 10 connections). Worker: run() in the tuned configuration:
-// concurrency 10, localQueue.size 100 (one query fetches and locks up to 100 jobs) and
+// concurrency 10 (100 when handlers take time: --handler-ms), localQueue.size 100 (one query fetches and locks up to 100 jobs) and
 // completeJobBatchDelay 0 (completions of one tick coalesced into one statement); the rest
 // is graphile-worker's default. Its info logging is dropped (warnings and errors kept) so
 // that console output is not what gets measured.
 //
 //   node graphile_runner.mjs --dsn DSN MODE --out F [--count N --batch B --rate R
-//                            --seconds S --first K]
+//                            --seconds S --first K --handler-ms H]
 
 import { readFileSync, renameSync, writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { Logger, makeWorkerUtils, run } from "graphile-worker";
 
 const JOB_TYPE = "bench_noop";
-const CONCURRENCY = 10;
 const LOCAL_QUEUE_SIZE = 100;
 
 const { values, positionals } = parseArgs({
@@ -28,6 +27,7 @@ const { values, positionals } = parseArgs({
     rate: { type: "string", default: "200" },
     seconds: { type: "string", default: "20" },
     first: { type: "string", default: "0" },
+    "handler-ms": { type: "string", default: "0" },
   },
 });
 const mode = positionals[0];
@@ -97,9 +97,13 @@ async function offer() {
 
 async function work() {
   const starts = [];
+  const handlerMs = Number(values["handler-ms"]);
+  // Tuned for no-op jobs, concurrency 10 is best; jobs that take time (--handler-ms) get
+  // as many at once as the other systems' workers run (100), else 10 would be the limit.
+  const concurrency = handlerMs > 0 ? 100 : 10;
   const runner = await run({
     connectionString: values.dsn,
-    concurrency: CONCURRENCY,
+    concurrency,
     noHandleSignals: true,
     logger: quiet,
     preset: {
@@ -108,6 +112,7 @@ async function work() {
     taskList: {
       [JOB_TYPE]: async (payload) => {
         starts.push([typeof payload?.i === "number" ? payload.i : -1, now()]);
+        if (handlerMs > 0) await sleep(handlerMs);
       },
     },
   });

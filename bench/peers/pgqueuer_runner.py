@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -64,12 +64,12 @@ class PgqueuerRunner:
     async def enqueue_one(self, i: int) -> None:
         await self.pool_queries.enqueue(JOB_TYPE, json.dumps({"i": i}).encode(), 0)
 
-    async def work(self, on_start: Callable[[Any], None], stop: asyncio.Event) -> None:
+    async def work(self, handle: Callable[[Any], Awaitable[None]], stop: asyncio.Event) -> None:
         qm = QueueManager(await self._queries())
 
         @qm.entrypoint(JOB_TYPE)  # type: ignore[untyped-decorator]
         async def noop(job: Job) -> None:
-            on_start(json.loads(job.payload))
+            await handle(json.loads(job.payload))
 
         serving = asyncio.create_task(qm.run(batch_size=BATCH_SIZE))
         ready()

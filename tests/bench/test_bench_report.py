@@ -51,6 +51,18 @@ def test_ratios_are_against_the_best_peer_in_the_figures_direction() -> None:
     assert summary["wal_drain"]["systems"]["evora"]["median"] == 200.0
 
 
+def test_evoras_variants_and_configurations_are_not_peers() -> None:
+    runs = [
+        _run("evora", 1000.0, 4.0, 100.0),
+        _run("evora-prefetch", 9000.0, 0.5, 100.0),
+        _run("evora@base", 8000.0, 0.6, 100.0),
+        _run("graphile", 4000.0, 1.0, 50.0),
+    ]
+    summary = report.summarize(runs)
+    assert summary["drain"]["best_peer"] == summary["p50"]["best_peer"] == "graphile"
+    assert summary["drain"]["ratios_to_best_peer"]["evora-prefetch"] == pytest.approx(2.25)
+
+
 def test_profile_summary_ranks_functions_by_samples(tmp_path: Path) -> None:
     raw = tmp_path / "profile.txt"
     raw.write_text(

@@ -25,21 +25,24 @@ SECONDS = 2.0
 
 
 async def test_evora_run_drains_every_job_and_measures_latency_cpu_and_memory() -> None:
-    workload = Workload(jobs=JOBS, batch=100, rate=RATE, seconds=SECONDS, drain_timeout_s=60.0)
+    # Handlers of 1 ms: the option that gives jobs a duration reaches the worker.
+    workload = Workload(
+        jobs=JOBS, batch=100, rate=RATE, seconds=SECONDS, drain_timeout_s=60.0, handler_ms=1.0
+    )
     # Not pytest's tmp_path: other pytest sessions on the machine prune those directories,
     # and PostgreSQL's data directory must outlive the test.
     with tempfile.TemporaryDirectory(prefix="evora-bench-test-") as tmp:
         directory = Path(tmp)
         with Cluster(directory) as cluster:
-            runs = await compare(
-                cluster, directory, ["evora", "evora@same"], 1, workload, None, None, {"same": REPO}
-            )
-    assert [r["system"] for r in runs] == ["evora", "evora@same"]
+            systems = ["evora", "evora@same", "evora-prefetch"]
+            variants = {"same": REPO}
+            runs = await compare(cluster, directory, systems, 1, workload, None, None, variants)
+    assert [r["system"] for r in runs] == systems
     for run in runs:
         _check(run)
 
     summary = report.summarize(runs)
-    for system, run in zip(("evora", "evora@same"), runs, strict=True):
+    for system, run in zip(systems, runs, strict=True):
         assert summary["drain"]["systems"][system]["median"] == run["drain"]["jobs_per_s"]
     assert any(line.startswith("  evora@same") for line in report.lines(summary))
 

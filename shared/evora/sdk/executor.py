@@ -9,8 +9,8 @@ from typing import Any
 
 from evora.sdk.acks import Ack
 from evora.sdk.handlers import Handler, runs_on_loop
-from evora.sdk.running import Abandon, Release, RunningJob
-from evora.sdk.threads import HandlerThreads
+from evora.sdk.running import Abandon, Interrupt, Release, RunningJob
+from evora.sdk.threads import HandlerThreads, when_thread_done
 
 log = logging.getLogger("evora.worker")
 
@@ -53,14 +53,44 @@ class Executor:
         finally:
             running.in_handler = False
             self.running -= 1
-        task = running.task
-        for _ in range(running.interrupts):
-            task.uncancel()
-        if task.cancelling():
-            # Cancelled by someone else (shutdown giving up, or asyncio.run ending): nothing
-            # is reported, whatever the handler did with the cancellation.
-            raise asyncio.CancelledError
+        _take_back_interrupts(running)
         return running.outcome(result, failure, cancelled)
+
+    async def execute_in_slot(
+        self, running: RunningJob, handler: Handler | None, slots: asyncio.Semaphore
+    ) -> Ack | Release | Abandon:
+        """`execute` in one of `slots`, waiting for one first: the job was claimed ahead of
+        time (the worker's `prefetch`). One interrupted while it waits never runs: it is
+        abandoned if its lease was lost, else released (shutdown, a cancel request)."""
+        running.waiting = True
+        try:
+            await slots.acquire()
+        except asyncio.CancelledError:
+            _take_back_interrupts(running)
+            return "abandon" if running.interrupted is Interrupt.LEASE_LOST else "release"
+        finally:
+            running.waiting = False
+        try:
+            return await self.execute(running, handler)
+        finally:
+            thread = running.thread
+            if thread is None or thread.done():
+                slots.release()
+            else:
+                # A handler thread still runs (given up on): it keeps the slot until it
+                # returns, so no more handlers than slots ever run at once.
+                when_thread_done(thread, slots.release)
 
     def close(self) -> None:
         self._threads.close()
+
+
+def _take_back_interrupts(running: RunningJob) -> None:
+    """Undo the cancellations that interrupts made of the job's task; raise if the task was
+    also cancelled by someone else (shutdown giving up, or asyncio.run ending): then nothing
+    is reported, whatever the handler did with the cancellation."""
+    task = running.task
+    for _ in range(running.interrupts):
+        task.uncancel()
+    if task.cancelling():
+        raise asyncio.CancelledError

@@ -111,7 +111,9 @@ class Heartbeats:
         """Tell the handler (`job.cancel_event`); cancel it if it has not ended after
         `cancel_grace` seconds."""
         running.job.cancel_event.set()
-        if running.in_handler:
+        if running.waiting:  # claimed ahead and not started: it never will be
+            running.interrupt(Interrupt.CANCEL)
+        elif running.in_handler:
             log.info(
                 "job %s: cancellation requested; the handler has %.1fs to stop",
                 running.job.id,

@@ -59,6 +59,8 @@ class RunningJob:
     job: Job
     task: asyncio.Task[None] = field(init=False)
     in_handler: bool = False
+    # Claimed ahead (the worker's `prefetch`) and waiting for a slot to run in.
+    waiting: bool = False
     interrupted: Interrupt | None = None
     interrupts: int = 0
     # The claim's jobs waiting for their first heartbeat, then the task sending heartbeats.
@@ -71,8 +73,9 @@ class RunningJob:
     holds_slot: bool = True
 
     def interrupt(self, why: Interrupt) -> None:
-        """Cancel the handler if it still runs; the first reason given is the one acted on."""
-        if self.in_handler:
+        """Cancel the handler if it still runs, or the wait for a slot of a job claimed ahead
+        (which then never runs); the first reason given is the one acted on."""
+        if self.in_handler or self.waiting:
             self.interrupted = self.interrupted or why
             self.interrupts += 1
             self.task.cancel()

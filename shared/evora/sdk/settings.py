@@ -48,6 +48,7 @@ class WorkerSettings:
     backoff: RetryBackoff
     handler_threads: int | None = None
     blocked_loop_warning: float | None = DEFAULT_BLOCKED_LOOP_WARNING
+    prefetch: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.queues) <= MAX_CLAIM_QUEUES:
@@ -65,6 +66,8 @@ class WorkerSettings:
             raise ValueError("grace_period, cancel_grace and ack_linger must not be negative")
         if min(self.request_timeout, self.shutdown_timeout) <= 0:
             raise ValueError("request_timeout and shutdown_timeout must be positive")
+        if self.prefetch < 0:
+            raise ValueError("prefetch must not be negative")
         if self.handler_threads is not None and self.handler_threads < 1:
             raise ValueError("handler_threads must be at least 1")
         if self.blocked_loop_warning is not None and self.blocked_loop_warning <= 0:

@@ -9,6 +9,8 @@ A daemon thread still running at exit is simply dropped, as a cancelled async ha
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import queue
 import threading
@@ -80,3 +82,16 @@ class HandlerThreads:
             del work, future, context, call  # nothing of a finished call stays alive
             with self._lock:
                 self._idle += 1
+
+
+def when_thread_done(thread: Future[Any], callback: Callable[[], object]) -> None:
+    """Call `callback` on the running event loop once the handler `thread` has returned;
+    nothing if the loop is closed by then (the worker is gone)."""
+    loop = asyncio.get_running_loop()
+
+    def done(_: Future[Any]) -> None:
+        # In the handler thread.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(callback)
+
+    thread.add_done_callback(done)

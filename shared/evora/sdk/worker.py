@@ -2,7 +2,12 @@
 
 Life of a job in the worker:
 
-1. The claim loop long-polls `POST /v1/claim` for as many jobs as it has free slots.
+1. The claim loop long-polls `POST /v1/claim` for as many jobs as it has free slots. With
+   `prefetch`, it also claims up to that many jobs more than it can run, each claim for at
+   most `concurrency`; those wait in the worker (leased, heartbeated) for a slot, so a slot
+   that frees starts the next job at once instead of after a claim's round trip. A job held
+   so that is cancelled, or whose lease is lost, never runs (released, or abandoned); on
+   stop, held jobs are released at once.
 2. Each job runs in a task of its own, which awaits the handler and then reports how it
    ended. An `async def` handler runs on the event loop; a plain `def` handler runs in one
    of the worker's handler threads (as many as `handler_threads`, by default
@@ -51,13 +56,11 @@ cancelled never reach the worker: a dispatcher that notices the worker left rele
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import inspect
 import logging
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from evora import loops
@@ -79,6 +82,7 @@ from evora.sdk.settings import (
     WorkerSettings,
     default_worker_id,
 )
+from evora.sdk.threads import when_thread_done
 from evora.sdk.tracing import job_trace
 from evora.sdk.watchdog import LoopWatchdog
 
@@ -98,6 +102,8 @@ class Worker:
     """Runs handlers for jobs claimed from the dispatcher at `url` (role `worker` token).
 
     - `queues`: 1..20 queue names to claim from; `concurrency`: handlers running at once.
+    - `prefetch`: jobs held claimed beyond `concurrency`, each waiting for a free slot
+      (module notes, step 1); 0, the default, claims for free slots only.
     - `types`: job types to claim; defaults to the types with a registered handler.
     - `handlers`: a `Handlers` registry to start from; `@worker.handler(type)` adds more.
     - `wait_seconds`: how long one claim long-polls (0..60).
@@ -139,6 +145,7 @@ class Worker:
         backoff: RetryBackoff | None = None,
         handler_threads: int | None = None,
         blocked_loop_warning: float | None = DEFAULT_BLOCKED_LOOP_WARNING,
+        prefetch: int = 0,
     ) -> None:
         if isinstance(queues, str):
             raise TypeError("queues must be a list of queue names, not a string")
@@ -160,6 +167,7 @@ class Worker:
             backoff=backoff or RetryBackoff(initial=0.5, max_delay=30.0),
             handler_threads=handler_threads,
             blocked_loop_warning=blocked_loop_warning,
+            prefetch=prefetch,
         )
         self._setup(settings, handlers or Handlers())
 
@@ -197,6 +205,9 @@ class Worker:
         # otherwise claims outrun acks under a backlog, unsent outcomes pile up and their
         # leases can expire under finished jobs.
         self._busy = 0
+        self._capacity = settings.concurrency + settings.prefetch  # jobs held at most
+        # With prefetch, `concurrency` of the jobs held run; the others wait for a slot here.
+        self._run_slots = asyncio.Semaphore(settings.concurrency) if settings.prefetch else None
         self._running: set[RunningJob] = set()
         self._slot_freed = asyncio.Event()
         self._waiting_for_slot = False
@@ -332,7 +343,7 @@ class Worker:
     async def _claim_until_stopped(self, types: list[str]) -> None:
         failures = 0
         while True:
-            while self._busy >= self.settings.concurrency:
+            while self._busy >= self._capacity:
                 self._slot_freed.clear()
                 self._waiting_for_slot = True
                 try:
@@ -343,7 +354,7 @@ class Worker:
             try:
                 jobs, results = await self._claim(
                     types,
-                    min(self.settings.concurrency - self._busy, MAX_CLAIM_JOBS),
+                    min(self._capacity - self._busy, self.settings.concurrency, MAX_CLAIM_JOBS),
                     None if carried is None else carried.acks,
                 )
             except EvoraClientError as exc:
@@ -389,7 +400,7 @@ class Worker:
         wait for a claim that may long-poll or never come."""
         if (
             not self._waiting_for_slot
-            or self._busy >= self.settings.concurrency
+            or self._busy >= self._capacity
             or self._carried is not None
             or self._stop_requested.is_set()
         ):
@@ -445,7 +456,12 @@ class Worker:
         bind(job_id=job.id, queue=job.queue, job_type=job.type)
         try:
             with job_trace(job) as trace:
-                outcome = await self._executor.execute(running, handler)
+                if self._run_slots is None:
+                    outcome = await self._executor.execute(running, handler)
+                else:
+                    outcome = await self._executor.execute_in_slot(
+                        running, handler, self._run_slots
+                    )
                 trace.ended(outcome.outcome if isinstance(outcome, Ack) else outcome)
                 if outcome == "release":
                     await self._reports.release(job)
@@ -487,17 +503,14 @@ class Worker:
             running.job.id,
             _name_of(self.handlers.get(running.job.type)),
         )
-        loop = asyncio.get_running_loop()
-
-        def done(_: Future[Any]) -> None:
-            # In the handler thread. A closed loop means the worker is gone: no slot to free.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._release_slot, running)
-
-        running.thread.add_done_callback(done)
+        when_thread_done(running.thread, lambda: self._release_slot(running))
 
     async def _shutdown(self) -> None:
         self._stop_requested.set()
+        # Jobs claimed ahead that have not started go back at once, not after the grace.
+        for running in self._running:
+            if running.waiting:
+                running.interrupt(Interrupt.SHUTDOWN)
         try:
             if self._running:
                 log.info(
