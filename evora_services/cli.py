@@ -90,6 +90,7 @@ def _worker(args: argparse.Namespace, url: str | None) -> int:
         token=args.token,
         queues=queues,
         concurrency=args.concurrency,
+        prefetch=args.prefetch,
     )
 
 
@@ -262,7 +263,8 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "Needs only `pip install evora`. SIGTERM or Ctrl-C: stop claiming, finish in-flight "
         "jobs, release the rest.",
         "EVORA_DISPATCHER_URL (else http://127.0.0.1:EVORA_DISPATCHER_PORT, default 8081), "
-        "EVORA_WORKER_TOKEN, EVORA_WORKER_QUEUES, EVORA_WORKER_CONCURRENCY, EVORA_LOG_LEVEL, "
+        "EVORA_WORKER_TOKEN, EVORA_WORKER_QUEUES, EVORA_WORKER_CONCURRENCY, "
+        "EVORA_WORKER_PREFETCH, EVORA_LOG_LEVEL, "
         "EVORA_LOG_FORMAT",
     )
     worker.add_argument("module", metavar="MODULE", help="importable module, e.g. myapp.jobs")
@@ -270,6 +272,11 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     worker.add_argument("--token", help="worker token (EVORA_WORKER_TOKEN)")
     worker.add_argument("--queues", help="comma-separated queues (EVORA_WORKER_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="jobs at once (EVORA_WORKER_CONCURRENCY)")
+    worker.add_argument(
+        "--prefetch",
+        type=int,
+        help="jobs held claimed beyond --concurrency, waiting for a slot (EVORA_WORKER_PREFETCH)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

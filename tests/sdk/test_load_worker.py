@@ -46,14 +46,16 @@ def test_handlers_get_a_worker_configured_from_the_environment(make_module: Make
         "EVORA_WORKER_TOKEN": "tok",
         "EVORA_WORKER_QUEUES": "emails, sms,",
         "EVORA_WORKER_CONCURRENCY": "7",
+        "EVORA_WORKER_PREFETCH": "5",
     }
     worker = load_worker(make_module(HANDLERS), environ=env)
     s = worker.settings
-    assert (s.url, s.token, s.queues, s.concurrency) == (
+    assert (s.url, s.token, s.queues, s.concurrency, s.prefetch) == (
         "http://dispatcher:9000",
         "tok",
         ("emails", "sms"),
         7,
+        5,
     )
     assert worker.handlers.types == ["a.b"]
 
@@ -64,11 +66,12 @@ def test_arguments_win_over_the_environment_and_defaults_fill_the_rest(
     env = {"EVORA_WORKER_QUEUES": "ignored"}
     worker = load_worker(make_module(HANDLERS), queues=["q1"], token="t", environ=env)
     s = worker.settings
-    assert (s.url, s.token, s.queues, s.concurrency) == (
+    assert (s.url, s.token, s.queues, s.concurrency, s.prefetch) == (
         DEFAULT_DISPATCHER_URL,
         "t",
         ("q1",),
         DEFAULT_CONCURRENCY,
+        0,
     )
 
 
@@ -101,13 +104,14 @@ def test_a_module_level_worker_runs_with_the_given_overrides(make_module: MakeMo
     )
     unchanged = load_worker(name, environ={"EVORA_WORKER_QUEUES": "ignored"})
     assert (unchanged.settings.url, unchanged.settings.queues) == ("http://configured:1", ("own",))
-    changed = load_worker(name, queues=["other"], concurrency=9, environ={})
+    changed = load_worker(name, queues=["other"], concurrency=9, prefetch=4, environ={})
     s = changed.settings
-    assert (s.url, s.token, s.queues, s.concurrency, s.grace_period) == (
+    assert (s.url, s.token, s.queues, s.concurrency, s.prefetch, s.grace_period) == (
         "http://configured:1",
         "tok",
         ("other",),
         9,
+        4,
         7,
     )
     assert changed.handlers.types == ["x"]
@@ -119,6 +123,7 @@ def test_a_module_level_worker_runs_with_the_given_overrides(make_module: MakeMo
         ("x = 1", {"EVORA_WORKER_QUEUES": "q"}, "no evora.Worker and no evora.Handlers"),
         (HANDLERS, {}, "no queues given"),
         (HANDLERS, {"EVORA_WORKER_QUEUES": "q", "EVORA_WORKER_CONCURRENCY": "many"}, "integer"),
+        (HANDLERS, {"EVORA_WORKER_QUEUES": "q", "EVORA_WORKER_PREFETCH": "-1"}, "PREFETCH"),
         (HANDLERS, {"EVORA_WORKER_QUEUES": "bad queue"}, "invalid queue name"),
         ("import evora\nh = evora.Handlers()", {"EVORA_WORKER_QUEUES": "q"}, "no handlers"),
         (

@@ -17,6 +17,7 @@ ENV_DISPATCHER_URL: Final = "EVORA_DISPATCHER_URL"
 ENV_WORKER_TOKEN: Final = "EVORA_WORKER_TOKEN"
 ENV_WORKER_QUEUES: Final = "EVORA_WORKER_QUEUES"
 ENV_WORKER_CONCURRENCY: Final = "EVORA_WORKER_CONCURRENCY"
+ENV_WORKER_PREFETCH: Final = "EVORA_WORKER_PREFETCH"
 
 
 class WorkerLoadError(Exception):
@@ -38,6 +39,7 @@ def load_worker(
     token: str | None = None,
     queues: Sequence[str] | None = None,
     concurrency: int | None = None,
+    prefetch: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Worker:
     """The worker `evora worker MODULE` runs; see `run_worker_from_module`."""
@@ -52,7 +54,9 @@ def load_worker(
         raise
     values = list(vars(module).values())
     try:
-        worker = _worker_from(module_name, values, url, token, queues, concurrency, environ)
+        worker = _worker_from(
+            module_name, values, url, token, queues, concurrency, prefetch, environ
+        )
     except ValueError as exc:
         raise WorkerLoadError(str(exc)) from exc
     if not (worker.settings.types or worker.handlers.types):
@@ -67,13 +71,16 @@ def _worker_from(
     token: str | None,
     queues: Sequence[str] | None,
     concurrency: int | None,
+    prefetch: int | None,
     environ: Mapping[str, str] | None,
 ) -> Worker:
     workers = _instances(values, Worker)
     if len(workers) > 1:
         raise WorkerLoadError(f"{module_name} defines {len(workers)} evora.Worker objects")
     if workers:
-        return workers[0].reconfigured(url=url, token=token, queues=queues, concurrency=concurrency)
+        return workers[0].reconfigured(
+            url=url, token=token, queues=queues, concurrency=concurrency, prefetch=prefetch
+        )
     registries = _instances(values, Handlers)
     if not registries:
         raise WorkerLoadError(f"{module_name} defines no evora.Worker and no evora.Handlers")
@@ -86,17 +93,24 @@ def _worker_from(
     if not queue_names:
         raise WorkerLoadError(f"no queues given: pass them or set {ENV_WORKER_QUEUES}")
     if concurrency is None:
-        raw = env.get(ENV_WORKER_CONCURRENCY, "").strip()
-        if raw and not raw.isdigit():
-            raise WorkerLoadError(f"{ENV_WORKER_CONCURRENCY} must be an integer, got {raw!r}")
-        concurrency = int(raw) if raw else DEFAULT_CONCURRENCY
+        concurrency = _count(env, ENV_WORKER_CONCURRENCY, DEFAULT_CONCURRENCY)
+    if prefetch is None:
+        prefetch = _count(env, ENV_WORKER_PREFETCH, 0)
     return Worker(
         url or env.get(ENV_DISPATCHER_URL) or DEFAULT_DISPATCHER_URL,
         token or env.get(ENV_WORKER_TOKEN) or None,
         queue_names,
         concurrency,
         handlers=handlers,
+        prefetch=prefetch,
     )
+
+
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if raw and not raw.isdigit():
+        raise WorkerLoadError(f"{name} must be an integer, got {raw!r}")
+    return int(raw) if raw else default
 
 
 def run_worker_from_module(
@@ -106,18 +120,19 @@ def run_worker_from_module(
     token: str | None,
     queues: list[str] | None,
     concurrency: int | None,
+    prefetch: int | None = None,
 ) -> int:
     """Run the worker MODULE defines until SIGTERM/SIGINT; the exit status is returned.
 
     MODULE is imported (the current directory is importable, as with `python -m`), then:
 
-    - if it holds an `evora.Worker`, that worker runs, with `url`, `token`, `queues` and
-      `concurrency` replacing its own settings where given (not None);
+    - if it holds an `evora.Worker`, that worker runs, with `url`, `token`, `queues`,
+      `concurrency` and `prefetch` replacing its own settings where given (not None);
     - otherwise its `evora.Handlers` registries (all of them, merged) are run by a new
       worker configured from the arguments, else from the environment:
       `EVORA_DISPATCHER_URL` (default http://127.0.0.1:8081), `EVORA_WORKER_TOKEN`,
-      `EVORA_WORKER_QUEUES` (comma-separated, required one way or the other) and
-      `EVORA_WORKER_CONCURRENCY` (default 10).
+      `EVORA_WORKER_QUEUES` (comma-separated, required one way or the other),
+      `EVORA_WORKER_CONCURRENCY` (default 10) and `EVORA_WORKER_PREFETCH` (default 0).
 
     Returns 0 after a graceful stop, 1 when the dispatcher refused the worker (bad token,
     say), 2 when MODULE gives no runnable worker; problems are printed on one line to
@@ -125,7 +140,12 @@ def run_worker_from_module(
     """
     try:
         worker = load_worker(
-            module_name, url=url, token=token, queues=queues, concurrency=concurrency
+            module_name,
+            url=url,
+            token=token,
+            queues=queues,
+            concurrency=concurrency,
+            prefetch=prefetch,
         )
     except WorkerLoadError as exc:
         print(f"evora worker: {exc}", file=sys.stderr)

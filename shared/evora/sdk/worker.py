@@ -229,6 +229,7 @@ class Worker:
         token: str | None = None,
         queues: Sequence[str] | None = None,
         concurrency: int | None = None,
+        prefetch: int | None = None,
     ) -> Worker:
         """A copy of this (not yet started) worker with some settings replaced."""
         changes: dict[str, Any] = {}
@@ -240,6 +241,8 @@ class Worker:
             changes["queues"] = tuple(queues)
         if concurrency is not None:
             changes["concurrency"] = concurrency
+        if prefetch is not None:
+            changes["prefetch"] = prefetch
         worker = Worker.__new__(Worker)
         worker._setup(dataclasses.replace(self.settings, **changes), self.handlers)
         return worker
