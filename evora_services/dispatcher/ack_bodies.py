@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError
 from pydantic_core import PydanticCustomError
 
 from evora.http.app import SETTINGS
-from evora.http.bodies import check_raw_json, items_limit, problem_from, read_body
+from evora.http.bodies import items_limit, problem_from, read_json_body
 from evora.protocol.fields import encode_client_json
 from evora.protocol.limits import MAX_ACKS
 from evora.protocol.worker import Ack, AcksRequest, ClaimRequest
@@ -66,9 +66,7 @@ async def _read(
 ) -> tuple[M, list[orjson.Fragment]]:
     max_payload_bytes = request.app[SETTINGS].max_payload_bytes
     limit = items_limit(max_payload_bytes)
-    received = await read_body(request, limit.bytes)
-    check_raw_json(received, max_values=limit.values)
-    raw = received or b"{}"  # so that a missing field is reported by name, not as broken JSON
+    raw = await read_json_body(request, limit)
     context = {"max_payload_bytes": max_payload_bytes}
     try:
         body = lean.model_validate_json(raw, context=context)

@@ -13,10 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from evora.protocol.limits import DEFAULT_MAX_PAYLOAD_BYTES
+from evora.protocol.limits import (
+    DEFAULT_BODY_BUDGET_BYTES,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    items_body_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +79,10 @@ class Settings(BaseSettings):
     projector_port: int = _port(8083)
     data_dir: Path = Path(".evora")
     max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, ge=1, le=64 * 1024 * 1024)
+    # The memory request bodies may take in one service process (evora.http.budget): half
+    # for their bytes, half for parsing them. Unset: 64 MiB, or twice the largest single
+    # body if that is more; never less than that.
+    body_budget_bytes: int | None = Field(default=None, ge=1)
     archive_url: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # One JSON object per line, or readable lines; unset: text in `evora dev`, else json.
@@ -125,6 +133,24 @@ class Settings(BaseSettings):
             if not info.data.get("allow_example_tokens", False):
                 refuse_example_tokens(value)
         return value
+
+    @model_validator(mode="after")
+    def _budget_holds_a_body(self) -> Settings:
+        least = 2 * items_body_bytes(self.max_payload_bytes)
+        if self.body_budget_bytes is not None and self.body_budget_bytes < least:
+            raise ValueError(
+                f"EVORA_BODY_BUDGET_BYTES ({self.body_budget_bytes}) must be at least twice "
+                f"the largest body a request may send ({least} bytes, from "
+                "EVORA_MAX_PAYLOAD_BYTES): half of it holds bodies, and that largest one "
+                "could never be admitted"
+            )
+        return self
+
+    @property
+    def body_budget(self) -> int:
+        """The memory request bodies may take in a service process (evora.http.budget)."""
+        least = 2 * items_body_bytes(self.max_payload_bytes)
+        return self.body_budget_bytes or max(DEFAULT_BODY_BUDGET_BYTES, least)
 
     @property
     def auth_enabled(self) -> bool:

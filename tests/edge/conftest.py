@@ -3,10 +3,10 @@ how it treats connections that misbehave."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import pytest
@@ -37,7 +37,8 @@ class Running:
         Path(f"/proc/{self.child.pid}/clear_refs").write_text("5")
 
 
-StartService = Callable[[str], Coroutine[Any, Any, Running]]
+class StartService(Protocol):
+    def __call__(self, service: str, **env: str) -> Coroutine[Any, Any, Running]: ...
 
 
 @pytest.fixture
@@ -53,13 +54,14 @@ async def start_service(
     """`evora api` or `evora dispatcher` as a child process, returned once it is ready."""
     children = Children(tmp_path)
 
-    async def start(service: str) -> Running:
+    async def start(service: str, **more_env: str) -> Running:
         port = free_port()
         env = child_env(
             EVORA_DATABASE_URL=db_url,
             EVORA_TOKENS=TOKENS,
             EVORA_HOST="127.0.0.1",
             **{f"EVORA_{service.upper()}_PORT": str(port)},
+            **more_env,
         )
         child = await children.spawn(service, evora_command(service), env)
         url = f"http://127.0.0.1:{port}"

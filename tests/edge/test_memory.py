@@ -9,11 +9,13 @@ to ~2 GB. Now both are refused before parsing, at about the cost of holding the 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import aiohttp
 import orjson
 
+from evora.protocol.limits import MIB
 from tests.e2e.conftest import WORKER_HEADERS
 from tests.edge.conftest import Running, StartService
 from tests.servers import PRODUCER_TOKEN
@@ -98,3 +100,55 @@ async def test_the_largest_accepted_payload_costs_a_bounded_amount(
     print(f"api: largest accepted payload, peak RSS growth {growth:.0f} MiB")
     assert status == 200
     assert growth < 2 * PEAK_GROWTH_BOUND_MIB
+
+
+CONCURRENT = 16
+BATCH_ITEMS = 1000
+PAYLOAD_CHARS = 8000
+
+
+def batch_refused_after_parsing() -> bytes:
+    """A batch of about 8 MiB that is parsed in full and then refused: every item valid but
+    the last, whose queue name is not one (so nothing reaches the database)."""
+    text = "x" * PAYLOAD_CHARS
+    items = [{"queue": "mem", "type": "t", "payload": {"text": text}}] * (BATCH_ITEMS - 1)
+    items.append({"queue": "not a queue name", "type": "t", "payload": {"text": text}})
+    return orjson.dumps({"jobs": items})
+
+
+async def concurrent_peak_growth(
+    service: Running, http: aiohttp.ClientSession, body: bytes
+) -> tuple[list[int], float]:
+    headers = {"Authorization": f"Bearer {PRODUCER_TOKEN}", "Content-Type": "application/json"}
+    service.reset_peak_rss()
+    before = service.rss_mib()
+
+    async def post() -> int:
+        async with http.post(service.url + "/v1/jobs/batch", data=body, headers=headers) as r:
+            await r.read()
+            return r.status
+
+    statuses = await asyncio.gather(*(post() for _ in range(CONCURRENT)))
+    return sorted(statuses), service.peak_rss_mib() - before
+
+
+async def test_the_body_budget_bounds_what_concurrent_batches_cost_the_process(
+    start_service: StartService, http: aiohttp.ClientSession
+) -> None:
+    """Sixteen clients send an 8 MiB batch at once. With room for all of them (a budget of 512
+    MiB) the api holds sixteen bodies and their parsed items at once; with the smallest budget
+    the default limits allow (32 MiB: 16 for bodies, two of these; 16 for parsing, one) the
+    others wait their turn, and the process grows by a fraction of that. Each request is
+    still answered in full."""
+    body = batch_refused_after_parsing()
+    roomy = await start_service("api", EVORA_BODY_BUDGET_BYTES=str(512 * MIB))
+    roomy_statuses, roomy_growth = await concurrent_peak_growth(roomy, http, body)
+    tight = await start_service("api", EVORA_BODY_BUDGET_BYTES=str(32 * MIB))
+    tight_statuses, tight_growth = await concurrent_peak_growth(tight, http, body)
+
+    print(
+        f"api: {CONCURRENT} x {len(body) / MIB:.1f} MiB batches at once, peak RSS growth "
+        f"{roomy_growth:.0f} MiB with a 512 MiB budget, {tight_growth:.0f} MiB with 32 MiB"
+    )
+    assert roomy_statuses == tight_statuses == [422] * CONCURRENT
+    assert tight_growth < roomy_growth / 2

@@ -7,6 +7,8 @@ import asyncio
 import logging
 import threading
 from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -42,6 +44,26 @@ async def submit_in_order(client: Client, *types: str, lease_seconds: int = 30) 
 
 def released(proxy: FaultProxy) -> list[str]:
     return [r.path.split("/")[3] for r in proxy.seen("POST", "/v1/jobs/{id}/release")]
+
+
+@dataclass
+class Blocking:
+    """A worker whose handlers of type `t` record their job and wait for `finish`."""
+
+    worker: evora.Worker
+    finish: asyncio.Event
+    started: list[str]
+
+
+def blocking_worker(proxy: FaultProxy, **settings: Any) -> Blocking:
+    blocking = Blocking(make_worker(proxy, **settings), asyncio.Event(), [])
+
+    @blocking.worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        blocking.started.append(job.id)
+        await blocking.finish.wait()
+
+    return blocking
 
 
 def test_prefetch_cannot_be_negative(proxy: FaultProxy) -> None:
@@ -92,34 +114,25 @@ async def test_held_jobs_wait_for_a_slot_and_no_more_than_concurrency_run(
 async def test_stop_releases_held_jobs_at_once_and_lets_running_ones_finish(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(proxy, concurrency=1, prefetch=2, grace_period=5)
-    finish = asyncio.Event()
-    started: list[str] = []
-
-    @worker.handler("t")
-    async def handle(job: evora.Job) -> str:
-        started.append(job.id)
-        await finish.wait()
-        return "done within the grace period"
-
+    blocking = blocking_worker(proxy, concurrency=1, prefetch=2, grace_period=5)
     first, *held = await submit_in_order(client, "t", "t", "t")
-    task = asyncio.create_task(worker.serve())
+    task = asyncio.create_task(blocking.worker.serve())
 
     async def all_claimed() -> bool:
         return await states(store, [first, *held]) == ["RUNNING"] * 3
 
     await until(all_claimed, "three jobs claimed")
-    stopping = asyncio.create_task(worker.stop())
+    stopping = asyncio.create_task(blocking.worker.stop())
 
     async def held_back() -> bool:
         return await states(store, held) == ["PENDING", "PENDING"]
 
     await until(held_back, "the held jobs released", within=3)
     assert not stopping.done()  # the running job still has its grace period
-    finish.set()
+    blocking.finish.set()
     await asyncio.wait_for(stopping, 5)
     await task
-    assert started == [first]
+    assert blocking.started == [first]
     assert (await stored(store, first))["state"] == "COMPLETED"
     assert [(await stored(store, i))["attempt"] for i in held] == [0, 0]
     assert sorted(released(proxy)) == sorted(held)
@@ -128,25 +141,17 @@ async def test_stop_releases_held_jobs_at_once_and_lets_running_ones_finish(
 async def test_a_held_job_whose_cancel_is_requested_never_runs(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
-    worker = make_worker(proxy, concurrency=1, prefetch=1)
-    finish = asyncio.Event()
-    started: list[str] = []
-
-    @worker.handler("t")
-    async def handle(job: evora.Job) -> None:
-        started.append(job.id)
-        await finish.wait()
-
+    blocking = blocking_worker(proxy, concurrency=1, prefetch=1)
     # A lease of 1 s: heartbeats, which learn of cancel requests, every third of a second.
     first, held = await submit_in_order(client, "t", "t", lease_seconds=1)
-    async with serving(worker):
-        await until(lambda: started == [first], "the first job running")
+    async with serving(blocking.worker):
+        await until(lambda: blocking.started == [first], "the first job running")
         await until(in_state(store, held, "RUNNING"), "the second job held")
         assert (await client.cancel(held))["cancel_requested"]
         await until(in_state(store, held, "CANCELLED"), "the held job cancelled")
-        finish.set()
+        blocking.finish.set()
         await until(in_state(store, first, "COMPLETED"), "the first job completed")
-    assert started == [first]
+    assert blocking.started == [first]
     assert released(proxy) == [held]
 
 
@@ -158,19 +163,11 @@ async def test_a_held_job_whose_lease_is_lost_is_abandoned_unrun(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="evora.worker")
-    worker = make_worker(proxy, concurrency=1, prefetch=1)
-    finish = asyncio.Event()
-    started: list[str] = []
-
-    @worker.handler("t")
-    async def handle(job: evora.Job) -> None:
-        started.append(job.id)
-        await finish.wait()
-
+    blocking = blocking_worker(proxy, concurrency=1, prefetch=1)
     first = (await client.submit("q", "t")).id
     held = (await client.submit("q", "t", lease_seconds=1, backoff=AN_HOUR)).id
-    async with serving(worker):
-        await until(lambda: started == [first], "the first job running")
+    async with serving(blocking.worker):
+        await until(lambda: blocking.started == [first], "the first job running")
         await until(in_state(store, held, "RUNNING"), "the second job held")
         await take_lease_away(clock, store, held)
 
@@ -180,9 +177,9 @@ async def test_a_held_job_whose_lease_is_lost_is_abandoned_unrun(
             )
 
         await until(abandoned, "the held job abandoned")
-        finish.set()
+        blocking.finish.set()
         await until(in_state(store, first, "COMPLETED"), "the first job completed")
-    assert started == [first]
+    assert blocking.started == [first]
     assert held not in released(proxy)
     acked = [a["id"] for c in proxy.seen("POST", "/v1/claim") for a in c.body.get("acks") or []]
     acked += [a["id"] for r in proxy.seen("POST", "/v1/acks") for a in r.body["acks"]]

@@ -18,6 +18,7 @@ from evora.config import Settings
 from evora.domain.errors import EvoraError
 from evora.http.auth import TokenTable, authorize
 from evora.http.bodies import ClientDisconnected
+from evora.http.budget import BODY_BUDGETS, BODY_RESERVED, BodyBudgets
 from evora.http.jsonio import json_response
 from evora.http.metrics import ServiceMetrics
 from evora.http.openapi import openapi_document
@@ -140,6 +141,9 @@ async def _edge(
                 f"request {request_id} failed; see logs",
             ).response()
     finally:
+        # The body and what was parsed from it are no longer held: its bytes go back.
+        for budget, size in request.get(BODY_RESERVED, ()):
+            budget.release(size)
         metrics.http_in_flight.labels(metrics.service).dec()
         unbind_log_context(log_context)
     metrics.http_requests.labels(metrics.service, request.method, route, str(response.status)).inc()
@@ -234,5 +238,6 @@ def create_base_app(settings: Settings, service: str, title: str) -> web.Applica
     app[READINESS] = []
     app[TOKENS] = TokenTable(settings.token_roles() if settings.auth_enabled else None)
     app[DATABASE_BUDGET] = DATABASE_BUDGET_S
+    app[BODY_BUDGETS] = BodyBudgets.of(settings.body_budget)
     install(app, _ops_routes(title))
     return app

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from evora.http.budget import BODY_BUDGET_WAIT_S, BODY_BUDGETS, BODY_RESERVED, ByteBudget
 from evora.http.problems import (
     Problem,
     malformed_json,
@@ -38,25 +39,22 @@ from evora.http.problems import (
     request_timeout,
     validation_problem,
 )
-from evora.protocol.problems import PAYLOAD_TOO_LARGE
+from evora.protocol.limits import KIB, items_body_bytes
+from evora.protocol.problems import PAYLOAD_TOO_LARGE, UNAVAILABLE
 
 M = TypeVar("M", bound=BaseModel)
-
-KIB = 1024
-MIB = 1024 * KIB
 
 # A body must arrive at this average rate once the grace period is over: a client that
 # trickles bytes cannot hold a connection (and its buffer) open for long.
 BODY_GRACE_S = 10.0
 MIN_BODY_RATE = 64 * KIB  # bytes per second
 
-# Bodies of many items (a batch, acks) are held in memory while they are validated, so
-# their bound is about memory, not 1000 x the largest payload: big items come in smaller
-# bodies. At the largest EVORA_MAX_PAYLOAD_BYTES (64 MiB) this is 256 MiB.
-ITEMS_BODY_FLOOR = 16 * MIB
-ITEMS_PAYLOADS = 4
 # Values of the items' own fields (ids, queue, type, outcome...) besides their payloads.
 ITEMS_ENVELOPE_VALUES = 64 * KIB
+
+# What one JSON value may cost once parsed: `[[],[],...]` makes an 56-byte list of every 3
+# bytes, plus the list slot holding it.
+PARSED_VALUE = 80
 
 # The depth at which pydantic's JSON parser (jiter) stops; the body's own object counts.
 MAX_DEPTH = 200
@@ -74,7 +72,7 @@ def items_limit(max_payload_bytes: int) -> ItemsLimit:
     # Values are counted as the characters `,:[{`, so a payload of n bytes counts at most
     # 2n/3 (`[[],[],...]`): any single payload that fits EVORA_MAX_PAYLOAD_BYTES fits here.
     return ItemsLimit(
-        bytes=max(ITEMS_BODY_FLOOR, ITEMS_PAYLOADS * max_payload_bytes),
+        bytes=items_body_bytes(max_payload_bytes),
         values=max_payload_bytes * 2 // 3 + ITEMS_ENVELOPE_VALUES,
     )
 
@@ -178,12 +176,18 @@ def check_raw_json(raw: bytes | bytearray, *, max_values: int | None = None) -> 
 
 
 async def read_body(request: web.Request, limit: int) -> bytearray:
+    """The body, within `limit` bytes and the process's budget of body bytes
+    (evora.http.budget): a declared length is reserved before the first byte is read, a
+    chunked body piece by piece."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise payload_too_large(f"the body is {declared} bytes; the limit is {limit}")
     body = bytearray()
     loop = asyncio.get_running_loop()
     started = loop.time()
+    bodies = request.app[BODY_BUDGETS].bodies
+    if declared:
+        await _reserve(request, bodies, declared)
     try:
         while True:
             deadline = started + BODY_GRACE_S + len(body) / MIN_BODY_RATE
@@ -193,6 +197,8 @@ async def read_body(request: web.Request, limit: int) -> bytearray:
                 return body
             if len(body) + len(chunk) > limit:
                 raise payload_too_large(f"the body is over the limit of {limit} bytes")
+            if declared is None:
+                await _reserve(request, bodies, len(chunk))
             body += chunk
     except TimeoutError:
         raise request_timeout(
@@ -207,6 +213,33 @@ async def read_body(request: web.Request, limit: int) -> bytearray:
         raise Problem(
             400, "malformed_body", "Malformed body", f"the body could not be read: {exc}"
         ) from None
+
+
+async def _reserve_parsing(request: web.Request, raw: bytes | bytearray) -> None:
+    """Reserve what parsing `raw` will cost in the process's budget (evora.http.budget):
+    its strings become Python strings, each of its values an object of up to PARSED_VALUE
+    bytes; an estimate above the whole budget is held as the whole budget (the request then
+    parses alone)."""
+    parsing = request.app[BODY_BUDGETS].parsing
+    cost = len(raw) + PARSED_VALUE * _value_count(raw)
+    await _reserve(request, parsing, min(cost, parsing.capacity))
+
+
+async def _reserve(request: web.Request, budget: ByteBudget, size: int) -> None:
+    deadline = asyncio.get_running_loop().time() + BODY_BUDGET_WAIT_S
+    try:
+        await budget.reserve(size, deadline)
+    except TimeoutError:
+        raise Problem(
+            503,
+            UNAVAILABLE,
+            "Service busy",
+            f"this process's request bodies take {budget.held // KIB} KiB of the "
+            f"{budget.capacity // KIB} KiB it allows them (EVORA_BODY_BUDGET_BYTES); "
+            "retry shortly",
+            headers={"Retry-After": "1"},
+        ) from None
+    request.setdefault(BODY_RESERVED, []).append((budget, size))
 
 
 def problem_from(exc: ValidationError) -> Problem:
@@ -243,6 +276,7 @@ async def read_json_body(request: web.Request, limit: int | ItemsLimit) -> bytes
     else:
         raw = await read_body(request, limit)
         check_raw_json(raw)
+    await _reserve_parsing(request, raw)
     return raw or b"{}"
 
 

@@ -25,6 +25,26 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_048_576
 # bounding them keeps every computed timestamp representable.
 MAX_SECONDS: Final = 10 * 365 * 24 * 3600
 
+KIB: Final = 1024
+MIB: Final = 1024 * KIB
+
+# Bodies of many items (a batch, acks) are held in memory while they are validated, so
+# their bound is about memory, not 1000 x the largest payload: big items come in smaller
+# bodies. At the largest EVORA_MAX_PAYLOAD_BYTES (64 MiB) this is 256 MiB. No body of any
+# endpoint is larger.
+ITEMS_BODY_FLOOR: Final = 16 * MIB
+ITEMS_PAYLOADS: Final = 4
+
+
+def items_body_bytes(max_payload_bytes: int) -> int:
+    """The largest body of many items, and of any request."""
+    return max(ITEMS_BODY_FLOOR, ITEMS_PAYLOADS * max_payload_bytes)
+
+
+# The memory request bodies may take in one service process (evora.http.budget) unless
+# EVORA_BODY_BUDGET_BYTES says otherwise, raised to twice the largest body if that is more.
+DEFAULT_BODY_BUDGET_BYTES: Final = 64 * MIB
+
 # The jobs one job may wait for (docs/dependencies.md).
 MAX_DEPENDENCIES: Final = 1000
 # A dependency on an earlier item of the same batch: "ref:" and the name that item carries.
