@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     # for their bytes, half for parsing them. Unset: 64 MiB, or twice the largest single
     # body if that is more; never less than that.
     body_budget_bytes: int | None = Field(default=None, ge=1)
+    # Connections one service process keeps open at once (evora.http.protocol); one more is
+    # answered 503 and closed. ~13 KiB each idle: 8192 is ~100 MiB.
+    max_connections: int = Field(default=8192, ge=1, le=1_000_000)
     archive_url: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # One JSON object per line, or readable lines; unset: text in `evora dev`, else json.

@@ -310,3 +310,47 @@ async def test_slow_bodies_are_cut_off(api: Served, monkeypatch: pytest.MonkeyPa
     for _, said in closed:
         assert said.startswith(b"HTTP/1.1 408 "), said[:100]
         assert PROBLEM_CONTENT_TYPE.encode() in said
+
+
+CONNECTION_LIMIT = 50
+
+
+async def test_connections_beyond_the_limit_are_answered_503_and_closed(db_url: str) -> None:
+    """A crowd of clients that open connections and keep them: the process holds no more
+    than EVORA_MAX_CONNECTIONS; the rest get a 503 at once and the connection closes; when
+    one of the held connections goes, a new client is served again."""
+    settings = Settings(database_url=db_url, tokens=TOKENS, max_connections=CONNECTION_LIMIT)
+    async with serving(await create_api(settings), "api") as api:
+        held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            for _ in range(CONNECTION_LIMIT):
+                reader, writer = await asyncio.open_connection("127.0.0.1", api.port)
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+                assert (await read_answer(reader)).status == 200  # kept alive, then idle
+                held.append((reader, writer))
+            refused = []
+            for _ in range(20):
+                reader, writer = await asyncio.open_connection("127.0.0.1", api.port)
+                answer = await asyncio.wait_for(read_answer(reader), 5)
+                assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+                writer.close()
+                refused.append(answer)
+            for answer in refused:
+                assert answer.problem(503, "unavailable")
+                assert answer.headers["retry-after"] == "1"
+            refusals = api.app[METRICS].registry.get_sample_value(
+                "evora_http_connections_refused_total", {"service": "api"}
+            )
+            assert refusals == 20
+            _, writer = held.pop()
+            writer.close()
+            await writer.wait_closed()
+
+            async def served_again() -> bool:
+                answer = await exchange(api.port, b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+                return answer.status == 200
+
+            await until(served_again, "a new connection served once one closed")
+        finally:
+            for _, writer in held:
+                writer.close()

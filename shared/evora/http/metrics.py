@@ -31,6 +31,13 @@ class ServiceMetrics:
             ["service"],
             registry=self.registry,
         )
+        self.connections_refused = Counter(
+            "evora_http_connections_refused",
+            "Connections answered 503 and closed because the process had as many open as "
+            "EVORA_MAX_CONNECTIONS allows.",
+            ["service"],
+            registry=self.registry,
+        )
         self.up = Gauge(
             "evora_service_info",
             "Always 1; carries the service name.",

@@ -1,4 +1,4 @@
-"""The connection handler every service listens with: aiohttp's, plus two things it lacks.
+"""The connection handler every service listens with: aiohttp's, plus three things it lacks.
 
 - A request head (request line and headers) must arrive within `HEAD_TIMEOUT_S` of the
   connection opening or of its first byte after the previous response; a client that
@@ -8,6 +8,10 @@
 - What aiohttp's own HTTP parser refuses (a bad request line or header, headers too long,
   broken chunked encoding) is answered as problem+json like every other error, and logged
   at debug level: it is the client's fault, not the service's.
+- At most `Connections.limit` connections are open at once (EVORA_MAX_CONNECTIONS): each
+  costs ~13 KiB idle and up to the parser's buffer (64 KiB) with a request pending, so
+  without a bound a crowd of clients that open connections and wait costs memory without
+  end. One beyond it is answered 503 with Retry-After and closed at once.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
+from evora.http.metrics import ServiceMetrics
 from evora.http.problems import Problem, request_timeout
+from evora.protocol.problems import UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +64,52 @@ def parser_problem(status: int, message: str | None) -> Problem:
     return Problem(status, code, title, _describe(message) or title)
 
 
+@dataclass
+class Connections:
+    """The connections one listener has open, and how many it may."""
+
+    limit: int
+    metrics: ServiceMetrics
+    open: int = 0
+
+
 class EdgeProtocol(web.RequestHandler):
     def __init__(
-        self, manager: web.Server, *, head_timeout: float = HEAD_TIMEOUT_S, **kwargs: Any
+        self,
+        manager: web.Server,
+        *,
+        connections: Connections,
+        head_timeout: float = HEAD_TIMEOUT_S,
+        **kwargs: Any,
     ) -> None:
         super().__init__(manager, **kwargs)
+        self._connections = connections
+        self._counted = False
         self._head_timeout = head_timeout
         self._head_timer: asyncio.TimerHandle | None = None
         self._between_requests = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        connections = self._connections
+        if connections.open >= connections.limit:
+            log.debug("refusing a connection: %d open, the limit", connections.open)
+            connections.metrics.connections_refused.labels(connections.metrics.service).inc()
+            refusal = Problem(
+                503,
+                UNAVAILABLE,
+                "Service busy",
+                f"this process has {connections.open} connections open, as many as it "
+                "allows (EVORA_MAX_CONNECTIONS); retry shortly",
+                headers={"Retry-After": "1"},
+            )
+            assert isinstance(transport, asyncio.WriteTransport)
+            transport.write(_raw_response(refusal))
+            self.force_close()
+            transport.close()
+            return
+        connections.open += 1
+        self._counted = True
         self._start_head_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -77,6 +119,9 @@ class EdgeProtocol(web.RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_head_timer()
+        if self._counted:
+            self._counted = False
+            self._connections.open -= 1
         super().connection_lost(exc)
 
     def head_received(self) -> None:
@@ -138,10 +183,11 @@ def _raw_response(problem: Problem) -> bytes:
     """A whole HTTP/1.1 response, for when no request exists to answer through."""
     response = problem.response()
     body = bytes(response.body) if isinstance(response.body, bytes | bytearray) else b""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in problem.headers.items())
     head = (
         f"HTTP/1.1 {problem.status} {HTTPStatus(problem.status).phrase}\r\n"
         f"Content-Type: {response.content_type}\r\n"
         f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
+        f"{extra}Connection: close\r\n\r\n"
     )
     return head.encode() + body

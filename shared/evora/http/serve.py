@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from evora import loops
-from evora.http.app import LIFECYCLE
-from evora.http.protocol import HEAD_TIMEOUT_S, LINGER_S, EdgeProtocol
+from evora.http.app import LIFECYCLE, METRICS, SETTINGS
+from evora.http.protocol import HEAD_TIMEOUT_S, LINGER_S, Connections, EdgeProtocol
 
 log = logging.getLogger(__name__)
 
 AppFactory = Callable[[], Awaitable[web.Application]]
+
+# Files a service opens besides its connections: database pool, LISTEN, logs, libraries.
+OPEN_FILES_HEADROOM = 256
 
 
 async def serve_app(
@@ -48,8 +52,11 @@ async def serve_app(
     )
     await runner.setup()
     listener: asyncio.Server | None = None
+    limit = app[SETTINGS].max_connections
+    _raise_open_files(limit + OPEN_FILES_HEADROOM)
+    connections = Connections(limit, app[METRICS])
     try:
-        listener = await _listen(runner, host, port, head_timeout)
+        listener = await _listen(runner, host, port, head_timeout, connections)
         bound = int(listener.sockets[0].getsockname()[1]) if listener.sockets else port
         log.info("%s listening on http://%s:%d", name, host, bound)
         if started is not None:
@@ -67,7 +74,7 @@ async def serve_app(
 
 
 async def _listen(
-    runner: web.AppRunner, host: str, port: int, head_timeout: float
+    runner: web.AppRunner, host: str, port: int, head_timeout: float, connections: Connections
 ) -> asyncio.Server:
     """What `web.TCPSite` does, with `EdgeProtocol` handling each connection. The runner's
     server still tracks the connections, so shutdown treats them as it would its own."""
@@ -77,6 +84,7 @@ async def _listen(
     return await loop.create_server(
         lambda: EdgeProtocol(
             server,
+            connections=connections,
             loop=loop,
             access_log=None,
             head_timeout=head_timeout,
@@ -85,6 +93,22 @@ async def _listen(
         host,
         port,
     )
+
+
+def _raise_open_files(wanted: int) -> None:
+    """Let the process open `wanted` files if its hard limit allows: a soft limit below the
+    connection limit (often 1024) would fail accepts first, with errors instead of 503s."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < ceiling:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+    if ceiling < wanted:
+        log.warning(
+            "the open-files limit (%d) is below EVORA_MAX_CONNECTIONS plus room for the "
+            "process's own files (%d): connections beyond it fail instead of being answered 503",
+            ceiling,
+            wanted,
+        )
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
