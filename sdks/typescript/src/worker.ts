@@ -1,7 +1,12 @@
 // `Worker`: claims jobs from the dispatcher and runs them.
 //
 // Life of a job in the worker:
-// 1. The claim loop long-polls `POST /v1/claim` for as many jobs as it has free slots.
+// 1. The claim loop long-polls `POST /v1/claim` for as many jobs as it has free slots. With
+//    `prefetch`, it also claims up to that many jobs more than it can run, each claim for at
+//    most `concurrency`; those wait in the worker (leased, heartbeated) for a slot, so a slot
+//    that frees starts the next job at once instead of after a claim's round trip. A job
+//    held so that is cancelled, or whose lease is lost, never runs (released, or
+//    abandoned); on stop, held jobs are released at once.
 // 2. Each job's handler is called with a `WorkerJob`. Every `heartbeatFraction` of the job's
 //    lease a heartbeat extends the lease, carries reported progress and learns about cancel
 //    requests.
@@ -66,6 +71,8 @@ export interface WorkerOptions {
   queues: string[];
   /** Handlers running at once (default 10). */
   concurrency?: number;
+  /** Jobs held claimed beyond `concurrency`, each waiting for a free slot (default 0). */
+  prefetch?: number;
   /** Handlers by job type; `worker.handle(type, fn)` adds more. */
   handlers?: Record<string, Handler>;
   /** Job types to claim; defaults to the types with a handler. */
@@ -117,6 +124,8 @@ class Running {
   handlerDone = false;
   /** Whether the job still counts against the worker's concurrency. */
   holdsSlot = true;
+  /** Claimed ahead (`prefetch`) and waiting for a slot to run in. */
+  waiting = false;
   /** Settles once the handler has (the worker may stop waiting for it sooner). */
   handlerSettled: Promise<void> = Promise.resolve();
   /** Settles once the job is over for the worker: its outcome reported or given up. */
@@ -143,6 +152,47 @@ class Running {
 
 type Outcome = { kind: "ack"; ack: Ack } | { kind: "release"; why: "cancel" | "shutdown" } | { kind: "abandon" };
 
+/** `size` handlers at once: jobs claimed ahead wait here for a slot, first come first
+ * served. */
+class RunSlots {
+  private free: number;
+  private readonly line: Array<() => void> = [];
+
+  constructor(size: number) {
+    this.free = size;
+  }
+
+  /** `ready` resolves once a slot is the caller's; `leave()` gives it back, or leaves the
+   * line if it has not come yet. */
+  take(): { ready: Promise<void>; leave: () => void } {
+    if (this.free > 0) {
+      this.free -= 1;
+      return { ready: Promise.resolve(), leave: () => this.give() };
+    }
+    let granted = false;
+    let grant!: () => void;
+    const ready = new Promise<void>((resolve) => (grant = resolve));
+    const entry = (): void => {
+      granted = true;
+      grant();
+    };
+    this.line.push(entry);
+    return {
+      ready,
+      leave: () => {
+        if (granted) this.give();
+        else this.line.splice(this.line.indexOf(entry), 1);
+      },
+    };
+  }
+
+  private give(): void {
+    const next = this.line.shift();
+    if (next === undefined) this.free += 1;
+    else next();
+  }
+}
+
 function defaultWorkerId(): string {
   return `${hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
 }
@@ -151,7 +201,10 @@ export class Worker extends EventEmitter<WorkerEvents> {
   readonly workerId: string;
   readonly queues: readonly string[];
   readonly concurrency: number;
+  readonly prefetch: number;
   private readonly handlers = new Map<string, Handler>();
+  // With prefetch, `concurrency` of the jobs held run; the others wait for a slot here.
+  private readonly runSlots: RunSlots | null;
   private readonly options: WorkerOptions;
   private readonly api: DispatcherClient;
   private readonly acks: AckBatcher;
@@ -173,6 +226,8 @@ export class Worker extends EventEmitter<WorkerEvents> {
     this.workerId = options.workerId ?? defaultWorkerId();
     this.queues = [...options.queues];
     this.concurrency = options.concurrency ?? 10;
+    this.prefetch = options.prefetch ?? 0;
+    this.runSlots = this.prefetch > 0 ? new RunSlots(this.concurrency) : null;
     this.logger = options.logger ?? consoleLogger();
     this.backoff = options.backoff ?? new RetryBackoff({ initialMs: 500, maxMs: 30_000 });
     this.validate();
@@ -199,6 +254,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
     const invalid = queues.find((queue) => !QUEUE_PATTERN.test(queue));
     if (invalid !== undefined) throw new RangeError(`invalid queue name ${JSON.stringify(invalid)}`);
     if (!Number.isInteger(concurrency) || concurrency < 1) throw new RangeError("concurrency must be at least 1");
+    if (!Number.isInteger(this.prefetch) || this.prefetch < 0) throw new RangeError("prefetch must not be negative");
     const wait = this.waitSeconds;
     if (!(wait >= 0 && wait <= MAX_WAIT_SECONDS)) throw new RangeError(`waitSeconds must be 0..${MAX_WAIT_SECONDS}`);
     const fraction = this.options.heartbeatFraction ?? 1 / 3;
@@ -287,7 +343,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
     const stop = this.stopping.signal;
     let failures = 0;
     while (!stop.aborted) {
-      if (this.busy >= this.concurrency) {
+      if (this.busy >= this.concurrency + this.prefetch) {
         await new Promise<void>((resolve) => (this.slotFreed = resolve));
         this.slotFreed = null;
         continue;
@@ -298,7 +354,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
           {
             worker_id: this.workerId,
             queues: [...this.queues],
-            max_jobs: Math.min(this.concurrency - this.busy, MAX_CLAIM_JOBS),
+            max_jobs: Math.min(this.concurrency + this.prefetch - this.busy, this.concurrency, MAX_CLAIM_JOBS),
             wait_seconds: this.waitSeconds,
             types,
           },
@@ -383,6 +439,20 @@ export class Worker extends EventEmitter<WorkerEvents> {
       running.handlerDone = true;
       return this.fail(job, { message, type: "UnknownJobType", retryable: true });
     }
+    let slot: { leave: () => void } | null = null;
+    if (this.runSlots !== null) {
+      const taken = this.runSlots.take();
+      running.waiting = true;
+      const first = await Promise.race([taken.ready.then(() => null), running.interruption]);
+      running.waiting = false;
+      if (first !== null) {
+        // Interrupted while it waited: it never runs.
+        taken.leave();
+        running.handlerDone = true;
+        return first === "leaseLost" ? { kind: "abandon" } : { kind: "release", why: first };
+      }
+      slot = taken;
+    }
     this.handlersRunning += 1;
     const ended = Promise.resolve()
       .then(() => handler(job))
@@ -393,6 +463,8 @@ export class Worker extends EventEmitter<WorkerEvents> {
       .finally(() => {
         running.handlerDone = true;
         this.handlersRunning -= 1;
+        // A handler given up on keeps its slot until it settles, as it keeps its job's.
+        slot?.leave();
       });
     running.handlerSettled = ended.then(() => undefined);
     const settled = await Promise.race([ended, running.interruption]);
@@ -490,6 +562,10 @@ export class Worker extends EventEmitter<WorkerEvents> {
 
   private cancelRequested(running: Running): void {
     running.job.requestCancel();
+    if (running.waiting) {
+      running.interrupt("cancel", running.job.signal.reason as Error); // it never starts
+      return;
+    }
     if (running.handlerDone) return;
     const graceMs = this.options.cancelGraceMs ?? 5_000;
     this.logger.info(`job ${running.job.id}: cancellation requested; the handler has ${graceMs} ms to stop`);
@@ -506,6 +582,10 @@ export class Worker extends EventEmitter<WorkerEvents> {
 
   private async shutdown(): Promise<void> {
     this.requestStop();
+    // Jobs claimed ahead that have not started go back at once, not after the grace.
+    for (const running of this.running) {
+      if (running.waiting) running.interrupt("shutdown", new WorkerShutdownError(running.job.id));
+    }
     if (this.running.size > 0) {
       this.logger.info(`waiting up to ${this.gracePeriodMs} ms for ${this.running.size} jobs to finish`);
       await this.waitRunning(this.gracePeriodMs);
