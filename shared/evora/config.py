@@ -137,9 +137,14 @@ class Settings(BaseSettings):
                 refuse_example_tokens(value)
         return value
 
+    @property
+    def _least_body_budget(self) -> int:
+        """Half the body budget holds bodies, so it must hold the largest one."""
+        return 2 * items_body_bytes(self.max_payload_bytes)
+
     @model_validator(mode="after")
     def _budget_holds_a_body(self) -> Settings:
-        least = 2 * items_body_bytes(self.max_payload_bytes)
+        least = self._least_body_budget
         if self.body_budget_bytes is not None and self.body_budget_bytes < least:
             raise ValueError(
                 f"EVORA_BODY_BUDGET_BYTES ({self.body_budget_bytes}) must be at least twice "
@@ -152,8 +157,7 @@ class Settings(BaseSettings):
     @property
     def body_budget(self) -> int:
         """The memory request bodies may take in a service process (evora.http.budget)."""
-        least = 2 * items_body_bytes(self.max_payload_bytes)
-        return self.body_budget_bytes or max(DEFAULT_BODY_BUDGET_BYTES, least)
+        return self.body_budget_bytes or max(DEFAULT_BODY_BUDGET_BYTES, self._least_body_budget)
 
     @property
     def auth_enabled(self) -> bool:

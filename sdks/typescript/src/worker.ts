@@ -180,8 +180,12 @@ class RunSlots {
     return {
       ready,
       leave: () => {
-        if (granted) this.give();
-        else this.line.splice(this.line.indexOf(entry), 1);
+        if (granted) {
+          this.give();
+          return;
+        }
+        const at = this.line.indexOf(entry);
+        if (at >= 0) this.line.splice(at, 1);
       },
     };
   }

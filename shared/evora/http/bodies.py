@@ -52,7 +52,7 @@ MIN_BODY_RATE = 64 * KIB  # bytes per second
 # Values of the items' own fields (ids, queue, type, outcome...) besides their payloads.
 ITEMS_ENVELOPE_VALUES = 64 * KIB
 
-# What one JSON value may cost once parsed: `[[],[],...]` makes an 56-byte list of every 3
+# What one JSON value may cost once parsed: `[[],[],...]` makes a 56-byte list of every 3
 # bytes, plus the list slot holding it.
 PARSED_VALUE = 80
 
