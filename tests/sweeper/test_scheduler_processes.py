@@ -156,7 +156,7 @@ async def test_sigkilled_schedulers_make_each_tick_once(
     assert "Traceback" not in log.read_text(errors="replace"), log.read_text()[-3000:]
 
     every = ticks(EVERY_SECOND, "UTC", start, end)
-    assert len(every) >= 20  # the downtime alone is 10 s
+    assert len(every) >= 10  # the downtime alone is 10 s (the churn before and after adds more)
     catch_up = await _jobs(pool, "catch_up")
     assert sorted(t for t in catch_up if t <= end) == every  # each tick once, none missed
 

@@ -83,6 +83,11 @@ class LocalMongo(ServerProcess):
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process while it runs (it leads its own process group)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
     def start(self) -> None:
         if self.running:
             raise EmbeddedServerError(f"secantusd-py for {self.storage_path} is already started")

@@ -75,6 +75,11 @@ DATABASE_UNAVAILABLE = (
     # MongoDB (the read models) unreachable or not answering
     pymongo.errors.ConnectionFailure,
 )
+# A transaction PostgreSQL rolled back to settle a conflict with a concurrent one (the victim
+# of a deadlock, a serialization failure): what it did is undone, and the request may be
+# sent again, as after a lost connection. Not "statement completion unknown", the other
+# error of that class, whose transaction may have committed.
+DATABASE_CONFLICT = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 
 _HTTP_CODES = {
     404: ("not_found", "Not found"),
@@ -123,12 +128,14 @@ async def _edge(
             response = web.Response(status=CLIENT_CLOSED_REQUEST)
         except DATABASE_UNAVAILABLE as exc:
             log.warning("database unavailable in %s %s: %r", request.method, route, exc)
-            response = Problem(
-                503,
-                problems.UNAVAILABLE,
-                "Service unavailable",
-                "the database is unavailable or overloaded; retry shortly",
-                headers={"Retry-After": "1"},
+            response = _retry_shortly(
+                "the database is unavailable or overloaded; retry shortly"
+            ).response()
+        except DATABASE_CONFLICT as exc:
+            log.warning("transaction undone in %s %s: %r", request.method, route, exc)
+            response = _retry_shortly(
+                "the database undid this request's transaction to settle a conflict with a "
+                "concurrent one; retry shortly"
             ).response()
         except Exception:
             log.exception(
@@ -153,6 +160,12 @@ async def _edge(
     if not response.prepared:
         response.headers[REQUEST_ID_HEADER] = request_id
     return response
+
+
+def _retry_shortly(detail: str) -> Problem:
+    return Problem(
+        503, problems.UNAVAILABLE, "Service unavailable", detail, headers={"Retry-After": "1"}
+    )
 
 
 async def open_pool(app: web.Application, service: str) -> asyncpg.Pool:
