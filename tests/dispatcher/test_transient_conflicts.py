@@ -74,6 +74,7 @@ async def test_a_request_chosen_as_a_deadlock_victim_is_answered_503_and_loses_n
         await other.close()
     assert status == 503, problem
     assert problem["code"] == "unavailable"
+    assert "conflict with a concurrent one" in problem["detail"]  # not a timeout's 503
     assert headers.get("Retry-After") == "1"
     assert headers["Content-Type"].startswith("application/problem+json")
     # Nothing of the aborted request stuck, and sending it again settles both.
