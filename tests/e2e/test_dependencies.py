@@ -8,8 +8,8 @@ import random
 import signal
 import textwrap
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 from evora import Handlers, Job, Submission
@@ -27,8 +27,12 @@ from tests.e2e.conftest import (
 from tests.servers import WORKER_TOKEN
 
 
-def _at(event: dict[str, object]) -> datetime:
-    return datetime.fromisoformat(str(event["at"]))
+def _seq(events: list[dict[str, Any]], name: str) -> int:
+    """The seq of the first event called `name`. Events of different jobs are ordered by seq,
+    not by `at`: `at` is the writing transaction's start, and a claim whose transaction began
+    a moment before another job's change committed may still see that change (its snapshot
+    comes later), with the earlier `at`. A seq is taken as the row is written."""
+    return int(next(e for e in events if e["event"] == name)["seq"])
 
 
 async def test_diamond_starts_the_join_once_after_both_branches_completed(
@@ -67,10 +71,9 @@ async def test_diamond_starts_the_join_once_after_both_branches_completed(
         "claimed",
         "completed",
     ]
-    started = _at(next(e for e in events[d] if e["event"] == "claimed"))
+    started = _seq(events[d], "claimed")
     for branch in (b, c):
-        done = next(e for e in events[branch] if e["event"] == "completed")
-        assert _at(done) <= started
+        assert _seq(events[branch], "completed") < started
     assert (await stack.client.dependents(a)).jobs[0]["id"] in {b, c}
 
 
@@ -255,9 +258,9 @@ async def test_kill_9_of_a_worker_mid_run_changes_nothing_for_the_diamond(
     ]
     assert await stack.event_names(d) == ["submitted", "dependencies_met", "claimed", "completed"]
     events = {job: await stack.client.events(job) for job in (b, c, d)}
-    started = _at(next(e for e in events[d] if e["event"] == "claimed"))
+    started = _seq(events[d], "claimed")
     for branch in (b, c):
-        assert _at(next(e for e in events[branch] if e["event"] == "completed")) <= started
+        assert _seq(events[branch], "completed") < started
 
 
 async def test_kill_9_of_a_worker_and_the_sweeper_mid_run_changes_nothing_for_the_diamond(
@@ -362,14 +365,15 @@ async def test_workers_completing_parents_of_shared_children_never_deadlock(
     }
     assert failed == {}
     assert set(runs.values()) == {1} and len(runs) == 160
+    # ordered by seq, not `at` (see _seq)
     completed = {
-        UUID(str(r["job_id"])): r["at"]
+        UUID(str(r["job_id"])): r["seq"]
         for r in await stack.pool.fetch(
-            "SELECT job_id, at FROM job_events WHERE queue = $1 AND event = 'completed'", queue
+            "SELECT job_id, seq FROM job_events WHERE queue = $1 AND event = 'completed'", queue
         )
     }
     for item in children:
         events = await stack.client.events(item.id)
         assert [e["event"] for e in events][:3] == ["submitted", "dependencies_met", "claimed"]
-        claimed = _at(events[2])
-        assert all(completed[UUID(p)] <= claimed for p in item.job["depends_on"])
+        claimed = events[2]["seq"]
+        assert all(completed[UUID(p)] < claimed for p in item.job["depends_on"])
