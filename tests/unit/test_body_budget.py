@@ -10,10 +10,16 @@ import pytest
 from evora.config import Settings
 from evora.http.budget import ByteBudget
 from evora.protocol.limits import DEFAULT_BODY_BUDGET_BYTES, MIB
+from tests.polling import until
 
 
 def later(seconds: float) -> float:
     return asyncio.get_running_loop().time() + seconds
+
+
+async def in_line(budget: ByteBudget, count: int) -> None:
+    """Until `count` requests wait in the budget's line."""
+    await until(lambda: budget.waiting == count, f"{count} requests in line", within=5)
 
 
 async def test_requests_wait_in_line_and_are_admitted_in_order_as_bytes_come_back() -> None:
@@ -26,9 +32,9 @@ async def test_requests_wait_in_line_and_are_admitted_in_order_as_bytes_come_bac
         admitted.append(name)
 
     big = asyncio.create_task(request("big", 70))
-    await asyncio.sleep(0)
+    await in_line(budget, 1)
     small = asyncio.create_task(request("small", 10))
-    await asyncio.sleep(0)
+    await in_line(budget, 2)
     # 10 bytes would fit, but the big request came first: no overtaking.
     assert admitted == [] and budget.waiting == 2 and budget.held == 60
     budget.release(60)
@@ -40,7 +46,7 @@ async def test_a_request_that_waits_too_long_leaves_the_line_and_lets_the_next_i
     budget = ByteBudget(100)
     await budget.reserve(50, later(1))
     too_big = asyncio.create_task(budget.reserve(60, later(0.05)))
-    await asyncio.sleep(0)
+    await in_line(budget, 1)
     behind = asyncio.create_task(budget.reserve(40, later(5)))
     with pytest.raises(TimeoutError):
         await too_big
@@ -52,7 +58,7 @@ async def test_a_request_cancelled_while_waiting_holds_nothing() -> None:
     budget = ByteBudget(10)
     await budget.reserve(10, later(1))
     waiting = asyncio.create_task(budget.reserve(5, later(5)))
-    await asyncio.sleep(0)
+    await in_line(budget, 1)
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -64,7 +70,7 @@ async def test_admitted_in_the_same_moment_as_cancelled_gives_the_bytes_back() -
     budget = ByteBudget(10)
     await budget.reserve(10, later(1))
     waiting = asyncio.create_task(budget.reserve(5, later(5)))
-    await asyncio.sleep(0)
+    await in_line(budget, 1)
     budget.release(10)  # admits the waiter: its future is done, its task not yet resumed
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
