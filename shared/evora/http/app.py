@@ -22,7 +22,7 @@ from evora.http.budget import BODY_BUDGETS, BODY_RESERVED, BodyBudgets
 from evora.http.jsonio import json_response
 from evora.http.metrics import ServiceMetrics
 from evora.http.openapi import openapi_document
-from evora.http.problems import Problem
+from evora.http.problems import Problem, unavailable
 from evora.http.protocol import EdgeProtocol
 from evora.http.routing import Routes, endpoint_of, install
 from evora.logs import bind as bind_log_context
@@ -128,12 +128,12 @@ async def _edge(
             response = web.Response(status=CLIENT_CLOSED_REQUEST)
         except DATABASE_UNAVAILABLE as exc:
             log.warning("database unavailable in %s %s: %r", request.method, route, exc)
-            response = _retry_shortly(
+            response = unavailable(
                 "the database is unavailable or overloaded; retry shortly"
             ).response()
         except DATABASE_CONFLICT as exc:
             log.warning("transaction undone in %s %s: %r", request.method, route, exc)
-            response = _retry_shortly(
+            response = unavailable(
                 "the database undid this request's transaction to settle a conflict with a "
                 "concurrent one; retry shortly"
             ).response()
@@ -160,12 +160,6 @@ async def _edge(
     if not response.prepared:
         response.headers[REQUEST_ID_HEADER] = request_id
     return response
-
-
-def _retry_shortly(detail: str) -> Problem:
-    return Problem(
-        503, problems.UNAVAILABLE, "Service unavailable", detail, headers={"Retry-After": "1"}
-    )
 
 
 async def open_pool(app: web.Application, service: str) -> asyncpg.Pool:

@@ -37,10 +37,11 @@ from evora.http.problems import (
     malformed_json,
     payload_too_large,
     request_timeout,
+    unavailable,
     validation_problem,
 )
 from evora.protocol.limits import KIB, items_body_bytes
-from evora.protocol.problems import PAYLOAD_TOO_LARGE, UNAVAILABLE
+from evora.protocol.problems import PAYLOAD_TOO_LARGE
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -230,14 +231,11 @@ async def _reserve(request: web.Request, budget: ByteBudget, size: int) -> None:
     try:
         await budget.reserve(size, deadline)
     except TimeoutError:
-        raise Problem(
-            503,
-            UNAVAILABLE,
-            "Service busy",
+        raise unavailable(
             f"this process's request bodies take {budget.held // KIB} KiB of the "
             f"{budget.capacity // KIB} KiB it allows them (EVORA_BODY_BUDGET_BYTES); "
             "retry shortly",
-            headers={"Retry-After": "1"},
+            title="Service busy",
         ) from None
     request.setdefault(BODY_RESERVED, []).append((budget, size))
 

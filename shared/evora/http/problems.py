@@ -70,6 +70,12 @@ def payload_too_large(detail: str) -> Problem:
     return Problem(413, problems.PAYLOAD_TOO_LARGE, "Payload too large", detail)
 
 
+def unavailable(detail: str, title: str = "Service unavailable") -> Problem:
+    """A 503 the client may repeat shortly: the database or this process could not take the
+    request now, and nothing of it was kept."""
+    return Problem(503, problems.UNAVAILABLE, title, detail, headers={"Retry-After": "1"})
+
+
 def unauthorized(detail: str) -> Problem:
     return Problem(
         401, problems.UNAUTHORIZED, "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"}

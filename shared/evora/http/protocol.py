@@ -27,8 +27,7 @@ from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
 from evora.http.metrics import ServiceMetrics
-from evora.http.problems import Problem, request_timeout
-from evora.protocol.problems import UNAVAILABLE
+from evora.http.problems import Problem, request_timeout, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +94,10 @@ class EdgeProtocol(web.RequestHandler):
         if connections.open >= connections.limit:
             log.debug("refusing a connection: %d open, the limit", connections.open)
             connections.metrics.connections_refused.labels(connections.metrics.service).inc()
-            refusal = Problem(
-                503,
-                UNAVAILABLE,
-                "Service busy",
+            refusal = unavailable(
                 f"this process has {connections.open} connections open, as many as it "
                 "allows (EVORA_MAX_CONNECTIONS); retry shortly",
-                headers={"Retry-After": "1"},
+                title="Service busy",
             )
             assert isinstance(transport, asyncio.WriteTransport)
             transport.write(_raw_response(refusal))
