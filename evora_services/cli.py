@@ -1,5 +1,5 @@
 """The `evora` command. Services need the `server` extra; `evora worker` runs on the SDK
-alone (a worker's `pip install evora`), so it reads its few settings without the services'
+alone (a worker's `pip install evora-queue`), so it reads its few settings without the services'
 configuration class."""
 
 from __future__ import annotations
@@ -166,9 +166,13 @@ def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     pipeline.set_defaults(run=_pipeline)
 
 
+# The name pip installs (`import evora` stays): PyPI's `evora` is an unrelated project.
+DISTRIBUTION = "evora-queue"
+
+
 def _version() -> str:
     try:
-        return metadata.version("evora")
+        return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown"
 
@@ -260,7 +264,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "worker",
         "run a worker with the handlers registered in MODULE",
         "MODULE holds an evora.Worker, or evora.Handlers registries that a new worker runs. "
-        "Needs only `pip install evora`. SIGTERM or Ctrl-C: stop claiming, finish in-flight "
+        "Needs only `pip install evora-queue`. SIGTERM or Ctrl-C: stop claiming, finish in-flight "
         "jobs, release the rest.",
         "EVORA_DISPATCHER_URL (else http://127.0.0.1:EVORA_DISPATCHER_PORT, default 8081), "
         "EVORA_WORKER_TOKEN, EVORA_WORKER_QUEUES, EVORA_WORKER_CONCURRENCY, "

@@ -136,20 +136,22 @@ def run_dev(settings: Settings) -> int:
         servers.enter_context(_only_instance(data_dir))
         settings = _dev_ports(settings, os.environ)
         updates: dict[str, object] = {"data_dir": data_dir}
-        if settings.database_url is None:
-            postgres = LocalPostgres(
-                data_dir / "postgres",
-                port=_kept_port(data_dir / "postgres.port"),
-                log_path=data_dir / "postgres.log",
-            )
+        postgres = LocalPostgres(
+            data_dir / "postgres",
+            port=_kept_port(data_dir / "postgres.port"),
+            log_path=data_dir / "postgres.log",
+        )
+        mongo = LocalMongo(
+            data_dir / "mongo",
+            port=_kept_port(data_dir / "mongo.port"),
+            log_path=data_dir / "mongo.log",
+        )
+        # The env file exports the embedded databases' URLs, so a shell that sourced it and
+        # runs `evora dev` again names them: they mean "the embedded ones" still.
+        if settings.database_url in (None, postgres.dsn()):
             servers.enter_context(postgres)
             updates["database_url"] = postgres.dsn()
-        if settings.mongo_url is None:
-            mongo = LocalMongo(
-                data_dir / "mongo",
-                port=_kept_port(data_dir / "mongo.port"),
-                log_path=data_dir / "mongo.log",
-            )
+        if settings.mongo_url in (None, mongo.url):
             servers.enter_context(mongo)
             updates["mongo_url"] = mongo.url
         if settings.tokens is None and settings.auth_enabled:
@@ -220,10 +222,13 @@ def _url(settings: Settings, port: int) -> str:
 def _exports(settings: Settings) -> dict[str, str]:
     """What a client of this system needs, as environment variables: the operator commands
     and curl use EVORA_API_URL with a token, `evora worker` EVORA_DISPATCHER_URL and
-    EVORA_WORKER_TOKEN."""
+    EVORA_WORKER_TOKEN, psql, `evora.sql` and the pipeline the databases' URLs."""
+    assert settings.database_url is not None and settings.mongo_url is not None
     exports = {
         "EVORA_API_URL": _url(settings, settings.api_port),
         "EVORA_DISPATCHER_URL": _url(settings, settings.dispatcher_port),
+        "EVORA_DATABASE_URL": settings.database_url,
+        "EVORA_MONGO_URL": settings.mongo_url,
     }
     by_role = {role: token for token, role in settings.token_roles().items()}
     for role in ROLES:
