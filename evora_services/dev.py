@@ -141,17 +141,14 @@ def run_dev(settings: Settings) -> int:
             port=_kept_port(data_dir / "postgres.port"),
             log_path=data_dir / "postgres.log",
         )
-        mongo = LocalMongo(
-            data_dir / "mongo",
-            port=_kept_port(data_dir / "mongo.port"),
-            log_path=data_dir / "mongo.log",
-        )
+        mongo_port = _kept_port(data_dir / "mongo.port")
         # The env file exports the embedded databases' URLs, so a shell that sourced it and
         # runs `evora dev` again names them: they mean "the embedded ones" still.
         if settings.database_url in (None, postgres.dsn()):
             servers.enter_context(postgres)
             updates["database_url"] = postgres.dsn()
-        if settings.mongo_url in (None, mongo.url):
+        if settings.mongo_url in (None, LocalMongo.url_at(mongo_port)):
+            mongo = LocalMongo(data_dir / "mongo", port=mongo_port, log_path=data_dir / "mongo.log")
             servers.enter_context(mongo)
             updates["mongo_url"] = mongo.url
         if settings.tokens is None and settings.auth_enabled:

@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -26,11 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.commands import EVORA, REPO, clean_environment
+from tests.cli.commands import EVORA, REPO, clean_environment, stop_group, wait_until_up
 from tests.typescript.conftest import PACKAGE, NodeTools, install_packed_sdk
 
-# The first terminal's command prints this once every service listens.
-UP = "Evora dev is up"
 # What the lines use from the repository besides the code: the scripts, the example worker.
 COPIED = ("README.md", "pyproject.toml", "scripts", "examples")
 
@@ -84,16 +81,6 @@ def _clone(target: Path) -> None:
     (venv / ".evora-installed-local").write_text(digest + "\n")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: None) -> None:
     first_terminal, second_terminal = first_section_blocks((REPO / "README.md").read_text())
     clone = tmp_path / "evora"
@@ -111,12 +98,7 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 120
-        while UP not in log.read_text(errors="replace"):
-            assert system.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, log.read_text(errors="replace")
-            time.sleep(0.2)
-        banner = log.read_text(errors="replace")
+        banner = wait_until_up(system, log)
         assert "dashboard   http://127.0.0.1:" in banner
         assert "evora worker examples.worker_example --queues demo" in banner
         second = subprocess.Popen(
@@ -130,7 +112,7 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
         try:
             out_bytes, err_bytes = second.communicate(timeout=120)
         finally:
-            _stop(second)  # the worker too, should the lines have stopped before `kill %1`
+            stop_group(second)  # the worker too, should the lines have stopped before `kill %1`
         out, err = out_bytes.decode(), err_bytes.decode()
         assert second.returncode == 0, out + err
         assert re.search(r"^state\s+COMPLETED$", out, re.MULTILINE), out
@@ -140,7 +122,7 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
         env_file = (clone / ".evora" / "env").read_text()
         assert "EVORA_API_URL=http://127.0.0.1:8080\n" not in env_file
     finally:
-        _stop(system)
+        stop_group(system)
     assert not (clone / ".evora" / "env").exists()  # removed when evora dev stopped
 
 
@@ -253,11 +235,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 120
-        while UP not in log.read_text(errors="replace"):
-            assert system.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, log.read_text(errors="replace")
-            time.sleep(0.2)
+        wait_until_up(system, log)
         exports = {}
         for line in (data_dir / "env").read_text().splitlines():
             name, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
@@ -267,7 +245,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
         yield Dev(env, workdir)
     finally:
-        _stop(system)
+        stop_group(system)
 
 
 @pytest.fixture(scope="module")
