@@ -34,8 +34,12 @@ JOB_FIELDS = (
     "last_error",
     "payload",
 )
+# Why each job is there: the reason its move to the DLQ recorded, and its last error.
+DLQ_COLUMNS = ("id", "queue", "type", "attempt", "finished_at", "reason", "error")
+# An error longer than this is cut in the table (--json and `jobs get` show it whole).
+ERROR_WIDTH = 60
 EVENT_COLUMNS = ("seq", "at", "event", "from_state", "to_state", "attempt", "worker_id", "data")
-QUEUE_COLUMNS = ("queue", "paused", "pending", "running", "completed", "dlq", "cancelled")
+QUEUE_COLUMNS = ("queue", "paused", *(state.lower() for state in JobState))
 FINAL = frozenset({JobState.COMPLETED, JobState.DLQ, JobState.CANCELLED})
 # How often `evora jobs get --wait` asks again.
 WAIT_POLL_SECONDS = 0.5
@@ -43,11 +47,13 @@ WAIT_POLL_SECONDS = 0.5
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a command found: `data` for --json, `text` for people, and the exit status."""
+    """What a command found: `data` for --json, `text` for people, and the exit status;
+    `note`, when set, says on stderr why the status is not 0."""
 
     data: Any
     text: str
     status: Exit = Exit.OK
+    note: str | None = None
 
 
 Operation = Callable[[Client, argparse.Namespace], Awaitable[Outcome]]
@@ -65,11 +71,45 @@ def _jobs(jobs: list[JobData], after: str | None = None) -> Outcome:
 
 
 async def list_jobs(client: Client, args: argparse.Namespace) -> Outcome:
-    state = getattr(args, "state", None) or args.fixed_state
     page = await client.list_jobs(
-        queue=args.queue, state=state, type=args.type, limit=args.limit, after=args.after
+        queue=args.queue, state=args.state, type=args.type, limit=args.limit, after=args.after
     )
     return _jobs(page.jobs, page.next)
+
+
+def _dlq_reason(events: list[dict[str, Any]]) -> str | None:
+    """The reason the latest move into the DLQ recorded (`failed`, `not_retryable`,
+    `expired`, `lease_expired`, ...: docs/http-api.md, the event resource)."""
+    moves = [e for e in events if e.get("to_state") == JobState.DLQ]
+    data = moves[-1].get("data") if moves else None
+    return data.get("reason") if isinstance(data, dict) else None
+
+
+def _error_line(error: Any) -> str | None:
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message") or "").split("\n", 1)[0]
+    line = f"{error['type']}: {message}" if error.get("type") else message
+    return line if len(line) <= ERROR_WIDTH else line[: ERROR_WIDTH - 3] + "..."
+
+
+async def list_dlq(client: Client, args: argparse.Namespace) -> Outcome:
+    page = await client.list_jobs(
+        queue=args.queue, state=JobState.DLQ, type=args.type, limit=args.limit, after=args.after
+    )
+    histories = await asyncio.gather(*(client.events(job["id"]) for job in page.jobs))
+    jobs = [
+        {**job, "dlq_reason": _dlq_reason(events)}
+        for job, events in zip(page.jobs, histories, strict=True)
+    ]
+    rows = [
+        {**job, "reason": job["dlq_reason"], "error": _error_line(job.get("last_error"))}
+        for job in jobs
+    ]
+    text = table(rows, DLQ_COLUMNS) if jobs else "no jobs"
+    if page.next is not None:
+        text += f"\nmore: --after {page.next}"
+    return Outcome({"jobs": jobs, "next": page.next}, text)
 
 
 async def get_job(client: Client, args: argparse.Namespace) -> Outcome:
@@ -83,8 +123,11 @@ async def get_job(client: Client, args: argparse.Namespace) -> Outcome:
     shown = _job(job)
     if job["state"] == JobState.COMPLETED:
         return shown
-    status = Exit.TIMED_OUT if job["state"] not in FINAL else Exit.JOB_FAILED
-    return Outcome(shown.data, shown.text, status)
+    if job["state"] in FINAL:
+        note = f"job {args.id} ended {job['state']}, not COMPLETED"
+        return Outcome(shown.data, shown.text, Exit.JOB_FAILED, note)
+    note = f"job {args.id} is still {job['state']} after waiting {args.wait:g} s"
+    return Outcome(shown.data, shown.text, Exit.TIMED_OUT, note)
 
 
 async def job_events(client: Client, args: argparse.Namespace) -> Outcome:

@@ -71,7 +71,6 @@ def add_commands(sub: Subparsers) -> None:
     jobs = _group(sub, "jobs", "look at and act on jobs", "Newest first; ids are shown whole.")
     listing = _leaf(jobs, "list", "list jobs, newest first", commands.list_jobs)
     _listing(listing, state=True)
-    listing.set_defaults(fixed_state=None)
     get = _leaf(jobs, "get", "show one job", commands.get_job)
     get.add_argument("id", metavar="ID")
     get.add_argument(
@@ -103,8 +102,9 @@ def add_commands(sub: Subparsers) -> None:
     redrive.add_argument("--limit", type=int, help="at most this many")
 
     dlq = _group(sub, "dlq", "the dead-letter queue", "Jobs that failed for good.")
-    dlq_list = _leaf(dlq, "list", "list DLQ jobs, newest first", commands.list_jobs)
+    dlq_list = _leaf(
+        dlq, "list", "list DLQ jobs, newest first, with why each is there", commands.list_dlq
+    )
     _listing(dlq_list, state=False)
-    dlq_list.set_defaults(fixed_state=JobState.DLQ.value)
     _ids(_leaf(dlq, "retry", "move DLQ jobs back to PENDING", commands.retry_jobs))
     _ids(_leaf(dlq, "discard", "move DLQ jobs to CANCELLED", commands.discard_jobs))

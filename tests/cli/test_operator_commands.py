@@ -42,6 +42,16 @@ async def test_jobs_list_get_events_cancel(system: System) -> None:
 
     waited = await evora_async("jobs", "get", second, "--wait", "0.2", env=system.env())
     assert waited.returncode == Exit.TIMED_OUT
+    assert "state             PENDING" in waited.stdout
+    # Said in words too, not only by the exit status.
+    assert one_line(waited.stderr) == (
+        f"evora jobs: job {second} is still PENDING after waiting 0.2 s (exit 8)"
+    )
+    cancelled_wait = await evora_async("jobs", "get", first, "--wait", "1", env=system.env())
+    assert cancelled_wait.returncode == Exit.JOB_FAILED
+    assert one_line(cancelled_wait.stderr) == (
+        f"evora jobs: job {first} ended CANCELLED, not COMPLETED (exit 7)"
+    )
 
 
 async def test_exit_statuses_say_what_happened(system: System) -> None:
@@ -93,6 +103,26 @@ async def test_dlq_and_queues(system: System) -> None:
         await worker.stop()
         await task
 
+        # Why each job is there: the reason of its move to the DLQ and its last error.
+        listed = await evora_async("dlq", "list", "--queue", "work", env=env)
+        header, *rows = listed.stdout.splitlines()
+        assert header.split() == [
+            "ID",
+            "QUEUE",
+            "TYPE",
+            "ATTEMPT",
+            "FINISHED_AT",
+            "REASON",
+            "ERROR",
+        ]
+        assert sorted(row.split()[0] for row in rows) == sorted(doomed)
+        for row in rows:
+            assert row.split()[5:] == ["not_retryable", "NonRetryable:", "broken"], row
+        as_json = await evora_async("dlq", "list", "--queue", "work", "--json", env=env)
+        assert {job["dlq_reason"] for job in json.loads(as_json.stdout)["jobs"]} == {
+            "not_retryable"
+        }
+
         retried = await evora_async("dlq", "retry", doomed[0], env=env)
         assert retried.returncode == Exit.OK, retried.stderr
         assert retried.stdout.splitlines()[1].split()[:4] == [
@@ -120,6 +150,7 @@ async def test_dlq_and_queues(system: System) -> None:
         assert table.stdout.splitlines()[0].split() == [
             "QUEUE",
             "PAUSED",
+            "WAITING",
             "PENDING",
             "RUNNING",
             "COMPLETED",
