@@ -305,9 +305,15 @@ def _worker_tokens(args: argparse.Namespace) -> list[str]:
     return [token for token in (args.token, os.environ.get(ENV_WORKER_TOKEN)) if token]
 
 
+def _default_log_format(dev: bool = False) -> LogFormat:
+    """Without EVORA_LOG_FORMAT: readable lines for a person (stderr is a terminal, or
+    `evora dev`), one JSON object per line for a log collector."""
+    return "text" if dev or sys.stderr.isatty() else "json"
+
+
 def _worker_logging(args: argparse.Namespace) -> None:
     level = os.environ.get("EVORA_LOG_LEVEL", "INFO").strip().upper() or "INFO"
-    raw_format = os.environ.get("EVORA_LOG_FORMAT", "json").strip().lower() or "json"
+    raw_format = os.environ.get("EVORA_LOG_FORMAT", "").strip().lower() or _default_log_format()
     if level not in LOG_LEVELS:
         raise ValueError(f"EVORA_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}")
     formats: tuple[LogFormat, ...] = get_args(LogFormat)
@@ -343,7 +349,7 @@ def _services_main(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"host": LOOPBACK})
     configure_logging(
         settings.log_level,
-        settings.log_format or ("text" if dev else "json"),
+        settings.log_format or _default_log_format(dev),
         service=args.command,
         secrets=settings.token_roles(),
     )
