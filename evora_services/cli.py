@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import sys
@@ -376,6 +377,24 @@ def _services_main(args: argparse.Namespace) -> int:
         return 1
 
 
+# What the services import beyond the SDK, all brought by the `server` extra: an SDK-only
+# install (a worker's) says which extra to install instead of failing on an import.
+_SERVER_MODULES = ("asyncpg", "pymongo", "pydantic_settings", "prometheus_client")
+
+
+def _server_extra_missing(command: str) -> str | None:
+    """The one line that says so, when the services' dependencies are not installed."""
+    missing = [m for m in _SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"evora {command}: needs the server extra ({', '.join(missing)} missing): install "
+        f"'{DISTRIBUTION}[server]' (from a clone: pip install '.[server]', or "
+        "bash scripts/run.sh for evora dev); the SDK alone runs only evora worker and the "
+        "operator commands (jobs, queues, dlq)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if hasattr(args, "operate"):  # the operator commands: the SDK alone, no logging set up
@@ -394,6 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _worker(args, url)
         except KeyboardInterrupt:
             return 130
+    if (line := _server_extra_missing(args.command)) is not None:
+        print(line, file=sys.stderr)
+        return 2
     return _services_main(args)
 
 

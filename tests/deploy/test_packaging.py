@@ -106,6 +106,21 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     assert cli.returncode == 2, cli.stderr
     assert "cannot import no_such_module_here" in cli.stderr
 
+    # A service needs the server extra, and says so in one line rather than a traceback.
+    for command in ("dev", "api"):
+        service = subprocess.run(
+            [str(venv / "bin" / "evora"), command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=CLEAN_ENV,
+            cwd=tmp_path,
+        )
+        assert service.returncode == 2, service.stderr
+        [line] = service.stderr.strip().splitlines()
+        assert line.startswith(f"evora {command}: needs the server extra (asyncpg, "), line
+        assert "'evora-queue[server]'" in line
+
     # The operator commands run with the SDK alone too: an api that is not there is exit 6.
     operator = subprocess.run(
         [str(venv / "bin" / "evora"), "jobs", "list", "--url", "http://127.0.0.1:1"],
