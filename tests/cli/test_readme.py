@@ -99,6 +99,15 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
         )
     try:
         banner = wait_until_up(system, log)
+        # What it does while the databases start, and loudly that the ports were replaced.
+        assert "starting the embedded PostgreSQL in " in banner
+        assert "starting the embedded MongoDB-wire server in " in banner
+        for port, service, variable in ((8080, "api", "API"), (8081, "dispatcher", "DISPATCHER")):
+            assert re.search(
+                rf"WARNING evora.dev: port {port} is in use: the {service} listens on \d+ "
+                rf"instead \(set EVORA_{variable}_PORT to choose one\)",
+                banner,
+            ), banner
         assert "dashboard   http://127.0.0.1:" in banner
         assert "evora worker examples.worker_example --queues demo" in banner
         second = subprocess.Popen(
