@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evora.protocol.states import JobState
-from evora.sdk.client import Client, JobData
+from evora.sdk.client import Client, JobData, SubmitOptions
 from evora_services.admin_cli.exits import Exit
 from evora_services.admin_cli.output import record, table
 
@@ -114,20 +114,43 @@ async def list_dlq(client: Client, args: argparse.Namespace) -> Outcome:
 
 async def get_job(client: Client, args: argparse.Namespace) -> Outcome:
     job = await client.get(args.id)
-    if args.wait is None:
-        return _job(job)
-    deadline = time.monotonic() + args.wait
+    return _job(job) if args.wait is None else await _wait_for(client, job, args.wait)
+
+
+async def _wait_for(client: Client, job: JobData, wait: float) -> Outcome:
+    """The job once it finished, or as it is after `wait` seconds; exit 0 only if it
+    COMPLETED, and a line on stderr saying why not."""
+    deadline = time.monotonic() + wait
     while job["state"] not in FINAL and time.monotonic() < deadline:
         await asyncio.sleep(WAIT_POLL_SECONDS)
-        job = await client.get(args.id)
+        job = await client.get(job["id"])
     shown = _job(job)
     if job["state"] == JobState.COMPLETED:
         return shown
     if job["state"] in FINAL:
-        note = f"job {args.id} ended {job['state']}, not COMPLETED"
+        note = f"job {job['id']} ended {job['state']}, not COMPLETED"
         return Outcome(shown.data, shown.text, Exit.JOB_FAILED, note)
-    note = f"job {args.id} is still {job['state']} after waiting {args.wait:g} s"
+    note = f"job {job['id']} is still {job['state']} after waiting {wait:g} s"
     return Outcome(shown.data, shown.text, Exit.TIMED_OUT, note)
+
+
+async def submit_job(client: Client, args: argparse.Namespace) -> Outcome:
+    options: SubmitOptions = {}
+    if args.key is not None:
+        options["idempotency_key"] = args.key
+    if args.priority is not None:
+        options["priority"] = args.priority
+    if args.delay is not None:
+        options["delay_seconds"] = args.delay
+    if args.max_attempts is not None:
+        options["max_attempts"] = args.max_attempts
+    submitted = await client.submit(args.queue, args.type, args.payload, **options)
+    if args.wait is not None:
+        return await _wait_for(client, submitted.job, args.wait)
+    shown = _job(submitted.job)
+    if submitted.replayed:  # said, as the job may be in any state by now
+        return Outcome(shown.data, "replayed: the job this key made before\n" + shown.text)
+    return shown
 
 
 async def job_events(client: Client, args: argparse.Namespace) -> Outcome:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import TypeAlias
+from typing import Any, TypeAlias
+
+import orjson
 
 from evora.protocol.states import JobState
 from evora_services.admin_cli import commands
@@ -63,6 +65,13 @@ def _listing(parser: argparse.ArgumentParser, *, state: bool) -> None:
     parser.add_argument("--after", help="the page after this cursor (printed as `more:`)")
 
 
+def _json(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
 def _ids(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ids", nargs="+", metavar="ID", help="job id(s)")
 
@@ -74,6 +83,27 @@ def add_commands(sub: Subparsers) -> None:
     get = _leaf(jobs, "get", "show one job", commands.get_job)
     get.add_argument("id", metavar="ID")
     get.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the job to finish; exit 0 only if it COMPLETED",
+    )
+    submit = _leaf(jobs, "submit", "submit a job", commands.submit_job)
+    submit.add_argument("queue", metavar="QUEUE")
+    submit.add_argument("type", metavar="TYPE")
+    submit.add_argument(
+        "payload",
+        nargs="?",
+        type=_json,
+        default={},
+        metavar="PAYLOAD",
+        help="the payload as JSON (default {})",
+    )
+    submit.add_argument("--key", help="an idempotency key: a repeat returns the same job")
+    submit.add_argument("--priority", type=int, help="higher runs first (default 0)")
+    submit.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner")
+    submit.add_argument("--max-attempts", type=int, help="attempts before the DLQ")
+    submit.add_argument(
         "--wait",
         type=float,
         metavar="SECONDS",

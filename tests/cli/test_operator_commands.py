@@ -163,3 +163,47 @@ async def test_dlq_and_queues(system: System) -> None:
         if not task.done():
             await worker.stop()
             await task
+
+
+async def test_jobs_submit(system: System) -> None:
+    env = system.env()
+    first = await evora_async(
+        "jobs", "submit", "mail", "mail.send", '{"to": "a"}', "--key", "k-1", "--json", env=env
+    )
+    assert first.returncode == Exit.OK, first.stderr
+    job = json.loads(first.stdout)
+    assert (job["queue"], job["type"], job["payload"], job["state"]) == (
+        "mail",
+        "mail.send",
+        {"to": "a"},
+        "PENDING",
+    )
+    again = await evora_async(
+        "jobs", "submit", "mail", "mail.send", '{"to": "a"}', "--key", "k-1", env=env
+    )
+    assert again.returncode == Exit.OK, again.stderr
+    assert again.stdout.startswith("replayed: the job this key made before\n")
+    assert f"id                {job['id']}" in again.stdout
+
+    not_json = await evora_async("jobs", "submit", "mail", "mail.send", "{to: a}", env=env)
+    assert not_json.returncode == Exit.USAGE
+    assert "not JSON" in not_json.stderr
+
+    handlers = evora.Handlers()
+
+    @handlers.job("echo")
+    async def echo(job: evora.Job) -> object:
+        return job.payload
+
+    worker = evora.Worker(system.dispatcher.url, WORKER_TOKEN, ["work"], handlers=handlers)
+    task = asyncio.create_task(worker.serve())
+    try:
+        done = await evora_async(
+            "jobs", "submit", "work", "echo", '{"n": 1}', "--priority", "5", "--wait", "30", env=env
+        )
+        assert done.returncode == Exit.OK, done.stderr
+        assert "state             COMPLETED" in done.stdout
+        assert 'result            {"n":1}' in done.stdout
+    finally:
+        await worker.stop()
+        await task
