@@ -40,6 +40,8 @@ DLQ_COLUMNS = ("id", "queue", "type", "attempt", "finished_at", "reason", "error
 ERROR_WIDTH = 60
 EVENT_COLUMNS = ("seq", "at", "event", "from_state", "to_state", "attempt", "worker_id", "data")
 QUEUE_COLUMNS = ("queue", "paused", *(state.lower() for state in JobState))
+SCHEDULE_COLUMNS = ("name", "cron", "timezone", "queue", "type", "paused", "next_run_at")
+LIMIT_COLUMNS = ("key", "concurrency", "rate")
 FINAL = frozenset({JobState.COMPLETED, JobState.DLQ, JobState.CANCELLED})
 # How often `evora jobs get --wait` asks again.
 WAIT_POLL_SECONDS = 0.5
@@ -201,3 +203,77 @@ async def resume_queue(client: Client, args: argparse.Namespace) -> Outcome:
 async def redrive_queue(client: Client, args: argparse.Namespace) -> Outcome:
     moved = await client.redrive(args.queue, type=args.type, limit=args.limit)
     return Outcome({"redriven": moved}, f"{moved} job(s) moved from the DLQ to PENDING")
+
+
+def _schedule_row(schedule: dict[str, Any]) -> dict[str, Any]:
+    job = schedule.get("job") or {}
+    return {**schedule, "queue": job.get("queue"), "type": job.get("type")}
+
+
+async def list_schedules(client: Client, args: argparse.Namespace) -> Outcome:
+    schedules = await client.schedules()
+    rows = [_schedule_row(s) for s in schedules]
+    text = table(rows, SCHEDULE_COLUMNS) if rows else "no schedules"
+    return Outcome({"schedules": schedules}, text)
+
+
+async def get_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    schedule = await client.schedule(args.name)
+    return Outcome(schedule, record(schedule))
+
+
+async def put_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    schedule = await client.put_schedule(
+        args.name,
+        args.cron,
+        {"queue": args.queue, "type": args.type, "payload": args.payload},
+        timezone=args.timezone,
+        misfire=args.misfire,
+    )
+    return Outcome(schedule, record(schedule))
+
+
+async def delete_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    await client.delete_schedule(args.name)
+    return Outcome({"deleted": args.name}, f"schedule {args.name} deleted")
+
+
+async def pause_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    schedule = await client.pause_schedule(args.name)
+    return Outcome(schedule, f"schedule {args.name} paused")
+
+
+async def resume_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    schedule = await client.resume_schedule(args.name)
+    return Outcome(schedule, f"schedule {args.name} resumed")
+
+
+async def trigger_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    return _job(await client.trigger_schedule(args.name))
+
+
+def _limit_row(limit: dict[str, Any]) -> dict[str, Any]:
+    rate = limit.get("rate")
+    shown = f"{rate['limit']}/{rate['per_seconds']:g}s" if isinstance(rate, dict) else None
+    return {**limit, "rate": shown}
+
+
+async def list_limits(client: Client, args: argparse.Namespace) -> Outcome:
+    limits = await client.limits()
+    text = table([_limit_row(x) for x in limits], LIMIT_COLUMNS) if limits else "no limits"
+    return Outcome({"limits": limits}, text)
+
+
+async def get_limit(client: Client, args: argparse.Namespace) -> Outcome:
+    limit = await client.limit(args.key)
+    return Outcome(limit, record(_limit_row(limit)))
+
+
+async def set_limit(client: Client, args: argparse.Namespace) -> Outcome:
+    limit = await client.set_limit(args.key, concurrency=args.concurrency, rate=args.rate)
+    return Outcome(limit, record(_limit_row(limit)))
+
+
+async def delete_limit(client: Client, args: argparse.Namespace) -> Outcome:
+    await client.delete_limit(args.key)
+    return Outcome({"deleted": args.key}, f"limit {args.key} deleted")

@@ -72,6 +72,15 @@ def _json(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
 
 
+def _rate(text: str) -> tuple[int, float]:
+    """`N/SECONDS`: at most N claims per SECONDS."""
+    limit, _, seconds = text.partition("/")
+    try:
+        return int(limit), float(seconds.removesuffix("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("a rate is N/SECONDS, e.g. 10/1 or 100/60") from None
+
+
 def _ids(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ids", nargs="+", metavar="ID", help="job id(s)")
 
@@ -138,3 +147,40 @@ def add_commands(sub: Subparsers) -> None:
     _listing(dlq_list, state=False)
     _ids(_leaf(dlq, "retry", "move DLQ jobs back to PENDING", commands.retry_jobs))
     _ids(_leaf(dlq, "discard", "move DLQ jobs to CANCELLED", commands.discard_jobs))
+
+    schedules = _group(
+        sub, "schedules", "periodic jobs", "A schedule submits a job at every tick of a cron."
+    )
+    _leaf(schedules, "list", "every schedule", commands.list_schedules)
+    put = _leaf(schedules, "put", "create or replace a schedule", commands.put_schedule)
+    put.add_argument("name", metavar="NAME")
+    put.add_argument("cron", metavar="CRON", help="five fields, e.g. '0 9 * * 1-5'")
+    put.add_argument("queue", metavar="QUEUE")
+    put.add_argument("type", metavar="TYPE")
+    put.add_argument(
+        "payload", nargs="?", type=_json, default={}, metavar="PAYLOAD", help="JSON (default {})"
+    )
+    put.add_argument("--timezone", help="an IANA zone the cron is read in (default UTC)")
+    put.add_argument("--misfire", choices=["skip", "run_once", "catch_up"])
+    for name, summary, operation in (
+        ("get", "show a schedule", commands.get_schedule),
+        ("delete", "delete a schedule (its jobs stay)", commands.delete_schedule),
+        ("pause", "make no jobs until resumed", commands.pause_schedule),
+        ("resume", "make jobs again from the next tick", commands.resume_schedule),
+        ("trigger", "make one job now, outside the ticks", commands.trigger_schedule),
+    ):
+        _leaf(schedules, name, summary, operation).add_argument("name", metavar="NAME")
+
+    limits = _group(
+        sub, "limits", "concurrency and rate limits", "Jobs hold keys; a limit caps a key."
+    )
+    _leaf(limits, "list", "every limit", commands.list_limits)
+    set_limit = _leaf(limits, "set", "create or replace a limit", commands.set_limit)
+    set_limit.add_argument("key", metavar="KEY", help="tenant:42, queue:<queue>, tenant:*")
+    set_limit.add_argument("--concurrency", type=int, help="at most this many RUNNING")
+    set_limit.add_argument("--rate", type=_rate, metavar="N/SECONDS", help="claims per period")
+    for name, summary, operation in (
+        ("get", "the limit governing a key, with its usage", commands.get_limit),
+        ("delete", "delete a limit", commands.delete_limit),
+    ):
+        _leaf(limits, name, summary, operation).add_argument("key", metavar="KEY")

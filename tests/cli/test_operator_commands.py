@@ -207,3 +207,38 @@ async def test_jobs_submit(system: System) -> None:
     finally:
         await worker.stop()
         await task
+
+
+async def test_schedules_and_limits(system: System) -> None:
+    env = system.env()
+    put = await evora_async(
+        "schedules", "put", "nightly", "0 9 * * 1-5", "reports", "report.build", '{"k": 1}',
+        "--timezone", "Europe/Berlin", "--json", env=env,
+    )  # fmt: skip
+    assert put.returncode == Exit.OK, put.stderr
+    assert json.loads(put.stdout)["job"]["payload"] == {"k": 1}
+    listed = await evora_async("schedules", "list", env=env)
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["NAME", "CRON", "TIMEZONE", "QUEUE", "TYPE", "PAUSED", "NEXT_RUN_AT"]
+    assert row.startswith("nightly  0 9 * * 1-5  Europe/Berlin  reports  report.build  False")
+    triggered = await evora_async("schedules", "trigger", "nightly", "--json", env=env)
+    assert json.loads(triggered.stdout)["type"] == "report.build"
+    paused = await evora_async("schedules", "pause", "nightly", env=env)
+    assert paused.stdout.strip() == "schedule nightly paused"
+    deleted = await evora_async("schedules", "delete", "nightly", env=env)
+    assert deleted.returncode == Exit.OK
+    gone = await evora_async("schedules", "get", "nightly", env=env)
+    assert gone.returncode == Exit.NOT_FOUND
+
+    limit = await evora_async(
+        "limits", "set", "tenant:*", "--concurrency", "2", "--rate", "10/60", env=env
+    )
+    assert limit.returncode == Exit.OK, limit.stderr
+    assert "rate         10/60s" in limit.stdout
+    usage = await evora_async("limits", "get", "tenant:42", "--json", env=env)
+    assert json.loads(usage.stdout)["governed_by"] == "tenant:*"
+    bad_rate = await evora_async("limits", "set", "tenant:*", "--rate", "ten", env=env)
+    assert bad_rate.returncode == Exit.USAGE
+    assert "a rate is N/SECONDS" in bad_rate.stderr
+    await evora_async("limits", "delete", "tenant:*", env=env)
+    assert (await evora_async("limits", "list", env=env)).stdout.strip() == "no limits"
