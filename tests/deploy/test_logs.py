@@ -217,6 +217,18 @@ async def test_a_service_process_logs_json_lines() -> None:
     assert any(e["level"] == "warning" and "EVORA_AUTH=disabled" in str(e["msg"]) for e in events)
 
 
+async def test_a_service_says_at_start_up_that_its_database_is_unreachable() -> None:
+    lines = await _api_process_logs({"EVORA_AUTH": "disabled"})
+    events = [json.loads(line) for line in lines]
+    listening = next(i for i, e in enumerate(events) if "listening on http" in e["msg"])
+    assert any(
+        e["level"] == "warning"
+        and e["msg"].startswith("PostgreSQL unreachable: ")
+        and e["msg"].endswith(": answering 503 until that changes (/readyz says why)")
+        for e in events[:listening]
+    ), lines
+
+
 # Requests aiohttp cannot parse: its parser error quotes the offending raw line (here the one
 # carrying the token), and the service logs that error (at DEBUG: the client's fault).
 MALFORMED = [
