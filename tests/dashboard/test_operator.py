@@ -74,7 +74,8 @@ async def test_no_latency_is_a_dash_and_an_empty_dlq_has_no_redrive(
     row = page.locator("#queues-table tr[data-queue='quiet']")
     await expect(row).to_contain_text("wait — · — · —")
     await expect(row).to_contain_text("run — · — · —")
-    assert "0 ms" not in (await row.text_content() or "")
+    # (a value and its unit are joined by a no-break space)
+    assert "0\u00a0ms" not in (await row.text_content() or "")
 
     await page.goto(dashboard.url + "/#/queues/quiet")
     await expect(page.get_by_role("heading", name="Queue quiet")).to_be_visible()
