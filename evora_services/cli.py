@@ -265,8 +265,8 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "worker",
         "run a worker with the handlers registered in MODULE",
         "MODULE holds an evora.Worker, or evora.Handlers registries that a new worker runs. "
-        "Needs only `pip install evora-queue`. SIGTERM or Ctrl-C: stop claiming, finish in-flight "
-        "jobs, release the rest.",
+        "Needs only the SDK (evora-queue without extras). SIGTERM or Ctrl-C: stop claiming, "
+        "finish in-flight jobs, release the rest.",
         "EVORA_DISPATCHER_URL (else http://127.0.0.1:EVORA_DISPATCHER_PORT, default 8081), "
         "EVORA_WORKER_TOKEN, EVORA_WORKER_QUEUES, EVORA_WORKER_CONCURRENCY, "
         "EVORA_WORKER_PREFETCH, EVORA_LOG_LEVEL, "
