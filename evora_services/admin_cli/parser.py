@@ -81,6 +81,29 @@ def _rate(text: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError("a rate is N/SECONDS, e.g. 10/1 or 100/60") from None
 
 
+def _job_fields(parser: argparse.ArgumentParser) -> None:
+    """QUEUE TYPE [PAYLOAD]: the job to submit (now, or at a schedule's ticks)."""
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("type", metavar="TYPE")
+    parser.add_argument(
+        "payload",
+        nargs="?",
+        type=_json,
+        default={},
+        metavar="PAYLOAD",
+        help="the payload as JSON (default {})",
+    )
+
+
+def _wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the job to finish; exit 0 only if it COMPLETED",
+    )
+
+
 def _ids(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ids", nargs="+", metavar="ID", help="job id(s)")
 
@@ -91,33 +114,14 @@ def add_commands(sub: Subparsers) -> None:
     _listing(listing, state=True)
     get = _leaf(jobs, "get", "show one job", commands.get_job)
     get.add_argument("id", metavar="ID")
-    get.add_argument(
-        "--wait",
-        type=float,
-        metavar="SECONDS",
-        help="wait up to SECONDS for the job to finish; exit 0 only if it COMPLETED",
-    )
+    _wait(get)
     submit = _leaf(jobs, "submit", "submit a job", commands.submit_job)
-    submit.add_argument("queue", metavar="QUEUE")
-    submit.add_argument("type", metavar="TYPE")
-    submit.add_argument(
-        "payload",
-        nargs="?",
-        type=_json,
-        default={},
-        metavar="PAYLOAD",
-        help="the payload as JSON (default {})",
-    )
+    _job_fields(submit)
     submit.add_argument("--key", help="an idempotency key: a repeat returns the same job")
-    submit.add_argument("--priority", type=int, help="higher runs first (default 0)")
+    submit.add_argument("--priority", type=int, help="lower is claimed first (default 0)")
     submit.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner")
     submit.add_argument("--max-attempts", type=int, help="attempts before the DLQ")
-    submit.add_argument(
-        "--wait",
-        type=float,
-        metavar="SECONDS",
-        help="wait up to SECONDS for the job to finish; exit 0 only if it COMPLETED",
-    )
+    _wait(submit)
     _leaf(jobs, "events", "show a job's events, oldest first", commands.job_events).add_argument(
         "id", metavar="ID"
     )
@@ -155,11 +159,7 @@ def add_commands(sub: Subparsers) -> None:
     put = _leaf(schedules, "put", "create or replace a schedule", commands.put_schedule)
     put.add_argument("name", metavar="NAME")
     put.add_argument("cron", metavar="CRON", help="five fields, e.g. '0 9 * * 1-5'")
-    put.add_argument("queue", metavar="QUEUE")
-    put.add_argument("type", metavar="TYPE")
-    put.add_argument(
-        "payload", nargs="?", type=_json, default={}, metavar="PAYLOAD", help="JSON (default {})"
-    )
+    _job_fields(put)
     put.add_argument("--timezone", help="an IANA zone the cron is read in (default UTC)")
     put.add_argument("--misfire", choices=["skip", "run_once", "catch_up"])
     for name, summary, operation in (
