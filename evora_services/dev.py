@@ -246,6 +246,7 @@ def _exports(settings: Settings) -> dict[str, str]:
         "EVORA_DISPATCHER_URL": _url(settings, settings.dispatcher_port),
         "EVORA_DATABASE_URL": settings.database_url,
         "EVORA_MONGO_URL": settings.mongo_url,
+        "EVORA_MONGO_DB": settings.mongo_db,
     }
     by_role = {role: token for token, role in settings.token_roles().items()}
     for role in ROLES:

@@ -52,6 +52,7 @@ def test_the_env_file_has_the_database_urls_and_a_sourcing_shell_restarts_dev(
     first = _dev_exports(tmp_path, env, 1)
     assert first["EVORA_DATABASE_URL"].startswith("postgresql://postgres@127.0.0.1:")
     assert first["EVORA_MONGO_URL"].startswith("mongodb://127.0.0.1:")
+    assert first["EVORA_MONGO_DB"] == "evora"
     # A shell that ran `. .evora/env` names the embedded databases, which are stopped now:
     # `evora dev` from there starts them again, with the data of the first run.
     again = _dev_exports(tmp_path, {**env, **first}, 2)
