@@ -433,3 +433,24 @@ async def test_only_statements_that_end_a_job_others_wait_on_run_the_settlement(
         await complete(parent)
         calls = {r["funcname"]: r["calls"] for r in await conn.fetch(_SETTLING_CALLS)}
         assert calls == {"evora_note_ended_dependency": 1, "evora_settle_dependents": 1}
+
+
+async def test_a_grouped_job_waiting_on_a_dependency_is_overtaken_then_heads_its_group_again(
+    store: JobStore,
+) -> None:
+    """FIFO groups order the jobs that are ready (docs/dependencies.md): a WAITING job does not
+    hold its group back, and once ready it keeps its submission place ahead of later jobs."""
+    parent = await _submit(store)
+    waiting = await _submit(store, group_key="g", depends_on=[parent])
+    later = [await _submit(store, group_key="g") for _ in range(2)]
+    assert await _state(store, waiting) is JobState.WAITING
+    # the parent and the group's first ready job run side by side; the WAITING job is passed
+    claimed = await store.claim(worker_id="w", queues=[Q], max_jobs=100)
+    assert sorted(j["id"] for j in claimed) == sorted([parent, later[0]])
+    by_id = {j["id"]: j["lease_token"] for j in claimed}
+    await store.complete(parent, by_id[parent])
+    await store.complete(later[0], by_id[later[0]])
+    # ready now, the earlier-submitted job heads its group again, before later[1]
+    assert await _state(store, waiting) is JobState.PENDING
+    await _run(store, waiting)
+    await _run(store, later[1])
