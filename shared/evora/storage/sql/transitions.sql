@@ -385,3 +385,13 @@ WITH target AS (
 )
 SELECT job, notified, owed
 FROM evora_leave_dlq(ARRAY(SELECT id FROM target), 'PENDING', $4::text[]);
+
+-- name: brief_lock_waits
+-- Run first in the transaction of a statement made for several independent requests
+-- (evora.coalesce): any lock it would wait for longer than this is held by some other
+-- transaction, maybe an application's that stays open for long, and one request's lock must
+-- not stall the others. The statement fails with lock_not_available (55P03) instead, having
+-- changed nothing, and the coalescer splits the batch until the item that needs the lock
+-- waits for it alone. Long enough that the row locks of concurrent statements like it (held
+-- until their commits, a few milliseconds) are waited out rather than split over.
+SET LOCAL lock_timeout = '100ms';
