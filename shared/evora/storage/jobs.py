@@ -297,7 +297,10 @@ class JobStore:
         result, job = await self._decide(queries.CANCEL, job_id)
         if result is Decision.DONE:
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
-        if job["state"] == JobState.RUNNING:  # already requested
+        # Refused while RUNNING: requested before (the statement decides on the newest
+        # version, so a job it found RUNNING without the request it has moved). Acknowledged
+        # only as the job shows it, never a request that was not applied.
+        if job["state"] == JobState.RUNNING and job["cancel_requested"]:
             return Cancelled(job, immediate=False)
         if job["state"] == JobState.DLQ:
             raise InvalidState(

@@ -321,13 +321,19 @@ WITH target AS (
       AND (state IN ('PENDING', 'WAITING') OR (state = 'RUNNING' AND NOT cancel_requested))
     FOR UPDATE
 ),
+-- Joined by id alone. `target` is the row's newest version, locked; `j` is first read as the
+-- statement's snapshot shows it, which may predate a claim or a release that the lock waited
+-- for. A join on the state as well would fail on that older version, before the UPDATE ever
+-- reached the newest one, and the cancel would change nothing. Joined by id, the UPDATE
+-- finds the row changed and re-reads its newest version, whose state is target's (the lock
+-- is held since): the decision is made on the state the job is really in.
 moved AS (
     UPDATE jobs j
     SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
         cancel_requested = (t.state = 'RUNNING'),
         finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora_now() END,
         updated_at = evora_now(), version = j.version + 1
-    FROM target t WHERE j.id = t.id AND j.state = t.state
+    FROM target t WHERE j.id = t.id
     RETURNING j.id, j AS job,
         ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
             t.state, j.worker_id, '{}')::evora_move AS move
