@@ -872,6 +872,14 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.evora_awaited(dependency uuid) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+        WHERE d.depends_on = dependency AND w.state = 'WAITING')
+$$;
+
 CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_seconds double precision, multiplier double precision, n integer) RETURNS double precision
     LANGUAGE sql
     AS $$
@@ -1298,6 +1306,37 @@ CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
     AS $$
     SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
                             interval '0')
+$$;
+
+CREATE FUNCTION public.evora_prune_finished(age double precision, batch integer, finished public.job_state) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    held uuid[];
+    removed bigint;
+BEGIN
+    held := ARRAY(
+        SELECT f.id FROM jobs f
+        WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
+          AND f.finished_at < evora_now() - make_interval(secs => age)
+          AND NOT (f.has_dependents AND evora_awaited(f.id))
+        ORDER BY f.finished_at
+        LIMIT batch
+        FOR UPDATE SKIP LOCKED);
+    WITH gone AS (
+        DELETE FROM jobs f
+        WHERE f.id = ANY(held) AND NOT (f.has_dependents AND evora_awaited(f.id))
+        RETURNING f.queue, f.state
+    ),
+    counted AS (
+        INSERT INTO job_prune_counts AS c (queue, state, pruned)
+        SELECT g.queue, g.state, count(*) FROM gone g GROUP BY g.queue, g.state
+        ORDER BY g.queue, g.state
+        ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned
+    )
+    SELECT count(*) INTO removed FROM gone;
+    RETURN removed;
+END
 $$;
 
 CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
