@@ -15,7 +15,7 @@ from evora.domain.errors import IdempotencyConflict, InvalidDependency
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage import queries
-from evora.storage.db import create_pool, jsonb_elements
+from evora.storage.db import create_pool, jsonb_elements, request_budget
 from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import PRUNE_FINISHED, RetentionStore
 from tests.conftest import Clock
@@ -457,6 +457,37 @@ async def test_a_claimed_job_with_dependencies_carries_the_results_of_the_comple
     assert claimed["id"] == c
     # b ended CANCELLED: the job runs ("run") without a result of it
     assert claimed["dependency_results"] == {str(a): {"rows": 3}}
+
+
+async def test_a_claim_that_cannot_read_its_dependency_results_does_not_happen(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A claim is answered with its jobs, their dependency results included, or it did not
+    happen: a job never stays RUNNING under a lease nobody was given. Here the results are
+    out of reach for longer than the request's database budget: the parent's result is
+    large enough to live in the TOAST table of `jobs`, and a maintenance transaction holds
+    that table's index (REINDEX, as an operator might run it) while the claim runs."""
+    parent = await _submit(store)
+    child = await _submit(store, depends_on=[parent])
+    [running] = await store.claim(worker_id="w", queues=[Q])
+    # random hex: hardly compressible, so stored out of line
+    result = {"blob": random.Random(9).randbytes(12_000).hex()}
+    await store.complete(parent, running["lease_token"], result)
+    toast_index = await pool.fetchval(
+        "SELECT i.indexrelid::regclass::text FROM pg_class c"
+        " JOIN pg_index i ON i.indrelid = c.reltoastrelid WHERE c.oid = 'jobs'::regclass"
+    )
+    async with pool.acquire() as maintenance:
+        transaction = maintenance.transaction()
+        await transaction.start()
+        await maintenance.execute(f"REINDEX INDEX {toast_index}")
+        with request_budget(1.0), pytest.raises(TimeoutError):
+            await store.claim(worker_id="w", queues=[Q])
+        await transaction.rollback()
+    assert await _state(store, child) is JobState.PENDING
+    [claimed] = await store.claim(worker_id="w", queues=[Q])
+    assert claimed["id"] == child and claimed["attempt"] == 1
+    assert claimed["dependency_results"] == {str(parent): result}
 
 
 async def test_cancelling_the_head_of_a_long_chain_cancels_it_all_in_one_settlement(

@@ -81,8 +81,20 @@ recorded AS (
            attempt, ev_worker, updated_at, ev_data, image
     FROM moved
 )
-SELECT job
-FROM moved;
+-- Each claimed job that has dependencies carries the results of those COMPLETED, as
+-- [[id, result], ...] in depends_on order (a dependency since pruned by retention is left
+-- out); NULL for the others, which read nothing. Read here, not by a statement after the
+-- claim: a claim is answered with its jobs or it did not happen, and a read that failed
+-- after the claim committed would leave the jobs RUNNING for their whole lease with nobody
+-- holding it. The statement's snapshot is enough: a job is PENDING in it only if the
+-- dependency endings that released it are there too.
+SELECT m.job,
+       CASE WHEN m.depends_on IS NOT NULL THEN (
+           SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
+           FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
+           JOIN jobs d ON d.id = u.id
+           WHERE d.state = 'COMPLETED') END AS dependency_results
+FROM moved m;
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
