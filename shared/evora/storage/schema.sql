@@ -872,14 +872,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.evora_awaited(dependency uuid) RETURNS boolean
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT EXISTS (
-        SELECT 1 FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
-        WHERE d.depends_on = dependency AND w.state = 'WAITING')
-$$;
-
 CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_seconds double precision, multiplier double precision, n integer) RETURNS double precision
     LANGUAGE sql
     AS $$
@@ -1319,13 +1311,14 @@ BEGIN
         SELECT f.id FROM jobs f
         WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
           AND f.finished_at < evora_now() - make_interval(secs => age)
-          AND NOT (f.has_dependents AND evora_awaited(f.id))
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
         ORDER BY f.finished_at
         LIMIT batch
         FOR UPDATE SKIP LOCKED);
     WITH gone AS (
         DELETE FROM jobs f
-        WHERE f.id = ANY(held) AND NOT (f.has_dependents AND evora_awaited(f.id))
+        WHERE f.id = ANY(held)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
         RETURNING f.queue, f.state
     ),
     counted AS (
@@ -1535,6 +1528,13 @@ CREATE FUNCTION public.evora_tokens(b public.flow_buckets, rate_limit integer, r
     AS $$
     SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
                                                 * rate_limit / rate_per_seconds)
+$$;
+
+CREATE FUNCTION public.evora_waiting_dependents(dependency uuid) RETURNS SETOF uuid
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT d.job_id FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+    WHERE d.depends_on = dependency AND w.state = 'WAITING'
 $$;
 
 CREATE TABLE public.event_archive_runs (

@@ -17,14 +17,15 @@
 -- waits until the prune commits; it then finds no job and is refused as naming none
 -- (unknown_dependency), never stored waiting for a job that is gone.
 
--- Whether a WAITING job depends on `dependency`, as the calling statement's snapshot shows it.
--- Plain SQL, one expression: inlined into the statements below, a probe of
--- job_dependencies_dependents per job asked about.
-CREATE FUNCTION evora_awaited(dependency uuid) RETURNS boolean
+-- The WAITING jobs that depend on `dependency`, as the calling statement's snapshot shows
+-- them. A set-returning SQL function of one query: the planner inlines it where it is
+-- called in FROM, so `EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id))` plans exactly
+-- as the EXISTS written out, a probe of job_dependencies_dependents per job asked about.
+-- (A boolean function around the EXISTS would not be inlined: a call per job.)
+CREATE FUNCTION evora_waiting_dependents(dependency uuid) RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
-        SELECT 1 FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
-        WHERE d.depends_on = dependency AND w.state = 'WAITING')
+    SELECT d.job_id FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+    WHERE d.depends_on = dependency AND w.state = 'WAITING'
 $$;
 
 -- Removes the oldest jobs that finished in `finished` (COMPLETED, CANCELLED or DLQ) more
@@ -46,14 +47,15 @@ BEGIN
         SELECT f.id FROM jobs f
         WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
           AND f.finished_at < evora_now() - make_interval(secs => age)
-          AND NOT (f.has_dependents AND evora_awaited(f.id))
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
         ORDER BY f.finished_at
         LIMIT batch
         FOR UPDATE SKIP LOCKED);
     -- A new statement, with a snapshot taken after the locks: the answer that counts.
     WITH gone AS (
         DELETE FROM jobs f
-        WHERE f.id = ANY(held) AND NOT (f.has_dependents AND evora_awaited(f.id))
+        WHERE f.id = ANY(held)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
         RETURNING f.queue, f.state
     ),
     counted AS (
