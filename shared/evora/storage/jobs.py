@@ -297,9 +297,9 @@ class JobStore:
         result, job = await self._decide(queries.CANCEL, job_id)
         if result is Decision.DONE:
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
-        # Refused while RUNNING: requested before (the statement decides on the newest
-        # version, so a job it found RUNNING without the request it has moved). Acknowledged
-        # only as the job shows it, never a request that was not applied.
+        # Refused while RUNNING: the cancel was requested before. The statement decides on
+        # the job's newest version, and moves a RUNNING job without the request, so a 202
+        # only ever acknowledges a request the job really carries.
         if job["state"] == JobState.RUNNING and job["cancel_requested"]:
             return Cancelled(job, immediate=False)
         if job["state"] == JobState.DLQ:

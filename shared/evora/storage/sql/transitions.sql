@@ -334,11 +334,12 @@ WITH target AS (
     FOR UPDATE
 ),
 -- Joined by id alone. `target` is the row's newest version, locked; `j` is first read as the
--- statement's snapshot shows it, which may predate a claim or a release that the lock waited
--- for. A join on the state as well would fail on that older version, before the UPDATE ever
--- reached the newest one, and the cancel would change nothing. Joined by id, the UPDATE
--- finds the row changed and re-reads its newest version, whose state is target's (the lock
--- is held since): the decision is made on the state the job is really in.
+-- statement's snapshot shows it, which may predate a claim, or a dependency's completion
+-- releasing a WAITING job, that the lock waited for. A join on the state as well would fail
+-- on that older version, before the UPDATE ever reached the newest one, and the cancel
+-- would change nothing. Joined by id, the UPDATE finds the row changed and re-reads its
+-- newest version, whose state is target's (the lock is held since): the decision is made on
+-- the state the job is really in.
 moved AS (
     UPDATE jobs j
     SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
