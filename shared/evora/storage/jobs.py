@@ -351,7 +351,10 @@ class JobStore:
         result, job = await self._decide(queries.CANCEL, job_id)
         if result is Decision.DONE:
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
-        if job["state"] == JobState.RUNNING:  # already requested
+        # Refused while RUNNING: the cancel was requested before. The statement decides on
+        # the job's newest version, and moves a RUNNING job without the request, so a 202
+        # only ever acknowledges a request the job really carries.
+        if job["state"] == JobState.RUNNING and job["cancel_requested"]:
             return Cancelled(job, immediate=False)
         if job["state"] == JobState.DLQ:
             raise InvalidState(
@@ -423,11 +426,15 @@ class JobStore:
         rows = await self._pool.fetch(
             queries.CLAIM, list(queues), list(types) if types else None, max_jobs, worker_id
         )
-        jobs = sorted(
-            (r["job"] for r in rows), key=lambda j: (j["priority"], j["run_at"], j["submit_seq"])
+        # in the order the claim took them
+        rows = sorted(
+            rows, key=lambda r: (r["job"]["priority"], r["job"]["run_at"], r["job"]["submit_seq"])
         )
-        claimed = [claimed_job_from_row(j) for j in jobs]
-        await dependencies.add_dependency_results(self._pool, claimed)
+        claimed = [claimed_job_from_row(r["job"]) for r in rows]
+        for job, row in zip(claimed, rows, strict=True):
+            # only a job that has dependencies: {dependency id: result} of the COMPLETED ones
+            if (results := row["dependency_results"]) is not None:
+                job["dependency_results"] = dict(results)
         return claimed
 
     async def traceparents(self, job_ids: Sequence[UUID]) -> dict[UUID, str]:

@@ -1300,6 +1300,38 @@ CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
                             interval '0')
 $$;
 
+CREATE FUNCTION public.evora_prune_finished(age double precision, batch integer, finished public.job_state) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    held uuid[];
+    removed bigint;
+BEGIN
+    held := ARRAY(
+        SELECT f.id FROM jobs f
+        WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
+          AND f.finished_at < evora_now() - make_interval(secs => age)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
+        ORDER BY f.finished_at
+        LIMIT batch
+        FOR UPDATE SKIP LOCKED);
+    WITH gone AS (
+        DELETE FROM jobs f
+        WHERE f.id = ANY(held)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
+        RETURNING f.queue, f.state
+    ),
+    counted AS (
+        INSERT INTO job_prune_counts AS c (queue, state, pruned)
+        SELECT g.queue, g.state, count(*) FROM gone g GROUP BY g.queue, g.state
+        ORDER BY g.queue, g.state
+        ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned
+    )
+    SELECT count(*) INTO removed FROM gone;
+    RETURN removed;
+END
+$$;
+
 CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
     LANGUAGE plpgsql
     AS $$
@@ -1496,6 +1528,13 @@ CREATE FUNCTION public.evora_tokens(b public.flow_buckets, rate_limit integer, r
     AS $$
     SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
                                                 * rate_limit / rate_per_seconds)
+$$;
+
+CREATE FUNCTION public.evora_waiting_dependents(dependency uuid) RETURNS SETOF uuid
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT d.job_id FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+    WHERE d.depends_on = dependency AND w.state = 'WAITING'
 $$;
 
 CREATE TABLE public.event_archive_runs (

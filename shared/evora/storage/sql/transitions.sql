@@ -81,8 +81,20 @@ recorded AS (
            attempt, ev_worker, updated_at, ev_data, image
     FROM moved
 )
-SELECT job
-FROM moved;
+-- Each claimed job that has dependencies carries the results of those COMPLETED, as
+-- [[id, result], ...] in depends_on order (a dependency since pruned by retention is left
+-- out); NULL for the others, which read nothing. Read here, not by a statement after the
+-- claim: a claim is answered with its jobs or it did not happen, and a read that failed
+-- after the claim committed would leave the jobs RUNNING for their whole lease with nobody
+-- holding it. The statement's snapshot is enough: a job is PENDING in it only if the
+-- dependency endings that released it are there too.
+SELECT m.job,
+       CASE WHEN m.depends_on IS NOT NULL THEN (
+           SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
+           FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
+           JOIN jobs d ON d.id = u.id
+           WHERE d.state = 'COMPLETED') END AS dependency_results
+FROM moved m;
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
@@ -321,13 +333,20 @@ WITH target AS (
       AND (state IN ('PENDING', 'WAITING') OR (state = 'RUNNING' AND NOT cancel_requested))
     FOR UPDATE
 ),
+-- Joined by id alone. `target` is the row's newest version, locked; `j` is first read as the
+-- statement's snapshot shows it, which may predate a claim, or a dependency's completion
+-- releasing a WAITING job, that the lock waited for. A join on the state as well would fail
+-- on that older version, before the UPDATE ever reached the newest one, and the cancel
+-- would change nothing. Joined by id, the UPDATE finds the row changed and re-reads its
+-- newest version, whose state is target's (the lock is held since): the decision is made on
+-- the state the job is really in.
 moved AS (
     UPDATE jobs j
     SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
         cancel_requested = (t.state = 'RUNNING'),
         finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora_now() END,
         updated_at = evora_now(), version = j.version + 1
-    FROM target t WHERE j.id = t.id AND j.state = t.state
+    FROM target t WHERE j.id = t.id
     RETURNING j.id, j AS job,
         ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
             t.state, j.worker_id, '{}')::evora_move AS move
