@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -17,6 +18,7 @@ from evora.storage import queries
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.limits import LimitSpec, LimitStore, Rate
 from tests.conftest import Clock
+from tests.polling import until
 
 Q = "flow"
 
@@ -287,3 +289,121 @@ async def test_a_dispatcher_learns_when_an_empty_bucket_has_a_token_again(
     await clock.advance(10.5)
     assert await store.seconds_until_due([Q]) is None
     assert len(await _claim(store)) == 1
+
+
+async def test_a_claim_that_began_earlier_never_moves_the_bucket_back_in_time(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """A claim's transaction began before another claim took tokens from the same bucket, and
+    takes its own after that one committed: the bucket stays at the later time, so the
+    interval between the two is credited once."""
+    await limits.put("api:slow", LimitSpec(concurrency=None, rate=Rate(10, 100.0)))  # 0.1/s
+    await _submit(store, 20, "api:slow")
+    assert len(await _claim(store, max_jobs=8)) == 8  # 2 tokens left
+
+    async def refilled_at() -> Any:
+        return await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:slow'")
+
+    async with pool.acquire() as early:
+        tx = early.transaction()
+        await tx.start()  # its evora_now() is this moment, and stays so
+        try:
+            await clock.advance(10)  # one token more, for claims that begin from now on
+            assert len(await _claim(store, max_jobs=1)) == 1  # 2 + 1 - 1 = 2 left
+            later = await refilled_at()
+            # the early claim locks the bucket only now, 10 s after its transaction began
+            assert len(await early.fetch(queries.CLAIM, [Q], None, 1, "early")) == 1
+            await tx.commit()
+        except BaseException:
+            await tx.rollback()
+            raise
+    assert await refilled_at() >= later
+    # 1 token left: 10 at first and 1 for the 10 s since, 10 taken. A bucket moved back
+    # credited those 10 s again, and handed out a 12th token here
+    assert len(await _claim(store)) == 1
+
+
+async def test_racing_claimers_start_no_more_jobs_than_the_bucket_allows(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """Natural race, autocommit statements only: claimers and a submitter at once, against a
+    bucket of 10 at 20/s. No more jobs start than the bucket allows between its first and
+    its last refill, and every job a claim answers with is running."""
+    await limits.put("api:busy", LimitSpec(concurrency=None, rate=Rate(10, 0.5)))
+    await _submit(store, 50, "api:busy")
+    first = await _claim(store, max_jobs=1)
+    assert len(first) == 1
+    began = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
+    claimed = len(first)
+    stop = asyncio.Event()
+
+    async def claimer() -> None:
+        nonlocal claimed
+        while not stop.is_set():
+            jobs = await _claim(store, max_jobs=3)
+            claimed += len(jobs)
+
+    async def submitter() -> None:
+        for _ in range(40):
+            await _submit(store, 5, "api:busy")
+        stop.set()
+
+    await asyncio.wait_for(asyncio.gather(submitter(), *(claimer() for _ in range(6))), 60)
+    ended = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
+    running = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")
+    assert running == claimed
+    # the bucket began full (10) and refilled 20 a second from `began` to its last refill
+    allowed = 10 + 20 * (ended - began).total_seconds()
+    assert claimed <= allowed + 1e-6, (claimed, allowed)
+
+
+async def test_a_claim_pays_only_for_the_jobs_it_claims(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """The limited claim reads its candidates in rounds, each under a newer snapshot than the
+    claim statement's own: a job submitted while the claim runs is found by a later round,
+    and paid for, so it must be the claim's too."""
+    await limits.put("held", LimitSpec(concurrency=5, rate=None))
+    await limits.put("paid", LimitSpec(concurrency=None, rate=Rate(100, 3600.0)))
+    # a full first window (the 1 job wanted and 16 more) of jobs whose key is being made
+    await _submit(store, 17, "held")
+    async with pool.acquire() as other:
+        tx = other.transaction()
+        await tx.start()
+        try:
+            # another transaction makes the bucket row of `held`: the claim waits for it
+            await other.execute(
+                "INSERT INTO flow_buckets (key, tokens, refilled_at) VALUES ('held', 0, now())"
+            )
+            claim = asyncio.create_task(_claim(store, max_jobs=1))
+
+            async def waits_for_the_row() -> bool:
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    )
+                )
+
+            await until(waits_for_the_row, "the claim waits for the bucket row of held")
+            # submitted after the claim statement began, due before (a past run_at, after
+            # the held jobs in the queue's order): a later round of the claim finds it
+            [paid] = await store.submit_batch(
+                [
+                    JobSubmission(
+                        queue=Q,
+                        type="t",
+                        limit_keys=["paid"],
+                        priority=1,
+                        run_at=datetime.now(UTC) - timedelta(hours=1),
+                    )
+                ]
+            )
+            await tx.commit()
+        except BaseException:
+            await tx.rollback()
+            raise
+    jobs = await asyncio.wait_for(claim, 10)
+    tokens = (await limits.usage("paid"))["tokens"]
+    assert ([j["id"] for j in jobs], tokens) == ([paid.id], pytest.approx(99, abs=0.5))
+    assert (await store.get(paid.id))["state"] == "RUNNING"
