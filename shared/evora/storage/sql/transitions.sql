@@ -34,6 +34,9 @@
 -- 0025): the limited claim reads in statements of its own, under newer snapshots than this
 -- one, and moves what it paid for right there; this one's picks are locked, and the
 -- function's own snapshot shows their latest versions.
+-- A job whose group's head changed after this statement's snapshot (a job of its group
+-- started meanwhile) fails the claim on jobs_group_running: the store runs it again
+-- (storage/jobs.py).
 WITH picked AS (
     SELECT c.id
     FROM unnest($1::text[]) AS q(queue)
