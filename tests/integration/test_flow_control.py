@@ -323,38 +323,56 @@ async def test_a_claim_that_began_earlier_never_moves_the_bucket_back_in_time(
     assert len(await _claim(store)) == 1
 
 
-async def test_racing_claimers_start_no_more_jobs_than_the_bucket_allows(
+async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
     store: JobStore, limits: LimitStore, pool: asyncpg.Pool
 ) -> None:
     """Natural race, autocommit statements only: claimers and a submitter at once, against a
-    bucket of 10 at 20/s. No more jobs start than the bucket allows between its first and
-    its last refill, and every job a claim answers with is running."""
+    bucket of 10 at 20/s (`api:busy`, empty most of the time) and one that always has
+    tokens (`api:free`, so every claim of its jobs writes the bucket). No bucket's time ever
+    goes back (a trigger of this test's own notes each time it does), no more jobs of
+    `api:busy` start than its bucket allows between its first and its last refill, and
+    every job a claim answers with is running."""
+    await pool.execute(
+        """
+        CREATE TABLE bucket_moved_back (key text, refilled_at timestamptz, back_to timestamptz);
+        CREATE FUNCTION note_bucket_moved_back() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.refilled_at < OLD.refilled_at THEN
+                INSERT INTO bucket_moved_back VALUES (NEW.key, OLD.refilled_at, NEW.refilled_at);
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER note_bucket_moved_back BEFORE UPDATE ON flow_buckets
+            FOR EACH ROW EXECUTE FUNCTION note_bucket_moved_back();
+        """
+    )
     await limits.put("api:busy", LimitSpec(concurrency=None, rate=Rate(10, 0.5)))
-    await _submit(store, 50, "api:busy")
-    first = await _claim(store, max_jobs=1)
-    assert len(first) == 1
+    await limits.put("api:free", LimitSpec(concurrency=None, rate=Rate(1_000_000, 1.0)))
+    await _submit(store, 1, "api:busy")
+    assert len(await _claim(store)) == 1  # makes the bucket, full
     began = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
-    claimed = len(first)
+    claimed: Counter[str] = Counter(["api:busy"])
     stop = asyncio.Event()
 
     async def claimer() -> None:
-        nonlocal claimed
         while not stop.is_set():
             jobs = await _claim(store, max_jobs=3)
-            claimed += len(jobs)
+            claimed.update(j["limit_keys"][0] for j in jobs)
 
     async def submitter() -> None:
         for _ in range(40):
             await _submit(store, 5, "api:busy")
+            await _submit(store, 20, "api:free")
         stop.set()
 
     await asyncio.wait_for(asyncio.gather(submitter(), *(claimer() for _ in range(6))), 60)
     ended = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
     running = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")
-    assert running == claimed
+    assert running == claimed.total()
+    assert await pool.fetch("SELECT * FROM bucket_moved_back") == []
     # the bucket began full (10) and refilled 20 a second from `began` to its last refill
     allowed = 10 + 20 * (ended - began).total_seconds()
-    assert claimed <= allowed + 1e-6, (claimed, allowed)
+    assert claimed["api:busy"] <= allowed + 1e-6, (claimed, allowed)
 
 
 async def test_a_claim_pays_only_for_the_jobs_it_claims(
