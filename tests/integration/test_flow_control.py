@@ -375,6 +375,33 @@ async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
     assert claimed["api:busy"] <= allowed + 1e-6, (claimed, allowed)
 
 
+async def test_racing_claimers_spend_one_token_per_job_they_claim(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """Natural race, autocommit statements only: claimers while jobs are submitted, against a
+    bucket whose refill is negligible (1,000,000 a year), so the tokens it lost are the
+    tokens spent. A submission that commits after a claim statement began but before the
+    claim's function read its window is found by the function: it must be claimed too."""
+    await limits.put("api:paid", LimitSpec(concurrency=None, rate=Rate(1_000_000, 31_536_000.0)))
+    claimed = 0
+    stop = asyncio.Event()
+
+    async def claimer() -> None:
+        nonlocal claimed
+        while not stop.is_set():
+            jobs = await _claim(store, max_jobs=4)
+            claimed += len(jobs)
+
+    async def submitter() -> None:
+        for _ in range(150):
+            await _submit(store, 2, "api:paid")
+        stop.set()
+
+    await asyncio.wait_for(asyncio.gather(submitter(), *(claimer() for _ in range(6))), 60)
+    tokens = (await limits.usage("api:paid"))["tokens"]
+    assert (1_000_000 - tokens) == pytest.approx(claimed, abs=0.5), (tokens, claimed)
+
+
 async def test_a_claim_pays_only_for_the_jobs_it_claims(
     store: JobStore, limits: LimitStore, pool: asyncpg.Pool
 ) -> None:
