@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -402,21 +404,21 @@ async def test_racing_claimers_spend_one_token_per_job_they_claim(
     assert (1_000_000 - tokens) == pytest.approx(claimed, abs=0.5), (tokens, claimed)
 
 
-async def test_a_claim_pays_only_for_the_jobs_it_claims(
+@asynccontextmanager
+async def _claim_waiting_in_its_first_round(
     store: JobStore, limits: LimitStore, pool: asyncpg.Pool
-) -> None:
-    """The limited claim reads its candidates in rounds, each under a newer snapshot than the
-    claim statement's own: a job submitted while the claim runs is found by a later round,
-    and paid for, so it must be the claim's too."""
+) -> AsyncIterator[asyncio.Task[list[dict[str, Any]]]]:
+    """A limited claim of one job, begun and left waiting in its first round, until the
+    block ends: its first window (the 1 job wanted and 16 more) is of jobs holding `held`,
+    whose bucket row another transaction is making. The key is then blocked, and the
+    claim's next round reads on, under a newer snapshot than the claim statement's own,
+    what the block made claimable (due, and after the held jobs in the queue's order)."""
     await limits.put("held", LimitSpec(concurrency=5, rate=None))
-    await limits.put("paid", LimitSpec(concurrency=None, rate=Rate(100, 3600.0)))
-    # a full first window (the 1 job wanted and 16 more) of jobs whose key is being made
     await _submit(store, 17, "held")
     async with pool.acquire() as other:
         tx = other.transaction()
         await tx.start()
         try:
-            # another transaction makes the bucket row of `held`: the claim waits for it
             await other.execute(
                 "INSERT INTO flow_buckets (key, tokens, refilled_at) VALUES ('held', 0, now())"
             )
@@ -431,24 +433,51 @@ async def test_a_claim_pays_only_for_the_jobs_it_claims(
                 )
 
             await until(waits_for_the_row, "the claim waits for the bucket row of held")
-            # submitted after the claim statement began, due before (a past run_at, after
-            # the held jobs in the queue's order): a later round of the claim finds it
-            [paid] = await store.submit_batch(
-                [
-                    JobSubmission(
-                        queue=Q,
-                        type="t",
-                        limit_keys=["paid"],
-                        priority=1,
-                        run_at=datetime.now(UTC) - timedelta(hours=1),
-                    )
-                ]
-            )
+            yield claim
             await tx.commit()
         except BaseException:
             await tx.rollback()
             raise
+
+
+async def test_a_claim_pays_only_for_the_jobs_it_claims(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """A job submitted while the limited claim runs, due at once, is found by a later round
+    of it and paid for, so it must be the claim's too."""
+    await limits.put("paid", LimitSpec(concurrency=None, rate=Rate(100, 3600.0)))
+    async with _claim_waiting_in_its_first_round(store, limits, pool) as claim:
+        [paid] = await store.submit_batch(
+            [
+                JobSubmission(
+                    queue=Q,
+                    type="t",
+                    limit_keys=["paid"],
+                    priority=1,
+                    run_at=datetime.now(UTC) - timedelta(hours=1),
+                )
+            ]
+        )
     jobs = await asyncio.wait_for(claim, 10)
     tokens = (await limits.usage("paid"))["tokens"]
     assert ([j["id"] for j in jobs], tokens) == ([paid.id], pytest.approx(99, abs=0.5))
     assert (await store.get(paid.id))["state"] == "RUNNING"
+
+
+async def test_a_job_released_while_the_limited_claim_runs_comes_with_its_dependency_results(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """The dependency that releases a job completes while the limited claim runs: a later
+    round claims the job, and the results come from a snapshot that shows the completion
+    (the claim statement's own predates it)."""
+    [submitted] = await store.submit_batch([JobSubmission(queue="parents", type="t")])
+    [child] = await store.submit_batch(
+        [JobSubmission(queue=Q, type="t", priority=1, depends_on=[submitted.id])]
+    )
+    [parent] = await _claim(store, queue="parents")
+    async with _claim_waiting_in_its_first_round(store, limits, pool) as claim:
+        await store.complete(parent["id"], parent["lease_token"], {"rows": 3})
+    jobs = await asyncio.wait_for(claim, 10)
+    assert [(j["id"], j["dependency_results"]) for j in jobs] == [
+        (child.id, {str(submitted.id): {"rows": 3}})
+    ]

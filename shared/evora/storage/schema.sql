@@ -881,7 +881,7 @@ CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_secon
             * (0.8 + 0.4 * random()))
 $$;
 
-CREATE FUNCTION public.evora_claim_jobs(ids uuid[], limited_flags boolean[], claimer text, claimed_at timestamp with time zone) RETURNS SETOF public.jobs
+CREATE FUNCTION public.evora_claim_jobs(ids uuid[], limited_flags boolean[], claimer text, claimed_at timestamp with time zone) RETURNS TABLE(job public.jobs, dependency_results jsonb)
     LANGUAGE sql
     AS $$
     WITH moved AS (
@@ -892,7 +892,7 @@ CREATE FUNCTION public.evora_claim_jobs(ids uuid[], limited_flags boolean[], cla
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
         WHERE j.id = p.id
-        RETURNING j AS job, evora_job_image(j) AS image
+        RETURNING j AS job, evora_job_image(j) AS image, j.depends_on
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -902,10 +902,16 @@ CREATE FUNCTION public.evora_claim_jobs(ids uuid[], limited_flags boolean[], cla
                m.image
         FROM moved m
     )
-    SELECT (m.job).* FROM moved m
+    SELECT m.job,
+           CASE WHEN m.depends_on IS NOT NULL THEN (
+               SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
+               FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
+               JOIN jobs d ON d.id = u.id
+               WHERE d.state = 'COMPLETED') END
+    FROM moved m
 $$;
 
-CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer, worker text) RETURNS SETOF public.jobs
+CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job public.jobs, dependency_results jsonb)
     LANGUAGE plpgsql ROWS 1
     AS $$
 DECLARE
@@ -1319,6 +1325,38 @@ CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
                             interval '0')
 $$;
 
+CREATE FUNCTION public.evora_prune_finished(age double precision, batch integer, finished public.job_state) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    held uuid[];
+    removed bigint;
+BEGIN
+    held := ARRAY(
+        SELECT f.id FROM jobs f
+        WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
+          AND f.finished_at < evora_now() - make_interval(secs => age)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
+        ORDER BY f.finished_at
+        LIMIT batch
+        FOR UPDATE SKIP LOCKED);
+    WITH gone AS (
+        DELETE FROM jobs f
+        WHERE f.id = ANY(held)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
+        RETURNING f.queue, f.state
+    ),
+    counted AS (
+        INSERT INTO job_prune_counts AS c (queue, state, pruned)
+        SELECT g.queue, g.state, count(*) FROM gone g GROUP BY g.queue, g.state
+        ORDER BY g.queue, g.state
+        ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned
+    )
+    SELECT count(*) INTO removed FROM gone;
+    RETURN removed;
+END
+$$;
+
 CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
     LANGUAGE plpgsql
     AS $$
@@ -1515,6 +1553,13 @@ CREATE FUNCTION public.evora_tokens(b public.flow_buckets, rate_limit integer, r
     AS $$
     SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
                                                 * rate_limit / rate_per_seconds)
+$$;
+
+CREATE FUNCTION public.evora_waiting_dependents(dependency uuid) RETURNS SETOF uuid
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT d.job_id FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+    WHERE d.depends_on = dependency AND w.state = 'WAITING'
 $$;
 
 CREATE TABLE public.event_archive_runs (

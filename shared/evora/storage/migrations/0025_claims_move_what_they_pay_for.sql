@@ -26,9 +26,16 @@
 -- none), and records their `claimed` events; returns the jobs as they now are. A statement
 -- of its own, so its snapshot shows the locked rows' latest versions, whatever snapshot the
 -- caller read them under.
+-- Each job that has dependencies comes with the results of those COMPLETED, as
+-- [[id, result], ...] in depends_on order (a dependency since pruned by retention is left
+-- out); NULL for the others, which read nothing. Read here, in the claim's transaction: a
+-- claim is answered with its jobs or it did not happen (a read after it committed could
+-- fail and leave the jobs RUNNING with nobody holding them). This snapshot is enough, and
+-- the caller's might not be (the limited claim picks under newer ones): it is taken after
+-- the job was seen PENDING, so the dependency endings that released it are in it.
 CREATE FUNCTION evora_claim_jobs(ids uuid[], limited_flags boolean[], claimer text,
                                  claimed_at timestamptz)
-RETURNS SETOF jobs
+RETURNS TABLE (job jobs, dependency_results jsonb)
 LANGUAGE sql AS $$
     WITH moved AS (
         UPDATE jobs j
@@ -38,7 +45,7 @@ LANGUAGE sql AS $$
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
         WHERE j.id = p.id
-        RETURNING j AS job, evora_job_image(j) AS image
+        RETURNING j AS job, evora_job_image(j) AS image, j.depends_on
     ),
     recorded AS (
         INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -48,7 +55,13 @@ LANGUAGE sql AS $$
                m.image
         FROM moved m
     )
-    SELECT (m.job).* FROM moved m
+    SELECT m.job,
+           CASE WHEN m.depends_on IS NOT NULL THEN (
+               SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
+               FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
+               JOIN jobs d ON d.id = u.id
+               WHERE d.state = 'COMPLETED') END
+    FROM moved m
 $$;
 
 -- The signature changes (the claimer comes in, the jobs go out), so the function is made
@@ -57,9 +70,9 @@ DROP FUNCTION evora_claim_limited(text[], text[], integer);
 
 -- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
 -- (of `types`, NULL: any), in version 22's rounds under version 22's rules, moved to RUNNING
--- for `worker` and returned. Only what changed from version 22 is commented anew here.
+-- for `worker` and returned as evora_claim_jobs() returns them. Only what changed from version 22 is commented anew here.
 CREATE FUNCTION evora_claim_limited(queues text[], types text[], wanted integer, worker text)
-RETURNS SETOF jobs
+RETURNS TABLE (job jobs, dependency_results jsonb)
 LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
     at CONSTANT timestamptz := evora_now();

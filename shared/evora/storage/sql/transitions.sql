@@ -37,6 +37,9 @@
 -- A job whose group's head changed after this statement's snapshot (a job of its group
 -- started meanwhile) fails the claim on jobs_group_running: the store runs it again
 -- (storage/jobs.py).
+-- Each claimed job that has dependencies carries the results of those COMPLETED
+-- (`dependency_results`, read by evora_claim_jobs() under its own snapshot, where the
+-- dependency endings that released the job are visible whichever snapshot picked it).
 WITH picked AS (
     SELECT c.id
     FROM unnest($1::text[]) AS q(queue)
@@ -63,10 +66,10 @@ WITH picked AS (
     ORDER BY c.priority, c.run_at, c.submit_seq
     LIMIT $3
 )
-SELECT m AS job
+SELECT m.job, m.dependency_results
 FROM evora_claim_jobs(ARRAY(SELECT id FROM picked), NULL, $4::text, evora_now()) AS m
 UNION ALL
-SELECT l AS job
+SELECT l.job, l.dependency_results
 FROM evora_claim_limited($1::text[], $2::text[], $3::int4, $4::text) AS l
 WHERE EXISTS (SELECT 1 FROM flow_limits);
 
@@ -307,13 +310,20 @@ WITH target AS (
       AND (state IN ('PENDING', 'WAITING') OR (state = 'RUNNING' AND NOT cancel_requested))
     FOR UPDATE
 ),
+-- Joined by id alone. `target` is the row's newest version, locked; `j` is first read as the
+-- statement's snapshot shows it, which may predate a claim, or a dependency's completion
+-- releasing a WAITING job, that the lock waited for. A join on the state as well would fail
+-- on that older version, before the UPDATE ever reached the newest one, and the cancel
+-- would change nothing. Joined by id, the UPDATE finds the row changed and re-reads its
+-- newest version, whose state is target's (the lock is held since): the decision is made on
+-- the state the job is really in.
 moved AS (
     UPDATE jobs j
     SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
         cancel_requested = (t.state = 'RUNNING'),
         finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora_now() END,
         updated_at = evora_now(), version = j.version + 1
-    FROM target t WHERE j.id = t.id AND j.state = t.state
+    FROM target t WHERE j.id = t.id
     RETURNING j.id, j AS job,
         ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
             t.state, j.worker_id, '{}')::evora_move AS move
@@ -371,3 +381,13 @@ WITH target AS (
 )
 SELECT job, notified, owed
 FROM evora_leave_dlq(ARRAY(SELECT id FROM target), 'PENDING', $4::text[]);
+
+-- name: brief_lock_waits
+-- Run first in the transaction of a statement made for several independent requests
+-- (evora.coalesce): any lock it would wait for longer than this is held by some other
+-- transaction, maybe an application's that stays open for long, and one request's lock must
+-- not stall the others. The statement fails with lock_not_available (55P03) instead, having
+-- changed nothing, and the coalescer splits the batch until the item that needs the lock
+-- waits for it alone. Long enough that the row locks of concurrent statements like it (held
+-- until their commits, a few milliseconds) are waited out rather than split over.
+SET LOCAL lock_timeout = '100ms';
