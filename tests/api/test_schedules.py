@@ -95,6 +95,8 @@ async def test_pause_resume_trigger(client: ApiClient) -> None:
         ({"misfire": "sometimes"}, ["misfire"]),
         ({"job": {**JOB, "idempotency_key": "k"}}, ["job", "idempotency_key"]),
         ({"job": {"queue": "bad queue", "type": "t"}}, ["job", "queue"]),
+        # a tick submits one job, never a batch: "ref:" names nothing, so every firing failed
+        ({"job": {**JOB, "depends_on": ["ref:x"]}}, ["job", "depends_on"]),
     ],
 )
 async def test_invalid_bodies_are_422(

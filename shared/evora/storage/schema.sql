@@ -1642,6 +1642,10 @@ CREATE TABLE public.schedules (
     last_job_id uuid,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_error jsonb,
+    last_error_at timestamp with time zone,
+    failing_since timestamp with time zone,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
     CONSTRAINT schedules_misfire_check CHECK ((misfire = ANY (ARRAY['skip'::text, 'run_once'::text, 'catch_up'::text]))),
     CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
 );

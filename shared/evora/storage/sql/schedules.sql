@@ -53,10 +53,23 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: advance
 -- $1 name, $2 ticked_until, $3 next_run_at, $4 last_run_at and $5 last_job_id (NULL: as
--- they were).
+-- they were). A job made ends a failing streak (the last error stays on record); a step
+-- whose ticks were all missed by its policy proves nothing either way.
 UPDATE schedules
 SET ticked_until = $2, next_run_at = $3,
-    last_run_at = coalesce($4, last_run_at), last_job_id = coalesce($5, last_job_id)
+    last_run_at = coalesce($4, last_run_at), last_job_id = coalesce($5, last_job_id),
+    failing_since = CASE WHEN $5::uuid IS NULL THEN failing_since END,
+    consecutive_failures = CASE WHEN $5::uuid IS NULL THEN consecutive_failures ELSE 0 END
+WHERE name = $1;
+
+-- name: fail
+-- $1 name, $2 ticked_until, $3 next_run_at (NULL: it stops until it is put again), $4 the
+-- error ({"message", "type"}), $5 now (the scheduler's clock). The ticks of the failed step
+-- count as handled, so the schedule waits for its next tick instead of being due at once.
+UPDATE schedules
+SET ticked_until = $2, next_run_at = $3, last_error = $4, last_error_at = $5,
+    failing_since = coalesce(failing_since, $5),
+    consecutive_failures = consecutive_failures + 1
 WHERE name = $1;
 
 -- name: earliest_due
