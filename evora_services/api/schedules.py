@@ -190,7 +190,11 @@ async def put_schedule(request: web.Request) -> web.Response:
     spec = ScheduleSpec(
         cron=body.cron,
         timezone=body.timezone,
-        job=body.job.model_dump(mode="json", exclude={"idempotency_key"}),
+        # the payload as it is: it may hold the client's exact numbers (orjson fragments)
+        job={
+            **body.job.model_dump(mode="json", exclude={"idempotency_key", "payload"}),
+            "payload": body.job.payload,
+        },
         misfire=body.misfire,
         misfire_grace_seconds=body.misfire_grace_seconds,
         paused=body.paused,

@@ -40,6 +40,7 @@ from evora.http.problems import (
     unavailable,
     validation_problem,
 )
+from evora.protocol.fields import exact_json, with_exact_values
 from evora.protocol.limits import KIB, items_body_bytes
 from evora.protocol.problems import PAYLOAD_TOO_LARGE
 
@@ -105,6 +106,16 @@ def _might_hold_huge_number(raw: bytes | bytearray) -> bool:
     return any(hint in flat for hint in _HUGE_HINTS)
 
 
+# A number that a float or a 64-bit integer would not hold as written: one with a fraction
+# or an exponent, or 19 digits or more. In the text with digits as 0 (`_DIGITS_AS_ZERO`), each
+# is one of these substrings; strings may hold them too, which only costs the exact parse.
+# A timestamp with more than six digits of fraction shows as `:00.0000000` there.
+_INEXACT_HINTS = (b"0.", b"0e", b"0" * 19)
+# The same, in the skeleton (no strings left): a digit then `.` or `e` is inside a number.
+_INEXACT_NUMBER = re.compile(rb"[0-9][.eE]|[0-9]{19}")
+_SUB_MICROSECOND = re.compile(rb":[0-9]{2}[.,][0-9]{7}")
+
+
 def _value_count(raw: bytes | bytearray) -> int:
     """The values and keys the JSON holds, containers twice (they cost about twice as much
     as a scalar): each value follows one of `,:[`, or is the root, and each container
@@ -151,6 +162,16 @@ class _Scan:
                 f"the body holds about {count} JSON values; the limit is {limit} "
                 "(send fewer or smaller items per request)"
             )
+
+    def holds_inexact_values(self) -> bool:
+        """Whether it may hold a number a float or a 64-bit integer would change, or a
+        timestamp finer than microseconds (`keep_exact_values`)."""
+        flat = self.raw.translate(_DIGITS_AS_ZERO)
+        if not any(hint in flat for hint in _INEXACT_HINTS):
+            return False
+        return _INEXACT_NUMBER.search(self.skeleton) is not None or (
+            b":00.0000000" in flat and _SUB_MICROSECOND.search(self.raw) is not None
+        )
 
     def check_literals(self) -> None:
         raw = self.raw
@@ -283,9 +304,35 @@ def validate_body(
 ) -> M:
     """A body from `read_json_body` as `model`; a problem when it is not one."""
     try:
-        return model.model_validate_json(raw, context=dict(context or {}))
+        body = model.model_validate_json(raw, context=dict(context or {}))
     except ValidationError as exc:
         raise problem_from(exc) from None
+    return keep_exact_values(raw, body)
+
+
+def exact_values(raw: bytes | bytearray) -> Any:
+    """`exact_json(raw)` when `raw` may hold a number a float or a 64-bit integer would
+    change, or a timestamp finer than microseconds; else None (the parse is not needed)."""
+    return exact_json(raw) if _Scan(raw).holds_inexact_values() else None
+
+
+def keep_exact_values(raw: bytes | bytearray, body: M) -> M:
+    """`body` (validated from `raw`) holding what PostgreSQL reads from `raw`, as
+    evora.submit does (`with_exact_values`): the client JSON it carries (payloads, results,
+    progress) with the numbers exactly as written (the parser made floats of them:
+    12345678901234567.89 became 12345678901234568, 1e2 became 100.0), its timestamps rounded
+    to microseconds (the parser truncates). A body without such values is left as it is;
+    only one that may hold them is parsed again (the stdlib's parser, numbers as text)."""
+    tree = exact_values(raw)
+    if tree is not None:
+        try:
+            with_exact_values(body, tree)
+        except ValueError as exc:
+            *place, msg = str(exc).split(": ", 1)
+            raise validation_problem(
+                [{"loc": place[0].split(".") if place else [], "msg": msg, "type": "value_error"}]
+            ) from None
+    return body
 
 
 async def parse_body(
