@@ -7,14 +7,19 @@ in first, and both ways store the same jsonb."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
 import orjson
 import pytest
 
-from tests.api.conftest import PRODUCER, ApiClient
+from evora.storage.jobs import JobStore
+from evora.storage.schedules import ScheduleStore
+from tests.api.conftest import ADMIN, PRODUCER, ApiClient
 
 # JSON text as a client sends it: each is sent raw, never through a Python float.
 PAYLOADS = [
@@ -26,6 +31,11 @@ PAYLOADS = [
     '[1.000000000000000000001, 2.50, {"n": [3.14159265358979323846264338327950288]}]',
     "123456789012345678901234567890.5",
 ]
+
+
+def exactly(text: bytes) -> Any:
+    """JSON with its numbers as Decimals: equal when the numbers are, whatever their form."""
+    return json.loads(text, parse_float=Decimal, parse_int=Decimal)
 
 
 async def http_submit(client: ApiClient, body: str, status: int) -> dict[str, Any]:
@@ -153,3 +163,44 @@ async def test_racing_http_and_sql_submissions_of_one_key_make_one_job(
     ids = await asyncio.gather(*(f() for _ in range(6) for f in (over_http, in_sql)))
     assert len(set(ids)) == 1
     assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
+
+
+async def test_integers_beyond_64_bits_and_doubles_are_handed_out_exactly(
+    client: ApiClient, db: asyncpg.Connection
+) -> None:
+    """jsonb holds them; a read made a float of an integer beyond 64 bits, and failed (500)
+    on a number beyond a double's range (1e400, which evora.submit accepts)."""
+    payload = '{"big": 123456789012345678901234567890, "n": [-98765432109876543210], "x": 0.5}'
+    for text in (payload, '{"huge": 1e400, "n": [-1E+400]}'):
+        job_id = await sql_submit(db, text, "{}")
+        response = await client.get(f"/v1/jobs/{job_id}", headers=PRODUCER)
+        assert response.status == 200, await response.text()
+        assert exactly(await response.read())["payload"] == exactly(text.encode())
+
+
+async def test_a_schedule_makes_its_jobs_with_the_exact_payload(
+    client: ApiClient, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    payload = '{"digits": 12345678901234567.89, "tenth": 0.1000000000000000055511151231257827}'
+    body = (
+        f'{{"cron": "* * * * *", "job": {{"queue": "exact", "type": "t", "payload": {payload}}}}}'
+    )
+    response = await client.put(
+        "/v1/schedules/exact",
+        data=body.encode(),
+        headers={**ADMIN, "Content-Type": "application/json"},
+    )
+    assert response.status == 201, await response.text()
+    tick = datetime.fromisoformat((await response.json())["next_run_at"])
+    stored, exact = await pool.fetchrow(
+        "SELECT (job -> 'payload')::text, $1::text::jsonb::text FROM schedules", payload
+    )
+    assert stored == exact
+    fired = await ScheduleStore(pool, store).fire_due(tick + timedelta(seconds=1))
+    assert fired is not None and len(fired.made) == 1
+    stored, exact = await pool.fetchrow(
+        "SELECT payload::text, $2::text::jsonb::text FROM jobs WHERE id = $1",
+        fired.made[0].job_id,
+        payload,
+    )
+    assert stored == exact

@@ -40,7 +40,7 @@ from evora.http.problems import (
     unavailable,
     validation_problem,
 )
-from evora.protocol.fields import exact_json, with_exact_values
+from evora.protocol.fields import DIGITS_AS_ZERO, exact_json, json_skeleton, with_exact_values
 from evora.protocol.limits import KIB, items_body_bytes
 from evora.protocol.problems import PAYLOAD_TOO_LARGE
 
@@ -83,8 +83,6 @@ class ClientDisconnected(Exception):
     """The client went away before its body arrived: nobody to answer, nothing failed."""
 
 
-# A JSON string, escapes included. Possessive quantifiers: linear time whatever the input.
-_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
 # pydantic's parser accepts these, but they are not JSON.
 _NOT_JSON = re.compile(rb"NaN|Infinity")
 # A number whose magnitude might not fit a double (pydantic reads it as infinity, which
@@ -94,20 +92,16 @@ _NOT_JSON = re.compile(rb"NaN|Infinity")
 _HUGE_NUMBER = re.compile(
     rb"(?<![0-9.])(?:[0-9.]++[eE]\+?+[0-9]{3,}+|(?=[0-9.]{300})[0-9.]++(?:[eE][+-]?+[0-9]++)?)"
 )
-# Digits as 0 and E as e, so that what any such number contains is a plain substring:
-# `bytes.translate` and `in` search a body at about a nanosecond a byte, where `re` has to
-# try a pattern at every position.
-_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789E", b"0000000000e")
 _HUGE_HINTS = (b"e000", b"e+000", b"0" * 300)
 
 
 def _might_hold_huge_number(raw: bytes | bytearray) -> bool:
-    flat = raw.translate(_DIGITS_AS_ZERO)
+    flat = raw.translate(DIGITS_AS_ZERO)
     return any(hint in flat for hint in _HUGE_HINTS)
 
 
 # A number that a float or a 64-bit integer would not hold as written: one with a fraction
-# or an exponent, or 19 digits or more. In the text with digits as 0 (`_DIGITS_AS_ZERO`), each
+# or an exponent, or 19 digits or more. In the text with digits as 0 (`DIGITS_AS_ZERO`), each
 # is one of these substrings; strings may hold them too, which only costs the exact parse.
 # A timestamp with more than six digits of fraction shows as `:00.0000000` there.
 _INEXACT_HINTS = (b"0.", b"0e", b"0" * 19)
@@ -142,15 +136,7 @@ class _Scan:
         """The body with every string emptied: what is left is structure, numbers and
         literals, so a match there is never text a client sent inside a string."""
         if self._skeleton is None:
-            raw = self.raw
-            pieces = raw.split(b'"')
-            if b"\\" not in raw and len(pieces) % 2:
-                # No escapes and balanced quotes: the strings are exactly the odd pieces
-                # between quotes. Splitting runs in C at a nanosecond or two a byte, where the
-                # pattern costs tens: ack bodies (full of ids) take this path on every claim.
-                self._skeleton = b'""'.join(pieces[::2])
-            else:
-                self._skeleton = _STRING.sub(b'""', raw)
+            self._skeleton = json_skeleton(self.raw)
         return self._skeleton
 
     def check_values(self, limit: int) -> None:
@@ -166,7 +152,7 @@ class _Scan:
     def holds_inexact_values(self) -> bool:
         """Whether it may hold a number a float or a 64-bit integer would change, or a
         timestamp finer than microseconds (`keep_exact_values`)."""
-        flat = self.raw.translate(_DIGITS_AS_ZERO)
+        flat = self.raw.translate(DIGITS_AS_ZERO)
         if not any(hint in flat for hint in _INEXACT_HINTS):
             return False
         return _INEXACT_NUMBER.search(self.skeleton) is not None or (

@@ -192,6 +192,27 @@ def _exact_number(text: str) -> orjson.Fragment:
     return orjson.Fragment(text.encode())
 
 
+# Digits as 0 and E as e, so that what any number contains is a plain substring:
+# `bytes.translate` and `in` search JSON text at about a nanosecond a byte, where `re` has to
+# try a pattern at every position.
+DIGITS_AS_ZERO = bytes.maketrans(b"0123456789E", b"0000000000e")
+
+# A JSON string, escapes included. Possessive quantifiers: linear time whatever the input.
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
+
+
+def json_skeleton(raw: bytes | bytearray) -> bytes:
+    """JSON text with every string emptied: what is left is structure, numbers and
+    literals, so a match there is never text inside a string."""
+    pieces = raw.split(b'"')
+    if b"\\" not in raw and len(pieces) % 2:
+        # No escapes and balanced quotes: the strings are exactly the odd pieces between
+        # quotes. Splitting runs in C at a nanosecond or two a byte, where the pattern costs
+        # tens: ack bodies (full of ids) take this path on every claim.
+        return b'""'.join(pieces[::2])
+    return _STRING.sub(b'""', raw)
+
+
 def exact_json(raw: bytes | bytearray) -> Any:
     """JSON text parsed with every number as the client wrote it: a number with a fraction
     or an exponent, and an integer beyond 64 bits, becomes an orjson.Fragment of its text,

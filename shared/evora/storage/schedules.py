@@ -32,6 +32,7 @@ from evora.domain.errors import (
     ScheduleNotFound,
 )
 from evora.domain.misfire import Misfire, Step, plan
+from evora.protocol.fields import exact_json, with_exact_values
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
@@ -375,8 +376,12 @@ _REFUSED = (
 
 def _job_of(row: asyncpg.Record) -> JobSubmission:
     # Stored jobs were validated when their schedule was put, with the api's payload limit;
-    # this rebuilds one to submit rather than judging it again.
-    return JobSubmission.model_validate_json(orjson.dumps(row["job"]), context=_TRUSTED)
+    # this rebuilds one to submit rather than judging it again, with the payload's numbers
+    # as stored (the parser would make floats of them).
+    raw = row["job_text"].encode()
+    job = JobSubmission.model_validate_json(raw, context=_TRUSTED)
+    with_exact_values(job, exact_json(raw))
+    return job
 
 
 def _not_found(name: str) -> ScheduleNotFound:

@@ -3,8 +3,9 @@
 -- made under its row lock, so the scheduler, PUT, pause, resume and trigger serialise.
 
 -- name: lock
--- $1 name: the schedule, locked for a change in this transaction.
-SELECT * FROM schedules WHERE name = $1 FOR UPDATE;
+-- $1 name: the schedule, locked for a change in this transaction. `job_text` is its job as
+-- jsonb writes it: its payload's numbers as stored (the codec makes floats of them).
+SELECT *, job::text AS job_text FROM schedules WHERE name = $1 FOR UPDATE;
 
 -- name: upsert
 -- $1 name, $2 cron, $3 timezone, $4 job, $5 misfire, $6 grace seconds, $7 paused,
@@ -44,8 +45,9 @@ RETURNING *;
 
 -- name: take_due
 -- $1 now (the scheduler's clock): one due schedule no other transaction holds, locked.
--- SKIP LOCKED spreads due schedules over the replicas; none waits for another.
-SELECT * FROM schedules
+-- SKIP LOCKED spreads due schedules over the replicas; none waits for another. `job_text`
+-- as in `lock`.
+SELECT *, job::text AS job_text FROM schedules
 WHERE NOT paused AND next_run_at <= $1
 ORDER BY next_run_at
 LIMIT 1
