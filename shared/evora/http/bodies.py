@@ -40,7 +40,13 @@ from evora.http.problems import (
     unavailable,
     validation_problem,
 )
-from evora.protocol.fields import DIGITS_AS_ZERO, exact_json, json_skeleton, with_exact_values
+from evora.protocol.fields import (
+    DIGITS_AS_ZERO,
+    RoundedOutOfRange,
+    exact_json,
+    json_skeleton,
+    with_exact_values,
+)
 from evora.protocol.limits import KIB, items_body_bytes
 from evora.protocol.problems import PAYLOAD_TOO_LARGE
 
@@ -313,10 +319,9 @@ def keep_exact_values(raw: bytes | bytearray, body: M) -> M:
     if tree is not None:
         try:
             with_exact_values(body, tree)
-        except ValueError as exc:
-            *place, msg = str(exc).split(": ", 1)
+        except RoundedOutOfRange as exc:
             raise validation_problem(
-                [{"loc": place[0].split(".") if place else [], "msg": msg, "type": "value_error"}]
+                [{"loc": list(exc.loc), "msg": str(exc), "type": "value_error"}]
             ) from None
     return body
 

@@ -221,12 +221,20 @@ def exact_json(raw: bytes | bytearray) -> Any:
     return json.loads(raw, parse_float=_exact_number, parse_int=_exact_int)
 
 
+class RoundedOutOfRange(ValueError):
+    """A timestamp past the last instant once rounded to microseconds; `loc` is its place."""
+
+    def __init__(self, loc: tuple[str | int, ...]) -> None:
+        super().__init__("is out of range once rounded to microseconds")
+        self.loc = loc
+
+
 def with_exact_values(model: BaseModel, tree: Any, at: tuple[str | int, ...] = ()) -> None:
     """Make `model` (validated from the JSON of which `tree` is `exact_json`) hold what
     PostgreSQL would read from that JSON: its client JSON fields (payloads, results,
     progress) take the client's exact numbers, and its timestamps are rounded like
     PostgreSQL's (`rounded_like_postgresql`), at any depth of submodels and lists of them.
-    ValueError naming the place of a timestamp rounded past the last instant."""
+    RoundedOutOfRange for a timestamp rounded past the last instant."""
     if not isinstance(tree, dict):
         return
     for name, field in type(model).model_fields.items():
@@ -239,8 +247,7 @@ def with_exact_values(model: BaseModel, tree: Any, at: tuple[str | int, ...] = (
             try:
                 setattr(model, name, _storable_in_utc(rounded_like_postgresql(value, given)))
             except (OverflowError, ValueError):
-                place = ".".join(str(part) for part in (*at, name))
-                raise ValueError(f"{place}: is out of range once rounded to microseconds") from None
+                raise RoundedOutOfRange((*at, name)) from None
         elif isinstance(value, BaseModel):
             with_exact_values(value, given, (*at, name))
         elif isinstance(value, list) and isinstance(given, list):
