@@ -29,6 +29,7 @@ from evora.domain.errors import (
     EvoraError,
     IdempotencyConflict,
     IdempotentJobGone,
+    InvalidDependency,
     ScheduleNotFound,
 )
 from evora.domain.misfire import Misfire, Step, plan
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 (
     LOCK,
+    UNMEETABLE_DEPENDENCIES,
     UPSERT,
     GET,
     PAGE,
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 ) = load(
     "schedules",
     "lock",
+    "unmeetable_dependencies",
     "upsert",
     "get",
     "page",
@@ -178,6 +181,7 @@ class ScheduleStore:
         meanwhile are still handled by its policy; a new or resumed one starts from now."""
         schedule = spec.schedule()
         async with self._pool.acquire() as conn, conn.transaction():
+            await _check_dependencies(conn, spec.job)
             old = await conn.fetchrow(LOCK, name)
             ticked_until = now
             if old is not None and not old["paused"]:
@@ -382,6 +386,23 @@ def _job_of(row: asyncpg.Record) -> JobSubmission:
     job = JobSubmission.model_validate_json(raw, context=_TRUSTED)
     with_exact_values(job, exact_json(raw))
     return job
+
+
+async def _check_dependencies(conn: asyncpg.Connection, job: dict[str, Any]) -> None:
+    """Refuse a job whose dependencies no tick could wait for, as its submission would be:
+    every firing would fail. (A dependency removed later fails its firings then, recorded on
+    the schedule.)"""
+    depends_on = job.get("depends_on") or []
+    if not depends_on:
+        return
+    cancel = job.get("on_dependency_failure", "cancel") == "cancel"
+    rows = await conn.fetch(UNMEETABLE_DEPENDENCIES, depends_on, cancel)
+    if rows:
+        ord_, dep = rows[0]["ord"], rows[0]["id"]
+        raise InvalidDependency(
+            f"job.depends_on[{ord_ - 1}]: {dep} names no job"
+            + (' or a CANCELLED one (with on_dependency_failure "cancel")' if cancel else "")
+        )
 
 
 def _not_found(name: str) -> ScheduleNotFound:

@@ -7,6 +7,15 @@
 -- jsonb writes it: its payload's numbers as stored (the codec makes floats of them).
 SELECT *, job::text AS job_text FROM schedules WHERE name = $1 FOR UPDATE;
 
+-- name: unmeetable_dependencies
+-- $1 the jobs a schedule's job depends on, $2 whether a CANCELLED one is refused (its
+-- on_dependency_failure is "cancel"): those no tick's job could ever wait for, by position
+-- (from 1).
+SELECT d.ord, d.id
+FROM unnest($1::uuid[]) WITH ORDINALITY AS d(id, ord)
+WHERE NOT EXISTS (SELECT FROM jobs j WHERE j.id = d.id AND NOT ($2 AND j.state = 'CANCELLED'))
+ORDER BY d.ord;
+
 -- name: upsert
 -- $1 name, $2 cron, $3 timezone, $4 job, $5 misfire, $6 grace seconds, $7 paused,
 -- $8 ticked_until, $9 next_run_at. `created` tells a new schedule from a replaced one.
