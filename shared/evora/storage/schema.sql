@@ -205,22 +205,25 @@ $_$;
 
 CREATE FUNCTION evora.number_field(value jsonb, field text, lo numeric, hi numeric, integral boolean, above_lo boolean DEFAULT false) RETURNS numeric
     LANGUAGE plpgsql STABLE
-    AS $_$
+    AS $$
 DECLARE
     n numeric;
 BEGIN
-    IF jsonb_typeof(value) <> 'number' OR (integral AND value::text !~ '^-?\d+$') THEN
+    IF jsonb_typeof(value) <> 'number' THEN
         PERFORM evora.reject(field, CASE WHEN integral THEN 'must be an integer'
                                          ELSE 'must be a number' END);
     END IF;
     n := value::text::numeric;
+    IF integral AND n <> trunc(n) THEN
+        PERFORM evora.reject(field, 'must be an integer');
+    END IF;
     IF n > hi OR (CASE WHEN above_lo THEN n <= lo ELSE n < lo END) THEN
         PERFORM evora.reject(field, format('must be %s %s and at most %s',
             CASE WHEN above_lo THEN 'above' ELSE 'at least' END, lo, hi));
     END IF;
     RETURN n;
 END
-$_$;
+$$;
 
 CREATE FUNCTION evora.reject(field text, problem text) RETURNS void
     LANGUAGE plpgsql
@@ -1706,6 +1709,10 @@ CREATE TABLE public.schedules (
     last_job_id uuid,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_error jsonb,
+    last_error_at timestamp with time zone,
+    failing_since timestamp with time zone,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
     CONSTRAINT schedules_misfire_check CHECK ((misfire = ANY (ARRAY['skip'::text, 'run_once'::text, 'catch_up'::text]))),
     CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
 );
