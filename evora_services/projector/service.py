@@ -122,6 +122,7 @@ class ProjectorService:
             if self.wake.is_set():
                 await wait_until_set(ended, linger.seconds)
         self._metrics.queues.clear()  # a standby exports no per-queue figures
+        self._metrics.unmeasured()
 
     async def _measure_lag(self, projector: Projector) -> None:
         checkpoint = await projector.checkpoint()

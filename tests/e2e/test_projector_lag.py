@@ -5,6 +5,8 @@ instead of reading 0 (a real `evora projector` process, scraped as Prometheus wo
 
 from __future__ import annotations
 
+import signal
+
 import aiohttp
 import asyncpg
 
@@ -15,6 +17,7 @@ from tests.fuzz.conftest import spawn
 from tests.polling import until
 
 JOBS = 40
+BACKLOG = 3000
 
 
 async def _gauge(http: aiohttp.ClientSession, url: str, name: str) -> float:
@@ -68,3 +71,35 @@ async def _behind_at_least(http: aiohttp.ClientSession, url: str, events: int) -
 
 async def _seconds_behind_over(http: aiohttp.ClientSession, url: str, seconds: float) -> bool:
     return await _gauge(http, url, "evora_projector_seconds_behind") > seconds
+
+
+async def test_a_restarted_projector_never_reports_caught_up_while_behind(
+    db_url: str,
+    mongo_url: str,
+    mongo_db_name: str,
+    store: JobStore,
+    pool: asyncpg.Pool,
+    children: Children,
+) -> None:
+    """Until a new leader has measured, its lag gauges are NaN, not 0: every scrape from the
+    moment it answers either says how far behind it is or comes after it caught up."""
+    env = {"EVORA_MONGO_URL": mongo_url, "EVORA_MONGO_DB": mongo_db_name}
+    first, _ = await spawn(children, "projector", db_url, **env)
+    first.send(signal.SIGKILL)
+    await first.wait(within=10)
+    await store.submit_batch([JobSubmission(queue="lag", type="t") for _ in range(BACKLOG)])
+    newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+    _, url = await spawn(children, "projector", db_url, **env)
+    async with aiohttp.ClientSession() as http:
+        readings: list[tuple[float, float]] = []
+
+        async def caught_up() -> bool:
+            samples = await scrape(http, url)
+            behind = samples[("evora_projector_events_behind",)]
+            applied = samples[("evora_projector_last_seq",)]
+            readings.append((behind, applied))
+            return behind == 0 and applied >= newest
+
+        await until(caught_up, "the restarted projector catches up", within=60)
+    said_zero_while_behind = [(b, a) for b, a in readings if b == 0 and a < newest]
+    assert not said_zero_while_behind, (newest, readings)

@@ -423,9 +423,22 @@ class JobStore:
         max_jobs: int = 1,
         types: Sequence[str] | None = None,
     ) -> list[JobDict]:
-        rows = await self._pool.fetch(
-            queries.CLAIM, list(queues), list(types) if types else None, max_jobs, worker_id
-        )
+        args = (list(queues), list(types) if types else None, max_jobs, worker_id)
+        # A claim reads its groups' running and pending jobs under its snapshot, and a group's
+        # head may change after it was taken (a job put back ahead of the one it picked) and
+        # the new head be started by a claim that commits meanwhile: jobs_group_running, one
+        # RUNNING job per group, then fails this claim whole, having changed nothing. It lost
+        # that group, nothing more: run it again, under a snapshot that shows the group's
+        # job running, for the other jobs it may claim. Each failure is another claim's
+        # committed start, so this ends as claims make progress.
+        while True:
+            try:
+                rows = await self._pool.fetch(queries.CLAIM, *args)
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name != "jobs_group_running":
+                    raise
+            else:
+                break
         # in the order the claim took them
         rows = sorted(
             rows, key=lambda r: (r["job"]["priority"], r["job"]["run_at"], r["job"]["submit_seq"])

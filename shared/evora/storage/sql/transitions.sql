@@ -19,8 +19,8 @@
 -- paused queues and rows other claimers hold. A grouped job is claimable only as the head of
 -- its (queue, group) (lowest priority, then submission order, due or not, so a retrying head
 -- keeps its place) and only while no job of its group runs. A time-to-live applies to jobs
--- never started. `picked` holds the rows locked and re-checked as PENDING; repeating the state
--- in the UPDATE would only tempt the planner into scanning the pending index for them.
+-- never started. `picked` holds the rows locked and re-checked as PENDING, so
+-- evora_claim_jobs() moves them by id alone.
 -- The two group checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
 -- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
 -- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
@@ -28,11 +28,20 @@
 -- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
 -- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
 -- While any concurrency or rate limit exists, evora_claim_limited() (migration 0014, last
--- changed by 0022, docs/flow-control.md) picks them instead, enforcing the limits, with the
+-- changed by 0025, docs/flow-control.md) claims instead, enforcing the limits, with the
 -- same group checks; with none, the one cost is the EXISTS on the empty flow_limits, a
--- one-time filter of each branch.
+-- one-time filter of each branch. Both move their jobs with evora_claim_jobs() (migration
+-- 0025): the limited claim reads in statements of its own, under newer snapshots than this
+-- one, and moves what it paid for right there; this one's picks are locked, and the
+-- function's own snapshot shows their latest versions.
+-- A job whose group's head changed after this statement's snapshot (a job of its group
+-- started meanwhile) fails the claim on jobs_group_running: the store runs it again
+-- (storage/jobs.py).
+-- Each claimed job that has dependencies carries the results of those COMPLETED
+-- (`dependency_results`, read by evora_claim_jobs() under its own snapshot, where the
+-- dependency endings that released the job are visible whichever snapshot picked it).
 WITH picked AS (
-    (SELECT c.id, false AS limited
+    SELECT c.id
     FROM unnest($1::text[]) AS q(queue)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
@@ -55,46 +64,14 @@ WITH picked AS (
     WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
       AND NOT EXISTS (SELECT 1 FROM flow_limits)
     ORDER BY c.priority, c.run_at, c.submit_seq
-    LIMIT $3)
-    UNION ALL
-    SELECT l.id, l.limited
-    FROM evora_claim_limited($1::text[], $2::text[], $3::int4) AS l
-    WHERE EXISTS (SELECT 1 FROM flow_limits)
-),
-moved AS (
-    UPDATE jobs j
-    SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
-        lease_expires_at = evora_now() + make_interval(secs => j.lease_seconds), worker_id = $4,
-        started_at = evora_now(), updated_at = evora_now(), version = j.version + 1,
-        limited = picked.limited
-    -- picked holds these rows locked and re-checked as PENDING; repeating the state here
-    -- would only tempt the planner into scanning the pending index for them
-    FROM picked WHERE j.id = picked.id
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-              'claimed' AS ev_name, 'PENDING'::job_state AS ev_from,
-              j.worker_id AS ev_worker, '{}'::jsonb AS ev_data
-),
-recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
+    LIMIT $3
 )
--- Each claimed job that has dependencies carries the results of those COMPLETED, as
--- [[id, result], ...] in depends_on order (a dependency since pruned by retention is left
--- out); NULL for the others, which read nothing. Read here, not by a statement after the
--- claim: a claim is answered with its jobs or it did not happen, and a read that failed
--- after the claim committed would leave the jobs RUNNING for their whole lease with nobody
--- holding it. The statement's snapshot is enough: a job is PENDING in it only if the
--- dependency endings that released it are there too.
-SELECT m.job,
-       CASE WHEN m.depends_on IS NOT NULL THEN (
-           SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
-           FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
-           JOIN jobs d ON d.id = u.id
-           WHERE d.state = 'COMPLETED') END AS dependency_results
-FROM moved m;
+SELECT m.job, m.dependency_results
+FROM evora_claim_jobs(ARRAY(SELECT id FROM picked), NULL, $4::text, evora_now()) AS m
+UNION ALL
+SELECT l.job, l.dependency_results
+FROM evora_claim_limited($1::text[], $2::text[], $3::int4, $4::text) AS l
+WHERE EXISTS (SELECT 1 FROM flow_limits);
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
