@@ -234,6 +234,13 @@ def _server_settings(application_name: str, statement_timeout: int | None) -> di
     settings = {
         "application_name": application_name,
         "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
+        # No statement of Evora's runs long enough for LLVM compilation (tens of milliseconds
+        # per statement, on the builds that have JIT: most distributions' and managed
+        # services') to pay for itself, while one estimate too high makes a statement of a
+        # few milliseconds pay it on every run (issue 34); asyncpg's query for a
+        # statement's types is estimated in the millions and would be compiled on every new
+        # connection. docs/deploy.md says more.
+        "jit": "off",
     }
     if statement_timeout is not None:
         settings["statement_timeout"] = str(statement_timeout)

@@ -1196,7 +1196,7 @@ END
 $$;
 
 CREATE FUNCTION public.evora_end_attempts(ends public.evora_attempt_end[], suppressed text[]) RETURNS TABLE(job public.jobs, notified text[], owed text[])
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 100
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -1273,7 +1273,7 @@ CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
 $$;
 
 CREATE FUNCTION public.evora_leave_dlq(ids uuid[], to_state public.job_state, suppressed text[]) RETURNS TABLE(job public.jobs, notified text[], owed text[])
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 100
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1361,7 +1361,7 @@ END
 $$;
 
 CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 1
     AS $$
 #variable_conflict use_column
 BEGIN
