@@ -1,4 +1,19 @@
--- [from 0009_clock.sql]
+-- Claims and transitions: the clock, how a job becomes RUNNING (the unlimited claim is
+-- `claim` in storage/sql/transitions.sql, which calls evora_claim_jobs()), what every
+-- transition records, how an attempt ends and how a job leaves the DLQ.
+--
+-- The current text of every function and trigger of this area: edit it here. `evora migrate`
+-- runs this file again, whole, whenever its text changed (after the numbered migrations), so
+-- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
+-- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+
+-- One clock for every time-dependent statement: the database's own `now()` (the start of the
+-- transaction), so PostgreSQL stays the only clock whatever the clocks of the machines running
+-- the services say. A session may run it ahead by an interval in the `evora.clock_offset`
+-- setting, which only tests set (per database, so every connection a test's services open sees
+-- the same time), instead of rewriting deadlines behind the state machine's back. Unset, it
+-- adds nothing. Plain SQL, STABLE and one expression, so the planner inlines it: a statement
+-- evaluates `now() + offset` exactly as it evaluated `now()`, with no function call.
 CREATE OR REPLACE FUNCTION evora_now() RETURNS timestamptz
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -6,7 +21,6 @@ CREATE OR REPLACE FUNCTION evora_now() RETURNS timestamptz
                             interval '0')
 $$;
 
--- [from 0001_initial.sql]
 -- Retry n waits about initial * multiplier^(n-1), jittered by +-20 %, never above max.
 -- Computed in log space so huge attempt counts cannot overflow.
 CREATE OR REPLACE FUNCTION evora_backoff_seconds(
@@ -19,7 +33,6 @@ LANGUAGE sql VOLATILE AS $$
             * (0.8 + 0.4 * random()))
 $$;
 
--- [from 0007_typed_event_image.sql]
 -- The image of a job that events carry: everything a projection needs, nothing large
 -- (no payload, result or progress). A plain SQL body, so the planner inlines it.
 CREATE OR REPLACE FUNCTION evora_job_image(j jobs) RETURNS job_image
@@ -30,7 +43,6 @@ LANGUAGE sql IMMUTABLE AS $$
                j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
 $$;
 
--- [from 0015_attempt_endings.sql]
 -- Records `moves` (one event each) and sends the NOTIFY hint of every queue that gained a
 -- claimable job, except those in `suppressed` (this process notified them a moment ago), which
 -- it returns as owed. One row, whatever it was given. plpgsql so that its plans are prepared
@@ -54,7 +66,7 @@ BEGIN
     ),
     -- a queue gains a claimable job when one becomes PENDING, when a group's running job
     -- moves (its next may run), and when an attempt claimed under a limit ends (its room is
-    -- free again: migration 0014)
+    -- free again: docs/flow-control.md)
     claimable AS (
         SELECT DISTINCT queue AS q FROM moved
         WHERE state = 'PENDING' OR group_key IS NOT NULL OR (limited AND from_state = 'RUNNING')
@@ -69,7 +81,6 @@ BEGIN
 END
 $$;
 
--- [from 0025_claims_move_what_they_pay_for.sql]
 -- Moves `ids` (locked by the caller, PENDING under its lock) to RUNNING for `claimer`, at
 -- `claimed_at`, each flagged with whether a limit applied to it (`limited_flags`, NULL:
 -- none), and records their `claimed` events; returns the jobs as they now are. A statement
@@ -113,10 +124,45 @@ LANGUAGE sql AS $$
     FROM moved m
 $$;
 
--- [from 0025_claims_move_what_they_pay_for.sql]
 -- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
--- (of `types`, NULL: any), in version 22's rounds under version 22's rules, moved to RUNNING
--- for `worker` and returned as evora_claim_jobs() returns them. Only what changed from version 22 is commented anew here.
+-- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora_claim_jobs()
+-- returns them. Works in rounds (at most four), each two statements:
+--
+--   1. the candidates: what earlier rounds read and did not try, and a window of claimable
+--      jobs read on from where the last window of each queue ended (locked SKIP LOCKED:
+--      concurrent claimers read different windows; never read twice, so a round costs the
+--      same however many rows other claimers hold). The first `need` of them in round-robin
+--      order over lanes are tried: the limits of their keys resolved, and each limited key's
+--      lock taken without waiting, its flow_buckets row FOR UPDATE SKIP LOCKED or, for a key
+--      without a row yet, a transaction advisory lock under which the row is made. A key
+--      someone else holds is blocked for the rest of the claim.
+--   2. in a new snapshot (every earlier claim of the locked keys is committed and visible,
+--      no other can be in flight), the room of each key (concurrency minus its RUNNING
+--      holders; whole tokens), the tried jobs admitted within it, the tokens taken. Keys left
+--      without room are blocked for the next rounds.
+--
+-- Each round's jobs are moved by evora_claim_jobs() right after the round took their tokens:
+-- every statement here takes a newer snapshot than the caller's, so a job that became visible
+-- meanwhile could be picked and paid for and then never found by an UPDATE under an older
+-- snapshot. The jobs a claim moves are exactly the jobs it paid for, and the rounds that
+-- follow see them RUNNING.
+--
+-- Tokens are counted as of a clock read after the bucket's lock is held (`evora_now()` plus
+-- the time since the transaction began, so the tests' clock offset still applies), and
+-- `refilled_at` only ever moves forward: a claim that began before another but locked the
+-- bucket after the other committed would otherwise move the bucket back in time.
+--
+-- A grouped job is claimable only as the head of its (queue, group) and only while no job of
+-- its group runs. Both checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`),
+-- which PostgreSQL never hashes: each grouped candidate probes jobs_group_running and
+-- jobs_group_pending by its own key, under custom and generic plans alike, instead of a
+-- hashed subplan built from every RUNNING job of every queue
+-- (tests/integration/test_claim_cost.py). The unlimited claim in storage/sql/transitions.sql
+-- does the same.
+--
+-- A claim never waits for another: every lock it takes skips what is held (an INSERT ... ON
+-- CONFLICT making a new bucket row would wait for a concurrent insert of the same key, and
+-- two claims doing so in different orders would deadlock).
 CREATE OR REPLACE FUNCTION evora_claim_limited(queues text[], types text[], wanted integer, worker text)
 RETURNS TABLE (job jobs, dependency_results jsonb)
 LANGUAGE plpgsql ROWS 1 AS $$
@@ -179,7 +225,7 @@ BEGIN
                   AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
                   AND (types IS NULL OR j.type = ANY(types))
                   -- scalar subqueries, never hashed: each grouped candidate probes the group
-                  -- indexes by its own key, whatever runs elsewhere (version 22)
+                  -- indexes by its own key, whatever runs elsewhere
                   AND (j.group_key IS NULL OR (
                         (SELECT true FROM jobs r
                          WHERE r.state = 'RUNNING' AND r.queue = j.queue
@@ -386,7 +432,22 @@ BEGIN
 END
 $$;
 
--- [from 0020_fence_by_join.sql]
+-- Three statements end attempts: `fail` (a worker's failure), `release` (a worker hands the
+-- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
+-- its own fence and lock, where each attempt goes (one `evora_attempt_end` per job); this
+-- moves every decided job that is still RUNNING (the caller holds its row lock) and records
+-- it, the same way for all three; it returns each moved job whole, with the queues notified
+-- and owed (evora_record_moves).
+--
+-- The fence, "the job is still RUNNING", comes with each attempt (`fenced`, in a materialized
+-- CTE so that it stays a column and is not folded back into a constant), which makes it part
+-- of the join: each attempt is one probe of the primary key. Written as `j.state =
+-- 'RUNNING'`, it was a filter the planner could serve by scanning every RUNNING job of every
+-- queue and hash-joining the attempts to them (a failure of one job read thousands of rows
+-- while thousands ran elsewhere). The fail and complete statements of
+-- storage/sql/transitions.sql do the same. ROWS 100: one row per job moved, out of those
+-- given (a batch of acks, a sweep); without it the planner takes a set-returning PL/pgSQL
+-- function for 1,000 rows, and the statements that join it cross jit_above_cost.
 CREATE OR REPLACE FUNCTION evora_end_attempts(ends evora_attempt_end[], suppressed text[])
 RETURNS TABLE (job jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
@@ -431,7 +492,6 @@ BEGIN
 END
 $$;
 
--- [from 0015_attempt_endings.sql]
 -- Moves DLQ jobs the caller holds locked: to PENDING (a retry: a fresh attempt budget, due
 -- now, a time-to-live that already ran out dropped because the operator asked for the job to
 -- run) or to CANCELLED (a discard). Returns each moved job whole, with the queues notified and

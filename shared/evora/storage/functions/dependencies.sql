@@ -1,4 +1,11 @@
--- [from 0013_dependencies.sql]
+-- Dependencies (docs/dependencies.md): a WAITING job is released or cancelled by the
+-- transaction that ends its last dependency, through the triggers on jobs below.
+--
+-- The current text of every function and trigger of this area: edit it here. `evora migrate`
+-- runs this file again, whole, whenever its text changed (after the numbered migrations), so
+-- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
+-- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+
 -- What a WAITING dependent becomes when `arrived` of its dependencies have just ended
 -- (COMPLETED or CANCELLED), one of them CANCELLED if `cancelled`: the one statement of the
 -- readiness rule.
@@ -12,7 +19,6 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- [from 0013_dependencies.sql]
 -- What the jobs `ended_ids` (each now in its state of `ended_states`, COMPLETED or
 -- CANCELLED) change below them: every WAITING job that waits on one of them, with the state
 -- it moves to, how many of its dependencies ended (`arrived`) and, for one cancelled, the
@@ -54,7 +60,6 @@ LANGUAGE sql STABLE AS $$
     WHERE w.state = 'WAITING'
 $$;
 
--- [from 0013_dependencies.sql]
 -- A submission's hold on the dependencies of the job it is about to store: locks them in id
 -- order (racing submissions then cannot deadlock), marks them as having dependents, and
 -- returns their current state, committed before the lock was granted. A dependency cannot
@@ -70,7 +75,6 @@ LANGUAGE sql AS $$
     RETURNING j.id, j.state
 $$;
 
--- [from 0024_prune_under_lock.sql]
 -- The WAITING jobs that depend on `dependency`, as the calling statement's snapshot shows
 -- them. A set-returning SQL function of one query: the planner inlines it where it is
 -- called in FROM, so `EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id))` plans exactly
@@ -82,7 +86,6 @@ LANGUAGE sql STABLE AS $$
     WHERE d.depends_on = dependency AND w.state = 'WAITING'
 $$;
 
--- [from 0013_dependencies.sql]
 -- Waiting jobs are settled once per statement, for every job it ended that others wait on,
 -- whatever their number and order in the statement (an ack batch completes many): all the
 -- waiting jobs that will change are locked first, in one global order (id), so two
@@ -109,7 +112,9 @@ BEGIN
 END
 $$;
 
--- [from 0013_dependencies.sql]
+-- The AFTER UPDATE statement trigger's function (see evora_note_ended_dependency above): locks
+-- every WAITING job that will change in id order, then settles the whole subtree with a fresh
+-- snapshot, writes their events and the NOTIFY hint of each queue that gained a PENDING job.
 CREATE OR REPLACE FUNCTION evora_settle_dependents() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -168,7 +173,6 @@ BEGIN
     RETURN NULL;
 END
 $$;
-
 
 CREATE OR REPLACE TRIGGER jobs_note_ended_dependency
     BEFORE UPDATE OF state ON jobs

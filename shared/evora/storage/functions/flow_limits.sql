@@ -1,4 +1,11 @@
--- [from 0017_limited_claim_rounds.sql]
+-- Flow-control limits (docs/flow-control.md): the limit governing a key, what holds it, the
+-- tokens of its bucket. The limited claim is in claims_and_transitions.sql.
+--
+-- The current text of every function and trigger of this area: edit it here. `evora migrate`
+-- runs this file again, whole, whenever its text changed (after the numbered migrations), so
+-- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
+-- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+
 -- The limit that governs each of `keys`: its own, else the longest prefix limit whose stem it
 -- starts with; keys no limit governs are left out. The keys' own limits in one index scan;
 -- the prefix limits (few) read once, not once per key, so a key costs nothing when none
@@ -17,7 +24,7 @@ LANGUAGE sql STABLE AS $$
      ORDER BY k.key, length(p.stem) DESC)
 $$;
 
--- [from 0014_flow_control.sql]
+-- How many RUNNING jobs hold `k`, by this statement's snapshot.
 -- How many RUNNING jobs hold `k`, by this statement's snapshot.
 CREATE OR REPLACE FUNCTION evora_running_holding(k text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
@@ -28,7 +35,7 @@ LANGUAGE sql STABLE AS $$
               AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
 $$;
 
--- [from 0014_flow_control.sql]
+-- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit.
 -- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit.
 CREATE OR REPLACE FUNCTION evora_tokens(b flow_buckets, rate_limit integer, rate_per_seconds float8,
                              at timestamptz)

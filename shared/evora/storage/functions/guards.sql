@@ -1,4 +1,14 @@
--- [from 0013_dependencies.sql]
+-- Guards: the triggers that make the database enforce the state machine, keep live jobs
+-- from being deleted and keep job_events append-only (docs/architecture.md, rule 2).
+--
+-- The current text of every function and trigger of this area: edit it here. `evora migrate`
+-- runs this file again, whole, whenever its text changed (after the numbered migrations), so
+-- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
+-- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+
+-- The state machine is enforced by the database, whoever issues the SQL: the triggers below
+-- reject a new job that is not PENDING or WAITING and any change of state that is not a row
+-- of job_transitions. Their WHEN clauses decide in C; the function only runs to reject.
 CREATE OR REPLACE FUNCTION evora_reject_illegal_transition() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -11,7 +21,7 @@ BEGIN
 END
 $$;
 
--- [from 0001_initial.sql]
+-- Once accepted, a job is never lost: only finished jobs may be deleted (pruned).
 CREATE OR REPLACE FUNCTION evora_reject_live_delete() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -20,7 +30,6 @@ BEGIN
 END
 $$;
 
--- [from 0004_event_archive.sql]
 -- The statement guard of migration 0001, now letting through the archive's own DELETE.
 CREATE OR REPLACE FUNCTION evora_reject_event_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -33,7 +42,8 @@ BEGIN
 END
 $$;
 
--- [from 0004_event_archive.sql]
+-- An event may be deleted only once it is archived: inside the archive's watermark (both its
+-- seq and its transaction id below it).
 CREATE OR REPLACE FUNCTION evora_reject_unarchived_delete() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -47,7 +57,6 @@ BEGIN
     RETURN OLD;
 END
 $$;
-
 
 -- The WHEN clauses keep the common path (legal inserts, updates that keep the state) in C: a
 -- new job must be PENDING or WAITING (submitted with unfinished dependencies).

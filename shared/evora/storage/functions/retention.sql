@@ -1,4 +1,10 @@
--- [from 0004_event_archive.sql]
+-- Retention (docs/deploy.md): pruning finished jobs and dropping archived events.
+--
+-- The current text of every function and trigger of this area: edit it here. `evora migrate`
+-- runs this file again, whole, whenever its text changed (after the numbered migrations), so
+-- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
+-- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+
 -- The retention path: removes up to `max_rows` events, oldest seq first, that are archived
 -- (inside the watermark), consumed by every projector generation that has recorded
 -- progress, and older than `older_than_seconds`. Asking for more than the archive holds is
@@ -45,7 +51,6 @@ BEGIN
 END
 $$;
 
--- [from 0024_prune_under_lock.sql]
 -- Removes the oldest jobs that finished in `finished` (COMPLETED, CANCELLED or DLQ) more
 -- than `age` seconds ago, at most `batch` of them, and counts them in job_prune_counts (by
 -- queue and state, in one order, so two passes at once cannot deadlock on the counters).

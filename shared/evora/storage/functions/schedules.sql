@@ -1,4 +1,11 @@
--- [from 0012_schedules.sql]
+-- Schedules (docs/schedules.md): what the scheduler adds to the events of the jobs it
+-- submits.
+--
+-- The current text of every function and trigger of this area: edit it here. `evora migrate`
+-- runs this file again, whole, whenever its text changed (after the numbered migrations), so
+-- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
+-- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+
 -- The `submitted` event of a job made by a schedule names the schedule and the tick. The
 -- scheduler sets `evora.submitted_data` (a JSON object, transaction-local) before it
 -- submits, so the submission itself stays the one every producer uses; the setting is
@@ -10,7 +17,6 @@ BEGIN
     RETURN NEW;
 END
 $$;
-
 
 CREATE OR REPLACE TRIGGER job_events_submitted_data
     BEFORE INSERT ON job_events

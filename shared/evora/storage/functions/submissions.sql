@@ -1,4 +1,12 @@
--- [from 0011_submit_in_sql.sql]
+-- Submissions in SQL (docs/sql-enqueue.md): evora.submit() and evora.submit_batch(), which
+-- an application may call on its own connection, the validation they share with the api, and
+-- evora.store_submissions(), which every producer's submission goes through.
+--
+-- The current text of every function and trigger of this area: edit it here. `evora migrate`
+-- runs this file again, whole, whenever its text changed (after the numbered migrations), so
+-- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
+-- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+
 -- A time-ordered UUID (RFC 9562 version 7), as the api makes for its jobs: consecutive ids
 -- land on the same primary-key pages. (uuidv7() is built in only from PostgreSQL 18.)
 CREATE OR REPLACE FUNCTION evora.uuid7() RETURNS uuid
@@ -9,7 +17,6 @@ LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
         FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
 $$;
 
--- [from 0011_submit_in_sql.sql]
 -- Raises the validation error of one field: SQLSTATE 22023 (invalid_parameter_value), the
 -- message starting with the field's path (`priority`, `jobs[3].backoff.multiplier`).
 CREATE OR REPLACE FUNCTION evora.reject(field text, problem text) RETURNS void
@@ -20,7 +27,6 @@ BEGIN
 END
 $$;
 
--- [from 0021_shared_submission_values.sql]
 -- `vals` for `items` items: an array of one element stands for that value for every item;
 -- any other array is already one element per item (for one item the two are the same).
 -- (OR REPLACE: the evora schema outlives the tables of a schema dropped and migrated again.)
@@ -29,7 +35,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN cardinality(vals) = 1 THEN array_fill(vals[1], ARRAY[items]) ELSE vals END
 $$;
 
--- [from 0011_submit_in_sql.sql]
+-- A name or key field: a string matching `pattern`, or of 1..max_length characters.
 -- A name or key field: a string matching `pattern`, or of 1..max_length characters.
 CREATE OR REPLACE FUNCTION evora.text_field(
     value jsonb, field text, pattern text, max_length integer, optional boolean
@@ -59,12 +65,10 @@ BEGIN
 END
 $$;
 
--- [from 0027_schedule_failures_whole_numbers.sql]
--- An integer field (priority, max_attempts, lease_seconds) took only the digits of an
--- integer: jsonb reads 1e2 as 100, but keeps the scale of 100.0, which was refused, while
--- `POST /v1/jobs` refused both (its parser made floats of them). One rule for both now: any
--- number whose value is whole, however it is written (100, 1e2, 100.0, 1.0E2). Otherwise
--- as in version 11.
+-- A number field, between lo and hi (lo excluded when above_lo), optionally an integer. An
+-- integer field (priority, max_attempts, lease_seconds) takes any number whose value is
+-- whole, however it is written (100, 1e2, 100.0, 1.0E2), as `POST /v1/jobs` does: jsonb
+-- reads 1e2 as 100 but keeps the scale of 100.0, so the digits alone are not the rule.
 CREATE OR REPLACE FUNCTION evora.number_field(
     value jsonb, field text, lo numeric, hi numeric, integral boolean,
     above_lo boolean DEFAULT false
@@ -89,7 +93,7 @@ BEGIN
 END
 $$;
 
--- [from 0011_submit_in_sql.sql]
+-- A timestamp field: an RFC 3339 string with an offset, whose instant is storable in UTC.
 -- A timestamp field: an RFC 3339 string with an offset, whose instant is storable in UTC.
 CREATE OR REPLACE FUNCTION evora.timestamp_field(value jsonb, field text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
@@ -116,9 +120,9 @@ BEGIN
 END
 $$;
 
--- [from 0014_flow_control.sql]
--- The limits of version 13, with the limit keys a job may hold; evora.protocol.limits holds
--- the same numbers (tests/sql/test_limits.py keeps them equal).
+-- The limits and defaults of a submission, its dependencies and the limit keys a job may
+-- hold. evora.protocol.limits and the api's submission model hold the same numbers;
+-- tests/sql/test_limits.py keeps them equal.
 CREATE OR REPLACE FUNCTION evora.limits() RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT '{
@@ -140,7 +144,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     }'::jsonb
 $$;
 
--- [from 0014_flow_control.sql]
 -- A `limit_keys` field: a JSON array of distinct keys, each of the limit key alphabet
 -- (an element's errors name it as `limit_keys.<index>`, as the api's model does).
 CREATE OR REPLACE FUNCTION evora.limit_keys_field(value jsonb, field text) RETURNS text[]
@@ -169,7 +172,6 @@ BEGIN
 END
 $$;
 
--- [from 0014_flow_control.sql]
 -- Every item's limit keys as one list, by position (from 1): `ords` and `names` flattened,
 -- in the item's order.
 CREATE OR REPLACE FUNCTION evora.limit_key_lists(ords integer[], names text[])
@@ -180,7 +182,6 @@ LANGUAGE sql IMMUTABLE AS $$
     GROUP BY u.ord
 $$;
 
--- [from 0014_flow_control.sql]
 -- One submission object (the body of POST /v1/jobs) checked field by field; `at` prefixes
 -- each field's name in errors ('' or 'jobs[3].').
 CREATE OR REPLACE FUNCTION evora.validated(item jsonb, at text) RETURNS evora.submission
@@ -277,9 +278,8 @@ BEGIN
 END
 $$;
 
--- [from 0013_dependencies.sql]
--- One submission object checked field by field: evora.validated() of version 11 for its
--- fields, then the dependency fields. A "ref:" is resolved by evora.submit_items(), which
+-- One submission object checked field by field: evora.validated() for its fields, then the
+-- dependency fields. A "ref:" is resolved by evora.submit_items(), which
 -- knows the items before this one.
 CREATE OR REPLACE FUNCTION evora.validated_with_dependencies(item jsonb, at text)
 RETURNS evora.submission
@@ -336,7 +336,10 @@ BEGIN
 END
 $$;
 
--- [from 0014_flow_control.sql]
+-- Identity of a submission for idempotency: its fields with the limit keys appended when
+-- there are any, so a submission without them keeps the fingerprint stored before limit keys
+-- existed.
+-- (The payload's printed jsonb cannot hold a raw \x02: it escapes control characters.)
 CREATE OR REPLACE FUNCTION evora.submission_fingerprint(
     queue text, type text, payload jsonb, priority smallint, run_at timestamptz,
     delay_seconds float8, max_attempts integer, lease_seconds integer, backoff_initial float8,
@@ -362,7 +365,6 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END)
 $$;
 
--- [from 0023_dependency_fingerprints.sql]
 -- By item, the fingerprint its idempotency key is stored and compared with (NULL for an item
 -- without a key). Arguments as evora.store_submissions() takes them. Dependencies enter as
 -- a section hashed after the fingerprint of the other fields:
@@ -469,9 +471,49 @@ BEGIN
 END
 $$;
 
--- [from 0023_dependency_fingerprints.sql]
--- evora.store_submissions() of version 19, with the same signature and the same answers but
--- for the fingerprints, now computed by evora.submission_fingerprints().
+-- Stores submissions that are already valid, one array element each, in one statement,
+-- and answers each by its position (ord, from 1), the created ones first:
+--   created               a new job (its `submitted` event written, its queue hinted)
+--   replayed              its idempotency key was stored before with the same fingerprint
+--                         (evora.submission_fingerprints()): the stored job, in its current
+--                         state
+--   conflict              the key was stored before with another fingerprint
+--   repeat_conflict       the key appears earlier in this call (at first_ord) with other
+--                         fields
+--   gone                  the key was stored before, but its job has since been removed
+--   unknown_dependency    no such job (nor an item of this call), `first_ord` the position
+--                         (from 1) of the offending dependency in the item's list
+--   cancelled_dependency  it is CANCELLED and the item would be cancelled with it
+-- Keys are inserted in one order whatever the call, so racing calls cannot deadlock, and
+-- ON CONFLICT waits for a racing holder of the same key to commit: of any racing
+-- submissions exactly one creates the job. `quiet` are queues whose hint the caller sends
+-- later itself (storage/notify.py); `notified` and `owed` say which were sent and held back.
+-- `before_0011` are the fingerprints the api computed before SQL submissions existed (in
+-- Python, from the request), for keys stored then: a retry of such a submission still
+-- replays its job.
+--
+-- `dependency_ords` and `dependency_ids` are the items' edges (the item's position, from 1,
+-- and the job it waits for, in the item's depends_on order; a job of this same call may be
+-- named by its id), `on_failures` their on_dependency_failure (NULL: 'cancel'). An item
+-- with unfinished dependencies is stored WAITING. Dependencies can only be existing jobs or
+-- items of this call: a cycle cannot be written. `limit_key_ords` and `limit_key_names` are
+-- the items' limit keys, flattened the same way.
+--
+-- The cost is linear in the number of items whatever plan PostgreSQL keeps. PL/pgSQL keeps
+-- one generic plan from the sixth call of a session on, made without knowing how many items
+-- the arrays hold (it guesses a handful), so nothing here may be quadratic in a plan built
+-- on that guess:
+--   * the positions of the items to create are decided before the insert, in the order of
+--     their ids, and the inserted rows, ranked by id, are matched to them by rank: nothing
+--     is joined on a guess (nor read back from the table, where a plan made while the table
+--     was small would scan it);
+--   * membership ("is this id one of the call's", "was this key stored by this call") is a
+--     hashed `IN (SELECT unnest(...))`, one probe per row;
+--   * every per-item array is read through one `unnest(...) WITH ORDINALITY` with the
+--     others, never by subscript, except arrays of integers (a fixed-width element is found
+--     directly);
+--   * each item's dependency verdict is one aggregate over the edges, not a scan of all
+--     edges per item.
 CREATE OR REPLACE FUNCTION evora.store_submissions(
     ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[],
     run_ats timestamptz[], delays float8[], max_attempts integer[], leases integer[],
@@ -679,12 +721,11 @@ BEGIN
 END
 $$;
 
--- [from 0014_flow_control.sql]
--- evora.submit_items() of version 13, passing each item's limit keys: validates every item
--- (all or nothing), resolves each "ref:<name>" to the id of the earlier item that carries
--- that ref, stores them through evora.store_submissions() and raises for the first item, in
--- order, whose idempotency key conflicts, whose job is gone or whose dependency names no
--- job (or one CANCELLED that would cancel it). The ids, in item order.
+-- Validates every item (all or nothing), resolves each "ref:<name>" to the id of the earlier
+-- item that carries that ref (only an earlier one: a batch cannot describe a cycle), stores
+-- them through evora.store_submissions() and raises for the first item, in order, whose
+-- idempotency key conflicts, whose job is gone or whose dependency names no job (or one
+-- CANCELLED that would cancel it). The ids, in item order.
 CREATE OR REPLACE FUNCTION evora.submit_items(items jsonb, batch boolean) RETURNS uuid[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -785,7 +826,6 @@ BEGIN
 END
 $$;
 
--- [from 0011_submit_in_sql.sql]
 -- Submits one job in the caller's transaction; its id (an idempotent replay: the id of the
 -- job first submitted with that key). `options` holds the other fields of POST /v1/jobs.
 CREATE OR REPLACE FUNCTION evora.submit(
@@ -812,7 +852,6 @@ BEGIN
 END
 $$;
 
--- [from 0011_submit_in_sql.sql]
 -- Submits the jobs of a JSON array of submission objects (each shaped like the body of
 -- POST /v1/jobs) in the caller's transaction, all or nothing; their ids in order.
 CREATE OR REPLACE FUNCTION evora.submit_batch(jobs jsonb) RETURNS uuid[]
