@@ -30,7 +30,9 @@ BEGIN
 END
 $$;
 
--- The statement guard of migration 0001, now letting through the archive's own DELETE.
+-- job_events is append-only: no UPDATE, DELETE or TRUNCATE, but for the archive's own DELETE
+-- (evora_drop_archived_events() sets `evora.drop_archived_events`), whose rows the row guard
+-- below checks one by one.
 CREATE OR REPLACE FUNCTION evora_reject_event_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
