@@ -288,6 +288,7 @@ async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
                         raise AssertionError("a worker died") from task.exception()
                 assert len(load.accepted) > before, "the producers made no progress"
 
+            takeovers: dict[str, float] = {}
             try:
                 await steady(3)
                 # SIGKILL and restart one replica of each service in turn.
@@ -305,7 +306,7 @@ async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
                     await victim.child.wait(10)
                     if service in ("sweeper", "projector"):
                         # The standby takes over within the documented bound.
-                        await until(
+                        takeovers[service] = await until(
                             partial(_one_active, deployment, service),
                             within=LEADERSHIP_BOUND,
                             what=f"a standby {service} leads after the leader was killed",
@@ -352,7 +353,8 @@ async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
         retried = Counter(m.split(" (")[0] for m in worker_log.messages if "retrying" in m)
         print(
             f"{len(load.accepted)} jobs; {len(answered)} requests through the balancer;"
-            f" 5xx answered: {dict(errors)}; worker calls retried: {dict(retried)}"
+            f" 5xx answered: {dict(errors)}; worker calls retried: {dict(retried)};"
+            f" leadership moved in {takeovers} s"
         )
         assert all(a.status in RETRYABLE_STATUSES for a in errors), errors
         # The balancer spread the producers over both api replicas and the workers' claims
