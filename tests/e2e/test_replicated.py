@@ -26,11 +26,13 @@ import aiohttp
 import asyncpg
 import pytest
 
+import evora.sql
 from evora import Client, Handlers, Job, SubmitOptions, Worker
 from evora.protocol.retries import RETRYABLE_STATUSES
 from evora.storage.leadership import STANDBY_SECONDS
 from tests.e2e.conftest import (
     FAST,
+    WORKER_HEADERS,
     Child,
     Children,
     LogRecords,
@@ -57,6 +59,9 @@ REPLICAS = {"api": 2, "dispatcher": 3, "sweeper": 2, "projector": 2}
 # when it is idempotent by method. Claims, submissions and outcomes are POSTs: the SDK
 # decides about those (submissions with idempotency keys, outcomes with their lease token);
 # a claim repeated by the balancer could hand jobs to a response nobody reads.
+# `abortonclose` passes a client's closed connection on to the server: without it a worker
+# that abandons its long-poll leaves the dispatcher waiting for it, and the next job is
+# claimed into an answer HAProxy throws away (RUNNING until its lease expires).
 HAPROXY_CONFIG = """
 global
     log stdout format raw local0
@@ -67,6 +72,7 @@ defaults
     log global
     log-format "LB %b %s %ST %HM %HU"
     option redispatch 1
+    option abortonclose
     retries 3
     timeout connect 1s
     timeout client 75s
@@ -138,8 +144,8 @@ class Deployment:
         )
         return Replica(service, port, child)
 
-    async def start_all(self) -> None:
-        for service, count in REPLICAS.items():
+    async def start_all(self, replicas: dict[str, int]) -> None:
+        for service, count in replicas.items():
             ports = [free_port() for _ in range(count)]
             self.replicas[service] = list(
                 await asyncio.gather(*(self.start(service, port) for port in ports))
@@ -148,6 +154,8 @@ class Deployment:
     async def start_balancer(self, directory: Path) -> None:
         sections = []
         for service in ("api", "dispatcher"):
+            if service not in self.replicas:
+                continue
             port = free_port()
             servers = "\n".join(
                 f"    server {service}{i} 127.0.0.1:{r.port}"
@@ -240,7 +248,7 @@ async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
             db_url,
             {"EVORA_MONGO_URL": mongo_url, "EVORA_MONGO_DB": mongo_db_name},
         )
-        await deployment.start_all()
+        await deployment.start_all(REPLICAS)
         await deployment.start_balancer(tmp_path)
         api, dispatchers = deployment.fronts["api"], deployment.fronts["dispatcher"]
 
@@ -407,3 +415,52 @@ async def _one_active(deployment: Deployment, service: str) -> bool:
 async def _holds_long_polls(http: aiohttp.ClientSession, replica: Replica) -> bool:
     samples = await scrape(http, replica.url)
     return sum(v for k, v in samples.items() if k[0] == "evora_dispatcher_waiting_polls") > 0
+
+
+async def test_a_long_poll_abandoned_at_the_balancer_strands_no_job(
+    pool: asyncpg.Pool, db_url: str, children: Children, tmp_path: Path
+) -> None:
+    """A worker that gives up its long-poll (killed, or its request timed out) closes its
+    connection to the balancer. Unless the balancer passes that on (`option abortonclose`),
+    the dispatcher keeps waiting for it, claims the next job into an answer the balancer
+    throws away, and the job sits RUNNING until its lease expires."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        deployment = Deployment(children, http, db_url, {})
+        await deployment.start_all({"dispatcher": 1})
+        await deployment.start_balancer(tmp_path)
+        (dispatcher,) = deployment.replicas["dispatcher"]
+        claim = {"worker_id": "gone", "queues": [PLAIN], "max_jobs": 1, "wait_seconds": 30}
+        async with aiohttp.ClientSession() as worker:
+            polling = asyncio.create_task(
+                worker.post(
+                    deployment.fronts["dispatcher"] + "/v1/claim",
+                    json=claim,
+                    headers=WORKER_HEADERS,
+                )
+            )
+            await until(
+                lambda: _holds_long_polls(http, dispatcher),
+                what="the dispatcher holds the worker's long-poll",
+            )
+            polling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await polling
+        # The worker's connection is closed: the dispatcher must stop waiting for it.
+        await until(
+            lambda: _holds_no_long_polls(http, dispatcher),
+            what="the dispatcher dropped the long-poll its worker abandoned",
+        )
+        async with pool.acquire() as conn:
+            job_id = await evora.sql.submit(conn, PLAIN, "work")
+        async with http.post(
+            deployment.fronts["dispatcher"] + "/v1/claim",
+            json={**claim, "worker_id": "next", "wait_seconds": 0},
+            headers=WORKER_HEADERS,
+        ) as answer:
+            assert answer.status == 200
+            (job,) = (await answer.json())["jobs"]
+        assert (job["id"], job["attempt"]) == (str(job_id), 1)
+
+
+async def _holds_no_long_polls(http: aiohttp.ClientSession, replica: Replica) -> bool:
+    return not await _holds_long_polls(http, replica)
