@@ -32,6 +32,10 @@ ensure_promtool
 # tests/dashboard drive Debian's Chromium headless through Playwright.
 apt_install chromium
 
+# tests/e2e/test_replicated.py puts Debian's HAProxy in front of the replicated services;
+# without it that test fails, never skips.
+apt_install haproxy
+
 # tests/typescript run the TypeScript SDK's tests (sdks/typescript) with Node.js >= 20 and
 # npm. Debian's nodejs may be older; then Node 20 comes from the npm registry's
 # node-linux-<arch> package, kept under .venv. Without it those tests fail, never skip.
