@@ -91,3 +91,24 @@ async def test_readiness_asks_for_evora_migrate_while_a_file_is_stale(
     )
     await apply_migrations(db_url)
     assert await ready() is None
+
+
+async def test_an_older_release_leaves_the_files_a_newer_one_applied(db_url: str) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        # What a newer release (one more migration) leaves: its own text of flow_limits.sql.
+        await conn.execute(
+            "UPDATE evora_function_files SET checksum = 'newer', migration = $1 "
+            "WHERE name = 'flow_limits'",
+            latest_version() + 1,
+        )
+        before = await conn.fetchval(
+            "SELECT applied_at FROM evora_function_files WHERE name = 'flow_limits'"
+        )
+        assert await stale_function_files(conn) == []
+        await apply_migrations(db_url)
+        assert await conn.fetchrow(
+            "SELECT checksum, applied_at FROM evora_function_files WHERE name = 'flow_limits'"
+        ) == ("newer", before)
+    finally:
+        await conn.close()

@@ -215,14 +215,24 @@ async def _apply_pending(conn: asyncpg.Connection, upto: int | None) -> list[int
 
 async def _apply_function_files(conn: asyncpg.Connection) -> None:
     """Run every function file whose checksum differs from the recorded one, all in one
-    transaction."""
+    transaction; but not over the text a release that knew more migrations applied (an older
+    release's `evora migrate`, run again during a rolling upgrade, must not take the database
+    back)."""
     await conn.execute(_CREATE_FILES_TABLE)
     recorded = await applied_function_files(conn)
-    changed = [
-        file for file in function_files() if recorded.get(file.name, ("", 0))[0] != file.checksum
-    ]
+    latest = latest_version()
+    changed: list[FunctionFile] = []
+    newer: list[FunctionFile] = []
+    for file in function_files():
+        checksum, migration = recorded.get(file.name, ("", 0))
+        if checksum != file.checksum:
+            (newer if migration > latest else changed).append(file)
+    if newer:
+        log.warning(
+            "function files %s were applied by a newer release; left as they are",
+            [f.name for f in newer],
+        )
     if changed:
-        latest = latest_version()
         async with conn.transaction():
             for file in changed:
                 await conn.execute(file.sql)
