@@ -1,6 +1,7 @@
--- The schema that shared/evora/storage/migrations/ build, as pg_dump prints it (normalised:
--- no comments, no session settings). Never edit by hand: a test compares it with a freshly
--- migrated database; after adding a migration, regenerate it with
+-- The schema that shared/evora/storage/migrations/ and functions/ build, as pg_dump prints it
+-- (normalised: no comments, no session settings; the functions' comments are in functions/).
+-- Never edit by hand: a test compares it with a freshly migrated database; after adding a
+-- migration or changing a function file, regenerate it with
 --     PYTHONPATH=shared:. python -m tests.schemadump
 
 CREATE SCHEMA evora;
