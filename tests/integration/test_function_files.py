@@ -5,6 +5,7 @@ and only that file."""
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -15,6 +16,13 @@ from evora.storage.migrate import (
     latest_version,
     stale_function_files,
 )
+
+# Another text of a function of flow_limits.sql (its own returns a bucket's tokens).
+_OTHER_TOKENS = """
+CREATE OR REPLACE FUNCTION evora_tokens(b flow_buckets, rate_limit integer,
+                                        rate_per_seconds float8, at timestamptz)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$ SELECT 0::float8 $$
+"""
 
 _DEFINED = re.compile(r"^CREATE OR REPLACE (FUNCTION|TRIGGER) ([\w.]+)", re.MULTILINE)
 
@@ -51,11 +59,7 @@ async def test_a_changed_file_is_applied_again_and_only_it(db_url: str) -> None:
         )
         # What the database holds after an older release: another text of a function of
         # flow_limits.sql, recorded with another checksum by code that knew fewer migrations.
-        await conn.execute(
-            "CREATE OR REPLACE FUNCTION evora_tokens(b flow_buckets, rate_limit integer, "
-            "rate_per_seconds float8, at timestamptz) RETURNS float8 "
-            "LANGUAGE sql IMMUTABLE AS $$ SELECT 0::float8 $$"
-        )
+        await conn.execute(_OTHER_TOKENS)
         before = {
             r["name"]: r["applied_at"]
             for r in await conn.fetch("SELECT name, applied_at FROM evora_function_files")
@@ -75,6 +79,35 @@ async def test_a_changed_file_is_applied_again_and_only_it(db_url: str) -> None:
         assert await stale_function_files(conn) == []
         assert source == await conn.fetchval(
             "SELECT prosrc FROM pg_proc WHERE proname = $1", "evora_tokens"
+        )
+    finally:
+        await conn.close()
+
+
+async def test_files_follow_the_migrations_that_redefine_their_functions(
+    make_db_url: Callable[[], Awaitable[str]],
+) -> None:
+    dsn = await make_db_url()
+    conn = await asyncpg.connect(dsn)
+    try:  # start from nothing, not from the migrated template
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+        await apply_migrations(dsn, upto=latest_version() - 1)
+        # A release that knew one migration less applied these very files, and a function of
+        # theirs has another text (as a migration that redefines it leaves it, like 0025 did
+        # evora_claim_limited): the newest migration, applied now, makes every file run again.
+        await conn.execute(
+            "CREATE TABLE evora_function_files (name text PRIMARY KEY, checksum text NOT NULL, "
+            "migration integer NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        await conn.executemany(
+            "INSERT INTO evora_function_files (name, checksum, migration) VALUES ($1, $2, $3)",
+            [(f.name, f.checksum, latest_version() - 1) for f in function_files()],
+        )
+        source = await conn.fetchval("SELECT prosrc FROM pg_proc WHERE proname = 'evora_tokens'")
+        await conn.execute(_OTHER_TOKENS)
+        await apply_migrations(dsn)
+        assert source == await conn.fetchval(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'evora_tokens'"
         )
     finally:
         await conn.close()

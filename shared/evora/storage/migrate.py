@@ -13,7 +13,8 @@ file's transaction, so they must be re-runnable (IF NOT EXISTS).
 Migrations keep tables, indexes and data. Every database function and trigger has its current
 text in one of `functions/<area>.sql` (CREATE OR REPLACE, so a file can run again): after the
 migrations, every file whose checksum differs from the one recorded in `evora_function_files`
-runs again, all of them in one transaction, in name order. The functions that old migrations
+(every file, when migrations were applied) runs again, all of them in one transaction, in
+name order. The functions that old migrations
 defined stay in them as history; the files supersede them. A database the migrations alone
 brought up to date (an installation from before the files existed) is thus brought to the
 files' text by its next `evora migrate`. A partial run (`upto`) builds a historical schema
@@ -172,7 +173,7 @@ async def apply_migrations(dsn: str, *, upto: int | None = None) -> list[int]:
         try:
             applied = await _apply_pending(conn, upto)
             if upto is None:
-                await _apply_function_files(conn)
+                await _apply_function_files(conn, after_migrations=bool(applied))
             return applied
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", locks.MIGRATIONS)
@@ -213,11 +214,15 @@ async def _apply_pending(conn: asyncpg.Connection, upto: int | None) -> list[int
     return applied
 
 
-async def _apply_function_files(conn: asyncpg.Connection) -> None:
-    """Run every function file whose checksum differs from the recorded one, all in one
-    transaction; but not over the text a release that knew more migrations applied (an older
-    release's `evora migrate`, run again during a rolling upgrade, must not take the database
-    back)."""
+async def _apply_function_files(conn: asyncpg.Connection, *, after_migrations: bool) -> None:
+    """Run every function file whose checksum differs from the recorded one, or every file
+    when this run applied migrations, all in one transaction; but not over the text a release
+    that knew more migrations applied (an older release's `evora migrate`, run again during a
+    rolling upgrade, must not take the database back).
+
+    The files are the truth about functions: a migration that (re)defines or drops one (an
+    old one, on a fresh database; a signature change) is followed by every file, so a fresh
+    database and an upgraded one end with the same text."""
     await conn.execute(_CREATE_FILES_TABLE)
     recorded = await applied_function_files(conn)
     latest = latest_version()
@@ -225,8 +230,10 @@ async def _apply_function_files(conn: asyncpg.Connection) -> None:
     newer: list[FunctionFile] = []
     for file in function_files():
         checksum, migration = recorded.get(file.name, ("", 0))
-        if checksum != file.checksum:
-            (newer if migration > latest else changed).append(file)
+        if migration > latest and checksum != file.checksum:
+            newer.append(file)
+        elif after_migrations or checksum != file.checksum:
+            changed.append(file)
     if newer:
         log.warning(
             "function files %s were applied by a newer release; left as they are",
