@@ -2,10 +2,8 @@
 -- `claim` in storage/sql/transitions.sql, which calls evora_claim_jobs()), what every
 -- transition records, how an attempt ends and how a job leaves the DLQ.
 --
--- The current text of every function and trigger of this area: edit it here. `evora migrate`
--- runs this file again, whole, whenever its text changed (after the numbered migrations), so
--- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
--- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- One clock for every time-dependent statement: the database's own `now()` (the start of the
 -- transaction), so PostgreSQL stays the only clock whatever the clocks of the machines running

@@ -1,10 +1,8 @@
 -- Dependencies (docs/dependencies.md): a WAITING job is released or cancelled by the
 -- transaction that ends its last dependency, through the triggers on jobs below.
 --
--- The current text of every function and trigger of this area: edit it here. `evora migrate`
--- runs this file again, whole, whenever its text changed (after the numbered migrations), so
--- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
--- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- What a WAITING dependent becomes when `arrived` of its dependencies have just ended
 -- (COMPLETED or CANCELLED), one of them CANCELLED if `cancelled`: the one statement of the

@@ -1,10 +1,8 @@
 -- Flow-control limits (docs/flow-control.md): the limit governing a key, what holds it, the
 -- tokens of its bucket. The limited claim is in claims_and_transitions.sql.
 --
--- The current text of every function and trigger of this area: edit it here. `evora migrate`
--- runs this file again, whole, whenever its text changed (after the numbered migrations), so
--- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
--- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- The limit that governs each of `keys`: its own, else the longest prefix limit whose stem it
 -- starts with; keys no limit governs are left out. The keys' own limits in one index scan;

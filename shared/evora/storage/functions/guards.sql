@@ -1,10 +1,8 @@
 -- Guards: the triggers that make the database enforce the state machine, keep live jobs
 -- from being deleted and keep job_events append-only (docs/architecture.md, rule 2).
 --
--- The current text of every function and trigger of this area: edit it here. `evora migrate`
--- runs this file again, whole, whenever its text changed (after the numbered migrations), so
--- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
--- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- The state machine is enforced by the database, whoever issues the SQL: the triggers below
 -- reject a new job that is not PENDING or WAITING and any change of state that is not a row

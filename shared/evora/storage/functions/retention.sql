@@ -1,9 +1,7 @@
 -- Retention (docs/deploy.md): pruning finished jobs and dropping archived events.
 --
--- The current text of every function and trigger of this area: edit it here. `evora migrate`
--- runs this file again, whole, whenever its text changed (after the numbered migrations), so
--- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
--- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- The retention path: removes up to `max_rows` events, oldest seq first, that are archived
 -- (inside the watermark), consumed by every projector generation that has recorded

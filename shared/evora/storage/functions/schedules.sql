@@ -1,10 +1,8 @@
 -- Schedules (docs/schedules.md): what the scheduler adds to the events of the jobs it
 -- submits.
 --
--- The current text of every function and trigger of this area: edit it here. `evora migrate`
--- runs this file again, whole, whenever its text changed (after the numbered migrations), so
--- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
--- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- The `submitted` event of a job made by a schedule names the schedule and the tick. The
 -- scheduler sets `evora.submitted_data` (a JSON object, transaction-local) before it

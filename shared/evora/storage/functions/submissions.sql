@@ -2,10 +2,8 @@
 -- an application may call on its own connection, the validation they share with the api, and
 -- evora.store_submissions(), which every producer's submission goes through.
 --
--- The current text of every function and trigger of this area: edit it here. `evora migrate`
--- runs this file again, whole, whenever its text changed (after the numbered migrations), so
--- every statement must be re-runnable: CREATE OR REPLACE. A change of signature, or a
--- function removed, also needs a numbered migration that drops the old one (CONTRIBUTING.md).
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- A time-ordered UUID (RFC 9562 version 7), as the api makes for its jobs: consecutive ids
 -- land on the same primary-key pages. (uuidv7() is built in only from PostgreSQL 18.)
