@@ -43,7 +43,9 @@ $$;
 
 -- Records `moves` (one event each) and sends the NOTIFY hint of every queue that gained a
 -- claimable job, except those in `suppressed` (this process notified them a moment ago), which
--- it returns as owed. One row, whatever it was given. plpgsql so that its plans are prepared
+-- it returns as owed. One row, whatever it was given, which ROWS 1 tells the planner (it takes a
+-- set-returning PL/pgSQL function for 1,000 rows, and the ack joining each of its items to
+-- this row would be planned past jit_above_cost). plpgsql so that its plans are prepared
 -- once per connection, like a statement's.
 CREATE OR REPLACE FUNCTION evora_record_moves(moves evora_move[], suppressed text[])
 RETURNS TABLE (notified text[], owed text[])
@@ -493,7 +495,7 @@ $$;
 -- Moves DLQ jobs the caller holds locked: to PENDING (a retry: a fresh attempt budget, due
 -- now, a time-to-live that already ran out dropped because the operator asked for the job to
 -- run) or to CANCELLED (a discard). Returns each moved job whole, with the queues notified and
--- owed (evora_record_moves).
+-- owed (evora_record_moves): ROWS 100, as evora_end_attempts().
 CREATE OR REPLACE FUNCTION evora_leave_dlq(ids uuid[], to_state job_state, suppressed text[])
 RETURNS TABLE (job jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 100 AS $$

@@ -23,7 +23,6 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- How many RUNNING jobs hold `k`, by this statement's snapshot.
--- How many RUNNING jobs hold `k`, by this statement's snapshot.
 CREATE OR REPLACE FUNCTION evora_running_holding(k text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT (SELECT count(*) FROM jobs r
@@ -33,7 +32,6 @@ LANGUAGE sql STABLE AS $$
               AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
 $$;
 
--- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit.
 -- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit.
 CREATE OR REPLACE FUNCTION evora_tokens(b flow_buckets, rate_limit integer, rate_per_seconds float8,
                              at timestamptz)

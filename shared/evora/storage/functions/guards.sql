@@ -5,8 +5,8 @@
 -- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- The state machine is enforced by the database, whoever issues the SQL: the triggers below
--- reject a new job that is not PENDING or WAITING and any change of state that is not a row
--- of job_transitions. Their WHEN clauses decide in C; the function only runs to reject.
+-- reject a new job that is not PENDING or WAITING and any change of state that is not a legal
+-- move. Their WHEN clauses decide in C; the function only runs to reject.
 CREATE OR REPLACE FUNCTION evora_reject_illegal_transition() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

@@ -34,7 +34,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- A name or key field: a string matching `pattern`, or of 1..max_length characters.
--- A name or key field: a string matching `pattern`, or of 1..max_length characters.
 CREATE OR REPLACE FUNCTION evora.text_field(
     value jsonb, field text, pattern text, max_length integer, optional boolean
 ) RETURNS text
@@ -91,7 +90,6 @@ BEGIN
 END
 $$;
 
--- A timestamp field: an RFC 3339 string with an offset, whose instant is storable in UTC.
 -- A timestamp field: an RFC 3339 string with an offset, whose instant is storable in UTC.
 CREATE OR REPLACE FUNCTION evora.timestamp_field(value jsonb, field text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
