@@ -23,15 +23,16 @@ SELECT coalesce(max(seq), 0) FROM job_events;
 SELECT extract(epoch FROM evora_now() - now())::float8;
 
 -- name: events
--- $1 from seq. Every event from there on, oldest first, with the fields of the job image the
--- checks use (never the payload, result or error).
+-- $1 from seq, $2 at most this many (NULL: all). The events from there on, oldest first, with
+-- the fields of the job image the checks use (never the payload, result or error).
 SELECT e.seq, e.job_id, e.job_version, e.queue, e.event, e.from_state::text AS from_state,
        e.to_state::text AS to_state, e.attempt, e.at, (e.job).worker_id AS worker_id,
        (e.job).started_at AS started_at, (e.job).group_key AS group_key,
        e.data ->> 'schedule' AS schedule, e.data ->> 'tick' AS tick
 FROM job_events e
 WHERE e.seq >= $1::int8
-ORDER BY e.seq;
+ORDER BY e.seq
+LIMIT $2::int8;
 
 -- name: jobs_of
 -- $1 job ids: those that still exist, with what the events do not carry.
