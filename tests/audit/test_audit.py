@@ -158,15 +158,37 @@ async def test_claims_beyond_a_limit_in_force(store: JobStore, pool: asyncpg.Poo
     await claimed(store, 3)
     # limits recorded as older than the claims: every claim had to obey them
     await pool.execute(
-        "INSERT INTO flow_limits (key, concurrency, rate_limit, rate_per_seconds, updated_at) "
-        "VALUES ('queue:q', 2, 1, 3600, now() - interval '1 hour')"
+        "INSERT INTO flow_limits (key, concurrency, rate_limit, rate_per_seconds) "
+        "VALUES ('queue:q', 2, 1, 3600)"
     )
+    await pool.execute("UPDATE flow_limit_changes SET changed_at = now() - interval '1 hour'")
 
     found = failing(await audited(pool))
     assert sorted(found) == ["concurrency_limits", "rate_limits"]
     assert [j for j, _ in found["concurrency_limits"]] == [{str(ids[2])}]
     # a bucket of 1 (and the slack for claims' own durations, 1 token) admits two at once
     assert [j for j, _ in found["rate_limits"]] == [{str(ids[2])}]
+
+
+async def test_claims_are_judged_by_the_limit_in_force_when_they_began(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    await pool.execute("INSERT INTO flow_limits (key, concurrency) VALUES ('queue:q', 3)")
+    await pool.execute("UPDATE flow_limit_changes SET changed_at = now() - interval '1 hour'")
+    await submitted(store, 3)
+    await claimed(store, 3)
+    # lowered, and a prefix limit that would govern the queue's key, after those claims
+    await pool.execute("UPDATE flow_limits SET concurrency = 1 WHERE key = 'queue:q'")
+    await pool.execute("INSERT INTO flow_limits (key, concurrency) VALUES ('queue:*', 1)")
+    await pool.execute("DELETE FROM flow_limits WHERE key = 'queue:q'")
+    await pool.execute(
+        "UPDATE flow_limit_changes SET changed_at = now() + interval '1 hour' "
+        "WHERE changed_at > now() - interval '1 minute'"
+    )
+    assert await pool.fetchval("SELECT count(*) FROM flow_limit_changes") == 4
+
+    report = await audited(pool)
+    assert report.ok, report.text()
 
 
 @broken

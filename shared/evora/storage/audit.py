@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from evora.storage.statements import load
     _JOBS_OF,
     _DEPENDENCIES_OF,
     _WAITING_ON_MISSING,
-    _FLOW_LIMITS,
+    _LIMIT_CHANGES,
     _PRUNE_COUNTS,
 ) = load(
     "audit",
@@ -50,7 +51,7 @@ from evora.storage.statements import load
     "jobs_of",
     "dependencies_of",
     "waiting_on_missing",
-    "flow_limits",
+    "limit_changes",
     "prune_counts",
 )
 
@@ -94,8 +95,8 @@ _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
     ("RUNNING", "RUNNING", "cancel_requested")
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
-# a claim that began this long before a limit's change may still have admitted jobs
-# without it (docs/flow-control.md: PUT waits for the transactions of the 5 s before it)
+# a claim that began up to this long after a limit's change began may not have seen it
+# (docs/flow-control.md: the PUT answers after the transactions of the 5 s before it)
 _LIMIT_CHANGE_MARGIN_S = 5.0
 # rate checks compare transaction start times, not the instant each claim took its token:
 # one token, plus what the bucket refills in this long, absorbs that difference
@@ -353,31 +354,64 @@ class _Limit:
     concurrency: int | None
     rate_limit: int | None
     rate_per_seconds: float | None
-    # the real-clock instant after which every claim obeys it
-    since: float
 
 
-def _governing(limits: list[_Limit], key: str) -> _Limit | None:
+class _LimitHistory:
+    """The limits in force at each instant, replayed from `flow_limit_changes` (migration
+    0028; the real clock, `now()` of the changing transaction)."""
+
+    def __init__(self, changes: list[asyncpg.Record]) -> None:
+        self.times: list[float] = []
+        self.configs: list[dict[str, _Limit]] = []
+        config: dict[str, _Limit] = {}
+        for r in sorted(changes, key=lambda r: (r["changed_at"], r["seq"])):
+            config = dict(config)
+            if r["deleted"]:
+                config.pop(r["key"], None)
+            else:
+                config[r["key"]] = _Limit(
+                    r["key"], r["concurrency"], r["rate_limit"], r["rate_per_seconds"]
+                )
+            self.times.append(r["changed_at"].timestamp())
+            self.configs.append(config)
+
+    def __bool__(self) -> bool:
+        return bool(self.times)
+
+    def at(self, instant: float) -> dict[str, _Limit] | None:
+        """The limits a claim begun at `instant` obeyed; None when a change was being made
+        then (from a second before it began, as a claim's inner statements take newer
+        snapshots, to _LIMIT_CHANGE_MARGIN_S after, as its commit comes later): that claim
+        may have read either."""
+        lo = bisect_left(self.times, instant - _LIMIT_CHANGE_MARGIN_S)
+        if lo < len(self.times) and self.times[lo] <= instant + 1.0:
+            return None
+        index = bisect_left(self.times, instant) - 1
+        return self.configs[index] if index >= 0 else {}
+
+
+def _governing(limits: dict[str, _Limit], key: str) -> _Limit | None:
     """The limit of one concrete key: its own, else the longest prefix limit over it."""
-    own = next((lim for lim in limits if lim.key == key), None)
+    own = limits.get(key)
     if own is not None:
         return own
-    prefixes = [lim for lim in limits if lim.key.endswith("*") and key.startswith(lim.key[:-1])]
+    prefixes = [
+        lim for lim in limits.values() if lim.key.endswith("*") and key.startswith(lim.key[:-1])
+    ]
     return max(prefixes, key=lambda lim: len(lim.key), default=None)
 
 
 def _check_limits(
     auditor: _Auditor,
-    limits: list[_Limit],
+    history: _LimitHistory,
     keys_of: dict[uuid.UUID, list[str]],
     offset: float,
     ends: dict[uuid.UUID, list[int]],
 ) -> None:
-    """concurrency_limits and rate_limits, per concrete key, against the limits in force now
-    and only for claims begun after each limit last changed (its earlier value is not
-    recorded). Jobs retention removed no longer say which keys they held: they count for
-    `queue:<q>` only, which can hide a violation but not invent one."""
-    if not limits:
+    """concurrency_limits and rate_limits, per concrete key, each claim against the limit in
+    force when it began. Jobs retention removed no longer say which keys they held: they
+    count for `queue:<q>` only, which can hide a violation but not invent one."""
+    if not history:
         return
     # every claim and ending of a job holding each key, in seq order
     timeline: dict[str, list[tuple[int, int, uuid.UUID, datetime | None]]] = defaultdict(list)
@@ -389,26 +423,27 @@ def _check_limits(
             for seq in seqs:
                 timeline[key].append((seq, -1, job_id, None))
     for key, moves in timeline.items():
-        limit = _governing(limits, key)
-        if limit is None:
-            continue
         moves.sort(key=lambda m: m[0])
         running: set[uuid.UUID] = set()
-        rate = (
-            limit.rate_limit / limit.rate_per_seconds
-            if limit.rate_limit is not None and limit.rate_per_seconds
-            else None
-        )
-        tokens: float | None = None
-        last: float = 0.0
+        # the bucket replayed while one rate governs the key, from full (a change restarts it)
+        bucket: _Limit | None = None
+        tokens = 0.0
+        last = 0.0
         for seq, delta, job_id, at in moves:
             if delta < 0:
                 running.discard(job_id)
                 continue
             running.add(job_id)
             assert at is not None
-            began = at.timestamp()
-            if began - offset < limit.since + _LIMIT_CHANGE_MARGIN_S:
+            # `at` is evora_now(): back on the real clock of the limits' changes
+            began = at.timestamp() - offset
+            limits = history.at(began)
+            if limits is None:
+                bucket = None
+                continue
+            limit = _governing(limits, key)
+            if limit is None:
+                bucket = None
                 continue
             if limit.concurrency is not None and len(running) > limit.concurrency:
                 auditor.fail(
@@ -418,25 +453,25 @@ def _check_limits(
                     [job_id],
                     [seq],
                 )
-            if rate is not None and limit.rate_limit is not None:
-                capacity = float(limit.rate_limit)
-                tokens = (
-                    capacity
-                    if tokens is None
-                    else min(capacity, tokens + max(0.0, began - last) * rate)
+            if limit.rate_limit is None or not limit.rate_per_seconds:
+                bucket = None
+                continue
+            rate = limit.rate_limit / limit.rate_per_seconds
+            capacity = float(limit.rate_limit)
+            if bucket != limit:
+                bucket, tokens, last = limit, capacity, began
+            tokens = min(capacity, tokens + max(0.0, began - last) * rate) - 1
+            last = max(last, began)
+            if tokens < -(_RATE_SLACK_TOKENS + _RATE_SLACK_S * rate):
+                auditor.fail(
+                    "rate_limits",
+                    f"claim of {key!r} beyond its bucket (limit {limit.key!r}: "
+                    f"{limit.rate_limit} per {limit.rate_per_seconds} s; "
+                    f"{-tokens:.2f} tokens over)",
+                    [job_id],
+                    [seq],
                 )
-                last = max(last, began)
-                tokens -= 1
-                if tokens < -(_RATE_SLACK_TOKENS + _RATE_SLACK_S * rate):
-                    auditor.fail(
-                        "rate_limits",
-                        f"claim of {key!r} beyond its bucket (limit {limit.key!r}: "
-                        f"{limit.rate_limit} per {limit.rate_per_seconds} s; "
-                        f"{-tokens:.2f} tokens over)",
-                        [job_id],
-                        [seq],
-                    )
-                    tokens = 0.0
+                tokens = 0.0
 
 
 async def audit(
@@ -487,16 +522,7 @@ async def _audit(
         for r in await conn.fetch(_DEPENDENCIES_OF, ids):
             deps[r["job_id"]].append(r["depends_on"])
         missing = await conn.fetch(_WAITING_ON_MISSING)
-        limits = [
-            _Limit(
-                r["key"],
-                r["concurrency"],
-                r["rate_limit"],
-                r["rate_per_seconds"],
-                r["updated_at"].timestamp(),
-            )
-            for r in await conn.fetch(_FLOW_LIMITS)
-        ]
+        history = _LimitHistory(await conn.fetch(_LIMIT_CHANGES))
         pruned = {(r["queue"], r["state"]): r["pruned"] for r in await conn.fetch(_PRUNE_COUNTS)}
         offset = float(await conn.fetchval(_CLOCK_OFFSET))
     _check_tables(auditor, rows, pruned, complete)
@@ -523,7 +549,7 @@ async def _audit(
     ends: dict[uuid.UUID, list[int]] = defaultdict(list)
     for job_id, seq in auditor.endings:
         ends[job_id].append(seq)
-    _check_limits(auditor, limits, keys_of, offset, ends)
+    _check_limits(auditor, history, keys_of, offset, ends)
     return AuditReport(from_seq, last, auditor.events, len(auditor.jobs), auditor.result())
 
 

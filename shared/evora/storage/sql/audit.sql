@@ -58,10 +58,10 @@ WHERE w.state = 'WAITING'
   AND NOT EXISTS (SELECT 1 FROM jobs p WHERE p.id = d.depends_on)
 ORDER BY d.job_id, d.depends_on;
 
--- name: flow_limits
--- The limits in force now; `updated_at` is when each last changed (now(), the real clock).
-SELECT key, stem, concurrency, rate_limit, rate_per_seconds, updated_at
-FROM flow_limits;
+-- name: limit_changes
+-- Every change of a limit (migration 0028), at the changing transaction's now().
+SELECT seq, key, concurrency, rate_limit, rate_per_seconds, deleted, changed_at
+FROM flow_limit_changes;
 
 -- name: prune_counts
 -- How many finished jobs retention removed, per queue and final state.
