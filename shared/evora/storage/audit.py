@@ -41,6 +41,7 @@ from evora.storage.statements import load
     _DEPENDENCIES_OF,
     _WAITING_ON_MISSING,
     _LIMIT_CHANGES,
+    _ARCHIVED_UPTO,
     _PRUNE_COUNTS,
 ) = load(
     "audit",
@@ -52,6 +53,7 @@ from evora.storage.statements import load
     "dependencies_of",
     "waiting_on_missing",
     "limit_changes",
+    "archived_upto",
     "prune_counts",
 )
 
@@ -216,7 +218,9 @@ class _Job:
 
 
 class _Auditor:
-    def __init__(self) -> None:
+    def __init__(self, archived_upto: int) -> None:
+        # events up to this seq may have been dropped by retention (evora_drop_archived_events)
+        self.archived_upto = archived_upto
         self.results = {name: CheckResult(name, meaning) for name, meaning in CHECKS.items()}
         self.jobs: dict[uuid.UUID, _Job] = {}
         self.claims: list[tuple[uuid.UUID, _Claim]] = []
@@ -247,6 +251,11 @@ class _Auditor:
                 self.fail("chain_continuous", f"version 1 is {name}", [job_id], [seq])
             job = _Job(e["queue"], seq, e["job_version"] - 1, frm or "", e["attempt"])
             self.jobs[job_id] = job
+        elif e["job_version"] != job.version + 1 and job.last_seq < self.archived_upto:
+            # the versions between may be events retention dropped after archiving them
+            # (the archived set is bounded by xid as well as seq, so it need not be a prefix
+            # of each job's chain): start this job afresh, as at the window's start
+            self._forget(job_id, job)
         else:
             if e["job_version"] != job.version + 1 or frm != job.state:
                 self.fail(
@@ -269,6 +278,14 @@ class _Auditor:
         if name in ("completed", "cancelled") and job.ended_seq is None:
             job.ended_seq, job.ended_state = seq, to
         job.version, job.state, job.attempt, job.last_seq = e["job_version"], to, e["attempt"], seq
+
+    def _forget(self, job_id: uuid.UUID, job: _Job) -> None:
+        """What happened before a gap is unknown: no open attempt, nothing running."""
+        job.claim = None
+        job.cancel_requested_seq = None
+        self.running.discard(job_id)
+        if job.group_key is not None:
+            self.group_running[(job.queue, job.group_key)].discard(job_id)
 
     def _attempt(self, job_id: uuid.UUID, job: _Job, e: asyncpg.Record) -> None:
         """attempts_counted: the attempt an event carries, given the one before it."""
@@ -506,7 +523,7 @@ async def _audit(
                 if since is None
                 else int(await conn.fetchval(_FIRST_SEQ_SINCE, since.total_seconds()))
             )
-        auditor = _Auditor()
+        auditor = _Auditor(int(await conn.fetchval(_ARCHIVED_UPTO)))
         last = from_seq - 1
         async for e in conn.cursor(_EVENTS, from_seq, max_events, prefetch=2000):
             auditor.event(e)

@@ -67,3 +67,8 @@ FROM flow_limit_changes;
 -- How many finished jobs retention removed, per queue and final state.
 SELECT queue, state::text AS state, pruned
 FROM job_prune_counts;
+
+-- name: archived_upto
+-- How far the event archive reaches (migration 0004): events up to this seq may have been
+-- dropped by retention, the newer ones never were.
+SELECT upto_seq FROM event_archive_watermark;
