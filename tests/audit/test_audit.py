@@ -275,3 +275,33 @@ async def test_jobs_gone_without_retention_and_a_dependent_left_waiting(
         frozenset({str(parent)}),
     }
     assert [j for j, _ in found["waiting_on_existing"]] == [{str(dependent), str(parent)}]
+
+
+async def test_events_retention_dropped_from_the_middle_of_a_chain_are_no_gap(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """The archived rectangle is bounded by xid as well as seq (migration 0004): a job's
+    middle events can be dropped while older ones stay. Dropped here as retention's DELETE
+    would, inside the watermark."""
+    [job_id] = await submitted(store, max_attempts=3)
+    for _ in range(2):
+        [job] = await claimed(store)
+        await store.fail(Failure(job_id, job["lease_token"], "again", retry_in_seconds=0))
+    seqs = [
+        r["seq"]
+        for r in await pool.fetch(
+            "SELECT seq FROM job_events WHERE job_id = $1 ORDER BY seq", job_id
+        )
+    ]
+    middle = seqs[1:3]  # the first claim and its failure
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE event_archive_watermark SET upto_seq = $1, below_xid = '1000000000'",
+            max(middle),
+        )
+        await conn.execute("SELECT set_config('evora.drop_archived_events', 'on', true)")
+        await conn.execute("DELETE FROM job_events WHERE seq = ANY($1::int8[])", middle)
+
+    report = await audited(pool)
+    assert report.ok, report.text()
+    assert report.events == len(seqs) - 2
