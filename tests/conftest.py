@@ -113,16 +113,18 @@ async def template_db(pg_server_url: str) -> AsyncIterator[str]:
 _AUDITED = frozenset(
     {
         "api",
+        "audit",
         "cli",
         "dispatcher",
         "e2e",
         "edge",
         "fuzz",
         "integration",
+        "pipeline",
+        "projector",
         "sdk",
         "sql",
         "sweeper",
-        "audit",
         "tracing",
     }
 )
