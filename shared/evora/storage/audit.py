@@ -200,14 +200,13 @@ class _Job:
     """What the audit keeps of one job while it streams the events."""
 
     queue: str
-    first_seq: int
     version: int
     state: str
     attempt: int
     group_key: str | None = None
     submitted_seq: int | None = None
     # the first event that made the job PENDING from submission (submitted or
-    # dependencies_met), and its first claim
+    # dependencies_met): only then could it be claimed
     released_seq: int | None = None
     claim: _Claim | None = None
     cancel_requested_seq: int | None = None
@@ -224,9 +223,8 @@ class _Auditor:
         self.results = {name: CheckResult(name, meaning) for name, meaning in CHECKS.items()}
         self.jobs: dict[uuid.UUID, _Job] = {}
         self.claims: list[tuple[uuid.UUID, _Claim]] = []
-        # the open attempts of each (queue, group) and of each job
+        # the jobs of each (queue, group) with an attempt open
         self.group_running: dict[tuple[str, str], set[uuid.UUID]] = defaultdict(set)
-        self.running: set[uuid.UUID] = set()
         self.ticks: dict[tuple[str, str], list[tuple[uuid.UUID, int]]] = defaultdict(list)
         self.endings: list[tuple[uuid.UUID, int]] = []
         self.events = 0
@@ -249,7 +247,7 @@ class _Auditor:
         if job is None:
             if e["job_version"] == 1 and (name != "submitted" or frm is not None):
                 self.fail("chain_continuous", f"version 1 is {name}", [job_id], [seq])
-            job = _Job(e["queue"], seq, e["job_version"] - 1, frm or "", e["attempt"])
+            job = _Job(e["queue"], e["job_version"] - 1, frm or "", e["attempt"])
             self.jobs[job_id] = job
         elif e["job_version"] != job.version + 1 and job.last_seq < self.archived_upto:
             # the versions between may be events retention dropped after archiving them
@@ -283,7 +281,6 @@ class _Auditor:
         """What happened before a gap is unknown: no open attempt, nothing running."""
         job.claim = None
         job.cancel_requested_seq = None
-        self.running.discard(job_id)
         if job.group_key is not None:
             self.group_running[(job.queue, job.group_key)].discard(job_id)
 
@@ -314,7 +311,6 @@ class _Auditor:
             opened = _Claim(seq, e["attempt"], e["started_at"], e["worker_id"], e["at"])
             job.claim = opened
             self.claims.append((job_id, opened))
-            self.running.add(job_id)
             if job.group_key is not None:
                 others = self.group_running[(job.queue, job.group_key)]
                 if others:
@@ -356,7 +352,6 @@ class _Auditor:
             )
         job.claim = None
         job.cancel_requested_seq = None
-        self.running.discard(job_id)
         if job.group_key is not None:
             self.group_running[(job.queue, job.group_key)].discard(job_id)
         self.endings.append((job_id, seq))
