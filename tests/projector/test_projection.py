@@ -7,6 +7,7 @@ from typing import Any
 from uuid import uuid4
 
 import asyncpg
+import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.protocol.jobs import JobSubmission
