@@ -19,6 +19,7 @@ from evora.storage.audit import CHECKS, AuditReport, audit
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.retention import RetentionStore
 from evora.storage.rows import JobDict
+from tests.conftest import Clock
 
 broken = pytest.mark.audit_skip(reason="the test breaks the history to see the audit say so")
 
@@ -150,6 +151,34 @@ async def test_two_running_jobs_of_one_group(store: JobStore, pool: asyncpg.Pool
     found = failing(await audited(pool))
     assert list(found) == ["group_exclusive"]
     assert [j for j, _ in found["group_exclusive"]] == [{str(head), str(second)}]
+
+
+@broken
+async def test_a_claim_that_overtakes_its_groups_head(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    [head] = await submitted(store, group_key="g")
+    # submitted before the second, WAITING for a job elsewhere: overtaking it is no violation
+    elsewhere = (await store.submit(JobSubmission(queue="other", type="t"))).id
+    waiting = (
+        await store.submit(
+            JobSubmission(queue="q", type="t", group_key="g", depends_on=[elsewhere])
+        )
+    ).id
+    [second] = await submitted(store, group_key="g")
+    # the head falls behind in its group without an event, so the claim takes the second
+    # while the events still have the head first and PENDING, long enough to have been seen
+    await pool.execute("UPDATE jobs SET priority = 10 WHERE id = $1", head)
+    await clock.advance(600)
+    [job] = await claimed(store)
+    assert job["id"] == second
+
+    found = failing(await audited(pool))
+    assert list(found) == ["group_order"]
+    # the WAITING job, though submitted before the claimed one, is not overtaken wrongly:
+    # it is not PENDING
+    assert [j for j, _ in found["group_order"]] == [{str(second), str(head)}]
+    assert str(waiting) not in found["group_order"][0][0]
 
 
 @broken

@@ -74,6 +74,10 @@ CHECKS: dict[str, str] = {
         "expiry) belongs to the claim that opened it: same attempt, start and worker"
     ),
     "group_exclusive": "at most one RUNNING job per (queue, group_key) at any moment",
+    "group_order": (
+        "a grouped job is claimed only as its group's head: no job of the group that comes "
+        "before it (priority, then submission) was PENDING"
+    ),
     "concurrency_limits": "no claim makes a key's RUNNING jobs exceed its concurrency limit",
     "rate_limits": "a key's claims fit its token bucket over every window",
     "schedule_tick_once": "each schedule tick made at most one job",
@@ -97,6 +101,10 @@ _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
     ("RUNNING", "RUNNING", "cancel_requested")
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
+# group_order: a job that became PENDING this long (by `at`, its transaction's start) before
+# a claim was visible to it, unless its transaction stayed open longer; a shorter wait may be
+# a submission the claim's snapshot could not see yet, though its seq is lower
+_GROUP_ORDER_MARGIN = timedelta(minutes=5)
 # a claim that began up to this long after a limit's change began may not have seen it
 # (docs/flow-control.md: the PUT answers after the transactions of the 5 s before it)
 _LIMIT_CHANGE_MARGIN_S = 5.0
@@ -225,6 +233,10 @@ class _Auditor:
         self.claims: list[tuple[uuid.UUID, _Claim]] = []
         # the jobs of each (queue, group) with an attempt open
         self.group_running: dict[tuple[str, str], set[uuid.UUID]] = defaultdict(set)
+        # the PENDING jobs of each (queue, group): (priority, submit_seq), since when (at, seq)
+        self.group_pending: dict[
+            tuple[str, str], dict[uuid.UUID, tuple[tuple[int, int], datetime, int]]
+        ] = defaultdict(dict)
         self.ticks: dict[tuple[str, str], list[tuple[uuid.UUID, int]]] = defaultdict(list)
         self.endings: list[tuple[uuid.UUID, int]] = []
         self.events = 0
@@ -267,6 +279,8 @@ class _Auditor:
         if e["group_key"] is not None:
             job.group_key = e["group_key"]
         self._attempts(job_id, job, e)
+        if job.group_key is not None:
+            self._group_order(job_id, job, e)
         if name == "submitted":
             job.submitted_seq = seq
             if e["schedule"] is not None and e["tick"] is not None:
@@ -277,12 +291,41 @@ class _Auditor:
             job.ended_seq, job.ended_state = seq, to
         job.version, job.state, job.attempt, job.last_seq = e["job_version"], to, e["attempt"], seq
 
+    def _group_order(self, job_id: uuid.UUID, job: _Job, e: asyncpg.Record) -> None:
+        """group_order, and the group's PENDING jobs it keeps. A WAITING job is not PENDING:
+        the later jobs of its group overtake it until its dependencies end."""
+        assert job.group_key is not None
+        pending = self.group_pending[(job.queue, job.group_key)]
+        place = (e["priority"], e["submit_seq"])
+        if e["event"] == "claimed":
+            ahead = [
+                (other, since_seq)
+                for other, (other_place, since, since_seq) in pending.items()
+                if other != job_id
+                and other_place < place
+                and since <= e["at"] - _GROUP_ORDER_MARGIN
+            ]
+            if ahead:
+                self.fail(
+                    "group_order",
+                    f"claimed in group {job.group_key!r} of queue {job.queue!r} while "
+                    f"{len(ahead)} job(s) before it were PENDING",
+                    [job_id, *(other for other, _ in ahead)],
+                    [e["seq"], *(since_seq for _, since_seq in ahead)],
+                )
+        if e["to_state"] == "PENDING":
+            if job_id not in pending:
+                pending[job_id] = (place, e["at"], e["seq"])
+        else:
+            pending.pop(job_id, None)
+
     def _forget(self, job_id: uuid.UUID, job: _Job) -> None:
         """What happened before a gap is unknown: no open attempt, nothing running."""
         job.claim = None
         job.cancel_requested_seq = None
         if job.group_key is not None:
             self.group_running[(job.queue, job.group_key)].discard(job_id)
+            self.group_pending[(job.queue, job.group_key)].pop(job_id, None)
 
     def _attempt(self, job_id: uuid.UUID, job: _Job, e: asyncpg.Record) -> None:
         """attempts_counted: the attempt an event carries, given the one before it."""

@@ -28,6 +28,7 @@ SELECT extract(epoch FROM evora_now() - now())::float8;
 SELECT e.seq, e.job_id, e.job_version, e.queue, e.event, e.from_state::text AS from_state,
        e.to_state::text AS to_state, e.attempt, e.at, (e.job).worker_id AS worker_id,
        (e.job).started_at AS started_at, (e.job).group_key AS group_key,
+       (e.job).priority AS priority, (e.job).submit_seq AS submit_seq,
        e.data ->> 'schedule' AS schedule, e.data ->> 'tick' AS tick
 FROM job_events e
 WHERE e.seq >= $1::int8
