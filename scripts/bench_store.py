@@ -24,6 +24,15 @@ Results are described in docs/benchmarks.md.
     python scripts/bench_store.py --quick         # smoke run, small numbers
     python scripts/bench_store.py --explain       # also EXPLAIN ANALYZE one claim per drain
     python scripts/bench_store.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
+    python scripts/bench_store.py --coalesced 64 --jobs 20000  # single requests instead
+
+With `--coalesced C` it measures concurrent single requests instead: N jobs submitted one
+per call by C concurrent producers through a submission coalescer, then claimed (not
+measured) and completed one per call by C concurrent workers through a completion
+coalescer, as the api and the dispatcher do. Each phase runs twice per way of coalescing,
+alternating: as shipped (`jobs.coalescing`: each statement in a transaction that gives up
+waiting for a lock after 100 ms, see sql/transitions.sql brief_lock_waits) and as a bare
+statement without that bound (what single requests did before it).
 """
 
 from __future__ import annotations
@@ -51,12 +60,22 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from evora.coalesce import Coalescer
+from evora.domain.errors import EvoraError
 from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.db import create_pool
-from evora.storage.jobs import AckResult, Completion, JobStore
+from evora.storage.jobs import (
+    AckOutcome,
+    AckResult,
+    Completion,
+    JobStore,
+    caused_by_an_item,
+    coalescing,
+)
 from evora.storage.migrate import apply_migrations
+from evora.storage.submissions import Submitted
 
 # Run as a file (python scripts/bench_store.py): the repository's bench package, whose
 # /proc readings this benchmark shares, is importable from the repository root.
@@ -380,6 +399,7 @@ class Config:
     load_chunk: int
     explain: bool
     reanalyze: bool
+    coalesced: int  # concurrent single-request clients; 0: the batch phases instead
 
 
 class Bench:
@@ -542,8 +562,80 @@ class Bench:
         print_phase(result)
         return result
 
+    async def measured_single_requests(self, brief: bool) -> None:
+        """Submit, then complete, `jobs` jobs one per call from `coalesced` concurrent
+        clients through coalescers: as shipped (`brief`) or with bare statements."""
+        c = self.config
+        way = "as shipped (brief lock waits)" if brief else "bare statement (no lock bound)"
+        shares = [range(i, c.jobs, c.coalesced) for i in range(c.coalesced)]
+        await self.probe.checkpoint()
+        await self.probe.settle()
+        async with store_on(self.dsn, 2) as store:
+            submits: Coalescer[JobSubmission, Submitted | EvoraError] = (
+                coalescing(store.submit_each)
+                if brief
+                else Coalescer(store.submit_each, isolate=caused_by_an_item)
+            )
+
+            async def produce(share: range) -> None:
+                for i in share:
+                    outcome = await submits.submit(
+                        JobSubmission(queue=QUEUE, type=JOB_TYPE, payload={"seq": i})
+                    )
+                    if not isinstance(outcome, Submitted) or not outcome.created:
+                        raise RuntimeError(f"submission {i}: {outcome!r}")
+
+            before = await self.probe.snapshot(start=True)
+            await asyncio.gather(*(produce(share) for share in shares))
+            seconds = time.perf_counter() - before.at
+            await submits.close()
+        await self.probe.settle()
+        self.record(
+            phase_result(
+                f"single submits, {way}", c.jobs, before, await self.probe.snapshot(), seconds
+            )
+        )
+
+        async with store_on(self.dsn, 2) as store:
+            jobs: list[Completion] = []
+            while len(jobs) < c.jobs:
+                claimed = await store.claim(worker_id="bench", queues=[QUEUE], max_jobs=1000)
+                jobs += [Completion(job["id"], job["lease_token"]) for job in claimed]
+        await self.probe.checkpoint()
+        await self.probe.settle()
+        async with store_on(self.dsn, 2) as store:
+            completes: Coalescer[Completion, AckOutcome] = (
+                coalescing(store.complete_many)
+                if brief
+                else Coalescer(store.complete_many, isolate=caused_by_an_item)
+            )
+
+            async def work(share: range) -> None:
+                for i in share:
+                    outcome = await completes.submit(jobs[i])
+                    if outcome.result is not AckResult.DONE:
+                        raise RuntimeError(f"completion {i}: {outcome.result}")
+
+            before = await self.probe.snapshot(start=True)
+            await asyncio.gather(*(work(share) for share in shares))
+            seconds = time.perf_counter() - before.at
+            await completes.close()
+        await self.probe.settle()
+        self.record(
+            phase_result(
+                f"single completes, {way}", c.jobs, before, await self.probe.snapshot(), seconds
+            )
+        )
+
+    async def run_single_requests(self) -> dict[str, Any]:
+        for brief in (True, False, True, False):
+            await self.measured_single_requests(brief)
+        return {}
+
     async def run(self) -> dict[str, Any]:
         c = self.config
+        if c.coalesced:
+            return await self.run_single_requests()
         await self.measured_submit("submit (empty db)", c.jobs)
         empty = await self.measured_drain("drain (empty history)", c.jobs)
         history = await self.load_history(c.history) if c.history else None
@@ -762,6 +854,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep-db", action="store_true", help="do not drop the database (with --dsn)"
     )
+    parser.add_argument(
+        "--coalesced",
+        type=int,
+        default=0,
+        help="measure single requests from this many concurrent clients through coalescers",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.quick:
@@ -788,6 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_chunk=args.load_chunk,
         explain=args.explain,
         reanalyze=args.reanalyze,
+        coalesced=args.coalesced,
     )
     machine = machine_info()
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
@@ -808,6 +907,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print_table(results)
     print()
+    if config.coalesced:
+        return 0
     ratio = summary["ratio"]
     verdict = "OK" if ratio >= 0.9 else "BELOW 0.9"
     print(f"drain with history / drain empty = {ratio:.3f} ({verdict}; target >= 0.9)")

@@ -7,13 +7,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from evora.coalesce import Coalescer
 from evora.config import Settings
 from evora.http.app import READINESS, SETTINGS, create_base_app, open_pool
 from evora.http.routing import install
 from evora.readmodels.client import mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
-from evora.storage.jobs import JobStore, caused_by_an_item
+from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.schedules import ScheduleStore
 from evora_services import tracing
@@ -35,7 +34,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[STORE] = store
     app[SCHEDULES] = ScheduleStore(pool, store)
     app[LIMITS] = LimitStore(pool)
-    app[SUBMITS] = Coalescer(traced_submitter(store), isolate=caused_by_an_item)
+    app[SUBMITS] = coalescing(traced_submitter(store))
     try:
         yield
     finally:

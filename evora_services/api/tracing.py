@@ -4,7 +4,7 @@ producer's context is stored as given, so a traced producer and worker still sha
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -14,7 +14,7 @@ from aiohttp import web
 from evora.domain.errors import EvoraError
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.tracing import TRACEPARENT
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import JobStore, RequestsFlush
 from evora.storage.submissions import Submitted
 from evora_services.tracing import TRACER
 from evora_services.tracing.traceparent import valid_traceparent
@@ -26,13 +26,15 @@ if TYPE_CHECKING:
 TracedSubmission = tuple[JobSubmission, str | None]
 
 
-def traced_submitter(
-    store: JobStore,
-) -> Callable[[Sequence[TracedSubmission]], Awaitable[list[Submitted | EvoraError]]]:
+def traced_submitter(store: JobStore) -> RequestsFlush[TracedSubmission, Submitted | EvoraError]:
     """What the submission coalescer flushes with: one statement for all, traces kept."""
 
-    async def submit_each(items: Sequence[TracedSubmission]) -> list[Submitted | EvoraError]:
-        return await store.submit_each([s for s, _ in items], [t for _, t in items])
+    async def submit_each(
+        items: Sequence[TracedSubmission], /, *, brief_lock_waits: bool = False
+    ) -> list[Submitted | EvoraError]:
+        return await store.submit_each(
+            [s for s, _ in items], [t for _, t in items], brief_lock_waits=brief_lock_waits
+        )
 
     return submit_each
 

@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from evora.coalesce import Coalescer
 from evora.config import Settings
 from evora.http.app import METRICS, create_base_app, open_pool
 from evora.http.routing import install
-from evora.storage.jobs import JobStore, caused_by_an_item
+from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.listener import Listener
 from evora_services import tracing
@@ -53,8 +52,8 @@ async def create_app(settings: Settings) -> web.Application:
             store=store,
             wakeups=wakeups,
             metrics=metrics,
-            completions=Coalescer(store.complete_many, isolate=caused_by_an_item),
-            failures=Coalescer(store.fail_many, isolate=caused_by_an_item),
+            completions=coalescing(store.complete_many),
+            failures=coalescing(store.fail_many),
             tracer=tracing.tracer("evora.dispatcher"),
         )
         listener = Listener(

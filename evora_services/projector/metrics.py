@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -55,6 +56,7 @@ class ProjectorMetrics:
             "Age of the oldest committed event not yet applied; 0 when caught up.",
             registry=registry,
         )
+        self.unmeasured()
         self.last_seq = Gauge(
             "evora_projector_last_seq", "Newest event seq applied.", registry=registry
         )
@@ -70,6 +72,13 @@ class ProjectorMetrics:
         )
         self.queues = QueueGauges()
         registry.register(self.queues)
+
+    def unmeasured(self) -> None:
+        """The lag gauges of a replica that is not measuring (starting, or a standby): NaN,
+        never 0, which would say "caught up" while perhaps far behind. PromQL's max() passes
+        over NaN, so the active replica's figure is the one alerts and dashboards see."""
+        self.events_behind.set(math.nan)
+        self.seconds_behind.set(math.nan)
 
 
 class QueueGauges(Collector):

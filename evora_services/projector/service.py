@@ -92,14 +92,16 @@ class ProjectorService:
         while not ended.is_set():
             try:
                 projector = await self._current()
+                # Measured before the batch too: a replica that has just taken over reports
+                # how far behind it starts, not 0 until its first (perhaps long) batch is done.
+                if time.monotonic() >= next_lag:
+                    await self._measure_lag(projector)
+                    next_lag = time.monotonic() + LAG_REFRESH_SECONDS
                 applied = await projector.run_once()
                 now = time.monotonic()
                 if now >= next_refresh:
                     await projector.refresh()
                     next_refresh = now + REFRESH_SECONDS
-                if now >= next_lag:
-                    await self._measure_lag(projector)
-                    next_lag = now + LAG_REFRESH_SECONDS
                 backoff.reset()
                 if applied >= projector.batch_size:
                     continue
@@ -120,6 +122,7 @@ class ProjectorService:
             if self.wake.is_set():
                 await wait_until_set(ended, linger.seconds)
         self._metrics.queues.clear()  # a standby exports no per-queue figures
+        self._metrics.unmeasured()
 
     async def _measure_lag(self, projector: Projector) -> None:
         checkpoint = await projector.checkpoint()

@@ -11,7 +11,9 @@ from uuid import UUID
 
 import asyncpg
 
-from evora.storage.jobs import JobStore
+from evora.protocol.jobs import JobSubmission
+from evora.storage import queries
+from evora.storage.jobs import Failure, JobStore
 from tests.dispatcher.conftest import WORKER, Dispatcher
 from tests.dispatcher.test_claim_acks import complete
 from tests.dispatcher.test_worker_api import claim, submit
@@ -85,3 +87,45 @@ async def test_a_request_chosen_as_a_deadlock_victim_is_answered_503_and_loses_n
         200,
         {"results": [{"id": first["id"], "status": 200}, {"id": second["id"], "status": 200}]},
     )
+
+
+async def test_a_claim_that_loses_a_group_to_a_new_head_is_answered_with_the_rest(
+    dispatcher: Dispatcher, store: JobStore, db_url: str
+) -> None:
+    """Not a conflict PostgreSQL settles by aborting, but one the claim settles itself: the
+    group's head changed under it (an admin's retry put the DLQ head back, and another
+    claim started it), so jobs_group_running refused the job it picked. It is answered 200
+    with what else is claimable, never 500 (tests/integration/test_store_concurrency.py)."""
+    head = await submit(store, group_key="g", max_attempts=1)
+    [running] = await claim(dispatcher)
+    assert running["id"] == head
+    await store.fail(Failure(UUID(head), UUID(running["lease_token"]), "boom", retryable=False))
+    second = await submit(store, group_key="g")
+    # the other claim takes type t only
+    lone = str((await store.submit(JobSubmission(queue="q", type="lone"))).job["id"])
+    other = await asyncpg.connect(db_url)
+    try:
+        async with other.transaction():
+            await other.fetch(queries.LEAVE_DLQ, UUID(head), "PENDING", [])
+            [row] = await other.fetch(queries.CLAIM, ["q"], ["t"], 1, "other")
+            assert str(row["job"]["id"]) == head
+            answering = asyncio.ensure_future(
+                dispatcher.post(
+                    "/v1/claim",
+                    {"worker_id": "w1", "queues": ["q"], "wait_seconds": 0, "max_jobs": 5},
+                )
+            )
+            watcher = await asyncpg.connect(db_url)
+            try:
+                await until(
+                    lambda: _waits_for_a_lock(watcher, other.get_server_pid()),
+                    "the claim waits for the group's running job",
+                )
+            finally:
+                await watcher.close()
+    finally:
+        await other.close()
+    status, answer = await answering
+    assert status == 200, answer
+    assert [j["id"] for j in answer["jobs"]] == [lone]
+    assert (await store.get(UUID(second)))["state"] == "PENDING"

@@ -16,7 +16,8 @@ from evora.domain.errors import InvalidState, JobNotFound
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage import queries
-from evora.storage.jobs import Failure, JobStore
+from evora.storage.db import create_pool, jsonb_elements
+from evora.storage.jobs import Cancelled, Failure, JobStore
 from tests.polling import until
 
 
@@ -103,3 +104,106 @@ async def test_a_refusal_names_the_state_a_concurrent_transaction_committed(
         await transaction.commit()
     with pytest.raises(InvalidState, match="is CANCELLED; only DLQ jobs can be retried"):
         await answer
+
+
+Move = Callable[[asyncpg.Connection], Awaitable[object]]
+
+
+async def _cancel_during(store: JobStore, pool: asyncpg.Pool, job_id: UUID, move: Move) -> object:
+    """Cancel `job_id` while `move` holds the job's row in an open transaction that moves it:
+    the cancel's snapshot shows the job before the move, its row lock waits for the move's
+    commit. Answers what the cancel answered, or raised."""
+    async with pool.acquire() as other:
+        transaction = other.transaction()
+        await transaction.start()
+        await move(other)
+        answer = asyncio.create_task(store.cancel(job_id))
+
+        async def waits_for_the_row() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            )
+
+        await until(waits_for_the_row, "the cancel waits for the row")
+        await transaction.commit()
+    return (await asyncio.gather(answer, return_exceptions=True))[0]
+
+
+async def test_a_cancel_that_waited_for_a_claim_requests_the_cancel(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """PENDING in the cancel's snapshot, RUNNING once its row lock is granted: the cancel is
+    acknowledged (202) only with cancel_requested set, for the worker to see."""
+    job_id = (await store.submit(JobSubmission(queue="admin-claimed", type="t"))).job["id"]
+
+    async def claim(conn: asyncpg.Connection) -> None:
+        assert len(await conn.fetch(queries.CLAIM, ["admin-claimed"], None, 1, "w")) == 1
+
+    answer = await _cancel_during(store, pool, job_id, claim)
+
+    assert isinstance(answer, Cancelled), answer
+    assert not answer.immediate
+    assert answer.job["state"] == JobState.RUNNING and answer.job["cancel_requested"]
+    stored = await store.get(job_id)
+    assert stored["state"] == JobState.RUNNING and stored["cancel_requested"]
+
+
+async def test_a_cancel_that_waited_for_a_waiting_job_to_be_released_cancels_it(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """WAITING in the cancel's snapshot, PENDING once its row lock is granted (its dependency
+    completed meanwhile): both can be cancelled at once, and it is."""
+    queue = "admin-released"
+    parent = (await store.submit(JobSubmission(queue=queue, type="t"))).job["id"]
+    child = await store.submit(JobSubmission(queue=queue, type="t", depends_on=[parent]))
+    assert child.job["state"] == JobState.WAITING
+    [running] = await store.claim(worker_id="w", queues=[queue])
+
+    async def complete_parent(conn: asyncpg.Connection) -> None:
+        [done] = await conn.fetch(
+            queries.COMPLETE, [parent], [running["lease_token"]], jsonb_elements([None]), [], False
+        )
+        assert done["outcome"] == "done"
+
+    answer = await _cancel_during(store, pool, child.job["id"], complete_parent)
+
+    assert isinstance(answer, Cancelled), answer
+    assert answer.immediate and answer.job["state"] == JobState.CANCELLED
+    assert (await store.get(child.job["id"]))["state"] == JobState.CANCELLED
+
+
+async def test_every_acknowledged_cancel_racing_claims_is_applied(db_url: str) -> None:
+    """The same race left to chance, autocommit statements only: cancels and claims of the
+    same jobs at once, on a pool of their own. Whatever each cancel answered is what the job
+    shows afterwards (nobody acks, so nothing moves it on)."""
+    queue, count = "admin-natural", 120
+    pool = await create_pool(db_url, min_size=16, max_size=16)
+    try:
+        store = JobStore(pool)
+        batch = [JobSubmission(queue=queue, type="t") for _ in range(count)]
+        ids = [s.job["id"] for s in await store.submit_batch(batch)]
+        # Each cancel sent beside a claim, half of them just before it and half just after.
+        calls: list[Awaitable[object]] = []
+        for n, job_id in enumerate(ids):
+            pair = [store.cancel(job_id), store.claim(worker_id="w", queues=[queue])]
+            calls += pair if n % 2 else pair[::-1]
+        async with asyncio.timeout(60):
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert [o for o in outcomes if isinstance(o, BaseException)] == []
+        answers = [o for o in outcomes if isinstance(o, Cancelled)]
+        requested = 0
+        for job_id, answer in zip(ids, answers, strict=True):
+            stored = await store.get(job_id)
+            if answer.immediate:
+                assert stored["state"] == JobState.CANCELLED, job_id
+            else:
+                requested += 1
+                assert answer.job["cancel_requested"], job_id
+                assert stored["state"] == JobState.RUNNING and stored["cancel_requested"], job_id
+        print(f"cancels racing claims: {requested} of {count} acknowledged as requested")
+        await store.close()
+    finally:
+        await pool.close()

@@ -15,9 +15,9 @@ from evora.domain.errors import IdempotencyConflict, InvalidDependency
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage import queries
-from evora.storage.db import create_pool, jsonb_elements
+from evora.storage.db import create_pool, jsonb_elements, request_budget
 from evora.storage.jobs import Completion, Failure, JobStore
-from evora.storage.retention import RetentionStore
+from evora.storage.retention import PRUNE_FINISHED, RetentionStore
 from tests.conftest import Clock
 from tests.polling import until
 
@@ -304,6 +304,84 @@ async def test_retention_keeps_a_dlq_job_others_wait_for(
     assert await retention.prune_finished(JobState.CANCELLED, 86400, 100) == 2
 
 
+# DLQ jobs that others wait for, finished before the ones a racing submission names: every
+# prune pass reads them all (they are kept) before it reaches the newest, about 30 ms.
+KEPT_BEFORE = 30_000
+PRUNE_ROUNDS = 5
+
+
+async def test_retention_never_prunes_a_dlq_job_that_a_racing_submission_waits_for(
+    store: JobStore, pool: asyncpg.Pool, db_url: str
+) -> None:
+    """A dependent whose submission commits while a prune pass runs: either the pass keeps
+    the DLQ job (the dependent is stored WAITING and may yet move on), or the pass removes it
+    first and the submission is refused as naming no job. Never both, which would leave the
+    dependent waiting for ever for a job nobody can retry or discard. Autocommit statements
+    only, each round a new DLQ job, its dependent submitted just after the pass starts."""
+    for _ in range(KEPT_BEFORE // 1000):
+        parents = await store.submit_batch([_sub(max_attempts=1) for _ in range(1000)])
+        claimed = await store.claim(worker_id="w", queues=[Q], max_jobs=1000)
+        await store.fail_many(
+            [Failure(j["id"], j["lease_token"], "boom", retryable=False) for j in claimed]
+        )
+        await store.submit_batch([_sub(depends_on=[p.job["id"]]) for p in parents])
+    racing = await create_pool(db_url, min_size=2, max_size=2)
+    outcomes: list[str] = []
+    try:
+        retention, submitter = RetentionStore(racing), JobStore(racing)
+        for _ in range(PRUNE_ROUNDS):
+            parent = await _submit(store, max_attempts=1)
+            await _run(store, parent, fail=True)
+            pruned, dependent = await asyncio.gather(
+                retention.prune_finished(JobState.DLQ, 0, 100),
+                submitter.submit(_sub(depends_on=[parent])),
+                return_exceptions=True,
+            )
+            assert isinstance(pruned, int), pruned
+            stored = await pool.fetchval("SELECT state FROM jobs WHERE id = $1", parent)
+            if isinstance(dependent, InvalidDependency):
+                assert stored is None and pruned == 1
+                outcomes.append("pruned, dependent refused")
+            else:
+                assert not isinstance(dependent, BaseException), dependent
+                assert dependent.job["state"] == JobState.WAITING
+                assert stored == JobState.DLQ, "the dependent waits for a pruned job"
+                outcomes.append("kept, dependent waiting")
+        await submitter.close()
+    finally:
+        await racing.close()
+    print(f"prune racing dependent submissions: {outcomes}")
+
+
+async def test_a_dependent_submitted_while_its_dlq_job_is_pruned_is_refused(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """The prune holds the job it removes until it commits (here, in a transaction held
+    open); a dependent's submission waits for that row, then finds no job: refused as naming
+    none, like any pruned job, never stored WAITING for it."""
+    parent = await _submit(store, max_attempts=1)
+    await _run(store, parent, fail=True)
+    async with pool.acquire() as pruning:
+        transaction = pruning.transaction()
+        await transaction.start()
+        assert await pruning.fetchval(PRUNE_FINISHED, 0.0, 100, "DLQ") == 1
+        dependent = asyncio.create_task(store.submit(_sub(depends_on=[parent])))
+
+        async def waits_for_the_row() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            )
+
+        await until(waits_for_the_row, "the submission waits for the job's row")
+        await transaction.commit()
+    with pytest.raises(InvalidDependency):
+        await dependent
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'WAITING'") == 0
+
+
 _DEADLOCKS = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
 
 
@@ -381,6 +459,37 @@ async def test_a_claimed_job_with_dependencies_carries_the_results_of_the_comple
     assert claimed["dependency_results"] == {str(a): {"rows": 3}}
 
 
+async def test_a_claim_that_cannot_read_its_dependency_results_does_not_happen(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A claim is answered with its jobs, their dependency results included, or it did not
+    happen: a job never stays RUNNING under a lease nobody was given. Here the results are
+    out of reach for longer than the request's database budget: the parent's result is
+    large enough to live in the TOAST table of `jobs`, and a maintenance transaction holds
+    that table's index (REINDEX, as an operator might run it) while the claim runs."""
+    parent = await _submit(store)
+    child = await _submit(store, depends_on=[parent])
+    [running] = await store.claim(worker_id="w", queues=[Q])
+    # random hex: hardly compressible, so stored out of line
+    result = {"blob": random.Random(9).randbytes(12_000).hex()}
+    await store.complete(parent, running["lease_token"], result)
+    toast_index = await pool.fetchval(
+        "SELECT i.indexrelid::regclass::text FROM pg_class c"
+        " JOIN pg_index i ON i.indrelid = c.reltoastrelid WHERE c.oid = 'jobs'::regclass"
+    )
+    async with pool.acquire() as maintenance:
+        transaction = maintenance.transaction()
+        await transaction.start()
+        await maintenance.execute(f"REINDEX INDEX {toast_index}")
+        with request_budget(1.0), pytest.raises(TimeoutError):
+            await store.claim(worker_id="w", queues=[Q])
+        await transaction.rollback()
+    assert await _state(store, child) is JobState.PENDING
+    [claimed] = await store.claim(worker_id="w", queues=[Q])
+    assert claimed["id"] == child and claimed["attempt"] == 1
+    assert claimed["dependency_results"] == {str(parent): result}
+
+
 async def test_cancelling_the_head_of_a_long_chain_cancels_it_all_in_one_settlement(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
@@ -433,3 +542,24 @@ async def test_only_statements_that_end_a_job_others_wait_on_run_the_settlement(
         await complete(parent)
         calls = {r["funcname"]: r["calls"] for r in await conn.fetch(_SETTLING_CALLS)}
         assert calls == {"evora_note_ended_dependency": 1, "evora_settle_dependents": 1}
+
+
+async def test_a_grouped_job_waiting_on_a_dependency_is_overtaken_then_heads_its_group_again(
+    store: JobStore,
+) -> None:
+    """FIFO groups order the jobs that are ready (docs/dependencies.md): a WAITING job does not
+    hold its group back, and once ready it keeps its submission place ahead of later jobs."""
+    parent = await _submit(store)
+    waiting = await _submit(store, group_key="g", depends_on=[parent])
+    later = [await _submit(store, group_key="g") for _ in range(2)]
+    assert await _state(store, waiting) is JobState.WAITING
+    # the parent and the group's first ready job run side by side; the WAITING job is passed
+    claimed = await store.claim(worker_id="w", queues=[Q], max_jobs=100)
+    assert sorted(j["id"] for j in claimed) == sorted([parent, later[0]])
+    by_id = {j["id"]: j["lease_token"] for j in claimed}
+    await store.complete(parent, by_id[parent])
+    await store.complete(later[0], by_id[later[0]])
+    # ready now, the earlier-submitted job heads its group again, before later[1]
+    assert await _state(store, waiting) is JobState.PENDING
+    await _run(store, waiting)
+    await _run(store, later[1])

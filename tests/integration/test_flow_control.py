@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -17,6 +20,7 @@ from evora.storage import queries
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.limits import LimitSpec, LimitStore, Rate
 from tests.conftest import Clock
+from tests.polling import until
 
 Q = "flow"
 
@@ -287,3 +291,193 @@ async def test_a_dispatcher_learns_when_an_empty_bucket_has_a_token_again(
     await clock.advance(10.5)
     assert await store.seconds_until_due([Q]) is None
     assert len(await _claim(store)) == 1
+
+
+async def test_a_claim_that_began_earlier_never_moves_the_bucket_back_in_time(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """A claim's transaction began before another claim took tokens from the same bucket, and
+    takes its own after that one committed: the bucket stays at the later time, so the
+    interval between the two is credited once."""
+    await limits.put("api:slow", LimitSpec(concurrency=None, rate=Rate(10, 100.0)))  # 0.1/s
+    await _submit(store, 20, "api:slow")
+    assert len(await _claim(store, max_jobs=8)) == 8  # 2 tokens left
+
+    async def refilled_at() -> Any:
+        return await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:slow'")
+
+    async with pool.acquire() as early:
+        tx = early.transaction()
+        await tx.start()  # its evora_now() is this moment, and stays so
+        try:
+            await clock.advance(10)  # one token more, for claims that begin from now on
+            assert len(await _claim(store, max_jobs=1)) == 1  # 2 + 1 - 1 = 2 left
+            later = await refilled_at()
+            # the early claim locks the bucket only now, 10 s after its transaction began
+            assert len(await early.fetch(queries.CLAIM, [Q], None, 1, "early")) == 1
+            await tx.commit()
+        except BaseException:
+            await tx.rollback()
+            raise
+    assert await refilled_at() >= later
+    # 1 token left: 10 at first and 1 for the 10 s since, 10 taken. A bucket moved back
+    # credited those 10 s again, and handed out a 12th token here
+    assert len(await _claim(store)) == 1
+
+
+async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """Natural race, autocommit statements only: claimers and a submitter at once, against a
+    bucket of 10 at 20/s (`api:busy`, empty most of the time) and one that always has
+    tokens (`api:free`, so every claim of its jobs writes the bucket). No bucket's time ever
+    goes back (a trigger of this test's own notes each time it does), no more jobs of
+    `api:busy` start than its bucket allows between its first and its last refill, and
+    every job a claim answers with is running."""
+    await pool.execute(
+        """
+        CREATE TABLE bucket_moved_back (key text, refilled_at timestamptz, back_to timestamptz);
+        CREATE FUNCTION note_bucket_moved_back() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.refilled_at < OLD.refilled_at THEN
+                INSERT INTO bucket_moved_back VALUES (NEW.key, OLD.refilled_at, NEW.refilled_at);
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER note_bucket_moved_back BEFORE UPDATE ON flow_buckets
+            FOR EACH ROW EXECUTE FUNCTION note_bucket_moved_back();
+        """
+    )
+    await limits.put("api:busy", LimitSpec(concurrency=None, rate=Rate(10, 0.5)))
+    await limits.put("api:free", LimitSpec(concurrency=None, rate=Rate(1_000_000, 1.0)))
+    await _submit(store, 1, "api:busy")
+    assert len(await _claim(store)) == 1  # makes the bucket, full
+    began = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
+    claimed: Counter[str] = Counter(["api:busy"])
+    stop = asyncio.Event()
+
+    async def claimer() -> None:
+        while not stop.is_set():
+            jobs = await _claim(store, max_jobs=3)
+            claimed.update(j["limit_keys"][0] for j in jobs)
+
+    async def submitter() -> None:
+        for _ in range(40):
+            await _submit(store, 5, "api:busy")
+            await _submit(store, 20, "api:free")
+        stop.set()
+
+    await asyncio.wait_for(asyncio.gather(submitter(), *(claimer() for _ in range(6))), 60)
+    ended = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
+    running = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")
+    assert running == claimed.total()
+    assert await pool.fetch("SELECT * FROM bucket_moved_back") == []
+    # the bucket began full (10) and refilled 20 a second from `began` to its last refill
+    allowed = 10 + 20 * (ended - began).total_seconds()
+    assert claimed["api:busy"] <= allowed + 1e-6, (claimed, allowed)
+
+
+async def test_racing_claimers_spend_one_token_per_job_they_claim(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """Natural race, autocommit statements only: claimers while jobs are submitted, against a
+    bucket whose refill is negligible (1,000,000 a year), so the tokens it lost are the
+    tokens spent. A submission that commits after a claim statement began but before the
+    claim's function read its window is found by the function: it must be claimed too."""
+    await limits.put("api:paid", LimitSpec(concurrency=None, rate=Rate(1_000_000, 31_536_000.0)))
+    claimed = 0
+    stop = asyncio.Event()
+
+    async def claimer() -> None:
+        nonlocal claimed
+        while not stop.is_set():
+            jobs = await _claim(store, max_jobs=4)
+            claimed += len(jobs)
+
+    async def submitter() -> None:
+        for _ in range(150):
+            await _submit(store, 2, "api:paid")
+        stop.set()
+
+    await asyncio.wait_for(asyncio.gather(submitter(), *(claimer() for _ in range(6))), 60)
+    tokens = (await limits.usage("api:paid"))["tokens"]
+    assert (1_000_000 - tokens) == pytest.approx(claimed, abs=0.5), (tokens, claimed)
+
+
+@asynccontextmanager
+async def _claim_waiting_in_its_first_round(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> AsyncIterator[asyncio.Task[list[dict[str, Any]]]]:
+    """A limited claim of one job, begun and left waiting in its first round, until the
+    block ends: its first window (the 1 job wanted and 16 more) is of jobs holding `held`,
+    whose bucket row another transaction is making. The key is then blocked, and the
+    claim's next round reads on, under a newer snapshot than the claim statement's own,
+    what the block made claimable (due, and after the held jobs in the queue's order)."""
+    await limits.put("held", LimitSpec(concurrency=5, rate=None))
+    await _submit(store, 17, "held")
+    async with pool.acquire() as other:
+        tx = other.transaction()
+        await tx.start()
+        try:
+            await other.execute(
+                "INSERT INTO flow_buckets (key, tokens, refilled_at) VALUES ('held', 0, now())"
+            )
+            claim = asyncio.create_task(_claim(store, max_jobs=1))
+
+            async def waits_for_the_row() -> bool:
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    )
+                )
+
+            await until(waits_for_the_row, "the claim waits for the bucket row of held")
+            yield claim
+            await tx.commit()
+        except BaseException:
+            await tx.rollback()
+            raise
+
+
+async def test_a_claim_pays_only_for_the_jobs_it_claims(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """A job submitted while the limited claim runs, due at once, is found by a later round
+    of it and paid for, so it must be the claim's too."""
+    await limits.put("paid", LimitSpec(concurrency=None, rate=Rate(100, 3600.0)))
+    async with _claim_waiting_in_its_first_round(store, limits, pool) as claim:
+        [paid] = await store.submit_batch(
+            [
+                JobSubmission(
+                    queue=Q,
+                    type="t",
+                    limit_keys=["paid"],
+                    priority=1,
+                    run_at=datetime.now(UTC) - timedelta(hours=1),
+                )
+            ]
+        )
+    jobs = await asyncio.wait_for(claim, 10)
+    tokens = (await limits.usage("paid"))["tokens"]
+    assert ([j["id"] for j in jobs], tokens) == ([paid.id], pytest.approx(99, abs=0.5))
+    assert (await store.get(paid.id))["state"] == "RUNNING"
+
+
+async def test_a_job_released_while_the_limited_claim_runs_comes_with_its_dependency_results(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool
+) -> None:
+    """The dependency that releases a job completes while the limited claim runs: a later
+    round claims the job, and the results come from a snapshot that shows the completion
+    (the claim statement's own predates it)."""
+    [submitted] = await store.submit_batch([JobSubmission(queue="parents", type="t")])
+    [child] = await store.submit_batch(
+        [JobSubmission(queue=Q, type="t", priority=1, depends_on=[submitted.id])]
+    )
+    [parent] = await _claim(store, queue="parents")
+    async with _claim_waiting_in_its_first_round(store, limits, pool) as claim:
+        await store.complete(parent["id"], parent["lease_token"], {"rows": 3})
+    jobs = await asyncio.wait_for(claim, 10)
+    assert [(j["id"], j["dependency_results"]) for j in jobs] == [
+        (child.id, {str(submitted.id): {"rows": 3}})
+    ]

@@ -20,11 +20,14 @@ import pytest
 
 from evora.domain.errors import IdempotencyConflict, LeaseLost
 from evora.protocol.jobs import JobSubmission
+from evora.storage import queries
 from evora.storage.db import create_pool
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
+from evora.storage.limits import LimitSpec, LimitStore
 from evora.storage.rows import JobDict
 from evora.storage.submissions import Submitted
 from tests.conftest import Clock
+from tests.polling import until
 
 # A hung test (a job that never becomes claimable again) fails instead of blocking the run.
 RUN_TIMEOUT_S = 120.0
@@ -264,6 +267,113 @@ async def test_group_jobs_run_one_at_a_time_in_submission_order(db_url: str) -> 
         for group, order in first_claims.items():
             assert order == list(range(JOBS_PER_GROUP)), f"{group} started out of order: {order}"
         assert len(claim_workers) > 1, "only one claimer ever claimed: no concurrency exercised"
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+async def test_a_claim_that_loses_a_group_to_a_new_head_claims_the_rest(
+    store: JobStore, pool: asyncpg.Pool, limited: bool
+) -> None:
+    """A group's head changes under a claim: the claim's snapshot shows B at the head (A, before
+    it in the group, is in the DLQ); an admin's retry puts A back at the head and another claim
+    starts it, committing while the claim moves B. The claim has lost the group, not failed:
+    it claims what else is claimable, and never a second job of the group."""
+    if limited:  # any limit at all: the limited claim picks the jobs
+        await LimitStore(pool).put("unrelated", LimitSpec(concurrency=1, rate=None))
+    queue = "heads"
+    first = await store.submit_batch(
+        [JobSubmission(queue=queue, type="t", group_key="g", max_attempts=1)]
+    )
+    [a] = await store.claim(worker_id="w", queues=[queue])
+    await store.fail(Failure(a["id"], a["lease_token"], "boom", retryable=False))
+    [b, lone] = await store.submit_batch(
+        [
+            JobSubmission(queue=queue, type="t", group_key="g"),
+            JobSubmission(queue=queue, type="lone"),
+        ]
+    )
+    assert first[0].id == a["id"]
+    async with pool.acquire() as other:
+        tx = other.transaction()
+        await tx.start()
+        try:
+            await other.fetch(queries.LEAVE_DLQ, a["id"], "PENDING", [])
+            [row] = await other.fetch(queries.CLAIM, [queue], ["t"], 1, "other")
+            assert row["job"]["id"] == a["id"]
+            claim = asyncio.create_task(store.claim(worker_id="w", queues=[queue], max_jobs=5))
+
+            async def waits_for_the_group() -> bool:
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    )
+                )
+
+            # B's index entry waits for A's transaction: one RUNNING job per group
+            await until(waits_for_the_group, "the claim waits for the group's running job")
+            await tx.commit()
+        except BaseException:
+            await tx.rollback()
+            raise
+    jobs = await asyncio.wait_for(claim, 10)
+    assert [j["id"] for j in jobs] == [lone.id]
+    assert (await store.get(b.id))["state"] == "PENDING"
+
+
+HEAD_CHANGES = 150
+
+
+async def test_group_heads_changing_under_racing_claimers_never_fail_a_claim(db_url: str) -> None:
+    """Natural race, autocommit statements only: jobs submitted ahead of their groups' heads
+    (a lower priority) while claimers claim and complete. Every claim answers, every job
+    runs, and never two of one group at once."""
+    queue = "new-heads"
+    async with pooled_store(db_url, GROUP_CLAIMERS + 1) as (store, pool):
+        await store.submit_batch(
+            [
+                JobSubmission(queue=queue, type="t", group_key=f"g{group}")
+                for _ in range(5)
+                for group in range(10)
+            ]
+        )
+        progress = Progress(50 + HEAD_CHANGES)
+
+        async def submitter() -> None:
+            rng = random.Random(7)
+            for _ in range(HEAD_CHANGES):
+                group = f"g{rng.randrange(10)}"
+                await store.submit_batch(
+                    [JobSubmission(queue=queue, type="t", group_key=group, priority=-1)]
+                )
+                await progress.acked(0)
+
+        async def claimer(index: int) -> None:
+            rng = random.Random(index)
+            while not progress.done:
+                generation = progress.generation
+                jobs = await store.claim(
+                    worker_id=f"w{index}", queues=[queue], max_jobs=rng.randint(1, 5)
+                )
+                if not jobs:
+                    await progress.wait_past(generation)
+                    continue
+                await store.complete_many([Completion(j["id"], j["lease_token"]) for j in jobs])
+                await progress.acked(len(jobs))
+
+        await run_all([submitter(), *(claimer(i) for i in range(GROUP_CLAIMERS))])
+        states = await pool.fetch("SELECT state::text, count(*) FROM jobs GROUP BY state")
+        assert {r["state"]: r["count"] for r in states} == {"COMPLETED": 50 + HEAD_CHANGES}
+        events = await pool.fetch(
+            "SELECT e.event, j.group_key FROM job_events e JOIN jobs j ON j.id = e.job_id"
+            " WHERE e.event IN ('claimed', 'completed') ORDER BY e.seq"
+        )
+        running: set[str] = set()
+        for event in events:
+            if event["event"] == "claimed":
+                assert event["group_key"] not in running
+                running.add(event["group_key"])
+            else:
+                running.remove(event["group_key"])
 
 
 # -- 3. idempotency keys under racing submissions -------------------------------------------

@@ -10,6 +10,7 @@
 
 import { RetryBackoff } from "./backoff.js";
 import type * as dispatcher from "./generated/dispatcher.js";
+import { EvoraError } from "./errors.js";
 import { Transport } from "./http.js";
 import type {
   AckItem,
@@ -77,6 +78,22 @@ export class DispatcherClient {
       ...(options.signal ? { signal: options.signal } : {}),
     });
     return resp.data.jobs;
+  }
+
+  /** Whether the dispatcher answers `GET /readyz` with 200 (one attempt, `timeoutMs` bound). */
+  async ready(options: CallOptions = {}): Promise<boolean> {
+    try {
+      await this.http.request<unknown>("GET", "/readyz", {
+        idempotent: true,
+        retries: 0,
+        timeoutMs: options.timeoutMs ?? this.timeoutMs,
+        ...(options.signal ? { signal: options.signal } : {}),
+      });
+      return true;
+    } catch (error) {
+      if (error instanceof EvoraError) return false;
+      throw error;
+    }
   }
 
   /** Extends the lease; `progress` is any JSON value already encoded as JSON text. */

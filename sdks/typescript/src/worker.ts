@@ -43,7 +43,7 @@ import { randomBytes } from "node:crypto";
 import { AckBatcher, type Ack } from "./acks.js";
 import { RetryBackoff, sleep } from "./backoff.js";
 import { DispatcherClient } from "./dispatcher.js";
-import { EvoraError, EvoraHTTPError, JobNotFoundError, LeaseLostError, WorkerShutdownError } from "./errors.js";
+import { EvoraConnectionError, EvoraError, EvoraHTTPError, JobNotFoundError, LeaseLostError, WorkerShutdownError } from "./errors.js";
 import { shouldRetry } from "./http.js";
 import { WorkerJob, failureFrom } from "./job.js";
 import { consoleLogger, type Logger } from "./logger.js";
@@ -59,6 +59,10 @@ const QUEUE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$/;
 const TYPE_PATTERN = /^[A-Za-z0-9_.:-]{1,255}$/;
 // With waitSeconds 0 (no long-poll), how long an idle worker waits before asking again.
 const IDLE_PAUSE_MS = 500;
+// While backing off after failed claims, how often the worker asks whether the dispatcher is
+// ready again: it resumes within about this long of the dispatcher (and its database) being
+// back, however long the backoff has grown.
+const READY_PROBE_MS = 1_000;
 // After the grace period, how long the last outcomes may take to be sent.
 const FINAL_FLUSH_MS = 1_000;
 
@@ -233,7 +237,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
     this.prefetch = options.prefetch ?? 0;
     this.runSlots = this.prefetch > 0 ? new RunSlots(this.concurrency) : null;
     this.logger = options.logger ?? consoleLogger();
-    this.backoff = options.backoff ?? new RetryBackoff({ initialMs: 500, maxMs: 30_000 });
+    this.backoff = options.backoff ?? new RetryBackoff({ initialMs: 500, maxMs: 10_000 });
     this.validate();
     for (const [type, handler] of Object.entries(options.handlers ?? {})) this.handle(type, handler);
     this.api = new DispatcherClient({
@@ -373,9 +377,9 @@ export class Worker extends EventEmitter<WorkerEvents> {
         }
         failures += 1;
         const delay = this.backoff.delay(failures);
-        this.logger.warn(`claim failed (${error.message}); retrying in ${Math.round(delay)} ms`);
+        this.logger.warn(`claim failed (${error.message}); retrying in ${Math.round(delay)} ms at most`);
         this.emit("claimFailed", error, delay, failures);
-        await sleep(delay, stop).catch(() => undefined);
+        await this.backOff(delay, meansUnready(error), stop);
         continue;
       }
       if (failures > 0) {
@@ -392,6 +396,30 @@ export class Worker extends EventEmitter<WorkerEvents> {
       } else if (this.waitSeconds === 0) {
         await sleep(IDLE_PAUSE_MS, stop).catch(() => undefined);
       }
+    }
+  }
+
+  /**
+   * Waits `delayMs` after a failed claim, or less: once the dispatcher has been seen
+   * unavailable (the failed claim itself, if it could not connect or was answered 503, or a
+   * probe), it is asked every ~READY_PROBE_MS whether it is ready again (`GET /readyz`), and
+   * the worker claims as soon as it is. The backoff still spaces claims out while the
+   * dispatcher is ready but refuses them (a 500, a 429): only the way back from an outage is
+   * shortened, to within a probe of the dispatcher being ready.
+   */
+  private async backOff(delayMs: number, unready: boolean, stop: AbortSignal): Promise<void> {
+    const deadline = Date.now() + delayMs;
+    let seenUnready = unready;
+    for (let left = delayMs; left > 0 && !stop.aborted; left = deadline - Date.now()) {
+      const pause = Math.min(left, READY_PROBE_MS * (0.75 + Math.random() / 2));
+      await sleep(pause, stop).catch(() => undefined);
+      if (stop.aborted || Date.now() >= deadline) return;
+      const ready = await this.api.ready({ timeoutMs: READY_PROBE_MS, signal: stop });
+      if (ready && seenUnready) {
+        this.logger.info("the dispatcher is ready again; claiming");
+        return;
+      }
+      seenUnready = seenUnready || !ready;
     }
   }
 
@@ -603,4 +631,11 @@ export class Worker extends EventEmitter<WorkerEvents> {
     await this.acks.close(FINAL_FLUSH_MS);
     this.logger.info(`worker ${this.workerId} stopped`);
   }
+}
+
+/** Whether a failed claim says the dispatcher is unavailable (down, restarting, or without
+ * its database), rather than up and refusing this request. */
+function meansUnready(error: EvoraError): boolean {
+  if (error instanceof EvoraHTTPError) return error.status === 503;
+  return error instanceof EvoraConnectionError;
 }

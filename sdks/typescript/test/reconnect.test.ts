@@ -48,4 +48,28 @@ describe("reconnect", () => {
       await run.stop();
     }
   });
+
+  test("a worker backing off claims again within a probe of the dispatcher being back", async () => {
+    const queue = queueName("ts-probe");
+    // Far longer than the restart: without readiness probes the worker would sleep 10-20 s
+    // after its first failed claim, whatever happened meanwhile.
+    const backoff = new RetryBackoff({ initialMs: 20_000, maxMs: 20_000 });
+    const w = worker([queue], { waitSeconds: 1, backoff });
+    let failed = 0;
+    w.handle("ts.probe", () => "ran");
+    w.on("claimFailed", () => (failed += 1));
+    const run = serving(w);
+    try {
+      const restarting = restartDispatcher(2);
+      await until(() => failed > 0, "a claim failed while the dispatcher is down");
+      await restarting;
+      const back = Date.now();
+      const job = await client.submit(queue, "ts.probe");
+      assert.equal((await jobInState(client, job.id, "COMPLETED")).result, "ran");
+      const took = Date.now() - back;
+      assert.ok(took < 5_000, `ran ${took} ms after the dispatcher was back`);
+    } finally {
+      await run.stop();
+    }
+  });
 });

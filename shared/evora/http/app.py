@@ -3,6 +3,7 @@ metrics), `/healthz`, `/readyz`, `/metrics`, `/openapi.json`."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -36,6 +37,11 @@ log = logging.getLogger(__name__)
 # Readiness check: None when fine, else the reason the service is not ready.
 ReadinessCheck = Callable[[], Awaitable[str | None]]
 
+# /readyz answers from checks at most this old: the orchestrator's probes and every worker
+# that backs off after failed claims (each asking about once a second, evora.sdk.worker)
+# then cost one round of checks per interval, however many ask.
+READINESS_CACHE_SECONDS = 0.5
+
 REQUEST_ID_HEADER = "X-Request-Id"
 # The largest body any endpoint accepts; each endpoint applies its own smaller limit while
 # it reads (evora.http.bodies), so this only backs up aiohttp's own readers.
@@ -54,10 +60,29 @@ class Lifecycle:
     draining: bool = False
 
 
+class ReadinessCache:
+    """The reasons the service is not ready (empty: ready), checked at most once per
+    `READINESS_CACHE_SECONDS`; concurrent askers wait for the one check under way."""
+
+    def __init__(self, checks: list[ReadinessCheck]) -> None:
+        self._checks = checks
+        self._lock = asyncio.Lock()
+        self._checked_at = -float("inf")
+        self._failures: list[str] = []
+
+    async def failures(self) -> list[str]:
+        async with self._lock:
+            if time.monotonic() - self._checked_at >= READINESS_CACHE_SECONDS:
+                self._failures = [r for r in [await check() for check in self._checks] if r]
+                self._checked_at = time.monotonic()
+            return self._failures
+
+
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", ServiceMetrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 READINESS = web.AppKey("readiness", list[ReadinessCheck])
+READINESS_CACHE = web.AppKey("readiness_cache", ReadinessCache)
 TOKENS = web.AppKey("tokens", TokenTable)
 DATABASE_BUDGET = web.AppKey("database_budget", float)
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -210,7 +235,7 @@ def _ops_routes(title: str) -> Routes:
     async def readyz(request: web.Request) -> web.Response:
         if request.app[LIFECYCLE].draining:
             return json_response({"status": "draining"}, status=503)
-        failures = [r for r in [await check() for check in request.app[READINESS]] if r]
+        failures = await request.app[READINESS_CACHE].failures()
         if failures:
             return json_response({"status": "unavailable", "reasons": failures}, status=503)
         return json_response({"status": "ready"})
@@ -243,6 +268,7 @@ def create_base_app(settings: Settings, service: str, title: str) -> web.Applica
     app[METRICS] = ServiceMetrics(service)
     app[LIFECYCLE] = Lifecycle()
     app[READINESS] = []
+    app[READINESS_CACHE] = ReadinessCache(app[READINESS])
     app[TOKENS] = TokenTable(settings.token_roles() if settings.auth_enabled else None)
     app[DATABASE_BUDGET] = DATABASE_BUDGET_S
     app[BODY_BUDGETS] = BodyBudgets.of(settings.body_budget)

@@ -20,6 +20,10 @@ DEFAULT_CONCURRENCY: Final = 10
 DEFAULT_BLOCKED_LOOP_WARNING: Final = 1.0
 # With wait_seconds=0 (no long-poll), how long an idle worker waits before asking again.
 IDLE_PAUSE_SECONDS: Final = 0.5
+# While a worker backs off after failed claims, how often it asks whether the dispatcher is
+# ready again: it resumes within about this long of the dispatcher (and its database) being
+# back, however long the backoff has grown.
+READY_PROBE_SECONDS: Final = 1.0
 _QUEUE_RE = re.compile(QUEUE_PATTERN)
 
 

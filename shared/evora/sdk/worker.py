@@ -59,6 +59,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import random
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -79,6 +80,7 @@ from evora.sdk.settings import (
     DEFAULT_BLOCKED_LOOP_WARNING,
     DEFAULT_CONCURRENCY,
     IDLE_PAUSE_SECONDS,
+    READY_PROBE_SECONDS,
     WorkerSettings,
     default_worker_id,
 )
@@ -164,7 +166,7 @@ class Worker:
             ack_batch_size=ack_batch_size,
             request_timeout=request_timeout,
             shutdown_timeout=shutdown_timeout,
-            backoff=backoff or RetryBackoff(initial=0.5, max_delay=30.0),
+            backoff=backoff or RetryBackoff(initial=0.5, max_delay=10.0),
             handler_threads=handler_threads,
             blocked_loop_warning=blocked_loop_warning,
             prefetch=prefetch,
@@ -371,8 +373,8 @@ class Worker:
                     raise
                 failures += 1
                 delay = self.settings.backoff.delay(failures)
-                log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
+                log.warning("claim failed (%s); retrying in %.1fs at most", exc, delay)
+                await self._back_off(delay, unready=_means_unready(exc))
                 continue
             else:
                 if carried is not None:
@@ -395,6 +397,35 @@ class Worker:
             elif self.settings.wait_seconds == 0:
                 # Without a long-poll an empty queue would be asked again at once, forever.
                 await asyncio.sleep(IDLE_PAUSE_SECONDS)
+
+    async def _back_off(self, delay: float, *, unready: bool) -> None:
+        """Wait `delay` seconds after a failed claim, or less: once the dispatcher has been
+        seen unavailable (the failed claim itself, if it could not connect or was answered
+        503, or a probe), it is asked every ~`READY_PROBE_SECONDS` whether it is ready
+        again (`GET /readyz`, which the dispatcher answers from a short cache), and the
+        worker claims as soon as it is. The backoff still spaces claims out while the
+        dispatcher answers and is ready but refuses them (a 500, a 429): only the way back
+        from an outage is shortened, to within a probe of the dispatcher being ready."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + delay
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(left, READY_PROBE_SECONDS * (0.75 + random.random() / 2)))
+            if loop.time() >= deadline:
+                return
+            ready = await self._dispatcher_ready()
+            if ready and unready:
+                log.info("the dispatcher is ready again; claiming")
+                return
+            unready = unready or not ready
+
+    async def _dispatcher_ready(self) -> bool:
+        try:
+            await self._http.request(
+                "GET", "/readyz", idempotent=True, retries=0, time_limit=READY_PROBE_SECONDS
+            )
+        except EvoraClientError:
+            return False
+        return True
 
     def _carry(self, acks: Sequence[Ack]) -> asyncio.Future[list[dict[str, Any]]] | None:
         """Give a batch of outcomes to the next claim if that claim is due now: the claim
@@ -568,3 +599,11 @@ def _name_of(handler: Handler | None) -> str:
     name = getattr(handler, "__qualname__", None) or repr(handler)
     module = inspect.getmodule(handler)
     return f"{module.__name__}.{name}" if module is not None else name
+
+
+def _means_unready(exc: EvoraClientError) -> bool:
+    """Whether a failed claim says the dispatcher is unavailable (down, restarting, or
+    without its database), rather than up and refusing this request."""
+    if isinstance(exc, EvoraHTTPError):
+        return exc.status == 503
+    return isinstance(exc, EvoraConnectionError)

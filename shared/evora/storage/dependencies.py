@@ -1,6 +1,6 @@
-"""Reading the dependency graph (docs/dependencies.md): which jobs wait on a job, and what
-the dependencies of claimed jobs returned. Deciding when a waiting job may run is the
-database's (migrations/0013_dependencies.sql)."""
+"""Reading the dependency graph (docs/dependencies.md): which jobs wait on a job. Deciding
+when a waiting job may run is the database's (migrations/0013_dependencies.sql); what the
+dependencies of a claimed job returned comes with the claim (sql/transitions.sql)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from evora.domain.errors import JobNotFound
 from evora.storage.rows import JobDict, job_from_row
 from evora.storage.statements import load
 
-DEPENDENTS, JOB_EXISTS, DEPENDENCY_RESULTS = load(
-    "dependencies", "dependents", "job_exists", "dependency_results"
-)
+DEPENDENTS, JOB_EXISTS = load("dependencies", "dependents", "job_exists")
 
 
 @dataclass(frozen=True)
@@ -36,16 +34,3 @@ async def dependents(
     more = len(rows) > limit
     rows = rows[:limit]
     return DependentsPage([job_from_row(r) for r in rows], rows[-1]["submit_seq"] if more else None)
-
-
-async def add_dependency_results(pool: asyncpg.Pool, claimed: list[JobDict]) -> None:
-    """Give each claimed job that has dependencies its `dependency_results`: {dependency id:
-    result} of those COMPLETED. One statement for them all, and none when no claimed job has
-    a dependency: the claims of other jobs pay nothing."""
-    waiting = {job["id"]: job for job in claimed if job["depends_on"]}
-    if not waiting:
-        return
-    for job in waiting.values():
-        job["dependency_results"] = {}
-    for row in await pool.fetch(DEPENDENCY_RESULTS, list(waiting)):
-        waiting[row["job_id"]]["dependency_results"][str(row["dependency"])] = row["result"]

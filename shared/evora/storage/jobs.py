@@ -9,16 +9,18 @@ changed nothing (`AckResult`); the single-item ones raise the matching typed err
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from functools import partial
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import asyncpg
 import orjson
 
+from evora.coalesce import Coalescer
 from evora.domain.errors import (
     EvoraError,
     InvalidState,
@@ -32,7 +34,7 @@ from evora.storage.db import jsonb_elements
 from evora.storage.dependencies import DependentsPage
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
 from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row
-from evora.storage.submissions import Submitted, needs_transaction, store
+from evora.storage.submissions import Submitted, needs_transaction, refs_refused, store
 
 EXPIRY_BATCH = 500
 REDRIVE_BATCH = 500
@@ -49,6 +51,38 @@ def caused_by_an_item(exc: Exception) -> bool:
     a trigger) rather than because the database is unavailable: only such a failure is worth
     splitting a batch to find the item it belongs to (see evora.coalesce)."""
     return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate)[:2] in _ITEM_SQLSTATES
+
+
+def lock_contended(exc: Exception) -> bool:
+    """Whether a statement run with `brief_lock_waits` gave up waiting for a lock another
+    transaction holds: it failed whole, so its items can be tried again apart (see
+    evora.coalesce), the one that needs the lock waiting for it alone."""
+    return isinstance(exc, asyncpg.LockNotAvailableError)
+
+
+_Item = TypeVar("_Item", contravariant=True)
+_Outcome = TypeVar("_Outcome", covariant=True)
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class RequestsFlush(Protocol[_Item, _Outcome]):
+    """A store method that handles several independent requests in one statement."""
+
+    def __call__(
+        self, items: Sequence[_Item], /, *, brief_lock_waits: bool = False
+    ) -> Awaitable[Sequence[_Outcome]]: ...
+
+
+def coalescing(flush: RequestsFlush[T, R]) -> Coalescer[T, R]:
+    """Coalesce concurrent single requests into statements of `flush`: one item the database
+    rejects fails alone, and one that must wait for a lock held outside waits alone."""
+    return Coalescer(
+        partial(flush, brief_lock_waits=True),
+        isolate=caused_by_an_item,
+        contended=lock_contended,
+        patient=flush,
+    )
 
 
 @dataclass(frozen=True)
@@ -181,21 +215,41 @@ class JobStore:
         self,
         submissions: Sequence[JobSubmission],
         traceparents: Sequence[str | None] | None = None,
+        *,
+        brief_lock_waits: bool = False,
     ) -> list[Submitted | EvoraError]:
         """Store independent submissions (concurrent single requests) in one statement. Each
         gets its own outcome: one item's idempotency conflict leaves the others stored, so no
         transaction is needed around the one atomic statement, unless some carry a
-        `traceparent` (in submission order) to be kept with their jobs."""
+        `traceparent` (in submission order) to be kept with their jobs, or the statement is
+        to give up waiting for a lock at once (`brief_lock_waits`: see `lock_contended`).
+        Each is a request of its own, with its own `ref:` names: having no earlier item, it
+        can name none, and no other's job (see `refs_refused`)."""
+        refused = [refs_refused(sub) for sub in submissions]
+        kept = [index for index, refusal in enumerate(refused) if refusal is None]
+        outcomes: list[Submitted | EvoraError | None] = list(refused)
+        if not kept:
+            return [outcome for outcome in refused if outcome is not None]
+        subs = [submissions[index] for index in kept]
+        carried = None if traceparents is None else [traceparents[index] for index in kept]
+        traced = traces.carried(carried)
         async with self._pool.acquire() as conn:
-            if not traces.carried(traceparents):
-                outcomes, _ = await store(conn, self._change, submissions, committed=True)
-                return outcomes
-            assert traceparents is not None
-            async with conn.transaction():
-                outcomes, rows = await store(conn, self._change, submissions, committed=False)
-                await traces.keep(conn, rows, traceparents)
-        self._owe(rows)
-        return outcomes
+            if not traced and not brief_lock_waits:
+                stored, _ = await store(conn, self._change, subs, committed=True, own_refs=True)
+            else:
+                async with conn.transaction():
+                    if brief_lock_waits:
+                        await conn.execute(queries.BRIEF_LOCK_WAITS)
+                    stored, rows = await store(
+                        conn, self._change, subs, committed=False, own_refs=True
+                    )
+                    if traced:
+                        assert carried is not None
+                        await traces.keep(conn, rows, carried)
+                self._owe(rows)
+        for index, outcome in zip(kept, stored, strict=True):
+            outcomes[index] = outcome
+        return [outcome for outcome in outcomes if outcome is not None]
 
     async def submit_batch(
         self,
@@ -297,7 +351,10 @@ class JobStore:
         result, job = await self._decide(queries.CANCEL, job_id)
         if result is Decision.DONE:
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
-        if job["state"] == JobState.RUNNING:  # already requested
+        # Refused while RUNNING: the cancel was requested before. The statement decides on
+        # the job's newest version, and moves a RUNNING job without the request, so a 202
+        # only ever acknowledges a request the job really carries.
+        if job["state"] == JobState.RUNNING and job["cancel_requested"]:
             return Cancelled(job, immediate=False)
         if job["state"] == JobState.DLQ:
             raise InvalidState(
@@ -366,14 +423,31 @@ class JobStore:
         max_jobs: int = 1,
         types: Sequence[str] | None = None,
     ) -> list[JobDict]:
-        rows = await self._pool.fetch(
-            queries.CLAIM, list(queues), list(types) if types else None, max_jobs, worker_id
+        args = (list(queues), list(types) if types else None, max_jobs, worker_id)
+        # A claim reads its groups' running and pending jobs under its snapshot, and a group's
+        # head may change after it was taken (a job put back ahead of the one it picked) and
+        # the new head be started by a claim that commits meanwhile: jobs_group_running, one
+        # RUNNING job per group, then fails this claim whole, having changed nothing. It lost
+        # that group, nothing more: run it again, under a snapshot that shows the group's
+        # job running, for the other jobs it may claim. Each failure is another claim's
+        # committed start, so this ends as claims make progress.
+        while True:
+            try:
+                rows = await self._pool.fetch(queries.CLAIM, *args)
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name != "jobs_group_running":
+                    raise
+            else:
+                break
+        # in the order the claim took them
+        rows = sorted(
+            rows, key=lambda r: (r["job"]["priority"], r["job"]["run_at"], r["job"]["submit_seq"])
         )
-        jobs = sorted(
-            (r["job"] for r in rows), key=lambda j: (j["priority"], j["run_at"], j["submit_seq"])
-        )
-        claimed = [claimed_job_from_row(j) for j in jobs]
-        await dependencies.add_dependency_results(self._pool, claimed)
+        claimed = [claimed_job_from_row(r["job"]) for r in rows]
+        for job, row in zip(claimed, rows, strict=True):
+            # only a job that has dependencies: {dependency id: result} of the COMPLETED ones
+            if (results := row["dependency_results"]) is not None:
+                job["dependency_results"] = dict(results)
         return claimed
 
     async def traceparents(self, job_ids: Sequence[UUID]) -> dict[UUID, str]:
@@ -411,19 +485,26 @@ class JobStore:
         return outcomes[0].job_or_raise()
 
     async def complete_many(
-        self, completions: Sequence[Completion], *, with_jobs: bool = True
+        self,
+        completions: Sequence[Completion],
+        *,
+        with_jobs: bool = True,
+        brief_lock_waits: bool = False,
     ) -> list[AckOutcome]:
         """Complete a batch in one statement, which also answers each item that changed
         nothing. Repeating a completion that already succeeded with the same token is DONE
         (a worker may retry after a network error). Without `with_jobs` the outcomes carry
-        results only, which spares building the jobs."""
+        results only, which spares building the jobs. With `brief_lock_waits` the statement
+        gives up waiting for a lock at once (see `lock_contended`)."""
         if not completions:
             return []
-        rows = await self._complete(
+        rows = await self._ack(
+            queries.COMPLETE,
             [c.id for c in completions],
             [c.lease_token for c in completions],
             jsonb_elements(c.result for c in completions),
             with_jobs=with_jobs,
+            brief_lock_waits=brief_lock_waits,
         )
         return _outcomes(completions, rows)
 
@@ -438,25 +519,31 @@ class JobStore:
         per item, and building an object per item on the way cost more than the rest."""
         if not ids:
             return []
-        rows = await self._complete(ids, lease_tokens, results, with_jobs=False)
+        rows = await self._ack(queries.COMPLETE, ids, lease_tokens, results, with_jobs=False)
         return [_ACK_RESULTS[row["outcome"]] for row in rows]
 
-    async def _complete(
-        self, ids: Sequence[UUID], lease_tokens: Sequence[UUID], results: Any, *, with_jobs: bool
+    async def _ack(
+        self, query: str, *args: Any, with_jobs: bool, brief_lock_waits: bool = False
     ) -> list[asyncpg.Record]:
-        return await self._change(
-            self._pool, queries.COMPLETE, ids, lease_tokens, results, with_jobs=with_jobs
-        )
+        """Run an ack statement. With `brief_lock_waits` (for several independent requests)
+        in a transaction of its own that gives up waiting for a lock at once, else as a
+        statement alone."""
+        if not brief_lock_waits:
+            return await self._change(self._pool, query, *args, with_jobs=with_jobs)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(queries.BRIEF_LOCK_WAITS)
+            rows = await self._change(conn, query, *args, committed=False, with_jobs=with_jobs)
+        self._owe(rows)
+        return rows
 
     async def fail_many(
-        self, failures: Sequence[Failure], *, with_jobs: bool = True
+        self, failures: Sequence[Failure], *, with_jobs: bool = True, brief_lock_waits: bool = False
     ) -> list[AckOutcome]:
         """Fail a batch in one statement, answered like complete_many; a repeated failure
         finds the attempt over (LEASE_LOST)."""
         if not failures:
             return []
-        rows = await self._change(
-            self._pool,
+        rows = await self._ack(
             queries.FAIL,
             [f.id for f in failures],
             [f.lease_token for f in failures],
@@ -464,6 +551,7 @@ class JobStore:
             [f.retryable for f in failures],
             [f.retry_in_seconds for f in failures],
             with_jobs=with_jobs,
+            brief_lock_waits=brief_lock_waits,
         )
         return _outcomes(failures, rows)
 

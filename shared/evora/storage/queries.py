@@ -19,6 +19,7 @@ from evora.storage.statements import load
     CANCEL,
     LEAVE_DLQ,
     REDRIVE,
+    BRIEF_LOCK_WAITS,
 ) = load(
     "transitions",
     "claim",
@@ -31,6 +32,7 @@ from evora.storage.statements import load
     "cancel",
     "leave_dlq",
     "redrive",
+    "brief_lock_waits",
 )
 
 GET_JOB, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(

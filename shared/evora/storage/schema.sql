@@ -881,15 +881,44 @@ CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_secon
             * (0.8 + 0.4 * random()))
 $$;
 
-CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer) RETURNS TABLE(id uuid, limited boolean)
+CREATE FUNCTION public.evora_claim_jobs(ids uuid[], limited_flags boolean[], claimer text, claimed_at timestamp with time zone) RETURNS TABLE(job public.jobs, dependency_results jsonb)
+    LANGUAGE sql
+    AS $$
+    WITH moved AS (
+        UPDATE jobs j
+        SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
+            lease_expires_at = claimed_at + make_interval(secs => j.lease_seconds),
+            worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
+            version = j.version + 1, limited = coalesce(p.flag, false)
+        FROM unnest(ids, limited_flags) AS p(id, flag)
+        WHERE j.id = p.id
+        RETURNING j AS job, evora_job_image(j) AS image, j.depends_on
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
+               (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
+               m.image
+        FROM moved m
+    )
+    SELECT m.job,
+           CASE WHEN m.depends_on IS NOT NULL THEN (
+               SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
+               FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
+               JOIN jobs d ON d.id = u.id
+               WHERE d.state = 'COMPLETED') END
+    FROM moved m
+$$;
+
+CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job public.jobs, dependency_results jsonb)
     LANGUAGE plpgsql ROWS 1
     AS $$
 DECLARE
     at CONSTANT timestamptz := evora_now();
     making CONSTANT integer := 1163284306;  -- 'EVOR'
-    taken uuid[] := '{}';
-    taken_limited boolean[] := '{}';
-    held text[] := '{}';
+    taken integer := 0;
+    paid timestamptz;
     blocked text[] := '{}';
     rest evora_claim_candidate[] := '{}';
     open_queues text[] := queues;
@@ -909,11 +938,10 @@ DECLARE
     owned text[];
     new_ids uuid[];
     new_flags boolean[];
-    new_held text[];
     full_keys text[];
 BEGIN
     WHILE rounds < 4 LOOP
-        need := wanted - cardinality(taken);
+        need := wanted - taken;
         EXIT WHEN need <= 0;
         rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
         window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
@@ -1034,6 +1062,7 @@ BEGIN
         EXIT WHEN cardinality(tried) = 0;
         blocked := blocked || full_keys;
 
+        paid := evora_now() + (clock_timestamp() - now());
         WITH c AS (SELECT * FROM unnest(tried) AS c),
         lim AS (
             SELECT * FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(key, conc, rate, per)
@@ -1054,16 +1083,14 @@ BEGIN
                 ARRAY(SELECT substr(m.key, 7) FROM mine m WHERE starts_with(m.key, 'queue:')))
             GROUP BY r.queue
         ),
-        before AS (SELECT h AS key, count(*) AS n FROM unnest(held) AS h GROUP BY h),
         caps AS MATERIALIZED (
             SELECT l.key, l.rate, l.per, least(
-                l.conc - coalesce(r.n, 0) - coalesce(h.n, 0),
-                floor(evora_tokens(b, l.rate, l.per, at))::bigint) AS cap
+                l.conc - coalesce(r.n, 0),
+                floor(evora_tokens(b, l.rate, l.per, paid))::bigint) AS cap
             FROM lim l
             JOIN mine m ON m.key = l.key
             JOIN flow_buckets b ON b.key = l.key
             LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r ON r.key = l.key
-            LEFT JOIN before h ON h.key = l.key
         ),
         ranked AS (
             SELECT c.id, x.cap,
@@ -1096,24 +1123,22 @@ BEGIN
         ),
         spent AS (
             UPDATE flow_buckets b
-            SET tokens = evora_tokens(b, x.rate, x.per, at) - u.n, refilled_at = at
+            SET tokens = evora_tokens(b, x.rate, x.per, paid) - u.n,
+                refilled_at = greatest(b.refilled_at, paid)
             FROM used u JOIN caps x ON x.key = u.key
             WHERE b.key = u.key AND x.rate IS NOT NULL
         )
         SELECT ARRAY(SELECT ch.id FROM chosen ch),
                ARRAY(SELECT ch.is_limited FROM chosen ch),
-               ARRAY(SELECT u.key FROM used u CROSS JOIN generate_series(1, u.n)),
                ARRAY(SELECT x.key FROM caps x LEFT JOIN used u ON u.key = x.key
                      WHERE x.cap - coalesce(u.n, 0) <= 0)
-        INTO new_ids, new_flags, new_held, full_keys;
-        taken := taken || new_ids;
-        taken_limited := taken_limited || new_flags;
-        held := held || new_held;
+        INTO new_ids, new_flags, full_keys;
+        RETURN QUERY SELECT * FROM evora_claim_jobs(new_ids, new_flags, worker, paid);
+        taken := taken + cardinality(new_ids);
         rounds := rounds + 1;
         blocked := blocked || full_keys;
         EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
     END LOOP;
-    RETURN QUERY SELECT * FROM unnest(taken, taken_limited);
 END
 $$;
 
@@ -1298,6 +1323,38 @@ CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
     AS $$
     SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
                             interval '0')
+$$;
+
+CREATE FUNCTION public.evora_prune_finished(age double precision, batch integer, finished public.job_state) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    held uuid[];
+    removed bigint;
+BEGIN
+    held := ARRAY(
+        SELECT f.id FROM jobs f
+        WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
+          AND f.finished_at < evora_now() - make_interval(secs => age)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
+        ORDER BY f.finished_at
+        LIMIT batch
+        FOR UPDATE SKIP LOCKED);
+    WITH gone AS (
+        DELETE FROM jobs f
+        WHERE f.id = ANY(held)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
+        RETURNING f.queue, f.state
+    ),
+    counted AS (
+        INSERT INTO job_prune_counts AS c (queue, state, pruned)
+        SELECT g.queue, g.state, count(*) FROM gone g GROUP BY g.queue, g.state
+        ORDER BY g.queue, g.state
+        ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned
+    )
+    SELECT count(*) INTO removed FROM gone;
+    RETURN removed;
+END
 $$;
 
 CREATE FUNCTION public.evora_record_limit_change() RETURNS trigger
@@ -1510,6 +1567,13 @@ CREATE FUNCTION public.evora_tokens(b public.flow_buckets, rate_limit integer, r
     AS $$
     SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
                                                 * rate_limit / rate_per_seconds)
+$$;
+
+CREATE FUNCTION public.evora_waiting_dependents(dependency uuid) RETURNS SETOF uuid
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT d.job_id FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+    WHERE d.depends_on = dependency AND w.state = 'WAITING'
 $$;
 
 CREATE TABLE public.event_archive_runs (

@@ -95,13 +95,20 @@ def _field(index: int, name: str, batch: bool) -> str:
 
 
 def dependency_edges(
-    submissions: Sequence[JobSubmission], ids: Sequence[UUID], *, batch: bool
+    submissions: Sequence[JobSubmission],
+    ids: Sequence[UUID],
+    *,
+    batch: bool,
+    own_refs: bool = False,
 ) -> Edges:
     """Resolve refs to the ids of earlier items. Only earlier items can be named, so a batch
-    cannot describe a cycle."""
+    cannot describe a cycle. With `own_refs` every item is a request of its own (concurrent
+    single requests stored together), whose refs no other item sees."""
     named: dict[str, UUID] = {}
     edges = Edges([], [])
     for index, (sub, job_id) in enumerate(zip(submissions, ids, strict=True)):
+        if own_refs:
+            named = {}
         for place, dep in enumerate(sub.depends_on):
             if isinstance(dep, str):
                 name = dep.removeprefix(DEPENDENCY_REF_PREFIX)
@@ -121,6 +128,21 @@ def dependency_edges(
                 )
             named[sub.ref] = job_id
     return edges
+
+
+# The id a lone item's own ref would stand for: nothing can name it, so it is never stored.
+_NO_JOB = UUID(int=0)
+
+
+def refs_refused(sub: JobSubmission) -> InvalidDependency | None:
+    """Why a single request's `ref:` dependencies name nothing, if it has any: it is a batch
+    of one, with no earlier item to name, however many other requests share its statement
+    (another producer's ref is not its to name, nor is its job sure to exist)."""
+    try:
+        dependency_edges([sub], [_NO_JOB], batch=False)
+    except InvalidDependency as refused:
+        return refused
+    return None
 
 
 def needs_transaction(submissions: Sequence[JobSubmission]) -> bool:
@@ -150,13 +172,15 @@ async def store(
     committed: bool,
     name_repeats: bool = False,
     with_jobs: bool = True,
+    own_refs: bool = False,
 ) -> tuple[list[Submitted | EvoraError], list[asyncpg.Record]]:
     """Store the submissions in one statement; the outcome of each (created, replayed
     or an idempotency error) and the statement's rows. With `name_repeats` (one batch
     request) a key repeated with other fields, and every invalid dependency, is reported by
-    item index. Without `with_jobs` the outcomes carry the jobs' ids only."""
+    item index. Without `with_jobs` the outcomes carry the jobs' ids only. With `own_refs`
+    each item's refs are its own (see `dependency_edges`)."""
     ids = uuid7s(len(submissions))
-    edges = dependency_edges(submissions, ids, batch=name_repeats)
+    edges = dependency_edges(submissions, ids, batch=name_repeats, own_refs=own_refs)
 
     rows = await change(
         conn,

@@ -13,13 +13,3 @@ LIMIT $2;
 -- name: job_exists
 -- $1 id.
 SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1);
-
--- name: dependency_results
--- $1 claimed jobs that have dependencies. The result of each of their COMPLETED
--- dependencies, in depends_on order (a dependency since pruned by retention is left out).
-SELECT c.id AS job_id, d.id AS dependency, d.result
-FROM jobs c
-CROSS JOIN LATERAL unnest(c.depends_on) WITH ORDINALITY AS u(id, n)
-JOIN jobs d ON d.id = u.id
-WHERE c.id = ANY($1::uuid[]) AND d.state = 'COMPLETED'
-ORDER BY c.id, u.n;

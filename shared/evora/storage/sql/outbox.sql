@@ -108,12 +108,14 @@ SELECT (SELECT jsonb_agg(jsonb_build_array(
 
 -- name: backlog
 -- $1 after-xid (text), $2 after-seq, $3 cap: committed events past a cursor, and the time of
--- the oldest of them, for lag metrics.
+-- the oldest of them, for lag metrics. Every committed event counts, also those read_batch
+-- cannot read yet because an older transaction is still open somewhere in the cluster: the
+-- lag is measured against the truth, so it grows while anything holds the read models back
+-- instead of reading 0.
 SELECT count(*) AS events, min(at) AS oldest
 FROM (
     SELECT at FROM job_events
     WHERE (xid, seq) > ($1::text::xid8, $2::int8)
-      AND xid < pg_snapshot_xmin(pg_current_snapshot())
     ORDER BY xid, seq
     LIMIT $3
 ) AS behind;

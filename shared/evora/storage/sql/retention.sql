@@ -1,6 +1,6 @@
 -- What only the sweeper asks of PostgreSQL, apart from lease and TTL expiry (transitions.sql):
 -- the next deadline to wake for, retention, and health figures. Every prune is ONE short
--- statement that removes at most a batch of rows picked with FOR UPDATE SKIP LOCKED, so it
+-- call that removes at most a batch of rows picked with FOR UPDATE SKIP LOCKED, so it
 -- never holds a long transaction, never waits for a row someone else is changing, and two
 -- sweepers running at once never remove the same row.
 
@@ -17,33 +17,12 @@ SELECT extract(epoch FROM least(
 -- name: prune_finished
 -- $1 age in seconds, $2 at most this many rows, $3 the finished state. Removes the oldest jobs
 -- that finished in that state more than $1 seconds ago and adds them to job_prune_counts in
--- the same statement, so the read models can still match the true per-state counts. The
--- literal list beside `state = $3` lets the planner prove that the `jobs_finished` partial
--- index applies in a generic (prepared) plan too. ORDER BY in the INSERT takes the counter
--- rows' locks in one order, so two sweepers pruning at once cannot deadlock on them.
+-- the same transaction, so the read models can still match the true per-state counts.
 -- A job in the DLQ that others still wait for is kept: it may yet be retried or discarded,
--- and only then do they move on (docs/dependencies.md).
-WITH gone AS (
-    DELETE FROM jobs
-    WHERE id IN (
-        SELECT f.id FROM jobs f
-        WHERE f.state = $3::job_state AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
-          AND f.finished_at < evora_now() - make_interval(secs => $1)
-          AND NOT (f.has_dependents AND EXISTS (
-                SELECT 1 FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
-                WHERE d.depends_on = f.id AND w.state = 'WAITING'))
-        ORDER BY f.finished_at
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING queue, state
-),
-counted AS (
-    INSERT INTO job_prune_counts AS c (queue, state, pruned)
-    SELECT queue, state, count(*) FROM gone GROUP BY queue, state ORDER BY queue, state
-    ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned
-)
-SELECT count(*) FROM gone;
+-- and only then do they move on (docs/dependencies.md). evora_prune_finished() (migration
+-- 0024) locks its candidates first and asks whether they are waited for only then, in a
+-- statement of its own: a dependent's submission that commits while the pass runs is seen.
+SELECT evora_prune_finished($1, $2, $3::job_state);
 
 -- name: prune_idempotency_keys
 -- $1 age in seconds, $2 at most this many rows. The window is for the key's age, but a key

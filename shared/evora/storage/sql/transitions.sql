@@ -19,8 +19,8 @@
 -- paused queues and rows other claimers hold. A grouped job is claimable only as the head of
 -- its (queue, group) (lowest priority, then submission order, due or not, so a retrying head
 -- keeps its place) and only while no job of its group runs. A time-to-live applies to jobs
--- never started. `picked` holds the rows locked and re-checked as PENDING; repeating the state
--- in the UPDATE would only tempt the planner into scanning the pending index for them.
+-- never started. `picked` holds the rows locked and re-checked as PENDING, so
+-- evora_claim_jobs() moves them by id alone.
 -- The two group checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
 -- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
 -- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
@@ -28,11 +28,20 @@
 -- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
 -- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
 -- While any concurrency or rate limit exists, evora_claim_limited() (migration 0014, last
--- changed by 0022, docs/flow-control.md) picks them instead, enforcing the limits, with the
+-- changed by 0025, docs/flow-control.md) claims instead, enforcing the limits, with the
 -- same group checks; with none, the one cost is the EXISTS on the empty flow_limits, a
--- one-time filter of each branch.
+-- one-time filter of each branch. Both move their jobs with evora_claim_jobs() (migration
+-- 0025): the limited claim reads in statements of its own, under newer snapshots than this
+-- one, and moves what it paid for right there; this one's picks are locked, and the
+-- function's own snapshot shows their latest versions.
+-- A job whose group's head changed after this statement's snapshot (a job of its group
+-- started meanwhile) fails the claim on jobs_group_running: the store runs it again
+-- (storage/jobs.py).
+-- Each claimed job that has dependencies carries the results of those COMPLETED
+-- (`dependency_results`, read by evora_claim_jobs() under its own snapshot, where the
+-- dependency endings that released the job are visible whichever snapshot picked it).
 WITH picked AS (
-    (SELECT c.id, false AS limited
+    SELECT c.id
     FROM unnest($1::text[]) AS q(queue)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
@@ -55,34 +64,14 @@ WITH picked AS (
     WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
       AND NOT EXISTS (SELECT 1 FROM flow_limits)
     ORDER BY c.priority, c.run_at, c.submit_seq
-    LIMIT $3)
-    UNION ALL
-    SELECT l.id, l.limited
-    FROM evora_claim_limited($1::text[], $2::text[], $3::int4) AS l
-    WHERE EXISTS (SELECT 1 FROM flow_limits)
-),
-moved AS (
-    UPDATE jobs j
-    SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
-        lease_expires_at = evora_now() + make_interval(secs => j.lease_seconds), worker_id = $4,
-        started_at = evora_now(), updated_at = evora_now(), version = j.version + 1,
-        limited = picked.limited
-    -- picked holds these rows locked and re-checked as PENDING; repeating the state here
-    -- would only tempt the planner into scanning the pending index for them
-    FROM picked WHERE j.id = picked.id
-    RETURNING j.*, j AS job, evora_job_image(j) AS image,
-              'claimed' AS ev_name, 'PENDING'::job_state AS ev_from,
-              j.worker_id AS ev_worker, '{}'::jsonb AS ev_data
-),
-recorded AS (
-    INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at, data, job)
-    SELECT id, version, queue, type, ev_name, ev_from, state,
-           attempt, ev_worker, updated_at, ev_data, image
-    FROM moved
+    LIMIT $3
 )
-SELECT job
-FROM moved;
+SELECT m.job, m.dependency_results
+FROM evora_claim_jobs(ARRAY(SELECT id FROM picked), NULL, $4::text, evora_now()) AS m
+UNION ALL
+SELECT l.job, l.dependency_results
+FROM evora_claim_limited($1::text[], $2::text[], $3::int4, $4::text) AS l
+WHERE EXISTS (SELECT 1 FROM flow_limits);
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
@@ -321,13 +310,20 @@ WITH target AS (
       AND (state IN ('PENDING', 'WAITING') OR (state = 'RUNNING' AND NOT cancel_requested))
     FOR UPDATE
 ),
+-- Joined by id alone. `target` is the row's newest version, locked; `j` is first read as the
+-- statement's snapshot shows it, which may predate a claim, or a dependency's completion
+-- releasing a WAITING job, that the lock waited for. A join on the state as well would fail
+-- on that older version, before the UPDATE ever reached the newest one, and the cancel
+-- would change nothing. Joined by id, the UPDATE finds the row changed and re-reads its
+-- newest version, whose state is target's (the lock is held since): the decision is made on
+-- the state the job is really in.
 moved AS (
     UPDATE jobs j
     SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
         cancel_requested = (t.state = 'RUNNING'),
         finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora_now() END,
         updated_at = evora_now(), version = j.version + 1
-    FROM target t WHERE j.id = t.id AND j.state = t.state
+    FROM target t WHERE j.id = t.id
     RETURNING j.id, j AS job,
         ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
             t.state, j.worker_id, '{}')::evora_move AS move
@@ -385,3 +381,13 @@ WITH target AS (
 )
 SELECT job, notified, owed
 FROM evora_leave_dlq(ARRAY(SELECT id FROM target), 'PENDING', $4::text[]);
+
+-- name: brief_lock_waits
+-- Run first in the transaction of a statement made for several independent requests
+-- (evora.coalesce): any lock it would wait for longer than this is held by some other
+-- transaction, maybe an application's that stays open for long, and one request's lock must
+-- not stall the others. The statement fails with lock_not_available (55P03) instead, having
+-- changed nothing, and the coalescer splits the batch until the item that needs the lock
+-- waits for it alone. Long enough that the row locks of concurrent statements like it (held
+-- until their commits, a few milliseconds) are waited out rather than split over.
+SET LOCAL lock_timeout = '100ms';
