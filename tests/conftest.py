@@ -1,5 +1,7 @@
 """Real servers for the tests, chosen in this order: an explicit URL from the
 environment, else testcontainers when a Docker engine answers, else local child processes.
+EVORA_PG_BIN_DIR (a leg of the version matrix, scripts/test.sh) names the PostgreSQL to
+start as a child process, Docker or not.
 
 PostgreSQL isolation is per test: migrations run once into a template database and every
 test gets its own clone, which costs a file copy instead of a migration run.
@@ -23,6 +25,7 @@ from pymongo import MongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.embedded import LocalMongo, LocalPostgres
+from evora.embedded._pgbin import BIN_DIR_ENV
 from evora.readmodels.client import mongo_client
 from evora.readmodels.layout import Document
 from evora.storage.db import create_pool
@@ -77,7 +80,7 @@ def pg_server_url() -> Iterator[str]:
     """Admin DSN (database ``postgres``) of a server where tests may create databases."""
     if url := os.environ.get("EVORA_TEST_DATABASE_URL"):
         yield url
-    elif _docker_answers():
+    elif _docker_answers() and not os.environ.get(BIN_DIR_ENV):
         container = _container_class("postgres", "PostgresContainer")(
             "postgres:18", username="postgres", password="postgres", dbname="postgres", driver=None
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evora.protocol.states import JobState
-from evora.sdk.client import Client, JobData
+from evora.sdk.client import Client, JobData, SubmitOptions
 from evora_services.admin_cli.exits import Exit
 from evora_services.admin_cli.output import record, table
 
@@ -34,8 +34,14 @@ JOB_FIELDS = (
     "last_error",
     "payload",
 )
+# Why each job is there: the reason its move to the DLQ recorded, and its last error.
+DLQ_COLUMNS = ("id", "queue", "type", "attempt", "finished_at", "reason", "error")
+# An error longer than this is cut in the table (--json and `jobs get` show it whole).
+ERROR_WIDTH = 60
 EVENT_COLUMNS = ("seq", "at", "event", "from_state", "to_state", "attempt", "worker_id", "data")
-QUEUE_COLUMNS = ("queue", "paused", "pending", "running", "completed", "dlq", "cancelled")
+QUEUE_COLUMNS = ("queue", "paused", *(state.lower() for state in JobState))
+SCHEDULE_COLUMNS = ("name", "cron", "timezone", "queue", "type", "paused", "next_run_at")
+LIMIT_COLUMNS = ("key", "concurrency", "rate")
 FINAL = frozenset({JobState.COMPLETED, JobState.DLQ, JobState.CANCELLED})
 # How often `evora jobs get --wait` asks again.
 WAIT_POLL_SECONDS = 0.5
@@ -43,11 +49,13 @@ WAIT_POLL_SECONDS = 0.5
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a command found: `data` for --json, `text` for people, and the exit status."""
+    """What a command found: `data` for --json, `text` for people, and the exit status;
+    `note`, when set, says on stderr why the status is not 0."""
 
     data: Any
     text: str
     status: Exit = Exit.OK
+    note: str | None = None
 
 
 Operation = Callable[[Client, argparse.Namespace], Awaitable[Outcome]]
@@ -65,26 +73,86 @@ def _jobs(jobs: list[JobData], after: str | None = None) -> Outcome:
 
 
 async def list_jobs(client: Client, args: argparse.Namespace) -> Outcome:
-    state = getattr(args, "state", None) or args.fixed_state
     page = await client.list_jobs(
-        queue=args.queue, state=state, type=args.type, limit=args.limit, after=args.after
+        queue=args.queue, state=args.state, type=args.type, limit=args.limit, after=args.after
     )
     return _jobs(page.jobs, page.next)
 
 
+def _dlq_reason(events: list[dict[str, Any]]) -> str | None:
+    """The reason the latest move into the DLQ recorded (`failed`, `not_retryable`,
+    `expired`, `lease_expired`, ...: docs/http-api.md, the event resource)."""
+    moves = [e for e in events if e.get("to_state") == JobState.DLQ]
+    data = moves[-1].get("data") if moves else None
+    return data.get("reason") if isinstance(data, dict) else None
+
+
+def _error_line(error: Any) -> str | None:
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message") or "").split("\n", 1)[0]
+    line = f"{error['type']}: {message}" if error.get("type") else message
+    return line if len(line) <= ERROR_WIDTH else line[: ERROR_WIDTH - 3] + "..."
+
+
+async def list_dlq(client: Client, args: argparse.Namespace) -> Outcome:
+    page = await client.list_jobs(
+        queue=args.queue, state=JobState.DLQ, type=args.type, limit=args.limit, after=args.after
+    )
+    histories = await asyncio.gather(*(client.events(job["id"]) for job in page.jobs))
+    jobs = [
+        {**job, "dlq_reason": _dlq_reason(events)}
+        for job, events in zip(page.jobs, histories, strict=True)
+    ]
+    rows = [
+        {**job, "reason": job["dlq_reason"], "error": _error_line(job.get("last_error"))}
+        for job in jobs
+    ]
+    text = table(rows, DLQ_COLUMNS) if jobs else "no jobs"
+    if page.next is not None:
+        text += f"\nmore: --after {page.next}"
+    return Outcome({"jobs": jobs, "next": page.next}, text)
+
+
 async def get_job(client: Client, args: argparse.Namespace) -> Outcome:
     job = await client.get(args.id)
-    if args.wait is None:
-        return _job(job)
-    deadline = time.monotonic() + args.wait
+    return _job(job) if args.wait is None else await _wait_for(client, job, args.wait)
+
+
+async def _wait_for(client: Client, job: JobData, wait: float) -> Outcome:
+    """The job once it finished, or as it is after `wait` seconds; exit 0 only if it
+    COMPLETED, and a line on stderr saying why not."""
+    deadline = time.monotonic() + wait
     while job["state"] not in FINAL and time.monotonic() < deadline:
         await asyncio.sleep(WAIT_POLL_SECONDS)
-        job = await client.get(args.id)
+        job = await client.get(job["id"])
     shown = _job(job)
     if job["state"] == JobState.COMPLETED:
         return shown
-    status = Exit.TIMED_OUT if job["state"] not in FINAL else Exit.JOB_FAILED
-    return Outcome(shown.data, shown.text, status)
+    if job["state"] in FINAL:
+        note = f"job {job['id']} ended {job['state']}, not COMPLETED"
+        return Outcome(shown.data, shown.text, Exit.JOB_FAILED, note)
+    note = f"job {job['id']} is still {job['state']} after waiting {wait:g} s"
+    return Outcome(shown.data, shown.text, Exit.TIMED_OUT, note)
+
+
+async def submit_job(client: Client, args: argparse.Namespace) -> Outcome:
+    options: SubmitOptions = {}
+    if args.key is not None:
+        options["idempotency_key"] = args.key
+    if args.priority is not None:
+        options["priority"] = args.priority
+    if args.delay is not None:
+        options["delay_seconds"] = args.delay
+    if args.max_attempts is not None:
+        options["max_attempts"] = args.max_attempts
+    submitted = await client.submit(args.queue, args.type, args.payload, **options)
+    if args.wait is not None:
+        return await _wait_for(client, submitted.job, args.wait)
+    shown = _job(submitted.job)
+    if submitted.replayed:  # said, as the job may be in any state by now
+        return Outcome(shown.data, "replayed: the job this key made before\n" + shown.text)
+    return shown
 
 
 async def job_events(client: Client, args: argparse.Namespace) -> Outcome:
@@ -135,3 +203,77 @@ async def resume_queue(client: Client, args: argparse.Namespace) -> Outcome:
 async def redrive_queue(client: Client, args: argparse.Namespace) -> Outcome:
     moved = await client.redrive(args.queue, type=args.type, limit=args.limit)
     return Outcome({"redriven": moved}, f"{moved} job(s) moved from the DLQ to PENDING")
+
+
+def _schedule_row(schedule: dict[str, Any]) -> dict[str, Any]:
+    job = schedule.get("job") or {}
+    return {**schedule, "queue": job.get("queue"), "type": job.get("type")}
+
+
+async def list_schedules(client: Client, args: argparse.Namespace) -> Outcome:
+    schedules = await client.schedules()
+    rows = [_schedule_row(s) for s in schedules]
+    text = table(rows, SCHEDULE_COLUMNS) if rows else "no schedules"
+    return Outcome({"schedules": schedules}, text)
+
+
+async def get_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    schedule = await client.schedule(args.name)
+    return Outcome(schedule, record(schedule))
+
+
+async def put_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    schedule = await client.put_schedule(
+        args.name,
+        args.cron,
+        {"queue": args.queue, "type": args.type, "payload": args.payload},
+        timezone=args.timezone,
+        misfire=args.misfire,
+    )
+    return Outcome(schedule, record(schedule))
+
+
+async def delete_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    await client.delete_schedule(args.name)
+    return Outcome({"deleted": args.name}, f"schedule {args.name} deleted")
+
+
+async def pause_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    schedule = await client.pause_schedule(args.name)
+    return Outcome(schedule, f"schedule {args.name} paused")
+
+
+async def resume_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    schedule = await client.resume_schedule(args.name)
+    return Outcome(schedule, f"schedule {args.name} resumed")
+
+
+async def trigger_schedule(client: Client, args: argparse.Namespace) -> Outcome:
+    return _job(await client.trigger_schedule(args.name))
+
+
+def _limit_row(limit: dict[str, Any]) -> dict[str, Any]:
+    rate = limit.get("rate")
+    shown = f"{rate['limit']}/{rate['per_seconds']:g}s" if isinstance(rate, dict) else None
+    return {**limit, "rate": shown}
+
+
+async def list_limits(client: Client, args: argparse.Namespace) -> Outcome:
+    limits = await client.limits()
+    text = table([_limit_row(x) for x in limits], LIMIT_COLUMNS) if limits else "no limits"
+    return Outcome({"limits": limits}, text)
+
+
+async def get_limit(client: Client, args: argparse.Namespace) -> Outcome:
+    limit = await client.limit(args.key)
+    return Outcome(limit, record(_limit_row(limit)))
+
+
+async def set_limit(client: Client, args: argparse.Namespace) -> Outcome:
+    limit = await client.set_limit(args.key, concurrency=args.concurrency, rate=args.rate)
+    return Outcome(limit, record(_limit_row(limit)))
+
+
+async def delete_limit(client: Client, args: argparse.Namespace) -> Outcome:
+    await client.delete_limit(args.key)
+    return Outcome({"deleted": args.key}, f"limit {args.key} deleted")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import TypeAlias
+from typing import Any, TypeAlias
+
+import orjson
 
 from evora.protocol.states import JobState
 from evora_services.admin_cli import commands
@@ -63,6 +65,45 @@ def _listing(parser: argparse.ArgumentParser, *, state: bool) -> None:
     parser.add_argument("--after", help="the page after this cursor (printed as `more:`)")
 
 
+def _json(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
+def _rate(text: str) -> tuple[int, float]:
+    """`N/SECONDS`: at most N claims per SECONDS."""
+    limit, _, seconds = text.partition("/")
+    try:
+        return int(limit), float(seconds.removesuffix("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("a rate is N/SECONDS, e.g. 10/1 or 100/60") from None
+
+
+def _job_fields(parser: argparse.ArgumentParser) -> None:
+    """QUEUE TYPE [PAYLOAD]: the job to submit (now, or at a schedule's ticks)."""
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("type", metavar="TYPE")
+    parser.add_argument(
+        "payload",
+        nargs="?",
+        type=_json,
+        default={},
+        metavar="PAYLOAD",
+        help="the payload as JSON (default {})",
+    )
+
+
+def _wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the job to finish; exit 0 only if it COMPLETED",
+    )
+
+
 def _ids(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ids", nargs="+", metavar="ID", help="job id(s)")
 
@@ -71,15 +112,16 @@ def add_commands(sub: Subparsers) -> None:
     jobs = _group(sub, "jobs", "look at and act on jobs", "Newest first; ids are shown whole.")
     listing = _leaf(jobs, "list", "list jobs, newest first", commands.list_jobs)
     _listing(listing, state=True)
-    listing.set_defaults(fixed_state=None)
     get = _leaf(jobs, "get", "show one job", commands.get_job)
     get.add_argument("id", metavar="ID")
-    get.add_argument(
-        "--wait",
-        type=float,
-        metavar="SECONDS",
-        help="wait up to SECONDS for the job to finish; exit 0 only if it COMPLETED",
-    )
+    _wait(get)
+    submit = _leaf(jobs, "submit", "submit a job", commands.submit_job)
+    _job_fields(submit)
+    submit.add_argument("--key", help="an idempotency key: a repeat returns the same job")
+    submit.add_argument("--priority", type=int, help="lower is claimed first (default 0)")
+    submit.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner")
+    submit.add_argument("--max-attempts", type=int, help="attempts before the DLQ")
+    _wait(submit)
     _leaf(jobs, "events", "show a job's events, oldest first", commands.job_events).add_argument(
         "id", metavar="ID"
     )
@@ -103,8 +145,42 @@ def add_commands(sub: Subparsers) -> None:
     redrive.add_argument("--limit", type=int, help="at most this many")
 
     dlq = _group(sub, "dlq", "the dead-letter queue", "Jobs that failed for good.")
-    dlq_list = _leaf(dlq, "list", "list DLQ jobs, newest first", commands.list_jobs)
+    dlq_list = _leaf(
+        dlq, "list", "list DLQ jobs, newest first, with why each is there", commands.list_dlq
+    )
     _listing(dlq_list, state=False)
-    dlq_list.set_defaults(fixed_state=JobState.DLQ.value)
     _ids(_leaf(dlq, "retry", "move DLQ jobs back to PENDING", commands.retry_jobs))
     _ids(_leaf(dlq, "discard", "move DLQ jobs to CANCELLED", commands.discard_jobs))
+
+    schedules = _group(
+        sub, "schedules", "periodic jobs", "A schedule submits a job at every tick of a cron."
+    )
+    _leaf(schedules, "list", "every schedule", commands.list_schedules)
+    put = _leaf(schedules, "put", "create or replace a schedule", commands.put_schedule)
+    put.add_argument("name", metavar="NAME")
+    put.add_argument("cron", metavar="CRON", help="five fields, e.g. '0 9 * * 1-5'")
+    _job_fields(put)
+    put.add_argument("--timezone", help="an IANA zone the cron is read in (default UTC)")
+    put.add_argument("--misfire", choices=["skip", "run_once", "catch_up"])
+    for name, summary, operation in (
+        ("get", "show a schedule", commands.get_schedule),
+        ("delete", "delete a schedule (its jobs stay)", commands.delete_schedule),
+        ("pause", "make no jobs until resumed", commands.pause_schedule),
+        ("resume", "make jobs again from the next tick", commands.resume_schedule),
+        ("trigger", "make one job now, outside the ticks", commands.trigger_schedule),
+    ):
+        _leaf(schedules, name, summary, operation).add_argument("name", metavar="NAME")
+
+    limits = _group(
+        sub, "limits", "concurrency and rate limits", "Jobs hold keys; a limit caps a key."
+    )
+    _leaf(limits, "list", "every limit", commands.list_limits)
+    set_limit = _leaf(limits, "set", "create or replace a limit", commands.set_limit)
+    set_limit.add_argument("key", metavar="KEY", help="tenant:42, queue:<queue>, tenant:*")
+    set_limit.add_argument("--concurrency", type=int, help="at most this many RUNNING")
+    set_limit.add_argument("--rate", type=_rate, metavar="N/SECONDS", help="claims per period")
+    for name, summary, operation in (
+        ("get", "the limit governing a key, with its usage", commands.get_limit),
+        ("delete", "delete a limit", commands.delete_limit),
+    ):
+        _leaf(limits, name, summary, operation).add_argument("key", metavar="KEY")

@@ -60,4 +60,6 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         print(f"evora {args.command}: {exc}", file=sys.stderr)
         return _status(exc)
     print(as_json(outcome.data) if args.json else outcome.text)
+    if outcome.note is not None:
+        print(f"evora {args.command}: {outcome.note} (exit {int(outcome.status)})", file=sys.stderr)
     return outcome.status

@@ -22,6 +22,7 @@ from evora.http.app import SETTINGS
 from evora.http.bodies import (
     ItemsLimit,
     items_limit,
+    keep_exact_values,
     parse_body,
     parse_query,
     read_json_body,
@@ -173,7 +174,7 @@ async def _batch(request: web.Request) -> BatchSubmission:
     except ValidationError:
         return validate_body(raw, BatchSubmission, context)
     if all_fit([job.payload for job in batch.jobs], settings.max_payload_bytes):
-        return batch
+        return keep_exact_values(raw, batch)
     del batch  # not held while the body is parsed again
     return validate_body(raw, BatchSubmission, context)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
+from uuid import UUID
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -22,8 +23,8 @@ from evora.http.bodies import parse_body, parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem, validation_problem
 from evora.http.routing import Routes
-from evora.protocol.jobs import JobResponse, JobSubmission
-from evora.protocol.limits import MAX_PAGE, QUEUE_PATTERN
+from evora.protocol.jobs import JobResponse, JobSubmission, LastError
+from evora.protocol.limits import DEPENDENCY_REF_PREFIX, MAX_PAGE, QUEUE_PATTERN
 from evora.storage.schedules import ScheduleSpec, ScheduleStore
 from evora_services.api.routes import submission_body_limit
 from evora_services.api.stats import QueueCursor, encode_key
@@ -48,6 +49,18 @@ class ScheduledJob(JobSubmission):
     def _no_key(cls, value: Any) -> None:
         if value is not None:
             raise ValueError("each tick's job gets the key schedule:<name>:<tick>; give none")
+
+    @field_validator("depends_on")
+    @classmethod
+    def _no_refs(cls, value: list[UUID | str]) -> list[UUID | str]:
+        # A tick submits one job, not a batch, so a "ref:" names nothing: every firing would
+        # be refused.
+        if any(isinstance(dep, str) for dep in value):
+            raise ValueError(
+                f'"{DEPENDENCY_REF_PREFIX}<name>" names an item of the same batch; a '
+                "schedule's job depends on jobs by id"
+            )
+        return value
 
 
 class ScheduleBody(BaseModel):
@@ -97,6 +110,16 @@ class Schedule(BaseModel):
     next_run_at: datetime | None = Field(description="the next tick; null while paused")
     last_run_at: datetime | None = Field(description="when it last made a job (tick or trigger)")
     last_job_id: str | None = Field(description="the job it made last")
+    last_error: LastError | None = Field(
+        description="why its last failed step made no job (kept after it recovers)"
+    )
+    last_error_at: datetime | None = Field(description="when that step failed")
+    failing_since: datetime | None = Field(
+        description="the first failure of the current streak; null once a step succeeds"
+    )
+    consecutive_failures: int = Field(
+        description="steps that failed in a row; a failed step's ticks make no job"
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -167,7 +190,11 @@ async def put_schedule(request: web.Request) -> web.Response:
     spec = ScheduleSpec(
         cron=body.cron,
         timezone=body.timezone,
-        job=body.job.model_dump(mode="json", exclude={"idempotency_key"}),
+        # the payload as it is: it may hold the client's exact numbers (orjson fragments)
+        job={
+            **body.job.model_dump(mode="json", exclude={"idempotency_key", "payload"}),
+            "payload": body.job.payload,
+        },
         misfire=body.misfire,
         misfire_grace_seconds=body.misfire_grace_seconds,
         paused=body.paused,

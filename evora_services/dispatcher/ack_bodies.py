@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError
 from pydantic_core import PydanticCustomError
 
 from evora.http.app import SETTINGS
-from evora.http.bodies import items_limit, problem_from, read_json_body
+from evora.http.bodies import exact_values, items_limit, problem_from, read_json_body
 from evora.protocol.fields import encode_client_json
 from evora.protocol.limits import MAX_ACKS
 from evora.protocol.worker import Ack, AcksRequest, ClaimRequest
@@ -75,12 +75,26 @@ async def _read(
     else:
         results = _encoded_results(acks_of(body), max_payload_bytes)
         if results is not None:
-            return body, results
+            return body, _exact_results(raw, results)
     try:
         body = full.model_validate_json(raw, context=context)
     except ValidationError as exc:
         raise problem_from(exc) from None
-    return body, [orjson.Fragment(orjson.dumps(ack.result)) for ack in acks_of(body)]
+    return body, _exact_results(
+        raw, [orjson.Fragment(orjson.dumps(ack.result)) for ack in acks_of(body)]
+    )
+
+
+def _exact_results(raw: bytes | bytearray, results: list[orjson.Fragment]) -> list[orjson.Fragment]:
+    """The results with the numbers exactly as the body writes them (the parser made floats
+    of them), if it has such numbers; in the order of the acks, as `results`."""
+    tree = exact_values(raw)
+    if tree is None:
+        return results
+    return [
+        orjson.Fragment(orjson.dumps(ack["result"])) if "result" in ack else _NULL
+        for ack in tree.get("acks") or ()
+    ]
 
 
 async def read_claim(request: web.Request) -> tuple[ClaimRequest, list[orjson.Fragment]]:

@@ -69,9 +69,13 @@ def _check(args: argparse.Namespace, settings: Settings) -> None:
     if args.pipeline_command == "run" and not args.no_mongo and settings.mongo_url is None:
         raise ConfigError("EVORA_MONGO_URL is required (or pass --no-mongo)")
     if importlib.util.find_spec("pyspark") is None:
-        raise ConfigError("evora pipeline needs PySpark: pip install 'evora[pipeline]'")
+        raise ConfigError("evora pipeline needs PySpark: pip install 'evora-queue[pipeline]'")
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        raise ConfigError("Spark needs Java 17 or newer: no `java` on PATH and no JAVA_HOME")
+        raise ConfigError(
+            "Spark needs Java 17 or newer: no `java` on PATH and no JAVA_HOME; install a "
+            "Java runtime (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; macOS: "
+            "brew install openjdk@17) or set JAVA_HOME"
+        )
     _check_database_url(settings.database_url)
 
 

@@ -7,6 +7,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from evora.http.metrics import LATENCY_BUCKETS, ServiceMetrics
 from evora.storage.audit import CHECKS
+from evora.storage.schedules import FailureReason
 
 LEASE_OUTCOMES = ("requeued", "dead_lettered", "cancelled")
 PRUNE_KINDS = ("completed", "cancelled", "dlq", "idempotency_keys")
@@ -92,7 +93,17 @@ class SweeperMetrics:
         )
         for check in CHECKS:
             self.invariant_violations.labels(check)
+        self.schedule_failures = Counter(
+            "evora_schedule_failures",
+            "Schedule steps that made none of their jobs, by reason (unreadable: the stored "
+            "schedule no longer parses; rejected: the submission was refused). The schedule "
+            "records the error (GET /v1/schedules/{name}) and waits for its next tick.",
+            ["reason"],
+            registry=registry,
+        )
         for outcome in LEASE_OUTCOMES:
             self.leases_expired.labels(outcome)
         for kind in PRUNE_KINDS:
             self.pruned.labels(kind)
+        for reason in FailureReason:
+            self.schedule_failures.labels(reason.value)

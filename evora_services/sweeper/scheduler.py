@@ -74,6 +74,8 @@ class Scheduler:
         self._metrics.schedule_ticks_missed.inc(fired.step.missed)
         for m in made:
             self._metrics.schedule_fire_delay.observe(max((now - m.tick).total_seconds(), 0.0))
+        if fired.failure is not None:
+            self._metrics.schedule_failures.labels(fired.failure.reason.value).inc()
         if fired.step.missed:
             log.info("schedule %r: %d ticks missed by its policy", fired.name, fired.step.missed)
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry in the services (docs/tracing.md), optional: the `evora[tracing]` extra.
+"""OpenTelemetry in the services (docs/tracing.md), optional: the `evora-queue[tracing]` extra.
 
 Configured by the standard OTEL_* environment variables. Tracing is on when an exporter is
 asked for (OTEL_TRACES_EXPORTER other than `none`, or an OTLP endpoint) and not disabled by
@@ -51,7 +51,7 @@ def requested_exporters(environ: Mapping[str, str]) -> list[str]:
 
 def configure(service: str, environ: Mapping[str, str]) -> None:
     """Set up the process's tracer provider from the environment, if tracing is asked for.
-    Without the `evora[tracing]` extra that is a warning, not a failure: the service runs
+    Without the `evora-queue[tracing]` extra that is a warning, not a failure: the service runs
     untraced. Spans are exported in batches, and the ones still queued at exit are sent."""
     exporters = requested_exporters(environ)
     if not exporters:
@@ -61,7 +61,7 @@ def configure(service: str, environ: Mapping[str, str]) -> None:
     except ImportError as exc:
         log.warning(
             "tracing is configured (OTEL_*) but OpenTelemetry is not installed (%s): "
-            "install evora[tracing]; running without tracing",
+            "install 'evora-queue[tracing]'; running without tracing",
             exc,
         )
         return

@@ -1,5 +1,5 @@
 """The tracer provider built from the OTEL_* environment (imported only when tracing is on,
-and needing the `evora[tracing]` extra)."""
+and needing the `evora-queue[tracing]` extra)."""
 
 from __future__ import annotations
 

@@ -95,6 +95,8 @@ async def test_pause_resume_trigger(client: ApiClient) -> None:
         ({"misfire": "sometimes"}, ["misfire"]),
         ({"job": {**JOB, "idempotency_key": "k"}}, ["job", "idempotency_key"]),
         ({"job": {"queue": "bad queue", "type": "t"}}, ["job", "queue"]),
+        # a tick submits one job, never a batch: "ref:" names nothing, so every firing failed
+        ({"job": {**JOB, "depends_on": ["ref:x"]}}, ["job", "depends_on"]),
     ],
 )
 async def test_invalid_bodies_are_422(
@@ -147,3 +149,23 @@ async def test_sdk_methods(client: ApiClient) -> None:
             await sdk.schedule("sdk")
         with pytest.raises(evora.ScheduleNotFoundError):
             await sdk.delete_schedule("sdk")
+
+
+async def test_a_job_whose_dependencies_could_never_be_met_is_422(client: ApiClient) -> None:
+    """Every tick would be refused (an unknown job, or a CANCELLED one with
+    on_dependency_failure "cancel"), so the PUT is; a dependency that exists is fine."""
+    response = await client.post("/v1/jobs", json={"queue": "q", "type": "t"}, headers=PRODUCER)
+    done = (await response.json())["id"]
+    response = await client.post("/v1/jobs", json={"queue": "q", "type": "t"}, headers=PRODUCER)
+    cancelled = (await response.json())["id"]
+    await client.post(f"/v1/jobs/{cancelled}/cancel", headers=PRODUCER)
+    unknown = "01936b2e-0000-7000-8000-000000000000"
+    for depends_on, named in (([done, unknown], unknown), ([cancelled], cancelled)):
+        job = {**JOB, "depends_on": depends_on}
+        response = await client.put("/v1/schedules/deps", json=body(job=job), headers=ADMIN)
+        answer = await problem(response, 422, "validation_error")
+        assert named in answer["detail"], answer
+    await put(
+        client, "deps", job={**JOB, "depends_on": [cancelled], "on_dependency_failure": "run"}
+    )
+    await put(client, "deps", 200, job={**JOB, "depends_on": [done]})

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -55,3 +57,29 @@ def one_line(stderr: str) -> str:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
     return lines[0]
+
+
+# `evora dev` prints this once every service listens.
+UP = "Evora dev is up"
+
+
+def wait_until_up(process: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> str:
+    """The output `process` (an `evora dev`, or what starts one) wrote to `log` once it is
+    up; fails showing it when the process ended or took longer than `timeout`."""
+    deadline = time.monotonic() + timeout
+    while UP not in log.read_text(errors="replace"):
+        assert process.poll() is None, log.read_text(errors="replace")
+        assert time.monotonic() < deadline, log.read_text(errors="replace")
+        time.sleep(0.2)
+    return log.read_text(errors="replace")
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to a process started with `start_new_session=True` and its children."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -14,6 +14,7 @@ from evora_services.api.app import create_app as create_api
 from evora_services.dispatcher.app import create_app as create_dispatcher
 from evora_services.projector.app import create_app as create_projector
 from tests.servers import Service, serve
+from tests.typescript.conftest import node_tools  # noqa: F401  (test_readme's TypeScript blocks)
 
 ADMIN_TOKEN = "cli-admin-token-0000"
 PRODUCER_TOKEN = "cli-producer-token-0"

@@ -7,7 +7,7 @@ from importlib import metadata
 
 import pytest
 
-from evora_services.cli import _parser
+from evora_services.cli import DISTRIBUTION, _parser
 from tests.cli.commands import evora
 
 
@@ -27,7 +27,7 @@ def _commands(
 def test_version() -> None:
     result = evora("--version")
     assert result.returncode == 0
-    assert result.stdout.strip() == f"evora {metadata.version('evora')}"
+    assert result.stdout.strip() == f"evora {metadata.version(DISTRIBUTION)}"
 
 
 @pytest.mark.parametrize("path", sorted(_commands()), ids=" ".join)

@@ -42,6 +42,16 @@ async def test_jobs_list_get_events_cancel(system: System) -> None:
 
     waited = await evora_async("jobs", "get", second, "--wait", "0.2", env=system.env())
     assert waited.returncode == Exit.TIMED_OUT
+    assert "state             PENDING" in waited.stdout
+    # Said in words too, not only by the exit status.
+    assert one_line(waited.stderr) == (
+        f"evora jobs: job {second} is still PENDING after waiting 0.2 s (exit 8)"
+    )
+    cancelled_wait = await evora_async("jobs", "get", first, "--wait", "1", env=system.env())
+    assert cancelled_wait.returncode == Exit.JOB_FAILED
+    assert one_line(cancelled_wait.stderr) == (
+        f"evora jobs: job {first} ended CANCELLED, not COMPLETED (exit 7)"
+    )
 
 
 async def test_exit_statuses_say_what_happened(system: System) -> None:
@@ -93,6 +103,26 @@ async def test_dlq_and_queues(system: System) -> None:
         await worker.stop()
         await task
 
+        # Why each job is there: the reason of its move to the DLQ and its last error.
+        listed = await evora_async("dlq", "list", "--queue", "work", env=env)
+        header, *rows = listed.stdout.splitlines()
+        assert header.split() == [
+            "ID",
+            "QUEUE",
+            "TYPE",
+            "ATTEMPT",
+            "FINISHED_AT",
+            "REASON",
+            "ERROR",
+        ]
+        assert sorted(row.split()[0] for row in rows) == sorted(doomed)
+        for row in rows:
+            assert row.split()[5:] == ["not_retryable", "NonRetryable:", "broken"], row
+        as_json = await evora_async("dlq", "list", "--queue", "work", "--json", env=env)
+        assert {job["dlq_reason"] for job in json.loads(as_json.stdout)["jobs"]} == {
+            "not_retryable"
+        }
+
         retried = await evora_async("dlq", "retry", doomed[0], env=env)
         assert retried.returncode == Exit.OK, retried.stderr
         assert retried.stdout.splitlines()[1].split()[:4] == [
@@ -120,6 +150,7 @@ async def test_dlq_and_queues(system: System) -> None:
         assert table.stdout.splitlines()[0].split() == [
             "QUEUE",
             "PAUSED",
+            "WAITING",
             "PENDING",
             "RUNNING",
             "COMPLETED",
@@ -132,3 +163,82 @@ async def test_dlq_and_queues(system: System) -> None:
         if not task.done():
             await worker.stop()
             await task
+
+
+async def test_jobs_submit(system: System) -> None:
+    env = system.env()
+    first = await evora_async(
+        "jobs", "submit", "mail", "mail.send", '{"to": "a"}', "--key", "k-1", "--json", env=env
+    )
+    assert first.returncode == Exit.OK, first.stderr
+    job = json.loads(first.stdout)
+    assert (job["queue"], job["type"], job["payload"], job["state"]) == (
+        "mail",
+        "mail.send",
+        {"to": "a"},
+        "PENDING",
+    )
+    again = await evora_async(
+        "jobs", "submit", "mail", "mail.send", '{"to": "a"}', "--key", "k-1", env=env
+    )
+    assert again.returncode == Exit.OK, again.stderr
+    assert again.stdout.startswith("replayed: the job this key made before\n")
+    assert f"id                {job['id']}" in again.stdout
+
+    not_json = await evora_async("jobs", "submit", "mail", "mail.send", "{to: a}", env=env)
+    assert not_json.returncode == Exit.USAGE
+    assert "not JSON" in not_json.stderr
+
+    handlers = evora.Handlers()
+
+    @handlers.job("echo")
+    async def echo(job: evora.Job) -> object:
+        return job.payload
+
+    worker = evora.Worker(system.dispatcher.url, WORKER_TOKEN, ["work"], handlers=handlers)
+    task = asyncio.create_task(worker.serve())
+    try:
+        done = await evora_async(
+            "jobs", "submit", "work", "echo", '{"n": 1}', "--priority", "5", "--wait", "30", env=env
+        )
+        assert done.returncode == Exit.OK, done.stderr
+        assert "state             COMPLETED" in done.stdout
+        assert 'result            {"n":1}' in done.stdout
+    finally:
+        await worker.stop()
+        await task
+
+
+async def test_schedules_and_limits(system: System) -> None:
+    env = system.env()
+    put = await evora_async(
+        "schedules", "put", "nightly", "0 9 * * 1-5", "reports", "report.build", '{"k": 1}',
+        "--timezone", "Europe/Berlin", "--json", env=env,
+    )  # fmt: skip
+    assert put.returncode == Exit.OK, put.stderr
+    assert json.loads(put.stdout)["job"]["payload"] == {"k": 1}
+    listed = await evora_async("schedules", "list", env=env)
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["NAME", "CRON", "TIMEZONE", "QUEUE", "TYPE", "PAUSED", "NEXT_RUN_AT"]
+    assert row.startswith("nightly  0 9 * * 1-5  Europe/Berlin  reports  report.build  False")
+    triggered = await evora_async("schedules", "trigger", "nightly", "--json", env=env)
+    assert json.loads(triggered.stdout)["type"] == "report.build"
+    paused = await evora_async("schedules", "pause", "nightly", env=env)
+    assert paused.stdout.strip() == "schedule nightly paused"
+    deleted = await evora_async("schedules", "delete", "nightly", env=env)
+    assert deleted.returncode == Exit.OK
+    gone = await evora_async("schedules", "get", "nightly", env=env)
+    assert gone.returncode == Exit.NOT_FOUND
+
+    limit = await evora_async(
+        "limits", "set", "tenant:*", "--concurrency", "2", "--rate", "10/60", env=env
+    )
+    assert limit.returncode == Exit.OK, limit.stderr
+    assert "rate         10/60s" in limit.stdout
+    usage = await evora_async("limits", "get", "tenant:42", "--json", env=env)
+    assert json.loads(usage.stdout)["governed_by"] == "tenant:*"
+    bad_rate = await evora_async("limits", "set", "tenant:*", "--rate", "ten", env=env)
+    assert bad_rate.returncode == Exit.USAGE
+    assert "a rate is N/SECONDS" in bad_rate.stderr
+    await evora_async("limits", "delete", "tenant:*", env=env)
+    assert (await evora_async("limits", "list", env=env)).stdout.strip() == "no limits"

@@ -1,29 +1,33 @@
 """The README's first section gets a newcomer from a clone to a job completed by a worker:
 its shell lines, read from README.md itself, run as written, in order, on a machine where
-the default ports 8080 and 8081 are taken."""
+the default ports 8080 and 8081 are taken.
+
+And every other code block of README.md, docs/*.md and the TypeScript SDK's README runs as
+pasted against one `evora dev`, or says in its info string why it does not (README.md,
+"Code blocks in these docs")."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.cli.commands import REPO, clean_environment
+from tests.cli.commands import EVORA, REPO, clean_environment, stop_group, wait_until_up
+from tests.typescript.conftest import PACKAGE, NodeTools, install_packed_sdk
 
-# The first terminal's command prints this once every service listens.
-UP = "Evora dev is up"
 # What the lines use from the repository besides the code: the scripts, the example worker.
 COPIED = ("README.md", "pyproject.toml", "scripts", "examples")
 
@@ -77,16 +81,6 @@ def _clone(target: Path) -> None:
     (venv / ".evora-installed-local").write_text(digest + "\n")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: None) -> None:
     first_terminal, second_terminal = first_section_blocks((REPO / "README.md").read_text())
     clone = tmp_path / "evora"
@@ -104,12 +98,16 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 120
-        while UP not in log.read_text(errors="replace"):
-            assert system.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, log.read_text(errors="replace")
-            time.sleep(0.2)
-        banner = log.read_text(errors="replace")
+        banner = wait_until_up(system, log)
+        # What it does while the databases start, and loudly that the ports were replaced.
+        assert "starting the embedded PostgreSQL in " in banner
+        assert "starting the embedded MongoDB-wire server in " in banner
+        for port, service, variable in ((8080, "api", "API"), (8081, "dispatcher", "DISPATCHER")):
+            assert re.search(
+                rf"WARNING evora.dev: port {port} is in use: the {service} listens on \d+ "
+                rf"instead \(set EVORA_{variable}_PORT to choose one\)",
+                banner,
+            ), banner
         assert "dashboard   http://127.0.0.1:" in banner
         assert "evora worker examples.worker_example --queues demo" in banner
         second = subprocess.Popen(
@@ -123,7 +121,7 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
         try:
             out_bytes, err_bytes = second.communicate(timeout=120)
         finally:
-            _stop(second)  # the worker too, should the lines have stopped before `kill %1`
+            stop_group(second)  # the worker too, should the lines have stopped before `kill %1`
         out, err = out_bytes.decode(), err_bytes.decode()
         assert second.returncode == 0, out + err
         assert re.search(r"^state\s+COMPLETED$", out, re.MULTILINE), out
@@ -133,5 +131,232 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
         env_file = (clone / ".evora" / "env").read_text()
         assert "EVORA_API_URL=http://127.0.0.1:8080\n" not in env_file
     finally:
-        _stop(system)
+        stop_group(system)
     assert not (clone / ".evora" / "env").exists()  # removed when evora dev stopped
+
+
+# The pages whose code blocks a newcomer copies.
+DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), PACKAGE / "README.md")
+# Output and data: never run.
+OUTPUT = frozenset({"text", "console", "json", "yaml"})
+# In a block's info string after the language: a fragment, or one needing what this machine
+# does not have (Docker, Kubernetes, another language's driver).
+NOT_RUN = "not-run"
+# A block that calls this serves until it is stopped: it runs a few seconds, then gets SIGTERM.
+SERVES = re.compile(r"\bworker\.run\(\)")
+SERVE_SECONDS = 5
+FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    info: tuple[str, ...]
+    code: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.relative_to(REPO)}:{self.line}"
+
+    @property
+    def language(self) -> str:
+        return self.info[0] if self.info else ""
+
+
+def code_blocks(path: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown file (CommonMark fences), in order."""
+    blocks = []
+    lines = path.read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        opening = FENCE.match(lines[index])
+        index += 1
+        if opening is None:
+            continue
+        start, indent, fence = index, len(opening["indent"]), opening["fence"]
+        closing = re.compile(rf"^ {{0,3}}{fence[0]}{{{len(fence)},}}\s*$")
+        while index < len(lines) and not closing.match(lines[index]):
+            index += 1
+        body = [re.sub(rf"^ {{0,{indent}}}", "", line) for line in lines[start:index]]
+        blocks.append(Block(path, start, tuple(opening["info"].split()), "\n".join(body) + "\n"))
+        index += 1
+    return blocks
+
+
+def _runs_elsewhere(block: Block) -> bool:
+    """The first section's blocks: test_the_first_section_runs_as_written runs them."""
+    readme = (REPO / "README.md").read_text()
+    return block.path == REPO / "README.md" and block.code in first_section_blocks(readme)
+
+
+ALL_BLOCKS = [block for path in DOCS for block in code_blocks(path)]
+RUN = [
+    block
+    for block in ALL_BLOCKS
+    if block.language not in OUTPUT and NOT_RUN not in block.info and not _runs_elsewhere(block)
+]
+
+
+def test_every_block_runs_or_says_why_not() -> None:
+    runners = {"bash", "sh", "python", "ts", "sql"}
+    unmarked = [
+        f"{block.name}: ```{' '.join(block.info)}" for block in RUN if block.language not in runners
+    ]
+    assert not unmarked, (
+        "code blocks that no test runs: give each a language this test runs "
+        f"({', '.join(sorted(runners))}), an output one ({', '.join(sorted(OUTPUT))}), or "
+        f"`{NOT_RUN}` after the language:\n" + "\n".join(unmarked)
+    )
+    assert len(ALL_BLOCKS) > 40 and len(RUN) > 5  # the parser found the blocks
+
+
+@dataclass(frozen=True)
+class Dev:
+    """One `evora dev` for all the blocks, and the environment `. .evora/env` gives a shell."""
+
+    env: dict[str, str]
+    workdir: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
+    workdir = tmp_path_factory.mktemp("snippets")
+    data_dir = workdir / ".evora"
+    ports = {
+        f"EVORA_{name}_PORT": str(_free_port())
+        for name in ("API", "DISPATCHER", "SWEEPER", "PROJECTOR")
+    }
+    log = workdir / "evora-dev.log"
+    with log.open("wb") as log_file:
+        system = subprocess.Popen(
+            [*EVORA, "dev"],
+            cwd=workdir,
+            env=clean_environment({"EVORA_DATA_DIR": str(data_dir), **ports}),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until_up(system, log)
+        exports = {}
+        for line in (data_dir / "env").read_text().splitlines():
+            name, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
+            exports[name] = value
+        env = clean_environment(exports)
+        # The venv's `evora` and `python` first, as in a shell where the venv is active.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+        yield Dev(env, workdir)
+    finally:
+        stop_group(system)
+
+
+@pytest.fixture(scope="module")
+def ts_project(node_tools: NodeTools, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's ESM project with the packed SDK installed, where TypeScript blocks compile."""
+    project = tmp_path_factory.mktemp("ts-snippets") / "project"
+    install_packed_sdk(node_tools, project)
+    return project
+
+
+# SQL blocks run as one script on the database `evora dev` uses.
+RUN_SQL = """\
+import asyncio, os, sys
+import asyncpg
+
+async def main() -> None:
+    conn = await asyncpg.connect(os.environ["EVORA_DATABASE_URL"])
+    try:
+        await conn.execute(open(sys.argv[1]).read())
+    finally:
+        await conn.close()
+
+asyncio.run(main())
+"""
+
+
+def _command(block: Block, dev: Dev, request: pytest.FixtureRequest) -> list[str]:
+    """How a newcomer runs the block: its text in a file, run by the language's tool."""
+    suffix = {"bash": "sh", "sh": "sh", "python": "py", "sql": "sql", "ts": "ts"}[block.language]
+    if block.language == "ts":
+        project: Path = request.getfixturevalue("ts_project")
+        tools: NodeTools = request.getfixturevalue("node_tools")
+        source = project / "snippet.ts"
+        source.write_text(block.code)
+        compiled = subprocess.run(
+            [
+                tools.node,
+                str(PACKAGE / "node_modules" / "typescript" / "bin" / "tsc"),
+                "--module",
+                "nodenext",
+                "--target",
+                "es2022",
+                "--strict",
+                "--skipLibCheck",
+                "--typeRoots",
+                str(PACKAGE / "node_modules" / "@types"),
+                "--types",
+                "node",
+                str(source),
+            ],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert compiled.returncode == 0, f"{block.name} does not compile:\n{compiled.stdout}"
+        return [tools.node, str(project / "snippet.js")]
+    script = dev.workdir / f"snippet.{suffix}"
+    script.write_text(block.code)
+    if block.language == "python":
+        return [sys.executable, str(script)]
+    if block.language == "sql":
+        return [sys.executable, "-c", RUN_SQL, str(script)]
+    return ["bash", "-e", str(script)]
+
+
+def _run(command: list[str], dev: Dev, serves: bool) -> tuple[int | None, str]:
+    """The exit status and the output; a serving block is stopped with SIGTERM after a few
+    seconds (None when it had exited by itself before)."""
+    process = subprocess.Popen(
+        command,
+        cwd=dev.workdir,
+        env=dev.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        if serves:
+            try:
+                process.wait(SERVE_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGTERM)
+            else:
+                return None, process.communicate()[0].decode(errors="replace")
+        out, _ = process.communicate(timeout=120)
+        return process.returncode, out.decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.mark.parametrize("block", RUN, ids=[block.name for block in RUN])
+def test_the_block_runs_as_pasted(block: Block, dev: Dev, request: pytest.FixtureRequest) -> None:
+    command = _command(block, dev, request)
+    serves = SERVES.search(block.code) is not None
+    # Twice: a newcomer runs a snippet again (an idempotency key must replay, not conflict).
+    for _ in range(1 if serves else 2):
+        status, output = _run(command, dev, serves)
+        if serves:
+            assert status is not None, f"{block.name} stopped before SIGTERM:\n{output}"
+        assert status == 0, f"{block.name} exited {status}:\n{output}"
+        assert "Traceback" not in output, output

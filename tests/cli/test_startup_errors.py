@@ -138,3 +138,15 @@ def test_database_urls_with_tls_settings_are_taken(db_url: str) -> None:
     assert required.returncode == 1
     line = one_line(required.stderr)
     assert "TLS" in line and "sslmode" in line
+
+
+def test_the_pipeline_without_java_names_the_package_to_install(db_url: str) -> None:
+    env = clean_environment({"EVORA_DATABASE_URL": db_url, "PATH": "/nonexistent"})
+    env.pop("JAVA_HOME", None)
+    result = subprocess.run(
+        [*EVORA, "pipeline", "archive"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert "Spark needs Java 17 or newer" in line
+    assert "apt-get install openjdk-17-jre-headless" in line

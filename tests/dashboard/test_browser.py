@@ -327,3 +327,29 @@ async def test_every_page_is_served_with_a_strict_csp(
         "performance.getEntriesByType('resource').map(e => e.name)"
     )
     assert loaded and all(url.startswith(dashboard.url + "/") for url in loaded)
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+async def test_the_overview_fits_the_window(dashboard: Dashboard, page: Page, width: int) -> None:
+    """Every column of the queues table is in view, with no sideways scrolling, on a laptop's
+    window and a small one."""
+    await dashboard.submit(queue="a-rather-long-queue-name-for-layout", type="t")
+    await dashboard.complete_all("a-rather-long-queue-name-for-layout")
+    await dashboard.caught_up()
+    await page.set_viewport_size({"width": width, "height": 900})
+    await login(page, dashboard.url)
+    table = page.locator("table").first
+    await expect(table.locator("tbody tr")).to_have_count(1)
+    overflow = await table.evaluate(
+        """t => {
+          const wrap = t.closest('.table-wrap') || t.parentElement;
+          const last = t.querySelector('thead th:last-child').getBoundingClientRect();
+          return {scroll: wrap.scrollWidth - wrap.clientWidth,
+                  right: Math.ceil(last.right) - document.documentElement.clientWidth};
+        }"""
+    )
+    widths = await table.evaluate(
+        "t => [...t.querySelectorAll('thead th')]"
+        ".map(th => th.textContent + ': ' + Math.round(th.getBoundingClientRect().width))"
+    )
+    assert overflow["scroll"] <= 0 and overflow["right"] <= 0, (overflow, widths)

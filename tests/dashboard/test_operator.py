@@ -74,7 +74,8 @@ async def test_no_latency_is_a_dash_and_an_empty_dlq_has_no_redrive(
     row = page.locator("#queues-table tr[data-queue='quiet']")
     await expect(row).to_contain_text("wait — · — · —")
     await expect(row).to_contain_text("run — · — · —")
-    assert "0 ms" not in (await row.text_content() or "")
+    # (a value and its unit are joined by a no-break space)
+    assert "0\u00a0ms" not in (await row.text_content() or "")
 
     await page.goto(dashboard.url + "/#/queues/quiet")
     await expect(page.get_by_role("heading", name="Queue quiet")).to_be_visible()
@@ -160,6 +161,12 @@ async def test_failures_are_grouped_and_show_their_stack_trace(
     await groups.get_by_role("link", name=f"Job {jobs[1]['id']}").click()
     await expect(page.locator("#error-message")).to_have_text("order 5678 not found")
     await expect(page.locator("#error-traceback")).to_have_text(TRACE)
+    # In the timeline too the trace is lines of text, not JSON with literal "\n"s.
+    await expect(page.locator("#timeline")).not_to_contain_text('"traceback"')
+    failed = page.locator("#timeline > li").filter(has_text="Stack trace")
+    await expect(failed).to_have_count(1)
+    await failed.get_by_text("Stack trace").click()
+    await expect(failed.get_by_label(re.compile(r"^Stack trace of event \d+$"))).to_have_text(TRACE)
 
 
 async def test_bulk_retry_and_discard_in_the_dlq_ask_first(

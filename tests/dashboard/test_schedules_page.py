@@ -55,3 +55,20 @@ async def test_schedules_page_pause_resume_trigger(
     await expect(row.locator(".schedule-state")).to_have_text("▶ Active")
     await link.click()
     await expect(page).to_have_url(f"{dashboard.url}/#/jobs/{job_id}")
+
+
+async def test_a_failing_schedule_shows_its_error(dashboard: Dashboard, page: Page) -> None:
+    await put_schedule(dashboard, "broken")
+    await put_schedule(dashboard, "fine")
+    await dashboard.pool.execute(
+        "UPDATE schedules SET last_error = $1, last_error_at = now(), failing_since = now(), "
+        "consecutive_failures = 3 WHERE name = 'broken'",
+        {"message": "depends_on[0]: a dependency names no job", "type": "validation_error"},
+    )
+    await login(page, dashboard.url)
+    await page.get_by_role("link", name="Schedules").click()
+    broken = page.locator("tr[data-schedule='broken']")
+    await expect(broken.locator(".schedule-state")).to_contain_text("Failing: 3 in a row")
+    await expect(broken).to_contain_text("a dependency names no job")
+    fine = page.locator("tr[data-schedule='fine']")
+    await expect(fine.locator(".schedule-state")).to_have_text("▶ Active")

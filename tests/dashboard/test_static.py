@@ -49,6 +49,8 @@ async def test_the_page_is_public_html_with_a_strict_policy(client: Client) -> N
     assert response.headers["Content-Type"] == "text/html; charset=utf-8"
     body = await response.text()
     assert "<title>Evora dashboard</title>" in body
+    # Where a developer finds the token to sign in with.
+    assert "<code>.evora/env</code> as <code>EVORA_ADMIN_TOKEN</code>" in body
     policy = directives(response.headers["Content-Security-Policy"])
     assert policy["default-src"] == "'self'"
     assert policy["script-src"] == "'self'"

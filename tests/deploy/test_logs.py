@@ -126,38 +126,46 @@ async def test_request_id_is_on_every_record_of_the_request(captured: io.StringI
 
 
 @pytest.mark.parametrize(
-    ("command", "env", "formatter"),
+    ("command", "env", "tty", "formatter"),
     [
-        ("migrate", None, JsonFormatter),
-        ("migrate", "text", TextFormatter),
-        ("dev", None, TextFormatter),
-        ("dev", "json", JsonFormatter),
+        (["migrate"], None, False, JsonFormatter),
+        (["migrate"], "text", False, TextFormatter),
+        (["migrate"], None, True, TextFormatter),
+        (["migrate"], "json", True, JsonFormatter),
+        (["dev"], None, False, TextFormatter),
+        (["dev"], "json", False, JsonFormatter),
+        # A worker in a terminal is read by a person; one under a supervisor by a collector.
+        (["worker", "handlers"], None, True, TextFormatter),
+        (["worker", "handlers"], None, False, JsonFormatter),
+        (["worker", "handlers"], "json", True, JsonFormatter),
     ],
 )
 def test_cli_chooses_the_format(
-    command: str,
+    command: list[str],
     env: str | None,
+    tty: bool,
     formatter: type[logging.Formatter],
     monkeypatch: pytest.MonkeyPatch,
     root_restored: None,
 ) -> None:
     seen: list[logging.Formatter | None] = []
 
-    def run(args: argparse.Namespace, settings: Settings) -> int:
+    def run(args: argparse.Namespace, settings_or_url: object) -> int:
         seen.append(logging.getLogger().handlers[0].formatter)
         return 0
 
-    monkeypatch.setattr(cli, f"_{command}", run)
+    monkeypatch.setattr(cli, f"_{command[0]}", run)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
     monkeypatch.setenv("EVORA_DATABASE_URL", "postgresql://x@127.0.0.1:1/x")
     if env is None:
         monkeypatch.delenv("EVORA_LOG_FORMAT", raising=False)
     else:
         monkeypatch.setenv("EVORA_LOG_FORMAT", env)
-    assert cli.main([command]) == 0
+    assert cli.main(command) == 0
     (chosen,) = seen
     assert type(chosen) is formatter
     if isinstance(chosen, JsonFormatter):
-        assert chosen.service == command
+        assert chosen.service == command[0]
 
 
 def _free_port() -> int:
@@ -207,6 +215,18 @@ async def test_a_service_process_logs_json_lines() -> None:
     events = [json.loads(line) for line in lines]
     assert all(e["service"] == "api" and {"ts", "level", "logger", "msg"} <= set(e) for e in events)
     assert any(e["level"] == "warning" and "EVORA_AUTH=disabled" in str(e["msg"]) for e in events)
+
+
+async def test_a_service_says_at_start_up_that_its_database_is_unreachable() -> None:
+    lines = await _api_process_logs({"EVORA_AUTH": "disabled"})
+    events = [json.loads(line) for line in lines]
+    listening = next(i for i, e in enumerate(events) if "listening on http" in e["msg"])
+    assert any(
+        e["level"] == "warning"
+        and e["msg"].startswith("PostgreSQL unreachable: ")
+        and e["msg"].endswith(": answering 503 until that changes (/readyz says why)")
+        for e in events[:listening]
+    ), lines
 
 
 # Requests aiohttp cannot parse: its parser error quotes the offending raw line (here the one

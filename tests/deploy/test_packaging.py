@@ -1,5 +1,5 @@
-"""A worker's `pip install evora` (no extras) into a clean virtualenv: the SDK works, and none
-of the server side's dependencies come with it."""
+"""A worker's install of the SDK (the `evora-queue` wheel, no extras) into a clean virtualenv:
+it is ours by name, the SDK works, and none of the server side's dependencies come with it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +21,7 @@ CHECK = textwrap.dedent(
 
     # Only Evora's own names at the top level: a generic one (the services were once a
     # package called `services`) collides with users' modules of that name.
-    files = importlib.metadata.files("evora") or []
+    files = importlib.metadata.files("evora-queue") or []
     tops = sorted({{f.parts[0] for f in files if f.suffix == ".py" and len(f.parts) > 1}})
 
     worker = evora.Worker("http://127.0.0.1:1", "a-worker-token-16", queues=["q"])
@@ -33,8 +34,13 @@ CHECK = textwrap.dedent(
     present = [m for m in {SERVER_ONLY!r} if importlib.util.find_spec(m) is not None]
     loaded = [m for m in ("evora.storage", "evora.http", "evora_services") if m in sys.modules]
     print("tops", tops, "present", present, "loaded", loaded, "types", worker.handlers.types)
+    print("version", importlib.metadata.version("evora-queue"))
     """
 )
+
+
+def project_version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
 
 
 # The clean virtualenv must see only what was installed into it, not a checkout on PYTHONPATH.
@@ -51,19 +57,22 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
         shutil.copytree(
             ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
         )
+    # The wheel a release uploads (and `pip install` of a clone builds), under our name: the
+    # `evora` on PyPI is an unrelated project.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", "dist", source],
+        check=True,
+        timeout=600,
+        env=CLEAN_ENV,
+        cwd=tmp_path,
+    )
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    assert wheel.name.startswith(f"evora_queue-{project_version()}-"), wheel.name
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            str(source),
-        ],
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel],
         check=True,
         timeout=600,
         env=CLEAN_ENV,
@@ -78,9 +87,10 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
         env=CLEAN_ENV,
         cwd=tmp_path,  # not the checkout: its egg-info would answer for the installed package
     )
-    assert checked.stdout.strip() == (
-        "tops ['evora', 'evora_services'] present [] loaded [] types ['t']"
-    ), checked.stdout
+    assert checked.stdout.splitlines() == [
+        "tops ['evora', 'evora_services'] present [] loaded [] types ['t']",
+        f"version {project_version()}",
+    ], checked.stdout
 
     # The console script runs a worker module with the SDK alone (no such module: exit 2),
     # from a directory holding a user's own `services.py`.
@@ -95,6 +105,21 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     )
     assert cli.returncode == 2, cli.stderr
     assert "cannot import no_such_module_here" in cli.stderr
+
+    # A service needs the server extra, and says so in one line rather than a traceback.
+    for command in ("dev", "api"):
+        service = subprocess.run(
+            [str(venv / "bin" / "evora"), command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=CLEAN_ENV,
+            cwd=tmp_path,
+        )
+        assert service.returncode == 2, service.stderr
+        [line] = service.stderr.strip().splitlines()
+        assert line.startswith(f"evora {command}: needs the server extra (asyncpg, "), line
+        assert "'evora-queue[server]'" in line
 
     # The operator commands run with the SDK alone too: an api that is not there is exit 6.
     operator = subprocess.run(

@@ -13,7 +13,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "scripts/locks/local.txt"
-_SELF = re.compile(r"^evora\[(?P<extras>[^\]]+)\]$")
+_SELF = re.compile(r"^evora-queue\[(?P<extras>[^\]]+)\]$")
 
 
 def _pins() -> dict[str, str]:

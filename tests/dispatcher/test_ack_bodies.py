@@ -9,6 +9,7 @@ import json
 from typing import Any
 from uuid import uuid4
 
+import asyncpg
 import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -17,7 +18,7 @@ from evora.http.bodies import problem_from
 from evora.protocol.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_ACKS
 from evora.protocol.worker import AcksRequest, ClaimRequest
 from evora.storage.jobs import JobStore
-from tests.dispatcher.conftest import Dispatcher
+from tests.dispatcher.conftest import WORKER, Dispatcher
 from tests.dispatcher.test_worker_api import claim, submit
 
 
@@ -31,7 +32,6 @@ _TOO_LARGE = "x" * (DEFAULT_MAX_PAYLOAD_BYTES + 1)
 BAD_ACKS = {
     "result too large": [_ack(), _ack(result={"big": _TOO_LARGE})],
     "NUL in a result": [_ack(result="a\u0000b")],
-    "result beyond 64 bits": [_ack(result=2**70)],
     "bad id beside a result too large": [_ack(id="nope"), _ack(result=[_TOO_LARGE])],
     "fail without an error, result too large": [_ack(outcome="fail", result=_TOO_LARGE)],
     "fail without an error": [_ack(), _ack(outcome="fail")],
@@ -75,7 +75,17 @@ async def test_empty_acks_are_refused_as_documented(dispatcher: Dispatcher) -> N
     assert (status, problem) == _documented_answer(AcksRequest, {"acks": []})
 
 
-RESULTS: list[Any] = [None, [1, [2, 3]], {"a": {"b": "ü"}}, "text", 2.5, True, 0, {}]
+RESULTS: list[Any] = [
+    None,
+    [1, [2, 3]],
+    {"a": {"b": "ü"}},
+    "text",
+    2.5,
+    True,
+    0,
+    {},
+    2**70,  # beyond 64 bits: jsonb holds it, and so it is stored
+]
 
 
 @pytest.mark.parametrize("path", list(_ENDPOINTS))
@@ -98,4 +108,62 @@ async def test_each_result_reaches_its_job_as_sent(
     for job, result in zip(jobs, [*RESULTS, None], strict=True):
         stored = await store.get(job["id"])
         assert stored["state"] == "COMPLETED"
-        assert stored["result"] == result
+        # as JSON: a number no float holds is read as its text (an orjson fragment)
+        assert json.loads(orjson.dumps(stored["result"])) == result
+
+
+# A result as the worker's JSON writes it, sent raw: never through a Python float.
+EXACT_RESULT = '{"digits": 12345678901234567.89, "big": 123456789012345678901234567891, "e": 1e2}'
+_RAW = "<the result>"
+
+
+async def test_results_and_progress_keep_the_workers_numbers_exactly(
+    dispatcher: Dispatcher, store: JobStore, plain_conn: asyncpg.Connection
+) -> None:
+    """Every way a result or progress comes in stores the numbers as jsonb reads them from
+    the worker's JSON (as evora's SQL would), not as a float or a 64-bit integer has them."""
+    for _ in range(4):
+        await submit(store)
+    jobs = await claim(dispatcher, max_jobs=4)
+    claim_ack, acks_ack, completed, beating = jobs
+
+    def ack(job: dict[str, Any]) -> dict[str, Any]:
+        return {"id": job["id"], "lease_token": job["lease_token"], "outcome": "complete"}
+
+    envelopes: dict[str, dict[str, Any]] = {
+        "/v1/claim": {
+            "worker_id": "w1",
+            "queues": ["q"],
+            "wait_seconds": 0,
+            "acks": [{**ack(claim_ack), "result": _RAW}],
+        },
+        "/v1/acks": {"acks": [{**ack(acks_ack), "result": _RAW}]},
+        f"/v1/jobs/{completed['id']}/complete": {
+            "lease_token": completed["lease_token"],
+            "result": _RAW,
+        },
+        f"/v1/jobs/{beating['id']}/heartbeat": {
+            "lease_token": beating["lease_token"],
+            "progress": _RAW,
+        },
+    }
+    # the result's JSON text in place of its stand-in
+    bodies = {
+        path: orjson.dumps(envelope).replace(orjson.dumps(_RAW), EXACT_RESULT.encode())
+        for path, envelope in envelopes.items()
+    }
+    for path, body in bodies.items():
+        async with dispatcher.http.post(
+            dispatcher.url + path,
+            data=body,
+            headers={**WORKER, "Content-Type": "application/json"},
+        ) as response:
+            assert response.status == 200, await response.text()
+    stored = await plain_conn.fetch(
+        "SELECT coalesce(result, progress)::text AS value, $1::jsonb::text AS exact "
+        "FROM jobs ORDER BY id",
+        EXACT_RESULT,
+    )
+    assert len(stored) == 4
+    for row in stored:
+        assert row["value"] == row["exact"]

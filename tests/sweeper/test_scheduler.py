@@ -71,6 +71,12 @@ class Replica:
     def counted(self, what: str) -> float:
         return self.base.registry.get_sample_value(f"evora_schedule_ticks_{what}_total") or 0.0
 
+    def failures(self, reason: str) -> float:
+        value = self.base.registry.get_sample_value(
+            "evora_schedule_failures_total", {"reason": reason}
+        )
+        return value or 0.0
+
 
 @pytest.fixture
 async def replicas() -> AsyncIterator[list[Replica]]:
@@ -287,3 +293,69 @@ async def test_a_tick_handled_twice_still_makes_one_job(
     assert first.made[0].job_id == second.made[0].job_id
     assert await made(pool, "again") == Counter(["2026-05-01T12:10:00Z"])
     assert one.counted("fired") == 1
+
+
+async def test_a_schedule_that_cannot_fire_fails_alone(
+    db_url: str, pool: asyncpg.Pool, store: JobStore, replicas: list[Replica]
+) -> None:
+    """A schedule whose every firing is refused (here a `ref:` dependency, stored directly as
+    a release that did not validate it at PUT would have) is due first at every tick. It
+    records its error, counts it and waits for its next tick, instead of being taken first
+    again and again while the healthy schedule behind it makes nothing: one scheduler's
+    step by step, then two scheduler loops at once."""
+    clock = FakeClock(datetime(2026, 5, 1, 12, 0, 30, tzinfo=UTC))
+    schedules = ScheduleStore(pool, store)
+    await schedules.put("healthy", spec("@hourly"), clock.now())
+    await schedules.put("poison", spec("59 * * * *"), clock.now())
+    await pool.execute(
+        "UPDATE schedules SET job = job || '{\"depends_on\": [\"ref:x\"]}' WHERE name = 'poison'"
+    )
+    loops = [await replica(db_url, replicas, clock) for _ in range(2)]
+
+    async def check_poison(hour: int) -> None:
+        poison = await schedules.get("poison")
+        # moved past the tick it could not make, to its next one
+        assert poison["next_run_at"] == datetime(2026, 5, 1, hour, 59, tzinfo=UTC)
+        assert poison["consecutive_failures"] == hour - 12
+        assert poison["failing_since"] == datetime(2026, 5, 1, 13, 0, 1, tzinfo=UTC)
+        assert poison["last_error"]["type"] == "validation_error"
+        assert "ref:x" in poison["last_error"]["message"]
+        assert poison["last_error_at"] == clock.now()
+        assert sum(r.failures("rejected") for r in loops) == hour - 12
+
+    clock.set(datetime(2026, 5, 1, 13, 0, 1, tzinfo=UTC))
+    steps = await loops[0].scheduler.fire_due()
+    assert [(f.name, f.failure is not None) for f in steps] == [
+        ("poison", True),
+        ("healthy", False),
+    ]
+    assert await made(pool, "healthy") == Counter(["2026-05-01T13:00:00Z"])
+    await check_poison(13)
+
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(r.scheduler.run(stop)) for r in loops]
+    try:
+        clock.set(datetime(2026, 5, 1, 14, 0, 1, tzinfo=UTC))
+
+        async def healthy_made() -> bool:
+            return "2026-05-01T14:00:00Z" in await made(pool, "healthy")
+
+        async def poison_failed_again() -> bool:
+            return bool((await schedules.get("poison"))["consecutive_failures"] == 2)
+
+        await until(healthy_made, "the healthy schedule's 14:00 job", within=15)
+        await until(poison_failed_again, "the poison schedule's second failure", within=15)
+        await check_poison(14)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert await made(pool, "poison") == Counter()
+
+    # put right, it fires again and is no longer failing (its last error stays on record)
+    await schedules.put("poison", spec("59 * * * *"), clock.now())
+    clock.set(datetime(2026, 5, 1, 14, 59, 1, tzinfo=UTC))
+    [fired] = await loops[0].scheduler.fire_due()
+    assert fired.name == "poison" and len(fired.made) == 1
+    healed = await schedules.get("poison")
+    assert (healed["consecutive_failures"], healed["failing_since"]) == (0, None)
+    assert "ref:x" in healed["last_error"]["message"]

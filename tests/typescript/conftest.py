@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -89,6 +90,31 @@ def node_tools() -> NodeTools:
     shutil.rmtree(PACKAGE / "dist", ignore_errors=True)
     _run([node, "node_modules/typescript/bin/tsc", "-p", "."], "tsc")
     return NodeTools(node=node, test_dir=PACKAGE / "dist" / "test")
+
+
+def npm(*args: str, cwd: Path) -> str:
+    """npm's standard output; fails showing npm's output unless it succeeded."""
+    command = shutil.which("npm")
+    assert command is not None
+    done = subprocess.run(
+        [command, *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def install_packed_sdk(tools: NodeTools, project: Path) -> Path:
+    """`npm pack` of the SDK (as `tools` compiled it) installed into a new ESM project at
+    `project`, as a user does it; returns the tarball. The package has no runtime
+    dependencies, so nothing but the tarball is needed, and no registry."""
+    project.mkdir(parents=True)
+    [packed] = json.loads(npm("pack", "--json", "--pack-destination", str(project), cwd=PACKAGE))
+    tarball: Path = project / packed["filename"]
+    (project / "package.json").write_text(
+        '{"name": "a-user-project", "private": true, "type": "module"}\n'
+    )
+    npm("install", "--offline", "--no-audit", "--no-fund", str(tarball), cwd=project)
+    return tarball
 
 
 @dataclass

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from evora.embedded import EmbeddedServerError, LocalPostgres
+from evora.embedded._pgbin import BIN_DIR_ENV, find_bin_dir
 
 
 @pytest.fixture
@@ -78,3 +79,21 @@ def test_dsn_names_the_database(data_dir: Path) -> None:
     pg = LocalPostgres(data_dir, port=15432)
     assert pg.dsn() == "postgresql://postgres@127.0.0.1:15432/postgres"
     assert pg.dsn("evora dev") == "postgresql://postgres@127.0.0.1:15432/evora%20dev"
+
+
+def test_evora_pg_bin_dir_chooses_the_server_binaries(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("initdb", "postgres"):
+        (tmp_path / name).touch()
+    monkeypatch.setenv(BIN_DIR_ENV, str(tmp_path))
+    assert find_bin_dir() == tmp_path.resolve()
+
+
+def test_evora_pg_bin_dir_without_a_server_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # not a silent fall back to the wheel: a test leg of another major would run on 18
+    monkeypatch.setenv(BIN_DIR_ENV, str(tmp_path))
+    with pytest.raises(EmbeddedServerError, match=BIN_DIR_ENV):
+        find_bin_dir()

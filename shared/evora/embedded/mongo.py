@@ -77,7 +77,12 @@ class LocalMongo(ServerProcess):
 
     @property
     def url(self) -> str:
-        return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
+        return self.url_at(self.port)
+
+    @staticmethod
+    def url_at(port: int) -> str:
+        """The URL of a server on `port`, running or not."""
+        return f"mongodb://127.0.0.1:{port}/?directConnection=true"
 
     @property
     def running(self) -> bool:

@@ -200,7 +200,12 @@ async def open_pool(app: web.Application, service: str) -> asyncpg.Pool:
         min_size=0,
         max_size=settings.db_pool_size,
     )
-    app[READINESS].append(database_ready(pool))
+    ready = database_ready(pool)
+    app[READINESS].append(ready)
+    # Said at start-up: a service whose database is down (or lacks migrations) still starts,
+    # and would otherwise answer 503 in silence, only /readyz saying why.
+    if (reason := await ready()) is not None:
+        log.warning("%s: answering 503 until that changes (/readyz says why)", reason)
     return pool
 
 

@@ -40,6 +40,13 @@ from evora.http.problems import (
     unavailable,
     validation_problem,
 )
+from evora.protocol.fields import (
+    DIGITS_AS_ZERO,
+    RoundedOutOfRange,
+    exact_json,
+    json_skeleton,
+    with_exact_values,
+)
 from evora.protocol.limits import KIB, items_body_bytes
 from evora.protocol.problems import PAYLOAD_TOO_LARGE
 
@@ -82,8 +89,6 @@ class ClientDisconnected(Exception):
     """The client went away before its body arrived: nobody to answer, nothing failed."""
 
 
-# A JSON string, escapes included. Possessive quantifiers: linear time whatever the input.
-_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
 # pydantic's parser accepts these, but they are not JSON.
 _NOT_JSON = re.compile(rb"NaN|Infinity")
 # A number whose magnitude might not fit a double (pydantic reads it as infinity, which
@@ -93,16 +98,22 @@ _NOT_JSON = re.compile(rb"NaN|Infinity")
 _HUGE_NUMBER = re.compile(
     rb"(?<![0-9.])(?:[0-9.]++[eE]\+?+[0-9]{3,}+|(?=[0-9.]{300})[0-9.]++(?:[eE][+-]?+[0-9]++)?)"
 )
-# Digits as 0 and E as e, so that what any such number contains is a plain substring:
-# `bytes.translate` and `in` search a body at about a nanosecond a byte, where `re` has to
-# try a pattern at every position.
-_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789E", b"0000000000e")
 _HUGE_HINTS = (b"e000", b"e+000", b"0" * 300)
 
 
 def _might_hold_huge_number(raw: bytes | bytearray) -> bool:
-    flat = raw.translate(_DIGITS_AS_ZERO)
+    flat = raw.translate(DIGITS_AS_ZERO)
     return any(hint in flat for hint in _HUGE_HINTS)
+
+
+# A number that a float or a 64-bit integer would not hold as written: one with a fraction
+# or an exponent, or 19 digits or more. In the text with digits as 0 (`DIGITS_AS_ZERO`), each
+# is one of these substrings; strings may hold them too, which only costs the exact parse.
+# A timestamp with more than six digits of fraction shows as `:00.0000000` there.
+_INEXACT_HINTS = (b"0.", b"0e", b"0" * 19)
+# The same, in the skeleton (no strings left): a digit then `.` or `e` is inside a number.
+_INEXACT_NUMBER = re.compile(rb"[0-9][.eE]|[0-9]{19}")
+_SUB_MICROSECOND = re.compile(rb":[0-9]{2}[.,][0-9]{7}")
 
 
 def _value_count(raw: bytes | bytearray) -> int:
@@ -131,15 +142,7 @@ class _Scan:
         """The body with every string emptied: what is left is structure, numbers and
         literals, so a match there is never text a client sent inside a string."""
         if self._skeleton is None:
-            raw = self.raw
-            pieces = raw.split(b'"')
-            if b"\\" not in raw and len(pieces) % 2:
-                # No escapes and balanced quotes: the strings are exactly the odd pieces
-                # between quotes. Splitting runs in C at a nanosecond or two a byte, where the
-                # pattern costs tens: ack bodies (full of ids) take this path on every claim.
-                self._skeleton = b'""'.join(pieces[::2])
-            else:
-                self._skeleton = _STRING.sub(b'""', raw)
+            self._skeleton = json_skeleton(self.raw)
         return self._skeleton
 
     def check_values(self, limit: int) -> None:
@@ -151,6 +154,16 @@ class _Scan:
                 f"the body holds about {count} JSON values; the limit is {limit} "
                 "(send fewer or smaller items per request)"
             )
+
+    def holds_inexact_values(self) -> bool:
+        """Whether it may hold a number a float or a 64-bit integer would change, or a
+        timestamp finer than microseconds (`keep_exact_values`)."""
+        flat = self.raw.translate(DIGITS_AS_ZERO)
+        if not any(hint in flat for hint in _INEXACT_HINTS):
+            return False
+        return _INEXACT_NUMBER.search(self.skeleton) is not None or (
+            b":00.0000000" in flat and _SUB_MICROSECOND.search(self.raw) is not None
+        )
 
     def check_literals(self) -> None:
         raw = self.raw
@@ -283,9 +296,34 @@ def validate_body(
 ) -> M:
     """A body from `read_json_body` as `model`; a problem when it is not one."""
     try:
-        return model.model_validate_json(raw, context=dict(context or {}))
+        body = model.model_validate_json(raw, context=dict(context or {}))
     except ValidationError as exc:
         raise problem_from(exc) from None
+    return keep_exact_values(raw, body)
+
+
+def exact_values(raw: bytes | bytearray) -> Any:
+    """`exact_json(raw)` when `raw` may hold a number a float or a 64-bit integer would
+    change, or a timestamp finer than microseconds; else None (the parse is not needed)."""
+    return exact_json(raw) if _Scan(raw).holds_inexact_values() else None
+
+
+def keep_exact_values(raw: bytes | bytearray, body: M) -> M:
+    """`body` (validated from `raw`) holding what PostgreSQL reads from `raw`, as
+    evora.submit does (`with_exact_values`): the client JSON it carries (payloads, results,
+    progress) with the numbers exactly as written (the parser made floats of them:
+    12345678901234567.89 became 12345678901234568, 1e2 became 100.0), its timestamps rounded
+    to microseconds (the parser truncates). A body without such values is left as it is;
+    only one that may hold them is parsed again (the stdlib's parser, numbers as text)."""
+    tree = exact_values(raw)
+    if tree is not None:
+        try:
+            with_exact_values(body, tree)
+        except RoundedOutOfRange as exc:
+            raise validation_problem(
+                [{"loc": list(exc.loc), "msg": str(exc), "type": "value_error"}]
+            ) from None
+    return body
 
 
 async def parse_body(

@@ -14,7 +14,15 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from evora.protocol.fields import Key, Payload, QueueName, Timestamp, TypeName, WireModel
+from evora.protocol.fields import (
+    Key,
+    Payload,
+    QueueName,
+    Timestamp,
+    TypeName,
+    WholeNumber,
+    WireModel,
+)
 from evora.protocol.limits import (
     DEPENDENCY_REF_PREFIX,
     LIMIT_KEY_PATTERN,
@@ -83,11 +91,11 @@ class JobSubmission(WireModel):
     queue: QueueName
     type: TypeName
     payload: Payload = Field(default_factory=dict)
-    priority: int = Field(default=0, ge=-32768, le=32767)
+    priority: WholeNumber = Field(default=0, ge=-32768, le=32767)
     run_at: Timestamp | None = None
     delay_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
-    max_attempts: int = Field(default=5, ge=1, le=1000)
-    lease_seconds: int = Field(default=30, ge=1, le=86400)
+    max_attempts: WholeNumber = Field(default=5, ge=1, le=1000)
+    lease_seconds: WholeNumber = Field(default=30, ge=1, le=86400)
     backoff: Backoff = Field(default_factory=lambda: _DEFAULT_BACKOFF)
     expires_at: Timestamp | None = None
     idempotency_key: Key | None = None

@@ -389,7 +389,8 @@ class Client:
         return await self._every_page("/v1/schedules", "schedules")
 
     async def schedule(self, name: str) -> dict[str, Any]:
-        """The schedule with `next_run_at`, `last_run_at` and `last_job_id`;
+        """The schedule with `next_run_at`, `last_run_at`, `last_job_id` and, when it failed
+        to fire, `last_error` and `failing_since` (docs/schedules.md);
         `ScheduleNotFoundError` when there is none."""
         resp = await self._call("GET", _schedule_path(name), idempotent=True)
         return dict(resp.data)

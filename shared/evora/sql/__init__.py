@@ -8,7 +8,7 @@ cursor, or a SQLAlchemy connection or session; `submit_sync` and `submit_batch_s
 the synchronous psycopg and SQLAlchemy ones.
 
 No driver is imported here: the connection's own methods are called, so a worker's plain
-`pip install evora` needs none of them. Errors are the driver's own: SQLSTATE class 22 or
+`pip install evora-queue` needs none of them. Errors are the driver's own: SQLSTATE class 22 or
 23 with a message that starts with the field (`priority: must be an integer`); an
 idempotency conflict is 23505 with constraint `evora_idempotency_conflict`, a key whose
 job was removed 23505 with `evora_idempotent_job_gone`.

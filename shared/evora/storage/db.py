@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
@@ -21,6 +22,8 @@ from typing import Any
 import asyncpg
 import orjson
 from asyncpg.pool import PoolAcquireContext
+
+from evora.protocol.fields import DIGITS_AS_ZERO, exact_json, json_skeleton
 
 # A job never holds a transaction while it runs (rule 4 of docs/architecture.md); these make
 # a stuck client fail fast instead of pinning the outbox horizon and vacuum.
@@ -37,8 +40,26 @@ def _encode_jsonb(value: Any) -> bytes:
     return _JSONB_VERSION + orjson.dumps(value)
 
 
+# An integer beyond 64 bits (20 digits or more, no fraction): orjson reads it as a float.
+_HUGE_INTEGER = re.compile(rb"(?<![0-9.])[0-9]{20,}+(?![.0-9])")
+
+
 def _decode_jsonb(data: bytes) -> Any:
-    return orjson.loads(memoryview(data)[1:])
+    """jsonb as Python values. A client's payload or result may hold any number jsonb does:
+    an integer beyond 64 bits, or beyond a double's range (1e400, through evora.submit),
+    is read as an orjson.Fragment of its text (`exact_json`), which every encoder here
+    writes back unchanged, rather than rounded or refused (a read of such a job failed).
+    Only text that holds one is parsed a second time. (Other numbers stay floats: Evora's
+    own jsonb, such as the projector's sums, is computed with.)"""
+    try:
+        value = orjson.loads(memoryview(data)[1:])
+    except orjson.JSONDecodeError:  # a number beyond a double
+        return exact_json(data[1:])
+    if b"0" * 20 in data.translate(DIGITS_AS_ZERO) and _HUGE_INTEGER.search(
+        json_skeleton(data[1:])
+    ):
+        return exact_json(data[1:])
+    return value
 
 
 def jsonb_elements(values: Iterable[Any]) -> list[Any]:
@@ -213,6 +234,13 @@ def _server_settings(application_name: str, statement_timeout: int | None) -> di
     settings = {
         "application_name": application_name,
         "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
+        # No statement of Evora's runs long enough for LLVM compilation (tens of milliseconds
+        # per statement, on the builds that have JIT: most distributions' and managed
+        # services') to pay for itself, while one estimate too high makes a statement of a
+        # few milliseconds pay it on every run (issue 34); asyncpg's query for a
+        # statement's types is estimated in the millions and would be compiled on every new
+        # connection. docs/deploy.md says more.
+        "jit": "off",
     }
     if statement_timeout is not None:
         settings["statement_timeout"] = str(statement_timeout)

@@ -16,6 +16,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -24,8 +25,15 @@ import orjson
 from pydantic import ValidationError
 
 from evora.domain.cron import CronError, CronSchedule
-from evora.domain.errors import EvoraError, ScheduleNotFound
+from evora.domain.errors import (
+    EvoraError,
+    IdempotencyConflict,
+    IdempotentJobGone,
+    InvalidDependency,
+    ScheduleNotFound,
+)
 from evora.domain.misfire import Misfire, Step, plan
+from evora.protocol.fields import exact_json, with_exact_values
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
@@ -36,6 +44,7 @@ log = logging.getLogger(__name__)
 
 (
     LOCK,
+    UNMEETABLE_DEPENDENCIES,
     UPSERT,
     GET,
     PAGE,
@@ -44,11 +53,13 @@ log = logging.getLogger(__name__)
     RESUME,
     TAKE_DUE,
     ADVANCE,
+    FAIL,
     EARLIEST_DUE,
     NAME_SUBMISSION,
 ) = load(
     "schedules",
     "lock",
+    "unmeetable_dependencies",
     "upsert",
     "get",
     "page",
@@ -57,6 +68,7 @@ log = logging.getLogger(__name__)
     "resume",
     "take_due",
     "advance",
+    "fail",
     "earliest_due",
     "name_submission",
 )
@@ -111,6 +123,10 @@ def schedule_from_row(row: asyncpg.Record) -> ScheduleDict:
         "next_run_at": None if row["paused"] else row["next_run_at"],
         "last_run_at": row["last_run_at"],
         "last_job_id": row["last_job_id"],
+        "last_error": row["last_error"],
+        "last_error_at": row["last_error_at"],
+        "failing_since": row["failing_since"],
+        "consecutive_failures": row["consecutive_failures"],
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
     }
@@ -123,6 +139,19 @@ class Made:
     created: bool  # False: the tick's key already had its job
 
 
+class FailureReason(StrEnum):
+    """Why a step made none of its jobs (a fixed set: the metric's label)."""
+
+    UNREADABLE = "unreadable"  # the stored cron, zone or job no longer parses
+    REJECTED = "rejected"  # the submission was refused (a dependency, a value)
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: FailureReason
+    error: Exception
+
+
 @dataclass(frozen=True)
 class Fired:
     """One step of one schedule."""
@@ -130,6 +159,7 @@ class Fired:
     name: str
     step: Step
     made: list[Made]
+    failure: Failure | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +181,7 @@ class ScheduleStore:
         meanwhile are still handled by its policy; a new or resumed one starts from now."""
         schedule = spec.schedule()
         async with self._pool.acquire() as conn, conn.transaction():
+            await _check_dependencies(conn, spec.job)
             old = await conn.fetchrow(LOCK, name)
             ticked_until = now
             if old is not None and not old["paused"]:
@@ -241,15 +272,12 @@ class ScheduleStore:
             name = row["name"]
             try:
                 schedule = _schedule_of(row)
-                job = _job_of(row)
-            except (CronError, ValidationError) as exc:
+            except CronError as exc:
                 # What was stored was valid; a zone can still vanish from the system's tz
-                # database. Such a row would stay due and hold up the ones behind it.
-                log.error(
-                    "schedule %r cannot be read; it stops until it is put again: %s", name, exc
-                )
-                await conn.execute(ADVANCE, name, now, None, None, None)
-                return Fired(name, Step([], 0, now), [])
+                # database. With no next tick to wait for, it stops until it is put again.
+                failure = Failure(FailureReason.UNREADABLE, exc)
+                await self._fail(conn, name, Step([], 0, now), None, failure, now)
+                return Fired(name, Step([], 0, now), [], failure)
             step = plan(
                 schedule,
                 Misfire(row["misfire"]),
@@ -257,16 +285,23 @@ class ScheduleStore:
                 row["ticked_until"],
                 now,
             )
-            made: list[Made] = []
-            for tick in step.fire:
-                data = {"schedule": name, "tick": rfc3339(tick)}
-                outcome = await self._submit(conn, job, tick_key(name, tick), data)
-                if isinstance(outcome, EvoraError):
-                    # The key was taken with other fields (a producer used it), or its job
-                    # was removed by retention: the tick has had its job, or its chance.
-                    log.warning("schedule %r tick %s made no job: %s", name, data["tick"], outcome)
-                    continue
-                made.append(Made(tick, outcome.id, outcome.created))
+            try:
+                # a savepoint: a statement the database refused leaves the transaction
+                # usable for recording the failure
+                async with conn.transaction():
+                    made = await self._make(conn, name, _job_of(row), step)
+            except _REFUSED as exc:
+                # Left due, the schedule would be taken first at every step and hold up every
+                # schedule behind it; its step's ticks are handled, without their jobs.
+                reason = (
+                    FailureReason.UNREADABLE
+                    if isinstance(exc, ValidationError)
+                    else FailureReason.REJECTED
+                )
+                failure = Failure(reason, exc)
+                next_run_at = schedule.next_after(step.ticked_until)
+                await self._fail(conn, name, step, next_run_at, failure, now)
+                return Fired(name, step, [], failure)
             last = made[-1] if made else None
             await conn.execute(
                 ADVANCE,
@@ -278,6 +313,50 @@ class ScheduleStore:
             )
         return Fired(name, step, made)
 
+    async def _make(
+        self, conn: asyncpg.Connection, name: str, job: JobSubmission, step: Step
+    ) -> list[Made]:
+        made: list[Made] = []
+        for tick in step.fire:
+            data = {"schedule": name, "tick": rfc3339(tick)}
+            outcome = await self._submit(conn, job, tick_key(name, tick), data)
+            if isinstance(outcome, IdempotencyConflict | IdempotentJobGone):
+                # The key was taken with other fields (a producer used it), or its job was
+                # removed by retention: the tick has had its job, or its chance.
+                log.warning("schedule %r tick %s made no job: %s", name, data["tick"], outcome)
+                continue
+            if isinstance(outcome, EvoraError):  # a dependency the database refused
+                raise outcome
+            made.append(Made(tick, outcome.id, outcome.created))
+        return made
+
+    async def _fail(
+        self,
+        conn: asyncpg.Connection,
+        name: str,
+        step: Step,
+        next_run_at: datetime | None,
+        failure: Failure,
+        now: datetime,
+    ) -> None:
+        error = failure.error
+        kind = error.code if isinstance(error, EvoraError) else type(error).__name__
+        log.error(
+            "schedule %r failed to fire (%s); it waits for its next tick %s: %s",
+            name,
+            failure.reason.value,
+            next_run_at,
+            error,
+        )
+        await conn.execute(
+            FAIL,
+            name,
+            step.ticked_until,
+            next_run_at,
+            {"message": str(error), "type": kind},
+            now,
+        )
+
     async def _submit(
         self, conn: asyncpg.Connection, job: JobSubmission, key: str, data: dict[str, Any]
     ) -> Submitted | EvoraError:
@@ -288,10 +367,42 @@ class ScheduleStore:
         return outcome
 
 
+# What makes a step fail alone: the stored job no longer parses, the submission is refused
+# (a dependency, or a value the database's validation rejects: SQLSTATE classes 22 and 23).
+# Anything else (a lost connection, a conflict) fails the step as before, to be retried.
+_REFUSED = (
+    ValidationError,
+    EvoraError,
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+)
+
+
 def _job_of(row: asyncpg.Record) -> JobSubmission:
     # Stored jobs were validated when their schedule was put, with the api's payload limit;
-    # this rebuilds one to submit rather than judging it again.
-    return JobSubmission.model_validate_json(orjson.dumps(row["job"]), context=_TRUSTED)
+    # this rebuilds one to submit rather than judging it again, with the payload's numbers
+    # as stored (the parser would make floats of them).
+    raw = row["job_text"].encode()
+    job = JobSubmission.model_validate_json(raw, context=_TRUSTED)
+    with_exact_values(job, exact_json(raw))
+    return job
+
+
+async def _check_dependencies(conn: asyncpg.Connection, job: dict[str, Any]) -> None:
+    """Refuse a job whose dependencies no tick could wait for, as its submission would be:
+    every firing would fail. (A dependency removed later fails its firings then, recorded on
+    the schedule.)"""
+    depends_on = job.get("depends_on") or []
+    if not depends_on:
+        return
+    cancel = job.get("on_dependency_failure", "cancel") == "cancel"
+    rows = await conn.fetch(UNMEETABLE_DEPENDENCIES, depends_on, cancel)
+    if rows:
+        ord_, dep = rows[0]["ord"], rows[0]["id"]
+        raise InvalidDependency(
+            f"job.depends_on[{ord_ - 1}]: {dep} names no job"
+            + (' or a CANCELLED one (with on_dependency_failure "cancel")' if cancel else "")
+        )
 
 
 def _not_found(name: str) -> ScheduleNotFound:

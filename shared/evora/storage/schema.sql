@@ -205,22 +205,25 @@ $_$;
 
 CREATE FUNCTION evora.number_field(value jsonb, field text, lo numeric, hi numeric, integral boolean, above_lo boolean DEFAULT false) RETURNS numeric
     LANGUAGE plpgsql STABLE
-    AS $_$
+    AS $$
 DECLARE
     n numeric;
 BEGIN
-    IF jsonb_typeof(value) <> 'number' OR (integral AND value::text !~ '^-?\d+$') THEN
+    IF jsonb_typeof(value) <> 'number' THEN
         PERFORM evora.reject(field, CASE WHEN integral THEN 'must be an integer'
                                          ELSE 'must be a number' END);
     END IF;
     n := value::text::numeric;
+    IF integral AND n <> trunc(n) THEN
+        PERFORM evora.reject(field, 'must be an integer');
+    END IF;
     IF n > hi OR (CASE WHEN above_lo THEN n <= lo ELSE n < lo END) THEN
         PERFORM evora.reject(field, format('must be %s %s and at most %s',
             CASE WHEN above_lo THEN 'above' ELSE 'at least' END, lo, hi));
     END IF;
     RETURN n;
 END
-$_$;
+$$;
 
 CREATE FUNCTION evora.reject(field text, problem text) RETURNS void
     LANGUAGE plpgsql
@@ -1193,7 +1196,7 @@ END
 $$;
 
 CREATE FUNCTION public.evora_end_attempts(ends public.evora_attempt_end[], suppressed text[]) RETURNS TABLE(job public.jobs, notified text[], owed text[])
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 100
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -1270,7 +1273,7 @@ CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
 $$;
 
 CREATE FUNCTION public.evora_leave_dlq(ids uuid[], to_state public.job_state, suppressed text[]) RETURNS TABLE(job public.jobs, notified text[], owed text[])
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 100
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1372,7 +1375,7 @@ END
 $$;
 
 CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql ROWS 1
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -1739,6 +1742,10 @@ CREATE TABLE public.schedules (
     last_job_id uuid,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_error jsonb,
+    last_error_at timestamp with time zone,
+    failing_since timestamp with time zone,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
     CONSTRAINT schedules_misfire_check CHECK ((misfire = ANY (ARRAY['skip'::text, 'run_once'::text, 'catch_up'::text]))),
     CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
 );

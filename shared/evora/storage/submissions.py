@@ -228,7 +228,9 @@ def _fingerprint_before_0011(sub: JobSubmission) -> bytes | None:
     before the upgrade can still be retried.)"""
     if sub.idempotency_key is None or sub.depends_on or sub.limit_keys:
         return None
-    fields = sub.model_dump(mode="json", exclude={"idempotency_key", *_SINCE_0011})
+    # the payload as it is: it may hold the client's exact numbers (orjson fragments)
+    fields = sub.model_dump(mode="json", exclude={"idempotency_key", "payload", *_SINCE_0011})
+    fields["payload"] = sub.payload
     return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
 
 

@@ -44,8 +44,25 @@ function timelineItem(event) {
       event.worker_id ? h("span", { class: "muted" }, `worker ${event.worker_id}`) : null,
       h("span", { class: "muted" }, `#${event.seq}`),
     ),
-    hasData ? jsonBlock(event.data, `Data of event ${event.seq}`) : null,
+    hasData ? eventData(event) : null,
   );
+}
+
+// An error's traceback is many lines: inside the JSON it would show as one line of literal
+// "\n"s, so it is taken out and shown as text of its own.
+function eventData(event) {
+  const error = event.data.error;
+  if (!error || typeof error.traceback !== "string") return jsonBlock(event.data, `Data of event ${event.seq}`);
+  const { traceback, ...shownError } = error;
+  return [
+    jsonBlock({ ...event.data, error: shownError }, `Data of event ${event.seq}`),
+    h(
+      "details",
+      { class: "traceback" },
+      h("summary", null, "Stack trace"),
+      h("pre", { class: "json", tabindex: "0", "aria-label": `Stack trace of event ${event.seq}` }, traceback),
+    ),
+  ];
 }
 
 export function mount(root, params, ctx) {

@@ -14,7 +14,8 @@ function tile(value, label, extra) {
 }
 
 function latencyText(p) {
-  return `${ms(p.p50)} · ${ms(p.p95)} · ${ms(p.p99)}`;
+  // A value and its unit stay on one line when a narrow window wraps the cell.
+  return [p.p50, p.p95, p.p99].map((v) => ms(v).replace(" ", "\u00a0")).join(" · ");
 }
 
 function trendCell(q, history) {
@@ -47,7 +48,7 @@ function queueRow(q, history) {
     trendCell(q, history),
     h(
       "td",
-      { class: "num nowrap" },
+      { class: "num latency" },
       h("div", null, h("span", { class: "muted" }, "wait "), latencyText(q.latency_ms.wait)),
       h("div", null, h("span", { class: "muted" }, "run "), latencyText(q.latency_ms.run)),
     ),

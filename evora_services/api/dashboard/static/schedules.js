@@ -9,6 +9,20 @@ function jobLink(id) {
   return h("a", { href: `#/jobs/${seg(id)}`, class: "mono", title: id, "aria-label": `Job ${id}` }, shortId(id));
 }
 
+// A schedule whose last steps made no job (its submission was refused): how many in a row,
+// and the error, so the operator sees why without the logs.
+function failingBadge(s) {
+  if (!s.consecutive_failures) return null;
+  const since = `failing since ${ago(s.failing_since)}`;
+  return h(
+    "span",
+    { class: "schedule-failing" },
+    " ",
+    h("span", { class: "state state-failing", title: `${since}: ${s.last_error.message}` }, `✕ Failing: ${s.consecutive_failures} in a row`),
+    h("span", { class: "muted schedule-error" }, ` ${s.last_error.message}`),
+  );
+}
+
 export function mount(root, params, ctx) {
   const list = h("div");
   replace(
@@ -46,7 +60,7 @@ export function mount(root, params, ctx) {
       h("td", null, s.timezone),
       h("td", null, h("a", { href: `#/queues/${seg(s.job.queue)}` }, s.job.queue), " / ", s.job.type),
       h("td", null, s.misfire),
-      h("td", { class: "schedule-state" }, pausedBadge(s.paused)),
+      h("td", { class: "schedule-state" }, pausedBadge(s.paused), failingBadge(s)),
       h("td", { class: "nowrap" }, ago(s.next_run_at)),
       h("td", { class: "nowrap" }, ago(s.last_run_at)),
       h("td", null, jobLink(s.last_job_id)),

@@ -384,6 +384,14 @@ export interface Schedule {
   last_run_at: string | null;
   /** the job it made last */
   last_job_id: string | null;
+  /** why its last failed step made no job (kept after it recovers) */
+  last_error: LastError | null;
+  /** when that step failed */
+  last_error_at: string | null;
+  /** the first failure of the current streak; null once a step succeeds */
+  failing_since: string | null;
+  /** steps that failed in a row; a failed step's ticks make no job */
+  consecutive_failures: number;
   created_at: string;
   updated_at: string;
 }
