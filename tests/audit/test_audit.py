@@ -334,3 +334,27 @@ async def test_events_retention_dropped_from_the_middle_of_a_chain_are_no_gap(
     report = await audited(pool)
     assert report.ok, report.text()
     assert report.events == len(seqs) - 2
+
+
+async def test_a_settlement_that_cancels_a_dependency_and_releases_its_dependent_at_once(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Cancelling the root cancels the middle job (it would not run without the root) and
+    releases the last (it runs anyway) in one statement, which writes their events in any
+    seq order: the same transaction is the same moment (seen in the random workload)."""
+    for _ in range(3):
+        [root] = await submitted(store)
+        middle = (await store.submit(JobSubmission(queue="q", type="t", depends_on=[root]))).id
+        last = (
+            await store.submit(
+                JobSubmission(queue="q", type="t", depends_on=[middle], on_dependency_failure="run")
+            )
+        ).id
+        await store.cancel(root)
+        states = await pool.fetch(
+            "SELECT state::text FROM jobs WHERE id = ANY($1::uuid[]) ORDER BY id", [middle, last]
+        )
+        assert sorted(r["state"] for r in states) == ["CANCELLED", "PENDING"]
+
+    report = await audited(pool)
+    assert report.ok, report.text()

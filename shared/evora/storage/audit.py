@@ -216,11 +216,13 @@ class _Job:
     # the first event that made the job PENDING from submission (submitted or
     # dependencies_met): only then could it be claimed
     released_seq: int | None = None
+    released_xid: str | None = None
     claim: _Claim | None = None
     cancel_requested_seq: int | None = None
     # the first event that ended it for its dependents: completed or cancelled
     ended_seq: int | None = None
     ended_state: str | None = None
+    ended_xid: str | None = None
     last_seq: int = 0
 
 
@@ -285,10 +287,14 @@ class _Auditor:
             job.submitted_seq = seq
             if e["schedule"] is not None and e["tick"] is not None:
                 self.ticks[(e["schedule"], e["tick"])].append((job_id, seq))
-        if to == "PENDING" and name in ("submitted", "dependencies_met"):
-            job.released_seq = job.released_seq or seq
+        if (
+            to == "PENDING"
+            and name in ("submitted", "dependencies_met")
+            and job.released_seq is None
+        ):
+            job.released_seq, job.released_xid = seq, e["xid"]
         if name in ("completed", "cancelled") and job.ended_seq is None:
-            job.ended_seq, job.ended_state = seq, to
+            job.ended_seq, job.ended_state, job.ended_xid = seq, to, e["xid"]
         job.version, job.state, job.attempt, job.last_seq = e["job_version"], to, e["attempt"], seq
 
     def _group_order(self, job_id: uuid.UUID, job: _Job, e: asyncpg.Record) -> None:
@@ -664,7 +670,15 @@ def _check_dependencies(
             if dep is None or dep.submitted_seq is None:
                 continue
             allowed = dep.ended_seq is not None and (dep.ended_state == "COMPLETED" or runs_anyway)
-            if not allowed or (dep.ended_seq is not None and dep.ended_seq > job.released_seq):
+            # one statement may end a dependency and release its dependent (a settlement
+            # that cancels a chain), writing their events in any order: the same transaction
+            # is the same moment
+            late = (
+                dep.ended_seq is not None
+                and dep.ended_seq > job.released_seq
+                and dep.ended_xid != job.released_xid
+            )
+            if not allowed or late:
                 auditor.fail(
                     "dependencies_before_start",
                     f"PENDING while its dependency {dep_id} was "

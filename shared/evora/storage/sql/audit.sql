@@ -25,7 +25,8 @@ SELECT extract(epoch FROM evora_now() - now())::float8;
 -- name: events
 -- $1 from seq, $2 at most this many (NULL: all). The events from there on, oldest first, with
 -- the fields of the job image the checks use (never the payload, result or error).
-SELECT e.seq, e.job_id, e.job_version, e.queue, e.event, e.from_state::text AS from_state,
+SELECT e.seq, e.xid::text AS xid, e.job_id, e.job_version, e.queue, e.event,
+       e.from_state::text AS from_state,
        e.to_state::text AS to_state, e.attempt, e.at, (e.job).worker_id AS worker_id,
        (e.job).started_at AS started_at, (e.job).group_key AS group_key,
        (e.job).priority AS priority, (e.job).submit_seq AS submit_seq,
