@@ -1361,6 +1361,20 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.evora_record_limit_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO flow_limit_changes (key, deleted) VALUES (OLD.key, true);
+    ELSE
+        INSERT INTO flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
+        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
     LANGUAGE plpgsql ROWS 1
     AS $$
@@ -1604,6 +1618,25 @@ CREATE TABLE public.evora_migrations (
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE public.flow_limit_changes (
+    seq bigint NOT NULL,
+    key text NOT NULL,
+    concurrency integer,
+    rate_limit integer,
+    rate_per_seconds double precision,
+    deleted boolean NOT NULL,
+    changed_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+ALTER TABLE public.flow_limit_changes ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.flow_limit_changes_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE public.flow_limits (
     key text NOT NULL,
     concurrency integer,
@@ -1740,6 +1773,9 @@ ALTER TABLE ONLY public.evora_migrations
 ALTER TABLE ONLY public.flow_buckets
     ADD CONSTRAINT flow_buckets_pkey PRIMARY KEY (key);
 
+ALTER TABLE ONLY public.flow_limit_changes
+    ADD CONSTRAINT flow_limit_changes_pkey PRIMARY KEY (seq);
+
 ALTER TABLE ONLY public.flow_limits
     ADD CONSTRAINT flow_limits_pkey PRIMARY KEY (key);
 
@@ -1805,6 +1841,8 @@ CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (st
 CREATE UNIQUE INDEX jobs_submit_seq ON public.jobs USING btree (submit_seq);
 
 CREATE INDEX schedules_due ON public.schedules USING btree (next_run_at) WHERE (NOT paused);
+
+CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON public.flow_limits FOR EACH ROW EXECUTE FUNCTION public.evora_record_limit_change();
 
 CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON public.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.evora_reject_event_change();
 
