@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     # One JSON object per line, or readable lines; unset: text in `evora dev`, else json.
     log_format: Literal["json", "text"] | None = None
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    # A pooler between the services and PostgreSQL (PgBouncer): what it takes away, so that
+    # the services do without it (read by evora.storage.db; docs/deploy.md).
+    database_pooler: Literal["none", "session", "transaction"] = "none"
     # Retention (the sweeper): how long finished jobs and idempotency keys are kept, seconds.
     retention_completed_seconds: int = Field(default=86_400, ge=60)
     retention_cancelled_seconds: int = Field(default=86_400, ge=60)

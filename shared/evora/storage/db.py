@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, get_args
 
 import asyncpg
 import orjson
@@ -68,6 +69,50 @@ def jsonb_elements(values: Iterable[Any]) -> list[Any]:
     several elements (misaligning every other unnest column); a pre-encoded fragment is
     always exactly one element."""
     return [orjson.Fragment(orjson.dumps(value)) for value in values]
+
+
+# What a connection pooler between Evora and PostgreSQL takes away (EVORA_DATABASE_POOLER;
+# docs/deploy.md). "none": a direct connection, the settings travel in the startup packet (no
+# extra round trip). "session" (PgBouncer's pool_mode = session): a stock PgBouncer refuses
+# every startup parameter it does not know, so the settings are SET once per connection
+# instead. "transaction": a session is not Evora's for longer than a transaction, so nothing
+# is SET (it would leak into other clients' server connections and be lost for this one:
+# the operator sets them on the role, docs/deploy.md) and no statement is prepared by name
+# (another client's server connection would run it, or lack it).
+Pooler = Literal["none", "session", "transaction"]
+POOLER_ENV = "EVORA_DATABASE_POOLER"
+
+
+def pooler() -> Pooler:
+    """The pooler this process connects through, from the environment (config.Settings
+    validates it at startup, like every other EVORA_ variable)."""
+    value = os.environ.get(POOLER_ENV, "").strip().lower() or "none"
+    if value not in get_args(Pooler):
+        raise ValueError(f"{POOLER_ENV} must be one of none, session, transaction: {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _session_settings(statement_timeout: int | None) -> dict[str, str]:
+    """What every Evora session runs with, however it gets there."""
+    settings = {
+        "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
+        # No statement of Evora's runs long enough for LLVM compilation (tens of milliseconds
+        # per statement, on the builds that have JIT: most distributions' and managed
+        # services') to pay for itself, while one estimate too high makes a statement of a
+        # few milliseconds pay it on every run (issue 34); asyncpg's query for a
+        # statement's types is estimated in the millions and would be compiled on every new
+        # connection. docs/deploy.md says more.
+        "jit": "off",
+    }
+    if statement_timeout is not None:
+        settings["statement_timeout"] = str(statement_timeout)
+    return settings
+
+
+async def _set_session(conn: asyncpg.Connection, settings: dict[str, str]) -> None:
+    """Behind a session-mode pooler: the startup settings, SET in one round trip (the values
+    are Evora's own numbers and words, never input)."""
+    await conn.execute("".join(f"SET {name} = '{value}';" for name, value in settings.items()))
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -230,21 +275,22 @@ async def _reset(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK", timeout=RESET_TIMEOUT_S)
 
 
-def _server_settings(application_name: str, statement_timeout: int | None) -> dict[str, str]:
-    settings = {
-        "application_name": application_name,
-        "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
-        # No statement of Evora's runs long enough for LLVM compilation (tens of milliseconds
-        # per statement, on the builds that have JIT: most distributions' and managed
-        # services') to pay for itself, while one estimate too high makes a statement of a
-        # few milliseconds pay it on every run (issue 34); asyncpg's query for a
-        # statement's types is estimated in the millions and would be compiled on every new
-        # connection. docs/deploy.md says more.
-        "jit": "off",
-    }
-    if statement_timeout is not None:
-        settings["statement_timeout"] = str(statement_timeout)
-    return settings
+def _startup(
+    application_name: str, statement_timeout: int | None
+) -> tuple[dict[str, str], dict[str, str], int]:
+    """(startup parameters, settings to SET after connecting, asyncpg's statement cache size)
+    for this process's pooler. application_name is one of the few parameters PgBouncer passes
+    on (it tracks it per client)."""
+    settings = _session_settings(statement_timeout)
+    mode = pooler()
+    if mode == "none":
+        return {"application_name": application_name, **settings}, {}, 100
+    if mode == "session":
+        return {"application_name": application_name}, settings, 100
+    # asyncpg then sends each statement unnamed: Parse, Describe, Bind, Execute and one Sync,
+    # which PgBouncer keeps on one server connection (it switches only at a Sync outside a
+    # transaction). Its own prepared-statement support needs PgBouncer 1.21 (Debian 12: 1.18).
+    return {"application_name": application_name}, {}, 0
 
 
 async def connect(
@@ -254,11 +300,15 @@ async def connect(
     statement_timeout: int | None = STATEMENT_TIMEOUT_MS,
 ) -> asyncpg.Connection:
     """A standalone connection (migrations, LISTEN, advisory-lock holders)."""
+    startup, later, cache_size = _startup(application_name, statement_timeout)
     conn: asyncpg.Connection = await asyncpg.connect(
         dsn,
         timeout=CONNECT_TIMEOUT_S,
-        server_settings=_server_settings(application_name, statement_timeout),
+        server_settings=startup,
+        statement_cache_size=cache_size,
     )
+    if later:
+        await _set_session(conn, later)
     await _init_connection(conn)
     return conn
 
@@ -270,6 +320,13 @@ async def create_pool(
     min_size: int = 2,
     max_size: int = 10,
 ) -> asyncpg.Pool:
+    startup, later, cache_size = _startup(application_name, STATEMENT_TIMEOUT_MS)
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if later:
+            await _set_session(conn, later)
+        await _init_connection(conn)
+
     # asyncpg.create_pool with our pool and connection classes (it takes no pool class).
     pool = _DeadlinePool(
         dsn,
@@ -277,13 +334,14 @@ async def create_pool(
         max_size=max_size,
         max_queries=50_000,
         max_inactive_connection_lifetime=300.0,
-        init=_init_connection,
+        init=init,
         reset=_reset,
         loop=None,
         connection_class=_DeadlineConnection,
         record_class=asyncpg.Record,
         timeout=CONNECT_TIMEOUT_S,
-        server_settings=_server_settings(application_name, STATEMENT_TIMEOUT_MS),
+        server_settings=startup,
+        statement_cache_size=cache_size,
     )
     await pool
     return pool

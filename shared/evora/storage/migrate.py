@@ -22,7 +22,7 @@ from importlib import resources
 import asyncpg
 
 from evora.storage import locks
-from evora.storage.db import connect
+from evora.storage.db import connect, pooler
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,15 @@ async def missing_versions(conn: asyncpg.Connection) -> list[int]:
 async def apply_migrations(dsn: str, *, upto: int | None = None) -> list[int]:
     """Bring the database at `dsn` up to date (or up to version `upto`); return the versions
     this call applied."""
+    if pooler() == "transaction":
+        # The lock below is the session's: behind a transaction-mode pooler it would stay on
+        # whichever server connection took it (and the unlock run on another), so two
+        # migrators could both run, or every later one wait forever.
+        raise MigrationError(
+            "migrations need a session of their own: run `evora migrate` with "
+            "EVORA_DATABASE_URL naming PostgreSQL directly (or a session-mode pool) and "
+            "EVORA_DATABASE_POOLER unset or session"
+        )
     conn = await connect(dsn, statement_timeout=None)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", locks.MIGRATIONS)
