@@ -29,8 +29,8 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     from evora.storage.migrate import apply_migrations
 
     settings.require("database_url", serving=False)
-    assert settings.database_url is not None
-    applied = asyncio.run(apply_migrations(settings.database_url))
+    dsn, pooler = settings.require_session_database("`evora migrate` (its advisory lock)")
+    applied = asyncio.run(apply_migrations(dsn, pooler=pooler))
     if applied:
         print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}")
     else:

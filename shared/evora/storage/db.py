@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import asyncpg
 import orjson
@@ -80,16 +79,6 @@ def jsonb_elements(values: Iterable[Any]) -> list[Any]:
 # the operator sets them on the role, docs/deploy.md) and no statement is prepared by name
 # (another client's server connection would run it, or lack it).
 Pooler = Literal["none", "session", "transaction"]
-POOLER_ENV = "EVORA_DATABASE_POOLER"
-
-
-def pooler() -> Pooler:
-    """The pooler this process connects through, from the environment (config.Settings
-    validates it at startup, like every other EVORA_ variable)."""
-    value = os.environ.get(POOLER_ENV, "").strip().lower() or "none"
-    if value not in get_args(Pooler):
-        raise ValueError(f"{POOLER_ENV} must be one of none, session, transaction: {value!r}")
-    return value  # type: ignore[return-value]
 
 
 def _session_settings(statement_timeout: int | None) -> dict[str, str]:
@@ -276,16 +265,15 @@ async def _reset(conn: asyncpg.Connection) -> None:
 
 
 def _startup(
-    application_name: str, statement_timeout: int | None
+    pooler: Pooler, application_name: str, statement_timeout: int | None
 ) -> tuple[dict[str, str], dict[str, str], int]:
     """(startup parameters, settings to SET after connecting, asyncpg's statement cache size)
-    for this process's pooler. application_name is one of the few parameters PgBouncer passes
+    behind `pooler`. application_name is one of the few parameters PgBouncer passes
     on (it tracks it per client)."""
     settings = _session_settings(statement_timeout)
-    mode = pooler()
-    if mode == "none":
+    if pooler == "none":
         return {"application_name": application_name, **settings}, {}, 100
-    if mode == "session":
+    if pooler == "session":
         return {"application_name": application_name}, settings, 100
     # asyncpg then sends each statement unnamed: Parse, Describe, Bind, Execute and one Sync,
     # which PgBouncer keeps on one server connection (it switches only at a Sync outside a
@@ -298,9 +286,10 @@ async def connect(
     *,
     application_name: str = "evora",
     statement_timeout: int | None = STATEMENT_TIMEOUT_MS,
+    pooler: Pooler = "none",
 ) -> asyncpg.Connection:
     """A standalone connection (migrations, LISTEN, advisory-lock holders)."""
-    startup, later, cache_size = _startup(application_name, statement_timeout)
+    startup, later, cache_size = _startup(pooler, application_name, statement_timeout)
     conn: asyncpg.Connection = await asyncpg.connect(
         dsn,
         timeout=CONNECT_TIMEOUT_S,
@@ -319,8 +308,9 @@ async def create_pool(
     application_name: str = "evora",
     min_size: int = 2,
     max_size: int = 10,
+    pooler: Pooler = "none",
 ) -> asyncpg.Pool:
-    startup, later, cache_size = _startup(application_name, STATEMENT_TIMEOUT_MS)
+    startup, later, cache_size = _startup(pooler, application_name, STATEMENT_TIMEOUT_MS)
 
     async def init(conn: asyncpg.Connection) -> None:
         if later:

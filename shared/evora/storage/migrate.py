@@ -22,7 +22,7 @@ from importlib import resources
 import asyncpg
 
 from evora.storage import locks
-from evora.storage.db import connect, pooler
+from evora.storage.db import Pooler, connect
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +99,12 @@ async def missing_versions(conn: asyncpg.Connection) -> list[int]:
     return [m.version for m in available() if m.version not in applied]
 
 
-async def apply_migrations(dsn: str, *, upto: int | None = None) -> list[int]:
-    """Bring the database at `dsn` up to date (or up to version `upto`); return the versions
-    this call applied."""
-    if pooler() == "transaction":
+async def apply_migrations(
+    dsn: str, *, upto: int | None = None, pooler: Pooler = "none"
+) -> list[int]:
+    """Bring the database at `dsn` (behind `pooler`) up to date (or up to version `upto`);
+    return the versions this call applied."""
+    if pooler == "transaction":
         # The lock below is the session's: behind a transaction-mode pooler it would stay on
         # whichever server connection took it (and the unlock run on another), so two
         # migrators could both run, or every later one wait forever.
@@ -111,7 +113,7 @@ async def apply_migrations(dsn: str, *, upto: int | None = None) -> list[int]:
             "EVORA_DATABASE_URL naming PostgreSQL directly (or a session-mode pool) and "
             "EVORA_DATABASE_POOLER unset or session"
         )
-    conn = await connect(dsn, statement_timeout=None)
+    conn = await connect(dsn, statement_timeout=None, pooler=pooler)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", locks.MIGRATIONS)
         try:
