@@ -21,6 +21,7 @@ from evora.storage.migrate import MigrationError, apply_migrations, missing_vers
 from evora_services.dispatcher.state import DISPATCH
 from evora_services.projector.app import create_app as create_projector
 from evora_services.sweeper.app import create_app as create_sweeper
+from tests.cli.commands import evora, one_line
 from tests.conftest import _admin, _with_database
 from tests.e2e.conftest import scrape
 from tests.pgbouncer import pgbouncer, through
@@ -215,3 +216,39 @@ def test_transaction_mode_leaders_need_a_direct_url(service: str, db_url: str) -
     )
     with pytest.raises(ConfigError, match="EVORA_DIRECT_DATABASE_URL"):
         asyncio.run(APPS[service](settings))
+
+
+def test_evora_migrate_through_pgbouncer_in_each_mode(pg_server_url: str) -> None:
+    """What an operator sees: without EVORA_DATABASE_POOLER one line naming it (not
+    asyncpg's traceback); in session mode migrations run, and run again; in transaction mode
+    one line naming EVORA_DIRECT_DATABASE_URL, and with it they run."""
+    name = f"pgbouncer_cli_{random.getrandbits(48):x}"
+    asyncio.run(_admin(pg_server_url, f'CREATE DATABASE "{name}"'))
+    direct = _with_database(pg_server_url, name)
+    try:
+        with pgbouncer(pg_server_url, "session") as port:
+            url = through(direct, port)
+            unset = evora("migrate", env={"EVORA_DATABASE_URL": url})
+            assert unset.returncode == 1
+            line = one_line(unset.stderr)
+            assert "unsupported startup parameter" in line
+            assert "EVORA_DATABASE_POOLER" in line
+            for expected in ("applied migrations: 0001", "database is up to date"):
+                again = evora(
+                    "migrate", env={"EVORA_DATABASE_URL": url, "EVORA_DATABASE_POOLER": "session"}
+                )
+                assert again.returncode == 0, again.stderr
+                assert again.stdout.startswith(expected)
+        with pgbouncer(pg_server_url, "transaction") as port:
+            env = {
+                "EVORA_DATABASE_URL": through(direct, port),
+                "EVORA_DATABASE_POOLER": "transaction",
+            }
+            refused = evora("migrate", env=env)
+            assert refused.returncode == 2
+            assert "EVORA_DIRECT_DATABASE_URL" in one_line(refused.stderr)
+            done = evora("migrate", env={**env, "EVORA_DIRECT_DATABASE_URL": direct})
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.startswith("database is up to date")
+    finally:
+        asyncio.run(_admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
