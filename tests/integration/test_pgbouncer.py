@@ -11,12 +11,14 @@ from typing import Any
 from uuid import UUID
 
 import aiohttp
+import asyncpg
 import pytest
 
 from evora.config import ConfigError, Settings
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import connect, create_pool
 from evora.storage.jobs import AckResult, Completion, JobStore
+from evora.storage.leadership import AdvisoryLeader
 from evora.storage.migrate import MigrationError, apply_migrations, missing_versions
 from evora_services.dispatcher.state import DISPATCH
 from evora_services.projector.app import create_app as create_projector
@@ -252,3 +254,51 @@ def test_evora_migrate_through_pgbouncer_in_each_mode(pg_server_url: str) -> Non
             assert done.stdout.startswith("database is up to date")
     finally:
         asyncio.run(_admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def test_session_mode_standby_takes_over_when_the_leader_session_dies(
+    db_url: str, pg_server_url: str
+) -> None:
+    """Two replicas' leaders through a session pool: one leads, the other stands by; when
+    the leader's server session dies PgBouncer drops its client, and the standby leads."""
+    leading: list[str] = []
+
+    def leader(name: str) -> AdvisoryLeader:
+        def changed(active: bool) -> None:
+            if active:
+                leading.append(name)
+
+        return AdvisoryLeader(
+            url, 0x7E58, name=name, standby_seconds=0.1, on_change=changed, pooler="session"
+        )
+
+    async def lead(ended: asyncio.Event) -> None:
+        await ended.wait()
+
+    stop = asyncio.Event()
+    with pgbouncer(pg_server_url, "session") as port:
+        url = through(db_url, port)
+        first = asyncio.create_task(leader("evora-test-a").run(lead, stop))
+        await until(lambda: leading == ["evora-test-a"], "a leads")
+        second = asyncio.create_task(leader("evora-test-b").run(lead, stop))
+        admin = await connect(db_url)
+        try:
+            await until(lambda: _has_session(admin, "evora-test-b"), "b connects and stands by")
+            assert leading == ["evora-test-a"]
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'evora-test-a'"
+            )
+            await until(lambda: leading[1:2] == ["evora-test-b"], "b takes over", within=15)
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(first, second), 30)
+            await admin.close()
+
+
+async def _has_session(conn: asyncpg.Connection, name: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", name
+        )
+    )
