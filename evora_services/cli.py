@@ -38,6 +38,12 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from evora_services.doctor import main
+
+    return main(args, settings)
+
+
 def _dev(args: argparse.Namespace, settings: Settings) -> int:
     from evora_services.dev import run_dev
 
@@ -246,6 +252,17 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "Idempotent and safe to run concurrently; serves nothing, so it needs no tokens.",
         "EVORA_DATABASE_URL (required)",
     ).set_defaults(run=_migrate)
+    doctor = _command(
+        sub,
+        "doctor",
+        "check the database and the services as an operator would",
+        "Connects as the services do and reports each check (PostgreSQL version, migrations, "
+        "pooler and wake-ups, long transactions, dead tuples, projector lag, sweeper and "
+        "projector leaders, clock skew) with a verdict and what to do; exits 1 when one fails.",
+        "EVORA_DATABASE_URL (required), EVORA_DATABASE_POOLER, EVORA_DIRECT_DATABASE_URL",
+    )
+    doctor.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    doctor.set_defaults(run=_doctor)
     _command(
         sub,
         "dev",
