@@ -19,7 +19,7 @@ import orjson
 
 from evora.config import Settings
 from evora.storage import doctor, locks
-from evora.storage.db import connect
+from evora.storage.db import STATEMENT_TIMEOUT_MS, connect, session_settings
 from evora.storage.migrate import missing_versions
 from evora_services.dispatcher.wakeups import POLL_SECONDS
 from evora_services.startup_errors import explain
@@ -90,10 +90,9 @@ async def _migrations(conn: asyncpg.Connection, _: Settings, __: Thresholds) -> 
     )
 
 
-async def _pooler(_: asyncpg.Connection, settings: Settings, __: Thresholds) -> Finding:
+async def _pooler(conn: asyncpg.Connection, settings: Settings, _: Thresholds) -> Finding:
     mode = settings.database_pooler
-    session = settings.session_database()
-    if session is None:
+    if settings.session_database() is None:
         return Finding(
             "fail",
             f"a transaction-mode pooler and no EVORA_DIRECT_DATABASE_URL: no LISTEN (the "
@@ -101,11 +100,18 @@ async def _pooler(_: asyncpg.Connection, settings: Settings, __: Thresholds) -> 
             "sweeper, the projector and `evora migrate` refuse to start",
             "set EVORA_DIRECT_DATABASE_URL to PostgreSQL itself (docs/deploy.md, PgBouncer)",
         )
-    where = (
-        "EVORA_DIRECT_DATABASE_URL"
-        if session[1] == "none" and mode != "none"
-        else ("EVORA_DATABASE_URL")
-    )
+    if mode == "transaction":
+        # Behind transaction pooling the services SET nothing: the role must carry them.
+        wanted = session_settings(STATEMENT_TIMEOUT_MS)
+        if missing := await doctor.settings_differing(conn, wanted):
+            return Finding(
+                "warn",
+                f"behind a transaction-mode pooler Evora's sessions lack {', '.join(missing)}",
+                "give Evora's role its settings: "
+                + "; ".join(f"ALTER ROLE <role> SET {name} = '{wanted[name]}'" for name in missing)
+                + " (docs/deploy.md, PgBouncer)",
+            )
+    where = "EVORA_DIRECT_DATABASE_URL" if settings.direct_database_url else "EVORA_DATABASE_URL"
     pooled = "no pooler" if mode == "none" else f"a {mode}-mode pooler"
     return Finding(
         "ok",

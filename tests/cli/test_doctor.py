@@ -20,6 +20,7 @@ from evora.storage.jobs import JobStore
 from evora_services.doctor import Thresholds, run_checks
 from tests.cli.commands import evora_async
 from tests.conftest import _admin, _with_database
+from tests.pgbouncer import pgbouncer, through
 
 CHECKS = [
     "connection",
@@ -120,3 +121,33 @@ async def test_a_transaction_holding_xmin_and_unprojected_events_are_named(
     assert lag.verdict == "warn", lag
     assert lag.detail.startswith("1 event(s) not projected yet")
     assert "never recorded progress" in lag.detail
+
+
+async def test_behind_transaction_pooling_it_names_what_the_role_lacks(
+    db_url: str, pg_server_url: str
+) -> None:
+    with pgbouncer(pg_server_url, "transaction") as port:
+        pooled = through(db_url, port)
+        without_direct = Settings(database_url=pooled, database_pooler="transaction")
+        with_direct = without_direct.model_copy(update={"direct_database_url": db_url})
+        bare = {c.name: c for c in await run_checks(without_direct)}["pooler"]
+        assert bare.verdict == "fail" and "EVORA_DIRECT_DATABASE_URL" in (bare.action or "")
+        lacking = {c.name: c for c in await run_checks(with_direct)}["pooler"]
+        assert lacking.verdict == "warn", lacking
+        assert "statement_timeout" in lacking.detail and "jit" in lacking.detail
+        assert "ALTER ROLE <role> SET statement_timeout = '30000'" in (lacking.action or "")
+        # as on the role, but for this test's database only
+        database = db_url.rsplit("/", 1)[1]
+        for name, value in (("statement_timeout", "30s"), ("jit", "off")):
+            await _admin(db_url, f'ALTER DATABASE "{database}" SET {name} = {value!r}')
+        await _admin(
+            db_url, f'ALTER DATABASE "{database}" SET idle_in_transaction_session_timeout = 60000'
+        )
+    # a new PgBouncer: new server sessions, which start with the database's settings
+    with pgbouncer(pg_server_url, "transaction") as port:
+        settings = with_direct.model_copy(update={"database_url": through(db_url, port)})
+        ready = {c.name: c for c in await run_checks(settings)}["pooler"]
+        assert ready.verdict == "ok", ready
+        assert (
+            "wake-ups by LISTEN and leadership locks on EVORA_DIRECT_DATABASE_URL" in ready.detail
+        )

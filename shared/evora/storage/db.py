@@ -81,7 +81,7 @@ def jsonb_elements(values: Iterable[Any]) -> list[Any]:
 Pooler = Literal["none", "session", "transaction"]
 
 
-def _session_settings(statement_timeout: int | None) -> dict[str, str]:
+def session_settings(statement_timeout: int | None) -> dict[str, str]:
     """What every Evora session runs with, however it gets there."""
     settings = {
         "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
@@ -270,7 +270,7 @@ def _startup(
     """(startup parameters, settings to SET after connecting, asyncpg's statement cache size)
     behind `pooler`. application_name is one of the few parameters PgBouncer passes
     on (it tracks it per client)."""
-    settings = _session_settings(statement_timeout)
+    settings = session_settings(statement_timeout)
     if pooler == "none":
         return {"application_name": application_name, **settings}, {}, 100
     if pooler == "session":

@@ -9,13 +9,21 @@ import asyncpg
 
 from evora.storage.statements import load
 
-OLDEST_XMIN_HOLDER, DEAD_TUPLES, OUTBOX_BACKLOG, ADVISORY_LOCK_HELD, DATABASE_CLOCK = load(
+(
+    OLDEST_XMIN_HOLDER,
+    DEAD_TUPLES,
+    OUTBOX_BACKLOG,
+    ADVISORY_LOCK_HELD,
+    DATABASE_CLOCK,
+    SETTINGS_DIFFERING,
+) = load(
     "doctor",
     "oldest_xmin_holder",
     "dead_tuples",
     "outbox_backlog",
     "advisory_lock_held",
     "database_clock",
+    "settings_differing",
 )
 
 
@@ -72,3 +80,10 @@ async def clock_skew(conn: asyncpg.Connection) -> float:
     database: float = await conn.fetchval(DATABASE_CLOCK)
     after = time.time()
     return database - (before + after) / 2
+
+
+async def settings_differing(conn: asyncpg.Connection, wanted: dict[str, str]) -> list[str]:
+    """The names of `wanted`'s settings (values in pg_settings' base units) that this
+    session has otherwise."""
+    names: list[str] = await conn.fetchval(SETTINGS_DIFFERING, list(wanted), list(wanted.values()))
+    return names

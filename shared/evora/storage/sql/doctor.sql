@@ -53,3 +53,11 @@ SELECT EXISTS (
 -- name: database_clock
 -- The database's clock now (not the transaction's start), seconds since the epoch.
 SELECT extract(epoch FROM clock_timestamp())::float8;
+
+-- name: settings_differing
+-- Which of the settings $1 (names) this session does not have at the values $2 (in
+-- pg_settings' base units: milliseconds for the timeouts), in the order given.
+SELECT coalesce(array_agg(w.name ORDER BY w.ord), '{}')
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS w (name, value, ord)
+JOIN pg_settings s ON s.name = w.name
+WHERE s.setting <> w.value;
