@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Literal
@@ -79,6 +79,8 @@ def jsonb_elements(values: Iterable[Any]) -> list[Any]:
 # the operator sets them on the role, docs/deploy.md) and no statement is prepared by name
 # (another client's server connection would run it, or lack it).
 Pooler = Literal["none", "session", "transaction"]
+# Statements each connection keeps prepared (asyncpg's default), where a pooler allows it.
+STATEMENT_CACHE_SIZE = 100
 
 
 def session_settings(statement_timeout: int | None) -> dict[str, str]:
@@ -102,6 +104,17 @@ async def _set_session(conn: asyncpg.Connection, settings: dict[str, str]) -> No
     """Behind a session-mode pooler: the startup settings, SET in one round trip (the values
     are Evora's own numbers and words, never input)."""
     await conn.execute("".join(f"SET {name} = '{value}';" for name, value in settings.items()))
+
+
+def _initializer(later: dict[str, str]) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """What a new connection runs first: the settings to SET, if any, then the codecs."""
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if later:
+            await _set_session(conn, later)
+        await _init_connection(conn)
+
+    return init
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -257,9 +270,10 @@ class _DeadlinePool(asyncpg.Pool):  # type: ignore[misc]
 
 
 async def _reset(conn: asyncpg.Connection) -> None:
-    # Pool connections never LISTEN, lock or SET anything, so asyncpg's default reset
-    # (four statements, an extra round trip per acquire) would be pure overhead on the hot
-    # path; only an abandoned transaction needs undoing.
+    # Pool connections never LISTEN, lock or SET anything after they connect, so asyncpg's
+    # default reset (four statements, an extra round trip per acquire) would be pure overhead
+    # on the hot path (and its RESET ALL would undo the settings SET behind a session-mode
+    # pooler); only an abandoned transaction needs undoing.
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK", timeout=RESET_TIMEOUT_S)
 
@@ -272,9 +286,9 @@ def _startup(
     on (it tracks it per client)."""
     settings = session_settings(statement_timeout)
     if pooler == "none":
-        return {"application_name": application_name, **settings}, {}, 100
+        return {"application_name": application_name, **settings}, {}, STATEMENT_CACHE_SIZE
     if pooler == "session":
-        return {"application_name": application_name}, settings, 100
+        return {"application_name": application_name}, settings, STATEMENT_CACHE_SIZE
     # asyncpg then sends each statement unnamed: Parse, Describe, Bind, Execute and one Sync,
     # which PgBouncer keeps on one server connection (it switches only at a Sync outside a
     # transaction). Its own prepared-statement support needs PgBouncer 1.21 (Debian 12: 1.18).
@@ -296,9 +310,7 @@ async def connect(
         server_settings=startup,
         statement_cache_size=cache_size,
     )
-    if later:
-        await _set_session(conn, later)
-    await _init_connection(conn)
+    await _initializer(later)(conn)
     return conn
 
 
@@ -311,12 +323,6 @@ async def create_pool(
     pooler: Pooler = "none",
 ) -> asyncpg.Pool:
     startup, later, cache_size = _startup(pooler, application_name, STATEMENT_TIMEOUT_MS)
-
-    async def init(conn: asyncpg.Connection) -> None:
-        if later:
-            await _set_session(conn, later)
-        await _init_connection(conn)
-
     # asyncpg.create_pool with our pool and connection classes (it takes no pool class).
     pool = _DeadlinePool(
         dsn,
@@ -324,7 +330,7 @@ async def create_pool(
         max_size=max_size,
         max_queries=50_000,
         max_inactive_connection_lifetime=300.0,
-        init=init,
+        init=_initializer(later),
         reset=_reset,
         loop=None,
         connection_class=_DeadlineConnection,
