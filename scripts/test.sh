@@ -32,6 +32,10 @@ ensure_promtool
 # tests/dashboard drive Debian's Chromium headless through Playwright.
 apt_install chromium
 
+# tests/e2e/test_replicated.py puts Debian's HAProxy in front of the replicated services;
+# without it that test fails, never skips.
+apt_install haproxy
+
 # tests/integration/test_pgbouncer.py starts Debian's stock PgBouncer (the pooler most users put
 # in front of PostgreSQL) in front of the test server; without it those tests fail.
 apt_install pgbouncer

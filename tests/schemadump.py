@@ -1,8 +1,9 @@
-"""The schema the migrations build, as the normalised `pg_dump --schema-only` text kept in
-shared/evora/storage/schema.sql, which tests/integration/test_schema.py compares with a
-freshly migrated database.
+"""The schema the migrations and the function files build, as the normalised `pg_dump
+--schema-only` text kept in shared/evora/storage/schema.sql, which
+tests/integration/test_schema.py compares with a freshly migrated database.
 
-After adding a migration, regenerate the file (it starts an embedded PostgreSQL of its own):
+After adding a migration or changing a function file, regenerate the file (it starts an
+embedded PostgreSQL of its own):
 
     PYTHONPATH=shared:. python -m tests.schemadump
 """
@@ -25,9 +26,10 @@ from evora.storage.migrate import apply_migrations
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "shared/evora/storage/schema.sql"
 
 HEADER = """\
--- The schema that shared/evora/storage/migrations/ build, as pg_dump prints it (normalised:
--- no comments, no session settings). Never edit by hand: a test compares it with a freshly
--- migrated database; after adding a migration, regenerate it with
+-- The schema that shared/evora/storage/migrations/ and functions/ build, as pg_dump prints it
+-- (normalised: no comments, no session settings; the functions' comments are in functions/).
+-- Never edit by hand: a test compares it with a freshly migrated database; after adding a
+-- migration or changing a function file, regenerate it with
 --     PYTHONPATH=shared:. python -m tests.schemadump
 """
 

@@ -21,6 +21,8 @@ COMPOSE = ROOT / "docker-compose.yml"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARDS = DEPLOY / "grafana" / "dashboards"
+WORKER_AUTOSCALING = K8S / "components" / "worker-autoscaling-keda" / "scaledobject.yaml"
+ADAPTER_VALUES = K8S / "components" / "worker-autoscaling-hpa" / "prometheus-adapter-values.yaml"
 OVERLAYS = sorted(p for p in (K8S / "overlays").iterdir() if p.is_dir())
 
 # Services that serve /metrics, their default ports and their scrape job names.
@@ -67,6 +69,32 @@ def alert_rules() -> Iterator[dict[str, Any]]:
 def alert_queries() -> Iterator[tuple[str, str]]:
     for rule in alert_rules():
         yield f"alert {rule.get('alert') or rule.get('record')}", str(rule["expr"])
+
+
+def adapter_rules() -> list[dict[str, Any]]:
+    """prometheus-adapter's external metric rules the worker HPA reads."""
+    rules: list[dict[str, Any]] = load_yaml(ADAPTER_VALUES)["rules"]["external"]
+    return rules
+
+
+def adapter_query(rule: dict[str, Any], matchers: str) -> str:
+    """A rule's metricsQuery as the adapter sends it for an HPA selector of `matchers`:
+    its templates filled in with the series the seriesQuery names."""
+    series = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rule["seriesQuery"])
+    assert series, rule
+    query: str = rule["metricsQuery"]
+    return query.replace("<<.Series>>", series.group(0)).replace("<<.LabelMatchers>>", matchers)
+
+
+def autoscaling_queries() -> Iterator[tuple[str, str]]:
+    """(where, PromQL) of the worker autoscaling examples: KEDA's triggers and the
+    adapter's series and metrics queries."""
+    for trigger in load_yaml(WORKER_AUTOSCALING)["spec"]["triggers"]:
+        yield "KEDA ScaledObject trigger", trigger["metadata"]["query"]
+    for rule in adapter_rules():
+        where = f"prometheus-adapter rule {rule['name']['as']}"
+        yield where, rule["seriesQuery"]
+        yield where, adapter_query(rule, 'queue="demo"')
 
 
 @cache

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.deploy import artifacts
+from tests.deploy.promql import parse
 
 # The oldest Kubernetes minor the manifests support and the newest the schemas know.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -163,6 +164,72 @@ CRD_SCHEMAS = {
             },
         },
     },
+    # KEDA's CRD (keda.sh/v1alpha1), the fields the worker autoscaling example uses.
+    "ScaledObject": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "keda.sh/v1alpha1"},
+            "metadata": _METADATA,
+            "spec": {
+                "type": "object",
+                "required": ["scaleTargetRef", "triggers"],
+                "additionalProperties": False,
+                "properties": {
+                    "scaleTargetRef": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string"},
+                            "kind": {"type": "string"},
+                            "apiVersion": {"type": "string"},
+                        },
+                    },
+                    "minReplicaCount": {"type": "integer", "minimum": 0},
+                    "maxReplicaCount": {"type": "integer", "minimum": 1},
+                    "pollingInterval": {"type": "integer", "minimum": 1},
+                    "cooldownPeriod": {"type": "integer", "minimum": 0},
+                    "advanced": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "horizontalPodAutoscalerConfig": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "behavior": {"type": "object"},
+                                },
+                            }
+                        },
+                    },
+                    "triggers": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["type", "metadata"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "type": {"const": "prometheus"},
+                                "name": {"type": "string"},
+                                "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                                "metadata": {
+                                    "type": "object",
+                                    "required": ["serverAddress", "query", "threshold"],
+                                    "additionalProperties": {"type": "string"},
+                                    "properties": {
+                                        "threshold": {"type": "string", "pattern": "^[0-9.]+$"},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
 }
 
 
@@ -243,11 +310,17 @@ def test_single_active_services_and_scaling(overlay: Path) -> None:
     assert projector["strategy"] == {"type": "Recreate"}
     sweeper = deployments["evora-sweeper"]["spec"]
     assert sweeper["replicas"] == (3 if overlay.name == "production" else sweeper["replicas"])
-    hpas = by_kind(objects, "HorizontalPodAutoscaler")
-    targets = {h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()}
-    assert targets == {"evora-api", "evora-dispatcher"}
+    autoscalers = [
+        *by_kind(objects, "HorizontalPodAutoscaler").values(),
+        *by_kind(objects, "ScaledObject").values(),
+    ]
+    targets = [a["spec"]["scaleTargetRef"]["name"] for a in autoscalers]
+    assert len(targets) == len(set(targets)), f"two autoscalers on one Deployment: {targets}"
+    # The services everywhere; the example worker where an overlay adds its autoscaling.
+    workers = {"evora-worker"} if overlay.name.startswith("workers-") else set()
+    assert set(targets) == {"evora-api", "evora-dispatcher"} | workers
     for name in targets:
-        assert "replicas" not in deployments[name]["spec"], f"{name}: the HPA owns replicas"
+        assert "replicas" not in deployments[name]["spec"], f"{name}: the autoscaler owns replicas"
 
 
 @OVERLAYS
@@ -329,3 +402,26 @@ def test_pipeline_cronjobs_run_pipeline_subcommands() -> None:
         pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
         subcommand = pod["containers"][0]["args"][-1]
         assert subcommand in done.stdout, f"{name}: `evora pipeline {subcommand}` is unknown"
+
+
+def test_worker_hpa_reads_the_external_metrics_the_adapter_serves() -> None:
+    """The plain HPA's external metrics are the names prometheus-adapter's rules publish,
+    selected by a label those rules keep (`max by (queue)`); KEDA's example scales on the
+    same two figures. That the queries select exported metrics and labels is checked
+    against the running services in tests/deploy/test_metrics.py."""
+    objects = render(artifacts.K8S / "overlays" / "workers-hpa")
+    hpa = by_kind(objects, "HorizontalPodAutoscaler")["evora-worker"]
+    served = {rule["name"]["as"]: rule for rule in artifacts.adapter_rules()}
+    metrics = [m["external"] for m in hpa["spec"]["metrics"]]
+    assert [m["type"] for m in hpa["spec"]["metrics"]] == ["External"] * len(metrics)
+    for metric in metrics:
+        rule = served[metric["metric"]["name"]]
+        grouped = parse(artifacts.adapter_query(rule, 'queue="demo"')).grouping_labels
+        assert set(metric["metric"]["selector"]["matchLabels"]) <= grouped, rule
+    assert len(metrics) == len(served) == 2
+    keda = by_kind(render(artifacts.K8S / "overlays" / "workers-keda"), "ScaledObject")
+    queries = [t["metadata"]["query"] for t in keda["evora-worker"]["spec"]["triggers"]]
+    assert [parse(q).metrics for q in queries] == [
+        {"evora_queue_jobs"},
+        {"evora_queue_oldest_pending_age_seconds"},
+    ]

@@ -180,8 +180,14 @@ def _check(where: str, expr: str, catalogue: Catalogue) -> list[str]:
     return problems
 
 
-async def test_dashboards_and_alerts_use_only_exported_metrics(catalogue: Catalogue) -> None:
-    queries = [*artifacts.dashboard_queries(), *artifacts.alert_queries()]
+async def test_dashboards_alerts_and_autoscalers_use_only_exported_metrics(
+    catalogue: Catalogue,
+) -> None:
+    queries = [
+        *artifacts.dashboard_queries(),
+        *artifacts.alert_queries(),
+        *artifacts.autoscaling_queries(),
+    ]
     assert len(queries) > 40
     problems = [p for where, expr in queries for p in _check(where, expr, catalogue)]
     for where, query in artifacts.dashboard_variable_queries():

@@ -300,16 +300,22 @@ async def children(tmp_path: Path) -> AsyncIterator[Children]:
 
 
 async def spawn_service(
-    children: Children, http: aiohttp.ClientSession, db_url: str, service: str, port: int
+    children: Children,
+    http: aiohttp.ClientSession,
+    db_url: str,
+    service: str,
+    port: int,
+    **variables: str,
 ) -> Child:
-    """`evora <service>` (dispatcher, sweeper) as a child process listening on `port`,
-    returned once its /readyz answers 200."""
+    """`evora <service>` (api, dispatcher, sweeper, projector) as a child process listening
+    on `port`, with extra EVORA_* `variables`, returned once its /readyz answers 200."""
     env = child_env(
         EVORA_DATABASE_URL=db_url,
         EVORA_TOKENS=TOKENS,
         EVORA_HOST="127.0.0.1",
         EVORA_LOG_LEVEL="INFO",
         **{f"EVORA_{service.upper()}_PORT": str(port)},
+        **variables,
     )
     child = await children.spawn(service, evora_command(service), env)
     await child.until_ready(http, f"http://127.0.0.1:{port}")

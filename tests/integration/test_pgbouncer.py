@@ -74,7 +74,7 @@ async def test_transaction_mode_refuses_to_migrate_and_says_how(
     # it, and two `evora migrate` would both run.
     with (
         pgbouncer(pg_server_url, "transaction") as port,
-        pytest.raises(MigrationError, match="direct"),
+        pytest.raises(MigrationError, match="EVORA_DIRECT_DATABASE_URL"),
     ):
         await apply_migrations(through(db_url, port), pooler="transaction")
 

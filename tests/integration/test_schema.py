@@ -1,5 +1,7 @@
-"""shared/evora/storage/schema.sql is what the migrations build: every migration applied to
-a brand-new database dumps (normalised) to exactly that file."""
+"""shared/evora/storage/schema.sql is what the migrations and the function files build: every
+migration applied to a brand-new database, then every function file, dumps (normalised) to
+exactly that file; so does a database the migrations alone built (as Evora did before the
+function files) once `evora migrate` runs again."""
 
 from __future__ import annotations
 
@@ -11,7 +13,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from evora.storage.migrate import apply_migrations
+from evora.storage.migrate import (
+    apply_migrations,
+    function_files,
+    latest_version,
+    stale_function_files,
+)
 from tests import schemadump
 
 
@@ -28,9 +35,8 @@ async def fresh_db_url(pg_server_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-async def test_the_migrations_build_exactly_schema_sql(fresh_db_url: str) -> None:
-    await apply_migrations(fresh_db_url)
-    built, kept = schemadump.dump(fresh_db_url), schemadump.expected()
+def _assert_builds_schema_sql(dsn: str) -> None:
+    built, kept = schemadump.dump(dsn), schemadump.expected()
     if built != kept:
         diff = "".join(
             difflib.unified_diff(
@@ -46,6 +52,27 @@ async def test_the_migrations_build_exactly_schema_sql(fresh_db_url: str) -> Non
             "(diff printed above); if the migrations are right, regenerate it with "
             "`PYTHONPATH=shared:. python -m tests.schemadump`"
         )
+
+
+async def test_the_migrations_build_exactly_schema_sql(fresh_db_url: str) -> None:
+    await apply_migrations(fresh_db_url)
+    _assert_builds_schema_sql(fresh_db_url)
+
+
+async def test_an_install_the_migrations_alone_built_gets_the_function_files(
+    fresh_db_url: str,
+) -> None:
+    # Every numbered migration and no function file: what `evora migrate` left before the
+    # files existed (a partial run applies no file either).
+    await apply_migrations(fresh_db_url, upto=latest_version())
+    conn = await asyncpg.connect(fresh_db_url)
+    try:
+        assert await stale_function_files(conn) == [f.name for f in function_files()]
+        await apply_migrations(fresh_db_url)
+        assert await stale_function_files(conn) == []
+    finally:
+        await conn.close()
+    _assert_builds_schema_sql(fresh_db_url)
 
 
 def test_normalising_drops_only_what_varies_between_dumps() -> None:

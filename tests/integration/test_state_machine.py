@@ -4,6 +4,7 @@ and every change the store makes writes exactly one event carrying the job's new
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -74,6 +75,20 @@ async def test_python_table_matches_database(pool: asyncpg.Pool) -> None:
     }
     assert in_db == TRANSITIONS
     assert len(rows) == len(TRANSITIONS)
+
+
+async def test_the_transition_guard_lets_through_exactly_the_table(pool: asyncpg.Pool) -> None:
+    # The trigger's WHEN clause lists the legal moves (storage/functions/guards.sql): it must
+    # name exactly the table's moves between states.
+    definition = await pool.fetchval(
+        "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'jobs_transition_guard'"
+    )
+    # PostgreSQL keeps `(OLD.state, NEW.state) NOT IN (...)` as one clause per legal move:
+    # `((old.state <> 'DLQ'::job_state) OR (new.state <> 'PENDING'::job_state))`.
+    state = r"'(\w+)'::(?:\w+\.)?job_state"
+    listed = re.findall(rf"\(old\.state <> {state}\) OR \(new\.state <> {state}\)", definition)
+    moves = {(t.from_state, t.to_state) for t in TRANSITIONS if t.from_state is not None}
+    assert sorted(listed) == sorted(moves), definition
 
 
 async def _assert_one_event_per_version(pool: asyncpg.Pool, job_id: UUID) -> list[str]:

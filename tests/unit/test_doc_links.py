@@ -9,6 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PAGES = (
     REPO / "README.md",
+    REPO / "CONTRIBUTING.md",
     *sorted((REPO / "docs").glob("*.md")),
     REPO / "sdks" / "typescript" / "README.md",
     REPO / "evora_services" / "pipeline" / "README.md",

@@ -1,8 +1,8 @@
 """The job state machine (docs/architecture.md#the-state-machine).
 
 This table is the Python view of the rule; migrations 0001 and 0013 seed the same rows into
-`job_transitions`, which a trigger on `jobs` consults, so the database rejects anything else.
-A test compares the two.
+`job_transitions`, and the trigger `jobs_transition_guard` (storage/functions/guards.sql)
+lists the same moves, so the database rejects anything else. A test compares the three.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from evora.logs import bind as bind_log_context
 from evora.logs import unbind as unbind_log_context
 from evora.protocol import problems
 from evora.storage.db import create_pool, request_budget
-from evora.storage.migrate import missing_versions
+from evora.storage.migrate import missing_versions, stale_function_files
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +215,13 @@ def database_ready(pool: asyncpg.Pool) -> ReadinessCheck:
         try:
             async with pool.acquire(timeout=2) as conn:
                 missing = await missing_versions(conn)
+                stale = await stale_function_files(conn)
         except Exception as exc:  # any failure means "not ready", with the reason
             return f"PostgreSQL unreachable: {exc.__class__.__name__}"
         if missing:
             return f"database schema lacks migrations {missing} (run `evora migrate`)"
+        if stale:
+            return f"database functions are older than function files {stale} (run `evora migrate`)"
         return None
 
     return check

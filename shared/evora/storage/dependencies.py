@@ -1,5 +1,5 @@
 """Reading the dependency graph (docs/dependencies.md): which jobs wait on a job. Deciding
-when a waiting job may run is the database's (migrations/0013_dependencies.sql); what the
+when a waiting job may run is the database's (functions/dependencies.sql); what the
 dependencies of a claimed job returned comes with the claim (sql/transitions.sql)."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Concurrency and rate limits (docs/flow-control.md): defining them and reading their live
-usage. The claim enforces them in the database (migration 0014); nothing here is on its path.
+usage. The claim enforces them in the database (evora_claim_limited(), in
+storage/functions/claims_and_transitions.sql); nothing here is on its path.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Session-level locks on these keys elect one active replica (sweeper, projector) or
 serialise migrations. Any 64-bit constants work, as long as every process agrees. (The
 limited claim, in SQL, also takes transaction-level locks in PostgreSQL's separate
-two-integer space, class 0x45564F52, while it makes a key's token bucket: migration 0017.)
+two-integer space, class 0x45564F52, while it makes a key's token bucket:
+functions/claims_and_transitions.sql.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
--- The schema that shared/evora/storage/migrations/ build, as pg_dump prints it (normalised:
--- no comments, no session settings). Never edit by hand: a test compares it with a freshly
--- migrated database; after adding a migration, regenerate it with
+-- The schema that shared/evora/storage/migrations/ and functions/ build, as pg_dump prints it
+-- (normalised: no comments, no session settings; the functions' comments are in functions/).
+-- Never edit by hand: a test compares it with a freshly migrated database; after adding a
+-- migration or changing a function file, regenerate it with
 --     PYTHONPATH=shared:. python -m tests.schemadump
 
 CREATE SCHEMA evora;
@@ -1589,6 +1590,13 @@ CREATE TABLE public.event_archive_watermark (
     CONSTRAINT event_archive_watermark_upto_seq_check CHECK ((upto_seq >= 0))
 );
 
+CREATE TABLE public.evora_function_files (
+    name text NOT NULL,
+    checksum text NOT NULL,
+    migration integer NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE public.evora_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -1722,6 +1730,9 @@ ALTER TABLE ONLY public.event_archive_runs
 
 ALTER TABLE ONLY public.event_archive_watermark
     ADD CONSTRAINT event_archive_watermark_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE ONLY public.evora_function_files
+    ADD CONSTRAINT evora_function_files_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY public.evora_migrations
     ADD CONSTRAINT evora_migrations_pkey PRIMARY KEY (version);

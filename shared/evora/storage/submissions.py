@@ -1,7 +1,7 @@
 """Submitting jobs: new ids, and the answer for every item of a set of submissions.
 
-The rules live in the database, in evora.store_submissions() (migrations 0011, 0013 and
-0014; its current text is migrations/0023_dependency_fingerprints.sql), which is also what
+The rules live in the database, in evora.store_submissions() (its current text is in
+storage/functions/submissions.sql), which is also what
 applications run when they submit in SQL (evora.submit): an idempotency key is stored with a
 fingerprint of the submission's fields in the same statement as its job; a key seen before
 replays its job when the fields match and is an idempotency conflict when they differ. Here

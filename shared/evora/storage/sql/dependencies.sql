@@ -1,4 +1,5 @@
--- Reading the dependency graph (migration 0013 stores it; its trigger moves waiting jobs).
+-- Reading the dependency graph (migration 0013 made its tables; the triggers of
+-- functions/dependencies.sql move waiting jobs).
 
 -- name: dependents
 -- $1 id, $2 page size + 1, $3 submit_seq to start after (NULL: the first page). The jobs

@@ -48,7 +48,7 @@ SELECT count(*) FROM gone;
 -- An event may leave job_events only when it is in the Parquet archive (inside the watermark
 -- `evora pipeline archive` records after verifying what it wrote), consumed by every projector
 -- generation, and older than the events window. The SQL function checks all three itself;
--- the triggers on job_events let no other DELETE through (migration 0004).
+-- the triggers on job_events let no other DELETE through (functions/guards.sql).
 SELECT evora_drop_archived_events(w.upto_seq, $1, $2) FROM event_archive_watermark w;
 
 -- name: record_projector_progress

@@ -1,6 +1,6 @@
 -- Submitting jobs. The rules (idempotency keys, the `submitted` event, the NOTIFY hint) are
--- in evora.store_submissions() (migrations/0023_dependency_fingerprints.sql), which applications
--- that submit in SQL reach through evora.submit() and evora.submit_batch().
+-- in evora.store_submissions() (storage/functions/submissions.sql), which applications that
+-- submit in SQL reach through evora.submit() and evora.submit_batch().
 
 -- name: submit
 -- $1 ids, $2 queues, $3 types, $4 payloads (one JSON array, by item), $5 priorities, $6
@@ -11,7 +11,7 @@
 -- the jobs they wait for, $19 on_dependency_failure by item, $20 limit keys: item positions
 -- (from 1), $21 the keys, $22 suppressed queues (see notify.py), $23 whether to return the
 -- jobs. $2, $3 and $5-$16 and $19 hold one element per item, or one element that every item
--- shares (evora.for_each_item, migrations/0021_shared_submission_values.sql). One row per
+-- shares (evora.for_each_item, functions/submissions.sql). One row per
 -- item (`ord` its position, from 1), the created ones first, with its job's `id`; without
 -- $23 the whole job is left out (a producer that asked for ids only spares decoding and
 -- encoding it).

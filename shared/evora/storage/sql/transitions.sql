@@ -1,7 +1,8 @@
 -- Every change of a job's state is ONE statement: a CTE chain that picks rows under lock,
 -- changes them guarded by their expected state (and lease token), and records exactly one
 -- `job_events` row per changed job. A lost race matches no row and so writes no event.
--- Recording is evora_record_moves() (migration 0015): the events, and the NOTIFY hint for each
+-- Recording is evora_record_moves() (functions/claims_and_transitions.sql, where every
+-- function named here lives): the events, and the NOTIFY hint for each
 -- queue that gained a claimable job (a PENDING job, a group's next job, or room under a limit
 -- that an ending attempt frees), except for the queues in the statement's last text[]
 -- parameter, which this process notified a moment ago (evora/storage/notify.py); it reports
@@ -10,8 +11,8 @@
 -- complete, fail, release) also answer for what they did not change: one row per item with
 -- its `outcome`, 'done', 'lease_lost' (the job is not RUNNING under that token) or
 -- 'not_found', so nobody has to look at the job again to tell a lost race from a bad id.
--- Time is `evora_now()`, the database's clock, which tests may run ahead (migration 0009);
--- every statement here, the claim and submissions (migration 0011) read it.
+-- Time is `evora_now()`, the database's clock, which tests may run ahead; every statement
+-- here, the claim and submissions (functions/submissions.sql) read it.
 
 -- name: claim
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
@@ -27,11 +28,9 @@
 -- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
 -- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
 -- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
--- While any concurrency or rate limit exists, evora_claim_limited() (migration 0014, last
--- changed by 0025, docs/flow-control.md) claims instead, enforcing the limits, with the
+-- While any concurrency or rate limit exists, evora_claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
 -- same group checks; with none, the one cost is the EXISTS on the empty flow_limits, a
--- one-time filter of each branch. Both move their jobs with evora_claim_jobs() (migration
--- 0025): the limited claim reads in statements of its own, under newer snapshots than this
+-- one-time filter of each branch. Both move their jobs with evora_claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
 -- one, and moves what it paid for right there; this one's picks are locked, and the
 -- function's own snapshot shows their latest versions.
 -- A job whose group's head changed after this statement's snapshot (a job of its group
@@ -172,7 +171,7 @@ ORDER BY i.ord;
 -- that a repeat finds the attempt over: a failure is never replayed, so every item that
 -- changed nothing is 'lease_lost', or 'not_found' when no such job exists.
 -- This statement, release and expire_leases decide where each attempt goes; moving the rows,
--- recording the events and the NOTIFY hints are evora_end_attempts() (migration 0015).
+-- recording the events and the NOTIFY hints are evora_end_attempts().
 WITH items AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
@@ -348,7 +347,7 @@ LEFT JOIN LATERAL (
 
 -- name: leave_dlq
 -- $1 id, $2 'PENDING' (an admin's retry) or 'CANCELLED' (a discard), $3 suppressed queues.
--- A DLQ job moves (evora_leave_dlq(), migration 0015); any other state is refused. One row
+-- A DLQ job moves (evora_leave_dlq()); any other state is refused. One row
 -- answered like cancel.
 WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (

@@ -1,0 +1,534 @@
+-- Claims and transitions: the clock, how a job becomes RUNNING (the unlimited claim is
+-- `claim` in storage/sql/transitions.sql, which calls evora_claim_jobs()), what every
+-- transition records, how an attempt ends and how a job leaves the DLQ.
+--
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
+
+-- One clock for every time-dependent statement: the database's own `now()` (the start of the
+-- transaction), so PostgreSQL stays the only clock whatever the clocks of the machines running
+-- the services say. A session may run it ahead by an interval in the `evora.clock_offset`
+-- setting, which only tests set (per database, so every connection a test's services open sees
+-- the same time), instead of rewriting deadlines behind the state machine's back. Unset, it
+-- adds nothing. Plain SQL, STABLE and one expression, so the planner inlines it: a statement
+-- evaluates `now() + offset` exactly as it evaluated `now()`, with no function call.
+CREATE OR REPLACE FUNCTION evora_now() RETURNS timestamptz
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
+                            interval '0')
+$$;
+
+-- Retry n waits about initial * multiplier^(n-1), jittered by +-20 %, never above max.
+-- Computed in log space so huge attempt counts cannot overflow.
+CREATE OR REPLACE FUNCTION evora_backoff_seconds(
+    initial float8, max_seconds float8, multiplier float8, n integer
+) RETURNS float8
+LANGUAGE sql VOLATILE AS $$
+    SELECT least(
+        max_seconds,
+        exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
+            * (0.8 + 0.4 * random()))
+$$;
+
+-- The image of a job that events carry: everything a projection needs, nothing large
+-- (no payload, result or progress). A plain SQL body, so the planner inlines it.
+CREATE OR REPLACE FUNCTION evora_job_image(j jobs) RETURNS job_image
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(j.id, j.queue, j.type, j.state, j.priority, j.group_key, j.idempotency_key,
+               j.attempt, j.max_attempts, j.lease_seconds, j.run_at, j.expires_at,
+               j.lease_expires_at, j.worker_id, j.cancel_requested, j.last_error, j.version,
+               j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
+$$;
+
+-- Records `moves` (one event each) and sends the NOTIFY hint of every queue that gained a
+-- claimable job, except those in `suppressed` (this process notified them a moment ago), which
+-- it returns as owed. One row, whatever it was given, which ROWS 1 tells the planner (it takes a
+-- set-returning PL/pgSQL function for 1,000 rows, and the ack joining each of its items to
+-- this row would be planned past jit_above_cost). plpgsql so that its plans are prepared
+-- once per connection, like a statement's.
+CREATE OR REPLACE FUNCTION evora_record_moves(moves evora_move[], suppressed text[])
+RETURNS TABLE (notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH moved AS (
+        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
+        FROM unnest(moves) AS m
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type, event, from_state, state,
+               attempt, worker, updated_at, data, evora_job_image(whole)
+        FROM moved
+    ),
+    -- a queue gains a claimable job when one becomes PENDING, when a group's running job
+    -- moves (its next may run), and when an attempt claimed under a limit ends (its room is
+    -- free again: docs/flow-control.md)
+    claimable AS (
+        SELECT DISTINCT queue AS q FROM moved
+        WHERE state = 'PENDING' OR group_key IS NOT NULL OR (limited AND from_state = 'RUNNING')
+    ),
+    hinted AS (
+        SELECT q, pg_notify('evora_jobs', q) AS sent
+        FROM claimable
+        WHERE q <> ALL(suppressed)
+    )
+    SELECT (SELECT array_agg(q) FROM hinted),
+           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed));
+END
+$$;
+
+-- Moves `ids` (locked by the caller, PENDING under its lock) to RUNNING for `claimer`, at
+-- `claimed_at`, each flagged with whether a limit applied to it (`limited_flags`, NULL:
+-- none), and records their `claimed` events; returns the jobs as they now are. A statement
+-- of its own, so its snapshot shows the locked rows' latest versions, whatever snapshot the
+-- caller read them under.
+-- Each job that has dependencies comes with the results of those COMPLETED, as
+-- [[id, result], ...] in depends_on order (a dependency since pruned by retention is left
+-- out); NULL for the others, which read nothing. Read here, in the claim's transaction: a
+-- claim is answered with its jobs or it did not happen (a read after it committed could
+-- fail and leave the jobs RUNNING with nobody holding them). This snapshot is enough, and
+-- the caller's might not be (the limited claim picks under newer ones): it is taken after
+-- the job was seen PENDING, so the dependency endings that released it are in it.
+CREATE OR REPLACE FUNCTION evora_claim_jobs(ids uuid[], limited_flags boolean[], claimer text,
+                                 claimed_at timestamptz)
+RETURNS TABLE (job jobs, dependency_results jsonb)
+LANGUAGE sql AS $$
+    WITH moved AS (
+        UPDATE jobs j
+        SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
+            lease_expires_at = claimed_at + make_interval(secs => j.lease_seconds),
+            worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
+            version = j.version + 1, limited = coalesce(p.flag, false)
+        FROM unnest(ids, limited_flags) AS p(id, flag)
+        WHERE j.id = p.id
+        RETURNING j AS job, evora_job_image(j) AS image, j.depends_on
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
+               (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
+               m.image
+        FROM moved m
+    )
+    SELECT m.job,
+           CASE WHEN m.depends_on IS NOT NULL THEN (
+               SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
+               FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
+               JOIN jobs d ON d.id = u.id
+               WHERE d.state = 'COMPLETED') END
+    FROM moved m
+$$;
+
+-- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
+-- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora_claim_jobs()
+-- returns them. Works in rounds (at most four), each two statements:
+--
+--   1. the candidates: what earlier rounds read and did not try, and a window of claimable
+--      jobs read on from where the last window of each queue ended (locked SKIP LOCKED:
+--      concurrent claimers read different windows; never read twice, so a round costs the
+--      same however many rows other claimers hold). The first `need` of them in round-robin
+--      order over lanes are tried: the limits of their keys resolved, and each limited key's
+--      lock taken without waiting, its flow_buckets row FOR UPDATE SKIP LOCKED or, for a key
+--      without a row yet, a transaction advisory lock under which the row is made. A key
+--      someone else holds is blocked for the rest of the claim.
+--   2. in a new snapshot (every earlier claim of the locked keys is committed and visible,
+--      no other can be in flight), the room of each key (concurrency minus its RUNNING
+--      holders; whole tokens), the tried jobs admitted within it, the tokens taken. Keys left
+--      without room are blocked for the next rounds.
+--
+-- Each round's jobs are moved by evora_claim_jobs() right after the round took their tokens:
+-- every statement here takes a newer snapshot than the caller's, so a job that became visible
+-- meanwhile could be picked and paid for and then never found by an UPDATE under an older
+-- snapshot. The jobs a claim moves are exactly the jobs it paid for, and the rounds that
+-- follow see them RUNNING.
+--
+-- Tokens are counted as of a clock read after the bucket's lock is held (`evora_now()` plus
+-- the time since the transaction began, so the tests' clock offset still applies), and
+-- `refilled_at` only ever moves forward: a claim that began before another but locked the
+-- bucket after the other committed would otherwise move the bucket back in time.
+--
+-- A grouped job is claimable only as the head of its (queue, group) and only while no job of
+-- its group runs. Both checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`),
+-- which PostgreSQL never hashes: each grouped candidate probes jobs_group_running and
+-- jobs_group_pending by its own key, under custom and generic plans alike, instead of a
+-- hashed subplan built from every RUNNING job of every queue
+-- (tests/integration/test_claim_cost.py). The unlimited claim in storage/sql/transitions.sql
+-- does the same.
+--
+-- A claim never waits for another: every lock it takes skips what is held (an INSERT ... ON
+-- CONFLICT making a new bucket row would wait for a concurrent insert of the same key, and
+-- two claims doing so in different orders would deadlock).
+CREATE OR REPLACE FUNCTION evora_claim_limited(queues text[], types text[], wanted integer, worker text)
+RETURNS TABLE (job jobs, dependency_results jsonb)
+LANGUAGE plpgsql ROWS 1 AS $$
+DECLARE
+    at CONSTANT timestamptz := evora_now();
+    -- the advisory lock class of "making the bucket row of a key" (the key's hash is the
+    -- second half): the two-integer lock space, apart from the 64-bit keys of
+    -- evora.storage.locks
+    making CONSTANT integer := 1163284306;  -- 'EVOR'
+    taken integer := 0;
+    -- the clock as of the round's locks (see the header)
+    paid timestamptz;
+    blocked text[] := '{}';
+    -- candidates read (and locked) but not tried yet
+    rest evora_claim_candidate[] := '{}';
+    -- the queues whose last window came back full, and where it ended: first, before any
+    -- job (submit_seq counts from 1)
+    open_queues text[] := queues;
+    last_priority smallint[] := array_fill((-32768)::smallint, ARRAY[cardinality(queues)]);
+    last_run_at timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)]);
+    last_seq bigint[] := array_fill(0::bigint, ARRAY[cardinality(queues)]);
+    -- whether windows are read wide (4 x what is still wanted): round-robin order over a
+    -- narrow window (what is wanted and a few more) tries the same jobs as over a wide one
+    -- when no lane comes twice among them; one queue's window is first read narrow, and
+    -- widened only when a lane does
+    wide boolean := cardinality(queues) <> 1;
+    widen boolean;
+    rounds integer := 0;
+    window_size integer;
+    need integer;
+    tried evora_claim_candidate[];
+    lim_keys text[];
+    lim_conc integer[];
+    lim_rate integer[];
+    lim_per float8[];
+    owned text[];
+    new_ids uuid[];
+    new_flags boolean[];
+    full_keys text[];
+BEGIN
+    WHILE rounds < 4 LOOP
+        need := wanted - taken;
+        EXIT WHEN need <= 0;
+        rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
+        window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
+                                - cardinality(rest), 0);
+
+        WITH fresh AS MATERIALIZED (
+            SELECT q.queue, c.id, c.priority, c.run_at, c.submit_seq,
+                   ARRAY(SELECT DISTINCT x
+                         FROM unnest(('queue:' || q.queue) || c.limit_keys) AS x) AS keys,
+                   coalesce(c.limit_keys[1], '') AS lane
+            FROM unnest(open_queues, last_priority, last_run_at, last_seq)
+                AS q(queue, priority, run_at, seq)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
+                FROM jobs j
+                WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= at
+                  AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
+                  AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
+                  AND (types IS NULL OR j.type = ANY(types))
+                  -- scalar subqueries, never hashed: each grouped candidate probes the group
+                  -- indexes by its own key, whatever runs elsewhere
+                  AND (j.group_key IS NULL OR (
+                        (SELECT true FROM jobs r
+                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
+                           AND r.group_key = j.group_key
+                         LIMIT 1) IS NULL
+                        AND (SELECT true FROM jobs e
+                             WHERE e.state = 'PENDING' AND e.queue = j.queue
+                               AND e.group_key = j.group_key
+                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+                             LIMIT 1) IS NULL))
+                  AND NOT (j.limit_keys && blocked)
+                ORDER BY j.priority, j.run_at, j.submit_seq
+                LIMIT window_size
+                -- The window is locked, as the unlimited claim locks its jobs: concurrent
+                -- claimers then read different windows (and try different keys) instead of
+                -- all contending for the head of the queue. FOR UPDATE re-checks the row
+                -- under its lock, so what it returns is PENDING and ours. Rows left
+                -- unclaimed are free again when the claim commits.
+                FOR UPDATE OF j SKIP LOCKED
+            ) AS c
+            WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
+              AND NOT ('queue:' || q.queue = ANY(blocked))
+        ),
+        -- where each queue's window ended, for the queues whose window came back full (with
+        -- no window read, the queues stay as they were)
+        ends AS MATERIALIZED (
+            SELECT e.queue, e.priority, e.run_at, e.submit_seq
+            FROM (SELECT f.queue, f.priority, f.run_at, f.submit_seq,
+                         count(*) OVER (PARTITION BY f.queue) AS n,
+                         row_number() OVER (PARTITION BY f.queue
+                                            ORDER BY f.priority DESC, f.run_at DESC,
+                                                     f.submit_seq DESC) AS back
+                  FROM fresh f) AS e
+            WHERE e.back = 1 AND e.n = window_size
+            UNION ALL
+            SELECT * FROM unnest(open_queues, last_priority, last_run_at, last_seq)
+            WHERE window_size = 0
+        ),
+        win AS MATERIALIZED (
+            SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
+            UNION ALL
+            SELECT r.* FROM unnest(rest) AS r
+        ),
+        -- the first `need` in round-robin order over the lanes: the others only decide the
+        -- turns, and stay for the next round
+        turns AS MATERIALIZED (
+            SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
+                       w.lane)::evora_claim_candidate AS c,
+                   row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
+                       <= need AS tried,
+                   w.turn
+            FROM (SELECT w.*, row_number() OVER (PARTITION BY w.lane
+                                                 ORDER BY w.priority, w.run_at, w.submit_seq)
+                                  AS turn
+                  FROM win w) AS w
+        ),
+        -- a narrow window that came back full, with a lane twice among the jobs to try: read
+        -- on wide before trying any
+        widening AS MATERIALIZED (
+            SELECT NOT wide AND EXISTS (SELECT 1 FROM ends)
+                   AND EXISTS (SELECT 1 FROM turns t WHERE t.tried AND t.turn > 1) AS yes
+        ),
+        gov AS MATERIALIZED (
+            SELECT * FROM evora_governing_limits(
+                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k
+                      WHERE t.tried AND NOT (SELECT w.yes FROM widening w)))
+        ),
+        row_locked AS MATERIALIZED (
+            SELECT b.key FROM flow_buckets b
+            WHERE b.key = ANY(ARRAY(SELECT g.key FROM gov g))
+            ORDER BY b.key
+            FOR UPDATE SKIP LOCKED
+        ),
+        -- A key with no bucket row in this snapshot is made under its advisory lock, so two
+        -- claims never insert the same key at once (the second would wait for the first). If
+        -- another claim made the row since this snapshot, the insert finds it and does
+        -- nothing: the key is blocked for this claim, as if locked. (Materialized first:
+        -- only these keys take an advisory lock.)
+        missing AS MATERIALIZED (
+            SELECT g.key, g.rate_limit FROM gov g
+            WHERE NOT EXISTS (SELECT 1 FROM flow_buckets o WHERE o.key = g.key)
+        ),
+        made AS (
+            INSERT INTO flow_buckets AS b (key, tokens, refilled_at)
+            SELECT m.key, coalesce(m.rate_limit, 0), at
+            FROM missing m
+            WHERE pg_try_advisory_xact_lock(making, hashtext(m.key))
+            ON CONFLICT (key) DO NOTHING
+            RETURNING b.key
+        ),
+        mine AS (
+            SELECT key FROM row_locked UNION ALL SELECT key FROM made
+        )
+        SELECT (SELECT w.yes FROM widening w),
+               ARRAY(SELECT t.c FROM turns t WHERE t.tried),
+               ARRAY(SELECT t.c FROM turns t WHERE NOT t.tried),
+               ARRAY(SELECT e.queue FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.priority FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.run_at FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.submit_seq FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT g.key FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.concurrency FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.rate_limit FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.rate_per_seconds FROM gov g ORDER BY g.key),
+               ARRAY(SELECT m.key FROM mine m),
+               ARRAY(SELECT g.key FROM gov g
+                     WHERE NOT EXISTS (SELECT 1 FROM mine m WHERE m.key = g.key))
+        INTO widen, tried, rest, open_queues, last_priority, last_run_at, last_seq,
+             lim_keys, lim_conc, lim_rate, lim_per, owned, full_keys;
+        IF widen THEN
+            rest := tried || rest;
+            wide := true;
+            CONTINUE;
+        END IF;
+        EXIT WHEN cardinality(tried) = 0;
+        blocked := blocked || full_keys;
+
+        -- A new statement, so a new snapshot, taken after the locks above were granted; and
+        -- the time of the tokens, read after them too.
+        paid := evora_now() + (clock_timestamp() - now());
+        WITH c AS (SELECT * FROM unnest(tried) AS c),
+        lim AS (
+            SELECT * FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(key, conc, rate, per)
+        ),
+        mine AS (SELECT DISTINCT key FROM unnest(owned) AS m(key)),
+        -- RUNNING jobs holding the locked keys, in one pass (a job holding `queue:<q>` in its
+        -- limit_keys too counts once)
+        running AS (
+            SELECT k.key, count(*) AS n
+            FROM jobs r
+            CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
+            JOIN mine m ON m.key = k.key
+            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && owned
+              AND k.key <> 'queue:' || r.queue
+            GROUP BY k.key
+            UNION ALL
+            SELECT 'queue:' || r.queue, count(*)
+            FROM jobs r
+            WHERE r.state = 'RUNNING' AND r.queue = ANY(
+                ARRAY(SELECT substr(m.key, 7) FROM mine m WHERE starts_with(m.key, 'queue:')))
+            GROUP BY r.queue
+        ),
+        caps AS MATERIALIZED (
+            SELECT l.key, l.rate, l.per, least(
+                l.conc - coalesce(r.n, 0),
+                floor(evora_tokens(b, l.rate, l.per, paid))::bigint) AS cap
+            FROM lim l
+            JOIN mine m ON m.key = l.key
+            JOIN flow_buckets b ON b.key = l.key
+            LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r ON r.key = l.key
+        ),
+        -- each tried job's place in the line of every locked key it holds
+        ranked AS (
+            SELECT c.id, x.cap,
+                   row_number() OVER (PARTITION BY x.key
+                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS place
+            FROM c
+            CROSS JOIN LATERAL unnest(c.keys) AS k(key)
+            JOIN caps x ON x.key = k.key
+        ),
+        admitted AS (
+            SELECT c.id, c.priority, c.run_at, c.submit_seq, c.keys,
+                   c.keys && lim_keys AS is_limited,
+                   row_number() OVER (PARTITION BY c.lane
+                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
+            FROM c
+            WHERE NOT (c.keys && full_keys)
+              AND NOT EXISTS (SELECT 1 FROM ranked r
+                              WHERE r.id = c.id AND r.cap IS NOT NULL AND r.place > r.cap)
+        ),
+        chosen AS MATERIALIZED (
+            SELECT a.id, a.is_limited, a.keys FROM admitted a
+            ORDER BY a.priority, a.turn, a.run_at, a.submit_seq
+            LIMIT need
+        ),
+        used AS MATERIALIZED (
+            SELECT x.key, count(*) AS n
+            FROM (SELECT unnest(ch.keys) AS key FROM chosen ch) AS k
+            JOIN caps x ON x.key = k.key
+            GROUP BY x.key
+        ),
+        -- the tokens taken; a bucket another claim left later than `paid` (its clock ahead of
+        -- this one's) keeps its time, and credits nothing twice
+        spent AS (
+            UPDATE flow_buckets b
+            SET tokens = evora_tokens(b, x.rate, x.per, paid) - u.n,
+                refilled_at = greatest(b.refilled_at, paid)
+            FROM used u JOIN caps x ON x.key = u.key
+            WHERE b.key = u.key AND x.rate IS NOT NULL
+        )
+        SELECT ARRAY(SELECT ch.id FROM chosen ch),
+               ARRAY(SELECT ch.is_limited FROM chosen ch),
+               -- keys left without room
+               ARRAY(SELECT x.key FROM caps x LEFT JOIN used u ON u.key = x.key
+                     WHERE x.cap - coalesce(u.n, 0) <= 0)
+        INTO new_ids, new_flags, full_keys;
+        -- moved now, under the locks and the snapshot they were paid for in
+        RETURN QUERY SELECT * FROM evora_claim_jobs(new_ids, new_flags, worker, paid);
+        taken := taken + cardinality(new_ids);
+        rounds := rounds + 1;
+        blocked := blocked || full_keys;
+        EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
+    END LOOP;
+END
+$$;
+
+-- Three statements end attempts: `fail` (a worker's failure), `release` (a worker hands the
+-- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
+-- its own fence and lock, where each attempt goes (one `evora_attempt_end` per job); this
+-- moves every decided job that is still RUNNING (the caller holds its row lock) and records
+-- it, the same way for all three; it returns each moved job whole, with the queues notified
+-- and owed (evora_record_moves).
+--
+-- The fence, "the job is still RUNNING", comes with each attempt (`fenced`, in a materialized
+-- CTE so that it stays a column and is not folded back into a constant), which makes it part
+-- of the join: each attempt is one probe of the primary key. Written as `j.state =
+-- 'RUNNING'`, it was a filter the planner could serve by scanning every RUNNING job of every
+-- queue and hash-joining the attempts to them (a failure of one job read thousands of rows
+-- while thousands ran elsewhere). The fail and complete statements of
+-- storage/sql/transitions.sql do the same. ROWS 100: one row per job moved, out of those
+-- given (a batch of acks, a sweep); without it the planner takes a set-returning PL/pgSQL
+-- function for 1,000 rows, and the statements that join it cross jit_above_cost.
+CREATE OR REPLACE FUNCTION evora_end_attempts(ends evora_attempt_end[], suppressed text[])
+RETURNS TABLE (job jobs, notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH decided AS MATERIALIZED (
+        SELECT *, 'RUNNING'::job_state AS fenced FROM unnest(ends)
+    ),
+    moved AS (
+        UPDATE jobs j
+        SET state = d.to_state,
+            -- a release hands the claim back uncounted, unless it ends the job (cancel
+            -- requested): then the attempt ran and stays counted
+            attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+            last_error = coalesce(d.error, j.last_error),
+            lease_expires_at = NULL,
+            run_at = CASE WHEN d.to_state = 'PENDING'
+                          THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+            finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
+            updated_at = evora_now(), version = j.version + 1
+        FROM decided d WHERE j.id = d.id AND j.state = d.fenced
+        RETURNING j AS whole, ROW(
+            j,
+            CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
+                 WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
+                 ELSE d.pending_event END,
+            'RUNNING',
+            d.worker,
+            (SELECT coalesce(jsonb_object_agg(key, value), '{}')
+             FROM jsonb_each(jsonb_build_object(
+                 'error', d.error, 'reason', d.reason,
+                 'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
+             WHERE value <> 'null')
+        )::evora_move AS move
+    ),
+    recorded AS (
+        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r;
+END
+$$;
+
+-- Moves DLQ jobs the caller holds locked: to PENDING (a retry: a fresh attempt budget, due
+-- now, a time-to-live that already ran out dropped because the operator asked for the job to
+-- run) or to CANCELLED (a discard). Returns each moved job whole, with the queues notified and
+-- owed (evora_record_moves): ROWS 100, as evora_end_attempts().
+CREATE OR REPLACE FUNCTION evora_leave_dlq(ids uuid[], to_state job_state, suppressed text[])
+RETURNS TABLE (job jobs, notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
+#variable_conflict use_column
+DECLARE
+    retried CONSTANT boolean := to_state = 'PENDING';
+BEGIN
+    IF to_state NOT IN ('PENDING', 'CANCELLED') THEN
+        RAISE EXCEPTION 'a job leaves the DLQ to PENDING or CANCELLED, not %', to_state;
+    END IF;
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE jobs j
+        SET state = to_state,
+            attempt = CASE WHEN retried THEN 0 ELSE j.attempt END,
+            run_at = CASE WHEN retried THEN evora_now() ELSE j.run_at END,
+            finished_at = CASE WHEN retried THEN NULL ELSE evora_now() END,
+            expires_at = CASE WHEN retried AND j.expires_at <= evora_now() THEN NULL
+                              ELSE j.expires_at END,
+            lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
+        WHERE j.id = ANY(ids) AND j.state = 'DLQ'
+        RETURNING j AS whole, ROW(
+            j,
+            CASE WHEN retried THEN 'retried' ELSE 'cancelled' END,
+            'DLQ',
+            NULL,
+            CASE WHEN retried THEN '{}' ELSE '{"reason": "discarded"}' END::jsonb
+        )::evora_move AS move
+    ),
+    recorded AS (
+        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r;
+END
+$$;

@@ -1,0 +1,187 @@
+-- Dependencies (docs/dependencies.md): a WAITING job is released or cancelled by the
+-- transaction that ends its last dependency, through the triggers on jobs below.
+--
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
+
+-- What a WAITING dependent becomes when `arrived` of its dependencies have just ended
+-- (COMPLETED or CANCELLED), one of them CANCELLED if `cancelled`: the one statement of the
+-- readiness rule.
+CREATE OR REPLACE FUNCTION evora_dependent_next_state(j jobs, arrived integer, cancelled boolean)
+RETURNS job_state
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::job_state
+        WHEN j.dependencies_left <= arrived THEN 'PENDING'::job_state
+        ELSE 'WAITING'::job_state
+    END
+$$;
+
+-- What the jobs `ended_ids` (each now in its state of `ended_states`, COMPLETED or
+-- CANCELLED) change below them: every WAITING job that waits on one of them, with the state
+-- it moves to, how many of its dependencies ended (`arrived`) and, for one cancelled, the
+-- CANCELLED dependency that cancels it (`cause`). A job cancelled so ends too: the jobs
+-- waiting on it are in the answer as well, down the whole subtree.
+CREATE OR REPLACE FUNCTION evora_settlement(ended_ids uuid[], ended_states job_state[])
+RETURNS TABLE (id uuid, state job_state, arrived integer, cause uuid)
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE cancelled(id) AS (
+        SELECT d.job_id
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN job_dependencies d ON d.depends_on = e.id
+        JOIN jobs w ON w.id = d.job_id
+        WHERE e.state = 'CANCELLED' AND w.state = 'WAITING'
+          AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+        UNION
+        SELECT d.job_id
+        FROM cancelled c
+        JOIN job_dependencies d ON d.depends_on = c.id
+        JOIN jobs w ON w.id = d.job_id
+        WHERE w.state = 'WAITING' AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+    ),
+    ended AS (
+        SELECT e.id, e.state FROM unnest(ended_ids, ended_states) AS e(id, state)
+        UNION ALL
+        SELECT c.id, 'CANCELLED'::job_state FROM cancelled c
+    ),
+    arrivals AS (
+        SELECT d.job_id AS id, count(*)::integer AS arrived,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1] AS cause
+        FROM ended e
+        JOIN job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    )
+    SELECT w.id, evora_dependent_next_state(w, a.arrived, a.cause IS NOT NULL), a.arrived,
+           a.cause
+    FROM arrivals a
+    JOIN jobs w ON w.id = a.id
+    WHERE w.state = 'WAITING'
+$$;
+
+-- A submission's hold on the dependencies of the job it is about to store: locks them in id
+-- order (racing submissions then cannot deadlock), marks them as having dependents, and
+-- returns their current state, committed before the lock was granted. A dependency cannot
+-- finish until the submission commits, and then its trigger sees the new edges.
+CREATE OR REPLACE FUNCTION evora_hold_dependencies(ids uuid[]) RETURNS TABLE (id uuid, state job_state)
+LANGUAGE sql AS $$
+    WITH held AS (
+        SELECT x.id FROM jobs x WHERE x.id = ANY(ids) ORDER BY x.id FOR NO KEY UPDATE
+    )
+    UPDATE jobs j SET has_dependents = true
+    FROM held h
+    WHERE j.id = h.id
+    RETURNING j.id, j.state
+$$;
+
+-- The WAITING jobs that depend on `dependency`, as the calling statement's snapshot shows
+-- them. A set-returning SQL function of one query: the planner inlines it where it is
+-- called in FROM, so `EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id))` plans exactly
+-- as the EXISTS written out, a probe of job_dependencies_dependents per job asked about.
+-- (A boolean function around the EXISTS would not be inlined: a call per job.)
+CREATE OR REPLACE FUNCTION evora_waiting_dependents(dependency uuid) RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
+    SELECT d.job_id FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+    WHERE d.depends_on = dependency AND w.state = 'WAITING'
+$$;
+
+-- Waiting jobs are settled once per statement, for every job it ended that others wait on,
+-- whatever their number and order in the statement (an ack batch completes many): all the
+-- waiting jobs that will change are locked first, in one global order (id), so two
+-- transactions ending dependencies of the same jobs queue on the same first row instead of
+-- deadlocking. (Settling row by row as each dependency ends would take the same rows in
+-- different orders in two batches.) A statement with a fresh snapshot, which sees every
+-- decrement committed before the locks were granted, then settles the whole subtree at once.
+--
+-- A BEFORE UPDATE row trigger notes each job the statement ends that others wait on, in a
+-- setting local to the transaction; its WHEN clause passes over every other row in C. The
+-- AFTER UPDATE statement trigger settles them; its WHEN clause passes over every statement
+-- that noted none. (A statement trigger with transition tables would need no note, but
+-- would make every update of jobs, heartbeats and claims included, pay for them.) While it
+-- settles, `evora.settling` keeps the jobs it cancels from being noted: the settlement
+-- already covered what waits on them.
+CREATE OR REPLACE FUNCTION evora_note_ended_dependency() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('evora.ended_dependencies',
+                       coalesce(current_setting('evora.ended_dependencies', true), '')
+                           || NEW.id || ',',
+                       true);
+    RETURN NEW;
+END
+$$;
+
+-- The AFTER UPDATE statement trigger's function (see evora_note_ended_dependency above): locks
+-- every WAITING job that will change in id order, then settles the whole subtree with a fresh
+-- snapshot, writes their events and the NOTIFY hint of each queue that gained a PENDING job.
+CREATE OR REPLACE FUNCTION evora_settle_dependents() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    ended_ids uuid[];
+    ended_states job_state[];
+    hinted bigint;
+BEGIN
+    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
+    INTO ended_ids, ended_states
+    FROM jobs j
+    WHERE j.id = ANY(string_to_array(
+        rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
+    PERFORM set_config('evora.ended_dependencies', '', true);
+
+    PERFORM 1
+    FROM jobs j
+    WHERE j.id IN (SELECT s.id FROM evora_settlement(ended_ids, ended_states) s)
+    ORDER BY j.id
+    FOR UPDATE OF j;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    PERFORM set_config('evora.settling', 'on', true);
+    WITH settled AS (
+        UPDATE jobs j
+        SET state = n.state,
+            dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
+                                     ELSE j.dependencies_left - n.arrived END,
+            version = j.version + (n.state <> 'WAITING')::int,
+            updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
+            finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
+        FROM evora_settlement(ended_ids, ended_states) n
+        WHERE j.id = n.id AND j.state = 'WAITING'
+        RETURNING j.*, n.cause, evora_job_image(j) AS image
+    ),
+    recorded AS (
+        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type,
+               CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
+               'WAITING', state, attempt, NULL, updated_at,
+               CASE WHEN state = 'CANCELLED'
+                    THEN jsonb_build_object('reason', 'dependency_cancelled',
+                                            'dependency', cause)
+                    ELSE '{}'::jsonb END,
+               image
+        FROM settled
+        WHERE state <> 'WAITING'
+    )
+    -- The NOTIFY hint, as for any job that becomes PENDING (delivered at commit).
+    SELECT count(pg_notify('evora_jobs', q.queue))
+    INTO hinted
+    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
+    PERFORM set_config('evora.settling', '', true);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_note_ended_dependency
+    BEFORE UPDATE OF state ON jobs
+    FOR EACH ROW
+    WHEN (NEW.has_dependents AND NEW.state IN ('COMPLETED', 'CANCELLED')
+          AND OLD.state IS DISTINCT FROM NEW.state
+          AND current_setting('evora.settling', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION evora_note_ended_dependency();
+
+CREATE OR REPLACE TRIGGER jobs_settle_dependents
+    AFTER UPDATE OF state ON jobs
+    FOR EACH STATEMENT
+    WHEN (current_setting('evora.ended_dependencies', true) <> '')
+    EXECUTE FUNCTION evora_settle_dependents();

@@ -1,0 +1,42 @@
+-- Flow-control limits (docs/flow-control.md): the limit governing a key, what holds it, the
+-- tokens of its bucket. The limited claim is in claims_and_transitions.sql.
+--
+-- The current text of this area's functions and triggers: edit them here. `evora migrate`
+-- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
+
+-- The limit that governs each of `keys`: its own, else the longest prefix limit whose stem it
+-- starts with; keys no limit governs are left out. The keys' own limits in one index scan;
+-- the prefix limits (few) read once, not once per key, so a key costs nothing when none
+-- exists.
+CREATE OR REPLACE FUNCTION evora_governing_limits(keys text[])
+RETURNS TABLE (key text, concurrency integer, rate_limit integer, rate_per_seconds float8)
+LANGUAGE sql STABLE AS $$
+    SELECT e.key, e.concurrency, e.rate_limit, e.rate_per_seconds
+    FROM flow_limits e
+    WHERE e.key = ANY(keys)
+    UNION ALL
+    (SELECT DISTINCT ON (k.key) k.key, p.concurrency, p.rate_limit, p.rate_per_seconds
+     FROM (SELECT * FROM flow_limits WHERE stem IS NOT NULL) AS p
+     JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
+     WHERE NOT EXISTS (SELECT 1 FROM flow_limits e WHERE e.key = k.key)
+     ORDER BY k.key, length(p.stem) DESC)
+$$;
+
+-- How many RUNNING jobs hold `k`, by this statement's snapshot.
+CREATE OR REPLACE FUNCTION evora_running_holding(k text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT count(*) FROM jobs r
+            WHERE starts_with(k, 'queue:') AND r.state = 'RUNNING' AND r.queue = substr(k, 7))
+         + (SELECT count(*) FROM jobs r
+            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys @> ARRAY[k]
+              AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
+$$;
+
+-- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit.
+CREATE OR REPLACE FUNCTION evora_tokens(b flow_buckets, rate_limit integer, rate_per_seconds float8,
+                             at timestamptz)
+RETURNS float8
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
+                                                * rate_limit / rate_per_seconds)
+$$;
