@@ -20,7 +20,7 @@ import orjson
 from evora.config import Settings
 from evora.storage import doctor, locks
 from evora.storage.db import STATEMENT_TIMEOUT_MS, connect, session_settings
-from evora.storage.migrate import missing_versions
+from evora.storage.migrate import missing_versions, stale_function_files
 from evora_services.dispatcher.wakeups import POLL_SECONDS
 from evora_services.startup_errors import explain
 
@@ -81,13 +81,17 @@ async def _version(conn: asyncpg.Connection, _: Settings, __: Thresholds) -> Fin
 
 async def _migrations(conn: asyncpg.Connection, _: Settings, __: Thresholds) -> Finding:
     missing = await missing_versions(conn)
-    if not missing:
-        return Finding("ok", "every migration this version needs is applied")
-    return Finding(
-        "fail",
-        f"{len(missing)} migration(s) not applied: {', '.join(f'{v:04d}' for v in missing)}",
-        "run `evora migrate` (docs/deploy.md, Upgrades)",
-    )
+    stale = await stale_function_files(conn)
+    if not missing and not stale:
+        return Finding("ok", "every migration and function file this version needs is applied")
+    lacking = []
+    if missing:
+        lacking.append(
+            f"{len(missing)} migration(s) not applied: {', '.join(f'{v:04d}' for v in missing)}"
+        )
+    if stale:
+        lacking.append(f"{len(stale)} function file(s) not current: {', '.join(stale)}")
+    return Finding("fail", "; ".join(lacking), "run `evora migrate` (docs/deploy.md, Upgrades)")
 
 
 async def _pooler(conn: asyncpg.Connection, settings: Settings, _: Thresholds) -> Finding:

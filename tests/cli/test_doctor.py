@@ -90,6 +90,7 @@ async def test_missing_migrations_fail_and_say_to_migrate(pg_server_url: str) ->
     assert status == 1
     migrations = next(c for c in report["checks"] if c["name"] == "migrations")
     assert migrations["verdict"] == "fail" and "0001" in migrations["detail"]
+    assert "function file(s) not current" in migrations["detail"]
     assert "evora migrate" in migrations["action"]
     # the checks that read Evora's tables say they cannot, rather than crash the command
     lag = next(c for c in report["checks"] if c["name"] == "projector_lag")
