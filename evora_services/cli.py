@@ -30,8 +30,8 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     from evora.storage.migrate import apply_migrations
 
     settings.require("database_url", serving=False)
-    assert settings.database_url is not None
-    applied = asyncio.run(apply_migrations(settings.database_url))
+    dsn, pooler = settings.require_session_database("`evora migrate` (its advisory lock)")
+    applied = asyncio.run(apply_migrations(dsn, pooler=pooler))
     if applied:
         print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}")
     else:
@@ -64,6 +64,12 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
     report = asyncio.run(audit(settings.database_url, args.since))
     print(report.dumps() if args.json else report.text())
     return 0 if report.ok else AUDIT_VIOLATIONS
+
+
+def _doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from evora_services.doctor import main
+
+    return main(args, settings)
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> int:
@@ -291,6 +297,18 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.set_defaults(run=_audit)
+
+    doctor = _command(
+        sub,
+        "doctor",
+        "check the database and the services as an operator would",
+        "Connects as the services do and reports each check (PostgreSQL version, migrations, "
+        "pooler and wake-ups, long transactions, dead tuples, projector lag, sweeper and "
+        "projector leaders, clock skew) with a verdict and what to do; exits 1 when one fails.",
+        "EVORA_DATABASE_URL (required), EVORA_DATABASE_POOLER, EVORA_DIRECT_DATABASE_URL",
+    )
+    doctor.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    doctor.set_defaults(run=_doctor)
     _command(
         sub,
         "dev",
