@@ -178,6 +178,27 @@ async def test_integers_beyond_64_bits_and_doubles_are_handed_out_exactly(
         assert exactly(await response.read())["payload"] == exactly(text.encode())
 
 
+@pytest.mark.parametrize("payload", PAYLOADS)
+async def test_payloads_are_read_back_and_handed_out_exactly(
+    payload: str, client: ApiClient, db: asyncpg.Connection, store: JobStore
+) -> None:
+    """Every number as stored, more significant digits than a double keeps included
+    (12345678901234567.89 was read back as 12345678901234568): in the job resource, and in
+    what a claim hands a worker, as a dependency's result too."""
+    job_id = await sql_submit(db, payload, "{}")
+    response = await client.get(f"/v1/jobs/{job_id}", headers=PRODUCER)
+    assert response.status == 200, await response.text()
+    assert exactly(await response.read())["payload"] == exactly(payload.encode())
+    (claimed,) = await store.claim(worker_id="w", queues=["exact"], max_jobs=1)
+    assert exactly(orjson.dumps(claimed["payload"])) == exactly(payload.encode())
+    await store.complete(job_id, claimed["lease_token"], orjson.Fragment(payload.encode()))
+    child = await sql_submit(db, "{}", json.dumps({"depends_on": [str(job_id)]}))
+    (handed,) = await store.claim(worker_id="w", queues=["exact"], max_jobs=1)
+    assert handed["id"] == child
+    results = orjson.dumps(handed["dependency_results"])
+    assert exactly(results) == {str(job_id): exactly(payload.encode())}
+
+
 async def test_a_schedule_makes_its_jobs_with_the_exact_payload(
     client: ApiClient, store: JobStore, pool: asyncpg.Pool
 ) -> None:

@@ -23,7 +23,7 @@ import asyncpg
 import orjson
 from asyncpg.pool import PoolAcquireContext
 
-from evora.protocol.fields import DIGITS_AS_ZERO, exact_json, json_skeleton
+from evora.protocol.fields import json_skeleton, stored_json
 
 # A job never holds a transaction while it runs (rule 4 of docs/architecture.md); these make
 # a stuck client fail fast instead of pinning the outbox horizon and vacuum.
@@ -40,25 +40,30 @@ def _encode_jsonb(value: Any) -> bytes:
     return _JSONB_VERSION + orjson.dumps(value)
 
 
-# An integer beyond 64 bits (20 digits or more, no fraction): orjson reads it as a float.
-_HUGE_INTEGER = re.compile(rb"(?<![0-9.])[0-9]{20,}+(?![.0-9])")
+# Digits and decimal points as 0: a number that may hold more than a double's 15-17
+# significant digits, or an integer beyond 64 bits, shows as a run of 16 zeros.
+_DIGITS_AND_POINTS_AS_ZERO = bytes.maketrans(b"0123456789.", b"00000000000")
+# Such a number outside strings (json_skeleton empties them).
+_LONG_NUMBER = re.compile(rb"[0-9][0-9.]{15,}+")
 
 
 def _decode_jsonb(data: bytes) -> Any:
-    """jsonb as Python values. A client's payload or result may hold any number jsonb does:
-    an integer beyond 64 bits, or beyond a double's range (1e400, through evora.submit),
-    is read as an orjson.Fragment of its text (`exact_json`), which every encoder here
-    writes back unchanged, rather than rounded or refused (a read of such a job failed).
-    Only text that holds one is parsed a second time. (Other numbers stay floats: Evora's
-    own jsonb, such as the projector's sums, is computed with.)"""
+    """jsonb as Python values, every number as stored. A client's payload or result may hold
+    any number jsonb does: an integer beyond 64 bits, a decimal with more significant
+    digits than a double keeps (12345678901234567.89), or one beyond a double's range
+    (1e400, through evora.submit). orjson would round the first two and refuse the third,
+    so text that may hold one is parsed again (`stored_json`): such a number becomes an
+    orjson.Fragment of its text, which every encoder here writes back unchanged, while a
+    number a float holds exactly (Evora's own figures, doubles written shortest) stays a
+    number. Text without a run of 16 digits (almost all) is parsed once."""
     try:
         value = orjson.loads(memoryview(data)[1:])
     except orjson.JSONDecodeError:  # a number beyond a double
-        return exact_json(data[1:])
-    if b"0" * 20 in data.translate(DIGITS_AS_ZERO) and _HUGE_INTEGER.search(
+        return stored_json(data[1:])
+    if b"0" * 16 in data.translate(_DIGITS_AND_POINTS_AS_ZERO) and _LONG_NUMBER.search(
         json_skeleton(data[1:])
     ):
-        return exact_json(data[1:])
+        return stored_json(data[1:])
     return value
 
 
