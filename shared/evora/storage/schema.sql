@@ -720,7 +720,7 @@ $$;
 
 CREATE FUNCTION evora.validated(item jsonb, at text) RETURNS evora.submission
     LANGUAGE plpgsql STABLE
-    AS $$
+    AS $_$
 DECLARE
     lim CONSTANT jsonb := evora.limits();
     s evora.submission;
@@ -751,6 +751,12 @@ BEGIN
                 PERFORM evora.reject(at || field, format(
                     'is %s bytes encoded; the limit is %s',
                     octet_length(value::text), lim ->> 'max_payload_bytes'));
+            END IF;
+            IF jsonb_path_exists(value,
+                    '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
+                    jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
+                PERFORM evora.reject(at || field,
+                                     'holds a number beyond the range of a double');
             END IF;
             s.payload := value;
         WHEN 'priority' THEN
@@ -811,7 +817,7 @@ BEGIN
     END IF;
     RETURN s;
 END
-$$;
+$_$;
 
 CREATE FUNCTION evora.validated_with_dependencies(item jsonb, at text) RETURNS evora.submission
     LANGUAGE plpgsql STABLE
