@@ -9,6 +9,7 @@ import pytest
 
 from evora.storage import migrate
 from evora.storage.migrate import MigrationError, apply_migrations, latest_version
+from tests.polling import until
 
 
 async def _empty_database(make_db_url: Callable[[], Awaitable[str]]) -> str:
@@ -123,3 +124,58 @@ async def test_keys_stored_before_dependencies_were_compared_still_replay_withou
         assert await conn.fetchval("SELECT count(*) FROM jobs") == 3
     finally:
         await conn.close()
+
+
+async def test_migration_waits_for_a_lock_without_stalling_the_queue(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A migration that needs ACCESS EXCLUSIVE on jobs, while a long transaction holds a lock
+    # that conflicts with it. A lock request queued behind that transaction would queue every
+    # later statement on jobs behind itself, the claims and submissions included, for as
+    # long as the transaction lasts; the migration must step aside and try again instead.
+    probe_migration = migrate.Migration(
+        latest_version() + 1, "probe", "ALTER TABLE jobs ADD COLUMN probe integer"
+    )
+    known = migrate.available()
+    monkeypatch.setattr(migrate, "available", lambda: [*known, probe_migration])
+
+    holder = await asyncpg.connect(db_url)
+    other = await asyncpg.connect(db_url, server_settings={"lock_timeout": "8s"})
+    watcher = await asyncpg.connect(db_url)
+    holder_tx = holder.transaction()
+    await holder_tx.start()
+    await holder.fetchval("SELECT count(*) FROM jobs")  # ACCESS SHARE, held until the end
+    migrating = asyncio.create_task(apply_migrations(db_url))
+    try:
+
+        async def migration_waits() -> bool:
+            # Its lock request is queued (it comes and goes while the migration retries).
+            return bool(
+                await watcher.fetchval(
+                    "SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                    " WHERE NOT l.granted AND l.relation = 'jobs'::regclass"
+                    " AND a.query LIKE 'ALTER TABLE jobs%')"
+                )
+            )
+
+        for _ in range(2):
+            # Caught while the migration's request is queued: the statement waits until
+            # the request steps aside (its lock_timeout), not until the holder commits.
+            await until(migration_waits, "the migration waiting for its lock", within=30)
+            assert await other.fetchval("SELECT count(*) FROM jobs") == 0
+        assert not migrating.done()  # still retrying, not failed
+
+        await holder_tx.commit()
+        async with asyncio.timeout(30):
+            assert await migrating == [probe_migration.version]
+        assert await other.fetchval(
+            "SELECT EXISTS (SELECT FROM pg_attribute"
+            " WHERE attrelid = 'jobs'::regclass AND attname = 'probe')"
+        )
+    finally:
+        if not holder.is_closed():
+            await holder.close()
+        migrating.cancel()
+        await asyncio.gather(migrating, return_exceptions=True)
+        await other.close()
+        await watcher.close()

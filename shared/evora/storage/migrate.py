@@ -19,14 +19,24 @@ defined stay in them as history; the files supersede them. A database the migrat
 brought up to date (an installation from before the files existed) is thus brought to the
 files' text by its next `evora migrate`. A partial run (`upto`) builds a historical schema
 and leaves the files alone: they describe the newest one.
+
+Every statement runs under a short `lock_timeout`: a lock request queued behind a long
+transaction would queue every later statement on that table behind itself (the claims and
+submissions of a live queue), for as long as that transaction lasts. A transaction that cannot
+get its locks in time is rolled back and tried again after a growing pause, until
+`LOCK_RETRY_FOR_S` has passed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 
 import asyncpg
@@ -40,6 +50,14 @@ log = logging.getLogger(__name__)
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 _COMMIT_MARKER = "\n-- evora:commit\n"
+
+# How long one statement may wait for a lock before its transaction steps aside: the longest
+# a query of the live queue waits behind a migration's lock request.
+LOCK_TIMEOUT_MS = 2_000
+# Pauses between attempts: doubling from the first to the last, for at most this long in all.
+_RETRY_FIRST_S = 0.1
+_RETRY_LAST_S = 5.0
+LOCK_RETRY_FOR_S = 600.0
 
 _CREATE_TABLE = """
 CREATE TABLE IF NOT EXISTS evora_migrations (
@@ -180,8 +198,11 @@ async def apply_migrations(
         )
     conn = await connect(dsn, statement_timeout=None, pooler=pooler)
     try:
+        # Waits for another migrator as long as it takes (it holds no lock a query needs),
+        # so the lock_timeout comes after it.
         await conn.execute("SELECT pg_advisory_lock($1)", locks.MIGRATIONS)
         try:
+            await conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
             applied = await _apply_pending(conn, upto)
             if upto is None:
                 await _apply_function_files(conn, after_migrations=bool(applied))
@@ -207,22 +228,27 @@ async def _apply_pending(conn: asyncpg.Connection, upto: int | None) -> list[int
                     "was applied; add a new migration instead"
                 )
             continue
+        what = f"migration {migration.version:04d}_{migration.name}"
         if migration.committed_first is not None:
-            await conn.execute(migration.committed_first)
-        async with conn.transaction():
-            await conn.execute(migration.sql)
-            await conn.execute(
-                "INSERT INTO evora_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                migration.version,
-                migration.name,
-                migration.checksum,
-            )
+            await _retrying_locks(what, partial(conn.execute, migration.committed_first))
+        await _retrying_locks(what, partial(_apply_migration, conn, migration))
         log.info("applied migration %04d_%s", migration.version, migration.name)
         applied.append(migration.version)
     unknown = sorted(set(done) - {m.version for m in available()})
     if unknown:
         log.warning("database has migrations this code does not know: %s", unknown)
     return applied
+
+
+async def _apply_migration(conn: asyncpg.Connection, migration: Migration) -> None:
+    async with conn.transaction():
+        await conn.execute(migration.sql)
+        await conn.execute(
+            "INSERT INTO evora_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            migration.version,
+            migration.name,
+            migration.checksum,
+        )
 
 
 async def _apply_function_files(conn: asyncpg.Connection, *, after_migrations: bool) -> None:
@@ -251,19 +277,43 @@ async def _apply_function_files(conn: asyncpg.Connection, *, after_migrations: b
             [f.name for f in newer],
         )
     if changed:
-        async with conn.transaction():
-            for file in changed:
-                await conn.execute(file.sql)
-                await conn.execute(
-                    """
-                    INSERT INTO evora_function_files (name, checksum, migration)
-                    VALUES ($1, $2, $3)
-                    ON CONFLICT (name) DO UPDATE
-                    SET checksum = excluded.checksum, migration = excluded.migration,
-                        applied_at = now()
-                    """,
-                    file.name,
-                    file.checksum,
-                    latest,
-                )
+
+        async def apply() -> None:
+            async with conn.transaction():
+                for file in changed:
+                    await conn.execute(file.sql)
+                    await conn.execute(
+                        """
+                        INSERT INTO evora_function_files (name, checksum, migration)
+                        VALUES ($1, $2, $3)
+                        ON CONFLICT (name) DO UPDATE
+                        SET checksum = excluded.checksum, migration = excluded.migration,
+                            applied_at = now()
+                        """,
+                        file.name,
+                        file.checksum,
+                        latest,
+                    )
+
+        await _retrying_locks("the function files", apply)
         log.info("applied function files: %s", ", ".join(f.name for f in changed))
+
+
+async def _retrying_locks(what: str, attempt: Callable[[], Awaitable[object]]) -> None:
+    """Run `attempt` (a transaction, or statements that can run again) until it gets its
+    locks within the session's lock_timeout, pausing longer after each refusal."""
+    give_up = time.monotonic() + LOCK_RETRY_FOR_S
+    pause = _RETRY_FIRST_S
+    while True:
+        try:
+            await attempt()
+            return
+        except asyncpg.LockNotAvailableError as error:
+            if time.monotonic() + pause > give_up:
+                raise MigrationError(
+                    f"{what} could not get its locks for {LOCK_RETRY_FOR_S:.0f} s: a long "
+                    "transaction holds them (see pg_stat_activity); try again after it"
+                ) from error
+            log.warning("%s waits for a lock (%s); trying again in %.1f s", what, error, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RETRY_LAST_S)
