@@ -20,6 +20,7 @@ from evora_services.admin_cli.parser import add_commands
 
 if TYPE_CHECKING:
     from evora.config import Settings
+    from evora.storage.db import Pooler
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -31,12 +32,34 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
     settings.require("database_url", serving=False)
     dsn, pooler = settings.require_session_database("`evora migrate` (its advisory lock)")
+    if args.check:
+        return asyncio.run(_check_drift(dsn, pooler))
     applied = asyncio.run(apply_migrations(dsn, pooler=pooler))
     if applied:
         print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}")
     else:
         print("database is up to date")
     return 0
+
+
+# `evora migrate --check` found the database differing from the code
+DRIFT = 3
+
+
+async def _check_drift(dsn: str, pooler: Pooler) -> int:
+    from evora.storage.db import connect
+    from evora.storage.drift import drift
+
+    conn = await connect(dsn, application_name="evora-migrate-check", pooler=pooler)
+    try:
+        found = await drift(conn)
+    finally:
+        await conn.close()
+    for difference in found:
+        print(difference)
+    if not found:
+        print("the database is what this code's migrations and function files build")
+    return DRIFT if found else 0
 
 
 # `evora audit` found a violation (0: none; 1 and 2 as every command: it could not run)
@@ -273,13 +296,23 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "health and metrics.",
         f"EVORA_SWEEPER_PORT (default 8082), the retention settings, {_SERVICE_ENV}",
     ).set_defaults(run=_sweeper)
-    _command(
+    migrate = _command(
         sub,
         "migrate",
         "apply database migrations",
-        "Idempotent and safe to run concurrently; serves nothing, so it needs no tokens.",
+        "Idempotent and safe to run concurrently; serves nothing, so it needs no tokens. "
+        f"With --check it changes nothing and lists where the database differs from the code, "
+        f"exit status {DRIFT} when it does.",
         "EVORA_DATABASE_URL (required)",
-    ).set_defaults(run=_migrate)
+    )
+    migrate.add_argument(
+        "--check",
+        action="store_true",
+        help="report drift (migrations and function files not applied, edited or unknown; "
+        "tables, columns, indexes, constraints, triggers, functions or types missing or "
+        "unexpected) instead of migrating",
+    )
+    migrate.set_defaults(run=_migrate)
     audit = _command(
         sub,
         "audit",

@@ -1,6 +1,8 @@
 """The schema the migrations and the function files build, as the normalised `pg_dump
 --schema-only` text kept in shared/evora/storage/schema.sql, which
-tests/integration/test_schema.py compares with a freshly migrated database.
+tests/integration/test_schema.py compares with a freshly migrated database; and the list of
+Evora's objects in shared/evora/storage/objects.txt, which `evora migrate --check` compares
+with the database it checks.
 
 After adding a migration or changing a function file, regenerate the file (it starts an
 embedded PostgreSQL of its own):
@@ -21,9 +23,11 @@ import asyncpg
 
 from evora.embedded import LocalPostgres
 from evora.embedded._pgbin import find_bin_dir
+from evora.storage import drift
 from evora.storage.migrate import apply_migrations
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "shared/evora/storage/schema.sql"
+OBJECTS_FILE = SCHEMA_FILE.with_name(drift.OBJECTS_FILE)
 
 HEADER = """\
 -- The schema that shared/evora/storage/migrations/ and functions/ build, as pg_dump prints it
@@ -60,6 +64,23 @@ def dump(dsn: str) -> str:
     return normalise(out)
 
 
+OBJECTS_HEADER = """\
+# Evora's objects in a freshly migrated database, one a line: what `evora migrate --check`
+# expects (evora/storage/drift.py). Never edit by hand: generated with schema.sql by
+#     PYTHONPATH=shared:. python -m tests.schemadump
+"""
+
+
+async def objects(dsn: str) -> str:
+    """objects.txt's text for the database at `dsn`."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        found = await drift.schema_objects(conn)
+    finally:
+        await conn.close()
+    return OBJECTS_HEADER + "".join(f"{thing}\n" for thing in sorted(found))
+
+
 def expected() -> str:
     """What schema.sql holds, normalised the same way (its header is a comment)."""
     return normalise(SCHEMA_FILE.read_text("utf-8"))
@@ -83,7 +104,8 @@ def main() -> None:
     ):
         dsn = asyncio.run(_migrated(server))
         SCHEMA_FILE.write_text(HEADER + "\n" + dump(dsn), "utf-8")
-    print(f"wrote {SCHEMA_FILE}", file=sys.stderr)
+        OBJECTS_FILE.write_text(asyncio.run(objects(dsn)), "utf-8")
+    print(f"wrote {SCHEMA_FILE} and {OBJECTS_FILE}", file=sys.stderr)
 
 
 if __name__ == "__main__":

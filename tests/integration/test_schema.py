@@ -1,7 +1,8 @@
 """shared/evora/storage/schema.sql is what the migrations and the function files build: every
 migration applied to a brand-new database, then every function file, dumps (normalised) to
 exactly that file; so does a database the migrations alone built (as Evora did before the
-function files) once `evora migrate` runs again."""
+function files) once `evora migrate` runs again. objects.txt lists the same schema's objects
+as `evora migrate --check` compares them."""
 
 from __future__ import annotations
 
@@ -57,6 +58,16 @@ def _assert_builds_schema_sql(dsn: str) -> None:
 async def test_the_migrations_build_exactly_schema_sql(fresh_db_url: str) -> None:
     await apply_migrations(fresh_db_url)
     _assert_builds_schema_sql(fresh_db_url)
+
+
+async def test_objects_txt_lists_what_the_migrations_build(fresh_db_url: str) -> None:
+    # What `evora migrate --check` expects, read the way it reads a database it checks.
+    await apply_migrations(fresh_db_url)
+    built = await schemadump.objects(fresh_db_url)
+    assert built == schemadump.OBJECTS_FILE.read_text("utf-8"), (
+        "the migrations build other objects than shared/evora/storage/objects.txt lists; if "
+        "they are right, regenerate it with `PYTHONPATH=shared:. python -m tests.schemadump`"
+    )
 
 
 async def test_an_install_the_migrations_alone_built_gets_the_function_files(
