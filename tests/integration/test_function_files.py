@@ -46,8 +46,9 @@ async def test_every_function_and_trigger_is_defined_in_exactly_one_file(
         SELECT 'trigger ' || t.tgname FROM pg_trigger t WHERE NOT t.tgisinternal
         """
     )
-    duplicated = sorted({d for d in defined if defined.count(d) > 1})
-    assert duplicated == []
+    # Counted with repeats: a name defined twice is two overloads in the database (the
+    # previous release's signature of evora_claim_limited, kept for a rolling upgrade), or
+    # a function defined in two files, which the database holds once.
     assert sorted(defined) == sorted(r["object"] for r in in_db)
 
 

@@ -1,10 +1,12 @@
 """Versioned SQL migrations and the function files, applied under an advisory lock.
 
-Migrations are `migrations/NNNN_name.sql`, applied in order, each in its own transaction and
-recorded with a checksum in `evora_migrations`. A second run is a no-op; concurrent runs
-serialise on the lock and the later ones find nothing to do. Editing an applied file is
-refused (its checksum no longer matches), because the database would silently differ from
-what the file says.
+Migrations are `migrations/NNNN_name.sql`, applied in order and recorded with a checksum
+in `evora_migrations`; the pending ones and the function files run in one transaction (split
+only where a commit marker needs it), so the previous release's services, serving meanwhile,
+see the schema before the upgrade or after it, never half of it. A second run is a no-op;
+concurrent runs serialise on the lock and the later ones find nothing to do. Editing an
+applied file is refused (its checksum no longer matches), because the database would
+silently differ from what the file says.
 
 A file may begin with statements that must be committed before the rest can use them
 (`ALTER TYPE ... ADD VALUE`), ended by a line `-- evora:commit`: they run first, outside the
@@ -12,13 +14,13 @@ file's transaction, so they must be re-runnable (IF NOT EXISTS).
 
 Migrations keep tables, indexes and data. Every database function and trigger has its current
 text in one of `functions/<area>.sql` (CREATE OR REPLACE, so a file can run again): after the
-migrations, every file whose checksum differs from the one recorded in `evora_function_files`
-(every file, when migrations were applied) runs again, all of them in one transaction, in
-name order. The functions that old migrations
-defined stay in them as history; the files supersede them. A database the migrations alone
-brought up to date (an installation from before the files existed) is thus brought to the
-files' text by its next `evora migrate`. A partial run (`upto`) builds a historical schema
-and leaves the files alone: they describe the newest one.
+migrations, in their transaction, every file whose checksum differs from the one recorded in
+`evora_function_files` (every file, when migrations were applied) runs again, in name order.
+The functions that old migrations defined stay in them as history; the files supersede
+them. A database the migrations alone brought up to date (an installation from before the
+files existed) is thus brought to the files' text by its next `evora migrate`. A partial
+run (`upto`) builds a historical schema and leaves the files alone: they describe the
+newest one.
 
 Every statement runs under a short `lock_timeout`: a lock request queued behind a long
 transaction would queue every later statement on that table behind itself (the claims and
@@ -203,59 +205,81 @@ async def apply_migrations(
         await conn.execute("SELECT pg_advisory_lock($1)", locks.MIGRATIONS)
         try:
             await conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-            applied = await _apply_pending(conn, upto)
-            if upto is None:
-                await _apply_function_files(conn, after_migrations=bool(applied))
-            return applied
+            await conn.execute(_CREATE_TABLE)
+            groups = _groups(await _pending(conn, upto))
+            for n, group in enumerate(groups):
+                what = f"migrations {', '.join(f'{m.version:04d}' for m in group)}"
+                head = group[0].committed_first
+                if head is not None:
+                    await _retrying_locks(what, partial(conn.execute, head))
+                files = upto is None and n == len(groups) - 1
+                await _retrying_locks(what, partial(_apply, conn, group, files=files))
+            if not groups and upto is None:
+                await _retrying_locks("the function files", partial(_apply, conn, [], files=True))
+            return [m.version for group in groups for m in group]
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", locks.MIGRATIONS)
     finally:
         await conn.close()
 
 
-async def _apply_pending(conn: asyncpg.Connection, upto: int | None) -> list[int]:
-    await conn.execute(_CREATE_TABLE)
+async def _pending(conn: asyncpg.Connection, upto: int | None) -> list[Migration]:
+    """The migrations (up to `upto`) the database lacks; refuses an applied one edited since."""
     done = await applied_versions(conn)
-    applied: list[int] = []
+    pending: list[Migration] = []
     for migration in available():
         if upto is not None and migration.version > upto:
             break
         recorded = done.get(migration.version)
-        if recorded is not None:
-            if recorded != migration.checksum:
-                raise MigrationError(
-                    f"migration {migration.version:04d}_{migration.name} was changed after it "
-                    "was applied; add a new migration instead"
-                )
-            continue
-        what = f"migration {migration.version:04d}_{migration.name}"
-        if migration.committed_first is not None:
-            await _retrying_locks(what, partial(conn.execute, migration.committed_first))
-        await _retrying_locks(what, partial(_apply_migration, conn, migration))
-        log.info("applied migration %04d_%s", migration.version, migration.name)
-        applied.append(migration.version)
+        if recorded is None:
+            pending.append(migration)
+        elif recorded != migration.checksum:
+            raise MigrationError(
+                f"migration {migration.version:04d}_{migration.name} was changed after it "
+                "was applied; add a new migration instead"
+            )
     unknown = sorted(set(done) - {m.version for m in available()})
     if unknown:
         log.warning("database has migrations this code does not know: %s", unknown)
-    return applied
+    return pending
 
 
-async def _apply_migration(conn: asyncpg.Connection, migration: Migration) -> None:
+def _groups(pending: list[Migration]) -> list[list[Migration]]:
+    """The pending migrations in the transactions they run in: as few as the commit markers
+    allow, since the services of the previous release keep serving meanwhile and must see
+    the schema either before the upgrade or after it, never in between (a migration that
+    replaces a function its statements call, with the files restoring what they need, is
+    only safe in one transaction with them)."""
+    groups: list[list[Migration]] = []
+    for migration in pending:
+        if not groups or migration.committed_first is not None:
+            groups.append([])
+        groups[-1].append(migration)
+    return groups
+
+
+async def _apply(conn: asyncpg.Connection, group: list[Migration], *, files: bool) -> None:
+    """The migrations of `group`, then (`files`) the function files, in one transaction."""
     async with conn.transaction():
-        await conn.execute(migration.sql)
-        await conn.execute(
-            "INSERT INTO evora_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-            migration.version,
-            migration.name,
-            migration.checksum,
-        )
+        for migration in group:
+            await conn.execute(migration.sql)
+            await conn.execute(
+                "INSERT INTO evora_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                migration.version,
+                migration.name,
+                migration.checksum,
+            )
+        if files:
+            await _apply_function_files(conn, after_migrations=bool(group))
+    for migration in group:
+        log.info("applied migration %04d_%s", migration.version, migration.name)
 
 
 async def _apply_function_files(conn: asyncpg.Connection, *, after_migrations: bool) -> None:
     """Run every function file whose checksum differs from the recorded one, or every file
-    when this run applied migrations, all in one transaction; but not over the text a release
-    that knew more migrations applied (an older release's `evora migrate`, run again during a
-    rolling upgrade, must not take the database back).
+    when this run applied migrations (in the caller's transaction); but not over the text a
+    release that knew more migrations applied (an older release's `evora migrate`, run again
+    during a rolling upgrade, must not take the database back).
 
     The files are the truth about functions: a migration that (re)defines or drops one (an
     old one, on a fresh database; a signature change) is followed by every file, so a fresh
@@ -276,26 +300,21 @@ async def _apply_function_files(conn: asyncpg.Connection, *, after_migrations: b
             "function files %s were applied by a newer release; left as they are",
             [f.name for f in newer],
         )
+    for file in changed:
+        await conn.execute(file.sql)
+        await conn.execute(
+            """
+            INSERT INTO evora_function_files (name, checksum, migration)
+            VALUES ($1, $2, $3)
+            ON CONFLICT (name) DO UPDATE
+            SET checksum = excluded.checksum, migration = excluded.migration,
+                applied_at = now()
+            """,
+            file.name,
+            file.checksum,
+            latest,
+        )
     if changed:
-
-        async def apply() -> None:
-            async with conn.transaction():
-                for file in changed:
-                    await conn.execute(file.sql)
-                    await conn.execute(
-                        """
-                        INSERT INTO evora_function_files (name, checksum, migration)
-                        VALUES ($1, $2, $3)
-                        ON CONFLICT (name) DO UPDATE
-                        SET checksum = excluded.checksum, migration = excluded.migration,
-                            applied_at = now()
-                        """,
-                        file.name,
-                        file.checksum,
-                        latest,
-                    )
-
-        await _retrying_locks("the function files", apply)
         log.info("applied function files: %s", ", ".join(f.name for f in changed))
 
 

@@ -921,6 +921,12 @@ CREATE FUNCTION public.evora_claim_jobs(ids uuid[], limited_flags boolean[], cla
     FROM moved m
 $$;
 
+CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer) RETURNS TABLE(id uuid, limited boolean)
+    LANGUAGE sql STABLE ROWS 1
+    AS $$
+    SELECT NULL::uuid, NULL::boolean WHERE false
+$$;
+
 CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job public.jobs, dependency_results jsonb)
     LANGUAGE plpgsql ROWS 1
     AS $$

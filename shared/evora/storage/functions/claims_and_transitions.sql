@@ -432,6 +432,19 @@ BEGIN
 END
 $$;
 
+-- The signature the previous release's claim statement calls (migration 0022's; 0025 made
+-- the function anew with the claimer in and the jobs out). PostgreSQL resolves a function
+-- when it parses a statement, so without it every claim of a dispatcher of that release
+-- fails while a rolling upgrade runs, with or without flow limits
+-- (tests/e2e/test_rolling_upgrade.py). It picks nothing: while a limit exists, the old
+-- dispatchers claim nothing and this release's claim the jobs, so no limit is ever paid for
+-- twice. Expand/contract: the release after this one drops it (docs/deploy.md, Upgrades).
+CREATE OR REPLACE FUNCTION evora_claim_limited(queues text[], types text[], wanted integer)
+RETURNS TABLE (id uuid, limited boolean)
+LANGUAGE sql STABLE ROWS 1 AS $$
+    SELECT NULL::uuid, NULL::boolean WHERE false
+$$;
+
 -- Three statements end attempts: `fail` (a worker's failure), `release` (a worker hands the
 -- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
 -- its own fence and lock, where each attempt goes (one `evora_attempt_end` per job); this

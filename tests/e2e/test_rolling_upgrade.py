@@ -1,0 +1,258 @@
+"""A rolling upgrade under load: services of the previous release, on its schema, keep
+serving while this release's `evora migrate` runs, and are then replaced one by one by this
+release's; nothing fails for good, nothing is lost, and the audit passes (docs/deploy.md,
+Upgrades)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from evora import Client, Worker
+from evora.storage.audit import audit
+from tests.cli.commands import REPO
+from tests.polling import until
+
+# The release before this one (the commit this version's work started from). The CI clone
+# has the whole history; a shallow one lacks it.
+PREVIOUS_RELEASE = "b00318f"
+# The order of the roll: each service is replaced while the others keep running.
+SERVICES = ("sweeper", "projector", "dispatcher", "api")
+PRODUCER_TOKEN = "upgrade-producer-token"
+WORKER_TOKEN = "upgrade-worker-token-0"
+TOKENS = f"producer:{PRODUCER_TOKEN},worker:{WORKER_TOKEN}"
+QUEUE = "upgrade"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _previous_tree(into: Path) -> Path:
+    """The previous release's library and services, unpacked from git."""
+    found = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    )
+    if found.returncode != 0:
+        pytest.fail(
+            f"the previous release's commit {PREVIOUS_RELEASE} is not in this clone: the "
+            "upgrade test needs the whole history (git fetch --unshallow)"
+        )
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", PREVIOUS_RELEASE, "shared", "evora_services"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    into.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def _tree_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
+    """The environment of a child process running `tree`'s code with the repo's venv (run in
+    `tree`: `python -m` puts the working directory first on the path)."""
+    path = os.pathsep.join([str(tree / "shared"), str(tree)])
+    return {**os.environ, **env, "PYTHONPATH": path}
+
+
+async def _migrate(tree: Path, env: dict[str, str]) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "evora_services.cli",
+        "migrate",
+        env=_tree_env(tree, env),
+        cwd=tree,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, out.decode()
+
+
+@dataclass
+class Fleet:
+    """The four services, each a child process of one release's tree, on fixed ports."""
+
+    env: dict[str, str]
+    logs: Path
+    ports: dict[str, int] = field(default_factory=lambda: {s: _free_port() for s in SERVICES})
+    running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def url(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.ports[service]}"
+
+    def _spawn(self, service: str, tree: Path) -> subprocess.Popen[bytes]:
+        port = {f"EVORA_{service.upper()}_PORT": str(self.ports[service])}
+        with (self.logs / f"{service}-{tree.name}.log").open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "evora_services.cli", service],
+                env=_tree_env(tree, {**self.env, **port}),
+                cwd=tree,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    async def start(self, service: str, tree: Path) -> None:
+        process = self.running[service] = self._spawn(service, tree)
+
+        async def ready() -> bool:
+            assert process.poll() is None, f"{service} of {tree} ended; see {self.logs}"
+            try:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"{self.url(service)}/readyz") as resp,
+                ):
+                    return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await until(ready, f"{service} of {tree.name} ready", within=60)
+
+    async def stop(self, service: str) -> None:
+        process = self.running.pop(service)
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            await asyncio.to_thread(process.wait)
+
+    async def stop_all(self) -> None:
+        for service in list(self.running):
+            await self.stop(service)
+
+
+@pytest.fixture
+async def empty_db_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A database made from template0: no schema yet, the previous release builds its own."""
+    name = f"upgrade_{uuid.uuid4().hex}"
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        yield pg_server_url.rsplit("/", 1)[0] + f"/{name}"
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def test_services_roll_to_this_release_under_load_after_its_migrations(
+    empty_db_url: str, mongo_url: str, mongo_db_name: str, tmp_path: Path
+) -> None:
+    previous = _previous_tree(tmp_path / "previous")
+    env = {
+        "EVORA_DATABASE_URL": empty_db_url,
+        "EVORA_MONGO_URL": mongo_url,
+        "EVORA_MONGO_DB": mongo_db_name,
+        "EVORA_TOKENS": TOKENS,
+    }
+    await _migrate(previous, env)
+    fleet = Fleet(env, tmp_path)
+    accepted: dict[str, str] = {}  # idempotency key -> job id
+    failures: list[str] = []  # every attempt that failed (and was tried again)
+    stop_producing = asyncio.Event()
+
+    async def produce(producer: int) -> None:
+        async with Client(fleet.url("api"), PRODUCER_TOKEN) as client:
+            for n in itertools.count():
+                if stop_producing.is_set():
+                    return
+                key = f"p{producer}-{n}"
+                while key not in accepted:  # the same key again until it is accepted
+                    try:
+                        result = await client.submit(QUEUE, "t", {"n": n}, idempotency_key=key)
+                        accepted[key] = result.job["id"]
+                    except Exception as error:  # counted, tried again
+                        failures.append(f"{key}: {error!r}")
+                        await asyncio.sleep(0.1)
+                await asyncio.sleep(0.01)
+
+    worker = Worker(fleet.url("dispatcher"), WORKER_TOKEN, [QUEUE], 8, wait_seconds=1)
+
+    @worker.handler("t")
+    async def handle(job: Any) -> dict[str, int]:
+        return {"done": 1}
+
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+
+        async def completed_at_least(count: int) -> bool:
+            done = await conn.fetchval(
+                "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'COMPLETED'", QUEUE
+            )
+            return bool(done >= count)
+
+        for service in SERVICES:
+            await fleet.start(service, previous)
+        working = asyncio.create_task(worker.serve())
+        producing = [asyncio.create_task(produce(p)) for p in range(2)]
+        try:
+            await until(partial(completed_at_least, 50), "load on the previous release", within=30)
+            await _migrate(REPO, env)  # this release's migrations, under the old services
+            await until(partial(completed_at_least, len(accepted) + 50), "after migrating")
+            for service in SERVICES:
+                await fleet.stop(service)
+                await fleet.start(service, REPO)
+                await until(partial(completed_at_least, len(accepted)), f"after rolling {service}")
+            stop_producing.set()
+            await asyncio.gather(*producing)
+            await until(partial(completed_at_least, len(accepted)), "every accepted job completed")
+        finally:
+            stop_producing.set()
+            await asyncio.gather(*producing, return_exceptions=True)
+            await worker.stop()
+            await asyncio.gather(working, return_exceptions=True)
+            await fleet.stop_all()
+
+        rows = await conn.fetch(
+            "SELECT idempotency_key, id::text AS id, state::text AS state FROM jobs"
+            " WHERE queue = $1",
+            QUEUE,
+        )
+        by_key = {row["idempotency_key"]: (row["id"], row["state"]) for row in rows}
+        assert len(rows) == len(by_key) == len(accepted)  # one job per key, no other
+        assert {key: job for key, (job, _) in by_key.items()} == accepted
+        assert {state for _, state in by_key.values()} == {"COMPLETED"}
+        report = await audit(conn)
+        assert report.ok, report.text()
+    finally:
+        await conn.close()
+    # A submission may find the api restarting (refused connection, or 503 while it drains)
+    # and is tried again; nothing else may fail, in the services either (a 500 is logged).
+    assert all("EvoraConnectionError" in failure or "503" in failure for failure in failures), (
+        failures
+    )
+    assert await asyncio.to_thread(_logged_errors, tmp_path) == []
+
+
+def _logged_errors(logs: Path) -> list[str]:
+    """What the services logged as errors, but for a background loop's step that a migration
+    interrupted and that was retried: a statement asyncpg prepared before the migration
+    changed a type it returns (`jobs` gains a column) fails once inside a transaction."""
+    return [
+        f"{log.name}: {line[:300]}"
+        for log in sorted(logs.glob("*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if '"level":"error"' in line
+        and not ("InvalidCachedStatementError" in line and "retrying in" in line)
+    ]
