@@ -124,6 +124,55 @@ LANGUAGE sql AS $$
     FROM moved m
 $$;
 
+-- The one rule of "this job may be claimed now", for every claim (the unlimited `claim` in
+-- storage/sql/transitions.sql and evora_claim_limited() below): PENDING (a job waiting for
+-- its dependencies is WAITING), due by `at`, within its time-to-live unless it started
+-- before, of one of `types` (NULL: any), in `in_queue` (the job's own, passed apart so that a
+-- claim reading one queue at a time checks the pause once per queue: the check then refers to
+-- nothing of the job and runs as a one-time filter), not paused, and for a grouped job
+-- evora_group_turn(). Flow-control limits are not in it: evora_claim_limited() enforces them
+-- on what this rule lets through.
+-- Plain SQL, STABLE, one expression without subqueries: the planner inlines it (a subquery
+-- would stop it), so each claim plans the rule as if written in place, its conditions on
+-- state, queue and run_at used for the index scan (tests/integration/test_claim_rule.py).
+CREATE OR REPLACE FUNCTION evora_queue_paused(in_queue text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = in_queue)
+$$;
+
+-- Whether a grouped job has its group's turn: it is the head of its (queue, group) (lowest
+-- priority, then submission order, due or not, so a retrying head keeps its place) and no job
+-- of its group runs. Called, not inlined (it holds subqueries), once per grouped candidate.
+-- The two checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
+-- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
+-- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
+-- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
+-- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
+-- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
+CREATE OR REPLACE FUNCTION evora_group_turn(in_queue text, in_group text, in_priority smallint,
+                                            in_seq bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT true FROM jobs r
+            WHERE r.state = 'RUNNING' AND r.queue = in_queue AND r.group_key = in_group
+            LIMIT 1) IS NULL
+       AND (SELECT true FROM jobs e
+            WHERE e.state = 'PENDING' AND e.queue = in_queue AND e.group_key = in_group
+              AND (e.priority, e.submit_seq) < (in_priority, in_seq)
+            LIMIT 1) IS NULL
+$$;
+
+CREATE OR REPLACE FUNCTION evora_claimable(j jobs, in_queue text, at timestamptz, types text[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT j.state = 'PENDING'::job_state AND j.queue = in_queue AND j.run_at <= at
+       AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
+       AND (types IS NULL OR j.type = ANY(types))
+       AND NOT evora_queue_paused(in_queue)
+       AND (j.group_key IS NULL
+            OR evora_group_turn(j.queue, j.group_key, j.priority, j.submit_seq))
+$$;
+
 -- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
 -- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora_claim_jobs()
 -- returns them. Works in rounds (at most four), each two statements:
@@ -220,22 +269,8 @@ BEGIN
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
                 FROM jobs j
-                WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= at
+                WHERE evora_claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
-                  AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
-                  AND (types IS NULL OR j.type = ANY(types))
-                  -- scalar subqueries, never hashed: each grouped candidate probes the group
-                  -- indexes by its own key, whatever runs elsewhere
-                  AND (j.group_key IS NULL OR (
-                        (SELECT true FROM jobs r
-                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
-                           AND r.group_key = j.group_key
-                         LIMIT 1) IS NULL
-                        AND (SELECT true FROM jobs e
-                             WHERE e.state = 'PENDING' AND e.queue = j.queue
-                               AND e.group_key = j.group_key
-                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-                             LIMIT 1) IS NULL))
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
@@ -246,8 +281,7 @@ BEGIN
                 -- unclaimed are free again when the claim commits.
                 FOR UPDATE OF j SKIP LOCKED
             ) AS c
-            WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
-              AND NOT ('queue:' || q.queue = ANY(blocked))
+            WHERE NOT ('queue:' || q.queue = ANY(blocked))
         ),
         -- where each queue's window ended, for the queues whose window came back full (with
         -- no window read, the queues stay as they were)
