@@ -963,6 +963,16 @@ BEGIN
                 FROM jobs j
                 WHERE evora_claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
+                  AND (j.group_key IS NULL OR (
+                        (SELECT true FROM jobs r
+                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
+                           AND r.group_key = j.group_key
+                         LIMIT 1) IS NULL
+                        AND (SELECT true FROM jobs e
+                             WHERE e.state = 'PENDING' AND e.queue = j.queue
+                               AND e.group_key = j.group_key
+                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+                             LIMIT 1) IS NULL))
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
@@ -1140,8 +1150,6 @@ CREATE FUNCTION public.evora_claimable(j public.jobs, in_queue text, at timestam
        AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
        AND (types IS NULL OR j.type = ANY(types))
        AND NOT evora_queue_paused(in_queue)
-       AND (j.group_key IS NULL
-            OR evora_group_turn(j.queue, j.group_key, j.priority, j.submit_seq))
 $$;
 
 CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, arrived integer, cancelled boolean) RETURNS public.job_state
@@ -1248,18 +1256,6 @@ CREATE FUNCTION public.evora_governing_limits(keys text[]) RETURNS TABLE(key tex
      JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
      WHERE NOT EXISTS (SELECT 1 FROM flow_limits e WHERE e.key = k.key)
      ORDER BY k.key, length(p.stem) DESC)
-$$;
-
-CREATE FUNCTION public.evora_group_turn(in_queue text, in_group text, in_priority smallint, in_seq bigint) RETURNS boolean
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT (SELECT true FROM jobs r
-            WHERE r.state = 'RUNNING' AND r.queue = in_queue AND r.group_key = in_group
-            LIMIT 1) IS NULL
-       AND (SELECT true FROM jobs e
-            WHERE e.state = 'PENDING' AND e.queue = in_queue AND e.group_key = in_group
-              AND (e.priority, e.submit_seq) < (in_priority, in_seq)
-            LIMIT 1) IS NULL
 $$;
 
 CREATE FUNCTION public.evora_hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state public.job_state)

@@ -124,42 +124,24 @@ LANGUAGE sql AS $$
     FROM moved m
 $$;
 
--- The one rule of "this job may be claimed now", for every claim (the unlimited `claim` in
+-- The rule of "this job may be claimed now", for every claim (the unlimited `claim` in
 -- storage/sql/transitions.sql and evora_claim_limited() below): PENDING (a job waiting for
 -- its dependencies is WAITING), due by `at`, within its time-to-live unless it started
 -- before, of one of `types` (NULL: any), in `in_queue` (the job's own, passed apart so that a
 -- claim reading one queue at a time checks the pause once per queue: the check then refers to
--- nothing of the job and runs as a one-time filter), not paused, and for a grouped job
--- evora_group_turn(). Flow-control limits are not in it: evora_claim_limited() enforces them
--- on what this rule lets through.
+-- nothing of the job and runs as a one-time filter), not paused. Flow-control limits are not
+-- in it: evora_claim_limited() enforces them on what the rule lets through.
 -- Plain SQL, STABLE, one expression without subqueries: the planner inlines it (a subquery
 -- would stop it), so each claim plans the rule as if written in place, its conditions on
 -- state, queue and run_at used for the index scan (tests/integration/test_claim_rule.py).
+-- The FIFO group part of the rule is not in it: it needs subqueries, and as a function
+-- called once per grouped candidate it cost ~40 % more PostgreSQL CPU on a claim of grouped
+-- jobs (scripts/bench_store.py --quick --groups 1000, docs/benchmarks.md). Each claim writes
+-- it out (the same text, after evora_claimable()), and tests/integration/test_claim_rule.py
+-- proves both claims take the same jobs.
 CREATE OR REPLACE FUNCTION evora_queue_paused(in_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = in_queue)
-$$;
-
--- Whether a grouped job has its group's turn: it is the head of its (queue, group) (lowest
--- priority, then submission order, due or not, so a retrying head keeps its place) and no job
--- of its group runs. Called, not inlined (it holds subqueries), once per grouped candidate.
--- The two checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
--- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
--- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
--- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
--- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
--- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
-CREATE OR REPLACE FUNCTION evora_group_turn(in_queue text, in_group text, in_priority smallint,
-                                            in_seq bigint)
-RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT (SELECT true FROM jobs r
-            WHERE r.state = 'RUNNING' AND r.queue = in_queue AND r.group_key = in_group
-            LIMIT 1) IS NULL
-       AND (SELECT true FROM jobs e
-            WHERE e.state = 'PENDING' AND e.queue = in_queue AND e.group_key = in_group
-              AND (e.priority, e.submit_seq) < (in_priority, in_seq)
-            LIMIT 1) IS NULL
 $$;
 
 CREATE OR REPLACE FUNCTION evora_claimable(j jobs, in_queue text, at timestamptz, types text[])
@@ -169,8 +151,6 @@ LANGUAGE sql STABLE AS $$
        AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
        AND (types IS NULL OR j.type = ANY(types))
        AND NOT evora_queue_paused(in_queue)
-       AND (j.group_key IS NULL
-            OR evora_group_turn(j.queue, j.group_key, j.priority, j.submit_seq))
 $$;
 
 -- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
@@ -271,6 +251,18 @@ BEGIN
                 FROM jobs j
                 WHERE evora_claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
+                  -- FIFO groups: the claim's text (`claim` in sql/transitions.sql), which
+                  -- says why it is written this way
+                  AND (j.group_key IS NULL OR (
+                        (SELECT true FROM jobs r
+                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
+                           AND r.group_key = j.group_key
+                         LIMIT 1) IS NULL
+                        AND (SELECT true FROM jobs e
+                             WHERE e.state = 'PENDING' AND e.queue = j.queue
+                               AND e.group_key = j.group_key
+                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+                             LIMIT 1) IS NULL))
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
