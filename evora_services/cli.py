@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from importlib import metadata
 from typing import TYPE_CHECKING, get_args
 
@@ -29,13 +30,46 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     from evora.storage.migrate import apply_migrations
 
     settings.require("database_url", serving=False)
-    assert settings.database_url is not None
-    applied = asyncio.run(apply_migrations(settings.database_url))
+    dsn, pooler = settings.require_session_database("`evora migrate` (its advisory lock)")
+    applied = asyncio.run(apply_migrations(dsn, pooler=pooler))
     if applied:
         print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}")
     else:
         print("database is up to date")
     return 0
+
+
+# `evora audit` found a violation (0: none; 1 and 2 as every command: it could not run)
+AUDIT_VIOLATIONS = 3
+_SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _span(text: str) -> timedelta:
+    """`--since`: a number and a unit, s, m, h or d (`90s`, `15m`, `1h`, `7d`)."""
+    number, unit = text[:-1], text[-1:].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _SPAN_UNITS or not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a span such as 90s, 15m, 1h or 7d")
+    return timedelta(seconds=value * _SPAN_UNITS[unit])
+
+
+def _audit(args: argparse.Namespace, settings: Settings) -> int:
+    from evora.storage.audit import audit
+
+    settings.require("database_url", serving=False)
+    assert settings.database_url is not None
+    report = asyncio.run(audit(settings.database_url, args.since))
+    print(report.dumps() if args.json else report.text())
+    return 0 if report.ok else AUDIT_VIOLATIONS
+
+
+def _doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from evora_services.doctor import main
+
+    return main(args, settings)
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> int:
@@ -246,6 +280,35 @@ def _add_services(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "Idempotent and safe to run concurrently; serves nothing, so it needs no tokens.",
         "EVORA_DATABASE_URL (required)",
     ).set_defaults(run=_migrate)
+    audit = _command(
+        sub,
+        "audit",
+        "check the system's invariants over the event history",
+        "Reads the job events and tables and checks every invariant of docs/audit.md, listing "
+        "the jobs and events that break one. Exit status 0 when none is broken, "
+        f"{AUDIT_VIOLATIONS} when one is.",
+        "EVORA_DATABASE_URL (required)",
+    )
+    audit.add_argument(
+        "--since",
+        type=_span,
+        metavar="SPAN",
+        help="only the events of the last SPAN (90s, 15m, 1h, 7d); default: the whole history",
+    )
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+    audit.set_defaults(run=_audit)
+
+    doctor = _command(
+        sub,
+        "doctor",
+        "check the database and the services as an operator would",
+        "Connects as the services do and reports each check (PostgreSQL version, migrations, "
+        "pooler and wake-ups, long transactions, dead tuples, projector lag, sweeper and "
+        "projector leaders, clock skew) with a verdict and what to do; exits 1 when one fails.",
+        "EVORA_DATABASE_URL (required), EVORA_DATABASE_POOLER, EVORA_DIRECT_DATABASE_URL",
+    )
+    doctor.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    doctor.set_defaults(run=_doctor)
     _command(
         sub,
         "dev",

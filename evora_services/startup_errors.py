@@ -1,6 +1,7 @@
 """One line that says what to do, instead of a traceback, for the ways a command commonly
-fails to start: a port in use, a database that cannot be reached, does not exist or refuses
-the credentials. `explain` recognises them; anything else is left to propagate."""
+fails to start: a port in use, a database that cannot be reached, does not exist, refuses
+the credentials, or sits behind a pooler the settings do not name. `explain` recognises
+them; anything else is left to propagate."""
 
 from __future__ import annotations
 
@@ -85,6 +86,12 @@ def _database_problem(exc: BaseException, url: str) -> str | None:
         exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError
     ):
         return f"PostgreSQL refused the credentials ({where}): correct EVORA_DATABASE_URL"
+    if isinstance(exc, asyncpg.ProtocolViolationError) and "startup parameter" in str(exc):
+        # A stock PgBouncer: it takes no session settings at connect time (docs/deploy.md).
+        return (
+            f"a connection pooler in front of PostgreSQL ({where}) refused the connection "
+            f"({exc}): set EVORA_DATABASE_POOLER to its pool mode, session or transaction"
+        )
     if isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc):
         return (
             f"PostgreSQL does not offer TLS ({where}) but the URL's sslmode requires it: "

@@ -36,6 +36,10 @@ apt_install chromium
 # without it that test fails, never skips.
 apt_install haproxy
 
+# tests/integration/test_pgbouncer.py starts Debian's stock PgBouncer (the pooler most users put
+# in front of PostgreSQL) in front of the test server; without it those tests fail.
+apt_install pgbouncer
+
 # tests/typescript run the TypeScript SDK's tests (sdks/typescript) with Node.js >= 20 and
 # npm. Debian's nodejs may be older; then Node 20 comes from the npm registry's
 # node-linux-<arch> package, kept under .venv. Without it those tests fail, never skip.

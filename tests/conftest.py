@@ -110,9 +110,58 @@ async def template_db(pg_server_url: str) -> AsyncIterator[str]:
         await _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# The folders whose tests drive jobs through the system: at the end of each of their tests
+# the auditor checks every database the test made (docs/audit.md), so any test that drives
+# load is also a test of every invariant.
+_AUDITED = frozenset(
+    {
+        "api",
+        "audit",
+        "cli",
+        "dispatcher",
+        "e2e",
+        "edge",
+        "fuzz",
+        "integration",
+        "pipeline",
+        "projector",
+        "sdk",
+        "sql",
+        "sweeper",
+        "tracing",
+    }
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "audit_skip(reason): the test corrupts the history on purpose; the auditor does not "
+        "check its databases at teardown",
+    )
+
+
+def _audited(request: pytest.FixtureRequest) -> bool:
+    if request.node.get_closest_marker("audit_skip") is not None:
+        return False
+    parts = Path(request.node.path).relative_to(Path(__file__).parent).parts
+    return len(parts) > 1 and parts[0] in _AUDITED
+
+
+async def _audit_database(dsn: str) -> None:
+    from evora.storage.audit import audit
+
+    report = await audit(dsn)
+    if not report.ok:
+        pytest.fail(f"the audit of the test's database found violations:\n{report.text()}")
+
+
 @pytest.fixture
-async def make_db_url(pg_server_url: str, template_db: str) -> AsyncIterator[MakeDatabase]:
-    """Creates migrated databases on demand; all are dropped after the test."""
+async def make_db_url(
+    pg_server_url: str, template_db: str, request: pytest.FixtureRequest
+) -> AsyncIterator[MakeDatabase]:
+    """Creates migrated databases on demand; all are audited (in the folders that drive
+    load, unless the test is marked `audit_skip`) and dropped after the test."""
     created: list[str] = []
 
     async def make() -> str:
@@ -122,8 +171,13 @@ async def make_db_url(pg_server_url: str, template_db: str) -> AsyncIterator[Mak
         return _with_database(pg_server_url, name)
 
     yield make
-    for name in created:
-        await _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        if _audited(request):
+            for name in created:
+                await _audit_database(_with_database(pg_server_url, name))
+    finally:
+        for name in created:
+            await _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

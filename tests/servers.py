@@ -87,9 +87,9 @@ async def start_api(db_url: str, **overrides: Any) -> Service:
     return await serve(app, "api", handler_cancellation=False)
 
 
-async def start_dispatcher(db_url: str) -> Service:
+async def start_dispatcher(db_url: str, **overrides: Any) -> Service:
     # As `evora dispatcher` runs it: a handler whose worker disconnected is cancelled.
-    app = await create_dispatcher(settings_for(db_url))
+    app = await create_dispatcher(settings_for(db_url, **overrides))
     return await serve(app, "dispatcher", handler_cancellation=True)
 
 

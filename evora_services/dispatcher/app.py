@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -21,13 +22,20 @@ from evora_services.dispatcher.metrics import DispatcherMetrics
 from evora_services.dispatcher.routes import routes
 from evora_services.dispatcher.state import DISPATCH, Dispatch
 from evora_services.dispatcher.unclaimed import UnclaimedWatch
-from evora_services.dispatcher.wakeups import Cause, Wakeups, poll_forever
+from evora_services.dispatcher.wakeups import POLL_SECONDS, Cause, Wakeups, poll_forever
+
+log = logging.getLogger(__name__)
 
 
 async def create_app(settings: Settings) -> web.Application:
     settings.require("database_url")
-    dsn = settings.database_url
-    assert dsn is not None
+    session = settings.session_database()
+    if session is None:
+        log.warning(
+            "no LISTEN behind a transaction-mode pooler (EVORA_DATABASE_POOLER=transaction) "
+            "without EVORA_DIRECT_DATABASE_URL: long-polls are woken by polling, every %.0fs",
+            POLL_SECONDS,
+        )
     app = create_base_app(settings, "dispatcher", "Evora dispatcher")
     install(app, routes)
     metrics = DispatcherMetrics(app[METRICS])
@@ -56,21 +64,23 @@ async def create_app(settings: Settings) -> web.Application:
             failures=coalescing(store.fail_many),
             tracer=tracing.tracer("evora.dispatcher"),
         )
-        listener = Listener(
-            dsn,
-            on_notify=wakeups.notify,
-            on_reconnect=lambda: wakeups.poll(Cause.RECONNECT),
-            on_state=listening,
-            name="evora-dispatcher-listen",
-        )
         unclaimed = UnclaimedWatch(pool, app[METRICS].registry, settings.unclaimed_warning_seconds)
         limits = LimitWatch(LimitStore(pool), app[METRICS].registry)
         tasks = [
-            asyncio.create_task(listener.run()),
             asyncio.create_task(poll_forever(wakeups)),
             asyncio.create_task(unclaimed.run_forever()),
             asyncio.create_task(limits.run_forever()),
         ]
+        if session is not None:
+            listener = Listener(
+                session[0],
+                on_notify=wakeups.notify,
+                on_reconnect=lambda: wakeups.poll(Cause.RECONNECT),
+                on_state=listening,
+                name="evora-dispatcher-listen",
+                pooler=session[1],
+            )
+            tasks.append(asyncio.create_task(listener.run()))
         try:
             yield
         finally:

@@ -23,8 +23,9 @@ SERVICE = web.AppKey("projector", ProjectorService)
 
 async def create_app(settings: Settings) -> web.Application:
     settings.require("database_url", "mongo_url")
-    dsn, mongo_url = settings.database_url, settings.mongo_url
-    assert dsn is not None and mongo_url is not None
+    mongo_url = settings.mongo_url
+    assert mongo_url is not None
+    session_dsn, session_pooler = settings.require_session_database("the projector's leadership")
     app = create_base_app(settings, "projector", "Evora projector")
     metrics = ProjectorMetrics(app[METRICS])
 
@@ -36,16 +37,20 @@ async def create_app(settings: Settings) -> web.Application:
         service = ProjectorService(pool, client[settings.mongo_db], metrics)
         app[SERVICE] = service
         leader = AdvisoryLeader(
-            dsn,
+            session_dsn,
             locks.PROJECTOR,
             name="evora-projector-leader",
             on_change=lambda active: metrics.active.set(1 if active else 0),
+            pooler=session_pooler,
         )
+        # The lock and LISTEN go the same way: the leadership needs it (create_app refused
+        # to start without it), and then hints come free.
         listener = Listener(
-            dsn,
+            session_dsn,
             on_notify=lambda _queue: service.wake.set(),
             on_reconnect=service.wake.set,
             name="evora-projector-listen",
+            pooler=session_pooler,
         )
         stop = asyncio.Event()
         tasks = [

@@ -28,7 +28,12 @@ def run_rebuild(settings: Settings) -> int:
     dsn, url = settings.database_url, settings.mongo_url
 
     async def main() -> tuple[int, int]:
-        pool = await create_pool(dsn, application_name="evora-projector-rebuild", max_size=2)
+        pool = await create_pool(
+            dsn,
+            application_name="evora-projector-rebuild",
+            max_size=2,
+            pooler=settings.database_pooler,
+        )
         client = mongo_client(url, "evora-projector-rebuild")
         try:
             return await rebuild(pool, client[settings.mongo_db])

@@ -33,8 +33,7 @@ SWEEPER = web.AppKey("sweeper", Sweeper)
 async def create_app(settings: Settings, tuning: Tuning | None = None) -> web.Application:
     """`tuning` is for tests and benchmarks; production runs with the defaults."""
     settings.require("database_url")
-    dsn = settings.database_url
-    assert dsn is not None
+    lock_dsn, lock_pooler = settings.require_session_database("the sweeper's leadership")
     tuning = tuning or Tuning()
     app = create_base_app(settings, SERVICE, TITLE)
     metrics = SweeperMetrics(app[METRICS])
@@ -54,11 +53,12 @@ async def create_app(settings: Settings, tuning: Tuning | None = None) -> web.Ap
             min_wait=tuning.min_wait,
         )
         leader = AdvisoryLeader(
-            dsn,
+            lock_dsn,
             locks.SWEEPER,
             name="evora-sweeper-lock",
             standby_seconds=tuning.standby_seconds,
             on_change=sweeper.set_active,
+            pooler=lock_pooler,
         )
         stop = asyncio.Event()
         tasks = [

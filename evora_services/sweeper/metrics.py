@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from evora.http.metrics import LATENCY_BUCKETS, ServiceMetrics
+from evora.storage.audit import CHECKS
 from evora.storage.schedules import FailureReason
 
 LEASE_OUTCOMES = ("requeued", "dead_lettered", "cancelled")
@@ -78,6 +79,20 @@ class SweeperMetrics:
             buckets=FIRE_DELAY_BUCKETS,
             registry=registry,
         )
+        self.invariant_violations = Counter(
+            "evora_invariant_violations",
+            "Violations of the system's invariants the incremental audit found, by check "
+            "(docs/audit.md).",
+            ["check"],
+            registry=registry,
+        )
+        self.audited_events = Counter(
+            "evora_audit_events",
+            "Job events the incremental audit has checked.",
+            registry=registry,
+        )
+        for check in CHECKS:
+            self.invariant_violations.labels(check)
         self.schedule_failures = Counter(
             "evora_schedule_failures",
             "Schedule steps that made none of their jobs, by reason (unreadable: the stored "

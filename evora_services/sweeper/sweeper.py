@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
 from evora.config import Settings
 from evora.http.app import DATABASE_UNAVAILABLE
@@ -44,6 +45,12 @@ class Tuning:
     # floor keeps the sweeper from spinning on it until that transaction ends.
     min_wait: float = 0.05
     retention_every: float = 60.0
+    # The incremental audit (docs/audit.md): a pass this often over the events since the
+    # last, at most audit_batch of them (a backlog is read pass after pass, min_wait apart);
+    # the sweeper's first pass starts at the events of the last audit_first_window seconds.
+    audit_every: float = 60.0
+    audit_batch: int = 50_000
+    audit_first_window: float = 3600.0
     observe_every: float = 10.0
     standby_seconds: float = 3.0
     # The scheduler sleeps until the earliest tick it knows of, but at most this long, so a
@@ -109,14 +116,18 @@ class Sweeper:
         self._metrics = metrics
         self._retention = retention
         self._tuning = tuning
+        # where the next audit pass starts (None: at those of the last audit_first_window)
+        self._audit_from: int | None = None
 
     def set_active(self, active: bool) -> None:
         self._metrics.active.set(1 if active else 0)
 
     async def lead(self, ended: asyncio.Event) -> None:
-        """Sweep until `ended` is set. Expiry and retention run side by side, so pruning a
-        large backlog never delays a lease that runs out meanwhile."""
-        await asyncio.gather(self._expire_forever(ended), self._prune_forever(ended))
+        """Sweep until `ended` is set. Expiry, retention and the audit run side by side, so
+        pruning a large backlog never delays a lease that runs out meanwhile."""
+        await asyncio.gather(
+            self._expire_forever(ended), self._prune_forever(ended), self._audit_forever(ended)
+        )
 
     # -- expiry ------------------------------------------------------------------------
 
@@ -227,6 +238,42 @@ class Sweeper:
             except Exception as exc:
                 wait = backoff.next()
                 log_failure("retention", exc, wait)
+            await wait_until_set(ended, wait)
+
+    # -- the incremental audit ---------------------------------------------------------
+
+    async def audit_due(self) -> bool:
+        """One audit pass over the events after the last pass; counts and logs what it
+        finds. True when it stopped at its batch (more events are waiting)."""
+        report = await self._store.audit(
+            since=timedelta(seconds=self._tuning.audit_first_window),
+            from_seq=self._audit_from,
+            max_events=self._tuning.audit_batch,
+        )
+        self._audit_from = report.to_seq + 1
+        self._metrics.audited_events.inc(report.events)
+        for check in report.checks:
+            self._metrics.invariant_violations.labels(check.name).inc(len(check.violations))
+            for v in check.violations:
+                log.error(
+                    "invariant %s violated: %s (jobs %s, events %s)",
+                    check.name,
+                    v.detail,
+                    ", ".join(v.job_ids),
+                    ", ".join(map(str, v.seqs)),
+                )
+        return report.events >= self._tuning.audit_batch
+
+    async def _audit_forever(self, ended: asyncio.Event) -> None:
+        backoff = Backoff()
+        while not ended.is_set():
+            try:
+                more = await self.audit_due()
+                wait = self._tuning.min_wait if more else self._tuning.audit_every
+                backoff.reset()
+            except Exception as exc:
+                wait = backoff.next()
+                log_failure("audit", exc, wait)
             await wait_until_set(ended, wait)
 
     # -- database health (every replica, active or not) --------------------------------

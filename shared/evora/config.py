@@ -21,6 +21,7 @@ from evora.protocol.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     items_body_bytes,
 )
+from evora.storage.db import Pooler
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,11 @@ class Settings(BaseSettings):
     # One JSON object per line, or readable lines; unset: text in `evora dev`, else json.
     log_format: Literal["json", "text"] | None = None
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    # A pooler between the services and EVORA_DATABASE_URL's PostgreSQL (PgBouncer's pool
+    # mode), so that the services do without what it takes away (evora.storage.db).
+    database_pooler: Pooler = "none"
+    # PostgreSQL itself, for what needs a session of its own (session_database).
+    direct_database_url: str | None = None
     # Retention (the sweeper): how long finished jobs and idempotency keys are kept, seconds.
     retention_completed_seconds: int = Field(default=86_400, ge=60)
     retention_cancelled_seconds: int = Field(default=86_400, ge=60)
@@ -109,12 +115,14 @@ class Settings(BaseSettings):
     def _level_any_case(cls, value: object) -> object:
         return value.strip().upper() if isinstance(value, str) else value
 
-    @field_validator("database_url", "mongo_url", "tokens", "archive_url", mode="before")
+    @field_validator(
+        "database_url", "direct_database_url", "mongo_url", "tokens", "archive_url", mode="before"
+    )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "direct_database_url")
     @classmethod
     def _postgres_dsn(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("postgres://", "postgresql://")):
@@ -171,6 +179,27 @@ class Settings(BaseSettings):
     @property
     def archive_location(self) -> str:
         return self.archive_url or str(self.data_dir / "archive")
+
+    def session_database(self) -> tuple[str, Pooler] | None:
+        """Where a connection that must keep its session goes (LISTEN, the sweeper's and
+        projector's advisory locks, migrations), and through which pooler:
+        EVORA_DIRECT_DATABASE_URL if set, else EVORA_DATABASE_URL unless a transaction-mode
+        pooler is in between, which keeps no session: then None."""
+        if self.direct_database_url is not None:
+            return self.direct_database_url, "none"
+        if self.database_url is None or self.database_pooler == "transaction":
+            return None
+        return self.database_url, self.database_pooler
+
+    def require_session_database(self, what: str) -> tuple[str, Pooler]:
+        """session_database, for `what` cannot do without one."""
+        if (session := self.session_database()) is None:
+            raise ConfigError(
+                f"{what} needs a session of its own, which a transaction-mode pooler "
+                "(EVORA_DATABASE_POOLER=transaction) does not keep: set "
+                "EVORA_DIRECT_DATABASE_URL to PostgreSQL itself (or a session-mode pool)"
+            )
+        return session
 
     def token_roles(self) -> dict[str, Role]:
         return parse_tokens(self.tokens) if self.tokens else {}

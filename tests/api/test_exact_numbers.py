@@ -165,17 +165,67 @@ async def test_racing_http_and_sql_submissions_of_one_key_make_one_job(
     assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
 
 
+# The midpoint between the largest double and 2**1024: from it on, a number rounds to
+# infinity as a double, and both ways in refuse it.
+BEYOND_A_DOUBLE = 2**1024 - 2**970
+
+
+@pytest.mark.parametrize(
+    "number",
+    [str(BEYOND_A_DOUBLE), f"-{BEYOND_A_DOUBLE}", "1e400", "-1.5E+309", f"{BEYOND_A_DOUBLE}.0"],
+)
+async def test_numbers_beyond_a_double_are_refused_both_ways(
+    client: ApiClient, db: asyncpg.Connection, number: str
+) -> None:
+    payload = f'{{"n": [1, {{"deep": {number}}}]}}'
+    await http_submit(client, f'{{"queue": "exact", "type": "t", "payload": {payload}}}', 422)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await sql_submit(db, payload, "{}")
+    assert refused.value.sqlstate[:2] in ("22", "23") and "payload" in str(refused.value)
+
+
+async def test_the_largest_numbers_a_double_holds_are_taken_both_ways(
+    client: ApiClient, db: asyncpg.Connection
+) -> None:
+    payload = f'{{"n": [{BEYOND_A_DOUBLE - 1}, -1.7976931348623157e308]}}'
+    await http_submit(client, f'{{"queue": "exact", "type": "t", "payload": {payload}}}', 201)
+    await sql_submit(db, payload, "{}")
+
+
 async def test_integers_beyond_64_bits_and_doubles_are_handed_out_exactly(
     client: ApiClient, db: asyncpg.Connection
 ) -> None:
     """jsonb holds them; a read made a float of an integer beyond 64 bits, and failed (500)
-    on a number beyond a double's range (1e400, which evora.submit accepts)."""
+    on a number beyond a double's range (1e400, which evora.submit accepted before it
+    refused such numbers as the api does: a database may still hold one)."""
     payload = '{"big": 123456789012345678901234567890, "n": [-98765432109876543210], "x": 0.5}'
     for text in (payload, '{"huge": 1e400, "n": [-1E+400]}'):
-        job_id = await sql_submit(db, text, "{}")
+        job_id = await sql_submit(db, "{}", "{}")
+        await db.execute("UPDATE jobs SET payload = $2::text::jsonb WHERE id = $1", job_id, text)
         response = await client.get(f"/v1/jobs/{job_id}", headers=PRODUCER)
         assert response.status == 200, await response.text()
         assert exactly(await response.read())["payload"] == exactly(text.encode())
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+async def test_payloads_are_read_back_and_handed_out_exactly(
+    payload: str, client: ApiClient, db: asyncpg.Connection, store: JobStore
+) -> None:
+    """Every number as stored, more significant digits than a double keeps included
+    (12345678901234567.89 was read back as 12345678901234568): in the job resource, and in
+    what a claim hands a worker, as a dependency's result too."""
+    job_id = await sql_submit(db, payload, "{}")
+    response = await client.get(f"/v1/jobs/{job_id}", headers=PRODUCER)
+    assert response.status == 200, await response.text()
+    assert exactly(await response.read())["payload"] == exactly(payload.encode())
+    (claimed,) = await store.claim(worker_id="w", queues=["exact"], max_jobs=1)
+    assert exactly(orjson.dumps(claimed["payload"])) == exactly(payload.encode())
+    await store.complete(job_id, claimed["lease_token"], orjson.Fragment(payload.encode()))
+    child = await sql_submit(db, "{}", json.dumps({"depends_on": [str(job_id)]}))
+    (handed,) = await store.claim(worker_id="w", queues=["exact"], max_jobs=1)
+    assert handed["id"] == child
+    results = orjson.dumps(handed["dependency_results"])
+    assert exactly(results) == {str(job_id): exactly(payload.encode())}
 
 
 async def test_a_schedule_makes_its_jobs_with_the_exact_payload(

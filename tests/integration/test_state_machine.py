@@ -226,6 +226,9 @@ async def test_live_jobs_cannot_be_deleted(
         await pool.execute("DELETE FROM jobs WHERE id = $1", job_id)
 
 
+@pytest.mark.audit_skip(
+    reason="the test deletes a finished job by hand, not by retention, which counts what it removes"
+)
 async def test_finished_jobs_can_be_pruned(store: JobStore, pool: asyncpg.Pool) -> None:
     job_id = await _in_state(store, pool, JobState.COMPLETED)
     assert await pool.execute("DELETE FROM jobs WHERE id = $1", job_id) == "DELETE 1"

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from evora import sql
+from evora.storage import queries
 
 
 async def _states(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> list[str]:
@@ -58,16 +59,9 @@ async def test_a_dependency_completed_already_leaves_the_job_pending(
     app_conn: asyncpg.Connection,
 ) -> None:
     a = await sql.submit(app_conn, "q", "t")
-    await app_conn.execute(
-        "UPDATE jobs SET state = 'RUNNING', lease_token = gen_random_uuid(), attempt = 1, "
-        "lease_expires_at = now() + interval '1 minute', started_at = now() WHERE id = $1",
-        a,
-    )
-    await app_conn.execute(
-        "UPDATE jobs SET state = 'COMPLETED', finished_at = now(), lease_expires_at = NULL "
-        "WHERE id = $1",
-        a,
-    )
+    # claimed and completed by the statements a worker's requests run, events and all
+    [claimed] = await app_conn.fetch(queries.CLAIM, ["q"], None, 1, "w")
+    await app_conn.fetch(queries.COMPLETE, [a], [claimed["job"]["lease_token"]], [None], [], False)
     b = await sql.submit(app_conn, "q", "t", depends_on=[a])
     assert await _states(app_conn, [b]) == ["PENDING"]
 
@@ -87,9 +81,7 @@ async def test_a_batch_sent_again_depends_on_the_job_its_key_replays(
 
 async def _cancelled(conn: asyncpg.Connection) -> uuid.UUID:
     job_id = await sql.submit(conn, "q", "t")
-    await conn.execute(
-        "UPDATE jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1", job_id
-    )
+    await conn.fetch(queries.CANCEL, job_id, [])
     return job_id
 
 

@@ -11,6 +11,7 @@ PAGES = (
     REPO / "README.md",
     REPO / "CONTRIBUTING.md",
     *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "docs" / "benchmarks").glob("*.md")),
     REPO / "sdks" / "typescript" / "README.md",
     REPO / "evora_services" / "pipeline" / "README.md",
 )

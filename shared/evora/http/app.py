@@ -199,6 +199,7 @@ async def open_pool(app: web.Application, service: str) -> asyncpg.Pool:
         application_name=f"evora-{service}",
         min_size=0,
         max_size=settings.db_pool_size,
+        pooler=settings.database_pooler,
     )
     ready = database_ready(pool)
     app[READINESS].append(ready)

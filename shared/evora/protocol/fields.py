@@ -4,9 +4,11 @@ names and keys a request may carry, and the size rule for client JSON."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Annotated, Any
 
 import orjson
@@ -219,6 +221,23 @@ def exact_json(raw: bytes | bytearray) -> Any:
     which orjson (and so every codec) writes back unchanged and jsonb reads exactly. (A
     float would round 12345678901234567.89 and write 1e2 as 100.0.)"""
     return json.loads(raw, parse_float=_exact_number, parse_int=_exact_int)
+
+
+def _float_unless_rounded(text: str) -> float | orjson.Fragment:
+    """A stored number as a float when the float is exactly that number written shortest
+    (as PostgreSQL writes a double, so Evora's own figures stay numbers to compute with),
+    else as its text: a client's 12345678901234567.89 is not 12345678901234568."""
+    number = float(text)
+    if math.isfinite(number) and Decimal(repr(number)) == Decimal(text):
+        return number
+    return orjson.Fragment(text.encode())
+
+
+def stored_json(raw: bytes | bytearray) -> Any:
+    """JSON text PostgreSQL wrote (jsonb) with every number it holds exactly: as a Python
+    number where one is exact, else as an orjson.Fragment of its text, which every encoder
+    here writes back unchanged."""
+    return json.loads(raw, parse_float=_float_unless_rounded, parse_int=_exact_int)
 
 
 class RoundedOutOfRange(ValueError):

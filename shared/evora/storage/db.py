@@ -14,16 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import orjson
 from asyncpg.pool import PoolAcquireContext
 
-from evora.protocol.fields import DIGITS_AS_ZERO, exact_json, json_skeleton
+from evora.protocol.fields import json_skeleton, stored_json
 
 # A job never holds a transaction while it runs (rule 4 of docs/architecture.md); these make
 # a stuck client fail fast instead of pinning the outbox horizon and vacuum.
@@ -40,25 +40,30 @@ def _encode_jsonb(value: Any) -> bytes:
     return _JSONB_VERSION + orjson.dumps(value)
 
 
-# An integer beyond 64 bits (20 digits or more, no fraction): orjson reads it as a float.
-_HUGE_INTEGER = re.compile(rb"(?<![0-9.])[0-9]{20,}+(?![.0-9])")
+# Digits and decimal points as 0: a number that may hold more than a double's 15-17
+# significant digits, or an integer beyond 64 bits, shows as a run of 16 zeros.
+_DIGITS_AND_POINTS_AS_ZERO = bytes.maketrans(b"0123456789.", b"00000000000")
+# Such a number outside strings (json_skeleton empties them).
+_LONG_NUMBER = re.compile(rb"[0-9][0-9.]{15,}+")
 
 
 def _decode_jsonb(data: bytes) -> Any:
-    """jsonb as Python values. A client's payload or result may hold any number jsonb does:
-    an integer beyond 64 bits, or beyond a double's range (1e400, through evora.submit),
-    is read as an orjson.Fragment of its text (`exact_json`), which every encoder here
-    writes back unchanged, rather than rounded or refused (a read of such a job failed).
-    Only text that holds one is parsed a second time. (Other numbers stay floats: Evora's
-    own jsonb, such as the projector's sums, is computed with.)"""
+    """jsonb as Python values, every number as stored. A client's payload or result may hold
+    any number jsonb does: an integer beyond 64 bits, a decimal with more significant
+    digits than a double keeps (12345678901234567.89), or one beyond a double's range
+    (1e400, through evora.submit). orjson would round the first two and refuse the third,
+    so text that may hold one is parsed again (`stored_json`): such a number becomes an
+    orjson.Fragment of its text, which every encoder here writes back unchanged, while a
+    number a float holds exactly (Evora's own figures, doubles written shortest) stays a
+    number. Text without a run of 16 digits (almost all) is parsed once."""
     try:
         value = orjson.loads(memoryview(data)[1:])
     except orjson.JSONDecodeError:  # a number beyond a double
-        return exact_json(data[1:])
-    if b"0" * 20 in data.translate(DIGITS_AS_ZERO) and _HUGE_INTEGER.search(
+        return stored_json(data[1:])
+    if b"0" * 16 in data.translate(_DIGITS_AND_POINTS_AS_ZERO) and _LONG_NUMBER.search(
         json_skeleton(data[1:])
     ):
-        return exact_json(data[1:])
+        return stored_json(data[1:])
     return value
 
 
@@ -68,6 +73,53 @@ def jsonb_elements(values: Iterable[Any]) -> list[Any]:
     several elements (misaligning every other unnest column); a pre-encoded fragment is
     always exactly one element."""
     return [orjson.Fragment(orjson.dumps(value)) for value in values]
+
+
+# What a connection pooler between Evora and PostgreSQL takes away (EVORA_DATABASE_POOLER;
+# docs/deploy.md). "none": a direct connection, the settings travel in the startup packet (no
+# extra round trip). "session" (PgBouncer's pool_mode = session): a stock PgBouncer refuses
+# every startup parameter it does not know, so the settings are SET once per connection
+# instead. "transaction": a session is not Evora's for longer than a transaction, so nothing
+# is SET (it would leak into other clients' server connections and be lost for this one:
+# the operator sets them on the role, docs/deploy.md) and no statement is prepared by name
+# (another client's server connection would run it, or lack it).
+Pooler = Literal["none", "session", "transaction"]
+# Statements each connection keeps prepared (asyncpg's default), where a pooler allows it.
+STATEMENT_CACHE_SIZE = 100
+
+
+def session_settings(statement_timeout: int | None) -> dict[str, str]:
+    """What every Evora session runs with, however it gets there."""
+    settings = {
+        "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
+        # No statement of Evora's runs long enough for LLVM compilation (tens of milliseconds
+        # per statement, on the builds that have JIT: most distributions' and managed
+        # services') to pay for itself, while one estimate too high makes a statement of a
+        # few milliseconds pay it on every run (issue 34); asyncpg's query for a
+        # statement's types is estimated in the millions and would be compiled on every new
+        # connection. docs/deploy.md says more.
+        "jit": "off",
+    }
+    if statement_timeout is not None:
+        settings["statement_timeout"] = str(statement_timeout)
+    return settings
+
+
+async def _set_session(conn: asyncpg.Connection, settings: dict[str, str]) -> None:
+    """Behind a session-mode pooler: the startup settings, SET in one round trip (the values
+    are Evora's own numbers and words, never input)."""
+    await conn.execute("".join(f"SET {name} = '{value}';" for name, value in settings.items()))
+
+
+def _initializer(later: dict[str, str]) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """What a new connection runs first: the settings to SET, if any, then the codecs."""
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if later:
+            await _set_session(conn, later)
+        await _init_connection(conn)
+
+    return init
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -223,28 +275,29 @@ class _DeadlinePool(asyncpg.Pool):  # type: ignore[misc]
 
 
 async def _reset(conn: asyncpg.Connection) -> None:
-    # Pool connections never LISTEN, lock or SET anything, so asyncpg's default reset
-    # (four statements, an extra round trip per acquire) would be pure overhead on the hot
-    # path; only an abandoned transaction needs undoing.
+    # Pool connections never LISTEN, lock or SET anything after they connect, so asyncpg's
+    # default reset (four statements, an extra round trip per acquire) would be pure overhead
+    # on the hot path (and its RESET ALL would undo the settings SET behind a session-mode
+    # pooler); only an abandoned transaction needs undoing.
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK", timeout=RESET_TIMEOUT_S)
 
 
-def _server_settings(application_name: str, statement_timeout: int | None) -> dict[str, str]:
-    settings = {
-        "application_name": application_name,
-        "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
-        # No statement of Evora's runs long enough for LLVM compilation (tens of milliseconds
-        # per statement, on the builds that have JIT: most distributions' and managed
-        # services') to pay for itself, while one estimate too high makes a statement of a
-        # few milliseconds pay it on every run (issue 34); asyncpg's query for a
-        # statement's types is estimated in the millions and would be compiled on every new
-        # connection. docs/deploy.md says more.
-        "jit": "off",
-    }
-    if statement_timeout is not None:
-        settings["statement_timeout"] = str(statement_timeout)
-    return settings
+def _startup(
+    pooler: Pooler, application_name: str, statement_timeout: int | None
+) -> tuple[dict[str, str], dict[str, str], int]:
+    """(startup parameters, settings to SET after connecting, asyncpg's statement cache size)
+    behind `pooler`. application_name is one of the few parameters PgBouncer passes
+    on (it tracks it per client)."""
+    settings = session_settings(statement_timeout)
+    if pooler == "none":
+        return {"application_name": application_name, **settings}, {}, STATEMENT_CACHE_SIZE
+    if pooler == "session":
+        return {"application_name": application_name}, settings, STATEMENT_CACHE_SIZE
+    # asyncpg then sends each statement unnamed: Parse, Describe, Bind, Execute and one Sync,
+    # which PgBouncer keeps on one server connection (it switches only at a Sync outside a
+    # transaction). Its own prepared-statement support needs PgBouncer 1.21 (Debian 12: 1.18).
+    return {"application_name": application_name}, {}, 0
 
 
 async def connect(
@@ -252,14 +305,17 @@ async def connect(
     *,
     application_name: str = "evora",
     statement_timeout: int | None = STATEMENT_TIMEOUT_MS,
+    pooler: Pooler = "none",
 ) -> asyncpg.Connection:
     """A standalone connection (migrations, LISTEN, advisory-lock holders)."""
+    startup, later, cache_size = _startup(pooler, application_name, statement_timeout)
     conn: asyncpg.Connection = await asyncpg.connect(
         dsn,
         timeout=CONNECT_TIMEOUT_S,
-        server_settings=_server_settings(application_name, statement_timeout),
+        server_settings=startup,
+        statement_cache_size=cache_size,
     )
-    await _init_connection(conn)
+    await _initializer(later)(conn)
     return conn
 
 
@@ -269,7 +325,9 @@ async def create_pool(
     application_name: str = "evora",
     min_size: int = 2,
     max_size: int = 10,
+    pooler: Pooler = "none",
 ) -> asyncpg.Pool:
+    startup, later, cache_size = _startup(pooler, application_name, STATEMENT_TIMEOUT_MS)
     # asyncpg.create_pool with our pool and connection classes (it takes no pool class).
     pool = _DeadlinePool(
         dsn,
@@ -277,13 +335,14 @@ async def create_pool(
         max_size=max_size,
         max_queries=50_000,
         max_inactive_connection_lifetime=300.0,
-        init=_init_connection,
+        init=_initializer(later),
         reset=_reset,
         loop=None,
         connection_class=_DeadlineConnection,
         record_class=asyncpg.Record,
         timeout=CONNECT_TIMEOUT_S,
-        server_settings=_server_settings(application_name, STATEMENT_TIMEOUT_MS),
+        server_settings=startup,
+        statement_cache_size=cache_size,
     )
     await pool
     return pool

@@ -22,7 +22,7 @@ from typing import Any
 
 import asyncpg
 
-from evora.storage.db import connect
+from evora.storage.db import Pooler, connect
 from evora.waiting import Backoff, wait_until_set
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,10 @@ class AdvisoryLeader:
         name: str,
         standby_seconds: float = STANDBY_SECONDS,
         on_change: Callable[[bool], None] | None = None,
+        pooler: Pooler = "none",
     ) -> None:
         self._dsn = dsn
+        self._pooler = pooler
         self._key = key
         self._name = name
         self._standby_seconds = standby_seconds
@@ -62,7 +64,7 @@ class AdvisoryLeader:
         backoff = Backoff()
         while not stop.is_set():
             try:
-                conn = await connect(self._dsn, application_name=self._name)
+                conn = await connect(self._dsn, application_name=self._name, pooler=self._pooler)
             except Exception as exc:  # whatever fails, this loop must go on (with backoff)
                 delay = backoff.next()
                 log.warning("%s: cannot connect (%r); retrying in %.1fs", self._name, exc, delay)

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import asyncpg
 
-from evora.storage.db import connect
+from evora.storage.db import Pooler, connect
 from evora.storage.notify import JOBS_CHANNEL
 from evora.waiting import Backoff
 
@@ -29,8 +29,10 @@ class Listener:
         on_reconnect: Callable[[], None],
         on_state: Callable[[bool], None] | None = None,
         name: str = "evora-listen",
+        pooler: Pooler = "none",
     ) -> None:
         self._dsn = dsn
+        self._pooler = pooler
         self._name = name
         self._on_notify = on_notify
         self._on_reconnect = on_reconnect
@@ -70,7 +72,7 @@ class Listener:
 
     async def _listen(self, backoff: Backoff) -> NoReturn:
         """One connection, from connect to its loss."""
-        conn = await connect(self._dsn, application_name=self._name)
+        conn = await connect(self._dsn, application_name=self._name, pooler=self._pooler)
         try:
             await conn.add_listener(JOBS_CHANNEL, self._deliver)
             self.connected.set()

@@ -32,7 +32,7 @@ from importlib import resources
 import asyncpg
 
 from evora.storage import locks
-from evora.storage.db import connect
+from evora.storage.db import Pooler, connect
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +164,21 @@ async def stale_function_files(conn: asyncpg.Connection) -> list[str]:
     return stale
 
 
-async def apply_migrations(dsn: str, *, upto: int | None = None) -> list[int]:
-    """Bring the database at `dsn` up to date, the function files included (or up to version
-    `upto`, without them); return the migration versions this call applied."""
-    conn = await connect(dsn, statement_timeout=None)
+async def apply_migrations(
+    dsn: str, *, upto: int | None = None, pooler: Pooler = "none"
+) -> list[int]:
+    """Bring the database at `dsn` (behind `pooler`) up to date, the function files included
+    (or up to version `upto`, without them); return the migration versions this call
+    applied."""
+    if pooler == "transaction":
+        # The lock below is the session's: behind a transaction-mode pooler it would stay on
+        # whichever server connection took it (and the unlock run on another), so two
+        # migrators could both run, or every later one wait forever.
+        raise MigrationError(
+            "migrations need a session of their own: set EVORA_DIRECT_DATABASE_URL to "
+            "PostgreSQL itself (or a session-mode pool)"
+        )
+    conn = await connect(dsn, statement_timeout=None, pooler=pooler)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", locks.MIGRATIONS)
         try:

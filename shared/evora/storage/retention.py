@@ -8,10 +8,12 @@ sql/retention.sql.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import asyncpg
 
 from evora.protocol.states import JobState
+from evora.storage.audit import AuditReport, audit
 from evora.storage.statements import load
 
 PRUNABLE_STATES = (JobState.COMPLETED, JobState.CANCELLED, JobState.DLQ)
@@ -58,6 +60,13 @@ class RetentionStore:
         """Seconds until the next lease or TTL expiry (<= 0: due now), None if none."""
         seconds: float | None = await self._pool.fetchval(SECONDS_UNTIL_DEADLINE)
         return seconds
+
+    async def audit(
+        self, *, since: timedelta | None, from_seq: int | None, max_events: int
+    ) -> AuditReport:
+        """The sweeper's incremental audit pass (evora.storage.audit, docs/audit.md)."""
+        async with self._pool.acquire() as conn:
+            return await audit(conn, since, from_seq=from_seq, max_events=max_events)
 
     async def prune_finished(self, state: JobState, older_than: float, limit: int) -> int:
         """Remove up to `limit` jobs in `state` that finished more than `older_than` seconds

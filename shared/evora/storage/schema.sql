@@ -720,7 +720,7 @@ $$;
 
 CREATE FUNCTION evora.validated(item jsonb, at text) RETURNS evora.submission
     LANGUAGE plpgsql STABLE
-    AS $$
+    AS $_$
 DECLARE
     lim CONSTANT jsonb := evora.limits();
     s evora.submission;
@@ -751,6 +751,12 @@ BEGIN
                 PERFORM evora.reject(at || field, format(
                     'is %s bytes encoded; the limit is %s',
                     octet_length(value::text), lim ->> 'max_payload_bytes'));
+            END IF;
+            IF jsonb_path_exists(value,
+                    '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
+                    jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
+                PERFORM evora.reject(at || field,
+                                     'holds a number beyond the range of a double');
             END IF;
             s.payload := value;
         WHEN 'priority' THEN
@@ -811,7 +817,7 @@ BEGIN
     END IF;
     RETURN s;
 END
-$$;
+$_$;
 
 CREATE FUNCTION evora.validated_with_dependencies(item jsonb, at text) RETURNS evora.submission
     LANGUAGE plpgsql STABLE
@@ -1373,6 +1379,20 @@ CREATE FUNCTION public.evora_queue_paused(in_queue text) RETURNS boolean
     SELECT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = in_queue)
 $$;
 
+CREATE FUNCTION public.evora_record_limit_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO flow_limit_changes (key, deleted) VALUES (OLD.key, true);
+    ELSE
+        INSERT INTO flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
+        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
     LANGUAGE plpgsql ROWS 1
     AS $$
@@ -1616,6 +1636,25 @@ CREATE TABLE public.evora_migrations (
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE public.flow_limit_changes (
+    seq bigint NOT NULL,
+    key text NOT NULL,
+    concurrency integer,
+    rate_limit integer,
+    rate_per_seconds double precision,
+    deleted boolean NOT NULL,
+    changed_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+ALTER TABLE public.flow_limit_changes ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.flow_limit_changes_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE public.flow_limits (
     key text NOT NULL,
     concurrency integer,
@@ -1752,6 +1791,9 @@ ALTER TABLE ONLY public.evora_migrations
 ALTER TABLE ONLY public.flow_buckets
     ADD CONSTRAINT flow_buckets_pkey PRIMARY KEY (key);
 
+ALTER TABLE ONLY public.flow_limit_changes
+    ADD CONSTRAINT flow_limit_changes_pkey PRIMARY KEY (seq);
+
 ALTER TABLE ONLY public.flow_limits
     ADD CONSTRAINT flow_limits_pkey PRIMARY KEY (key);
 
@@ -1817,6 +1859,8 @@ CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (st
 CREATE UNIQUE INDEX jobs_submit_seq ON public.jobs USING btree (submit_seq);
 
 CREATE INDEX schedules_due ON public.schedules USING btree (next_run_at) WHERE (NOT paused);
+
+CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON public.flow_limits FOR EACH ROW EXECUTE FUNCTION public.evora_record_limit_change();
 
 CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON public.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.evora_reject_event_change();
 

@@ -40,3 +40,24 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
                                                 * rate_limit / rate_per_seconds)
 $$;
+
+-- Every change of a limit (put, replace, delete), kept in flow_limit_changes (migration 0028)
+-- with the transaction's time, so the auditor judges each claim by the limit in force when
+-- it began (docs/audit.md). A row trigger, so whatever changes flow_limits (the api, an
+-- operator's SQL) is recorded; limits change rarely, so it costs nothing on a hot path.
+CREATE OR REPLACE FUNCTION evora_record_limit_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO flow_limit_changes (key, deleted) VALUES (OLD.key, true);
+    ELSE
+        INSERT INTO flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
+        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER flow_limits_history
+    AFTER INSERT OR UPDATE OR DELETE ON flow_limits
+    FOR EACH ROW EXECUTE FUNCTION evora_record_limit_change();

@@ -213,6 +213,15 @@ BEGIN
                     'is %s bytes encoded; the limit is %s',
                     octet_length(value::text), lim ->> 'max_payload_bytes'));
             END IF;
+            -- A number a double cannot hold (it rounds to infinity: from the midpoint
+            -- between the largest double and 2^1024 on) is refused, as `POST /v1/jobs`
+            -- refuses it: one rule for both ways in, and every client can read what it gets.
+            IF jsonb_path_exists(value,
+                    '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
+                    jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
+                PERFORM evora.reject(at || field,
+                                     'holds a number beyond the range of a double');
+            END IF;
             s.payload := value;
         WHEN 'priority' THEN
             s.priority := evora.number_field(value, at || field,

@@ -1,0 +1,360 @@
+"""The auditor (evora/storage/audit.py, docs/audit.md) on real PostgreSQL: a history made by
+the system's own statements passes every check, and each check names the jobs and events of
+a history broken on purpose. A broken history is made the way a defect would make it: a
+statement that moves a job and records an event the state machine's writers never would
+(`forge`), or a change of a row that records none. Those tests are marked `audit_skip`: the
+teardown audit would (rightly) fail them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from evora.protocol.jobs import JobSubmission
+from evora.protocol.states import JobState
+from evora.storage.audit import CHECKS, AuditReport, audit
+from evora.storage.jobs import Failure, JobStore
+from evora.storage.retention import RetentionStore
+from evora.storage.rows import JobDict
+from tests.conftest import Clock
+
+broken = pytest.mark.audit_skip(reason="the test breaks the history to see the audit say so")
+
+
+async def forge(pool: asyncpg.Pool, job_id: UUID, event: str, changes: str) -> None:
+    """Moves one job by `changes` (a SET list) and records `event`, as no real statement
+    does: the defect the audit should see."""
+    await pool.execute(
+        f"""
+        WITH m AS (
+            UPDATE jobs j SET {changes}, updated_at = evora_now()
+            FROM jobs old WHERE old.id = j.id AND j.id = $1
+            RETURNING ROW(j, $2::text, old.state, j.worker_id, '{{}}'::jsonb)::evora_move AS move
+        )
+        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM m), '{{}}')
+        """,
+        job_id,
+        event,
+    )
+
+
+async def submitted(store: JobStore, count: int = 1, **fields: object) -> list[UUID]:
+    outcomes = await store.submit_batch(
+        [JobSubmission(queue="q", type="t", **fields) for _ in range(count)]  # type: ignore[arg-type]
+    )
+    return [o.id for o in outcomes]
+
+
+async def claimed(store: JobStore, count: int = 1, worker: str = "w") -> list[JobDict]:
+    jobs = await store.claim(worker_id=worker, queues=["q"], max_jobs=count)
+    assert len(jobs) == count
+    return jobs
+
+
+def failing(report: AuditReport) -> dict[str, list[tuple[set[str], tuple[int, ...]]]]:
+    return {
+        c.name: [(set(v.job_ids), v.seqs) for v in c.violations] for c in report.checks if not c.ok
+    }
+
+
+async def audited(pool: asyncpg.Pool, **options: object) -> AuditReport:
+    async with pool.acquire() as conn:
+        return await audit(conn, **options)  # type: ignore[arg-type]
+
+
+async def test_a_history_made_by_the_system_passes_every_check(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    head, second = await submitted(store, 2, max_attempts=2, group_key="g")
+    [plain] = await submitted(store)
+    dependent = (await store.submit(JobSubmission(queue="q", type="t", depends_on=[head]))).id
+
+    async def claim(*expected: UUID) -> list[JobDict]:
+        jobs = await store.claim(worker_id="w", queues=["q"], max_jobs=3)
+        assert {j["id"] for j in jobs} == set(expected)
+        return sorted(jobs, key=lambda j: expected.index(j["id"]))
+
+    one, two = await claim(head, plain)
+    await store.fail(Failure(head, one["lease_token"], "boom", retry_in_seconds=0))
+    await store.complete(plain, two["lease_token"])
+    [one] = await claim(head)
+    await store.complete(head, one["lease_token"], {"ok": True})
+    one, two = await claim(second, dependent)
+    await store.release(second, one["lease_token"])
+    await store.cancel(dependent)
+    await store.fail(Failure(dependent, two["lease_token"], "late"))
+    await RetentionStore(pool).prune_finished(JobState.COMPLETED, -1, 10)
+
+    report = await audited(pool)
+    assert report.ok, report.text()
+    assert {c.name for c in report.checks} == set(CHECKS)
+    assert report.jobs == 4 and report.events == 16
+    # a window from later on: the same checks from each job's first event in it
+    later = await audited(pool, from_seq=report.to_seq - 3)
+    assert later.ok, later.text()
+    assert later.events == 4 and later.from_seq == report.to_seq - 3
+    assert (await audited(pool, since=timedelta(hours=1))).events == report.events
+
+
+@broken
+async def test_moves_outside_the_state_machine_and_gaps_in_a_chain(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    illegal, gap, silent = await submitted(store, 3)
+    await forge(pool, illegal, "claimed", "version = j.version + 1")
+    await forge(
+        pool,
+        gap,
+        "cancelled",
+        "state = 'CANCELLED', finished_at = evora_now(), version = j.version + 2",
+    )
+    await pool.execute(
+        "UPDATE jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1", silent
+    )
+
+    found = failing(await audited(pool))
+    assert {frozenset(j) for j, _ in found["transitions_legal"]} == {frozenset({str(illegal)})}
+    # a claim that does not raise the attempt
+    assert [j for j, _ in found["attempts_counted"]] == [{str(illegal)}]
+    assert [j for j, _ in found["chain_continuous"]] == [{str(gap)}]
+    assert [j for j, _ in found["ends_in_current_state"]] == [{str(silent)}]
+
+
+@broken
+async def test_an_ending_that_is_not_the_claims_attempt(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    [job_id] = await submitted(store)
+    [job] = await claimed(store, worker="first")
+    # what a stale token's change would look like: the attempt ends as another worker's
+    await pool.execute("UPDATE jobs SET worker_id = 'second' WHERE id = $1", job_id)
+    await store.complete(job_id, job["lease_token"])
+
+    found = failing(await audited(pool))
+    assert list(found) == ["one_claim_per_attempt"]
+    [(jobs, seqs)] = found["one_claim_per_attempt"]
+    assert jobs == {str(job_id)} and len(seqs) == 2
+
+
+@broken
+async def test_two_running_jobs_of_one_group(store: JobStore, pool: asyncpg.Pool) -> None:
+    head, second = await submitted(store, 2, group_key="g")
+    await claimed(store)
+    # the second leaves the group behind the claim's back, is claimed, and so runs beside
+    # the head of the group its submission put it in
+    await pool.execute("UPDATE jobs SET group_key = NULL WHERE id = $1", second)
+    await claimed(store)
+
+    found = failing(await audited(pool))
+    assert list(found) == ["group_exclusive"]
+    assert [j for j, _ in found["group_exclusive"]] == [{str(head), str(second)}]
+
+
+@broken
+async def test_a_claim_that_overtakes_its_groups_head(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    [head] = await submitted(store, group_key="g")
+    # submitted before the second, WAITING for a job elsewhere: overtaking it is no violation
+    elsewhere = (await store.submit(JobSubmission(queue="other", type="t"))).id
+    waiting = (
+        await store.submit(
+            JobSubmission(queue="q", type="t", group_key="g", depends_on=[elsewhere])
+        )
+    ).id
+    [second] = await submitted(store, group_key="g")
+    # the head falls behind in its group without an event, so the claim takes the second
+    # while the events still have the head first and PENDING, long enough to have been seen
+    await pool.execute("UPDATE jobs SET priority = 10 WHERE id = $1", head)
+    await clock.advance(600)
+    [job] = await claimed(store)
+    assert job["id"] == second
+
+    found = failing(await audited(pool))
+    assert list(found) == ["group_order"]
+    # the WAITING job, though submitted before the claimed one, is not overtaken wrongly:
+    # it is not PENDING
+    assert [j for j, _ in found["group_order"]] == [{str(second), str(head)}]
+    assert str(waiting) not in found["group_order"][0][0]
+
+
+@broken
+async def test_claims_beyond_a_limit_in_force(store: JobStore, pool: asyncpg.Pool) -> None:
+    ids = await submitted(store, 3)
+    await claimed(store, 3)
+    # limits recorded as older than the claims: every claim had to obey them
+    await pool.execute(
+        "INSERT INTO flow_limits (key, concurrency, rate_limit, rate_per_seconds) "
+        "VALUES ('queue:q', 2, 1, 3600)"
+    )
+    await pool.execute("UPDATE flow_limit_changes SET changed_at = now() - interval '1 hour'")
+
+    found = failing(await audited(pool))
+    assert sorted(found) == ["concurrency_limits", "rate_limits"]
+    assert [j for j, _ in found["concurrency_limits"]] == [{str(ids[2])}]
+    # a bucket of 1 (and the slack for claims' own durations, 1 token) admits two at once
+    assert [j for j, _ in found["rate_limits"]] == [{str(ids[2])}]
+
+
+async def test_claims_are_judged_by_the_limit_in_force_when_they_began(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    await pool.execute("INSERT INTO flow_limits (key, concurrency) VALUES ('queue:q', 3)")
+    await pool.execute("UPDATE flow_limit_changes SET changed_at = now() - interval '1 hour'")
+    await submitted(store, 3)
+    await claimed(store, 3)
+    # lowered, and a prefix limit that would govern the queue's key, after those claims
+    await pool.execute("UPDATE flow_limits SET concurrency = 1 WHERE key = 'queue:q'")
+    await pool.execute("INSERT INTO flow_limits (key, concurrency) VALUES ('queue:*', 1)")
+    await pool.execute("DELETE FROM flow_limits WHERE key = 'queue:q'")
+    await pool.execute(
+        "UPDATE flow_limit_changes SET changed_at = now() + interval '1 hour' "
+        "WHERE changed_at > now() - interval '1 minute'"
+    )
+    assert await pool.fetchval("SELECT count(*) FROM flow_limit_changes") == 4
+
+    report = await audited(pool)
+    assert report.ok, report.text()
+
+
+@broken
+async def test_one_tick_that_made_two_jobs(pool: asyncpg.Pool) -> None:
+    made = []
+    for key in ("a", "b"):
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT set_config('evora.submitted_data', "
+                """'{"schedule": "hourly", "tick": "2026-01-01T00:00:00Z"}', true)"""
+            )
+            made.append(
+                await conn.fetchval(
+                    "SELECT evora.submit('q', 't', '{}', jsonb_build_object('idempotency_key', "
+                    "$1::text))",
+                    key,
+                )
+            )
+
+    found = failing(await audited(pool))
+    assert list(found) == ["schedule_tick_once"]
+    assert [j for j, _ in found["schedule_tick_once"]] == [{str(m) for m in made}]
+
+
+@broken
+async def test_a_dependent_released_before_its_dependency_ended(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    [parent] = await submitted(store)
+    dependent = (await store.submit(JobSubmission(queue="q", type="t", depends_on=[parent]))).id
+    await forge(
+        pool,
+        dependent,
+        "dependencies_met",
+        "state = 'PENDING', dependencies_left = 0, version = j.version + 1",
+    )
+
+    found = failing(await audited(pool))
+    assert list(found) == ["dependencies_before_start"]
+    assert [j for j, _ in found["dependencies_before_start"]] == [{str(dependent), str(parent)}]
+
+
+@broken
+async def test_an_attempt_that_went_back_to_pending_after_a_cancel_request(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    [job_id] = await submitted(store)
+    await claimed(store)
+    await store.cancel(job_id)
+    await forge(
+        pool,
+        job_id,
+        "failed",
+        "state = 'PENDING', cancel_requested = false, "
+        "lease_expires_at = NULL, version = j.version + 1",
+    )
+
+    found = failing(await audited(pool))
+    assert list(found) == ["cancel_honoured"]
+    [(jobs, seqs)] = found["cancel_honoured"]
+    assert jobs == {str(job_id)} and len(seqs) == 2
+
+
+@broken
+async def test_jobs_gone_without_retention_and_a_dependent_left_waiting(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    pruned, deleted, parent = await submitted(store, 3, max_attempts=1)
+    for job in await claimed(store, 3):
+        if job["id"] == parent:
+            await store.fail(Failure(parent, job["lease_token"], "no", retryable=False))
+        else:
+            await store.complete(job["id"], job["lease_token"])
+    dependent = (await store.submit(JobSubmission(queue="q", type="t", depends_on=[parent]))).id
+    await RetentionStore(pool).prune_finished(JobState.COMPLETED, -1, 1)
+    # the other COMPLETED one, and the DLQ parent, deleted by no retention
+    await pool.execute("DELETE FROM jobs WHERE state IN ('COMPLETED', 'DLQ')")
+
+    found = failing(await audited(pool))
+    assert sorted(found) == ["no_job_lost", "waiting_on_existing"]
+    # two COMPLETED jobs are gone and retention counted one: which one is not known
+    assert {frozenset(j) for j, _ in found["no_job_lost"]} == {
+        frozenset({str(pruned), str(deleted)}),
+        frozenset({str(parent)}),
+    }
+    assert [j for j, _ in found["waiting_on_existing"]] == [{str(dependent), str(parent)}]
+
+
+async def test_events_retention_dropped_from_the_middle_of_a_chain_are_no_gap(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """The archived rectangle is bounded by xid as well as seq (migration 0004): a job's
+    middle events can be dropped while older ones stay. Dropped here as retention's DELETE
+    would, inside the watermark."""
+    [job_id] = await submitted(store, max_attempts=3)
+    for _ in range(2):
+        [job] = await claimed(store)
+        await store.fail(Failure(job_id, job["lease_token"], "again", retry_in_seconds=0))
+    seqs = [
+        r["seq"]
+        for r in await pool.fetch(
+            "SELECT seq FROM job_events WHERE job_id = $1 ORDER BY seq", job_id
+        )
+    ]
+    middle = seqs[1:3]  # the first claim and its failure
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE event_archive_watermark SET upto_seq = $1, below_xid = '1000000000'",
+            max(middle),
+        )
+        await conn.execute("SELECT set_config('evora.drop_archived_events', 'on', true)")
+        await conn.execute("DELETE FROM job_events WHERE seq = ANY($1::int8[])", middle)
+
+    report = await audited(pool)
+    assert report.ok, report.text()
+    assert report.events == len(seqs) - 2
+
+
+async def test_a_settlement_that_cancels_a_dependency_and_releases_its_dependent_at_once(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Cancelling the root cancels the middle job (it would not run without the root) and
+    releases the last (it runs anyway) in one statement, which writes their events in any
+    seq order: the same transaction is the same moment (seen in the random workload)."""
+    for _ in range(3):
+        [root] = await submitted(store)
+        middle = (await store.submit(JobSubmission(queue="q", type="t", depends_on=[root]))).id
+        last = (
+            await store.submit(
+                JobSubmission(queue="q", type="t", depends_on=[middle], on_dependency_failure="run")
+            )
+        ).id
+        await store.cancel(root)
+        states = await pool.fetch(
+            "SELECT state::text FROM jobs WHERE id = ANY($1::uuid[]) ORDER BY id", [middle, last]
+        )
+        assert sorted(r["state"] for r in states) == ["CANCELLED", "PENDING"]
+
+    report = await audited(pool)
+    assert report.ok, report.text()
