@@ -25,6 +25,7 @@ Results are described in docs/benchmarks.md.
     python scripts/bench_store.py --explain       # also EXPLAIN ANALYZE one claim per drain
     python scripts/bench_store.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
     python scripts/bench_store.py --coalesced 64 --jobs 20000  # single requests instead
+    python scripts/bench_store.py --quick --groups 1000  # every job in one of 1000 FIFO groups
 
 With `--coalesced C` it measures concurrent single requests instead: N jobs submitted one
 per call by C concurrent producers through a submission coalescer, then claimed (not
@@ -299,14 +300,23 @@ async def store_on(dsn: str, connections: int) -> AsyncIterator[JobStore]:
 # -- workload ----------------------------------------------------------------------------------
 
 
-def submissions(start: int, count: int) -> list[JobSubmission]:
+def submissions(start: int, count: int, groups: int) -> list[JobSubmission]:
+    """Jobs `start` to `start + count`; with `groups`, job i in FIFO group i % groups, so every
+    candidate of a claim runs the group checks."""
     return [
-        JobSubmission(queue=QUEUE, type=JOB_TYPE, payload={"seq": i})
+        JobSubmission(
+            queue=QUEUE,
+            type=JOB_TYPE,
+            payload={"seq": i},
+            group_key=f"g{i % groups}" if groups else None,
+        )
         for i in range(start, start + count)
     ]
 
 
-async def submit_jobs(store: JobStore, start: int, count: int, batch: int) -> tuple[float, float]:
+async def submit_jobs(
+    store: JobStore, start: int, count: int, batch: int, groups: int
+) -> tuple[float, float]:
     """Submit `count` jobs in batches, one producer. Returns (seconds inside submit_batch,
     seconds building the JobSubmission models)."""
     in_store = 0.0
@@ -314,7 +324,7 @@ async def submit_jobs(store: JobStore, start: int, count: int, batch: int) -> tu
     for offset in range(start, start + count, batch):
         size = min(batch, start + count - offset)
         t0 = time.perf_counter()
-        items = submissions(offset, size)
+        items = submissions(offset, size, groups)
         t1 = time.perf_counter()
         done = await store.submit_batch(items)
         t2 = time.perf_counter()
@@ -400,6 +410,7 @@ class Config:
     explain: bool
     reanalyze: bool
     coalesced: int  # concurrent single-request clients; 0: the batch phases instead
+    groups: int  # FIFO groups the batch phases' jobs are spread over; 0: none
 
 
 class Bench:
@@ -416,7 +427,9 @@ class Bench:
         await self.probe.settle()
         async with store_on(self.dsn, 1) as store:
             before = await self.probe.snapshot(start=True)
-            in_store, building = await submit_jobs(store, self.next_seq, count, c.submit_batch)
+            in_store, building = await submit_jobs(
+                store, self.next_seq, count, c.submit_batch, c.groups
+            )
             wall = time.perf_counter() - before.at
         self.next_seq += count
         await self.probe.settle()
@@ -474,7 +487,7 @@ class Bench:
             while loaded < count:
                 chunk = min(c.load_chunk, count - loaded)
                 t0 = time.perf_counter()
-                await submit_jobs(store, self.next_seq, chunk, c.load_batch)
+                await submit_jobs(store, self.next_seq, chunk, c.load_batch, c.groups)
                 # Setup only: let the planner see this chunk's backlog (see the docs on why
                 # statistics taken while nothing is PENDING make claims slow).
                 await self.analyze_jobs()
@@ -860,6 +873,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0,
         help="measure single requests from this many concurrent clients through coalescers",
     )
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=0,
+        help="spread the batch phases' jobs over this many FIFO groups (0: no groups)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.quick:
@@ -871,6 +890,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.history < 0:
         parser.error("--history must be >= 0")
+    if args.groups < 0:
+        parser.error("--groups must be >= 0")
     return args
 
 
@@ -887,6 +908,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         explain=args.explain,
         reanalyze=args.reanalyze,
         coalesced=args.coalesced,
+        groups=args.groups,
     )
     machine = machine_info()
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))

@@ -973,10 +973,8 @@ BEGIN
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
                 FROM jobs j
-                WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= at
+                WHERE evora_claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
-                  AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
-                  AND (types IS NULL OR j.type = ANY(types))
                   AND (j.group_key IS NULL OR (
                         (SELECT true FROM jobs r
                          WHERE r.state = 'RUNNING' AND r.queue = j.queue
@@ -992,8 +990,7 @@ BEGIN
                 LIMIT window_size
                 FOR UPDATE OF j SKIP LOCKED
             ) AS c
-            WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
-              AND NOT ('queue:' || q.queue = ANY(blocked))
+            WHERE NOT ('queue:' || q.queue = ANY(blocked))
         ),
         ends AS MATERIALIZED (
             SELECT e.queue, e.priority, e.run_at, e.submit_seq
@@ -1156,6 +1153,15 @@ BEGIN
         EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
     END LOOP;
 END
+$$;
+
+CREATE FUNCTION public.evora_claimable(j public.jobs, in_queue text, at timestamp with time zone, types text[]) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.state = 'PENDING'::job_state AND j.queue = in_queue AND j.run_at <= at
+       AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
+       AND (types IS NULL OR j.type = ANY(types))
+       AND NOT evora_queue_paused(in_queue)
 $$;
 
 CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, arrived integer, cancelled boolean) RETURNS public.job_state
@@ -1371,6 +1377,12 @@ BEGIN
     SELECT count(*) INTO removed FROM gone;
     RETURN removed;
 END
+$$;
+
+CREATE FUNCTION public.evora_queue_paused(in_queue text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = in_queue)
 $$;
 
 CREATE FUNCTION public.evora_record_limit_change() RETURNS trigger

@@ -124,6 +124,35 @@ LANGUAGE sql AS $$
     FROM moved m
 $$;
 
+-- The rule of "this job may be claimed now", for every claim (the unlimited `claim` in
+-- storage/sql/transitions.sql and evora_claim_limited() below): PENDING (a job waiting for
+-- its dependencies is WAITING), due by `at`, within its time-to-live unless it started
+-- before, of one of `types` (NULL: any), in `in_queue` (the job's own, passed apart so that a
+-- claim reading one queue at a time checks the pause once per queue: the check then refers to
+-- nothing of the job and runs as a one-time filter), not paused. Flow-control limits are not
+-- in it: evora_claim_limited() enforces them on what the rule lets through.
+-- Plain SQL, STABLE, one expression without subqueries: the planner inlines it (a subquery
+-- would stop it), so each claim plans the rule as if written in place, its conditions on
+-- state, queue and run_at used for the index scan (tests/integration/test_claim_rule.py).
+-- The FIFO group part of the rule is not in it: it needs subqueries, and as a function
+-- called once per grouped candidate it cost ~40 % more PostgreSQL CPU on claims of grouped
+-- jobs (scripts/bench_store.py --quick --groups 1000, drain phases). Each claim writes
+-- it out (the same text, after evora_claimable()), and tests/integration/test_claim_rule.py
+-- proves both claims take the same jobs.
+CREATE OR REPLACE FUNCTION evora_queue_paused(in_queue text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = in_queue)
+$$;
+
+CREATE OR REPLACE FUNCTION evora_claimable(j jobs, in_queue text, at timestamptz, types text[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT j.state = 'PENDING'::job_state AND j.queue = in_queue AND j.run_at <= at
+       AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
+       AND (types IS NULL OR j.type = ANY(types))
+       AND NOT evora_queue_paused(in_queue)
+$$;
+
 -- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
 -- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora_claim_jobs()
 -- returns them. Works in rounds (at most four), each two statements:
@@ -220,12 +249,10 @@ BEGIN
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
                 FROM jobs j
-                WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= at
+                WHERE evora_claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
-                  AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
-                  AND (types IS NULL OR j.type = ANY(types))
-                  -- scalar subqueries, never hashed: each grouped candidate probes the group
-                  -- indexes by its own key, whatever runs elsewhere
+                  -- FIFO groups: the claim's text (`claim` in sql/transitions.sql), which
+                  -- says why it is written this way
                   AND (j.group_key IS NULL OR (
                         (SELECT true FROM jobs r
                          WHERE r.state = 'RUNNING' AND r.queue = j.queue
@@ -246,8 +273,7 @@ BEGIN
                 -- unclaimed are free again when the claim commits.
                 FOR UPDATE OF j SKIP LOCKED
             ) AS c
-            WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
-              AND NOT ('queue:' || q.queue = ANY(blocked))
+            WHERE NOT ('queue:' || q.queue = ANY(blocked))
         ),
         -- where each queue's window ended, for the queues whose window came back full (with
         -- no window read, the queues stay as they were)

@@ -17,19 +17,21 @@
 -- name: claim
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
 -- Per queue, take the first claimable jobs in (priority, run_at, submission) order, skipping
--- paused queues and rows other claimers hold. A grouped job is claimable only as the head of
--- its (queue, group) (lowest priority, then submission order, due or not, so a retrying head
--- keeps its place) and only while no job of its group runs. A time-to-live applies to jobs
--- never started. `picked` holds the rows locked and re-checked as PENDING, so
--- evora_claim_jobs() moves them by id alone.
+-- rows other claimers hold. What is claimable is evora_claimable()'s rule
+-- (functions/claims_and_transitions.sql), the one both claims use, and the FIFO group part
+-- written out below, the same text as in evora_claim_limited(): a grouped job is claimable
+-- only as the head of its (queue, group) (lowest priority, then submission order, due or not,
+-- so a retrying head keeps its place) and only while no job of its group runs.
 -- The two group checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
 -- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
 -- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
 -- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
 -- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
 -- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
+-- `picked` holds the rows locked and re-checked as PENDING, so evora_claim_jobs() moves them
+-- by id alone.
 -- While any concurrency or rate limit exists, evora_claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
--- same group checks; with none, the one cost is the EXISTS on the empty flow_limits, a
+-- same rule; with none, the one cost is the EXISTS on the empty flow_limits, a
 -- one-time filter of each branch. Both move their jobs with evora_claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
 -- one, and moves what it paid for right there; this one's picks are locked, and the
 -- function's own snapshot shows their latest versions.
@@ -45,9 +47,7 @@ WITH picked AS (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
         FROM jobs j
-        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora_now()
-          AND (j.expires_at IS NULL OR j.expires_at > evora_now() OR j.started_at IS NOT NULL)
-          AND ($2::text[] IS NULL OR j.type = ANY($2::text[]))
+        WHERE evora_claimable(j, q.queue, evora_now(), $2::text[])
           AND (j.group_key IS NULL OR (
                 (SELECT true FROM jobs r
                  WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
@@ -60,8 +60,7 @@ WITH picked AS (
         LIMIT $3
         FOR UPDATE OF j SKIP LOCKED
     ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = q.queue)
-      AND NOT EXISTS (SELECT 1 FROM flow_limits)
+    WHERE NOT EXISTS (SELECT 1 FROM flow_limits)
     ORDER BY c.priority, c.run_at, c.submit_seq
     LIMIT $3
 )
