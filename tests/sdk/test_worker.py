@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -389,6 +389,15 @@ def carried_batches(proxy: FaultProxy) -> list[list[dict[str, Any]]]:
     return [c.body["acks"] for c in proxy.seen("POST", "/v1/claim") if c.body.get("acks")]
 
 
+def _claimed_after_carrying(proxy: FaultProxy) -> Callable[[], bool]:
+    def claimed() -> bool:
+        claims = proxy.seen("POST", "/v1/claim")
+        carrying = [n for n, claim in enumerate(claims) if claim.body.get("acks")]
+        return not carrying or len(claims) > carrying[-1] + 1
+
+    return claimed
+
+
 async def test_outcomes_are_batched_under_load(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
@@ -407,6 +416,10 @@ async def test_outcomes_are_batched_under_load(
         await until(all_in_state(store, ids, "RUNNING"), "all running")
         gate.set()
         await until(all_in_state(store, ids, "COMPLETED"), "all completed")
+        # The jobs are COMPLETED once the carrying claim's statement commits, which may be
+        # before the worker has read that claim's answer; stopped before, it would send the
+        # outcomes again (answered as replays). Its next claim says it has read the answer.
+        await until(_claimed_after_carrying(proxy), "the worker read the carrying claim's answer")
     carried = carried_batches(proxy)
     sent = [batch.body["acks"] for batch in proxy.seen("POST", "/v1/acks")]
     sizes = [len(batch) for batch in carried + sent]
