@@ -3,6 +3,8 @@ plain SQL inside PostgreSQL, and the throughput of `evora pipeline archive`.
 
     python scripts/bench_pipeline.py                 # 1,000,000 events
     python scripts/bench_pipeline.py --events 100000 --rounds 1
+    python scripts/bench_pipeline.py --master spark://127.0.0.1:7077 \
+        --conf spark.executor.memory=1g --conf spark.cores.max=2   # on a Spark cluster
 
 Starts its own PostgreSQL (embedded wheel, non-durable: the bulk load is not what is
 measured) in a temp dir and fills `job_events` with COPY: a synthetic week of jobs over
@@ -393,12 +395,15 @@ def _cpu_times() -> tuple[int, int]:
     return fields[3] + fields[4], sum(fields)  # idle + iowait, total
 
 
-def wait_for_quiet(idle: float = 0.85, window: float = 3.0, patience: float = 180.0) -> str:
+PATIENCE = 180.0  # seconds; --patience
+
+
+def wait_for_quiet(idle: float = 0.85, window: float = 3.0) -> str:
     """Start a timed run only once the machine has been mostly idle for `window` seconds
     (other work shares these cores); gives up after `patience` and says so."""
     if not Path("/proc/stat").exists():
         return "unknown load"
-    deadline = time.monotonic() + patience
+    deadline = time.monotonic() + PATIENCE
     while True:
         idle0, total0 = _cpu_times()
         time.sleep(window)
@@ -444,7 +449,11 @@ def main(args: argparse.Namespace) -> None:
             mongo = stack.enter_context(LocalMongo(tmp / "mongo"))
             env["EVORA_MONGO_URL"] = mongo.url
         sink = [] if args.mongo else ["--no-mongo"]
-        spark_conf = ["--conf", "spark.driver.memory=2g"]
+        spark_conf = [
+            *(["--master", args.master] if args.master else []),
+            *(arg for item in ["spark.driver.memory=2g", *args.conf] for arg in ("--conf", item)),
+        ]
+        print(f"spark: {' '.join(spark_conf)}")
         print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
 
         copy_seconds = asyncio.run(load(dsn, args.events, args.seed))
@@ -493,4 +502,18 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3, help="timed repetitions of each run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--mongo", action="store_true", help="also write MongoDB")
-    main(parser.parse_args())
+    parser.add_argument(
+        "--master", help="Spark master URL for every pipeline run (default: the pipeline's)"
+    )
+    parser.add_argument(
+        "--conf", action="append", default=[], help="KEY=VALUE Spark setting (repeatable)"
+    )
+    parser.add_argument(
+        "--patience",
+        type=float,
+        default=PATIENCE,
+        help="seconds to wait for an idle machine before each timed run",
+    )
+    parsed = parser.parse_args()
+    PATIENCE = parsed.patience
+    main(parsed)

@@ -291,7 +291,13 @@ def test_services_are_probed_bounded_and_unprivileged(overlay: Path) -> None:
             _check_evora_command(name, container)
 
 
+SPARK_DAEMONS = {"org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"}
+
+
 def _check_evora_command(workload: str, container: Obj) -> None:
+    if container.get("command") == ["spark-class"]:
+        assert container["args"][0] in SPARK_DAEMONS, workload
+        return
     if container.get("command") == ["spark-submit"]:
         assert "/app/spark/submit.py" in container["args"], workload
         assert (artifacts.DEPLOY / "spark" / "submit.py").exists()
@@ -402,6 +408,47 @@ def test_pipeline_cronjobs_run_pipeline_subcommands() -> None:
         pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
         subcommand = pod["containers"][0]["args"][-1]
         assert subcommand in done.stdout, f"{name}: `evora pipeline {subcommand}` is unknown"
+
+
+def test_pipeline_cluster_overlay_submits_to_its_spark_master() -> None:
+    """The cluster-mode path: the CronJobs spark-submit in client mode to the master's
+    Service, which selects the master's pod; the workers register at the same URL, have room
+    for the executors asked for and mount the archive where the driver writes it."""
+    objects = render(artifacts.K8S / "overlays" / "pipeline-cluster")
+    deployments = by_kind(objects, "Deployment")
+    master = deployments["evora-spark-master"]["spec"]["template"]
+    worker = deployments["evora-spark-worker"]["spec"]["template"]
+    service = by_kind(objects, "Service")["evora-spark-master"]["spec"]
+    assert service["selector"].items() <= master["metadata"]["labels"].items()
+    (port,) = service["ports"]
+    (master_container,) = master["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in master_container["ports"]} == {
+        port["targetPort"]: port["port"]
+    }
+    url = f"spark://evora-spark-master:{port['port']}"
+    (worker_container,) = worker["spec"]["containers"]
+    worker_args = worker_container["args"]
+    assert worker_args[-1] == url
+    worker_memory = int(worker_args[worker_args.index("--memory") + 1].removesuffix("g"))
+    mounts = {m["mountPath"] for m in worker_container["volumeMounts"]}
+    cronjobs = by_kind(objects, "CronJob")
+    assert set(cronjobs) == {"evora-pipeline-archive", "evora-pipeline-run"}
+    for name, cronjob in cronjobs.items():
+        pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
+        args = container["args"]
+        assert args[args.index("--master") + 1] == url, name
+        assert args[args.index("--deploy-mode") + 1] == "client", name
+        conf = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")
+        assert conf["spark.driver.host"] == "$(POD_IP)", name
+        assert "POD_IP" in {e["name"] for e in container["env"]}, name
+        assert int(conf["spark.executor.memory"].removesuffix("g")) <= worker_memory, name
+        archive = {e["name"]: e.get("value") for e in container["env"]}["EVORA_ARCHIVE_URL"]
+        assert archive in mounts, name
+        # the Spark NetworkPolicy lets the driver, master and workers reach each other
+        policy = by_kind(objects, "NetworkPolicy")["evora-spark"]["spec"]
+        for labels in (pod["metadata"]["labels"], master["metadata"]["labels"]):
+            assert policy["podSelector"]["matchLabels"].items() <= labels.items(), name
 
 
 def test_worker_hpa_reads_the_external_metrics_the_adapter_serves() -> None:
