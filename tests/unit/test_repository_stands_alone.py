@@ -6,6 +6,7 @@ The patterns below are written so that this file does not match them itself.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import subprocess
 from functools import cache
@@ -115,7 +116,9 @@ def test_pointers_into_docs_lead_somewhere() -> None:
             for match in DOC_LINK.finditer(text):
                 if match[1] is None and match[2] is None:
                     continue
-                if problem := _broken(match[1] or own, match[2]):
+                # a page's link is relative to its own folder (docs/benchmarks/ too)
+                target = posixpath.join(posixpath.dirname(own), match[1]) if match[1] else own
+                if problem := _broken(target, match[2]):
                     broken.append(f"{name}: {problem}")
     assert broken == []
 
