@@ -78,7 +78,7 @@ def _wait_for(log: Path, pattern: str, process: subprocess.Popen[bytes]) -> re.M
 @pytest.fixture
 def spark_cluster(tmp_path: Path) -> Iterator[Cluster]:
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")) or not os.path.isfile(JAR):
-        pytest.skip(f"Spark tests need Java and the PostgreSQL JDBC jar at {JAR}")
+        pytest.fail(f"Spark tests need Java and the PostgreSQL JDBC jar at {JAR}")
     home = tmp_path / "spark"
     conf = home / "conf"  # empty: no spark-env.sh or defaults from elsewhere
     conf.mkdir(parents=True)
