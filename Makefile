@@ -8,7 +8,7 @@ test:
 	bash scripts/test.sh
 
 lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy shared/evora evora_services tests bench scripts
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy shared/evora services/evora_services tests bench scripts
 
 bench-store:
 	.venv/bin/python scripts/bench_store.py

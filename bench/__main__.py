@@ -240,7 +240,7 @@ def run_compare(args: argparse.Namespace) -> int:
     variants: dict[str, Path] = {}
     for spec in args.evora_variant:
         label, _, source = spec.partition("=")
-        if not label or not (Path(source) / "evora_services").is_dir():
+        if not label or not (Path(source) / "shared" / "evora").is_dir():
             print(f"--evora-variant wants LABEL=DIR of an Evora checkout: {spec}", file=sys.stderr)
             return 2
         variants[label] = Path(source)

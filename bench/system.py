@@ -41,7 +41,10 @@ class System(ABC):
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
         # The source checkout's SDK and services, not whatever the environment has installed:
         # an editable install of another worktree would otherwise mix its `evora` with these.
-        env["PYTHONPATH"] = os.pathsep.join([str(self.source / "shared"), str(self.source)])
+        # Its source roots in either layout (`evora_services` at the top before it moved into
+        # `services/`).
+        roots = [self.source / "shared", self.source / "services", self.source]
+        env["PYTHONPATH"] = os.pathsep.join(map(str, roots))
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

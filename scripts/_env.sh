@@ -125,6 +125,18 @@ _install_pinned() {
     }
 }
 
+# _add_source_roots: the two source roots, shared/ (evora) and services/ (evora_services), as
+# plain sys.path entries of the venv. With two roots, setuptools' editable install imports
+# them through an import hook that mypy, editors and other static tools cannot follow, and its
+# `editable_mode=compat` would put the repository root on the path instead (neither package
+# importable, and `tests`, `scripts`, `services` all importable by name). Both roots hold
+# only their package, so nothing else becomes importable.
+_add_source_roots() {
+    local site
+    site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    printf '%s\n' "$REPO_ROOT/shared" "$REPO_ROOT/services" >"$site/evora-source-roots.pth"
+}
+
 # ensure_venv EXTRA: .venv with the project installed with EXTRA (`local`: what running
 # needs; `dev`: everything for the tests), pip's progress shown.
 ensure_venv() {
@@ -153,6 +165,7 @@ ensure_venv() {
     else
         _pip_install -e ".[$extra]"
     fi
+    _add_source_roots
     printf '%s\n' "$want" >"$stamp"
 }
 

@@ -2,7 +2,7 @@
 signatures and docstrings of the names `evora.__all__` exports, so it cannot drift from the
 code: tests/unit/test_sdk_reference.py fails when the file is not what this writes.
 
-    PYTHONPATH=shared:. .venv/bin/python -m scripts.sdk_reference   # after changing the SDK
+    .venv/bin/python -m scripts.sdk_reference   # after changing the SDK
 """
 
 from __future__ import annotations

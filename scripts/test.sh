@@ -79,7 +79,7 @@ ruff check .
 step "ruff format --check"
 ruff format --check .
 step "mypy"
-mypy shared/evora evora_services tests bench scripts
+mypy shared/evora services/evora_services tests bench scripts
 step "lint-imports (layering contracts in pyproject.toml)"
 lint-imports
 # The PySpark pipeline (tests/pipeline) needs a JVM and the PostgreSQL JDBC driver by path;

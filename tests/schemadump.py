@@ -7,7 +7,7 @@ with the database it checks.
 After adding a migration or changing a function file, regenerate the file (it starts an
 embedded PostgreSQL of its own):
 
-    PYTHONPATH=shared:. python -m tests.schemadump
+    python -m tests.schemadump
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ HEADER = """\
 -- (normalised: no comments, no session settings; the functions' comments are in functions/).
 -- Never edit by hand: a test compares it with a freshly migrated database; after adding a
 -- migration or changing a function file, regenerate it with
---     PYTHONPATH=shared:. python -m tests.schemadump
+--     python -m tests.schemadump
 """
 
 # What varies between runs or servers and says nothing about the schema: pg_dump's comments,
@@ -67,7 +67,7 @@ def dump(dsn: str) -> str:
 OBJECTS_HEADER = """\
 # Evora's objects in a freshly migrated database, one a line: what `evora migrate --check`
 # expects (evora/storage/drift.py). Never edit by hand: generated with schema.sql by
-#     PYTHONPATH=shared:. python -m tests.schemadump
+#     python -m tests.schemadump
 """
 
 

@@ -16,10 +16,9 @@ EVORA = [sys.executable, "-m", "evora_services.cli"]
 
 
 def clean_environment(extra: Mapping[str, str] = {}) -> dict[str, str]:
-    """This process's environment without any EVORA_* variable, plus `extra`, with the
-    source tree importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "shared"), str(REPO)])
+    """This process's environment without any EVORA_* variable, plus `extra`. The venv's
+    editable install makes the source tree importable; a PYTHONPATH would only shadow it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_") and k != "PYTHONPATH"}
     env.update(extra)
     return env
 

@@ -17,7 +17,7 @@ from evora.config import Settings
 from evora.protocol.jobs import JobSubmission
 from evora.storage import locks
 from evora.storage.jobs import JobStore
-from evora_services.doctor import Thresholds, run_checks
+from evora_services.cli.doctor import Thresholds, run_checks
 from tests.cli.commands import evora_async
 from tests.conftest import _admin, _with_database
 from tests.pgbouncer import pgbouncer, through

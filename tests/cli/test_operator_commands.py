@@ -8,7 +8,7 @@ import json
 import uuid
 
 import evora
-from evora_services.admin_cli.exits import Exit
+from evora_services.cli.admin.exits import Exit
 from tests.cli.commands import evora_async, one_line
 from tests.cli.conftest import WORKER_TOKEN, System
 from tests.polling import until

@@ -66,7 +66,7 @@ def _clone(target: Path) -> None:
     venv = target / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     [site] = (venv / "lib").glob("python3*/site-packages")
-    paths = [REPO / "shared", REPO, Path(sysconfig.get_paths()["purelib"])]
+    paths = [REPO / "shared", REPO / "services", Path(sysconfig.get_paths()["purelib"])]
     (site / "evora_test_paths.pth").write_text("".join(f"{p}\n" for p in paths))
     evora = venv / "bin" / "evora"
     evora.write_text(
@@ -85,8 +85,7 @@ def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: 
     first_terminal, second_terminal = first_section_blocks((REPO / "README.md").read_text())
     clone = tmp_path / "evora"
     _clone(clone)
-    env = clean_environment()
-    env.pop("PYTHONPATH")  # the clone's .venv alone says where the code is
+    env = clean_environment()  # the clone's .venv alone says where the code is
     log = tmp_path / "first-terminal.log"
     with log.open("wb") as log_file:
         system = subprocess.Popen(

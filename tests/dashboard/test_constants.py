@@ -8,7 +8,8 @@ from pathlib import Path
 
 from evora.protocol.states import JobState
 
-FORMAT_JS = Path(__file__).resolve().parents[2] / "evora_services/api/dashboard/static/format.js"
+REPO = Path(__file__).resolve().parents[2]
+FORMAT_JS = REPO / "services/evora_services/api/dashboard/static/format.js"
 
 
 def test_dashboard_states_are_the_protocol_states() -> None:

@@ -17,7 +17,8 @@ from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora_services.api.app import create_app
 from evora_services.api.dashboard.routes import CONTENT_SECURITY_POLICY, static_files
 
-STATIC = Path(__file__).resolve().parents[2] / "evora_services" / "api" / "dashboard" / "static"
+REPO = Path(__file__).resolve().parents[2]
+STATIC = REPO / "services" / "evora_services" / "api" / "dashboard" / "static"
 
 Client = TestClient[web.Request, web.Application]
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("shared", "evora_services"):
+    for folder in ("shared", "services"):
         shutil.copytree(
             ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
         )
@@ -68,6 +69,26 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     )
     [wheel] = (tmp_path / "dist").glob("*.whl")
     assert wheel.name.startswith(f"evora_queue-{project_version()}-"), wheel.name
+    # The two packages from their source roots, not the roots (`shared`, `services`)
+    # themselves, with their data files.
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {name.split("/")[0] for name in names} == {
+        "evora",
+        "evora_services",
+        f"evora_queue-{project_version()}.dist-info",
+    }
+    assert {
+        "evora/tracing/__init__.py",
+        "evora/storage/migrations/0001_initial.sql",
+        "evora/storage/sql/audit.sql",
+        "evora/storage/objects.txt",
+        "evora_services/api/app.py",
+        "evora_services/api/dashboard/static/index.html",
+        "evora_services/cli/__init__.py",
+        "evora_services/cli/__main__.py",
+        "evora_services/cli/admin/commands.py",
+    } <= names
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"

@@ -57,8 +57,16 @@ def _previous_tree(into: Path) -> Path:
             f"the previous release's commit {PREVIOUS_RELEASE} is not in this clone: the "
             "upgrade test needs the whole history (git fetch --unshallow)"
         )
+    # the source roots of either layout (`evora_services` moved into `services/`)
+    listing = ["git", "-C", str(REPO), "ls-tree", "--name-only", PREVIOUS_RELEASE]
+    roots = subprocess.run(
+        [*listing, "shared", "services", "evora_services"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", PREVIOUS_RELEASE, "shared", "evora_services"],
+        ["git", "-C", str(REPO), "archive", PREVIOUS_RELEASE, *roots],
         capture_output=True,
         check=True,
     ).stdout
@@ -70,7 +78,8 @@ def _previous_tree(into: Path) -> Path:
 def _tree_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
     """The environment of a child process running `tree`'s code with the repo's venv (run in
     `tree`: `python -m` puts the working directory first on the path)."""
-    path = os.pathsep.join([str(tree / "shared"), str(tree)])
+    # either layout: `evora_services` in `services/` or, before it moved, at the top (the cwd)
+    path = os.pathsep.join([str(tree / "shared"), str(tree / "services")])
     return {**os.environ, **env, "PYTHONPATH": path}
 
 

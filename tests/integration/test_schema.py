@@ -51,7 +51,7 @@ def _assert_builds_schema_sql(dsn: str) -> None:
         pytest.fail(
             "the migrations build another schema than shared/evora/storage/schema.sql "
             "(diff printed above); if the migrations are right, regenerate it with "
-            "`PYTHONPATH=shared:. python -m tests.schemadump`"
+            "`python -m tests.schemadump`"
         )
 
 
@@ -66,7 +66,7 @@ async def test_objects_txt_lists_what_the_migrations_build(fresh_db_url: str) ->
     built = await schemadump.objects(fresh_db_url)
     assert built == schemadump.OBJECTS_FILE.read_text("utf-8"), (
         "the migrations build other objects than shared/evora/storage/objects.txt lists; if "
-        "they are right, regenerate it with `PYTHONPATH=shared:. python -m tests.schemadump`"
+        "they are right, regenerate it with `python -m tests.schemadump`"
     )
 
 

@@ -90,8 +90,8 @@ def spark_cluster(tmp_path: Path) -> Iterator[Cluster]:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_DAEMON_MEMORY": "256m",
         "SPARK_DAEMON_JAVA_OPTS": JAVA_OPTS,
-        # executors start Python workers with the driver's interpreter (this venv)
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "shared")]),
+        # executors start Python workers with the driver's interpreter (this venv), whose
+        # editable install makes Evora importable: no PYTHONPATH
     }
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     port = free_port()
@@ -192,7 +192,6 @@ async def test_archive_and_run_on_a_standalone_cluster(
         "EVORA_MONGO_DB": mongo_db_name,
         "EVORA_ARCHIVE_URL": str(archive_url),
         "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "shared")]),
     }
     await mixed_workload(store, pool, jobs=600, queues=QUEUES, seed=11)
     projector = Projector(pool, mongo, 1, batch_size=500)

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from evora_services.tracing import requested_exporters
-from evora_services.tracing.setup import provider_from_environment
+from evora.tracing import requested_exporters
+from evora.tracing.setup import provider_from_environment
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_the_service_is_named_unless_the_environment_names_it(
 
 UNTRACED = """
 import asyncio, os, sys
-from evora_services import tracing
+from evora import tracing
 from evora_services.api.app import create_app as api
 from evora_services.dispatcher.app import create_app as dispatcher
 from evora.config import Settings

@@ -17,8 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from evora import Handlers, Job
-from evora_services import tracing
+from evora import Handlers, Job, tracing
 from tests.e2e.conftest import WORKER_HEADERS, Stack
 from tests.servers import PRODUCER_TOKEN, start_api, start_dispatcher
 from tests.tracing.conftest import named

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evora_services.tracing.traceparent import MAX_LENGTH, valid_traceparent
+from evora.tracing.traceparent import MAX_LENGTH, valid_traceparent
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

@@ -16,7 +16,7 @@ from evora.config import (
     parse_tokens,
 )
 from evora_services import cli
-from evora_services.dev import _kept_tokens
+from evora_services.cli.dev import _kept_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "s3cret-value-nobody-may-see"

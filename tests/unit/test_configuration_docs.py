@@ -25,7 +25,7 @@ def documented() -> dict[str, str]:
 
 def read_by_code() -> set[str]:
     names = {f"EVORA_{field.upper()}" for field in Settings.model_fields}
-    for package in ("shared/evora", "evora_services"):
+    for package in ("shared/evora", "services/evora_services"):
         for path in (ROOT / package).rglob("*.py"):
             names.update(NAME.findall(path.read_text(encoding="utf-8")))
     return names

@@ -13,7 +13,7 @@ PAGES = (
     *sorted((REPO / "docs").glob("*.md")),
     *sorted((REPO / "docs" / "benchmarks").glob("*.md")),
     REPO / "sdks" / "typescript" / "README.md",
-    REPO / "evora_services" / "pipeline" / "README.md",
+    REPO / "services" / "evora_services" / "pipeline" / "README.md",
 )
 LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 FENCED = re.compile(r"^ {0,3}(`{3,}|~{3,}).*?^ {0,3}\1\s*$", re.MULTILINE | re.DOTALL)

@@ -8,5 +8,5 @@ from scripts.sdk_reference import TARGET, render
 
 def test_the_python_sdk_reference_is_current() -> None:
     assert TARGET.read_text() == render(), (
-        "docs/sdk-python.md is stale: PYTHONPATH=shared:. .venv/bin/python -m scripts.sdk_reference"
+        "docs/sdk-python.md is stale: .venv/bin/python -m scripts.sdk_reference"
     )

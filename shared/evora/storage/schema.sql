@@ -2,7 +2,7 @@
 -- (normalised: no comments, no session settings; the functions' comments are in functions/).
 -- Never edit by hand: a test compares it with a freshly migrated database; after adding a
 -- migration or changing a function file, regenerate it with
---     PYTHONPATH=shared:. python -m tests.schemadump
+--     python -m tests.schemadump
 
 CREATE SCHEMA evora;
 

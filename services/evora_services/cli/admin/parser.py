@@ -8,8 +8,8 @@ from typing import Any, TypeAlias
 import orjson
 
 from evora.protocol.states import JobState
-from evora_services.admin_cli import commands
-from evora_services.admin_cli.exits import Exit
+from evora_services.cli.admin import commands
+from evora_services.cli.admin.exits import Exit
 
 # A string: the class is generic for type checkers only.
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

@@ -1,5 +1,5 @@
 """The api's `submit` and the dispatcher's `claim` spans (imported only when the process
-traces: see evora_services.tracing)."""
+traces: see evora.tracing)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The `evora` command. Services need the `server` extra; `evora worker` runs on the SDK
-alone (a worker's `pip install evora-queue`), so it reads its few settings without the services'
-configuration class."""
+"""The `evora` command, the composition root: it builds and runs the services (this package
+also holds `evora dev`, `evora doctor` and the operator commands). Services need the `server`
+extra; `evora worker` runs on the SDK alone (a worker's `pip install evora-queue`), so it
+reads its few settings without the services' configuration class."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, get_args
 
 from evora.logs import LogFormat, configure_logging
-from evora_services.admin_cli.parser import add_commands
+from evora_services.cli.admin.parser import add_commands
 
 if TYPE_CHECKING:
     from evora.config import Settings
@@ -90,13 +91,13 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _doctor(args: argparse.Namespace, settings: Settings) -> int:
-    from evora_services.doctor import main
+    from evora_services.cli.doctor import main
 
     return main(args, settings)
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> int:
-    from evora_services.dev import run_dev
+    from evora_services.cli.dev import run_dev
 
     return run_dev(settings)
 
@@ -163,7 +164,7 @@ Command = Callable[[argparse.Namespace, "Settings"], int]
 
 _PIPELINE_ENV = (
     "EVORA_DATABASE_URL (required), EVORA_ARCHIVE_URL, EVORA_JDBC_JAR, EVORA_LOG_LEVEL; "
-    "see evora_services/pipeline/README.md"
+    "see services/evora_services/pipeline/README.md"
 )
 
 
@@ -423,14 +424,14 @@ def _worker_logging(args: argparse.Namespace) -> None:
 def _tracing(command: str) -> None:
     """OpenTelemetry from the OTEL_* environment, when it asks for tracing (imported only
     then); ValueError for a setting it cannot honour."""
-    from evora_services.tracing import configure
+    from evora.tracing import configure
 
     configure(command, os.environ)
 
 
 def _services_main(args: argparse.Namespace) -> int:
     from evora.config import LOOPBACK, ConfigError, check_environment, load_settings
-    from evora_services.startup_errors import explain
+    from evora_services.cli.startup_errors import explain
 
     dev = getattr(args, "dev", False)
     try:
@@ -494,7 +495,7 @@ def _server_extra_missing(command: str) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if hasattr(args, "operate"):  # the operator commands: the SDK alone, no logging set up
-        from evora_services.admin_cli.run import run
+        from evora_services.cli.admin.run import run
 
         return run(args)
     if args.command == "worker":
@@ -513,7 +514,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, file=sys.stderr)
         return 2
     return _services_main(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

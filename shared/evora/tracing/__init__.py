@@ -57,7 +57,7 @@ def configure(service: str, environ: Mapping[str, str]) -> None:
     if not exporters:
         return
     try:
-        from evora_services.tracing.setup import provider_from_environment
+        from evora.tracing.setup import provider_from_environment
     except ImportError as exc:
         log.warning(
             "tracing is configured (OTEL_*) but OpenTelemetry is not installed (%s): "

@@ -30,7 +30,7 @@ from evora.config import LOOPBACK, ROLES, Settings, parse_tokens
 from evora.http.serve import serve_app, stop_on_signals
 from evora.logs import redact_secrets
 from evora.storage.migrate import apply_migrations
-from evora_services.startup_errors import StartupError
+from evora_services.cli.startup_errors import StartupError
 
 # The file, in the data directory, that a shell sources for the URLs and tokens of the
 # running system (`. .evora/env`); written once the services listen, removed at the end.

@@ -19,10 +19,10 @@ from evora.sdk.errors import (
     NotFoundError,
     UnauthorizedError,
 )
-from evora_services.admin_cli.commands import Operation, Outcome
-from evora_services.admin_cli.exits import Exit
-from evora_services.admin_cli.output import as_json
-from evora_services.admin_cli.parser import DEFAULT_API_URL, ENV_ADMIN_TOKEN, ENV_API_URL
+from evora_services.cli.admin.commands import Operation, Outcome
+from evora_services.cli.admin.exits import Exit
+from evora_services.cli.admin.output import as_json
+from evora_services.cli.admin.parser import DEFAULT_API_URL, ENV_ADMIN_TOKEN, ENV_API_URL
 
 # One exchange answers quickly or not at all: a script should not hang on a dead api.
 TIMEOUT_SECONDS = 30.0

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from evora import tracing
 from evora.config import Settings
 from evora.http.app import METRICS, create_base_app, open_pool
 from evora.http.routing import install
 from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.listener import Listener
-from evora_services import tracing
 from evora_services.dispatcher.limits import LimitWatch
 from evora_services.dispatcher.metrics import DispatcherMetrics
 from evora_services.dispatcher.routes import routes

@@ -85,7 +85,7 @@ def event_totals(events: DataFrame) -> DataFrame:
 
 
 def queue_totals(totals: DataFrame) -> DataFrame:
-    """The documented `analytics_queue_totals` (evora_services/pipeline/README.md), from
+    """The documented `analytics_queue_totals` (services/evora_services/pipeline/README.md), from
     `event_totals`: the stats `totals` keys (0 when an event never happened), and every event
     name in `by_event`."""
     per_queue = totals.where(F.col("type") == ALL_TYPES)

@@ -21,8 +21,8 @@ from evora.config import Settings
 from evora.storage import doctor, locks
 from evora.storage.db import STATEMENT_TIMEOUT_MS, connect, session_settings
 from evora.storage.migrate import missing_versions, stale_function_files
+from evora_services.cli.startup_errors import explain
 from evora_services.dispatcher.wakeups import POLL_SECONDS
-from evora_services.startup_errors import explain
 
 Verdict = Literal["ok", "warn", "fail"]
 

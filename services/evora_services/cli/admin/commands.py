@@ -11,8 +11,8 @@ from typing import Any
 
 from evora.protocol.states import JobState
 from evora.sdk.client import Client, JobData, SubmitOptions
-from evora_services.admin_cli.exits import Exit
-from evora_services.admin_cli.output import record, table
+from evora_services.cli.admin.exits import Exit
+from evora_services.cli.admin.output import record, table
 
 JOB_COLUMNS = ("id", "queue", "type", "state", "attempt", "created_at")
 JOB_FIELDS = (

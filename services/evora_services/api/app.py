@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from evora import tracing
 from evora.config import Settings
 from evora.http.app import READINESS, SETTINGS, create_base_app, open_pool
 from evora.http.routing import install
@@ -15,14 +16,13 @@ from evora.readmodels.reader import ReadModels
 from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.schedules import ScheduleStore
-from evora_services import tracing
+from evora.tracing import TRACER
 from evora_services.api.dashboard import dashboard
 from evora_services.api.limits import LIMITS, limits
 from evora_services.api.routes import STORE, SUBMITS, admin, producer
 from evora_services.api.schedules import SCHEDULES, schedules
 from evora_services.api.stats import READ_MODELS, stats
 from evora_services.api.tracing import traced_submitter
-from evora_services.tracing import TRACER
 
 SERVICE = "api"
 TITLE = "Evora API"

@@ -11,7 +11,7 @@ scripts/bench_pipeline.py; the per-job table is cached).
 
 Outputs go to Parquet under the output URL, one directory per output, and from there to
 MongoDB collections `analytics_<output>` (`analytics_queue_totals` is the documented one:
-evora_services/pipeline/README.md).
+services/evora_services/pipeline/README.md).
 """
 
 from __future__ import annotations

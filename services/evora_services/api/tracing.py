@@ -1,5 +1,5 @@
 """The trace context of submissions: the producer's `traceparent` header, checked, and the
-api's `submit` span when the process traces (evora_services.tracing). Without tracing the
+api's `submit` span when the process traces (evora.tracing). Without tracing the
 producer's context is stored as given, so a traced producer and worker still share a trace."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from evora.protocol.jobs import JobSubmission
 from evora.protocol.tracing import TRACEPARENT
 from evora.storage.jobs import JobStore, RequestsFlush
 from evora.storage.submissions import Submitted
-from evora_services.tracing import TRACER
-from evora_services.tracing.traceparent import valid_traceparent
+from evora.tracing import TRACER
+from evora.tracing.traceparent import valid_traceparent
 
 if TYPE_CHECKING:
-    from evora_services.tracing.spans import SubmitSpan
+    from evora.tracing.spans import SubmitSpan
 
 # A submission and the traceparent its job is stored with.
 TracedSubmission = tuple[JobSubmission, str | None]
@@ -58,7 +58,7 @@ def submit_trace(
     if tracer is None:
         yield SubmitTrace(incoming, None)
         return
-    from evora_services.tracing.spans import submit_span
+    from evora.tracing.spans import submit_span
 
     with submit_span(tracer, incoming, submissions) as span:
         yield SubmitTrace(span.traceparent, span)

@@ -176,7 +176,7 @@ async def _deliver_traced(
     if any. Traces are worth less than the claimed jobs: if they cannot be read, the jobs
     go out without them rather than wait for their leases to run out."""
     assert dispatch.tracer is not None
-    from evora_services.tracing.spans import claim_span
+    from evora.tracing.spans import claim_span
 
     try:
         traceparents = await dispatch.store.traceparents([job["id"] for job in jobs])
