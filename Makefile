@@ -11,4 +11,4 @@ lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy shared/evora services/evora_services tests bench scripts
 
 bench-store:
-	.venv/bin/python scripts/bench_store.py
+	.venv/bin/python -m bench.store

@@ -2,8 +2,8 @@
 through the job store on one durable PostgreSQL, with no limit defined or with 1,000 keys
 each limited, and print the drain's throughput and the claim's latency.
 
-    python bench/limits.py --phase none    # no limit defined
-    python bench/limits.py --phase keys    # 1,000 keys, each concurrency 5 and 500 claims/s
+    python -m bench.limits --phase none    # no limit defined
+    python -m bench.limits --phase keys    # 1,000 keys, each concurrency 5 and 500 claims/s
 
 Only `evora.storage` and `evora.embedded` are used, and limits are defined in SQL, so the
 `none` phase runs unchanged on a checkout from before flow control: an A/B of the claim is

@@ -1,5 +1,5 @@
 """CPU time and memory of processes and of the machine, read from /proc (Linux only, as the
-benchmarks are): the benchmark package and scripts/bench_store.py both measure with these."""
+benchmarks are): the benchmark package and bench/store.py both measure with these."""
 
 from __future__ import annotations
 

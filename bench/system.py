@@ -13,6 +13,15 @@ from bench.children import Child, Children
 REPO = Path(__file__).resolve().parents[1]
 
 
+def source_path(checkout: Path) -> str:
+    """A PYTHONPATH running `checkout`'s code, not whatever the environment has installed (an
+    editable install of another worktree would mix its `evora` with that checkout's): its
+    source roots, in either layout (`evora_services` sat at the top before it moved into
+    `services/`)."""
+    roots = [checkout / "shared", checkout / "services", checkout]
+    return os.pathsep.join(map(str, roots))
+
+
 class System(ABC):
     """One system in one repetition: its database, its long-running processes (services;
     the worker is started by the harness through the runner) and its runner command."""
@@ -39,12 +48,7 @@ class System(ABC):
 
     def runner_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
-        # The source checkout's SDK and services, not whatever the environment has installed:
-        # an editable install of another worktree would otherwise mix its `evora` with these.
-        # Its source roots in either layout (`evora_services` at the top before it moved into
-        # `services/`).
-        roots = [self.source / "shared", self.source / "services", self.source]
-        env["PYTHONPATH"] = os.pathsep.join(map(str, roots))
+        env["PYTHONPATH"] = source_path(self.source)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

@@ -7,7 +7,7 @@ counted twice even while files of an uncommitted archive run lie in the archive,
 horizon makes the input a fixed set (every transaction below it has ended), so each output
 is computed from the same events although Spark reads the source again for several of them
 (caching all events costs more than rereading them at the sizes measured, see
-scripts/bench_pipeline.py; the per-job table is cached).
+bench/pipeline.py; the per-job table is cached).
 
 Outputs go to Parquet under the output URL, one directory per output, and from there to
 MongoDB collections `analytics_<output>` (`analytics_queue_totals` is the documented one:

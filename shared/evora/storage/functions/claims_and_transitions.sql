@@ -136,7 +136,7 @@ $$;
 -- state, queue and run_at used for the index scan (tests/integration/test_claim_rule.py).
 -- The FIFO group part of the rule is not in it: it needs subqueries, and as a function
 -- called once per grouped candidate it cost ~40 % more PostgreSQL CPU on claims of grouped
--- jobs (scripts/bench_store.py --quick --groups 1000, drain phases). Each claim writes
+-- jobs (bench/store.py --quick --groups 1000, drain phases). Each claim writes
 -- it out (the same text, after evora_claimable()), and tests/integration/test_claim_rule.py
 -- proves both claims take the same jobs.
 CREATE OR REPLACE FUNCTION evora_queue_paused(in_queue text) RETURNS boolean

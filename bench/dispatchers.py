@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Drain throughput with 1, 2 and 3 dispatcher processes on the same PostgreSQL.
 
 Not a test: it measures and prints. It starts its own PostgreSQL (`LocalPostgres`,
@@ -11,7 +10,7 @@ reports the rate between 10% and 90% completed (worker start-up and the tail lef
 and the CPU seconds per 1,000 jobs of the dispatchers and of PostgreSQL over the whole
 drain.
 
-    PYTHONPATH=shared:. python scripts/bench_dispatchers.py --jobs 20000 --rounds 2
+    python -m bench.dispatchers --jobs 20000 --rounds 2
 """
 
 from __future__ import annotations
@@ -31,16 +30,13 @@ from typing import IO
 import aiohttp
 import asyncpg
 
+from bench import procstats
+from bench.system import source_path
 from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations
-
-# Run as a file: the repository's bench package, whose /proc readings this shares, is
-# importable from the repository root.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import procstats
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,10 +56,9 @@ def evora(*args: str) -> list[str]:
 
 def env(dsn: str, **variables: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("EVORA_")}
-    path = f"{ROOT / 'shared'}:{ROOT}"
     return {
         **base,
-        "PYTHONPATH": path,
+        "PYTHONPATH": source_path(ROOT),
         "EVORA_DATABASE_URL": dsn,
         "EVORA_TOKENS": f"worker:{TOKEN}",
         "EVORA_HOST": "127.0.0.1",

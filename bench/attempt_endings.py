@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A/B of the statements that end attempts (`complete`, `fail`, `release`, `expire_leases`)
 between this checkout and an earlier revision, on one PostgreSQL, interleaved.
 
@@ -17,7 +16,7 @@ kind, timing those statements alone:
 It prints the median microseconds per ended job of each variant and statement over the
 rounds, and their ratio. The submit and claim around them are not timed.
 
-    python scripts/bench_attempt_endings.py --baseline ab92bd1 --rounds 7 --jobs 2000
+    python -m bench.attempt_endings --baseline ab92bd1 --rounds 7 --jobs 2000
 """
 
 from __future__ import annotations

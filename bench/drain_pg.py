@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """What PostgreSQL spends per drained job: CPU and WAL of the claim and completion path.
 
 Not a test: it measures and prints. It starts its own PostgreSQL (`LocalPostgres`, default
 durability) in a temporary directory, applies the migrations of the `evora` package on the
-path (so `PYTHONPATH=<checkout>/shared:<checkout>` picks the code to measure), loads some
+path (so `PYTHONPATH=<checkout>/shared` picks the code to measure), loads some
 finished history (and with `--running`, jobs that other workers hold RUNNING in another
 queue), and then, per round: submits `--jobs` jobs, CHECKPOINTs, and drains them
 as one SDK worker does as deployed, one claim of `--batch` jobs at a time followed by one
@@ -12,7 +11,7 @@ as one SDK worker does as deployed, one claim of `--batch` jobs at a time follow
 stores them) and of the drain, WAL bytes and full-page images per job, and with
 `--waldump` the WAL of the last round by record type (`pg_walinspect`).
 
-    PYTHONPATH=shared:. python scripts/bench_drain_pg.py --rounds 3 --jobs 10000
+    python -m bench.drain_pg --rounds 3 --jobs 10000
 """
 
 from __future__ import annotations
@@ -27,16 +26,12 @@ from pathlib import Path
 
 import asyncpg
 
+from bench import procstats
 from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
 from evora.storage.jobs import Completion, JobStore
 from evora.storage.migrate import apply_migrations
-
-# Run as a file: the repository's bench package, whose /proc readings this shares, is
-# importable from the repository root.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import procstats
 
 QUEUE = "drain"
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the auditor (evora.storage.audit, docs/audit.md) costs: the time of one audit over
 the newest 10k events and over the whole history of about 100k events, on a history the
 system's own statements wrote.
@@ -10,7 +9,7 @@ limit so the limit checks have claims to replay), then times `audit()` over wind
 newest N events (`from_seq`), each `--rounds` times, and prints the median seconds and
 microseconds per event.
 
-    python scripts/bench_audit.py --events 100000 --rounds 5
+    python -m bench.audit --events 100000 --rounds 5
 """
 
 from __future__ import annotations

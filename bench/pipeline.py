@@ -1,9 +1,9 @@
 """Pipeline benchmark: `evora pipeline run` (Spark, local mode) against the same aggregates in
 plain SQL inside PostgreSQL, and the throughput of `evora pipeline archive`.
 
-    python scripts/bench_pipeline.py                 # 1,000,000 events
-    python scripts/bench_pipeline.py --events 100000 --rounds 1
-    python scripts/bench_pipeline.py --master spark://127.0.0.1:7077 \
+    python -m bench.pipeline                 # 1,000,000 events
+    python -m bench.pipeline --events 100000 --rounds 1
+    python -m bench.pipeline --master spark://127.0.0.1:7077 \
         --conf spark.executor.memory=1g --conf spark.cores.max=2   # on a Spark cluster
 
 Starts its own PostgreSQL (embedded wheel, non-durable: the bulk load is not what is

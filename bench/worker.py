@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """CPU per job of the SDK worker alone (`evora.Worker`), against a canned dispatcher.
 
 Not a test: it measures and prints. A stand-in dispatcher runs in a child process (so its
@@ -10,8 +9,8 @@ jobs; the figures are this process's CPU time (`time.process_time`) per job and 
 garbage collections per 1,000 jobs (`gc.get_stats`). It repeats that `--runs` times, each
 in a fresh worker. To compare two checkouts, run it with each one's `shared` on PYTHONPATH.
 
-    python scripts/bench_worker.py                   # 5 runs of 60,000 jobs
-    python scripts/bench_worker.py --jobs 20000 --runs 3
+    python -m bench.worker                   # 5 runs of 60,000 jobs
+    python -m bench.worker --jobs 20000 --runs 3
 """
 
 from __future__ import annotations

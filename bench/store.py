@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of the job store (`evora.storage.jobs.JobStore`) against a real PostgreSQL.
 
 Not a test: it measures and prints. By default it starts its own PostgreSQL 18
@@ -20,12 +19,12 @@ seconds of the cluster and of this process (own server only), CPU seconds of eve
 else on the machine (a noise indicator), and this process's peak RSS during the phase.
 Results are described in docs/benchmarks.md.
 
-    python scripts/bench_store.py                 # full size: 100k jobs, 1M history
-    python scripts/bench_store.py --quick         # smoke run, small numbers
-    python scripts/bench_store.py --explain       # also EXPLAIN ANALYZE one claim per drain
-    python scripts/bench_store.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
-    python scripts/bench_store.py --coalesced 64 --jobs 20000  # single requests instead
-    python scripts/bench_store.py --quick --groups 1000  # every job in one of 1000 FIFO groups
+    python -m bench.store                 # full size: 100k jobs, 1M history
+    python -m bench.store --quick         # smoke run, small numbers
+    python -m bench.store --explain       # also EXPLAIN ANALYZE one claim per drain
+    python -m bench.store --dsn postgresql://postgres@127.0.0.1:5432/postgres
+    python -m bench.store --coalesced 64 --jobs 20000  # single requests instead
+    python -m bench.store --quick --groups 1000  # every job in one of 1000 FIFO groups
 
 With `--coalesced C` it measures concurrent single requests instead: N jobs submitted one
 per call by C concurrent producers through a submission coalescer, then claimed (not
@@ -61,6 +60,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from bench import procstats
 from evora.coalesce import Coalescer
 from evora.domain.errors import EvoraError
 from evora.embedded import LocalPostgres
@@ -77,11 +77,6 @@ from evora.storage.jobs import (
 )
 from evora.storage.migrate import apply_migrations
 from evora.storage.submissions import Submitted
-
-# Run as a file (python scripts/bench_store.py): the repository's bench package, whose
-# /proc readings this benchmark shares, is importable from the repository root.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import procstats
 
 QUEUE = "bench"
 JOB_TYPE = "bench.noop"
@@ -915,7 +910,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("config: " + ", ".join(f"{k}={v}" for k, v in asdict(config).items()))
     code = code_info()
     print("code: " + ", ".join(f"{k}={v}" for k, v in code.items()))
-    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m bench.store", *(argv if argv is not None else sys.argv[1:])])
     print(f"command: {command}", flush=True)
     started = time.perf_counter()
     if args.dsn:

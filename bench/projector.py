@@ -1,8 +1,8 @@
 """Projector benchmark: catch-up throughput (events/s), MongoDB writes per event, and lag
 while a steady workload runs.
 
-    python scripts/bench_projector.py            # 20,000 jobs backlog, 30 s live phase
-    python scripts/bench_projector.py --quick
+    python -m bench.projector            # 20,000 jobs backlog, 30 s live phase
+    python -m bench.projector --quick
 
 Starts its own durable PostgreSQL (embedded wheel) and MongoDB-wire server (secantusd-py),
 both in a temp dir. The local MongoDB-wire server is far slower than a real MongoDB (it is
