@@ -43,7 +43,7 @@ from bench.evora_system import EvoraSystem
 from bench.runnerkit import JOB_TYPE, QUEUE
 from bench.stats import distribution, median
 from bench.workloads import POLL_S, Repetition, Workload
-from evora.protocol.limits import MAX_BATCH, MAX_DEPENDENCIES
+from evora.protocol.bounds import MAX_BATCH, MAX_DEPENDENCIES
 from evora.sdk.client import Client, Submission
 
 # The comparison's latency phase is not what this benchmark is about: short, for its drain.

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from evora.protocol.limits import (
+from evora.protocol.bounds import (
     DEFAULT_BODY_BUDGET_BYTES,
     DEFAULT_MAX_PAYLOAD_BYTES,
     items_body_bytes,

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from evora.http.problems import PROBLEM_CONTENT_TYPE
+from evora.protocol.bounds import QUEUE_PATTERN, TYPE_PATTERN
 from evora.protocol.jobs import BatchResult, JobList, JobResponse, QueuePauseState, Redriven
-from evora.protocol.limits import QUEUE_PATTERN, TYPE_PATTERN
 from tests.api.conftest import ADMIN, ApiClient
 
 FUZZ = settings(

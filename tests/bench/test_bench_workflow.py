@@ -11,7 +11,7 @@ import pytest
 
 from bench import workflow
 from bench.cluster import Cluster
-from evora.protocol.limits import MAX_DEPENDENCIES
+from evora.protocol.bounds import MAX_DEPENDENCIES
 
 # 2,000 children in groups of 10: 200 group joins under the final join. Enough submitting
 # that the api's CPU spans several of /proc's 10 ms clock ticks (with 25 children it read 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evora.protocol.limits import MAX_WAIT_SECONDS
+from evora.protocol.bounds import MAX_WAIT_SECONDS
 from tests.deploy import artifacts
 from tests.deploy.test_kubernetes import render
 

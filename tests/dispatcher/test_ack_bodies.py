@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from evora.http.bodies import problem_from
-from evora.protocol.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_ACKS
+from evora.protocol.bounds import DEFAULT_MAX_PAYLOAD_BYTES, MAX_ACKS
 from evora.protocol.worker import AcksRequest, ClaimRequest
 from evora.storage.jobs import JobStore
 from tests.dispatcher.conftest import WORKER, Dispatcher

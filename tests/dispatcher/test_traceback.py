@@ -7,7 +7,7 @@ from uuid import UUID
 
 import asyncpg
 
-from evora.protocol.limits import MAX_ERROR_TRACEBACK
+from evora.protocol.bounds import MAX_ERROR_TRACEBACK
 from evora.storage.jobs import JobStore
 from tests.dispatcher.conftest import Dispatcher
 from tests.dispatcher.test_worker_api import claim, submit

@@ -25,8 +25,8 @@ from pydantic import BaseModel
 
 from evora import Client, Submission
 from evora.http.problems import PROBLEM_CONTENT_TYPE
+from evora.protocol.bounds import QUEUE_PATTERN, TYPE_PATTERN
 from evora.protocol.jobs import Job as JobModel
-from evora.protocol.limits import QUEUE_PATTERN, TYPE_PATTERN
 from evora.protocol.worker import AcksResponse, ClaimResponse, HeartbeatResponse
 from tests.e2e.conftest import FAST, WORKER_HEADERS
 from tests.servers import PRODUCER_TOKEN, start_api, start_dispatcher

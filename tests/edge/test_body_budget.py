@@ -19,7 +19,7 @@ from evora.http.app import create_base_app
 from evora.http.bodies import PARSED_VALUE, read_json_body
 from evora.http.budget import BODY_BUDGETS, BODY_RESERVED, BodyBudgets
 from evora.http.routing import Routes, install
-from evora.protocol.limits import MIB
+from evora.protocol.bounds import MIB
 from tests.polling import until
 from tests.servers import Service, serve
 

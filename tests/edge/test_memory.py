@@ -15,7 +15,7 @@ import uuid
 import aiohttp
 import orjson
 
-from evora.protocol.limits import MIB
+from evora.protocol.bounds import MIB
 from tests.e2e.conftest import WORKER_HEADERS
 from tests.edge.conftest import Running, StartService
 from tests.servers import PRODUCER_TOKEN

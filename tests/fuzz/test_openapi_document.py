@@ -16,7 +16,7 @@ from openapi_spec_validator import validate
 from evora.config import Settings
 from evora.http.openapi import openapi_document
 from evora.http.problems import PROBLEM_CONTENT_TYPE
-from evora.protocol.limits import QUEUE_PATTERN
+from evora.protocol.bounds import QUEUE_PATTERN
 from evora_services.api.app import create_app as create_api
 from evora_services.api.models import JobListQuery, decode_cursor, encode_cursor
 from evora_services.dispatcher.app import create_app as create_dispatcher

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 import evora
-from evora.protocol.limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
+from evora.protocol.bounds import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
 from evora.sdk.handlers import runs_on_loop
 from evora.sdk.running import failure_from_exception
 

@@ -9,7 +9,7 @@ import pytest
 
 from evora.config import Settings
 from evora.http.budget import ByteBudget
-from evora.protocol.limits import DEFAULT_BODY_BUDGET_BYTES, MIB
+from evora.protocol.bounds import DEFAULT_BODY_BUDGET_BYTES, MIB
 from tests.polling import until
 
 

@@ -16,8 +16,8 @@ from evora.http.bodies import parse_body, parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem, validation_problem
 from evora.http.routing import Routes
+from evora.protocol.bounds import LIMIT_NAME_PATTERN, MAX_PAGE
 from evora.protocol.fields import WireModel
-from evora.protocol.limits import LIMIT_NAME_PATTERN, MAX_PAGE
 from evora.storage.limits import LimitSpec, LimitStore
 from evora.storage.limits import Rate as StoredRate
 from evora_services.api.routes import SMALL_BODY_LIMIT

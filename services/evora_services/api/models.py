@@ -9,8 +9,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
+from evora.protocol.bounds import MAX_PAGE
 from evora.protocol.fields import QueueName, TypeName
-from evora.protocol.limits import MAX_PAGE
 from evora.protocol.states import JobState
 
 _CURSOR_BYTES = 8  # a submit_seq is a PostgreSQL bigint

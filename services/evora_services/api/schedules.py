@@ -23,8 +23,8 @@ from evora.http.bodies import parse_body, parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem, validation_problem
 from evora.http.routing import Routes
+from evora.protocol.bounds import DEPENDENCY_REF_PREFIX, MAX_PAGE, QUEUE_PATTERN
 from evora.protocol.jobs import JobResponse, JobSubmission, LastError
-from evora.protocol.limits import DEPENDENCY_REF_PREFIX, MAX_PAGE, QUEUE_PATTERN
 from evora.storage.schedules import ScheduleSpec, ScheduleStore
 from evora_services.api.routes import submission_body_limit
 from evora_services.api.stats import QueueCursor, encode_key

@@ -19,8 +19,8 @@ from evora.http.bodies import parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem
 from evora.http.routing import Routes
+from evora.protocol.bounds import LIMIT_NAME_PATTERN, MAX_PAGE, QUEUE_PATTERN
 from evora.protocol.fields import QueueName
-from evora.protocol.limits import LIMIT_NAME_PATTERN, MAX_PAGE, QUEUE_PATTERN
 from evora.readmodels.reader import Page, ReadModels
 from evora.readmodels.stats import HISTORY_MINUTES
 from evora_services.api.paths import queue_name

@@ -21,8 +21,8 @@ from pydantic_core import PydanticCustomError
 
 from evora.http.app import SETTINGS
 from evora.http.bodies import exact_values, items_limit, problem_from, read_json_body
+from evora.protocol.bounds import MAX_ACKS
 from evora.protocol.fields import encode_client_json
-from evora.protocol.limits import MAX_ACKS
 from evora.protocol.worker import Ack, AcksRequest, ClaimRequest
 
 M = TypeVar("M", ClaimRequest, AcksRequest)

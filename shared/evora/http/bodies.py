@@ -40,6 +40,7 @@ from evora.http.problems import (
     unavailable,
     validation_problem,
 )
+from evora.protocol.bounds import KIB, items_body_bytes
 from evora.protocol.fields import (
     DIGITS_AS_ZERO,
     RoundedOutOfRange,
@@ -47,7 +48,6 @@ from evora.protocol.fields import (
     json_skeleton,
     with_exact_values,
 )
-from evora.protocol.limits import KIB, items_body_bytes
 from evora.protocol.problems import PAYLOAD_TOO_LARGE
 
 M = TypeVar("M", bound=BaseModel)

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from evora.protocol.limits import (
+from evora.protocol.bounds import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     KEY_MAX_LENGTH,
     QUEUE_PATTERN,

@@ -14,6 +14,15 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evora.protocol.bounds import (
+    DEPENDENCY_REF_PREFIX,
+    LIMIT_KEY_PATTERN,
+    MAX_BATCH,
+    MAX_DEPENDENCIES,
+    MAX_LIMIT_KEYS,
+    MAX_SECONDS,
+    REF_PATTERN,
+)
 from evora.protocol.fields import (
     Key,
     Payload,
@@ -22,15 +31,6 @@ from evora.protocol.fields import (
     TypeName,
     WholeNumber,
     WireModel,
-)
-from evora.protocol.limits import (
-    DEPENDENCY_REF_PREFIX,
-    LIMIT_KEY_PATTERN,
-    MAX_BATCH,
-    MAX_DEPENDENCIES,
-    MAX_LIMIT_KEYS,
-    MAX_SECONDS,
-    REF_PATTERN,
 )
 from evora.protocol.states import JobState
 

@@ -8,6 +8,15 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evora.protocol.bounds import (
+    MAX_ACKS,
+    MAX_CLAIM_JOBS,
+    MAX_CLAIM_QUEUES,
+    MAX_ERROR_MESSAGE,
+    MAX_ERROR_TRACEBACK,
+    MAX_SECONDS,
+    MAX_WAIT_SECONDS,
+)
 from evora.protocol.fields import (
     Progress,
     QueueName,
@@ -17,15 +26,6 @@ from evora.protocol.fields import (
     WorkerId,
 )
 from evora.protocol.jobs import ClaimedJob
-from evora.protocol.limits import (
-    MAX_ACKS,
-    MAX_CLAIM_JOBS,
-    MAX_CLAIM_QUEUES,
-    MAX_ERROR_MESSAGE,
-    MAX_ERROR_TRACEBACK,
-    MAX_SECONDS,
-    MAX_WAIT_SECONDS,
-)
 
 
 class HeartbeatRequest(WireModel):

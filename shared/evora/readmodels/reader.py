@@ -8,7 +8,7 @@ from typing import Any
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from evora.protocol.limits import MAX_PAGE
+from evora.protocol.bounds import MAX_PAGE
 from evora.readmodels.layout import (
     CONTROL,
     Document,

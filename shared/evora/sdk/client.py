@@ -37,7 +37,7 @@ from typing import Any, Final, Literal, Required, Self, TypedDict, Unpack, overl
 from urllib.parse import quote
 from uuid import UUID
 
-from evora.protocol.limits import MAX_PAGE
+from evora.protocol.bounds import MAX_PAGE
 from evora.protocol.retries import RetryBackoff
 from evora.protocol.states import JobState
 from evora.sdk._http import NO_BODY, Response, Transport

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from evora.protocol.limits import TYPE_PATTERN
+from evora.protocol.bounds import TYPE_PATTERN
 from evora.sdk.errors import JobCancelled
 
 _TYPE_RE = re.compile(TYPE_PATTERN)

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from evora.protocol.limits import MAX_ERROR_MESSAGE
+from evora.protocol.bounds import MAX_ERROR_MESSAGE
 from evora.protocol.retries import RETRYABLE_STATUSES, RetryBackoff
 from evora.sdk._http import Transport
 from evora.sdk.acks import Ack, AckBatcher

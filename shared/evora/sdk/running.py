@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from evora.protocol.limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
+from evora.protocol.bounds import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
 from evora.sdk.acks import Ack
 from evora.sdk.handlers import Job
 

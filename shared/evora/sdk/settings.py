@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 from typing import Final
 
-from evora.protocol.limits import MAX_CLAIM_QUEUES, MAX_WAIT_SECONDS, QUEUE_PATTERN
+from evora.protocol.bounds import MAX_CLAIM_QUEUES, MAX_WAIT_SECONDS, QUEUE_PATTERN
 from evora.protocol.retries import RetryBackoff
 
 DEFAULT_DISPATCHER_URL: Final = "http://127.0.0.1:8081"

@@ -66,7 +66,7 @@ from typing import Any
 
 from evora import loops
 from evora.logs import bind, configure_default_logging
-from evora.protocol.limits import MAX_CLAIM_JOBS
+from evora.protocol.bounds import MAX_CLAIM_JOBS
 from evora.protocol.retries import RetryBackoff
 from evora.sdk._http import Transport
 from evora.sdk.acks import Ack

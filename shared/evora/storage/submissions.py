@@ -31,8 +31,8 @@ from evora.domain.errors import (
     IdempotentJobGone,
     InvalidDependency,
 )
+from evora.protocol.bounds import DEPENDENCY_REF_PREFIX
 from evora.protocol.jobs import JobSubmission
-from evora.protocol.limits import DEPENDENCY_REF_PREFIX
 from evora.storage.rows import JobDict, job_from_row
 from evora.storage.statements import load
 

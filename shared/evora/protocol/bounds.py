@@ -1,6 +1,7 @@
-"""The limits of the HTTP interface: what names look like and how much one request may
+"""The bounds of the HTTP interface: what names look like and how much one request may
 carry. The services validate against these, the SDK checks what it can before sending, and
-docs/http-api.md and docs/limits.md describe them."""
+docs/http-api.md and docs/bounds.md describe them. ("Limits" are flow control's, per key:
+docs/flow-control.md.)"""
 
 from __future__ import annotations
 

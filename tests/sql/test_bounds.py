@@ -1,4 +1,4 @@
-"""The numbers the SQL functions validate with are the api's: evora.protocol.limits and the
+"""The numbers the SQL functions validate with are the api's: evora.protocol.bounds and the
 bounds and defaults of the api's submission model."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import asyncpg
 import orjson
 from pydantic import BaseModel
 
-from evora.protocol import limits
+from evora.protocol import bounds
 from evora.protocol.jobs import Backoff, JobSubmission
 
 
@@ -23,18 +23,18 @@ def _bounds(model: type[BaseModel], field: str) -> tuple[Any, Any, Any]:
     return low, high, info.default
 
 
-async def test_the_sql_limits_are_the_apis(app_conn: asyncpg.Connection) -> None:
+async def test_the_sql_bounds_are_the_apis(app_conn: asyncpg.Connection) -> None:
     sql = orjson.loads(await app_conn.fetchval("SELECT evora.limits()::text"))
-    assert sql["queue_pattern"] == limits.QUEUE_PATTERN
-    assert sql["type_pattern"] == limits.TYPE_PATTERN
-    assert sql["key_max_length"] == limits.KEY_MAX_LENGTH
-    assert sql["max_payload_bytes"] == limits.DEFAULT_MAX_PAYLOAD_BYTES
-    assert sql["max_seconds"] == limits.MAX_SECONDS
-    assert sql["max_batch"] == limits.MAX_BATCH
-    assert sql["max_dependencies"] == limits.MAX_DEPENDENCIES
-    assert sql["ref_pattern"] == limits.REF_PATTERN
-    assert sql["limit_key_pattern"] == limits.LIMIT_KEY_PATTERN
-    assert sql["max_limit_keys"] == limits.MAX_LIMIT_KEYS
+    assert sql["queue_pattern"] == bounds.QUEUE_PATTERN
+    assert sql["type_pattern"] == bounds.TYPE_PATTERN
+    assert sql["key_max_length"] == bounds.KEY_MAX_LENGTH
+    assert sql["max_payload_bytes"] == bounds.DEFAULT_MAX_PAYLOAD_BYTES
+    assert sql["max_seconds"] == bounds.MAX_SECONDS
+    assert sql["max_batch"] == bounds.MAX_BATCH
+    assert sql["max_dependencies"] == bounds.MAX_DEPENDENCIES
+    assert sql["ref_pattern"] == bounds.REF_PATTERN
+    assert sql["limit_key_pattern"] == bounds.LIMIT_KEY_PATTERN
+    assert sql["max_limit_keys"] == bounds.MAX_LIMIT_KEYS
     for field in ("priority", "max_attempts", "lease_seconds"):
         low, high, default = _bounds(JobSubmission, field)
         assert (sql[field]["min"], sql[field]["max"], sql[field]["default"]) == (low, high, default)
