@@ -122,24 +122,26 @@ run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "$@" || status=$?
 # The version matrix: 14 to 18 are supported (docs/deploy.md). The whole suite ran above, on
 # 18; each other major runs again the tests whose outcome depends on PostgreSQL itself, ~50
 # tests, about a minute and a half each on 2 cores (most of it one database clone per test):
-# the migrations (syntax, DO blocks, privileges: test_migrations, sql/test_migration,
-# sql/test_role), the planner's choices for the hot statements (the *_cost tests and
-# test_plan_estimates), locking, SKIP LOCKED and snapshots under real concurrency
-# (test_store_concurrency, test_fencing, sql/test_idempotency, sql/test_transactions,
-# test_outbox), and the four services end to end (e2e/test_flow). The rest reaches
-# PostgreSQL only through statements these already run, or checks input in PL/pgSQL the same
-# way on every major (sql/test_validation's ~100 cases). test_server_version makes sure each
-# leg runs on the major it names (and 15 with JIT). tests/integration/test_schema.py compares
+# the migrations (syntax, DO blocks, privileges: test_migrations,
+# sql_enqueue/test_migration, sql_enqueue/test_role), the planner's choices for the hot
+# statements (the *_cost tests and test_plan_estimates), locking, SKIP LOCKED and snapshots
+# under real concurrency (test_store_concurrency, test_fencing, sql_enqueue/test_idempotency,
+# sql_enqueue/test_transactions, test_outbox), and the four services end to end
+# (e2e/test_flow). The rest reaches PostgreSQL only through statements these already run, or
+# checks input in PL/pgSQL the same way on every major (sql_enqueue/test_validation's ~100
+# cases). test_server_version makes sure each leg runs on the major it names (and 15 with JIT). tests/integration/test_schema.py compares
 # pg_dump's text, which differs between majors: 18 only. 15 is Debian's build, with JIT
 # (LLVM); 14, 16 and 17 the npm registry's. The legs run in a full run (no pytest arguments,
 # as CI runs it), or for the majors EVORA_PG_LEGS names ("none" for none).
 PG_LEG_TESTS=(
     tests/integration/test_server_version.py
-    tests/integration/test_migrations.py tests/sql/test_migration.py tests/sql/test_role.py
+    tests/integration/test_migrations.py
+    tests/sql_enqueue/test_migration.py tests/sql_enqueue/test_role.py
     tests/integration/test_plan_estimates.py tests/integration/test_claim_cost.py
     tests/integration/test_ack_cost.py tests/integration/test_limit_usage_cost.py
     tests/integration/test_store_concurrency.py tests/integration/test_fencing.py
-    tests/sql/test_idempotency.py tests/sql/test_transactions.py tests/integration/test_outbox.py
+    tests/sql_enqueue/test_idempotency.py tests/sql_enqueue/test_transactions.py
+    tests/integration/test_outbox.py
     tests/e2e/test_flow.py
 )
 if [ -n "${EVORA_PG_LEGS:-}" ]; then

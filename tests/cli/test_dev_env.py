@@ -1,5 +1,5 @@
 """.evora/env holds what a shell needs to use `evora dev`: the services' URLs and tokens and
-the embedded databases' URLs (psql, `evora.sql`, the pipeline); a shell that sourced it can
+the embedded databases' URLs (psql, `evora.sql_enqueue`, the pipeline); a shell that sourced it can
 start `evora dev` again."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-import evora.sql
+import evora.sql_enqueue
 from evora import Client, Handlers, Job, SubmitOptions, Worker
 from evora.protocol.retries import RETRYABLE_STATUSES
 from evora.storage.leadership import STANDBY_SECONDS
@@ -451,7 +451,7 @@ async def test_a_long_poll_abandoned_at_the_balancer_strands_no_job(
             what="the dispatcher dropped the long-poll its worker abandoned",
         )
         async with pool.acquire() as conn:
-            job_id = await evora.sql.submit(conn, PLAIN, "work")
+            job_id = await evora.sql_enqueue.submit(conn, PLAIN, "work")
         async with http.post(
             deployment.fronts["dispatcher"] + "/v1/claim",
             json={**claim, "worker_id": "next", "wait_seconds": 0},

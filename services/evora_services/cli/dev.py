@@ -239,7 +239,7 @@ def _url(settings: Settings, port: int) -> str:
 def _exports(settings: Settings) -> dict[str, str]:
     """What a client of this system needs, as environment variables: the operator commands
     and curl use EVORA_API_URL with a token, `evora worker` EVORA_DISPATCHER_URL and
-    EVORA_WORKER_TOKEN, psql, `evora.sql` and the pipeline the databases' URLs."""
+    EVORA_WORKER_TOKEN, psql, `evora.sql_enqueue` and the pipeline the databases' URLs."""
     assert settings.database_url is not None and settings.mongo_url is not None
     exports = {
         "EVORA_API_URL": _url(settings, settings.api_port),

@@ -119,7 +119,7 @@ $$;
 -- The bounds and defaults of a submission, its dependencies and the limit keys a job may
 -- hold (named limits() before request bounds and flow-control limits had words of their
 -- own). evora.protocol.bounds and the api's submission model hold the same numbers;
--- tests/sql/test_bounds.py keeps them equal.
+-- tests/sql_enqueue/test_bounds.py keeps them equal.
 CREATE OR REPLACE FUNCTION evora.limits() RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT '{

@@ -57,7 +57,8 @@ def _driver(conn: object) -> tuple[Driver, bool]:
                 c.__module__.startswith("sqlalchemy.ext.asyncio") for c in type(conn).__mro__
             )
     raise TypeError(
-        f"evora.sql needs an asyncpg, psycopg 3 or SQLAlchemy connection, not {type(conn)!r}"
+        "evora.sql_enqueue needs an asyncpg, psycopg 3 or SQLAlchemy connection, "
+        f"not {type(conn)!r}"
     )
 
 
@@ -103,7 +104,7 @@ class _Call:
         self.conn: Any = conn
         self.driver, is_async = _driver(conn)
         if is_async != awaited:
-            use = "evora.sql.submit" if is_async else "evora.sql.submit_sync"
+            use = "evora.sql_enqueue.submit" if is_async else "evora.sql_enqueue.submit_sync"
             raise TypeError(
                 f"{type(conn).__name__} is {'' if is_async else 'not '}async: use {use}"
             )

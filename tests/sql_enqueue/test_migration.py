@@ -14,7 +14,7 @@ import pytest
 
 from evora.storage.migrate import apply_migrations
 from tests.conftest import MakeDatabase
-from tests.sql.conftest import MakeRole
+from tests.sql_enqueue.conftest import MakeRole
 
 # The last version before a later migration (0013) replaced functions of 0011: running 0011
 # again over a newer database puts its own versions back, as any older migration would.

@@ -1,6 +1,6 @@
-"""evora.sql on the application's own connection, per driver: the job is in the caller's
-transaction (gone with its rollback, there with its commit), options and batches go through,
-errors are the driver's with the SQLSTATE of the SQL function."""
+"""evora.sql_enqueue on the application's own connection, per driver: the job is in the
+caller's transaction (gone with its rollback, there with its commit), options and batches go
+through, errors are the driver's with the SQLSTATE of the SQL function."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sqlalchemy
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from evora import sql
+from evora import sql_enqueue as sql
 
 RUN_AT = datetime(2030, 1, 1, tzinfo=UTC)
 OPTIONS: dict[str, Any] = {
@@ -140,7 +140,7 @@ async def test_the_wrong_flavour_or_object_is_refused(db_url: str) -> None:
         await sql.submit(sync_conn, "q", "t")
     conn = await asyncpg.connect(db_url)
     try:
-        with pytest.raises(TypeError, match=r"evora\.sql\.submit$"):
+        with pytest.raises(TypeError, match=r"evora\.sql_enqueue\.submit$"):
             sql.submit_sync(conn, "q", "t")
     finally:
         await conn.close()
@@ -156,8 +156,17 @@ def test_an_unknown_option_is_refused_like_an_unknown_keyword() -> None:
 
 def test_importing_it_loads_no_driver() -> None:
     code = (
-        "import sys, evora.sql; "
+        "import sys, evora.sql_enqueue; "
         "print(sorted(m for m in ('asyncpg', 'psycopg', 'sqlalchemy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_its_first_name_still_imports_the_same_functions() -> None:
+    # `evora.sql` was the module's name in the docs and in applications
+    from evora import sql as first_name
+
+    assert {name: getattr(first_name, name) for name in sql.__all__} == {
+        name: getattr(sql, name) for name in sql.__all__
+    }

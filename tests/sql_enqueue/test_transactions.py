@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from evora_services.dispatcher.state import DISPATCH
 from tests.polling import until
 from tests.servers import Service
-from tests.sql.conftest import PRODUCER, WORKER
+from tests.sql_enqueue.conftest import PRODUCER, WORKER
 
 ROUNDS = 5
 # A claim is woken by the hint in milliseconds; without one the dispatcher's fallback poll

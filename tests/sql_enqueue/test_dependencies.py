@@ -1,6 +1,6 @@
-"""Dependencies submitted in SQL (evora.submit, evora.submit_batch and the evora.sql helpers):
-depends_on, on_dependency_failure and refs as over HTTP, with the same refusals naming the
-field, in the caller's transaction."""
+"""Dependencies submitted in SQL (evora.submit, evora.submit_batch and the evora.sql_enqueue
+helpers): depends_on, on_dependency_failure and refs as over HTTP, with the same refusals
+naming the field, in the caller's transaction."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from evora import sql
+from evora import sql_enqueue as sql
 from evora.storage import queries
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from tests.sql.conftest import MakeRole
+from tests.sql_enqueue.conftest import MakeRole
 
 FORBIDDEN = [
     "SELECT count(*) FROM jobs",

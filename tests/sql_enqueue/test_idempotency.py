@@ -22,7 +22,7 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage.retention import PRUNE_FINISHED
 from tests.polling import until
 from tests.servers import Service
-from tests.sql.conftest import PRODUCER
+from tests.sql_enqueue.conftest import PRODUCER
 
 CLIENTS = 24
 ROUNDS = 4
