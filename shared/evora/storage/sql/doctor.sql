@@ -1,4 +1,5 @@
--- What `evora doctor` (services/evora_services/cli/doctor.py) reads: each a figure an operator acts on.
+-- What `evora doctor` (services/evora_services/cli/doctor.py) reads: each a figure an
+-- operator acts on.
 -- All are reads of PostgreSQL's own views or of small tables, cheap on a busy queue.
 
 -- name: oldest_xmin_holder
