@@ -49,12 +49,20 @@ class ReplicaPosition:
 
 
 class Replica:
-    """The standby behind `pool`: its last known position, asked at most once at a time."""
+    """The standby behind `pool`: its last known position, asked at most once at a time.
+
+    Its lag is 0 while it has replayed everything it received. Otherwise it is the age of
+    the last transaction it replayed, but no more than the time since it was last seen
+    caught up: an idle primary commits nothing, so after an idle spell the last transaction
+    replayed is old while the standby is only as far behind as the first new commit it has
+    not replayed yet. None when it cannot tell (it has replayed no transaction since it
+    started, and was never seen caught up)."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
         self._known: ReplicaPosition | None = None
         self._known_at = -float("inf")
+        self._caught_up_at: float | None = None
         self._asking: asyncio.Task[ReplicaPosition] | None = None
         self._down_until = -float("inf")
 
@@ -89,8 +97,13 @@ class Replica:
                 row = await self.pool.fetchrow(REPLICA_POSITION)
         finally:
             self._asking = None
-        position = ReplicaPosition(
-            None if row["replayed"] is None else parse_position(row["replayed"]), row["lag"]
-        )
+        if row["caught_up"]:
+            self._caught_up_at, lag = asked_at, 0.0
+        else:
+            since = None if self._caught_up_at is None else time.monotonic() - self._caught_up_at
+            bounds = [age for age in (row["replay_age"], since) if age is not None]
+            lag = min(bounds) if bounds else None
+        replayed = None if row["replayed"] is None else parse_position(row["replayed"])
+        position = ReplicaPosition(replayed, lag)
         self._known, self._known_at = position, asked_at
         return position
