@@ -97,8 +97,9 @@ class Replica:
                 row = await self.pool.fetchrow(REPLICA_POSITION)
         finally:
             self._asking = None
+        lag: float | None = 0.0
         if row["caught_up"]:
-            self._caught_up_at, lag = asked_at, 0.0
+            self._caught_up_at = asked_at
         else:
             since = None if self._caught_up_at is None else time.monotonic() - self._caught_up_at
             bounds = [age for age in (row["replay_age"], since) if age is not None]
