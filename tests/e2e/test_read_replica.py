@@ -378,6 +378,58 @@ async def test_reads_never_go_backwards(
     assert fallbacks.get("behind", 0) > 0
 
 
+async def test_a_replica_lagging_beyond_the_bound_answers_nobody(
+    replicated: Replicated, children: Children, http: aiohttp.ClientSession
+) -> None:
+    # An api that tolerates less lag than the standby's apply delay: while writes stream,
+    # the standby is ~500 ms behind, and even reads without a position (which need nothing
+    # in particular) go to the primary; once the writes stop and it catches up, it answers.
+    port = free_port()
+    await spawn_service(
+        children,
+        http,
+        replicated.primary.dsn(),
+        "api",
+        port,
+        EVORA_READ_DATABASE_URL=replicated.standby.dsn(),
+        EVORA_READ_REPLICA_MAX_LAG="0.2",
+    )
+    strict = f"http://127.0.0.1:{port}"
+    writer = RawClient(http, replicated.apis)
+    job_id = await writer.submit()
+    stop = asyncio.Event()
+
+    async def write() -> None:
+        while not stop.is_set():
+            await writer.submit()
+            await asyncio.sleep(0.02)
+
+    async def read_without_position() -> dict[str, float]:
+        async with http.get(f"{strict}/v1/jobs/{job_id}", headers=PRODUCER) as response:
+            assert response.status in (200, 404)  # eventual, but never a 5xx
+        return (await _counted(http, [strict]))[1]
+
+    writing = asyncio.create_task(write())
+    try:
+
+        async def lag_fallback() -> bool:
+            return (await read_without_position()).get("lag", 0) > 0
+
+        await until(lag_fallback, "a read skips the lagging standby", within=30)
+    finally:
+        stop.set()
+        await writing
+    served, fallbacks = await _counted(http, [strict])
+    _report("max lag 0.2 s, writes streaming", served, fallbacks)
+    print("lag the strict api measured:", await _lags(http, [strict]))
+
+    async def served_again() -> bool:
+        await read_without_position()
+        return (await _counted(http, [strict]))[0] > served
+
+    await until(served_again, "the caught-up standby answers again", within=30)
+
+
 async def test_a_stopped_standby_sends_reads_to_the_primary(
     replicated: Replicated, http: aiohttp.ClientSession
 ) -> None:
