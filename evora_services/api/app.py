@@ -19,7 +19,7 @@ from evora.storage.schedules import ScheduleStore
 from evora_services import tracing
 from evora_services.api.dashboard import dashboard
 from evora_services.api.limits import LIMITS, limits
-from evora_services.api.reads import READS, Reads, positions
+from evora_services.api.reads import READS, Reads, answer_positions
 from evora_services.api.routes import STORE, SUBMITS, admin, producer
 from evora_services.api.schedules import SCHEDULES, schedules
 from evora_services.api.stats import READ_MODELS, stats
@@ -79,7 +79,7 @@ async def create_app(settings: Settings) -> web.Application:
         raise ValueError("the api needs settings.database_url")
     app = create_base_app(settings, SERVICE, TITLE)
     app[TRACER] = tracing.tracer("evora.api")
-    app.middlewares.append(positions)
+    app.middlewares.append(answer_positions)
     app.cleanup_ctx.append(_database)
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
     if settings.mongo_url is not None:

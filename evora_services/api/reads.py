@@ -80,11 +80,11 @@ class Reads:
         self._max_wait = settings.read_replica_max_wait_ms / 1000
         self._max_lag = settings.read_replica_max_lag
 
-        async def positions(items: Sequence[None]) -> list[int]:
+        async def ask(items: Sequence[None]) -> list[int]:
             return [await primary_position(primary_pool)] * len(items)
 
         # Concurrent writes share one question (each asked after their commits).
-        self._positions = Coalescer(positions)
+        self._positions = Coalescer(ask)
         self.served = Counter(
             "evora_read_replica_reads",
             "Reads the read replica answered.",
@@ -183,7 +183,7 @@ async def read_jobs(
 
 
 @web.middleware
-async def positions(
+async def answer_positions(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Reads the client's position from every request; answers every successful write, when

@@ -200,8 +200,8 @@ def _prefers_minimal(request: web.Request) -> bool:
     problems=(404,),
 )
 async def get_job(request: web.Request) -> web.Response:
-    id = job_id(request)
-    job, headers = await read_jobs(request, lambda store: store.get(id))
+    wanted = job_id(request)
+    job, headers = await read_jobs(request, lambda store: store.get(wanted))
     return json_response(job, headers=headers)
 
 
@@ -214,8 +214,8 @@ async def get_job(request: web.Request) -> web.Response:
     problems=(404,),
 )
 async def job_events(request: web.Request) -> web.Response:
-    id = job_id(request)
-    events, headers = await read_jobs(request, lambda store: store.events(id))
+    wanted = job_id(request)
+    events, headers = await read_jobs(request, lambda store: store.events(wanted))
     return json_response({"events": events}, headers=headers)
 
 
@@ -230,9 +230,9 @@ async def job_events(request: web.Request) -> web.Response:
 )
 async def job_dependents(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
-    id = job_id(request)
+    wanted = job_id(request)
     page, headers = await read_jobs(
-        request, lambda store: store.dependents(id, limit=query.limit, after=query.after)
+        request, lambda store: store.dependents(wanted, limit=query.limit, after=query.after)
     )
     cursor = None if page.next_after is None else encode_cursor(page.next_after)
     return json_response({"jobs": page.jobs, "next": cursor}, headers=headers)
