@@ -117,7 +117,10 @@ run_pytest() {
 # EVORA_PG_MAJOR=N runs the given tests on PostgreSQL N instead of 18 (the wheel's).
 [ -z "${EVORA_PG_MAJOR:-}" ] || use_postgres "$EVORA_PG_MAJOR"
 status=0
-run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "$@" || status=$?
+# A full run (CI's) lists its slowest tests: what to look at when the suite's time grows.
+durations=()
+[ "$#" -gt 0 ] || durations=(--durations=40)
+run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${durations[@]}" "$@" || status=$?
 
 # The version matrix: 14 to 18 are supported (docs/deploy.md). The whole suite ran above, on
 # 18; each other major runs again the tests whose outcome depends on PostgreSQL itself, ~50

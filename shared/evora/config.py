@@ -97,6 +97,14 @@ class Settings(BaseSettings):
     database_pooler: Pooler = "none"
     # PostgreSQL itself, for what needs a session of its own (session_database).
     direct_database_url: str | None = None
+    # A hot standby of EVORA_DATABASE_URL's PostgreSQL that the api's reads of jobs and
+    # events may go to (docs/scaling.md#read-replica); unset: every read goes to the primary.
+    read_database_url: str | None = None
+    # How long a read waits for the replica to replay what its client has seen before it
+    # goes to the primary instead.
+    read_replica_max_wait_ms: int = Field(default=200, ge=0, le=10_000)
+    # A replica further behind the primary than this (seconds) answers no reads at all.
+    read_replica_max_lag: float = Field(default=5.0, gt=0, le=3600)
     # Retention (the sweeper): how long finished jobs and idempotency keys are kept, seconds.
     retention_completed_seconds: int = Field(default=86_400, ge=60)
     retention_cancelled_seconds: int = Field(default=86_400, ge=60)
@@ -116,13 +124,19 @@ class Settings(BaseSettings):
         return value.strip().upper() if isinstance(value, str) else value
 
     @field_validator(
-        "database_url", "direct_database_url", "mongo_url", "tokens", "archive_url", mode="before"
+        "database_url",
+        "direct_database_url",
+        "read_database_url",
+        "mongo_url",
+        "tokens",
+        "archive_url",
+        mode="before",
     )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
 
-    @field_validator("database_url", "direct_database_url")
+    @field_validator("database_url", "direct_database_url", "read_database_url")
     @classmethod
     def _postgres_dsn(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("postgres://", "postgresql://")):

@@ -109,6 +109,10 @@ function segment(value: string): string {
   return encodeURIComponent(value);
 }
 
+/** The api's client. An instance keeps the highest `Evora-Read-After` position the api
+ * answered it with and sends it on every call, so that an api reading from a replica shows it
+ * its own writes and never anything older than it showed it before
+ * (docs/http-api.md#read-after); two instances are two clients. */
 export class Client {
   private readonly http: Transport;
 

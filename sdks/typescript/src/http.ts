@@ -83,11 +83,33 @@ export function linkSignals(a: AbortSignal, b: AbortSignal): { signal: AbortSign
   return { signal: controller.signal, unlink };
 }
 
-/** One base URL and one token. */
+/** The header a client sends back its highest position with (docs/http-api.md#read-after). */
+export const READ_AFTER_HEADER = "Evora-Read-After";
+const POSITION = /^([0-9A-Fa-f]{1,8})\/([0-9A-Fa-f]{1,8})$/;
+
+/** The position an `Evora-Read-After` value names (a PostgreSQL LSN), or undefined. 64 bits:
+ * a bigint, since a number would lose the low digits of a large one. */
+export function parsePosition(text: string): bigint | undefined {
+  const match = POSITION.exec(text.trim());
+  if (!match) return undefined;
+  return (BigInt(`0x${match[1]}`) << 32n) | BigInt(`0x${match[2]}`);
+}
+
+export function formatPosition(position: bigint): string {
+  const upper = (position >> 32n).toString(16).toUpperCase();
+  const lower = (position & 0xffffffffn).toString(16).toUpperCase();
+  return `${upper}/${lower}`;
+}
+
+/** One base URL and one token. It keeps the highest `Evora-Read-After` position any answer
+ * carried and sends it with every request, so that an api reading from a replica shows this
+ * client its own writes and never anything older than it showed it before. */
 export class Transport {
   readonly baseUrl: string;
   private readonly headers: Record<string, string>;
   private readonly options: TransportOptions;
+  /** The highest position seen; 0n: none yet. */
+  readAfter = 0n;
 
   constructor(url: string, token: string | undefined, options: TransportOptions) {
     if (!(options.timeoutMs > 0) || options.retries < 0) {
@@ -138,7 +160,9 @@ export class Transport {
     const timeout = AbortSignal.timeout(Math.ceil(options.timeoutMs ?? this.options.timeoutMs));
     const linked = options.signal ? linkSignals(timeout, options.signal) : { signal: timeout, unlink: () => {} };
     const { signal } = linked;
-    const headers = payload === undefined ? this.headers : { ...this.headers, "Content-Type": "application/json" };
+    const headers: Record<string, string> = { ...this.headers };
+    if (payload !== undefined) headers["Content-Type"] = "application/json";
+    if (this.readAfter > 0n) headers[READ_AFTER_HEADER] = formatPosition(this.readAfter);
     let status: number;
     let statusText: string;
     let responseHeaders: Headers;
@@ -171,6 +195,8 @@ export class Transport {
       });
     }
     linked.unlink();
+    const position = parsePosition(responseHeaders.get(READ_AFTER_HEADER) ?? "");
+    if (position !== undefined && position > this.readAfter) this.readAfter = position;
     if (status >= 400) throw errorFromResponse(status, text, statusText);
     let data: unknown = null;
     if (text) {

@@ -7,7 +7,7 @@ import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
-import { linkSignals } from "../src/http.js";
+import { formatPosition, linkSignals, parsePosition } from "../src/http.js";
 import {
   Client,
   ConflictError,
@@ -77,6 +77,54 @@ describe("linkSignals", () => {
     const grown = heap() - before;
     // AbortSignal.any on Node 20 keeps about 60 MB (2 KB a call) for as many calls.
     assert.ok(grown < 5_000_000, `the heap grew by ${(grown / 1e6).toFixed(1)} MB over 30,000 calls`);
+  });
+});
+
+describe("Evora-Read-After", () => {
+  // Each answer carries the next position of `answers` (none when undefined); `sent` keeps
+  // the header each request brought.
+  let answers: Array<string | undefined> = [];
+  const sent: Array<string | undefined> = [];
+  const server = createServer((request: IncomingMessage, response: ServerResponse) => {
+    sent.push(request.headers["evora-read-after"] as string | undefined);
+    const position = answers.shift();
+    response.writeHead(200, {
+      "Content-Type": "application/json",
+      ...(position === undefined ? {} : { "Evora-Read-After": position }),
+    });
+    response.end('{"id":"x","state":"PENDING"}');
+  });
+  let url: string;
+  before(async () => {
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+
+  test("a position is PostgreSQL's LSN text, 64 bits", () => {
+    assert.equal(parsePosition("16/B374D848"), (0x16n << 32n) | 0xb374d848n);
+    assert.equal(formatPosition(parsePosition("ffffffff/ffffffff") ?? 0n), "FFFFFFFF/FFFFFFFF");
+    for (const text of ["", "x", "1/2/3", "0/", "123456789/0", "-1/0"]) {
+      assert.equal(parsePosition(text), undefined, text);
+    }
+  });
+
+  test("a Client sends back the highest position it was answered, never a lower one", async () => {
+    const client = new Client({ url, retries: 0 });
+    const other = new Client({ url, retries: 0 });
+    answers = ["0/10", "1/0", "0/FF", undefined, "nonsense"];
+    sent.length = 0;
+    await client.submit("q", "t");
+    await client.get("x");
+    await client.get("x"); // answered lower: kept 1/0
+    await client.get("x"); // answered nothing
+    await client.get("x"); // answered nonsense
+    await client.get("x");
+    await other.get("x"); // another client: its own position (none yet)
+    assert.deepEqual(sent, [undefined, "0/10", "1/0", "1/0", "1/0", "1/0", undefined]);
   });
 });
 

@@ -9,16 +9,18 @@ from aiohttp import web
 
 from evora import tracing
 from evora.config import Settings
-from evora.http.app import READINESS, SETTINGS, create_base_app, open_pool
+from evora.http.app import METRICS, READINESS, SETTINGS, create_base_app, open_pool
 from evora.http.routing import install
 from evora.readmodels.client import mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
+from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.schedules import ScheduleStore
 from evora.tracing import TRACER
 from evora_services.api.dashboard import dashboard
 from evora_services.api.limits import LIMITS, limits
+from evora_services.api.reads import READS, Reads, answer_positions
 from evora_services.api.routes import STORE, SUBMITS, admin, producer
 from evora_services.api.schedules import SCHEDULES, schedules
 from evora_services.api.stats import READ_MODELS, stats
@@ -35,12 +37,29 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[SCHEDULES] = ScheduleStore(pool, store)
     app[LIMITS] = LimitStore(pool)
     app[SUBMITS] = coalescing(traced_submitter(store))
+    settings = app[SETTINGS]
+    # Not part of /readyz: without the replica every read goes to the primary.
+    replica_pool = (
+        None
+        if settings.read_database_url is None
+        else await create_pool(
+            settings.read_database_url,
+            application_name=f"evora-{SERVICE}-reads",
+            min_size=0,
+            max_size=settings.db_pool_size,
+            pooler=settings.database_pooler,
+            read_only=True,
+        )
+    )
+    app[READS] = Reads(store, pool, replica_pool, settings, app[METRICS].registry)
     try:
         yield
     finally:
         await app[SUBMITS].close()
         await store.close()
         await pool.close()
+        if replica_pool is not None:
+            await replica_pool.close()
 
 
 async def _read_models(app: web.Application) -> AsyncIterator[None]:
@@ -60,6 +79,7 @@ async def create_app(settings: Settings) -> web.Application:
         raise ValueError("the api needs settings.database_url")
     app = create_base_app(settings, SERVICE, TITLE)
     app[TRACER] = tracing.tracer("evora.api")
+    app.middlewares.append(answer_positions)
     app.cleanup_ctx.append(_database)
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
     if settings.mongo_url is not None:

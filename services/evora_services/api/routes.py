@@ -50,6 +50,7 @@ from evora_services.api.models import (
     encode_cursor,
 )
 from evora_services.api.paths import job_id, queue_name
+from evora_services.api.reads import read_jobs
 from evora_services.api.tracing import TracedSubmission, submit_trace
 
 STORE = web.AppKey("store", JobStore)
@@ -199,7 +200,9 @@ def _prefers_minimal(request: web.Request) -> bool:
     problems=(404,),
 )
 async def get_job(request: web.Request) -> web.Response:
-    return json_response(await _store(request).get(job_id(request)))
+    wanted = job_id(request)
+    job, headers = await read_jobs(request, lambda store: store.get(wanted))
+    return json_response(job, headers=headers)
 
 
 @producer.add(
@@ -211,7 +214,9 @@ async def get_job(request: web.Request) -> web.Response:
     problems=(404,),
 )
 async def job_events(request: web.Request) -> web.Response:
-    return json_response({"events": await _store(request).events(job_id(request))})
+    wanted = job_id(request)
+    events, headers = await read_jobs(request, lambda store: store.events(wanted))
+    return json_response({"events": events}, headers=headers)
 
 
 @producer.add(
@@ -225,9 +230,12 @@ async def job_events(request: web.Request) -> web.Response:
 )
 async def job_dependents(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
-    page = await _store(request).dependents(job_id(request), limit=query.limit, after=query.after)
+    wanted = job_id(request)
+    page, headers = await read_jobs(
+        request, lambda store: store.dependents(wanted, limit=query.limit, after=query.after)
+    )
     cursor = None if page.next_after is None else encode_cursor(page.next_after)
-    return json_response({"jobs": page.jobs, "next": cursor})
+    return json_response({"jobs": page.jobs, "next": cursor}, headers=headers)
 
 
 @producer.add(
@@ -261,15 +269,18 @@ async def cancel(request: web.Request) -> web.Response:
 )
 async def list_jobs(request: web.Request) -> web.Response:
     query = parse_query(request, JobListQuery)
-    page = await _store(request).list_jobs(
-        queue=query.queue,
-        state=query.state,
-        type=query.type,
-        limit=query.limit,
-        after=query.after,
+    page, headers = await read_jobs(
+        request,
+        lambda store: store.list_jobs(
+            queue=query.queue,
+            state=query.state,
+            type=query.type,
+            limit=query.limit,
+            after=query.after,
+        ),
     )
     cursor = None if page.next_after is None else encode_cursor(page.next_after)
-    return json_response({"jobs": page.jobs, "next": cursor})
+    return json_response({"jobs": page.jobs, "next": cursor}, headers=headers)
 
 
 @admin.add(

@@ -213,7 +213,12 @@ def _reports_ready(pid_file: Path, pid: int) -> bool:
         lines = pid_file.read_text().splitlines()
     except FileNotFoundError:
         return False
-    return len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready"
+    # A hot standby accepting read-only connections says "standby" instead.
+    return (
+        len(lines) >= 8
+        and lines[0].strip() == str(pid)
+        and lines[7].strip() in ("ready", "standby")
+    )
 
 
 def _is_postgres_process(pid: int) -> bool:

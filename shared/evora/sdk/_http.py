@@ -22,6 +22,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
+from evora.protocol.positions import READ_AFTER_HEADER, format_position, parse_position
 from evora.protocol.retries import RETRYABLE_STATUSES, RetryBackoff
 from evora.sdk.errors import (
     EvoraClientError,
@@ -57,7 +58,11 @@ NO_BODY: Final = _NoBody()
 
 
 class Transport:
-    """One base URL, one token, one aiohttp session (created on first use, inside the loop)."""
+    """One base URL, one token, one aiohttp session (created on first use, inside the loop).
+
+    It keeps the highest `Evora-Read-After` position any answer carried and sends it with
+    every request, so that an api reading from a replica shows this client its own writes
+    and never anything older than what it showed it before (docs/http-api.md#read-after)."""
 
     def __init__(
         self,
@@ -80,6 +85,7 @@ class Transport:
         self._backoff = backoff
         self._connection_limit = connection_limit
         self._session: aiohttp.ClientSession | None = None
+        self.read_after = 0
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -137,6 +143,8 @@ class Transport:
         extra_headers: Mapping[str, str] | None,
     ) -> Response:
         headers = dict(extra_headers or {})
+        if self.read_after:
+            headers[READ_AFTER_HEADER] = format_position(self.read_after)
         if data is not None:
             headers["Content-Type"] = "application/json"
         try:
@@ -159,6 +167,8 @@ class Transport:
             raise EvoraConnectionError(
                 f"{method} {path}: no answer ({reason_text})", request_sent=True
             ) from exc
+        if (position := parse_position(resp_headers.get(READ_AFTER_HEADER, ""))) is not None:
+            self.read_after = max(self.read_after, position)
         if status >= 400:
             raise error_from_response(status, raw, reason=reason)
         try:

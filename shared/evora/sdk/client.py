@@ -141,7 +141,12 @@ class Client:
 
     Use as `async with Client(url, token) as client:` or call `close()`. `timeout` bounds
     every call in seconds; `retries` is how many more times a call may be sent when that is
-    safe (module docstring), waiting `retry_backoff` in between."""
+    safe (module docstring), waiting `retry_backoff` in between.
+
+    An instance keeps the highest `Evora-Read-After` position the api answered it with and
+    sends it on every call, so that an api reading from a replica shows it its own writes
+    and never anything older than it showed it before (docs/http-api.md#read-after); two
+    instances are two clients."""
 
     def __init__(
         self,

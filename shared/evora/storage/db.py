@@ -88,8 +88,10 @@ Pooler = Literal["none", "session", "transaction"]
 STATEMENT_CACHE_SIZE = 100
 
 
-def session_settings(statement_timeout: int | None) -> dict[str, str]:
-    """What every Evora session runs with, however it gets there."""
+def session_settings(statement_timeout: int | None, *, read_only: bool = False) -> dict[str, str]:
+    """What every Evora session runs with, however it gets there; `read_only` for a read
+    replica's sessions, so that a write sent there by mistake fails in every deployment
+    (a hot standby refuses it anyway, a promoted one would not)."""
     settings = {
         "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
         # No statement of Evora's runs long enough for LLVM compilation (tens of milliseconds
@@ -102,6 +104,8 @@ def session_settings(statement_timeout: int | None) -> dict[str, str]:
     }
     if statement_timeout is not None:
         settings["statement_timeout"] = str(statement_timeout)
+    if read_only:
+        settings["default_transaction_read_only"] = "on"
     return settings
 
 
@@ -284,12 +288,12 @@ async def _reset(conn: asyncpg.Connection) -> None:
 
 
 def _startup(
-    pooler: Pooler, application_name: str, statement_timeout: int | None
+    pooler: Pooler, application_name: str, statement_timeout: int | None, read_only: bool = False
 ) -> tuple[dict[str, str], dict[str, str], int]:
     """(startup parameters, settings to SET after connecting, asyncpg's statement cache size)
     behind `pooler`. application_name is one of the few parameters PgBouncer passes
     on (it tracks it per client)."""
-    settings = session_settings(statement_timeout)
+    settings = session_settings(statement_timeout, read_only=read_only)
     if pooler == "none":
         return {"application_name": application_name, **settings}, {}, STATEMENT_CACHE_SIZE
     if pooler == "session":
@@ -326,8 +330,9 @@ async def create_pool(
     min_size: int = 2,
     max_size: int = 10,
     pooler: Pooler = "none",
+    read_only: bool = False,
 ) -> asyncpg.Pool:
-    startup, later, cache_size = _startup(pooler, application_name, STATEMENT_TIMEOUT_MS)
+    startup, later, cache_size = _startup(pooler, application_name, STATEMENT_TIMEOUT_MS, read_only)
     # asyncpg.create_pool with our pool and connection classes (it takes no pool class).
     pool = _DeadlinePool(
         dsn,
