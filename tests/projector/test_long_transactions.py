@@ -1,0 +1,162 @@
+"""A transaction left open, anywhere in the cluster, holds back no read model: the projector
+reads the outbox in spans between snapshots (docs/architecture.md, "the outbox"), so only
+the open transaction's own events wait, for the span after it commits, and land exactly
+once. Spans bigger than a batch, crashes between batches, generations and checkpoints
+written before spans keep every event exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from uuid import uuid4
+
+import asyncpg
+from pymongo.asynchronous.database import AsyncDatabase
+
+from evora.http.metrics import ServiceMetrics
+from evora.protocol.jobs import JobSubmission
+from evora.readmodels.layout import Document
+from evora.readmodels.reader import ReadModels
+from evora.storage.db import connect
+from evora.storage.jobs import Completion, JobStore
+from evora_services.projector.metrics import ProjectorMetrics
+from evora_services.projector.projector import Projector
+from evora_services.projector.service import ProjectorService
+from tests.polling import until
+from tests.projector.conftest import catch_up, truth
+from tests.projector.test_projection import QUEUES, assert_matches_truth, read_models
+from tests.projector.workload import mixed_workload
+
+# How long the open transaction is held under load; a benchmark runs it for 10 minutes.
+HELD_SECONDS = float(os.environ.get("EVORA_TEST_LONG_TRANSACTION_SECONDS", "60"))
+# The read models may trail the truth by a few lingers and polls, never by the hold.
+STALE_SECONDS_MAX = 10.0
+
+
+@asynccontextmanager
+async def open_writing_transaction(dsn: str, database: str | None = None) -> AsyncIterator[int]:
+    """A session idle in a transaction that holds an xid (`BEGIN; SELECT txid_current()`),
+    as an application's long transaction, a migration or a report leaves one; yields its
+    xid and rolls back at the end."""
+    conn = await asyncpg.connect(dsn, database=database)  # no Evora session timeouts
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        yield int(await conn.fetchval("SELECT txid_current()"))
+        await tx.rollback()
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def other_database(pool: asyncpg.Pool) -> AsyncIterator[str]:
+    """A second database of the same cluster (xids and snapshots are cluster-wide)."""
+    name = f"evora_other_{uuid4().hex[:12]}"
+    await pool.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        await pool.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+async def _completed(pool: asyncpg.Pool) -> int:
+    return int(
+        await pool.fetchval("SELECT count(*) FROM jobs WHERE queue = 'hot' AND state = 'COMPLETED'")
+    )
+
+
+async def test_a_transaction_open_in_another_database_does_not_freeze_the_read_models(
+    db_url: str, store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    """Jobs submitted and completed all along while another database's session sits idle in
+    a writing transaction: the stats follow the truth within seconds throughout, and reach
+    it exactly while the transaction is still open."""
+    service = ProjectorService(pool, mongo, ProjectorMetrics(ServiceMetrics("projector")))
+    ended = asyncio.Event()
+    running = asyncio.create_task(service.lead(ended))
+    readers = ReadModels(mongo)
+    # (when, completed jobs PostgreSQL had then), to tell how old the stats' figure is
+    history: list[tuple[float, int]] = []
+    worst = 0.0
+    try:
+        async with other_database(pool) as database, open_writing_transaction(db_url, database):
+            started = time.monotonic()
+            while time.monotonic() - started < HELD_SECONDS:
+                await store.submit_batch([JobSubmission(queue="hot", type="t") for _ in range(5)])
+                claimed = await store.claim(worker_id="w", queues=["hot"], max_jobs=5)
+                await store.complete_many([Completion(j["id"], j["lease_token"]) for j in claimed])
+                service.wake.set()  # as the API's NOTIFY would
+                history.append((time.monotonic(), await _completed(pool)))
+                stats = await readers.queue_stats("hot", set())
+                shown = stats["counts"]["COMPLETED"] if stats else 0
+                # stale since the first moment PostgreSQL had more than the stats show
+                behind = [at for at, done in history if done > shown]
+                worst = max(worst, time.monotonic() - behind[0] if behind else 0.0)
+                await asyncio.sleep(0.1)
+            print(
+                f"held {HELD_SECONDS:.0f} s under load: the stats were at worst {worst:.2f} s stale"
+            )
+            assert worst < STALE_SECONDS_MAX
+            # still open: the read models reach the truth, counts and as_of
+            newest = (await truth(pool))[2]
+            done = await _completed(pool)
+
+            async def caught_up() -> bool:
+                stats = await readers.queue_stats("hot", set())
+                return (
+                    stats is not None
+                    and stats["as_of"]["seq"] == newest
+                    and stats["counts"]["COMPLETED"] == done
+                )
+
+            service.wake.set()
+            await until(caught_up, "the stats equal the truth", within=STALE_SECONDS_MAX)
+    finally:
+        ended.set()
+        await asyncio.wait_for(running, 30)
+    await assert_matches_truth(pool, mongo)
+
+
+async def test_an_early_xid_whose_event_comes_later_is_projected_once(
+    db_url: str, store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    """A transaction of the same database takes its xid first, the rest of the workload
+    runs and is projected past it, then it submits a job (through SQL, as an application
+    does) and commits: its event has the smallest xid of all, far behind every position
+    read so far, and is projected exactly once."""
+    projector = Projector(pool, mongo, 1, batch_size=50)
+    slow = await connect(db_url)
+    try:
+        tx = slow.transaction()
+        await tx.start()
+        await slow.fetchval("SELECT txid_current()")
+        for seed in range(3):
+            await mixed_workload(store, pool, jobs=120, queues=QUEUES, seed=seed, rounds=10)
+            await catch_up(projector)
+            await assert_matches_truth(pool, mongo)  # kept up, the transaction still open
+        await slow.fetchval("SELECT evora.submit('alpha', 'late', '{}', '{}')")
+        await catch_up(projector)
+        await assert_matches_truth(pool, mongo)  # not committed: not counted
+        await tx.commit()
+    finally:
+        await slow.close()
+    assert await catch_up(projector) == 1
+    await assert_matches_truth(pool, mongo)
+    # A rebuild reads the late event first (the smallest xid), generation 1 read it last:
+    # all but the positions and the latest event's time agree.
+    await catch_up(Projector(pool, mongo, 2, batch_size=7))
+    await assert_matches_truth(pool, mongo, 2)
+    assert _unordered(await read_models(mongo, 1)) == _unordered(await read_models(mongo, 2))
+
+
+def _unordered(models: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: [
+            {k: v for k, v in doc.items() if k not in ("cursor", "last_event_at")} for doc in docs
+        ]
+        for name, docs in models.items()
+    }
