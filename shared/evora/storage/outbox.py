@@ -48,6 +48,13 @@ class Span:
     prev: str = NOTHING_VISIBLE
     target: str | None = None
 
+    def unseen_from(self, after: OutboxCursor) -> tuple[list[str], tuple[int, int]]:
+        """What of `prev` the read's index scans start from: its running transactions, and
+        the (xid, seq) after which everything past its xmax is scanned, not before `after`."""
+        _, xmax, running = self.prev.split(":")
+        start = (after.xid, after.seq) if after.xid >= int(xmax) else (int(xmax), -1)
+        return [xid for xid in running.split(",") if xid], start
+
 
 class EventGroup(NamedTuple):
     """Events of one batch alike in everything the read models count."""
@@ -138,6 +145,7 @@ async def read_batch(
         kind: {key: [cursor.xid, cursor.seq] for key, cursor in cursors.items()}
         for kind, cursors in (past or {}).items()
     }
+    running, (start_xid, start_seq) = span.unseen_from(after)
     row = await conn.fetchrow(
         READ_BATCH,
         str(after.xid),
@@ -147,8 +155,10 @@ async def read_batch(
         None if upto is None else upto.seq,
         bounds,
         bucket_seconds,
-        span.prev,
         span.target,
+        running,
+        str(start_xid),
+        start_seq,
     )
     assert row is not None
     if row["groups"] is None:

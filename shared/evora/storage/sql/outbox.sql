@@ -4,9 +4,12 @@
 -- $1 after-xid (text), $2 after-seq, $3 limit, $4 upto-xid (text; NULL: the limit and the
 -- span end the batch), $5 upto-seq, $6 documents already past the start, as
 -- {"queues": {queue: [xid, seq]}, "workers": {worker: [xid, seq]}}: only their later events
--- count for them, $7 seconds per time bucket, $8 the checkpoint's snapshot (text: every
--- event visible in it is consumed), $9 the span's target snapshot (text; NULL: the current
--- snapshot, returned as `target`).
+-- count for them, $7 seconds per time bucket, $8 the span's target snapshot (text; NULL:
+-- the current snapshot, returned as `target`); the checkpoint's snapshot (every event
+-- visible in it is consumed) taken apart by the caller: $9 its running transactions
+-- (text[]), $10, $11 where the scan past its xmax starts: ($1, $2), or (its xmax, -1) if
+-- that is later. As plain values the planner estimates the scans by them, and reads the
+-- index in order up to the limit rather than the whole span into a sort.
 -- One batch of the outbox, summed up for the read models in one row of JSON (all NULL when
 -- nothing is new): `groups`, its events grouped by everything the read models count (queue,
 -- worker, event, transition, time bucket, a dead-lettering by lease expiry; whether the
@@ -21,22 +24,16 @@
 -- and not in the checkpoint's (so committed in between), after ($1, $2) in (xid, seq) order.
 -- A span is a fixed set however late it is read again, and a transaction still open at the
 -- target lands in a later span when it commits: nothing waits for it, nothing is lost.
--- Not visible in $8 is "xid in its xip list, or at or past its xmax": two index scans of
--- job_events_tail, each in (xid, seq) order, neither reading the events below $8's xmax
--- that $8 already saw (a long transaction keeps its xmin low, not its xmax).
+-- Not visible in the checkpoint's snapshot is "xid in its xip list, or at or past its xmax":
+-- two index scans of job_events_tail, each in (xid, seq) order, neither reading the events
+-- below its xmax that it already saw (a long transaction keeps its xmin low, not its xmax).
 WITH span AS MATERIALIZED (
-    SELECT s.prev, s.target,
-           -- where the scan past $8's xmax starts: ($1, $2), or $8's xmax if that is later
-           greatest($1::text::xid8, pg_snapshot_xmax(s.prev)) AS from_xid,
-           CASE WHEN $1::text::xid8 >= pg_snapshot_xmax(s.prev) THEN $2::int8 ELSE -1 END
-               AS from_seq
-    FROM (SELECT $8::text::pg_snapshot AS prev,
-                 coalesce($9::text::pg_snapshot, pg_current_snapshot()) AS target) s
+    SELECT coalesce($8::text::pg_snapshot, pg_current_snapshot()) AS target
 ),
 picked AS MATERIALIZED (
     SELECT p.seq FROM (
         (SELECT e.xid, e.seq FROM job_events e
-         WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(prev) FROM span))
+         WHERE e.xid = ANY ($9::text[]::xid8[])
            AND (e.xid, e.seq) > ($1::text::xid8, $2::int8)
            AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
            AND pg_visible_in_snapshot(e.xid, (SELECT target FROM span))
@@ -44,7 +41,7 @@ picked AS MATERIALIZED (
          LIMIT $3)
         UNION ALL
         (SELECT e.xid, e.seq FROM job_events e
-         WHERE (e.xid, e.seq) > ((SELECT from_xid FROM span), (SELECT from_seq FROM span))
+         WHERE (e.xid, e.seq) > ($10::text::xid8, $11::int8)
            AND e.xid < (SELECT pg_snapshot_xmax(target) FROM span)
            AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
            AND pg_visible_in_snapshot(e.xid, (SELECT target FROM span))
@@ -82,7 +79,8 @@ batch AS MATERIALIZED (
                END AS error,
                $6::jsonb -> 'queues' -> e.queue AS queue_past,
                $6::jsonb -> 'workers' -> e.worker_id AS worker_past
-        FROM picked p JOIN job_events e ON e.seq = p.seq
+        -- by primary key (a join would be planned as a hash join over the whole table)
+        FROM job_events e WHERE e.seq = ANY (ARRAY(SELECT seq FROM picked))
     ) b
 ),
 groups AS (
@@ -147,14 +145,24 @@ SELECT (SELECT jsonb_agg(jsonb_build_array(
 -- anything holds the read models back instead of reading 0. Not consumed: not visible in
 -- $1 (in its xip list or at or past its xmax, as read_batch), and not in $2's span up to
 -- ($3, $4) (without a target, only that position counts: a checkpoint from before spans).
+WITH unread AS NOT MATERIALIZED (
+    -- read_batch's two index scans, without a target: every committed event past $1
+    SELECT e.xid, e.seq, e.at,
+           coalesce(pg_visible_in_snapshot(e.xid, $2::text::pg_snapshot), true)
+               AND (e.xid, e.seq) <= ($3::text::xid8, $4::int8) AS consumed
+    FROM job_events e
+)
 SELECT count(*) AS events, min(at) AS oldest
 FROM (
-    SELECT e.at FROM job_events e
-    WHERE (e.xid = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
-           OR e.xid >= pg_snapshot_xmax($1::text::pg_snapshot))
-      AND NOT (coalesce(pg_visible_in_snapshot(e.xid, $2::text::pg_snapshot), true)
-               AND (e.xid, e.seq) <= ($3::text::xid8, $4::int8))
-    ORDER BY e.xid, e.seq
+    (SELECT u.at FROM unread u
+     WHERE u.xid = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot))) AND NOT u.consumed
+     ORDER BY u.xid, u.seq
+     LIMIT $5)
+    UNION ALL
+    (SELECT u.at FROM unread u
+     WHERE u.xid >= pg_snapshot_xmax($1::text::pg_snapshot) AND NOT u.consumed
+     ORDER BY u.xid, u.seq
+     LIMIT $5)
     LIMIT $5
 ) AS behind;
 
