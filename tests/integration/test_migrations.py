@@ -179,3 +179,31 @@ async def test_migration_waits_for_a_lock_without_stalling_the_queue(
         await asyncio.gather(migrating, return_exceptions=True)
         await other.close()
         await watcher.close()
+
+
+async def test_progress_recorded_before_spans_becomes_an_equal_snapshot(
+    make_db_url: Callable[[], Awaitable[str]],
+) -> None:
+    """Migration 0031: a generation's progress recorded as "every event with an xid below X"
+    becomes the snapshot "X:X:", which says the same; `xid` stays what retention and the
+    archive read, and the previous release's projector can still record its progress."""
+    dsn = await _empty_database(make_db_url)
+    await apply_migrations(dsn, upto=29)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO projector_progress (generation, xid, seq) VALUES (1, '1234', 56)"
+        )
+        assert 31 in await apply_migrations(dsn)
+        row = await conn.fetchrow(
+            "SELECT xid::text, snapshot::text, pg_visible_in_snapshot('1233', snapshot) AS below,"
+            " pg_visible_in_snapshot('1234', snapshot) AS at FROM projector_progress"
+        )
+        assert dict(row) == {"xid": "1234", "snapshot": "1234:1234:", "below": True, "at": False}
+        # the previous release's statement (storage/sql/retention.sql before 0031)
+        await conn.execute(
+            "INSERT INTO projector_progress (generation, xid, seq) VALUES (2, '1300', 7)"
+            " ON CONFLICT (generation) DO UPDATE SET xid = excluded.xid, seq = excluded.seq"
+        )
+    finally:
+        await conn.close()

@@ -1,5 +1,5 @@
 """The outbox reader never skips an event, even one whose transaction took a lower seq but
-committed after a higher one."""
+committed after a higher one, and never waits for a transaction it does not need."""
 
 from __future__ import annotations
 
@@ -13,25 +13,31 @@ from evora.protocol.jobs import JobSubmission
 from evora.readmodels.stats import BUCKET_SECONDS
 from evora.storage.db import connect
 from evora.storage.jobs import Completion, JobStore
-from evora.storage.outbox import Batch, OutboxCursor, read_batch
+from evora.storage.outbox import NOTHING_VISIBLE, Batch, OutboxCursor, Span, read_batch
 
 
-async def _read(pool: asyncpg.Pool, cursor: OutboxCursor, limit: int) -> Batch | None:
-    return await read_batch(pool, cursor, limit, bucket_seconds=BUCKET_SECONDS)
+async def _read(
+    pool: asyncpg.Pool, cursor: OutboxCursor, limit: int, span: Span | None = None
+) -> Batch | None:
+    return await read_batch(pool, span or Span(), cursor, limit, bucket_seconds=BUCKET_SECONDS)
 
 
-async def _drain(pool: asyncpg.Pool, cursor: OutboxCursor, limit: int) -> list[Batch]:
+async def _drain(
+    pool: asyncpg.Pool, cursor: OutboxCursor, limit: int, prev: str = NOTHING_VISIBLE
+) -> list[Batch]:
+    """One span from `prev` to the current snapshot, batch by batch."""
     batches: list[Batch] = []
-    while batch := await _read(pool, cursor, limit):
+    span = Span(prev)
+    while batch := await _read(pool, cursor, limit, span):
         batches.append(batch)
-        cursor = batch.upto
+        cursor, span = batch.upto, Span(prev, batch.target)
     return batches
 
 
 async def _tail(pool: asyncpg.Pool) -> list[OutboxCursor]:
     """Every event's position, in reading order."""
     rows = await pool.fetch("SELECT xid::text::int8, seq FROM job_events ORDER BY xid, seq")
-    return [OutboxCursor(r[0], r[1]) for r in rows]
+    return [OutboxCursor(0, r[0], r[1]) for r in rows]
 
 
 @pytest.mark.audit_skip(
@@ -57,15 +63,16 @@ async def test_late_commit_with_lower_seq_is_delivered(
             "SELECT seq FROM job_events WHERE job_id = $1", fast.job["id"]
         )
         assert fast_seq > slow_seq
-        # A `seq > last` reader would consume fast_seq now and never look back.
-        assert await _read(pool, OutboxCursor(), 100) is None
+        # A `seq > last` reader would consume fast_seq now and never look back: the span
+        # to now holds it, and the slow transaction, still open, stays for a later span.
+        [first] = await _drain(pool, OutboxCursor(), 100)
+        assert (first.events, first.max_seq) == (1, fast_seq)
         await slow_tx.commit()
     finally:
         await slow.close()
-    delivered = await _drain(pool, OutboxCursor(), 100)
-    assert sum(b.events for b in delivered) == 2
-    assert max(b.max_seq for b in delivered) == fast_seq
-    assert sum(g.events for b in delivered for g in b.groups if g.event == "submitted") == 2
+    [late] = await _drain(pool, OutboxCursor(1), 100, first.target)
+    assert (late.events, late.max_seq) == (1, slow_seq)
+    assert [g.event for g in late.groups] == ["submitted"]
 
 
 async def test_reader_pages_through_everything_in_order(
@@ -110,7 +117,7 @@ async def test_each_event_carries_the_typed_job_row_after_its_change(
     assert batch.runs == {"w1": ([str(row["id"])], [])}
 
 
-async def test_open_transaction_holds_back_later_events(
+async def test_open_transaction_holds_back_nothing(
     db_url: str, store: JobStore, pool: asyncpg.Pool
 ) -> None:
     await store.submit(JobSubmission(queue="q", type="t"))
@@ -120,7 +127,7 @@ async def test_open_transaction_holds_back_later_events(
             await blocker.execute("SELECT pg_current_xact_id()")  # takes an xid, writes nothing
             await store.submit(JobSubmission(queue="q", type="t"))
             visible = await _read(pool, OutboxCursor(), 100)
-            assert visible is not None and visible.events == 1
+            assert visible is not None and visible.events == 2
     finally:
         await blocker.close()
     after = await _read(pool, OutboxCursor(), 100)

@@ -124,11 +124,15 @@ async def test_projector_records_how_far_each_generation_consumed(
     await catch_up(projector)
     checkpoint = await projector.checkpoint()
     progress = await pool.fetch(
-        "SELECT generation, xid::text::int8 AS xid, seq FROM projector_progress"
+        "SELECT generation, xid::text::int8 AS xid, snapshot::text,"
+        " pg_snapshot_xmin(snapshot)::text::int8 AS xmin FROM projector_progress"
     )
-    assert [(r["generation"], [r["xid"], r["seq"]]) for r in progress] == [
-        (1, checkpoint["cursor"])
+    # the snapshot its spans reached, and its xmin: every event below it is consumed
+    assert [(r["generation"], r["snapshot"], r["xid"]) for r in progress] == [
+        (1, checkpoint["prev"], progress[0]["xmin"])
     ]
+    newest = await pool.fetchval("SELECT xid::text::int8 FROM job_events ORDER BY xid DESC LIMIT 1")
+    assert progress[0]["xid"] > newest
     # a rebuild records its own progress while generation 1 is still the active one...
     generation, _ = await rebuild(pool, mongo)
     assert generation == 2

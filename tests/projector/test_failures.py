@@ -15,7 +15,7 @@ from evora.readmodels.failures import MESSAGE_KEY_CHARS, TRACEBACK_KEPT_CHARS, n
 from evora.readmodels.layout import Document
 from evora.readmodels.reader import ReadModels
 from evora.storage.jobs import Failure, JobStore
-from evora.storage.outbox import FailureEvent
+from evora.storage.outbox import FailureEvent, OutboxCursor
 from evora_services.projector import projection
 from evora_services.projector.projector import Projector
 from tests.projector.conftest import catch_up
@@ -96,7 +96,7 @@ def _letters(n: int) -> str:
 def _failed(seq: int, message: str, trace: str) -> FailureEvent:
     at = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=seq)
     error = {"message": message, "type": "E", "traceback": trace}
-    return FailureEvent(1, seq, f"job-{seq}", "q", "t", at, error)
+    return FailureEvent(OutboxCursor(0, 1, seq), f"job-{seq}", "q", "t", at, error)
 
 
 async def test_failure_document_stays_bounded(mongo: AsyncDatabase[Document]) -> None:

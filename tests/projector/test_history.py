@@ -24,7 +24,7 @@ from evora.readmodels.stats import (
     minute_of,
 )
 from evora.storage.jobs import Failure, JobStore
-from evora.storage.outbox import Batch, EventGroup, OutboxCursor
+from evora.storage.outbox import NOTHING_VISIBLE, Batch, EventGroup, OutboxCursor
 from evora_services.api.stats import encode_key
 from evora_services.projector import projection
 from evora_services.projector.changes import QueueChange, fold
@@ -125,15 +125,15 @@ def _busy(minutes: range) -> QueueChange:
             EventGroup(
                 **common, event="submitted", from_state=None, to_state="PENDING",
                 run_ms_sum=0.0, run_n=0, first=2 * position - 1, last=2 * position - 1,
-                max_seq=seq, last_cursor=OutboxCursor(1, seq),
+                max_seq=seq, last_cursor=OutboxCursor(0, 1, seq),
             ),
             EventGroup(
                 **common, event="completed", from_state="RUNNING", to_state="COMPLETED",
                 run_ms_sum=250.0, run_n=1, first=2 * position, last=2 * position,
-                max_seq=seq + 1, last_cursor=OutboxCursor(1, seq + 1),
+                max_seq=seq + 1, last_cursor=OutboxCursor(0, 1, seq + 1),
             ),
         ]  # fmt: skip
-    batch = Batch(groups, {"busy": ([], [250.0] * len(minutes))}, {}, [])
+    batch = Batch(groups, {"busy": ([], [250.0] * len(minutes))}, {}, [], NOTHING_VISIBLE)
     return fold(batch)[0]["busy"]
 
 

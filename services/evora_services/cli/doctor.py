@@ -137,7 +137,7 @@ async def _xmin(conn: asyncpg.Connection, _: Settings, limits: Thresholds) -> Fi
         None
         if verdict == "ok"
         else f"end it (SELECT pg_terminate_backend({holder.pid})) and find what left it open: "
-        "vacuum and the projector wait for it"
+        "vacuum, event retention and the archive wait for it (the projector does not)"
     )
     return Finding(verdict, detail, action)
 

@@ -66,7 +66,9 @@ FROM event_archive_watermark w
 _HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8"
 
 # The lowest position any projector generation has consumed to (ORDER BY: xid8 has no min()
-# before PostgreSQL 16). Every event with a smaller xid is in that generation's read models.
+# before PostgreSQL 16): the xmin of the snapshot its spans reached. Every event with a
+# smaller xid is visible in that snapshot, so in that generation's read models; some above
+# it may be too, which only makes the archive wait (its events are older than the window).
 _CONSUMED = "SELECT xid::text::int8 FROM projector_progress ORDER BY xid LIMIT 1"
 
 # $1 old upto_seq, $2 old below_xid, $3 candidate below_xid, $4 cutoff: the smallest xid of
@@ -211,7 +213,7 @@ class ControlDB:
         if consumed is None:
             log.warning("no projector has recorded its progress; nothing counts as consumed")
             return ArchivePlan(old, old, cutoff, Slice(0, 0, 0, {}))
-        # consumed < the horizon when it was read, and the horizon only grows; min() anyway,
+        # consumed <= the horizon when it was read, and the horizon only grows; min() anyway,
         # so a hand-edited progress row cannot reach past running transactions.
         below_xid = max(old.below_xid, min(consumed, self.horizon()))
         young_late = self._run(

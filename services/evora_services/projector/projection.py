@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from dataclasses import astuple
 from typing import Any
 
 from evora.readmodels.failures import MESSAGE_KEY_CHARS, normalise, traceback_tail
@@ -33,7 +34,7 @@ from evora.readmodels.stats import (
 from evora.storage.outbox import FailureEvent
 from evora_services.projector.changes import QueueChange, WorkerChange
 
-Cursor = tuple[int, int]
+Cursor = tuple[int, int, int]
 
 LATENCY_SAMPLES = 1000
 FAILURE_REASONS_KEPT = 50
@@ -41,13 +42,15 @@ CURRENT_JOBS_KEPT = 1000
 
 
 def cursor_of(doc: Document) -> Cursor:
-    xid, seq = doc.get("cursor", (0, 0))
-    return int(xid), int(seq)
+    """A document's cursor as (span, xid, seq). One written before spans (xid, seq) is in
+    span 0, where the checkpoint of that time continues (Projector.checkpoint)."""
+    span, xid, seq = [0, *doc.get("cursor", (0, 0))][-3:]
+    return int(span), int(xid), int(seq)
 
 
 def unseen(doc: Document, events: Iterable[FailureEvent]) -> list[FailureEvent]:
     mark = cursor_of(doc)
-    return [e for e in events if (e.xid, e.seq) > mark]
+    return [e for e in events if astuple(e.cursor) > mark]
 
 
 def _percentiles(samples: list[float]) -> dict[str, float | None]:
@@ -65,7 +68,7 @@ def _percentiles(samples: list[float]) -> dict[str, float | None]:
 def new_queue(queue: str) -> Document:
     return {
         "_id": queue,
-        "cursor": [0, 0],
+        "cursor": [0, 0, 0],
         "transitions": dict.fromkeys(STATE_NAMES, 0),
         "pruned": dict.fromkeys(STATE_NAMES, 0),
         "counts": dict.fromkeys(STATE_NAMES, 0),
@@ -99,7 +102,7 @@ def apply_to_queue(doc: Document, change: QueueChange) -> Document:
     oldest_kept = bucket_of(change.at) - KEEP_BUCKETS_SECONDS // BUCKET_SECONDS
     doc["completed_buckets"] = {k: n for k, n in buckets.items() if int(k) >= oldest_kept}
     doc["last_event_at"] = change.at
-    doc["cursor"] = [change.cursor.xid, change.cursor.seq]
+    doc["cursor"] = list(astuple(change.cursor))
     changed = ("cursor", "transitions", "totals", "completed_buckets", "last_event_at")
     update: Document = {"$set": {field: doc[field] for field in changed}}
     if increments:
@@ -160,7 +163,7 @@ def recount(doc: Document) -> None:
 def new_worker(worker_id: str) -> Document:
     return {
         "_id": worker_id,
-        "cursor": [0, 0],
+        "cursor": [0, 0, 0],
         "first_seen": None,
         "last_seen": None,
         "queues": [],
@@ -189,7 +192,7 @@ def apply_to_worker(doc: Document, change: WorkerChange) -> Document:
     doc["last_seen"] = change.last_at
     doc["current_jobs"] = list(current)[-CURRENT_JOBS_KEPT:]
     doc["running"] = len(doc["current_jobs"])
-    doc["cursor"] = [change.cursor.xid, change.cursor.seq]
+    doc["cursor"] = list(astuple(change.cursor))
     return _set_all(doc)
 
 
@@ -205,7 +208,7 @@ def failure_key(queue: str, job_type: str) -> str:
 def new_failures(queue: str, job_type: str) -> Document:
     return {
         "_id": failure_key(queue, job_type),
-        "cursor": [0, 0],
+        "cursor": [0, 0, 0],
         "queue": queue,
         "type": job_type,
         "failures": 0,
@@ -238,7 +241,7 @@ def apply_to_failures(doc: Document, events: Sequence[FailureEvent]) -> Document
         kept = sorted(reasons.items(), key=lambda kv: kv[1]["count"], reverse=True)
         dropped = [key for key, _ in kept[FAILURE_REASONS_KEPT:]]
         doc["reasons"] = dict(kept[:FAILURE_REASONS_KEPT])
-    doc["cursor"] = [events[-1].xid, events[-1].seq]
+    doc["cursor"] = list(astuple(events[-1].cursor))
     written = {f"reasons.{key}": doc["reasons"][key] for key in touched if key in doc["reasons"]}
     update: Document = {"$set": {"cursor": doc["cursor"], "failures": doc["failures"], **written}}
     if dropped:

@@ -24,6 +24,12 @@ a copy gone stale (another writer) fails its write and the batch is replayed wit
 emptied. The checkpoint is kept the same way, so a batch reads nothing from MongoDB unless it
 touches documents it has not written.
 
+The checkpoint is a position in the outbox's spans (evora.storage.outbox): the snapshot
+every consumed span ended at (`prev`), the span being read (`target`) and how far into it
+(`cursor`: span number, xid, seq). A span's target is stored before any document holds one
+of its events, so every attempt at a batch, however late, reads the same events in the
+same order, and document cursors compare with the checkpoint's as (span, xid, seq).
+
 What changes without an event (jobs pruned by the sweeper, delayed jobs coming due) is read
 from PostgreSQL by `refresh`, which the service runs every few seconds.
 """
@@ -54,9 +60,11 @@ from evora.readmodels.layout import (
 )
 from evora.readmodels.stats import BUCKET_SECONDS
 from evora.storage.outbox import (
+    NOTHING_VISIBLE,
     Batch,
     FailureEvent,
     OutboxCursor,
+    Span,
     oldest_due,
     pruned_counts,
     read_batch,
@@ -91,6 +99,20 @@ def _past(after: OutboxCursor, docs: Iterable[Document]) -> dict[str, OutboxCurs
         if cursor > after:
             past[doc["_id"]] = cursor
     return past
+
+
+def position(checkpoint: Document) -> tuple[Span, OutboxCursor]:
+    """Where a checkpoint stands. One written before spans, (xid, seq) read below the horizon
+    in that order, becomes span 0 from the snapshot "xid:xid:" (every transaction before xid
+    ended and was read) on from (xid, seq) itself, its target not fixed: read on in the same
+    order, so documents written past it by an interrupted batch still compare right."""
+    cursor = [int(part) for part in checkpoint["cursor"]]
+    if len(cursor) == 3:
+        return Span(checkpoint["prev"], checkpoint["target"]), OutboxCursor(*cursor)
+    xid, seq = cursor
+    if xid == 0:
+        return Span(), OutboxCursor()
+    return Span(f"{xid}:{xid}:"), OutboxCursor(0, xid, seq)
 
 
 class ProjectionConflict(Exception):
@@ -149,15 +171,25 @@ class Projector:
 
     async def checkpoint(self) -> Document:
         doc = await self._db[CONTROL].find_one({"_id": checkpoint_id(self.generation.number)})
-        return doc or {"_id": checkpoint_id(self.generation.number), "cursor": [0, 0], "max_seq": 0}
+        return doc or {
+            "_id": checkpoint_id(self.generation.number),
+            "cursor": [0, 0, 0],
+            "prev": NOTHING_VISIBLE,
+            "target": None,
+            "max_seq": 0,
+        }
 
-    async def _advance_checkpoint(self, old: Document, batch: Batch) -> Document:
+    async def _advance_checkpoint(
+        self, old: Document, span: Span, cursor: OutboxCursor, batch: Batch | None
+    ) -> Document:
         new = {
             "_id": old["_id"],
-            "cursor": [batch.upto.xid, batch.upto.seq],
-            "max_seq": max(int(old.get("max_seq", 0)), batch.max_seq),
+            "cursor": [cursor.span, cursor.xid, cursor.seq],
+            "prev": span.prev,
+            "target": span.target,
+            "max_seq": max(int(old.get("max_seq", 0)), batch.max_seq if batch else 0),
             "at": datetime.now(UTC),
-            "last_event_at": batch.at,
+            "last_event_at": batch.at if batch else old.get("last_event_at"),
         }
         control = self._db[CONTROL]
         if "at" not in old:
@@ -166,7 +198,10 @@ class Projector:
             except Exception as exc:
                 raise ProjectionConflict("checkpoint created concurrently") from exc
             return new
-        result = await control.replace_one({"_id": old["_id"], "cursor": old["cursor"]}, new)
+        # The target too: fixing it leaves the cursor as it was.
+        result = await control.replace_one(
+            {"_id": old["_id"], "cursor": old["cursor"], "target": old.get("target")}, new
+        )
         if result.matched_count != 1:
             raise ProjectionConflict("checkpoint moved underneath")
         return new
@@ -187,15 +222,30 @@ class Projector:
 
     async def _next_batch(self) -> int:
         checkpoint = self._checkpoint or await self.checkpoint()
-        xid, seq = checkpoint["cursor"]
-        after = OutboxCursor(int(xid), int(seq))
-        batch = await self._read(after)
-        if batch is None:
-            return 0
+        span, after = position(checkpoint)
+        batch = await self._read(span, after)
+        if span.target is None:
+            if batch is None:
+                return 0
+            # Fixed before any document holds one of its events: whoever replays this batch
+            # reads the same span, so the documents' cursors compare with its positions.
+            span = Span(span.prev, batch.target)
+            checkpoint = await self._advance_checkpoint(checkpoint, span, after, None)
+            self._checkpoint = checkpoint
+        elif batch is None:
+            # The span's last batch was exactly full: it is done, and the next one begins.
+            self._checkpoint = await self._advance_checkpoint(
+                checkpoint, Span(span.target), OutboxCursor(after.span + 1), None
+            )
+            return await self._next_batch()
         started = time.perf_counter()
-        await self._apply(after, batch)
-        self._checkpoint = await self._advance_checkpoint(checkpoint, batch)
-        await self._record_progress(batch.upto)
+        await self._apply(span, after, batch)
+        if batch.events < self.batch_size:  # the span is done
+            span, upto = Span(batch.target), OutboxCursor(after.span + 1)
+        else:
+            upto = batch.upto
+        self._checkpoint = await self._advance_checkpoint(checkpoint, span, upto, batch)
+        await self._record_progress(span.prev)
         if self._metrics is not None:
             self._metrics.events.inc(batch.events)
             self._metrics.batch_size.observe(batch.events)
@@ -205,12 +255,14 @@ class Projector:
 
     async def _read(
         self,
+        span: Span,
         after: OutboxCursor,
         upto: OutboxCursor | None = None,
         past: dict[str, dict[str, OutboxCursor]] | None = None,
     ) -> Batch | None:
         return await read_batch(
             self._pool,
+            span,
             after,
             self.batch_size,
             bucket_seconds=BUCKET_SECONDS,
@@ -223,14 +275,14 @@ class Projector:
         for cache in (self._queues, self._workers, self._failures):
             cache.clear()
 
-    async def _record_progress(self, last: OutboxCursor) -> None:
+    async def _record_progress(self, consumed: str) -> None:
         if not self._seen_active:
             self._seen_active = await active_generation(self._db) == self.generation.number
         await record_projector_progress(
-            self._pool, self.generation.number, last.xid, last.seq, self._seen_active
+            self._pool, self.generation.number, consumed, self._seen_active
         )
 
-    async def _apply(self, after: OutboxCursor, batch: Batch) -> None:
+    async def _apply(self, span: Span, after: OutboxCursor, batch: Batch) -> None:
         g = self.generation
         by_queue, by_worker = changes.fold(batch)
         queues = await self._documents(g.queues, self._queues, list(by_queue))
@@ -240,8 +292,8 @@ class Projector:
         # same range is summed up again with its earlier events left out for it.
         past = {"queues": _past(after, queues.values()), "workers": _past(after, workers.values())}
         if any(past.values()):
-            again = await self._read(after, batch.upto, past)
-            assert again is not None  # the same committed range
+            again = await self._read(span, after, batch.upto, past)
+            assert again is not None  # the same span, the same range of it
             batch = again
             by_queue, by_worker = changes.fold(batch)
         by_failure: dict[str, list[FailureEvent]] = defaultdict(list)

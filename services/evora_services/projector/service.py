@@ -26,10 +26,10 @@ from evora.readmodels.layout import (
     active_generation,
     checkpoint_id,
 )
-from evora.storage.outbox import OutboxCursor, backlog
+from evora.storage.outbox import backlog
 from evora.waiting import Backoff, wait_until_set
 from evora_services.projector.metrics import ProjectorMetrics
-from evora_services.projector.projector import ProjectionConflict, Projector
+from evora_services.projector.projector import ProjectionConflict, Projector, position
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,7 @@ class ProjectorService:
 
     async def _measure_lag(self, projector: Projector) -> None:
         checkpoint = await projector.checkpoint()
-        xid, seq = checkpoint["cursor"]
-        behind = await backlog(self._pool, OutboxCursor(int(xid), int(seq)))
+        behind = await backlog(self._pool, *position(checkpoint))
         self._metrics.events_behind.set(behind.events)
         age = 0.0
         if behind.oldest is not None:

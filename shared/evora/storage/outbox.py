@@ -3,11 +3,12 @@ projector: each batch summed up in SQL, so that what crosses to the projector gr
 queues and workers a batch touches, not with its events.
 
 Sequence numbers are taken at insert but become visible at commit, so `seq > last` can skip
-an event whose transaction commits after a later one. Events are instead read in
-(xid, seq) order and only from transactions older than the oldest one still running
-(`pg_snapshot_xmin`): everything below that horizon has committed or aborted for good.
-The price is lag while a long transaction is open, which the statement and
-idle-in-transaction timeouts bound.
+an event whose transaction commits after a later one. The outbox is read PgQ's way instead,
+in spans between two snapshots: a span holds the events of the transactions visible in its
+target snapshot and not in the previous one (`Span`), read in (xid, seq) order, in several
+batches if it is big. A transaction still open at the target is in neither, and lands in
+the span after it commits: a long transaction anywhere in the cluster delays only its own
+events, never the others' (docs/architecture.md, "the outbox").
 """
 
 from __future__ import annotations
@@ -25,12 +26,34 @@ READ_BATCH, BACKLOG, OLDEST_DUE, PRUNED = load(
 )
 
 
+# A snapshot in which no transaction is visible: the start of the outbox.
+NOTHING_VISIBLE = "1:1:"
+
+
 @dataclass(frozen=True, order=True)
 class OutboxCursor:
-    """Position after the last event consumed; (0, 0) is the beginning."""
+    """Position after the last event consumed: the span's number, then (xid, seq) within it
+    (the order events are read in); (0, 0, 0) is the beginning."""
 
+    span: int = 0
     xid: int = 0
     seq: int = 0
+
+
+@dataclass(frozen=True)
+class Span:
+    """The events of transactions visible in `target` and not in `prev` (pg_snapshot text).
+    A target of None is not fixed yet: the next read takes the current snapshot."""
+
+    prev: str = NOTHING_VISIBLE
+    target: str | None = None
+
+    def unseen_from(self, after: OutboxCursor) -> tuple[list[str], tuple[int, int]]:
+        """What of `prev` the read's index scans start from: its running transactions, and
+        the (xid, seq) after which everything past its xmax is scanned, not before `after`."""
+        _, xmax, running = self.prev.split(":")
+        start = (after.xid, after.seq) if after.xid >= int(xmax) else (int(xmax), -1)
+        return [xid for xid in running.split(",") if xid], start
 
 
 class EventGroup(NamedTuple):
@@ -61,8 +84,7 @@ class EventGroup(NamedTuple):
 class FailureEvent(NamedTuple):
     """An event that reports an error."""
 
-    xid: int
-    seq: int
+    cursor: OutboxCursor
     job_id: str
     queue: str
     type: str
@@ -79,6 +101,7 @@ class Batch:
     # order they last started; jobs running under it at the start, no longer at the end)
     runs: dict[str, tuple[list[str], list[str]]]
     failures: list[FailureEvent]
+    target: str  # the span's target snapshot
 
     @property
     def events(self) -> int:
@@ -105,6 +128,7 @@ class Batch:
 
 async def read_batch(
     conn: asyncpg.Connection | asyncpg.Pool,
+    span: Span,
     after: OutboxCursor,
     limit: int,
     *,
@@ -112,15 +136,16 @@ async def read_batch(
     upto: OutboxCursor | None = None,
     past: dict[str, dict[str, OutboxCursor]] | None = None,
 ) -> Batch | None:
-    """The next committed events after `after` (at most `limit`; with `upto`, exactly those
-    up to it), summed up in PostgreSQL. `past` names the queues and workers whose documents
-    already hold events past `after` ({"queues" or "workers": {key: cursor}}): events up to
-    that cursor do not count for them. None means the reader is caught up with everything
-    that can no longer change."""
+    """The next events of `span` after `after` (at most `limit`; with `upto`, exactly those
+    up to it), summed up in PostgreSQL; their cursors are in span number `after.span`.
+    `past` names the queues and workers whose documents already hold events past `after`
+    ({"queues" or "workers": {key: cursor}}): events up to that cursor do not count for them.
+    None means the span holds nothing more (a span without a target: nothing new)."""
     bounds = {
         kind: {key: [cursor.xid, cursor.seq] for key, cursor in cursors.items()}
         for kind, cursors in (past or {}).items()
     }
+    running, (start_xid, start_seq) = span.unseen_from(after)
     row = await conn.fetchrow(
         READ_BATCH,
         str(after.xid),
@@ -130,34 +155,41 @@ async def read_batch(
         None if upto is None else upto.seq,
         bounds,
         bucket_seconds,
+        span.target,
+        running,
+        str(start_xid),
+        start_seq,
     )
     assert row is not None
     if row["groups"] is None:
         return None
     return Batch(
-        groups=[_group(g) for g in row["groups"]],
+        groups=[_group(g, after.span) for g in row["groups"]],
         samples={q: (w, r) for q, (w, r) in (row["samples"] or {}).items()},
         runs={w: (started, stopped) for w, (started, stopped) in (row["runs"] or {}).items()},
-        failures=[_failure(f) for f in row["failures"] or ()],
+        failures=[_failure(f, after.span) for f in row["failures"] or ()],
+        target=row["target"],
     )
 
 
-def _group(g: list[Any]) -> EventGroup:
+def _group(g: list[Any], span: int) -> EventGroup:
     # the counted fields in the statement's order, then the last event and the first's time
     xid, seq, last_at, first_at = g[-4:]
     return EventGroup._make(
         [
             *g[:-4],
-            OutboxCursor(xid, seq),
+            OutboxCursor(span, xid, seq),
             datetime.fromisoformat(last_at),
             datetime.fromisoformat(first_at),
         ]
     )
 
 
-def _failure(f: list[Any]) -> FailureEvent:
+def _failure(f: list[Any], span: int) -> FailureEvent:
     xid, seq, job_id, queue, job_type, at, error = f
-    return FailureEvent(xid, seq, job_id, queue, job_type, datetime.fromisoformat(at), error)
+    return FailureEvent(
+        OutboxCursor(span, xid, seq), job_id, queue, job_type, datetime.fromisoformat(at), error
+    )
 
 
 @dataclass(frozen=True)
@@ -167,9 +199,10 @@ class Backlog:
 
 
 async def backlog(
-    conn: asyncpg.Connection | asyncpg.Pool, after: OutboxCursor, cap: int = 100_000
+    conn: asyncpg.Connection | asyncpg.Pool, span: Span, after: OutboxCursor, cap: int = 100_000
 ) -> Backlog:
-    row = await conn.fetchrow(BACKLOG, str(after.xid), after.seq, cap)
+    """Committed events not consumed by a checkpoint at `after` in `span`."""
+    row = await conn.fetchrow(BACKLOG, span.prev, span.target, str(after.xid), after.seq, cap)
     assert row is not None
     return Backlog(int(row["events"]), row["oldest"])
 

@@ -39,9 +39,10 @@ PRUNABLE_STATES = (JobState.COMPLETED, JobState.CANCELLED, JobState.DLQ)
 
 
 async def record_projector_progress(
-    conn: asyncpg.Connection | asyncpg.Pool, generation: int, xid: int, seq: int, active: bool
+    conn: asyncpg.Connection | asyncpg.Pool, generation: int, consumed: str, active: bool
 ) -> None:
-    await conn.execute(RECORD_PROJECTOR_PROGRESS, generation, str(xid), seq, active)
+    """`consumed`: the snapshot every span the generation consumed ended at."""
+    await conn.execute(RECORD_PROJECTOR_PROGRESS, generation, consumed, active)
 
 
 @dataclass(frozen=True)

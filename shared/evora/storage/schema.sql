@@ -1756,8 +1756,9 @@ CREATE TABLE public.paused_queues (
 CREATE TABLE public.projector_progress (
     generation integer NOT NULL,
     xid xid8 NOT NULL,
-    seq bigint NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    seq bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    snapshot pg_snapshot
 );
 
 CREATE TABLE public.schedules (

@@ -4,8 +4,9 @@
 
 -- name: oldest_xmin_holder
 -- The session whose transaction holds back the cluster's xmin the longest (a snapshot or an
--- xid: vacuum keeps every row version it may still see, and the projector reads the outbox
--- below pg_snapshot_xmin). Cluster-wide on purpose: xmin is. None when nothing holds one.
+-- xid: vacuum keeps every row version it may still see, and event retention and the archive
+-- go by pg_snapshot_xmin; the projector reads past it). Cluster-wide on purpose: xmin is.
+-- None when nothing holds one.
 SELECT pid, coalesce(nullif(application_name, ''), usename::text, '?') AS application,
        state, extract(epoch FROM clock_timestamp() - xact_start)::float8 AS seconds
 FROM pg_stat_activity
@@ -25,13 +26,15 @@ ORDER BY n_dead_tup DESC;
 -- name: outbox_backlog
 -- Events the active projector generation (the newest recorded) has not consumed yet, counted
 -- up to $1 (the count stops there: a backlog is big or it is not), the age of the oldest
--- of them, and how long ago the projector recorded progress. Events with xid >= its xid
--- are the unconsumed ones (migration 0004); without a progress row, every event is.
+-- of them, and how long ago the projector recorded progress. The unconsumed events are
+-- those not visible in its snapshot (migration 0031; a row without one: xid >= its xid);
+-- without a progress row, every event is.
 WITH progress AS (
-    SELECT xid, updated_at FROM projector_progress ORDER BY generation DESC LIMIT 1
+    SELECT xid, snapshot, updated_at FROM projector_progress ORDER BY generation DESC LIMIT 1
 ), pending AS (
     SELECT e.at FROM job_events e
     WHERE e.xid >= coalesce((SELECT xid FROM progress), '0'::xid8)
+      AND NOT coalesce(pg_visible_in_snapshot(e.xid, (SELECT snapshot FROM progress)), false)
     LIMIT $1
 )
 SELECT (SELECT count(*) FROM pending) AS events,

@@ -2,22 +2,56 @@
 
 -- name: read_batch
 -- $1 after-xid (text), $2 after-seq, $3 limit, $4 upto-xid (text; NULL: the limit and the
--- horizon end the batch), $5 upto-seq, $6 documents already past the start, as
+-- span end the batch), $5 upto-seq, $6 documents already past the start, as
 -- {"queues": {queue: [xid, seq]}, "workers": {worker: [xid, seq]}}: only their later events
--- count for them, $7 seconds per time bucket.
+-- count for them, $7 seconds per time bucket, $8 the span's target snapshot (text; NULL:
+-- the current snapshot, returned as `target`); the checkpoint's snapshot (every event
+-- visible in it is consumed) taken apart by the caller: $9 its running transactions
+-- (text[]), $10, $11 where the scan past its xmax starts: ($1, $2), or (its xmax, -1) if
+-- that is later. As plain values the planner estimates the scans by them, and reads the
+-- index in order up to the limit rather than the whole span into a sort.
 -- One batch of the outbox, summed up for the read models in one row of JSON (all NULL when
--- caught up): `groups`, its events grouped by everything the read models count (queue,
+-- nothing is new): `groups`, its events grouped by everything the read models count (queue,
 -- worker, event, transition, time bucket, a dead-lettering by lease expiry; whether the
 -- event counts for its queue's and its worker's documents), each with its count, latency
 -- sums, first and last event; `samples`, per queue the latency samples in event order;
 -- `runs`, per worker the jobs that started running under it and were still running at the
 -- batch's end, and those that stopped and were running at its start; `failures`, the events
 -- that report an error, one by one (reasons are grouped by a normalised message only the
--- projector knows). Sequence numbers commit out of order, so `seq > last` alone would lose
--- events: only transactions older than every still-running one are read, so nothing that
--- commits later can land behind the cursor; with $4 the batch is the same committed range
--- again.
-WITH batch AS MATERIALIZED (
+-- projector knows).
+-- Sequence numbers commit out of order, so `seq > last` alone would lose events. The batch is
+-- taken from a span, PgQ's way: the events of transactions visible in the target snapshot
+-- and not in the checkpoint's (so committed in between), after ($1, $2) in (xid, seq) order.
+-- A span is a fixed set however late it is read again, and a transaction still open at the
+-- target lands in a later span when it commits: nothing waits for it, nothing is lost.
+-- Not visible in the checkpoint's snapshot is "xid in its xip list, or at or past its xmax":
+-- two index scans of job_events_tail, each in (xid, seq) order, neither reading the events
+-- below its xmax that it already saw (a long transaction keeps its xmin low, not its xmax).
+WITH span AS MATERIALIZED (
+    SELECT coalesce($8::text::pg_snapshot, pg_current_snapshot()) AS target
+),
+picked AS MATERIALIZED (
+    SELECT p.seq FROM (
+        (SELECT e.xid, e.seq FROM job_events e
+         WHERE e.xid = ANY ($9::text[]::xid8[])
+           AND (e.xid, e.seq) > ($1::text::xid8, $2::int8)
+           AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
+           AND pg_visible_in_snapshot(e.xid, (SELECT target FROM span))
+         ORDER BY e.xid, e.seq
+         LIMIT $3)
+        UNION ALL
+        (SELECT e.xid, e.seq FROM job_events e
+         WHERE (e.xid, e.seq) > ($10::text::xid8, $11::int8)
+           AND e.xid < (SELECT pg_snapshot_xmax(target) FROM span)
+           AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
+           AND pg_visible_in_snapshot(e.xid, (SELECT target FROM span))
+         ORDER BY e.xid, e.seq
+         LIMIT $3)
+    ) p
+    ORDER BY p.xid, p.seq
+    LIMIT $3
+),
+batch AS MATERIALIZED (
     -- numbered after the limit, so that only the batch's rows are sorted (a top-N sort)
     SELECT b.xid, b.seq, row_number() OVER (ORDER BY b.xid, b.seq) AS n, b.queue, b.type,
            b.worker_id, b.event, b.from_state, b.to_state, b.at, b.job_id, b.error,
@@ -45,12 +79,8 @@ WITH batch AS MATERIALIZED (
                END AS error,
                $6::jsonb -> 'queues' -> e.queue AS queue_past,
                $6::jsonb -> 'workers' -> e.worker_id AS worker_past
-        FROM job_events e
-        WHERE (e.xid, e.seq) > ($1::text::xid8, $2::int8)
-          AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
-          AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
-        ORDER BY e.xid, e.seq
-        LIMIT $3
+        -- by primary key (a join would be planned as a hash join over the whole table)
+        FROM job_events e WHERE e.seq = ANY (ARRAY(SELECT seq FROM picked))
     ) b
 ),
 groups AS (
@@ -104,20 +134,36 @@ SELECT (SELECT jsonb_agg(jsonb_build_array(
         FROM runs) AS runs,
        (SELECT jsonb_agg(jsonb_build_array(xid::text::int8, seq, job_id, queue, type, at, error)
                ORDER BY n)
-        FROM batch WHERE error IS NOT NULL) AS failures;
+        FROM batch WHERE error IS NOT NULL) AS failures,
+       (SELECT target::text FROM span) AS target;
 
 -- name: backlog
--- $1 after-xid (text), $2 after-seq, $3 cap: committed events past a cursor, and the time of
--- the oldest of them, for lag metrics. Every committed event counts, also those read_batch
--- cannot read yet because an older transaction is still open somewhere in the cluster: the
--- lag is measured against the truth, so it grows while anything holds the read models back
--- instead of reading 0.
+-- $1 the checkpoint's snapshot (text), $2 its span's target (text, NULL: none yet), $3, $4
+-- the (xid, seq) consumed up to in that span, $5 cap: committed events not yet consumed,
+-- and the time of the oldest of them, for lag metrics. Every committed event counts, also
+-- those of a span not read yet: the lag is measured against the truth, so it grows while
+-- anything holds the read models back instead of reading 0. Not consumed: not visible in
+-- $1 (in its xip list or at or past its xmax, as read_batch), and not in $2's span up to
+-- ($3, $4) (without a target, only that position counts: a checkpoint from before spans).
+WITH unread AS NOT MATERIALIZED (
+    -- read_batch's two index scans, without a target: every committed event past $1
+    SELECT e.xid, e.seq, e.at,
+           coalesce(pg_visible_in_snapshot(e.xid, $2::text::pg_snapshot), true)
+               AND (e.xid, e.seq) <= ($3::text::xid8, $4::int8) AS consumed
+    FROM job_events e
+)
 SELECT count(*) AS events, min(at) AS oldest
 FROM (
-    SELECT at FROM job_events
-    WHERE (xid, seq) > ($1::text::xid8, $2::int8)
-    ORDER BY xid, seq
-    LIMIT $3
+    (SELECT u.at FROM unread u
+     WHERE u.xid = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot))) AND NOT u.consumed
+     ORDER BY u.xid, u.seq
+     LIMIT $5)
+    UNION ALL
+    (SELECT u.at FROM unread u
+     WHERE u.xid >= pg_snapshot_xmax($1::text::pg_snapshot) AND NOT u.consumed
+     ORDER BY u.xid, u.seq
+     LIMIT $5)
+    LIMIT $5
 ) AS behind;
 
 -- name: oldest_due

@@ -52,22 +52,26 @@ SELECT count(*) FROM gone;
 SELECT evora_drop_archived_events(w.upto_seq, $1, $2) FROM event_archive_watermark w;
 
 -- name: record_projector_progress
--- $1 generation, $2 xid (text), $3 seq, $4 whether the generation is the active one. The
--- projector's half: after each checkpoint it records how far it has consumed, so that
--- retention (which has no MongoDB) knows. Once a generation is active the rows of older ones
--- go: their read models are dropped and must not hold retention back for ever.
+-- $1 generation, $2 the snapshot every span it consumed ended at (text), $3 whether the
+-- generation is the active one. The projector's half: after each checkpoint it records how
+-- far it has consumed, so that retention (which has no MongoDB) knows: every event visible
+-- in the snapshot, and so every event with an xid below the snapshot's xmin, which is what
+-- retention and the archive go by (conservative: a transaction left open holds it back, and
+-- them with it, not the projector). Once a generation is active the rows of older ones go:
+-- their read models are dropped and must not hold retention back for ever.
 WITH recorded AS (
-    INSERT INTO projector_progress (generation, xid, seq)
-    VALUES ($1, $2::text::xid8, $3)
+    INSERT INTO projector_progress (generation, xid, snapshot)
+    VALUES ($1, pg_snapshot_xmin($2::text::pg_snapshot), $2::text::pg_snapshot)
     ON CONFLICT (generation) DO UPDATE
-        SET xid = excluded.xid, seq = excluded.seq, updated_at = evora_now()
+        SET xid = excluded.xid, snapshot = excluded.snapshot, updated_at = evora_now()
 )
-DELETE FROM projector_progress WHERE $4 AND generation < $1;
+DELETE FROM projector_progress WHERE $3 AND generation < $1;
 
 -- name: oldest_writing_transaction_seconds
 -- Age of the oldest transaction in the cluster that holds an xid (has written something).
--- The outbox is read below `pg_snapshot_xmin`, so such a transaction holds back the projector
--- (and vacuum) for as long as it stays open. Cluster-wide on purpose: xids are.
+-- Such a transaction holds back vacuum, and event retention and the archive (they go by
+-- `pg_snapshot_xmin`), for as long as it stays open; not the projector, which reads past it.
+-- Cluster-wide on purpose: xids are.
 SELECT coalesce(extract(epoch FROM clock_timestamp() - min(xact_start)), 0)::float8
 FROM pg_stat_activity
 WHERE backend_xid IS NOT NULL;
