@@ -99,6 +99,13 @@ WorkerCursor = Annotated[
 ]
 
 
+class AnalyticsQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=MAX_PAGE)
+    after: QueueCursor | None = None
+
+
 class QueueListQuery(BaseModel):
     # lax (query values are strings); unknown parameters refused, not silently ignored
     model_config = ConfigDict(extra="forbid")
@@ -240,6 +247,62 @@ class FailureList(BaseModel):
     types: list[TypeFailures]
 
 
+class RunAsOf(BaseModel):
+    run_id: str
+    at: datetime = Field(description="when the run started")
+    events: int = Field(description="how many events the run counted, archive plus live")
+    seq: int = Field(description="the newest event sequence number counted")
+    below_xid: int = Field(description="the outbox horizon: transactions below it only")
+    archive: dict[str, int] = Field(description="the archive watermark the run read up to")
+
+
+class PipelineTotals(BaseModel):
+    totals: dict[str, int] = Field(description="the stats `totals` keys")
+    by_event: dict[str, int] = Field(description="every event name counted")
+    events: int
+    run_id: str | None
+
+
+class ProjectorTotals(BaseModel):
+    totals: dict[str, int]
+
+
+class Rates(BaseModel):
+    jobs: int
+    retried_jobs: int
+    retries: int
+    dead_lettered_jobs: int
+    retry_rate: float
+    dlq_rate: float
+
+
+class LatencySummary(BaseModel):
+    samples: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    mean_ms: float | None
+    max_ms: float | None
+
+
+class QueueAnalytics(BaseModel):
+    queue: str
+    pipeline: PipelineTotals | None = Field(description="null: not in the latest run")
+    projector: ProjectorTotals | None = Field(description="null: not seen by the projector")
+    agree: bool = Field(description="both sides present with equal totals")
+    rates: Rates | None = Field(description="all the queue's job types together")
+    latency: dict[str, LatencySummary | None] = Field(description="`wait` and `run`")
+
+
+class AnalyticsList(BaseModel):
+    ran: bool = Field(description="false until `evora pipeline run` has written results")
+    as_of: RunAsOf | None = Field(description="the run shown; null when none ran")
+    projector_as_of: AsOf
+    queues: list[QueueAnalytics]
+    next: str | None = _NEXT
+
+
 def _read_models(request: web.Request) -> ReadModels:
     if READ_MODELS not in request.app:
         raise Problem(
@@ -349,3 +412,20 @@ async def history(request: web.Request) -> web.Response:
         query.minutes, limit=query.limit, after=query.after
     )
     return _page("history", page)
+
+
+@stats.add(
+    "GET",
+    "/v1/analytics",
+    roles=ADMIN,
+    query=AnalyticsQuery,
+    summary="The latest `evora pipeline run` per queue beside the projector's totals, by name, "
+    "a page at a time.",
+    responses={200: AnalyticsList},
+    problems=(422,),
+)
+async def analytics(request: web.Request) -> web.Response:
+    query = parse_query(request, AnalyticsQuery)
+    header, page = await _read_models(request).analytics_page(limit=query.limit, after=query.after)
+    cursor = None if page.next_key is None else encode_key(page.next_key)
+    return json_response({**header, "queues": page.items, "next": cursor})

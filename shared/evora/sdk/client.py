@@ -357,6 +357,15 @@ class Client:
         workers: list[dict[str, Any]] = data["workers"] if isinstance(data, dict) else data
         return workers
 
+    async def analytics(self) -> dict[str, Any]:
+        """The latest `evora pipeline run` (docs/http-api.md#analytics): `ran`, its `as_of`,
+        the projector's `projector_as_of`, and every queue by name with the pipeline's totals
+        beside the projector's and whether they `agree`, fetched a page at a time."""
+        pages = [page async for page in self._pages("/v1/analytics")]
+        queues = [queue for page in pages for queue in page["queues"]]
+        # The header of the last page: a run that finished while paging is the one shown.
+        return {**pages[-1], "queues": queues, "next": None}
+
     # Schedules (docs/schedules.md)
 
     async def put_schedule(
@@ -449,18 +458,21 @@ class Client:
         """Delete the limit of `key`."""
         await self._delete(_limit_path(key), LimitNotFoundError)
 
-    async def _every_page(self, path: str, field: str) -> list[dict[str, Any]]:
-        """Every item of a keyset-paginated list, fetched a page at a time."""
-        found: list[dict[str, Any]] = []
+    async def _pages(self, path: str) -> AsyncIterator[dict[str, Any]]:
+        """Every page of a keyset-paginated list, fetched one at a time."""
         params = {"limit": str(MAX_PAGE)}
         while True:
             resp = await self._call("GET", path, params=params, idempotent=True)
-            found.extend(resp.data[field])
+            yield resp.data
             # an api from before paging answers everything at once, without `next`
             after = resp.data.get("next")
             if after is None:
-                return found
+                return
             params["after"] = after
+
+    async def _every_page(self, path: str, field: str) -> list[dict[str, Any]]:
+        """Every item of a keyset-paginated list."""
+        return [item async for page in self._pages(path) for item in page[field]]
 
     async def _delete(self, path: str, missing: type[EvoraClientError]) -> None:
         """DELETE, retried; `missing` (the resource's not-found error) is raised only when the
