@@ -205,6 +205,47 @@ async def redrive_queue(client: Client, args: argparse.Namespace) -> Outcome:
     return Outcome({"redriven": moved}, f"{moved} job(s) moved from the DLQ to PENDING")
 
 
+# The one command that computes what `evora analytics` shows.
+PIPELINE_RUN_HINT = (
+    "the pipeline has not run yet: `evora pipeline run` computes the analytics (PySpark and "
+    "Java needed; on evora dev, start it with `bash scripts/run.sh --with-pipeline`)"
+)
+
+
+def _totals_row(queue: dict[str, Any]) -> dict[str, Any]:
+    """A queue's totals as `pipeline/live` per key ("-" for a side without the queue)."""
+    ours = (queue.get("pipeline") or {}).get("totals") or {}
+    live = (queue.get("projector") or {}).get("totals") or {}
+    row: dict[str, Any] = {"queue": queue["queue"], "agree": "yes" if queue["agree"] else "NO"}
+    for key in ours or live:
+        row[key] = f"{ours.get(key, '-')}/{live.get(key, '-')}"
+    return row
+
+
+async def analytics(client: Client, args: argparse.Namespace) -> Outcome:
+    found = await client.analytics()
+    queues = found["queues"]
+    keys = next(
+        (list(side["totals"]) for q in queues for side in (q["pipeline"], q["projector"]) if side),
+        [],
+    )
+    lines = []
+    if found["ran"]:
+        as_of, live = found["as_of"], found["projector_as_of"]
+        lines.append(
+            f"pipeline run {as_of['run_id']} at {as_of['at']}: {as_of['events']} events, seq up "
+            f"to {as_of['seq']}; live totals (projector) at seq {live['seq']}"
+        )
+    else:
+        lines.append(PIPELINE_RUN_HINT)
+    if queues:
+        lines.append("totals as pipeline/live:")
+        lines.append(table([_totals_row(q) for q in queues], ("queue", *keys, "agree")))
+    else:
+        lines.append("no queues")
+    return Outcome(found, "\n".join(lines))
+
+
 def _schedule_row(schedule: dict[str, Any]) -> dict[str, Any]:
     job = schedule.get("job") or {}
     return {**schedule, "queue": job.get("queue"), "type": job.get("type")}
