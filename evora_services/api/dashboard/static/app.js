@@ -1,6 +1,7 @@
 // The dashboard's entry point: sign-in, the hash router, auto-refresh and the "as of" line.
 
 import { api, ApiError, clearToken, getToken, setToken } from "./api.js";
+import * as analytics from "./analytics.js";
 import { h, replace } from "./dom.js";
 import { clock, span, secondsSince } from "./format.js";
 import * as dlq from "./dlq.js";
@@ -118,7 +119,7 @@ window.addEventListener("evora:unauthorized", () => {
 
 // -- routing -------------------------------------------------------------------------
 
-const VIEWS = { overview, queue, job, dlq, workers, schedules, limits, limitKeys };
+const VIEWS = { overview, queue, job, dlq, workers, schedules, limits, limitKeys, analytics };
 
 function parseHash() {
   const raw = location.hash.replace(/^#/, "") || "/";
@@ -139,6 +140,7 @@ function parseHash() {
   if (parts[0] === "schedules" && parts.length === 1) return { name: "schedules", params };
   if (parts[0] === "limits" && parts.length === 1) return { name: "limits", params };
   if (parts[0] === "limits" && parts.length === 2) return { name: "limitKeys", params: { ...params, key: parts[1] } };
+  if (parts[0] === "analytics" && parts.length === 1) return { name: "analytics", params };
   return { name: "notFound", params };
 }
 
