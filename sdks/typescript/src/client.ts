@@ -13,7 +13,7 @@
 //   repeat finds the job already CANCELLED (the first attempt worked but its answer was
 //   lost), the job is returned instead of throwing `InvalidStateError`;
 // - pause, resume: repeated, they set a flag;
-// - history, histories, schedules, schedule: repeated (reads);
+// - history, histories, schedules, schedule, analytics: repeated (reads);
 // - putSchedule, deleteSchedule, pauseSchedule, resumeSchedule: repeated, each sets the
 //   schedule to a state (a repeated delete that finds nothing resolves all the same);
 // - triggerSchedule: not repeated, a repeat would make a second job;
@@ -91,6 +91,7 @@ export const CLIENT_METHODS = {
   "GET /v1/workers": "workers",
   "GET /v1/stats/history": "histories",
   "GET /v1/stats/queues/{queue}/history": "history",
+  "GET /v1/analytics": "analytics",
   "PUT /v1/schedules/{name}": "putSchedule",
   "GET /v1/schedules": "schedules",
   "GET /v1/schedules/{name}": "schedule",
@@ -259,6 +260,25 @@ export class Client {
       after = resp.data.next;
     } while (after !== null);
     return all;
+  }
+
+  /** The latest `evora pipeline run` (docs/http-api.md#analytics): `ran`, its `as_of`, and
+   * every queue with the pipeline's totals beside the projector's and whether they `agree`,
+   * all pages (the header is the last page's). */
+  async analytics(): Promise<api.AnalyticsList> {
+    const queues: api.QueueAnalytics[] = [];
+    let after: string | null = null;
+    let page: api.AnalyticsList;
+    do {
+      const resp: { data: api.AnalyticsList } = await this.http.request<api.AnalyticsList>("GET", "/v1/analytics", {
+        query: { limit: MAX_PAGE, after },
+        idempotent: true,
+      });
+      page = resp.data;
+      queues.push(...page.queues);
+      after = page.next;
+    } while (after !== null);
+    return { ...page, queues, next: null };
   }
 
   /** Per-minute history of one queue (the last `minutes`, at most 1440), from the read models. */
