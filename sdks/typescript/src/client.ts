@@ -262,7 +262,7 @@ export class Client {
     return all;
   }
 
-  /** The latest `evora pipeline run` (docs/http-api.md#analytics): `ran`, its `as_of`, and
+  /** The latest `evora pipeline run` (docs/http-api.md#get-v1analytics): `ran`, its `as_of`, and
    * every queue with the pipeline's totals beside the projector's and whether they `agree`,
    * all pages (the header is the last page's). */
   async analytics(): Promise<api.AnalyticsList> {

@@ -1,4 +1,4 @@
-"""The pipeline's analytics as the api serves them (docs/http-api.md#analytics).
+"""The pipeline's analytics as the api serves them (docs/http-api.md#get-v1analytics).
 
 `evora pipeline run` writes MongoDB collections `analytics_<output>`, one document per row
 of its output, each stamped with the run's `run_id` and `as_of`. The api reads them beside

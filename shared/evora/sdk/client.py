@@ -358,7 +358,7 @@ class Client:
         return workers
 
     async def analytics(self) -> dict[str, Any]:
-        """The latest `evora pipeline run` (docs/http-api.md#analytics): `ran`, its `as_of`,
+        """The latest `evora pipeline run` (docs/http-api.md#get-v1analytics): `ran`, its `as_of`,
         the projector's `projector_as_of`, and every queue by name with the pipeline's totals
         beside the projector's and whether they `agree`, fetched a page at a time."""
         pages = [page async for page in self._pages("/v1/analytics")]
