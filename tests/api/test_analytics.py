@@ -208,3 +208,79 @@ async def test_queues_come_a_page_at_a_time_and_bad_parameters_are_refused(
     assert [q["pipeline"] is not None for q in everything["queues"]] == [
         i % 2 == 0 for i in range(11)
     ]
+
+
+def type_docs(queue: str, job_type: str, jobs: int) -> dict[str, list[Document]]:
+    """One job type's documents in each per-type `analytics_*` collection."""
+    key = f"{queue}/{job_type}"
+    row = {"queue": queue, "type": job_type}
+    reason = {"error_type": "ValueError", "message": "bad", "last_at": RAN_AT}
+    summary = {"p50_ms": 1.0, "p90_ms": 2.0, "p95_ms": 2.0, "p99_ms": 2.0}
+    return {
+        "analytics_rates": [
+            {"_id": key, **row, "jobs": jobs, "retried_jobs": 1, "retries": 1}
+            | {"dead_lettered_jobs": 0, "retry_rate": 1 / jobs, "dlq_rate": 0.0}
+        ],
+        "analytics_event_totals": [
+            {"_id": f"{key}/submitted", **row, "event": "submitted", "events": jobs},
+            {"_id": f"{key}/failed", **row, "event": "failed", "events": 1},
+        ],
+        "analytics_job_states": [
+            {"_id": f"{key}/PENDING", **row, "state": "PENDING", "jobs": jobs}
+        ],
+        "analytics_latency": [
+            {"_id": f"{key}/wait", **row, "kind": "wait", "samples": jobs, **summary}
+            | {"mean_ms": 1.5, "max_ms": 2.0}
+        ],
+        "analytics_failure_reasons": [
+            {"_id": f"{key}/2", **row, "rank": 2, **reason, "message": "worse", "failures": 1},
+            {"_id": f"{key}/1", **row, "rank": 1, **reason, "failures": 3},
+        ],
+    }
+
+
+async def test_a_queues_job_types_come_a_page_at_a_time(
+    api_url: str, mongo: AsyncDatabase[Document]
+) -> None:
+    async with aiohttp.ClientSession(headers=ADMIN) as http:
+        never = await get(http, api_url + "/v1/analytics/queues/mail")
+        assert never == {"queue": "mail", "ran": False, "as_of": None, "types": [], "next": None}
+
+        await mongo["analytics_queue_totals"].insert_one(queue_totals("mail", "r2", submitted=6))
+        # queues whose names start like "mail": none of their types belongs to it
+        for queue, job_type, jobs in [
+            ("mail", "*", 6),
+            ("mail", "a.x", 2),
+            ("mail", "b.y", 4),
+            ("mail.x", "a.x", 1),
+            ("mail-x", "a.x", 1),
+            ("mailbox", "a.x", 1),
+        ]:
+            for collection, docs in type_docs(queue, job_type, jobs).items():
+                await mongo[collection].insert_many(docs)
+
+        first = await get(http, api_url + "/v1/analytics/queues/mail?limit=2")
+        assert first["ran"] is True and first["as_of"]["run_id"] == "r2"
+        assert [t["type"] for t in first["types"]] == ["*", "a.x"]
+        second = await get(
+            http, f"{api_url}/v1/analytics/queues/mail?limit=2&after={first['next']}"
+        )
+        assert [t["type"] for t in second["types"]] == ["b.y"] and second["next"] is None
+
+        [b] = second["types"]
+        assert b["events"] == {"submitted": 4, "failed": 1}
+        assert b["jobs"] == {"PENDING": 4}
+        assert b["rates"]["jobs"] == 4 and b["rates"]["retry_rate"] == 0.25
+        assert b["latency"]["wait"]["samples"] == 4 and b["latency"]["run"] is None
+        assert [(r["rank"], r["message"], r["failures"]) for r in b["failure_reasons"]] == [
+            (1, "bad", 3),
+            (2, "worse", 1),
+        ]
+        assert b["failure_reasons"][0]["last_at"] == "2026-11-29T04:00:00Z"
+
+        for query in ("limit=0", "after=nope", f"after={encode_key(['no/slash'])}", "type=a"):
+            async with http.get(f"{api_url}/v1/analytics/queues/mail?{query}") as r:
+                assert r.status == 422, (query, r.status)
+                assert (await r.json())["code"] == "validation_error"
+        async with http.get(f"{api_url}/v1/analytics/queues/not%20a%20queue") as r:
+            assert r.status == 422

@@ -21,17 +21,30 @@ COLLECTION_PREFIX = "analytics_"
 QUEUE_TOTALS = COLLECTION_PREFIX + "queue_totals"
 RATES = COLLECTION_PREFIX + "rates"
 LATENCY = COLLECTION_PREFIX + "latency"
+EVENT_TOTALS = COLLECTION_PREFIX + "event_totals"
+JOB_STATES = COLLECTION_PREFIX + "job_states"
+FAILURE_REASONS = COLLECTION_PREFIX + "failure_reasons"
 # The pipeline's rows for all of a queue's types together (job types cannot contain "*").
 ALL_TYPES = "*"
 LATENCY_KINDS = ("wait", "run")
 RATE_FIELDS = ("jobs", "retried_jobs", "retries", "dead_lettered_jobs", "retry_rate", "dlq_rate")
 LATENCY_FIELDS = ("samples", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")
+REASON_FIELDS = ("rank", "error_type", "message", "failures", "last_at")
+# Documents are keyed "<queue>/<type>[/...]" and names cannot hold "/": a queue's documents
+# are exactly the keys from "<queue>/" up to "<queue>0" ("0" follows "/").
+_AFTER_SEPARATOR = "0"
 
 
 def _as_of(doc: Document) -> dict[str, Any]:
     as_of: dict[str, Any] = dict(doc.get("as_of") or {})
     as_of["at"] = as_utc(as_of.get("at"))
     return as_of
+
+
+async def _latest_run(db: AsyncDatabase[Document]) -> dict[str, Any]:
+    # While a run writes, documents of two runs coexist: the newest run is the one shown.
+    newest = await db[QUEUE_TOTALS].find_one({}, {"as_of": 1}, sort=[("as_of.at", -1)])
+    return {"ran": newest is not None, "as_of": None if newest is None else _as_of(newest)}
 
 
 def _totals(doc: Document | None) -> dict[str, int] | None:
@@ -70,13 +83,7 @@ async def analytics_page(
     of queues by name (every queue either side has seen, each with the pipeline's totals,
     rates and latency for all its types, the projector's totals, and whether they agree),
     and the last queue's name when more follow."""
-    # While a run writes, documents of two runs coexist: the newest run is the one shown.
-    newest = await db[QUEUE_TOTALS].find_one({}, {"as_of": 1}, sort=[("as_of.at", -1)])
-    header = {
-        "ran": newest is not None,
-        "as_of": None if newest is None else _as_of(newest),
-        "projector_as_of": projector_as_of,
-    }
+    header = {**await _latest_run(db), "projector_as_of": projector_as_of}
     names, more = await _page_of_names(db, generation, limit, after)
     ids = [f"{queue}/{ALL_TYPES}" for queue in names]
     pipeline = {d["_id"]: d async for d in db[QUEUE_TOTALS].find({"_id": {"$in": names}})}
@@ -111,3 +118,49 @@ async def analytics_page(
             }
         )
     return header, items, names[-1] if more else None
+
+
+async def _by_type(
+    db: AsyncDatabase[Document], collection: str, queue: str, types: list[str]
+) -> dict[str, list[Document]]:
+    found: dict[str, list[Document]] = {t: [] for t in types}
+    cursor = db[collection].find({"queue": queue, "type": {"$in": types}}).sort("_id", 1)
+    async for doc in cursor:
+        found[doc["type"]].append(doc)
+    return found
+
+
+async def queue_types_page(
+    db: AsyncDatabase[Document], queue: str, *, limit: int, after: str | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]], str | None]:
+    """The latest run's `as_of` and a page of the queue's job types (`*` first: all types
+    together), each with its events by name, jobs by state, rates, latency and top failure
+    reasons; and the last type when more follow."""
+    lowest = f"{queue}/{after}" if after is not None else f"{queue}/"
+    found = {"_id": {"$gt": lowest, "$lt": queue + _AFTER_SEPARATOR}}
+    cursor = db[RATES].find(found).sort("_id", 1).limit(limit + 1)
+    rates = [doc async for doc in cursor]
+    types = [doc["type"] for doc in rates[:limit]]
+    latency_ids = [f"{queue}/{t}/{kind}" for t in types for kind in LATENCY_KINDS]
+    latency = {d["_id"]: d async for d in db[LATENCY].find({"_id": {"$in": latency_ids}})}
+    events = await _by_type(db, EVENT_TOTALS, queue, types)
+    states = await _by_type(db, JOB_STATES, queue, types)
+    reasons = await _by_type(db, FAILURE_REASONS, queue, types)
+    items = [
+        {
+            "type": t,
+            "events": {d["event"]: int(d["events"]) for d in events[t]},
+            "jobs": {d["state"]: int(d["jobs"]) for d in states[t]},
+            "rates": _pick(rate, RATE_FIELDS),
+            "latency": {
+                kind: _pick(latency.get(f"{queue}/{t}/{kind}"), LATENCY_FIELDS)
+                for kind in LATENCY_KINDS
+            },
+            "failure_reasons": [
+                {**(_pick(d, REASON_FIELDS) or {}), "last_at": as_utc(d.get("last_at"))}
+                for d in sorted(reasons[t], key=lambda d: int(d["rank"]))
+            ],
+        }
+        for t, rate in zip(types, rates[:limit], strict=True)
+    ]
+    return await _latest_run(db), items, types[-1] if len(rates) > limit else None

@@ -9,7 +9,7 @@ from typing import Any
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.protocol.limits import MAX_PAGE
-from evora.readmodels.analytics import analytics_page
+from evora.readmodels.analytics import analytics_page, queue_types_page
 from evora.readmodels.layout import (
     CONTROL,
     Document,
@@ -167,4 +167,11 @@ class ReadModels:
         header, items, last = await analytics_page(
             self._db, generation, as_of, limit=limit, after=after
         )
+        return header, Page(items, None if last is None else [last])
+
+    async def analytics_types_page(
+        self, queue: str, *, limit: int, after: str | None = None
+    ) -> tuple[dict[str, Any], Page]:
+        """The latest run's results for each job type of `queue`, a page of types at a time."""
+        header, items, last = await queue_types_page(self._db, queue, limit=limit, after=after)
         return header, Page(items, None if last is None else [last])
