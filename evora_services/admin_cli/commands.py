@@ -222,7 +222,49 @@ def _totals_row(queue: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+TYPE_ANALYTICS_COLUMNS = (
+    "type",
+    "jobs",
+    "retry_rate",
+    "dlq_rate",
+    "wait_p95_ms",
+    "run_p95_ms",
+    "top_failure",
+)
+
+
+def _type_row(row: dict[str, Any]) -> dict[str, Any]:
+    rates = row["rates"] or {}
+    wait, run = (row["latency"].get(kind) or {} for kind in ("wait", "run"))
+    reasons = row["failure_reasons"]
+    return {
+        "type": row["type"],
+        "jobs": rates.get("jobs"),
+        "retry_rate": rates.get("retry_rate"),
+        "dlq_rate": rates.get("dlq_rate"),
+        "wait_p95_ms": wait.get("p95_ms"),
+        "run_p95_ms": run.get("p95_ms"),
+        "top_failure": _error_line(
+            {"type": reasons[0]["error_type"], "message": reasons[0]["message"]}
+        )
+        if reasons
+        else None,
+    }
+
+
+async def _queue_analytics(client: Client, queue: str) -> Outcome:
+    found = await client.queue_analytics(queue)
+    if not found["ran"]:
+        return Outcome(found, PIPELINE_RUN_HINT)
+    if not found["types"]:
+        return Outcome(found, f"queue {queue} had no event in the latest pipeline run")
+    rows = [_type_row(t) for t in found["types"]]
+    return Outcome(found, table(rows, TYPE_ANALYTICS_COLUMNS))
+
+
 async def analytics(client: Client, args: argparse.Namespace) -> Outcome:
+    if args.queue:
+        return await _queue_analytics(client, args.queue)
     found = await client.analytics()
     queues = found["queues"]
     keys = next(

@@ -131,9 +131,10 @@ def add_commands(sub: Subparsers) -> None:
     _leaf(
         sub,
         "analytics",
-        "the latest `evora pipeline run` per queue, beside the live totals",
+        "the latest `evora pipeline run` per queue, beside the live totals; per job type "
+        "with QUEUE",
         commands.analytics,
-    )
+    ).add_argument("queue", nargs="?", metavar="QUEUE")
 
     queues = _group(sub, "queues", "queue stats and control", "Stats come from the read models.")
     _leaf(queues, "stats", "stats of every queue, or of one", commands.queue_stats).add_argument(

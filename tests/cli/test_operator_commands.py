@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 
@@ -291,3 +292,30 @@ async def test_analytics(system: System, mongo: AsyncDatabase[Document]) -> None
     as_json = await evora_async("analytics", "--json", env=env)
     found = json.loads(as_json.stdout)
     assert found["ran"] is True and [q["agree"] for q in found["queues"]] == [True]
+
+    # per job type
+    mail_send = {"queue": "mail", "type": "mail.send"}
+    await mongo["analytics_rates"].insert_one(
+        {"_id": "mail/mail.send", **mail_send, "jobs": 1, "retried_jobs": 0, "retries": 0}
+        | {"dead_lettered_jobs": 0, "retry_rate": 0.0, "dlq_rate": 0.0}
+    )
+    await mongo["analytics_failure_reasons"].insert_one(
+        {"_id": "mail/mail.send/1", **mail_send, "rank": 1, "error_type": "SMTPError"}
+        | {"message": "550 mailbox full", "failures": 2, "last_at": as_of["at"]}
+    )
+    per_type = await evora_async("analytics", "mail", env=env)
+    assert per_type.returncode == Exit.OK, per_type.stderr
+    header, row_line = per_type.stdout.splitlines()
+    assert header.split() == [
+        "TYPE",
+        "JOBS",
+        "RETRY_RATE",
+        "DLQ_RATE",
+        "WAIT_P95_MS",
+        "RUN_P95_MS",
+        "TOP_FAILURE",
+    ]
+    cells = ["mail.send", "1", "0.0", "0.0", "-", "-", "SMTPError: 550 mailbox full"]
+    assert re.split(r"\s{2,}", row_line) == cells
+    nothing = await evora_async("analytics", "other", env=env)
+    assert nothing.stdout.strip() == "queue other had no event in the latest pipeline run"

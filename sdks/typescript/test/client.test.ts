@@ -170,6 +170,7 @@ describe("Client", () => {
     assert.equal(mine?.pipeline, null);
     assert.equal(mine?.agree, false);
     assert.equal(mine?.projector?.totals.submitted, 1);
+    assert.deepEqual(await root.queueAnalytics(queue), { queue, ran: false, as_of: null, types: [], next: null });
     const missing = await root.stats(queueName("ts-never")).catch((e) => e);
     assert.ok(missing instanceof QueueNotFoundError, String(missing));
     assert.equal(missing.code, "queue_not_found");

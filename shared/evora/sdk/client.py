@@ -361,10 +361,14 @@ class Client:
         """The latest `evora pipeline run` (docs/http-api.md#get-v1analytics): `ran`, its `as_of`,
         the projector's `projector_as_of`, and every queue by name with the pipeline's totals
         beside the projector's and whether they `agree`, fetched a page at a time."""
-        pages = [page async for page in self._pages("/v1/analytics")]
-        queues = [queue for page in pages for queue in page["queues"]]
-        # The header of the last page: a run that finished while paging is the one shown.
-        return {**pages[-1], "queues": queues, "next": None}
+        return await self._all_pages("/v1/analytics", "queues")
+
+    async def queue_analytics(self, queue: str) -> dict[str, Any]:
+        """The latest `evora pipeline run` for each job type of `queue`
+        (docs/http-api.md#get-v1analyticsqueuesqueue): `ran`, `as_of`, and `types`, `*` (all
+        types together) first, each with its events, jobs by state, rates, latency and top
+        failure reasons, fetched a page at a time."""
+        return await self._all_pages(f"/v1/analytics/queues/{_segment(queue)}", "types")
 
     # Schedules (docs/schedules.md)
 
@@ -469,6 +473,12 @@ class Client:
             if after is None:
                 return
             params["after"] = after
+
+    async def _all_pages(self, path: str, field: str) -> dict[str, Any]:
+        """A paginated answer whole: `field` from every page, the other fields from the last
+        (a pipeline run that finished while paging is the one shown)."""
+        pages = [page async for page in self._pages(path)]
+        return {**pages[-1], field: [item for page in pages for item in page[field]]}
 
     async def _every_page(self, path: str, field: str) -> list[dict[str, Any]]:
         """Every item of a keyset-paginated list."""

@@ -6,6 +6,7 @@ export type Operation =
   | "DELETE /v1/limits/{key}"
   | "DELETE /v1/schedules/{name}"
   | "GET /v1/analytics"
+  | "GET /v1/analytics/queues/{queue}"
   | "GET /v1/jobs"
   | "GET /v1/jobs/{id}"
   | "GET /v1/jobs/{id}/dependents"
@@ -35,6 +36,15 @@ export type Operation =
   | "PUT /v1/limits/{key}"
   | "PUT /v1/schedules/{name}";
 
+export interface AnalyticsFailureReason {
+  rank: number;
+  error_type: string | null;
+  /** its first 200 characters */
+  message: string;
+  failures: number;
+  last_at: string | null;
+}
+
 export interface AnalyticsList {
   /** false until `evora pipeline run` has written results */
   ran: boolean;
@@ -47,6 +57,11 @@ export interface AnalyticsList {
 }
 
 export interface AnalyticsQuery {
+  limit?: number;
+  after?: string | null;
+}
+
+export interface AnalyticsTypesQuery {
   limit?: number;
   after?: string | null;
 }
@@ -411,6 +426,15 @@ export interface QueueStats {
   as_of: AsOf;
 }
 
+export interface QueueTypesAnalytics {
+  queue: string;
+  ran: boolean;
+  as_of: RunAsOf | null;
+  types: TypeAnalytics[];
+  /** pass as `after` for the next page; null at the end */
+  next: string | null;
+}
+
 export interface Rate {
   /** the bucket's capacity, in claims */
   limit: number;
@@ -534,6 +558,26 @@ export interface Throughput {
   completed_per_minute: {
     [key: string]: number;
   };
+}
+
+export interface TypeAnalytics {
+  /** the job type; `*`: all the queue's types together */
+  type: string;
+  /** events by name */
+  events: {
+    [key: string]: number;
+  };
+  /** jobs by the state after their latest event */
+  jobs: {
+    [key: string]: number;
+  };
+  rates: Rates | null;
+  /** `wait` and `run` */
+  latency: {
+    [key: string]: LatencySummary | null;
+  };
+  /** most frequent first */
+  failure_reasons: AnalyticsFailureReason[];
 }
 
 export interface TypeFailures {
