@@ -58,7 +58,7 @@ async def test_analytics_page_before_and_after_a_pipeline_run(
         ]
     )
     await dashboard.mongo["analytics_rates"].insert_one(
-        {"_id": "mail/*", "jobs": 3, "retried_jobs": 0, "retries": 0}
+        {"_id": "mail/*", "queue": "mail", "type": "*", "jobs": 3, "retried_jobs": 0, "retries": 0}
         | {"dead_lettered_jobs": 0, "retry_rate": 0.0, "dlq_rate": 0.0}
     )
     await page.get_by_role("button", name="Refresh").click()
@@ -75,5 +75,32 @@ async def test_analytics_page_before_and_after_a_pipeline_run(
     )
     await expect(reports.locator(".analytics-agree")).to_have_text("✕ Differ")
     await shots(page, "analytics")
+
+    # one queue per job type
+    await dashboard.mongo["analytics_rates"].insert_one(
+        {"_id": "mail/t", "queue": "mail", "type": "t", "jobs": 3, "retried_jobs": 1}
+        | {"retries": 1, "dead_lettered_jobs": 0, "retry_rate": 1 / 3, "dlq_rate": 0.0}
+    )
+    await dashboard.mongo["analytics_job_states"].insert_one(
+        {"_id": "mail/t/COMPLETED", "queue": "mail", "type": "t", "state": "COMPLETED", "jobs": 3}
+    )
+    await dashboard.mongo["analytics_failure_reasons"].insert_one(
+        {"_id": "mail/t/1", "queue": "mail", "type": "t", "rank": 1, "error_type": "IOError"}
+        | {"message": "disk <n> full", "failures": 1, "last_at": datetime.now(UTC)}
+    )
     await mail.get_by_role("link", name="mail").click()
+    await expect(page).to_have_url(f"{dashboard.url}/#/analytics/mail")
+    await expect(page.get_by_role("heading", name="Analytics of mail", level=1)).to_be_visible()
+    await expect(page.get_by_role("link", name="Analytics")).to_have_attribute(
+        "aria-current", "page"
+    )
+    all_types = page.locator("tr[data-type='*']")
+    await expect(all_types.locator("th")).to_have_text("all types")
+    await expect(all_types.locator("td").nth(2)).to_have_text("0.0 %")
+    t = page.locator("tr[data-type='t']")
+    await expect(t.locator("td").nth(0)).to_have_text("3")
+    await expect(t.locator("td").nth(1)).to_have_text("COMPLETED 3")
+    await expect(t.locator("td").nth(2)).to_have_text("33.3 %")
+    await expect(t.locator(".analytics-failure")).to_have_text("IOError: disk <n> full (1)")
+    await page.get_by_role("link", name="Queue mail now").click()
     await expect(page).to_have_url(f"{dashboard.url}/#/queues/mail")

@@ -1,6 +1,7 @@
 // Analytics: the latest `evora pipeline run` per queue (GET /v1/analytics), its totals next
 // to the projector's live ones and whether they agree, with the run's retry and DLQ rates
-// and latency; before any run, the one command that computes them.
+// and latency; before any run, the one command that computes them. Per queue, the same run
+// per job type (GET /v1/analytics/queues/{queue}).
 
 import { api, seg, withQuery } from "./api.js";
 import { dataTable, h, keysetPager, replace } from "./dom.js";
@@ -43,13 +44,21 @@ function row(q) {
   return h(
     "tr",
     { "data-queue": q.queue },
-    h("th", { scope: "row" }, h("a", { href: `#/queues/${seg(q.queue)}` }, q.queue)),
+    h("th", { scope: "row" }, h("a", { href: `#/analytics/${seg(q.queue)}`, title: "Per job type" }, q.queue)),
     TOTALS.map(([key]) => totalCell(q.pipeline, q.projector, key)),
     agreeCell(q),
     h("td", { class: "num" }, percent(q.rates && q.rates.retry_rate)),
     h("td", { class: "num" }, percent(q.rates && q.rates.dlq_rate)),
     h("td", { class: "num" }, ms(latency.wait && latency.wait.p95_ms)),
     h("td", { class: "num" }, ms(latency.run && latency.run.p95_ms)),
+  );
+}
+
+function ranFacts(facts, run) {
+  replace(
+    facts,
+    h("dt", null, "Last run"), h("dd", { id: "analytics-ran" }, run ? ago(run.at) : "never"),
+    h("dt", null, "Events counted"), h("dd", null, run ? `${num(run.events)} (seq up to ${num(run.seq)}, ${num(run.archive.events)} from the archive)` : "—"),
   );
 }
 
@@ -63,7 +72,7 @@ function never() {
   );
 }
 
-export function mount(root, params, ctx) {
+function mountAll(root, params, ctx) {
   const after = params.after || "";
   const stack = (ctx.memory.analytics = after ? ctx.memory.analytics || [] : []);
   const facts = h("dl", { class: "facts", id: "analytics-facts" });
@@ -80,12 +89,8 @@ export function mount(root, params, ctx) {
     const page = await api(withQuery("/v1/analytics", { limit: PAGE, after }));
     ctx.setAsOf(page.projector_as_of);
     const run = page.as_of;
-    replace(
-      facts,
-      h("dt", null, "Last run"), h("dd", { id: "analytics-ran" }, run ? ago(run.at) : "never"),
-      h("dt", null, "Events counted"), h("dd", null, run ? `${num(run.events)} (seq up to ${num(run.seq)}, ${num(run.archive.events)} from the archive)` : "—"),
-      h("dt", null, "Live totals at"), h("dd", null, `seq ${num(page.projector_as_of.seq)}`),
-    );
+    ranFacts(facts, run);
+    facts.append(h("dt", null, "Live totals at"), h("dd", null, `seq ${num(page.projector_as_of.seq)}`));
     const table = page.queues.length
       ? dataTable({
           table: { id: "analytics-table" },
@@ -104,3 +109,66 @@ export function mount(root, params, ctx) {
 
   return { title: "Analytics", refresh };
 }
+
+function statesText(jobs) {
+  const entries = Object.entries(jobs);
+  return entries.length ? entries.map(([state, n]) => `${state} ${num(n)}`).join(", ") : "—";
+}
+
+function typeRow(t) {
+  const reason = t.failure_reasons[0];
+  const failure = reason ? `${reason.error_type ? `${reason.error_type}: ` : ""}${reason.message} (${num(reason.failures)})` : "—";
+  return h(
+    "tr",
+    { "data-type": t.type },
+    h("th", { scope: "row", class: "mono" }, t.type === "*" ? "all types" : t.type),
+    h("td", { class: "num" }, num(t.rates && t.rates.jobs)),
+    h("td", null, statesText(t.jobs)),
+    h("td", { class: "num" }, percent(t.rates && t.rates.retry_rate)),
+    h("td", { class: "num" }, percent(t.rates && t.rates.dlq_rate)),
+    h("td", { class: "num" }, ms(t.latency.wait && t.latency.wait.p95_ms)),
+    h("td", { class: "num" }, ms(t.latency.run && t.latency.run.p95_ms)),
+    h("td", { class: "analytics-failure" }, failure),
+  );
+}
+
+function mountQueue(root, params, ctx) {
+  const queue = params.queue;
+  const after = params.after || "";
+  const stackKey = `analytics:${queue}`;
+  const stack = (ctx.memory[stackKey] = after ? ctx.memory[stackKey] || [] : []);
+  const facts = h("dl", { class: "facts" });
+  const list = h("div");
+  replace(
+    root,
+    h("p", null, h("a", { href: "#/analytics" }, "← All queues"), " · ", h("a", { href: `#/queues/${seg(queue)}` }, `Queue ${queue} now`)),
+    h("div", { class: "title-row" }, h("h1", null, `Analytics of ${queue}`)),
+    h("p", { class: "muted" }, "The latest pipeline run per job type: jobs (by the state after their latest event), the share retried and dead-lettered at least once, wait (submitted to first claim) and run time p95, and the most frequent failure."),
+    facts,
+    list,
+  );
+
+  async function refresh() {
+    const page = await api(withQuery(`/v1/analytics/queues/${seg(queue)}`, { limit: PAGE, after }));
+    ranFacts(facts, page.as_of);
+    let body;
+    if (!page.ran) body = never();
+    else if (!page.types.length && !after) body = h("div", { class: "card empty" }, `Queue ${queue} had no event in the latest run.`);
+    else body = dataTable({
+      table: { id: "analytics-types-table" },
+      caption: `Job types of ${queue} in the latest run`,
+      heads: ["Type", "Jobs", "Jobs by state", "Retry rate", "DLQ rate", "Wait p95", "Run p95", "Top failure"],
+      rows: page.types.map(typeRow),
+    });
+    replace(
+      list,
+      body,
+      keysetPager({ next: page.next, stack, after, label: "Types", shown: page.types.length, go: (to) => ctx.navigate(withQuery(`#/analytics/${seg(queue)}`, { after: to })) }),
+    );
+  }
+
+  return { title: `Analytics of ${queue}`, refresh };
+}
+
+export const analytics = { mount: mountAll };
+export const analyticsQueue = { mount: mountQueue };
