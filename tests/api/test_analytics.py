@@ -252,6 +252,7 @@ async def test_a_queues_job_types_come_a_page_at_a_time(
             ("mail", "*", 6),
             ("mail", "a.x", 2),
             ("mail", "b.y", 4),
+            ("mail", "b.y.z", 7),  # a type whose name starts like another's
             ("mail.x", "a.x", 1),
             ("mail-x", "a.x", 1),
             ("mailbox", "a.x", 1),
@@ -265,9 +266,10 @@ async def test_a_queues_job_types_come_a_page_at_a_time(
         second = await get(
             http, f"{api_url}/v1/analytics/queues/mail?limit=2&after={first['next']}"
         )
-        assert [t["type"] for t in second["types"]] == ["b.y"] and second["next"] is None
+        assert [t["type"] for t in second["types"]] == ["b.y", "b.y.z"]
+        assert second["next"] is None
 
-        [b] = second["types"]
+        b, _ = second["types"]
         assert b["events"] == {"submitted": 4, "failed": 1}
         assert b["jobs"] == {"PENDING": 4}
         assert b["rates"]["jobs"] == 4 and b["rates"]["retry_rate"] == 0.25

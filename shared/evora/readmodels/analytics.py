@@ -30,9 +30,15 @@ LATENCY_KINDS = ("wait", "run")
 RATE_FIELDS = ("jobs", "retried_jobs", "retries", "dead_lettered_jobs", "retry_rate", "dlq_rate")
 LATENCY_FIELDS = ("samples", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")
 REASON_FIELDS = ("rank", "error_type", "message", "failures", "last_at")
-# Documents are keyed "<queue>/<type>[/...]" and names cannot hold "/": a queue's documents
-# are exactly the keys from "<queue>/" up to "<queue>0" ("0" follows "/").
-_AFTER_SEPARATOR = "0"
+# Documents are keyed "<queue>/<type>[/...]" and names cannot hold "/": the documents under
+# a key prefix P are exactly the ids from "P/" up to "P0" ("0" follows "/"), a range the
+# _id index serves.
+_PAST_SLASH = "0"
+
+
+def _under(prefix: str, after: str | None = None) -> dict[str, Any]:
+    """The ids below `prefix` (after `prefix/after`, if given)."""
+    return {"$gt": f"{prefix}/{after or ''}", "$lt": prefix + _PAST_SLASH}
 
 
 def _as_of(doc: Document) -> dict[str, Any]:
@@ -123,10 +129,12 @@ async def analytics_page(
 async def _by_type(
     db: AsyncDatabase[Document], collection: str, queue: str, types: list[str]
 ) -> dict[str, list[Document]]:
+    """The documents of `collection` under each of the queue's `types`."""
     found: dict[str, list[Document]] = {t: [] for t in types}
-    cursor = db[collection].find({"queue": queue, "type": {"$in": types}}).sort("_id", 1)
-    async for doc in cursor:
-        found[doc["type"]].append(doc)
+    if types:  # ($or refuses an empty list)
+        ranges = [{"_id": _under(f"{queue}/{t}")} for t in types]
+        async for doc in db[collection].find({"$or": ranges}).sort("_id", 1):
+            found[doc["type"]].append(doc)
     return found
 
 
@@ -136,9 +144,7 @@ async def queue_types_page(
     """The latest run's `as_of` and a page of the queue's job types (`*` first: all types
     together), each with its events by name, jobs by state, rates, latency and top failure
     reasons; and the last type when more follow."""
-    lowest = f"{queue}/{after}" if after is not None else f"{queue}/"
-    found = {"_id": {"$gt": lowest, "$lt": queue + _AFTER_SEPARATOR}}
-    cursor = db[RATES].find(found).sort("_id", 1).limit(limit + 1)
+    cursor = db[RATES].find({"_id": _under(queue, after)}).sort("_id", 1).limit(limit + 1)
     rates = [doc async for doc in cursor]
     types = [doc["type"] for doc in rates[:limit]]
     latency_ids = [f"{queue}/{t}/{kind}" for t in types for kind in LATENCY_KINDS]
