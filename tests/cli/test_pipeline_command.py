@@ -33,15 +33,18 @@ def dev_env_file(data_dir: Path, database_url: str) -> Path:
     return path
 
 
-def test_the_pipeline_takes_the_databases_of_a_running_evora_dev(tmp_path: Path) -> None:
+def test_the_pipeline_takes_the_databases_of_a_running_evora_dev(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dev_env_file(tmp_path / "data", "postgresql://evora@127.0.0.1:9/evora")
     found = with_dev_urls(Settings(data_dir=tmp_path / "data"))
     assert found.database_url == "postgresql://evora@127.0.0.1:9/evora"
     assert found.mongo_url == DEV_MONGO
     assert found.mongo_db == "dev db's name"
     # what the environment names wins; nothing is taken without an env file
-    chosen = Settings(data_dir=tmp_path / "data", mongo_db="mine")
-    assert with_dev_urls(chosen).mongo_db == "mine"
+    monkeypatch.setenv("EVORA_MONGO_DB", "mine")
+    chosen = with_dev_urls(Settings(data_dir=tmp_path / "data"))
+    assert (chosen.mongo_db, chosen.mongo_url) == ("mine", DEV_MONGO)
     mine = Settings(data_dir=tmp_path / "data", database_url="postgresql://me@db/x")
     assert with_dev_urls(mine) == mine
     assert with_dev_urls(Settings(data_dir=tmp_path / "none")).database_url is None
