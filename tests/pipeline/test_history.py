@@ -111,10 +111,13 @@ async def test_pipeline_totals_equal_projector_and_sql(
     async with (
         api_with_read_models(db_url, mongo_url, mongo_db_name, TOKENS) as api,
         aiohttp.ClientSession(headers={"Authorization": "Bearer test-admin-token"}) as http,
-        http.get(f"{api}/v1/analytics") as response,
     ):
-        assert response.status == 200, await response.text()
-        served = await response.json()
+        async with http.get(f"{api}/v1/analytics") as response:
+            assert response.status == 200, await response.text()
+            served = await response.json()
+        async with http.get(f"{api}/v1/analytics/queues/alpha") as response:
+            assert response.status == 200, await response.text()
+            alpha = await response.json()
     assert served["ran"] is True and served["next"] is None
     assert served["as_of"]["run_id"] == result.run_id
     assert served["as_of"]["events"] == result.as_of["events"]
@@ -126,3 +129,16 @@ async def test_pipeline_totals_equal_projector_and_sql(
         assert queue["pipeline"]["by_event"] == expected, queue
         assert queue["pipeline"]["totals"] == queue["projector"]["totals"], queue
         assert queue["rates"]["jobs"] > 0 and queue["latency"]["wait"]["samples"] > 0, queue
+    # and per job type: the all-types row first, then each type, adding up to it
+    everything, *types = alpha["types"]
+    assert everything["type"] == "*" and types and alpha["next"] is None
+    assert everything["events"] == truth["alpha"]
+    for name in everything["events"]:
+        assert sum(t["events"].get(name, 0) for t in types) == everything["events"][name]
+    assert sum(everything["jobs"].values()) == everything["rates"]["jobs"]
+    assert sum(t["rates"]["jobs"] for t in types) == everything["rates"]["jobs"]
+    assert everything["latency"]["run"]["samples"] > 0
+    assert everything["failure_reasons"]  # the workload fails jobs
+    assert [r["rank"] for r in everything["failure_reasons"]] == list(
+        range(1, len(everything["failure_reasons"]) + 1)
+    )
