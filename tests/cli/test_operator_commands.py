@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
+from datetime import UTC, datetime
+
+from pymongo.asynchronous.database import AsyncDatabase
 
 import evora
+from evora.readmodels.layout import Document
 from evora_services.cli.admin.exits import Exit
 from tests.cli.commands import evora_async, one_line
 from tests.cli.conftest import WORKER_TOKEN, System
@@ -242,3 +247,75 @@ async def test_schedules_and_limits(system: System) -> None:
     assert "a rate is N/SECONDS" in bad_rate.stderr
     await evora_async("limits", "delete", "tenant:*", env=env)
     assert (await evora_async("limits", "list", env=env)).stdout.strip() == "no limits"
+
+
+async def test_analytics(system: System, mongo: AsyncDatabase[Document]) -> None:
+    await system.producer.submit("mail", "mail.send")
+    env = system.env()
+
+    shown: list[str] = []
+
+    async def projected() -> bool:
+        result = await evora_async("analytics", env=env)
+        assert result.returncode == Exit.OK, result.stderr
+        shown.append(result.stdout)
+        return "mail" in result.stdout
+
+    # before any pipeline run: the one command to run, and the live totals alone
+    await until(projected, "the projector to see queue mail")
+    hint, caption, header, row = shown[-1].splitlines()
+    assert caption == "totals as pipeline/live:"
+    assert "the pipeline has not run yet: `evora pipeline run`" in hint
+    assert header.split() == [
+        "QUEUE",
+        "SUBMITTED",
+        "COMPLETED",
+        "FAILED",
+        "DEAD_LETTERED",
+        "RETRIED",
+        "LEASE_EXPIRED",
+        "AGREE",
+    ]
+    assert row.split() == ["mail", "-/1", "-/0", "-/0", "-/0", "-/0", "-/0", "NO"]
+
+    totals = dict.fromkeys(["submitted", "completed", "failed", "dead_lettered"], 0)
+    totals |= {"submitted": 1, "retried": 0, "lease_expired": 0}
+    as_of = {"run_id": "r1", "at": datetime(2026, 11, 29, tzinfo=UTC), "events": 1, "seq": 1}
+    await mongo["analytics_queue_totals"].insert_one(
+        {"_id": "mail", "totals": totals, "by_event": {"submitted": 1}, "events": 1, "run_id": "r1"}
+        | {"as_of": {**as_of, "below_xid": 1, "archive": {}}}
+    )
+    after = await evora_async("analytics", env=env)
+    first, _, _, row = after.stdout.splitlines()
+    assert first.startswith("pipeline run r1 at 2026-11-29T00:00:00Z: 1 events, seq up to 1")
+    assert row.split() == ["mail", "1/1", "0/0", "0/0", "0/0", "0/0", "0/0", "yes"]
+    as_json = await evora_async("analytics", "--json", env=env)
+    found = json.loads(as_json.stdout)
+    assert found["ran"] is True and [q["agree"] for q in found["queues"]] == [True]
+
+    # per job type
+    mail_send = {"queue": "mail", "type": "mail.send"}
+    await mongo["analytics_rates"].insert_one(
+        {"_id": "mail/mail.send", **mail_send, "jobs": 1, "retried_jobs": 0, "retries": 0}
+        | {"dead_lettered_jobs": 0, "retry_rate": 0.0, "dlq_rate": 0.0}
+    )
+    await mongo["analytics_failure_reasons"].insert_one(
+        {"_id": "mail/mail.send/1", **mail_send, "rank": 1, "error_type": "SMTPError"}
+        | {"message": "550 mailbox full", "failures": 2, "last_at": as_of["at"]}
+    )
+    per_type = await evora_async("analytics", "mail", env=env)
+    assert per_type.returncode == Exit.OK, per_type.stderr
+    header, row_line = per_type.stdout.splitlines()
+    assert header.split() == [
+        "TYPE",
+        "JOBS",
+        "RETRY_RATE",
+        "DLQ_RATE",
+        "WAIT_P95_MS",
+        "RUN_P95_MS",
+        "TOP_FAILURE",
+    ]
+    cells = ["mail.send", "1", "0.0", "0.0", "-", "-", "SMTPError: 550 mailbox full"]
+    assert re.split(r"\s{2,}", row_line) == cells
+    nothing = await evora_async("analytics", "other", env=env)
+    assert nothing.stdout.strip() == "queue other had no event in the latest pipeline run"

@@ -149,4 +149,5 @@ def test_the_pipeline_without_java_names_the_package_to_install(db_url: str) -> 
     assert result.returncode == 2, result.stderr
     line = one_line(result.stderr)
     assert "Spark needs Java 17 or newer" in line
-    assert "apt-get install openjdk-17-jre-headless" in line
+    assert "apt-get install default-jre-headless or openjdk-17-jre-headless" in line
+    assert "libpostgresql-jdbc-java" in line

@@ -62,7 +62,7 @@ async def test_archiving_twice_changes_nothing(
     assert len(rows) == first.events and set(first.partitions) == {str(r["date"]) for r in rows}
 
     # the same run again, through the command line this time
-    args = _parser().parse_args(["pipeline", "archive", "--older-than", "0"])
+    args = _parser().parse_args(["pipeline", "archive", "--older-than", "0s"])
     settings = Settings(database_url=db_url, archive_url=str(pipeline.root))
     assert await asyncio.to_thread(run_command, args, settings, spark) == 0
     assert await pipeline.archived_rows() == rows

@@ -1,11 +1,13 @@
 """On a generated history, part archived and removed from PostgreSQL through the retention
 path and part live, `pipeline run` counts every event exactly once: its per-queue totals
-equal the projector's read models and a plain SQL count, queue by queue."""
+equal the projector's read models and a plain SQL count, queue by queue; and the api's
+GET /v1/analytics serves them so, beside the projector's."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import aiohttp
 import asyncpg
 from pymongo.asynchronous.database import AsyncDatabase
 
@@ -20,8 +22,10 @@ from evora_services.sweeper.sweeper import Retention, Sweeper, Tuning
 from tests.pipeline.conftest import Pipeline, sql_totals
 from tests.projector.conftest import catch_up
 from tests.projector.workload import mixed_workload
+from tests.servers import api_with_read_models
 
 QUEUES = ["alpha", "beta", "gamma"]
+TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 DAY = 86_400.0
 
 
@@ -43,7 +47,13 @@ def add(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]]) -> dict[str,
 
 
 async def test_pipeline_totals_equal_projector_and_sql(
-    pipeline: Pipeline, store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+    pipeline: Pipeline,
+    store: JobStore,
+    pool: asyncpg.Pool,
+    mongo: AsyncDatabase[Document],
+    db_url: str,
+    mongo_url: str,
+    mongo_db_name: str,
 ) -> None:
     await mixed_workload(store, pool, jobs=2500, queues=QUEUES, seed=1)
     projector = Projector(pool, mongo, 1, batch_size=500)
@@ -96,3 +106,39 @@ async def test_pipeline_totals_equal_projector_and_sql(
     minutes = await pipeline.output_rows("throughput_minute")
     completed = sum(r["completed"] for r in minutes if r["type"] == "*")
     assert completed == sum(t.get("completed", 0) for t in truth.values())
+
+    # what operators see: the same numbers over HTTP, each queue agreeing
+    async with (
+        api_with_read_models(db_url, mongo_url, mongo_db_name, TOKENS) as api,
+        aiohttp.ClientSession(headers={"Authorization": "Bearer test-admin-token"}) as http,
+    ):
+        async with http.get(f"{api}/v1/analytics") as response:
+            assert response.status == 200, await response.text()
+            served = await response.json()
+        async with http.get(f"{api}/v1/analytics/queues/alpha") as response:
+            assert response.status == 200, await response.text()
+            alpha = await response.json()
+    assert served["ran"] is True and served["next"] is None
+    assert served["as_of"]["run_id"] == result.run_id
+    assert served["as_of"]["events"] == result.as_of["events"]
+    assert served["as_of"]["archive"]["events"] == archived.events
+    assert [q["queue"] for q in served["queues"]] == sorted(truth)
+    for queue in served["queues"]:
+        expected = truth[queue["queue"]]
+        assert queue["agree"] is True, queue
+        assert queue["pipeline"]["by_event"] == expected, queue
+        assert queue["pipeline"]["totals"] == queue["projector"]["totals"], queue
+        assert queue["rates"]["jobs"] > 0 and queue["latency"]["wait"]["samples"] > 0, queue
+    # and per job type: the all-types row first, then each type, adding up to it
+    everything, *types = alpha["types"]
+    assert everything["type"] == "*" and types and alpha["next"] is None
+    assert everything["events"] == truth["alpha"]
+    for name in everything["events"]:
+        assert sum(t["events"].get(name, 0) for t in types) == everything["events"][name]
+    assert sum(everything["jobs"].values()) == everything["rates"]["jobs"]
+    assert sum(t["rates"]["jobs"] for t in types) == everything["rates"]["jobs"]
+    assert everything["latency"]["run"]["samples"] > 0
+    assert everything["failure_reasons"]  # the workload fails jobs
+    assert [r["rank"] for r in everything["failure_reasons"]] == list(
+        range(1, len(everything["failure_reasons"]) + 1)
+    )

@@ -13,7 +13,7 @@
 //   repeat finds the job already CANCELLED (the first attempt worked but its answer was
 //   lost), the job is returned instead of throwing `InvalidStateError`;
 // - pause, resume: repeated, they set a flag;
-// - history, histories, schedules, schedule: repeated (reads);
+// - history, histories, schedules, schedule, analytics, queueAnalytics: repeated (reads);
 // - putSchedule, deleteSchedule, pauseSchedule, resumeSchedule: repeated, each sets the
 //   schedule to a state (a repeated delete that finds nothing resolves all the same);
 // - triggerSchedule: not repeated, a repeat would make a second job;
@@ -91,6 +91,8 @@ export const CLIENT_METHODS = {
   "GET /v1/workers": "workers",
   "GET /v1/stats/history": "histories",
   "GET /v1/stats/queues/{queue}/history": "history",
+  "GET /v1/analytics": "analytics",
+  "GET /v1/analytics/queues/{queue}": "queueAnalytics",
   "PUT /v1/schedules/{name}": "putSchedule",
   "GET /v1/schedules": "schedules",
   "GET /v1/schedules/{name}": "schedule",
@@ -263,6 +265,39 @@ export class Client {
       after = resp.data.next;
     } while (after !== null);
     return all;
+  }
+
+  /** The latest `evora pipeline run` (docs/http-api.md#get-v1analytics): `ran`, its `as_of`, and
+   * every queue with the pipeline's totals beside the projector's and whether they `agree`,
+   * all pages (the header is the last page's). */
+  async analytics(): Promise<api.AnalyticsList> {
+    return this.allPages<api.AnalyticsList, "queues">("/v1/analytics", "queues");
+  }
+
+  /** The latest `evora pipeline run` for each job type of `queue`
+   * (docs/http-api.md#get-v1analyticsqueuesqueue): `ran`, `as_of`, and `types`, `*` (all
+   * types together) first, each with its events, jobs by state, rates, latency and top
+   * failure reasons, all pages. */
+  async queueAnalytics(queue: string): Promise<api.QueueTypesAnalytics> {
+    return this.allPages<api.QueueTypesAnalytics, "types">(`/v1/analytics/queues/${segment(queue)}`, "types");
+  }
+
+  /** A paginated answer whole: `field` from every page, the other fields from the last (a
+   * pipeline run that finished while paging is the one shown). */
+  private async allPages<P extends { next: string | null } & Record<F, unknown[]>, F extends string>(
+    path: string,
+    field: F,
+  ): Promise<P> {
+    const items: unknown[] = [];
+    let after: string | null = null;
+    let page: P;
+    do {
+      const resp: { data: P } = await this.http.request<P>("GET", path, { query: { limit: MAX_PAGE, after }, idempotent: true });
+      page = resp.data;
+      items.push(...page[field]);
+      after = page.next;
+    } while (after !== null);
+    return { ...page, [field]: items };
   }
 
   /** Per-minute history of one queue (the last `minutes`, at most 1440), from the read models. */

@@ -162,6 +162,15 @@ describe("Client", () => {
     const queues = await root.queues();
     assert.ok(queues.some((q) => q.queue === queue));
     assert.ok(Array.isArray(await root.workers()));
+    // no pipeline runs here: the live totals alone, beside no analytics
+    const analytics = await root.analytics();
+    assert.equal(analytics.ran, false);
+    assert.equal(analytics.next, null);
+    const mine = analytics.queues.find((q) => q.queue === queue);
+    assert.equal(mine?.pipeline, null);
+    assert.equal(mine?.agree, false);
+    assert.equal(mine?.projector?.totals.submitted, 1);
+    assert.deepEqual(await root.queueAnalytics(queue), { queue, ran: false, as_of: null, types: [], next: null });
     const missing = await root.stats(queueName("ts-never")).catch((e) => e);
     assert.ok(missing instanceof QueueNotFoundError, String(missing));
     assert.equal(missing.code, "queue_not_found");

@@ -19,8 +19,9 @@ from evora.http.bodies import parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem
 from evora.http.routing import Routes
-from evora.protocol.bounds import LIMIT_NAME_PATTERN, MAX_PAGE, QUEUE_PATTERN
+from evora.protocol.bounds import LIMIT_NAME_PATTERN, MAX_PAGE, QUEUE_PATTERN, TYPE_PATTERN
 from evora.protocol.fields import QueueName
+from evora.readmodels.analytics import ALL_TYPES
 from evora.readmodels.reader import Page, ReadModels
 from evora.readmodels.stats import HISTORY_MINUTES
 from evora_services.api.paths import queue_name
@@ -82,6 +83,15 @@ def _worker_after(value: object) -> object:
     return (at, worker)
 
 
+def _type_after(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    [job_type] = _decode_key(value, 1)
+    if job_type != ALL_TYPES and not re.fullmatch(TYPE_PATTERN, job_type):
+        raise ValueError(_NOT_OURS)
+    return job_type
+
+
 def _limit_after(value: object) -> object:
     if not isinstance(value, str):
         return value
@@ -94,9 +104,24 @@ def _limit_after(value: object) -> object:
 _CURSOR_SCHEMA = {"type": "string", "description": "the `next` value of the previous page"}
 QueueCursor = Annotated[str, BeforeValidator(_queue_after), WithJsonSchema(_CURSOR_SCHEMA)]
 LimitCursor = Annotated[str, BeforeValidator(_limit_after), WithJsonSchema(_CURSOR_SCHEMA)]
+TypeCursor = Annotated[str, BeforeValidator(_type_after), WithJsonSchema(_CURSOR_SCHEMA)]
 WorkerCursor = Annotated[
     tuple[datetime, str], BeforeValidator(_worker_after), WithJsonSchema(_CURSOR_SCHEMA)
 ]
+
+
+class AnalyticsQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=MAX_PAGE)
+    after: QueueCursor | None = None
+
+
+class AnalyticsTypesQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=MAX_PAGE)
+    after: TypeCursor | None = None
 
 
 class QueueListQuery(BaseModel):
@@ -137,9 +162,10 @@ class HistoryListQuery(BaseModel):
     after: QueueCursor | None = None
 
 
-def _page(member: str, page: Page) -> web.Response:
+def _page(member: str, page: Page, header: dict[str, Any] | None = None) -> web.Response:
+    """A page of a list (`member`), after the `header` fields that describe the whole list."""
     cursor = None if page.next_key is None else encode_key(page.next_key)
-    return json_response({member: page.items, "next": cursor})
+    return json_response({**(header or {}), member: page.items, "next": cursor})
 
 
 _NEXT = Field(description="pass as `after` for the next page; null at the end")
@@ -238,6 +264,87 @@ class TypeFailures(BaseModel):
 class FailureList(BaseModel):
     queue: str
     types: list[TypeFailures]
+
+
+class RunAsOf(BaseModel):
+    run_id: str
+    at: datetime = Field(description="when the run started")
+    events: int = Field(description="how many events the run counted, archive plus live")
+    seq: int = Field(description="the newest event sequence number counted")
+    below_xid: int = Field(description="the outbox horizon: transactions below it only")
+    archive: dict[str, int] = Field(description="the archive watermark the run read up to")
+
+
+class PipelineTotals(BaseModel):
+    totals: dict[str, int] = Field(description="the stats `totals` keys")
+    by_event: dict[str, int] = Field(description="every event name counted")
+    events: int
+    run_id: str | None
+
+
+class ProjectorTotals(BaseModel):
+    totals: dict[str, int]
+
+
+class Rates(BaseModel):
+    jobs: int
+    retried_jobs: int
+    retries: int
+    dead_lettered_jobs: int
+    retry_rate: float
+    dlq_rate: float
+
+
+class LatencySummary(BaseModel):
+    samples: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    mean_ms: float | None
+    max_ms: float | None
+
+
+class QueueAnalytics(BaseModel):
+    queue: str
+    pipeline: PipelineTotals | None = Field(description="null: not in the latest run")
+    projector: ProjectorTotals | None = Field(description="null: not seen by the projector")
+    agree: bool = Field(description="both sides present with equal totals")
+    rates: Rates | None = Field(description="all the queue's job types together")
+    latency: dict[str, LatencySummary | None] = Field(description="`wait` and `run`")
+
+
+class AnalyticsList(BaseModel):
+    ran: bool = Field(description="false until `evora pipeline run` has written results")
+    as_of: RunAsOf | None = Field(description="the run shown; null when none ran")
+    projector_as_of: AsOf
+    queues: list[QueueAnalytics]
+    next: str | None = _NEXT
+
+
+class AnalyticsFailureReason(BaseModel):
+    rank: int
+    error_type: str | None
+    message: str = Field(description="its first 200 characters")
+    failures: int
+    last_at: datetime | None
+
+
+class TypeAnalytics(BaseModel):
+    type: str = Field(description="the job type; `*`: all the queue's types together")
+    events: dict[str, int] = Field(description="events by name")
+    jobs: dict[str, int] = Field(description="jobs by the state after their latest event")
+    rates: Rates | None
+    latency: dict[str, LatencySummary | None] = Field(description="`wait` and `run`")
+    failure_reasons: list[AnalyticsFailureReason] = Field(description="most frequent first")
+
+
+class QueueTypesAnalytics(BaseModel):
+    queue: str
+    ran: bool
+    as_of: RunAsOf | None
+    types: list[TypeAnalytics]
+    next: str | None = _NEXT
 
 
 def _read_models(request: web.Request) -> ReadModels:
@@ -349,3 +456,38 @@ async def history(request: web.Request) -> web.Response:
         query.minutes, limit=query.limit, after=query.after
     )
     return _page("history", page)
+
+
+@stats.add(
+    "GET",
+    "/v1/analytics",
+    roles=ADMIN,
+    query=AnalyticsQuery,
+    summary="The latest `evora pipeline run` per queue beside the projector's totals, by name, "
+    "a page at a time.",
+    responses={200: AnalyticsList},
+    problems=(422,),
+)
+async def analytics(request: web.Request) -> web.Response:
+    query = parse_query(request, AnalyticsQuery)
+    header, page = await _read_models(request).analytics_page(limit=query.limit, after=query.after)
+    return _page("queues", page, header)
+
+
+@stats.add(
+    "GET",
+    "/v1/analytics/queues/{queue}",
+    roles=ADMIN,
+    query=AnalyticsTypesQuery,
+    summary="The latest `evora pipeline run` for each job type of a queue, a page of types "
+    "at a time.",
+    responses={200: QueueTypesAnalytics},
+    problems=(422,),
+)
+async def queue_analytics(request: web.Request) -> web.Response:
+    queue = queue_name(request)
+    query = parse_query(request, AnalyticsTypesQuery)
+    header, page = await _read_models(request).analytics_types_page(
+        queue, limit=query.limit, after=query.after
+    )
+    return _page("types", page, {"queue": queue, **header})

@@ -68,16 +68,37 @@ AUDIT_VIOLATIONS = 3
 _SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def _seconds(text: str, *, unit_required: bool) -> float | None:
+    """A number of seconds from `90`, `90s`, `15m`, `1h` or `7d`; None if it is none (or
+    negative, or not finite)."""
+    unit = text[-1:].lower()
+    if unit in _SPAN_UNITS:
+        text, scale = text[:-1], _SPAN_UNITS[unit]
+    elif unit_required:
+        return None
+    else:
+        scale = 1
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value * scale if 0 <= value < float("inf") else None
+
+
 def _span(text: str) -> timedelta:
     """`--since`: a number and a unit, s, m, h or d (`90s`, `15m`, `1h`, `7d`)."""
-    number, unit = text[:-1], text[-1:].lower()
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in _SPAN_UNITS or not value > 0:
+    seconds = _seconds(text, unit_required=True)
+    if not seconds:
         raise argparse.ArgumentTypeError(f"{text!r} is not a span such as 90s, 15m, 1h or 7d")
-    return timedelta(seconds=value * _SPAN_UNITS[unit])
+    return timedelta(seconds=seconds)
+
+
+def _duration(text: str) -> float:
+    """`--older-than`: seconds, or a number and a unit (`0s`, `90s`, `1h`, `30d`)."""
+    seconds = _seconds(text, unit_required=False)
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 0s, 90s, 1h or 30d")
+    return seconds
 
 
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
@@ -154,17 +175,19 @@ def _worker(args: argparse.Namespace, url: str | None) -> int:
 
 
 def _pipeline(args: argparse.Namespace, settings: Settings) -> int:
+    from evora_services.cli.dev import with_dev_urls
     from evora_services.pipeline.main import run_command
 
-    return run_command(args, settings)
+    return run_command(args, with_dev_urls(settings))
 
 
 Command = Callable[[argparse.Namespace, "Settings"], int]
 
 
 _PIPELINE_ENV = (
-    "EVORA_DATABASE_URL (required), EVORA_ARCHIVE_URL, EVORA_JDBC_JAR, EVORA_LOG_LEVEL; "
-    "see services/evora_services/pipeline/README.md"
+    "EVORA_DATABASE_URL (required; unset: that of the evora dev running on EVORA_DATA_DIR, "
+    "from its env file), EVORA_ARCHIVE_URL, EVORA_JDBC_JAR, EVORA_LOG_LEVEL; see "
+    "services/evora_services/pipeline/README.md"
 )
 
 
@@ -186,9 +209,11 @@ def _add_pipeline(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     archive.add_argument(
         "--older-than",
-        type=float,
-        metavar="SECONDS",
-        help="archive events older than this (default EVORA_RETENTION_EVENTS_SECONDS)",
+        type=_duration,
+        metavar="DURATION",
+        help="archive events older than this: seconds, or 0s, 90s, 1h, 30d (default "
+        "EVORA_RETENTION_EVENTS_SECONDS, 30 days); on a dev stack, 0s archives every event "
+        "already projected",
     )
     archive.add_argument("--max-events", type=int, help="archive at most this many per run")
     run = _command(

@@ -219,15 +219,55 @@ async def _serve(settings: Settings) -> None:
         raise errors[0] if errors else RuntimeError("a service stopped during start-up")
     env_file = settings.data_dir / ENV_FILE
     exports = _exports(settings)
-    env_file.write_text(
-        "".join(f"export {name}={shlex.quote(value)}\n" for name, value in exports.items())
-    )
-    env_file.chmod(0o600)
+    write_env_file(env_file, exports)
     try:
         _banner(settings, services, applied, exports)
         await asyncio.gather(*runs)
     finally:
         env_file.unlink(missing_ok=True)
+
+
+def write_env_file(path: Path, exports: Mapping[str, str]) -> None:
+    path.write_text(
+        "".join(f"export {name}={shlex.quote(value)}\n" for name, value in exports.items())
+    )
+    path.chmod(0o600)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The variables an env file exports (what `. .evora/env` would set)."""
+    exported = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name, value = words[1].split("=", 1)
+            exported[name] = value
+    return exported
+
+
+# The settings a command on this machine takes from a running `evora dev`.
+_DEV_DATABASES = {
+    "database_url": "EVORA_DATABASE_URL",
+    "mongo_url": "EVORA_MONGO_URL",
+    "mongo_db": "EVORA_MONGO_DB",
+}
+
+
+def with_dev_urls(settings: Settings) -> Settings:
+    """`settings` with the databases of the `evora dev` running on EVORA_DATA_DIR (its env
+    file), when they name no database themselves: `evora pipeline run` in a second terminal
+    then needs no `. .evora/env` first. What the environment sets is kept."""
+    env_file = settings.data_dir / ENV_FILE
+    if settings.database_url is not None or not env_file.is_file():
+        return settings
+    exported = read_env_file(env_file)
+    updates = {
+        field: exported[name]
+        for field, name in _DEV_DATABASES.items()
+        if name in exported and field not in settings.model_fields_set
+    }
+    log.info("using the databases of the evora dev running on %s (%s)", settings.data_dir, env_file)
+    return settings.model_copy(update=updates)
 
 
 def _url(settings: Settings, port: int) -> str:

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from evora.readmodels.analytics import ALL_TYPES
 from evora.readmodels.layout import TOTAL_KEYS
 
-ALL_TYPES = "*"
 PERCENTILES = (0.5, 0.9, 0.95, 0.99)
 # Relative error of percentile_approx is about 1/accuracy.
 PERCENTILE_ACCURACY = 10_000

@@ -63,19 +63,44 @@ def _check_database_url(database_url: str) -> None:
         )
 
 
+# What to install for Spark's JVM, where it is missing.
+_INSTALL_JAVA = (
+    "install a Java runtime (Debian/Ubuntu: apt-get install default-jre-headless or "
+    "openjdk-17-jre-headless, and libpostgresql-jdbc-java for the JDBC driver; macOS: brew "
+    "install openjdk@17)"
+)
+
+
+def _check_java() -> None:
+    # Spark starts $JAVA_HOME/bin/java when JAVA_HOME is set, else `java` from PATH.
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        if not os.access(os.path.join(java_home, "bin", "java"), os.X_OK):
+            raise ConfigError(
+                f"Spark needs Java 17 or newer: JAVA_HOME={java_home} has no bin/java; "
+                f"{_INSTALL_JAVA} and point JAVA_HOME at it, or unset JAVA_HOME"
+            )
+    elif not shutil.which("java"):
+        raise ConfigError(
+            f"Spark needs Java 17 or newer: no `java` on PATH and no JAVA_HOME; {_INSTALL_JAVA} "
+            "or set JAVA_HOME"
+        )
+
+
 def _check(args: argparse.Namespace, settings: Settings) -> None:
     if settings.database_url is None:
-        raise ConfigError("EVORA_DATABASE_URL is required")
+        raise ConfigError(
+            "EVORA_DATABASE_URL is required: start `evora dev` (bash scripts/run.sh), whose "
+            "databases are then used, or set it"
+        )
     if args.pipeline_command == "run" and not args.no_mongo and settings.mongo_url is None:
         raise ConfigError("EVORA_MONGO_URL is required (or pass --no-mongo)")
     if importlib.util.find_spec("pyspark") is None:
-        raise ConfigError("evora pipeline needs PySpark: pip install 'evora-queue[pipeline]'")
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         raise ConfigError(
-            "Spark needs Java 17 or newer: no `java` on PATH and no JAVA_HOME; install a "
-            "Java runtime (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; macOS: "
-            "brew install openjdk@17) or set JAVA_HOME"
+            "evora pipeline needs PySpark: pip install 'evora-queue[pipeline]' (from a clone: "
+            "pip install -e '.[pipeline]', or bash scripts/run.sh --with-pipeline)"
         )
+    _check_java()
     _check_database_url(settings.database_url)
 
 

@@ -26,6 +26,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from evora.readmodels.analytics import ALL_TYPES, COLLECTION_PREFIX
 from evora_services.pipeline import analytics
 from evora_services.pipeline.control import ControlDB, Watermark
 from evora_services.pipeline.events import (
@@ -37,7 +38,7 @@ from evora_services.pipeline.events import (
 )
 from evora_services.pipeline.jdbc import JdbcSource
 from evora_services.pipeline.session import ProgressReporter
-from evora_services.pipeline.sinks import COLLECTION_PREFIX, MongoTarget, write_mongo, write_parquet
+from evora_services.pipeline.sinks import MongoTarget, write_mongo, write_parquet
 from evora_services.pipeline.store import ArchiveStore, new_run_id
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def run_analytics(
 
 
 def _check_complete(totals: DataFrame, expected: int) -> None:
-    read = totals.where(F.col("type") == analytics.ALL_TYPES).agg(F.sum("events")).first()
+    read = totals.where(F.col("type") == ALL_TYPES).agg(F.sum("events")).first()
     found = int(read[0] or 0) if read is not None else 0
     if found != expected:
         raise IncompleteHistory(f"read {found} events, expected {expected} (archive plus live)")

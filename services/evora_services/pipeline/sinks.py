@@ -23,7 +23,6 @@ from pyspark.sql.types import TimestampType
 log = logging.getLogger(__name__)
 
 BULK_SIZE = 1000
-COLLECTION_PREFIX = "analytics_"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TIMEOUT_MS = 30_000
 

@@ -9,6 +9,7 @@ from typing import Any
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.protocol.bounds import MAX_PAGE
+from evora.readmodels.analytics import analytics_page, queue_types_page
 from evora.readmodels.layout import (
     CONTROL,
     Document,
@@ -58,7 +59,7 @@ class ReadModels:
     async def _generation(self) -> tuple[Generation, dict[str, Any]]:
         number = await active_generation(self._db)
         checkpoint = await self._db[CONTROL].find_one({"_id": checkpoint_id(number)}) or {}
-        as_of = {"seq": checkpoint.get("max_seq", 0), "at": checkpoint.get("at")}
+        as_of = {"seq": int(checkpoint.get("max_seq", 0)), "at": as_utc(checkpoint.get("at"))}
         return Generation.of(self._db, number), as_of
 
     async def queue_stats(self, queue: str, paused: set[str]) -> dict[str, Any] | None:
@@ -156,3 +157,21 @@ class ReadModels:
             ]
             found.append({"type": doc["type"], "failures": doc["failures"], "reasons": reasons})
         return found
+
+    async def analytics_page(
+        self, *, limit: int, after: str | None = None
+    ) -> tuple[dict[str, Any], Page]:
+        """`evora pipeline run`'s results beside the projector's (evora.readmodels.analytics):
+        the runs' `as_of` and a page of queues by name."""
+        generation, as_of = await self._generation()
+        header, items, last = await analytics_page(
+            self._db, generation, as_of, limit=limit, after=after
+        )
+        return header, Page(items, None if last is None else [last])
+
+    async def analytics_types_page(
+        self, queue: str, *, limit: int, after: str | None = None
+    ) -> tuple[dict[str, Any], Page]:
+        """The latest run's results for each job type of `queue`, a page of types at a time."""
+        header, items, last = await queue_types_page(self._db, queue, limit=limit, after=after)
+        return header, Page(items, None if last is None else [last])

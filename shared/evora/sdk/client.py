@@ -362,6 +362,19 @@ class Client:
         workers: list[dict[str, Any]] = data["workers"] if isinstance(data, dict) else data
         return workers
 
+    async def analytics(self) -> dict[str, Any]:
+        """The latest `evora pipeline run` (docs/http-api.md#get-v1analytics): `ran`, its `as_of`,
+        the projector's `projector_as_of`, and every queue by name with the pipeline's totals
+        beside the projector's and whether they `agree`, fetched a page at a time."""
+        return await self._all_pages("/v1/analytics", "queues")
+
+    async def queue_analytics(self, queue: str) -> dict[str, Any]:
+        """The latest `evora pipeline run` for each job type of `queue`
+        (docs/http-api.md#get-v1analyticsqueuesqueue): `ran`, `as_of`, and `types`, `*` (all
+        types together) first, each with its events, jobs by state, rates, latency and top
+        failure reasons, fetched a page at a time."""
+        return await self._all_pages(f"/v1/analytics/queues/{_segment(queue)}", "types")
+
     # Schedules (docs/schedules.md)
 
     async def put_schedule(
@@ -454,18 +467,27 @@ class Client:
         """Delete the limit of `key`."""
         await self._delete(_limit_path(key), LimitNotFoundError)
 
-    async def _every_page(self, path: str, field: str) -> list[dict[str, Any]]:
-        """Every item of a keyset-paginated list, fetched a page at a time."""
-        found: list[dict[str, Any]] = []
+    async def _pages(self, path: str) -> AsyncIterator[dict[str, Any]]:
+        """Every page of a keyset-paginated list, fetched one at a time."""
         params = {"limit": str(MAX_PAGE)}
         while True:
             resp = await self._call("GET", path, params=params, idempotent=True)
-            found.extend(resp.data[field])
+            yield resp.data
             # an api from before paging answers everything at once, without `next`
             after = resp.data.get("next")
             if after is None:
-                return found
+                return
             params["after"] = after
+
+    async def _all_pages(self, path: str, field: str) -> dict[str, Any]:
+        """A paginated answer whole: `field` from every page, the other fields from the last
+        (a pipeline run that finished while paging is the one shown)."""
+        pages = [page async for page in self._pages(path)]
+        return {**pages[-1], field: [item for page in pages for item in page[field]]}
+
+    async def _every_page(self, path: str, field: str) -> list[dict[str, Any]]:
+        """Every item of a keyset-paginated list."""
+        return [item async for page in self._pages(path) for item in page[field]]
 
     async def _delete(self, path: str, missing: type[EvoraClientError]) -> None:
         """DELETE, retried; `missing` (the resource's not-found error) is raised only when the

@@ -5,6 +5,8 @@
 export type Operation =
   | "DELETE /v1/limits/{key}"
   | "DELETE /v1/schedules/{name}"
+  | "GET /v1/analytics"
+  | "GET /v1/analytics/queues/{queue}"
   | "GET /v1/jobs"
   | "GET /v1/jobs/{id}"
   | "GET /v1/jobs/{id}/dependents"
@@ -33,6 +35,36 @@ export type Operation =
   | "POST /v1/schedules/{name}/trigger"
   | "PUT /v1/limits/{key}"
   | "PUT /v1/schedules/{name}";
+
+export interface AnalyticsFailureReason {
+  rank: number;
+  error_type: string | null;
+  /** its first 200 characters */
+  message: string;
+  failures: number;
+  last_at: string | null;
+}
+
+export interface AnalyticsList {
+  /** false until `evora pipeline run` has written results */
+  ran: boolean;
+  /** the run shown; null when none ran */
+  as_of: RunAsOf | null;
+  projector_as_of: AsOf;
+  queues: QueueAnalytics[];
+  /** pass as `after` for the next page; null at the end */
+  next: string | null;
+}
+
+export interface AnalyticsQuery {
+  limit?: number;
+  after?: string | null;
+}
+
+export interface AnalyticsTypesQuery {
+  limit?: number;
+  after?: string | null;
+}
 
 export interface AsOf {
   seq: number;
@@ -230,6 +262,16 @@ export interface Latency {
   run: Percentiles;
 }
 
+export interface LatencySummary {
+  samples: number;
+  p50_ms: number | null;
+  p90_ms: number | null;
+  p95_ms: number | null;
+  p99_ms: number | null;
+  mean_ms: number | null;
+  max_ms: number | null;
+}
+
 export interface Limit {
   key: string;
   concurrency: number | null;
@@ -288,6 +330,19 @@ export interface Percentiles {
   p99: number | null;
 }
 
+export interface PipelineTotals {
+  /** the stats `totals` keys */
+  totals: {
+    [key: string]: number;
+  };
+  /** every event name counted */
+  by_event: {
+    [key: string]: number;
+  };
+  events: number;
+  run_id: string | null;
+}
+
 export interface Problem {
   type: string;
   title: string;
@@ -299,6 +354,28 @@ export interface Problem {
     msg?: string;
     type?: string;
   }>;
+}
+
+export interface ProjectorTotals {
+  totals: {
+    [key: string]: number;
+  };
+}
+
+export interface QueueAnalytics {
+  queue: string;
+  /** null: not in the latest run */
+  pipeline: PipelineTotals | null;
+  /** null: not seen by the projector */
+  projector: ProjectorTotals | null;
+  /** both sides present with equal totals */
+  agree: boolean;
+  /** all the queue's job types together */
+  rates: Rates | null;
+  /** `wait` and `run` */
+  latency: {
+    [key: string]: LatencySummary | null;
+  };
 }
 
 export interface QueueHistory {
@@ -349,11 +426,29 @@ export interface QueueStats {
   as_of: AsOf;
 }
 
+export interface QueueTypesAnalytics {
+  queue: string;
+  ran: boolean;
+  as_of: RunAsOf | null;
+  types: TypeAnalytics[];
+  /** pass as `after` for the next page; null at the end */
+  next: string | null;
+}
+
 export interface Rate {
   /** the bucket's capacity, in claims */
   limit: number;
   /** seconds to refill a whole bucket */
   per_seconds: number;
+}
+
+export interface Rates {
+  jobs: number;
+  retried_jobs: number;
+  retries: number;
+  dead_lettered_jobs: number;
+  retry_rate: number;
+  dlq_rate: number;
 }
 
 export interface RedriveRequest {
@@ -365,6 +460,22 @@ export interface RedriveRequest {
 
 export interface Redriven {
   redriven: number;
+}
+
+export interface RunAsOf {
+  run_id: string;
+  /** when the run started */
+  at: string;
+  /** how many events the run counted, archive plus live */
+  events: number;
+  /** the newest event sequence number counted */
+  seq: number;
+  /** the outbox horizon: transactions below it only */
+  below_xid: number;
+  /** the archive watermark the run read up to */
+  archive: {
+    [key: string]: number;
+  };
 }
 
 export interface Schedule {
@@ -447,6 +558,26 @@ export interface Throughput {
   completed_per_minute: {
     [key: string]: number;
   };
+}
+
+export interface TypeAnalytics {
+  /** the job type; `*`: all the queue's types together */
+  type: string;
+  /** events by name */
+  events: {
+    [key: string]: number;
+  };
+  /** jobs by the state after their latest event */
+  jobs: {
+    [key: string]: number;
+  };
+  rates: Rates | null;
+  /** `wait` and `run` */
+  latency: {
+    [key: string]: LatencySummary | null;
+  };
+  /** most frequent first */
+  failure_reasons: AnalyticsFailureReason[];
 }
 
 export interface TypeFailures {

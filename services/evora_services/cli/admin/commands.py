@@ -205,6 +205,89 @@ async def redrive_queue(client: Client, args: argparse.Namespace) -> Outcome:
     return Outcome({"redriven": moved}, f"{moved} job(s) moved from the DLQ to PENDING")
 
 
+# The one command that computes what `evora analytics` shows.
+PIPELINE_RUN_HINT = (
+    "the pipeline has not run yet: `evora pipeline run` computes the analytics (PySpark and "
+    "Java needed; on evora dev, start it with `bash scripts/run.sh --with-pipeline`)"
+)
+
+
+def _totals_row(queue: dict[str, Any]) -> dict[str, Any]:
+    """A queue's totals as `pipeline/live` per key ("-" for a side without the queue)."""
+    ours = (queue.get("pipeline") or {}).get("totals") or {}
+    live = (queue.get("projector") or {}).get("totals") or {}
+    row: dict[str, Any] = {"queue": queue["queue"], "agree": "yes" if queue["agree"] else "NO"}
+    for key in ours or live:
+        row[key] = f"{ours.get(key, '-')}/{live.get(key, '-')}"
+    return row
+
+
+TYPE_ANALYTICS_COLUMNS = (
+    "type",
+    "jobs",
+    "retry_rate",
+    "dlq_rate",
+    "wait_p95_ms",
+    "run_p95_ms",
+    "top_failure",
+)
+
+
+def _type_row(row: dict[str, Any]) -> dict[str, Any]:
+    rates = row["rates"] or {}
+    wait, run = (row["latency"].get(kind) or {} for kind in ("wait", "run"))
+    reasons = row["failure_reasons"]
+    return {
+        "type": row["type"],
+        "jobs": rates.get("jobs"),
+        "retry_rate": rates.get("retry_rate"),
+        "dlq_rate": rates.get("dlq_rate"),
+        "wait_p95_ms": wait.get("p95_ms"),
+        "run_p95_ms": run.get("p95_ms"),
+        "top_failure": _error_line(
+            {"type": reasons[0]["error_type"], "message": reasons[0]["message"]}
+        )
+        if reasons
+        else None,
+    }
+
+
+async def _queue_analytics(client: Client, queue: str) -> Outcome:
+    found = await client.queue_analytics(queue)
+    if not found["ran"]:
+        return Outcome(found, PIPELINE_RUN_HINT)
+    if not found["types"]:
+        return Outcome(found, f"queue {queue} had no event in the latest pipeline run")
+    rows = [_type_row(t) for t in found["types"]]
+    return Outcome(found, table(rows, TYPE_ANALYTICS_COLUMNS))
+
+
+async def analytics(client: Client, args: argparse.Namespace) -> Outcome:
+    if args.queue:
+        return await _queue_analytics(client, args.queue)
+    found = await client.analytics()
+    queues = found["queues"]
+    keys = next(
+        (list(side["totals"]) for q in queues for side in (q["pipeline"], q["projector"]) if side),
+        [],
+    )
+    lines = []
+    if found["ran"]:
+        as_of, live = found["as_of"], found["projector_as_of"]
+        lines.append(
+            f"pipeline run {as_of['run_id']} at {as_of['at']}: {as_of['events']} events, seq up "
+            f"to {as_of['seq']}; live totals (projector) at seq {live['seq']}"
+        )
+    else:
+        lines.append(PIPELINE_RUN_HINT)
+    if queues:
+        lines.append("totals as pipeline/live:")
+        lines.append(table([_totals_row(q) for q in queues], ("queue", *keys, "agree")))
+    else:
+        lines.append("no queues")
+    return Outcome(found, "\n".join(lines))
+
+
 def _schedule_row(schedule: dict[str, Any]) -> dict[str, Any]:
     job = schedule.get("job") or {}
     return {**schedule, "queue": job.get("queue"), "type": job.get("type")}

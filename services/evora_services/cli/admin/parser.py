@@ -128,6 +128,14 @@ def add_commands(sub: Subparsers) -> None:
     _ids(_leaf(jobs, "retry", "move DLQ jobs back to PENDING", commands.retry_jobs))
     _ids(_leaf(jobs, "cancel", "cancel jobs", commands.cancel_jobs))
 
+    _leaf(
+        sub,
+        "analytics",
+        "the latest `evora pipeline run` per queue, beside the live totals; per job type "
+        "with QUEUE",
+        commands.analytics,
+    ).add_argument("queue", nargs="?", metavar="QUEUE")
+
     queues = _group(sub, "queues", "queue stats and control", "Stats come from the read models.")
     _leaf(queues, "stats", "stats of every queue, or of one", commands.queue_stats).add_argument(
         "queue", nargs="?", metavar="QUEUE"

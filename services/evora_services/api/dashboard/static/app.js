@@ -1,6 +1,7 @@
 // The dashboard's entry point: sign-in, the hash router, auto-refresh and the "as of" line.
 
 import { api, ApiError, clearToken, getToken, setToken } from "./api.js";
+import { analytics, analyticsQueue } from "./analytics.js";
 import { h, replace } from "./dom.js";
 import { clock, span, secondsSince } from "./format.js";
 import * as dlq from "./dlq.js";
@@ -118,7 +119,7 @@ window.addEventListener("evora:unauthorized", () => {
 
 // -- routing -------------------------------------------------------------------------
 
-const VIEWS = { overview, queue, job, dlq, workers, schedules, limits, limitKeys };
+const VIEWS = { overview, queue, job, dlq, workers, schedules, limits, limitKeys, analytics, analyticsQueue };
 
 function parseHash() {
   const raw = location.hash.replace(/^#/, "") || "/";
@@ -139,6 +140,8 @@ function parseHash() {
   if (parts[0] === "schedules" && parts.length === 1) return { name: "schedules", params };
   if (parts[0] === "limits" && parts.length === 1) return { name: "limits", params };
   if (parts[0] === "limits" && parts.length === 2) return { name: "limitKeys", params: { ...params, key: parts[1] } };
+  if (parts[0] === "analytics" && parts.length === 1) return { name: "analytics", params };
+  if (parts[0] === "analytics" && parts.length === 2) return { name: "analyticsQueue", params: { ...params, queue: parts[1] } };
   return { name: "notFound", params };
 }
 
@@ -179,7 +182,8 @@ function route() {
     const active =
       link.dataset.nav === name ||
       (link.dataset.nav === "overview" && name === "queue") ||
-      (link.dataset.nav === "limits" && name === "limitKeys");
+      (link.dataset.nav === "limits" && name === "limitKeys") ||
+      (link.dataset.nav === "analytics" && name === "analyticsQueue");
     if (active) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }

@@ -108,3 +108,15 @@ export function dataTable({ table = null, caption, showCaption = false, heads, r
     ),
   );
 }
+
+/** Previous / next over a keyset-paginated list; `stack` holds the `after` of earlier pages. */
+export function keysetPager({ next, stack, after, go, label, shown }) {
+  const previous = h("button", { type: "button", "data-focus-key": `${label}:previous`, disabled: !after }, "← Previous");
+  const following = h("button", { type: "button", "data-focus-key": `${label}:next`, disabled: !next }, "Next →");
+  previous.addEventListener("click", () => go(stack.length ? stack.pop() : ""));
+  following.addEventListener("click", () => {
+    stack.push(after || "");
+    go(next);
+  });
+  return h("nav", { class: "pager", "aria-label": `${label} pages` }, previous, h("span", { class: "muted" }, `Page ${after ? stack.length + 1 : 1} · ${shown} shown`), following);
+}

@@ -3,7 +3,7 @@
 // (for `tenant:*`, each tenant), a page at a time: there may be millions of them.
 
 import { api, ApiError, seg, withQuery } from "./api.js";
-import { confirmDialog, dataTable, h, replace } from "./dom.js";
+import { confirmDialog, dataTable, h, keysetPager, replace } from "./dom.js";
 import { countCell, num, secondsSince, span } from "./format.js";
 
 const LIMITS_PAGE = 25;
@@ -47,18 +47,6 @@ function usageCells(usage, concurrency) {
 }
 
 const USAGE_HEAD = ["Running", "Tokens", "Held back", "Throttled for"];
-
-/** Previous / next over a keyset-paginated list; `stack` holds the `after` of earlier pages. */
-function keysetPager({ next, stack, after, go, label, shown }) {
-  const previous = h("button", { type: "button", "data-focus-key": `${label}:previous`, disabled: !after }, "← Previous");
-  const following = h("button", { type: "button", "data-focus-key": `${label}:next`, disabled: !next }, "Next →");
-  previous.addEventListener("click", () => go(stack.length ? stack.pop() : ""));
-  following.addEventListener("click", () => {
-    stack.push(after || "");
-    go(next);
-  });
-  return h("nav", { class: "pager", "aria-label": `${label} pages` }, previous, h("span", { class: "muted" }, `Page ${after ? stack.length + 1 : 1} · ${shown} shown`), following);
-}
 
 function numberOrNull(input) {
   const text = input.value.trim();
