@@ -391,7 +391,7 @@ async def drain(store: JobStore, batch: int, workers: int) -> DrainStats:
 
 
 async def state_counts(conn: asyncpg.Connection) -> dict[str, int]:
-    rows = await conn.fetch("SELECT state::text, count(*) FROM jobs GROUP BY state")
+    rows = await conn.fetch("SELECT state::text, count(*) FROM evora.jobs GROUP BY state")
     return {r["state"]: r["count"] for r in rows}
 
 

@@ -20,11 +20,11 @@ async def test_every_kind_of_drift_is_named_and_exits_3(db_url: str) -> None:
     ]
     conn = await asyncpg.connect(db_url)
     try:
-        await conn.execute("DELETE FROM evora_migrations WHERE version = 29")
-        await conn.execute("INSERT INTO evora_migrations VALUES (9999, 'from_the_future', 'x')")
-        await conn.execute("UPDATE evora_migrations SET checksum = 'edited' WHERE version = 1")
-        await conn.execute("UPDATE evora_function_files SET checksum = 'old' WHERE name = 'guards'")
-        await conn.execute("DELETE FROM evora_function_files WHERE name = 'retention'")
+        await conn.execute("DELETE FROM evora.migrations WHERE version = 29")
+        await conn.execute("INSERT INTO evora.migrations VALUES (9999, 'from_the_future', 'x')")
+        await conn.execute("UPDATE evora.migrations SET checksum = 'edited' WHERE version = 1")
+        await conn.execute("UPDATE evora.function_files SET checksum = 'old' WHERE name = 'guards'")
+        await conn.execute("DELETE FROM evora.function_files WHERE name = 'retention'")
         await conn.execute("CREATE TABLE by_hand (id int)")
         await conn.execute("CREATE FUNCTION evora.by_hand() RETURNS int LANGUAGE sql RETURN 1")
         await conn.execute("DROP INDEX jobs_finished")

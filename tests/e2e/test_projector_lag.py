@@ -88,7 +88,7 @@ async def test_a_restarted_projector_never_reports_caught_up_while_behind(
     first.send(signal.SIGKILL)
     await first.wait(within=10)
     await store.submit_batch([JobSubmission(queue="lag", type="t") for _ in range(BACKLOG)])
-    newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+    newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
     _, url = await spawn(children, "projector", db_url, **env)
     async with aiohttp.ClientSession() as http:
         readings: list[tuple[float, float]] = []

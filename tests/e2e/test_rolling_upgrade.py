@@ -198,7 +198,7 @@ async def test_services_roll_to_this_release_under_load_after_its_migrations(
 
         async def completed_at_least(count: int) -> bool:
             done = await conn.fetchval(
-                "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'COMPLETED'", QUEUE
+                "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state = 'COMPLETED'", QUEUE
             )
             return bool(done >= count)
 
@@ -225,7 +225,7 @@ async def test_services_roll_to_this_release_under_load_after_its_migrations(
             await fleet.stop_all()
 
         rows = await conn.fetch(
-            "SELECT idempotency_key, id::text AS id, state::text AS state FROM jobs"
+            "SELECT idempotency_key, id::text AS id, state::text AS state FROM evora.jobs"
             " WHERE queue = $1",
             QUEUE,
         )

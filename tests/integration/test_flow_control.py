@@ -235,7 +235,7 @@ async def test_counting_a_keys_running_jobs_reads_only_that_key(
         plan = "\n".join(
             r[0]
             for r in await conn.fetch(
-                "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT count(*) FROM jobs"
+                "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT count(*) FROM evora.jobs"
                 " WHERE state = 'RUNNING' AND limit_keys <> '{}'"
                 " AND limit_keys && ARRAY['tenant:7']"
             )
@@ -304,11 +304,13 @@ async def test_a_claim_that_began_earlier_never_moves_the_bucket_back_in_time(
     assert len(await _claim(store, max_jobs=8)) == 8  # 2 tokens left
 
     async def refilled_at() -> Any:
-        return await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:slow'")
+        return await pool.fetchval(
+            "SELECT refilled_at FROM evora.flow_buckets WHERE key = 'api:slow'"
+        )
 
     async with pool.acquire() as early:
         tx = early.transaction()
-        await tx.start()  # its evora_now() is this moment, and stays so
+        await tx.start()  # its evora.clock_now() is this moment, and stays so
         try:
             await clock.advance(10)  # one token more, for claims that begin from now on
             assert len(await _claim(store, max_jobs=1)) == 1  # 2 + 1 - 1 = 2 left
@@ -352,7 +354,7 @@ async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
     await limits.put("api:free", LimitSpec(concurrency=None, rate=Rate(1_000_000, 1.0)))
     await _submit(store, 1, "api:busy")
     assert len(await _claim(store)) == 1  # makes the bucket, full
-    began = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
+    began = await pool.fetchval("SELECT refilled_at FROM evora.flow_buckets WHERE key = 'api:busy'")
     claimed: Counter[str] = Counter(["api:busy"])
     stop = asyncio.Event()
 
@@ -368,8 +370,8 @@ async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
         stop.set()
 
     await asyncio.wait_for(asyncio.gather(submitter(), *(claimer() for _ in range(6))), 60)
-    ended = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
-    running = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")
+    ended = await pool.fetchval("SELECT refilled_at FROM evora.flow_buckets WHERE key = 'api:busy'")
+    running = await pool.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'RUNNING'")
     assert running == claimed.total()
     assert await pool.fetch("SELECT * FROM bucket_moved_back") == []
     # the bucket began full (10) and refilled 20 a second from `began` to its last refill
@@ -420,7 +422,8 @@ async def _claim_waiting_in_its_first_round(
         await tx.start()
         try:
             await other.execute(
-                "INSERT INTO flow_buckets (key, tokens, refilled_at) VALUES ('held', 0, now())"
+                "INSERT INTO evora.flow_buckets (key, tokens, refilled_at) VALUES ('held', 0,"
+                " now())"
             )
             claim = asyncio.create_task(_claim(store, max_jobs=1))
 

@@ -496,7 +496,7 @@ def _check_limits(
                 continue
             running.add(job_id)
             assert at is not None
-            # `at` is evora_now(): back on the real clock of the limits' changes
+            # `at` is evora.clock_now(): back on the real clock of the limits' changes
             began = at.timestamp() - offset
             limits = history.at(began)
             if limits is None:

@@ -45,7 +45,7 @@ WITH batch AS MATERIALIZED (
                END AS error,
                $6::jsonb -> 'queues' -> e.queue AS queue_past,
                $6::jsonb -> 'workers' -> e.worker_id AS worker_past
-        FROM job_events e
+        FROM evora.job_events e
         WHERE (e.xid, e.seq) > ($1::text::xid8, $2::int8)
           AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
           AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
@@ -114,7 +114,7 @@ SELECT (SELECT jsonb_agg(jsonb_build_array(
 -- instead of reading 0.
 SELECT count(*) AS events, min(at) AS oldest
 FROM (
-    SELECT at FROM job_events
+    SELECT at FROM evora.job_events
     WHERE (xid, seq) > ($1::text::xid8, $2::int8)
     ORDER BY xid, seq
     LIMIT $3
@@ -124,11 +124,11 @@ FROM (
 -- $1 queues: when the longest-waiting claimable job of each became due (NULL: none due).
 -- The first entry of the jobs_scheduled index per queue.
 SELECT q.queue,
-       (SELECT min(j.run_at) FROM jobs j
-        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora_now()) AS oldest
+       (SELECT min(j.run_at) FROM evora.jobs j
+        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora.clock_now()) AS oldest
 FROM unnest($1::text[]) AS q(queue);
 
 -- name: pruned
 -- $1 queues: finished jobs the sweeper pruned, per queue and state (they leave without an
 -- event).
-SELECT queue, state::text AS state, pruned FROM job_prune_counts WHERE queue = ANY($1::text[]);
+SELECT queue, state::text AS state, pruned FROM evora.job_prune_counts WHERE queue = ANY($1::text[]);
