@@ -69,7 +69,7 @@ async def _run(args: argparse.Namespace, directory: Path) -> None:
             await store.submit_batch(jobs[first : first + BATCH])
         submit_s = time.perf_counter() - started
         async with pool.acquire() as conn:
-            await conn.execute("VACUUM ANALYZE jobs")
+            await conn.execute("VACUUM ANALYZE evora.jobs")
 
         latencies: list[float] = []
         done = 0

@@ -247,7 +247,7 @@ async def load(dsn: str, events: int, seed: int) -> float:
             # one transaction (one xid) per chunk, as many writers would produce
             await conn.copy_records_to_table("job_events", records=records, columns=COLUMNS)
         took = time.perf_counter() - started
-        await conn.execute("VACUUM ANALYZE job_events")
+        await conn.execute("VACUUM ANALYZE evora.job_events")
         # the projector has consumed it all (the archive needs that)
         await conn.execute(
             "INSERT INTO evora.projector_progress (generation, xid, seq) "

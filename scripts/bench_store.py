@@ -539,7 +539,7 @@ class Bench:
         )
         try:
             t0 = time.perf_counter()
-            await conn.execute("ANALYZE jobs")
+            await conn.execute("ANALYZE evora.jobs")
             return time.perf_counter() - t0
         finally:
             await conn.close()

@@ -79,7 +79,7 @@ async def test_a_grouped_claim_reads_rows_for_its_candidates_not_for_every_runni
 
     read: dict[tuple[str, str], tuple[int, int]] = {}
     async with pool.acquire() as conn:
-        await conn.execute("ANALYZE jobs")
+        await conn.execute("ANALYZE evora.jobs")
         for path in PATHS:
             if path == "limited":
                 # a limit that governs no job of "mine": the claim only takes the other path

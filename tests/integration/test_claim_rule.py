@@ -113,5 +113,5 @@ async def test_both_claims_inline_the_rule_and_take_the_same_jobs(
     assert all(plain) and left_out > 0
     print(f"function calls of the claims: {calls}")
     for called in calls:
-        assert "evora_claimable" not in called
-        assert called.get("evora_queue_paused", 0) >= 1
+        assert "claimable" not in called
+        assert called.get("queue_paused", 0) >= 1

@@ -21,7 +21,7 @@ async def test_unset_it_is_now_and_costs_no_function_call(pool: asyncpg.Pool) ->
                 " evora.clock_now()"
             )
         )
-    assert "evora_now" not in plan and "now()" in plan
+    assert "clock_now" not in plan and "now()" in plan
 
 
 async def test_advance_runs_every_new_connection_ahead(

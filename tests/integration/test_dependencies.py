@@ -519,7 +519,7 @@ async def test_cancelling_the_head_of_a_long_chain_cancels_it_all_in_one_settlem
 
 _SETTLING_CALLS = (
     "SELECT funcname, calls FROM pg_stat_xact_user_functions "
-    "WHERE funcname IN ('evora_note_ended_dependency', 'evora_settle_dependents') "
+    "WHERE schemaname = 'evora' AND funcname IN ('note_ended_dependency', 'settle_dependents') "
     "ORDER BY funcname"
 )
 
@@ -549,7 +549,7 @@ async def test_only_statements_that_end_a_job_others_wait_on_run_the_settlement(
         assert await conn.fetch(_SETTLING_CALLS) == []
         await complete(parent)
         calls = {r["funcname"]: r["calls"] for r in await conn.fetch(_SETTLING_CALLS)}
-        assert calls == {"evora_note_ended_dependency": 1, "evora_settle_dependents": 1}
+        assert calls == {"note_ended_dependency": 1, "settle_dependents": 1}
 
 
 async def test_a_grouped_job_waiting_on_a_dependency_is_overtaken_then_heads_its_group_again(

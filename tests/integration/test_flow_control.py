@@ -268,14 +268,14 @@ async def test_without_limits_the_claim_never_runs_the_limited_selection(
 ) -> None:
     await _submit(store, 3, "tenant:1")
     plan = await _claim_plan(pool)
-    [limited] = [line for line in plan.splitlines() if "evora_claim_limited" in line]
+    [limited] = [line for line in plan.splitlines() if "evora.claim_limited" in line]
     assert "never executed" in limited, plan
     # estimated as the one row it is declared to return: at the default 1000 the planner
     # hashed the whole jobs table to join the claimed ids, doubling the claim's time
     assert re.search(r"\(cost=[0-9.]+ rows=1 ", limited), plan
     await limits.put("tenant:*", LimitSpec(concurrency=1, rate=None))
     plan = await _claim_plan(pool)
-    [limited] = [line for line in plan.splitlines() if "evora_claim_limited" in line]
+    [limited] = [line for line in plan.splitlines() if "evora.claim_limited" in line]
     assert "never executed" not in limited, plan
 
 

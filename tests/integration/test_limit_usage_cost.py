@@ -33,9 +33,9 @@ async def test_a_page_of_keys_reads_a_small_part_of_millions(pool: asyncpg.Pool)
         """,
         TENANTS,
     )
-    await pool.execute("ANALYZE flow_buckets")
+    await pool.execute("ANALYZE evora.flow_buckets")
     table_pages = await pool.fetchval(
-        "SELECT pg_relation_size('flow_buckets') / current_setting('block_size')::int"
+        "SELECT pg_relation_size('evora.flow_buckets') / current_setting('block_size')::int"
     )
 
     middle = f"tenant:{TENANTS // 2:06}"

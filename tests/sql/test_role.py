@@ -71,8 +71,7 @@ async def test_the_callers_own_objects_cannot_stand_in_for_evoras(
         await conn.execute("CREATE TEMP TABLE jobs (id uuid)")
         await conn.execute("CREATE TEMP TABLE idempotency_keys (queue text, key text)")
         await conn.execute(
-            "CREATE FUNCTION pg_temp.job_image(j anyelement) RETURNS int "
-            "LANGUAGE sql AS 'SELECT 1'"
+            "CREATE FUNCTION pg_temp.job_image(j anyelement) RETURNS int LANGUAGE sql AS 'SELECT 1'"
         )
         job_id = await conn.fetchval(
             """SELECT evora.submit('mail', 't', '{}', '{"idempotency_key": "k"}')"""

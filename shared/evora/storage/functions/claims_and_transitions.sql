@@ -1,5 +1,5 @@
 -- Claims and transitions: the clock, how a job becomes RUNNING (the unlimited claim is
--- `claim` in storage/sql/transitions.sql, which calls evora_claim_jobs()), what every
+-- `claim` in storage/sql/transitions.sql, which calls evora.claim_jobs()), what every
 -- transition records, how an attempt ends and how a job leaves the DLQ.
 --
 -- The current text of this area's functions and triggers: edit them here. `evora migrate`
@@ -125,19 +125,19 @@ LANGUAGE sql AS $$
 $$;
 
 -- The rule of "this job may be claimed now", for every claim (the unlimited `claim` in
--- storage/sql/transitions.sql and evora_claim_limited() below): PENDING (a job waiting for
+-- storage/sql/transitions.sql and evora.claim_limited() below): PENDING (a job waiting for
 -- its dependencies is WAITING), due by `at`, within its time-to-live unless it started
 -- before, of one of `types` (NULL: any), in `in_queue` (the job's own, passed apart so that a
 -- claim reading one queue at a time checks the pause once per queue: the check then refers to
 -- nothing of the job and runs as a one-time filter), not paused. Flow-control limits are not
--- in it: evora_claim_limited() enforces them on what the rule lets through.
+-- in it: evora.claim_limited() enforces them on what the rule lets through.
 -- Plain SQL, STABLE, one expression without subqueries: the planner inlines it (a subquery
 -- would stop it), so each claim plans the rule as if written in place, its conditions on
 -- state, queue and run_at used for the index scan (tests/integration/test_claim_rule.py).
 -- The FIFO group part of the rule is not in it: it needs subqueries, and as a function
 -- called once per grouped candidate it cost ~40 % more PostgreSQL CPU on claims of grouped
 -- jobs (scripts/bench_store.py --quick --groups 1000, drain phases). Each claim writes
--- it out (the same text, after evora_claimable()), and tests/integration/test_claim_rule.py
+-- it out (the same text, after evora.claimable()), and tests/integration/test_claim_rule.py
 -- proves both claims take the same jobs.
 CREATE OR REPLACE FUNCTION evora.queue_paused(in_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
@@ -154,7 +154,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
--- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora_claim_jobs()
+-- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora.claim_jobs()
 -- returns them. Works in rounds (at most four), each two statements:
 --
 --   1. the candidates: what earlier rounds read and did not try, and a window of claimable
@@ -170,13 +170,13 @@ $$;
 --      holders; whole tokens), the tried jobs admitted within it, the tokens taken. Keys left
 --      without room are blocked for the next rounds.
 --
--- Each round's jobs are moved by evora_claim_jobs() right after the round took their tokens:
+-- Each round's jobs are moved by evora.claim_jobs() right after the round took their tokens:
 -- every statement here takes a newer snapshot than the caller's, so a job that became visible
 -- meanwhile could be picked and paid for and then never found by an UPDATE under an older
 -- snapshot. The jobs a claim moves are exactly the jobs it paid for, and the rounds that
 -- follow see them RUNNING.
 --
--- Tokens are counted as of a clock read after the bucket's lock is held (`evora_now()` plus
+-- Tokens are counted as of a clock read after the bucket's lock is held (`evora.clock_now()` plus
 -- the time since the transaction began, so the tests' clock offset still applies), and
 -- `refilled_at` only ever moves forward: a claim that began before another but locked the
 -- bucket after the other committed would otherwise move the bucket back in time.
@@ -473,10 +473,10 @@ $$;
 
 -- Three statements end attempts: `fail` (a worker's failure), `release` (a worker hands the
 -- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
--- its own fence and lock, where each attempt goes (one `evora_attempt_end` per job); this
+-- its own fence and lock, where each attempt goes (one `evora.attempt_end` per job); this
 -- moves every decided job that is still RUNNING (the caller holds its row lock) and records
 -- it, the same way for all three; it returns each moved job whole, with the queues notified
--- and owed (evora_record_moves).
+-- and owed (evora.record_moves).
 --
 -- The fence, "the job is still RUNNING", comes with each attempt (`fenced`, in a materialized
 -- CTE so that it stays a column and is not folded back into a constant), which makes it part
@@ -534,7 +534,7 @@ $$;
 -- Moves DLQ jobs the caller holds locked: to PENDING (a retry: a fresh attempt budget, due
 -- now, a time-to-live that already ran out dropped because the operator asked for the job to
 -- run) or to CANCELLED (a discard). Returns each moved job whole, with the queues notified and
--- owed (evora_record_moves): ROWS 100, as evora_end_attempts().
+-- owed (evora.record_moves): ROWS 100, as evora.end_attempts().
 CREATE OR REPLACE FUNCTION evora.leave_dlq(ids uuid[], to_state evora.job_state, suppressed text[])
 RETURNS TABLE (job evora.jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 100 AS $$

@@ -75,7 +75,7 @@ $$;
 
 -- The WAITING jobs that depend on `dependency`, as the calling statement's snapshot shows
 -- them. A set-returning SQL function of one query: the planner inlines it where it is
--- called in FROM, so `EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id))` plans exactly
+-- called in FROM, so `EXISTS (SELECT 1 FROM evora.waiting_dependents(f.id))` plans exactly
 -- as the EXISTS written out, a probe of job_dependencies_dependents per job asked about.
 -- (A boolean function around the EXISTS would not be inlined: a call per job.)
 CREATE OR REPLACE FUNCTION evora.waiting_dependents(dependency uuid) RETURNS SETOF uuid
@@ -110,7 +110,7 @@ BEGIN
 END
 $$;
 
--- The AFTER UPDATE statement trigger's function (see evora_note_ended_dependency above): locks
+-- The AFTER UPDATE statement trigger's function (see evora.note_ended_dependency above): locks
 -- every WAITING job that will change in id order, then settles the whole subtree with a fresh
 -- snapshot, writes their events and the NOTIFY hint of each queue that gained a PENDING job.
 CREATE OR REPLACE FUNCTION evora.settle_dependents() RETURNS trigger

@@ -19,7 +19,7 @@ SELECT coalesce(
 SELECT coalesce(max(seq), 0) FROM evora.job_events;
 
 -- name: clock_offset
--- How far `evora_now()` runs ahead of `now()` right now, in seconds (tests move it).
+-- How far `evora.clock_now()` runs ahead of `now()` right now, in seconds (tests move it).
 SELECT extract(epoch FROM evora.clock_now() - now())::float8;
 
 -- name: events

@@ -1,5 +1,5 @@
 -- Concurrency and rate limits (docs/flow-control.md): defining them, and their live usage.
--- Enforcing them is the claim's (evora_claim_limited(), functions/claims_and_transitions.sql).
+-- Enforcing them is the claim's (evora.claim_limited(), functions/claims_and_transitions.sql).
 
 -- name: put_limit
 -- $1 key, $2 concurrency, $3 rate limit, $4 rate period in seconds. The limit, and whether it

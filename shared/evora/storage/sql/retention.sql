@@ -19,7 +19,7 @@ SELECT extract(epoch FROM least(
 -- that finished in that state more than $1 seconds ago and adds them to job_prune_counts in
 -- the same transaction, so the read models can still match the true per-state counts.
 -- A job in the DLQ that others still wait for is kept: it may yet be retried or discarded,
--- and only then do they move on (docs/dependencies.md). evora_prune_finished() (migration
+-- and only then do they move on (docs/dependencies.md). evora.prune_finished() (migration
 -- 0024) locks its candidates first and asks whether they are waited for only then, in a
 -- statement of its own: a dependent's submission that commits while the pass runs is seen.
 SELECT evora.prune_finished($1, $2, $3::evora.job_state);

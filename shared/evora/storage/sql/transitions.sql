@@ -1,7 +1,7 @@
 -- Every change of a job's state is ONE statement: a CTE chain that picks rows under lock,
 -- changes them guarded by their expected state (and lease token), and records exactly one
 -- `job_events` row per changed job. A lost race matches no row and so writes no event.
--- Recording is evora_record_moves() (functions/claims_and_transitions.sql, where every
+-- Recording is evora.record_moves() (functions/claims_and_transitions.sql, where every
 -- function named here lives): the events, and the NOTIFY hint for each
 -- queue that gained a claimable job (a PENDING job, a group's next job, or room under a limit
 -- that an ending attempt frees), except for the queues in the statement's last text[]
@@ -11,15 +11,15 @@
 -- complete, fail, release) also answer for what they did not change: one row per item with
 -- its `outcome`, 'done', 'lease_lost' (the job is not RUNNING under that token) or
 -- 'not_found', so nobody has to look at the job again to tell a lost race from a bad id.
--- Time is `evora_now()`, the database's clock, which tests may run ahead; every statement
+-- Time is `evora.clock_now()`, the database's clock, which tests may run ahead; every statement
 -- here, the claim and submissions (functions/submissions.sql) read it.
 
 -- name: claim
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
 -- Per queue, take the first claimable jobs in (priority, run_at, submission) order, skipping
--- rows other claimers hold. What is claimable is evora_claimable()'s rule
+-- rows other claimers hold. What is claimable is evora.claimable()'s rule
 -- (functions/claims_and_transitions.sql), the one both claims use, and the FIFO group part
--- written out below, the same text as in evora_claim_limited(): a grouped job is claimable
+-- written out below, the same text as in evora.claim_limited(): a grouped job is claimable
 -- only as the head of its (queue, group) (lowest priority, then submission order, due or not,
 -- so a retrying head keeps its place) and only while no job of its group runs.
 -- The two group checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
@@ -28,18 +28,18 @@
 -- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
 -- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
 -- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
--- `picked` holds the rows locked and re-checked as PENDING, so evora_claim_jobs() moves them
+-- `picked` holds the rows locked and re-checked as PENDING, so evora.claim_jobs() moves them
 -- by id alone.
--- While any concurrency or rate limit exists, evora_claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
+-- While any concurrency or rate limit exists, evora.claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
 -- same rule; with none, the one cost is the EXISTS on the empty flow_limits, a
--- one-time filter of each branch. Both move their jobs with evora_claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
+-- one-time filter of each branch. Both move their jobs with evora.claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
 -- one, and moves what it paid for right there; this one's picks are locked, and the
 -- function's own snapshot shows their latest versions.
 -- A job whose group's head changed after this statement's snapshot (a job of its group
 -- started meanwhile) fails the claim on jobs_group_running: the store runs it again
 -- (storage/jobs.py).
 -- Each claimed job that has dependencies carries the results of those COMPLETED
--- (`dependency_results`, read by evora_claim_jobs() under its own snapshot, where the
+-- (`dependency_results`, read by evora.claim_jobs() under its own snapshot, where the
 -- dependency endings that released the job are visible whichever snapshot picked it).
 WITH picked AS (
     SELECT c.id
@@ -170,7 +170,7 @@ ORDER BY i.ord;
 -- that a repeat finds the attempt over: a failure is never replayed, so every item that
 -- changed nothing is 'lease_lost', or 'not_found' when no such job exists.
 -- This statement, release and expire_leases decide where each attempt goes; moving the rows,
--- recording the events and the NOTIFY hints are evora_end_attempts().
+-- recording the events and the NOTIFY hints are evora.end_attempts().
 WITH items AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
@@ -244,7 +244,7 @@ LEFT JOIN ended e ON true;
 -- name: expire_leases
 -- $1 batch size, $2 suppressed queues. The sweeper: leases that ran out, decided like a failure
 -- (cancel wins, then the retry budget). SKIP LOCKED and the re-checked `lease_expires_at <
--- evora_now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
+-- evora.clock_now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
 -- attempt's error (unless the job is being cancelled anyway), so a job dead-lettered this way
 -- says why; one fixed message, so failure statistics count every expiry as one reason.
 WITH decided AS (
@@ -346,7 +346,7 @@ LEFT JOIN LATERAL (
 
 -- name: leave_dlq
 -- $1 id, $2 'PENDING' (an admin's retry) or 'CANCELLED' (a discard), $3 suppressed queues.
--- A DLQ job moves (evora_leave_dlq()); any other state is refused. One row
+-- A DLQ job moves (evora.leave_dlq()); any other state is refused. One row
 -- answered like cancel.
 WITH target AS (SELECT id FROM evora.jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
