@@ -268,14 +268,14 @@ async def test_without_limits_the_claim_never_runs_the_limited_selection(
 ) -> None:
     await _submit(store, 3, "tenant:1")
     plan = await _claim_plan(pool)
-    [limited] = [line for line in plan.splitlines() if "evora.claim_limited" in line]
+    [limited] = [line for line in plan.splitlines() if "claim_limited" in line]
     assert "never executed" in limited, plan
     # estimated as the one row it is declared to return: at the default 1000 the planner
     # hashed the whole jobs table to join the claimed ids, doubling the claim's time
     assert re.search(r"\(cost=[0-9.]+ rows=1 ", limited), plan
     await limits.put("tenant:*", LimitSpec(concurrency=1, rate=None))
     plan = await _claim_plan(pool)
-    [limited] = [line for line in plan.splitlines() if "evora.claim_limited" in line]
+    [limited] = [line for line in plan.splitlines() if "claim_limited" in line]
     assert "never executed" not in limited, plan
 
 
@@ -346,7 +346,7 @@ async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
             END IF;
             RETURN NEW;
         END $$;
-        CREATE TRIGGER note_bucket_moved_back BEFORE UPDATE ON flow_buckets
+        CREATE TRIGGER note_bucket_moved_back BEFORE UPDATE ON evora.flow_buckets
             FOR EACH ROW EXECUTE FUNCTION note_bucket_moved_back();
         """
     )
