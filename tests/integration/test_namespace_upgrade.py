@@ -39,9 +39,10 @@ REPO = Path(__file__).resolve().parents[2]
 BEFORE_NAMESPACE = "c19c6d0"
 
 # What the previous release does, in its own process: migrate, then fill every table through
-# its stores: jobs in every state (with events, idempotency keys, dependencies, limit keys
-# and a group), a limit and its history, a schedule, a paused queue, a trace; and what the
-# projector and the archiver would record. Prints the ids it made, by the state they end in.
+# its stores: a limit and its history, a schedule, a paused queue, what the projector and the
+# archiver would record, and (argument `jobs`) jobs in every state (with events, idempotency
+# keys, dependencies, limit keys, a group and a trace). Prints the ids of the jobs, by the
+# state they end in.
 _FILL = r"""
 import asyncio, json, sys
 from datetime import datetime, timezone
@@ -58,10 +59,22 @@ async def main(dsn):
     await apply_migrations(dsn)
     pool = await create_pool(dsn, min_size=1, max_size=2)
     store = JobStore(pool)
-    ids = {}
     def sub(**fields):
         return JobSubmission(**{"queue": "q", "type": "t", **fields})
     await LimitStore(pool).put("tenant:*", LimitSpec(concurrency=5, rate=None))
+    await store.pause("paused")
+    await ScheduleStore(pool, store).put(
+        "nightly",
+        ScheduleSpec(cron="0 3 * * *", timezone="UTC", job={"queue": "q", "type": "n"},
+                     misfire=Misfire.SKIP, misfire_grace_seconds=60, paused=False),
+        datetime.now(timezone.utc))
+    async with pool.acquire() as conn:
+        await conn.execute("INSERT INTO projector_progress (generation, xid, seq) "
+                           "VALUES (1, pg_snapshot_xmin(pg_current_snapshot()), 2)")
+        await conn.execute("UPDATE event_archive_watermark SET upto_seq = 1")
+    if sys.argv[2:] != ["jobs"]:
+        print("{}")
+        return
     done, dead, running = [
         (await store.submit(sub(idempotency_key=f"k{i}", limit_keys=["tenant:1"]))).job["id"]
         for i in range(3)
@@ -76,16 +89,6 @@ async def main(dsn):
     traced = (await store.submit_batch(
         [sub(queue="paused")],
         ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]))[0].job["id"]
-    await store.pause("paused")
-    await ScheduleStore(pool, store).put(
-        "nightly",
-        ScheduleSpec(cron="0 3 * * *", timezone="UTC", job={"queue": "q", "type": "n"},
-                     misfire=Misfire.SKIP, misfire_grace_seconds=60, paused=False),
-        datetime.now(timezone.utc))
-    async with pool.acquire() as conn:
-        await conn.execute("INSERT INTO projector_progress (generation, xid, seq) "
-                           "VALUES (1, pg_snapshot_xmin(pg_current_snapshot()), 2)")
-        await conn.execute("UPDATE event_archive_watermark SET upto_seq = 1")
     await store.close()
     await pool.close()
     print(json.dumps({"COMPLETED": str(done), "DLQ": str(dead), "RUNNING": str(running),
@@ -96,9 +99,8 @@ asyncio.run(main(sys.argv[1]))
 """
 
 _TABLES = """
-SELECT c.relname FROM pg_class c
-WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p')
-ORDER BY 1
+SELECT c.relnamespace::regnamespace::text AS schema, c.relname FROM pg_class c
+WHERE c.relnamespace = ANY ($1::regnamespace[]) AND c.relkind IN ('r', 'p')
 """
 
 # Evora's tables under their names before 0030 and after it.
@@ -120,10 +122,10 @@ def before_namespace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "shared"
 
 
-def _previous_release(shared: Path, dsn: str) -> dict[str, UUID]:
+def _previous_release(shared: Path, dsn: str, *what: str) -> dict[str, UUID]:
     env = {**os.environ, "PYTHONPATH": str(shared)}
     out = subprocess.run(
-        [sys.executable, "-c", _FILL, dsn],
+        [sys.executable, "-c", _FILL, dsn, *what],
         capture_output=True,
         text=True,
         env=env,
@@ -134,33 +136,39 @@ def _previous_release(shared: Path, dsn: str) -> dict[str, UUID]:
     return {k: UUID(v) for k, v in json.loads(out.stdout.splitlines()[-1]).items()}
 
 
-async def _empty_database(make_db_url: MakeDatabase) -> str:
+async def _empty_database(make_db_url: MakeDatabase, search_path: str | None) -> str:
     dsn = await make_db_url()
     conn = await asyncpg.connect(dsn)
     try:  # start from nothing, not from the migrated template
         await conn.execute(
             "DROP SCHEMA evora CASCADE; DROP SCHEMA public CASCADE; CREATE SCHEMA public"
         )
+        if search_path is not None:
+            await conn.execute(
+                f"ALTER DATABASE {await conn.fetchval('SELECT current_database()')} "
+                f"SET search_path = {search_path}"
+            )
     finally:
         await conn.close()
     return dsn
 
 
 async def _snapshot(
-    conn: asyncpg.Connection, schema: str, name: Callable[[str], str]
+    conn: asyncpg.Connection, schemas: list[str], name: Callable[[str], str]
 ) -> dict[str, list[str]]:
-    """Every row of every table of `schema`, by the table's name after 0030 (`name`)."""
+    """Every row of every table of `schemas`, by the table's name after 0030 (`name`)."""
     rows: dict[str, list[str]] = {}
-    for table in [r[0] for r in await conn.fetch(_TABLES, schema)]:
-        qualified = f"{schema}.{table}"
+    for table in await conn.fetch(_TABLES, schemas):
+        qualified = f"{table['schema']}.{table['relname']}"
         texts = await conn.fetch(f"SELECT t::text FROM {qualified} t ORDER BY t::text")
-        rows[name(table)] = [r[0] for r in texts]
+        assert name(table["relname"]) not in rows  # one table of a name
+        rows[name(table["relname"])] = [r[0] for r in texts]
     return rows
 
 
-async def _sequences(conn: asyncpg.Connection, schema: str) -> dict[str, int]:
+async def _sequences(conn: asyncpg.Connection, schemas: list[str]) -> dict[str, int]:
     found = await conn.fetch(
-        "SELECT sequencename, last_value FROM pg_sequences WHERE schemaname = $1", schema
+        "SELECT sequencename, last_value FROM pg_sequences WHERE schemaname = ANY ($1)", schemas
     )
     return {r["sequencename"]: r["last_value"] for r in found}
 
@@ -185,15 +193,10 @@ async def test_a_freshly_migrated_database_keeps_nothing_in_public(db_url: str) 
 async def test_the_previous_releases_database_moves_whole_and_serves(
     make_db_url: MakeDatabase, before_namespace: Path
 ) -> None:
-    dsn = await _empty_database(make_db_url)
-    ids = _previous_release(before_namespace, dsn)
+    dsn = await _empty_database(make_db_url, None)
+    ids = _previous_release(before_namespace, dsn, "jobs")
     conn = await asyncpg.connect(dsn)
     try:
-        assert await conn.fetchval("SELECT max(version) FROM public.evora_migrations") == (
-            NAMESPACE_VERSION - 1
-        )
-        before = await _snapshot(conn, "public", lambda t: _RENAMED.get(t, t))
-        sequences = await _sequences(conn, "public")
         # jobs in every state, and every table the previous release fills, filled
         states = dict(await conn.fetch("SELECT id, state::text FROM public.jobs"))
         assert {states[ids[s]] for s in ids if s != "traced"} == {
@@ -204,41 +207,86 @@ async def test_the_previous_releases_database_moves_whole_and_serves(
             "CANCELLED",
             "DLQ",
         }
-        empty = {t for t, rows in before.items() if not rows}
-        assert empty <= {"job_prune_counts", "event_archive_runs", "flow_buckets"}, empty
-
-        assert NAMESPACE_VERSION in await apply_migrations(dsn)
-
-        assert await conn.fetch(_OURS_IN_PUBLIC) == []
-        after = await _snapshot(conn, "evora", lambda t: t)
-        added = f"({NAMESPACE_VERSION},one_namespace,"
-        migrations = after.pop("migrations")
-        assert [m for m in migrations if not m.startswith(added)] == before.pop("migrations")
-        assert sum(m.startswith(added) for m in migrations) == 1
-        # the function files were applied again, by this code
-        assert after.pop("function_files") != before.pop("function_files")
-        assert after == before
-        assert await _sequences(conn, "evora") == sequences
-        assert await drift.drift(conn) == []
+        sequences = await _moves_whole(conn, dsn)
     finally:
         await conn.close()
     await _serves(dsn, ids, sequences)
 
 
+async def test_what_a_role_named_evora_migrated_moves_whole_and_serves(
+    make_db_url: MakeDatabase, before_namespace: Path
+) -> None:
+    """Where `evora` came first in the search_path of the role that migrated (a role named
+    `evora`, "$user": the docker compose and Kubernetes defaults), the previous release put
+    the tables of migrations up to 0011 (which made the schema) in `public` and the later
+    ones in `evora`, and the function files' functions in `evora` beside the migrations' in
+    `public`. Its SQL submissions found no `jobs` there (the submitting functions search
+    `evora` only), so this database holds no job."""
+    dsn = await _empty_database(make_db_url, '"evora", "public"')
+    _previous_release(before_namespace, dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        tables = await conn.fetch(_TABLES, ["public", "evora"])
+        where = {t["relname"]: t["schema"] for t in tables}
+        assert where["jobs"] == "public" and where["flow_limits"] == "evora", where
+        await _moves_whole(conn, dsn)
+    finally:
+        await conn.close()
+    await _serves(dsn, {}, {"jobs_submit_seq_seq": 0})
+
+
+async def _moves_whole(conn: asyncpg.Connection, dsn: str) -> dict[str, int]:
+    """`evora migrate` on the previous release's database at `dsn`: every row of every table
+    is in `evora` afterwards, and nothing of Evora's anywhere else; the sequences as
+    before, which this returns."""
+    schemas = ["public", "evora"]
+    assert await conn.fetchval("SELECT max(version) FROM public.evora_migrations") == (
+        NAMESPACE_VERSION - 1
+    )
+    before = await _snapshot(conn, schemas, lambda t: _RENAMED.get(t, t))
+    empty = {t for t, rows in before.items() if not rows}
+    sequences = await _sequences(conn, schemas)
+
+    assert NAMESPACE_VERSION in await apply_migrations(dsn)
+
+    assert await conn.fetch(_OURS_IN_PUBLIC) == []
+    after = await _snapshot(conn, ["evora"], lambda t: t)
+    added = f"({NAMESPACE_VERSION},one_namespace,"
+    migrations = after.pop("migrations")
+    assert [m for m in migrations if not m.startswith(added)] == before.pop("migrations")
+    assert sum(m.startswith(added) for m in migrations) == 1
+    # the function files were applied again, by this code
+    assert after.pop("function_files") != before.pop("function_files")
+    assert after == before
+    assert await _sequences(conn, ["evora"]) == sequences
+    assert await drift.drift(conn) == []
+    # what the previous release filled is not empty: the comparison compared rows
+    assert {"schedules", "flow_limits", "flow_limit_changes", "paused_queues"}.isdisjoint(empty)
+    return sequences
+
+
 async def _serves(dsn: str, ids: dict[str, UUID], sequences: dict[str, int]) -> None:
-    """The current stores on the moved database: the old jobs go on, new ones are numbered
-    after them."""
+    """The current stores on the moved database: new jobs are numbered after the old ones,
+    and the old jobs (`ids`, by state), if any, go on."""
     pool = await create_pool(dsn, min_size=1, max_size=2)
     store = JobStore(pool)
     try:
-        again = JobSubmission(queue="q", type="t", idempotency_key="k0", limit_keys=["tenant:1"])
-        replayed = await store.submit(again)
-        assert not replayed.created and replayed.job["id"] == ids["COMPLETED"]  # an old key
         fresh = (await store.submit(JobSubmission(queue="q", type="t"))).job
+        # and the SQL API applications call (a role named `evora` found no `jobs` in it)
+        assert await pool.fetchval("SELECT evora.submit('q2', 't')") is not None
         seq = await pool.fetchval("SELECT submit_seq FROM evora.jobs WHERE id = $1", fresh["id"])
         assert seq == sequences["jobs_submit_seq_seq"] + 1
         claimed = await store.claim(worker_id="w2", queues=["q"], max_jobs=10)
-        assert {j["id"] for j in claimed} == {ids["PENDING"], fresh["id"]}
+        assert {j["id"] for j in claimed} == {fresh["id"], *([ids["PENDING"]] if ids else [])}
+        for job in claimed:
+            await store.complete(job["id"], job["lease_token"], None)
+        events: list[dict[str, Any]] = await store.events(fresh["id"])
+        assert [e["event"] for e in events] == ["submitted", "claimed", "completed"]
+        if not ids:
+            return
+        again = JobSubmission(queue="q", type="t", idempotency_key="k0", limit_keys=["tenant:1"])
+        replayed = await store.submit(again)
+        assert not replayed.created and replayed.job["id"] == ids["COMPLETED"]  # an old key
         # the attempt the previous release started ends with the lease it handed out
         token = await pool.fetchval(
             "SELECT lease_token FROM evora.jobs WHERE id = $1", ids["RUNNING"]
@@ -246,10 +294,6 @@ async def _serves(dsn: str, ids: dict[str, UUID], sequences: dict[str, int]) -> 
         await store.complete(ids["RUNNING"], token, None)
         # its dependent, WAITING before the move, is settled by the moved triggers
         assert (await store.get(ids["WAITING"]))["state"] == "PENDING"
-        for job in claimed:
-            await store.complete(job["id"], job["lease_token"], None)
-        events: list[dict[str, Any]] = await store.events(fresh["id"])
-        assert [e["event"] for e in events] == ["submitted", "claimed", "completed"]
         assert await store.traceparents([ids["traced"]]) != {}
     finally:
         await store.close()

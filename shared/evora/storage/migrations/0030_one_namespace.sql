@@ -58,6 +58,16 @@ BEGIN
         IF fn IS NOT NULL THEN
             EXECUTE format('ALTER FUNCTION %s SET SCHEMA evora', fn);
             EXECUTE format('ALTER FUNCTION %s RENAME TO %I', fn, f.new);
+            -- Where the role that migrates is named `evora` (the docker compose and
+            -- Kubernetes defaults), `evora` came first in its search_path ("$user") from
+            -- migration 0011 on: the function files made their functions there, beside the
+            -- same ones in `public` that earlier migrations had made and nothing has called
+            -- since. The one moved is the one the name found first (the one the triggers
+            -- use); the other goes (if anything still used it, the drop would fail).
+            fn := to_regprocedure(f.old);
+            IF fn IS NOT NULL THEN
+                EXECUTE format('DROP FUNCTION %s', fn);
+            END IF;
         END IF;
     END LOOP;
 END
