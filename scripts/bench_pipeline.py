@@ -80,7 +80,7 @@ COLUMNS = (
 # The fields of the job_image row (migration 0007), in order: COPY writes the row binary.
 IMAGE_FIELDS = """
 SELECT attname FROM pg_attribute
-WHERE attrelid = 'job_image'::regclass AND attnum > 0 AND NOT attisdropped
+WHERE attrelid = 'evora.job_image'::regclass AND attnum > 0 AND NOT attisdropped
 ORDER BY attnum
 """
 COPY_CHUNK = 100_000
@@ -245,7 +245,9 @@ async def load(dsn: str, events: int, seed: int) -> float:
                 for row in chunk
             ]
             # one transaction (one xid) per chunk, as many writers would produce
-            await conn.copy_records_to_table("job_events", records=records, columns=COLUMNS)
+            await conn.copy_records_to_table(
+                "job_events", schema_name="evora", records=records, columns=COLUMNS
+            )
         took = time.perf_counter() - started
         await conn.execute("VACUUM ANALYZE evora.job_events")
         # the projector has consumed it all (the archive needs that)

@@ -191,6 +191,6 @@ async def test_prunes_use_the_finished_index_even_with_a_generic_plan(
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         assert await conn.fetchval(PRUNE_FINISHED, float(DAY), 1000, state.value) == 0
         scans: int = await conn.fetchval(
-            "SELECT pg_stat_get_xact_numscans('jobs_finished'::regclass)"
+            "SELECT pg_stat_get_xact_numscans('evora.jobs_finished'::regclass)"
         )
     assert scans > 0
