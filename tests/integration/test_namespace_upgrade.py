@@ -19,7 +19,8 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from urllib.parse import urlsplit, urlunsplit
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -207,10 +208,33 @@ async def test_the_previous_releases_database_moves_whole_and_serves(
             "CANCELLED",
             "DLQ",
         }
-        sequences = await _moves_whole(conn, dsn)
+        # an operator's reader of the jobs, granted them the way the previous release had it
+        reader = f"reader_{uuid4().hex[:12]}"
+        await conn.execute(f"CREATE ROLE {reader} LOGIN PASSWORD 'reader-password'")
+        try:
+            await conn.execute(f"GRANT SELECT ON public.jobs TO {reader}")
+            sequences = await _moves_whole(conn, dsn)
+            await _reads_only_jobs(dsn, reader, len(states))
+        finally:
+            await conn.execute(f"DROP OWNED BY {reader}")
+            await conn.execute(f"DROP ROLE {reader}")
     finally:
         await conn.close()
     await _serves(dsn, ids, sequences)
+
+
+async def _reads_only_jobs(dsn: str, reader: str, jobs: int) -> None:
+    """`reader`, granted SELECT on `jobs` before the move, reads `evora.jobs` after it (0030
+    gave it the schema's USAGE), and nothing else of Evora's."""
+    parts = urlsplit(dsn)
+    netloc = f"{reader}:reader-password@{parts.hostname}:{parts.port}"
+    conn = await asyncpg.connect(urlunsplit(parts._replace(netloc=netloc)))
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM evora.jobs") == jobs
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetchval("SELECT count(*) FROM evora.job_events")
+    finally:
+        await conn.close()
 
 
 async def test_what_a_role_named_evora_migrated_moves_whole_and_serves(

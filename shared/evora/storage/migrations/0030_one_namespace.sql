@@ -16,8 +16,9 @@
 -- commit of this on: this upgrade is not rolling (docs/deploy.md, Upgrades).
 --
 -- Functions first, while the types their arguments name are still where the names find
--- them; then the types; then the tables, each with its indexes, triggers and sequences. A
--- function may be missing: on a database migrated for the first time, the function files
+-- them; then the types; then the tables, each with its indexes, triggers and sequences (one
+-- already in `evora`, made there under a role named `evora` as said below, stays where it
+-- is: SET SCHEMA into its own schema changes nothing). A function may be missing: on a database migrated for the first time, the function files
 -- (which run after this) have not made yet the ones no migration did.
 DO $$
 DECLARE
