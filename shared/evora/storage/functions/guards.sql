@@ -29,7 +29,7 @@ END
 $$;
 
 -- job_events is append-only: no UPDATE, DELETE or TRUNCATE, but for the archive's own DELETE
--- (evora.drop_archived_events() sets `evora.drop_archived_events`), whose rows the row guard
+-- (evora.drop_archived_events() sets the setting of that name), whose rows the row guard
 -- below checks one by one.
 CREATE OR REPLACE FUNCTION evora.reject_event_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
