@@ -203,7 +203,7 @@ async def test_archive_and_run_on_a_standalone_cluster(
     pipeline_on(spark_cluster, "archive", env, "--older-than", "0")
     # the committed rectangle holds exactly the events PostgreSQL counts in it
     archived = await pool.fetchval(
-        "SELECT count(*) FROM evora.job_events e, event_archive_watermark w"
+        "SELECT count(*) FROM evora.job_events e, evora.event_archive_watermark w"
         " WHERE e.seq <= w.upto_seq AND e.xid < w.below_xid"
     )
     assert archived > 0
