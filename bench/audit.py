@@ -40,9 +40,11 @@ async def write_history(dsn: str, events: int) -> int:
     pool = await create_pool(dsn, min_size=1, max_size=4)
     store = JobStore(pool)
     try:
-        await pool.execute("INSERT INTO flow_limits (key, concurrency) VALUES ('tenant:*', 1000)")
+        await pool.execute(
+            "INSERT INTO evora.flow_limits (key, concurrency) VALUES ('tenant:*', 1000)"
+        )
         n = 0
-        while (await pool.fetchval("SELECT count(*) FROM job_events")) < events:
+        while (await pool.fetchval("SELECT count(*) FROM evora.job_events")) < events:
             await store.submit_batch(
                 [
                     JobSubmission(
@@ -65,7 +67,7 @@ async def write_history(dsn: str, events: int) -> int:
                 await store.complete_many(
                     [Completion(j["id"], j["lease_token"], None) for j in claimed if j not in fails]
                 )
-        total: int = await pool.fetchval("SELECT count(*) FROM job_events")
+        total: int = await pool.fetchval("SELECT count(*) FROM evora.job_events")
         await pool.execute("VACUUM ANALYZE")
         return total
     finally:
@@ -80,7 +82,7 @@ async def run(dsn: str, events: int, rounds: int, windows: Sequence[int]) -> Non
     print(f"history: {total} events written in {time.perf_counter() - t0:.0f} s")
     conn = await asyncpg.connect(dsn)
     try:
-        last: int = await conn.fetchval("SELECT max(seq) FROM job_events")
+        last: int = await conn.fetchval("SELECT max(seq) FROM evora.job_events")
         for window in (*windows, total):
             from_seq = max(1, last - window + 1)
             times = []

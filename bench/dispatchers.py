@@ -149,7 +149,9 @@ async def one_round(
             done = 0
             while done < args.jobs:
                 await asyncio.sleep(0.05)
-                done = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'COMPLETED'")
+                done = await pool.fetchval(
+                    "SELECT count(*) FROM evora.jobs WHERE state = 'COMPLETED'"
+                )
                 for fraction in (0.1, 0.9):
                     if fraction not in marks and done >= fraction * args.jobs:
                         marks[fraction] = time.monotonic()

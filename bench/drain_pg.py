@@ -113,7 +113,7 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
             size = min(1000, args.running - start)
             await store.submit_batch([JobSubmission(queue="elsewhere", type="noop")] * size)
             await store.claim(worker_id="elsewhere", queues=["elsewhere"], max_jobs=size)
-        await pool.execute("VACUUM ANALYZE jobs")
+        await pool.execute("VACUUM ANALYZE evora.jobs")
         cpu: list[float] = []
         wal_per_job: list[float] = []
         submit_cpu: list[float] = []

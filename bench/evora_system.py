@@ -59,7 +59,8 @@ def _free_port() -> int:
 class EvoraSystem(System):
     name = "evora"
     unfinished_sql = (
-        "SELECT EXISTS (SELECT FROM jobs WHERE queue = 'bench' AND state IN ('PENDING', 'RUNNING'))"
+        "SELECT EXISTS (SELECT FROM evora.jobs WHERE queue = 'bench' AND state IN"
+        " ('PENDING', 'RUNNING'))"
     )
 
     def __init__(

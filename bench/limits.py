@@ -49,7 +49,7 @@ def _submissions(count: int, keyed: bool) -> list[JobSubmission]:
 
 # Every key limited by its own row (a prefix limit would be one row for all of them).
 LIMIT_EVERY_KEY = """
-INSERT INTO flow_limits (key, concurrency, rate_limit, rate_per_seconds)
+INSERT INTO evora.flow_limits (key, concurrency, rate_limit, rate_per_seconds)
 SELECT 'tenant:' || n, 5, 500, 1 FROM generate_series(0, $1 - 1) AS n
 """
 
@@ -69,7 +69,7 @@ async def _run(args: argparse.Namespace, directory: Path) -> None:
             await store.submit_batch(jobs[first : first + BATCH])
         submit_s = time.perf_counter() - started
         async with pool.acquire() as conn:
-            await conn.execute("VACUUM ANALYZE jobs")
+            await conn.execute("VACUUM ANALYZE evora.jobs")
 
         latencies: list[float] = []
         done = 0

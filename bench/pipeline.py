@@ -80,7 +80,7 @@ COLUMNS = (
 # The fields of the job_image row (migration 0007), in order: COPY writes the row binary.
 IMAGE_FIELDS = """
 SELECT attname FROM pg_attribute
-WHERE attrelid = 'job_image'::regclass AND attnum > 0 AND NOT attisdropped
+WHERE attrelid = 'evora.job_image'::regclass AND attnum > 0 AND NOT attisdropped
 ORDER BY attnum
 """
 COPY_CHUNK = 100_000
@@ -245,13 +245,15 @@ async def load(dsn: str, events: int, seed: int) -> float:
                 for row in chunk
             ]
             # one transaction (one xid) per chunk, as many writers would produce
-            await conn.copy_records_to_table("job_events", records=records, columns=COLUMNS)
+            await conn.copy_records_to_table(
+                "job_events", schema_name="evora", records=records, columns=COLUMNS
+            )
         took = time.perf_counter() - started
-        await conn.execute("VACUUM ANALYZE job_events")
+        await conn.execute("VACUUM ANALYZE evora.job_events")
         # the projector has consumed it all (the archive needs that)
         await conn.execute(
-            "INSERT INTO projector_progress (generation, xid, seq) "
-            "SELECT 1, pg_snapshot_xmin(pg_current_snapshot()), max(seq) FROM job_events"
+            "INSERT INTO evora.projector_progress (generation, xid, seq) "
+            "SELECT 1, pg_snapshot_xmin(pg_current_snapshot()), max(seq) FROM evora.job_events"
         )
     finally:
         await conn.close()
@@ -269,7 +271,7 @@ WITH jobs AS (
            min(at) FILTER (WHERE event = 'completed') AS completed_at,
            count(*) FILTER (WHERE event IN ('failed', 'lease_expired')) AS retries,
            bool_or(event = 'dead_lettered') AS dlq
-    FROM job_events GROUP BY job_id
+    FROM evora.job_events GROUP BY job_id
 )"""
 
 
@@ -283,18 +285,18 @@ SELECT queue, coalesce(type, '*') AS type, {bucket} AS {unit},
        count(*) FILTER (WHERE event = 'completed') AS completed,
        count(*) FILTER (WHERE event = 'failed') AS failed,
        count(*) FILTER (WHERE event = 'dead_lettered') AS dead_lettered
-FROM job_events
+FROM evora.job_events
 WHERE event IN ('submitted', 'claimed', 'completed', 'failed', 'dead_lettered')
 GROUP BY GROUPING SETS ((queue, type, {bucket}), (queue, {bucket}))"""
 
 
 SQL = {
     "event_totals": """
-SELECT queue, coalesce(type, '*') AS type, event, count(*) AS events FROM job_events
+SELECT queue, coalesce(type, '*') AS type, event, count(*) AS events FROM evora.job_events
 GROUP BY GROUPING SETS ((queue, type, event), (queue, event))""",
     "job_states": """
 WITH latest AS (
-    SELECT DISTINCT ON (job_id) job_id, queue, type, to_state FROM job_events
+    SELECT DISTINCT ON (job_id) job_id, queue, type, to_state FROM evora.job_events
     ORDER BY job_id, seq DESC
 )
 SELECT queue, coalesce(type, '*') AS type, to_state, count(*) AS jobs FROM latest
@@ -308,7 +310,7 @@ SELECT queue, coalesce(type, '*') AS type, count(*) AS jobs,
            ORDER BY extract(epoch FROM first_claimed_at - submitted_at) * 1000) AS wait_ms,
        percentile_cont(ARRAY[0.5, 0.9, 0.95, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM completed_at - last_claimed_at) * 1000) AS run_ms
-FROM jobs GROUP BY GROUPING SETS ((queue, type), (queue))""",
+FROM evora.jobs GROUP BY GROUPING SETS ((queue, type), (queue))""",
     "throughput_minute": _throughput("minute"),
     "throughput_hour": _throughput("hour"),
     "failure_reasons": """
@@ -317,7 +319,7 @@ WITH counted AS (
     FROM (
         SELECT queue, type, data->'error'->>'type' AS error_type,
                left(coalesce(data->'error'->>'message', ''), 200) AS message
-        FROM job_events WHERE data ? 'error'
+        FROM evora.job_events WHERE data ? 'error'
     ) AS failed
     GROUP BY GROUPING SETS ((queue, type, error_type, message), (queue, error_type, message))
 )

@@ -74,7 +74,7 @@ async def main(args: argparse.Namespace) -> None:
 
         started = time.perf_counter()
         await cycle(store, args.jobs)
-        events = await pool.fetchval("SELECT count(*) FROM job_events")
+        events = await pool.fetchval("SELECT count(*) FROM evora.job_events")
         print(
             f"backlog: {args.jobs} jobs, {events} events in {time.perf_counter() - started:.1f} s"
         )
@@ -106,9 +106,10 @@ async def main(args: argparse.Namespace) -> None:
         async def sample(conn: asyncpg.Pool) -> None:
             while not stop.is_set():
                 checkpoint = await projector.checkpoint()
-                newest = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM job_events")
+                newest = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM evora.job_events")
                 oldest = await conn.fetchval(
-                    "SELECT extract(epoch FROM now() - min(at)) FROM job_events WHERE seq > $1",
+                    "SELECT extract(epoch FROM now() - min(at)) FROM evora.job_events WHERE seq"
+                    " > $1",
                     checkpoint.get("max_seq", 0),
                 )
                 lags_events.append(int(newest) - int(checkpoint.get("max_seq", 0)))
@@ -129,7 +130,7 @@ async def main(args: argparse.Namespace) -> None:
         before_writes = writes(metrics)
         tasks = [asyncio.create_task(project()), asyncio.create_task(sample(pool))]
         offered = await load()
-        newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+        newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
         while True:  # let the projector drain what the load left
             if (await projector.checkpoint()).get("max_seq") == newest:
                 break

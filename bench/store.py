@@ -386,7 +386,7 @@ async def drain(store: JobStore, batch: int, workers: int) -> DrainStats:
 
 
 async def state_counts(conn: asyncpg.Connection) -> dict[str, int]:
-    rows = await conn.fetch("SELECT state::text, count(*) FROM jobs GROUP BY state")
+    rows = await conn.fetch("SELECT state::text, count(*) FROM evora.jobs GROUP BY state")
     return {r["state"]: r["count"] for r in rows}
 
 
@@ -534,7 +534,7 @@ class Bench:
         )
         try:
             t0 = time.perf_counter()
-            await conn.execute("ANALYZE jobs")
+            await conn.execute("ANALYZE evora.jobs")
             return time.perf_counter() - t0
         finally:
             await conn.close()

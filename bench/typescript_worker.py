@@ -97,7 +97,7 @@ async def enqueue(client: Client, queue: str, jobs: int) -> None:
 
 async def completed(conn: asyncpg.Connection, queue: str) -> int:
     count: int = await conn.fetchval(
-        "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'COMPLETED'", queue
+        "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state = 'COMPLETED'", queue
     )
     return count
 

@@ -135,7 +135,7 @@ class WorkflowRepetition(Repetition):
         final_id = await self._submit()
         await self._run(conn, final_id)
         rows = await conn.fetch(
-            "SELECT (payload->>'i')::int AS i, finished_at FROM jobs WHERE queue = $1", QUEUE
+            "SELECT (payload->>'i')::int AS i, finished_at FROM evora.jobs WHERE queue = $1", QUEUE
         )
         self.finished = {r["i"]: _epoch(r["finished_at"]) for r in rows}
 
@@ -165,7 +165,9 @@ class WorkflowRepetition(Repetition):
         deadline = time.monotonic() + self.shape.timeout_s
         while True:
             polled = time.time()
-            state = await conn.fetchval("SELECT state::text FROM jobs WHERE id = $1", final_id)
+            state = await conn.fetchval(
+                "SELECT state::text FROM evora.jobs WHERE id = $1", final_id
+            )
             if state == "COMPLETED":
                 break
             if time.monotonic() > deadline:

@@ -187,7 +187,7 @@ async def db_url(make_db_url: MakeDatabase) -> str:
 
 
 class Clock:
-    """The clock of one test database: `evora_now()`, which every time-dependent statement
+    """The clock of one test database: `evora.clock_now()`, which every time-dependent statement
     reads (migration 0009), runs `offset` seconds ahead of the real one. The offset is a
     database setting, so every connection opened after `advance`, a service's included,
     sees the same time; the pools named in `renew` reopen their connections to see it."""

@@ -112,7 +112,7 @@ async def test_redrive_moves_dlq_jobs_back(
     # An empty body means every DLQ job of the queue.
     response = await client.post("/v1/queues/work/redrive", headers=ADMIN)
     assert await response.json() == {"redriven": 2}
-    states = await db.fetch("SELECT queue, state::text, count(*) FROM jobs GROUP BY 1, 2")
+    states = await db.fetch("SELECT queue, state::text, count(*) FROM evora.jobs GROUP BY 1, 2")
     assert {(r["queue"], r["state"]): r["count"] for r in states} == {
         ("work", "PENDING"): 4,
         ("other", "DLQ"): 1,

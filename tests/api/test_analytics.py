@@ -85,7 +85,8 @@ async def test_before_the_pipeline_ran_the_live_totals_are_listed_alone(
         await project(pool, mongo)
         body = await get(http, api_url + "/v1/analytics")
     assert body["ran"] is False and body["as_of"] is None
-    assert body["projector_as_of"]["seq"] == await pool.fetchval("SELECT max(seq) FROM job_events")
+    newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
+    assert body["projector_as_of"]["seq"] == newest
     [mail] = body["queues"]
     assert mail["queue"] == "mail"
     assert mail["pipeline"] is None and mail["agree"] is False

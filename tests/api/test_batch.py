@@ -29,7 +29,7 @@ async def test_batch_answers_in_request_order(client: ApiClient, db: asyncpg.Con
     assert items[1]["job"]["id"] == existing
     assert (items[2]["job"]["queue"], items[2]["job"]["priority"]) == ("sms", -5)
     assert items[3]["job"]["id"] == items[4]["job"]["id"]
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 4
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 4
 
 
 async def test_one_invalid_item_stores_nothing(client: ApiClient, db: asyncpg.Connection) -> None:
@@ -38,7 +38,7 @@ async def test_one_invalid_item_stores_nothing(client: ApiClient, db: asyncpg.Co
     response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
     body = await problem(response, 422, "validation_error")
     assert [e["loc"] for e in body["errors"]] == [["jobs", 3, "queue"]]
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 0
 
 
 async def test_oversized_payload_names_its_index(
@@ -49,7 +49,7 @@ async def test_oversized_payload_names_its_index(
     response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
     body = await problem(response, 413, "payload_too_large")
     assert "jobs.2.payload" in body["detail"]
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 0
 
 
 async def test_payloads_over_the_limit_together_but_not_alone_are_stored(
@@ -61,7 +61,7 @@ async def test_payloads_over_the_limit_together_but_not_alone_are_stored(
     jobs = [job(payload="x" * 90) for _ in range(3)]
     response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
     assert response.status == 200
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 3
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 3
 
 
 async def test_an_oversized_payload_beside_another_error_answers_as_checked_one_by_one(
@@ -75,7 +75,7 @@ async def test_an_oversized_payload_beside_another_error_answers_as_checked_one_
     response = await client.post("/v1/jobs/batch", json={"jobs": jobs[1:]}, headers=PRODUCER)
     body = await problem(response, 422, "validation_error")
     assert [e["loc"] for e in body["errors"]] == [["jobs", 0, "priority"], ["jobs", 1, "payload"]]
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 0
 
 
 async def test_conflicting_keys_store_nothing(client: ApiClient, db: asyncpg.Connection) -> None:
@@ -83,7 +83,7 @@ async def test_conflicting_keys_store_nothing(client: ApiClient, db: asyncpg.Con
     jobs = [job(), job(idempotency_key="k", priority=2)]
     response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
     await problem(response, 409, "idempotency_conflict")
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 1
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 1
 
 
 async def test_batch_size_is_1_to_1000(client: ApiClient, db: asyncpg.Connection) -> None:
@@ -93,7 +93,7 @@ async def test_batch_size_is_1_to_1000(client: ApiClient, db: asyncpg.Connection
         assert body["errors"][0]["loc"] == ["jobs"]
     response = await client.post("/v1/jobs/batch", json={"jobs": [job()] * 1000}, headers=PRODUCER)
     assert response.status == 200
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 1000
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 1000
 
 
 async def test_batch_body_must_be_an_object_with_jobs(shared_client: ApiClient) -> None:
@@ -125,7 +125,7 @@ async def test_prefer_return_minimal_answers_ids_and_statuses(
         assert all(set(item) == {"id", "status"} for item in items)
         assert items[0]["id"] == items[1]["id"] != items[2]["id"]
         stored = await db.fetchval(
-            "SELECT count(*) FROM jobs WHERE id::text = ANY($1)", [i["id"] for i in items]
+            "SELECT count(*) FROM evora.jobs WHERE id::text = ANY($1)", [i["id"] for i in items]
         )
         assert stored == 2
     # Without the preference (or with another), whole jobs as before.

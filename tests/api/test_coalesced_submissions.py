@@ -50,8 +50,8 @@ async def test_coalesced_requests_each_have_their_own_ref_names(
         assert outcome.job["state"] == "PENDING"
     assert isinstance(naming, InvalidDependency)
     assert str(naming).startswith("depends_on[0]: 'ref:x' names no earlier item")
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 3
-    assert await db.fetchval("SELECT count(*) FROM job_dependencies") == 0
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 3
+    assert await db.fetchval("SELECT count(*) FROM evora.job_dependencies") == 0
 
 
 async def test_coalesced_requests_are_each_answered_their_own_outcome(
@@ -71,7 +71,7 @@ async def test_coalesced_requests_are_each_answered_their_own_outcome(
     assert repeated.id == first.id
     assert isinstance(bad_ref, InvalidDependency)
     assert isinstance(good, Submitted) and good.created
-    stored = {r["id"] for r in await db.fetch("SELECT id FROM jobs")}
+    stored = {r["id"] for r in await db.fetch("SELECT id FROM evora.jobs")}
     assert stored == {first.id, good.id}
 
 
@@ -86,7 +86,7 @@ async def test_a_ref_conflicting_request_leaves_no_dependent_on_a_job_that_never
     )
     assert isinstance(conflicting, IdempotencyConflict)
     assert isinstance(dependent, InvalidDependency)
-    assert await db.fetchval("SELECT count(*) FROM jobs WHERE state = 'WAITING'") == 0
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'WAITING'") == 0
 
 
 async def post(client: ApiClient, body: dict[str, Any]) -> ClientResponse:
@@ -106,8 +106,8 @@ async def test_racing_producers_never_share_ref_names(
         assert [r.status for r in responses] == [201, 201, 201, 422], [
             await r.text() for r in responses
         ]
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 30
-    assert await db.fetchval("SELECT count(*) FROM job_dependencies") == 0
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 30
+    assert await db.fetchval("SELECT count(*) FROM evora.job_dependencies") == 0
 
 
 async def waiting_on_a_lock(db: asyncpg.Connection) -> bool:
@@ -147,4 +147,4 @@ async def test_a_key_held_by_an_open_sql_transaction_stalls_only_its_own_request
     # K's request is answered once the transaction ends: the key now holds other fields.
     response = await contended
     assert response.status == 409, await response.text()
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 11
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 11

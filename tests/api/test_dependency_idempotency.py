@@ -16,8 +16,8 @@ from tests.api.conftest import PRODUCER, ApiClient, created, job, problem
 async def _stored(db: asyncpg.Connection) -> tuple[int, int, int]:
     """Jobs, dependency edges and idempotency keys stored."""
     row = await db.fetchrow(
-        "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_dependencies), "
-        "(SELECT count(*) FROM idempotency_keys)"
+        "SELECT (SELECT count(*) FROM evora.jobs), (SELECT count(*) FROM evora.job_dependencies), "
+        "(SELECT count(*) FROM evora.idempotency_keys)"
     )
     assert row is not None
     return row[0], row[1], row[2]

@@ -74,10 +74,10 @@ async def test_payload_numbers_are_kept_exactly_both_ways(
             job_id = await sql_submit(db, payload, options)
             assert (await http_submit(client, body, 200))["id"] == str(job_id)
         stored, exact = await db.fetchrow(
-            "SELECT payload::text, $2::jsonb::text FROM jobs WHERE id = $1", job_id, payload
+            "SELECT payload::text, $2::jsonb::text FROM evora.jobs WHERE id = $1", job_id, payload
         )
         assert stored == exact, first
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 2
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 2
 
 
 @pytest.mark.parametrize("priority", ["1e2", "100.0", "1.0E2", "100"])
@@ -125,7 +125,7 @@ async def test_timestamps_round_alike_both_ways(
     job = await http_submit(client, body, 201)
     assert await sql_submit(db, "{}", f"{{{fields}}}") == uuid.UUID(job["id"])
     stored, rounded = await db.fetchrow(
-        "SELECT run_at, $2::text::timestamptz FROM jobs WHERE id = $1",
+        "SELECT run_at, $2::text::timestamptz FROM evora.jobs WHERE id = $1",
         uuid.UUID(job["id"]),
         run_at,
     )
@@ -162,7 +162,7 @@ async def test_racing_http_and_sql_submissions_of_one_key_make_one_job(
 
     ids = await asyncio.gather(*(f() for _ in range(6) for f in (over_http, in_sql)))
     assert len(set(ids)) == 1
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
+    assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == 1
 
 
 # The midpoint between the largest double and 2**1024: from it on, a number rounds to
@@ -201,7 +201,9 @@ async def test_integers_beyond_64_bits_and_doubles_are_handed_out_exactly(
     payload = '{"big": 123456789012345678901234567890, "n": [-98765432109876543210], "x": 0.5}'
     for text in (payload, '{"huge": 1e400, "n": [-1E+400]}'):
         job_id = await sql_submit(db, "{}", "{}")
-        await db.execute("UPDATE jobs SET payload = $2::text::jsonb WHERE id = $1", job_id, text)
+        await db.execute(
+            "UPDATE evora.jobs SET payload = $2::text::jsonb WHERE id = $1", job_id, text
+        )
         response = await client.get(f"/v1/jobs/{job_id}", headers=PRODUCER)
         assert response.status == 200, await response.text()
         assert exactly(await response.read())["payload"] == exactly(text.encode())
@@ -243,13 +245,13 @@ async def test_a_schedule_makes_its_jobs_with_the_exact_payload(
     assert response.status == 201, await response.text()
     tick = datetime.fromisoformat((await response.json())["next_run_at"])
     stored, exact = await pool.fetchrow(
-        "SELECT (job -> 'payload')::text, $1::text::jsonb::text FROM schedules", payload
+        "SELECT (job -> 'payload')::text, $1::text::jsonb::text FROM evora.schedules", payload
     )
     assert stored == exact
     fired = await ScheduleStore(pool, store).fire_due(tick + timedelta(seconds=1))
     assert fired is not None and len(fired.made) == 1
     stored, exact = await pool.fetchrow(
-        "SELECT payload::text, $2::text::jsonb::text FROM jobs WHERE id = $1",
+        "SELECT payload::text, $2::text::jsonb::text FROM evora.jobs WHERE id = $1",
         fired.made[0].job_id,
         payload,
     )

@@ -17,7 +17,7 @@ async def test_nul_in_a_batch_names_the_item(client: ApiClient, db: asyncpg.Conn
     response = await client.post("/v1/jobs/batch", json=body, headers=PRODUCER)
     refused = await problem(response, 422, "validation_error")
     assert [e["loc"] for e in refused["errors"]] == [["jobs", 1, "payload"]]
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 0
 
 
 async def test_a_nul_submission_among_concurrent_ones_fails_only_itself(
@@ -31,7 +31,7 @@ async def test_a_nul_submission_among_concurrent_ones_fails_only_itself(
     statuses = [r.status for r in responses]
     assert statuses == [201] * 10 + [422] + [201] * 10
     await problem(responses[10], 422, "validation_error")
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 20
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 20
 
 
 async def test_nul_in_a_queue_name_or_filter_is_refused(client: ApiClient) -> None:

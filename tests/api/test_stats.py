@@ -45,7 +45,7 @@ async def test_stats_workers_and_queues(
     while await projector.run_once():
         pass
     await projector.refresh()  # oldest pending comes from PostgreSQL, not from events
-    newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+    newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
     async with aiohttp.ClientSession(headers=ADMIN) as http:
         async with http.get(api_url + "/v1/queues/mail/stats") as r:
             assert r.status == 200

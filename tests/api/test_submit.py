@@ -69,7 +69,7 @@ async def test_concurrent_identical_submissions_create_one_job(
     assert statuses == [200] * 19 + [201]
     ids = {(await r.json())["id"] for r in responses}
     assert len(ids) == 1
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 1
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 1
 
 
 async def test_concurrent_submissions_each_get_their_own_outcome(
@@ -90,7 +90,7 @@ async def test_concurrent_submissions_each_get_their_own_outcome(
         await problem(response, 409, "idempotency_conflict")
     assert sorted(r.status for r in fresh) == [200] * 4 + [201]
     assert len({(await r.json())["id"] for r in fresh}) == 1
-    assert await db.fetchval("SELECT count(*) FROM jobs") == 1 + 20 + 1
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 1 + 20 + 1
 
 
 async def test_malformed_json_is_400(shared_client: ApiClient) -> None:

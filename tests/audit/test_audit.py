@@ -30,11 +30,11 @@ async def forge(pool: asyncpg.Pool, job_id: UUID, event: str, changes: str) -> N
     await pool.execute(
         f"""
         WITH m AS (
-            UPDATE jobs j SET {changes}, updated_at = evora_now()
-            FROM jobs old WHERE old.id = j.id AND j.id = $1
-            RETURNING ROW(j, $2::text, old.state, j.worker_id, '{{}}'::jsonb)::evora_move AS move
+            UPDATE evora.jobs j SET {changes}, updated_at = evora.clock_now()
+            FROM evora.jobs old WHERE old.id = j.id AND j.id = $1
+            RETURNING ROW(j, $2::text, old.state, j.worker_id, '{{}}'::jsonb)::evora.move AS move
         )
-        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM m), '{{}}')
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM m), '{{}}')
         """,
         job_id,
         event,
@@ -109,10 +109,10 @@ async def test_moves_outside_the_state_machine_and_gaps_in_a_chain(
         pool,
         gap,
         "cancelled",
-        "state = 'CANCELLED', finished_at = evora_now(), version = j.version + 2",
+        "state = 'CANCELLED', finished_at = evora.clock_now(), version = j.version + 2",
     )
     await pool.execute(
-        "UPDATE jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1", silent
+        "UPDATE evora.jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1", silent
     )
 
     found = failing(await audited(pool))
@@ -130,7 +130,7 @@ async def test_an_ending_that_is_not_the_claims_attempt(
     [job_id] = await submitted(store)
     [job] = await claimed(store, worker="first")
     # what a stale token's change would look like: the attempt ends as another worker's
-    await pool.execute("UPDATE jobs SET worker_id = 'second' WHERE id = $1", job_id)
+    await pool.execute("UPDATE evora.jobs SET worker_id = 'second' WHERE id = $1", job_id)
     await store.complete(job_id, job["lease_token"])
 
     found = failing(await audited(pool))
@@ -145,7 +145,7 @@ async def test_two_running_jobs_of_one_group(store: JobStore, pool: asyncpg.Pool
     await claimed(store)
     # the second leaves the group behind the claim's back, is claimed, and so runs beside
     # the head of the group its submission put it in
-    await pool.execute("UPDATE jobs SET group_key = NULL WHERE id = $1", second)
+    await pool.execute("UPDATE evora.jobs SET group_key = NULL WHERE id = $1", second)
     await claimed(store)
 
     found = failing(await audited(pool))
@@ -168,7 +168,7 @@ async def test_a_claim_that_overtakes_its_groups_head(
     [second] = await submitted(store, group_key="g")
     # the head falls behind in its group without an event, so the claim takes the second
     # while the events still have the head first and PENDING, long enough to have been seen
-    await pool.execute("UPDATE jobs SET priority = 10 WHERE id = $1", head)
+    await pool.execute("UPDATE evora.jobs SET priority = 10 WHERE id = $1", head)
     await clock.advance(600)
     [job] = await claimed(store)
     assert job["id"] == second
@@ -187,10 +187,10 @@ async def test_claims_beyond_a_limit_in_force(store: JobStore, pool: asyncpg.Poo
     await claimed(store, 3)
     # limits recorded as older than the claims: every claim had to obey them
     await pool.execute(
-        "INSERT INTO flow_limits (key, concurrency, rate_limit, rate_per_seconds) "
+        "INSERT INTO evora.flow_limits (key, concurrency, rate_limit, rate_per_seconds) "
         "VALUES ('queue:q', 2, 1, 3600)"
     )
-    await pool.execute("UPDATE flow_limit_changes SET changed_at = now() - interval '1 hour'")
+    await pool.execute("UPDATE evora.flow_limit_changes SET changed_at = now() - interval '1 hour'")
 
     found = failing(await audited(pool))
     assert sorted(found) == ["concurrency_limits", "rate_limits"]
@@ -202,19 +202,19 @@ async def test_claims_beyond_a_limit_in_force(store: JobStore, pool: asyncpg.Poo
 async def test_claims_are_judged_by_the_limit_in_force_when_they_began(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
-    await pool.execute("INSERT INTO flow_limits (key, concurrency) VALUES ('queue:q', 3)")
-    await pool.execute("UPDATE flow_limit_changes SET changed_at = now() - interval '1 hour'")
+    await pool.execute("INSERT INTO evora.flow_limits (key, concurrency) VALUES ('queue:q', 3)")
+    await pool.execute("UPDATE evora.flow_limit_changes SET changed_at = now() - interval '1 hour'")
     await submitted(store, 3)
     await claimed(store, 3)
     # lowered, and a prefix limit that would govern the queue's key, after those claims
-    await pool.execute("UPDATE flow_limits SET concurrency = 1 WHERE key = 'queue:q'")
-    await pool.execute("INSERT INTO flow_limits (key, concurrency) VALUES ('queue:*', 1)")
-    await pool.execute("DELETE FROM flow_limits WHERE key = 'queue:q'")
+    await pool.execute("UPDATE evora.flow_limits SET concurrency = 1 WHERE key = 'queue:q'")
+    await pool.execute("INSERT INTO evora.flow_limits (key, concurrency) VALUES ('queue:*', 1)")
+    await pool.execute("DELETE FROM evora.flow_limits WHERE key = 'queue:q'")
     await pool.execute(
-        "UPDATE flow_limit_changes SET changed_at = now() + interval '1 hour' "
+        "UPDATE evora.flow_limit_changes SET changed_at = now() + interval '1 hour' "
         "WHERE changed_at > now() - interval '1 minute'"
     )
-    assert await pool.fetchval("SELECT count(*) FROM flow_limit_changes") == 4
+    assert await pool.fetchval("SELECT count(*) FROM evora.flow_limit_changes") == 4
 
     report = await audited(pool)
     assert report.ok, report.text()
@@ -294,7 +294,7 @@ async def test_jobs_gone_without_retention_and_a_dependent_left_waiting(
     dependent = (await store.submit(JobSubmission(queue="q", type="t", depends_on=[parent]))).id
     await RetentionStore(pool).prune_finished(JobState.COMPLETED, -1, 1)
     # the other COMPLETED one, and the DLQ parent, deleted by no retention
-    await pool.execute("DELETE FROM jobs WHERE state IN ('COMPLETED', 'DLQ')")
+    await pool.execute("DELETE FROM evora.jobs WHERE state IN ('COMPLETED', 'DLQ')")
 
     found = failing(await audited(pool))
     assert sorted(found) == ["no_job_lost", "waiting_on_existing"]
@@ -319,17 +319,17 @@ async def test_events_retention_dropped_from_the_middle_of_a_chain_are_no_gap(
     seqs = [
         r["seq"]
         for r in await pool.fetch(
-            "SELECT seq FROM job_events WHERE job_id = $1 ORDER BY seq", job_id
+            "SELECT seq FROM evora.job_events WHERE job_id = $1 ORDER BY seq", job_id
         )
     ]
     middle = seqs[1:3]  # the first claim and its failure
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
-            "UPDATE event_archive_watermark SET upto_seq = $1, below_xid = '1000000000'",
+            "UPDATE evora.event_archive_watermark SET upto_seq = $1, below_xid = '1000000000'",
             max(middle),
         )
         await conn.execute("SELECT set_config('evora.drop_archived_events', 'on', true)")
-        await conn.execute("DELETE FROM job_events WHERE seq = ANY($1::int8[])", middle)
+        await conn.execute("DELETE FROM evora.job_events WHERE seq = ANY($1::int8[])", middle)
 
     report = await audited(pool)
     assert report.ok, report.text()
@@ -352,7 +352,8 @@ async def test_a_settlement_that_cancels_a_dependency_and_releases_its_dependent
         ).id
         await store.cancel(root)
         states = await pool.fetch(
-            "SELECT state::text FROM jobs WHERE id = ANY($1::uuid[]) ORDER BY id", [middle, last]
+            "SELECT state::text FROM evora.jobs WHERE id = ANY($1::uuid[]) ORDER BY id",
+            [middle, last],
         )
         assert sorted(r["state"] for r in states) == ["CANCELLED", "PENDING"]
 

@@ -24,10 +24,11 @@ async def test_claims_beyond_a_rate_bucket_are_a_rate_limits_violation(
     after it commits writes its own (earlier) start as the refill time, moving the bucket
     back and crediting the interval twice. A held transaction makes the late claim."""
     await pool.execute(
-        "INSERT INTO flow_limits (key, rate_limit, rate_per_seconds) VALUES ('queue:q', 10, 1)"
+        "INSERT INTO evora.flow_limits (key, rate_limit, rate_per_seconds) VALUES ('queue:q',"
+        " 10, 1)"
     )
     # the limit set well before the claims, so the audit holds them all to it
-    await pool.execute("UPDATE flow_limit_changes SET changed_at = now() - interval '1 hour'")
+    await pool.execute("UPDATE evora.flow_limit_changes SET changed_at = now() - interval '1 hour'")
     await store.submit_batch([JobSubmission(queue="q", type="t") for _ in range(40)])
     late = await asyncpg.connect(db_url)
     try:

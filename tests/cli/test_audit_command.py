@@ -38,7 +38,7 @@ async def test_a_violation_exits_3_and_names_the_job(db_url: str, store: JobStor
     try:
         # a change no event records
         await conn.execute(
-            "UPDATE jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1", job
+            "UPDATE evora.jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1", job
         )
     finally:
         await conn.close()

@@ -129,7 +129,7 @@ class Dashboard:
 
     async def caught_up(self) -> int:
         """Wait until the projector has applied every event; returns the newest seq."""
-        newest = int(await self.pool.fetchval("SELECT coalesce(max(seq), 0) FROM job_events"))
+        newest = int(await self.pool.fetchval("SELECT coalesce(max(seq), 0) FROM evora.job_events"))
         async with asyncio.timeout(CATCH_UP_SECONDS):
             while True:
                 self.projector.wake.set()

@@ -213,7 +213,7 @@ async def test_pause_resume_and_redrive_a_queue(dashboard: Dashboard, page: Page
 
 async def _states(dashboard: Dashboard, queue: str) -> dict[str, int]:
     rows = await dashboard.pool.fetch(
-        "SELECT state::text, count(*) AS n FROM jobs WHERE queue = $1 GROUP BY 1", queue
+        "SELECT state::text, count(*) AS n FROM evora.jobs WHERE queue = $1 GROUP BY 1", queue
     )
     return {r["state"]: r["n"] for r in rows}
 

@@ -99,7 +99,7 @@ async def test_set_edit_and_delete_a_limit(dashboard: Dashboard, page: Page) -> 
     row = page.locator("tr[data-limit='api:new']")
     await expect(row).to_contain_text("20 per 60 s")
     await expect(row.locator(".limit-running")).to_have_text("0 / 3")
-    stored = await dashboard.pool.fetchrow("SELECT * FROM flow_limits WHERE key = 'api:new'")
+    stored = await dashboard.pool.fetchrow("SELECT * FROM evora.flow_limits WHERE key = 'api:new'")
     assert (stored["concurrency"], stored["rate_limit"], stored["rate_per_seconds"]) == (3, 20, 60)
 
     await row.get_by_role("button", name="Edit limit api:new").click()
@@ -118,4 +118,4 @@ async def test_set_edit_and_delete_a_limit(dashboard: Dashboard, page: Page) -> 
     await row.get_by_role("button", name="Delete limit api:new").click()
     await page.get_by_role("dialog").get_by_role("button", name="Delete").click()
     await expect(row).to_have_count(0)
-    assert await dashboard.pool.fetchval("SELECT count(*) FROM flow_limits") == 0
+    assert await dashboard.pool.fetchval("SELECT count(*) FROM evora.flow_limits") == 0

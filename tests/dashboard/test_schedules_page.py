@@ -42,11 +42,11 @@ async def test_schedules_page_pause_resume_trigger(
     await row.get_by_role("button", name="Pause schedule nightly-report").click()
     await expect(row.locator(".schedule-state")).to_have_text("‖ Paused")
     await expect(page.get_by_role("status")).to_contain_text("paused")
-    assert await dashboard.pool.fetchval("SELECT paused FROM schedules")
+    assert await dashboard.pool.fetchval("SELECT paused FROM evora.schedules")
 
     await row.get_by_role("button", name="Trigger schedule nightly-report now").click()
     await expect(page.get_by_role("status")).to_contain_text("triggered")
-    job_id = await dashboard.pool.fetchval("SELECT last_job_id FROM schedules")
+    job_id = await dashboard.pool.fetchval("SELECT last_job_id FROM evora.schedules")
     link = row.get_by_role("link", name=f"Job {job_id}")
     await expect(link).to_be_visible()
     await expect(row.locator("td").nth(6)).to_contain_text("ago")  # the last run
@@ -61,7 +61,7 @@ async def test_a_failing_schedule_shows_its_error(dashboard: Dashboard, page: Pa
     await put_schedule(dashboard, "broken")
     await put_schedule(dashboard, "fine")
     await dashboard.pool.execute(
-        "UPDATE schedules SET last_error = $1, last_error_at = now(), failing_since = now(), "
+        "UPDATE evora.schedules SET last_error = $1, last_error_at = now(), failing_since = now(), "
         "consecutive_failures = 3 WHERE name = 'broken'",
         {"message": "depends_on[0]: a dependency names no job", "type": "validation_error"},
     )

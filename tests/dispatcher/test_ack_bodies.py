@@ -161,7 +161,7 @@ async def test_results_and_progress_keep_the_workers_numbers_exactly(
             assert response.status == 200, await response.text()
     stored = await plain_conn.fetch(
         "SELECT coalesce(result, progress)::text AS value, $1::jsonb::text AS exact "
-        "FROM jobs ORDER BY id",
+        "FROM evora.jobs ORDER BY id",
         EXACT_RESULT,
     )
     assert len(stored) == 4

@@ -79,7 +79,7 @@ async def row_locked(db_url: str, job_id: str) -> AsyncIterator[None]:
     conn = await asyncpg.connect(db_url)
     try:
         async with conn.transaction():
-            await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", UUID(job_id))
+            await conn.execute("SELECT 1 FROM evora.jobs WHERE id = $1 FOR UPDATE", UUID(job_id))
             yield
     finally:
         await conn.close()

@@ -129,7 +129,7 @@ async def test_disconnected_poll_strands_nothing(
     )
     assert [j["id"] for j in answer["jobs"]] == [str(job["id"])]
     assert answer["jobs"][0]["attempt"] == 1
-    claimers = await pool.fetch("SELECT worker_id FROM job_events WHERE event = 'claimed'")
+    claimers = await pool.fetch("SELECT worker_id FROM evora.job_events WHERE event = 'claimed'")
     assert [r["worker_id"] for r in claimers] == ["alive"]
 
 

@@ -34,7 +34,7 @@ async def test_a_long_trace_keeps_its_end(
     stored = await store.get(UUID(job_id))
     assert stored["state"] == "DLQ" and stored["last_error"]["traceback"] == kept
     event = await pool.fetchval(
-        "SELECT data->'error'->>'traceback' FROM job_events WHERE job_id = $1"
+        "SELECT data->'error'->>'traceback' FROM evora.job_events WHERE job_id = $1"
         " AND event = 'dead_lettered'",
         stored["id"],
     )

@@ -32,7 +32,9 @@ async def _locked_elsewhere(db_url: str, job_id: str) -> bool:
     conn = await asyncpg.connect(db_url)
     try:
         async with conn.transaction():
-            await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE NOWAIT", UUID(job_id))
+            await conn.execute(
+                "SELECT 1 FROM evora.jobs WHERE id = $1 FOR UPDATE NOWAIT", UUID(job_id)
+            )
         return False
     except asyncpg.LockNotAvailableError:
         return True
@@ -58,7 +60,9 @@ async def test_a_request_chosen_as_a_deadlock_victim_is_answered_503_and_loses_n
             # The request's session detects the deadlock (after the server's 1 s
             # deadlock_timeout) long before this one would: it is the one aborted.
             await other.execute("SET LOCAL deadlock_timeout = '60s'")
-            await other.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", UUID(second["id"]))
+            await other.execute(
+                "SELECT 1 FROM evora.jobs WHERE id = $1 FOR UPDATE", UUID(second["id"])
+            )
             answering = asyncio.ensure_future(_post(dispatcher, acks))
             watcher = await asyncpg.connect(db_url)
             try:
@@ -70,7 +74,9 @@ async def test_a_request_chosen_as_a_deadlock_victim_is_answered_503_and_loses_n
                 await watcher.close()
             # The acks hold the first job's row (settled in item order) while they wait.
             assert await _locked_elsewhere(db_url, first["id"])
-            await other.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", UUID(first["id"]))
+            await other.execute(
+                "SELECT 1 FROM evora.jobs WHERE id = $1 FOR UPDATE", UUID(first["id"])
+            )
             status, headers, problem = await answering
     finally:
         await other.close()

@@ -132,7 +132,8 @@ class Stack:
 
     async def states(self, queue: str) -> Counter[str]:
         rows = await self.pool.fetch(
-            "SELECT state::text AS state, count(*) AS n FROM jobs WHERE queue = $1 GROUP BY 1",
+            "SELECT state::text AS state, count(*) AS n FROM evora.jobs WHERE queue = $1 GROUP"
+            " BY 1",
             queue,
         )
         return Counter({row["state"]: int(row["n"]) for row in rows})

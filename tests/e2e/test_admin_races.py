@@ -221,7 +221,7 @@ async def test_operators_workers_and_producers_racing_never_get_a_5xx(
         assert call.succeeded(what) > 0, (what, call.seen)
     # Owners' acks were settled and strangers' (stale tokens) refused, job by job.
     assert call.ack_items[200] > 0 and call.ack_items[409] > 0, call.ack_items
-    rows = await pool.fetch("SELECT id::text, state::text FROM jobs WHERE queue = $1", QUEUE)
+    rows = await pool.fetch("SELECT id::text, state::text FROM evora.jobs WHERE queue = $1", QUEUE)
     stored = {row["id"] for row in rows}
     assert given <= stored  # every job a producer was given exists
     # Each job's events chain (every change starts from the state the last one left) and end
@@ -233,7 +233,7 @@ async def test_operators_workers_and_producers_racing_never_get_a_5xx(
                      lag(e.to_state) OVER (PARTITION BY e.job_id ORDER BY e.job_version) AS prev,
                      row_number() OVER (PARTITION BY e.job_id ORDER BY e.job_version DESC)
                          AS back
-              FROM job_events e JOIN jobs j ON j.id = e.job_id
+              FROM evora.job_events e JOIN evora.jobs j ON j.id = e.job_id
               WHERE j.queue = $1) AS x
         WHERE prev IS DISTINCT FROM from_state OR (back = 1 AND to_state <> state)
         """,
@@ -242,7 +242,7 @@ async def test_operators_workers_and_producers_racing_never_get_a_5xx(
     assert [dict(row) for row in broken] == []
     # Idempotent submissions raced by three producers made one job per key.
     keys = await pool.fetchval(
-        "SELECT count(*) - count(DISTINCT idempotency_key) FROM jobs "
+        "SELECT count(*) - count(DISTINCT idempotency_key) FROM evora.jobs "
         "WHERE queue = $1 AND idempotency_key LIKE 'k%'",
         QUEUE,
     )

@@ -84,7 +84,9 @@ async def test_api_killed_mid_batches_admits_each_job_exactly_once(
         assert api.running
     assert len(failures) >= KILLS  # the kills cut requests off
 
-    rows = await pool.fetch("SELECT idempotency_key, id::text FROM jobs WHERE queue = $1", QUEUE)
+    rows = await pool.fetch(
+        "SELECT idempotency_key, id::text FROM evora.jobs WHERE queue = $1", QUEUE
+    )
     stored = {row["idempotency_key"]: row["id"] for row in rows}
     assert len(rows) == len(stored) == 2 * BATCHES * BATCH_SIZE
     # Every answer for a key named the one job stored for it.
@@ -94,7 +96,7 @@ async def test_api_killed_mid_batches_admits_each_job_exactly_once(
     split = await pool.fetch(
         """
         SELECT split_part(j.idempotency_key, '-i', 1) AS batch, count(DISTINCT e.xid) AS xids
-        FROM jobs j JOIN job_events e ON e.job_id = j.id AND e.event = 'submitted'
+        FROM evora.jobs j JOIN evora.job_events e ON e.job_id = j.id AND e.event = 'submitted'
         WHERE j.queue = $1
         GROUP BY 1 HAVING count(DISTINCT e.xid) > 1
         """,

@@ -107,7 +107,7 @@ async def test_fan_in_of_1000_parents_releases_the_child_exactly_once(stack: Sta
     ]
     # decided in the transaction of a parent's completion, not by a later poll
     parents_in_that_transaction = await stack.pool.fetchval(
-        "SELECT count(*) FROM job_events m JOIN job_events p ON p.xid = m.xid "
+        "SELECT count(*) FROM evora.job_events m JOIN evora.job_events p ON p.xid = m.xid "
         "WHERE m.job_id = $1::uuid AND m.event = 'dependencies_met' "
         "AND p.event = 'completed' AND p.job_id <> m.job_id",
         child.id,
@@ -285,7 +285,8 @@ async def test_kill_9_of_a_worker_and_the_sweeper_mid_run_changes_nothing_for_th
     first_sweeper.send(signal.SIGKILL)
     await first_sweeper.wait(within=10)
     outstanding = await stack.pool.fetchval(
-        "SELECT state = 'RUNNING' AND lease_expires_at > now() FROM jobs WHERE id = $1::uuid", b
+        "SELECT state = 'RUNNING' AND lease_expires_at > now() FROM evora.jobs WHERE id = $1::uuid",
+        b,
     )
     assert outstanding, "b's lease ran out before the sweeper was killed"
     doomed.send(signal.SIGKILL)
@@ -315,7 +316,7 @@ async def test_kill_9_of_a_worker_and_the_sweeper_mid_run_changes_nothing_for_th
     seqs = {
         (str(row["job_id"]), row["event"]): row["seq"]
         for row in await stack.pool.fetch(
-            "SELECT job_id, event, seq FROM job_events "
+            "SELECT job_id, event, seq FROM evora.job_events "
             "WHERE queue = $1 AND event IN ('claimed', 'completed')",
             queue,
         )
@@ -369,7 +370,8 @@ async def test_workers_completing_parents_of_shared_children_never_deadlock(
     completed = {
         UUID(str(r["job_id"])): r["seq"]
         for r in await stack.pool.fetch(
-            "SELECT job_id, seq FROM job_events WHERE queue = $1 AND event = 'completed'", queue
+            "SELECT job_id, seq FROM evora.job_events WHERE queue = $1 AND event = 'completed'",
+            queue,
         )
     }
     for item in children:

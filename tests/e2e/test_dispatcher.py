@@ -122,7 +122,8 @@ async def test_dispatcher_restart_while_workers_poll_loses_no_job(
                 # Its outcome was sent again until the new dispatcher recorded it.
                 assert jobs[job_id]["state"] == "COMPLETED"
             completions = await stack.pool.fetchval(
-                "SELECT count(*) FROM job_events WHERE queue = $1 AND event = 'completed'", queue
+                "SELECT count(*) FROM evora.job_events WHERE queue = $1 AND event = 'completed'",
+                queue,
             )
             assert completions == total
             if stop_signal == signal.SIGTERM:
@@ -130,7 +131,8 @@ async def test_dispatcher_restart_while_workers_poll_loses_no_job(
                 # no job needed its lease to expire.
                 assert runs == Counter(dict.fromkeys(ids, 1))
                 expired = await stack.pool.fetchval(
-                    "SELECT count(*) FROM job_events WHERE queue = $1 AND event = 'lease_expired'",
+                    "SELECT count(*) FROM evora.job_events WHERE queue = $1 AND event ="
+                    " 'lease_expired'",
                     queue,
                 )
                 assert expired == 0
@@ -249,7 +251,7 @@ async def test_clients_leaving_as_their_job_arrives_strand_nothing(stack: Stack)
 
     async def all_pending() -> bool:
         rows = await stack.pool.fetch(
-            "SELECT state::text FROM jobs WHERE queue = ANY($1::text[])", queues
+            "SELECT state::text FROM evora.jobs WHERE queue = ANY($1::text[])", queues
         )
         return len(rows) == len(queues) and {r["state"] for r in rows} == {"PENDING"}
 

@@ -64,7 +64,7 @@ async def race(stack: Stack, verb: str) -> None:
     assert by_who["owner"] == [200] * PAIRS
     assert by_who["stranger"] == [409] * PAIRS
     rows = await stack.pool.fetch(
-        "SELECT state::text, result, last_error FROM jobs WHERE queue = $1", f"fence-{verb}"
+        "SELECT state::text, result, last_error FROM evora.jobs WHERE queue = $1", f"fence-{verb}"
     )
     expected_state = "COMPLETED" if verb == "complete" else "DLQ"
     assert {r["state"] for r in rows} == {expected_state}
@@ -73,7 +73,7 @@ async def race(stack: Stack, verb: str) -> None:
     else:
         assert {r["last_error"]["message"] for r in rows} == {"owner"}
     changes = await stack.pool.fetchval(
-        "SELECT count(*) FROM job_events WHERE queue = $1 AND event IN ('completed', "
+        "SELECT count(*) FROM evora.job_events WHERE queue = $1 AND event IN ('completed', "
         "'dead_lettered')",
         f"fence-{verb}",
     )
@@ -122,7 +122,7 @@ async def test_one_acks_request_naming_a_job_twice_answers_each_item(stack: Stac
     states = {
         r["id"]: r["state"]
         for r in await stack.pool.fetch(
-            "SELECT id, state::text FROM jobs WHERE queue = 'fence-acks'"
+            "SELECT id, state::text FROM evora.jobs WHERE queue = 'fence-acks'"
         )
     }
     assert states == {first["id"]: "COMPLETED", second["id"]: "DLQ", third["id"]: "COMPLETED"}

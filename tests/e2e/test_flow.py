@@ -157,7 +157,7 @@ async def test_fifo_groups_over_http_run_one_at_a_time_in_submission_order(
     seq_of = {r.id: (i // groups) for i, r in enumerate(results)}
     rows = await stack.pool.fetch(
         """SELECT e.job_id::text AS job_id, e.event, j.group_key
-           FROM job_events e JOIN jobs j ON j.id = e.job_id
+           FROM evora.job_events e JOIN evora.jobs j ON j.id = e.job_id
            WHERE e.queue = $1 AND e.event IN ('claimed', 'completed')
            ORDER BY e.seq""",
         queue,
@@ -171,6 +171,7 @@ async def test_fifo_groups_over_http_run_one_at_a_time_in_submission_order(
         assert entries == expected, group_key
     # Claimed by these workers only.
     claimed_by = await stack.pool.fetch(
-        "SELECT DISTINCT worker_id FROM job_events WHERE queue = $1 AND event = 'claimed'", queue
+        "SELECT DISTINCT worker_id FROM evora.job_events WHERE queue = $1 AND event = 'claimed'",
+        queue,
     )
     assert {row["worker_id"] for row in claimed_by} <= {w.settings.worker_id for w in workers}

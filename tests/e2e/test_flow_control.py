@@ -33,7 +33,7 @@ from tests.servers import WORKER_TOKEN
 # Every key a job holds: its queue's and its limit_keys.
 RUNNING_BY_KEY = """
 SELECT k AS key, count(*) AS n
-FROM jobs j, unnest(('queue:' || j.queue) || j.limit_keys) AS k
+FROM evora.jobs j, unnest(('queue:' || j.queue) || j.limit_keys) AS k
 WHERE j.state = 'RUNNING' AND j.queue = $1
 GROUP BY k
 """
@@ -147,7 +147,7 @@ async def test_claims_never_outrun_the_bucket(stack: Stack) -> None:
     claimed = sorted(
         row["at"].timestamp()
         for row in await stack.pool.fetch(
-            "SELECT at FROM job_events WHERE queue = $1 AND event = 'claimed'", queue
+            "SELECT at FROM evora.job_events WHERE queue = $1 AND event = 'claimed'", queue
         )
     )
     assert len(claimed) == 20
@@ -243,7 +243,7 @@ async def test_kill_9_of_a_dispatcher_leaves_the_counts_right(
 
         await stack.until(all_completed, within=90, what="every job completed")
     running = await stack.pool.fetchval(
-        "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'RUNNING'", queue
+        "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state = 'RUNNING'", queue
     )
     assert running == 0 and (await stack.admin.limit(f"queue:{queue}"))["running"] == 0
     # the whole queue never had more than 4 RUNNING, and the 8 slots pushed against that
@@ -266,7 +266,7 @@ async def test_a_small_key_finishes_long_before_a_big_one(stack: Stack) -> None:
 
     async def b_done() -> bool:
         done = await stack.pool.fetchval(
-            "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'COMPLETED' "
+            "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state = 'COMPLETED' "
             "AND limit_keys = '{lane:B}'",
             queue,
         )
@@ -275,7 +275,7 @@ async def test_a_small_key_finishes_long_before_a_big_one(stack: Stack) -> None:
     await stack.until(b_done, within=120, what="B's 100 jobs completed")
     b_seconds = time.monotonic() - started
     a_done = await stack.pool.fetchval(
-        "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'COMPLETED' "
+        "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state = 'COMPLETED' "
         "AND limit_keys = '{lane:A}'",
         queue,
     )

@@ -135,16 +135,16 @@ async def test_postgres_killed_twice_under_load_loses_nothing(
 
                 async def all_completed() -> bool:
                     done = await conn.fetchval(
-                        "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'COMPLETED'",
+                        "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state = 'COMPLETED'",
                         QUEUE,
                     )
                     return bool(done == PRODUCERS * JOBS_EACH)
 
                 await until(all_completed, "every accepted job completed", within=120)
                 rows = await conn.fetch(
-                    "SELECT idempotency_key, id::text FROM jobs WHERE queue = $1", QUEUE
+                    "SELECT idempotency_key, id::text FROM evora.jobs WHERE queue = $1", QUEUE
                 )
-                last_seq = await conn.fetchval("SELECT max(seq) FROM job_events")
+                last_seq = await conn.fetchval("SELECT max(seq) FROM evora.job_events")
             finally:
                 await conn.close()
             await worker.stop()

@@ -47,7 +47,7 @@ async def test_a_transaction_elsewhere_holds_neither_the_read_models_nor_their_l
             await other.fetchval("SELECT txid_current()")
             for _ in range(JOBS):
                 await store.submit(JobSubmission(queue="lag", type="t"))
-            newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+            newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
 
             async def caught_up() -> bool:
                 samples = await scrape(http, url)
@@ -78,7 +78,7 @@ async def test_a_restarted_projector_never_reports_caught_up_while_behind(
     first.send(signal.SIGKILL)
     await first.wait(within=10)
     await store.submit_batch([JobSubmission(queue="lag", type="t") for _ in range(BACKLOG)])
-    newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+    newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
     _, url = await spawn(children, "projector", db_url, **env)
     async with aiohttp.ClientSession() as http:
         readings: list[tuple[float, float]] = []

@@ -342,7 +342,7 @@ async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
             # Everything accepted completes.
             async def all_completed() -> bool:
                 done = await pool.fetchval(
-                    "SELECT count(*) FROM jobs WHERE queue = ANY($1) AND state = 'COMPLETED'",
+                    "SELECT count(*) FROM evora.jobs WHERE queue = ANY($1) AND state = 'COMPLETED'",
                     [PLAIN, LIMITED, FIFO],
                 )
                 return int(done) == len(load.accepted)
@@ -374,7 +374,7 @@ async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
 
         # No lost and no duplicate job: every accepted key is exactly one job.
         rows = await pool.fetch(
-            "SELECT idempotency_key, id::text AS id, state::text AS state FROM jobs"
+            "SELECT idempotency_key, id::text AS id, state::text AS state FROM evora.jobs"
             " WHERE queue = ANY($1)",
             [PLAIN, LIMITED, FIFO],
         )
@@ -386,7 +386,7 @@ async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
         events = await pool.fetch(
             "SELECT e.job_id::text AS job_id, e.queue, e.event, e.from_state::text AS from_state,"
             " e.to_state::text AS to_state, j.group_key"
-            " FROM job_events e JOIN jobs j ON j.id = e.job_id"
+            " FROM evora.job_events e JOIN evora.jobs j ON j.id = e.job_id"
             " WHERE e.queue = ANY($1) ORDER BY e.seq",
             [LIMITED, FIFO],
         )

@@ -58,7 +58,7 @@ def locked_jobs(plain_conn: asyncpg.Connection) -> asyncpg.Connection:
 async def lock_jobs(conn: asyncpg.Connection) -> None:
     await conn.execute("SET lock_timeout = 0")
     await conn.execute("BEGIN")
-    await conn.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+    await conn.execute("LOCK TABLE evora.jobs IN ACCESS EXCLUSIVE MODE")
 
 
 async def call(

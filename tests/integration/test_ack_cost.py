@@ -68,7 +68,7 @@ async def test_an_ack_reads_rows_for_its_items_not_for_every_running_job(
     )
     read: dict[tuple[str, str], int] = {}
     async with pool.acquire() as conn:
-        await conn.execute("ANALYZE jobs")
+        await conn.execute("ANALYZE evora.jobs")
         for name, plans in cases:
             statement, args = STATEMENTS[name]
             mine = await store.claim(worker_id="me", queues=["mine"], max_jobs=ITEMS)

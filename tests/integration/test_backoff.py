@@ -19,7 +19,7 @@ async def test_delays_grow_and_stay_within_cap(
     for n in range(1, 40):
         expected = min(maximum, initial * multiplier ** (n - 1))
         samples = await pool.fetch(
-            "SELECT evora_backoff_seconds($1, $2, $3, $4) AS d FROM generate_series(1, 50)",
+            "SELECT evora.backoff_seconds($1, $2, $3, $4) AS d FROM generate_series(1, 50)",
             initial,
             maximum,
             multiplier,
@@ -30,7 +30,7 @@ async def test_delays_grow_and_stay_within_cap(
 
 
 async def test_huge_attempt_numbers_do_not_overflow(pool: asyncpg.Pool) -> None:
-    delay = await pool.fetchval("SELECT evora_backoff_seconds(1, 86400, 1000, 1000)")
+    delay = await pool.fetchval("SELECT evora.backoff_seconds(1, 86400, 1000, 1000)")
     assert delay == 86400
 
 

@@ -1,13 +1,13 @@
 """A claim of grouped (FIFO) jobs costs what its own candidates cost, not what runs elsewhere.
 
 A grouped job is claimable only while no job of its group runs and no earlier job of its group
-waits. Asked as `NOT EXISTS (SELECT 1 FROM jobs r WHERE r.state = 'RUNNING' AND r.queue =
+waits. Asked as `NOT EXISTS (SELECT 1 FROM evora.jobs r WHERE r.state = 'RUNNING' AND r.queue =
 j.queue AND r.group_key = j.group_key)`, the planner may answer the question once for every
 group instead of once per candidate: a hashed subplan built from every RUNNING job of every
 queue (through an index on state; `state` keeps no statistics, so it expects a few hundred),
 read in full by each claim. The group indexes answer it with one probe per candidate. The
 count of rows read is exact (the transaction's own statistics), so the bounds below involve no
-timing; both the plain claim and the limited one (evora_claim_limited(), taken while any flow
+timing; both the plain claim and the limited one (evora.claim_limited(), taken while any flow
 limit exists) are measured, under custom and generic plans."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ async def jobs_read(conn: asyncpg.Connection) -> tuple[int, int]:
         SELECT (SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
                 FROM pg_stat_xact_user_tables WHERE relname = 'jobs') AS rows,
                (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint
-                FROM pg_index WHERE indrelid = 'jobs'::regclass) AS entries
+                FROM pg_index WHERE indrelid = 'evora.jobs'::regclass) AS entries
         """
     )
     assert row is not None
@@ -79,7 +79,7 @@ async def test_a_grouped_claim_reads_rows_for_its_candidates_not_for_every_runni
 
     read: dict[tuple[str, str], tuple[int, int]] = {}
     async with pool.acquire() as conn:
-        await conn.execute("ANALYZE jobs")
+        await conn.execute("ANALYZE evora.jobs")
         for path in PATHS:
             if path == "limited":
                 # a limit that governs no job of "mine": the claim only takes the other path

@@ -1,11 +1,11 @@
 """What a claim may take is stated once, and both claims take the same jobs.
 
-The plain claim (`claim`) and the limited one (evora_claim_limited(), taken while any flow
-limit exists) filter their candidates with evora_claimable(). It must stay a function the
+The plain claim (`claim`) and the limited one (evora.claim_limited(), taken while any flow
+limit exists) filter their candidates with evora.claimable(). It must stay a function the
 planner inlines: called instead, it would hide its conditions on state, queue and run_at from
 the index scan and cost a call per row. An inlined SQL function is never called, so the
-function statistics of the transaction (`track_functions = all`) tell: evora_claimable() is
-not called, the pause check it leaves to evora_queue_paused() is (once per queue read).
+function statistics of the transaction (`track_functions = all`) tell: evora.claimable() is
+not called, the pause check it leaves to evora.queue_paused() is (once per queue read).
 
 The FIFO group part of the rule is written out in each claim (as a called function it cost
 measurably more, see functions/claims_and_transitions.sql): on random job sets (groups with
@@ -105,7 +105,7 @@ async def test_both_claims_inline_the_rule_and_take_the_same_jobs(
                 limited.append(ids)
                 calls.append(called)
         left_out = await conn.fetchval(
-            "SELECT count(*) FROM jobs WHERE state = 'PENDING' AND NOT id::text = ANY($1)",
+            "SELECT count(*) FROM evora.jobs WHERE state = 'PENDING' AND NOT id::text = ANY($1)",
             [i for ids in plain for i in ids],
         )
     assert plain == limited
@@ -113,5 +113,5 @@ async def test_both_claims_inline_the_rule_and_take_the_same_jobs(
     assert all(plain) and left_out > 0
     print(f"function calls of the claims: {calls}")
     for called in calls:
-        assert "evora_claimable" not in called
-        assert called.get("evora_queue_paused", 0) >= 1
+        assert "claimable" not in called
+        assert called.get("queue_paused", 0) >= 1

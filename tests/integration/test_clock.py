@@ -1,4 +1,4 @@
-"""evora_now(), the one clock of every time-dependent statement (migration 0009): the
+"""evora.clock_now(), the one clock of every time-dependent statement (migration 0009): the
 database's own now() in production, at no cost, and runs ahead only where a test says so."""
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ from tests.conftest import Clock
 
 async def test_unset_it_is_now_and_costs_no_function_call(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn, conn.transaction():
-        assert await conn.fetchval("SELECT evora_now() = now()")
+        assert await conn.fetchval("SELECT evora.clock_now() = now()")
         # Inlined by the planner: the plan evaluates now() + the offset itself, as it did
-        # now(), with no call of evora_now() per row.
+        # now(), with no call of evora.clock_now() per row.
         plan = "\n".join(
             r[0]
             for r in await conn.fetch(
-                "EXPLAIN (VERBOSE) SELECT id FROM jobs WHERE lease_expires_at < evora_now()"
+                "EXPLAIN (VERBOSE) SELECT id FROM evora.jobs WHERE lease_expires_at <"
+                " evora.clock_now()"
             )
         )
-    assert "evora_now" not in plan and "now()" in plan
+    assert "clock_now" not in plan and "now()" in plan
 
 
 async def test_advance_runs_every_new_connection_ahead(
@@ -28,11 +29,11 @@ async def test_advance_runs_every_new_connection_ahead(
 ) -> None:
     await clock.advance(90)
     await clock.advance(30)
-    ahead = await pool.fetchval("SELECT extract(epoch FROM evora_now() - now())")
+    ahead = await pool.fetchval("SELECT extract(epoch FROM evora.clock_now() - now())")
     assert ahead == 120
     other = await asyncpg.connect(db_url)  # a service's connection sees the same time
     try:
-        assert await other.fetchval("SELECT extract(epoch FROM evora_now() - now())") == 120
+        assert await other.fetchval("SELECT extract(epoch FROM evora.clock_now() - now())") == 120
     finally:
         await other.close()
 
@@ -48,4 +49,4 @@ def test_the_statements_read_the_clock_not_now() -> None:
     }
     assert statements, "no statements found"
     for name, text in statements.items():
-        assert "now()" not in text.replace("evora_now()", ""), name
+        assert "now()" not in text.replace("evora.clock_now()", ""), name

@@ -90,5 +90,5 @@ async def test_a_coalesced_submission_of_a_held_key_waits_alone(
     await held.rollback()
     outcome = await contended
     assert isinstance(outcome, Submitted) and outcome.created
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 6
+    assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == 6
     await submissions.close()

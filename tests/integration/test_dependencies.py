@@ -50,7 +50,7 @@ async def _run(store: JobStore, job_id: UUID, *, fail: bool = False) -> None:
 
 async def _events(pool: asyncpg.Pool, job_id: UUID) -> list[tuple[str, str | None, str]]:
     rows = await pool.fetch(
-        "SELECT event, from_state::text, to_state::text FROM job_events "
+        "SELECT event, from_state::text, to_state::text FROM evora.job_events "
         "WHERE job_id = $1 ORDER BY seq",
         job_id,
     )
@@ -72,7 +72,7 @@ async def test_a_job_with_unfinished_dependencies_waits_until_they_complete(
     ]
     # the event carries the job image and version like every other transition's
     image = await pool.fetchrow(
-        "SELECT (job).state::text, (job).version, job_version FROM job_events "
+        "SELECT (job).state::text, (job).version, job_version FROM evora.job_events "
         "WHERE job_id = $1 AND event = 'dependencies_met'",
         b,
     )
@@ -150,7 +150,7 @@ async def test_a_dependency_in_the_dlq_keeps_waiting_and_its_discard_cancels_tra
     assert (await _state(store, b), await _state(store, c)) == (JobState.CANCELLED,) * 2
     for job, cause in ((b, a), (c, b)):
         data = await pool.fetchval(
-            "SELECT data FROM job_events WHERE job_id = $1 AND event = 'cancelled'", job
+            "SELECT data FROM evora.job_events WHERE job_id = $1 AND event = 'cancelled'", job
         )
         assert data == {"reason": "dependency_cancelled", "dependency": str(cause)}
 
@@ -193,7 +193,7 @@ async def test_unknown_and_cancelled_dependencies_are_refused_naming_the_field(
     with pytest.raises(InvalidDependency, match=r"^jobs\[0\]\.depends_on\[0\]: 'ref:b' names"):
         await store.submit_batch([_sub(depends_on=["ref:b"]), _sub(ref="b")])
     # all or nothing: the valid item of the refused batch was not stored either
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
+    assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == 1
     # "run" accepts a cancelled dependency: it is final
     after = await _submit(store, depends_on=[a], on_dependency_failure="run")
     assert await _state(store, after) is JobState.PENDING
@@ -221,7 +221,8 @@ async def test_a_ref_to_an_item_replayed_by_its_key_waits_for_the_stored_job(
     assert (late.job["state"], late.job["depends_on"]) == ("PENDING", [a])
     # the stored job's dependents are the ones that name it, by id or by a replayed ref
     assert (
-        await pool.fetchval("SELECT count(*) FROM job_dependencies WHERE depends_on = $1", a) == 3
+        await pool.fetchval("SELECT count(*) FROM evora.job_dependencies WHERE depends_on = $1", a)
+        == 3
     )
 
 
@@ -250,11 +251,11 @@ async def test_a_keyed_chain_sent_again_replays_and_a_changed_link_is_a_conflict
     assert (a2.created, m2.created, c2.created) == (False, True, False)
     assert (a2.id, c2.id) == (a.id, c.id) and m2.id != m.id
     assert c2.job["depends_on"] == [m.id]
-    stored = await pool.fetchval("SELECT count(*) FROM jobs")
+    stored = await pool.fetchval("SELECT count(*) FROM evora.jobs")
     for other in (batch(m_depends_on=x), batch(policy="run")):
         with pytest.raises(IdempotencyConflict, match="'c'"):
             await store.submit_batch(other)
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == stored
+    assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == stored
 
 
 async def test_a_refused_item_leaves_its_idempotency_key_free(
@@ -262,14 +263,14 @@ async def test_a_refused_item_leaves_its_idempotency_key_free(
 ) -> None:
     [refused] = await store.submit_each([_sub(idempotency_key="r", depends_on=[uuid4()])])
     assert isinstance(refused, InvalidDependency)
-    assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+    assert await pool.fetchval("SELECT count(*) FROM evora.idempotency_keys") == 0
     assert (await store.submit(_sub(idempotency_key="r"))).created
 
 
 async def test_a_waiting_job_cannot_be_deleted(store: JobStore, pool: asyncpg.Pool) -> None:
     b = await _submit(store, depends_on=[await _submit(store)])
     with pytest.raises(asyncpg.CheckViolationError, match="may not be deleted"):
-        await pool.execute("DELETE FROM jobs WHERE id = $1", b)
+        await pool.execute("DELETE FROM evora.jobs WHERE id = $1", b)
 
 
 async def test_waiting_moves_only_as_the_dependency_rules_say(
@@ -278,7 +279,7 @@ async def test_waiting_moves_only_as_the_dependency_rules_say(
     b = await _submit(store, depends_on=[await _submit(store)])
     with pytest.raises(asyncpg.CheckViolationError, match="illegal job transition"):
         await pool.execute(
-            "UPDATE jobs SET state = 'RUNNING', lease_token = gen_random_uuid(), "
+            "UPDATE evora.jobs SET state = 'RUNNING', lease_token = gen_random_uuid(), "
             "lease_expires_at = now() WHERE id = $1",
             b,
         )
@@ -337,7 +338,7 @@ async def test_retention_never_prunes_a_dlq_job_that_a_racing_submission_waits_f
                 submitter.submit(_sub(depends_on=[parent])),
                 return_exceptions=True,
             )
-            stored = await pool.fetchval("SELECT state FROM jobs WHERE id = $1", parent)
+            stored = await pool.fetchval("SELECT state FROM evora.jobs WHERE id = $1", parent)
             if isinstance(pruned, asyncpg.QueryCanceledError):
                 # Seen once in a full CI run: the pass hit its statement timeout (cause not
                 # yet found; the session's closing note says so). A cancelled pass rolled
@@ -386,7 +387,7 @@ async def test_a_dependent_submitted_while_its_dlq_job_is_pruned_is_refused(
         await transaction.commit()
     with pytest.raises(InvalidDependency):
         await dependent
-    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'WAITING'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'WAITING'") == 0
 
 
 _DEADLOCKS = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
@@ -482,7 +483,7 @@ async def test_a_claim_that_cannot_read_its_dependency_results_does_not_happen(
     await store.complete(parent, running["lease_token"], result)
     toast_index = await pool.fetchval(
         "SELECT i.indexrelid::regclass::text FROM pg_class c"
-        " JOIN pg_index i ON i.indrelid = c.reltoastrelid WHERE c.oid = 'jobs'::regclass"
+        " JOIN pg_index i ON i.indrelid = c.reltoastrelid WHERE c.oid = 'evora.jobs'::regclass"
     )
     async with pool.acquire() as maintenance:
         transaction = maintenance.transaction()
@@ -508,8 +509,8 @@ async def test_cancelling_the_head_of_a_long_chain_cancels_it_all_in_one_settlem
     ids = [i.job["id"] for i in await store.submit_batch(chain)]
     await store.cancel(ids[0])
     rows = await pool.fetch(
-        "SELECT j.id, j.state::text, e.data->>'dependency' AS cause FROM jobs j "
-        "JOIN job_events e ON e.job_id = j.id AND e.event = 'cancelled' ORDER BY j.submit_seq"
+        "SELECT j.id, j.state::text, e.data->>'dependency' AS cause FROM evora.jobs j "
+        "JOIN evora.job_events e ON e.job_id = j.id AND e.event = 'cancelled' ORDER BY j.submit_seq"
     )
     assert [r["id"] for r in rows] == ids
     assert {r["state"] for r in rows} == {"CANCELLED"}
@@ -518,7 +519,7 @@ async def test_cancelling_the_head_of_a_long_chain_cancels_it_all_in_one_settlem
 
 _SETTLING_CALLS = (
     "SELECT funcname, calls FROM pg_stat_xact_user_functions "
-    "WHERE funcname IN ('evora_note_ended_dependency', 'evora_settle_dependents') "
+    "WHERE schemaname = 'evora' AND funcname IN ('note_ended_dependency', 'settle_dependents') "
     "ORDER BY funcname"
 )
 
@@ -548,7 +549,7 @@ async def test_only_statements_that_end_a_job_others_wait_on_run_the_settlement(
         assert await conn.fetch(_SETTLING_CALLS) == []
         await complete(parent)
         calls = {r["funcname"]: r["calls"] for r in await conn.fetch(_SETTLING_CALLS)}
-        assert calls == {"evora_note_ended_dependency": 1, "evora_settle_dependents": 1}
+        assert calls == {"note_ended_dependency": 1, "settle_dependents": 1}
 
 
 async def test_a_grouped_job_waiting_on_a_dependency_is_overtaken_then_heads_its_group_again(

@@ -43,7 +43,7 @@ async def claimed_jobs(store: JobStore, queue: str, count: int) -> list[JobDict]
 
 async def event_counts(pool: asyncpg.Pool, job_id: UUID) -> dict[str, int]:
     rows = await pool.fetch(
-        "SELECT event, count(*) AS n FROM job_events WHERE job_id = $1 GROUP BY event", job_id
+        "SELECT event, count(*) AS n FROM evora.job_events WHERE job_id = $1 GROUP BY event", job_id
     )
     return {r["event"]: r["n"] for r in rows}
 
@@ -174,7 +174,9 @@ async def test_a_coalesced_ack_the_database_rejects_fails_only_itself(
     assert all(isinstance(a, AckOutcome) and a.result is AckResult.DONE for a in good)
     states = {
         r["state"]
-        for r in await pool.fetch("SELECT state::text FROM jobs WHERE id <> $1", jobs[4]["id"])
+        for r in await pool.fetch(
+            "SELECT state::text FROM evora.jobs WHERE id <> $1", jobs[4]["id"]
+        )
     }
     assert states == {"COMPLETED"}
     assert (await store.get(jobs[4]["id"]))["state"] == "RUNNING"
@@ -200,7 +202,9 @@ async def test_a_coalesced_submission_the_database_rejects_fails_only_itself(
     assert isinstance(answers[2], asyncpg.PostgresError)
     created = [a for a in answers if isinstance(a, Submitted)]
     assert len(created) == 6 and all(a.created for a in created)
-    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE queue = 'isolate-submit'") == 6
+    assert (
+        await pool.fetchval("SELECT count(*) FROM evora.jobs WHERE queue = 'isolate-submit'") == 6
+    )
 
 
 async def test_an_unavailable_database_fails_the_batch_without_splitting() -> None:

@@ -235,7 +235,7 @@ async def test_counting_a_keys_running_jobs_reads_only_that_key(
         plan = "\n".join(
             r[0]
             for r in await conn.fetch(
-                "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT count(*) FROM jobs"
+                "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT count(*) FROM evora.jobs"
                 " WHERE state = 'RUNNING' AND limit_keys <> '{}'"
                 " AND limit_keys && ARRAY['tenant:7']"
             )
@@ -268,14 +268,14 @@ async def test_without_limits_the_claim_never_runs_the_limited_selection(
 ) -> None:
     await _submit(store, 3, "tenant:1")
     plan = await _claim_plan(pool)
-    [limited] = [line for line in plan.splitlines() if "evora_claim_limited" in line]
+    [limited] = [line for line in plan.splitlines() if "claim_limited" in line]
     assert "never executed" in limited, plan
     # estimated as the one row it is declared to return: at the default 1000 the planner
     # hashed the whole jobs table to join the claimed ids, doubling the claim's time
     assert re.search(r"\(cost=[0-9.]+ rows=1 ", limited), plan
     await limits.put("tenant:*", LimitSpec(concurrency=1, rate=None))
     plan = await _claim_plan(pool)
-    [limited] = [line for line in plan.splitlines() if "evora_claim_limited" in line]
+    [limited] = [line for line in plan.splitlines() if "claim_limited" in line]
     assert "never executed" not in limited, plan
 
 
@@ -304,11 +304,13 @@ async def test_a_claim_that_began_earlier_never_moves_the_bucket_back_in_time(
     assert len(await _claim(store, max_jobs=8)) == 8  # 2 tokens left
 
     async def refilled_at() -> Any:
-        return await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:slow'")
+        return await pool.fetchval(
+            "SELECT refilled_at FROM evora.flow_buckets WHERE key = 'api:slow'"
+        )
 
     async with pool.acquire() as early:
         tx = early.transaction()
-        await tx.start()  # its evora_now() is this moment, and stays so
+        await tx.start()  # its evora.clock_now() is this moment, and stays so
         try:
             await clock.advance(10)  # one token more, for claims that begin from now on
             assert len(await _claim(store, max_jobs=1)) == 1  # 2 + 1 - 1 = 2 left
@@ -344,7 +346,7 @@ async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
             END IF;
             RETURN NEW;
         END $$;
-        CREATE TRIGGER note_bucket_moved_back BEFORE UPDATE ON flow_buckets
+        CREATE TRIGGER note_bucket_moved_back BEFORE UPDATE ON evora.flow_buckets
             FOR EACH ROW EXECUTE FUNCTION note_bucket_moved_back();
         """
     )
@@ -352,7 +354,7 @@ async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
     await limits.put("api:free", LimitSpec(concurrency=None, rate=Rate(1_000_000, 1.0)))
     await _submit(store, 1, "api:busy")
     assert len(await _claim(store)) == 1  # makes the bucket, full
-    began = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
+    began = await pool.fetchval("SELECT refilled_at FROM evora.flow_buckets WHERE key = 'api:busy'")
     claimed: Counter[str] = Counter(["api:busy"])
     stop = asyncio.Event()
 
@@ -368,8 +370,8 @@ async def test_racing_claimers_never_move_a_bucket_back_nor_exceed_it(
         stop.set()
 
     await asyncio.wait_for(asyncio.gather(submitter(), *(claimer() for _ in range(6))), 60)
-    ended = await pool.fetchval("SELECT refilled_at FROM flow_buckets WHERE key = 'api:busy'")
-    running = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")
+    ended = await pool.fetchval("SELECT refilled_at FROM evora.flow_buckets WHERE key = 'api:busy'")
+    running = await pool.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'RUNNING'")
     assert running == claimed.total()
     assert await pool.fetch("SELECT * FROM bucket_moved_back") == []
     # the bucket began full (10) and refilled 20 a second from `began` to its last refill
@@ -420,7 +422,8 @@ async def _claim_waiting_in_its_first_round(
         await tx.start()
         try:
             await other.execute(
-                "INSERT INTO flow_buckets (key, tokens, refilled_at) VALUES ('held', 0, now())"
+                "INSERT INTO evora.flow_buckets (key, tokens, refilled_at) VALUES ('held', 0,"
+                " now())"
             )
             claim = asyncio.create_task(_claim(store, max_jobs=1))
 

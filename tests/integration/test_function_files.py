@@ -11,18 +11,28 @@ import asyncpg
 
 from evora.http.app import database_ready
 from evora.storage.migrate import (
+    NAMESPACE_VERSION,
     apply_migrations,
     function_files,
     latest_version,
     stale_function_files,
 )
 
-# Another text of a function of flow_limits.sql (its own returns a bucket's tokens).
-_OTHER_TOKENS = """
-CREATE OR REPLACE FUNCTION evora_tokens(b flow_buckets, rate_limit integer,
-                                        rate_per_seconds float8, at timestamptz)
+
+# Another text of a function of flow_limits.sql (its own returns a bucket's tokens), under
+# its name and its argument's since migration 0030, or (`before_0030`) before it.
+def _other_tokens(*, before_0030: bool = False) -> str:
+    name, bucket = (
+        ("evora_tokens", "flow_buckets") if before_0030 else ("evora.tokens", "evora.flow_buckets")
+    )
+    return f"""
+CREATE OR REPLACE FUNCTION {name}(b {bucket}, rate_limit integer,
+                                  rate_per_seconds float8, at timestamptz)
 RETURNS float8 LANGUAGE sql IMMUTABLE AS $$ SELECT 0::float8 $$
 """
+
+
+_TOKENS_SOURCE = "SELECT prosrc FROM pg_proc WHERE oid = $1::regproc"
 
 _DEFINED = re.compile(r"^CREATE OR REPLACE (FUNCTION|TRIGGER) ([\w.]+)", re.MULTILINE)
 
@@ -55,18 +65,16 @@ async def test_every_function_and_trigger_is_defined_in_exactly_one_file(
 async def test_a_changed_file_is_applied_again_and_only_it(db_url: str) -> None:
     conn = await asyncpg.connect(db_url)
     try:
-        source = await conn.fetchval(
-            "SELECT prosrc FROM pg_proc WHERE proname = $1", "evora_tokens"
-        )
+        source = await conn.fetchval(_TOKENS_SOURCE, "evora.tokens")
         # What the database holds after an older release: another text of a function of
         # flow_limits.sql, recorded with another checksum by code that knew fewer migrations.
-        await conn.execute(_OTHER_TOKENS)
+        await conn.execute(_other_tokens())
         before = {
             r["name"]: r["applied_at"]
-            for r in await conn.fetch("SELECT name, applied_at FROM evora_function_files")
+            for r in await conn.fetch("SELECT name, applied_at FROM evora.function_files")
         }
         await conn.execute(
-            "UPDATE evora_function_files SET checksum = 'older', migration = $1 "
+            "UPDATE evora.function_files SET checksum = 'older', migration = $1 "
             "WHERE name = 'flow_limits'",
             latest_version() - 1,
         )
@@ -74,13 +82,11 @@ async def test_a_changed_file_is_applied_again_and_only_it(db_url: str) -> None:
         await apply_migrations(db_url)
         after = {
             r["name"]: r["applied_at"]
-            for r in await conn.fetch("SELECT name, applied_at FROM evora_function_files")
+            for r in await conn.fetch("SELECT name, applied_at FROM evora.function_files")
         }
         assert {name for name in after if after[name] != before[name]} == {"flow_limits"}
         assert await stale_function_files(conn) == []
-        assert source == await conn.fetchval(
-            "SELECT prosrc FROM pg_proc WHERE proname = $1", "evora_tokens"
-        )
+        assert source == await conn.fetchval(_TOKENS_SOURCE, "evora.tokens")
     finally:
         await conn.close()
 
@@ -91,25 +97,27 @@ async def test_files_follow_the_migrations_that_redefine_their_functions(
     dsn = await make_db_url()
     conn = await asyncpg.connect(dsn)
     try:  # start from nothing, not from the migrated template
-        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
-        await apply_migrations(dsn, upto=latest_version() - 1)
-        # A release that knew one migration less applied these very files, and a function of
+        await conn.execute(
+            "DROP SCHEMA evora CASCADE; DROP SCHEMA public CASCADE; CREATE SCHEMA public"
+        )
+        await apply_migrations(dsn, upto=NAMESPACE_VERSION - 1)
+        # A release that knew fewer migrations (the last before the namespace) applied these
+        # very files, and a function of
         # theirs has another text (as a migration that redefines it leaves it, like 0025 did
         # evora_claim_limited): the newest migration, applied now, makes every file run again.
+        # (Where that release kept its record, and what it called the function.)
         await conn.execute(
             "CREATE TABLE evora_function_files (name text PRIMARY KEY, checksum text NOT NULL, "
             "migration integer NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
         )
         await conn.executemany(
             "INSERT INTO evora_function_files (name, checksum, migration) VALUES ($1, $2, $3)",
-            [(f.name, f.checksum, latest_version() - 1) for f in function_files()],
+            [(f.name, f.checksum, NAMESPACE_VERSION - 1) for f in function_files()],
         )
-        source = await conn.fetchval("SELECT prosrc FROM pg_proc WHERE proname = 'evora_tokens'")
-        await conn.execute(_OTHER_TOKENS)
+        source = await conn.fetchval(_TOKENS_SOURCE, "evora_tokens")
+        await conn.execute(_other_tokens(before_0030=True))
         await apply_migrations(dsn)
-        assert source == await conn.fetchval(
-            "SELECT prosrc FROM pg_proc WHERE proname = 'evora_tokens'"
-        )
+        assert source == await conn.fetchval(_TOKENS_SOURCE, "evora.tokens")
     finally:
         await conn.close()
 
@@ -119,7 +127,7 @@ async def test_readiness_asks_for_evora_migrate_while_a_file_is_stale(
 ) -> None:
     ready = database_ready(pool)
     assert await ready() is None
-    await pool.execute("DELETE FROM evora_function_files WHERE name = 'retention'")
+    await pool.execute("DELETE FROM evora.function_files WHERE name = 'retention'")
     assert await ready() == (
         "database functions are older than function files ['retention'] (run `evora migrate`)"
     )
@@ -132,17 +140,17 @@ async def test_an_older_release_leaves_the_files_a_newer_one_applied(db_url: str
     try:
         # What a newer release (one more migration) leaves: its own text of flow_limits.sql.
         await conn.execute(
-            "UPDATE evora_function_files SET checksum = 'newer', migration = $1 "
+            "UPDATE evora.function_files SET checksum = 'newer', migration = $1 "
             "WHERE name = 'flow_limits'",
             latest_version() + 1,
         )
         before = await conn.fetchval(
-            "SELECT applied_at FROM evora_function_files WHERE name = 'flow_limits'"
+            "SELECT applied_at FROM evora.function_files WHERE name = 'flow_limits'"
         )
         assert await stale_function_files(conn) == []
         await apply_migrations(db_url)
         assert await conn.fetchrow(
-            "SELECT checksum, applied_at FROM evora_function_files WHERE name = 'flow_limits'"
+            "SELECT checksum, applied_at FROM evora.function_files WHERE name = 'flow_limits'"
         ) == ("newer", before)
     finally:
         await conn.close()

@@ -12,7 +12,7 @@ from pymongo import AsyncMongoClient
 async def test_db_url_is_migrated(db_url: str) -> None:
     conn = await asyncpg.connect(db_url)
     try:
-        applied = await conn.fetchval("SELECT count(*) FROM evora_migrations")
+        applied = await conn.fetchval("SELECT count(*) FROM evora.migrations")
     finally:
         await conn.close()
     assert applied > 0

@@ -40,7 +40,7 @@ async def _claim(store: JobStore, max_jobs: int = 100) -> list[dict[str, Any]]:
 
 
 async def _running(pool: asyncpg.Pool) -> int:
-    count: int = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")
+    count: int = await pool.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'RUNNING'")
     return count
 
 

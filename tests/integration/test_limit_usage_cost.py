@@ -27,15 +27,15 @@ async def test_a_page_of_keys_reads_a_small_part_of_millions(pool: asyncpg.Pool)
     # what 200,000 tenants' first claims leave behind (and an unrelated kind around them)
     await pool.execute(
         """
-        INSERT INTO flow_buckets (key, tokens, refilled_at)
+        INSERT INTO evora.flow_buckets (key, tokens, refilled_at)
         SELECT prefix || lpad(n::text, 6, '0'), 0, now()
         FROM generate_series(1, $1) AS n, unnest(ARRAY['api:', 'tenant:', 'zone:']) AS prefix
         """,
         TENANTS,
     )
-    await pool.execute("ANALYZE flow_buckets")
+    await pool.execute("ANALYZE evora.flow_buckets")
     table_pages = await pool.fetchval(
-        "SELECT pg_relation_size('flow_buckets') / current_setting('block_size')::int"
+        "SELECT pg_relation_size('evora.flow_buckets') / current_setting('block_size')::int"
     )
 
     middle = f"tenant:{TENANTS // 2:06}"

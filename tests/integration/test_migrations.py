@@ -16,7 +16,9 @@ async def _empty_database(make_db_url: Callable[[], Awaitable[str]]) -> str:
     dsn = await make_db_url()
     conn = await asyncpg.connect(dsn)
     try:  # start from nothing, not from the migrated template
-        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+        await conn.execute(
+            "DROP SCHEMA evora CASCADE; DROP SCHEMA public CASCADE; CREATE SCHEMA public"
+        )
     finally:
         await conn.close()
     return dsn
@@ -45,7 +47,7 @@ async def test_concurrent_runs_apply_each_migration_once(
 async def test_edited_migration_is_refused(db_url: str) -> None:
     conn = await asyncpg.connect(db_url)
     try:
-        await conn.execute("UPDATE evora_migrations SET checksum = 'edited' WHERE version = 1")
+        await conn.execute("UPDATE evora.migrations SET checksum = 'edited' WHERE version = 1")
     finally:
         await conn.close()
     with pytest.raises(MigrationError, match="changed after it was applied"):
@@ -74,10 +76,10 @@ async def test_event_images_written_as_jsonb_become_typed_rows(
         before = json.loads(await conn.fetchval("SELECT job::text FROM job_events"))
 
         assert await apply_migrations(dsn) == [m.version for m in migrate.available()][6:]
-        after = json.loads(await conn.fetchval("SELECT to_jsonb(job)::text FROM job_events"))
+        after = json.loads(await conn.fetchval("SELECT to_jsonb(job)::text FROM evora.job_events"))
         run_at, queue = await conn.fetchrow(
-            "SELECT (job).run_at = j.run_at, (job).queue FROM job_events e"
-            " JOIN jobs j ON j.id = e.job_id"
+            "SELECT (job).run_at = j.run_at, (job).queue FROM evora.job_events e"
+            " JOIN evora.jobs j ON j.id = e.job_id"
         )
     finally:
         await conn.close()
@@ -121,7 +123,7 @@ async def test_keys_stored_before_dependencies_were_compared_still_replay_withou
             await conn.fetchval(submit, payload, json.dumps({**options, "priority": 0}))
         with pytest.raises(asyncpg.UniqueViolationError, match="with different fields"):
             await conn.fetchval(submit, payload, json.dumps(dependent))
-        assert await conn.fetchval("SELECT count(*) FROM jobs") == 3
+        assert await conn.fetchval("SELECT count(*) FROM evora.jobs") == 3
     finally:
         await conn.close()
 
@@ -134,7 +136,7 @@ async def test_migration_waits_for_a_lock_without_stalling_the_queue(
     # later statement on jobs behind itself, the claims and submissions included, for as
     # long as the transaction lasts; the migration must step aside and try again instead.
     probe_migration = migrate.Migration(
-        latest_version() + 1, "probe", "ALTER TABLE jobs ADD COLUMN probe integer"
+        latest_version() + 1, "probe", "ALTER TABLE evora.jobs ADD COLUMN probe integer"
     )
     known = migrate.available()
     monkeypatch.setattr(migrate, "available", lambda: [*known, probe_migration])
@@ -144,7 +146,7 @@ async def test_migration_waits_for_a_lock_without_stalling_the_queue(
     watcher = await asyncpg.connect(db_url)
     holder_tx = holder.transaction()
     await holder_tx.start()
-    await holder.fetchval("SELECT count(*) FROM jobs")  # ACCESS SHARE, held until the end
+    await holder.fetchval("SELECT count(*) FROM evora.jobs")  # ACCESS SHARE, held until the end
     migrating = asyncio.create_task(apply_migrations(db_url))
     try:
 
@@ -153,8 +155,8 @@ async def test_migration_waits_for_a_lock_without_stalling_the_queue(
             return bool(
                 await watcher.fetchval(
                     "SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-                    " WHERE NOT l.granted AND l.relation = 'jobs'::regclass"
-                    " AND a.query LIKE 'ALTER TABLE jobs%')"
+                    " WHERE NOT l.granted AND l.relation = 'evora.jobs'::regclass"
+                    " AND a.query LIKE 'ALTER TABLE evora.jobs%')"
                 )
             )
 
@@ -162,7 +164,7 @@ async def test_migration_waits_for_a_lock_without_stalling_the_queue(
             # Caught while the migration's request is queued: the statement waits until
             # the request steps aside (its lock_timeout), not until the holder commits.
             await until(migration_waits, "the migration waiting for its lock", within=30)
-            assert await other.fetchval("SELECT count(*) FROM jobs") == 0
+            assert await other.fetchval("SELECT count(*) FROM evora.jobs") == 0
         assert not migrating.done()  # still retrying, not failed
 
         await holder_tx.commit()
@@ -170,7 +172,7 @@ async def test_migration_waits_for_a_lock_without_stalling_the_queue(
             assert await migrating == [probe_migration.version]
         assert await other.fetchval(
             "SELECT EXISTS (SELECT FROM pg_attribute"
-            " WHERE attrelid = 'jobs'::regclass AND attname = 'probe')"
+            " WHERE attrelid = 'evora.jobs'::regclass AND attname = 'probe')"
         )
     finally:
         if not holder.is_closed():
@@ -197,12 +199,12 @@ async def test_progress_recorded_before_spans_becomes_an_equal_snapshot(
         assert 31 in await apply_migrations(dsn)
         row = await conn.fetchrow(
             "SELECT xid::text, snapshot::text, pg_visible_in_snapshot('1233', snapshot) AS below,"
-            " pg_visible_in_snapshot('1234', snapshot) AS at FROM projector_progress"
+            " pg_visible_in_snapshot('1234', snapshot) AS at FROM evora.projector_progress"
         )
         assert dict(row) == {"xid": "1234", "snapshot": "1234:1234:", "below": True, "at": False}
-        # the previous release's statement (storage/sql/retention.sql before 0031)
+        # the statement of the release before 0031 (storage/sql/retention.sql), on 0030's names
         await conn.execute(
-            "INSERT INTO projector_progress (generation, xid, seq) VALUES (2, '1300', 7)"
+            "INSERT INTO evora.projector_progress (generation, xid, seq) VALUES (2, '1300', 7)"
             " ON CONFLICT (generation) DO UPDATE SET xid = excluded.xid, seq = excluded.seq"
         )
     finally:

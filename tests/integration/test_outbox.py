@@ -36,7 +36,7 @@ async def _drain(
 
 async def _tail(pool: asyncpg.Pool) -> list[OutboxCursor]:
     """Every event's position, in reading order."""
-    rows = await pool.fetch("SELECT xid::text::int8, seq FROM job_events ORDER BY xid, seq")
+    rows = await pool.fetch("SELECT xid::text::int8, seq FROM evora.job_events ORDER BY xid, seq")
     return [OutboxCursor(0, r[0], r[1]) for r in rows]
 
 
@@ -52,15 +52,16 @@ async def test_late_commit_with_lower_seq_is_delivered(
         await slow_tx.start()
         # The slow transaction takes its seq first...
         slow_seq = await slow.fetchval(
-            "INSERT INTO job_events (job_id, job_version, queue, type, event, to_state, attempt,"
+            "INSERT INTO evora.job_events (job_id, job_version, queue, type, event, to_state,"
+            " attempt,"
             " at, job) VALUES ($1, 1, 'q', 't', 'submitted', 'PENDING', 0, now(),"
-            " jsonb_populate_record(NULL::job_image, '{}')) RETURNING seq",
+            " jsonb_populate_record(NULL::evora.job_image, '{}')) RETURNING seq",
             uuid4(),
         )
         # ...then a fast one takes a higher seq and commits first.
         fast = await store.submit(JobSubmission(queue="q", type="t"))
         fast_seq = await pool.fetchval(
-            "SELECT seq FROM job_events WHERE job_id = $1", fast.job["id"]
+            "SELECT seq FROM evora.job_events WHERE job_id = $1", fast.job["id"]
         )
         assert fast_seq > slow_seq
         # A `seq > last` reader would consume fast_seq now and never look back: the span
@@ -97,10 +98,10 @@ async def test_each_event_carries_the_typed_job_row_after_its_change(
 ) -> None:
     await store.submit(JobSubmission(queue="q", type="t", group_key="g", payload={"big": 1}))
     [claimed] = await store.claim(worker_id="w1", queues=["q"])
-    row = await pool.fetchrow("SELECT * FROM jobs WHERE id = $1", claimed["id"])
+    row = await pool.fetchrow("SELECT * FROM evora.jobs WHERE id = $1", claimed["id"])
     submitted, taken = [
         (dict(r["job"].items()), r["job_version"])
-        for r in await pool.fetch("SELECT job, job_version FROM job_events ORDER BY seq")
+        for r in await pool.fetch("SELECT job, job_version FROM evora.job_events ORDER BY seq")
     ]
     assert (submitted[0]["state"], taken[0]["state"]) == ("PENDING", "RUNNING")
     assert submitted[0]["started_at"] is None

@@ -6,7 +6,7 @@ with `jit = on` (the default). Compiling takes tens of milliseconds, far more th
 statements take to run: on Debian's PostgreSQL 15 an ack of 100 items took ~60 ms instead of
 ~5 (issue 34). A row estimate far from the truth gets a statement there: a set-returning
 PL/pgSQL function is assumed to return 1,000 rows unless it says otherwise, so the items of
-an ack joined to evora_record_moves() (one row, always) were planned as 100,000 rows.
+an ack joined to evora.record_moves() (one row, always) were planned as 100,000 rows.
 
 An application's own session runs evora.submit() with whatever JIT settings it has, so the
 estimates are what must be right, whatever Evora's own sessions set. Each cost is read from

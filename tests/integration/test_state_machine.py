@@ -35,7 +35,7 @@ async def _claim(store: JobStore, job_id: UUID) -> UUID:
 
 async def _events(pool: asyncpg.Pool, job_id: UUID) -> list[asyncpg.Record]:
     rows: list[asyncpg.Record] = await pool.fetch(
-        "SELECT event, from_state, to_state, job_version, data FROM job_events "
+        "SELECT event, from_state, to_state, job_version, data FROM evora.job_events "
         "WHERE job_id = $1 ORDER BY job_version",
         job_id,
     )
@@ -64,7 +64,7 @@ async def _in_state(store: JobStore, pool: asyncpg.Pool, state: JobState) -> UUI
 
 
 async def test_python_table_matches_database(pool: asyncpg.Pool) -> None:
-    rows = await pool.fetch("SELECT from_state, to_state, event FROM job_transitions")
+    rows = await pool.fetch("SELECT from_state, to_state, event FROM evora.job_transitions")
     in_db = {
         Transition(
             JobState(r["from_state"]) if r["from_state"] else None,
@@ -84,7 +84,7 @@ async def test_the_transition_guard_lets_through_exactly_the_table(pool: asyncpg
         "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'jobs_transition_guard'"
     )
     # PostgreSQL keeps `(OLD.state, NEW.state) NOT IN (...)` as one clause per legal move:
-    # `((old.state <> 'DLQ'::job_state) OR (new.state <> 'PENDING'::job_state))`.
+    # `((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))`.
     state = r"'(\w+)'::(?:\w+\.)?job_state"
     listed = re.findall(rf"\(old\.state <> {state}\) OR \(new\.state <> {state}\)", definition)
     moves = {(t.from_state, t.to_state) for t in TRANSITIONS if t.from_state is not None}
@@ -93,7 +93,7 @@ async def test_the_transition_guard_lets_through_exactly_the_table(pool: asyncpg
 
 async def _assert_one_event_per_version(pool: asyncpg.Pool, job_id: UUID) -> list[str]:
     events = await _events(pool, job_id)
-    version = await pool.fetchval("SELECT version FROM jobs WHERE id = $1", job_id)
+    version = await pool.fetchval("SELECT version FROM evora.jobs WHERE id = $1", job_id)
     assert [e["job_version"] for e in events] == list(range(1, version + 1))
     for event in events:
         if event["event"] != EventName.CANCEL_REQUESTED:
@@ -185,7 +185,8 @@ async def test_illegal_transition_fails_in_the_database(
     job_id = await _in_state(store, pool, from_state)
     with pytest.raises(asyncpg.CheckViolationError, match="illegal job transition"):
         await pool.execute(
-            "UPDATE jobs SET state = $2::job_state, version = version + 1 WHERE id = $1",
+            "UPDATE evora.jobs SET state = $2::evora.job_state, version = version + 1 WHERE id"
+            " = $1",
             job_id,
             to_state.value,
         )
@@ -198,23 +199,27 @@ async def test_illegal_transition_fails_in_the_database(
 async def test_new_job_must_be_pending(pool: asyncpg.Pool, state: JobState) -> None:
     with pytest.raises(asyncpg.CheckViolationError, match="must be PENDING"):
         await pool.execute(
-            "INSERT INTO jobs (id, queue, type, payload, state, max_attempts, lease_seconds, "
+            "INSERT INTO evora.jobs (id, queue, type, payload, state, max_attempts, lease_seconds, "
             "backoff_initial, backoff_max, backoff_multiplier, run_at, finished_at, "
             "lease_token, lease_expires_at) VALUES (gen_random_uuid(), 'q', 't', '{}', "
-            "$1::job_state, 1, 30, 1, 2, 2, now(), now(), gen_random_uuid(), now())",
+            "$1::evora.job_state, 1, 30, 1, 2, 2, now(), now(), gen_random_uuid(), now())",
             state.value,
         )
 
 
 @pytest.mark.parametrize(
     "statement",
-    ["UPDATE job_events SET event = 'x'", "DELETE FROM job_events", "TRUNCATE job_events"],
+    [
+        "UPDATE evora.job_events SET event = 'x'",
+        "DELETE FROM evora.job_events",
+        "TRUNCATE evora.job_events",
+    ],
 )
 async def test_events_are_append_only(store: JobStore, pool: asyncpg.Pool, statement: str) -> None:
     await _submit(store)
     with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
         await pool.execute(statement)
-    assert await pool.fetchval("SELECT count(*) FROM job_events") == 1
+    assert await pool.fetchval("SELECT count(*) FROM evora.job_events") == 1
 
 
 @pytest.mark.parametrize("state", [JobState.PENDING, JobState.RUNNING])
@@ -223,7 +228,7 @@ async def test_live_jobs_cannot_be_deleted(
 ) -> None:
     job_id = await _in_state(store, pool, state)
     with pytest.raises(asyncpg.CheckViolationError, match="may not be deleted"):
-        await pool.execute("DELETE FROM jobs WHERE id = $1", job_id)
+        await pool.execute("DELETE FROM evora.jobs WHERE id = $1", job_id)
 
 
 @pytest.mark.audit_skip(
@@ -231,4 +236,4 @@ async def test_live_jobs_cannot_be_deleted(
 )
 async def test_finished_jobs_can_be_pruned(store: JobStore, pool: asyncpg.Pool) -> None:
     job_id = await _in_state(store, pool, JobState.COMPLETED)
-    assert await pool.execute("DELETE FROM jobs WHERE id = $1", job_id) == "DELETE 1"
+    assert await pool.execute("DELETE FROM evora.jobs WHERE id = $1", job_id) == "DELETE 1"

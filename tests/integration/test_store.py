@@ -28,7 +28,7 @@ async def ids(store: JobStore, *subs: JobSubmission) -> list[UUID]:
 
 
 async def event_count(pool: asyncpg.Pool) -> int:
-    count: int = await pool.fetchval("SELECT count(*) FROM job_events")
+    count: int = await pool.fetchval("SELECT count(*) FROM evora.job_events")
     return count
 
 
@@ -55,7 +55,7 @@ async def test_submit_each_gives_every_submission_its_own_outcome(
     assert isinstance(old_other, IdempotencyConflict)
     assert isinstance(old_again, Submitted) and not old_again.created
     assert old_again.job["id"] == old
-    stored = {r["id"] for r in await pool.fetch("SELECT id FROM jobs")}
+    stored = {r["id"] for r in await pool.fetch("SELECT id FROM evora.jobs")}
     assert stored == {old, plain.job["id"], new.job["id"]}
 
 
@@ -75,7 +75,7 @@ async def test_each_item_keeps_its_own_fields_whether_shared_or_not(
         r["id"]: r
         for r in await pool.fetch(
             "SELECT id, payload, priority, max_attempts, expires_at, group_key, backoff_max "
-            "FROM jobs"
+            "FROM evora.jobs"
         )
     }
     assert [rows[i]["payload"] for i in created] == [[1, 2], None, {"a": "ü"}]
@@ -109,7 +109,7 @@ async def test_a_batch_with_a_conflicting_key_stores_nothing(
         await store.submit_batch(
             [sub(), sub(idempotency_key="x", payload=1), sub(idempotency_key="x", payload=2)]
         )
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
+    assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == 1
 
 
 async def test_claim_order_is_priority_then_run_at_then_submission(store: JobStore) -> None:
@@ -183,7 +183,7 @@ async def test_expired_ttl_is_not_claimed_and_dead_letters(
     [expired] = await store.expire_ttls()
     assert expired["id"] == gone and expired["state"] == "DLQ"
     data = await pool.fetchval(
-        "SELECT data FROM job_events WHERE job_id = $1 AND event = 'dead_lettered'", gone
+        "SELECT data FROM evora.job_events WHERE job_id = $1 AND event = 'dead_lettered'", gone
     )
     assert data == {"reason": "expired"}
 

@@ -115,7 +115,7 @@ async def test_concurrent_claimers_claim_every_job_exactly_once(db_url: str) -> 
             for job_id in claimed
         }
         events = await pool.fetch(
-            "SELECT job_id, worker_id FROM job_events WHERE event = 'claimed' AND queue = $1",
+            "SELECT job_id, worker_id FROM evora.job_events WHERE event = 'claimed' AND queue = $1",
             queue,
         )
         per_job = Counter(e["job_id"] for e in events)
@@ -124,10 +124,10 @@ async def test_concurrent_claimers_claim_every_job_exactly_once(db_url: str) -> 
         assert set(per_job.values()) == {1}
         assert all(claimed_by[e["job_id"]] == e["worker_id"] for e in events)
 
-        states = await pool.fetch("SELECT state::text, count(*) FROM jobs GROUP BY state")
+        states = await pool.fetch("SELECT state::text, count(*) FROM evora.jobs GROUP BY state")
         assert {r["state"]: r["count"] for r in states} == {"COMPLETED": CLAIM_JOBS}
         completed_events = await pool.fetchval(
-            "SELECT count(DISTINCT job_id) FROM job_events WHERE event = 'completed'"
+            "SELECT count(DISTINCT job_id) FROM evora.job_events WHERE event = 'completed'"
         )
         assert completed_events == CLAIM_JOBS
 
@@ -230,11 +230,12 @@ async def test_group_jobs_run_one_at_a_time_in_submission_order(db_url: str) -> 
         assert sum(c for c, _ in tallies) == total
         assert sum(f for _, f in tallies) > 0, "no failure happened: retries were not exercised"
 
-        states = await pool.fetch("SELECT state::text, count(*) FROM jobs GROUP BY state")
+        states = await pool.fetch("SELECT state::text, count(*) FROM evora.jobs GROUP BY state")
         assert {r["state"]: r["count"] for r in states} == {"COMPLETED": total}
 
         events = await pool.fetch(
-            "SELECT seq, job_id, event, worker_id FROM job_events WHERE queue = $1 ORDER BY seq",
+            "SELECT seq, job_id, event, worker_id FROM evora.job_events WHERE queue = $1 ORDER"
+            " BY seq",
             queue,
         )
         running: dict[str, UUID] = {}
@@ -361,10 +362,11 @@ async def test_group_heads_changing_under_racing_claimers_never_fail_a_claim(db_
                 await progress.acked(len(jobs))
 
         await run_all([submitter(), *(claimer(i) for i in range(GROUP_CLAIMERS))])
-        states = await pool.fetch("SELECT state::text, count(*) FROM jobs GROUP BY state")
+        states = await pool.fetch("SELECT state::text, count(*) FROM evora.jobs GROUP BY state")
         assert {r["state"]: r["count"] for r in states} == {"COMPLETED": 50 + HEAD_CHANGES}
         events = await pool.fetch(
-            "SELECT e.event, j.group_key FROM job_events e JOIN jobs j ON j.id = e.job_id"
+            "SELECT e.event, j.group_key FROM evora.job_events e JOIN evora.jobs j ON j.id ="
+            " e.job_id"
             " WHERE e.event IN ('claimed', 'completed') ORDER BY e.seq"
         )
         running: set[str] = set()
@@ -394,20 +396,23 @@ async def test_racing_submissions_with_one_key_create_one_job(db_url: str) -> No
 
         results: list[Submitted] = await run_all([submit() for _ in range(SUBMITTERS)])
 
-        assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
-        job_id = await pool.fetchval("SELECT id FROM jobs")
+        assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == 1
+        job_id = await pool.fetchval("SELECT id FROM evora.jobs")
         assert {r.job["id"] for r in results} == {job_id}
         assert sum(r.created for r in results) == 1
         assert sum(not r.created for r in results) == SUBMITTERS - 1
-        assert await pool.fetchval("SELECT count(*) FROM job_events WHERE event = 'submitted'") == 1
-        assert await pool.fetchval("SELECT count(*) FROM job_events") == 1
+        assert (
+            await pool.fetchval("SELECT count(*) FROM evora.job_events WHERE event = 'submitted'")
+            == 1
+        )
+        assert await pool.fetchval("SELECT count(*) FROM evora.job_events") == 1
 
         changed = submission.model_copy(update={"payload": {"a": 2}})
         with pytest.raises(IdempotencyConflict):
             await store.submit(changed)
-        assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
-        assert await pool.fetchval("SELECT count(*) FROM job_events") == 1
-        assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 1
+        assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == 1
+        assert await pool.fetchval("SELECT count(*) FROM evora.job_events") == 1
+        assert await pool.fetchval("SELECT count(*) FROM evora.idempotency_keys") == 1
         assert (await store.get(job_id))["payload"] == {"a": 1}
 
 
@@ -438,9 +443,9 @@ async def test_racing_batches_with_shared_keys_do_not_deadlock(db_url: str) -> N
         # A deadlock would surface as asyncpg.DeadlockDetectedError from gather.
         results: list[list[Submitted]] = await run_all([submit(o) for o in orders])
 
-        assert await pool.fetchval("SELECT count(*) FROM jobs") == KEYS_PER_BATCH
-        assert await pool.fetchval("SELECT count(*) FROM job_events") == KEYS_PER_BATCH
-        rows = await pool.fetch("SELECT id, idempotency_key, payload FROM jobs")
+        assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == KEYS_PER_BATCH
+        assert await pool.fetchval("SELECT count(*) FROM evora.job_events") == KEYS_PER_BATCH
+        rows = await pool.fetch("SELECT id, idempotency_key, payload FROM evora.jobs")
         by_key = {r["idempotency_key"]: r["id"] for r in rows}
         assert {r["idempotency_key"]: r["payload"] for r in rows} == {
             f"key-{k}": {"k": k} for k in range(KEYS_PER_BATCH)

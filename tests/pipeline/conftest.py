@@ -61,7 +61,7 @@ async def sql_totals(pool: asyncpg.Pool, where: str = "true") -> dict[str, dict[
     """Events per queue and name, counted by PostgreSQL."""
     totals: dict[str, dict[str, int]] = {}
     rows = await pool.fetch(
-        f"SELECT queue, event, count(*) AS n FROM job_events WHERE {where} GROUP BY 1, 2"
+        f"SELECT queue, event, count(*) AS n FROM evora.job_events WHERE {where} GROUP BY 1, 2"
     )
     for r in rows:
         totals.setdefault(r["queue"], {})[r["event"]] = r["n"]

@@ -34,7 +34,7 @@ class Killed(Exception):
 
 async def archivable_seqs(pool: asyncpg.Pool, upto_seq: int, below_xid: int) -> list[int]:
     rows = await pool.fetch(
-        "SELECT seq FROM job_events WHERE seq <= $1 AND xid < $2::text::xid8 ORDER BY seq",
+        "SELECT seq FROM evora.job_events WHERE seq <= $1 AND xid < $2::text::xid8 ORDER BY seq",
         upto_seq,
         str(below_xid),
     )
@@ -82,7 +82,7 @@ async def test_archiving_twice_changes_nothing(
     assert (await pipeline.watermark()).archived == len(everything)
     # rows are the events as PostgreSQL holds them
     sample = everything[-1]
-    event = await pool.fetchrow("SELECT * FROM job_events WHERE seq = $1", sample["seq"])
+    event = await pool.fetchrow("SELECT * FROM evora.job_events WHERE seq = $1", sample["seq"])
     assert event is not None
     assert (sample["job_id"], sample["event"], sample["at"].replace(tzinfo=None)) == (
         str(event["job_id"]),
@@ -101,7 +101,7 @@ async def test_run_killed_before_its_commit_loses_and_duplicates_nothing(
 ) -> None:
     await mixed_workload(store, pool, jobs=500, queues=QUEUES, seed=8)
     await catch_up(Projector(pool, mongo, 1))
-    total = await pool.fetchval("SELECT count(*) FROM job_events")
+    total = await pool.fetchval("SELECT count(*) FROM evora.job_events")
 
     def kill(run_id: str) -> None:
         raise Killed(run_id)
@@ -115,7 +115,7 @@ async def test_run_killed_before_its_commit_loses_and_duplicates_nothing(
     mark = await pipeline.watermark()
     assert mark.rectangle == Rectangle() and mark.archived == 0
     with pytest.raises(asyncpg.InsufficientPrivilegeError, match="archive reaches only seq 0"):
-        await pool.fetchval("SELECT evora_drop_archived_events(1, 0, 1000)")
+        await pool.fetchval("SELECT evora.drop_archived_events(1, 0, 1000)")
 
     # readers meanwhile see each event once: the leftovers are outside the watermark
     def history_seqs() -> tuple[int, int]:

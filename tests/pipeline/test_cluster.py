@@ -197,16 +197,16 @@ async def test_archive_and_run_on_a_standalone_cluster(
     projector = Projector(pool, mongo, 1, batch_size=500)
     await catch_up(projector)
     before = await sql_totals(pool)
-    newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+    newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
 
     pipeline_on(spark_cluster, "archive", env, "--older-than", "0")
     # the committed rectangle holds exactly the events PostgreSQL counts in it
     archived = await pool.fetchval(
-        "SELECT count(*) FROM job_events e, event_archive_watermark w"
+        "SELECT count(*) FROM evora.job_events e, evora.event_archive_watermark w"
         " WHERE e.seq <= w.upto_seq AND e.xid < w.below_xid"
     )
     assert archived > 0
-    assert await pool.fetchval("SELECT archived FROM event_archive_watermark") == archived
+    assert await pool.fetchval("SELECT archived FROM evora.event_archive_watermark") == archived
     # partitioned Parquet, by UTC day
     days = sorted(p.name for p in (archive_url / "events").glob("date=*"))
     assert days and all(re.fullmatch(r"date=\d{4}-\d{2}-\d{2}", d) for d in days)

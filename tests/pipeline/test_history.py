@@ -60,13 +60,13 @@ async def test_pipeline_totals_equal_projector_and_sql(
     await catch_up(projector)
     # the projector has consumed everything before anything is removed
     before = await sql_totals(pool)
-    newest = await pool.fetchval("SELECT max(seq) FROM job_events")
+    newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
 
     archived = await pipeline.archive(older_than=0)
     assert archived.run_id is not None and archived.events > 0
     removed = await sweeper_dropping_events(pool).prune_due()
     assert removed["events"] == archived.events
-    left = await pool.fetchval("SELECT count(*) FROM job_events")
+    left = await pool.fetchval("SELECT count(*) FROM evora.job_events")
     assert left == sum(sum(t.values()) for t in before.values()) - archived.events
 
     # more history, which stays live; a queue the archive has never seen
@@ -92,7 +92,9 @@ async def test_pipeline_totals_equal_projector_and_sql(
 
     # the other outputs agree with PostgreSQL where it can say: no job was pruned, so every
     # job's latest state is in `jobs`
-    states = await pool.fetch("SELECT queue, state::text, count(*) AS n FROM jobs GROUP BY 1, 2")
+    states = await pool.fetch(
+        "SELECT queue, state::text, count(*) AS n FROM evora.jobs GROUP BY 1, 2"
+    )
     by_state = {
         (r["queue"], r["state"]): r["jobs"]
         for r in await pipeline.output_rows("job_states")

@@ -1,4 +1,4 @@
-"""job_events stays append-only except for one narrow path: evora_drop_archived_events()
+"""job_events stays append-only except for one narrow path: evora.drop_archived_events()
 removes events that are archived (inside the watermark), consumed by every projector
 generation and old enough, and nothing else can remove any event that is not archived.
 
@@ -20,7 +20,7 @@ from evora_services.projector.projector import Projector
 from evora_services.projector.service import rebuild
 from tests.projector.conftest import catch_up
 
-DROP = "SELECT evora_drop_archived_events($1, $2, $3)"
+DROP = "SELECT evora.drop_archived_events($1, $2, $3)"
 
 
 async def submit(store: JobStore, n: int) -> None:
@@ -31,7 +31,7 @@ async def submit(store: JobStore, n: int) -> None:
 
 async def mark_archived(pool: asyncpg.Pool, upto_seq: int, below_xid: str = "999999999") -> None:
     await pool.execute(
-        "UPDATE event_archive_watermark SET upto_seq = $1, below_xid = $2::text::xid8",
+        "UPDATE evora.event_archive_watermark SET upto_seq = $1, below_xid = $2::text::xid8",
         upto_seq,
         below_xid,
     )
@@ -39,21 +39,22 @@ async def mark_archived(pool: asyncpg.Pool, upto_seq: int, below_xid: str = "999
 
 async def consumed_by_projector(pool: asyncpg.Pool, xid: str = "999999999") -> None:
     await pool.execute(
-        "INSERT INTO projector_progress (generation, xid, seq) VALUES (1, $1::text::xid8, 0)", xid
+        "INSERT INTO evora.projector_progress (generation, xid, seq) VALUES (1, $1::text::xid8, 0)",
+        xid,
     )
 
 
 async def seqs(pool: asyncpg.Pool) -> list[int]:
-    return [r["seq"] for r in await pool.fetch("SELECT seq FROM job_events ORDER BY seq")]
+    return [r["seq"] for r in await pool.fetch("SELECT seq FROM evora.job_events ORDER BY seq")]
 
 
 @pytest.mark.parametrize(
     "statement",
     [
-        "DELETE FROM job_events",
-        "DELETE FROM job_events WHERE seq <= 3",
-        "UPDATE job_events SET event = 'x' WHERE seq = 1",
-        "TRUNCATE job_events",
+        "DELETE FROM evora.job_events",
+        "DELETE FROM evora.job_events WHERE seq <= 3",
+        "UPDATE evora.job_events SET event = 'x' WHERE seq = 1",
+        "TRUNCATE evora.job_events",
     ],
 )
 async def test_plain_changes_are_rejected_even_for_archived_events(
@@ -75,7 +76,7 @@ async def test_setting_the_flag_by_hand_still_cannot_remove_unarchived_events(
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL evora.drop_archived_events = on")
         with pytest.raises(asyncpg.InsufficientPrivilegeError, match="event 3 is not archived"):
-            await conn.execute("DELETE FROM job_events WHERE seq <= 3")
+            await conn.execute("DELETE FROM evora.job_events WHERE seq <= 3")
     assert await seqs(pool) == [1, 2, 3, 4, 5]
 
 
@@ -91,7 +92,7 @@ async def test_the_function_refuses_to_go_past_the_watermark(
         await pool.fetchval(DROP, 4, 0.0, 100)
     assert await seqs(pool) == [1, 2, 3, 4, 5]
     # events of transactions at or past the watermark's xid bound stay, whatever their seq
-    first_xid = await pool.fetchval("SELECT xid::text FROM job_events WHERE seq = 1")
+    first_xid = await pool.fetchval("SELECT xid::text FROM evora.job_events WHERE seq = 1")
     await mark_archived(pool, 3, first_xid)
     assert await pool.fetchval(DROP, 3, 0.0, 100) == 0
     await mark_archived(pool, 3)
@@ -105,13 +106,13 @@ async def test_only_consumed_and_old_enough_events_go(store: JobStore, pool: asy
     await mark_archived(pool, 4)
     # no projector has said how far it got: nothing is known to be consumed
     assert await pool.fetchval(DROP, 4, 0.0, 100) == 0
-    third_xid = await pool.fetchval("SELECT xid::text FROM job_events WHERE seq = 3")
+    third_xid = await pool.fetchval("SELECT xid::text FROM evora.job_events WHERE seq = 3")
     await consumed_by_projector(pool, third_xid)
     assert await pool.fetchval(DROP, 4, 3600.0, 100) == 0  # younger than an hour
     assert await pool.fetchval(DROP, 4, 0.0, 100) == 2
     assert await seqs(pool) == [3, 4]
     retention = RetentionStore(pool)
-    await pool.execute("UPDATE projector_progress SET xid = '999999999'")
+    await pool.execute("UPDATE evora.projector_progress SET xid = '999999999'")
     assert await retention.drop_archived_events(0.0, 100) == 2
     assert await seqs(pool) == []
 
@@ -125,25 +126,27 @@ async def test_projector_records_how_far_each_generation_consumed(
     checkpoint = await projector.checkpoint()
     progress = await pool.fetch(
         "SELECT generation, xid::text::int8 AS xid, snapshot::text,"
-        " pg_snapshot_xmin(snapshot)::text::int8 AS xmin FROM projector_progress"
+        " pg_snapshot_xmin(snapshot)::text::int8 AS xmin FROM evora.projector_progress"
     )
     # the snapshot its spans reached, and its xmin: every event below it is consumed
     assert [(r["generation"], r["snapshot"], r["xid"]) for r in progress] == [
         (1, checkpoint["prev"], progress[0]["xmin"])
     ]
-    newest = await pool.fetchval("SELECT xid::text::int8 FROM job_events ORDER BY xid DESC LIMIT 1")
+    newest = await pool.fetchval(
+        "SELECT xid::text::int8 FROM evora.job_events ORDER BY xid DESC LIMIT 1"
+    )
     assert progress[0]["xid"] > newest
     # a rebuild records its own progress while generation 1 is still the active one...
     generation, _ = await rebuild(pool, mongo)
     assert generation == 2
     control = await mongo[CONTROL].find_one({"_id": CONTROL_ID})
     assert control is not None and control["generation"] == 2
-    rows = await pool.fetch("SELECT generation FROM projector_progress ORDER BY 1")
+    rows = await pool.fetch("SELECT generation FROM evora.projector_progress ORDER BY 1")
     assert [r["generation"] for r in rows] == [1, 2]
     # ...and the first batch of the now active generation forgets the old one
     await submit(store, 1)
     await catch_up(Projector(pool, mongo, 2))
-    rows = await pool.fetch("SELECT generation FROM projector_progress ORDER BY 1")
+    rows = await pool.fetch("SELECT generation FROM evora.projector_progress ORDER BY 1")
     assert [r["generation"] for r in rows] == [2]
 
 

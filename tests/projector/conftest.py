@@ -11,12 +11,16 @@ async def truth(
     """PostgreSQL's own answer: counts per queue and state, event totals per queue and
     name, and the newest seq."""
     counts: dict[str, dict[str, int]] = {}
-    for r in await pool.fetch("SELECT queue, state::text, count(*) AS n FROM jobs GROUP BY 1, 2"):
+    for r in await pool.fetch(
+        "SELECT queue, state::text, count(*) AS n FROM evora.jobs GROUP BY 1, 2"
+    ):
         counts.setdefault(r["queue"], {})[r["state"]] = r["n"]
     totals: dict[str, dict[str, int]] = {}
-    for r in await pool.fetch("SELECT queue, event, count(*) AS n FROM job_events GROUP BY 1, 2"):
+    for r in await pool.fetch(
+        "SELECT queue, event, count(*) AS n FROM evora.job_events GROUP BY 1, 2"
+    ):
         totals.setdefault(r["queue"], {})[r["event"]] = r["n"]
-    newest = await pool.fetchval("SELECT coalesce(max(seq), 0) FROM job_events")
+    newest = await pool.fetchval("SELECT coalesce(max(seq), 0) FROM evora.job_events")
     return counts, totals, int(newest)
 
 

@@ -94,7 +94,7 @@ async def test_latency_windows_hold_the_most_recent_samples(
     for kind, event, since in (("wait", "claimed", "run_at"), ("run", "completed", "started_at")):
         expected = await pool.fetch(
             f"SELECT extract(epoch FROM at - (job).{since})::float8 * 1000 AS ms"
-            " FROM job_events WHERE event = $1 ORDER BY xid, seq",
+            " FROM evora.job_events WHERE event = $1 ORDER BY xid, seq",
             event,
         )
         assert doc[f"{kind}_samples"] == pytest.approx([r["ms"] for r in expected[-25:]])

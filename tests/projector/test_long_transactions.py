@@ -68,7 +68,9 @@ async def other_database(pool: asyncpg.Pool) -> AsyncIterator[str]:
 
 async def _completed(pool: asyncpg.Pool) -> int:
     return int(
-        await pool.fetchval("SELECT count(*) FROM jobs WHERE queue = 'hot' AND state = 'COMPLETED'")
+        await pool.fetchval(
+            "SELECT count(*) FROM evora.jobs WHERE queue = 'hot' AND state = 'COMPLETED'"
+        )
     )
 
 
@@ -166,7 +168,7 @@ def _unordered(models: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _events(pool: asyncpg.Pool) -> int:
-    return int(await pool.fetchval("SELECT count(*) FROM job_events"))
+    return int(await pool.fetchval("SELECT count(*) FROM evora.job_events"))
 
 
 async def test_a_span_bigger_than_a_batch_is_read_whole_through_writes_and_crashes(

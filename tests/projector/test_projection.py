@@ -55,7 +55,7 @@ async def test_lifecycle_is_projected(
 ) -> None:
     await mixed_workload(store, pool, jobs=300, queues=QUEUES)
     projector = Projector(pool, mongo, 1, batch_size=97)
-    assert await catch_up(projector) == await pool.fetchval("SELECT count(*) FROM job_events")
+    assert await catch_up(projector) == await pool.fetchval("SELECT count(*) FROM evora.job_events")
     await assert_matches_truth(pool, mongo)
 
     stats = await ReadModels(mongo).queue_stats("alpha", paused={"alpha"})
@@ -66,9 +66,9 @@ async def test_lifecycle_is_projected(
         assert stats["latency_ms"][kind]["p99"] >= stats["latency_ms"][kind]["p50"] > 0
     assert stats["throughput"]["completed_per_minute"]["1m"] > 0
     workers = (await ReadModels(mongo).workers_page()).items
-    claims = await pool.fetchval("SELECT count(*) FROM job_events WHERE event = 'claimed'")
+    claims = await pool.fetchval("SELECT count(*) FROM evora.job_events WHERE event = 'claimed'")
     assert sum(w["claimed"] for w in workers) == claims
-    running = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'RUNNING'")
+    running = await pool.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'RUNNING'")
     assert sum(w["running"] for w in workers) == running
     failures = await ReadModels(mongo).failures("alpha")
     assert failures and all(t["reasons"] for t in failures)
@@ -101,7 +101,9 @@ async def test_a_batch_read_again_with_more_events_counts_each_event_once(
     await mongo[CONTROL].delete_one({"_id": checkpoint_id(1)})  # as if never written
     await mixed_workload(store, pool, jobs=150, queues=QUEUES, seed=14)
     restarted = Projector(pool, mongo, 1, batch_size=10_000)
-    assert await restarted.run_once() == await pool.fetchval("SELECT count(*) FROM job_events")
+    assert await restarted.run_once() == await pool.fetchval(
+        "SELECT count(*) FROM evora.job_events"
+    )
     await restarted.refresh()
     await assert_matches_truth(pool, mongo)
     await catch_up(Projector(pool, mongo, 2, batch_size=97))
@@ -118,10 +120,10 @@ async def test_event_committed_out_of_seq_order_is_projected(
         tx = slow.transaction()
         await tx.start()
         await slow.execute(
-            "INSERT INTO job_events (job_id, job_version, queue, type, event, to_state,"
+            "INSERT INTO evora.job_events (job_id, job_version, queue, type, event, to_state,"
             " attempt, at, job)"
             " VALUES ($1, 1, 'late', 't', 'submitted', 'PENDING', 0, now(),"
-            " jsonb_populate_record(NULL::job_image, '{}'))",
+            " jsonb_populate_record(NULL::evora.job_image, '{}'))",
             uuid4(),
         )
         await store.submit(JobSubmission(queue="early", type="t"))
@@ -170,7 +172,9 @@ async def test_rebuild_produces_identical_read_models(
     await catch_up(Projector(pool, mongo, 1, batch_size=33))
     first = await read_models(mongo, 1)
     generation, applied = await rebuild(pool, mongo)
-    assert generation == 2 and applied == await pool.fetchval("SELECT count(*) FROM job_events")
+    assert generation == 2 and applied == await pool.fetchval(
+        "SELECT count(*) FROM evora.job_events"
+    )
     assert await read_models(mongo, 2) == first
     assert "rm1_queues" not in await mongo.list_collection_names()
     stats = await ReadModels(mongo).queue_stats("beta", paused=set())

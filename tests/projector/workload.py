@@ -40,12 +40,13 @@ async def mixed_workload(
             # rather than the `clock` run ahead: this happens many times a workload, and each
             # advance would reopen the pool the callers share with their projectors.
             await pool.execute(
-                "UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE state = 'RUNNING'"
+                "UPDATE evora.jobs SET lease_expires_at = now() - interval '1 s' WHERE state ="
+                " 'RUNNING'"
             )
             while await store.expire_leases():
                 pass
             moved = await pool.execute(
-                "UPDATE jobs SET run_at = now() WHERE state = 'PENDING' AND run_at > now()"
+                "UPDATE evora.jobs SET run_at = now() WHERE state = 'PENDING' AND run_at > now()"
             )
             if moved == "UPDATE 0":
                 break
@@ -74,10 +75,10 @@ async def mixed_workload(
                 failures.append(Failure(job["id"], job["lease_token"], "stopped"))
         await store.complete_many(completions)
         await store.fail_many(failures)
-        pending = await pool.fetch("SELECT id FROM jobs WHERE state = 'PENDING' LIMIT 20")
+        pending = await pool.fetch("SELECT id FROM evora.jobs WHERE state = 'PENDING' LIMIT 20")
         for row in pending[: rng.randrange(3)]:
             await store.cancel(row["id"])
-        dlq = await pool.fetch("SELECT id FROM jobs WHERE state = 'DLQ' LIMIT 10")
+        dlq = await pool.fetch("SELECT id FROM evora.jobs WHERE state = 'DLQ' LIMIT 10")
         for row in dlq[: rng.randrange(3)]:
             if rng.random() < 0.5:
                 await store.retry(row["id"])

@@ -16,7 +16,7 @@ from evora.storage import queries
 
 async def _states(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> list[str]:
     rows = await conn.fetch(
-        "SELECT state::text FROM jobs j JOIN unnest($1::uuid[]) WITH ORDINALITY u(id, n) "
+        "SELECT state::text FROM evora.jobs j JOIN unnest($1::uuid[]) WITH ORDINALITY u(id, n) "
         "ON u.id = j.id ORDER BY u.n",
         ids,
     )
@@ -24,7 +24,9 @@ async def _states(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> list[str]:
 
 
 async def _depends_on(conn: asyncpg.Connection, job_id: uuid.UUID) -> list[uuid.UUID]:
-    return list(await conn.fetchval("SELECT depends_on FROM jobs WHERE id = $1", job_id) or [])
+    return list(
+        await conn.fetchval("SELECT depends_on FROM evora.jobs WHERE id = $1", job_id) or []
+    )
 
 
 async def test_a_batch_with_refs_and_a_dependent_submission_store_the_graph(
@@ -49,9 +51,10 @@ async def test_a_batch_with_refs_and_a_dependent_submission_store_the_graph(
     assert await _depends_on(app_conn, c) == [a, b]
     assert await _depends_on(app_conn, d) == [c, a]
     assert (
-        await app_conn.fetchval("SELECT on_dependency_failure FROM jobs WHERE id = $1", c) == "run"
+        await app_conn.fetchval("SELECT on_dependency_failure FROM evora.jobs WHERE id = $1", c)
+        == "run"
     )
-    edges = await app_conn.fetchval("SELECT count(*) FROM job_dependencies")
+    edges = await app_conn.fetchval("SELECT count(*) FROM evora.job_dependencies")
     assert edges == 5
 
 
@@ -113,7 +116,7 @@ async def test_an_invalid_dependency_is_refused_naming_its_place(
     assert str(raised.value).startswith(message.format(cancelled=cancelled)), raised.value
     assert raised.value.column_name is not None
     assert raised.value.column_name.startswith("jobs[1].")
-    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 1  # the cancelled one
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 1  # the cancelled one
 
 
 async def test_a_cancelled_dependency_is_accepted_when_the_job_runs_anyway(

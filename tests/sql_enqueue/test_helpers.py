@@ -31,7 +31,7 @@ OPTIONS: dict[str, Any] = {
 
 
 async def _jobs(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return list(await conn.fetch("SELECT * FROM jobs ORDER BY submit_seq"))
+    return list(await conn.fetch("SELECT * FROM evora.jobs ORDER BY submit_seq"))
 
 
 async def _check_stored(app_conn: asyncpg.Connection, job_id: UUID, batch: list[UUID]) -> None:

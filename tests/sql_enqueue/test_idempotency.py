@@ -86,7 +86,7 @@ async def test_the_same_fields_replay_across_sql_and_http(
                 await _sql_submit(app_conn, other)
             assert raised.value.constraint_name == "evora_idempotency_conflict"
             assert str(raised.value).startswith("idempotency_key:")
-        assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 2
+        assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 2
 
 
 async def test_a_key_whose_job_was_removed_stays_spent(
@@ -110,7 +110,7 @@ async def test_a_key_whose_job_was_removed_stays_spent(
             orjson.dumps([{"queue": "q", "type": "t"}, job]).decode(),
         )
     assert str(raised.value).startswith("jobs[1].idempotency_key:")
-    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 0
 
 
 async def test_a_repeated_key_in_one_sql_batch(app_conn: asyncpg.Connection) -> None:
@@ -133,7 +133,7 @@ async def test_a_repeated_key_in_one_sql_batch(app_conn: asyncpg.Connection) -> 
     assert str(raised.value) == (
         "jobs[1].idempotency_key: reuses the idempotency key of jobs[0] with different fields"
     )
-    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 2
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 2
 
 
 @pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
@@ -166,7 +166,7 @@ async def test_an_http_submission_waits_for_an_open_sql_transaction_holding_its_
     else:
         assert status == 201
         assert body["id"] != str(held_id)
-    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 1
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 1
 
 
 async def _racer(
@@ -252,7 +252,7 @@ async def test_racing_sql_and_http_submissions_of_one_key_make_one_job(
                 chosen = [1 if n % 3 == 0 else 0 for n in range(CLIENTS)]
                 answers = await _race([variants[c] for c in chosen], conns, http, api, rng)
                 rows = await conns[0].fetch(
-                    "SELECT id, payload FROM jobs WHERE idempotency_key = $1", key
+                    "SELECT id, payload FROM evora.jobs WHERE idempotency_key = $1", key
                 )
                 assert len(rows) == 1
                 winner = 0 if orjson.loads(rows[0]["payload"]) == {"v": "a"} else 1
@@ -276,7 +276,7 @@ async def _stored_before_0011(
         exclude={"idempotency_key", "depends_on", "on_dependency_failure", "ref", "limit_keys"},
     )
     before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
-    await conn.execute("UPDATE idempotency_keys SET fingerprint = $1", before)
+    await conn.execute("UPDATE evora.idempotency_keys SET fingerprint = $1", before)
     return body
 
 
@@ -297,12 +297,12 @@ async def test_a_key_stored_before_the_database_computed_fingerprints_still_repl
 
 async def _conflict(conn: asyncpg.Connection, submit: Any) -> None:
     """`submit` raises the idempotency conflict and stores nothing."""
-    stored = await conn.fetchval("SELECT count(*) FROM jobs")
+    stored = await conn.fetchval("SELECT count(*) FROM evora.jobs")
     with pytest.raises(asyncpg.UniqueViolationError) as raised:
         async with conn.transaction():
             await submit
     assert raised.value.constraint_name == "evora_idempotency_conflict"
-    assert await conn.fetchval("SELECT count(*) FROM jobs") == stored
+    assert await conn.fetchval("SELECT count(*) FROM evora.jobs") == stored
 
 
 async def test_dependencies_are_part_of_what_a_key_compares_in_sql(
@@ -320,7 +320,7 @@ async def test_dependencies_are_part_of_what_a_key_compares_in_sql(
     ]
     for change in changes:
         await _conflict(app_conn, _sql_submit(app_conn, {**job, **change}))
-    assert await app_conn.fetchval("SELECT count(*) FROM job_dependencies") == 2
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.job_dependencies") == 2
 
 
 def _sql_batch(conn: asyncpg.Connection, items: list[dict[str, Any]]) -> Any:
@@ -413,7 +413,7 @@ async def test_racing_submissions_of_one_key_with_other_dependencies_make_one_jo
                 ]
                 answers = await _race(jobs, conns, http, api, rng)
                 rows = await conns[0].fetch(
-                    "SELECT id, depends_on, on_dependency_failure FROM jobs "
+                    "SELECT id, depends_on, on_dependency_failure FROM evora.jobs "
                     "WHERE idempotency_key = $1",
                     key,
                 )
@@ -429,7 +429,7 @@ async def test_racing_submissions_of_one_key_with_other_dependencies_make_one_jo
                 ]
                 assert answers == expected
                 edges = await conns[0].fetchval(
-                    "SELECT count(*) FROM job_dependencies WHERE job_id = $1", rows[0]["id"]
+                    "SELECT count(*) FROM evora.job_dependencies WHERE job_id = $1", rows[0]["id"]
                 )
                 assert edges == len(stored[0])
     finally:

@@ -12,8 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from evora.storage.migrate import apply_migrations
-from tests.conftest import MakeDatabase
+from evora.storage.migrate import NAMESPACE_VERSION, apply_migrations
 from tests.sql_enqueue.conftest import MakeRole
 
 # The last version before a later migration (0013) replaced functions of 0011: running 0011
@@ -21,19 +20,34 @@ from tests.sql_enqueue.conftest import MakeRole
 _FUNCTIONS_OF_0011_UNTIL = 12
 
 
-@pytest.fixture
-async def db_url(pg_server_url: str) -> AsyncIterator[str]:
-    """A database migrated up to the version whose functions 0011 still defines."""
+async def _migrated_upto(pg_server_url: str, version: int) -> AsyncIterator[str]:
+    """A database of its own migrated up to `version`."""
     name = f"m0011_{uuid.uuid4().hex}"
     admin = await asyncpg.connect(pg_server_url)
     try:
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
         url = urlunsplit(urlsplit(pg_server_url)._replace(path=f"/{name}"))
-        await apply_migrations(url, upto=_FUNCTIONS_OF_0011_UNTIL)
+        await apply_migrations(url, upto=version)
         yield url
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def db_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A database migrated up to the version whose functions 0011 still defines."""
+    async for url in _migrated_upto(pg_server_url, _FUNCTIONS_OF_0011_UNTIL):
+        yield url
+
+
+@pytest.fixture
+async def newest_named_by_0011_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A database at the newest schema whose objects 0011 names: the one before migration
+    0030 moved every table and function it uses into `evora`, renaming them (an old
+    migration's text names the objects of its own time)."""
+    async for url in _migrated_upto(pg_server_url, NAMESPACE_VERSION - 1):
+        yield url
 
 
 _STATE = """
@@ -67,13 +81,12 @@ async def test_applying_it_again_changes_nothing(
 
 
 async def test_applying_it_again_over_the_newest_schema_leaves_no_overloads(
-    make_db_url: MakeDatabase,
+    newest_named_by_0011_url: str,
 ) -> None:
     """A later migration that changes the arguments of a function 0011 defines gives the new
     version another name: 0011 run again re-creates its own, and a call with its arguments
     must not then match two functions."""
-    url = await make_db_url()
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(newest_named_by_0011_url)
     try:
         await conn.execute(_migration())
         overloaded = await conn.fetch(

@@ -10,15 +10,16 @@ import pytest
 from tests.sql_enqueue.conftest import MakeRole
 
 FORBIDDEN = [
-    "SELECT count(*) FROM jobs",
-    "SELECT count(*) FROM job_events",
-    "SELECT count(*) FROM idempotency_keys",
-    "UPDATE jobs SET priority = 1",
-    "DELETE FROM jobs",
-    "INSERT INTO job_events (job_id, job_version, queue, type, event, to_state, attempt, at, job)"
-    " SELECT id, 9, queue, type, 'x', state, 0, now(), NULL FROM jobs",
-    "DELETE FROM job_events",
-    "SELECT evora_drop_archived_events(0, 0, 1)",
+    "SELECT count(*) FROM evora.jobs",
+    "SELECT count(*) FROM evora.job_events",
+    "SELECT count(*) FROM evora.idempotency_keys",
+    "UPDATE evora.jobs SET priority = 1",
+    "DELETE FROM evora.jobs",
+    "INSERT INTO evora.job_events (job_id, job_version, queue, type, event, to_state, attempt,"
+    " at, job)"
+    " SELECT id, 9, queue, type, 'x', state, 0, now(), NULL FROM evora.jobs",
+    "DELETE FROM evora.job_events",
+    "SELECT evora.drop_archived_events(0, 0, 1)",
     "SELECT * FROM evora.store_submissions('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
     "SELECT evora.validated('{}', '')",
@@ -41,9 +42,9 @@ async def test_a_role_granted_evora_producer_submits_and_does_nothing_else(
                 await conn.execute(statement)
     finally:
         await conn.close()
-    stored = await app_conn.fetch("SELECT id FROM jobs ORDER BY submit_seq")
+    stored = await app_conn.fetch("SELECT id FROM evora.jobs ORDER BY submit_seq")
     assert [r["id"] for r in stored] == [job_id, *ids]
-    events = await app_conn.fetchval("SELECT count(*) FROM job_events")
+    events = await app_conn.fetchval("SELECT count(*) FROM evora.job_events")
     assert events == 2
 
 
@@ -70,8 +71,7 @@ async def test_the_callers_own_objects_cannot_stand_in_for_evoras(
         await conn.execute("CREATE TEMP TABLE jobs (id uuid)")
         await conn.execute("CREATE TEMP TABLE idempotency_keys (queue text, key text)")
         await conn.execute(
-            "CREATE FUNCTION pg_temp.evora_job_image(j anyelement) RETURNS int "
-            "LANGUAGE sql AS 'SELECT 1'"
+            "CREATE FUNCTION pg_temp.job_image(j anyelement) RETURNS int LANGUAGE sql AS 'SELECT 1'"
         )
         job_id = await conn.fetchval(
             """SELECT evora.submit('mail', 't', '{}', '{"idempotency_key": "k"}')"""
@@ -79,5 +79,5 @@ async def test_the_callers_own_objects_cannot_stand_in_for_evoras(
         assert await conn.fetchval("SELECT count(*) FROM pg_temp.jobs") == 0
     finally:
         await conn.close()
-    assert await app_conn.fetchval("SELECT count(*) FROM jobs WHERE id = $1", job_id) == 1
-    assert await app_conn.fetchval("SELECT count(*) FROM idempotency_keys") == 1
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs WHERE id = $1", job_id) == 1
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.idempotency_keys") == 1

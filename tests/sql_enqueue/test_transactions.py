@@ -56,13 +56,13 @@ async def test_a_rollback_leaves_no_job_no_event_and_no_hint(
             """SELECT evora.submit_batch('[{"queue": "rolled", "type": "t"}]')"""
         )
         # inside the transaction the job exists, with its event
-        assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 2
-        assert await app_conn.fetchval("SELECT count(*) FROM job_events") == 2
+        assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 2
+        assert await app_conn.fetchval("SELECT count(*) FROM evora.job_events") == 2
         await tx.rollback()
         assert await app_conn.fetchval("SELECT count(*) FROM orders") == 0
-        assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 0
-        assert await app_conn.fetchval("SELECT count(*) FROM job_events") == 0
-        assert await app_conn.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+        assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 0
+        assert await app_conn.fetchval("SELECT count(*) FROM evora.job_events") == 0
+        assert await app_conn.fetchval("SELECT count(*) FROM evora.idempotency_keys") == 0
         # Hints arrive in commit order: once a later commit's hint is here, a hint of the
         # rolled-back transaction would have been seen before it.
         await app_conn.fetchval("SELECT evora.submit('committed', 'order.ship')")
@@ -83,9 +83,9 @@ async def test_a_commit_stores_the_job_and_its_event_and_hints_its_queue(
                 """SELECT evora.submit('mail', 'mail.send', '{"to": "a@example.com"}',
                                        '{"priority": 3, "group_key": "acct-1"}')"""
             )
-        job = await app_conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+        job = await app_conn.fetchrow("SELECT * FROM evora.jobs WHERE id = $1", job_id)
         assert (job["state"], job["priority"], job["group_key"]) == ("PENDING", 3, "acct-1")
-        events = await app_conn.fetch("SELECT * FROM job_events WHERE job_id = $1", job_id)
+        events = await app_conn.fetch("SELECT * FROM evora.job_events WHERE job_id = $1", job_id)
         assert [(e["event"], e["from_state"], e["to_state"]) for e in events] == [
             ("submitted", None, "PENDING")
         ]

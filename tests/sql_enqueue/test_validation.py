@@ -157,7 +157,7 @@ async def test_an_invalid_submission_is_refused_naming_its_field(
         await _submit(app_conn, item)
     assert str(raised.value.sqlstate)[:2] in ("22", "23"), raised.value
     assert str(raised.value).startswith(f"{field}:"), raised.value
-    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 0
 
 
 @pytest.mark.parametrize("change", VALID, ids=[str(i) for i in range(len(VALID))])
@@ -170,7 +170,7 @@ async def test_a_valid_submission_is_accepted(
     batch_ids = await _submit_batch(app_conn, [item, item])
     model = JobSubmission.model_validate_json(orjson.dumps(item))
     ids = [job_id, *batch_ids]
-    rows = await app_conn.fetch("SELECT * FROM jobs WHERE id = ANY($1::uuid[])", ids)
+    rows = await app_conn.fetch("SELECT * FROM evora.jobs WHERE id = ANY($1::uuid[])", ids)
     # the same key and fields: one job, replayed
     assert len(rows) == len(set(ids)) == (1 if model.idempotency_key else 3)
     for row in rows:
@@ -232,4 +232,4 @@ async def test_arguments_of_the_functions_are_checked(
 async def test_a_batch_of_the_largest_size_is_accepted(app_conn: asyncpg.Connection) -> None:
     ids = await _submit_batch(app_conn, [BASE] * 1000)
     assert len(set(ids)) == 1000
-    assert await app_conn.fetchval("SELECT count(*) FROM jobs") == 1000
+    assert await app_conn.fetchval("SELECT count(*) FROM evora.jobs") == 1000

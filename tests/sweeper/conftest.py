@@ -99,7 +99,8 @@ async def force_lease_expiry(pool: asyncpg.Pool, *job_ids: UUID) -> None:
     transition: no event, no trigger). Where the sweeper starts afterwards, tests run the
     `clock` ahead instead."""
     status = await pool.execute(
-        "UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE id = ANY($1::uuid[])",
+        "UPDATE evora.jobs SET lease_expires_at = now() - interval '1 s' WHERE id ="
+        " ANY($1::uuid[])",
         list(job_ids),
     )
     assert status == f"UPDATE {len(job_ids)}"
@@ -107,7 +108,7 @@ async def force_lease_expiry(pool: asyncpg.Pool, *job_ids: UUID) -> None:
 
 async def events(pool: asyncpg.Pool, job_id: UUID) -> list[tuple[str, dict[str, Any]]]:
     rows = await pool.fetch(
-        "SELECT event, data FROM job_events WHERE job_id = $1 ORDER BY job_version", job_id
+        "SELECT event, data FROM evora.job_events WHERE job_id = $1 ORDER BY job_version", job_id
     )
     return [(r["event"], r["data"]) for r in rows]
 

@@ -33,7 +33,7 @@ async def test_the_active_sweeper_counts_violations_by_check(
     # a change no event records, then events the next passes read, three at a time
     broken = await submit(store)
     await pool.execute(
-        "UPDATE jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1", broken
+        "UPDATE evora.jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1", broken
     )
     for _ in range(4):
         await submit(store)

@@ -167,13 +167,14 @@ async def test_wakes_at_the_next_deadline_not_on_a_tick(
     # sweeper sleeping on the real clock until them, which running the `clock` ahead cannot
     # stand for.
     lease_deadline = await pool.fetchval(
-        "UPDATE jobs SET lease_expires_at = now() + interval '1.2 s' WHERE id = $1 "
+        "UPDATE evora.jobs SET lease_expires_at = now() + interval '1.2 s' WHERE id = $1 "
         "RETURNING lease_expires_at",
         job["id"],
     )
     ttl_job = await submit(store, "ttl", expires_at=datetime.now(UTC) + timedelta(hours=1))
     ttl_deadline = await pool.fetchval(
-        "UPDATE jobs SET expires_at = now() + interval '1.8 s' WHERE id = $1 RETURNING expires_at",
+        "UPDATE evora.jobs SET expires_at = now() + interval '1.8 s' WHERE id = $1 RETURNING"
+        " expires_at",
         ttl_job,
     )
     # Without the deadline it would look again only after a minute.
@@ -181,7 +182,7 @@ async def test_wakes_at_the_next_deadline_not_on_a_tick(
 
     async def expired_at(job_id: object, event: str) -> datetime | None:
         at: datetime | None = await pool.fetchval(
-            "SELECT at FROM job_events WHERE job_id = $1 AND event = $2", job_id, event
+            "SELECT at FROM evora.job_events WHERE job_id = $1 AND event = $2", job_id, event
         )
         return at
 
@@ -215,7 +216,7 @@ async def test_looks_again_for_leases_claimed_after_it_computed_its_deadline(
     await until(expired, "the short lease to be expired", within=5.0)
     assert time.monotonic() - started < 1.0 + 1.0 + 0.5  # the lease, at most one wait, slack
     late = await pool.fetchval(
-        "SELECT extract(epoch FROM e.at - $2::timestamptz)::float8 FROM job_events e "
+        "SELECT extract(epoch FROM e.at - $2::timestamptz)::float8 FROM evora.job_events e "
         "WHERE e.job_id = $1 AND e.event = 'lease_expired'",
         job["id"],
         job["lease_expires_at"],

@@ -149,18 +149,18 @@ async def test_concurrent_passes_handle_each_deadline_exactly_once(
                 passes = await asyncio.gather(*(s.expire_due() for s in sweepers + sweepers))
             assert sum(p.leases["requeued"] for p in passes) == LEASES, round_
             per_job = await pool.fetch(
-                "SELECT job_id, count(*) AS n FROM job_events "
+                "SELECT job_id, count(*) AS n FROM evora.job_events "
                 "WHERE event = 'lease_expired' GROUP BY job_id"
             )
             assert {r["job_id"] for r in per_job} == lease_ids
             assert Counter(r["n"] for r in per_job) == Counter({round_: LEASES}), round_
         assert sum(p.ttls for p in passes) == TTLS
         dead = await pool.fetch(
-            "SELECT job_id, count(*) AS n FROM job_events "
+            "SELECT job_id, count(*) AS n FROM evora.job_events "
             "WHERE event = 'dead_lettered' GROUP BY job_id"
         )
         assert len(dead) == TTLS and {r["n"] for r in dead} == {1}
-        assert await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'DLQ'") == TTLS
+        assert await pool.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'DLQ'") == TTLS
     finally:
         for p in pools:
             await p.close()

@@ -52,7 +52,7 @@ async def finished(
 
 
 async def prune_counts(pool: asyncpg.Pool) -> dict[tuple[str, str], int]:
-    rows = await pool.fetch("SELECT queue, state, pruned FROM job_prune_counts")
+    rows = await pool.fetch("SELECT queue, state, pruned FROM evora.job_prune_counts")
     return {(r["queue"], r["state"]): r["pruned"] for r in rows}
 
 
@@ -85,8 +85,8 @@ async def test_old_finished_jobs_are_pruned_and_accounted_for(
         (await store.submit(JobSubmission(queue="b", type="t", delay_seconds=3600))).job["id"],
     ]
     [running] = await store.claim(worker_id="w", queues=["a"])
-    events_before = await pool.fetchval("SELECT count(*) FROM job_events")
-    states_before = Counter(r["state"] for r in await pool.fetch("SELECT state FROM jobs"))
+    events_before = await pool.fetchval("SELECT count(*) FROM evora.job_events")
+    states_before = Counter(r["state"] for r in await pool.fetch("SELECT state FROM evora.jobs"))
 
     # One statement removes at most its batch.
     retention = RetentionStore(pool)
@@ -105,25 +105,25 @@ async def test_old_finished_jobs_are_pruned_and_accounted_for(
     # the keys' window by now): let it finish, or the pass below would find those keys.
     async def keys_of_pruned_jobs_gone() -> bool:
         left = await pool.fetchval(
-            "SELECT count(*) FROM idempotency_keys k"
-            " WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = k.job_id)"
+            "SELECT count(*) FROM evora.idempotency_keys k"
+            " WHERE NOT EXISTS (SELECT 1 FROM evora.jobs j WHERE j.id = k.job_id)"
         )
         return bool(left == 0)
 
     await until(keys_of_pruned_jobs_gone, "their idempotency keys to be pruned")
 
-    remaining = {r["id"] for r in await pool.fetch("SELECT id FROM jobs")}
+    remaining = {r["id"] for r in await pool.fetch("SELECT id FROM evora.jobs")}
     assert remaining == set(kept) | set(live)
     assert running["id"] in live
     counts = await prune_counts(pool)
     assert counts == {(q, s.value): len(ids) for (q, s), ids in old.items()}
     # What the read models may rely on: counts derived from events minus the pruned ones
     # equal the true per-state counts.
-    states_after = Counter(r["state"] for r in await pool.fetch("SELECT state FROM jobs"))
+    states_after = Counter(r["state"] for r in await pool.fetch("SELECT state FROM evora.jobs"))
     for state, before in states_before.items():
         gone = sum(n for (_, s), n in counts.items() if s == state)
         assert states_after[state] == before - gone, state
-    assert await pool.fetchval("SELECT count(*) FROM job_events") == events_before
+    assert await pool.fetchval("SELECT count(*) FROM evora.job_events") == events_before
     assert sweeper.metric("evora_sweeper_pruned_total", kind="dlq") == 7 + 1
 
     # Another pass finds nothing more.
@@ -146,7 +146,7 @@ async def test_idempotency_keys_are_pruned_by_age_but_never_while_their_job_exis
     old_keys = [f"spare-{i}" for i in range(9)]
     # Keys whose jobs are long gone (pruned) or never existed beyond the key.
     await pool.executemany(
-        "INSERT INTO idempotency_keys (queue, key, fingerprint, job_id, created_at) "
+        "INSERT INTO evora.idempotency_keys (queue, key, fingerprint, job_id, created_at) "
         "VALUES ('k', $1, '\\x00', gen_random_uuid(), now() - interval '8 days')",
         [(key,) for key in old_keys],
     )
@@ -154,7 +154,8 @@ async def test_idempotency_keys_are_pruned_by_age_but_never_while_their_job_exis
     # aged one by one rather than by running the `clock` ahead, which would age the `fresh`
     # key (and make the finished jobs prunable) along with them.
     await pool.execute(
-        "UPDATE idempotency_keys SET created_at = now() - interval '8 days' WHERE job_id = ANY($1)",
+        "UPDATE evora.idempotency_keys SET created_at = now() - interval '8 days' WHERE job_id"
+        " = ANY($1)",
         [done, dead, waiting],
     )
 
@@ -163,7 +164,7 @@ async def test_idempotency_keys_are_pruned_by_age_but_never_while_their_job_exis
         lambda: sweeper.metric("evora_sweeper_pruned_total", kind="idempotency_keys") == 9,
         "old keys to be pruned",
     )
-    owners = {r["job_id"] for r in await pool.fetch("SELECT job_id FROM idempotency_keys")}
+    owners = {r["job_id"] for r in await pool.fetch("SELECT job_id FROM evora.idempotency_keys")}
     # Only the keys without a job went: every stored job keeps its key, in any state.
     assert owners == {done, dead, waiting, fresh.job["id"]}
     dead_job = await store.get(dead)
@@ -182,7 +183,7 @@ async def test_idempotency_keys_are_pruned_by_age_but_never_while_their_job_exis
 async def test_prunes_use_the_finished_index_even_with_a_generic_plan(
     pool: asyncpg.Pool, state: JobState
 ) -> None:
-    """The candidates are picked inside evora_prune_finished() (migration 0024), by a statement
+    """The candidates are picked inside evora.prune_finished() (migration 0024), by a statement
     of its own whose plan PL/pgSQL caches: the index scans of this transaction tell which
     index it read."""
     async with pool.acquire() as conn, conn.transaction():
@@ -190,6 +191,6 @@ async def test_prunes_use_the_finished_index_even_with_a_generic_plan(
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         assert await conn.fetchval(PRUNE_FINISHED, float(DAY), 1000, state.value) == 0
         scans: int = await conn.fetchval(
-            "SELECT pg_stat_get_xact_numscans('jobs_finished'::regclass)"
+            "SELECT pg_stat_get_xact_numscans('evora.jobs_finished'::regclass)"
         )
     assert scans > 0

@@ -56,7 +56,7 @@ def ticks(cron: str, zone: str, after: datetime, until: datetime) -> list[dateti
 async def made(pool: asyncpg.Pool, name: str) -> Counter[str]:
     """The ticks (RFC 3339) of the schedule's jobs, counted."""
     rows = await pool.fetch(
-        "SELECT idempotency_key FROM jobs WHERE idempotency_key LIKE $1", f"schedule:{name}:%"
+        "SELECT idempotency_key FROM evora.jobs WHERE idempotency_key LIKE $1", f"schedule:{name}:%"
     )
     return Counter(r["idempotency_key"].removeprefix(f"schedule:{name}:") for r in rows)
 
@@ -226,7 +226,7 @@ async def test_pause_resume_and_trigger(
     job = await schedules.trigger("p", clock.now())
     assert job["idempotency_key"].startswith("schedule:p:trigger:")
     [(data,)] = await pool.fetch(
-        "SELECT data FROM job_events WHERE job_id = $1 AND event = 'submitted'", job["id"]
+        "SELECT data FROM evora.job_events WHERE job_id = $1 AND event = 'submitted'", job["id"]
     )
     assert data == {"schedule": "p", "triggered": True}
     after_trigger = await schedules.get("p")
@@ -252,8 +252,8 @@ async def test_tick_job_and_event_name_the_schedule_and_tick(
     clock.set(datetime(2026, 5, 2, 10, 5, 0, 500_000, tzinfo=UTC))  # 12:05 in Berlin
     await one.scheduler.fire_due()
     [row] = await pool.fetch(
-        "SELECT j.id, j.idempotency_key, j.queue, j.payload, e.data FROM jobs j "
-        "JOIN job_events e ON e.job_id = j.id AND e.event = 'submitted'"
+        "SELECT j.id, j.idempotency_key, j.queue, j.payload, e.data FROM evora.jobs j "
+        "JOIN evora.job_events e ON e.job_id = j.id AND e.event = 'submitted'"
     )
     assert row["idempotency_key"] == "schedule:named:2026-05-02T10:05:00Z"
     assert row["data"] == {"schedule": "named", "tick": "2026-05-02T10:05:00Z"}
@@ -265,7 +265,8 @@ async def test_tick_job_and_event_name_the_schedule_and_tick(
     # a job submitted by a producer in the same database carries no such data
     other = await store.submit(JobSubmission(queue="scheduled", type="t"))
     assert (
-        await pool.fetchval("SELECT data FROM job_events WHERE job_id = $1", other.job["id"]) == {}
+        await pool.fetchval("SELECT data FROM evora.job_events WHERE job_id = $1", other.job["id"])
+        == {}
     )
 
     # putting it again (a clock behind the scheduler's) makes no tick twice
@@ -284,7 +285,7 @@ async def test_a_tick_handled_twice_still_makes_one_job(
     clock.set(datetime(2026, 5, 1, 12, 10, 1, tzinfo=UTC))
     [first] = await one.scheduler.fire_due()
     await pool.execute(
-        "UPDATE schedules SET ticked_until = $1, next_run_at = $2",
+        "UPDATE evora.schedules SET ticked_until = $1, next_run_at = $2",
         datetime(2026, 5, 1, 12, 0, 30, tzinfo=UTC),
         datetime(2026, 5, 1, 12, 10, tzinfo=UTC),
     )
@@ -308,7 +309,8 @@ async def test_a_schedule_that_cannot_fire_fails_alone(
     await schedules.put("healthy", spec("@hourly"), clock.now())
     await schedules.put("poison", spec("59 * * * *"), clock.now())
     await pool.execute(
-        "UPDATE schedules SET job = job || '{\"depends_on\": [\"ref:x\"]}' WHERE name = 'poison'"
+        'UPDATE evora.schedules SET job = job || \'{"depends_on": ["ref:x"]}\' WHERE name ='
+        " 'poison'"
     )
     loops = [await replica(db_url, replicas, clock) for _ in range(2)]
 

@@ -107,7 +107,7 @@ class Sweepers:
 async def _jobs(pool: asyncpg.Pool, name: str) -> dict[datetime, float]:
     """tick -> how late its job was made (seconds), for the schedule's jobs."""
     rows = await pool.fetch(
-        "SELECT idempotency_key, created_at FROM jobs WHERE idempotency_key LIKE $1",
+        "SELECT idempotency_key, created_at FROM evora.jobs WHERE idempotency_key LIKE $1",
         f"schedule:{name}:%",
     )
     made = {}
@@ -146,7 +146,7 @@ async def test_sigkilled_schedulers_make_each_tick_once(
         end = datetime.now(UTC)
 
         async def handled() -> bool:
-            due = await pool.fetchval("SELECT min(ticked_until) FROM schedules")
+            due = await pool.fetchval("SELECT min(ticked_until) FROM evora.schedules")
             return bool(due >= end)
 
         await until(handled, "every schedule to be handled up to the end", within=60)

@@ -76,7 +76,7 @@ async def test_readiness_needs_current_migrations(
     start_sweeper: StartSweeper, pool: asyncpg.Pool
 ) -> None:
     running = await start_sweeper()
-    await pool.execute("DELETE FROM evora_migrations WHERE version = 2")
+    await pool.execute("DELETE FROM evora.migrations WHERE version = 2")
     status, body = await running.get("/readyz")
     assert status == 503 and "schema" in body
 
@@ -105,7 +105,7 @@ async def test_database_health_gauges(start_sweeper: StartSweeper, pool: asyncpg
         rolled_back = conn.transaction()
         await rolled_back.start()
         await conn.execute(
-            "INSERT INTO jobs (id, queue, type, payload, max_attempts, lease_seconds, "
+            "INSERT INTO evora.jobs (id, queue, type, payload, max_attempts, lease_seconds, "
             "backoff_initial, backoff_max, backoff_multiplier, run_at) "
             "SELECT gen_random_uuid(), 'q', 't', '{}', 1, 1, 1, 1, 1, now() "
             "FROM generate_series(1, 20)"
@@ -114,7 +114,7 @@ async def test_database_health_gauges(start_sweeper: StartSweeper, pool: asyncpg
         await conn.execute("SELECT pg_stat_force_next_flush()")
         await conn.execute("SELECT 1")
     dead = await pool.fetchval(
-        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
+        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'evora.jobs'::regclass"
     )
     assert dead >= 20
     await until(

@@ -181,7 +181,7 @@ async def _submit_raw(stack: Stack, queue: str, **headers: str) -> tuple[int, st
 
 async def _stored(stack: Stack, job_id: str) -> str | None:
     value: str | None = await stack.pool.fetchval(
-        "SELECT traceparent FROM job_traces WHERE job_id = $1", uuid.UUID(job_id)
+        "SELECT traceparent FROM evora.job_traces WHERE job_id = $1", uuid.UUID(job_id)
     )
     return value
 
@@ -278,7 +278,7 @@ async def test_a_replay_keeps_the_original_trace_and_writes_none(untraced_stack:
     ) as response:
         assert response.status == 200
     assert await _stored(stack, job_id) == TRACEPARENT
-    assert await stack.pool.fetchval("SELECT count(*) FROM job_traces") == 1
+    assert await stack.pool.fetchval("SELECT count(*) FROM evora.job_traces") == 1
 
 
 async def test_concurrent_submissions_keep_each_its_own_trace(untraced_stack: Stack) -> None:
@@ -300,11 +300,11 @@ async def test_jobs_go_out_without_traces_when_those_cannot_be_read(
 ) -> None:
     stack = traced_stack
     _, job_id = await _submit_raw(stack, "unreadable", traceparent=TRACEPARENT)
-    await stack.pool.execute("ALTER TABLE job_traces RENAME TO job_traces_away")
+    await stack.pool.execute("ALTER TABLE evora.job_traces RENAME TO job_traces_away")
     try:
         (job,) = await _claim_raw(stack, "unreadable", 1)
     finally:
-        await stack.pool.execute("ALTER TABLE job_traces_away RENAME TO job_traces")
+        await stack.pool.execute("ALTER TABLE evora.job_traces_away RENAME TO job_traces")
     assert job["id"] == job_id
     assert "traceparent" not in job
     assert "could not read the claimed jobs' traces" in caplog.text

@@ -59,8 +59,8 @@ class ArchivePlan:
 
 _WATERMARK = """
 SELECT w.upto_seq, w.below_xid::text::int8 AS below_xid, w.archived,
-       coalesce((SELECT max(r.max_seq) FROM event_archive_runs r), 0) AS max_seq
-FROM event_archive_watermark w
+       coalesce((SELECT max(r.max_seq) FROM evora.event_archive_runs r), 0) AS max_seq
+FROM evora.event_archive_watermark w
 """
 
 _HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8"
@@ -69,13 +69,13 @@ _HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8"
 # before PostgreSQL 16): the xmin of the snapshot its spans reached. Every event with a
 # smaller xid is visible in that snapshot, so in that generation's read models; some above
 # it may be too, which only makes the archive wait (its events are older than the window).
-_CONSUMED = "SELECT xid::text::int8 FROM projector_progress ORDER BY xid LIMIT 1"
+_CONSUMED = "SELECT xid::text::int8 FROM evora.projector_progress ORDER BY xid LIMIT 1"
 
 # $1 old upto_seq, $2 old below_xid, $3 candidate below_xid, $4 cutoff: the smallest xid of
 # a late transaction (one that took a seq below the old bound but was not yet archivable)
 # whose events are still too young. The new rectangle must stop below it.
 _YOUNG_LATE_XID = """
-SELECT xid::text::int8 FROM job_events
+SELECT xid::text::int8 FROM evora.job_events
 WHERE seq <= $1 AND xid >= $2::text::xid8 AND xid < $3::text::xid8 AND at >= $4
 ORDER BY xid LIMIT 1
 """
@@ -83,7 +83,7 @@ ORDER BY xid LIMIT 1
 # $1 old upto_seq, $2 new below_xid, $3 cutoff: the first seq past the old bound that is too
 # young. A walk up the primary key that stops there, near the retention window's edge.
 _FIRST_YOUNG_SEQ = """
-SELECT seq FROM job_events
+SELECT seq FROM evora.job_events
 WHERE seq > $1 AND xid < $2::text::xid8 AND at >= $3
 ORDER BY seq LIMIT 1
 """
@@ -91,20 +91,20 @@ ORDER BY seq LIMIT 1
 # $1 old upto_seq, $2 new below_xid, $3 offset: the seq after which a run would hold more
 # than the cap.
 _CAP_SEQ = """
-SELECT seq FROM job_events WHERE seq > $1 AND xid < $2::text::xid8
+SELECT seq FROM evora.job_events WHERE seq > $1 AND xid < $2::text::xid8
 ORDER BY seq OFFSET $3 LIMIT 1
 """
 
-_COMMITTED_RUNS = "SELECT run_id FROM event_archive_runs"
+_COMMITTED_RUNS = "SELECT run_id FROM evora.event_archive_runs"
 
 _ADVANCE = """
-UPDATE event_archive_watermark
+UPDATE evora.event_archive_watermark
 SET upto_seq = $3, below_xid = $4::text::xid8, archived = archived + $5, updated_at = now()
 WHERE upto_seq = $1 AND below_xid = $2::text::xid8
 """
 
 _RECORD_RUN = """
-INSERT INTO event_archive_runs
+INSERT INTO evora.event_archive_runs
     (run_id, from_seq, upto_seq, from_xid, below_xid, events, max_seq, partitions)
 VALUES ($1, $2, $3, $4::text::xid8, $5::text::xid8, $6, $7, $8::jsonb)
 """
@@ -227,7 +227,9 @@ class ControlDB:
         if first_young is not None:
             upto_seq = int(first_young) - 1
         else:
-            upto_seq = int(self._run(conn.fetchval("SELECT coalesce(max(seq), 0) FROM job_events")))
+            upto_seq = int(
+                self._run(conn.fetchval("SELECT coalesce(max(seq), 0) FROM evora.job_events"))
+            )
         if max_events is not None:
             cap = self._run(conn.fetchval(_CAP_SEQ, old.upto_seq, str(below_xid), max_events))
             if cap is not None:

@@ -76,10 +76,10 @@ def between(inner: Rectangle, outer: Rectangle) -> str:
     below the old seq bound (job_events_tail on xid)."""
     if not outer.contains(inner):
         raise ValueError(f"{outer} does not contain {inner}")
-    return f"""SELECT {_SELECT} FROM job_events
+    return f"""SELECT {_SELECT} FROM evora.job_events
 WHERE seq > {inner.upto_seq} AND seq <= {outer.upto_seq}
   AND xid < '{outer.below_xid}'::xid8
 UNION ALL
-SELECT {_SELECT} FROM job_events
+SELECT {_SELECT} FROM evora.job_events
 WHERE seq <= {inner.upto_seq}
   AND xid >= '{inner.below_xid}'::xid8 AND xid < '{outer.below_xid}'::xid8"""

@@ -228,7 +228,7 @@ class _Job:
 
 class _Auditor:
     def __init__(self, archived_upto: int) -> None:
-        # events up to this seq may have been dropped by retention (evora_drop_archived_events)
+        # events up to this seq may have been dropped by retention (evora.drop_archived_events)
         self.archived_upto = archived_upto
         self.results = {name: CheckResult(name, meaning) for name, meaning in CHECKS.items()}
         self.jobs: dict[uuid.UUID, _Job] = {}
@@ -496,7 +496,7 @@ def _check_limits(
                 continue
             running.add(job_id)
             assert at is not None
-            # `at` is evora_now(): back on the real clock of the limits' changes
+            # `at` is evora.clock_now(): back on the real clock of the limits' changes
             began = at.timestamp() - offset
             limits = history.at(began)
             if limits is None:

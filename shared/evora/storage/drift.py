@@ -1,8 +1,8 @@
 """What `evora migrate --check` reports: where the database differs from what this code's
 migrations and function files build.
 
-Three records are compared, each cheaply: the applied migrations (`evora_migrations`) with
-the migration files, the applied function files (`evora_function_files`) with the function
+Three records are compared, each cheaply: the applied migrations (`evora.migrations`) with
+the migration files, the applied function files (`evora.function_files`) with the function
 files, and Evora's objects in the catalog (tables, columns, indexes, constraints, triggers,
 functions, types) with `objects.txt`, the same list read from a freshly migrated database
 (generated with schema.sql, compared by tests/integration/test_schema.py). The first two
@@ -37,7 +37,10 @@ def expected_objects() -> set[str]:
 
 async def schema_objects(conn: asyncpg.Connection) -> set[str]:
     """Evora's objects in the database at `conn`, in objects.txt's words."""
-    return {row["object"] for row in await conn.fetch(SCHEMA_OBJECTS)}
+    async with conn.transaction():
+        # The catalog's functions print a name qualified unless the search_path finds it.
+        await conn.execute("SELECT set_config('search_path', '', true)")
+        return {row["object"] for row in await conn.fetch(SCHEMA_OBJECTS)}
 
 
 async def drift(conn: asyncpg.Connection) -> list[str]:

@@ -1,5 +1,5 @@
 """Concurrency and rate limits (docs/flow-control.md): defining them and reading their live
-usage. The claim enforces them in the database (evora_claim_limited(), in
+usage. The claim enforces them in the database (evora.claim_limited(), in
 storage/functions/claims_and_transitions.sql); nothing here is on its path.
 """
 

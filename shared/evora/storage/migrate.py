@@ -1,7 +1,7 @@
 """Versioned SQL migrations and the function files, applied under an advisory lock.
 
 Migrations are `migrations/NNNN_name.sql`, applied in order and recorded with a checksum
-in `evora_migrations`; the pending ones and the function files run in one transaction (split
+in `evora.migrations`; the pending ones and the function files run in one transaction (split
 only where a commit marker needs it), so the previous release's services, serving meanwhile,
 see the schema before the upgrade or after it, never half of it. A second run is a no-op;
 concurrent runs serialise on the lock and the later ones find nothing to do. Editing an
@@ -15,7 +15,7 @@ file's transaction, so they must be re-runnable (IF NOT EXISTS).
 Migrations keep tables, indexes and data. Every database function and trigger has its current
 text in one of `functions/<area>.sql` (CREATE OR REPLACE, so a file can run again): after the
 migrations, in their transaction, every file whose checksum differs from the one recorded in
-`evora_function_files` (every file, when migrations were applied) runs again, in name order.
+`evora.function_files` (every file, when migrations were applied) runs again, in name order.
 The functions that old migrations defined stay in them as history; the files supersede
 them. A database the migrations alone brought up to date (an installation from before the
 files existed) is thus brought to the files' text by its next `evora migrate`. A partial
@@ -27,6 +27,12 @@ transaction would queue every later statement on that table behind itself (the c
 submissions of a live queue), for as long as that transaction lasts. A transaction that cannot
 get its locks in time is rolled back and tried again after a growing pause, until
 `LOCK_RETRY_FOR_S` has passed.
+
+The two records lived in the deployment's own schema, as `evora_migrations` and
+`evora_function_files`, until migration 0030 moved them into `evora` with everything else:
+they are read where they are, and a database migrated for the first time is given them in
+`evora` directly, unless the run stops before 0030 (a historical schema, as the tests build:
+then where that release kept them).
 """
 
 from __future__ import annotations
@@ -61,8 +67,15 @@ _RETRY_FIRST_S = 0.1
 _RETRY_LAST_S = 5.0
 LOCK_RETRY_FOR_S = 600.0
 
+# The migration that moves Evora's objects, the records included, into the schema `evora`.
+NAMESPACE_VERSION = 30
+
+# The records: where they are now, and where a release before NAMESPACE_VERSION kept them.
+_MIGRATIONS = ("evora.migrations", "evora_migrations")
+_FUNCTION_FILES = ("evora.function_files", "evora_function_files")
+
 _CREATE_TABLE = """
-CREATE TABLE IF NOT EXISTS evora_migrations (
+CREATE TABLE {table} (
     version    integer PRIMARY KEY,
     name       text        NOT NULL,
     checksum   text        NOT NULL,
@@ -71,7 +84,7 @@ CREATE TABLE IF NOT EXISTS evora_migrations (
 """
 
 _CREATE_FILES_TABLE = """
-CREATE TABLE IF NOT EXISTS evora_function_files (
+CREATE TABLE IF NOT EXISTS evora.function_files (
     name       text        PRIMARY KEY,
     checksum   text        NOT NULL,
     migration  integer     NOT NULL,
@@ -139,11 +152,20 @@ def latest_version() -> int:
     return available()[-1].version
 
 
+async def _record(conn: asyncpg.Connection, names: tuple[str, str]) -> str | None:
+    """The table of a record (`_MIGRATIONS`, `_FUNCTION_FILES`), qualified as the catalog
+    prints it, wherever the database keeps it; None if it has none."""
+    found: str | None = await conn.fetchval(
+        "SELECT coalesce(to_regclass($1), to_regclass($2))::text", *names
+    )
+    return found
+
+
 async def applied_versions(conn: asyncpg.Connection) -> dict[int, str]:
-    exists = await conn.fetchval("SELECT to_regclass('evora_migrations') IS NOT NULL")
-    if not exists:
+    table = await _record(conn, _MIGRATIONS)
+    if table is None:
         return {}
-    rows = await conn.fetch("SELECT version, checksum FROM evora_migrations")
+    rows = await conn.fetch(f"SELECT version, checksum FROM {table}")
     return {row["version"]: row["checksum"] for row in rows}
 
 
@@ -162,10 +184,10 @@ async def missing_versions(conn: asyncpg.Connection) -> list[int]:
 async def applied_function_files(conn: asyncpg.Connection) -> dict[str, tuple[str, int]]:
     """Each recorded function file's checksum and the newest migration of the code that
     applied it."""
-    exists = await conn.fetchval("SELECT to_regclass('evora_function_files') IS NOT NULL")
-    if not exists:
+    table = await _record(conn, _FUNCTION_FILES)
+    if table is None:
         return {}
-    rows = await conn.fetch("SELECT name, checksum, migration FROM evora_function_files")
+    rows = await conn.fetch(f"SELECT name, checksum, migration FROM {table}")
     return {row["name"]: (row["checksum"], row["migration"]) for row in rows}
 
 
@@ -205,7 +227,7 @@ async def apply_migrations(
         await conn.execute("SELECT pg_advisory_lock($1)", locks.MIGRATIONS)
         try:
             await conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-            await conn.execute(_CREATE_TABLE)
+            await _create_migrations_table(conn, upto)
             groups = _groups(await _pending(conn, upto))
             for n, group in enumerate(groups):
                 what = f"migrations {', '.join(f'{m.version:04d}' for m in group)}"
@@ -221,6 +243,18 @@ async def apply_migrations(
             await conn.execute("SELECT pg_advisory_unlock($1)", locks.MIGRATIONS)
     finally:
         await conn.close()
+
+
+async def _create_migrations_table(conn: asyncpg.Connection, upto: int | None) -> None:
+    """Make the record of migrations on a database that has none: in `evora`, or where the
+    releases before NAMESPACE_VERSION kept it when this run builds one of their schemas."""
+    if await _record(conn, _MIGRATIONS) is not None:
+        return
+    if upto is not None and upto < NAMESPACE_VERSION:
+        await conn.execute(_CREATE_TABLE.format(table=_MIGRATIONS[1]))
+    else:
+        await conn.execute("CREATE SCHEMA IF NOT EXISTS evora")
+        await conn.execute(_CREATE_TABLE.format(table=_MIGRATIONS[0]))
 
 
 async def _pending(conn: asyncpg.Connection, upto: int | None) -> list[Migration]:
@@ -263,8 +297,10 @@ async def _apply(conn: asyncpg.Connection, group: list[Migration], *, files: boo
     async with conn.transaction():
         for migration in group:
             await conn.execute(migration.sql)
+            # Looked up after each migration: NAMESPACE_VERSION moves it.
+            table = await _record(conn, _MIGRATIONS)
             await conn.execute(
-                "INSERT INTO evora_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                f"INSERT INTO {table} (version, name, checksum) VALUES ($1, $2, $3)",
                 migration.version,
                 migration.name,
                 migration.checksum,
@@ -304,7 +340,7 @@ async def _apply_function_files(conn: asyncpg.Connection, *, after_migrations: b
         await conn.execute(file.sql)
         await conn.execute(
             """
-            INSERT INTO evora_function_files (name, checksum, migration)
+            INSERT INTO evora.function_files (name, checksum, migration)
             VALUES ($1, $2, $3)
             ON CONFLICT (name) DO UPDATE
             SET checksum = excluded.checksum, migration = excluded.migration,

@@ -43,7 +43,11 @@ PAUSE_QUEUE, RESUME_QUEUE, PAUSED_QUEUES, ALL_PAUSED_QUEUES, NOTIFY_QUEUES = loa
     "queues", "pause_queue", "resume_queue", "paused_queues", "all_paused_queues", "notify_queues"
 )
 
-_LIST_FILTERS = {"queue": "queue = ${}", "state": "state = ${}::job_state", "type": "type = ${}"}
+_LIST_FILTERS = {
+    "queue": "queue = ${}",
+    "state": "state = ${}::evora.job_state",
+    "type": "type = ${}",
+}
 
 
 def list_jobs(filters: tuple[str, ...], *, after: bool) -> str:
@@ -56,4 +60,4 @@ def list_jobs(filters: tuple[str, ...], *, after: bool) -> str:
     if after:
         clauses.append(f"submit_seq < ${limit + 1}")
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    return f"SELECT * FROM jobs {where} ORDER BY submit_seq DESC LIMIT ${limit}"
+    return f"SELECT * FROM evora.jobs {where} ORDER BY submit_seq DESC LIMIT ${limit}"

@@ -6,28 +6,7 @@
 
 CREATE SCHEMA evora;
 
-CREATE TYPE evora.submission AS (
-	queue text,
-	type text,
-	payload jsonb,
-	priority smallint,
-	run_at timestamp with time zone,
-	delay_seconds double precision,
-	max_attempts integer,
-	lease_seconds integer,
-	backoff_initial double precision,
-	backoff_max double precision,
-	backoff_multiplier double precision,
-	expires_at timestamp with time zone,
-	idempotency_key text,
-	group_key text,
-	depends_on text[],
-	on_dependency_failure text,
-	ref text,
-	limit_keys text[]
-);
-
-CREATE TYPE public.job_state AS ENUM (
+CREATE TYPE evora.job_state AS ENUM (
     'PENDING',
     'RUNNING',
     'COMPLETED',
@@ -36,9 +15,9 @@ CREATE TYPE public.job_state AS ENUM (
     'WAITING'
 );
 
-CREATE TYPE public.evora_attempt_end AS (
+CREATE TYPE evora.attempt_end AS (
 	id uuid,
-	to_state public.job_state,
+	to_state evora.job_state,
 	error jsonb,
 	reason text,
 	delay double precision,
@@ -47,7 +26,7 @@ CREATE TYPE public.evora_attempt_end AS (
 	worker text
 );
 
-CREATE TYPE public.evora_claim_candidate AS (
+CREATE TYPE evora.claim_candidate AS (
 	id uuid,
 	priority smallint,
 	run_at timestamp with time zone,
@@ -56,13 +35,38 @@ CREATE TYPE public.evora_claim_candidate AS (
 	lane text
 );
 
-CREATE TABLE public.jobs (
+CREATE TYPE evora.job_image AS (
+	id uuid,
+	queue text,
+	type text,
+	state evora.job_state,
+	priority smallint,
+	group_key text,
+	idempotency_key text,
+	attempt integer,
+	max_attempts integer,
+	lease_seconds integer,
+	run_at timestamp with time zone,
+	expires_at timestamp with time zone,
+	lease_expires_at timestamp with time zone,
+	worker_id text,
+	cancel_requested boolean,
+	last_error jsonb,
+	version integer,
+	submit_seq bigint,
+	created_at timestamp with time zone,
+	updated_at timestamp with time zone,
+	started_at timestamp with time zone,
+	finished_at timestamp with time zone
+);
+
+CREATE TABLE evora.jobs (
     id uuid NOT NULL,
     submit_seq bigint NOT NULL,
     queue text NOT NULL,
     type text NOT NULL,
     payload jsonb NOT NULL,
-    state public.job_state DEFAULT 'PENDING'::public.job_state NOT NULL,
+    state evora.job_state DEFAULT 'PENDING'::evora.job_state NOT NULL,
     priority smallint DEFAULT 0 NOT NULL,
     group_key text,
     idempotency_key text,
@@ -95,56 +99,514 @@ CREATE TABLE public.jobs (
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
-    CONSTRAINT jobs_cancel_request_only_while_running CHECK (((NOT cancel_requested) OR (state = ANY (ARRAY['RUNNING'::public.job_state, 'CANCELLED'::public.job_state, 'COMPLETED'::public.job_state])))),
+    CONSTRAINT jobs_cancel_request_only_while_running CHECK (((NOT cancel_requested) OR (state = ANY (ARRAY['RUNNING'::evora.job_state, 'CANCELLED'::evora.job_state, 'COMPLETED'::evora.job_state])))),
     CONSTRAINT jobs_check CHECK ((backoff_max >= backoff_initial)),
     CONSTRAINT jobs_dependencies_left CHECK ((dependencies_left >= 0)),
-    CONSTRAINT jobs_finished_at_iff_done CHECK (((state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state])) = (finished_at IS NOT NULL))),
+    CONSTRAINT jobs_finished_at_iff_done CHECK (((state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state, 'DLQ'::evora.job_state])) = (finished_at IS NOT NULL))),
     CONSTRAINT jobs_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 86400))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT jobs_on_dependency_failure CHECK ((on_dependency_failure = ANY (ARRAY['cancel'::text, 'run'::text]))),
-    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::public.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
-    CONSTRAINT jobs_waiting_has_dependencies CHECK (((state <> 'WAITING'::public.job_state) OR (dependencies_left > 0)))
+    CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::evora.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT jobs_waiting_has_dependencies CHECK (((state <> 'WAITING'::evora.job_state) OR (dependencies_left > 0)))
 )
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
-ALTER TABLE ONLY public.jobs ALTER COLUMN state SET STATISTICS 0;
+ALTER TABLE ONLY evora.jobs ALTER COLUMN state SET STATISTICS 0;
 
-CREATE TYPE public.evora_move AS (
-	job public.jobs,
+CREATE TYPE evora.move AS (
+	job evora.jobs,
 	event text,
-	from_state public.job_state,
+	from_state evora.job_state,
 	worker text,
 	data jsonb
 );
 
-CREATE TYPE public.job_image AS (
-	id uuid,
+CREATE TYPE evora.submission AS (
 	queue text,
 	type text,
-	state public.job_state,
+	payload jsonb,
 	priority smallint,
-	group_key text,
-	idempotency_key text,
-	attempt integer,
+	run_at timestamp with time zone,
+	delay_seconds double precision,
 	max_attempts integer,
 	lease_seconds integer,
-	run_at timestamp with time zone,
+	backoff_initial double precision,
+	backoff_max double precision,
+	backoff_multiplier double precision,
 	expires_at timestamp with time zone,
-	lease_expires_at timestamp with time zone,
-	worker_id text,
-	cancel_requested boolean,
-	last_error jsonb,
-	version integer,
-	submit_seq bigint,
-	created_at timestamp with time zone,
-	updated_at timestamp with time zone,
-	started_at timestamp with time zone,
-	finished_at timestamp with time zone
+	idempotency_key text,
+	group_key text,
+	depends_on text[],
+	on_dependency_failure text,
+	ref text,
+	limit_keys text[]
 );
+
+CREATE FUNCTION evora.add_submitted_data() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.data := NEW.data || current_setting('evora.submitted_data')::jsonb;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION evora.backoff_seconds(initial double precision, max_seconds double precision, multiplier double precision, n integer) RETURNS double precision
+    LANGUAGE sql
+    AS $$
+    SELECT least(
+        max_seconds,
+        exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
+            * (0.8 + 0.4 * random()))
+$$;
+
+CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer text, claimed_at timestamp with time zone) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
+    LANGUAGE sql
+    AS $$
+    WITH moved AS (
+        UPDATE evora.jobs j
+        SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
+            lease_expires_at = claimed_at + make_interval(secs => j.lease_seconds),
+            worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
+            version = j.version + 1, limited = coalesce(p.flag, false)
+        FROM unnest(ids, limited_flags) AS p(id, flag)
+        WHERE j.id = p.id
+        RETURNING j AS job, evora.job_image(j) AS image, j.depends_on
+    ),
+    recorded AS (
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
+               (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
+               m.image
+        FROM moved m
+    )
+    SELECT m.job,
+           CASE WHEN m.depends_on IS NOT NULL THEN (
+               SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
+               FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
+               JOIN evora.jobs d ON d.id = u.id
+               WHERE d.state = 'COMPLETED') END
+    FROM moved m
+$$;
+
+CREATE FUNCTION evora.claim_limited(queues text[], types text[], wanted integer) RETURNS TABLE(id uuid, limited boolean)
+    LANGUAGE sql STABLE ROWS 1
+    AS $$
+    SELECT NULL::uuid, NULL::boolean WHERE false
+$$;
+
+CREATE FUNCTION evora.claim_limited(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+DECLARE
+    at CONSTANT timestamptz := evora.clock_now();
+    making CONSTANT integer := 1163284306;  -- 'EVOR'
+    taken integer := 0;
+    paid timestamptz;
+    blocked text[] := '{}';
+    rest evora.claim_candidate[] := '{}';
+    open_queues text[] := queues;
+    last_priority smallint[] := array_fill((-32768)::smallint, ARRAY[cardinality(queues)]);
+    last_run_at timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)]);
+    last_seq bigint[] := array_fill(0::bigint, ARRAY[cardinality(queues)]);
+    wide boolean := cardinality(queues) <> 1;
+    widen boolean;
+    rounds integer := 0;
+    window_size integer;
+    need integer;
+    tried evora.claim_candidate[];
+    lim_keys text[];
+    lim_conc integer[];
+    lim_rate integer[];
+    lim_per float8[];
+    owned text[];
+    new_ids uuid[];
+    new_flags boolean[];
+    full_keys text[];
+BEGIN
+    WHILE rounds < 4 LOOP
+        need := wanted - taken;
+        EXIT WHEN need <= 0;
+        rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
+        window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
+                                - cardinality(rest), 0);
+
+        WITH fresh AS MATERIALIZED (
+            SELECT q.queue, c.id, c.priority, c.run_at, c.submit_seq,
+                   ARRAY(SELECT DISTINCT x
+                         FROM unnest(('queue:' || q.queue) || c.limit_keys) AS x) AS keys,
+                   coalesce(c.limit_keys[1], '') AS lane
+            FROM unnest(open_queues, last_priority, last_run_at, last_seq)
+                AS q(queue, priority, run_at, seq)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
+                FROM evora.jobs j
+                WHERE evora.claimable(j, q.queue, at, types)
+                  AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
+                  AND (j.group_key IS NULL OR (
+                        (SELECT true FROM evora.jobs r
+                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
+                           AND r.group_key = j.group_key
+                         LIMIT 1) IS NULL
+                        AND (SELECT true FROM evora.jobs e
+                             WHERE e.state = 'PENDING' AND e.queue = j.queue
+                               AND e.group_key = j.group_key
+                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+                             LIMIT 1) IS NULL))
+                  AND NOT (j.limit_keys && blocked)
+                ORDER BY j.priority, j.run_at, j.submit_seq
+                LIMIT window_size
+                FOR UPDATE OF j SKIP LOCKED
+            ) AS c
+            WHERE NOT ('queue:' || q.queue = ANY(blocked))
+        ),
+        ends AS MATERIALIZED (
+            SELECT e.queue, e.priority, e.run_at, e.submit_seq
+            FROM (SELECT f.queue, f.priority, f.run_at, f.submit_seq,
+                         count(*) OVER (PARTITION BY f.queue) AS n,
+                         row_number() OVER (PARTITION BY f.queue
+                                            ORDER BY f.priority DESC, f.run_at DESC,
+                                                     f.submit_seq DESC) AS back
+                  FROM fresh f) AS e
+            WHERE e.back = 1 AND e.n = window_size
+            UNION ALL
+            SELECT * FROM unnest(open_queues, last_priority, last_run_at, last_seq)
+            WHERE window_size = 0
+        ),
+        win AS MATERIALIZED (
+            SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
+            UNION ALL
+            SELECT r.* FROM unnest(rest) AS r
+        ),
+        turns AS MATERIALIZED (
+            SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
+                       w.lane)::evora.claim_candidate AS c,
+                   row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
+                       <= need AS tried,
+                   w.turn
+            FROM (SELECT w.*, row_number() OVER (PARTITION BY w.lane
+                                                 ORDER BY w.priority, w.run_at, w.submit_seq)
+                                  AS turn
+                  FROM win w) AS w
+        ),
+        widening AS MATERIALIZED (
+            SELECT NOT wide AND EXISTS (SELECT 1 FROM ends)
+                   AND EXISTS (SELECT 1 FROM turns t WHERE t.tried AND t.turn > 1) AS yes
+        ),
+        gov AS MATERIALIZED (
+            SELECT * FROM evora.governing_limits(
+                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k
+                      WHERE t.tried AND NOT (SELECT w.yes FROM widening w)))
+        ),
+        row_locked AS MATERIALIZED (
+            SELECT b.key FROM evora.flow_buckets b
+            WHERE b.key = ANY(ARRAY(SELECT g.key FROM gov g))
+            ORDER BY b.key
+            FOR UPDATE SKIP LOCKED
+        ),
+        missing AS MATERIALIZED (
+            SELECT g.key, g.rate_limit FROM gov g
+            WHERE NOT EXISTS (SELECT 1 FROM evora.flow_buckets o WHERE o.key = g.key)
+        ),
+        made AS (
+            INSERT INTO evora.flow_buckets AS b (key, tokens, refilled_at)
+            SELECT m.key, coalesce(m.rate_limit, 0), at
+            FROM missing m
+            WHERE pg_try_advisory_xact_lock(making, hashtext(m.key))
+            ON CONFLICT (key) DO NOTHING
+            RETURNING b.key
+        ),
+        mine AS (
+            SELECT key FROM row_locked UNION ALL SELECT key FROM made
+        )
+        SELECT (SELECT w.yes FROM widening w),
+               ARRAY(SELECT t.c FROM turns t WHERE t.tried),
+               ARRAY(SELECT t.c FROM turns t WHERE NOT t.tried),
+               ARRAY(SELECT e.queue FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.priority FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.run_at FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT e.submit_seq FROM ends e ORDER BY e.queue),
+               ARRAY(SELECT g.key FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.concurrency FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.rate_limit FROM gov g ORDER BY g.key),
+               ARRAY(SELECT g.rate_per_seconds FROM gov g ORDER BY g.key),
+               ARRAY(SELECT m.key FROM mine m),
+               ARRAY(SELECT g.key FROM gov g
+                     WHERE NOT EXISTS (SELECT 1 FROM mine m WHERE m.key = g.key))
+        INTO widen, tried, rest, open_queues, last_priority, last_run_at, last_seq,
+             lim_keys, lim_conc, lim_rate, lim_per, owned, full_keys;
+        IF widen THEN
+            rest := tried || rest;
+            wide := true;
+            CONTINUE;
+        END IF;
+        EXIT WHEN cardinality(tried) = 0;
+        blocked := blocked || full_keys;
+
+        paid := evora.clock_now() + (clock_timestamp() - now());
+        WITH c AS (SELECT * FROM unnest(tried) AS c),
+        lim AS (
+            SELECT * FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(key, conc, rate, per)
+        ),
+        mine AS (SELECT DISTINCT key FROM unnest(owned) AS m(key)),
+        running AS (
+            SELECT k.key, count(*) AS n
+            FROM evora.jobs r
+            CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
+            JOIN mine m ON m.key = k.key
+            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && owned
+              AND k.key <> 'queue:' || r.queue
+            GROUP BY k.key
+            UNION ALL
+            SELECT 'queue:' || r.queue, count(*)
+            FROM evora.jobs r
+            WHERE r.state = 'RUNNING' AND r.queue = ANY(
+                ARRAY(SELECT substr(m.key, 7) FROM mine m WHERE starts_with(m.key, 'queue:')))
+            GROUP BY r.queue
+        ),
+        caps AS MATERIALIZED (
+            SELECT l.key, l.rate, l.per, least(
+                l.conc - coalesce(r.n, 0),
+                floor(evora.tokens(b, l.rate, l.per, paid))::bigint) AS cap
+            FROM lim l
+            JOIN mine m ON m.key = l.key
+            JOIN evora.flow_buckets b ON b.key = l.key
+            LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r ON r.key = l.key
+        ),
+        ranked AS (
+            SELECT c.id, x.cap,
+                   row_number() OVER (PARTITION BY x.key
+                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS place
+            FROM c
+            CROSS JOIN LATERAL unnest(c.keys) AS k(key)
+            JOIN caps x ON x.key = k.key
+        ),
+        admitted AS (
+            SELECT c.id, c.priority, c.run_at, c.submit_seq, c.keys,
+                   c.keys && lim_keys AS is_limited,
+                   row_number() OVER (PARTITION BY c.lane
+                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
+            FROM c
+            WHERE NOT (c.keys && full_keys)
+              AND NOT EXISTS (SELECT 1 FROM ranked r
+                              WHERE r.id = c.id AND r.cap IS NOT NULL AND r.place > r.cap)
+        ),
+        chosen AS MATERIALIZED (
+            SELECT a.id, a.is_limited, a.keys FROM admitted a
+            ORDER BY a.priority, a.turn, a.run_at, a.submit_seq
+            LIMIT need
+        ),
+        used AS MATERIALIZED (
+            SELECT x.key, count(*) AS n
+            FROM (SELECT unnest(ch.keys) AS key FROM chosen ch) AS k
+            JOIN caps x ON x.key = k.key
+            GROUP BY x.key
+        ),
+        spent AS (
+            UPDATE evora.flow_buckets b
+            SET tokens = evora.tokens(b, x.rate, x.per, paid) - u.n,
+                refilled_at = greatest(b.refilled_at, paid)
+            FROM used u JOIN caps x ON x.key = u.key
+            WHERE b.key = u.key AND x.rate IS NOT NULL
+        )
+        SELECT ARRAY(SELECT ch.id FROM chosen ch),
+               ARRAY(SELECT ch.is_limited FROM chosen ch),
+               ARRAY(SELECT x.key FROM caps x LEFT JOIN used u ON u.key = x.key
+                     WHERE x.cap - coalesce(u.n, 0) <= 0)
+        INTO new_ids, new_flags, full_keys;
+        RETURN QUERY SELECT * FROM evora.claim_jobs(new_ids, new_flags, worker, paid);
+        taken := taken + cardinality(new_ids);
+        rounds := rounds + 1;
+        blocked := blocked || full_keys;
+        EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION evora.claimable(j evora.jobs, in_queue text, at timestamp with time zone, types text[]) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.state = 'PENDING'::evora.job_state AND j.queue = in_queue AND j.run_at <= at
+       AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
+       AND (types IS NULL OR j.type = ANY(types))
+       AND NOT evora.queue_paused(in_queue)
+$$;
+
+CREATE FUNCTION evora.clock_now() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
+                            interval '0')
+$$;
+
+CREATE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancelled boolean) RETURNS evora.job_state
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::evora.job_state
+        WHEN j.dependencies_left <= arrived THEN 'PENDING'::evora.job_state
+        ELSE 'WAITING'::evora.job_state
+    END
+$$;
+
+CREATE FUNCTION evora.drop_archived_events(upto_seq bigint, older_than_seconds double precision, max_rows integer) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'evora', 'pg_temp'
+    AS $$
+DECLARE
+    mark     evora.event_archive_watermark;
+    consumed xid8;
+    removed  bigint;
+BEGIN
+    IF older_than_seconds IS NULL OR older_than_seconds < 0 OR max_rows IS NULL OR max_rows < 1 THEN
+        RAISE EXCEPTION 'invalid retention arguments (older than %, at most % rows)',
+            older_than_seconds, max_rows USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO STRICT mark FROM evora.event_archive_watermark;
+    IF upto_seq IS NULL OR upto_seq > mark.upto_seq THEN
+        RAISE EXCEPTION 'refusing to drop events up to seq %: the archive reaches only seq %',
+            upto_seq, mark.upto_seq USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT p.xid INTO consumed FROM evora.projector_progress p ORDER BY p.xid LIMIT 1;
+    IF consumed IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('evora.drop_archived_events', 'on', true);
+    WITH gone AS (
+        DELETE FROM evora.job_events
+        WHERE seq IN (
+            SELECT e.seq FROM evora.job_events e
+            WHERE e.seq <= upto_seq AND e.xid < mark.below_xid AND e.xid < consumed
+              AND e.at < now() - make_interval(secs => older_than_seconds)
+            ORDER BY e.seq
+            LIMIT max_rows
+        )
+        RETURNING 1
+    )
+    SELECT count(*) INTO removed FROM gone;
+    PERFORM set_config('evora.drop_archived_events', 'off', true);
+    RETURN removed;
+END
+$$;
+
+CREATE FUNCTION evora.end_attempts(ends evora.attempt_end[], suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 100
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH decided AS MATERIALIZED (
+        SELECT *, 'RUNNING'::evora.job_state AS fenced FROM unnest(ends)
+    ),
+    moved AS (
+        UPDATE evora.jobs j
+        SET state = d.to_state,
+            attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+            last_error = coalesce(d.error, j.last_error),
+            lease_expires_at = NULL,
+            run_at = CASE WHEN d.to_state = 'PENDING'
+                          THEN evora.clock_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+            finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora.clock_now() END,
+            updated_at = evora.clock_now(), version = j.version + 1
+        FROM decided d WHERE j.id = d.id AND j.state = d.fenced
+        RETURNING j AS whole, ROW(
+            j,
+            CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
+                 WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
+                 ELSE d.pending_event END,
+            'RUNNING',
+            d.worker,
+            (SELECT coalesce(jsonb_object_agg(key, value), '{}')
+             FROM jsonb_each(jsonb_build_object(
+                 'error', d.error, 'reason', d.reason,
+                 'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
+             WHERE value <> 'null')
+        )::evora.move AS move
+    ),
+    recorded AS (
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r;
+END
+$$;
 
 CREATE FUNCTION evora.for_each_item(vals anyarray, items integer) RETURNS anyarray
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT CASE WHEN cardinality(vals) = 1 THEN array_fill(vals[1], ARRAY[items]) ELSE vals END
+$$;
+
+CREATE FUNCTION evora.governing_limits(keys text[]) RETURNS TABLE(key text, concurrency integer, rate_limit integer, rate_per_seconds double precision)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT e.key, e.concurrency, e.rate_limit, e.rate_per_seconds
+    FROM evora.flow_limits e
+    WHERE e.key = ANY(keys)
+    UNION ALL
+    (SELECT DISTINCT ON (k.key) k.key, p.concurrency, p.rate_limit, p.rate_per_seconds
+     FROM (SELECT * FROM evora.flow_limits WHERE stem IS NOT NULL) AS p
+     JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
+     WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits e WHERE e.key = k.key)
+     ORDER BY k.key, length(p.stem) DESC)
+$$;
+
+CREATE FUNCTION evora.hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state evora.job_state)
+    LANGUAGE sql
+    AS $$
+    WITH held AS (
+        SELECT x.id FROM evora.jobs x WHERE x.id = ANY(ids) ORDER BY x.id FOR NO KEY UPDATE
+    )
+    UPDATE evora.jobs j SET has_dependents = true
+    FROM held h
+    WHERE j.id = h.id
+    RETURNING j.id, j.state
+$$;
+
+CREATE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT ROW(j.id, j.queue, j.type, j.state, j.priority, j.group_key, j.idempotency_key,
+               j.attempt, j.max_attempts, j.lease_seconds, j.run_at, j.expires_at,
+               j.lease_expires_at, j.worker_id, j.cancel_requested, j.last_error, j.version,
+               j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::evora.job_image
+$$;
+
+CREATE FUNCTION evora.leave_dlq(ids uuid[], to_state evora.job_state, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 100
+    AS $$
+#variable_conflict use_column
+DECLARE
+    retried CONSTANT boolean := to_state = 'PENDING';
+BEGIN
+    IF to_state NOT IN ('PENDING', 'CANCELLED') THEN
+        RAISE EXCEPTION 'a job leaves the DLQ to PENDING or CANCELLED, not %', to_state;
+    END IF;
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE evora.jobs j
+        SET state = to_state,
+            attempt = CASE WHEN retried THEN 0 ELSE j.attempt END,
+            run_at = CASE WHEN retried THEN evora.clock_now() ELSE j.run_at END,
+            finished_at = CASE WHEN retried THEN NULL ELSE evora.clock_now() END,
+            expires_at = CASE WHEN retried AND j.expires_at <= evora.clock_now() THEN NULL
+                              ELSE j.expires_at END,
+            lease_expires_at = NULL, updated_at = evora.clock_now(), version = j.version + 1
+        WHERE j.id = ANY(ids) AND j.state = 'DLQ'
+        RETURNING j AS whole, ROW(
+            j,
+            CASE WHEN retried THEN 'retried' ELSE 'cancelled' END,
+            'DLQ',
+            NULL,
+            CASE WHEN retried THEN '{}' ELSE '{"reason": "discarded"}' END::jsonb
+        )::evora.move AS move
+    ),
+    recorded AS (
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r;
+END
 $$;
 
 CREATE FUNCTION evora.limit_key_lists(ords integer[], names text[]) RETURNS TABLE(ord integer, names text[])
@@ -204,6 +666,18 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
     }'::jsonb
 $_$;
 
+CREATE FUNCTION evora.note_ended_dependency() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('evora.ended_dependencies',
+                       coalesce(current_setting('evora.ended_dependencies', true), '')
+                           || NEW.id || ',',
+                       true);
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION evora.number_field(value jsonb, field text, lo numeric, hi numeric, integral boolean, above_lo boolean DEFAULT false) RETURNS numeric
     LANGUAGE plpgsql STABLE
     AS $$
@@ -226,6 +700,89 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.prune_finished(age double precision, batch integer, finished evora.job_state) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    held uuid[];
+    removed bigint;
+BEGIN
+    held := ARRAY(
+        SELECT f.id FROM evora.jobs f
+        WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
+          AND f.finished_at < evora.clock_now() - make_interval(secs => age)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora.waiting_dependents(f.id)))
+        ORDER BY f.finished_at
+        LIMIT batch
+        FOR UPDATE SKIP LOCKED);
+    WITH gone AS (
+        DELETE FROM evora.jobs f
+        WHERE f.id = ANY(held)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora.waiting_dependents(f.id)))
+        RETURNING f.queue, f.state
+    ),
+    counted AS (
+        INSERT INTO evora.job_prune_counts AS c (queue, state, pruned)
+        SELECT g.queue, g.state, count(*) FROM gone g GROUP BY g.queue, g.state
+        ORDER BY g.queue, g.state
+        ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned
+    )
+    SELECT count(*) INTO removed FROM gone;
+    RETURN removed;
+END
+$$;
+
+CREATE FUNCTION evora.queue_paused(in_queue text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (SELECT 1 FROM evora.paused_queues p WHERE p.queue = in_queue)
+$$;
+
+CREATE FUNCTION evora.record_limit_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO evora.flow_limit_changes (key, deleted) VALUES (OLD.key, true);
+    ELSE
+        INSERT INTO evora.flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
+        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION evora.record_moves(moves evora.move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH moved AS (
+        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
+        FROM unnest(moves) AS m
+    ),
+    recorded AS (
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type, event, from_state, state,
+               attempt, worker, updated_at, data, evora.job_image(whole)
+        FROM moved
+    ),
+    claimable AS (
+        SELECT DISTINCT queue AS q FROM moved
+        WHERE state = 'PENDING' OR group_key IS NOT NULL OR (limited AND from_state = 'RUNNING')
+    ),
+    hinted AS (
+        SELECT q, pg_notify('evora_jobs', q) AS sent
+        FROM claimable
+        WHERE q <> ALL(suppressed)
+    )
+    SELECT (SELECT array_agg(q) FROM hinted),
+           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed));
+END
+$$;
+
 CREATE FUNCTION evora.reject(field text, problem text) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -235,9 +792,163 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job public.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.reject_event_change() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('evora.drop_archived_events', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    RAISE EXCEPTION 'job_events is append-only (% rejected)', TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+
+CREATE FUNCTION evora.reject_illegal_transition() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        RAISE EXCEPTION 'a new job must be PENDING or WAITING, not %', NEW.state
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RAISE EXCEPTION 'illegal job transition % -> % (job %)', OLD.state, NEW.state, OLD.id
+        USING ERRCODE = 'check_violation';
+END
+$$;
+
+CREATE FUNCTION evora.reject_live_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'job % is % and may not be deleted', OLD.id, OLD.state
+        USING ERRCODE = 'check_violation';
+END
+$$;
+
+CREATE FUNCTION evora.reject_unarchived_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM evora.event_archive_watermark w
+        WHERE OLD.seq <= w.upto_seq AND OLD.xid < w.below_xid
+    ) THEN
+        RAISE EXCEPTION 'event % is not archived and may not be deleted', OLD.seq
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN OLD;
+END
+$$;
+
+CREATE FUNCTION evora.running_holding(k text) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT count(*) FROM evora.jobs r
+            WHERE starts_with(k, 'queue:') AND r.state = 'RUNNING' AND r.queue = substr(k, 7))
+         + (SELECT count(*) FROM evora.jobs r
+            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys @> ARRAY[k]
+              AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
+$$;
+
+CREATE FUNCTION evora.settle_dependents() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ended_ids uuid[];
+    ended_states evora.job_state[];
+    hinted bigint;
+BEGIN
+    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
+    INTO ended_ids, ended_states
+    FROM evora.jobs j
+    WHERE j.id = ANY(string_to_array(
+        rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
+    PERFORM set_config('evora.ended_dependencies', '', true);
+
+    PERFORM 1
+    FROM evora.jobs j
+    WHERE j.id IN (SELECT s.id FROM evora.settlement(ended_ids, ended_states) s)
+    ORDER BY j.id
+    FOR UPDATE OF j;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    PERFORM set_config('evora.settling', 'on', true);
+    WITH settled AS (
+        UPDATE evora.jobs j
+        SET state = n.state,
+            dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
+                                     ELSE j.dependencies_left - n.arrived END,
+            version = j.version + (n.state <> 'WAITING')::int,
+            updated_at = CASE WHEN n.state <> 'WAITING' THEN evora.clock_now() ELSE j.updated_at END,
+            finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora.clock_now() END
+        FROM evora.settlement(ended_ids, ended_states) n
+        WHERE j.id = n.id AND j.state = 'WAITING'
+        RETURNING j.*, n.cause, evora.job_image(j) AS image
+    ),
+    recorded AS (
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type,
+               CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
+               'WAITING', state, attempt, NULL, updated_at,
+               CASE WHEN state = 'CANCELLED'
+                    THEN jsonb_build_object('reason', 'dependency_cancelled',
+                                            'dependency', cause)
+                    ELSE '{}'::jsonb END,
+               image
+        FROM settled
+        WHERE state <> 'WAITING'
+    )
+    SELECT count(pg_notify('evora_jobs', q.queue))
+    INTO hinted
+    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
+    PERFORM set_config('evora.settling', '', true);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION evora.settlement(ended_ids uuid[], ended_states evora.job_state[]) RETURNS TABLE(id uuid, state evora.job_state, arrived integer, cause uuid)
+    LANGUAGE sql STABLE
+    AS $$
+    WITH RECURSIVE cancelled(id) AS (
+        SELECT d.job_id
+        FROM unnest(ended_ids, ended_states) AS e(id, state)
+        JOIN evora.job_dependencies d ON d.depends_on = e.id
+        JOIN evora.jobs w ON w.id = d.job_id
+        WHERE e.state = 'CANCELLED' AND w.state = 'WAITING'
+          AND evora.dependent_next_state(w, 0, true) = 'CANCELLED'
+        UNION
+        SELECT d.job_id
+        FROM cancelled c
+        JOIN evora.job_dependencies d ON d.depends_on = c.id
+        JOIN evora.jobs w ON w.id = d.job_id
+        WHERE w.state = 'WAITING' AND evora.dependent_next_state(w, 0, true) = 'CANCELLED'
+    ),
+    ended AS (
+        SELECT e.id, e.state FROM unnest(ended_ids, ended_states) AS e(id, state)
+        UNION ALL
+        SELECT c.id, 'CANCELLED'::evora.job_state FROM cancelled c
+    ),
+    arrivals AS (
+        SELECT d.job_id AS id, count(*)::integer AS arrived,
+               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1] AS cause
+        FROM ended e
+        JOIN evora.job_dependencies d ON d.depends_on = e.id
+        GROUP BY d.job_id
+    )
+    SELECT w.id, evora.dependent_next_state(w, a.arrived, a.cause IS NOT NULL), a.arrived,
+           a.cause
+    FROM arrivals a
+    JOIN evora.jobs w ON w.id = a.id
+    WHERE w.state = 'WAITING'
+$$;
+
+CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql
+    SET search_path TO 'evora', 'pg_temp'
     AS $$
 DECLARE
     fingerprints bytea[];
@@ -257,7 +968,7 @@ BEGIN
             idempotency_keys, group_keys, dependency_ords, dependency_ids, on_failures,
             limit_key_ords, limit_key_names);
         WITH keyed AS (
-            INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
+            INSERT INTO evora.idempotency_keys (queue, key, fingerprint, job_id)
             SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, x.fingerprint, x.id
             FROM unnest(ids, queues, idempotency_keys, fingerprints)
                 WITH ORDINALITY AS x(id, queue, key, fingerprint, ord)
@@ -272,7 +983,7 @@ BEGIN
                         THEN k.job_id END
             FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011)
                 WITH ORDINALITY AS x(id, queue, key, fingerprint, before, ord)
-            LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+            LEFT JOIN evora.idempotency_keys k ON k.queue = x.queue AND k.key = x.key
             ORDER BY x.ord);
         IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
             waited := ARRAY(
@@ -284,7 +995,7 @@ BEGIN
     END IF;
     IF cardinality(waited) > 0 THEN
         WITH held AS (
-            SELECT * FROM evora_hold_dependencies(ARRAY(
+            SELECT * FROM evora.hold_dependencies(ARRAY(
                 SELECT DISTINCT d FROM unnest(waited) d
                 WHERE d NOT IN (SELECT unnest(ids))))
         ),
@@ -319,7 +1030,7 @@ BEGIN
         FROM generate_series(1, cardinality(ids)) AS i(n)
         LEFT JOIN verdict v ON v.ord = i.n;
         IF kept IS NOT NULL AND array_remove(refusals, NULL) <> '{}' THEN
-            DELETE FROM idempotency_keys k
+            DELETE FROM evora.idempotency_keys k
             USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
             WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
               AND k.job_id = x.id;
@@ -339,15 +1050,15 @@ BEGIN
         GROUP BY e.ord
     ),
     moved AS (
-        INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
+        INSERT INTO evora.jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
                                on_dependency_failure, has_dependents, depends_on, limit_keys)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
-               coalesce(x.run_at, evora_now() + make_interval(secs => coalesce(x.delay, 0))),
+               coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
                x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
                x.backoff_multiplier, x.expires_at, x.key, x.group_key,
-               CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
+               CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
                coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
                x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}')
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
@@ -360,17 +1071,17 @@ BEGIN
         LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
         WHERE x.ord IN (SELECT unnest(created))
         ORDER BY x.ord
-        RETURNING j.*, j AS whole, evora_job_image(j) AS image
+        RETURNING j.*, j AS whole, evora.job_image(j) AS image
     ),
     edges AS (
-        INSERT INTO job_dependencies (job_id, depends_on)
+        INSERT INTO evora.job_dependencies (job_id, depends_on)
         SELECT m.id, d.dep
         FROM moved m
         CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
         WHERE cardinality(waited) > 0  -- else not even a pass over the rows
     ),
     recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
                m.attempt, NULL, m.updated_at, '{}', m.image
@@ -392,7 +1103,7 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY
-    SELECT x.ord::integer, x.refusal, culprits[x.ord], NULL::jobs, NULL::text[], NULL::text[]
+    SELECT x.ord::integer, x.refusal, culprits[x.ord], NULL::evora.jobs, NULL::text[], NULL::text[]
     FROM unnest(refusals) WITH ORDINALITY AS x(refusal, ord)
     WHERE x.refusal IS NOT NULL;
     RETURN QUERY
@@ -408,8 +1119,8 @@ BEGIN
            NULL::text[], NULL::text[]
     FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011, refusals)
         WITH ORDINALITY AS x(id, queue, key, fingerprint, before, refusal, ord)
-    LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
-    LEFT JOIN jobs s ON s.id = k.job_id
+    LEFT JOIN evora.idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+    LEFT JOIN evora.jobs s ON s.id = k.job_id
     WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND x.refusal IS NULL;
 END
 $$;
@@ -520,7 +1231,7 @@ $$;
 
 CREATE FUNCTION evora.submit(queue text, type text, payload jsonb DEFAULT '{}'::jsonb, options jsonb DEFAULT '{}'::jsonb) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'evora', 'pg_temp'
     AS $$
 DECLARE
     given text;
@@ -544,7 +1255,7 @@ $$;
 
 CREATE FUNCTION evora.submit_batch(jobs jsonb) RETURNS uuid[]
     LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'evora', 'pg_temp'
     AS $$
 DECLARE
     most CONSTANT integer := (evora.limits() ->> 'max_batch')::integer;
@@ -708,6 +1419,19 @@ BEGIN
     RETURN parsed;
 END
 $_$;
+
+CREATE TABLE evora.flow_buckets (
+    key text NOT NULL,
+    tokens double precision NOT NULL,
+    refilled_at timestamp with time zone NOT NULL
+);
+
+CREATE FUNCTION evora.tokens(b evora.flow_buckets, rate_limit integer, rate_per_seconds double precision, at timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
+                                                * rate_limit / rate_per_seconds)
+$$;
 
 CREATE FUNCTION evora.uuid7() RETURNS uuid
     LANGUAGE sql PARALLEL SAFE
@@ -873,738 +1597,14 @@ BEGIN
 END
 $_$;
 
-CREATE FUNCTION public.evora_add_submitted_data() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    NEW.data := NEW.data || current_setting('evora.submitted_data')::jsonb;
-    RETURN NEW;
-END
-$$;
-
-CREATE FUNCTION public.evora_backoff_seconds(initial double precision, max_seconds double precision, multiplier double precision, n integer) RETURNS double precision
-    LANGUAGE sql
-    AS $$
-    SELECT least(
-        max_seconds,
-        exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
-            * (0.8 + 0.4 * random()))
-$$;
-
-CREATE FUNCTION public.evora_claim_jobs(ids uuid[], limited_flags boolean[], claimer text, claimed_at timestamp with time zone) RETURNS TABLE(job public.jobs, dependency_results jsonb)
-    LANGUAGE sql
-    AS $$
-    WITH moved AS (
-        UPDATE jobs j
-        SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
-            lease_expires_at = claimed_at + make_interval(secs => j.lease_seconds),
-            worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
-            version = j.version + 1, limited = coalesce(p.flag, false)
-        FROM unnest(ids, limited_flags) AS p(id, flag)
-        WHERE j.id = p.id
-        RETURNING j AS job, evora_job_image(j) AS image, j.depends_on
-    ),
-    recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
-               (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
-               m.image
-        FROM moved m
-    )
-    SELECT m.job,
-           CASE WHEN m.depends_on IS NOT NULL THEN (
-               SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
-               FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
-               JOIN jobs d ON d.id = u.id
-               WHERE d.state = 'COMPLETED') END
-    FROM moved m
-$$;
-
-CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer) RETURNS TABLE(id uuid, limited boolean)
-    LANGUAGE sql STABLE ROWS 1
-    AS $$
-    SELECT NULL::uuid, NULL::boolean WHERE false
-$$;
-
-CREATE FUNCTION public.evora_claim_limited(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job public.jobs, dependency_results jsonb)
-    LANGUAGE plpgsql ROWS 1
-    AS $$
-DECLARE
-    at CONSTANT timestamptz := evora_now();
-    making CONSTANT integer := 1163284306;  -- 'EVOR'
-    taken integer := 0;
-    paid timestamptz;
-    blocked text[] := '{}';
-    rest evora_claim_candidate[] := '{}';
-    open_queues text[] := queues;
-    last_priority smallint[] := array_fill((-32768)::smallint, ARRAY[cardinality(queues)]);
-    last_run_at timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)]);
-    last_seq bigint[] := array_fill(0::bigint, ARRAY[cardinality(queues)]);
-    wide boolean := cardinality(queues) <> 1;
-    widen boolean;
-    rounds integer := 0;
-    window_size integer;
-    need integer;
-    tried evora_claim_candidate[];
-    lim_keys text[];
-    lim_conc integer[];
-    lim_rate integer[];
-    lim_per float8[];
-    owned text[];
-    new_ids uuid[];
-    new_flags boolean[];
-    full_keys text[];
-BEGIN
-    WHILE rounds < 4 LOOP
-        need := wanted - taken;
-        EXIT WHEN need <= 0;
-        rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
-        window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
-                                - cardinality(rest), 0);
-
-        WITH fresh AS MATERIALIZED (
-            SELECT q.queue, c.id, c.priority, c.run_at, c.submit_seq,
-                   ARRAY(SELECT DISTINCT x
-                         FROM unnest(('queue:' || q.queue) || c.limit_keys) AS x) AS keys,
-                   coalesce(c.limit_keys[1], '') AS lane
-            FROM unnest(open_queues, last_priority, last_run_at, last_seq)
-                AS q(queue, priority, run_at, seq)
-            CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
-                FROM jobs j
-                WHERE evora_claimable(j, q.queue, at, types)
-                  AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
-                  AND (j.group_key IS NULL OR (
-                        (SELECT true FROM jobs r
-                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
-                           AND r.group_key = j.group_key
-                         LIMIT 1) IS NULL
-                        AND (SELECT true FROM jobs e
-                             WHERE e.state = 'PENDING' AND e.queue = j.queue
-                               AND e.group_key = j.group_key
-                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-                             LIMIT 1) IS NULL))
-                  AND NOT (j.limit_keys && blocked)
-                ORDER BY j.priority, j.run_at, j.submit_seq
-                LIMIT window_size
-                FOR UPDATE OF j SKIP LOCKED
-            ) AS c
-            WHERE NOT ('queue:' || q.queue = ANY(blocked))
-        ),
-        ends AS MATERIALIZED (
-            SELECT e.queue, e.priority, e.run_at, e.submit_seq
-            FROM (SELECT f.queue, f.priority, f.run_at, f.submit_seq,
-                         count(*) OVER (PARTITION BY f.queue) AS n,
-                         row_number() OVER (PARTITION BY f.queue
-                                            ORDER BY f.priority DESC, f.run_at DESC,
-                                                     f.submit_seq DESC) AS back
-                  FROM fresh f) AS e
-            WHERE e.back = 1 AND e.n = window_size
-            UNION ALL
-            SELECT * FROM unnest(open_queues, last_priority, last_run_at, last_seq)
-            WHERE window_size = 0
-        ),
-        win AS MATERIALIZED (
-            SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
-            UNION ALL
-            SELECT r.* FROM unnest(rest) AS r
-        ),
-        turns AS MATERIALIZED (
-            SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
-                       w.lane)::evora_claim_candidate AS c,
-                   row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
-                       <= need AS tried,
-                   w.turn
-            FROM (SELECT w.*, row_number() OVER (PARTITION BY w.lane
-                                                 ORDER BY w.priority, w.run_at, w.submit_seq)
-                                  AS turn
-                  FROM win w) AS w
-        ),
-        widening AS MATERIALIZED (
-            SELECT NOT wide AND EXISTS (SELECT 1 FROM ends)
-                   AND EXISTS (SELECT 1 FROM turns t WHERE t.tried AND t.turn > 1) AS yes
-        ),
-        gov AS MATERIALIZED (
-            SELECT * FROM evora_governing_limits(
-                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k
-                      WHERE t.tried AND NOT (SELECT w.yes FROM widening w)))
-        ),
-        row_locked AS MATERIALIZED (
-            SELECT b.key FROM flow_buckets b
-            WHERE b.key = ANY(ARRAY(SELECT g.key FROM gov g))
-            ORDER BY b.key
-            FOR UPDATE SKIP LOCKED
-        ),
-        missing AS MATERIALIZED (
-            SELECT g.key, g.rate_limit FROM gov g
-            WHERE NOT EXISTS (SELECT 1 FROM flow_buckets o WHERE o.key = g.key)
-        ),
-        made AS (
-            INSERT INTO flow_buckets AS b (key, tokens, refilled_at)
-            SELECT m.key, coalesce(m.rate_limit, 0), at
-            FROM missing m
-            WHERE pg_try_advisory_xact_lock(making, hashtext(m.key))
-            ON CONFLICT (key) DO NOTHING
-            RETURNING b.key
-        ),
-        mine AS (
-            SELECT key FROM row_locked UNION ALL SELECT key FROM made
-        )
-        SELECT (SELECT w.yes FROM widening w),
-               ARRAY(SELECT t.c FROM turns t WHERE t.tried),
-               ARRAY(SELECT t.c FROM turns t WHERE NOT t.tried),
-               ARRAY(SELECT e.queue FROM ends e ORDER BY e.queue),
-               ARRAY(SELECT e.priority FROM ends e ORDER BY e.queue),
-               ARRAY(SELECT e.run_at FROM ends e ORDER BY e.queue),
-               ARRAY(SELECT e.submit_seq FROM ends e ORDER BY e.queue),
-               ARRAY(SELECT g.key FROM gov g ORDER BY g.key),
-               ARRAY(SELECT g.concurrency FROM gov g ORDER BY g.key),
-               ARRAY(SELECT g.rate_limit FROM gov g ORDER BY g.key),
-               ARRAY(SELECT g.rate_per_seconds FROM gov g ORDER BY g.key),
-               ARRAY(SELECT m.key FROM mine m),
-               ARRAY(SELECT g.key FROM gov g
-                     WHERE NOT EXISTS (SELECT 1 FROM mine m WHERE m.key = g.key))
-        INTO widen, tried, rest, open_queues, last_priority, last_run_at, last_seq,
-             lim_keys, lim_conc, lim_rate, lim_per, owned, full_keys;
-        IF widen THEN
-            rest := tried || rest;
-            wide := true;
-            CONTINUE;
-        END IF;
-        EXIT WHEN cardinality(tried) = 0;
-        blocked := blocked || full_keys;
-
-        paid := evora_now() + (clock_timestamp() - now());
-        WITH c AS (SELECT * FROM unnest(tried) AS c),
-        lim AS (
-            SELECT * FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(key, conc, rate, per)
-        ),
-        mine AS (SELECT DISTINCT key FROM unnest(owned) AS m(key)),
-        running AS (
-            SELECT k.key, count(*) AS n
-            FROM jobs r
-            CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
-            JOIN mine m ON m.key = k.key
-            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && owned
-              AND k.key <> 'queue:' || r.queue
-            GROUP BY k.key
-            UNION ALL
-            SELECT 'queue:' || r.queue, count(*)
-            FROM jobs r
-            WHERE r.state = 'RUNNING' AND r.queue = ANY(
-                ARRAY(SELECT substr(m.key, 7) FROM mine m WHERE starts_with(m.key, 'queue:')))
-            GROUP BY r.queue
-        ),
-        caps AS MATERIALIZED (
-            SELECT l.key, l.rate, l.per, least(
-                l.conc - coalesce(r.n, 0),
-                floor(evora_tokens(b, l.rate, l.per, paid))::bigint) AS cap
-            FROM lim l
-            JOIN mine m ON m.key = l.key
-            JOIN flow_buckets b ON b.key = l.key
-            LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r ON r.key = l.key
-        ),
-        ranked AS (
-            SELECT c.id, x.cap,
-                   row_number() OVER (PARTITION BY x.key
-                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS place
-            FROM c
-            CROSS JOIN LATERAL unnest(c.keys) AS k(key)
-            JOIN caps x ON x.key = k.key
-        ),
-        admitted AS (
-            SELECT c.id, c.priority, c.run_at, c.submit_seq, c.keys,
-                   c.keys && lim_keys AS is_limited,
-                   row_number() OVER (PARTITION BY c.lane
-                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
-            FROM c
-            WHERE NOT (c.keys && full_keys)
-              AND NOT EXISTS (SELECT 1 FROM ranked r
-                              WHERE r.id = c.id AND r.cap IS NOT NULL AND r.place > r.cap)
-        ),
-        chosen AS MATERIALIZED (
-            SELECT a.id, a.is_limited, a.keys FROM admitted a
-            ORDER BY a.priority, a.turn, a.run_at, a.submit_seq
-            LIMIT need
-        ),
-        used AS MATERIALIZED (
-            SELECT x.key, count(*) AS n
-            FROM (SELECT unnest(ch.keys) AS key FROM chosen ch) AS k
-            JOIN caps x ON x.key = k.key
-            GROUP BY x.key
-        ),
-        spent AS (
-            UPDATE flow_buckets b
-            SET tokens = evora_tokens(b, x.rate, x.per, paid) - u.n,
-                refilled_at = greatest(b.refilled_at, paid)
-            FROM used u JOIN caps x ON x.key = u.key
-            WHERE b.key = u.key AND x.rate IS NOT NULL
-        )
-        SELECT ARRAY(SELECT ch.id FROM chosen ch),
-               ARRAY(SELECT ch.is_limited FROM chosen ch),
-               ARRAY(SELECT x.key FROM caps x LEFT JOIN used u ON u.key = x.key
-                     WHERE x.cap - coalesce(u.n, 0) <= 0)
-        INTO new_ids, new_flags, full_keys;
-        RETURN QUERY SELECT * FROM evora_claim_jobs(new_ids, new_flags, worker, paid);
-        taken := taken + cardinality(new_ids);
-        rounds := rounds + 1;
-        blocked := blocked || full_keys;
-        EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
-    END LOOP;
-END
-$$;
-
-CREATE FUNCTION public.evora_claimable(j public.jobs, in_queue text, at timestamp with time zone, types text[]) RETURNS boolean
+CREATE FUNCTION evora.waiting_dependents(dependency uuid) RETURNS SETOF uuid
     LANGUAGE sql STABLE
     AS $$
-    SELECT j.state = 'PENDING'::job_state AND j.queue = in_queue AND j.run_at <= at
-       AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
-       AND (types IS NULL OR j.type = ANY(types))
-       AND NOT evora_queue_paused(in_queue)
-$$;
-
-CREATE FUNCTION public.evora_dependent_next_state(j public.jobs, arrived integer, cancelled boolean) RETURNS public.job_state
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT CASE
-        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::job_state
-        WHEN j.dependencies_left <= arrived THEN 'PENDING'::job_state
-        ELSE 'WAITING'::job_state
-    END
-$$;
-
-CREATE FUNCTION public.evora_drop_archived_events(upto_seq bigint, older_than_seconds double precision, max_rows integer) RETURNS bigint
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO '$user', 'public'
-    AS $$
-DECLARE
-    mark     event_archive_watermark;
-    consumed xid8;
-    removed  bigint;
-BEGIN
-    IF older_than_seconds IS NULL OR older_than_seconds < 0 OR max_rows IS NULL OR max_rows < 1 THEN
-        RAISE EXCEPTION 'invalid retention arguments (older than %, at most % rows)',
-            older_than_seconds, max_rows USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    SELECT * INTO STRICT mark FROM event_archive_watermark;
-    IF upto_seq IS NULL OR upto_seq > mark.upto_seq THEN
-        RAISE EXCEPTION 'refusing to drop events up to seq %: the archive reaches only seq %',
-            upto_seq, mark.upto_seq USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    SELECT p.xid INTO consumed FROM projector_progress p ORDER BY p.xid LIMIT 1;
-    IF consumed IS NULL THEN
-        RETURN 0;
-    END IF;
-    PERFORM set_config('evora.drop_archived_events', 'on', true);
-    WITH gone AS (
-        DELETE FROM job_events
-        WHERE seq IN (
-            SELECT e.seq FROM job_events e
-            WHERE e.seq <= upto_seq AND e.xid < mark.below_xid AND e.xid < consumed
-              AND e.at < now() - make_interval(secs => older_than_seconds)
-            ORDER BY e.seq
-            LIMIT max_rows
-        )
-        RETURNING 1
-    )
-    SELECT count(*) INTO removed FROM gone;
-    PERFORM set_config('evora.drop_archived_events', 'off', true);
-    RETURN removed;
-END
-$$;
-
-CREATE FUNCTION public.evora_end_attempts(ends public.evora_attempt_end[], suppressed text[]) RETURNS TABLE(job public.jobs, notified text[], owed text[])
-    LANGUAGE plpgsql ROWS 100
-    AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH decided AS MATERIALIZED (
-        SELECT *, 'RUNNING'::job_state AS fenced FROM unnest(ends)
-    ),
-    moved AS (
-        UPDATE jobs j
-        SET state = d.to_state,
-            attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
-            last_error = coalesce(d.error, j.last_error),
-            lease_expires_at = NULL,
-            run_at = CASE WHEN d.to_state = 'PENDING'
-                          THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
-            finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
-            updated_at = evora_now(), version = j.version + 1
-        FROM decided d WHERE j.id = d.id AND j.state = d.fenced
-        RETURNING j AS whole, ROW(
-            j,
-            CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
-                 WHEN d.to_state = 'DLQ' THEN 'dead_lettered'
-                 ELSE d.pending_event END,
-            'RUNNING',
-            d.worker,
-            (SELECT coalesce(jsonb_object_agg(key, value), '{}')
-             FROM jsonb_each(jsonb_build_object(
-                 'error', d.error, 'reason', d.reason,
-                 'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
-             WHERE value <> 'null')
-        )::evora_move AS move
-    ),
-    recorded AS (
-        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
-    )
-    SELECT m.whole, r.notified, r.owed
-    FROM moved m CROSS JOIN recorded r;
-END
-$$;
-
-CREATE FUNCTION public.evora_governing_limits(keys text[]) RETURNS TABLE(key text, concurrency integer, rate_limit integer, rate_per_seconds double precision)
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT e.key, e.concurrency, e.rate_limit, e.rate_per_seconds
-    FROM flow_limits e
-    WHERE e.key = ANY(keys)
-    UNION ALL
-    (SELECT DISTINCT ON (k.key) k.key, p.concurrency, p.rate_limit, p.rate_per_seconds
-     FROM (SELECT * FROM flow_limits WHERE stem IS NOT NULL) AS p
-     JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
-     WHERE NOT EXISTS (SELECT 1 FROM flow_limits e WHERE e.key = k.key)
-     ORDER BY k.key, length(p.stem) DESC)
-$$;
-
-CREATE FUNCTION public.evora_hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state public.job_state)
-    LANGUAGE sql
-    AS $$
-    WITH held AS (
-        SELECT x.id FROM jobs x WHERE x.id = ANY(ids) ORDER BY x.id FOR NO KEY UPDATE
-    )
-    UPDATE jobs j SET has_dependents = true
-    FROM held h
-    WHERE j.id = h.id
-    RETURNING j.id, j.state
-$$;
-
-CREATE FUNCTION public.evora_job_image(j public.jobs) RETURNS public.job_image
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT ROW(j.id, j.queue, j.type, j.state, j.priority, j.group_key, j.idempotency_key,
-               j.attempt, j.max_attempts, j.lease_seconds, j.run_at, j.expires_at,
-               j.lease_expires_at, j.worker_id, j.cancel_requested, j.last_error, j.version,
-               j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
-$$;
-
-CREATE FUNCTION public.evora_leave_dlq(ids uuid[], to_state public.job_state, suppressed text[]) RETURNS TABLE(job public.jobs, notified text[], owed text[])
-    LANGUAGE plpgsql ROWS 100
-    AS $$
-#variable_conflict use_column
-DECLARE
-    retried CONSTANT boolean := to_state = 'PENDING';
-BEGIN
-    IF to_state NOT IN ('PENDING', 'CANCELLED') THEN
-        RAISE EXCEPTION 'a job leaves the DLQ to PENDING or CANCELLED, not %', to_state;
-    END IF;
-    RETURN QUERY
-    WITH moved AS (
-        UPDATE jobs j
-        SET state = to_state,
-            attempt = CASE WHEN retried THEN 0 ELSE j.attempt END,
-            run_at = CASE WHEN retried THEN evora_now() ELSE j.run_at END,
-            finished_at = CASE WHEN retried THEN NULL ELSE evora_now() END,
-            expires_at = CASE WHEN retried AND j.expires_at <= evora_now() THEN NULL
-                              ELSE j.expires_at END,
-            lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
-        WHERE j.id = ANY(ids) AND j.state = 'DLQ'
-        RETURNING j AS whole, ROW(
-            j,
-            CASE WHEN retried THEN 'retried' ELSE 'cancelled' END,
-            'DLQ',
-            NULL,
-            CASE WHEN retried THEN '{}' ELSE '{"reason": "discarded"}' END::jsonb
-        )::evora_move AS move
-    ),
-    recorded AS (
-        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
-    )
-    SELECT m.whole, r.notified, r.owed
-    FROM moved m CROSS JOIN recorded r;
-END
-$$;
-
-CREATE FUNCTION public.evora_note_ended_dependency() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM set_config('evora.ended_dependencies',
-                       coalesce(current_setting('evora.ended_dependencies', true), '')
-                           || NEW.id || ',',
-                       true);
-    RETURN NEW;
-END
-$$;
-
-CREATE FUNCTION public.evora_now() RETURNS timestamp with time zone
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$
-    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
-                            interval '0')
-$$;
-
-CREATE FUNCTION public.evora_prune_finished(age double precision, batch integer, finished public.job_state) RETURNS bigint
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    held uuid[];
-    removed bigint;
-BEGIN
-    held := ARRAY(
-        SELECT f.id FROM jobs f
-        WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
-          AND f.finished_at < evora_now() - make_interval(secs => age)
-          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
-        ORDER BY f.finished_at
-        LIMIT batch
-        FOR UPDATE SKIP LOCKED);
-    WITH gone AS (
-        DELETE FROM jobs f
-        WHERE f.id = ANY(held)
-          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
-        RETURNING f.queue, f.state
-    ),
-    counted AS (
-        INSERT INTO job_prune_counts AS c (queue, state, pruned)
-        SELECT g.queue, g.state, count(*) FROM gone g GROUP BY g.queue, g.state
-        ORDER BY g.queue, g.state
-        ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned
-    )
-    SELECT count(*) INTO removed FROM gone;
-    RETURN removed;
-END
-$$;
-
-CREATE FUNCTION public.evora_queue_paused(in_queue text) RETURNS boolean
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = in_queue)
-$$;
-
-CREATE FUNCTION public.evora_record_limit_change() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        INSERT INTO flow_limit_changes (key, deleted) VALUES (OLD.key, true);
-    ELSE
-        INSERT INTO flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
-        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
-    END IF;
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION public.evora_record_moves(moves public.evora_move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
-    LANGUAGE plpgsql ROWS 1
-    AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH moved AS (
-        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
-        FROM unnest(moves) AS m
-    ),
-    recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type, event, from_state, state,
-               attempt, worker, updated_at, data, evora_job_image(whole)
-        FROM moved
-    ),
-    claimable AS (
-        SELECT DISTINCT queue AS q FROM moved
-        WHERE state = 'PENDING' OR group_key IS NOT NULL OR (limited AND from_state = 'RUNNING')
-    ),
-    hinted AS (
-        SELECT q, pg_notify('evora_jobs', q) AS sent
-        FROM claimable
-        WHERE q <> ALL(suppressed)
-    )
-    SELECT (SELECT array_agg(q) FROM hinted),
-           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed));
-END
-$$;
-
-CREATE FUNCTION public.evora_reject_event_change() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF TG_OP = 'DELETE' AND current_setting('evora.drop_archived_events', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    RAISE EXCEPTION 'job_events is append-only (% rejected)', TG_OP
-        USING ERRCODE = 'insufficient_privilege';
-END
-$$;
-
-CREATE FUNCTION public.evora_reject_illegal_transition() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        RAISE EXCEPTION 'a new job must be PENDING or WAITING, not %', NEW.state
-            USING ERRCODE = 'check_violation';
-    END IF;
-    RAISE EXCEPTION 'illegal job transition % -> % (job %)', OLD.state, NEW.state, OLD.id
-        USING ERRCODE = 'check_violation';
-END
-$$;
-
-CREATE FUNCTION public.evora_reject_live_delete() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    RAISE EXCEPTION 'job % is % and may not be deleted', OLD.id, OLD.state
-        USING ERRCODE = 'check_violation';
-END
-$$;
-
-CREATE FUNCTION public.evora_reject_unarchived_delete() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM event_archive_watermark w
-        WHERE OLD.seq <= w.upto_seq AND OLD.xid < w.below_xid
-    ) THEN
-        RAISE EXCEPTION 'event % is not archived and may not be deleted', OLD.seq
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    RETURN OLD;
-END
-$$;
-
-CREATE FUNCTION public.evora_running_holding(k text) RETURNS bigint
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT (SELECT count(*) FROM jobs r
-            WHERE starts_with(k, 'queue:') AND r.state = 'RUNNING' AND r.queue = substr(k, 7))
-         + (SELECT count(*) FROM jobs r
-            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys @> ARRAY[k]
-              AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
-$$;
-
-CREATE FUNCTION public.evora_settle_dependents() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    ended_ids uuid[];
-    ended_states job_state[];
-    hinted bigint;
-BEGIN
-    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
-    INTO ended_ids, ended_states
-    FROM jobs j
-    WHERE j.id = ANY(string_to_array(
-        rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
-    PERFORM set_config('evora.ended_dependencies', '', true);
-
-    PERFORM 1
-    FROM jobs j
-    WHERE j.id IN (SELECT s.id FROM evora_settlement(ended_ids, ended_states) s)
-    ORDER BY j.id
-    FOR UPDATE OF j;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-
-    PERFORM set_config('evora.settling', 'on', true);
-    WITH settled AS (
-        UPDATE jobs j
-        SET state = n.state,
-            dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
-                                     ELSE j.dependencies_left - n.arrived END,
-            version = j.version + (n.state <> 'WAITING')::int,
-            updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
-            finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
-        FROM evora_settlement(ended_ids, ended_states) n
-        WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, n.cause, evora_job_image(j) AS image
-    ),
-    recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type,
-               CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
-               'WAITING', state, attempt, NULL, updated_at,
-               CASE WHEN state = 'CANCELLED'
-                    THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', cause)
-                    ELSE '{}'::jsonb END,
-               image
-        FROM settled
-        WHERE state <> 'WAITING'
-    )
-    SELECT count(pg_notify('evora_jobs', q.queue))
-    INTO hinted
-    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
-    PERFORM set_config('evora.settling', '', true);
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION public.evora_settlement(ended_ids uuid[], ended_states public.job_state[]) RETURNS TABLE(id uuid, state public.job_state, arrived integer, cause uuid)
-    LANGUAGE sql STABLE
-    AS $$
-    WITH RECURSIVE cancelled(id) AS (
-        SELECT d.job_id
-        FROM unnest(ended_ids, ended_states) AS e(id, state)
-        JOIN job_dependencies d ON d.depends_on = e.id
-        JOIN jobs w ON w.id = d.job_id
-        WHERE e.state = 'CANCELLED' AND w.state = 'WAITING'
-          AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
-        UNION
-        SELECT d.job_id
-        FROM cancelled c
-        JOIN job_dependencies d ON d.depends_on = c.id
-        JOIN jobs w ON w.id = d.job_id
-        WHERE w.state = 'WAITING' AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
-    ),
-    ended AS (
-        SELECT e.id, e.state FROM unnest(ended_ids, ended_states) AS e(id, state)
-        UNION ALL
-        SELECT c.id, 'CANCELLED'::job_state FROM cancelled c
-    ),
-    arrivals AS (
-        SELECT d.job_id AS id, count(*)::integer AS arrived,
-               (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1] AS cause
-        FROM ended e
-        JOIN job_dependencies d ON d.depends_on = e.id
-        GROUP BY d.job_id
-    )
-    SELECT w.id, evora_dependent_next_state(w, a.arrived, a.cause IS NOT NULL), a.arrived,
-           a.cause
-    FROM arrivals a
-    JOIN jobs w ON w.id = a.id
-    WHERE w.state = 'WAITING'
-$$;
-
-CREATE TABLE public.flow_buckets (
-    key text NOT NULL,
-    tokens double precision NOT NULL,
-    refilled_at timestamp with time zone NOT NULL
-);
-
-CREATE FUNCTION public.evora_tokens(b public.flow_buckets, rate_limit integer, rate_per_seconds double precision, at timestamp with time zone) RETURNS double precision
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
-                                                * rate_limit / rate_per_seconds)
-$$;
-
-CREATE FUNCTION public.evora_waiting_dependents(dependency uuid) RETURNS SETOF uuid
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT d.job_id FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+    SELECT d.job_id FROM evora.job_dependencies d JOIN evora.jobs w ON w.id = d.job_id
     WHERE d.depends_on = dependency AND w.state = 'WAITING'
 $$;
 
-CREATE TABLE public.event_archive_runs (
+CREATE TABLE evora.event_archive_runs (
     run_id text NOT NULL,
     from_seq bigint NOT NULL,
     upto_seq bigint NOT NULL,
@@ -1617,7 +1617,7 @@ CREATE TABLE public.event_archive_runs (
     CONSTRAINT event_archive_runs_events_check CHECK ((events > 0))
 );
 
-CREATE TABLE public.event_archive_watermark (
+CREATE TABLE evora.event_archive_watermark (
     singleton boolean DEFAULT true NOT NULL,
     upto_seq bigint NOT NULL,
     below_xid xid8 NOT NULL,
@@ -1628,21 +1628,7 @@ CREATE TABLE public.event_archive_watermark (
     CONSTRAINT event_archive_watermark_upto_seq_check CHECK ((upto_seq >= 0))
 );
 
-CREATE TABLE public.evora_function_files (
-    name text NOT NULL,
-    checksum text NOT NULL,
-    migration integer NOT NULL,
-    applied_at timestamp with time zone DEFAULT now() NOT NULL
-);
-
-CREATE TABLE public.evora_migrations (
-    version integer NOT NULL,
-    name text NOT NULL,
-    checksum text NOT NULL,
-    applied_at timestamp with time zone DEFAULT now() NOT NULL
-);
-
-CREATE TABLE public.flow_limit_changes (
+CREATE TABLE evora.flow_limit_changes (
     seq bigint NOT NULL,
     key text NOT NULL,
     concurrency integer,
@@ -1652,8 +1638,8 @@ CREATE TABLE public.flow_limit_changes (
     changed_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
-ALTER TABLE public.flow_limit_changes ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME public.flow_limit_changes_seq_seq
+ALTER TABLE evora.flow_limit_changes ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME evora.flow_limit_changes_seq_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -1661,7 +1647,7 @@ ALTER TABLE public.flow_limit_changes ALTER COLUMN seq ADD GENERATED ALWAYS AS I
     CACHE 1
 );
 
-CREATE TABLE public.flow_limits (
+CREATE TABLE evora.flow_limits (
     key text NOT NULL,
     concurrency integer,
     rate_limit integer,
@@ -1679,7 +1665,14 @@ END) STORED,
     CONSTRAINT flow_limits_rate_whole CHECK (((rate_limit IS NULL) = (rate_per_seconds IS NULL)))
 );
 
-CREATE TABLE public.idempotency_keys (
+CREATE TABLE evora.function_files (
+    name text NOT NULL,
+    checksum text NOT NULL,
+    migration integer NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE evora.idempotency_keys (
     queue text NOT NULL,
     key text NOT NULL,
     fingerprint bytea NOT NULL,
@@ -1687,13 +1680,13 @@ CREATE TABLE public.idempotency_keys (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
-CREATE TABLE public.job_dependencies (
+CREATE TABLE evora.job_dependencies (
     job_id uuid NOT NULL,
     depends_on uuid NOT NULL,
     CONSTRAINT job_dependencies_not_self CHECK ((job_id <> depends_on))
 );
 
-CREATE TABLE public.job_events (
+CREATE TABLE evora.job_events (
     seq bigint NOT NULL,
     xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
     job_id uuid NOT NULL,
@@ -1701,17 +1694,17 @@ CREATE TABLE public.job_events (
     queue text NOT NULL,
     type text NOT NULL,
     event text NOT NULL,
-    from_state public.job_state,
-    to_state public.job_state NOT NULL,
+    from_state evora.job_state,
+    to_state evora.job_state NOT NULL,
     attempt integer NOT NULL,
     worker_id text,
     at timestamp with time zone NOT NULL,
     data jsonb DEFAULT '{}'::jsonb NOT NULL,
-    job public.job_image NOT NULL
+    job evora.job_image NOT NULL
 );
 
-ALTER TABLE public.job_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME public.job_events_seq_seq
+ALTER TABLE evora.job_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME evora.job_events_seq_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -1719,28 +1712,28 @@ ALTER TABLE public.job_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY 
     CACHE 1
 );
 
-CREATE TABLE public.job_prune_counts (
+CREATE TABLE evora.job_prune_counts (
     queue text NOT NULL,
-    state public.job_state NOT NULL,
+    state evora.job_state NOT NULL,
     pruned bigint NOT NULL,
-    CONSTRAINT job_prune_counts_finished_only CHECK ((state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state]))),
+    CONSTRAINT job_prune_counts_finished_only CHECK ((state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state, 'DLQ'::evora.job_state]))),
     CONSTRAINT job_prune_counts_pruned_check CHECK ((pruned >= 0))
 );
 
-CREATE TABLE public.job_traces (
+CREATE TABLE evora.job_traces (
     job_id uuid NOT NULL,
     traceparent text NOT NULL,
     CONSTRAINT job_traces_traceparent_check CHECK ((length(traceparent) = 55))
 );
 
-CREATE TABLE public.job_transitions (
-    from_state public.job_state,
-    to_state public.job_state NOT NULL,
+CREATE TABLE evora.job_transitions (
+    from_state evora.job_state,
+    to_state evora.job_state NOT NULL,
     event text NOT NULL
 );
 
-ALTER TABLE public.jobs ALTER COLUMN submit_seq ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME public.jobs_submit_seq_seq
+ALTER TABLE evora.jobs ALTER COLUMN submit_seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME evora.jobs_submit_seq_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -1748,12 +1741,19 @@ ALTER TABLE public.jobs ALTER COLUMN submit_seq ADD GENERATED ALWAYS AS IDENTITY
     CACHE 1
 );
 
-CREATE TABLE public.paused_queues (
+CREATE TABLE evora.migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE evora.paused_queues (
     queue text NOT NULL,
     paused_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
-CREATE TABLE public.projector_progress (
+CREATE TABLE evora.projector_progress (
     generation integer NOT NULL,
     xid xid8 NOT NULL,
     seq bigint DEFAULT 0 NOT NULL,
@@ -1761,7 +1761,7 @@ CREATE TABLE public.projector_progress (
     snapshot pg_snapshot
 );
 
-CREATE TABLE public.schedules (
+CREATE TABLE evora.schedules (
     name text NOT NULL,
     cron text NOT NULL,
     timezone text NOT NULL,
@@ -1783,112 +1783,112 @@ CREATE TABLE public.schedules (
     CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
 );
 
-ALTER TABLE ONLY public.event_archive_runs
+ALTER TABLE ONLY evora.event_archive_runs
     ADD CONSTRAINT event_archive_runs_pkey PRIMARY KEY (run_id);
 
-ALTER TABLE ONLY public.event_archive_watermark
+ALTER TABLE ONLY evora.event_archive_watermark
     ADD CONSTRAINT event_archive_watermark_pkey PRIMARY KEY (singleton);
 
-ALTER TABLE ONLY public.evora_function_files
-    ADD CONSTRAINT evora_function_files_pkey PRIMARY KEY (name);
-
-ALTER TABLE ONLY public.evora_migrations
-    ADD CONSTRAINT evora_migrations_pkey PRIMARY KEY (version);
-
-ALTER TABLE ONLY public.flow_buckets
+ALTER TABLE ONLY evora.flow_buckets
     ADD CONSTRAINT flow_buckets_pkey PRIMARY KEY (key);
 
-ALTER TABLE ONLY public.flow_limit_changes
+ALTER TABLE ONLY evora.flow_limit_changes
     ADD CONSTRAINT flow_limit_changes_pkey PRIMARY KEY (seq);
 
-ALTER TABLE ONLY public.flow_limits
+ALTER TABLE ONLY evora.flow_limits
     ADD CONSTRAINT flow_limits_pkey PRIMARY KEY (key);
 
-ALTER TABLE ONLY public.idempotency_keys
+ALTER TABLE ONLY evora.function_files
+    ADD CONSTRAINT function_files_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY evora.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue, key);
 
-ALTER TABLE ONLY public.job_dependencies
+ALTER TABLE ONLY evora.job_dependencies
     ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on);
 
-ALTER TABLE ONLY public.job_events
+ALTER TABLE ONLY evora.job_events
     ADD CONSTRAINT job_events_pkey PRIMARY KEY (seq);
 
-ALTER TABLE ONLY public.job_events
+ALTER TABLE ONLY evora.job_events
     ADD CONSTRAINT job_events_version_once UNIQUE (job_id, job_version);
 
-ALTER TABLE ONLY public.job_prune_counts
+ALTER TABLE ONLY evora.job_prune_counts
     ADD CONSTRAINT job_prune_counts_pkey PRIMARY KEY (queue, state);
 
-ALTER TABLE ONLY public.job_traces
+ALTER TABLE ONLY evora.job_traces
     ADD CONSTRAINT job_traces_pkey PRIMARY KEY (job_id);
 
-ALTER TABLE ONLY public.job_transitions
+ALTER TABLE ONLY evora.job_transitions
     ADD CONSTRAINT job_transitions_from_state_to_state_event_key UNIQUE (from_state, to_state, event);
 
-ALTER TABLE ONLY public.jobs
+ALTER TABLE ONLY evora.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
 
-ALTER TABLE ONLY public.paused_queues
+ALTER TABLE ONLY evora.migrations
+    ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY evora.paused_queues
     ADD CONSTRAINT paused_queues_pkey PRIMARY KEY (queue);
 
-ALTER TABLE ONLY public.projector_progress
+ALTER TABLE ONLY evora.projector_progress
     ADD CONSTRAINT projector_progress_pkey PRIMARY KEY (generation);
 
-ALTER TABLE ONLY public.schedules
+ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
-CREATE INDEX flow_limits_prefixes ON public.flow_limits USING btree (stem) WHERE (stem IS NOT NULL);
+CREATE INDEX flow_limits_prefixes ON evora.flow_limits USING btree (stem) WHERE (stem IS NOT NULL);
 
-CREATE INDEX idempotency_keys_age ON public.idempotency_keys USING btree (created_at);
+CREATE INDEX idempotency_keys_age ON evora.idempotency_keys USING btree (created_at);
 
-CREATE INDEX job_dependencies_dependents ON public.job_dependencies USING btree (depends_on, job_id);
+CREATE INDEX job_dependencies_dependents ON evora.job_dependencies USING btree (depends_on, job_id);
 
-CREATE INDEX job_events_tail ON public.job_events USING btree (xid, seq);
+CREATE INDEX job_events_tail ON evora.job_events USING btree (xid, seq);
 
-CREATE INDEX jobs_claimable ON public.jobs USING btree (queue, priority, run_at, submit_seq) WHERE (state = 'PENDING'::public.job_state);
+CREATE INDEX jobs_claimable ON evora.jobs USING btree (queue, priority, run_at, submit_seq) WHERE (state = 'PENDING'::evora.job_state);
 
-CREATE INDEX jobs_finished ON public.jobs USING btree (state, finished_at) WHERE (state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state, 'DLQ'::public.job_state]));
+CREATE INDEX jobs_finished ON evora.jobs USING btree (state, finished_at) WHERE (state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state, 'DLQ'::evora.job_state]));
 
-CREATE INDEX jobs_group_pending ON public.jobs USING btree (queue, group_key, priority, submit_seq) WHERE ((state = 'PENDING'::public.job_state) AND (group_key IS NOT NULL));
+CREATE INDEX jobs_group_pending ON evora.jobs USING btree (queue, group_key, priority, submit_seq) WHERE ((state = 'PENDING'::evora.job_state) AND (group_key IS NOT NULL));
 
-CREATE UNIQUE INDEX jobs_group_running ON public.jobs USING btree (queue, group_key) WHERE ((state = 'RUNNING'::public.job_state) AND (group_key IS NOT NULL));
+CREATE UNIQUE INDEX jobs_group_running ON evora.jobs USING btree (queue, group_key) WHERE ((state = 'RUNNING'::evora.job_state) AND (group_key IS NOT NULL));
 
-CREATE INDEX jobs_listing ON public.jobs USING btree (queue, state, submit_seq);
+CREATE INDEX jobs_listing ON evora.jobs USING btree (queue, state, submit_seq);
 
-CREATE INDEX jobs_pending_ttl ON public.jobs USING btree (expires_at) WHERE ((state = 'PENDING'::public.job_state) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
+CREATE INDEX jobs_pending_ttl ON evora.jobs USING btree (expires_at) WHERE ((state = 'PENDING'::evora.job_state) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
 
-CREATE INDEX jobs_running_lease ON public.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::public.job_state);
+CREATE INDEX jobs_running_lease ON evora.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::evora.job_state);
 
-CREATE INDEX jobs_running_limit_keys ON public.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = 'RUNNING'::public.job_state) AND (limit_keys <> '{}'::text[]));
+CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = 'RUNNING'::evora.job_state) AND (limit_keys <> '{}'::text[]));
 
-CREATE INDEX jobs_scheduled ON public.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::public.job_state);
+CREATE INDEX jobs_scheduled ON evora.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::evora.job_state);
 
-CREATE UNIQUE INDEX jobs_submit_seq ON public.jobs USING btree (submit_seq);
+CREATE UNIQUE INDEX jobs_submit_seq ON evora.jobs USING btree (submit_seq);
 
-CREATE INDEX schedules_due ON public.schedules USING btree (next_run_at) WHERE (NOT paused);
+CREATE INDEX schedules_due ON evora.schedules USING btree (next_run_at) WHERE (NOT paused);
 
-CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON public.flow_limits FOR EACH ROW EXECUTE FUNCTION public.evora_record_limit_change();
+CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON evora.flow_limits FOR EACH ROW EXECUTE FUNCTION evora.record_limit_change();
 
-CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON public.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.evora_reject_event_change();
+CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON evora.job_events FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
 
-CREATE TRIGGER job_events_delete_archived_only BEFORE DELETE ON public.job_events FOR EACH ROW EXECUTE FUNCTION public.evora_reject_unarchived_delete();
+CREATE TRIGGER job_events_delete_archived_only BEFORE DELETE ON evora.job_events FOR EACH ROW EXECUTE FUNCTION evora.reject_unarchived_delete();
 
-CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON public.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.evora_reject_event_change();
+CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON evora.job_events FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
 
-CREATE TRIGGER job_events_submitted_data BEFORE INSERT ON public.job_events FOR EACH ROW WHEN (((new.event = 'submitted'::text) AND (current_setting('evora.submitted_data'::text, true) <> ''::text))) EXECUTE FUNCTION public.evora_add_submitted_data();
+CREATE TRIGGER job_events_submitted_data BEFORE INSERT ON evora.job_events FOR EACH ROW WHEN (((new.event = 'submitted'::text) AND (current_setting('evora.submitted_data'::text, true) <> ''::text))) EXECUTE FUNCTION evora.add_submitted_data();
 
-CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON public.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::public.job_state, 'RUNNING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_live_delete();
+CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON evora.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::evora.job_state, 'RUNNING'::evora.job_state, 'WAITING'::evora.job_state]))) EXECUTE FUNCTION evora.reject_live_delete();
 
-CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON public.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::public.job_state, 'WAITING'::public.job_state]))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON evora.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state]))) EXECUTE FUNCTION evora.reject_illegal_transition();
 
-CREATE TRIGGER jobs_note_ended_dependency BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::public.job_state, 'CANCELLED'::public.job_state])) AND (old.state IS DISTINCT FROM new.state) AND (current_setting('evora.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION public.evora_note_ended_dependency();
+CREATE TRIGGER jobs_note_ended_dependency BEFORE UPDATE OF state ON evora.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state])) AND (old.state IS DISTINCT FROM new.state) AND (current_setting('evora.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION evora.note_ended_dependency();
 
-CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON public.jobs FOR EACH STATEMENT WHEN ((current_setting('evora.ended_dependencies'::text, true) <> ''::text)) EXECUTE FUNCTION public.evora_settle_dependents();
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON evora.jobs FOR EACH STATEMENT WHEN ((current_setting('evora.ended_dependencies'::text, true) <> ''::text)) EXECUTE FUNCTION evora.settle_dependents();
 
-CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON public.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state)) AND ((old.state <> 'DLQ'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'PENDING'::public.job_state) OR (new.state <> 'RUNNING'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'COMPLETED'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'DLQ'::public.job_state))) AND ((old.state <> 'RUNNING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'CANCELLED'::public.job_state))) AND ((old.state <> 'WAITING'::public.job_state) OR (new.state <> 'PENDING'::public.job_state))))) EXECUTE FUNCTION public.evora_reject_illegal_transition();
+CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON evora.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state)) AND ((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'RUNNING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'COMPLETED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))))) EXECUTE FUNCTION evora.reject_illegal_transition();
 
-ALTER TABLE ONLY public.job_dependencies
-    ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.jobs(id) ON DELETE CASCADE;
+ALTER TABLE ONLY evora.job_dependencies
+    ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;
 
-ALTER TABLE ONLY public.job_traces
-    ADD CONSTRAINT job_traces_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.jobs(id) ON DELETE CASCADE;
+ALTER TABLE ONLY evora.job_traces
+    ADD CONSTRAINT job_traces_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;

@@ -1,5 +1,5 @@
 -- Claims and transitions: the clock, how a job becomes RUNNING (the unlimited claim is
--- `claim` in storage/sql/transitions.sql, which calls evora_claim_jobs()), what every
+-- `claim` in storage/sql/transitions.sql, which calls evora.claim_jobs()), what every
 -- transition records, how an attempt ends and how a job leaves the DLQ.
 --
 -- The current text of this area's functions and triggers: edit them here. `evora migrate`
@@ -12,7 +12,7 @@
 -- the same time), instead of rewriting deadlines behind the state machine's back. Unset, it
 -- adds nothing. Plain SQL, STABLE and one expression, so the planner inlines it: a statement
 -- evaluates `now() + offset` exactly as it evaluated `now()`, with no function call.
-CREATE OR REPLACE FUNCTION evora_now() RETURNS timestamptz
+CREATE OR REPLACE FUNCTION evora.clock_now() RETURNS timestamptz
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
@@ -21,7 +21,7 @@ $$;
 
 -- Retry n waits about initial * multiplier^(n-1), jittered by +-20 %, never above max.
 -- Computed in log space so huge attempt counts cannot overflow.
-CREATE OR REPLACE FUNCTION evora_backoff_seconds(
+CREATE OR REPLACE FUNCTION evora.backoff_seconds(
     initial float8, max_seconds float8, multiplier float8, n integer
 ) RETURNS float8
 LANGUAGE sql VOLATILE AS $$
@@ -33,12 +33,12 @@ $$;
 
 -- The image of a job that events carry: everything a projection needs, nothing large
 -- (no payload, result or progress). A plain SQL body, so the planner inlines it.
-CREATE OR REPLACE FUNCTION evora_job_image(j jobs) RETURNS job_image
+CREATE OR REPLACE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image
 LANGUAGE sql IMMUTABLE AS $$
     SELECT ROW(j.id, j.queue, j.type, j.state, j.priority, j.group_key, j.idempotency_key,
                j.attempt, j.max_attempts, j.lease_seconds, j.run_at, j.expires_at,
                j.lease_expires_at, j.worker_id, j.cancel_requested, j.last_error, j.version,
-               j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::job_image
+               j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::evora.job_image
 $$;
 
 -- Records `moves` (one event each) and sends the NOTIFY hint of every queue that gained a
@@ -47,7 +47,7 @@ $$;
 -- set-returning PL/pgSQL function for 1,000 rows, and the ack joining each of its items to
 -- this row would be planned past jit_above_cost). plpgsql so that its plans are prepared
 -- once per connection, like a statement's.
-CREATE OR REPLACE FUNCTION evora_record_moves(moves evora_move[], suppressed text[])
+CREATE OR REPLACE FUNCTION evora.record_moves(moves evora.move[], suppressed text[])
 RETURNS TABLE (notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
 #variable_conflict use_column
@@ -58,10 +58,10 @@ BEGIN
         FROM unnest(moves) AS m
     ),
     recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT id, version, queue, type, event, from_state, state,
-               attempt, worker, updated_at, data, evora_job_image(whole)
+               attempt, worker, updated_at, data, evora.job_image(whole)
         FROM moved
     ),
     -- a queue gains a claimable job when one becomes PENDING, when a group's running job
@@ -93,22 +93,22 @@ $$;
 -- fail and leave the jobs RUNNING with nobody holding them). This snapshot is enough, and
 -- the caller's might not be (the limited claim picks under newer ones): it is taken after
 -- the job was seen PENDING, so the dependency endings that released it are in it.
-CREATE OR REPLACE FUNCTION evora_claim_jobs(ids uuid[], limited_flags boolean[], claimer text,
+CREATE OR REPLACE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer text,
                                  claimed_at timestamptz)
-RETURNS TABLE (job jobs, dependency_results jsonb)
+RETURNS TABLE (job evora.jobs, dependency_results jsonb)
 LANGUAGE sql AS $$
     WITH moved AS (
-        UPDATE jobs j
+        UPDATE evora.jobs j
         SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
             lease_expires_at = claimed_at + make_interval(secs => j.lease_seconds),
             worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
         WHERE j.id = p.id
-        RETURNING j AS job, evora_job_image(j) AS image, j.depends_on
+        RETURNING j AS job, evora.job_image(j) AS image, j.depends_on
     ),
     recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
                (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
@@ -119,42 +119,42 @@ LANGUAGE sql AS $$
            CASE WHEN m.depends_on IS NOT NULL THEN (
                SELECT coalesce(jsonb_agg(jsonb_build_array(d.id, d.result) ORDER BY u.n), '[]')
                FROM unnest(m.depends_on) WITH ORDINALITY AS u(id, n)
-               JOIN jobs d ON d.id = u.id
+               JOIN evora.jobs d ON d.id = u.id
                WHERE d.state = 'COMPLETED') END
     FROM moved m
 $$;
 
 -- The rule of "this job may be claimed now", for every claim (the unlimited `claim` in
--- storage/sql/transitions.sql and evora_claim_limited() below): PENDING (a job waiting for
+-- storage/sql/transitions.sql and evora.claim_limited() below): PENDING (a job waiting for
 -- its dependencies is WAITING), due by `at`, within its time-to-live unless it started
 -- before, of one of `types` (NULL: any), in `in_queue` (the job's own, passed apart so that a
 -- claim reading one queue at a time checks the pause once per queue: the check then refers to
 -- nothing of the job and runs as a one-time filter), not paused. Flow-control limits are not
--- in it: evora_claim_limited() enforces them on what the rule lets through.
+-- in it: evora.claim_limited() enforces them on what the rule lets through.
 -- Plain SQL, STABLE, one expression without subqueries: the planner inlines it (a subquery
 -- would stop it), so each claim plans the rule as if written in place, its conditions on
 -- state, queue and run_at used for the index scan (tests/integration/test_claim_rule.py).
 -- The FIFO group part of the rule is not in it: it needs subqueries, and as a function
 -- called once per grouped candidate it cost ~40 % more PostgreSQL CPU on claims of grouped
 -- jobs (bench/store.py --quick --groups 1000, drain phases). Each claim writes
--- it out (the same text, after evora_claimable()), and tests/integration/test_claim_rule.py
+-- it out (the same text, after evora.claimable()), and tests/integration/test_claim_rule.py
 -- proves both claims take the same jobs.
-CREATE OR REPLACE FUNCTION evora_queue_paused(in_queue text) RETURNS boolean
+CREATE OR REPLACE FUNCTION evora.queue_paused(in_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = in_queue)
+    SELECT EXISTS (SELECT 1 FROM evora.paused_queues p WHERE p.queue = in_queue)
 $$;
 
-CREATE OR REPLACE FUNCTION evora_claimable(j jobs, in_queue text, at timestamptz, types text[])
+CREATE OR REPLACE FUNCTION evora.claimable(j evora.jobs, in_queue text, at timestamptz, types text[])
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT j.state = 'PENDING'::job_state AND j.queue = in_queue AND j.run_at <= at
+    SELECT j.state = 'PENDING'::evora.job_state AND j.queue = in_queue AND j.run_at <= at
        AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
        AND (types IS NULL OR j.type = ANY(types))
-       AND NOT evora_queue_paused(in_queue)
+       AND NOT evora.queue_paused(in_queue)
 $$;
 
 -- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
--- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora_claim_jobs()
+-- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora.claim_jobs()
 -- returns them. Works in rounds (at most four), each two statements:
 --
 --   1. the candidates: what earlier rounds read and did not try, and a window of claimable
@@ -170,13 +170,13 @@ $$;
 --      holders; whole tokens), the tried jobs admitted within it, the tokens taken. Keys left
 --      without room are blocked for the next rounds.
 --
--- Each round's jobs are moved by evora_claim_jobs() right after the round took their tokens:
+-- Each round's jobs are moved by evora.claim_jobs() right after the round took their tokens:
 -- every statement here takes a newer snapshot than the caller's, so a job that became visible
 -- meanwhile could be picked and paid for and then never found by an UPDATE under an older
 -- snapshot. The jobs a claim moves are exactly the jobs it paid for, and the rounds that
 -- follow see them RUNNING.
 --
--- Tokens are counted as of a clock read after the bucket's lock is held (`evora_now()` plus
+-- Tokens are counted as of a clock read after the bucket's lock is held (`evora.clock_now()` plus
 -- the time since the transaction began, so the tests' clock offset still applies), and
 -- `refilled_at` only ever moves forward: a claim that began before another but locked the
 -- bucket after the other committed would otherwise move the bucket back in time.
@@ -192,11 +192,11 @@ $$;
 -- A claim never waits for another: every lock it takes skips what is held (an INSERT ... ON
 -- CONFLICT making a new bucket row would wait for a concurrent insert of the same key, and
 -- two claims doing so in different orders would deadlock).
-CREATE OR REPLACE FUNCTION evora_claim_limited(queues text[], types text[], wanted integer, worker text)
-RETURNS TABLE (job jobs, dependency_results jsonb)
+CREATE OR REPLACE FUNCTION evora.claim_limited(queues text[], types text[], wanted integer, worker text)
+RETURNS TABLE (job evora.jobs, dependency_results jsonb)
 LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
-    at CONSTANT timestamptz := evora_now();
+    at CONSTANT timestamptz := evora.clock_now();
     -- the advisory lock class of "making the bucket row of a key" (the key's hash is the
     -- second half): the two-integer lock space, apart from the 64-bit keys of
     -- evora.storage.locks
@@ -206,7 +206,7 @@ DECLARE
     paid timestamptz;
     blocked text[] := '{}';
     -- candidates read (and locked) but not tried yet
-    rest evora_claim_candidate[] := '{}';
+    rest evora.claim_candidate[] := '{}';
     -- the queues whose last window came back full, and where it ended: first, before any
     -- job (submit_seq counts from 1)
     open_queues text[] := queues;
@@ -222,7 +222,7 @@ DECLARE
     rounds integer := 0;
     window_size integer;
     need integer;
-    tried evora_claim_candidate[];
+    tried evora.claim_candidate[];
     lim_keys text[];
     lim_conc integer[];
     lim_rate integer[];
@@ -248,17 +248,17 @@ BEGIN
                 AS q(queue, priority, run_at, seq)
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys
-                FROM jobs j
-                WHERE evora_claimable(j, q.queue, at, types)
+                FROM evora.jobs j
+                WHERE evora.claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
                   -- FIFO groups: the claim's text (`claim` in sql/transitions.sql), which
                   -- says why it is written this way
                   AND (j.group_key IS NULL OR (
-                        (SELECT true FROM jobs r
+                        (SELECT true FROM evora.jobs r
                          WHERE r.state = 'RUNNING' AND r.queue = j.queue
                            AND r.group_key = j.group_key
                          LIMIT 1) IS NULL
-                        AND (SELECT true FROM jobs e
+                        AND (SELECT true FROM evora.jobs e
                              WHERE e.state = 'PENDING' AND e.queue = j.queue
                                AND e.group_key = j.group_key
                                AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -299,7 +299,7 @@ BEGIN
         -- turns, and stay for the next round
         turns AS MATERIALIZED (
             SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
-                       w.lane)::evora_claim_candidate AS c,
+                       w.lane)::evora.claim_candidate AS c,
                    row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
                        <= need AS tried,
                    w.turn
@@ -315,12 +315,12 @@ BEGIN
                    AND EXISTS (SELECT 1 FROM turns t WHERE t.tried AND t.turn > 1) AS yes
         ),
         gov AS MATERIALIZED (
-            SELECT * FROM evora_governing_limits(
+            SELECT * FROM evora.governing_limits(
                 ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k
                       WHERE t.tried AND NOT (SELECT w.yes FROM widening w)))
         ),
         row_locked AS MATERIALIZED (
-            SELECT b.key FROM flow_buckets b
+            SELECT b.key FROM evora.flow_buckets b
             WHERE b.key = ANY(ARRAY(SELECT g.key FROM gov g))
             ORDER BY b.key
             FOR UPDATE SKIP LOCKED
@@ -332,10 +332,10 @@ BEGIN
         -- only these keys take an advisory lock.)
         missing AS MATERIALIZED (
             SELECT g.key, g.rate_limit FROM gov g
-            WHERE NOT EXISTS (SELECT 1 FROM flow_buckets o WHERE o.key = g.key)
+            WHERE NOT EXISTS (SELECT 1 FROM evora.flow_buckets o WHERE o.key = g.key)
         ),
         made AS (
-            INSERT INTO flow_buckets AS b (key, tokens, refilled_at)
+            INSERT INTO evora.flow_buckets AS b (key, tokens, refilled_at)
             SELECT m.key, coalesce(m.rate_limit, 0), at
             FROM missing m
             WHERE pg_try_advisory_xact_lock(making, hashtext(m.key))
@@ -371,7 +371,7 @@ BEGIN
 
         -- A new statement, so a new snapshot, taken after the locks above were granted; and
         -- the time of the tokens, read after them too.
-        paid := evora_now() + (clock_timestamp() - now());
+        paid := evora.clock_now() + (clock_timestamp() - now());
         WITH c AS (SELECT * FROM unnest(tried) AS c),
         lim AS (
             SELECT * FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(key, conc, rate, per)
@@ -381,7 +381,7 @@ BEGIN
         -- limit_keys too counts once)
         running AS (
             SELECT k.key, count(*) AS n
-            FROM jobs r
+            FROM evora.jobs r
             CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
             JOIN mine m ON m.key = k.key
             WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && owned
@@ -389,7 +389,7 @@ BEGIN
             GROUP BY k.key
             UNION ALL
             SELECT 'queue:' || r.queue, count(*)
-            FROM jobs r
+            FROM evora.jobs r
             WHERE r.state = 'RUNNING' AND r.queue = ANY(
                 ARRAY(SELECT substr(m.key, 7) FROM mine m WHERE starts_with(m.key, 'queue:')))
             GROUP BY r.queue
@@ -397,10 +397,10 @@ BEGIN
         caps AS MATERIALIZED (
             SELECT l.key, l.rate, l.per, least(
                 l.conc - coalesce(r.n, 0),
-                floor(evora_tokens(b, l.rate, l.per, paid))::bigint) AS cap
+                floor(evora.tokens(b, l.rate, l.per, paid))::bigint) AS cap
             FROM lim l
             JOIN mine m ON m.key = l.key
-            JOIN flow_buckets b ON b.key = l.key
+            JOIN evora.flow_buckets b ON b.key = l.key
             LEFT JOIN (SELECT key, sum(n) AS n FROM running GROUP BY key) AS r ON r.key = l.key
         ),
         -- each tried job's place in the line of every locked key it holds
@@ -436,8 +436,8 @@ BEGIN
         -- the tokens taken; a bucket another claim left later than `paid` (its clock ahead of
         -- this one's) keeps its time, and credits nothing twice
         spent AS (
-            UPDATE flow_buckets b
-            SET tokens = evora_tokens(b, x.rate, x.per, paid) - u.n,
+            UPDATE evora.flow_buckets b
+            SET tokens = evora.tokens(b, x.rate, x.per, paid) - u.n,
                 refilled_at = greatest(b.refilled_at, paid)
             FROM used u JOIN caps x ON x.key = u.key
             WHERE b.key = u.key AND x.rate IS NOT NULL
@@ -449,7 +449,7 @@ BEGIN
                      WHERE x.cap - coalesce(u.n, 0) <= 0)
         INTO new_ids, new_flags, full_keys;
         -- moved now, under the locks and the snapshot they were paid for in
-        RETURN QUERY SELECT * FROM evora_claim_jobs(new_ids, new_flags, worker, paid);
+        RETURN QUERY SELECT * FROM evora.claim_jobs(new_ids, new_flags, worker, paid);
         taken := taken + cardinality(new_ids);
         rounds := rounds + 1;
         blocked := blocked || full_keys;
@@ -465,7 +465,7 @@ $$;
 -- (tests/e2e/test_rolling_upgrade.py). It picks nothing: while a limit exists, the old
 -- dispatchers claim nothing and this release's claim the jobs, so no limit is ever paid for
 -- twice. Expand/contract: the release after this one drops it (docs/deploy.md, Upgrades).
-CREATE OR REPLACE FUNCTION evora_claim_limited(queues text[], types text[], wanted integer)
+CREATE OR REPLACE FUNCTION evora.claim_limited(queues text[], types text[], wanted integer)
 RETURNS TABLE (id uuid, limited boolean)
 LANGUAGE sql STABLE ROWS 1 AS $$
     SELECT NULL::uuid, NULL::boolean WHERE false
@@ -473,10 +473,10 @@ $$;
 
 -- Three statements end attempts: `fail` (a worker's failure), `release` (a worker hands the
 -- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
--- its own fence and lock, where each attempt goes (one `evora_attempt_end` per job); this
+-- its own fence and lock, where each attempt goes (one `evora.attempt_end` per job); this
 -- moves every decided job that is still RUNNING (the caller holds its row lock) and records
 -- it, the same way for all three; it returns each moved job whole, with the queues notified
--- and owed (evora_record_moves).
+-- and owed (evora.record_moves).
 --
 -- The fence, "the job is still RUNNING", comes with each attempt (`fenced`, in a materialized
 -- CTE so that it stays a column and is not folded back into a constant), which makes it part
@@ -487,17 +487,17 @@ $$;
 -- storage/sql/transitions.sql do the same. ROWS 100: one row per job moved, out of those
 -- given (a batch of acks, a sweep); without it the planner takes a set-returning PL/pgSQL
 -- function for 1,000 rows, and the statements that join it cross jit_above_cost.
-CREATE OR REPLACE FUNCTION evora_end_attempts(ends evora_attempt_end[], suppressed text[])
-RETURNS TABLE (job jobs, notified text[], owed text[])
+CREATE OR REPLACE FUNCTION evora.end_attempts(ends evora.attempt_end[], suppressed text[])
+RETURNS TABLE (job evora.jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
     WITH decided AS MATERIALIZED (
-        SELECT *, 'RUNNING'::job_state AS fenced FROM unnest(ends)
+        SELECT *, 'RUNNING'::evora.job_state AS fenced FROM unnest(ends)
     ),
     moved AS (
-        UPDATE jobs j
+        UPDATE evora.jobs j
         SET state = d.to_state,
             -- a release hands the claim back uncounted, unless it ends the job (cancel
             -- requested): then the attempt ran and stays counted
@@ -505,9 +505,9 @@ BEGIN
             last_error = coalesce(d.error, j.last_error),
             lease_expires_at = NULL,
             run_at = CASE WHEN d.to_state = 'PENDING'
-                          THEN evora_now() + make_interval(secs => d.delay) ELSE j.run_at END,
-            finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora_now() END,
-            updated_at = evora_now(), version = j.version + 1
+                          THEN evora.clock_now() + make_interval(secs => d.delay) ELSE j.run_at END,
+            finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora.clock_now() END,
+            updated_at = evora.clock_now(), version = j.version + 1
         FROM decided d WHERE j.id = d.id AND j.state = d.fenced
         RETURNING j AS whole, ROW(
             j,
@@ -521,10 +521,10 @@ BEGIN
                  'error', d.error, 'reason', d.reason,
                  'retry_at', CASE WHEN d.to_state = 'PENDING' THEN j.run_at END))
              WHERE value <> 'null')
-        )::evora_move AS move
+        )::evora.move AS move
     ),
     recorded AS (
-        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
     )
     SELECT m.whole, r.notified, r.owed
     FROM moved m CROSS JOIN recorded r;
@@ -534,9 +534,9 @@ $$;
 -- Moves DLQ jobs the caller holds locked: to PENDING (a retry: a fresh attempt budget, due
 -- now, a time-to-live that already ran out dropped because the operator asked for the job to
 -- run) or to CANCELLED (a discard). Returns each moved job whole, with the queues notified and
--- owed (evora_record_moves): ROWS 100, as evora_end_attempts().
-CREATE OR REPLACE FUNCTION evora_leave_dlq(ids uuid[], to_state job_state, suppressed text[])
-RETURNS TABLE (job jobs, notified text[], owed text[])
+-- owed (evora.record_moves): ROWS 100, as evora.end_attempts().
+CREATE OR REPLACE FUNCTION evora.leave_dlq(ids uuid[], to_state evora.job_state, suppressed text[])
+RETURNS TABLE (job evora.jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
 #variable_conflict use_column
 DECLARE
@@ -547,14 +547,14 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH moved AS (
-        UPDATE jobs j
+        UPDATE evora.jobs j
         SET state = to_state,
             attempt = CASE WHEN retried THEN 0 ELSE j.attempt END,
-            run_at = CASE WHEN retried THEN evora_now() ELSE j.run_at END,
-            finished_at = CASE WHEN retried THEN NULL ELSE evora_now() END,
-            expires_at = CASE WHEN retried AND j.expires_at <= evora_now() THEN NULL
+            run_at = CASE WHEN retried THEN evora.clock_now() ELSE j.run_at END,
+            finished_at = CASE WHEN retried THEN NULL ELSE evora.clock_now() END,
+            expires_at = CASE WHEN retried AND j.expires_at <= evora.clock_now() THEN NULL
                               ELSE j.expires_at END,
-            lease_expires_at = NULL, updated_at = evora_now(), version = j.version + 1
+            lease_expires_at = NULL, updated_at = evora.clock_now(), version = j.version + 1
         WHERE j.id = ANY(ids) AND j.state = 'DLQ'
         RETURNING j AS whole, ROW(
             j,
@@ -562,10 +562,10 @@ BEGIN
             'DLQ',
             NULL,
             CASE WHEN retried THEN '{}' ELSE '{"reason": "discarded"}' END::jsonb
-        )::evora_move AS move
+        )::evora.move AS move
     ),
     recorded AS (
-        SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), suppressed)
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
     )
     SELECT m.whole, r.notified, r.owed
     FROM moved m CROSS JOIN recorded r;

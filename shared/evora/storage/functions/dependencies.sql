@@ -7,13 +7,13 @@
 -- What a WAITING dependent becomes when `arrived` of its dependencies have just ended
 -- (COMPLETED or CANCELLED), one of them CANCELLED if `cancelled`: the one statement of the
 -- readiness rule.
-CREATE OR REPLACE FUNCTION evora_dependent_next_state(j jobs, arrived integer, cancelled boolean)
-RETURNS job_state
+CREATE OR REPLACE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancelled boolean)
+RETURNS evora.job_state
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
-        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::job_state
-        WHEN j.dependencies_left <= arrived THEN 'PENDING'::job_state
-        ELSE 'WAITING'::job_state
+        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::evora.job_state
+        WHEN j.dependencies_left <= arrived THEN 'PENDING'::evora.job_state
+        ELSE 'WAITING'::evora.job_state
     END
 $$;
 
@@ -22,39 +22,39 @@ $$;
 -- it moves to, how many of its dependencies ended (`arrived`) and, for one cancelled, the
 -- CANCELLED dependency that cancels it (`cause`). A job cancelled so ends too: the jobs
 -- waiting on it are in the answer as well, down the whole subtree.
-CREATE OR REPLACE FUNCTION evora_settlement(ended_ids uuid[], ended_states job_state[])
-RETURNS TABLE (id uuid, state job_state, arrived integer, cause uuid)
+CREATE OR REPLACE FUNCTION evora.settlement(ended_ids uuid[], ended_states evora.job_state[])
+RETURNS TABLE (id uuid, state evora.job_state, arrived integer, cause uuid)
 LANGUAGE sql STABLE AS $$
     WITH RECURSIVE cancelled(id) AS (
         SELECT d.job_id
         FROM unnest(ended_ids, ended_states) AS e(id, state)
-        JOIN job_dependencies d ON d.depends_on = e.id
-        JOIN jobs w ON w.id = d.job_id
+        JOIN evora.job_dependencies d ON d.depends_on = e.id
+        JOIN evora.jobs w ON w.id = d.job_id
         WHERE e.state = 'CANCELLED' AND w.state = 'WAITING'
-          AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+          AND evora.dependent_next_state(w, 0, true) = 'CANCELLED'
         UNION
         SELECT d.job_id
         FROM cancelled c
-        JOIN job_dependencies d ON d.depends_on = c.id
-        JOIN jobs w ON w.id = d.job_id
-        WHERE w.state = 'WAITING' AND evora_dependent_next_state(w, 0, true) = 'CANCELLED'
+        JOIN evora.job_dependencies d ON d.depends_on = c.id
+        JOIN evora.jobs w ON w.id = d.job_id
+        WHERE w.state = 'WAITING' AND evora.dependent_next_state(w, 0, true) = 'CANCELLED'
     ),
     ended AS (
         SELECT e.id, e.state FROM unnest(ended_ids, ended_states) AS e(id, state)
         UNION ALL
-        SELECT c.id, 'CANCELLED'::job_state FROM cancelled c
+        SELECT c.id, 'CANCELLED'::evora.job_state FROM cancelled c
     ),
     arrivals AS (
         SELECT d.job_id AS id, count(*)::integer AS arrived,
                (array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'CANCELLED'))[1] AS cause
         FROM ended e
-        JOIN job_dependencies d ON d.depends_on = e.id
+        JOIN evora.job_dependencies d ON d.depends_on = e.id
         GROUP BY d.job_id
     )
-    SELECT w.id, evora_dependent_next_state(w, a.arrived, a.cause IS NOT NULL), a.arrived,
+    SELECT w.id, evora.dependent_next_state(w, a.arrived, a.cause IS NOT NULL), a.arrived,
            a.cause
     FROM arrivals a
-    JOIN jobs w ON w.id = a.id
+    JOIN evora.jobs w ON w.id = a.id
     WHERE w.state = 'WAITING'
 $$;
 
@@ -62,12 +62,12 @@ $$;
 -- order (racing submissions then cannot deadlock), marks them as having dependents, and
 -- returns their current state, committed before the lock was granted. A dependency cannot
 -- finish until the submission commits, and then its trigger sees the new edges.
-CREATE OR REPLACE FUNCTION evora_hold_dependencies(ids uuid[]) RETURNS TABLE (id uuid, state job_state)
+CREATE OR REPLACE FUNCTION evora.hold_dependencies(ids uuid[]) RETURNS TABLE (id uuid, state evora.job_state)
 LANGUAGE sql AS $$
     WITH held AS (
-        SELECT x.id FROM jobs x WHERE x.id = ANY(ids) ORDER BY x.id FOR NO KEY UPDATE
+        SELECT x.id FROM evora.jobs x WHERE x.id = ANY(ids) ORDER BY x.id FOR NO KEY UPDATE
     )
-    UPDATE jobs j SET has_dependents = true
+    UPDATE evora.jobs j SET has_dependents = true
     FROM held h
     WHERE j.id = h.id
     RETURNING j.id, j.state
@@ -75,12 +75,12 @@ $$;
 
 -- The WAITING jobs that depend on `dependency`, as the calling statement's snapshot shows
 -- them. A set-returning SQL function of one query: the planner inlines it where it is
--- called in FROM, so `EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id))` plans exactly
+-- called in FROM, so `EXISTS (SELECT 1 FROM evora.waiting_dependents(f.id))` plans exactly
 -- as the EXISTS written out, a probe of job_dependencies_dependents per job asked about.
 -- (A boolean function around the EXISTS would not be inlined: a call per job.)
-CREATE OR REPLACE FUNCTION evora_waiting_dependents(dependency uuid) RETURNS SETOF uuid
+CREATE OR REPLACE FUNCTION evora.waiting_dependents(dependency uuid) RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
-    SELECT d.job_id FROM job_dependencies d JOIN jobs w ON w.id = d.job_id
+    SELECT d.job_id FROM evora.job_dependencies d JOIN evora.jobs w ON w.id = d.job_id
     WHERE d.depends_on = dependency AND w.state = 'WAITING'
 $$;
 
@@ -99,7 +99,7 @@ $$;
 -- would make every update of jobs, heartbeats and claims included, pay for them.) While it
 -- settles, `evora.settling` keeps the jobs it cancels from being noted: the settlement
 -- already covered what waits on them.
-CREATE OR REPLACE FUNCTION evora_note_ended_dependency() RETURNS trigger
+CREATE OR REPLACE FUNCTION evora.note_ended_dependency() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM set_config('evora.ended_dependencies',
@@ -110,26 +110,26 @@ BEGIN
 END
 $$;
 
--- The AFTER UPDATE statement trigger's function (see evora_note_ended_dependency above): locks
+-- The AFTER UPDATE statement trigger's function (see evora.note_ended_dependency above): locks
 -- every WAITING job that will change in id order, then settles the whole subtree with a fresh
 -- snapshot, writes their events and the NOTIFY hint of each queue that gained a PENDING job.
-CREATE OR REPLACE FUNCTION evora_settle_dependents() RETURNS trigger
+CREATE OR REPLACE FUNCTION evora.settle_dependents() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     ended_ids uuid[];
-    ended_states job_state[];
+    ended_states evora.job_state[];
     hinted bigint;
 BEGIN
     SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
-    FROM jobs j
+    FROM evora.jobs j
     WHERE j.id = ANY(string_to_array(
         rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
     PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
-    FROM jobs j
-    WHERE j.id IN (SELECT s.id FROM evora_settlement(ended_ids, ended_states) s)
+    FROM evora.jobs j
+    WHERE j.id IN (SELECT s.id FROM evora.settlement(ended_ids, ended_states) s)
     ORDER BY j.id
     FOR UPDATE OF j;
     IF NOT FOUND THEN
@@ -138,19 +138,19 @@ BEGIN
 
     PERFORM set_config('evora.settling', 'on', true);
     WITH settled AS (
-        UPDATE jobs j
+        UPDATE evora.jobs j
         SET state = n.state,
             dependencies_left = CASE WHEN n.state = 'CANCELLED' THEN j.dependencies_left
                                      ELSE j.dependencies_left - n.arrived END,
             version = j.version + (n.state <> 'WAITING')::int,
-            updated_at = CASE WHEN n.state <> 'WAITING' THEN evora_now() ELSE j.updated_at END,
-            finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora_now() END
-        FROM evora_settlement(ended_ids, ended_states) n
+            updated_at = CASE WHEN n.state <> 'WAITING' THEN evora.clock_now() ELSE j.updated_at END,
+            finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora.clock_now() END
+        FROM evora.settlement(ended_ids, ended_states) n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, n.cause, evora_job_image(j) AS image
+        RETURNING j.*, n.cause, evora.job_image(j) AS image
     ),
     recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT id, version, queue, type,
                CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
@@ -173,15 +173,15 @@ END
 $$;
 
 CREATE OR REPLACE TRIGGER jobs_note_ended_dependency
-    BEFORE UPDATE OF state ON jobs
+    BEFORE UPDATE OF state ON evora.jobs
     FOR EACH ROW
     WHEN (NEW.has_dependents AND NEW.state IN ('COMPLETED', 'CANCELLED')
           AND OLD.state IS DISTINCT FROM NEW.state
           AND current_setting('evora.settling', true) IS DISTINCT FROM 'on')
-    EXECUTE FUNCTION evora_note_ended_dependency();
+    EXECUTE FUNCTION evora.note_ended_dependency();
 
 CREATE OR REPLACE TRIGGER jobs_settle_dependents
-    AFTER UPDATE OF state ON jobs
+    AFTER UPDATE OF state ON evora.jobs
     FOR EACH STATEMENT
     WHEN (current_setting('evora.ended_dependencies', true) <> '')
-    EXECUTE FUNCTION evora_settle_dependents();
+    EXECUTE FUNCTION evora.settle_dependents();

@@ -8,32 +8,32 @@
 -- starts with; keys no limit governs are left out. The keys' own limits in one index scan;
 -- the prefix limits (few) read once, not once per key, so a key costs nothing when none
 -- exists.
-CREATE OR REPLACE FUNCTION evora_governing_limits(keys text[])
+CREATE OR REPLACE FUNCTION evora.governing_limits(keys text[])
 RETURNS TABLE (key text, concurrency integer, rate_limit integer, rate_per_seconds float8)
 LANGUAGE sql STABLE AS $$
     SELECT e.key, e.concurrency, e.rate_limit, e.rate_per_seconds
-    FROM flow_limits e
+    FROM evora.flow_limits e
     WHERE e.key = ANY(keys)
     UNION ALL
     (SELECT DISTINCT ON (k.key) k.key, p.concurrency, p.rate_limit, p.rate_per_seconds
-     FROM (SELECT * FROM flow_limits WHERE stem IS NOT NULL) AS p
+     FROM (SELECT * FROM evora.flow_limits WHERE stem IS NOT NULL) AS p
      JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
-     WHERE NOT EXISTS (SELECT 1 FROM flow_limits e WHERE e.key = k.key)
+     WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits e WHERE e.key = k.key)
      ORDER BY k.key, length(p.stem) DESC)
 $$;
 
 -- How many RUNNING jobs hold `k`, by this statement's snapshot.
-CREATE OR REPLACE FUNCTION evora_running_holding(k text) RETURNS bigint
+CREATE OR REPLACE FUNCTION evora.running_holding(k text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
-    SELECT (SELECT count(*) FROM jobs r
+    SELECT (SELECT count(*) FROM evora.jobs r
             WHERE starts_with(k, 'queue:') AND r.state = 'RUNNING' AND r.queue = substr(k, 7))
-         + (SELECT count(*) FROM jobs r
+         + (SELECT count(*) FROM evora.jobs r
             WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys @> ARRAY[k]
               AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
 $$;
 
 -- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit.
-CREATE OR REPLACE FUNCTION evora_tokens(b flow_buckets, rate_limit integer, rate_per_seconds float8,
+CREATE OR REPLACE FUNCTION evora.tokens(b evora.flow_buckets, rate_limit integer, rate_per_seconds float8,
                              at timestamptz)
 RETURNS float8
 LANGUAGE sql IMMUTABLE AS $$
@@ -45,13 +45,13 @@ $$;
 -- with the transaction's time, so the auditor judges each claim by the limit in force when
 -- it began (docs/audit.md). A row trigger, so whatever changes flow_limits (the api, an
 -- operator's SQL) is recorded; limits change rarely, so it costs nothing on a hot path.
-CREATE OR REPLACE FUNCTION evora_record_limit_change() RETURNS trigger
+CREATE OR REPLACE FUNCTION evora.record_limit_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        INSERT INTO flow_limit_changes (key, deleted) VALUES (OLD.key, true);
+        INSERT INTO evora.flow_limit_changes (key, deleted) VALUES (OLD.key, true);
     ELSE
-        INSERT INTO flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
+        INSERT INTO evora.flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
         VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
     END IF;
     RETURN NULL;
@@ -59,5 +59,5 @@ END
 $$;
 
 CREATE OR REPLACE TRIGGER flow_limits_history
-    AFTER INSERT OR UPDATE OR DELETE ON flow_limits
-    FOR EACH ROW EXECUTE FUNCTION evora_record_limit_change();
+    AFTER INSERT OR UPDATE OR DELETE ON evora.flow_limits
+    FOR EACH ROW EXECUTE FUNCTION evora.record_limit_change();

@@ -7,7 +7,7 @@
 -- The state machine is enforced by the database, whoever issues the SQL: the triggers below
 -- reject a new job that is not PENDING or WAITING and any change of state that is not a legal
 -- move. Their WHEN clauses decide in C; the function only runs to reject.
-CREATE OR REPLACE FUNCTION evora_reject_illegal_transition() RETURNS trigger
+CREATE OR REPLACE FUNCTION evora.reject_illegal_transition() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -20,7 +20,7 @@ END
 $$;
 
 -- Once accepted, a job is never lost: only finished jobs may be deleted (pruned).
-CREATE OR REPLACE FUNCTION evora_reject_live_delete() RETURNS trigger
+CREATE OR REPLACE FUNCTION evora.reject_live_delete() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'job % is % and may not be deleted', OLD.id, OLD.state
@@ -29,9 +29,9 @@ END
 $$;
 
 -- job_events is append-only: no UPDATE, DELETE or TRUNCATE, but for the archive's own DELETE
--- (evora_drop_archived_events() sets `evora.drop_archived_events`), whose rows the row guard
+-- (evora.drop_archived_events() sets the setting of that name), whose rows the row guard
 -- below checks one by one.
-CREATE OR REPLACE FUNCTION evora_reject_event_change() RETURNS trigger
+CREATE OR REPLACE FUNCTION evora.reject_event_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' AND current_setting('evora.drop_archived_events', true) = 'on' THEN
@@ -44,11 +44,11 @@ $$;
 
 -- An event may be deleted only once it is archived: inside the archive's watermark (both its
 -- seq and its transaction id below it).
-CREATE OR REPLACE FUNCTION evora_reject_unarchived_delete() RETURNS trigger
+CREATE OR REPLACE FUNCTION evora.reject_unarchived_delete() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT EXISTS (
-        SELECT 1 FROM event_archive_watermark w
+        SELECT 1 FROM evora.event_archive_watermark w
         WHERE OLD.seq <= w.upto_seq AND OLD.xid < w.below_xid
     ) THEN
         RAISE EXCEPTION 'event % is not archived and may not be deleted', OLD.seq
@@ -61,9 +61,9 @@ $$;
 -- The WHEN clauses keep the common path (legal inserts, updates that keep the state) in C: a
 -- new job must be PENDING or WAITING (submitted with unfinished dependencies).
 CREATE OR REPLACE TRIGGER jobs_new_state_guard
-    BEFORE INSERT ON jobs
+    BEFORE INSERT ON evora.jobs
     FOR EACH ROW WHEN (NEW.state NOT IN ('PENDING', 'WAITING'))
-    EXECUTE FUNCTION evora_reject_illegal_transition();
+    EXECUTE FUNCTION evora.reject_illegal_transition();
 
 -- The state machine, checked in the WHEN clause: evaluated in C and unable to hold a subquery,
 -- it lists the legal moves, the rows of job_transitions (and TRANSITIONS in
@@ -71,30 +71,30 @@ CREATE OR REPLACE TRIGGER jobs_new_state_guard
 -- that the three agree, so a migration that changes job_transitions changes this list too.
 -- The function runs only to reject.
 CREATE OR REPLACE TRIGGER jobs_transition_guard
-    BEFORE UPDATE OF state ON jobs
+    BEFORE UPDATE OF state ON evora.jobs
     FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state AND (OLD.state, NEW.state) NOT IN (
         ('DLQ', 'CANCELLED'), ('DLQ', 'PENDING'),
         ('PENDING', 'CANCELLED'), ('PENDING', 'DLQ'), ('PENDING', 'RUNNING'),
         ('RUNNING', 'CANCELLED'), ('RUNNING', 'COMPLETED'), ('RUNNING', 'DLQ'),
         ('RUNNING', 'PENDING'),
         ('WAITING', 'CANCELLED'), ('WAITING', 'PENDING')))
-    EXECUTE FUNCTION evora_reject_illegal_transition();
+    EXECUTE FUNCTION evora.reject_illegal_transition();
 
 -- Once accepted, a job is never lost: only finished jobs may be pruned (a WAITING job is live).
 CREATE OR REPLACE TRIGGER jobs_live_delete_guard
-    BEFORE DELETE ON jobs
+    BEFORE DELETE ON evora.jobs
     FOR EACH ROW WHEN (OLD.state IN ('PENDING', 'RUNNING', 'WAITING'))
-    EXECUTE FUNCTION evora_reject_live_delete();
+    EXECUTE FUNCTION evora.reject_live_delete();
 
 CREATE OR REPLACE TRIGGER job_events_append_only
-    BEFORE UPDATE OR DELETE ON job_events
-    FOR EACH STATEMENT EXECUTE FUNCTION evora_reject_event_change();
+    BEFORE UPDATE OR DELETE ON evora.job_events
+    FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
 
 CREATE OR REPLACE TRIGGER job_events_no_truncate
-    BEFORE TRUNCATE ON job_events
-    FOR EACH STATEMENT EXECUTE FUNCTION evora_reject_event_change();
+    BEFORE TRUNCATE ON evora.job_events
+    FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
 
 -- Runs only for rows a DELETE that passed the statement guard is about to remove.
 CREATE OR REPLACE TRIGGER job_events_delete_archived_only
-    BEFORE DELETE ON job_events
-    FOR EACH ROW EXECUTE FUNCTION evora_reject_unarchived_delete();
+    BEFORE DELETE ON evora.job_events
+    FOR EACH ROW EXECUTE FUNCTION evora.reject_unarchived_delete();

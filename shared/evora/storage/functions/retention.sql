@@ -7,12 +7,12 @@
 -- (inside the watermark), consumed by every projector generation that has recorded
 -- progress, and older than `older_than_seconds`. Asking for more than the archive holds is
 -- an error, not a silent clamp: the caller has the wrong watermark. Returns the rows removed.
-CREATE OR REPLACE FUNCTION evora_drop_archived_events(
+CREATE OR REPLACE FUNCTION evora.drop_archived_events(
     upto_seq bigint, older_than_seconds float8, max_rows integer
 ) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = evora, pg_temp AS $$
 DECLARE
-    mark     event_archive_watermark;
+    mark     evora.event_archive_watermark;
     consumed xid8;
     removed  bigint;
 BEGIN
@@ -20,22 +20,22 @@ BEGIN
         RAISE EXCEPTION 'invalid retention arguments (older than %, at most % rows)',
             older_than_seconds, max_rows USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT * INTO STRICT mark FROM event_archive_watermark;
+    SELECT * INTO STRICT mark FROM evora.event_archive_watermark;
     IF upto_seq IS NULL OR upto_seq > mark.upto_seq THEN
         RAISE EXCEPTION 'refusing to drop events up to seq %: the archive reaches only seq %',
             upto_seq, mark.upto_seq USING ERRCODE = 'insufficient_privilege';
     END IF;
     -- No recorded progress means nothing is known to be consumed.
     -- (ORDER BY rather than min(): xid8 has no min aggregate before PostgreSQL 16)
-    SELECT p.xid INTO consumed FROM projector_progress p ORDER BY p.xid LIMIT 1;
+    SELECT p.xid INTO consumed FROM evora.projector_progress p ORDER BY p.xid LIMIT 1;
     IF consumed IS NULL THEN
         RETURN 0;
     END IF;
     PERFORM set_config('evora.drop_archived_events', 'on', true);
     WITH gone AS (
-        DELETE FROM job_events
+        DELETE FROM evora.job_events
         WHERE seq IN (
-            SELECT e.seq FROM job_events e
+            SELECT e.seq FROM evora.job_events e
             WHERE e.seq <= upto_seq AND e.xid < mark.below_xid AND e.xid < consumed
               AND e.at < now() - make_interval(secs => older_than_seconds)
             ORDER BY e.seq
@@ -53,7 +53,7 @@ $$;
 -- than `age` seconds ago, at most `batch` of them, and counts them in job_prune_counts (by
 -- queue and state, in one order, so two passes at once cannot deadlock on the counters).
 -- Returns how many were removed. A job that WAITING jobs depend on is kept.
-CREATE OR REPLACE FUNCTION evora_prune_finished(age float8, batch integer, finished job_state)
+CREATE OR REPLACE FUNCTION evora.prune_finished(age float8, batch integer, finished evora.job_state)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -65,22 +65,22 @@ BEGIN
     -- index applies in a generic plan too. The dependents are asked here only to pass over
     -- the jobs already known to be kept, which would otherwise fill every batch.
     held := ARRAY(
-        SELECT f.id FROM jobs f
+        SELECT f.id FROM evora.jobs f
         WHERE f.state = finished AND f.state IN ('COMPLETED', 'CANCELLED', 'DLQ')
-          AND f.finished_at < evora_now() - make_interval(secs => age)
-          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
+          AND f.finished_at < evora.clock_now() - make_interval(secs => age)
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora.waiting_dependents(f.id)))
         ORDER BY f.finished_at
         LIMIT batch
         FOR UPDATE SKIP LOCKED);
     -- A new statement, with a snapshot taken after the locks: the answer that counts.
     WITH gone AS (
-        DELETE FROM jobs f
+        DELETE FROM evora.jobs f
         WHERE f.id = ANY(held)
-          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora_waiting_dependents(f.id)))
+          AND NOT (f.has_dependents AND EXISTS (SELECT 1 FROM evora.waiting_dependents(f.id)))
         RETURNING f.queue, f.state
     ),
     counted AS (
-        INSERT INTO job_prune_counts AS c (queue, state, pruned)
+        INSERT INTO evora.job_prune_counts AS c (queue, state, pruned)
         SELECT g.queue, g.state, count(*) FROM gone g GROUP BY g.queue, g.state
         ORDER BY g.queue, g.state
         ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned

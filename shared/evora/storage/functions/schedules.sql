@@ -8,7 +8,7 @@
 -- scheduler sets `evora.submitted_data` (a JSON object, transaction-local) before it
 -- submits, so the submission itself stays the one every producer uses; the setting is
 -- empty or absent everywhere else, and the WHEN clause keeps those inserts off PL/pgSQL.
-CREATE OR REPLACE FUNCTION evora_add_submitted_data() RETURNS trigger
+CREATE OR REPLACE FUNCTION evora.add_submitted_data() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     NEW.data := NEW.data || current_setting('evora.submitted_data')::jsonb;
@@ -17,7 +17,7 @@ END
 $$;
 
 CREATE OR REPLACE TRIGGER job_events_submitted_data
-    BEFORE INSERT ON job_events
+    BEFORE INSERT ON evora.job_events
     FOR EACH ROW
     WHEN (NEW.event = 'submitted' AND current_setting('evora.submitted_data', true) <> '')
-    EXECUTE FUNCTION evora_add_submitted_data();
+    EXECUTE FUNCTION evora.add_submitted_data();

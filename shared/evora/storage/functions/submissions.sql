@@ -527,7 +527,7 @@ CREATE OR REPLACE FUNCTION evora.store_submissions(
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
     before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
     on_failures text[], limit_key_ords integer[], limit_key_names text[]
-) RETURNS TABLE (ord integer, outcome text, first_ord integer, job jobs, notified text[],
+) RETURNS TABLE (ord integer, outcome text, first_ord integer, job evora.jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -557,7 +557,7 @@ BEGIN
         -- stored job is that job for the items naming it. A key repeated in this call is
         -- stored once, for its first appearance.
         WITH keyed AS (
-            INSERT INTO idempotency_keys (queue, key, fingerprint, job_id)
+            INSERT INTO evora.idempotency_keys (queue, key, fingerprint, job_id)
             SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, x.fingerprint, x.id
             FROM unnest(ids, queues, idempotency_keys, fingerprints)
                 WITH ORDINALITY AS x(id, queue, key, fingerprint, ord)
@@ -574,7 +574,7 @@ BEGIN
                         THEN k.job_id END
             FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011)
                 WITH ORDINALITY AS x(id, queue, key, fingerprint, before, ord)
-            LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+            LEFT JOIN evora.idempotency_keys k ON k.queue = x.queue AND k.key = x.key
             ORDER BY x.ord);
         IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
             waited := ARRAY(
@@ -586,7 +586,7 @@ BEGIN
     END IF;
     IF cardinality(waited) > 0 THEN
         WITH held AS (
-            SELECT * FROM evora_hold_dependencies(ARRAY(
+            SELECT * FROM evora.hold_dependencies(ARRAY(
                 SELECT DISTINCT d FROM unnest(waited) d
                 WHERE d NOT IN (SELECT unnest(ids))))
         ),
@@ -624,7 +624,7 @@ BEGIN
         LEFT JOIN verdict v ON v.ord = i.n;
         -- A refused item is not stored: neither is its key.
         IF kept IS NOT NULL AND array_remove(refusals, NULL) <> '{}' THEN
-            DELETE FROM idempotency_keys k
+            DELETE FROM evora.idempotency_keys k
             USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
             WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
               AND k.job_id = x.id;
@@ -648,15 +648,15 @@ BEGIN
         GROUP BY e.ord
     ),
     moved AS (
-        INSERT INTO jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
+        INSERT INTO evora.jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
                                on_dependency_failure, has_dependents, depends_on, limit_keys)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
-               coalesce(x.run_at, evora_now() + make_interval(secs => coalesce(x.delay, 0))),
+               coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
                x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
                x.backoff_multiplier, x.expires_at, x.key, x.group_key,
-               CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::job_state,
+               CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
                coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
                x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}')
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
@@ -669,17 +669,17 @@ BEGIN
         LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
         WHERE x.ord IN (SELECT unnest(created))
         ORDER BY x.ord
-        RETURNING j.*, j AS whole, evora_job_image(j) AS image
+        RETURNING j.*, j AS whole, evora.job_image(j) AS image
     ),
     edges AS (
-        INSERT INTO job_dependencies (job_id, depends_on)
+        INSERT INTO evora.job_dependencies (job_id, depends_on)
         SELECT m.id, d.dep
         FROM moved m
         CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
         WHERE cardinality(waited) > 0  -- else not even a pass over the rows
     ),
     recorded AS (
-        INSERT INTO job_events (job_id, job_version, queue, type, event, from_state, to_state,
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
                m.attempt, NULL, m.updated_at, '{}', m.image
@@ -702,7 +702,7 @@ BEGIN
     END IF;
     -- ... then the refused ones ...
     RETURN QUERY
-    SELECT x.ord::integer, x.refusal, culprits[x.ord], NULL::jobs, NULL::text[], NULL::text[]
+    SELECT x.ord::integer, x.refusal, culprits[x.ord], NULL::evora.jobs, NULL::text[], NULL::text[]
     FROM unnest(refusals) WITH ORDINALITY AS x(refusal, ord)
     WHERE x.refusal IS NOT NULL;
     -- ... then the others, by their key, stored before this call or by an earlier item of
@@ -721,8 +721,8 @@ BEGIN
            NULL::text[], NULL::text[]
     FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011, refusals)
         WITH ORDINALITY AS x(id, queue, key, fingerprint, before, refusal, ord)
-    LEFT JOIN idempotency_keys k ON k.queue = x.queue AND k.key = x.key
-    LEFT JOIN jobs s ON s.id = k.job_id
+    LEFT JOIN evora.idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+    LEFT JOIN evora.jobs s ON s.id = k.job_id
     WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND x.refusal IS NULL;
 END
 $$;
@@ -873,9 +873,10 @@ BEGIN
 END
 $$;
 
--- The entry points, and the store they share, run with the search_path fixed to the schema
--- that holds Evora's tables (the one `evora migrate` runs in), then pg_temp: never a caller's
--- objects. CREATE OR REPLACE resets a function's settings, so this follows every definition
+-- The entry points, and the store they share, run with the search_path fixed to `evora`,
+-- then pg_temp: every name in them is qualified already, so this is the guard of a SECURITY
+-- DEFINER function, not how it finds Evora's objects (an operator or a function a caller
+-- made in a schema of theirs, or in pg_temp, never stands in for one of PostgreSQL's). CREATE OR REPLACE resets a function's settings, so this follows every definition
 -- above. The functions they call run inside that setting (fixing it on each would cost a
 -- setting change per field checked). Nothing in the evora schema is PUBLIC's.
 DO $$
@@ -889,7 +890,7 @@ BEGIN
                              'float8[], float8[], float8[], timestamptz[], text[], text[], '
                              'bytea[], text[], integer[], uuid[], text[], integer[], text[])'
                             ]::regprocedure[] LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
+        EXECUTE format('ALTER FUNCTION %s SET search_path = evora, pg_temp', f);
     END LOOP;
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = 'evora'::regnamespace LOOP

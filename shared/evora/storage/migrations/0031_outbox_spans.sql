@@ -8,7 +8,7 @@
 -- consumed). A row recorded before spans, xid X, meant "every event with an xid below X":
 -- the snapshot "X:X:" says exactly that. `seq` is what the previous release's projector
 -- writes while it is rolled; nothing reads it, and it goes a release later.
-ALTER TABLE projector_progress ADD COLUMN snapshot pg_snapshot;
-UPDATE projector_progress SET snapshot = (xid::text || ':' || xid::text || ':')::pg_snapshot
+ALTER TABLE evora.projector_progress ADD COLUMN snapshot pg_snapshot;
+UPDATE evora.projector_progress SET snapshot = (xid::text || ':' || xid::text || ':')::pg_snapshot
 WHERE xid::text::int8 > 0;
-ALTER TABLE projector_progress ALTER COLUMN seq SET DEFAULT 0;
+ALTER TABLE evora.projector_progress ALTER COLUMN seq SET DEFAULT 0;

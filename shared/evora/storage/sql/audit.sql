@@ -9,18 +9,18 @@
 -- (`at` is the writing transaction's start), or one past the last event when none was.
 -- Seq and `at` rise together closely enough to stop at the first match in seq order.
 SELECT coalesce(
-    (SELECT e.seq FROM job_events e
-     WHERE e.at >= evora_now() - make_interval(secs => $1::float8)
+    (SELECT e.seq FROM evora.job_events e
+     WHERE e.at >= evora.clock_now() - make_interval(secs => $1::float8)
      ORDER BY e.seq LIMIT 1),
-    (SELECT coalesce(max(e.seq), 0) + 1 FROM job_events e));
+    (SELECT coalesce(max(e.seq), 0) + 1 FROM evora.job_events e));
 
 -- name: last_seq
 -- The newest event's seq (0 without events): where an incremental audit resumes.
-SELECT coalesce(max(seq), 0) FROM job_events;
+SELECT coalesce(max(seq), 0) FROM evora.job_events;
 
 -- name: clock_offset
--- How far `evora_now()` runs ahead of `now()` right now, in seconds (tests move it).
-SELECT extract(epoch FROM evora_now() - now())::float8;
+-- How far `evora.clock_now()` runs ahead of `now()` right now, in seconds (tests move it).
+SELECT extract(epoch FROM evora.clock_now() - now())::float8;
 
 -- name: events
 -- $1 from seq, $2 at most this many (NULL: all). The events from there on, oldest first, with
@@ -31,7 +31,7 @@ SELECT e.seq, e.xid::text AS xid, e.job_id, e.job_version, e.queue, e.event,
        (e.job).started_at AS started_at, (e.job).group_key AS group_key,
        (e.job).priority AS priority, (e.job).submit_seq AS submit_seq,
        e.data ->> 'schedule' AS schedule, e.data ->> 'tick' AS tick
-FROM job_events e
+FROM evora.job_events e
 WHERE e.seq >= $1::int8
 ORDER BY e.seq
 LIMIT $2::int8;
@@ -40,13 +40,13 @@ LIMIT $2::int8;
 -- $1 job ids: those that still exist, with what the events do not carry.
 SELECT j.id, j.state::text AS state, j.version, j.queue, j.limit_keys,
        j.on_dependency_failure
-FROM jobs j
+FROM evora.jobs j
 WHERE j.id = ANY($1::uuid[]);
 
 -- name: dependencies_of
 -- $1 job ids: the dependencies each of them was submitted with.
 SELECT d.job_id, d.depends_on
-FROM job_dependencies d
+FROM evora.job_dependencies d
 WHERE d.job_id = ANY($1::uuid[]);
 
 -- name: waiting_on_missing
@@ -54,23 +54,23 @@ WHERE d.job_id = ANY($1::uuid[]);
 -- by retention, after it finished, and a finished dependency has already settled its
 -- dependents, so such a job waits for nothing that can ever happen.
 SELECT d.job_id, d.depends_on
-FROM jobs w
-JOIN job_dependencies d ON d.job_id = w.id
+FROM evora.jobs w
+JOIN evora.job_dependencies d ON d.job_id = w.id
 WHERE w.state = 'WAITING'
-  AND NOT EXISTS (SELECT 1 FROM jobs p WHERE p.id = d.depends_on)
+  AND NOT EXISTS (SELECT 1 FROM evora.jobs p WHERE p.id = d.depends_on)
 ORDER BY d.job_id, d.depends_on;
 
 -- name: limit_changes
 -- Every change of a limit (migration 0028), at the changing transaction's now().
 SELECT seq, key, concurrency, rate_limit, rate_per_seconds, deleted, changed_at
-FROM flow_limit_changes;
+FROM evora.flow_limit_changes;
 
 -- name: prune_counts
 -- How many finished jobs retention removed, per queue and final state.
 SELECT queue, state::text AS state, pruned
-FROM job_prune_counts;
+FROM evora.job_prune_counts;
 
 -- name: archived_upto
 -- How far the event archive reaches (migration 0004): events up to this seq may have been
 -- dropped by retention, the newer ones never were.
-SELECT upto_seq FROM event_archive_watermark;
+SELECT upto_seq FROM evora.event_archive_watermark;

@@ -16,11 +16,11 @@ ORDER BY xact_start
 LIMIT 1;
 
 -- name: dead_tuples
--- Dead and live row versions of each of this schema's tables, as the statistics collector
--- last saw them.
+-- Dead and live row versions of each of Evora's tables, as the statistics collector last
+-- saw them.
 SELECT relname::text AS table_name, n_dead_tup AS dead, n_live_tup AS live
 FROM pg_stat_user_tables
-WHERE schemaname = current_schema()
+WHERE schemaname = 'evora'
 ORDER BY n_dead_tup DESC;
 
 -- name: outbox_backlog
@@ -30,9 +30,9 @@ ORDER BY n_dead_tup DESC;
 -- those not visible in its snapshot (migration 0031; a row without one: xid >= its xid);
 -- without a progress row, every event is.
 WITH progress AS (
-    SELECT xid, snapshot, updated_at FROM projector_progress ORDER BY generation DESC LIMIT 1
+    SELECT xid, snapshot, updated_at FROM evora.projector_progress ORDER BY generation DESC LIMIT 1
 ), pending AS (
-    SELECT e.at FROM job_events e
+    SELECT e.at FROM evora.job_events e
     WHERE e.xid >= coalesce((SELECT xid FROM progress), '0'::xid8)
       AND NOT coalesce(pg_visible_in_snapshot(e.xid, (SELECT snapshot FROM progress)), false)
     LIMIT $1

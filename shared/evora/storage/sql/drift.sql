@@ -2,16 +2,14 @@
 -- catalog, one line each, compared with objects.txt (what a fresh `evora migrate` builds).
 
 -- name: schema_objects
--- Tables and their columns, indexes, constraints, triggers, functions and types of this
--- schema and of `evora`, named without this schema (a deployment picks its own) and without
--- what varies between servers (oids, the order of creation). Members of extensions are
--- someone else's. Function bodies are left out: evora_function_files' checksums say whether
--- they are the code's.
+-- Tables and their columns, indexes, constraints, triggers, functions and types of the schema
+-- `evora`, named as its readers write them (`evora.jobs`) and without what varies between
+-- servers (oids, the order of creation). Run with an empty search_path (drift.py), so that
+-- every name of Evora's in a definition is qualified whatever the session's search_path.
+-- Members of extensions are someone else's. Function bodies are left out:
+-- evora.function_files' checksums say whether they are the code's.
 WITH ours AS (
-    SELECT oid, nspname,
-           CASE WHEN nspname = current_schema() THEN '' ELSE nspname || '.' END AS prefix
-    FROM pg_namespace
-    WHERE nspname IN (current_schema(), 'evora')
+    SELECT oid, nspname || '.' AS prefix FROM pg_namespace WHERE nspname = 'evora'
 ), relations AS (
     SELECT c.oid, c.relname, c.relkind, o.prefix || c.relname AS name
     FROM pg_class c JOIN ours o ON o.oid = c.relnamespace

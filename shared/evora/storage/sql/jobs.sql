@@ -2,12 +2,12 @@
 
 -- name: get_job
 -- $1 id.
-SELECT * FROM jobs WHERE id = $1;
+SELECT * FROM evora.jobs WHERE id = $1;
 
 -- name: job_events
 -- $1 id: the job's events, oldest first.
 SELECT seq, job_id, queue, type, event, from_state, to_state, attempt, worker_id, at, data
-FROM job_events WHERE job_id = $1 ORDER BY job_version;
+FROM evora.job_events WHERE job_id = $1 ORDER BY job_version;
 
 -- name: next_due
 -- $1 queues: seconds until the earliest future run_at (by the database's clock, so a
@@ -18,21 +18,21 @@ SELECT extract(epoch FROM least(
     (SELECT min(n.run_at)
      FROM unnest($1::text[]) AS q(queue)
      CROSS JOIN LATERAL (
-         SELECT run_at FROM jobs
-         WHERE state = 'PENDING' AND queue = q.queue AND run_at > evora_now()
+         SELECT run_at FROM evora.jobs
+         WHERE state = 'PENDING' AND queue = q.queue AND run_at > evora.clock_now()
          ORDER BY run_at
          LIMIT 1
      ) AS n),
     (SELECT min(r.refilled)
-     FROM flow_buckets b
-     CROSS JOIN LATERAL evora_governing_limits(ARRAY[b.key]) AS g
+     FROM evora.flow_buckets b
+     CROSS JOIN LATERAL evora.governing_limits(ARRAY[b.key]) AS g
      CROSS JOIN LATERAL (
          SELECT b.refilled_at + make_interval(
              secs => (1 - b.tokens) * g.rate_per_seconds / g.rate_limit) AS refilled
      ) AS r
      -- stored tokens only grow by a claim's refill: below 1 is where an empty bucket can be
-     WHERE b.tokens < 1 AND g.rate_limit IS NOT NULL AND r.refilled > evora_now())
-) - evora_now())::float8;
+     WHERE b.tokens < 1 AND g.rate_limit IS NOT NULL AND r.refilled > evora.clock_now())
+) - evora.clock_now())::float8;
 
 -- name: unclaimed_jobs
 -- $1 seconds, $2 at most this many rows: per queue and type, the PENDING jobs due for longer
@@ -45,24 +45,24 @@ WITH full_keys AS (
     -- metrics instead. Only while any limit exists; read from the RUNNING jobs and from the
     -- buckets whose stored tokens are below one (refilling only adds), never per waiting job.
     SELECT g.key
-    FROM evora_governing_limits(ARRAY(
-        SELECT DISTINCT k FROM jobs r, unnest(('queue:' || r.queue) || r.limit_keys) AS k
-        WHERE r.state = 'RUNNING' AND EXISTS (SELECT 1 FROM flow_limits)
+    FROM evora.governing_limits(ARRAY(
+        SELECT DISTINCT k FROM evora.jobs r, unnest(('queue:' || r.queue) || r.limit_keys) AS k
+        WHERE r.state = 'RUNNING' AND EXISTS (SELECT 1 FROM evora.flow_limits)
         UNION
-        SELECT b.key FROM flow_buckets b WHERE b.tokens < 1
+        SELECT b.key FROM evora.flow_buckets b WHERE b.tokens < 1
     )) AS g
-    WHERE evora_running_holding(g.key) >= g.concurrency
+    WHERE evora.running_holding(g.key) >= g.concurrency
        OR (g.rate_limit IS NOT NULL AND (
-           SELECT evora_tokens(b, g.rate_limit, g.rate_per_seconds, evora_now())
-           FROM flow_buckets b WHERE b.key = g.key) < 1)
+           SELECT evora.tokens(b, g.rate_limit, g.rate_per_seconds, evora.clock_now())
+           FROM evora.flow_buckets b WHERE b.key = g.key) < 1)
 )
 SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
-FROM jobs j
+FROM evora.jobs j
 WHERE j.state = 'PENDING'
-  AND j.run_at <= evora_now() - make_interval(secs => $1)
-  AND NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = j.queue)
+  AND j.run_at <= evora.clock_now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM evora.paused_queues p WHERE p.queue = j.queue)
   AND (j.group_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM jobs r
+        SELECT 1 FROM evora.jobs r
         WHERE r.queue = j.queue AND r.group_key = j.group_key AND r.state = 'RUNNING'))
   AND NOT ((('queue:' || j.queue) || j.limit_keys) && ARRAY(SELECT key FROM full_keys))
 GROUP BY j.queue, j.type

@@ -1,10 +1,10 @@
 -- Concurrency and rate limits (docs/flow-control.md): defining them, and their live usage.
--- Enforcing them is the claim's (evora_claim_limited(), functions/claims_and_transitions.sql).
+-- Enforcing them is the claim's (evora.claim_limited(), functions/claims_and_transitions.sql).
 
 -- name: put_limit
 -- $1 key, $2 concurrency, $3 rate limit, $4 rate period in seconds. The limit, and whether it
 -- is new.
-INSERT INTO flow_limits AS l (key, concurrency, rate_limit, rate_per_seconds)
+INSERT INTO evora.flow_limits AS l (key, concurrency, rate_limit, rate_per_seconds)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (key) DO UPDATE
 SET concurrency = excluded.concurrency, rate_limit = excluded.rate_limit,
@@ -16,21 +16,21 @@ RETURNING l.key, l.concurrency, l.rate_limit, l.rate_per_seconds, l.created_at, 
 -- $1 key. Its buckets go with it (for a prefix limit, those of the keys under its stem
 -- without a limit of their own); the key, if it was deleted.
 WITH gone AS (
-    DELETE FROM flow_limits WHERE key = $1 RETURNING key, stem
+    DELETE FROM evora.flow_limits WHERE key = $1 RETURNING key, stem
 ),
 buckets AS (
-    DELETE FROM flow_buckets b
+    DELETE FROM evora.flow_buckets b
     USING gone g
     WHERE b.key = g.key
        OR (g.stem IS NOT NULL AND starts_with(b.key, g.stem)
-           AND NOT EXISTS (SELECT 1 FROM flow_limits o WHERE o.key = b.key))
+           AND NOT EXISTS (SELECT 1 FROM evora.flow_limits o WHERE o.key = b.key))
 )
 SELECT key FROM gone;
 
 -- name: list_limits
 -- $1 key to continue after (NULL: from the start), $2 page size.
 SELECT key, concurrency, rate_limit, rate_per_seconds, created_at, updated_at
-FROM flow_limits
+FROM evora.flow_limits
 WHERE $1::text IS NULL OR key > $1
 ORDER BY key
 LIMIT $2;
@@ -39,7 +39,7 @@ LIMIT $2;
 -- $1 key: the limit that governs it (its own, else the longest prefix limit whose stem it
 -- starts with), with that limit's own key; no row when none does.
 SELECT l.key, l.concurrency, l.rate_limit, l.rate_per_seconds, l.created_at, l.updated_at
-FROM flow_limits l
+FROM evora.flow_limits l
 WHERE l.key = $1 OR (l.stem IS NOT NULL AND starts_with($1, l.stem))
 ORDER BY l.key = $1 DESC, length(l.stem) DESC
 LIMIT 1;
@@ -51,15 +51,15 @@ LIMIT 1;
 -- due.
 SELECT r.running, t.tokens, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
        h.since AS throttled_since
-FROM (SELECT evora_running_holding($1) AS running) AS r
+FROM (SELECT evora.running_holding($1) AS running) AS r
 CROSS JOIN LATERAL (
     SELECT CASE WHEN $3::int4 IS NOT NULL THEN coalesce(
-               (SELECT evora_tokens(b, $3::int4, $4::float8, evora_now())
-                FROM flow_buckets b WHERE b.key = $1), $3::int4) END AS tokens
+               (SELECT evora.tokens(b, $3::int4, $4::float8, evora.clock_now())
+                FROM evora.flow_buckets b WHERE b.key = $1), $3::int4) END AS tokens
 ) AS t
 LEFT JOIN LATERAL (
-    SELECT count(*) AS jobs, min(p.run_at) AS since FROM jobs p
-    WHERE p.state = 'PENDING' AND p.run_at <= evora_now()
+    SELECT count(*) AS jobs, min(p.run_at) AS since FROM evora.jobs p
+    WHERE p.state = 'PENDING' AND p.run_at <= evora.clock_now()
       AND ((starts_with($1, 'queue:') AND p.queue = substr($1, 7))
            OR p.limit_keys @> ARRAY[$1::text])
 ) AS h ON r.running >= $2::int4 OR t.tokens < 1;
@@ -72,9 +72,9 @@ LEFT JOIN LATERAL (
 -- jobs once.
 WITH held AS (
     SELECT j.id, j.state, j.run_at, k AS key
-    FROM jobs j
+    FROM evora.jobs j
     CROSS JOIN LATERAL unnest(('queue:' || j.queue) || j.limit_keys) AS k
-    WHERE (j.state = 'RUNNING' OR (j.state = 'PENDING' AND j.run_at <= evora_now()))
+    WHERE (j.state = 'RUNNING' OR (j.state = 'PENDING' AND j.run_at <= evora.clock_now()))
       AND starts_with(k, $1)
 ),
 keys AS (
@@ -87,11 +87,11 @@ keys AS (
 ),
 governed AS (
     SELECT k.*, CASE WHEN $3::int4 IS NOT NULL THEN coalesce(
-               (SELECT evora_tokens(b, $3::int4, $4::float8, evora_now())
-                FROM flow_buckets b WHERE b.key = k.key), $3::int4) END AS tokens
+               (SELECT evora.tokens(b, $3::int4, $4::float8, evora.clock_now())
+                FROM evora.flow_buckets b WHERE b.key = k.key), $3::int4) END AS tokens
     FROM keys k
     WHERE NOT EXISTS (
-        SELECT 1 FROM flow_limits o
+        SELECT 1 FROM evora.flow_limits o
         WHERE o.key = k.key
            OR (o.stem IS NOT NULL AND length(o.stem) > length($1) AND starts_with(k.key, o.stem)))
 )
@@ -113,11 +113,11 @@ FROM governed g;
 -- collation; another collation only costs a longer scan), the RUNNING jobs once, and the due
 -- PENDING jobs once, only when a key of the page has no room left.
 WITH bucket_keys AS (
-    SELECT b.key FROM flow_buckets b
+    SELECT b.key FROM evora.flow_buckets b
     WHERE $2::text IS NOT NULL AND b.key >= $2::text AND ($3::text IS NULL OR b.key > $3::text)
       AND starts_with(b.key, $2::text)
       AND NOT EXISTS (
-          SELECT 1 FROM flow_limits o
+          SELECT 1 FROM evora.flow_limits o
           WHERE o.key = b.key
              OR (o.stem IS NOT NULL AND length(o.stem) > length($2::text)
                  AND starts_with(b.key, o.stem)))
@@ -127,7 +127,7 @@ WITH bucket_keys AS (
 -- a job counts once per key, even holding `queue:<its queue>` among its limit_keys too
 running AS (
     SELECT k AS key, count(DISTINCT r.id) AS n
-    FROM jobs r
+    FROM evora.jobs r
     CROSS JOIN LATERAL unnest(('queue:' || r.queue) || r.limit_keys) AS k
     WHERE r.state = 'RUNNING'
       AND (CASE WHEN $2::text IS NULL THEN k = $1 ELSE starts_with(k, $2::text) END)
@@ -140,7 +140,7 @@ page AS (
         SELECT r.key FROM running r
         WHERE ($3::text IS NULL OR r.key > $3::text)
           AND ($2::text IS NULL OR NOT EXISTS (
-              SELECT 1 FROM flow_limits o
+              SELECT 1 FROM evora.flow_limits o
               WHERE o.key = r.key
                  OR (o.stem IS NOT NULL AND length(o.stem) > length($2::text)
                      AND starts_with(r.key, o.stem))))
@@ -153,8 +153,8 @@ page AS (
 usage AS (
     SELECT p.key, coalesce(r.n, 0)::bigint AS running,
            CASE WHEN $6::int4 IS NOT NULL THEN coalesce(
-               (SELECT evora_tokens(b, $6::int4, $7::float8, evora_now())
-                FROM flow_buckets b WHERE b.key = p.key), $6::int4) END AS tokens
+               (SELECT evora.tokens(b, $6::int4, $7::float8, evora.clock_now())
+                FROM evora.flow_buckets b WHERE b.key = p.key), $6::int4) END AS tokens
     FROM page p LEFT JOIN running r ON r.key = p.key
 ),
 full_keys AS (
@@ -162,10 +162,10 @@ full_keys AS (
 ),
 held AS (
     SELECT k AS key, count(DISTINCT p.id) AS jobs, min(p.run_at) AS since
-    FROM jobs p
+    FROM evora.jobs p
     CROSS JOIN LATERAL unnest(('queue:' || p.queue) || p.limit_keys) AS k
     WHERE EXISTS (SELECT 1 FROM full_keys)
-      AND p.state = 'PENDING' AND p.run_at <= evora_now()
+      AND p.state = 'PENDING' AND p.run_at <= evora.clock_now()
       AND k IN (SELECT key FROM full_keys)
     GROUP BY k
 )
@@ -181,9 +181,9 @@ ORDER BY u.key;
 -- many only costs a claim, so this does not ask which of those jobs the limit really held.
 WITH RECURSIVE queues AS (
     -- the queues with PENDING jobs, one index probe each
-    (SELECT j.queue FROM jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
+    (SELECT j.queue FROM evora.jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM jobs j
+    SELECT (SELECT j.queue FROM evora.jobs j
             WHERE j.state = 'PENDING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
     FROM queues q WHERE q.queue IS NOT NULL
 ),
@@ -193,12 +193,12 @@ limited AS (
       AND (CASE
            WHEN right($1, 1) = '*' THEN
                starts_with('queue:' || q.queue, left($1, -1)) OR EXISTS (
-                   SELECT 1 FROM jobs p, unnest(p.limit_keys) AS k
+                   SELECT 1 FROM evora.jobs p, unnest(p.limit_keys) AS k
                    WHERE p.state = 'PENDING' AND p.queue = q.queue AND p.limit_keys <> '{}'
                      AND starts_with(k, left($1, -1)))
            ELSE
                'queue:' || q.queue = $1 OR EXISTS (
-                   SELECT 1 FROM jobs p
+                   SELECT 1 FROM evora.jobs p
                    WHERE p.state = 'PENDING' AND p.queue = q.queue
                      AND p.limit_keys @> ARRAY[$1::text])
            END)
@@ -230,9 +230,9 @@ WHERE datname = current_database() AND backend_type = 'client backend'
 -- the longest held back has been due. Reads every live job once.
 WITH live AS (
     SELECT j.id, j.state, j.run_at, ('queue:' || j.queue) || j.limit_keys AS keys
-    FROM jobs j
+    FROM evora.jobs j
     -- without any limit, nothing to read (a one-time filter: no scan)
-    WHERE j.state IN ('PENDING', 'RUNNING') AND EXISTS (SELECT 1 FROM flow_limits)
+    WHERE j.state IN ('PENDING', 'RUNNING') AND EXISTS (SELECT 1 FROM evora.flow_limits)
 ),
 running AS (
     SELECT k AS key, count(*) AS n FROM live, unnest(live.keys) AS k
@@ -240,13 +240,13 @@ running AS (
     GROUP BY k
 ),
 governed AS (
-    SELECT * FROM evora_governing_limits(ARRAY(SELECT DISTINCT k FROM live, unnest(live.keys) AS k))
+    SELECT * FROM evora.governing_limits(ARRAY(SELECT DISTINCT k FROM live, unnest(live.keys) AS k))
 ),
 usage AS (
     SELECT g.key, split_part(g.key, ':', 1) AS kind, coalesce(r.n, 0) AS running,
            CASE WHEN g.rate_limit IS NOT NULL THEN coalesce(
-               (SELECT evora_tokens(b, g.rate_limit, g.rate_per_seconds, evora_now())
-                FROM flow_buckets b WHERE b.key = g.key), g.rate_limit) END AS tokens,
+               (SELECT evora.tokens(b, g.rate_limit, g.rate_per_seconds, evora.clock_now())
+                FROM evora.flow_buckets b WHERE b.key = g.key), g.rate_limit) END AS tokens,
            g.concurrency
     FROM governed g
     LEFT JOIN running r ON r.key = g.key
@@ -256,12 +256,12 @@ held AS (
     FROM live l
     CROSS JOIN LATERAL unnest(l.keys) AS k
     JOIN usage u ON u.key = k AND (u.running >= u.concurrency OR u.tokens < 1)
-    WHERE l.state = 'PENDING' AND l.run_at <= evora_now()
+    WHERE l.state = 'PENDING' AND l.run_at <= evora.clock_now()
     GROUP BY u.kind
 )
 SELECT u.kind, sum(u.running)::bigint AS running, sum(u.tokens) AS tokens,
        coalesce(max(h.jobs), 0)::bigint AS throttled_jobs,
-       coalesce(extract(epoch FROM evora_now() - min(h.oldest)), 0)::float8 AS throttled_seconds
+       coalesce(extract(epoch FROM evora.clock_now() - min(h.oldest)), 0)::float8 AS throttled_seconds
 FROM usage u
 LEFT JOIN held h ON h.kind = u.kind
 GROUP BY u.kind

@@ -32,7 +32,7 @@ WITH span AS MATERIALIZED (
 ),
 picked AS MATERIALIZED (
     SELECT p.seq FROM (
-        (SELECT e.xid, e.seq FROM job_events e
+        (SELECT e.xid, e.seq FROM evora.job_events e
          WHERE e.xid = ANY ($9::text[]::xid8[])
            AND (e.xid, e.seq) > ($1::text::xid8, $2::int8)
            AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
@@ -40,7 +40,7 @@ picked AS MATERIALIZED (
          ORDER BY e.xid, e.seq
          LIMIT $3)
         UNION ALL
-        (SELECT e.xid, e.seq FROM job_events e
+        (SELECT e.xid, e.seq FROM evora.job_events e
          WHERE (e.xid, e.seq) > ($10::text::xid8, $11::int8)
            AND e.xid < (SELECT pg_snapshot_xmax(target) FROM span)
            AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
@@ -80,7 +80,7 @@ batch AS MATERIALIZED (
                $6::jsonb -> 'queues' -> e.queue AS queue_past,
                $6::jsonb -> 'workers' -> e.worker_id AS worker_past
         -- by primary key (a join would be planned as a hash join over the whole table)
-        FROM job_events e WHERE e.seq = ANY (ARRAY(SELECT seq FROM picked))
+        FROM evora.job_events e WHERE e.seq = ANY (ARRAY(SELECT seq FROM picked))
     ) b
 ),
 groups AS (
@@ -150,7 +150,7 @@ WITH unread AS NOT MATERIALIZED (
     SELECT e.xid, e.seq, e.at,
            coalesce(pg_visible_in_snapshot(e.xid, $2::text::pg_snapshot), true)
                AND (e.xid, e.seq) <= ($3::text::xid8, $4::int8) AS consumed
-    FROM job_events e
+    FROM evora.job_events e
 )
 SELECT count(*) AS events, min(at) AS oldest
 FROM (
@@ -170,11 +170,11 @@ FROM (
 -- $1 queues: when the longest-waiting claimable job of each became due (NULL: none due).
 -- The first entry of the jobs_scheduled index per queue.
 SELECT q.queue,
-       (SELECT min(j.run_at) FROM jobs j
-        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora_now()) AS oldest
+       (SELECT min(j.run_at) FROM evora.jobs j
+        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora.clock_now()) AS oldest
 FROM unnest($1::text[]) AS q(queue);
 
 -- name: pruned
 -- $1 queues: finished jobs the sweeper pruned, per queue and state (they leave without an
 -- event).
-SELECT queue, state::text AS state, pruned FROM job_prune_counts WHERE queue = ANY($1::text[]);
+SELECT queue, state::text AS state, pruned FROM evora.job_prune_counts WHERE queue = ANY($1::text[]);

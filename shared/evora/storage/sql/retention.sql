@@ -9,20 +9,20 @@
 -- clock cannot skew it), negative if one is already due, NULL if none is pending. Each `min`
 -- is one probe of a partial index (jobs_running_lease, jobs_pending_ttl).
 SELECT extract(epoch FROM least(
-    (SELECT min(lease_expires_at) FROM jobs WHERE state = 'RUNNING'),
-    (SELECT min(expires_at) FROM jobs
+    (SELECT min(lease_expires_at) FROM evora.jobs WHERE state = 'RUNNING'),
+    (SELECT min(expires_at) FROM evora.jobs
      WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL)
-) - evora_now())::float8;
+) - evora.clock_now())::float8;
 
 -- name: prune_finished
 -- $1 age in seconds, $2 at most this many rows, $3 the finished state. Removes the oldest jobs
 -- that finished in that state more than $1 seconds ago and adds them to job_prune_counts in
 -- the same transaction, so the read models can still match the true per-state counts.
 -- A job in the DLQ that others still wait for is kept: it may yet be retried or discarded,
--- and only then do they move on (docs/dependencies.md). evora_prune_finished() (migration
+-- and only then do they move on (docs/dependencies.md). evora.prune_finished() (migration
 -- 0024) locks its candidates first and asks whether they are waited for only then, in a
 -- statement of its own: a dependent's submission that commits while the pass runs is seen.
-SELECT evora_prune_finished($1, $2, $3::job_state);
+SELECT evora.prune_finished($1, $2, $3::evora.job_state);
 
 -- name: prune_idempotency_keys
 -- $1 age in seconds, $2 at most this many rows. The window is for the key's age, but a key
@@ -30,11 +30,11 @@ SELECT evora_prune_finished($1, $2, $3::job_state);
 -- that job (a DLQ job outlives the default key window), never create a second one. A key
 -- therefore lives for the window or as long as its job, whichever is longer.
 WITH gone AS (
-    DELETE FROM idempotency_keys
+    DELETE FROM evora.idempotency_keys
     WHERE (queue, key) IN (
-        SELECT k.queue, k.key FROM idempotency_keys k
-        WHERE k.created_at < evora_now() - make_interval(secs => $1)
-          AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = k.job_id)
+        SELECT k.queue, k.key FROM evora.idempotency_keys k
+        WHERE k.created_at < evora.clock_now() - make_interval(secs => $1)
+          AND NOT EXISTS (SELECT 1 FROM evora.jobs j WHERE j.id = k.job_id)
         ORDER BY k.created_at
         LIMIT $2
         FOR UPDATE OF k SKIP LOCKED
@@ -49,7 +49,7 @@ SELECT count(*) FROM gone;
 -- `evora pipeline archive` records after verifying what it wrote), consumed by every projector
 -- generation, and older than the events window. The SQL function checks all three itself;
 -- the triggers on job_events let no other DELETE through (functions/guards.sql).
-SELECT evora_drop_archived_events(w.upto_seq, $1, $2) FROM event_archive_watermark w;
+SELECT evora.drop_archived_events(w.upto_seq, $1, $2) FROM evora.event_archive_watermark w;
 
 -- name: record_projector_progress
 -- $1 generation, $2 the snapshot every span it consumed ended at (text), $3 whether the
@@ -60,12 +60,12 @@ SELECT evora_drop_archived_events(w.upto_seq, $1, $2) FROM event_archive_waterma
 -- them with it, not the projector). Once a generation is active the rows of older ones go:
 -- their read models are dropped and must not hold retention back for ever.
 WITH recorded AS (
-    INSERT INTO projector_progress (generation, xid, snapshot)
+    INSERT INTO evora.projector_progress (generation, xid, snapshot)
     VALUES ($1, pg_snapshot_xmin($2::text::pg_snapshot), $2::text::pg_snapshot)
     ON CONFLICT (generation) DO UPDATE
-        SET xid = excluded.xid, snapshot = excluded.snapshot, updated_at = evora_now()
+        SET xid = excluded.xid, snapshot = excluded.snapshot, updated_at = evora.clock_now()
 )
-DELETE FROM projector_progress WHERE $3 AND generation < $1;
+DELETE FROM evora.projector_progress WHERE $3 AND generation < $1;
 
 -- name: oldest_writing_transaction_seconds
 -- Age of the oldest transaction in the cluster that holds an xid (has written something).
@@ -77,5 +77,5 @@ FROM pg_stat_activity
 WHERE backend_xid IS NOT NULL;
 
 -- name: jobs_dead_tuples
--- Dead row versions in `jobs` as the statistics collector last saw them.
-SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass;
+-- Dead row versions in `evora.jobs` as the statistics collector last saw them.
+SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relid = 'evora.jobs'::regclass;

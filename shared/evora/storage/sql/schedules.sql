@@ -5,7 +5,7 @@
 -- name: lock
 -- $1 name: the schedule, locked for a change in this transaction. `job_text` is its job as
 -- jsonb writes it: its payload's numbers as stored (the codec makes floats of them).
-SELECT *, job::text AS job_text FROM schedules WHERE name = $1 FOR UPDATE;
+SELECT *, job::text AS job_text FROM evora.schedules WHERE name = $1 FOR UPDATE;
 
 -- name: unmeetable_dependencies
 -- $1 the jobs a schedule's job depends on, $2 whether a CANCELLED one is refused (its
@@ -13,13 +13,13 @@ SELECT *, job::text AS job_text FROM schedules WHERE name = $1 FOR UPDATE;
 -- (from 1).
 SELECT d.ord, d.id
 FROM unnest($1::uuid[]) WITH ORDINALITY AS d(id, ord)
-WHERE NOT EXISTS (SELECT FROM jobs j WHERE j.id = d.id AND NOT ($2 AND j.state = 'CANCELLED'))
+WHERE NOT EXISTS (SELECT FROM evora.jobs j WHERE j.id = d.id AND NOT ($2 AND j.state = 'CANCELLED'))
 ORDER BY d.ord;
 
 -- name: upsert
 -- $1 name, $2 cron, $3 timezone, $4 job, $5 misfire, $6 grace seconds, $7 paused,
 -- $8 ticked_until, $9 next_run_at. `created` tells a new schedule from a replaced one.
-INSERT INTO schedules AS s (name, cron, timezone, job, misfire, misfire_grace_seconds,
+INSERT INTO evora.schedules AS s (name, cron, timezone, job, misfire, misfire_grace_seconds,
                             paused, ticked_until, next_run_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (name) DO UPDATE SET
@@ -31,23 +31,23 @@ RETURNING s.*, (xmax = 0) AS created;
 
 -- name: get
 -- $1 name.
-SELECT * FROM schedules WHERE name = $1;
+SELECT * FROM evora.schedules WHERE name = $1;
 
 -- name: page
 -- $1 the last name of the previous page (NULL: from the start), $2 how many.
-SELECT * FROM schedules WHERE $1::text IS NULL OR name > $1 ORDER BY name LIMIT $2;
+SELECT * FROM evora.schedules WHERE $1::text IS NULL OR name > $1 ORDER BY name LIMIT $2;
 
 -- name: delete
 -- $1 name. Jobs it made stay.
-DELETE FROM schedules WHERE name = $1 RETURNING name;
+DELETE FROM evora.schedules WHERE name = $1 RETURNING name;
 
 -- name: pause
 -- $1 name.
-UPDATE schedules SET paused = true, updated_at = now() WHERE name = $1 RETURNING *;
+UPDATE evora.schedules SET paused = true, updated_at = now() WHERE name = $1 RETURNING *;
 
 -- name: resume
 -- $1 name, $2 ticked_until, $3 next_run_at: ticks while it was paused stay unmade.
-UPDATE schedules
+UPDATE evora.schedules
 SET paused = false, ticked_until = $2, next_run_at = $3, updated_at = now()
 WHERE name = $1
 RETURNING *;
@@ -56,7 +56,7 @@ RETURNING *;
 -- $1 now (the scheduler's clock): one due schedule no other transaction holds, locked.
 -- SKIP LOCKED spreads due schedules over the replicas; none waits for another. `job_text`
 -- as in `lock`.
-SELECT *, job::text AS job_text FROM schedules
+SELECT *, job::text AS job_text FROM evora.schedules
 WHERE NOT paused AND next_run_at <= $1
 ORDER BY next_run_at
 LIMIT 1
@@ -66,7 +66,7 @@ FOR UPDATE SKIP LOCKED;
 -- $1 name, $2 ticked_until, $3 next_run_at, $4 last_run_at and $5 last_job_id (NULL: as
 -- they were). A job made ends a failing streak (the last error stays on record); a step
 -- whose ticks were all missed by its policy proves nothing either way.
-UPDATE schedules
+UPDATE evora.schedules
 SET ticked_until = $2, next_run_at = $3,
     last_run_at = coalesce($4, last_run_at), last_job_id = coalesce($5, last_job_id),
     failing_since = CASE WHEN $5::uuid IS NULL THEN failing_since END,
@@ -77,7 +77,7 @@ WHERE name = $1;
 -- $1 name, $2 ticked_until, $3 next_run_at (NULL: it stops until it is put again), $4 the
 -- error ({"message", "type"}), $5 now (the scheduler's clock). The ticks of the failed step
 -- count as handled, so the schedule waits for its next tick instead of being due at once.
-UPDATE schedules
+UPDATE evora.schedules
 SET ticked_until = $2, next_run_at = $3, last_error = $4, last_error_at = $5,
     failing_since = coalesce(failing_since, $5),
     consecutive_failures = consecutive_failures + 1
@@ -85,7 +85,7 @@ WHERE name = $1;
 
 -- name: earliest_due
 -- When the next tick of any running schedule is due (NULL: none is).
-SELECT min(next_run_at) FROM schedules WHERE NOT paused;
+SELECT min(next_run_at) FROM evora.schedules WHERE NOT paused;
 
 -- name: name_submission
 -- $1 the data the next `submitted` events of this transaction carry (the migration's

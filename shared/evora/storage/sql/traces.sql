@@ -3,9 +3,9 @@
 -- name: keep_traces
 -- $1 job ids, $2 their traceparents (same order): stored with jobs just created in this
 -- transaction.
-INSERT INTO job_traces (job_id, traceparent)
+INSERT INTO evora.job_traces (job_id, traceparent)
 SELECT * FROM unnest($1::uuid[], $2::text[]);
 
 -- name: traces_of
 -- $1 job ids: those of them that carry a traceparent, with it.
-SELECT job_id, traceparent FROM job_traces WHERE job_id = ANY($1::uuid[]);
+SELECT job_id, traceparent FROM evora.job_traces WHERE job_id = ANY($1::uuid[]);

@@ -1,7 +1,7 @@
 -- Every change of a job's state is ONE statement: a CTE chain that picks rows under lock,
 -- changes them guarded by their expected state (and lease token), and records exactly one
 -- `job_events` row per changed job. A lost race matches no row and so writes no event.
--- Recording is evora_record_moves() (functions/claims_and_transitions.sql, where every
+-- Recording is evora.record_moves() (functions/claims_and_transitions.sql, where every
 -- function named here lives): the events, and the NOTIFY hint for each
 -- queue that gained a claimable job (a PENDING job, a group's next job, or room under a limit
 -- that an ending attempt frees), except for the queues in the statement's last text[]
@@ -11,15 +11,15 @@
 -- complete, fail, release) also answer for what they did not change: one row per item with
 -- its `outcome`, 'done', 'lease_lost' (the job is not RUNNING under that token) or
 -- 'not_found', so nobody has to look at the job again to tell a lost race from a bad id.
--- Time is `evora_now()`, the database's clock, which tests may run ahead; every statement
+-- Time is `evora.clock_now()`, the database's clock, which tests may run ahead; every statement
 -- here, the claim and submissions (functions/submissions.sql) read it.
 
 -- name: claim
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
 -- Per queue, take the first claimable jobs in (priority, run_at, submission) order, skipping
--- rows other claimers hold. What is claimable is evora_claimable()'s rule
+-- rows other claimers hold. What is claimable is evora.claimable()'s rule
 -- (functions/claims_and_transitions.sql), the one both claims use, and the FIFO group part
--- written out below, the same text as in evora_claim_limited(): a grouped job is claimable
+-- written out below, the same text as in evora.claim_limited(): a grouped job is claimable
 -- only as the head of its (queue, group) (lowest priority, then submission order, due or not,
 -- so a retrying head keeps its place) and only while no job of its group runs.
 -- The two group checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
@@ -28,31 +28,31 @@
 -- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
 -- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
 -- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
--- `picked` holds the rows locked and re-checked as PENDING, so evora_claim_jobs() moves them
+-- `picked` holds the rows locked and re-checked as PENDING, so evora.claim_jobs() moves them
 -- by id alone.
--- While any concurrency or rate limit exists, evora_claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
+-- While any concurrency or rate limit exists, evora.claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
 -- same rule; with none, the one cost is the EXISTS on the empty flow_limits, a
--- one-time filter of each branch. Both move their jobs with evora_claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
+-- one-time filter of each branch. Both move their jobs with evora.claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
 -- one, and moves what it paid for right there; this one's picks are locked, and the
 -- function's own snapshot shows their latest versions.
 -- A job whose group's head changed after this statement's snapshot (a job of its group
 -- started meanwhile) fails the claim on jobs_group_running: the store runs it again
 -- (storage/jobs.py).
 -- Each claimed job that has dependencies carries the results of those COMPLETED
--- (`dependency_results`, read by evora_claim_jobs() under its own snapshot, where the
+-- (`dependency_results`, read by evora.claim_jobs() under its own snapshot, where the
 -- dependency endings that released the job are visible whichever snapshot picked it).
 WITH picked AS (
     SELECT c.id
     FROM unnest($1::text[]) AS q(queue)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
-        FROM jobs j
-        WHERE evora_claimable(j, q.queue, evora_now(), $2::text[])
+        FROM evora.jobs j
+        WHERE evora.claimable(j, q.queue, evora.clock_now(), $2::text[])
           AND (j.group_key IS NULL OR (
-                (SELECT true FROM jobs r
+                (SELECT true FROM evora.jobs r
                  WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
                  LIMIT 1) IS NULL
-                AND (SELECT true FROM jobs e
+                AND (SELECT true FROM evora.jobs e
                      WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
                        AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
                      LIMIT 1) IS NULL))
@@ -60,30 +60,30 @@ WITH picked AS (
         LIMIT $3
         FOR UPDATE OF j SKIP LOCKED
     ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM flow_limits)
+    WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits)
     ORDER BY c.priority, c.run_at, c.submit_seq
     LIMIT $3
 )
 SELECT m.job, m.dependency_results
-FROM evora_claim_jobs(ARRAY(SELECT id FROM picked), NULL, $4::text, evora_now()) AS m
+FROM evora.claim_jobs(ARRAY(SELECT id FROM picked), NULL, $4::text, evora.clock_now()) AS m
 UNION ALL
 SELECT l.job, l.dependency_results
-FROM evora_claim_limited($1::text[], $2::text[], $3::int4, $4::text) AS l
-WHERE EXISTS (SELECT 1 FROM flow_limits);
+FROM evora.claim_limited($1::text[], $2::text[], $3::int4, $4::text) AS l
+WHERE EXISTS (SELECT 1 FROM evora.flow_limits);
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
 -- A heartbeat is not a transition: no version bump, no event. Exactly one row: the new
 -- lease when it matched, else only the outcome.
 WITH beat AS (
-    UPDATE jobs
-    SET lease_expires_at = evora_now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
+    UPDATE evora.jobs
+    SET lease_expires_at = evora.clock_now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
         progress = coalesce($4::jsonb, progress)
     WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
     RETURNING lease_expires_at, cancel_requested
 )
 SELECT CASE WHEN b.lease_expires_at IS NOT NULL THEN 'done'
-            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = $1) THEN 'lease_lost'
+            WHEN EXISTS (SELECT 1 FROM evora.jobs WHERE id = $1) THEN 'lease_lost'
             ELSE 'not_found' END AS outcome,
        b.lease_expires_at, b.cancel_requested
 FROM (VALUES (1)) AS one(x)
@@ -112,20 +112,20 @@ WITH items AS (
 -- each item is one probe of the primary key. (DISTINCT ON keeps `input` a subquery of its
 -- own, so `fenced` stays a column instead of being folded back into a constant filter.)
 input AS (
-    SELECT DISTINCT ON (id, token) *, 'RUNNING'::job_state AS fenced
+    SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
     FROM items ORDER BY id, token, ord
 ),
 moved AS (
-    UPDATE jobs j
-    SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = evora_now(),
-        updated_at = evora_now(), version = j.version + 1
+    UPDATE evora.jobs j
+    SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = evora.clock_now(),
+        updated_at = evora.clock_now(), version = j.version + 1
     FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
     RETURNING j.id, j.lease_token, j AS job,
               ROW(j, 'completed', 'RUNNING', j.worker_id,
-                  jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora_move AS move
+                  jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora.move AS move
 ),
 recorded AS (
-    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $4::text[])
+    SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), $4::text[])
 )
 SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
             WHEN cur.found THEN 'lease_lost'
@@ -146,12 +146,12 @@ LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
 LEFT JOIN LATERAL (
     SELECT true AS found, s.state = 'RUNNING' AND s.lease_token = i.token AS stale,
            s.state = 'COMPLETED' AND s.lease_token = i.token AS replayed, s AS job
-    FROM jobs s WHERE s.id = i.id AND m.id IS NULL
+    FROM evora.jobs s WHERE s.id = i.id AND m.id IS NULL
 ) snap ON true
 LEFT JOIN LATERAL (
     SELECT true AS found, l.state = 'COMPLETED' AND l.lease_token = i.token AS replayed,
            l AS job
-    FROM jobs l WHERE l.id = i.id AND snap.stale
+    FROM evora.jobs l WHERE l.id = i.id AND snap.stale
     FOR SHARE
 ) latest ON true
 CROSS JOIN LATERAL (
@@ -170,7 +170,7 @@ ORDER BY i.ord;
 -- that a repeat finds the attempt over: a failure is never replayed, so every item that
 -- changed nothing is 'lease_lost', or 'not_found' when no such job exists.
 -- This statement, release and expire_leases decide where each attempt goes; moving the rows,
--- recording the events and the NOTIFY hints are evora_end_attempts().
+-- recording the events and the NOTIFY hints are evora.end_attempts().
 WITH items AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
@@ -178,7 +178,7 @@ WITH items AS (
 ),
 -- the fence's state comes with the items, for the reason given at complete
 input AS (
-    SELECT DISTINCT ON (id, token) *, 'RUNNING'::job_state AS fenced
+    SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
     FROM items ORDER BY id, token, ord
 ),
 decided AS (
@@ -186,23 +186,23 @@ decided AS (
         j.id,
         CASE WHEN j.cancel_requested THEN 'CANCELLED'
              WHEN NOT i.retryable OR j.attempt >= j.max_attempts THEN 'DLQ'
-             ELSE 'PENDING' END::job_state,
+             ELSE 'PENDING' END::evora.job_state,
         i.error,
         CASE WHEN j.cancel_requested THEN 'cancel_requested'
              WHEN NOT i.retryable THEN 'not_retryable'
              WHEN j.attempt >= j.max_attempts THEN 'failed' END,
-        coalesce(i.retry_in, evora_backoff_seconds(j.backoff_initial, j.backoff_max,
+        coalesce(i.retry_in, evora.backoff_seconds(j.backoff_initial, j.backoff_max,
                                                    j.backoff_multiplier, j.attempt)),
         false, 'failed', j.worker_id
-    )::evora_attempt_end AS decision
-    FROM jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
+    )::evora.attempt_end AS decision
+    FROM evora.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
     FOR UPDATE OF j
 ),
 ended AS (
-    SELECT * FROM evora_end_attempts(ARRAY(SELECT decision FROM decided), $6::text[])
+    SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $6::text[])
 )
 SELECT CASE WHEN won.ord IS NOT NULL THEN 'done'
-            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = i.id) THEN 'lease_lost'
+            WHEN EXISTS (SELECT 1 FROM evora.jobs WHERE id = i.id) THEN 'lease_lost'
             ELSE 'not_found' END AS outcome,
        CASE WHEN $7::bool THEN won.job END AS job,
        (SELECT notified FROM ended LIMIT 1) AS notified,
@@ -222,20 +222,20 @@ ORDER BY i.ord;
 WITH decided AS (
     SELECT ROW(
         j.id,
-        CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END::job_state,
+        CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END::evora.job_state,
         NULL,
         CASE WHEN j.cancel_requested THEN 'cancel_requested' END,
         $3::float8, true, 'released', j.worker_id
-    )::evora_attempt_end AS decision
-    FROM jobs j
+    )::evora.attempt_end AS decision
+    FROM evora.jobs j
     WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'RUNNING'
     FOR UPDATE OF j
 ),
 ended AS (
-    SELECT * FROM evora_end_attempts(ARRAY(SELECT decision FROM decided), $4::text[])
+    SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $4::text[])
 )
 SELECT CASE WHEN (e.job).id IS NOT NULL THEN 'done'
-            WHEN EXISTS (SELECT 1 FROM jobs WHERE id = $1) THEN 'lease_lost'
+            WHEN EXISTS (SELECT 1 FROM evora.jobs WHERE id = $1) THEN 'lease_lost'
             ELSE 'not_found' END AS outcome,
        e.job, e.notified, e.owed
 FROM (VALUES (1)) AS one(x)
@@ -244,7 +244,7 @@ LEFT JOIN ended e ON true;
 -- name: expire_leases
 -- $1 batch size, $2 suppressed queues. The sweeper: leases that ran out, decided like a failure
 -- (cancel wins, then the retry budget). SKIP LOCKED and the re-checked `lease_expires_at <
--- evora_now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
+-- evora.clock_now()` fence it against a heartbeat or completion that wins. The expiry is recorded as the
 -- attempt's error (unless the job is being cancelled anyway), so a job dead-lettered this way
 -- says why; one fixed message, so failure statistics count every expiry as one reason.
 WITH decided AS (
@@ -252,45 +252,45 @@ WITH decided AS (
         j.id,
         CASE WHEN j.cancel_requested THEN 'CANCELLED'
              WHEN j.attempt >= j.max_attempts THEN 'DLQ'
-             ELSE 'PENDING' END::job_state,
+             ELSE 'PENDING' END::evora.job_state,
         CASE WHEN NOT j.cancel_requested THEN jsonb_build_object(
             'message', 'the lease expired before the worker reported an outcome',
             'type', 'lease_expired') END,
         CASE WHEN j.cancel_requested THEN 'cancel_requested'
              WHEN j.attempt >= j.max_attempts THEN 'lease_expired' END,
-        evora_backoff_seconds(j.backoff_initial, j.backoff_max, j.backoff_multiplier,
+        evora.backoff_seconds(j.backoff_initial, j.backoff_max, j.backoff_multiplier,
                               j.attempt),
         false, 'lease_expired', j.worker_id
-    )::evora_attempt_end AS decision
-    FROM jobs j
-    WHERE j.state = 'RUNNING' AND j.lease_expires_at < evora_now()
+    )::evora.attempt_end AS decision
+    FROM evora.jobs j
+    WHERE j.state = 'RUNNING' AND j.lease_expires_at < evora.clock_now()
     ORDER BY j.lease_expires_at
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 )
 SELECT job, notified, owed
-FROM evora_end_attempts(ARRAY(SELECT decision FROM decided), $2::text[]);
+FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $2::text[]);
 
 -- name: expire_ttls
 -- $1 batch size, $2 suppressed queues. The sweeper: PENDING jobs whose expires_at passed
 -- before they started. A job that started and waits for a retry is past its TTL's reach.
 WITH due AS (
-    SELECT id FROM jobs
+    SELECT id FROM evora.jobs
     WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL
-      AND expires_at <= evora_now()
+      AND expires_at <= evora.clock_now()
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 moved AS (
-    UPDATE jobs j
-    SET state = 'DLQ', finished_at = evora_now(), updated_at = evora_now(), version = j.version + 1
+    UPDATE evora.jobs j
+    SET state = 'DLQ', finished_at = evora.clock_now(), updated_at = evora.clock_now(), version = j.version + 1
     FROM due WHERE j.id = due.id AND j.state = 'PENDING'
     RETURNING j.id, j AS job,
-              ROW(j, 'dead_lettered', 'PENDING', NULL, '{"reason": "expired"}')::evora_move AS move
+              ROW(j, 'dead_lettered', 'PENDING', NULL, '{"reason": "expired"}')::evora.move AS move
 ),
 recorded AS (
-    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $2::text[])
+    SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), $2::text[])
 )
 SELECT job,
        r.notified, r.owed
@@ -303,7 +303,7 @@ FROM moved CROSS JOIN recorded r;
 -- the DLQ only by an admin's retry or discard. Exactly one row, like retry and discard: the
 -- outcome ('done', 'refused' or 'not_found') and the job, moved or as it refused.
 WITH target AS (
-    SELECT id, state FROM jobs
+    SELECT id, state FROM evora.jobs
     WHERE id = $1
       AND (state IN ('PENDING', 'WAITING') OR (state = 'RUNNING' AND NOT cancel_requested))
     FOR UPDATE
@@ -316,18 +316,18 @@ WITH target AS (
 -- newest version, whose state is target's (the lock is held since): the decision is made on
 -- the state the job is really in.
 moved AS (
-    UPDATE jobs j
+    UPDATE evora.jobs j
     SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
         cancel_requested = (t.state = 'RUNNING'),
-        finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora_now() END,
-        updated_at = evora_now(), version = j.version + 1
+        finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora.clock_now() END,
+        updated_at = evora.clock_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id
     RETURNING j.id, j AS job,
         ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
-            t.state, j.worker_id, '{}')::evora_move AS move
+            t.state, j.worker_id, '{}')::evora.move AS move
 ),
 recorded AS (
-    SELECT * FROM evora_record_moves(ARRAY(SELECT move FROM moved), $2::text[])
+    SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), $2::text[])
 )
 SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
             WHEN cur.found THEN 'refused'
@@ -341,17 +341,17 @@ CROSS JOIN recorded r
 -- transaction that the target's row lock waited for and that moved the job out of reach; a
 -- locking read waits for the same transaction and returns what it committed.
 LEFT JOIN LATERAL (
-    SELECT true AS found, c AS job FROM jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
+    SELECT true AS found, c AS job FROM evora.jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
 ) cur ON true;
 
 -- name: leave_dlq
 -- $1 id, $2 'PENDING' (an admin's retry) or 'CANCELLED' (a discard), $3 suppressed queues.
--- A DLQ job moves (evora_leave_dlq()); any other state is refused. One row
+-- A DLQ job moves (evora.leave_dlq()); any other state is refused. One row
 -- answered like cancel.
-WITH target AS (SELECT id FROM jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
+WITH target AS (SELECT id FROM evora.jobs WHERE id = $1 AND state = 'DLQ' FOR UPDATE),
 moved AS (
     SELECT (l.job).id, l.job, l.notified, l.owed
-    FROM evora_leave_dlq(ARRAY(SELECT id FROM target), $2::job_state, $3::text[]) AS l
+    FROM evora.leave_dlq(ARRAY(SELECT id FROM target), $2::evora.job_state, $3::text[]) AS l
 )
 SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
             WHEN cur.found THEN 'refused'
@@ -364,21 +364,21 @@ LEFT JOIN moved m ON true
 -- transaction that the target's row lock waited for and that moved the job out of reach; a
 -- locking read waits for the same transaction and returns what it committed.
 LEFT JOIN LATERAL (
-    SELECT true AS found, c AS job FROM jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
+    SELECT true AS found, c AS job FROM evora.jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
 ) cur ON true;
 
 -- name: redrive
 -- $1 queue, $2 type (NULL: any), $3 batch size, $4 suppressed queues. A bounded batch of the
 -- queue's DLQ jobs back to PENDING, as an admin's retry does for one.
 WITH target AS (
-    SELECT id FROM jobs
+    SELECT id FROM evora.jobs
     WHERE queue = $1 AND state = 'DLQ' AND ($2::text IS NULL OR type = $2)
     ORDER BY submit_seq
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 SELECT job, notified, owed
-FROM evora_leave_dlq(ARRAY(SELECT id FROM target), 'PENDING', $4::text[]);
+FROM evora.leave_dlq(ARRAY(SELECT id FROM target), 'PENDING', $4::text[]);
 
 -- name: brief_lock_waits
 -- Run first in the transaction of a statement made for several independent requests
