@@ -137,8 +137,9 @@ $$;
 -- The FIFO group part of the rule is not in it: it needs subqueries, and as a function
 -- called once per grouped candidate it cost ~40 % more PostgreSQL CPU on claims of grouped
 -- jobs (bench/store.py --quick --groups 1000, drain phases). Each claim writes
--- it out (the same text, after evora.claimable()), and tests/integration/test_claim_rule.py
--- proves both claims take the same jobs.
+-- it out (the same text, after evora.claimable()), and so does the dispatcher's report of
+-- unclaimed jobs (`unclaimed_jobs` in storage/sql/jobs.sql); tests/integration/test_claim_rule.py
+-- proves both claims take the same jobs and the report counts exactly those.
 CREATE OR REPLACE FUNCTION evora.queue_paused(in_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM evora.paused_queues p WHERE p.queue = in_queue)
