@@ -36,8 +36,8 @@ SELECT extract(epoch FROM least(
 
 -- name: unclaimed_jobs
 -- $1 seconds, $2 at most this many rows: per queue and type, the jobs a claim may take
--- (evora.claimable() and the FIFO group part, the claims' own text: `claim` above says why it
--- is written this way; tests/integration/test_claim_rule.py proves all three agree) that have
+-- (evora.claimable() and the FIFO group rule `group_turn` of rules.sql, as the claims do;
+-- tests/integration/test_claim_rule.py proves the report counts what they take) that have
 -- been due for longer than $1 seconds and no worker claimed, leaving out those whose limit
 -- has no room left, the most first (the dispatcher's unclaimed-jobs warning). A job that
 -- waits for a reason (a paused queue, its group's turn, a limit) is not unclaimed.
@@ -62,14 +62,7 @@ SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
 FROM evora.jobs j
 WHERE evora.claimable(j, j.queue, evora.clock_now(), NULL)
   AND j.run_at <= evora.clock_now() - make_interval(secs => $1)
-  AND (j.group_key IS NULL OR (
-        (SELECT true FROM evora.jobs r
-         WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
-         LIMIT 1) IS NULL
-        AND (SELECT true FROM evora.jobs e
-             WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
-               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-             LIMIT 1) IS NULL))
+  AND {{rule:group_turn}}
   AND NOT ((('queue:' || j.queue) || j.limit_keys) && ARRAY(SELECT key FROM full_keys))
 GROUP BY j.queue, j.type
 ORDER BY count(*) DESC, j.queue, j.type
