@@ -29,6 +29,8 @@ API_OPERATIONS = {
     ("get", "/v1/queues/{queue}/failures"),
     ("get", "/v1/stats/queues/{queue}/history"),
     ("get", "/v1/stats/history"),
+    ("get", "/v1/analytics"),
+    ("get", "/v1/analytics/queues/{queue}"),
     ("get", "/v1/workers"),
     ("put", "/v1/schedules/{name}"),
     ("get", "/v1/schedules"),
