@@ -26,6 +26,9 @@ from evora_services.api.stats import LimitCursor, encode_key
 LIMITS = web.AppKey("limits", LimitStore)
 
 ADMIN: tuple[Role, ...] = ("admin",)
+# A producer may read one key's limit and usage: its `room` is what to ask before a large
+# batch (docs/flow-control.md, "Admission").
+READERS: tuple[Role, ...] = ("admin", "producer")
 # A key (`tenant:42`, `queue:emails`) or a prefix limit's key (`tenant:*`).
 LimitName = Annotated[str, Field(pattern=LIMIT_NAME_PATTERN)]
 _KEY = re.compile(LIMIT_NAME_PATTERN)
@@ -190,7 +193,7 @@ async def list_limits(request: web.Request) -> web.Response:
 @limits.add(
     "GET",
     "/v1/limits/{key}",
-    roles=ADMIN,
+    roles=READERS,
     summary=(
         "The limit that governs the key (its own or a prefix limit's) with the key's live "
         "usage: `GET /v1/limits/tenant:42` shows tenant:42's own count under `tenant:*`. "
