@@ -43,6 +43,11 @@ COUNTER_MOVE = "UPDATE bench_pending SET n = n - $2 WHERE key = $1"
 CLAIM_BATCH = 10
 
 
+async def _preload(pool: asyncpg.Pool, queue: str, count: int) -> None:
+    for first in range(0, count, 1000):
+        await pool.execute(PRELOAD, queue, min(1000, count - first))
+
+
 def _percentiles(samples: list[float]) -> str:
     cuts = statistics.quantiles(samples, n=100)
     return f"p50 {cuts[49] * 1000:6.2f} ms  p99 {cuts[98] * 1000:6.2f} ms"
@@ -76,7 +81,7 @@ async def _loops(
 
 
 async def _submissions(pool: asyncpg.Pool, args: argparse.Namespace) -> None:
-    await pool.execute(PRELOAD, "limited", args.depth)
+    await _preload(pool, "limited", args.depth)
     await pool.execute(
         "INSERT INTO evora.flow_limits (key, max_pending) VALUES ('queue:limited', $1)",
         # the producers' last calls may run past --jobs
@@ -98,7 +103,7 @@ async def _claims(pool: asyncpg.Pool, args: argparse.Namespace) -> None:
     await pool.execute(COUNTER_TABLE)
     for counted in (False, True):
         queue = "counted" if counted else "plain"
-        await pool.execute(PRELOAD, queue, args.jobs)
+        await _preload(pool, queue, args.jobs)
         await pool.execute("INSERT INTO bench_pending VALUES ($1, $2)", f"queue:{queue}", args.jobs)
         await pool.execute("VACUUM ANALYZE evora.jobs")
 
