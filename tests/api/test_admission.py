@@ -19,6 +19,7 @@ from evora.storage.jobs import JobStore
 from evora.storage.submissions import Submitted
 from evora_services.api.routes import SUBMITS
 from tests.api.conftest import ADMIN, PRODUCER, ApiClient, job, problem
+from tests.polling import until
 
 QUEUE = "emails"
 
@@ -213,3 +214,37 @@ async def test_producers_in_sql_and_http_racing_for_the_last_room(
     jobs_admitted = sum(admitted[:16]) + 2 * sum(admitted[16:])
     assert await stored(db, "race") == 10 - room + jobs_admitted
     assert 10 - room + jobs_admitted == 10  # every room taken, never more
+
+
+async def test_an_application_holding_a_key_delays_only_that_keys_requests(
+    client: ApiClient, db_url: str, db: asyncpg.Connection
+) -> None:
+    await limit(client, "held", 2)
+    await limit(client, "free", 2)
+    assert (await submit(client, limit_keys=["held"])).status == 201
+    holder = await asyncpg.connect(db_url)
+    try:
+        held = holder.transaction()
+        await held.start()
+        # an application takes the last room of `held` in a transaction it keeps open
+        await holder.fetchval(
+            "SELECT evora.submit($1, 't', '{}', $2::jsonb)",
+            QUEUE,
+            orjson.dumps({"limit_keys": ["held"]}).decode(),
+        )
+        waiting = asyncio.create_task(submit(client, limit_keys=["held"]))
+        # sent with it: its statement gives up on the lock, so this one is not held up
+        other = await submit(client, limit_keys=["free"])
+        assert other.status == 201 and not waiting.done()
+        await until(
+            lambda: db.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)"
+            ),
+            "the held key's request to wait for its lock",
+        )
+        await held.commit()
+        # then it counts the application's job: the key is full
+        await problem(await waiting, 429, "queue_full")
+    finally:
+        await holder.close()
+    assert await stored(db, "held") == 2
