@@ -35,7 +35,9 @@ $$;
 -- The max_pending (admission control, docs/flow-control.md "Admission") that applies to
 -- each of `keys`: that of the limit governing the key (its own, else the longest prefix
 -- limit's), when it has one; other keys are left out. A key whose own limit has no
--- max_pending is not governed by a prefix limit's.
+-- max_pending is not governed by a prefix limit's. evora.governing_limits()'s rule: not
+-- that function with a column more, because the previous release's statements call it
+-- (`SELECT *` included) while they are rolled, and only submissions need this one.
 CREATE OR REPLACE FUNCTION evora.admission_limits(keys text[])
 RETURNS TABLE (key text, max_pending integer)
 LANGUAGE sql STABLE AS $$
