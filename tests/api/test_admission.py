@@ -13,12 +13,13 @@ import asyncpg
 import orjson
 import pytest
 
+from evora.config import Settings
 from evora.domain.errors import QueueFull
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from evora.storage.submissions import Submitted
 from evora_services.api.routes import SUBMITS
-from tests.api.conftest import ADMIN, PRODUCER, ApiClient, job, problem
+from tests.api.conftest import ADMIN, PRODUCER, ApiClient, MakeClient, job, problem
 from tests.polling import until
 
 QUEUE = "emails"
@@ -168,10 +169,17 @@ async def test_coalesced_requests_one_refused_leave_the_others_stored(
     assert await stored(db, "free") == 2 and await stored(db, "full") == 1
 
 
-@pytest.mark.parametrize("room", [5])
+@pytest.mark.parametrize("room", [1, 5])
 async def test_producers_in_sql_and_http_racing_for_the_last_room(
-    client: ApiClient, db_url: str, db: asyncpg.Connection, room: int
+    client: ApiClient,
+    make_client: MakeClient,
+    settings: Settings,
+    db_url: str,
+    db: asyncpg.Connection,
+    room: int,
 ) -> None:
+    # two api processes (each its own pool and coalescer) and applications in SQL
+    apis = [client, await make_client(settings)]
     await limit(client, "race", 10)
     for _ in range(10 - room):
         assert (await submit(client, limit_keys=["race"])).status == 201
@@ -191,21 +199,21 @@ async def test_producers_in_sql_and_http_racing_for_the_last_room(
                 return False
             return True
 
-        async def over_http() -> bool:
-            response = await submit(client, limit_keys=["race"])
+        async def over_http(api: ApiClient) -> bool:
+            response = await submit(api, limit_keys=["race"])
             assert response.status in (201, 429), await response.text()
             return bool(response.status == 201)
 
-        async def batch_of_two() -> bool:
+        async def batch_of_two(api: ApiClient) -> bool:
             batch = [job(QUEUE, limit_keys=["race"])] * 2
-            response = await client.post("/v1/jobs/batch", json={"jobs": batch}, headers=PRODUCER)
+            response = await api.post("/v1/jobs/batch", json={"jobs": batch}, headers=PRODUCER)
             assert response.status in (200, 429), await response.text()
             return bool(response.status == 200)
 
         admitted = await asyncio.gather(
             *(in_sql(conn) for conn in conns),
-            *(over_http() for _ in range(8)),
-            *(batch_of_two() for _ in range(3)),
+            *(over_http(apis[n % 2]) for n in range(8)),
+            *(batch_of_two(apis[n % 2]) for n in range(3)),
         )
     finally:
         for conn in conns:
