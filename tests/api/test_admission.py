@@ -256,3 +256,14 @@ async def test_an_application_holding_a_key_delays_only_that_keys_requests(
     finally:
         await holder.close()
     assert await stored(db, "held") == 2
+
+
+async def test_a_max_pending_alone_restricts_no_claim(client: ApiClient, store: JobStore) -> None:
+    # with a concurrency limit elsewhere, claims take the limited path; a limit with only a
+    # max_pending governs its key there without holding any of its jobs back
+    await limit(client, "busy", None, concurrency=1)
+    await limit(client, "k", 5)
+    for _ in range(3):
+        assert (await submit(client, limit_keys=["k"])).status == 201
+    claimed = await store.claim(worker_id="w", queues=[QUEUE], max_jobs=10)
+    assert len(claimed) == 3
