@@ -489,7 +489,9 @@ $$;
 -- statement whose snapshot shows every admission of that key that committed before the lock
 -- was granted; the lock is held to the end of the transaction, which stores the jobs. Locks
 -- are taken in the order of the hashes whatever the call, so two calls cannot deadlock on
--- them. Under REPEATABLE READ the count would be the transaction's older snapshot: refused.
+-- them. Under REPEATABLE READ or SERIALIZABLE the count would be the transaction's first
+-- snapshot, which may miss an admission committed since (serializable checks do not see the
+-- api's READ COMMITTED transactions): refused.
 CREATE OR REPLACE FUNCTION evora.admit(queues text[], created integer[], limit_key_ords integer[],
                                        limit_key_names text[])
 RETURNS void
@@ -520,9 +522,10 @@ BEGIN
         JOIN evora.admission_limits(ARRAY(SELECT w.key FROM wanted w)) a ON a.key = w.key
         ORDER BY hashtext(w.key), w.key
     LOOP
-        IF current_setting('transaction_isolation') = 'repeatable read' THEN
-            RAISE EXCEPTION 'key % has a max_pending: submit its jobs under READ COMMITTED or '
-                            'SERIALIZABLE, not REPEATABLE READ', quote_literal(k.key)
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'key % has a max_pending: submit its jobs under READ COMMITTED, '
+                            'not %', quote_literal(k.key),
+                            upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'feature_not_supported';
         END IF;
         PERFORM pg_advisory_xact_lock(admission, hashtext(k.key));
