@@ -195,9 +195,10 @@ BEGIN
         JOIN evora.admission_limits(ARRAY(SELECT w.key FROM wanted w)) a ON a.key = w.key
         ORDER BY hashtext(w.key), w.key
     LOOP
-        IF current_setting('transaction_isolation') = 'repeatable read' THEN
-            RAISE EXCEPTION 'key % has a max_pending: submit its jobs under READ COMMITTED or '
-                            'SERIALIZABLE, not REPEATABLE READ', quote_literal(k.key)
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'key % has a max_pending: submit its jobs under READ COMMITTED, '
+                            'not %', quote_literal(k.key),
+                            upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'feature_not_supported';
         END IF;
         PERFORM pg_advisory_xact_lock(admission, hashtext(k.key));
