@@ -143,6 +143,15 @@ class IdempotentJobGoneError(ConflictError):
     problem_code = problems.IDEMPOTENT_JOB_GONE
 
 
+class QueueFullError(EvoraHTTPError):
+    """A key the submission holds is at its max_pending (docs/flow-control.md, "Admission"):
+    nothing was stored. Retry after the `Retry-After` seconds the answer carries, or ask the
+    key's room first (`Client.room`)."""
+
+    problem_code = problems.QUEUE_FULL
+    problem_status = 429
+
+
 class PayloadTooLargeError(EvoraHTTPError):
     problem_code = problems.PAYLOAD_TOO_LARGE
     problem_status = 413
@@ -174,6 +183,7 @@ _CLASSES: tuple[type[EvoraHTTPError], ...] = (
     InvalidStateError,
     IdempotencyConflictError,
     IdempotentJobGoneError,
+    QueueFullError,
     PayloadTooLargeError,
     RequestValidationError,
 )

@@ -40,6 +40,7 @@ from evora.storage.statements import load
     _JOBS_OF,
     _DEPENDENCIES_OF,
     _WAITING_ON_MISSING,
+    _OVER_MAX_PENDING,
     _LIMIT_CHANGES,
     _ARCHIVED_UPTO,
     _PRUNE_COUNTS,
@@ -52,6 +53,7 @@ from evora.storage.statements import load
     "jobs_of",
     "dependencies_of",
     "waiting_on_missing",
+    "over_max_pending",
     "limit_changes",
     "archived_upto",
     "prune_counts",
@@ -94,6 +96,10 @@ CHECKS: dict[str, str] = {
         "retention"
     ),
     "waiting_on_existing": "no WAITING job depends on a job that no longer exists",
+    "max_pending_admitted": (
+        "no key holds more never-started jobs waiting to run, submitted since its limit last "
+        "changed, than its max_pending"
+    ),
 }
 
 # The moves events record beside the state machine's: a cancel request of a RUNNING job.
@@ -583,6 +589,7 @@ async def _audit(
         for r in await conn.fetch(_DEPENDENCIES_OF, ids):
             deps[r["job_id"]].append(r["depends_on"])
         missing = await conn.fetch(_WAITING_ON_MISSING)
+        crowded = await conn.fetch(_OVER_MAX_PENDING, _LIMIT_CHANGE_MARGIN_S)
         history = _LimitHistory(await conn.fetch(_LIMIT_CHANGES))
         pruned = {(r["queue"], r["state"]): r["pruned"] for r in await conn.fetch(_PRUNE_COUNTS)}
         offset = float(await conn.fetchval(_CLOCK_OFFSET))
@@ -593,6 +600,14 @@ async def _audit(
             "waiting_on_existing",
             f"WAITING on {r['depends_on']}, which no longer exists",
             [r["job_id"], r["depends_on"]],
+            [],
+        )
+    for r in crowded:
+        auditor.fail(
+            "max_pending_admitted",
+            f"key {r['key']!r} holds {len(r['job_ids'])} jobs admitted since its limit last "
+            f"changed, waiting to run, over its max_pending of {r['max_pending']}",
+            r["job_ids"],
             [],
         )
     for (schedule, tick), made in auditor.ticks.items():

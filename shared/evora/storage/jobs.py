@@ -26,6 +26,7 @@ from evora.domain.errors import (
     InvalidState,
     JobNotFound,
     LeaseLost,
+    QueueFull,
 )
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
@@ -48,8 +49,11 @@ _ITEM_SQLSTATES = ("22", "23", "54", "P0")
 def caused_by_an_item(exc: Exception) -> bool:
     """Whether a failed set-based statement may have failed because of one item's values
     (invalid or out-of-range data, a violated constraint, a size limit, an error raised by
-    a trigger) rather than because the database is unavailable: only such a failure is worth
-    splitting a batch to find the item it belongs to (see evora.coalesce)."""
+    a trigger, a key without room for the items: QueueFull) rather than because the database
+    is unavailable: only such a failure is worth splitting a batch to find the item it
+    belongs to (see evora.coalesce). A split admits the requests that fit, in order."""
+    if isinstance(exc, QueueFull):
+        return True
     return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate)[:2] in _ITEM_SQLSTATES
 
 

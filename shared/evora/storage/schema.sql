@@ -150,6 +150,83 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.admission_limits(keys text[]) RETURNS TABLE(key text, max_pending integer)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT g.key, g.max_pending
+    FROM (SELECT e.key, e.max_pending
+          FROM evora.flow_limits e
+          WHERE e.key = ANY(keys)
+          UNION ALL
+          (SELECT DISTINCT ON (k.key) k.key, p.max_pending
+           FROM (SELECT * FROM evora.flow_limits WHERE stem IS NOT NULL) AS p
+           JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
+           WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits e WHERE e.key = k.key)
+           ORDER BY k.key, length(p.stem) DESC)) AS g
+    WHERE g.max_pending IS NOT NULL
+$$;
+
+CREATE FUNCTION evora.admit(queues text[], created integer[], limit_key_ords integer[], limit_key_names text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    admission CONSTANT integer := 1163280708;  -- 'EVAD'
+    keys text[] := '{}';
+    adding bigint[] := '{}';
+    maxima integer[] := '{}';
+    k record;
+    over record;
+BEGIN
+    FOR k IN
+        WITH held AS (
+            SELECT DISTINCT h.ord, h.key
+            FROM (SELECT q.ord, 'queue:' || q.queue AS key
+                  FROM unnest(queues) WITH ORDINALITY AS q(queue, ord)
+                  UNION ALL
+                  SELECT l.ord, l.name FROM unnest(limit_key_ords, limit_key_names) AS l(ord, name))
+                 AS h
+            WHERE h.ord IN (SELECT unnest(created))
+        ),
+        wanted AS (
+            SELECT h.key, count(*) AS adding FROM held h GROUP BY h.key
+        )
+        SELECT w.key, w.adding, a.max_pending
+        FROM wanted w
+        JOIN evora.admission_limits(ARRAY(SELECT w.key FROM wanted w)) a ON a.key = w.key
+        ORDER BY hashtext(w.key), w.key
+    LOOP
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'key % has a max_pending: submit its jobs under READ COMMITTED, '
+                            'not %', quote_literal(k.key),
+                            upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'feature_not_supported';
+        END IF;
+        PERFORM pg_advisory_xact_lock(admission, hashtext(k.key));
+        keys := keys || k.key;
+        adding := adding || k.adding;
+        maxima := maxima || k.max_pending;
+    END LOOP;
+    IF keys = '{}' THEN
+        RETURN;
+    END IF;
+    SELECT w.key, w.adding, w.max_pending, d.depth INTO over
+    FROM unnest(keys, adding, maxima) AS w(key, adding, max_pending)
+    CROSS JOIN LATERAL (SELECT evora.pending_holding(w.key, w.max_pending + 1) AS depth) AS d
+    WHERE d.depth + w.adding > w.max_pending
+    ORDER BY w.key
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'queue_full: key % has % jobs waiting to run (PENDING or WAITING) and a '
+                        'max_pending of %: % more would exceed it', quote_literal(over.key),
+                        CASE WHEN over.depth > over.max_pending THEN 'over ' || over.max_pending
+                             ELSE over.depth::text END,
+                        over.max_pending, over.adding
+            USING ERRCODE = 'EV429', DETAIL = over.key,
+                  HINT = 'retry once jobs holding the key have been claimed';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION evora.backoff_seconds(initial double precision, max_seconds double precision, multiplier double precision, n integer) RETURNS double precision
     LANGUAGE sql
     AS $$
@@ -700,6 +777,22 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.pending_holding(k text, most bigint) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT count(*) FROM (
+                SELECT 1 FROM evora.jobs p
+                WHERE starts_with(k, 'queue:') AND p.state IN ('PENDING', 'WAITING')
+                  AND p.queue = substr(k, 7)
+                LIMIT most) AS q)
+         + (SELECT count(*) FROM (
+                SELECT 1 FROM evora.jobs p
+                WHERE p.state IN ('PENDING', 'WAITING') AND p.limit_keys <> '{}'
+                  AND p.limit_keys @> ARRAY[k]
+                  AND NOT (starts_with(k, 'queue:') AND p.queue = substr(k, 7))
+                LIMIT most) AS l)
+$$;
+
 CREATE FUNCTION evora.prune_finished(age double precision, batch integer, finished evora.job_state) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
@@ -745,8 +838,10 @@ BEGIN
     IF TG_OP = 'DELETE' THEN
         INSERT INTO evora.flow_limit_changes (key, deleted) VALUES (OLD.key, true);
     ELSE
-        INSERT INTO evora.flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
-        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
+        INSERT INTO evora.flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds,
+                                              max_pending, deleted)
+        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, NEW.max_pending,
+                false);
     END IF;
     RETURN NULL;
 END
@@ -1041,6 +1136,9 @@ BEGIN
         FROM unnest(ids, idempotency_keys, refusals) WITH ORDINALITY AS x(id, key, refusal, ord)
         WHERE x.refusal IS NULL AND (x.key IS NULL OR x.id IN (SELECT unnest(kept)))
         ORDER BY x.id);
+    IF EXISTS (SELECT 1 FROM evora.flow_limits WHERE max_pending IS NOT NULL) THEN
+        PERFORM evora.admit(queues, created, limit_key_ords, limit_key_names);
+    END IF;
     RETURN QUERY
     WITH lists AS (
         SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
@@ -1635,7 +1733,8 @@ CREATE TABLE evora.flow_limit_changes (
     rate_limit integer,
     rate_per_seconds double precision,
     deleted boolean NOT NULL,
-    changed_at timestamp with time zone DEFAULT now() NOT NULL
+    changed_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_pending integer
 );
 
 ALTER TABLE evora.flow_limit_changes ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
@@ -1659,7 +1758,9 @@ CASE
 END) STORED,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_pending integer,
     CONSTRAINT flow_limits_concurrency CHECK ((concurrency >= 1)),
+    CONSTRAINT flow_limits_max_pending CHECK ((max_pending >= 1)),
     CONSTRAINT flow_limits_rate_limit CHECK ((rate_limit >= 1)),
     CONSTRAINT flow_limits_rate_per_seconds CHECK ((rate_per_seconds > (0)::double precision)),
     CONSTRAINT flow_limits_rate_whole CHECK (((rate_limit IS NULL) = (rate_per_seconds IS NULL)))
@@ -1864,6 +1965,8 @@ CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (
 CREATE INDEX jobs_scheduled ON evora.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::evora.job_state);
 
 CREATE UNIQUE INDEX jobs_submit_seq ON evora.jobs USING btree (submit_seq);
+
+CREATE INDEX jobs_waiting_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = ANY (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state])) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX schedules_due ON evora.schedules USING btree (next_run_at) WHERE (NOT paused);
 

@@ -24,8 +24,9 @@
 -- `picked` holds the rows locked and re-checked as PENDING, so evora.claim_jobs() moves them
 -- by id alone.
 -- While any concurrency or rate limit exists, evora.claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
--- same rule; with none, the one cost is the EXISTS on the empty flow_limits, a
--- one-time filter of each branch. Both move their jobs with evora.claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
+-- same rule; with none, the one cost is the EXISTS on flow_limits (empty, or holding only
+-- max_pending limits, which the claim does not enforce: admission does), a one-time filter
+-- of each branch. Both move their jobs with evora.claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
 -- one, and moves what it paid for right there; this one's picks are locked, and the
 -- function's own snapshot shows their latest versions.
 -- A job whose group's head changed after this statement's snapshot (a job of its group
@@ -46,7 +47,8 @@ WITH picked AS (
         LIMIT $3
         FOR UPDATE OF j SKIP LOCKED
     ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits)
+    WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits
+                      WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL)
     ORDER BY c.priority, c.run_at, c.submit_seq
     LIMIT $3
 )
@@ -55,7 +57,8 @@ FROM evora.claim_jobs(ARRAY(SELECT id FROM picked), NULL, $4::text, evora.clock_
 UNION ALL
 SELECT l.job, l.dependency_results
 FROM evora.claim_limited($1::text[], $2::text[], $3::int4, $4::text) AS l
-WHERE EXISTS (SELECT 1 FROM evora.flow_limits);
+WHERE EXISTS (SELECT 1 FROM evora.flow_limits
+              WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL);
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
