@@ -33,6 +33,7 @@ from evora.sdk.errors import (
     RequestValidationError,
     ScheduleNotFoundError,
     ServerError,
+    Snooze,
     UnauthorizedError,
 )
 from evora.sdk.handlers import Handler, Handlers, Job
@@ -69,6 +70,7 @@ __all__ = [
     "RetryBackoff",
     "ScheduleNotFoundError",
     "ServerError",
+    "Snooze",
     "Submission",
     "SubmitOptions",
     "SubmitReceipt",

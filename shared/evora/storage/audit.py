@@ -101,6 +101,8 @@ _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
     ("RUNNING", "RUNNING", "cancel_requested")
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
+# A worker hands its claim back uncounted: a release, or a snooze (which asks to run later)
+_HANDED_BACK = frozenset({"released", "snoozed"})
 # group_order: a job that became PENDING this long (by `at`, its transaction's start) before
 # a claim was visible to it, unless its transaction stayed open longer; a shorter wait may be
 # a submission the claim's snapshot could not see yet, though its seq is lower
@@ -340,7 +342,7 @@ class _Auditor:
             before + 1
             if name == "claimed"
             else before - 1
-            if name == "released" and to == "PENDING"
+            if name in _HANDED_BACK and to == "PENDING"
             else 0
             if name == "retried"
             else before
@@ -376,7 +378,7 @@ class _Auditor:
             return
         claim = job.claim
         if claim is not None:
-            attempt = claim.attempt - (1 if name == "released" and to == "PENDING" else 0)
+            attempt = claim.attempt - (1 if name in _HANDED_BACK and to == "PENDING" else 0)
             if (e["attempt"], e["started_at"], e["worker_id"]) != (
                 attempt,
                 claim.started_at,

@@ -96,6 +96,7 @@ CREATE TABLE evora.jobs (
     depends_on uuid[],
     limit_keys text[] DEFAULT '{}'::text[] NOT NULL,
     limited boolean DEFAULT false NOT NULL,
+    snoozes integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -569,6 +570,8 @@ BEGIN
         UPDATE evora.jobs j
         SET state = d.to_state,
             attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+            snoozes = j.snoozes + CASE WHEN d.pending_event = 'snoozed' AND d.to_state = 'PENDING'
+                                       THEN 1 ELSE 0 END,
             last_error = coalesce(d.error, j.last_error),
             lease_expires_at = NULL,
             run_at = CASE WHEN d.to_state = 'PENDING'

@@ -472,7 +472,7 @@ LANGUAGE sql STABLE ROWS 1 AS $$
 $$;
 
 -- Three statements end attempts: evora.fail_items() (a worker's failure), `release` (a worker hands the
--- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
+-- claim back, or snoozes: hands it back to run again later) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
 -- its own fence and lock, where each attempt goes (one `evora.attempt_end` per job); this
 -- moves every decided job that is still RUNNING (the caller holds its row lock) and records
 -- it, the same way for all three; it returns each moved job whole, with the queues notified
@@ -502,6 +502,10 @@ BEGIN
             -- a release hands the claim back uncounted, unless it ends the job (cancel
             -- requested): then the attempt ran and stays counted
             attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+            -- a snooze is a release that asks to run again later: counted apart, so the job
+            -- shows how often it waited though its attempt number did not grow
+            snoozes = j.snoozes + CASE WHEN d.pending_event = 'snoozed' AND d.to_state = 'PENDING'
+                                       THEN 1 ELSE 0 END,
             last_error = coalesce(d.error, j.last_error),
             lease_expires_at = NULL,
             run_at = CASE WHEN d.to_state = 'PENDING'

@@ -107,7 +107,9 @@ FROM evora.fail_items($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float
                       $6::text[], $7::bool);
 
 -- name: release
--- $1 id, $2 lease token, $3 delay seconds, $4 suppressed queues.
+-- $1 id, $2 lease token, $3 delay seconds, $4 the event: 'released' (a worker hands the claim
+-- back, e.g. at shutdown) or 'snoozed' (it asks to run again after the delay, counted in
+-- `snoozes`; docs/jobs-that-wait.md), $5 suppressed queues.
 -- Back to PENDING without counting the attempt, or CANCELLED when a cancel was requested (then
 -- the attempt ran and stays counted). Exactly one row: the outcome, and the job if it moved.
 WITH decided AS (
@@ -116,14 +118,14 @@ WITH decided AS (
         CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END::evora.job_state,
         NULL,
         CASE WHEN j.cancel_requested THEN 'cancel_requested' END,
-        $3::float8, true, 'released', j.worker_id
+        $3::float8, true, $4::text, j.worker_id
     )::evora.attempt_end AS decision
     FROM evora.jobs j
     WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'RUNNING'
     FOR UPDATE OF j
 ),
 ended AS (
-    SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $4::text[])
+    SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $5::text[])
 )
 SELECT CASE WHEN (e.job).id IS NOT NULL THEN 'done'
             WHEN EXISTS (SELECT 1 FROM evora.jobs WHERE id = $1) THEN 'lease_lost'
