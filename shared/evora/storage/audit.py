@@ -69,6 +69,10 @@ CHECKS: dict[str, str] = {
         "a claim raises the attempt by one, a release to PENDING lowers it by one, a retry "
         "from the DLQ resets it, nothing else changes it"
     ),
+    "snoozes_counted": (
+        "a job's `snoozes` is the number of its `snoozed` events back to PENDING (jobs whose "
+        "whole history is in the window)"
+    ),
     "one_claim_per_attempt": (
         "every event of a running attempt (cancel request, completion, failure, release, "
         "expiry) belongs to the claim that opened it: same attempt, start and worker"
@@ -226,6 +230,7 @@ class _Job:
     ended_state: str | None = None
     ended_xid: str | None = None
     last_seq: int = 0
+    snoozes: int = 0
 
 
 class _Auditor:
@@ -295,6 +300,8 @@ class _Auditor:
             and job.released_seq is None
         ):
             job.released_seq, job.released_xid = seq, e["xid"]
+        if name == "snoozed" and to == "PENDING":
+            job.snoozes += 1
         if name in ("completed", "cancelled") and job.ended_seq is None:
             job.ended_seq, job.ended_state, job.ended_xid = seq, to, e["xid"]
         job.version, job.state, job.attempt, job.last_seq = e["job_version"], to, e["attempt"], seq
@@ -622,8 +629,9 @@ def _check_tables(
     pruned: dict[tuple[str, str], int],
     complete: bool,
 ) -> None:
-    """ends_in_current_state and no_job_lost. A pass that stopped at max_events (not
-    `complete`) has not read the newest events of some jobs: those are not compared."""
+    """ends_in_current_state, snoozes_counted and no_job_lost. A pass that stopped at
+    max_events (not `complete`) has not read the newest events of some jobs: those are not
+    compared."""
     gone: dict[tuple[str, str], list[uuid.UUID]] = defaultdict(list)
     for job_id, job in auditor.jobs.items():
         row = rows.get(job_id)
@@ -635,6 +643,13 @@ def _check_tables(
                     "ends_in_current_state",
                     f"last event says {job.state} version {job.version}, the job is "
                     f"{row['state']} version {row['version']}",
+                    [job_id],
+                    [job.last_seq],
+                )
+            elif job.submitted_seq is not None and row["snoozes"] != job.snoozes:
+                auditor.fail(
+                    "snoozes_counted",
+                    f"{job.snoozes} snoozed events, the job counts {row['snoozes']}",
                     [job_id],
                     [job.last_seq],
                 )
