@@ -18,11 +18,11 @@ async def test_a_handler_snoozes_without_using_up_attempts(
     proxy: FaultProxy, client: Client, store: JobStore
 ) -> None:
     worker = make_worker(proxy)
-    runs: list[int] = []
+    runs: list[tuple[int, int]] = []
 
     @worker.handler("poll")
     async def poll(job: evora.Job) -> str:
-        runs.append(job.attempt)
+        runs.append((job.attempt, job.snoozes))
         if len(runs) <= SNOOZES:
             raise evora.Snooze(DELAY)
         return "ready"
@@ -32,7 +32,7 @@ async def test_a_handler_snoozes_without_using_up_attempts(
         await until(in_state(store, job_id, "COMPLETED"))
     job = await stored(store, job_id)
     assert (job["attempt"], job["snoozes"], job["result"]) == (1, SNOOZES, "ready")
-    assert runs == [1] * (SNOOZES + 1)
+    assert runs == [(1, n) for n in range(SNOOZES + 1)]
     sent = proxy.seen("POST", "/v1/jobs/{id}/snooze")
     assert [s.body["delay_seconds"] for s in sent] == [DELAY] * SNOOZES
     events = [e["event"] for e in await store.events(job["id"])]

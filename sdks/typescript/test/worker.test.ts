@@ -62,11 +62,11 @@ describe("Worker", () => {
   test("a thrown Snooze runs the job again later without using up an attempt", async () => {
     const queue = queueName("ts-snooze");
     const w = worker([queue]);
-    const runs: number[] = [];
+    const runs: [number, number][] = [];
     const snoozed: number[] = [];
     w.on("snoozed", (_job, seconds) => snoozed.push(seconds));
     w.handle("ts.poll", (job) => {
-      runs.push(job.attempt);
+      runs.push([job.attempt, job.snoozes]);
       if (runs.length <= 3) throw new Snooze(0.1);
       return "ready";
     });
@@ -75,7 +75,7 @@ describe("Worker", () => {
       const { id } = await client.submit(queue, "ts.poll", {}, { max_attempts: 1 });
       const job = await jobInState(client, id, "COMPLETED");
       assert.deepEqual([job.attempt, job.snoozes, job.result], [1, 3, "ready"]);
-      assert.deepEqual(runs, [1, 1, 1, 1]);
+      assert.deepEqual(runs, [[1, 0], [1, 1], [1, 2], [1, 3]]);
       assert.deepEqual(snoozed, [0.1, 0.1, 0.1]);
     } finally {
       await run.stop();
