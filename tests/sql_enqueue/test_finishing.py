@@ -48,11 +48,16 @@ class HttpWorker:
         return await self._post(job_id, "complete", {"lease_token": str(token), "result": result})
 
     async def fail(
-        self, job_id: UUID, token: UUID, retryable: bool = True, retry_in: float | None = None
+        self,
+        job_id: UUID,
+        token: UUID,
+        retryable: bool = True,
+        retry_in: float | None = None,
+        error: dict[str, Any] = ERROR,
     ) -> str:
         body: dict[str, Any] = {
             "lease_token": str(token),
-            "error": {**ERROR, "retryable": retryable},
+            "error": {**error, "retryable": retryable},
         }
         if retry_in is not None:
             body["retry_in_seconds"] = retry_in
@@ -79,13 +84,18 @@ class SqlWorker:
         )
 
     async def fail(
-        self, job_id: UUID, token: UUID, retryable: bool = True, retry_in: float | None = None
+        self,
+        job_id: UUID,
+        token: UUID,
+        retryable: bool = True,
+        retry_in: float | None = None,
+        error: dict[str, Any] = ERROR,
     ) -> str:
         return await self._call(
             "SELECT evora.fail($1, $2, $3::jsonb, $4, $5)",
             job_id,
             token,
-            json.dumps(ERROR),
+            json.dumps(error),
             retryable,
             retry_in,
         )
@@ -208,6 +218,47 @@ async def test_sql_and_http_answer_every_case_alike(
                 assert answers == expected, (case.__name__, name)
                 seen[name] = await _observed(store, queue)
             assert seen["sql"] == seen["http"], case.__name__
+
+
+async def test_an_error_is_stored_alike_both_ways(
+    store: JobStore, dispatcher: Service, app_conn: asyncpg.Connection
+) -> None:
+    """What a failure records is the same whichever way it came: a long message keeps its
+    start, a long trace its end."""
+    long = {
+        "message": "m" * 9000 + "tail",
+        "type": None,
+        "traceback": "head" + "t" * 9000,
+    }
+    async with aiohttp.ClientSession() as http:
+        stored = []
+        for worker in (HttpWorker(http, dispatcher), SqlWorker(app_conn)):
+            job = await _claimed(store, "errors")
+            assert await worker.fail(job["id"], job["lease_token"], False, error=long) == "done:DLQ"
+            stored.append((await store.get(job["id"]))["last_error"])
+    assert stored[0] == stored[1] == {"message": "m" * 8192, "type": None, "traceback": "t" * 8192}
+
+
+@pytest.mark.parametrize(
+    ("error", "column"),
+    [
+        ({"type": "T"}, "error"),
+        ({"message": 1}, "error"),
+        ({"message": "m", "type": "x" * 256}, "error.type"),
+        ({"message": "m", "traceback": ["a"]}, "error.traceback"),
+        ({"message": "m", "retryable": False}, "error.retryable"),
+    ],
+)
+async def test_a_failure_that_is_not_one_raises(
+    store: JobStore, app_conn: asyncpg.Connection, error: dict[str, Any], column: str
+) -> None:
+    job = await _claimed(store, "errors")
+    with pytest.raises(asyncpg.InvalidParameterValueError) as raised:
+        await app_conn.fetchval(
+            "SELECT evora.fail($1, $2, $3::jsonb)", job["id"], job["lease_token"], json.dumps(error)
+        )
+    assert raised.value.column_name == column
+    assert (await store.get(job["id"]))["state"] == "RUNNING"
 
 
 async def _job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record:

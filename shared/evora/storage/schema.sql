@@ -606,12 +606,35 @@ CREATE FUNCTION evora.fail(job_id uuid, lease_token uuid, error jsonb, retryable
     SET search_path TO 'evora', 'pg_temp'
     AS $$
 DECLARE
+    lim CONSTANT jsonb := evora.limits();
     answer text;
     moved evora.job_state;
+    stored jsonb;
+    given text;
 BEGIN
     IF error IS NULL OR jsonb_typeof(error) <> 'object'
             OR jsonb_typeof(error -> 'message') IS DISTINCT FROM 'string' THEN
         PERFORM evora.reject('error', 'must be a JSON object with a string message');
+    END IF;
+    FOR given IN SELECT jsonb_object_keys(error) LOOP
+        IF given NOT IN ('message', 'type', 'traceback') THEN
+            PERFORM evora.reject('error.' || given, 'is not a field of an error');
+        END IF;
+    END LOOP;
+    IF coalesce(jsonb_typeof(error -> 'type'), 'null') NOT IN ('string', 'null')
+            OR length(error ->> 'type') > (lim ->> 'max_error_type')::integer THEN
+        PERFORM evora.reject('error.type', format('must be a string of at most %s characters',
+                                                  lim ->> 'max_error_type'));
+    END IF;
+    IF coalesce(jsonb_typeof(error -> 'traceback'), 'null') NOT IN ('string', 'null') THEN
+        PERFORM evora.reject('error.traceback', 'must be a string');
+    END IF;
+    stored := jsonb_build_object(
+        'message', left(error ->> 'message', (lim ->> 'max_error_message')::integer),
+        'type', error ->> 'type');
+    IF error ->> 'traceback' IS NOT NULL THEN
+        stored := stored || jsonb_build_object('traceback', right(
+            error ->> 'traceback', (lim ->> 'max_error_traceback')::integer));
     END IF;
     IF retryable IS NULL THEN
         PERFORM evora.reject('retryable', 'must be true or false');
@@ -622,7 +645,7 @@ BEGIN
                                                         evora.limits() ->> 'max_seconds'));
     END IF;
     SELECT f.outcome, (f.job).state INTO answer, moved
-    FROM evora.fail_items(ARRAY[job_id], ARRAY[lease_token], ARRAY[error], ARRAY[retryable],
+    FROM evora.fail_items(ARRAY[job_id], ARRAY[lease_token], ARRAY[stored], ARRAY[retryable],
                           ARRAY[retry_in_seconds], '{}', true) AS f;
     PERFORM evora.raise_unless_done(answer, job_id);
     RETURN moved;
@@ -810,7 +833,10 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
                     "max_multiplier": 1000},
         "max_dependencies": 1000,
-        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
+        "max_error_message": 8192,
+        "max_error_traceback": 8192,
+        "max_error_type": 255
     }'::jsonb
 $_$;
 

@@ -765,19 +765,47 @@ $$;
 
 -- Fails the attempt; the job's state after it: 'PENDING' (retried after `retry_in_seconds`,
 -- or its backoff), 'DLQ' or 'CANCELLED'. `error` is an object like the HTTP failure's:
--- `message` (a string) and optionally `type` and `traceback`.
+-- `message` (a string) and optionally `type` and `traceback`. It is stored as the dispatcher
+-- stores an HTTP failure (evora.protocol.worker.ErrorBody, storage/jobs.py Failure.error):
+-- message and type, and the traceback when given (no other key: `retryable` is an argument
+-- of its own here); a failing worker's report
+-- is never refused for its length, so a long message keeps its start and a long trace its
+-- end (the innermost frames).
 CREATE OR REPLACE FUNCTION evora.fail(
     job_id uuid, lease_token uuid, error jsonb, retryable boolean DEFAULT true,
     retry_in_seconds float8 DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = evora, pg_temp AS $$
 DECLARE
+    lim CONSTANT jsonb := evora.limits();
     answer text;
     moved evora.job_state;
+    stored jsonb;
+    given text;
 BEGIN
     IF error IS NULL OR jsonb_typeof(error) <> 'object'
             OR jsonb_typeof(error -> 'message') IS DISTINCT FROM 'string' THEN
         PERFORM evora.reject('error', 'must be a JSON object with a string message');
+    END IF;
+    FOR given IN SELECT jsonb_object_keys(error) LOOP
+        IF given NOT IN ('message', 'type', 'traceback') THEN
+            PERFORM evora.reject('error.' || given, 'is not a field of an error');
+        END IF;
+    END LOOP;
+    IF coalesce(jsonb_typeof(error -> 'type'), 'null') NOT IN ('string', 'null')
+            OR length(error ->> 'type') > (lim ->> 'max_error_type')::integer THEN
+        PERFORM evora.reject('error.type', format('must be a string of at most %s characters',
+                                                  lim ->> 'max_error_type'));
+    END IF;
+    IF coalesce(jsonb_typeof(error -> 'traceback'), 'null') NOT IN ('string', 'null') THEN
+        PERFORM evora.reject('error.traceback', 'must be a string');
+    END IF;
+    stored := jsonb_build_object(
+        'message', left(error ->> 'message', (lim ->> 'max_error_message')::integer),
+        'type', error ->> 'type');
+    IF error ->> 'traceback' IS NOT NULL THEN
+        stored := stored || jsonb_build_object('traceback', right(
+            error ->> 'traceback', (lim ->> 'max_error_traceback')::integer));
     END IF;
     IF retryable IS NULL THEN
         PERFORM evora.reject('retryable', 'must be true or false');
@@ -788,7 +816,7 @@ BEGIN
                                                         evora.limits() ->> 'max_seconds'));
     END IF;
     SELECT f.outcome, (f.job).state INTO answer, moved
-    FROM evora.fail_items(ARRAY[job_id], ARRAY[lease_token], ARRAY[error], ARRAY[retryable],
+    FROM evora.fail_items(ARRAY[job_id], ARRAY[lease_token], ARRAY[stored], ARRAY[retryable],
                           ARRAY[retry_in_seconds], '{}', true) AS f;
     PERFORM evora.raise_unless_done(answer, job_id);
     RETURN moved;

@@ -137,7 +137,10 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
                     "max_multiplier": 1000},
         "max_dependencies": 1000,
-        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
+        "max_error_message": 8192,
+        "max_error_traceback": 8192,
+        "max_error_type": 255
     }'::jsonb
 $$;
 
