@@ -261,6 +261,34 @@ async def test_a_failure_that_is_not_one_raises(
     assert (await store.get(job["id"]))["state"] == "RUNNING"
 
 
+@pytest.mark.parametrize(
+    "result",
+    ['{"blob": "' + "x" * 1_048_576 + '"}', '{"n": 1e400}'],
+    ids=["over the payload limit", "beyond a double"],
+)
+async def test_a_result_the_dispatcher_refuses_raises(
+    store: JobStore, dispatcher: Service, app_conn: asyncpg.Connection, result: str
+) -> None:
+    """The bounds of client JSON hold for a result both ways: the dispatcher refuses it (413,
+    422), evora.complete raises 22023 on `result`; the job stays RUNNING."""
+    job = await _claimed(store, "results")
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{dispatcher.url}/v1/jobs/{job['id']}/complete",
+            data=f'{{"lease_token": "{job["lease_token"]}", "result": {result}}}',
+            headers={**WORKER, "Content-Type": "application/json"},
+        ) as response,
+    ):
+        assert response.status in (413, 422)
+    with pytest.raises(asyncpg.InvalidParameterValueError) as raised:
+        await app_conn.fetchval(
+            "SELECT evora.complete($1, $2, $3::jsonb)", job["id"], job["lease_token"], result
+        )
+    assert raised.value.column_name == "result"
+    assert (await store.get(job["id"]))["state"] == "RUNNING"
+
+
 async def _job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record:
     return await conn.fetchrow(
         "SELECT state, result, (SELECT array_agg(event ORDER BY seq) FROM evora.job_events e"

@@ -433,6 +433,25 @@ CREATE FUNCTION evora.claimable(j evora.jobs, in_queue text, at timestamp with t
        AND NOT evora.queue_paused(in_queue)
 $$;
 
+CREATE FUNCTION evora.client_json(value jsonb, field text) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $_$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+BEGIN
+    IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
+        PERFORM evora.reject(field, format('is %s bytes encoded; the limit is %s',
+                                           octet_length(value::text), lim ->> 'max_payload_bytes'));
+    END IF;
+    IF jsonb_path_exists(value,
+            '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
+            jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
+        PERFORM evora.reject(field, 'holds a number beyond the range of a double');
+    END IF;
+    RETURN value;
+END
+$_$;
+
 CREATE FUNCTION evora.clock_now() RETURNS timestamp with time zone
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -446,8 +465,9 @@ CREATE FUNCTION evora.complete(job_id uuid, lease_token uuid, result jsonb DEFAU
     AS $$
 BEGIN
     PERFORM evora.raise_unless_done(c.outcome, job_id)
-    FROM evora.complete_items(ARRAY[job_id], ARRAY[lease_token],
-                              ARRAY[coalesce(result, 'null'::jsonb)], '{}', false) AS c;
+    FROM evora.complete_items(
+        ARRAY[job_id], ARRAY[lease_token],
+        ARRAY[evora.client_json(coalesce(result, 'null'::jsonb), 'result')], '{}', false) AS c;
     RETURN 'COMPLETED';
 END
 $$;
@@ -1633,7 +1653,7 @@ $$;
 
 CREATE FUNCTION evora.validated(item jsonb, at text) RETURNS evora.submission
     LANGUAGE plpgsql STABLE
-    AS $_$
+    AS $$
 DECLARE
     lim CONSTANT jsonb := evora.limits();
     s evora.submission;
@@ -1660,18 +1680,7 @@ BEGIN
         WHEN 'queue', 'type' THEN
             NULL;
         WHEN 'payload' THEN
-            IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
-                PERFORM evora.reject(at || field, format(
-                    'is %s bytes encoded; the limit is %s',
-                    octet_length(value::text), lim ->> 'max_payload_bytes'));
-            END IF;
-            IF jsonb_path_exists(value,
-                    '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
-                    jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
-                PERFORM evora.reject(at || field,
-                                     'holds a number beyond the range of a double');
-            END IF;
-            s.payload := value;
+            s.payload := evora.client_json(value, at || field);
         WHEN 'priority' THEN
             s.priority := evora.number_field(value, at || field,
                 (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);
@@ -1730,7 +1739,7 @@ BEGIN
     END IF;
     RETURN s;
 END
-$_$;
+$$;
 
 CREATE FUNCTION evora.validated_with_dependencies(item jsonb, at text) RETURNS evora.submission
     LANGUAGE plpgsql STABLE

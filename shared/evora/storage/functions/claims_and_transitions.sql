@@ -751,14 +751,16 @@ END
 $$;
 
 -- Completes the job; its state, 'COMPLETED' (a repeat with the same token answers the same).
--- A SQL NULL result is stored as JSON null, as an HTTP completion without a result is.
+-- A SQL NULL result is stored as JSON null, as an HTTP completion without a result is; a
+-- result the dispatcher would refuse (evora.client_json()) raises 22023.
 CREATE OR REPLACE FUNCTION evora.complete(job_id uuid, lease_token uuid, result jsonb DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = evora, pg_temp AS $$
 BEGIN
     PERFORM evora.raise_unless_done(c.outcome, job_id)
-    FROM evora.complete_items(ARRAY[job_id], ARRAY[lease_token],
-                              ARRAY[coalesce(result, 'null'::jsonb)], '{}', false) AS c;
+    FROM evora.complete_items(
+        ARRAY[job_id], ARRAY[lease_token],
+        ARRAY[evora.client_json(coalesce(result, 'null'::jsonb), 'result')], '{}', false) AS c;
     RETURN 'COMPLETED';
 END
 $$;
