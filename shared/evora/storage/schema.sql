@@ -244,16 +244,16 @@ BEGIN
                 FROM evora.jobs j
                 WHERE evora.claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
-                  AND (j.group_key IS NULL OR (
-                        (SELECT true FROM evora.jobs r
-                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
-                           AND r.group_key = j.group_key
-                         LIMIT 1) IS NULL
-                        AND (SELECT true FROM evora.jobs e
-                             WHERE e.state = 'PENDING' AND e.queue = j.queue
-                               AND e.group_key = j.group_key
-                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-                             LIMIT 1) IS NULL))
+                  AND (
+j.group_key IS NULL OR (
+    (SELECT true FROM evora.jobs r
+     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs e
+         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+         LIMIT 1) IS NULL)
+)
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size

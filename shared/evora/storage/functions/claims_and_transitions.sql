@@ -134,11 +134,12 @@ $$;
 -- Plain SQL, STABLE, one expression without subqueries: the planner inlines it (a subquery
 -- would stop it), so each claim plans the rule as if written in place, its conditions on
 -- state, queue and run_at used for the index scan (tests/integration/test_claim_rule.py).
--- The FIFO group part of the rule is not in it: it needs subqueries, and as a function
--- called once per grouped candidate it cost ~40 % more PostgreSQL CPU on claims of grouped
--- jobs (bench/store.py --quick --groups 1000, drain phases). Each claim writes
--- it out (the same text, after evora.claimable()), and tests/integration/test_claim_rule.py
--- proves both claims take the same jobs.
+-- The FIFO group part of the rule is not in it: it needs subqueries, and a function with
+-- subqueries is never inlined (called once per grouped candidate it cost ~40 % more). It is
+-- the rule `group_turn` of storage/rules.sql, written into each claim and the unclaimed-jobs
+-- report where they name it (a marker statements.py and migrate expand);
+-- tests/integration/test_claim_rule.py proves both claims take the same jobs and the report
+-- counts exactly those.
 CREATE OR REPLACE FUNCTION evora.queue_paused(in_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM evora.paused_queues p WHERE p.queue = in_queue)
@@ -251,18 +252,9 @@ BEGIN
                 FROM evora.jobs j
                 WHERE evora.claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
-                  -- FIFO groups: the claim's text (`claim` in sql/transitions.sql), which
-                  -- says why it is written this way
-                  AND (j.group_key IS NULL OR (
-                        (SELECT true FROM evora.jobs r
-                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
-                           AND r.group_key = j.group_key
-                         LIMIT 1) IS NULL
-                        AND (SELECT true FROM evora.jobs e
-                             WHERE e.state = 'PENDING' AND e.queue = j.queue
-                               AND e.group_key = j.group_key
-                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-                             LIMIT 1) IS NULL))
+                  -- FIFO groups: the rule every claim states (rules.sql, which says why
+                  -- it is written in place, not called)
+                  AND {{rule:group_turn}}
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size

@@ -18,16 +18,9 @@
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
 -- Per queue, take the first claimable jobs in (priority, run_at, submission) order, skipping
 -- rows other claimers hold. What is claimable is evora.claimable()'s rule
--- (functions/claims_and_transitions.sql), the one both claims use, and the FIFO group part
--- written out below, the same text as in evora.claim_limited(): a grouped job is claimable
--- only as the head of its (queue, group) (lowest priority, then submission order, due or not,
--- so a retrying head keeps its place) and only while no job of its group runs.
--- The two group checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
--- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
--- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
--- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
--- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
--- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
+-- (functions/claims_and_transitions.sql) and the FIFO group rule `group_turn` (rules.sql,
+-- which says why it is not a function), the two both claims and the unclaimed-jobs report
+-- use (tests/integration/test_claim_rule.py).
 -- `picked` holds the rows locked and re-checked as PENDING, so evora.claim_jobs() moves them
 -- by id alone.
 -- While any concurrency or rate limit exists, evora.claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
@@ -48,14 +41,7 @@ WITH picked AS (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
         FROM evora.jobs j
         WHERE evora.claimable(j, q.queue, evora.clock_now(), $2::text[])
-          AND (j.group_key IS NULL OR (
-                (SELECT true FROM evora.jobs r
-                 WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
-                 LIMIT 1) IS NULL
-                AND (SELECT true FROM evora.jobs e
-                     WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
-                       AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-                     LIMIT 1) IS NULL))
+          AND {{rule:group_turn}}
         ORDER BY j.priority, j.run_at, j.submit_seq
         LIMIT $3
         FOR UPDATE OF j SKIP LOCKED
