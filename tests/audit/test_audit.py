@@ -140,6 +140,23 @@ async def test_an_ending_that_is_not_the_claims_attempt(
 
 
 @broken
+async def test_snoozes_that_do_not_match_the_snoozed_events(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A snooze is uncounted as an attempt and counted in `snoozes`: a job whose count
+    disagrees with its `snoozed` events fails snoozes_counted, one that agrees passes."""
+    honest, forged = await submitted(store, 2)
+    for job in await claimed(store, 2):
+        await store.snooze(job["id"], job["lease_token"], delay_seconds=1)
+    await pool.execute("UPDATE evora.jobs SET snoozes = 3 WHERE id = $1", forged)
+
+    found = failing(await audited(pool))
+    assert list(found) == ["snoozes_counted"]
+    assert [j for j, _ in found["snoozes_counted"]] == [{str(forged)}]
+    assert (await store.get(honest))["snoozes"] == 1
+
+
+@broken
 async def test_two_running_jobs_of_one_group(store: JobStore, pool: asyncpg.Pool) -> None:
     head, second = await submitted(store, 2, group_key="g")
     await claimed(store)

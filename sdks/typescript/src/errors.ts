@@ -243,6 +243,21 @@ export class NonRetryableError extends Error {
   }
 }
 
+/**
+ * Throw from a handler to run the job again in `seconds` (more than 0, at most 30 days)
+ * without using up an attempt: the worker snoozes it (`POST /v1/jobs/{id}/snooze`,
+ * docs/jobs-that-wait.md). If a cancel was requested, the job is cancelled instead.
+ */
+export class Snooze extends Error {
+  readonly seconds: number;
+
+  constructor(seconds: number) {
+    super(`snooze for ${seconds} s`);
+    this.name = "Snooze";
+    this.seconds = seconds;
+  }
+}
+
 /** The reason a job's signal aborts when its cancellation was requested. */
 export class JobCancelledError extends Error {
   constructor(jobId: string) {

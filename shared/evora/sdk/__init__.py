@@ -34,6 +34,7 @@ from evora.sdk.errors import (
     RequestValidationError,
     ScheduleNotFoundError,
     ServerError,
+    Snooze,
     UnauthorizedError,
 )
 from evora.sdk.handlers import Handler, Handlers, Job
@@ -71,6 +72,7 @@ __all__ = [
     "RetryBackoff",
     "ScheduleNotFoundError",
     "ServerError",
+    "Snooze",
     "Submission",
     "SubmitOptions",
     "SubmitReceipt",

@@ -247,6 +247,18 @@ class NonRetryable(Exception):
     retryable: ClassVar[bool] = False
 
 
+class Snooze(Exception):
+    """Raise from a handler to run the job again in `seconds` (more than 0, at most 30 days)
+    without using up an attempt: the worker snoozes it (`POST /v1/jobs/{id}/snooze`,
+    docs/jobs-that-wait.md). For polling something external without burning retries; the
+    job's `snoozes` counts the times. If a cancel was requested, the job is cancelled
+    instead."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"snooze for {seconds} s")
+        self.seconds = seconds
+
+
 class JobCancelled(Exception):
     """Raised by `Job.raise_if_cancel_requested()`.
 

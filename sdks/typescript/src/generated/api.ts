@@ -205,6 +205,8 @@ export interface JobResponse {
   group_key: string | null;
   idempotency_key: string | null;
   attempt: number;
+  /** times a worker snoozed it (docs/jobs-that-wait.md): not counted in attempt */
+  snoozes: number;
   max_attempts: number;
   lease_seconds: number;
   run_at: string;

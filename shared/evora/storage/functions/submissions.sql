@@ -137,8 +137,33 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
                     "max_multiplier": 1000},
         "max_dependencies": 1000,
-        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
+        "max_error_message": 8192,
+        "max_error_traceback": 8192,
+        "max_error_type": 255
     }'::jsonb
+$$;
+
+-- Client JSON (a payload, or a result evora.complete() stores) as `POST /v1/jobs` and the
+-- dispatcher take it: at most max_payload_bytes encoded (PostgreSQL's text form), and no
+-- number a double cannot hold (it rounds to infinity: from the midpoint between the largest
+-- double and 2^1024 on), so every client can read what it gets. Returns `value`.
+CREATE OR REPLACE FUNCTION evora.client_json(value jsonb, field text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+BEGIN
+    IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
+        PERFORM evora.reject(field, format('is %s bytes encoded; the limit is %s',
+                                           octet_length(value::text), lim ->> 'max_payload_bytes'));
+    END IF;
+    IF jsonb_path_exists(value,
+            '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
+            jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
+        PERFORM evora.reject(field, 'holds a number beyond the range of a double');
+    END IF;
+    RETURN value;
+END
 $$;
 
 -- A `limit_keys` field: a JSON array of distinct keys, each of the limit key alphabet
@@ -209,21 +234,7 @@ BEGIN
         WHEN 'queue', 'type' THEN
             NULL;
         WHEN 'payload' THEN
-            IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
-                PERFORM evora.reject(at || field, format(
-                    'is %s bytes encoded; the limit is %s',
-                    octet_length(value::text), lim ->> 'max_payload_bytes'));
-            END IF;
-            -- A number a double cannot hold (it rounds to infinity: from the midpoint
-            -- between the largest double and 2^1024 on) is refused, as `POST /v1/jobs`
-            -- refuses it: one rule for both ways in, and every client can read what it gets.
-            IF jsonb_path_exists(value,
-                    '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
-                    jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
-                PERFORM evora.reject(at || field,
-                                     'holds a number beyond the range of a double');
-            END IF;
-            s.payload := value;
+            s.payload := evora.client_json(value, at || field);
         WHEN 'priority' THEN
             s.priority := evora.number_field(value, at || field,
                 (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);

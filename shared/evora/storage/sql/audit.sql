@@ -39,7 +39,7 @@ LIMIT $2::int8;
 -- name: jobs_of
 -- $1 job ids: those that still exist, with what the events do not carry.
 SELECT j.id, j.state::text AS state, j.version, j.queue, j.limit_keys,
-       j.on_dependency_failure
+       j.on_dependency_failure, j.snoozes
 FROM evora.jobs j
 WHERE j.id = ANY($1::uuid[]);
 
