@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,11 +111,13 @@ async def drain(
     argv: list[str],
     jobs: int,
     concurrency: int,
+    extra: Sequence[str] = (),
 ) -> Drain:
     queue = f"drain-{worker}-{int(time.time() * 1000)}"
     async with Client(system.urls["api"], system.tokens["producer"]) as client:
         await enqueue(client, queue, jobs)
     args = [system.urls["dispatcher"], system.tokens["worker"], queue, JOB_TYPE, str(concurrency)]
+    args += extra  # a worker's own arguments after the common ones
     conn = await asyncpg.connect(dsn)
     child: Child | None = None
     try:
@@ -137,7 +140,13 @@ async def drain(
             child.stop()
 
 
-async def measure(args: argparse.Namespace, workers: dict[str, list[str]]) -> list[Drain]:
+async def measure(
+    args: argparse.Namespace,
+    workers: dict[str, list[str]],
+    extra: Mapping[str, list[str]] | None = None,
+) -> list[Drain]:
+    """Drains with each of `workers` in turn, `args.rounds` times (interleaved); `extra`:
+    arguments of a worker's own, after the ones every worker gets."""
     results: list[Drain] = []
     with (
         tempfile.TemporaryDirectory(prefix="evora-ts-bench-") as tmp,
@@ -151,7 +160,14 @@ async def measure(args: argparse.Namespace, workers: dict[str, list[str]]) -> li
             for _ in range(args.rounds):
                 for name, argv in workers.items():
                     result = await drain(
-                        system, children, dsn, name, argv, args.jobs, args.concurrency
+                        system,
+                        children,
+                        dsn,
+                        name,
+                        argv,
+                        args.jobs,
+                        args.concurrency,
+                        (extra or {}).get(name, []),
                     )
                     print(result.line(), flush=True)
                     results.append(result)

@@ -1,0 +1,130 @@
+"""The plain HTTP reference worker (examples/plain_http_worker.py: aiohttp and JSON, no SDK)
+as a process of its own against the real api and dispatcher: it drains a few hundred jobs,
+and an outcome it carries with a lease token that is no longer the job's is answered 409 for
+that item only, the rest of its batch recorded."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from tests.e2e.conftest import WORKER_HEADERS, Children, Stack, child_env
+from tests.servers import WORKER_TOKEN
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plain_http_worker.py"
+
+# The example's own loop with a handler that holds a job whose payload names a file until
+# that file exists, so the test can take the job's lease away while it runs.
+HOLDING_WORKER = """
+import asyncio, os, runpy, sys
+example = runpy.run_path(sys.argv[1])
+async def work(job):
+    hold = job["payload"].get("hold")
+    while hold and not os.path.exists(hold):
+        await asyncio.sleep(0.01)
+    return job["payload"]
+example["main"](sys.argv[2:], work)
+"""
+
+JOBS = 300
+
+
+async def test_plain_worker_drains_and_a_stale_ack_is_refused_alone(
+    stack: Stack, children: Children, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    held = await stack.client.submit("plain", "plain.echo", {"hold": str(gate)})
+    batch = await stack.client.submit_batch(
+        [{"queue": "plain", "type": "plain.echo", "payload": {"i": i}} for i in range(JOBS)],
+        return_jobs=False,
+    )
+    held_id = held.id
+    worker = await children.spawn(
+        "plain-worker",
+        [
+            sys.executable,
+            "-c",
+            HOLDING_WORKER,
+            str(EXAMPLE),
+            stack.dispatcher_url,
+            WORKER_TOKEN,
+            "plain",
+            "--max-jobs",
+            "50",
+            "--wait-seconds",
+            "1",
+        ],
+        child_env(),
+    )
+
+    async def held_running() -> bool:
+        assert worker.running, worker.output()
+        state = await stack.pool.fetchval("SELECT state FROM evora.jobs WHERE id = $1", held_id)
+        return bool(state == "RUNNING")
+
+    await stack.until(held_running, within=30, what="the held job runs")
+    # Another worker's view: the lease the plain worker holds is handed back, so the token
+    # it will ack with is stale. The job runs again (on the other lane) once released.
+    token = await stack.pool.fetchval(
+        "SELECT lease_token::text FROM evora.jobs WHERE id = $1", held_id
+    )
+    async with stack.http.post(
+        f"{stack.dispatcher_url}/v1/jobs/{held_id}/release",
+        json={"lease_token": token},
+        headers=WORKER_HEADERS,
+    ) as response:
+        assert response.status == 200, await response.text()
+    gate.touch()
+
+    await stack.wait_for_states("plain", {"COMPLETED": JOBS + 1}, within=60)
+    attempts = dict(
+        await stack.pool.fetch(
+            "SELECT id::text, attempt FROM evora.jobs WHERE queue = 'plain'",
+        )
+    )
+    assert set(attempts) == {held_id} | {receipt.id for receipt in batch}
+    assert set(attempts.values()) == {1}  # a release does not use up an attempt
+    assert await stack.event_names(held_id) == [
+        "submitted",
+        "claimed",
+        "released",
+        "claimed",
+        "completed",  # by the second run: the first one's outcome was refused
+    ]
+    # The stale outcome rode with 49 others in one claim: only its item was refused.
+    refused = [line for line in worker.output().splitlines() if "outcome refused" in line]
+    assert refused == [f"job {held_id}: outcome refused (409)"]
+
+    worker.send(signal.SIGTERM)
+    assert await worker.wait(within=15) == 0, worker.output()
+
+
+async def test_plain_worker_releases_what_it_holds_on_sigterm(
+    stack: Stack, children: Children, tmp_path: Path
+) -> None:
+    held = await stack.client.submit(
+        "plain", "plain.echo", {"hold": str(tmp_path / "never")}, max_attempts=3
+    )
+    worker = await children.spawn(
+        "plain-worker",
+        [
+            sys.executable,
+            "-c",
+            HOLDING_WORKER,
+            str(EXAMPLE),
+            stack.dispatcher_url,
+            WORKER_TOKEN,
+            "plain",
+            "--grace-seconds",
+            "0.5",
+        ],
+        child_env(),
+    )
+    await stack.wait_for_states("plain", {"RUNNING": 1}, within=30)
+    worker.send(signal.SIGTERM)
+    assert await worker.wait(within=15) == 0, worker.output()
+    job = await stack.pool.fetchrow(
+        "SELECT state::text AS state, attempt FROM evora.jobs WHERE id = $1", held.id
+    )
+    assert (job["state"], job["attempt"]) == ("PENDING", 0)  # released, not failed
