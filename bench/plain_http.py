@@ -2,9 +2,9 @@
 and JSON, no SDK) next to the Python SDK worker, on the same Evora deployment in the same run
 (issue #33: the plain worker drains at least 80 % of what the SDK worker does).
 
-Each round drains N no-op jobs with each worker in turn (interleaved, as
-`bench.typescript_worker` drains them: a queue of their own, timed from the worker's READY
-until PostgreSQL shows every job COMPLETED). Both hold at most `--concurrency` jobs: the SDK
+Each round drains N no-op jobs with each worker in turn, as `bench.typescript_worker` drains
+them (a queue of their own, timed from the worker's READY until PostgreSQL shows every job
+COMPLETED), the order reversed every other round. Both hold at most `--concurrency` jobs: the SDK
 worker as its concurrency, the plain one as `--lanes` claim loops of concurrency / lanes
 jobs each. Prints every drain, then per worker the median and spread of jobs/s and the
 ratio of the medians.
@@ -53,7 +53,9 @@ def main(args: argparse.Namespace) -> None:
         "sdk": [sys.executable, "-c", PYTHON_WORKER],
         "plain-http": [sys.executable, "-c", PLAIN_WORKER],
     }
-    results = loops.run(measure(args, workers, extra={"plain-http": [script, str(args.lanes)]}))
+    results = loops.run(
+        measure(args, workers, extra={"plain-http": [script, str(args.lanes)]}, alternate=True)
+    )
     print(
         f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {procstats.cpu_model()}, "
         f"{procstats.memory_total_gib():.0f} GiB, Python {platform.python_version()}, "
@@ -63,12 +65,13 @@ def main(args: argparse.Namespace) -> None:
     for name, drains in by_worker.items():
         print(summary(name, drains))
     sdk, plain = (statistics.median(d.rate for d in by_worker[n]) for n in workers)
-    ratios = sorted(
+    ratios = [
         p.rate / s.rate for s, p in zip(by_worker["sdk"], by_worker["plain-http"], strict=True)
-    )
+    ]
     print(
         f"plain-http / sdk: {plain / sdk:.0%} of the medians; per round "
         + ", ".join(f"{r:.0%}" for r in ratios)
+        + " (in order)"
     )
 
 

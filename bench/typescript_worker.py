@@ -144,9 +144,13 @@ async def measure(
     args: argparse.Namespace,
     workers: dict[str, list[str]],
     extra: Mapping[str, list[str]] | None = None,
+    *,
+    alternate: bool = False,
 ) -> list[Drain]:
     """Drains with each of `workers` in turn, `args.rounds` times (interleaved); `extra`:
-    arguments of a worker's own, after the ones every worker gets."""
+    arguments of a worker's own, after the ones every worker gets. `alternate` reverses the
+    order every other round, so no worker always drains first (on the stack still warming
+    up) or last (on a table grown by the others' jobs)."""
     results: list[Drain] = []
     with (
         tempfile.TemporaryDirectory(prefix="evora-ts-bench-") as tmp,
@@ -157,8 +161,9 @@ async def measure(
             dsn = await cluster.fresh_database("tsbench")
             system = EvoraSystem(children, cluster.mongo_url)
             await system.start(dsn, "tsbench")
-            for _ in range(args.rounds):
-                for name, argv in workers.items():
+            for round in range(args.rounds):
+                order = list(workers.items())
+                for name, argv in reversed(order) if alternate and round % 2 else order:
                     result = await drain(
                         system,
                         children,
