@@ -76,7 +76,6 @@ class PlainWorker:
         self.wait_seconds = wait_seconds
         self.grace_seconds = grace_seconds
         self.stopping = asyncio.Event()
-        self.lost: list[str] = []  # ids answered 409 lease_lost (for logs and tests)
 
     async def post(self, http: aiohttp.ClientSession, path: str, body: Any) -> Any:
         """One request: the decoded answer, `Refused` for a 4xx but 408/429, and
@@ -129,7 +128,6 @@ class PlainWorker:
             if result["status"] != 200:
                 # 409: the lease ran out (or the job was cancelled or claimed again) and the
                 # outcome was not recorded; the job runs again or has ended elsewhere.
-                self.lost.append(ack["id"])
                 print(f"job {ack['id']}: outcome refused ({result['status']})", file=sys.stderr)
 
     async def send_acks(
@@ -159,7 +157,8 @@ class PlainWorker:
         if not jobs:
             return []
         tasks = {asyncio.create_task(self.handle(job)): job for job in jobs}
-        heartbeats = asyncio.create_task(self.heartbeat(http, tasks))
+        lost: set[str] = set()  # jobs whose heartbeat was answered 409: not ours any more
+        heartbeats = asyncio.create_task(self.heartbeat(http, tasks, lost))
         stop = asyncio.create_task(self.stopping.wait())
         try:
             running: set[asyncio.Future[Any]] = set(tasks)
@@ -176,9 +175,11 @@ class PlainWorker:
         acks: list[dict[str, Any]] = []
         for task, job in tasks.items():
             ack = {"id": job["id"], "lease_token": job["lease_token"]}
-            if not task.done() or task.cancelled():
-                # Still running after the grace, or stopped for a cancel request or a lost
-                # lease: hand it back (a requested cancel makes it CANCELLED).
+            if job["id"] in lost:
+                task.cancel()
+            elif not task.done() or task.cancelled():
+                # Still running after the grace, or stopped for a cancel request: hand it
+                # back (a requested cancel makes it CANCELLED).
                 task.cancel()
                 await self.release(http, ack)
             elif (exc := task.exception()) is not None:
@@ -190,7 +191,10 @@ class PlainWorker:
         return acks
 
     async def heartbeat(
-        self, http: aiohttp.ClientSession, tasks: dict[asyncio.Task[Any], dict[str, Any]]
+        self,
+        http: aiohttp.ClientSession,
+        tasks: dict[asyncio.Task[Any], dict[str, Any]],
+        lost: set[str],
     ) -> None:
         """While jobs of the batch run, extend their leases every third of the shortest."""
         every = min(job["lease_seconds"] for job in tasks.values()) / 3
@@ -203,7 +207,7 @@ class PlainWorker:
                 try:
                     answer = await self.post(http, path, {"lease_token": job["lease_token"]})
                 except Refused:  # 409 lease_lost: someone else owns the job now
-                    self.lost.append(job["id"])
+                    lost.add(job["id"])
                     task.cancel()
                     continue
                 except (aiohttp.ClientError, TimeoutError):

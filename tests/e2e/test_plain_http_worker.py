@@ -30,6 +30,14 @@ example["main"](sys.argv[2:], work)
 JOBS = 300
 
 
+def holding_worker(stack: Stack, *options: str) -> list[str]:
+    """The command running that worker on queue `plain` of `stack`."""
+    return [
+        *(sys.executable, "-c", HOLDING_WORKER, str(EXAMPLE)),
+        *(stack.dispatcher_url, WORKER_TOKEN, "plain", *options),
+    ]
+
+
 async def test_plain_worker_drains_and_a_stale_ack_is_refused_alone(
     stack: Stack, children: Children, tmp_path: Path
 ) -> None:
@@ -42,19 +50,7 @@ async def test_plain_worker_drains_and_a_stale_ack_is_refused_alone(
     held_id = held.id
     worker = await children.spawn(
         "plain-worker",
-        [
-            sys.executable,
-            "-c",
-            HOLDING_WORKER,
-            str(EXAMPLE),
-            stack.dispatcher_url,
-            WORKER_TOKEN,
-            "plain",
-            "--max-jobs",
-            "50",
-            "--wait-seconds",
-            "1",
-        ],
+        holding_worker(stack, "--max-jobs", "50", "--wait-seconds", "1"),
         child_env(),
     )
 
@@ -108,17 +104,7 @@ async def test_plain_worker_releases_what_it_holds_on_sigterm(
     )
     worker = await children.spawn(
         "plain-worker",
-        [
-            sys.executable,
-            "-c",
-            HOLDING_WORKER,
-            str(EXAMPLE),
-            stack.dispatcher_url,
-            WORKER_TOKEN,
-            "plain",
-            "--grace-seconds",
-            "0.5",
-        ],
+        holding_worker(stack, "--grace-seconds", "0.5"),
         child_env(),
     )
     await stack.wait_for_states("plain", {"RUNNING": 1}, within=30)
@@ -128,3 +114,36 @@ async def test_plain_worker_releases_what_it_holds_on_sigterm(
         "SELECT state::text AS state, attempt FROM evora.jobs WHERE id = $1", held.id
     )
     assert (job["state"], job["attempt"]) == ("PENDING", 0)  # released, not failed
+
+
+async def test_plain_worker_heartbeats_and_stops_a_job_cancelled_while_it_runs(
+    stack: Stack, children: Children, tmp_path: Path
+) -> None:
+    held = await stack.client.submit(
+        "plain", "plain.echo", {"hold": str(tmp_path / "never")}, lease_seconds=3
+    )
+    worker = await children.spawn(
+        "plain-worker",
+        holding_worker(stack),
+        child_env(),
+    )
+    await stack.wait_for_states("plain", {"RUNNING": 1}, within=30)
+    first = await stack.pool.fetchval(
+        "SELECT lease_expires_at FROM evora.jobs WHERE id = $1", held.id
+    )
+
+    async def extended() -> bool:
+        assert worker.running, worker.output()
+        now = await stack.pool.fetchval(
+            "SELECT lease_expires_at FROM evora.jobs WHERE id = $1", held.id
+        )
+        return bool(now > first)
+
+    await stack.until(extended, within=10, what="a heartbeat extends the 3 s lease")
+    await stack.client.cancel(held.id)
+    # The next heartbeat learns of it; the worker stops the handler and releases the job.
+    await stack.wait_for_states("plain", {"CANCELLED": 1}, within=10)
+    events = await stack.event_names(held.id)
+    assert events == ["submitted", "claimed", "cancel_requested", "cancelled"]
+    worker.send(signal.SIGTERM)
+    assert await worker.wait(within=15) == 0, worker.output()
