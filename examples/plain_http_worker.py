@@ -13,7 +13,7 @@ The loop, in each of `lanes` (default 2) concurrent copies, each on a kept-alive
    while any still runs (a 409 there: the lease is lost, drop the job; `cancel_requested`:
    stop it and release it);
 3. back to 1 with their outcomes. Two lanes keep one claim on its way while the other
-   lane's jobs run, so the worker never idles for a round trip.
+   lane's jobs run, hiding the network's round trip between batches.
 
 A claim that fails (connection error, 5xx, 429) is retried after an exponential backoff with
 jitter; the outcomes it carried are sent again by `POST /v1/acks` (repeating an outcome
