@@ -10,6 +10,7 @@ jobs each. Prints every drain, then per worker the median and spread of jobs/s a
 ratio of the medians.
 
     python -m bench.plain_http [--jobs 20000] [--concurrency 100] [--lanes 2] [--rounds 3]
+                               [--acks-apart]
 """
 
 from __future__ import annotations
@@ -28,11 +29,28 @@ from evora import loops
 # `bench.typescript_worker.drain` passes url, token, queue, job type and concurrency.
 PLAIN_WORKER = """
 import runpy, sys
-url, token, queue, job_type, concurrency, path, lanes = sys.argv[1:8]
-sys.argv = [path, url, token, queue, "--type", job_type, "--lanes", lanes,
-            "--max-jobs", str(int(concurrency) // int(lanes))]
+url, token, queue, job_type, concurrency, path, lanes, apart = sys.argv[1:9]
+argv = [url, token, queue, "--type", job_type, "--lanes", lanes,
+        "--max-jobs", str(int(concurrency) // int(lanes))]
 print("READY", flush=True)
-runpy.run_path(path, run_name="__main__")
+if apart == "no":
+    sys.argv = [path, *argv]
+    runpy.run_path(path, run_name="__main__")
+else:
+    # For comparison only: the outcomes go by POST /v1/acks just before each claim instead
+    # of riding in it (one more request per batch); the claim and its results are as before.
+    example = runpy.run_path(path)
+
+    class AcksApart(example["PlainWorker"]):
+        async def post(self, http, path, body):
+            if path != "/v1/claim" or not body["acks"]:
+                return await super().post(http, path, body)
+            results = (await super().post(http, "/v1/acks", {"acks": body["acks"]}))["results"]
+            answer = await super().post(http, path, {**body, "acks": []})
+            return {**answer, "results": results}
+
+    example["main"].__globals__["PlainWorker"] = AcksApart
+    example["main"](argv)
 """
 
 
@@ -54,12 +72,18 @@ def main(args: argparse.Namespace) -> None:
         "plain-http": [sys.executable, "-c", PLAIN_WORKER],
     }
     results = loops.run(
-        measure(args, workers, extra={"plain-http": [script, str(args.lanes)]}, alternate=True)
+        measure(
+            args,
+            workers,
+            extra={"plain-http": [script, str(args.lanes), "yes" if args.acks_apart else "no"]},
+            alternate=True,
+        )
     )
     print(
         f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {procstats.cpu_model()}, "
         f"{procstats.memory_total_gib():.0f} GiB, Python {platform.python_version()}, "
         f"{args.jobs} jobs a drain, concurrency {args.concurrency}, {args.lanes} lanes"
+        + (", plain worker's outcomes by POST /v1/acks beside the claim" if args.acks_apart else "")
     )
     by_worker = {name: [r for r in results if r.worker == name] for name in workers}
     for name, drains in by_worker.items():
@@ -81,4 +105,9 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--lanes", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--acks-apart",
+        action="store_true",
+        help="the plain worker sends outcomes by POST /v1/acks before each claim, not in it",
+    )
     main(parser.parse_args())
