@@ -9,18 +9,22 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.e2e.conftest import WORKER_HEADERS, Children, Stack, child_env
+from tests.e2e.conftest import WORKER_HEADERS, Child, Children, Stack, child_env
 from tests.servers import WORKER_TOKEN
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plain_http_worker.py"
 
 # The example's own loop with a handler that holds a job whose payload names a file until
-# that file exists, so the test can take the job's lease away while it runs.
+# that file exists, so the test can take the job's lease away while it runs; it writes
+# `<file>.started` first, when the worker has the job (RUNNING in PostgreSQL comes before:
+# the claim's answer may still be on its way).
 HOLDING_WORKER = """
 import asyncio, os, runpy, sys
 example = runpy.run_path(sys.argv[1])
 async def work(job):
     hold = job["payload"].get("hold")
+    if hold:
+        open(hold + ".started", "w").close()
     while hold and not os.path.exists(hold):
         await asyncio.sleep(0.01)
     return job["payload"]
@@ -28,6 +32,17 @@ example["main"](sys.argv[2:], work)
 """
 
 JOBS = 300
+
+
+async def started(stack: Stack, worker: Child, hold: Path) -> None:
+    """Until the held job's handler runs in `worker`."""
+    marker = hold.with_name(hold.name + ".started")
+
+    def running() -> bool:
+        assert worker.running, worker.output()
+        return marker.exists()
+
+    await stack.until(running, within=30, what="the held job's handler runs")
 
 
 def holding_worker(stack: Stack, *options: str) -> list[str]:
@@ -54,12 +69,7 @@ async def test_plain_worker_drains_and_a_stale_ack_is_refused_alone(
         child_env(),
     )
 
-    async def held_running() -> bool:
-        assert worker.running, worker.output()
-        state = await stack.pool.fetchval("SELECT state FROM evora.jobs WHERE id = $1", held_id)
-        return bool(state == "RUNNING")
-
-    await stack.until(held_running, within=30, what="the held job runs")
+    await started(stack, worker, gate)
     # Another worker's view: the lease the plain worker holds is handed back, so the token
     # it will ack with is stale. The job runs again (on the other lane) once released.
     token = await stack.pool.fetchval(
@@ -99,21 +109,26 @@ async def test_plain_worker_drains_and_a_stale_ack_is_refused_alone(
 async def test_plain_worker_releases_what_it_holds_on_sigterm(
     stack: Stack, children: Children, tmp_path: Path
 ) -> None:
-    held = await stack.client.submit(
-        "plain", "plain.echo", {"hold": str(tmp_path / "never")}, max_attempts=3
-    )
+    never = tmp_path / "never"
+    held = await stack.client.submit("plain", "plain.echo", {"hold": str(never)})
     worker = await children.spawn(
         "plain-worker",
         holding_worker(stack, "--grace-seconds", "0.5"),
         child_env(),
     )
-    await stack.wait_for_states("plain", {"RUNNING": 1}, within=30)
+    await started(stack, worker, never)
     worker.send(signal.SIGTERM)
     assert await worker.wait(within=15) == 0, worker.output()
-    job = await stack.pool.fetchrow(
-        "SELECT state::text AS state, attempt FROM evora.jobs WHERE id = $1", held.id
-    )
-    assert (job["state"], job["attempt"]) == ("PENDING", 0)  # released, not failed
+
+    # Polled: the other lane's long-poll, dropped on SIGTERM, may still be held by the
+    # dispatcher when the job is released, claim it and release it again as undeliverable.
+    async def released() -> bool:
+        job = await stack.pool.fetchrow(
+            "SELECT state::text AS state, attempt FROM evora.jobs WHERE id = $1", held.id
+        )
+        return bool((job["state"], job["attempt"]) == ("PENDING", 0))  # released, not failed
+
+    await stack.until(released, within=10, what="the held job is PENDING, its attempt unused")
 
 
 async def test_plain_worker_heartbeats_and_stops_a_job_cancelled_while_it_runs(
