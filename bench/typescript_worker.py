@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,11 +111,13 @@ async def drain(
     argv: list[str],
     jobs: int,
     concurrency: int,
+    extra: Sequence[str] = (),
 ) -> Drain:
     queue = f"drain-{worker}-{int(time.time() * 1000)}"
     async with Client(system.urls["api"], system.tokens["producer"]) as client:
         await enqueue(client, queue, jobs)
     args = [system.urls["dispatcher"], system.tokens["worker"], queue, JOB_TYPE, str(concurrency)]
+    args += extra  # a worker's own arguments after the common ones
     conn = await asyncpg.connect(dsn)
     child: Child | None = None
     try:
@@ -137,7 +140,17 @@ async def drain(
             child.stop()
 
 
-async def measure(args: argparse.Namespace, workers: dict[str, list[str]]) -> list[Drain]:
+async def measure(
+    args: argparse.Namespace,
+    workers: dict[str, list[str]],
+    extra: Mapping[str, list[str]] | None = None,
+    *,
+    alternate: bool = False,
+) -> list[Drain]:
+    """Drains with each of `workers` in turn, `args.rounds` times (interleaved); `extra`:
+    arguments of a worker's own, after the ones every worker gets. `alternate` reverses the
+    order every other round, so no worker always drains first (on the stack still warming
+    up) or last (on a table grown by the others' jobs)."""
     results: list[Drain] = []
     with (
         tempfile.TemporaryDirectory(prefix="evora-ts-bench-") as tmp,
@@ -148,10 +161,18 @@ async def measure(args: argparse.Namespace, workers: dict[str, list[str]]) -> li
             dsn = await cluster.fresh_database("tsbench")
             system = EvoraSystem(children, cluster.mongo_url)
             await system.start(dsn, "tsbench")
-            for _ in range(args.rounds):
-                for name, argv in workers.items():
+            for round in range(args.rounds):
+                order = list(workers.items())
+                for name, argv in reversed(order) if alternate and round % 2 else order:
                     result = await drain(
-                        system, children, dsn, name, argv, args.jobs, args.concurrency
+                        system,
+                        children,
+                        dsn,
+                        name,
+                        argv,
+                        args.jobs,
+                        args.concurrency,
+                        (extra or {}).get(name, []),
                     )
                     print(result.line(), flush=True)
                     results.append(result)
