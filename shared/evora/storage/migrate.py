@@ -51,6 +51,11 @@ import asyncpg
 
 from evora.storage import locks
 from evora.storage.db import Pooler, connect
+from evora.storage.retention import (
+    EVENT_PARTITION_SECONDS,
+    EVENT_PARTITIONS_AHEAD,
+    MAKE_EVENT_PARTITIONS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +212,16 @@ async def stale_function_files(conn: asyncpg.Connection) -> list[str]:
 
 
 async def apply_migrations(
-    dsn: str, *, upto: int | None = None, pooler: Pooler = "none"
+    dsn: str,
+    *,
+    upto: int | None = None,
+    pooler: Pooler = "none",
+    event_partition_seconds: int = EVENT_PARTITION_SECONDS,
+    event_partitions_ahead: int = EVENT_PARTITIONS_AHEAD,
 ) -> list[int]:
-    """Bring the database at `dsn` (behind `pooler`) up to date, the function files included
-    (or up to version `upto`, without them); return the migration versions this call
-    applied."""
+    """Bring the database at `dsn` (behind `pooler`) up to date, the function files included,
+    and job_events' partitions made ahead as the sweeper makes them (or up to version
+    `upto`, without either); return the migration versions this call applied."""
     if pooler == "transaction":
         # The lock below is the session's: behind a transaction-mode pooler it would stay on
         # whichever server connection took it (and the unlock run on another), so two
@@ -238,6 +248,16 @@ async def apply_migrations(
                 await _retrying_locks(what, partial(_apply, conn, group, files=files))
             if not groups and upto is None:
                 await _retrying_locks("the function files", partial(_apply, conn, [], files=True))
+            if upto is None:
+                await _retrying_locks(
+                    "job_events' partitions",
+                    partial(
+                        conn.execute,
+                        MAKE_EVENT_PARTITIONS,
+                        event_partition_seconds,
+                        event_partitions_ahead,
+                    ),
+                )
             return [m.version for group in groups for m in group]
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", locks.MIGRATIONS)
