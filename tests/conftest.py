@@ -206,20 +206,21 @@ class Clock:
         self._renew = list(renew)
         self.offset = 0.0
 
-    async def advance(self, seconds: float) -> None:
+    async def advance(self, seconds: float, *, partitions: bool = True) -> None:
         self.offset += seconds
         await _admin(
             self._admin_dsn,
             f'ALTER DATABASE "{self._database}" SET evora.clock_offset = '
             f"'{self.offset!r} seconds'",
         )
-        conn = await asyncpg.connect(self._dsn)
-        try:
-            await conn.execute(
-                MAKE_EVENT_PARTITIONS, EVENT_PARTITION_SECONDS, EVENT_PARTITIONS_AHEAD
-            )
-        finally:
-            await conn.close()
+        if partitions:
+            conn = await asyncpg.connect(self._dsn)
+            try:
+                await conn.execute(
+                    MAKE_EVENT_PARTITIONS, EVENT_PARTITION_SECONDS, EVENT_PARTITIONS_AHEAD
+                )
+            finally:
+                await conn.close()
         for pool in self._renew:
             await pool.expire_connections()
 
