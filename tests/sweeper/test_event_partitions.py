@@ -137,7 +137,9 @@ async def test_partitions_are_made_ahead_as_the_clock_runs(
     ids = await submit(store, 2)
     # The clock runs past every partition, with no sweeper to make new ones...
     await clock.advance(10 * DAY, partitions=False)
-    assert await pool.fetchval("SELECT evora.clock_now() > max(upper) FROM evora.event_partitions()")
+    assert await pool.fetchval(
+        "SELECT evora.clock_now() > max(upper) FROM evora.event_partitions()"
+    )
     with pytest.raises(asyncpg.PostgresError, match="no partition"):
         await cancel(store, ids[:1])
     # ...a retention round makes them: hourly ones here, three ahead of the clock
@@ -155,7 +157,9 @@ async def test_partitions_are_made_ahead_as_the_clock_runs(
     assert all(r["width"].total_seconds() == 3600 for r in newest)
     assert all(r["name"].startswith("job_events_p") and r["name"][-4:] == "0000" for r in newest)
     await sweeper.observe()
-    assert sweeper._metrics.event_partitions_ahead._value.get() == pytest.approx(float(ahead), abs=60)
+    assert sweeper._metrics.event_partitions_ahead._value.get() == pytest.approx(
+        float(ahead), abs=60
+    )
 
 
 async def test_a_reader_of_the_partition_delays_its_drop_and_never_blocks_writers(
@@ -205,4 +209,3 @@ async def test_a_reader_of_the_partition_delays_its_drop_and_never_blocks_writer
     assert (await make_sweeper().prune_due())["event_partitions"] >= 1
     assert old not in await partitions(pool)
     assert await event_count(pool) == 3
-
