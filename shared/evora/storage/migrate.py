@@ -230,6 +230,7 @@ async def apply_migrations(
             "migrations need a session of their own: set EVORA_DIRECT_DATABASE_URL to "
             "PostgreSQL itself (or a session-mode pool)"
         )
+    partitions = (event_partition_seconds, event_partitions_ahead)
     conn = await connect(dsn, statement_timeout=None, pooler=pooler)
     try:
         # Waits for another migrator as long as it takes (it holds no lock a query needs),
@@ -245,18 +246,13 @@ async def apply_migrations(
                 if head is not None:
                     await _retrying_locks(what, partial(conn.execute, head))
                 files = upto is None and n == len(groups) - 1
-                await _retrying_locks(what, partial(_apply, conn, group, files=files))
-            if not groups and upto is None:
-                await _retrying_locks("the function files", partial(_apply, conn, [], files=True))
-            if upto is None:
                 await _retrying_locks(
-                    "job_events' partitions",
-                    partial(
-                        conn.execute,
-                        MAKE_EVENT_PARTITIONS,
-                        event_partition_seconds,
-                        event_partitions_ahead,
-                    ),
+                    what, partial(_apply, conn, group, files=files, partitions=partitions)
+                )
+            if not groups and upto is None:
+                await _retrying_locks(
+                    "the function files",
+                    partial(_apply, conn, [], files=True, partitions=partitions),
                 )
             return [m.version for group in groups for m in group]
         finally:
@@ -312,8 +308,16 @@ def _groups(pending: list[Migration]) -> list[list[Migration]]:
     return groups
 
 
-async def _apply(conn: asyncpg.Connection, group: list[Migration], *, files: bool) -> None:
-    """The migrations of `group`, then (`files`) the function files, in one transaction."""
+async def _apply(
+    conn: asyncpg.Connection,
+    group: list[Migration],
+    *,
+    files: bool,
+    partitions: tuple[int, int] = (EVENT_PARTITION_SECONDS, EVENT_PARTITIONS_AHEAD),
+) -> None:
+    """The migrations of `group`, then (`files`) the function files and job_events'
+    partitions made ahead (`partitions`: width in seconds, how many), in one transaction:
+    migration 0032's first partition ends a minute after it starts."""
     async with conn.transaction():
         for migration in group:
             await conn.execute(migration.sql)
@@ -327,6 +331,7 @@ async def _apply(conn: asyncpg.Connection, group: list[Migration], *, files: boo
             )
         if files:
             await _apply_function_files(conn, after_migrations=bool(group))
+            await conn.execute(MAKE_EVENT_PARTITIONS, *partitions)
     for migration in group:
         log.info("applied migration %04d_%s", migration.version, migration.name)
 

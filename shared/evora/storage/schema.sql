@@ -60,6 +60,13 @@ CREATE TYPE evora.job_image AS (
 	finished_at timestamp with time zone
 );
 
+CREATE FUNCTION evora.clock_now() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
+                            interval '0')
+$$;
+
 CREATE TABLE evora.jobs (
     id uuid NOT NULL,
     submit_seq bigint NOT NULL,
@@ -86,8 +93,8 @@ CREATE TABLE evora.jobs (
     last_error jsonb,
     progress jsonb,
     version integer DEFAULT 1 NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT evora.clock_now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT evora.clock_now() NOT NULL,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
     on_dependency_failure text DEFAULT 'cancel'::text NOT NULL,
@@ -430,13 +437,6 @@ CREATE FUNCTION evora.claimable(j evora.jobs, in_queue text, at timestamp with t
        AND (j.expires_at IS NULL OR j.expires_at > at OR j.started_at IS NOT NULL)
        AND (types IS NULL OR j.type = ANY(types))
        AND NOT evora.queue_paused(in_queue)
-$$;
-
-CREATE FUNCTION evora.clock_now() RETURNS timestamp with time zone
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$
-    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
-                            interval '0')
 $$;
 
 CREATE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancelled boolean) RETURNS evora.job_state

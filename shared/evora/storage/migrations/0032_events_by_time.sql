@@ -5,7 +5,7 @@
 -- CONCURRENTLY impossible. The sweeper and `evora migrate` create the partitions ahead
 -- (evora.make_event_partitions(), functions/retention.sql).
 --
--- The existing table becomes the first partition, [MINVALUE, the next midnight UTC), as it is:
+-- The existing table becomes the first partition, [MINVALUE, the next minute), as it is:
 -- a CHECK constraint proven by one sequential scan lets ATTACH skip its own, and the rows are
 -- never copied. Its tail index (xid, seq) is taken over by the parent's as it is; the two
 -- unique indexes are built anew, since a partitioned unique index must hold the partition key.
@@ -22,9 +22,10 @@
 DO $$
 DECLARE
     next_seq bigint;
-    -- The first partition ends at the next midnight UTC of Evora's clock.
-    bound timestamptz := (date_trunc('day', evora.clock_now() AT TIME ZONE 'UTC') + interval '1 day')
-                         AT TIME ZONE 'UTC';
+    -- The first partition ends at the next minute of Evora's clock; `evora migrate` makes
+    -- the partitions after it (of EVORA_EVENT_PARTITION_SECONDS, the first one up to the
+    -- next multiple of that) in this same transaction, before anyone can write an event.
+    bound timestamptz := date_trunc('minute', evora.clock_now()) + interval '1 minute';
 BEGIN
     SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END INTO next_seq
     FROM evora.job_events_seq_seq s;
@@ -70,6 +71,12 @@ BEGIN
     ALTER TABLE evora.job_events_pinitial DROP CONSTRAINT job_events_pinitial_range;
 END
 $$;
+
+-- An event is dated by its job's updated_at, and its partition chosen by that: a new job's
+-- is on Evora's clock like every later one's (the same as now() but in tests, which run the
+-- clock ahead), so that every event lands where the partitions made ahead of it are.
+ALTER TABLE evora.jobs ALTER COLUMN created_at SET DEFAULT evora.clock_now(),
+                       ALTER COLUMN updated_at SET DEFAULT evora.clock_now();
 
 -- The archive's row-by-row DELETE is gone, and with it its row guard.
 DROP FUNCTION evora.reject_unarchived_delete();
