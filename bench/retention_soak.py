@@ -184,16 +184,14 @@ async def soak(dsn: str, args: argparse.Namespace) -> None:
         counts = Counts()
         started = time.monotonic()
         until = started + args.minutes * 60
-        tasks = [
+        sampling = asyncio.create_task(sample(pool, args.sample_every, started, until, counts))
+        await asyncio.gather(
             produce(store, args.rate, args.batch, until, counts),
             *(work(store, f"w{i}", until, counts) for i in range(2)),
             project(pool, until),
             sweep(sweeper, args.retention_every, until),
-        ]
-        samples, *_ = await asyncio.gather(
-            sample(pool, args.sample_every, started, until, counts), *tasks
         )
-        report(samples, time.monotonic() - started, counts)
+        report(await sampling, time.monotonic() - started, counts)
     finally:
         await pool.close()
 
