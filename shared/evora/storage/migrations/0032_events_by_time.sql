@@ -1,8 +1,8 @@
 -- Evora schema, version 32: job_events is partitioned by time (`at`), so that retention
 -- removes whole old partitions (DETACH ... CONCURRENTLY, then DROP) instead of deleting rows
--- one by one: no dead tuples, no vacuum debt, and a deployment that runs no archive still has
--- bounded history (docs/retention.md). There is no default partition: it would make DETACH
--- CONCURRENTLY impossible. The sweeper and `evora migrate` create the partitions ahead
+-- one by one: no dead tuples, no vacuum debt, and a deployment that runs no archive still
+-- has bounded history (docs/deploy.md, Retention). There is no default partition: it would
+-- make DETACH CONCURRENTLY impossible. The sweeper and `evora migrate` create the partitions ahead
 -- (evora.make_event_partitions(), functions/retention.sql).
 --
 -- The existing table becomes the first partition, [MINVALUE, the next minute), as it is:
