@@ -31,6 +31,14 @@ EVENT_PARTITIONS_AHEAD = 3
 # round: a DETACH waits for the readers of its partition, never blocks writers, but a DROP or
 # an ATTACH queued behind a long reader must not stand in anyone's way for long.
 PARTITION_LOCK_TIMEOUT_MS = 1_000
+# What ends a round of partition retention until the next: a lock not had in time, or
+# another round (a sweeper that lost its lock finishing beside the new leader) detaching or
+# having dropped the same partition.
+_ANOTHER_HAS_IT = (
+    asyncpg.LockNotAvailableError,
+    asyncpg.ObjectNotInPrerequisiteStateError,
+    asyncpg.UndefinedTableError,
+)
 
 (
     SECONDS_UNTIL_DEADLINE,
@@ -112,25 +120,22 @@ class RetentionStore:
     async def drop_event_partitions(self, older_than: float, archived_only: bool) -> int:
         """Remove the partitions of job_events whose events are all older than `older_than`
         seconds, consumed by every projector generation and (`archived_only`) archived,
-        oldest first; returns how many went. A lock not had within the lock timeout ends the
-        round (logged): what is left is retried next round, a detach left pending included."""
+        oldest first; returns how many went. A lock not had within the lock timeout, or a
+        partition another round is removing, ends the round (logged): what is left is
+        retried next round, a detach left pending included."""
         dropped = 0
         async with self._pool.acquire() as conn:
-            expired = await conn.fetch(EXPIRED_EVENT_PARTITIONS, older_than, archived_only)
             await conn.execute(f"SET lock_timeout = {PARTITION_LOCK_TIMEOUT_MS}")
             try:
+                expired = await conn.fetch(EXPIRED_EVENT_PARTITIONS, older_than, archived_only)
                 for partition in expired:
                     # Outside a transaction: DETACH ... CONCURRENTLY may run in none.
                     if partition["detach"] is not None:
                         await conn.execute(partition["detach"])
                     await conn.execute(partition["drop"])
                     dropped += 1
-            except asyncpg.LockNotAvailableError as exc:
-                log.warning(
-                    "event partition %s not removed this round (%s); retrying next round",
-                    partition["name"],
-                    exc,
-                )
+            except _ANOTHER_HAS_IT as exc:
+                log.warning("event partition retention stopped for this round: %s", exc)
             finally:
                 await conn.execute("RESET lock_timeout")
         return dropped
