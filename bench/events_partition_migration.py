@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from pathlib import Path
 import asyncpg
 
 from evora.embedded import LocalPostgres
-from evora.storage.migrate import apply_migrations, function_files
+from evora.storage.migrate import apply_migrations
 
 BEFORE = 31
 
@@ -51,16 +52,35 @@ INSERT INTO evora.job_events_copy SELECT * FROM evora.job_events;
 """
 
 
+REPO = Path(__file__).resolve().parents[1]
+BEFORE_PARTITIONS = "f21e66e"  # main with migration 0031 its newest
+FILES = "shared/evora/storage/functions"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _files_before_0032() -> list[str]:
+    names = _git("ls-tree", "--name-only", f"{BEFORE_PARTITIONS}:{FILES}").split()
+    return [
+        _git("show", f"{BEFORE_PARTITIONS}:{FILES}/{n}")
+        for n in sorted(names)
+        if n.endswith(".sql")
+    ]
+
+
 async def filled(admin: asyncpg.Connection, url: str, name: str, rows: int, days: float) -> str:
     await admin.execute(f'CREATE DATABASE "{name}"')
     dsn = url.rsplit("/", 1)[0] + f"/{name}"
     await apply_migrations(dsn, upto=BEFORE)
     conn = await asyncpg.connect(dsn)
     try:
-        # today's submission and transition functions (0032 changes neither)
-        for file in function_files():
-            if file.name not in ("guards.sql", "retention.sql"):
-                await conn.execute(file.sql)
+        # the function files of the release whose newest migration was 0031
+        for text in _files_before_0032():
+            await conn.execute(text)
         await conn.execute("SELECT evora.submit('bench', 'bench.t')")
         started = time.perf_counter()
         await conn.execute(FILL, rows - 1, days)
@@ -84,7 +104,7 @@ async def measure(url: str, rows: int, days: float) -> None:
         await admin.close()
     await asyncio.sleep(1)
     started = time.perf_counter()
-    assert await apply_migrations(migrated) == [32]
+    assert (await apply_migrations(migrated))[0] == 32
     attach = time.perf_counter() - started
     conn = await asyncpg.connect(copied)
     try:

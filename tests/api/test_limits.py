@@ -53,6 +53,8 @@ async def test_create_replace_list_read_delete(client: ApiClient) -> None:
         "tokens": 10,
         "throttled_jobs": 0,
         "throttled_since": None,
+        "pending": None,  # no max_pending
+        "room": None,
     }
 
     response = await client.delete("/v1/limits/tenant:*", headers=ADMIN)

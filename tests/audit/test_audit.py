@@ -140,6 +140,23 @@ async def test_an_ending_that_is_not_the_claims_attempt(
 
 
 @broken
+async def test_snoozes_that_do_not_match_the_snoozed_events(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A snooze is uncounted as an attempt and counted in `snoozes`: a job whose count
+    disagrees with its `snoozed` events fails snoozes_counted, one that agrees passes."""
+    honest, forged = await submitted(store, 2)
+    for job in await claimed(store, 2):
+        await store.snooze(job["id"], job["lease_token"], delay_seconds=1)
+    await pool.execute("UPDATE evora.jobs SET snoozes = 3 WHERE id = $1", forged)
+
+    found = failing(await audited(pool))
+    assert list(found) == ["snoozes_counted"]
+    assert [j for j, _ in found["snoozes_counted"]] == [{str(forged)}]
+    assert (await store.get(honest))["snoozes"] == 1
+
+
+@broken
 async def test_two_running_jobs_of_one_group(store: JobStore, pool: asyncpg.Pool) -> None:
     head, second = await submitted(store, 2, group_key="g")
     await claimed(store)
@@ -360,3 +377,26 @@ async def test_a_settlement_that_cancels_a_dependency_and_releases_its_dependent
 
     report = await audited(pool)
     assert report.ok, report.text()
+
+
+@broken
+async def test_max_pending_judges_the_jobs_admitted_since_the_limit_changed(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Retries, and jobs from before a lowered max_pending, are allowed over it; jobs
+    submitted since its last change are not. Admission itself cannot be made to fail here,
+    so the change is moved back in time, as if those jobs had been admitted under it."""
+    [retried] = await submitted(store, max_attempts=3)
+    [job] = await claimed(store)
+    await store.fail(Failure(retried, job["lease_token"], "again", retry_in_seconds=0))
+    later = await submitted(store, 3)
+    await pool.execute("INSERT INTO evora.flow_limits (key, max_pending) VALUES ('queue:q', 2)")
+    # 4 waiting, lowered to 2: allowed, those jobs came before
+    assert "max_pending_admitted" not in failing(await audited(pool))
+
+    await pool.execute(
+        "UPDATE evora.flow_limit_changes SET changed_at = changed_at - interval '1 hour'"
+    )
+    found = failing(await audited(pool))
+    # the retried job ran, and was never refused: only the 3 never started count
+    assert found["max_pending_admitted"] == [({str(j) for j in later}, ())]

@@ -236,12 +236,23 @@ async def test_schedules_and_limits(system: System) -> None:
     assert gone.returncode == Exit.NOT_FOUND
 
     limit = await evora_async(
-        "limits", "set", "tenant:*", "--concurrency", "2", "--rate", "10/60", env=env
+        "limits",
+        "set",
+        "tenant:*",
+        "--concurrency",
+        "2",
+        "--rate",
+        "10/60",
+        "--max-pending",
+        "100",
+        env=env,
     )
     assert limit.returncode == Exit.OK, limit.stderr
     assert "rate         10/60s" in limit.stdout
+    assert "max_pending  100" in limit.stdout
     usage = await evora_async("limits", "get", "tenant:42", "--json", env=env)
     assert json.loads(usage.stdout)["governed_by"] == "tenant:*"
+    assert (json.loads(usage.stdout)["pending"], json.loads(usage.stdout)["room"]) == (0, 100)
     bad_rate = await evora_async("limits", "set", "tenant:*", "--rate", "ten", env=env)
     assert bad_rate.returncode == Exit.USAGE
     assert "a rate is N/SECONDS" in bad_rate.stderr

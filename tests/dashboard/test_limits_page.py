@@ -95,18 +95,24 @@ async def test_set_edit_and_delete_a_limit(dashboard: Dashboard, page: Page) -> 
     await page.get_by_label("Concurrency").fill("3")
     await page.get_by_label("Rate (claims)").fill("20")
     await page.get_by_label("per seconds").fill("60")
+    await page.get_by_label("Max pending").fill("100")
     await page.get_by_role("button", name="Save limit").click()
     row = page.locator("tr[data-limit='api:new']")
     await expect(row).to_contain_text("20 per 60 s")
     await expect(row.locator(".limit-running")).to_have_text("0 / 3")
     stored = await dashboard.pool.fetchrow("SELECT * FROM evora.flow_limits WHERE key = 'api:new'")
     assert (stored["concurrency"], stored["rate_limit"], stored["rate_per_seconds"]) == (3, 20, 60)
+    assert stored["max_pending"] == 100
 
     await row.get_by_role("button", name="Edit limit api:new").click()
     await expect(page.get_by_label("Concurrency")).to_have_value("3")
+    # the edit keeps the max_pending the limit has (a PUT replaces the whole limit)
+    await expect(page.get_by_label("Max pending")).to_have_value("100")
     await page.get_by_label("Concurrency").fill("7")
     await page.get_by_role("button", name="Save limit").click()
     await expect(row.locator(".limit-running")).to_have_text("0 / 7")
+    max_pending = "SELECT max_pending FROM evora.flow_limits WHERE key = 'api:new'"
+    assert await dashboard.pool.fetchval(max_pending) == 100
 
     # a rate needs both halves: nothing is sent
     await page.get_by_label("Key").fill("api:half")

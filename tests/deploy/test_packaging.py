@@ -83,6 +83,7 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
         "evora/storage/migrations/0001_initial.sql",
         "evora/storage/sql/audit.sql",
         "evora/storage/objects.txt",
+        "evora/storage/rules.sql",
         "evora_services/api/app.py",
         "evora_services/api/dashboard/static/index.html",
         "evora_services/cli/__init__.py",

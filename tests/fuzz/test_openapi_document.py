@@ -68,7 +68,7 @@ def test_job_ids_are_uuids(api: Document, dispatcher: Document) -> None:
 
 def test_queue_path_parameters_have_the_queue_pattern(api: Document) -> None:
     paths = [p for p in api["paths"] if "{queue}" in p]
-    assert len(paths) == 6
+    assert len(paths) == 7
     for path in paths:
         for method in api["paths"][path]:
             schema = parameters(api, method, path)["queue"]["schema"]

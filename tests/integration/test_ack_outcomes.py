@@ -104,7 +104,7 @@ async def test_a_race_lost_to_a_transaction_that_commits_meanwhile_reads_its_out
             queries.COMPLETE,
             ([job["id"]], [job["lease_token"]], jsonb_elements([1]), [], False),
         ),
-        "release": (queries.RELEASE, (job["id"], job["lease_token"], 0.0, [])),
+        "release": (queries.RELEASE, (job["id"], job["lease_token"], 0.0, "released", [])),
     }[concurrent]
     async with pool.acquire() as other:
         transaction = other.transaction()

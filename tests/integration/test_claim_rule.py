@@ -10,7 +10,9 @@ not called, the pause check it leaves to evora.queue_paused() is (once per queue
 The FIFO group part of the rule is written out in each claim (as a called function it cost
 measurably more, see functions/claims_and_transitions.sql): on random job sets (groups with
 jobs RUNNING, priorities, due and future jobs, expired time-to-lives, a paused queue, a type
-filter, limits with room), both claims must take the same jobs."""
+filter, limits with room), both claims must take the same jobs, and the dispatcher's
+unclaimed-jobs report (`unclaimed_jobs`, the same rule over every queue) must count exactly
+those jobs, per queue and type."""
 
 from __future__ import annotations
 
@@ -104,11 +106,33 @@ async def test_both_claims_inline_the_rule_and_take_the_same_jobs(
                 ids, called = await _claim(conn, queues, types)
                 limited.append(ids)
                 calls.append(called)
+        # what the report counts as due and unclaimed, per queue and type, and what the plain
+        # claims of every type took
+        reported = {
+            (r["queue"], r["type"]): r["pending"]
+            for r in await conn.fetch(queries.UNCLAIMED_JOBS, 0, 1000)
+        }
+        taken = [
+            ids
+            for (queues, types), ids in zip(cases, plain[: len(cases)], strict=True)
+            if types is None
+        ]
+        counted = {
+            (r["queue"], r["type"]): r["n"]
+            for r in await conn.fetch(
+                "SELECT queue, type, count(*) AS n FROM evora.jobs WHERE id::text = ANY($1)"
+                " GROUP BY queue, type",
+                [i for ids in taken for i in ids],
+            )
+        }
+        unfiltered = {q for (queues, types) in cases if types is None for q in queues}
         left_out = await conn.fetchval(
             "SELECT count(*) FROM evora.jobs WHERE state = 'PENDING' AND NOT id::text = ANY($1)",
             [i for ids in plain for i in ids],
         )
     assert plain == limited
+    assert {key: n for key, n in reported.items() if key[0] in unfiltered} == counted
+    assert counted, "no case without a type filter: the report was compared with nothing"
     # the sets are neither empty nor everything: the rule left jobs out
     assert all(plain) and left_out > 0
     print(f"function calls of the claims: {calls}")

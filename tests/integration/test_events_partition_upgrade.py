@@ -6,8 +6,10 @@ snapshot, which partitioning does not touch)."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -17,21 +19,48 @@ from pymongo.asynchronous.database import AsyncDatabase
 from evora.readmodels.layout import Document
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
-from evora.storage.migrate import apply_migrations, current_version, function_files
+from evora.storage.migrate import apply_migrations, current_version
 from evora_services.projector.projector import Projector
 from tests.projector.conftest import catch_up
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
 
 BEFORE = 31
+REPO = Path(__file__).resolve().parents[2]
+# main with migration 0031 its newest: its function files are what a database at 0031 runs.
+BEFORE_PARTITIONS = "f21e66e"
 QUEUES = ["alpha", "beta"]
+FILES = "shared/evora/storage/functions"
 EVENT_ROWS = "SELECT * FROM evora.job_events ORDER BY seq"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def old_function_files() -> list[str]:
+    """The function files of BEFORE_PARTITIONS, in the order migrate runs them (by name)."""
+    names = _git("ls-tree", "--name-only", f"{BEFORE_PARTITIONS}:{FILES}").split()
+    return [
+        _git("show", f"{BEFORE_PARTITIONS}:{FILES}/{n}")
+        for n in sorted(names)
+        if n.endswith(".sql")
+    ]
+
+
+async def submit_in_sql(pool: asyncpg.Pool, batches: int) -> None:
+    """`batches` transactions of 50 jobs each, half in each queue, by `evora.submit_batch`."""
+    for n in range(batches):
+        jobs = [{"queue": QUEUES[i % 2], "type": f"t{n}"} for i in range(50)]
+        await pool.execute("SELECT evora.submit_batch($1::jsonb)", jobs)
 
 
 @pytest.fixture
 async def old_url(pg_server_url: str) -> AsyncIterator[str]:
-    """A database of its own at migration 0031, with the function files of today (which
-    0032 does not change for what fills it: submissions and transitions)."""
+    """A database of its own at migration 0031, with the function files of that release
+    (`git show` from BEFORE_PARTITIONS)."""
     name = f"m0032_{uuid.uuid4().hex}"
     admin = await asyncpg.connect(pg_server_url)
     try:
@@ -40,9 +69,8 @@ async def old_url(pg_server_url: str) -> AsyncIterator[str]:
         await apply_migrations(url, upto=BEFORE)
         conn = await asyncpg.connect(url)
         try:
-            for file in function_files():
-                if file.name not in ("guards.sql", "retention.sql"):
-                    await conn.execute(file.sql)
+            for text in old_function_files():
+                await conn.execute(text)
         finally:
             await conn.close()
         yield url
@@ -65,15 +93,16 @@ async def test_history_survives_the_upgrade_and_the_projector_reads_on(
                 )
                 == "r"
             )
-        await mixed_workload(store, pool, jobs=200, queues=QUEUES, seed=3)
+        # through that release's SQL: today's JobStore reads columns later migrations add
+        await submit_in_sql(pool, 4)
         projector = Projector(pool, mongo, 1, batch_size=50)
         await projector.run_once()  # part of the way, checkpoint recorded
-        await mixed_workload(store, pool, jobs=100, queues=QUEUES, seed=4)
+        await submit_in_sql(pool, 2)
         before = [dict(r) for r in await pool.fetch(EVENT_ROWS)]
     finally:
         await pool.close()
 
-    assert await apply_migrations(old_url) == [32]
+    assert (await apply_migrations(old_url))[0] == 32
 
     pool = await create_pool(old_url, min_size=1, max_size=4)
     try:

@@ -129,10 +129,12 @@ async def test_every_allowed_transition_writes_one_event(
     await store.retry(c)
     await store.fail(Failure(c, await _claim(store, c), "boom"))
     await record(c)
-    # RUNNING -> PENDING (failed), released, lease_expired; DLQ -> CANCELLED
+    # RUNNING -> PENDING (failed), released, snoozed, lease_expired; DLQ -> CANCELLED
     d = await _submit(store, max_attempts=3)
     await store.fail(Failure(d, await _claim(store, d), "boom", retry_in_seconds=0))
     await store.release(d, await _claim(store, d))
+    await store.snooze(d, await _claim(store, d), delay_seconds=1)
+    await clock.advance(1)
     await _claim(store, d)
     # the lease runs out; then the backoff its expiry set (seconds, at this attempt) passes
     await clock.advance(3600)

@@ -25,7 +25,9 @@ from aiohttp import web
 from tests.servers import Services
 
 # The worker API; every other path is the api's.
-_DISPATCHER_PATH = re.compile(r"^/v1/(claim|acks|jobs/[^/]+/(heartbeat|complete|fail|release))$")
+_DISPATCHER_PATH = re.compile(
+    r"^/v1/(claim|acks|jobs/[^/]+/(heartbeat|complete|fail|release|snooze))$"
+)
 # A job id in a path, as a route names it (`/v1/jobs/batch` is a route of its own).
 _JOB_ID = re.compile(r"^/v1/jobs/(?!batch$)[^/]+")
 _FORWARDED_HEADERS = ("Authorization", "Content-Type", "X-Request-Id")

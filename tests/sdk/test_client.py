@@ -125,3 +125,19 @@ async def test_limits(client: Client) -> None:
         await client.limit("tenant:9")
     with pytest.raises(evora.LimitNotFoundError):
         await client.delete_limit("tenant:*")
+
+
+async def test_room_and_queue_full(client: Client) -> None:
+    made = await client.set_limit("tenant:*", max_pending=2)
+    assert (made["concurrency"], made["rate"], made["max_pending"]) == (None, None, 2)
+    assert await client.room("tenant:1") == 2
+    await client.submit("q", "t", limit_keys=["tenant:1"])
+    assert await client.room("tenant:1") == 1
+    with pytest.raises(evora.QueueFullError) as refused:
+        await client.submit_batch(
+            [{"queue": "q", "type": "t", "limit_keys": ["tenant:1"]} for _ in range(2)]
+        )
+    assert (refused.value.status, refused.value.attempts) == (429, 1)  # not retried
+    assert await client.room("tenant:1") == 1
+    await client.set_limit("queue:q", concurrency=5)
+    assert await client.room("queue:q") is None  # no max_pending

@@ -29,6 +29,7 @@ def problem(status: int, code: str, **extra: Any) -> bytes:
         (401, "unauthorized", evora.UnauthorizedError),
         (403, "forbidden", evora.ForbiddenError),
         (413, "payload_too_large", evora.PayloadTooLargeError),
+        (429, "queue_full", evora.QueueFullError),
         (400, "malformed_json", evora.MalformedJSONError),
     ],
 )

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from evora.protocol import bounds
 from evora.protocol.jobs import Backoff, JobSubmission
+from evora.protocol.worker import ErrorBody
 
 
 def _bounds(model: type[BaseModel], field: str) -> tuple[Any, Any, Any]:
@@ -35,6 +36,9 @@ async def test_the_sql_bounds_are_the_apis(app_conn: asyncpg.Connection) -> None
     assert sql["ref_pattern"] == bounds.REF_PATTERN
     assert sql["limit_key_pattern"] == bounds.LIMIT_KEY_PATTERN
     assert sql["max_limit_keys"] == bounds.MAX_LIMIT_KEYS
+    assert sql["max_error_message"] == bounds.MAX_ERROR_MESSAGE
+    assert sql["max_error_traceback"] == bounds.MAX_ERROR_TRACEBACK
+    assert sql["max_error_type"] == ErrorBody.model_fields["type"].metadata[0].max_length
     for field in ("priority", "max_attempts", "lease_seconds"):
         low, high, default = _bounds(JobSubmission, field)
         assert (sql[field]["min"], sql[field]["max"], sql[field]["default"]) == (low, high, default)

@@ -361,3 +361,39 @@ async def test_a_schedule_that_cannot_fire_fails_alone(
     healed = await schedules.get("poison")
     assert (healed["consecutive_failures"], healed["failing_since"]) == (0, None)
     assert "ref:x" in healed["last_error"]["message"]
+
+
+async def test_a_tick_into_a_full_queue_fails_alone_and_fires_again_once_there_is_room(
+    db_url: str, pool: asyncpg.Pool, store: JobStore, replicas: list[Replica]
+) -> None:
+    """A tick is a submission: refused by the queue's max_pending (docs/flow-control.md,
+    "Admission"), the firing fails and is recorded, and the schedule waits for its next tick."""
+    clock = FakeClock(datetime(2026, 5, 1, 12, 0, 30, tzinfo=UTC))
+    schedules = ScheduleStore(pool, store)
+    await schedules.put("full", spec("@hourly"), clock.now())
+    await schedules.put(
+        "other", spec("@hourly", job={"queue": "free", "type": "tick"}), clock.now()
+    )
+    await pool.execute(
+        "INSERT INTO evora.flow_limits (key, max_pending) VALUES ('queue:scheduled', 1)"
+    )
+    await store.submit(JobSubmission(queue="scheduled", type="manual"))
+    loop = await replica(db_url, replicas, clock)
+
+    clock.set(datetime(2026, 5, 1, 13, 0, 1, tzinfo=UTC))
+    steps = await loop.scheduler.fire_due()
+    assert sorted((f.name, f.failure is not None) for f in steps) == [
+        ("full", True),
+        ("other", False),
+    ]
+    full = await schedules.get("full")
+    assert full["last_error"]["type"] == "queue_full"
+    assert "'queue:scheduled'" in full["last_error"]["message"]
+    assert full["next_run_at"] == datetime(2026, 5, 1, 14, 0, tzinfo=UTC)
+    assert await made(pool, "full") == Counter()
+
+    [job] = await store.claim(worker_id="w", queues=["scheduled"])
+    assert job["type"] == "manual"
+    clock.set(datetime(2026, 5, 1, 14, 0, 1, tzinfo=UTC))
+    await loop.scheduler.fire_due()
+    assert await made(pool, "full") == Counter(["2026-05-01T14:00:00Z"])

@@ -17,7 +17,7 @@
 // - putSchedule, deleteSchedule, pauseSchedule, resumeSchedule: repeated, each sets the
 //   schedule to a state (a repeated delete that finds nothing resolves all the same);
 // - triggerSchedule: not repeated, a repeat would make a second job;
-// - setLimit, limits, limit, limitKeys, deleteLimit: repeated (a PUT replaces with the same limit; a
+// - setLimit, limits, limit, room, limitKeys, deleteLimit: repeated (a PUT replaces with the same limit; a
 //   repeated delete that finds nothing resolves all the same);
 // - retry, redrive: not repeated. Between two attempts the job can fail again and be back
 //   in the DLQ, and the repeat would grant it a second fresh attempt budget.
@@ -410,6 +410,13 @@ export class Client {
   /** The limit that governs `key` with the key's live usage; `LimitNotFoundError` when none. */
   async limit(key: string): Promise<api.LimitUsage> {
     return (await this.http.request<api.LimitUsage>("GET", `/v1/limits/${segment(key)}`, { idempotent: true })).data;
+  }
+
+  /** How many more jobs holding the concrete `key` a submission may add now under its
+   * max_pending (null: none governs it). Ask before a large batch: a batch is admitted whole
+   * or refused whole (`QueueFullError`); another producer may take the room meanwhile. */
+  async room(key: string): Promise<number | null> {
+    return (await this.limit(key)).room ?? null;
   }
 
   /** One page of the concrete keys the limit of `key` governs (for `tenant:*`, the keys under

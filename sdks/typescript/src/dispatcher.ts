@@ -47,6 +47,7 @@ export const DISPATCHER_METHODS = {
   "POST /v1/jobs/{id}/complete": "complete",
   "POST /v1/jobs/{id}/fail": "fail",
   "POST /v1/jobs/{id}/release": "release",
+  "POST /v1/jobs/{id}/snooze": "snooze",
   "POST /v1/acks": "acks",
 } as const satisfies Record<DispatcherOperation, keyof DispatcherClient>;
 
@@ -140,6 +141,12 @@ export class DispatcherClient {
     const body: dispatcher.ReleaseRequest = { lease_token: leaseToken };
     if (delaySeconds !== undefined) body.delay_seconds = delaySeconds;
     return this.post(jobPath(jobId, "release"), body, options);
+  }
+
+  /** Runs the job again in `delaySeconds` without using up an attempt (event `snoozed`). */
+  async snooze(jobId: string, leaseToken: string, delaySeconds: number, options: CallOptions = {}): Promise<DispatchedJob> {
+    const body: dispatcher.SnoozeRequest = { lease_token: leaseToken, delay_seconds: delaySeconds };
+    return this.post(jobPath(jobId, "snooze"), body, options);
   }
 
   /** Records up to 1000 outcomes at once; each gets its own status (200, 404 or 409). `raw`

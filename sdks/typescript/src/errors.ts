@@ -133,6 +133,12 @@ export class IdempotencyConflictError extends ConflictError {
 export class IdempotentJobGoneError extends ConflictError {
   static override readonly problemCode: string | null = "idempotent_job_gone";
 }
+/** A key the submission holds is at its max_pending: nothing was stored. Retry after the
+ * answer's `Retry-After` seconds, or ask the key's room first (`client.room`). */
+export class QueueFullError extends EvoraHTTPError {
+  static override readonly problemCode: string | null = "queue_full";
+  static override readonly problemStatus: number | null = 429;
+}
 export class PayloadTooLargeError extends EvoraHTTPError {
   static override readonly problemCode: string | null = "payload_too_large";
   static override readonly problemStatus: number | null = 413;
@@ -162,6 +168,7 @@ const CLASSES: ErrorClass[] = [
   InvalidStateError,
   IdempotencyConflictError,
   IdempotentJobGoneError,
+  QueueFullError,
   PayloadTooLargeError,
   RequestValidationError,
 ];
@@ -233,6 +240,21 @@ export class NonRetryableError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
     this.name = "NonRetryableError";
+  }
+}
+
+/**
+ * Throw from a handler to run the job again in `seconds` (more than 0, at most 30 days)
+ * without using up an attempt: the worker snoozes it (`POST /v1/jobs/{id}/snooze`,
+ * docs/jobs-that-wait.md). If a cancel was requested, the job is cancelled instead.
+ */
+export class Snooze extends Error {
+  readonly seconds: number;
+
+  constructor(seconds: number) {
+    super(`snooze for ${seconds} s`);
+    this.name = "Snooze";
+    this.seconds = seconds;
   }
 }
 

@@ -43,6 +43,12 @@ export class WorkerJob<Payload = unknown> {
     this.signal = this.controller.signal;
   }
 
+  /** The times the job was snoozed before this run (`Snooze`): `attempt` does not count them.
+   * 0 from a dispatcher that predates snooze. */
+  get snoozes(): number {
+    return this.data.snoozes ?? 0;
+  }
+
   /** {job id: result} of the COMPLETED jobs this one depends on (empty without dependencies). */
   get dependencyResults(): Readonly<Record<string, unknown>> {
     return this.data.dependency_results ?? {};

@@ -43,7 +43,7 @@ import { randomBytes } from "node:crypto";
 import { AckBatcher, type Ack } from "./acks.js";
 import { RetryBackoff, sleep } from "./backoff.js";
 import { DispatcherClient } from "./dispatcher.js";
-import { EvoraConnectionError, EvoraError, EvoraHTTPError, JobNotFoundError, LeaseLostError, WorkerShutdownError } from "./errors.js";
+import { EvoraConnectionError, EvoraError, EvoraHTTPError, JobNotFoundError, LeaseLostError, Snooze, WorkerShutdownError } from "./errors.js";
 import { shouldRetry } from "./http.js";
 import { WorkerJob, failureFrom } from "./job.js";
 import { consoleLogger, type Logger } from "./logger.js";
@@ -113,6 +113,8 @@ export interface WorkerEvents {
   leaseLost: [job: WorkerJob, during: "heartbeat" | "outcome", error: EvoraError | null];
   /** The job was handed back (cancel requested, or the worker stopping). */
   released: [job: WorkerJob, why: "cancel" | "shutdown"];
+  /** The handler threw `Snooze`: the job runs again in `seconds`, no attempt used up. */
+  snoozed: [job: WorkerJob, seconds: number];
   /** The dispatcher recorded the job's outcome. */
   reported: [job: WorkerJob, outcome: "complete" | "fail"];
 }
@@ -154,7 +156,11 @@ class Running {
   }
 }
 
-type Outcome = { kind: "ack"; ack: Ack } | { kind: "release"; why: "cancel" | "shutdown" } | { kind: "abandon" };
+type Outcome =
+  | { kind: "ack"; ack: Ack }
+  | { kind: "release"; why: "cancel" | "shutdown" }
+  | { kind: "snooze"; seconds: number }
+  | { kind: "abandon" };
 
 /** `size` handlers at once: jobs claimed ahead wait here for a slot, first come first
  * served. */
@@ -436,6 +442,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
     try {
       const outcome = await this.execute(running);
       if (outcome.kind === "release") await this.release(running, outcome.why);
+      else if (outcome.kind === "snooze") await this.snooze(running, outcome.seconds);
       else if (outcome.kind === "ack") await this.report(running, outcome.ack);
     } catch (error) {
       this.logger.error(
@@ -505,6 +512,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
     }
     if (settled.threw) {
       if (job.cancelRequested) return { kind: "release", why: "cancel" };
+      if (settled.error instanceof Snooze) return { kind: "snooze", seconds: settled.error.seconds };
       const failure = failureFrom(settled.error);
       this.logger.warn(
         `job ${job.id} (${job.type}, attempt ${job.attempt} of ${job.maxAttempts}) failed: ${failure.message}`,
@@ -556,6 +564,21 @@ export class Worker extends EventEmitter<WorkerEvents> {
     }
     this.logger.info(`job ${job.id} released (${why})`);
     this.emit("released", job, why);
+  }
+
+  private async snooze(running: Running, seconds: number): Promise<void> {
+    const { job } = running;
+    try {
+      await this.api.snooze(job.id, job.leaseToken, seconds);
+    } catch (error) {
+      if (error instanceof LeaseLostError || error instanceof JobNotFoundError) {
+        this.logger.info(`job ${job.id}: nothing to snooze (${error.message})`);
+        return;
+      }
+      throw error;
+    }
+    this.logger.info(`job ${job.id} snoozed for ${seconds} s`);
+    this.emit("snoozed", job, seconds);
   }
 
   private scheduleHeartbeat(running: Running, intervalMs: number, delayMs = intervalMs): void {

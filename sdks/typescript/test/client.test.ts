@@ -12,6 +12,7 @@ import {
   InvalidStateError,
   JobNotFoundError,
   LimitNotFoundError,
+  QueueFullError,
   QueueNotFoundError,
   RequestValidationError,
   ScheduleNotFoundError,
@@ -233,6 +234,20 @@ describe("Client", () => {
     const gone = await root.limit(`${stem}:1`).catch((e) => e);
     assert.ok(gone instanceof LimitNotFoundError, String(gone));
     assert.deepEqual([gone.status, gone.code], [404, "limit_not_found"]);
+  });
+
+  test("admission: max_pending, room and QueueFullError", async () => {
+    const key = `${queueName("ts-admit")}:1`;
+    const queue = queueName("ts-admit-q");
+    const made = await root.setLimit(key, { concurrency: null, rate: null, max_pending: 1 });
+    assert.equal(made.limit.max_pending, 1);
+    assert.equal(await client.room(key), 1);
+    await client.submit(queue, "ts.echo", {}, { limit_keys: [key] });
+    assert.equal(await client.room(key), 0);
+    const refused = await client.submit(queue, "ts.echo", {}, { limit_keys: [key] }).catch((e) => e);
+    assert.ok(refused instanceof QueueFullError, String(refused));
+    assert.deepEqual([refused.status, refused.code], [429, "queue_full"]);
+    await root.deleteLimit(key);
   });
 
   test("history: a queue's per-minute series and every queue's", async () => {

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { isDeepStrictEqual } from "node:util";
-import { NonRetryableError, UnauthorizedError } from "../src/index.js";
+import { NonRetryableError, Snooze, UnauthorizedError } from "../src/index.js";
 import { env, jobInState, producer, queueName, serving, until, worker } from "./support.js";
 
 /** The dispatcher's count of answered requests to `route` (from /metrics). */
@@ -54,6 +54,29 @@ describe("Worker", () => {
       const bigintJob = await jobInState(client, bigint!.id, "DLQ");
       assert.equal(bigintJob.attempt, 1);
       assert.match(bigintJob.last_error?.message ?? "", /not JSON-serialisable/);
+    } finally {
+      await run.stop();
+    }
+  });
+
+  test("a thrown Snooze runs the job again later without using up an attempt", async () => {
+    const queue = queueName("ts-snooze");
+    const w = worker([queue]);
+    const runs: [number, number][] = [];
+    const snoozed: number[] = [];
+    w.on("snoozed", (_job, seconds) => snoozed.push(seconds));
+    w.handle("ts.poll", (job) => {
+      runs.push([job.attempt, job.snoozes]);
+      if (runs.length <= 3) throw new Snooze(0.1);
+      return "ready";
+    });
+    const run = serving(w);
+    try {
+      const { id } = await client.submit(queue, "ts.poll", {}, { max_attempts: 1 });
+      const job = await jobInState(client, id, "COMPLETED");
+      assert.deepEqual([job.attempt, job.snoozes, job.result], [1, 3, "ready"]);
+      assert.deepEqual(runs, [[1, 0], [1, 1], [1, 2], [1, 3]]);
+      assert.deepEqual(snoozed, [0.1, 0.1, 0.1]);
     } finally {
       await run.stop();
     }

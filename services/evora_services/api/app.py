@@ -21,7 +21,14 @@ from evora.tracing import TRACER
 from evora_services.api.dashboard import dashboard
 from evora_services.api.limits import LIMITS, limits
 from evora_services.api.reads import READS, Reads, answer_positions
-from evora_services.api.routes import STORE, SUBMITS, admin, producer
+from evora_services.api.routes import (
+    ADMISSION_REFUSED,
+    STORE,
+    SUBMITS,
+    admin,
+    admission_refused,
+    producer,
+)
 from evora_services.api.schedules import SCHEDULES, schedules
 from evora_services.api.stats import READ_MODELS, stats
 from evora_services.api.tracing import traced_submitter
@@ -79,6 +86,7 @@ async def create_app(settings: Settings) -> web.Application:
         raise ValueError("the api needs settings.database_url")
     app = create_base_app(settings, SERVICE, TITLE)
     app[TRACER] = tracing.tracer("evora.api")
+    app[ADMISSION_REFUSED] = admission_refused(app[METRICS].registry)
     app.middlewares.append(answer_positions)
     app.cleanup_ctx.append(_database)
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.

@@ -26,6 +26,9 @@ from evora_services.api.stats import LimitCursor, encode_key
 LIMITS = web.AppKey("limits", LimitStore)
 
 ADMIN: tuple[Role, ...] = ("admin",)
+# A producer may read one key's limit and usage: its `room` is what to ask before a large
+# batch (docs/flow-control.md, "Admission").
+READERS: tuple[Role, ...] = ("admin", "producer")
 # A key (`tenant:42`, `queue:emails`) or a prefix limit's key (`tenant:*`).
 LimitName = Annotated[str, Field(pattern=LIMIT_NAME_PATTERN)]
 _KEY = re.compile(LIMIT_NAME_PATTERN)
@@ -45,12 +48,22 @@ class LimitBody(WireModel):
         ge=1, le=2**31 - 1, description="at most this many jobs holding the key RUNNING"
     )
     rate: Rate | None = Field(description="at most `limit` claims per `per_seconds`")
+    max_pending: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description=(
+            "at most this many jobs holding the key waiting to run (PENDING or WAITING): a "
+            "submission that would exceed it is refused with 429 `queue_full`"
+        ),
+    )
 
 
 class Limit(BaseModel):
     key: str
     concurrency: int | None
     rate: Rate | None
+    max_pending: int | None
     created_at: datetime
     updated_at: datetime
 
@@ -70,13 +83,25 @@ class Usage(BaseModel):
     )
 
 
+class Admission(BaseModel):
+    """A concrete key's room under a max_pending (null without one, and for a prefix
+    limit's own key): ask before a large batch, which is admitted whole or refused whole."""
+
+    pending: int | None = Field(
+        description="jobs holding the key waiting to run (PENDING or WAITING)"
+    )
+    room: int | None = Field(
+        description="how many more jobs holding the key a submission may add now"
+    )
+
+
 class GovernedLimit(Limit):
     governed_by: str = Field(
         description="the key of the limit that applies: the key's own, or a prefix limit's"
     )
 
 
-class LimitUsage(GovernedLimit, Usage):
+class LimitUsage(GovernedLimit, Usage, Admission):
     pass
 
 
@@ -144,7 +169,9 @@ async def put_limit(request: web.Request) -> web.Response:
         raise _invalid_key()
     body = await parse_body(request, LimitBody, limit=SMALL_BODY_LIMIT)
     rate = None if body.rate is None else StoredRate(body.rate.limit, body.rate.per_seconds)
-    limit, created = await _store(request).put(key, LimitSpec(body.concurrency, rate))
+    limit, created = await _store(request).put(
+        key, LimitSpec(body.concurrency, rate, body.max_pending)
+    )
     return json_response(limit, status=201 if created else 200)
 
 
@@ -166,10 +193,12 @@ async def list_limits(request: web.Request) -> web.Response:
 @limits.add(
     "GET",
     "/v1/limits/{key}",
-    roles=ADMIN,
+    roles=READERS,
     summary=(
         "The limit that governs the key (its own or a prefix limit's) with the key's live "
-        "usage: `GET /v1/limits/tenant:42` shows tenant:42's own count under `tenant:*`."
+        "usage: `GET /v1/limits/tenant:42` shows tenant:42's own count under `tenant:*`. "
+        "Under a max_pending, `pending` and `room`: how many jobs holding the key a "
+        "submission may add now (ask before a large batch)."
     ),
     responses={200: LimitUsage},
     problems=(404,),

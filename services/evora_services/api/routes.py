@@ -13,11 +13,12 @@ from typing import TypeVar
 from uuid import UUID
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ValidationError
 
 from evora.coalesce import Coalescer
 from evora.config import Role, Settings
-from evora.domain.errors import EvoraError
+from evora.domain.errors import EvoraError, QueueFull
 from evora.http.app import SETTINGS
 from evora.http.bodies import (
     ItemsLimit,
@@ -57,6 +58,26 @@ STORE = web.AppKey("store", JobStore)
 # Concurrent single submissions share one statement and one commit (see evora.coalesce),
 # each with the traceparent its job is stored with.
 SUBMITS = web.AppKey("submits", Coalescer[TracedSubmission, Submitted | EvoraError])
+# evora_admission_refused_total{queue}: requests refused with queue_full (one per request,
+# however many jobs a refused batch held), by the queue of a refused job holding the full
+# key: the key itself is unbounded and never a label.
+ADMISSION_REFUSED = web.AppKey("admission_refused", Counter)
+
+
+def admission_refused(registry: CollectorRegistry) -> Counter:
+    return Counter(
+        "evora_admission_refused",
+        "Submission requests refused with 429 queue_full (a key over its max_pending), by "
+        "the queue of the refused job holding that key.",
+        ["queue"],
+        registry=registry,
+    )
+
+
+def _counted(request: web.Request, refused: QueueFull) -> QueueFull:
+    request.app[ADMISSION_REFUSED].labels(refused.queue).inc()
+    return refused
+
 
 PRODUCER: tuple[Role, ...] = ("producer",)
 ADMIN: tuple[Role, ...] = ("admin",)
@@ -111,16 +132,20 @@ async def _submissions(
     roles=PRODUCER,
     summary=(
         "Submit one job. 201 when created; 200 and header `Idempotent-Replayed: true` when "
-        "its idempotency key was already used in the queue with the same fields."
+        "its idempotency key was already used in the queue with the same fields; 429 "
+        "`queue_full` (with `Retry-After`) when a key it holds is at its max_pending."
     ),
     body=JobSubmission,
     responses={201: JobResponse, 200: JobResponse},
-    problems=(409,),
+    problems=(409, 429),
 )
 async def submit(request: web.Request) -> web.Response:
     submission = await _submissions(request, JobSubmission, submission_body_limit)
     with submit_trace(request, [submission]) as trace:
-        submitted = await request.app[SUBMITS].submit((submission, trace.traceparent))
+        try:
+            submitted = await request.app[SUBMITS].submit((submission, trace.traceparent))
+        except QueueFull as refused:
+            raise _counted(request, refused) from None
         if isinstance(submitted, EvoraError):
             raise submitted
         trace.record([submitted])
@@ -135,19 +160,23 @@ async def submit(request: web.Request) -> web.Response:
     roles=PRODUCER,
     summary=(
         "Submit 1..1000 jobs in one transaction. Any invalid item fails the whole batch "
-        "(the error names its index) and nothing is stored."
+        "(the error names its index) and nothing is stored; so does a key the new jobs would "
+        "take over its max_pending (429 `queue_full`, with `Retry-After`)."
     ),
     body=BatchSubmission,
     responses={200: BatchResult},
-    problems=(409,),
+    problems=(409, 429),
 )
 async def submit_batch(request: web.Request) -> web.Response:
     batch = await _batch(request)
     minimal = _prefers_minimal(request)
     with submit_trace(request, batch.jobs) as trace:
-        submitted = await _store(request).submit_batch(
-            batch.jobs, [trace.traceparent] * len(batch.jobs), with_jobs=not minimal
-        )
+        try:
+            submitted = await _store(request).submit_batch(
+                batch.jobs, [trace.traceparent] * len(batch.jobs), with_jobs=not minimal
+            )
+        except QueueFull as refused:
+            raise _counted(request, refused) from None
         trace.record(submitted)
     if minimal:
         # Ids and statuses only: a producer that keeps no job spares the decoding and

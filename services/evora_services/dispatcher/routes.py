@@ -32,6 +32,7 @@ from evora.protocol.worker import (
     HeartbeatRequest,
     HeartbeatResponse,
     ReleaseRequest,
+    SnoozeRequest,
 )
 from evora.storage.jobs import AckResult, Completion, Failure
 from evora.storage.rows import JobDict
@@ -342,6 +343,24 @@ async def release(request: web.Request) -> web.Response:
     body = await parse_body(request, ReleaseRequest, limit=CLAIM_BODY_LIMIT)
     job = await request.app[DISPATCH].store.release(
         job_id, body.lease_token, delay_seconds=body.delay_seconds or 0.0
+    )
+    return json_response(job)
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/snooze",
+    roles=("worker",),
+    summary="Run the job again after a delay, without using up an attempt (event `snoozed`).",
+    body=SnoozeRequest,
+    responses={200: Job},
+    problems=(404, 409),
+)
+async def snooze(request: web.Request) -> web.Response:
+    job_id = ids.job_id(request.match_info["id"])
+    body = await parse_body(request, SnoozeRequest, limit=CLAIM_BODY_LIMIT)
+    job = await request.app[DISPATCH].store.snooze(
+        job_id, body.lease_token, delay_seconds=body.delay_seconds
     )
     return json_response(job)
 

@@ -19,6 +19,11 @@ class EvoraError(Exception):
         self.detail = detail or (self.__doc__ or self.title).strip()
         super().__init__(self.detail)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """Headers the answer carries besides the problem itself."""
+        return {}
+
 
 class JobNotFound(EvoraError):
     """No job with that id."""
@@ -90,3 +95,25 @@ class LimitNotFound(EvoraError):
     code = problems.LIMIT_NOT_FOUND
     status = 404
     title = "Limit not found"
+
+
+# Seconds a producer refused with queue_full is asked to wait (`Retry-After`): a constant, not
+# an estimate (docs/flow-control.md, "Admission").
+QUEUE_FULL_RETRY_SECONDS = 1
+
+
+class QueueFull(EvoraError):
+    """A key the submission holds has as many jobs waiting to run as its max_pending allows."""
+
+    code = problems.QUEUE_FULL
+    status = 429
+    title = "Queue full"
+
+    def __init__(self, detail: str, *, key: str, queue: str) -> None:
+        super().__init__(detail)
+        self.key = key
+        self.queue = queue  # the queue of a refused job holding the key (a metric's label)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)}

@@ -31,6 +31,7 @@ TRANSITIONS: frozenset[Transition] = frozenset(
         Transition(_S.RUNNING, _S.PENDING, _E.FAILED),
         Transition(_S.RUNNING, _S.PENDING, _E.LEASE_EXPIRED),
         Transition(_S.RUNNING, _S.PENDING, _E.RELEASED),
+        Transition(_S.RUNNING, _S.PENDING, _E.SNOOZED),
         Transition(_S.RUNNING, _S.DLQ, _E.DEAD_LETTERED),
         Transition(_S.RUNNING, _S.CANCELLED, _E.CANCELLED),
         Transition(_S.DLQ, _S.PENDING, _E.RETRIED),

@@ -143,7 +143,9 @@ async def _edge(
         except Problem as problem:
             response = problem.response()
         except EvoraError as error:
-            response = Problem(error.status, error.code, error.title, error.detail).response()
+            response = Problem(
+                error.status, error.code, error.title, error.detail, headers=error.headers
+            ).response()
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise

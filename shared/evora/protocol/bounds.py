@@ -25,6 +25,9 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_048_576
 # Intervals beyond ten years overflow nothing in PostgreSQL, but no sane schedule needs them;
 # bounding them keeps every computed timestamp representable.
 MAX_SECONDS: Final = 10 * 365 * 24 * 3600
+# The longest one snooze may wait (docs/jobs-that-wait.md): a worker polling something
+# external asks again within a month; a longer wait is a schedule's (docs/schedules.md).
+MAX_SNOOZE_SECONDS: Final = 30 * 24 * 3600
 
 KIB: Final = 1024
 MIB: Final = 1024 * KIB

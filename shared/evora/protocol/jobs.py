@@ -171,6 +171,9 @@ class Job(BaseModel):
     group_key: str | None
     idempotency_key: str | None
     attempt: int
+    snoozes: int = Field(
+        description="times a worker snoozed it (docs/jobs-that-wait.md): not counted in attempt"
+    )
     max_attempts: int
     lease_seconds: int
     run_at: datetime

@@ -23,6 +23,7 @@ class EventName(StrEnum):
     FAILED = "failed"
     LEASE_EXPIRED = "lease_expired"
     RELEASED = "released"
+    SNOOZED = "snoozed"
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
     RETRIED = "retried"

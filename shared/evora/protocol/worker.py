@@ -15,6 +15,7 @@ from evora.protocol.bounds import (
     MAX_ERROR_MESSAGE,
     MAX_ERROR_TRACEBACK,
     MAX_SECONDS,
+    MAX_SNOOZE_SECONDS,
     MAX_WAIT_SECONDS,
 )
 from evora.protocol.fields import (
@@ -73,6 +74,13 @@ class FailRequest(WireModel):
 class ReleaseRequest(WireModel):
     lease_token: UUID
     delay_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+
+
+class SnoozeRequest(WireModel):
+    lease_token: UUID
+    delay_seconds: float = Field(
+        gt=0, le=MAX_SNOOZE_SECONDS, description="run again this many seconds from now"
+    )
 
 
 class Ack(WireModel):

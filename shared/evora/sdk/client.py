@@ -22,7 +22,7 @@ only when repeating it cannot do anything twice:
 - `delete_schedule`: repeated; a repeat that finds the schedule gone (the first attempt
   worked) returns instead of raising `ScheduleNotFoundError`.
 - `trigger_schedule`: not repeated; a repeat would make a second job.
-- `set_limit`, `limit`, `limits`: repeated (a PUT replaces with the same limit; reads).
+- `set_limit`, `limit`, `limits`, `room`: repeated (a PUT replaces with the same limit; reads).
 - `delete_limit`: repeated; a repeat that finds the limit gone (the first attempt worked)
   returns instead of raising `LimitNotFoundError`.
 """
@@ -441,14 +441,17 @@ class Client:
         *,
         concurrency: int | None = None,
         rate: tuple[int, float] | None = None,
+        max_pending: int | None = None,
     ) -> dict[str, Any]:
         """Create or replace the limit of `key` (`tenant:42`, `queue:<queue>`, or a prefix
         limit `tenant:*` that applies to every key under it separately): at most
-        `concurrency` jobs holding the key RUNNING, and at most `rate` = (limit,
-        per_seconds) claims per period (a token bucket). Returns the limit."""
+        `concurrency` jobs holding the key RUNNING, at most `rate` = (limit, per_seconds)
+        claims per period (a token bucket), and at most `max_pending` jobs holding it waiting
+        to run (a submission over it raises `QueueFullError`). Returns the limit."""
         body = {
             "concurrency": concurrency,
             "rate": None if rate is None else {"limit": rate[0], "per_seconds": rate[1]},
+            "max_pending": max_pending,
         }
         resp = await self._call("PUT", _limit_path(key), body=body, idempotent=True)
         return dict(resp.data)
@@ -462,6 +465,13 @@ class Client:
         usage: `running`, `tokens`, `throttled_jobs`; `LimitNotFoundError` when none does."""
         resp = await self._call("GET", _limit_path(key), idempotent=True)
         return dict(resp.data)
+
+    async def room(self, key: str) -> int | None:
+        """How many more jobs holding the concrete `key` a submission may add now under its
+        max_pending (None: no max_pending governs it). Ask before a large batch: a batch is
+        admitted whole or refused whole. Another producer may take the room meanwhile."""
+        room: int | None = (await self.limit(key))["room"]
+        return room
 
     async def delete_limit(self, key: str) -> None:
         """Delete the limit of `key`."""

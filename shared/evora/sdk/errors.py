@@ -143,6 +143,15 @@ class IdempotentJobGoneError(ConflictError):
     problem_code = problems.IDEMPOTENT_JOB_GONE
 
 
+class QueueFullError(EvoraHTTPError):
+    """A key the submission holds is at its max_pending (docs/flow-control.md, "Admission"):
+    nothing was stored. Retry after the `Retry-After` seconds the answer carries, or ask the
+    key's room first (`Client.room`)."""
+
+    problem_code = problems.QUEUE_FULL
+    problem_status = 429
+
+
 class PayloadTooLargeError(EvoraHTTPError):
     problem_code = problems.PAYLOAD_TOO_LARGE
     problem_status = 413
@@ -174,6 +183,7 @@ _CLASSES: tuple[type[EvoraHTTPError], ...] = (
     InvalidStateError,
     IdempotencyConflictError,
     IdempotentJobGoneError,
+    QueueFullError,
     PayloadTooLargeError,
     RequestValidationError,
 )
@@ -235,6 +245,18 @@ class NonRetryable(Exception):
     exception classes can opt in without inheriting from this one."""
 
     retryable: ClassVar[bool] = False
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the job again in `seconds` (more than 0, at most 30 days)
+    without using up an attempt: the worker snoozes it (`POST /v1/jobs/{id}/snooze`,
+    docs/jobs-that-wait.md). For polling something external without burning retries; the
+    job's `snoozes` counts the times. If a cancel was requested, the job is cancelled
+    instead."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"snooze for {seconds} s")
+        self.seconds = seconds
 
 
 class JobCancelled(Exception):

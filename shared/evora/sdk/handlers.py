@@ -63,6 +63,12 @@ class Job:
         )
 
     @property
+    def snoozes(self) -> int:
+        """The times the job was snoozed before this run (`Snooze`; docs/jobs-that-wait.md):
+        its attempt number does not count them. 0 from a dispatcher that predates snooze."""
+        return int(self.data.get("snoozes", 0))
+
+    @property
     def dependency_results(self) -> Mapping[str, Any]:
         """{job id: result} of the COMPLETED jobs this one depends on (empty without
         dependencies)."""

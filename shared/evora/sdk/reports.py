@@ -71,6 +71,19 @@ class Reports:
             return
         log.info("job %s released", job.id)
 
+    async def snooze(self, job: Job, seconds: float) -> None:
+        try:
+            await self._http.request(
+                "POST",
+                f"/v1/jobs/{job.id}/snooze",
+                body={"lease_token": job.lease_token, "delay_seconds": seconds},
+                idempotent=True,
+            )
+        except (LeaseLostError, JobNotFoundError) as exc:
+            log.info("job %s: nothing to snooze (%s)", job.id, exc)
+            return
+        log.info("job %s snoozed for %s s", job.id, seconds)
+
     def report(self, ack: Ack, on_sent: Callable[[], None] | None = None) -> asyncio.Future[int]:
         """Report an outcome; the future resolves to its status once the dispatcher has
         recorded it. `on_sent` runs when it goes out (see `AckBatcher.submit`). A job's task

@@ -15,6 +15,7 @@ import orjson
 
 from evora.protocol.bounds import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
 from evora.sdk.acks import Ack
+from evora.sdk.errors import Snooze
 from evora.sdk.handlers import Job
 
 if TYPE_CHECKING:
@@ -47,6 +48,13 @@ class Interrupt(StrEnum):
 
 Release = Literal["release"]
 Abandon = Literal["abandon"]
+
+
+@dataclass(frozen=True, slots=True)
+class Snoozed:
+    """The handler raised `Snooze`: hand the job back to run again in `seconds`."""
+
+    seconds: float
 
 
 @dataclass(eq=False, slots=True)
@@ -97,7 +105,7 @@ class RunningJob:
 
     def outcome(
         self, result: Any, error: BaseException | None, cancelled: bool
-    ) -> Ack | Release | Abandon:
+    ) -> Ack | Release | Abandon | Snoozed:
         """What to tell the dispatcher once the handler has ended."""
         job = self.job
         if self.interrupted is Interrupt.LEASE_LOST:
@@ -105,6 +113,8 @@ class RunningJob:
         if cancelled or error is not None:
             if self.interrupted is not None or job.cancel_requested:
                 return "release"
+            if isinstance(error, Snooze):
+                return Snoozed(error.seconds)
             failure = failure_from_exception(error or asyncio.CancelledError())
             log.warning(
                 "job %s (%s, attempt %d of %d) failed: %s",

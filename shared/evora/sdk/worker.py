@@ -75,7 +75,7 @@ from evora.sdk.executor import Executor
 from evora.sdk.handlers import H, Handler, Handlers, Job
 from evora.sdk.heartbeats import Heartbeats
 from evora.sdk.reports import Reports
-from evora.sdk.running import Interrupt, RunningJob
+from evora.sdk.running import Interrupt, RunningJob, Snoozed
 from evora.sdk.settings import (
     DEFAULT_BLOCKED_LOOP_WARNING,
     DEFAULT_CONCURRENCY,
@@ -496,9 +496,17 @@ class Worker:
                     outcome = await self._executor.execute_in_slot(
                         running, handler, self._run_slots
                     )
-                trace.ended(outcome.outcome if isinstance(outcome, Ack) else outcome)
+                trace.ended(
+                    outcome.outcome
+                    if isinstance(outcome, Ack)
+                    else "snooze"
+                    if isinstance(outcome, Snoozed)
+                    else outcome
+                )
                 if outcome == "release":
                     await self._reports.release(job)
+                elif isinstance(outcome, Snoozed):
+                    await self._reports.snooze(job, outcome.seconds)
                 elif isinstance(outcome, Ack):
                     with trace.ack(outcome.outcome):
                         await self._reports.report(outcome, lambda: self._release_slot(running))

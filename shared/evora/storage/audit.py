@@ -40,6 +40,7 @@ from evora.storage.statements import load
     _JOBS_OF,
     _DEPENDENCIES_OF,
     _WAITING_ON_MISSING,
+    _OVER_MAX_PENDING,
     _LIMIT_CHANGES,
     _ARCHIVED_UPTO,
     _PRUNE_COUNTS,
@@ -52,6 +53,7 @@ from evora.storage.statements import load
     "jobs_of",
     "dependencies_of",
     "waiting_on_missing",
+    "over_max_pending",
     "limit_changes",
     "archived_upto",
     "prune_counts",
@@ -68,6 +70,10 @@ CHECKS: dict[str, str] = {
     "attempts_counted": (
         "a claim raises the attempt by one, a release to PENDING lowers it by one, a retry "
         "from the DLQ resets it, nothing else changes it"
+    ),
+    "snoozes_counted": (
+        "a job's `snoozes` is the number of its `snoozed` events back to PENDING (jobs whose "
+        "whole history is in the window)"
     ),
     "one_claim_per_attempt": (
         "every event of a running attempt (cancel request, completion, failure, release, "
@@ -94,6 +100,10 @@ CHECKS: dict[str, str] = {
         "retention"
     ),
     "waiting_on_existing": "no WAITING job depends on a job that no longer exists",
+    "max_pending_admitted": (
+        "no key holds more never-started jobs waiting to run, submitted since its limit last "
+        "changed, than its max_pending"
+    ),
 }
 
 # The moves events record beside the state machine's: a cancel request of a RUNNING job.
@@ -101,6 +111,8 @@ _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
     ("RUNNING", "RUNNING", "cancel_requested")
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
+# A worker hands its claim back uncounted: a release, or a snooze (which asks to run later)
+_HANDED_BACK = frozenset({"released", "snoozed"})
 # group_order: a job that became PENDING this long (by `at`, its transaction's start) before
 # a claim was visible to it, unless its transaction stayed open longer; a shorter wait may be
 # a submission the claim's snapshot could not see yet, though its seq is lower
@@ -224,6 +236,7 @@ class _Job:
     ended_state: str | None = None
     ended_xid: str | None = None
     last_seq: int = 0
+    snoozes: int = 0
 
 
 class _Auditor:
@@ -293,6 +306,8 @@ class _Auditor:
             and job.released_seq is None
         ):
             job.released_seq, job.released_xid = seq, e["xid"]
+        if name == "snoozed" and to == "PENDING":
+            job.snoozes += 1
         if name in ("completed", "cancelled") and job.ended_seq is None:
             job.ended_seq, job.ended_state, job.ended_xid = seq, to, e["xid"]
         job.version, job.state, job.attempt, job.last_seq = e["job_version"], to, e["attempt"], seq
@@ -340,7 +355,7 @@ class _Auditor:
             before + 1
             if name == "claimed"
             else before - 1
-            if name == "released" and to == "PENDING"
+            if name in _HANDED_BACK and to == "PENDING"
             else 0
             if name == "retried"
             else before
@@ -376,7 +391,7 @@ class _Auditor:
             return
         claim = job.claim
         if claim is not None:
-            attempt = claim.attempt - (1 if name == "released" and to == "PENDING" else 0)
+            attempt = claim.attempt - (1 if name in _HANDED_BACK and to == "PENDING" else 0)
             if (e["attempt"], e["started_at"], e["worker_id"]) != (
                 attempt,
                 claim.started_at,
@@ -583,6 +598,7 @@ async def _audit(
         for r in await conn.fetch(_DEPENDENCIES_OF, ids):
             deps[r["job_id"]].append(r["depends_on"])
         missing = await conn.fetch(_WAITING_ON_MISSING)
+        crowded = await conn.fetch(_OVER_MAX_PENDING, _LIMIT_CHANGE_MARGIN_S)
         history = _LimitHistory(await conn.fetch(_LIMIT_CHANGES))
         pruned = {(r["queue"], r["state"]): r["pruned"] for r in await conn.fetch(_PRUNE_COUNTS)}
         offset = float(await conn.fetchval(_CLOCK_OFFSET))
@@ -593,6 +609,14 @@ async def _audit(
             "waiting_on_existing",
             f"WAITING on {r['depends_on']}, which no longer exists",
             [r["job_id"], r["depends_on"]],
+            [],
+        )
+    for r in crowded:
+        auditor.fail(
+            "max_pending_admitted",
+            f"key {r['key']!r} holds {len(r['job_ids'])} jobs admitted since its limit last "
+            f"changed, waiting to run, over its max_pending of {r['max_pending']}",
+            r["job_ids"],
             [],
         )
     for (schedule, tick), made in auditor.ticks.items():
@@ -620,8 +644,9 @@ def _check_tables(
     pruned: dict[tuple[str, str], int],
     complete: bool,
 ) -> None:
-    """ends_in_current_state and no_job_lost. A pass that stopped at max_events (not
-    `complete`) has not read the newest events of some jobs: those are not compared."""
+    """ends_in_current_state, snoozes_counted and no_job_lost. A pass that stopped at
+    max_events (not `complete`) has not read the newest events of some jobs: those are not
+    compared."""
     gone: dict[tuple[str, str], list[uuid.UUID]] = defaultdict(list)
     for job_id, job in auditor.jobs.items():
         row = rows.get(job_id)
@@ -633,6 +658,13 @@ def _check_tables(
                     "ends_in_current_state",
                     f"last event says {job.state} version {job.version}, the job is "
                     f"{row['state']} version {row['version']}",
+                    [job_id],
+                    [job.last_seq],
+                )
+            elif job.submitted_seq is not None and row["snoozes"] != job.snoozes:
+                auditor.fail(
+                    "snoozes_counted",
+                    f"{job.snoozes} snoozed events, the job counts {row['snoozes']}",
                     [job_id],
                     [job.last_seq],
                 )

@@ -26,9 +26,10 @@ from evora.domain.errors import (
     InvalidState,
     JobNotFound,
     LeaseLost,
+    QueueFull,
 )
 from evora.protocol.jobs import JobSubmission
-from evora.protocol.states import JobState
+from evora.protocol.states import EventName, JobState
 from evora.storage import dependencies, queries, traces
 from evora.storage.db import jsonb_elements
 from evora.storage.dependencies import DependentsPage
@@ -48,8 +49,11 @@ _ITEM_SQLSTATES = ("22", "23", "54", "P0")
 def caused_by_an_item(exc: Exception) -> bool:
     """Whether a failed set-based statement may have failed because of one item's values
     (invalid or out-of-range data, a violated constraint, a size limit, an error raised by
-    a trigger) rather than because the database is unavailable: only such a failure is worth
-    splitting a batch to find the item it belongs to (see evora.coalesce)."""
+    a trigger, a key without room for the items: QueueFull) rather than because the database
+    is unavailable: only such a failure is worth splitting a batch to find the item it
+    belongs to (see evora.coalesce). A split admits the requests that fit, in order."""
+    if isinstance(exc, QueueFull):
+        return True
     return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate)[:2] in _ITEM_SQLSTATES
 
 
@@ -558,7 +562,19 @@ class JobStore:
     async def release(
         self, job_id: UUID, lease_token: UUID, *, delay_seconds: float = 0.0
     ) -> JobDict:
-        [row] = await self._change(self._pool, queries.RELEASE, job_id, lease_token, delay_seconds)
+        return await self._hand_back(job_id, lease_token, delay_seconds, EventName.RELEASED)
+
+    async def snooze(self, job_id: UUID, lease_token: UUID, *, delay_seconds: float) -> JobDict:
+        """Hand the job back to run again after `delay_seconds`, without using up an attempt:
+        a release recorded as `snoozed` and counted in the job's `snoozes`."""
+        return await self._hand_back(job_id, lease_token, delay_seconds, EventName.SNOOZED)
+
+    async def _hand_back(
+        self, job_id: UUID, lease_token: UUID, delay_seconds: float, event: EventName
+    ) -> JobDict:
+        [row] = await self._change(
+            self._pool, queries.RELEASE, job_id, lease_token, delay_seconds, str(event)
+        )
         AckResult(row["outcome"]).raise_unless_done(job_id)
         return job_from_row(row["job"])
 

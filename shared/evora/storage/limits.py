@@ -29,6 +29,7 @@ from evora.storage.statements import load
     CLOCK,
     CLAIMS_BEGUN_BEFORE,
     USAGE_BY_KIND,
+    DEPTH,
 ) = load(
     "limits",
     "put_limit",
@@ -42,6 +43,7 @@ from evora.storage.statements import load
     "clock",
     "claims_begun_before",
     "usage_by_kind",
+    "key_depth",
 )
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,9 @@ class Rate:
 class LimitSpec:
     concurrency: int | None
     rate: Rate | None
+    # at most this many jobs holding the key waiting to run (PENDING or WAITING): admission
+    # control, enforced when jobs are submitted (docs/flow-control.md, "Admission")
+    max_pending: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,7 @@ def limit_from_row(row: asyncpg.Record) -> LimitDict:
         "key": row["key"],
         "concurrency": row["concurrency"],
         "rate": rate,
+        "max_pending": row["max_pending"],
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
     }
@@ -142,6 +148,7 @@ class LimitStore:
                     spec.concurrency,
                     None if rate is None else rate.limit,
                     None if rate is None else rate.per_seconds,
+                    spec.max_pending,
                 )
                 await conn.fetchval(WAKE, key)
             await _await_claims_begun_before(conn)
@@ -166,7 +173,10 @@ class LimitStore:
         """The limit that governs `key` (its own or a prefix limit, named by `governed_by`)
         with the key's live usage. A prefix limit's own key sums the keys it governs (those
         under its stem without a limit of their own or a longer prefix limit) that live jobs
-        hold; its `tokens` is null."""
+        hold; its `tokens` is null. Under a max_pending, a concrete key's `pending` (its jobs
+        waiting to run) and `room` (how many more a submission may add now); null otherwise,
+        and for a prefix limit's own key (each key under it has its own room)."""
+        pending: int | None = None
         async with self._pool.acquire() as conn:
             row = await self._governing(conn, key)
             spec = (row["concurrency"], row["rate_limit"], row["rate_per_seconds"])
@@ -174,8 +184,12 @@ class LimitStore:
                 usage = await conn.fetchrow(PREFIX_USAGE, key.removesuffix(PREFIX_MARK), *spec)
             else:
                 usage = await conn.fetchrow(USAGE, key, *spec)
+                if row["max_pending"] is not None:
+                    pending = await conn.fetchval(DEPTH, key)
         assert usage is not None  # an aggregate answers one row
         return {
+            "pending": pending,
+            "room": None if pending is None else max(0, row["max_pending"] - pending),
             **limit_from_row(row),
             "key": key,
             "governed_by": row["key"],

@@ -56,6 +56,7 @@ from evora.storage.retention import (
     EVENT_PARTITIONS_AHEAD,
     MAKE_EVENT_PARTITIONS,
 )
+from evora.storage.statements import with_rules
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def function_files() -> list[FunctionFile]:
     """The files holding the current text of every function and trigger, in the order they
     are applied (by name)."""
     found = [
-        FunctionFile(entry.name.removesuffix(".sql"), entry.read_text(encoding="utf-8"))
+        FunctionFile(entry.name.removesuffix(".sql"), with_rules(entry.read_text(encoding="utf-8")))
         for entry in resources.files("evora.storage.functions").iterdir()
         if entry.name.endswith(".sql")
     ]

@@ -18,6 +18,7 @@ _JOB_FIELDS = (
     "group_key",
     "idempotency_key",
     "attempt",
+    "snoozes",
     "max_attempts",
     "lease_seconds",
     "run_at",

@@ -103,6 +103,7 @@ CREATE TABLE evora.jobs (
     depends_on uuid[],
     limit_keys text[] DEFAULT '{}'::text[] NOT NULL,
     limited boolean DEFAULT false NOT NULL,
+    snoozes integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -154,6 +155,83 @@ CREATE FUNCTION evora.add_submitted_data() RETURNS trigger
 BEGIN
     NEW.data := NEW.data || current_setting('evora.submitted_data')::jsonb;
     RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION evora.admission_limits(keys text[]) RETURNS TABLE(key text, max_pending integer)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT g.key, g.max_pending
+    FROM (SELECT e.key, e.max_pending
+          FROM evora.flow_limits e
+          WHERE e.key = ANY(keys)
+          UNION ALL
+          (SELECT DISTINCT ON (k.key) k.key, p.max_pending
+           FROM (SELECT * FROM evora.flow_limits WHERE stem IS NOT NULL) AS p
+           JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
+           WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits e WHERE e.key = k.key)
+           ORDER BY k.key, length(p.stem) DESC)) AS g
+    WHERE g.max_pending IS NOT NULL
+$$;
+
+CREATE FUNCTION evora.admit(queues text[], created integer[], limit_key_ords integer[], limit_key_names text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    admission CONSTANT integer := 1163280708;  -- 'EVAD'
+    keys text[] := '{}';
+    adding bigint[] := '{}';
+    maxima integer[] := '{}';
+    k record;
+    over record;
+BEGIN
+    FOR k IN
+        WITH held AS (
+            SELECT DISTINCT h.ord, h.key
+            FROM (SELECT q.ord, 'queue:' || q.queue AS key
+                  FROM unnest(queues) WITH ORDINALITY AS q(queue, ord)
+                  UNION ALL
+                  SELECT l.ord, l.name FROM unnest(limit_key_ords, limit_key_names) AS l(ord, name))
+                 AS h
+            WHERE h.ord IN (SELECT unnest(created))
+        ),
+        wanted AS (
+            SELECT h.key, count(*) AS adding FROM held h GROUP BY h.key
+        )
+        SELECT w.key, w.adding, a.max_pending
+        FROM wanted w
+        JOIN evora.admission_limits(ARRAY(SELECT w.key FROM wanted w)) a ON a.key = w.key
+        ORDER BY hashtext(w.key), w.key
+    LOOP
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'key % has a max_pending: submit its jobs under READ COMMITTED, '
+                            'not %', quote_literal(k.key),
+                            upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'feature_not_supported';
+        END IF;
+        PERFORM pg_advisory_xact_lock(admission, hashtext(k.key));
+        keys := keys || k.key;
+        adding := adding || k.adding;
+        maxima := maxima || k.max_pending;
+    END LOOP;
+    IF keys = '{}' THEN
+        RETURN;
+    END IF;
+    SELECT w.key, w.adding, w.max_pending, d.depth INTO over
+    FROM unnest(keys, adding, maxima) AS w(key, adding, max_pending)
+    CROSS JOIN LATERAL (SELECT evora.pending_holding(w.key, w.max_pending + 1) AS depth) AS d
+    WHERE d.depth + w.adding > w.max_pending
+    ORDER BY w.key
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'queue_full: key % has % jobs waiting to run (PENDING or WAITING) and a '
+                        'max_pending of %: % more would exceed it', quote_literal(over.key),
+                        CASE WHEN over.depth > over.max_pending THEN 'over ' || over.max_pending
+                             ELSE over.depth::text END,
+                        over.max_pending, over.adding
+            USING ERRCODE = 'EV429', DETAIL = over.key,
+                  HINT = 'retry once jobs holding the key have been claimed';
+    END IF;
 END
 $$;
 
@@ -250,16 +328,16 @@ BEGIN
                 FROM evora.jobs j
                 WHERE evora.claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
-                  AND (j.group_key IS NULL OR (
-                        (SELECT true FROM evora.jobs r
-                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
-                           AND r.group_key = j.group_key
-                         LIMIT 1) IS NULL
-                        AND (SELECT true FROM evora.jobs e
-                             WHERE e.state = 'PENDING' AND e.queue = j.queue
-                               AND e.group_key = j.group_key
-                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-                             LIMIT 1) IS NULL))
+                  AND (
+j.group_key IS NULL OR (
+    (SELECT true FROM evora.jobs r
+     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs e
+         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+         LIMIT 1) IS NULL)
+)
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
@@ -439,6 +517,93 @@ CREATE FUNCTION evora.claimable(j evora.jobs, in_queue text, at timestamp with t
        AND NOT evora.queue_paused(in_queue)
 $$;
 
+CREATE FUNCTION evora.client_json(value jsonb, field text) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $_$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+BEGIN
+    IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
+        PERFORM evora.reject(field, format('is %s bytes encoded; the limit is %s',
+                                           octet_length(value::text), lim ->> 'max_payload_bytes'));
+    END IF;
+    IF jsonb_path_exists(value,
+            '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
+            jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
+        PERFORM evora.reject(field, 'holds a number beyond the range of a double');
+    END IF;
+    RETURN value;
+END
+$_$;
+
+CREATE FUNCTION evora.complete(job_id uuid, lease_token uuid, result jsonb DEFAULT NULL::jsonb) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'evora', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM evora.raise_unless_done(c.outcome, job_id)
+    FROM evora.complete_items(
+        ARRAY[job_id], ARRAY[lease_token],
+        ARRAY[evora.client_json(coalesce(result, 'null'::jsonb), 'result')], '{}', false) AS c;
+    RETURN 'COMPLETED';
+END
+$$;
+
+CREATE FUNCTION evora.complete_items(ids uuid[], tokens uuid[], results jsonb[], suppressed text[], with_jobs boolean) RETURNS TABLE(outcome text, job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 100
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH items AS (
+        SELECT *
+        FROM unnest(ids, tokens, results) WITH ORDINALITY AS i(id, token, result, ord)
+    ),
+    input AS (
+        SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
+        FROM items ORDER BY id, token, ord
+    ),
+    moved AS (
+        UPDATE evora.jobs j
+        SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL,
+            finished_at = evora.clock_now(), updated_at = evora.clock_now(),
+            version = j.version + 1
+        FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
+        RETURNING j.id, j.lease_token, j AS job,
+                  ROW(j, 'completed', 'RUNNING', j.worker_id,
+                      jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora.move AS move
+    ),
+    recorded AS (
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
+                WHEN cur.found THEN 'lease_lost'
+                ELSE 'not_found' END,
+           CASE WHEN with_jobs THEN coalesce(m.job, CASE WHEN cur.replayed THEN cur.job END) END,
+           r.notified, r.owed
+    FROM items i
+    CROSS JOIN recorded r
+    LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
+    LEFT JOIN LATERAL (
+        SELECT true AS found, s.state = 'RUNNING' AND s.lease_token = i.token AS stale,
+               s.state = 'COMPLETED' AND s.lease_token = i.token AS replayed, s AS job
+        FROM evora.jobs s WHERE s.id = i.id AND m.id IS NULL
+    ) snap ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS found, l.state = 'COMPLETED' AND l.lease_token = i.token AS replayed,
+               l AS job
+        FROM evora.jobs l WHERE l.id = i.id AND snap.stale
+        FOR SHARE
+    ) latest ON true
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN snap.stale THEN latest.found ELSE snap.found END AS found,
+               CASE WHEN snap.stale THEN latest.replayed ELSE snap.replayed END AS replayed,
+               CASE WHEN snap.stale THEN latest.job ELSE snap.job END AS job
+    ) cur
+    ORDER BY i.ord;
+END
+$$;
+
 CREATE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancelled boolean) RETURNS evora.job_state
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -469,6 +634,8 @@ BEGIN
         UPDATE evora.jobs j
         SET state = d.to_state,
             attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+            snoozes = j.snoozes + CASE WHEN d.pending_event = 'snoozed' AND d.to_state = 'PENDING'
+                                       THEN 1 ELSE 0 END,
             last_error = coalesce(d.error, j.last_error),
             lease_expires_at = NULL,
             run_at = CASE WHEN d.to_state = 'PENDING'
@@ -554,6 +721,107 @@ BEGIN
         detach_pending := part.detach_pending;
         RETURN NEXT;
     END LOOP;
+END
+$$;
+
+CREATE FUNCTION evora.fail(job_id uuid, lease_token uuid, error jsonb, retryable boolean DEFAULT true, retry_in_seconds double precision DEFAULT NULL::double precision) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'evora', 'pg_temp'
+    AS $$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+    answer text;
+    moved evora.job_state;
+    stored jsonb;
+    given text;
+BEGIN
+    IF error IS NULL OR jsonb_typeof(error) <> 'object'
+            OR jsonb_typeof(error -> 'message') IS DISTINCT FROM 'string' THEN
+        PERFORM evora.reject('error', 'must be a JSON object with a string message');
+    END IF;
+    FOR given IN SELECT jsonb_object_keys(error) LOOP
+        IF given NOT IN ('message', 'type', 'traceback') THEN
+            PERFORM evora.reject('error.' || given, 'is not a field of an error');
+        END IF;
+    END LOOP;
+    IF coalesce(jsonb_typeof(error -> 'type'), 'null') NOT IN ('string', 'null')
+            OR length(error ->> 'type') > (lim ->> 'max_error_type')::integer THEN
+        PERFORM evora.reject('error.type', format('must be a string of at most %s characters',
+                                                  lim ->> 'max_error_type'));
+    END IF;
+    IF coalesce(jsonb_typeof(error -> 'traceback'), 'null') NOT IN ('string', 'null') THEN
+        PERFORM evora.reject('error.traceback', 'must be a string');
+    END IF;
+    stored := jsonb_build_object(
+        'message', left(error ->> 'message', (lim ->> 'max_error_message')::integer),
+        'type', error ->> 'type');
+    IF error ->> 'traceback' IS NOT NULL THEN
+        stored := stored || jsonb_build_object('traceback', right(
+            error ->> 'traceback', (lim ->> 'max_error_traceback')::integer));
+    END IF;
+    IF retryable IS NULL THEN
+        PERFORM evora.reject('retryable', 'must be true or false');
+    END IF;
+    IF retry_in_seconds IS NOT NULL AND (retry_in_seconds = 'NaN'
+            OR retry_in_seconds NOT BETWEEN 0 AND (evora.limits() ->> 'max_seconds')::float8) THEN
+        PERFORM evora.reject('retry_in_seconds', format('must be between 0 and %s',
+                                                        evora.limits() ->> 'max_seconds'));
+    END IF;
+    SELECT f.outcome, (f.job).state INTO answer, moved
+    FROM evora.fail_items(ARRAY[job_id], ARRAY[lease_token], ARRAY[stored], ARRAY[retryable],
+                          ARRAY[retry_in_seconds], '{}', true) AS f;
+    PERFORM evora.raise_unless_done(answer, job_id);
+    RETURN moved;
+END
+$$;
+
+CREATE FUNCTION evora.fail_items(ids uuid[], tokens uuid[], errors jsonb[], retryables boolean[], retry_ins double precision[], suppressed text[], with_jobs boolean) RETURNS TABLE(outcome text, job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 100
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH items AS (
+        SELECT *
+        FROM unnest(ids, tokens, errors, retryables, retry_ins)
+            WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
+    ),
+    input AS (
+        SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
+        FROM items ORDER BY id, token, ord
+    ),
+    decided AS (
+        SELECT ROW(
+            j.id,
+            CASE WHEN j.cancel_requested THEN 'CANCELLED'
+                 WHEN NOT i.retryable OR j.attempt >= j.max_attempts THEN 'DLQ'
+                 ELSE 'PENDING' END::evora.job_state,
+            i.error,
+            CASE WHEN j.cancel_requested THEN 'cancel_requested'
+                 WHEN NOT i.retryable THEN 'not_retryable'
+                 WHEN j.attempt >= j.max_attempts THEN 'failed' END,
+            coalesce(i.retry_in, evora.backoff_seconds(j.backoff_initial, j.backoff_max,
+                                                       j.backoff_multiplier, j.attempt)),
+            false, 'failed', j.worker_id
+        )::evora.attempt_end AS decision
+        FROM evora.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
+        FOR UPDATE OF j
+    ),
+    ended AS (
+        SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), suppressed)
+    )
+    SELECT CASE WHEN won.ord IS NOT NULL THEN 'done'
+                WHEN EXISTS (SELECT 1 FROM evora.jobs x WHERE x.id = i.id) THEN 'lease_lost'
+                ELSE 'not_found' END,
+           CASE WHEN with_jobs THEN won.job END,
+           (SELECT e.notified FROM ended e LIMIT 1),
+           (SELECT e.owed FROM ended e LIMIT 1)
+    FROM items i
+    LEFT JOIN (
+        SELECT d.ord, e.job
+        FROM ended e JOIN input d ON d.id = (e.job).id AND d.token = (e.job).lease_token
+    ) won ON won.ord = i.ord
+    ORDER BY i.ord;
 END
 $$;
 
@@ -688,7 +956,10 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
                     "max_multiplier": 1000},
         "max_dependencies": 1000,
-        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
+        "max_error_message": 8192,
+        "max_error_traceback": 8192,
+        "max_error_type": 255
     }'::jsonb
 $_$;
 
@@ -758,6 +1029,22 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.pending_holding(k text, most bigint) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT count(*) FROM (
+                SELECT 1 FROM evora.jobs p
+                WHERE starts_with(k, 'queue:') AND p.state IN ('PENDING', 'WAITING')
+                  AND p.queue = substr(k, 7)
+                LIMIT most) AS q)
+         + (SELECT count(*) FROM (
+                SELECT 1 FROM evora.jobs p
+                WHERE p.state IN ('PENDING', 'WAITING') AND p.limit_keys <> '{}'
+                  AND p.limit_keys @> ARRAY[k]
+                  AND NOT (starts_with(k, 'queue:') AND p.queue = substr(k, 7))
+                LIMIT most) AS l)
+$$;
+
 CREATE FUNCTION evora.prune_finished(age double precision, batch integer, finished evora.job_state) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
@@ -796,6 +1083,21 @@ CREATE FUNCTION evora.queue_paused(in_queue text) RETURNS boolean
     SELECT EXISTS (SELECT 1 FROM evora.paused_queues p WHERE p.queue = in_queue)
 $$;
 
+CREATE FUNCTION evora.raise_unless_done(outcome text, job_id uuid) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF outcome = 'lease_lost' THEN
+        RAISE EXCEPTION 'job %: the lease token is not the current lease of the job', job_id
+            USING ERRCODE = 'EV409',
+                  HINT = 'the lease expired or the job was finished under another lease; '
+                         'roll back: the job is not yours any more';
+    ELSIF outcome = 'not_found' THEN
+        RAISE EXCEPTION 'job %: not found', job_id USING ERRCODE = 'EV404';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION evora.record_limit_change() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -803,8 +1105,10 @@ BEGIN
     IF TG_OP = 'DELETE' THEN
         INSERT INTO evora.flow_limit_changes (key, deleted) VALUES (OLD.key, true);
     ELSE
-        INSERT INTO evora.flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
-        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
+        INSERT INTO evora.flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds,
+                                              max_pending, deleted)
+        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, NEW.max_pending,
+                false);
     END IF;
     RETURN NULL;
 END
@@ -1081,6 +1385,9 @@ BEGIN
         FROM unnest(ids, idempotency_keys, refusals) WITH ORDINALITY AS x(id, key, refusal, ord)
         WHERE x.refusal IS NULL AND (x.key IS NULL OR x.id IN (SELECT unnest(kept)))
         ORDER BY x.id);
+    IF EXISTS (SELECT 1 FROM evora.flow_limits WHERE max_pending IS NOT NULL) THEN
+        PERFORM evora.admit(queues, created, limit_key_ords, limit_key_names);
+    END IF;
     RETURN QUERY
     WITH lists AS (
         SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
@@ -1484,7 +1791,7 @@ $$;
 
 CREATE FUNCTION evora.validated(item jsonb, at text) RETURNS evora.submission
     LANGUAGE plpgsql STABLE
-    AS $_$
+    AS $$
 DECLARE
     lim CONSTANT jsonb := evora.limits();
     s evora.submission;
@@ -1511,18 +1818,7 @@ BEGIN
         WHEN 'queue', 'type' THEN
             NULL;
         WHEN 'payload' THEN
-            IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
-                PERFORM evora.reject(at || field, format(
-                    'is %s bytes encoded; the limit is %s',
-                    octet_length(value::text), lim ->> 'max_payload_bytes'));
-            END IF;
-            IF jsonb_path_exists(value,
-                    '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
-                    jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
-                PERFORM evora.reject(at || field,
-                                     'holds a number beyond the range of a double');
-            END IF;
-            s.payload := value;
+            s.payload := evora.client_json(value, at || field);
         WHEN 'priority' THEN
             s.priority := evora.number_field(value, at || field,
                 (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);
@@ -1581,7 +1877,7 @@ BEGIN
     END IF;
     RETURN s;
 END
-$_$;
+$$;
 
 CREATE FUNCTION evora.validated_with_dependencies(item jsonb, at text) RETURNS evora.submission
     LANGUAGE plpgsql STABLE
@@ -1675,7 +1971,8 @@ CREATE TABLE evora.flow_limit_changes (
     rate_limit integer,
     rate_per_seconds double precision,
     deleted boolean NOT NULL,
-    changed_at timestamp with time zone DEFAULT now() NOT NULL
+    changed_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_pending integer
 );
 
 ALTER TABLE evora.flow_limit_changes ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
@@ -1699,7 +1996,9 @@ CASE
 END) STORED,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_pending integer,
     CONSTRAINT flow_limits_concurrency CHECK ((concurrency >= 1)),
+    CONSTRAINT flow_limits_max_pending CHECK ((max_pending >= 1)),
     CONSTRAINT flow_limits_rate_limit CHECK ((rate_limit >= 1)),
     CONSTRAINT flow_limits_rate_per_seconds CHECK ((rate_per_seconds > (0)::double precision)),
     CONSTRAINT flow_limits_rate_whole CHECK (((rate_limit IS NULL) = (rate_per_seconds IS NULL)))
@@ -1905,6 +2204,8 @@ CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (
 CREATE INDEX jobs_scheduled ON evora.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::evora.job_state);
 
 CREATE UNIQUE INDEX jobs_submit_seq ON evora.jobs USING btree (submit_seq);
+
+CREATE INDEX jobs_waiting_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = ANY (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state])) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX schedules_due ON evora.schedules USING btree (next_run_at) WHERE (NOT paused);
 

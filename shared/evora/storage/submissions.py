@@ -30,6 +30,7 @@ from evora.domain.errors import (
     IdempotencyConflict,
     IdempotentJobGone,
     InvalidDependency,
+    QueueFull,
 )
 from evora.protocol.bounds import DEPENDENCY_REF_PREFIX
 from evora.protocol.jobs import JobSubmission
@@ -37,6 +38,10 @@ from evora.storage.rows import JobDict, job_from_row
 from evora.storage.statements import load
 
 (SUBMIT,) = load("submit", "submit")
+
+# What evora.admit() raises when a key would hold more jobs waiting than its max_pending
+# (functions/submissions.sql); its DETAIL is the key.
+QUEUE_FULL_SQLSTATE = "EV429"
 
 # Runs a transition statement and settles its NOTIFY hints (JobStore._change).
 Change = Callable[..., Awaitable[list[asyncpg.Record]]]
@@ -182,7 +187,37 @@ async def store(
     ids = uuid7s(len(submissions))
     edges = dependency_edges(submissions, ids, batch=name_repeats, own_refs=own_refs)
 
-    rows = await change(
+    try:
+        rows = await _run(conn, change, submissions, ids, edges, committed, with_jobs)
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != QUEUE_FULL_SQLSTATE:
+            raise
+        raise queue_full(exc, submissions) from exc
+    by_position = {row["ord"]: row for row in rows}
+    return [
+        _outcome(index, sub, by_position[index + 1], name_repeats)
+        for index, sub in enumerate(submissions)
+    ], rows
+
+
+def queue_full(exc: asyncpg.PostgresError, submissions: Sequence[JobSubmission]) -> QueueFull:
+    """The refusal of evora.admit() as the api answers it, with the queue of the first of
+    `submissions` that holds the key."""
+    key = str(exc.detail)
+    queue = next(s.queue for s in submissions if key == f"queue:{s.queue}" or key in s.limit_keys)
+    return QueueFull(str(exc).removeprefix("queue_full: "), key=key, queue=queue)
+
+
+async def _run(
+    conn: asyncpg.Connection,
+    change: Change,
+    submissions: Sequence[JobSubmission],
+    ids: list[UUID],
+    edges: Edges,
+    committed: bool,
+    with_jobs: bool,
+) -> list[asyncpg.Record]:
+    return await change(
         conn,
         SUBMIT,
         ids,
@@ -209,11 +244,6 @@ async def store(
         committed=committed,
         with_jobs=with_jobs,
     )
-    by_position = {row["ord"]: row for row in rows}
-    return [
-        _outcome(index, sub, by_position[index + 1], name_repeats)
-        for index, sub in enumerate(submissions)
-    ], rows
 
 
 # Fields added after migration 0011: not part of the fingerprints computed before it.

@@ -138,6 +138,7 @@ export interface GovernedLimit {
   key: string;
   concurrency: number | null;
   rate: Rate | null;
+  max_pending: number | null;
   created_at: string;
   updated_at: string;
   /** the key of the limit that applies: the key's own, or a prefix limit's */
@@ -204,6 +205,8 @@ export interface JobResponse {
   group_key: string | null;
   idempotency_key: string | null;
   attempt: number;
+  /** times a worker snoozed it (docs/jobs-that-wait.md): not counted in attempt */
+  snoozes: number;
   max_attempts: number;
   lease_seconds: number;
   run_at: string;
@@ -276,6 +279,7 @@ export interface Limit {
   key: string;
   concurrency: number | null;
   rate: Rate | null;
+  max_pending: number | null;
   created_at: string;
   updated_at: string;
 }
@@ -285,6 +289,8 @@ export interface LimitBody {
   concurrency: number | null;
   /** at most `limit` claims per `per_seconds` */
   rate: Rate | null;
+  /** at most this many jobs holding the key waiting to run (PENDING or WAITING): a submission that would exceed it is refused with 429 `queue_full` */
+  max_pending?: number | null;
 }
 
 export interface LimitList {
@@ -299,6 +305,10 @@ export interface LimitListQuery {
 }
 
 export interface LimitUsage {
+  /** jobs holding the key waiting to run (PENDING or WAITING) */
+  pending: number | null;
+  /** how many more jobs holding the key a submission may add now */
+  room: number | null;
   /** RUNNING jobs holding the key */
   running: number;
   /** tokens in the key's bucket now; null without a rate, or for a prefix */
@@ -310,6 +320,7 @@ export interface LimitUsage {
   key: string;
   concurrency: number | null;
   rate: Rate | null;
+  max_pending: number | null;
   created_at: string;
   updated_at: string;
   /** the key of the limit that applies: the key's own, or a prefix limit's */

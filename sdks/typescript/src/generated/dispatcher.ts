@@ -8,7 +8,8 @@ export type Operation =
   | "POST /v1/jobs/{id}/complete"
   | "POST /v1/jobs/{id}/fail"
   | "POST /v1/jobs/{id}/heartbeat"
-  | "POST /v1/jobs/{id}/release";
+  | "POST /v1/jobs/{id}/release"
+  | "POST /v1/jobs/{id}/snooze";
 
 export interface Ack {
   id: string;
@@ -58,6 +59,8 @@ export interface ClaimedJob {
   group_key: string | null;
   idempotency_key: string | null;
   attempt: number;
+  /** times a worker snoozed it (docs/jobs-that-wait.md): not counted in attempt */
+  snoozes: number;
   max_attempts: number;
   lease_seconds: number;
   run_at: string;
@@ -125,6 +128,8 @@ export interface Job {
   group_key: string | null;
   idempotency_key: string | null;
   attempt: number;
+  /** times a worker snoozed it (docs/jobs-that-wait.md): not counted in attempt */
+  snoozes: number;
   max_attempts: number;
   lease_seconds: number;
   run_at: string;
@@ -168,4 +173,10 @@ export interface Problem {
 export interface ReleaseRequest {
   lease_token: string;
   delay_seconds?: number | null;
+}
+
+export interface SnoozeRequest {
+  lease_token: string;
+  /** run again this many seconds from now */
+  delay_seconds: number;
 }

@@ -41,7 +41,7 @@ ERROR_WIDTH = 60
 EVENT_COLUMNS = ("seq", "at", "event", "from_state", "to_state", "attempt", "worker_id", "data")
 QUEUE_COLUMNS = ("queue", "paused", *(state.lower() for state in JobState))
 SCHEDULE_COLUMNS = ("name", "cron", "timezone", "queue", "type", "paused", "next_run_at")
-LIMIT_COLUMNS = ("key", "concurrency", "rate")
+LIMIT_COLUMNS = ("key", "concurrency", "rate", "max_pending")
 FINAL = frozenset({JobState.COMPLETED, JobState.DLQ, JobState.CANCELLED})
 # How often `evora jobs get --wait` asks again.
 WAIT_POLL_SECONDS = 0.5
@@ -353,7 +353,9 @@ async def get_limit(client: Client, args: argparse.Namespace) -> Outcome:
 
 
 async def set_limit(client: Client, args: argparse.Namespace) -> Outcome:
-    limit = await client.set_limit(args.key, concurrency=args.concurrency, rate=args.rate)
+    limit = await client.set_limit(
+        args.key, concurrency=args.concurrency, rate=args.rate, max_pending=args.max_pending
+    )
     return Outcome(limit, record(_limit_row(limit)))
 
 

@@ -187,6 +187,9 @@ def add_commands(sub: Subparsers) -> None:
     set_limit.add_argument("key", metavar="KEY", help="tenant:42, queue:<queue>, tenant:*")
     set_limit.add_argument("--concurrency", type=int, help="at most this many RUNNING")
     set_limit.add_argument("--rate", type=_rate, metavar="N/SECONDS", help="claims per period")
+    set_limit.add_argument(
+        "--max-pending", type=int, help="at most this many waiting to run (PENDING or WAITING)"
+    )
     for name, summary, operation in (
         ("get", "the limit governing a key, with its usage", commands.get_limit),
         ("delete", "delete a limit", commands.delete_limit),

@@ -134,11 +134,12 @@ $$;
 -- Plain SQL, STABLE, one expression without subqueries: the planner inlines it (a subquery
 -- would stop it), so each claim plans the rule as if written in place, its conditions on
 -- state, queue and run_at used for the index scan (tests/integration/test_claim_rule.py).
--- The FIFO group part of the rule is not in it: it needs subqueries, and as a function
--- called once per grouped candidate it cost ~40 % more PostgreSQL CPU on claims of grouped
--- jobs (bench/store.py --quick --groups 1000, drain phases). Each claim writes
--- it out (the same text, after evora.claimable()), and tests/integration/test_claim_rule.py
--- proves both claims take the same jobs.
+-- The FIFO group part of the rule is not in it: it needs subqueries, and a function with
+-- subqueries is never inlined (called once per grouped candidate it cost ~40 % more). It is
+-- the rule `group_turn` of storage/rules.sql, written into each claim and the unclaimed-jobs
+-- report where they name it (a marker statements.py and migrate expand);
+-- tests/integration/test_claim_rule.py proves both claims take the same jobs and the report
+-- counts exactly those.
 CREATE OR REPLACE FUNCTION evora.queue_paused(in_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM evora.paused_queues p WHERE p.queue = in_queue)
@@ -251,18 +252,9 @@ BEGIN
                 FROM evora.jobs j
                 WHERE evora.claimable(j, q.queue, at, types)
                   AND (j.priority, j.run_at, j.submit_seq) > (q.priority, q.run_at, q.seq)
-                  -- FIFO groups: the claim's text (`claim` in sql/transitions.sql), which
-                  -- says why it is written this way
-                  AND (j.group_key IS NULL OR (
-                        (SELECT true FROM evora.jobs r
-                         WHERE r.state = 'RUNNING' AND r.queue = j.queue
-                           AND r.group_key = j.group_key
-                         LIMIT 1) IS NULL
-                        AND (SELECT true FROM evora.jobs e
-                             WHERE e.state = 'PENDING' AND e.queue = j.queue
-                               AND e.group_key = j.group_key
-                               AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-                             LIMIT 1) IS NULL))
+                  -- FIFO groups: the rule every claim states (rules.sql, which says why
+                  -- it is written in place, not called)
+                  AND {{rule:group_turn}}
                   AND NOT (j.limit_keys && blocked)
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
@@ -471,8 +463,8 @@ LANGUAGE sql STABLE ROWS 1 AS $$
     SELECT NULL::uuid, NULL::boolean WHERE false
 $$;
 
--- Three statements end attempts: `fail` (a worker's failure), `release` (a worker hands the
--- claim back) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
+-- Three statements end attempts: evora.fail_items() (a worker's failure), `release` (a worker hands the
+-- claim back, or snoozes: hands it back to run again later) and `expire_leases` (the sweeper, for a lease that ran out). Each decides, under
 -- its own fence and lock, where each attempt goes (one `evora.attempt_end` per job); this
 -- moves every decided job that is still RUNNING (the caller holds its row lock) and records
 -- it, the same way for all three; it returns each moved job whole, with the queues notified
@@ -483,8 +475,8 @@ $$;
 -- of the join: each attempt is one probe of the primary key. Written as `j.state =
 -- 'RUNNING'`, it was a filter the planner could serve by scanning every RUNNING job of every
 -- queue and hash-joining the attempts to them (a failure of one job read thousands of rows
--- while thousands ran elsewhere). The fail and complete statements of
--- storage/sql/transitions.sql do the same. ROWS 100: one row per job moved, out of those
+-- while thousands ran elsewhere). evora.complete_items() and evora.fail_items() (below) do
+-- the same. ROWS 100: one row per job moved, out of those
 -- given (a batch of acks, a sweep); without it the planner takes a set-returning PL/pgSQL
 -- function for 1,000 rows, and the statements that join it cross jit_above_cost.
 CREATE OR REPLACE FUNCTION evora.end_attempts(ends evora.attempt_end[], suppressed text[])
@@ -502,6 +494,10 @@ BEGIN
             -- a release hands the claim back uncounted, unless it ends the job (cancel
             -- requested): then the attempt ran and stays counted
             attempt = j.attempt - CASE WHEN d.released AND d.to_state = 'PENDING' THEN 1 ELSE 0 END,
+            -- a snooze is a release that asks to run again later: counted apart, so the job
+            -- shows how often it waited though its attempt number did not grow
+            snoozes = j.snoozes + CASE WHEN d.pending_event = 'snoozed' AND d.to_state = 'PENDING'
+                                       THEN 1 ELSE 0 END,
             last_error = coalesce(d.error, j.last_error),
             lease_expires_at = NULL,
             run_at = CASE WHEN d.to_state = 'PENDING'
@@ -571,3 +567,262 @@ BEGIN
     FROM moved m CROSS JOIN recorded r;
 END
 $$;
+
+-- A worker's completions and failures, in batches: the `complete` and `fail` statements of
+-- storage/sql/transitions.sql (the dispatcher's acks) and evora.complete()/evora.fail() below
+-- (a worker's own transaction) all run these, so the rules are the same whichever way an
+-- outcome arrives.
+--
+-- evora.complete_items(): ids, lease tokens and results, one of each per item; the queues
+-- this process notified a moment ago (`suppressed`); whether to return the jobs.
+-- Acks arrive in batches (one /v1/acks request, or concurrent single requests coalesced), and a
+-- batch may name a job more than once: a stale worker's token beside the owner's, or the
+-- owner's retry. Items are therefore kept per (id, token), never merged per id: only the item
+-- carrying the current lease token can match its job, whatever else the batch holds, and a
+-- repeat of the same (id, token) keeps its first occurrence. Each changed job comes back with
+-- its lease token. Every item, repeats included, gets one row in its own position: the
+-- winner 'done' with its job; a repeat of a winner is a replay, answered 'done' with the same
+-- job; any other item as if it came alone, after the winners: 'done' if its job was already
+-- COMPLETED under its token (a retry after a lost answer), else 'lease_lost' or 'not_found'.
+-- Without `with_jobs` the jobs are left out (a batch of acks reports outcomes only).
+-- plpgsql, so that its plan is prepared once per connection, like a statement's, and the one
+-- statement takes one snapshot, as the statement did.
+CREATE OR REPLACE FUNCTION evora.complete_items(
+    ids uuid[], tokens uuid[], results jsonb[], suppressed text[], with_jobs boolean
+) RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH items AS (
+        SELECT *
+        FROM unnest(ids, tokens, results) WITH ORDINALITY AS i(id, token, result, ord)
+    ),
+    -- The fence's state comes with the items (`fenced`), so that it joins each item to its job
+    -- rather than filtering `jobs`: as a filter, the planner may read it as "scan every RUNNING
+    -- job" (through an index on state, every queue's) and hash-join the items to them, an ack
+    -- costing as much as the jobs running anywhere (tests/integration/test_ack_cost.py). Joined,
+    -- each item is one probe of the primary key. (DISTINCT ON keeps `input` a subquery of its
+    -- own, so `fenced` stays a column instead of being folded back into a constant filter.)
+    input AS (
+        SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
+        FROM items ORDER BY id, token, ord
+    ),
+    moved AS (
+        UPDATE evora.jobs j
+        SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL,
+            finished_at = evora.clock_now(), updated_at = evora.clock_now(),
+            version = j.version + 1
+        FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
+        RETURNING j.id, j.lease_token, j AS job,
+                  ROW(j, 'completed', 'RUNNING', j.worker_id,
+                      jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora.move AS move
+    ),
+    recorded AS (
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
+                WHEN cur.found THEN 'lease_lost'
+                ELSE 'not_found' END,
+           CASE WHEN with_jobs THEN coalesce(m.job, CASE WHEN cur.replayed THEN cur.job END) END,
+           r.notified, r.owed
+    FROM items i
+    CROSS JOIN recorded r
+    LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
+    -- An item that changed nothing reads its job as this statement's snapshot shows it. If the
+    -- snapshot still shows the job RUNNING under the item's own token (`stale`), a concurrent
+    -- transaction moved it after the snapshot was taken (the UPDATE waited for it, then found no
+    -- match): only the latest version tells a replay (COMPLETED under the same token) from a
+    -- lost lease, so that one row is read again under a lock, which waits for and returns the
+    -- latest version. A row this statement changed is never read so: its items matched it, or
+    -- carry another token than the one the snapshot shows.
+    LEFT JOIN LATERAL (
+        SELECT true AS found, s.state = 'RUNNING' AND s.lease_token = i.token AS stale,
+               s.state = 'COMPLETED' AND s.lease_token = i.token AS replayed, s AS job
+        FROM evora.jobs s WHERE s.id = i.id AND m.id IS NULL
+    ) snap ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS found, l.state = 'COMPLETED' AND l.lease_token = i.token AS replayed,
+               l AS job
+        FROM evora.jobs l WHERE l.id = i.id AND snap.stale
+        FOR SHARE
+    ) latest ON true
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN snap.stale THEN latest.found ELSE snap.found END AS found,
+               CASE WHEN snap.stale THEN latest.replayed ELSE snap.replayed END AS replayed,
+               CASE WHEN snap.stale THEN latest.job ELSE snap.job END AS job
+    ) cur
+    ORDER BY i.ord;
+END
+$$;
+
+-- evora.fail_items(): ids, lease tokens, errors ({message, type}), retryable flags, retry-in
+-- seconds (NULL: the job's backoff), one of each per item; the queues suppressed and whether
+-- to return the jobs, as evora.complete_items(). Fenced per (id, token) like a completion.
+-- Cancel wins, then the retry budget: the attempt ends CANCELLED (cancel requested), in the
+-- DLQ (not retryable, or no attempts left) or PENDING again after its backoff. One row per
+-- item in its own position, like a completion, except that a repeat finds the attempt over: a
+-- failure is never replayed, so every item that changed nothing is 'lease_lost', or
+-- 'not_found' when no such job exists.
+-- This, the `release` and the `expire_leases` statements decide where each attempt goes;
+-- moving the rows, recording the events and the NOTIFY hints are evora.end_attempts().
+CREATE OR REPLACE FUNCTION evora.fail_items(
+    ids uuid[], tokens uuid[], errors jsonb[], retryables boolean[], retry_ins float8[],
+    suppressed text[], with_jobs boolean
+) RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH items AS (
+        SELECT *
+        FROM unnest(ids, tokens, errors, retryables, retry_ins)
+            WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
+    ),
+    -- the fence's state comes with the items, for the reason given at evora.complete_items()
+    input AS (
+        SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
+        FROM items ORDER BY id, token, ord
+    ),
+    decided AS (
+        SELECT ROW(
+            j.id,
+            CASE WHEN j.cancel_requested THEN 'CANCELLED'
+                 WHEN NOT i.retryable OR j.attempt >= j.max_attempts THEN 'DLQ'
+                 ELSE 'PENDING' END::evora.job_state,
+            i.error,
+            CASE WHEN j.cancel_requested THEN 'cancel_requested'
+                 WHEN NOT i.retryable THEN 'not_retryable'
+                 WHEN j.attempt >= j.max_attempts THEN 'failed' END,
+            coalesce(i.retry_in, evora.backoff_seconds(j.backoff_initial, j.backoff_max,
+                                                       j.backoff_multiplier, j.attempt)),
+            false, 'failed', j.worker_id
+        )::evora.attempt_end AS decision
+        FROM evora.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
+        FOR UPDATE OF j
+    ),
+    ended AS (
+        SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), suppressed)
+    )
+    SELECT CASE WHEN won.ord IS NOT NULL THEN 'done'
+                WHEN EXISTS (SELECT 1 FROM evora.jobs x WHERE x.id = i.id) THEN 'lease_lost'
+                ELSE 'not_found' END,
+           CASE WHEN with_jobs THEN won.job END,
+           (SELECT e.notified FROM ended e LIMIT 1),
+           (SELECT e.owed FROM ended e LIMIT 1)
+    FROM items i
+    -- only the first occurrence of the winning (id, token) is the winner
+    LEFT JOIN (
+        SELECT d.ord, e.job
+        FROM ended e JOIN input d ON d.id = (e.job).id AND d.token = (e.job).lease_token
+    ) won ON won.ord = i.ord
+    ORDER BY i.ord;
+END
+$$;
+
+-- Completing or failing a job in SQL, inside the worker's own transaction
+-- (docs/sql-enqueue.md, "Finishing a job in SQL"): the outcome commits or rolls back with the
+-- worker's business data. One item through evora.complete_items() or evora.fail_items(), the
+-- functions the dispatcher's acks run, answered by raising where the dispatcher answers 404 or
+-- 409: a lost lease (SQLSTATE EV409) or no such job (EV404) aborts the caller's transaction,
+-- so business data written under a lease that is no longer the job's never commits. They run
+-- as their owner, with the search_path guard of every SECURITY DEFINER function, for the
+-- role evora_worker (migration 0034).
+CREATE OR REPLACE FUNCTION evora.raise_unless_done(outcome text, job_id uuid) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF outcome = 'lease_lost' THEN
+        RAISE EXCEPTION 'job %: the lease token is not the current lease of the job', job_id
+            USING ERRCODE = 'EV409',
+                  HINT = 'the lease expired or the job was finished under another lease; '
+                         'roll back: the job is not yours any more';
+    ELSIF outcome = 'not_found' THEN
+        RAISE EXCEPTION 'job %: not found', job_id USING ERRCODE = 'EV404';
+    END IF;
+END
+$$;
+
+-- Completes the job; its state, 'COMPLETED' (a repeat with the same token answers the same).
+-- A SQL NULL result is stored as JSON null, as an HTTP completion without a result is; a
+-- result the dispatcher would refuse (evora.client_json()) raises 22023.
+CREATE OR REPLACE FUNCTION evora.complete(job_id uuid, lease_token uuid, result jsonb DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = evora, pg_temp AS $$
+BEGIN
+    PERFORM evora.raise_unless_done(c.outcome, job_id)
+    FROM evora.complete_items(
+        ARRAY[job_id], ARRAY[lease_token],
+        ARRAY[evora.client_json(coalesce(result, 'null'::jsonb), 'result')], '{}', false) AS c;
+    RETURN 'COMPLETED';
+END
+$$;
+
+-- Fails the attempt; the job's state after it: 'PENDING' (retried after `retry_in_seconds`,
+-- or its backoff), 'DLQ' or 'CANCELLED'. `error` is an object like the HTTP failure's:
+-- `message` (a string) and optionally `type` and `traceback`. It is stored as the dispatcher
+-- stores an HTTP failure (evora.protocol.worker.ErrorBody, storage/jobs.py Failure.error):
+-- message and type, and the traceback when given (no other key: `retryable` is an argument
+-- of its own here); a failing worker's report
+-- is never refused for its length, so a long message keeps its start and a long trace its
+-- end (the innermost frames).
+CREATE OR REPLACE FUNCTION evora.fail(
+    job_id uuid, lease_token uuid, error jsonb, retryable boolean DEFAULT true,
+    retry_in_seconds float8 DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = evora, pg_temp AS $$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+    answer text;
+    moved evora.job_state;
+    stored jsonb;
+    given text;
+BEGIN
+    IF error IS NULL OR jsonb_typeof(error) <> 'object'
+            OR jsonb_typeof(error -> 'message') IS DISTINCT FROM 'string' THEN
+        PERFORM evora.reject('error', 'must be a JSON object with a string message');
+    END IF;
+    FOR given IN SELECT jsonb_object_keys(error) LOOP
+        IF given NOT IN ('message', 'type', 'traceback') THEN
+            PERFORM evora.reject('error.' || given, 'is not a field of an error');
+        END IF;
+    END LOOP;
+    IF coalesce(jsonb_typeof(error -> 'type'), 'null') NOT IN ('string', 'null')
+            OR length(error ->> 'type') > (lim ->> 'max_error_type')::integer THEN
+        PERFORM evora.reject('error.type', format('must be a string of at most %s characters',
+                                                  lim ->> 'max_error_type'));
+    END IF;
+    IF coalesce(jsonb_typeof(error -> 'traceback'), 'null') NOT IN ('string', 'null') THEN
+        PERFORM evora.reject('error.traceback', 'must be a string');
+    END IF;
+    stored := jsonb_build_object(
+        'message', left(error ->> 'message', (lim ->> 'max_error_message')::integer),
+        'type', error ->> 'type');
+    IF error ->> 'traceback' IS NOT NULL THEN
+        stored := stored || jsonb_build_object('traceback', right(
+            error ->> 'traceback', (lim ->> 'max_error_traceback')::integer));
+    END IF;
+    IF retryable IS NULL THEN
+        PERFORM evora.reject('retryable', 'must be true or false');
+    END IF;
+    IF retry_in_seconds IS NOT NULL AND (retry_in_seconds = 'NaN'
+            OR retry_in_seconds NOT BETWEEN 0 AND (evora.limits() ->> 'max_seconds')::float8) THEN
+        PERFORM evora.reject('retry_in_seconds', format('must be between 0 and %s',
+                                                        evora.limits() ->> 'max_seconds'));
+    END IF;
+    SELECT f.outcome, (f.job).state INTO answer, moved
+    FROM evora.fail_items(ARRAY[job_id], ARRAY[lease_token], ARRAY[stored], ARRAY[retryable],
+                          ARRAY[retry_in_seconds], '{}', true) AS f;
+    PERFORM evora.raise_unless_done(answer, job_id);
+    RETURN moved;
+END
+$$;
+
+-- Nothing in the evora schema is PUBLIC's (functions/submissions.sql revokes the rest when it
+-- runs; this file may run alone); the role evora_worker may call the two entry points.
+REVOKE ALL ON FUNCTION evora.complete_items(uuid[], uuid[], jsonb[], text[], boolean),
+    evora.fail_items(uuid[], uuid[], jsonb[], boolean[], float8[], text[], boolean),
+    evora.raise_unless_done(text, uuid),
+    evora.complete(uuid, uuid, jsonb),
+    evora.fail(uuid, uuid, jsonb, boolean, float8) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION evora.complete(uuid, uuid, jsonb),
+    evora.fail(uuid, uuid, jsonb, boolean, float8) TO evora_worker;

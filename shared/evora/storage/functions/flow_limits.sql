@@ -32,6 +32,47 @@ LANGUAGE sql STABLE AS $$
               AND NOT (starts_with(k, 'queue:') AND r.queue = substr(k, 7)))
 $$;
 
+-- The max_pending (admission control, docs/flow-control.md "Admission") that applies to
+-- each of `keys`: that of the limit governing the key (its own, else the longest prefix
+-- limit's), when it has one; other keys are left out. A key whose own limit has no
+-- max_pending is not governed by a prefix limit's. evora.governing_limits()'s rule: not
+-- that function with a column more, because the previous release's statements call it
+-- (`SELECT *` included) while they are rolled, and only submissions need this one.
+CREATE OR REPLACE FUNCTION evora.admission_limits(keys text[])
+RETURNS TABLE (key text, max_pending integer)
+LANGUAGE sql STABLE AS $$
+    SELECT g.key, g.max_pending
+    FROM (SELECT e.key, e.max_pending
+          FROM evora.flow_limits e
+          WHERE e.key = ANY(keys)
+          UNION ALL
+          (SELECT DISTINCT ON (k.key) k.key, p.max_pending
+           FROM (SELECT * FROM evora.flow_limits WHERE stem IS NOT NULL) AS p
+           JOIN unnest(keys) AS k(key) ON starts_with(k.key, p.stem)
+           WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits e WHERE e.key = k.key)
+           ORDER BY k.key, length(p.stem) DESC)) AS g
+    WHERE g.max_pending IS NOT NULL
+$$;
+
+-- How many jobs holding `k` wait to run (PENDING or WAITING), by this statement's snapshot,
+-- counting at most `most` of each kind of holder (NULL: all): admission only needs to know
+-- whether there are more than max_pending, and reads no further (index-only for
+-- `queue:<q>`, through jobs_listing; jobs_waiting_limit_keys for the other keys).
+CREATE OR REPLACE FUNCTION evora.pending_holding(k text, most bigint) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT count(*) FROM (
+                SELECT 1 FROM evora.jobs p
+                WHERE starts_with(k, 'queue:') AND p.state IN ('PENDING', 'WAITING')
+                  AND p.queue = substr(k, 7)
+                LIMIT most) AS q)
+         + (SELECT count(*) FROM (
+                SELECT 1 FROM evora.jobs p
+                WHERE p.state IN ('PENDING', 'WAITING') AND p.limit_keys <> '{}'
+                  AND p.limit_keys @> ARRAY[k]
+                  AND NOT (starts_with(k, 'queue:') AND p.queue = substr(k, 7))
+                LIMIT most) AS l)
+$$;
+
 -- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit.
 CREATE OR REPLACE FUNCTION evora.tokens(b evora.flow_buckets, rate_limit integer, rate_per_seconds float8,
                              at timestamptz)
@@ -51,8 +92,10 @@ BEGIN
     IF TG_OP = 'DELETE' THEN
         INSERT INTO evora.flow_limit_changes (key, deleted) VALUES (OLD.key, true);
     ELSE
-        INSERT INTO evora.flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds, deleted)
-        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, false);
+        INSERT INTO evora.flow_limit_changes (key, concurrency, rate_limit, rate_per_seconds,
+                                              max_pending, deleted)
+        VALUES (NEW.key, NEW.concurrency, NEW.rate_limit, NEW.rate_per_seconds, NEW.max_pending,
+                false);
     END IF;
     RETURN NULL;
 END

@@ -137,8 +137,33 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         "backoff": {"initial_seconds": 1.0, "max_seconds": 3600.0, "multiplier": 2.0,
                     "max_multiplier": 1000},
         "max_dependencies": 1000,
-        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$"
+        "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
+        "max_error_message": 8192,
+        "max_error_traceback": 8192,
+        "max_error_type": 255
     }'::jsonb
+$$;
+
+-- Client JSON (a payload, or a result evora.complete() stores) as `POST /v1/jobs` and the
+-- dispatcher take it: at most max_payload_bytes encoded (PostgreSQL's text form), and no
+-- number a double cannot hold (it rounds to infinity: from the midpoint between the largest
+-- double and 2^1024 on), so every client can read what it gets. Returns `value`.
+CREATE OR REPLACE FUNCTION evora.client_json(value jsonb, field text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    lim CONSTANT jsonb := evora.limits();
+BEGIN
+    IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
+        PERFORM evora.reject(field, format('is %s bytes encoded; the limit is %s',
+                                           octet_length(value::text), lim ->> 'max_payload_bytes'));
+    END IF;
+    IF jsonb_path_exists(value,
+            '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
+            jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
+        PERFORM evora.reject(field, 'holds a number beyond the range of a double');
+    END IF;
+    RETURN value;
+END
 $$;
 
 -- A `limit_keys` field: a JSON array of distinct keys, each of the limit key alphabet
@@ -209,21 +234,7 @@ BEGIN
         WHEN 'queue', 'type' THEN
             NULL;
         WHEN 'payload' THEN
-            IF octet_length(value::text) > (lim ->> 'max_payload_bytes')::integer THEN
-                PERFORM evora.reject(at || field, format(
-                    'is %s bytes encoded; the limit is %s',
-                    octet_length(value::text), lim ->> 'max_payload_bytes'));
-            END IF;
-            -- A number a double cannot hold (it rounds to infinity: from the midpoint
-            -- between the largest double and 2^1024 on) is refused, as `POST /v1/jobs`
-            -- refuses it: one rule for both ways in, and every client can read what it gets.
-            IF jsonb_path_exists(value,
-                    '$.** ? (@.type() == "number" && (@ >= $beyond || @ <= -$beyond))',
-                    jsonb_build_object('beyond', 179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792::numeric)) THEN
-                PERFORM evora.reject(at || field,
-                                     'holds a number beyond the range of a double');
-            END IF;
-            s.payload := value;
+            s.payload := evora.client_json(value, at || field);
         WHEN 'priority' THEN
             s.priority := evora.number_field(value, at || field,
                 (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);
@@ -477,6 +488,84 @@ BEGIN
 END
 $$;
 
+-- Admission control (docs/flow-control.md, "Admission"): the items at positions `created`
+-- (from 1; by item `queues`, and their limit keys flattened as store_submissions takes them)
+-- are about to be stored; raises SQLSTATE EV429 (DETAIL: the key) if, for some key they hold
+-- whose governing limit has a max_pending, the jobs holding it that wait to run (PENDING or
+-- WAITING) would then be more than it allows. Nothing else is ever refused: a replay stores
+-- nothing, and a retry or a redrive moves a job that was admitted already.
+--
+-- Exact under concurrent producers: each such key is locked (a transaction advisory lock,
+-- class 'EVAD', on its hash, apart from the claim's 'EVOR') before it is counted, in a new
+-- statement whose snapshot shows every admission of that key that committed before the lock
+-- was granted; the lock is held to the end of the transaction, which stores the jobs. Locks
+-- are taken in the order of the hashes whatever the call, so two calls cannot deadlock on
+-- them. Under REPEATABLE READ or SERIALIZABLE the count would be the transaction's first
+-- snapshot, which may miss an admission committed since (serializable checks do not see the
+-- api's READ COMMITTED transactions): refused.
+CREATE OR REPLACE FUNCTION evora.admit(queues text[], created integer[], limit_key_ords integer[],
+                                       limit_key_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    admission CONSTANT integer := 1163280708;  -- 'EVAD'
+    keys text[] := '{}';
+    adding bigint[] := '{}';
+    maxima integer[] := '{}';
+    k record;
+    over record;
+BEGIN
+    FOR k IN
+        WITH held AS (
+            SELECT DISTINCT h.ord, h.key
+            FROM (SELECT q.ord, 'queue:' || q.queue AS key
+                  FROM unnest(queues) WITH ORDINALITY AS q(queue, ord)
+                  UNION ALL
+                  SELECT l.ord, l.name FROM unnest(limit_key_ords, limit_key_names) AS l(ord, name))
+                 AS h
+            WHERE h.ord IN (SELECT unnest(created))
+        ),
+        wanted AS (
+            SELECT h.key, count(*) AS adding FROM held h GROUP BY h.key
+        )
+        SELECT w.key, w.adding, a.max_pending
+        FROM wanted w
+        JOIN evora.admission_limits(ARRAY(SELECT w.key FROM wanted w)) a ON a.key = w.key
+        ORDER BY hashtext(w.key), w.key
+    LOOP
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'key % has a max_pending: submit its jobs under READ COMMITTED, '
+                            'not %', quote_literal(k.key),
+                            upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'feature_not_supported';
+        END IF;
+        PERFORM pg_advisory_xact_lock(admission, hashtext(k.key));
+        keys := keys || k.key;
+        adding := adding || k.adding;
+        maxima := maxima || k.max_pending;
+    END LOOP;
+    IF keys = '{}' THEN
+        RETURN;
+    END IF;
+    -- A new statement, under the locks: every earlier admission of these keys is visible.
+    SELECT w.key, w.adding, w.max_pending, d.depth INTO over
+    FROM unnest(keys, adding, maxima) AS w(key, adding, max_pending)
+    CROSS JOIN LATERAL (SELECT evora.pending_holding(w.key, w.max_pending + 1) AS depth) AS d
+    WHERE d.depth + w.adding > w.max_pending
+    ORDER BY w.key
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'queue_full: key % has % jobs waiting to run (PENDING or WAITING) and a '
+                        'max_pending of %: % more would exceed it', quote_literal(over.key),
+                        CASE WHEN over.depth > over.max_pending THEN 'over ' || over.max_pending
+                             ELSE over.depth::text END,
+                        over.max_pending, over.adding
+            USING ERRCODE = 'EV429', DETAIL = over.key,
+                  HINT = 'retry once jobs holding the key have been claimed';
+    END IF;
+END
+$$;
+
 -- Stores submissions that are already valid, one array element each, in one statement,
 -- and answers each by its position (ord, from 1), the created ones first:
 --   created               a new job (its `submitted` event written, its queue hinted)
@@ -638,6 +727,11 @@ BEGIN
         FROM unnest(ids, idempotency_keys, refusals) WITH ORDINALITY AS x(id, key, refusal, ord)
         WHERE x.refusal IS NULL AND (x.key IS NULL OR x.id IN (SELECT unnest(kept)))
         ORDER BY x.id);
+    -- Refused whole when a key they hold would have more jobs waiting than its max_pending
+    -- allows. Limits are rare: a call pays only this look at them while none has one.
+    IF EXISTS (SELECT 1 FROM evora.flow_limits WHERE max_pending IS NOT NULL) THEN
+        PERFORM evora.admit(queues, created, limit_key_ords, limit_key_names);
+    END IF;
     -- The created items first, straight from the insert ...
     RETURN QUERY
     WITH lists AS (

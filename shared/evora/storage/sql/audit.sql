@@ -39,7 +39,7 @@ LIMIT $2::int8;
 -- name: jobs_of
 -- $1 job ids: those that still exist, with what the events do not carry.
 SELECT j.id, j.state::text AS state, j.version, j.queue, j.limit_keys,
-       j.on_dependency_failure
+       j.on_dependency_failure, j.snoozes
 FROM evora.jobs j
 WHERE j.id = ANY($1::uuid[]);
 
@@ -59,6 +59,41 @@ JOIN evora.job_dependencies d ON d.job_id = w.id
 WHERE w.state = 'WAITING'
   AND NOT EXISTS (SELECT 1 FROM evora.jobs p WHERE p.id = d.depends_on)
 ORDER BY d.job_id, d.depends_on;
+
+-- name: over_max_pending
+-- $1 seconds after a limit's change before its max_pending is judged. Every concrete key
+-- whose jobs waiting to run (PENDING or WAITING) that were never started and were submitted
+-- (created_at, the submitting transaction's now()) more than $1 s after the last change of
+-- the limit governing the key outnumber its max_pending; those jobs, oldest first. Each of
+-- them was admitted counting the ones submitted before it that still wait (a never-started
+-- job leaves the waiting states only for good), so their number never exceeds max_pending.
+-- Jobs from before the change (a lowered max_pending refuses only new ones) and jobs that
+-- ran and came back (a retry, a release, a redrive: never refused) are left out.
+WITH holders AS (
+    SELECT DISTINCT j.id, k.key, j.created_at
+    FROM evora.jobs j
+    CROSS JOIN LATERAL unnest(('queue:' || j.queue) || j.limit_keys) AS k(key)
+    WHERE j.state IN ('PENDING', 'WAITING') AND j.started_at IS NULL
+      AND EXISTS (SELECT 1 FROM evora.flow_limits WHERE max_pending IS NOT NULL)
+),
+governed AS (
+    SELECT h.*, g.key AS governed_by, g.max_pending
+    FROM holders h
+    CROSS JOIN LATERAL (
+        SELECT l.key, l.max_pending FROM evora.flow_limits l
+        WHERE l.key = h.key OR (l.stem IS NOT NULL AND starts_with(h.key, l.stem))
+        ORDER BY l.key = h.key DESC, length(l.stem) DESC
+        LIMIT 1) AS g
+    WHERE g.max_pending IS NOT NULL
+)
+SELECT g.key, g.max_pending, array_agg(g.id ORDER BY g.created_at, g.id) AS job_ids
+FROM governed g
+JOIN (SELECT c.key, max(c.changed_at) AS changed_at FROM evora.flow_limit_changes c
+      GROUP BY c.key) AS s ON s.key = g.governed_by
+WHERE g.created_at > s.changed_at + make_interval(secs => $1::float8)
+GROUP BY g.key, g.max_pending
+HAVING count(*) > g.max_pending
+ORDER BY g.key;
 
 -- name: limit_changes
 -- Every change of a limit (migration 0028), at the changing transaction's now().

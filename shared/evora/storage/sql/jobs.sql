@@ -35,10 +35,12 @@ SELECT extract(epoch FROM least(
 ) - evora.clock_now())::float8;
 
 -- name: unclaimed_jobs
--- $1 seconds, $2 at most this many rows: per queue and type, the PENDING jobs due for longer
--- than $1 seconds that no worker claimed, leaving out those that wait for a reason (a paused
--- queue, a FIFO group whose previous job still runs, a limit with no room left), the most
--- first (the dispatcher's unclaimed-jobs warning).
+-- $1 seconds, $2 at most this many rows: per queue and type, the jobs a claim may take
+-- (evora.claimable() and the FIFO group rule `group_turn` of rules.sql, as the claims do;
+-- tests/integration/test_claim_rule.py proves the report counts what they take) that have
+-- been due for longer than $1 seconds and no worker claimed, leaving out those whose limit
+-- has no room left, the most first (the dispatcher's unclaimed-jobs warning). A job that
+-- waits for a reason (a paused queue, its group's turn, a limit) is not unclaimed.
 WITH full_keys AS (
     -- the limited keys without room left (docs/flow-control.md): jobs holding one wait for
     -- their limit, not for a worker, and are reported as throttled by the flow-control
@@ -58,12 +60,9 @@ WITH full_keys AS (
 )
 SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
 FROM evora.jobs j
-WHERE j.state = 'PENDING'
+WHERE evora.claimable(j, j.queue, evora.clock_now(), NULL)
   AND j.run_at <= evora.clock_now() - make_interval(secs => $1)
-  AND NOT EXISTS (SELECT 1 FROM evora.paused_queues p WHERE p.queue = j.queue)
-  AND (j.group_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM evora.jobs r
-        WHERE r.queue = j.queue AND r.group_key = j.group_key AND r.state = 'RUNNING'))
+  AND {{rule:group_turn}}
   AND NOT ((('queue:' || j.queue) || j.limit_keys) && ARRAY(SELECT key FROM full_keys))
 GROUP BY j.queue, j.type
 ORDER BY count(*) DESC, j.queue, j.type

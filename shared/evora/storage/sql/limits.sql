@@ -2,15 +2,16 @@
 -- Enforcing them is the claim's (evora.claim_limited(), functions/claims_and_transitions.sql).
 
 -- name: put_limit
--- $1 key, $2 concurrency, $3 rate limit, $4 rate period in seconds. The limit, and whether it
--- is new.
-INSERT INTO evora.flow_limits AS l (key, concurrency, rate_limit, rate_per_seconds)
-VALUES ($1, $2, $3, $4)
+-- $1 key, $2 concurrency, $3 rate limit, $4 rate period in seconds, $5 max_pending. The limit,
+-- and whether it is new.
+INSERT INTO evora.flow_limits AS l (key, concurrency, rate_limit, rate_per_seconds, max_pending)
+VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (key) DO UPDATE
 SET concurrency = excluded.concurrency, rate_limit = excluded.rate_limit,
-    rate_per_seconds = excluded.rate_per_seconds, updated_at = now()
-RETURNING l.key, l.concurrency, l.rate_limit, l.rate_per_seconds, l.created_at, l.updated_at,
-          (xmax = 0) AS created;
+    rate_per_seconds = excluded.rate_per_seconds, max_pending = excluded.max_pending,
+    updated_at = now()
+RETURNING l.key, l.concurrency, l.rate_limit, l.rate_per_seconds, l.max_pending, l.created_at,
+          l.updated_at, (xmax = 0) AS created;
 
 -- name: delete_limit
 -- $1 key. Its buckets go with it (for a prefix limit, those of the keys under its stem
@@ -29,7 +30,7 @@ SELECT key FROM gone;
 
 -- name: list_limits
 -- $1 key to continue after (NULL: from the start), $2 page size.
-SELECT key, concurrency, rate_limit, rate_per_seconds, created_at, updated_at
+SELECT key, concurrency, rate_limit, rate_per_seconds, max_pending, created_at, updated_at
 FROM evora.flow_limits
 WHERE $1::text IS NULL OR key > $1
 ORDER BY key
@@ -38,7 +39,8 @@ LIMIT $2;
 -- name: governing_limit
 -- $1 key: the limit that governs it (its own, else the longest prefix limit whose stem it
 -- starts with), with that limit's own key; no row when none does.
-SELECT l.key, l.concurrency, l.rate_limit, l.rate_per_seconds, l.created_at, l.updated_at
+SELECT l.key, l.concurrency, l.rate_limit, l.rate_per_seconds, l.max_pending, l.created_at,
+       l.updated_at
 FROM evora.flow_limits l
 WHERE l.key = $1 OR (l.stem IS NOT NULL AND starts_with($1, l.stem))
 ORDER BY l.key = $1 DESC, length(l.stem) DESC
@@ -63,6 +65,10 @@ LEFT JOIN LATERAL (
       AND ((starts_with($1, 'queue:') AND p.queue = substr($1, 7))
            OR p.limit_keys @> ARRAY[$1::text])
 ) AS h ON r.running >= $2::int4 OR t.tokens < 1;
+
+-- name: key_depth
+-- $1 a concrete key: how many jobs holding it wait to run (PENDING or WAITING), all counted.
+SELECT evora.pending_holding($1, NULL);
 
 -- name: prefix_usage
 -- $1 stem of a prefix limit, $2 its concurrency, $3 rate limit, $4 rate period. Summed over

@@ -18,21 +18,15 @@
 -- $1 queues, $2 types (NULL: any), $3 max jobs, $4 worker id.
 -- Per queue, take the first claimable jobs in (priority, run_at, submission) order, skipping
 -- rows other claimers hold. What is claimable is evora.claimable()'s rule
--- (functions/claims_and_transitions.sql), the one both claims use, and the FIFO group part
--- written out below, the same text as in evora.claim_limited(): a grouped job is claimable
--- only as the head of its (queue, group) (lowest priority, then submission order, due or not,
--- so a retrying head keeps its place) and only while no job of its group runs.
--- The two group checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
--- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
--- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
--- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
--- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
--- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
+-- (functions/claims_and_transitions.sql) and the FIFO group rule `group_turn` (rules.sql,
+-- which says why it is not a function), the two both claims and the unclaimed-jobs report
+-- use (tests/integration/test_claim_rule.py).
 -- `picked` holds the rows locked and re-checked as PENDING, so evora.claim_jobs() moves them
 -- by id alone.
 -- While any concurrency or rate limit exists, evora.claim_limited() (docs/flow-control.md) claims instead, enforcing the limits, with the
--- same rule; with none, the one cost is the EXISTS on the empty flow_limits, a
--- one-time filter of each branch. Both move their jobs with evora.claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
+-- same rule; with none, the one cost is the EXISTS on flow_limits (empty, or holding only
+-- max_pending limits, which the claim does not enforce: admission does), a one-time filter
+-- of each branch. Both move their jobs with evora.claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
 -- one, and moves what it paid for right there; this one's picks are locked, and the
 -- function's own snapshot shows their latest versions.
 -- A job whose group's head changed after this statement's snapshot (a job of its group
@@ -48,19 +42,13 @@ WITH picked AS (
         SELECT j.id, j.priority, j.run_at, j.submit_seq
         FROM evora.jobs j
         WHERE evora.claimable(j, q.queue, evora.clock_now(), $2::text[])
-          AND (j.group_key IS NULL OR (
-                (SELECT true FROM evora.jobs r
-                 WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
-                 LIMIT 1) IS NULL
-                AND (SELECT true FROM evora.jobs e
-                     WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
-                       AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-                     LIMIT 1) IS NULL))
+          AND {{rule:group_turn}}
         ORDER BY j.priority, j.run_at, j.submit_seq
         LIMIT $3
         FOR UPDATE OF j SKIP LOCKED
     ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits)
+    WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits
+                      WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL)
     ORDER BY c.priority, c.run_at, c.submit_seq
     LIMIT $3
 )
@@ -69,7 +57,8 @@ FROM evora.claim_jobs(ARRAY(SELECT id FROM picked), NULL, $4::text, evora.clock_
 UNION ALL
 SELECT l.job, l.dependency_results
 FROM evora.claim_limited($1::text[], $2::text[], $3::int4, $4::text) AS l
-WHERE EXISTS (SELECT 1 FROM evora.flow_limits);
+WHERE EXISTS (SELECT 1 FROM evora.flow_limits
+              WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL);
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
@@ -91,132 +80,25 @@ LEFT JOIN beat b ON true;
 
 -- name: complete
 -- $1 ids, $2 lease tokens, $3 results, $4 suppressed queues, $5 whether to return the jobs.
--- Acks arrive in batches (one /v1/acks request, or concurrent single requests coalesced), and a
--- batch may name a job more than once: a stale worker's token beside the owner's, or the
--- owner's retry. Items are therefore kept per (id, token), never merged per id: only the item
--- carrying the current lease token can match its job, whatever else the batch holds, and a
--- repeat of the same (id, token) keeps its first occurrence. Each changed job comes back with
--- its lease token. Every item, repeats included, gets one row in its own position: the
--- winner 'done' with its job; a repeat of a winner is a replay, answered 'done' with the same
--- job; any other item as if it came alone, after the winners: 'done' if its job was already
--- COMPLETED under its token (a retry after a lost answer), else 'lease_lost' or 'not_found'.
--- Without $5 the jobs are left out (a batch of acks reports outcomes only).
-WITH items AS (
-    SELECT *
-    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) WITH ORDINALITY AS i(id, token, result, ord)
-),
--- The fence's state comes with the items (`fenced`), so that it joins each item to its job
--- rather than filtering `jobs`: as a filter, the planner may read it as "scan every RUNNING
--- job" (through an index on state, every queue's) and hash-join the items to them, an ack
--- costing as much as the jobs running anywhere (tests/integration/test_ack_cost.py). Joined,
--- each item is one probe of the primary key. (DISTINCT ON keeps `input` a subquery of its
--- own, so `fenced` stays a column instead of being folded back into a constant filter.)
-input AS (
-    SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
-    FROM items ORDER BY id, token, ord
-),
-moved AS (
-    UPDATE evora.jobs j
-    SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL, finished_at = evora.clock_now(),
-        updated_at = evora.clock_now(), version = j.version + 1
-    FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
-    RETURNING j.id, j.lease_token, j AS job,
-              ROW(j, 'completed', 'RUNNING', j.worker_id,
-                  jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora.move AS move
-),
-recorded AS (
-    SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), $4::text[])
-)
-SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
-            WHEN cur.found THEN 'lease_lost'
-            ELSE 'not_found' END AS outcome,
-       CASE WHEN $5::bool THEN coalesce(m.job, CASE WHEN cur.replayed THEN cur.job END) END
-           AS job,
-       r.notified, r.owed
-FROM items i
-CROSS JOIN recorded r
-LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
--- An item that changed nothing reads its job as this statement's snapshot shows it. If the
--- snapshot still shows the job RUNNING under the item's own token (`stale`), a concurrent
--- transaction moved it after the snapshot was taken (the UPDATE waited for it, then found no
--- match): only the latest version tells a replay (COMPLETED under the same token) from a
--- lost lease, so that one row is read again under a lock, which waits for and returns the
--- latest version. A row this statement changed is never read so: its items matched it, or
--- carry another token than the one the snapshot shows.
-LEFT JOIN LATERAL (
-    SELECT true AS found, s.state = 'RUNNING' AND s.lease_token = i.token AS stale,
-           s.state = 'COMPLETED' AND s.lease_token = i.token AS replayed, s AS job
-    FROM evora.jobs s WHERE s.id = i.id AND m.id IS NULL
-) snap ON true
-LEFT JOIN LATERAL (
-    SELECT true AS found, l.state = 'COMPLETED' AND l.lease_token = i.token AS replayed,
-           l AS job
-    FROM evora.jobs l WHERE l.id = i.id AND snap.stale
-    FOR SHARE
-) latest ON true
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN snap.stale THEN latest.found ELSE snap.found END AS found,
-           CASE WHEN snap.stale THEN latest.replayed ELSE snap.replayed END AS replayed,
-           CASE WHEN snap.stale THEN latest.job ELSE snap.job END AS job
-) cur
-ORDER BY i.ord;
+-- The rules are evora.complete_items()'s, which evora.complete() (a worker's completion in
+-- its own transaction) runs too: one row per item, in order, 'done' (a repeat of a
+-- completion under the same token too), 'lease_lost' or 'not_found'.
+SELECT outcome, job, notified, owed
+FROM evora.complete_items($1::uuid[], $2::uuid[], $3::jsonb[], $4::text[], $5::bool);
 
 -- name: fail
 -- $1 ids, $2 lease tokens, $3 errors ({message, type}), $4 retryable flags,
 -- $5 retry-in seconds (NULL: the job's backoff), $6 suppressed queues, $7 whether to return
--- the jobs. Fenced per (id, token) like complete. Cancel wins, then the retry budget: the
--- attempt ends CANCELLED (cancel requested), in the DLQ (not retryable, or no attempts left) or
--- PENDING again after its backoff. One row per item in its own position, like complete, except
--- that a repeat finds the attempt over: a failure is never replayed, so every item that
--- changed nothing is 'lease_lost', or 'not_found' when no such job exists.
--- This statement, release and expire_leases decide where each attempt goes; moving the rows,
--- recording the events and the NOTIFY hints are evora.end_attempts().
-WITH items AS (
-    SELECT *
-    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[])
-        WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
-),
--- the fence's state comes with the items, for the reason given at complete
-input AS (
-    SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
-    FROM items ORDER BY id, token, ord
-),
-decided AS (
-    SELECT ROW(
-        j.id,
-        CASE WHEN j.cancel_requested THEN 'CANCELLED'
-             WHEN NOT i.retryable OR j.attempt >= j.max_attempts THEN 'DLQ'
-             ELSE 'PENDING' END::evora.job_state,
-        i.error,
-        CASE WHEN j.cancel_requested THEN 'cancel_requested'
-             WHEN NOT i.retryable THEN 'not_retryable'
-             WHEN j.attempt >= j.max_attempts THEN 'failed' END,
-        coalesce(i.retry_in, evora.backoff_seconds(j.backoff_initial, j.backoff_max,
-                                                   j.backoff_multiplier, j.attempt)),
-        false, 'failed', j.worker_id
-    )::evora.attempt_end AS decision
-    FROM evora.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
-    FOR UPDATE OF j
-),
-ended AS (
-    SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $6::text[])
-)
-SELECT CASE WHEN won.ord IS NOT NULL THEN 'done'
-            WHEN EXISTS (SELECT 1 FROM evora.jobs WHERE id = i.id) THEN 'lease_lost'
-            ELSE 'not_found' END AS outcome,
-       CASE WHEN $7::bool THEN won.job END AS job,
-       (SELECT notified FROM ended LIMIT 1) AS notified,
-       (SELECT owed FROM ended LIMIT 1) AS owed
-FROM items i
--- only the first occurrence of the winning (id, token) is the winner
-LEFT JOIN (
-    SELECT d.ord, e.job
-    FROM ended e JOIN input d ON d.id = (e.job).id AND d.token = (e.job).lease_token
-) won ON won.ord = i.ord
-ORDER BY i.ord;
+-- the jobs. The rules are evora.fail_items()'s, which evora.fail() runs too: cancel wins,
+-- then the retry budget; one row per item like complete, a repeat being 'lease_lost'.
+SELECT outcome, job, notified, owed
+FROM evora.fail_items($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[],
+                      $6::text[], $7::bool);
 
 -- name: release
--- $1 id, $2 lease token, $3 delay seconds, $4 suppressed queues.
+-- $1 id, $2 lease token, $3 delay seconds, $4 the event: 'released' (a worker hands the claim
+-- back, e.g. at shutdown) or 'snoozed' (it asks to run again after the delay, counted in
+-- `snoozes`; docs/jobs-that-wait.md), $5 suppressed queues.
 -- Back to PENDING without counting the attempt, or CANCELLED when a cancel was requested (then
 -- the attempt ran and stays counted). Exactly one row: the outcome, and the job if it moved.
 WITH decided AS (
@@ -225,14 +107,14 @@ WITH decided AS (
         CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END::evora.job_state,
         NULL,
         CASE WHEN j.cancel_requested THEN 'cancel_requested' END,
-        $3::float8, true, 'released', j.worker_id
+        $3::float8, true, $4::text, j.worker_id
     )::evora.attempt_end AS decision
     FROM evora.jobs j
     WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'RUNNING'
     FOR UPDATE OF j
 ),
 ended AS (
-    SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $4::text[])
+    SELECT * FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $5::text[])
 )
 SELECT CASE WHEN (e.job).id IS NOT NULL THEN 'done'
             WHEN EXISTS (SELECT 1 FROM evora.jobs WHERE id = $1) THEN 'lease_lost'

@@ -59,6 +59,7 @@ function limitForm(ctx) {
   const concurrency = h("input", { id: "limit-concurrency", name: "concurrency", type: "number", min: "1", step: "1", placeholder: "none", "data-focus-key": "limit-concurrency" });
   const rateLimit = h("input", { id: "limit-rate", name: "rate", type: "number", min: "1", step: "1", placeholder: "none", "data-focus-key": "limit-rate" });
   const per = h("input", { id: "limit-per", name: "per_seconds", type: "number", min: "0", step: "any", placeholder: "seconds", "data-focus-key": "limit-per" });
+  const maxPending = h("input", { id: "limit-max-pending", name: "max_pending", type: "number", min: "1", step: "1", placeholder: "none", "data-focus-key": "limit-max-pending" });
   const save = h("button", { type: "submit", class: "primary", "data-focus-key": "limit-save" }, "Save limit");
   const form = h(
     "form",
@@ -67,6 +68,7 @@ function limitForm(ctx) {
     h("div", { class: "field" }, h("label", { for: "limit-concurrency" }, "Concurrency"), concurrency),
     h("div", { class: "field" }, h("label", { for: "limit-rate" }, "Rate (claims)"), rateLimit),
     h("div", { class: "field" }, h("label", { for: "limit-per" }, "per seconds"), per),
+    h("div", { class: "field" }, h("label", { for: "limit-max-pending" }, "Max pending"), maxPending),
     save,
   );
   form.addEventListener("submit", async (event) => {
@@ -78,7 +80,11 @@ function limitForm(ctx) {
       ctx.announce(name ? "A rate needs both its claims and its seconds." : "Enter the limit's key.", { error: true });
       return;
     }
-    const body = { concurrency: numberOrNull(concurrency), rate: claims === null ? null : { limit: claims, per_seconds: seconds } };
+    const body = {
+      concurrency: numberOrNull(concurrency),
+      rate: claims === null ? null : { limit: claims, per_seconds: seconds },
+      max_pending: numberOrNull(maxPending),
+    };
     save.disabled = true;
     try {
       await api(`/v1/limits/${seg(name)}`, { method: "PUT", body });
@@ -96,6 +102,7 @@ function limitForm(ctx) {
     concurrency.value = limit.concurrency ?? "";
     rateLimit.value = limit.rate ? limit.rate.limit : "";
     per.value = limit.rate ? limit.rate.per_seconds : "";
+    maxPending.value = limit.max_pending ?? "";
     concurrency.focus();
   }
   return { form, edit };
@@ -109,7 +116,7 @@ function limitsMount(root, params, ctx) {
   replace(
     root,
     h("div", { class: "title-row" }, h("h1", null, "Limits")),
-    h("p", { class: "muted" }, "At most Concurrency jobs holding a key run at once, and at most Rate claims start per period. A prefix limit (tenant:*) applies to every key under it separately: open it to see each key. Held back: due jobs waiting because a key has no room left; Throttled for: how long the longest of them has waited."),
+    h("p", { class: "muted" }, "At most Concurrency jobs holding a key run at once, at most Rate claims start per period, and at most Max pending wait to run (a submission over it is refused). A prefix limit (tenant:*) applies to every key under it separately: open it to see each key. Held back: due jobs waiting because a key has no room left; Throttled for: how long the longest of them has waited."),
     form,
     list,
   );

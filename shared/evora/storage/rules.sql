@@ -1,0 +1,32 @@
+-- Rules that several statements and functions must state alike, where a function holding
+-- them would cost the hot path: each is written here once, as an SQL expression over the
+-- candidate job `j` (every place that uses a rule calls that job `j`), after a
+-- `-- name: <rule>` line and ending with `;`. A statement (sql/*.sql) or a function file
+-- (functions/*.sql) writes `{{rule:<rule>}}` where the rule applies; storage/statements.py
+-- puts the rule's text there, in parentheses, when the statement is read, and `evora
+-- migrate` before it runs a function file (whose checksum covers the rule, so a change
+-- here runs the files that use it again). An unknown rule fails at once, and an unexpanded
+-- marker is not SQL.
+
+-- name: group_turn
+-- FIFO groups: a grouped job may be claimed only as the head of its (queue, group) (lowest
+-- priority, then submission order, due or not, so a retrying head keeps its place) and only
+-- while no job of its group runs. Used by both claims (`claim` in sql/transitions.sql and
+-- evora.claim_limited()) and by the dispatcher's report of unclaimed jobs (`unclaimed_jobs`
+-- in sql/jobs.sql). Not a function: called once per grouped candidate, it cost ~40 % more
+-- PostgreSQL CPU on claims of grouped jobs (bench/store.py --quick --groups 1000, drain
+-- phases), since a function with subqueries is never inlined.
+-- The two checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`), not NOT
+-- EXISTS: the planner may answer a NOT EXISTS for every group at once, with a hashed subplan
+-- built from every RUNNING job of every queue (`state` keeps no statistics, so it expects a
+-- few hundred), read in full by every claim. A scalar subquery is never hashed: each grouped
+-- candidate probes jobs_group_running and jobs_group_pending by its own key, and a claim
+-- costs the same however many jobs run elsewhere (tests/integration/test_claim_cost.py).
+j.group_key IS NULL OR (
+    (SELECT true FROM evora.jobs r
+     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs e
+         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+         LIMIT 1) IS NULL);
