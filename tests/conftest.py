@@ -30,6 +30,11 @@ from evora.readmodels.client import mongo_client
 from evora.readmodels.layout import Document
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
+from evora.storage.retention import (
+    EVENT_PARTITION_SECONDS,
+    EVENT_PARTITIONS_AHEAD,
+    MAKE_EVENT_PARTITIONS,
+)
 from tests.servers import Services, start_api, start_dispatcher
 
 MakeDatabase = Callable[[], Awaitable[str]]
@@ -190,21 +195,32 @@ class Clock:
     """The clock of one test database: `evora.clock_now()`, which every time-dependent statement
     reads (migration 0009), runs `offset` seconds ahead of the real one. The offset is a
     database setting, so every connection opened after `advance`, a service's included,
-    sees the same time; the pools named in `renew` reopen their connections to see it."""
+    sees the same time; the pools named in `renew` reopen their connections to see it.
+    job_events' partitions are made ahead of the new time, as the sweeper would have made
+    them while that time passed."""
 
     def __init__(self, admin_dsn: str, dsn: str, renew: Sequence[asyncpg.Pool] = ()) -> None:
         self._admin_dsn = admin_dsn
+        self._dsn = dsn
         self._database = urlsplit(dsn).path.lstrip("/")
         self._renew = list(renew)
         self.offset = 0.0
 
-    async def advance(self, seconds: float) -> None:
+    async def advance(self, seconds: float, *, partitions: bool = True) -> None:
         self.offset += seconds
         await _admin(
             self._admin_dsn,
             f'ALTER DATABASE "{self._database}" SET evora.clock_offset = '
             f"'{self.offset!r} seconds'",
         )
+        if partitions:
+            conn = await asyncpg.connect(self._dsn)
+            try:
+                await conn.execute(
+                    MAKE_EVENT_PARTITIONS, EVENT_PARTITION_SECONDS, EVENT_PARTITIONS_AHEAD
+                )
+            finally:
+                await conn.close()
         for pool in self._renew:
             await pool.expire_connections()
 

@@ -22,6 +22,7 @@ from evora.protocol.bounds import (
     items_body_bytes,
 )
 from evora.storage.db import Pooler
+from evora.storage.retention import EVENT_PARTITION_SECONDS, EVENT_PARTITIONS_AHEAD
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +111,15 @@ class Settings(BaseSettings):
     retention_cancelled_seconds: int = Field(default=86_400, ge=60)
     retention_dlq_seconds: int = Field(default=604_800, ge=60)
     retention_idempotency_seconds: int = Field(default=604_800, ge=60)
-    # Events leave job_events only once archived to Parquet (`evora pipeline archive`),
-    # consumed by the projector and older than this; at least an hour, so that retention can
-    # never race the projector or an operator looking at recent history.
-    retention_events_seconds: int = Field(default=30 * 86_400, ge=3600)
+    # Events leave job_events by whole partitions (docs/deploy.md, Retention) once every
+    # event of one is older than this and consumed by the projector, and, with
+    # archive_events on, archived to Parquet (`evora pipeline archive`) first.
+    retention_events_seconds: int = Field(default=30 * 86_400, ge=60)
+    archive_events: bool = False
+    # The width of one partition of job_events, and how many the sweeper (and `evora
+    # migrate`) keep made ahead of the clock. Short ones are for tests and soaks.
+    event_partition_seconds: int = Field(default=EVENT_PARTITION_SECONDS, ge=60, le=31 * 86_400)
+    event_partitions_ahead: int = Field(default=EVENT_PARTITIONS_AHEAD, ge=2, le=1000)
     # The dispatcher warns (log and metric) about PENDING jobs due for longer than this that
     # no worker claimed: most often no running worker handles their type.
     unclaimed_warning_seconds: int = Field(default=300, ge=10)

@@ -1,6 +1,6 @@
-"""job_events stays append-only except for one narrow path: evora.drop_archived_events()
-removes events that are archived (inside the watermark), consumed by every projector
-generation and old enough, and nothing else can remove any event that is not archived.
+"""job_events stays append-only: no UPDATE, DELETE or TRUNCATE of its rows, through the
+parent or a partition. Retention removes whole partitions (tests/sweeper/
+test_event_partitions.py), and the previous release's row-by-row path removes nothing.
 
 The watermark is set by hand here, as a committed archive run would; the archive job
 itself is tested in test_archive.py."""
@@ -15,7 +15,6 @@ from evora.config import ConfigError, load_settings
 from evora.protocol.jobs import JobSubmission
 from evora.readmodels.layout import CONTROL, CONTROL_ID, Document
 from evora.storage.jobs import JobStore
-from evora.storage.retention import RetentionStore
 from evora_services.projector.projector import Projector
 from evora_services.projector.service import rebuild
 from tests.projector.conftest import catch_up
@@ -68,53 +67,27 @@ async def test_plain_changes_are_rejected_even_for_archived_events(
     assert await seqs(pool) == [1, 2, 3, 4, 5]
 
 
-async def test_setting_the_flag_by_hand_still_cannot_remove_unarchived_events(
-    store: JobStore, pool: asyncpg.Pool
-) -> None:
-    await submit(store, 5)
-    await mark_archived(pool, 2)
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL evora.drop_archived_events = on")
-        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="event 3 is not archived"):
-            await conn.execute("DELETE FROM evora.job_events WHERE seq <= 3")
-    assert await seqs(pool) == [1, 2, 3, 4, 5]
-
-
-async def test_the_function_refuses_to_go_past_the_watermark(
-    store: JobStore, pool: asyncpg.Pool
-) -> None:
-    await submit(store, 5)
+async def test_a_partition_is_append_only_too(store: JobStore, pool: asyncpg.Pool) -> None:
+    # the statement names the partition, not job_events: its rows have the parent's triggers
+    await submit(store, 3)
+    await mark_archived(pool, 3)
     await consumed_by_projector(pool)
-    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="archive reaches only seq 0"):
-        await pool.fetchval(DROP, 1, 0.0, 100)
+    partition = await pool.fetchval("SELECT tableoid::regclass::text FROM evora.job_events LIMIT 1")
+    for statement in (f"DELETE FROM {partition}", f"UPDATE {partition} SET event = 'x'"):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
+            await pool.execute(statement)
+    assert await seqs(pool) == [1, 2, 3]
+
+
+async def test_the_previous_releases_delete_removes_nothing(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    # its sweeper calls it while it is rolled; events go by whole partitions now
+    await submit(store, 3)
     await mark_archived(pool, 3)
-    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="reaches only seq 3"):
-        await pool.fetchval(DROP, 4, 0.0, 100)
-    assert await seqs(pool) == [1, 2, 3, 4, 5]
-    # events of transactions at or past the watermark's xid bound stay, whatever their seq
-    first_xid = await pool.fetchval("SELECT xid::text FROM evora.job_events WHERE seq = 1")
-    await mark_archived(pool, 3, first_xid)
+    await consumed_by_projector(pool)
     assert await pool.fetchval(DROP, 3, 0.0, 100) == 0
-    await mark_archived(pool, 3)
-    assert await pool.fetchval(DROP, 3, 0.0, 2) == 2  # in batches, oldest first
-    assert await pool.fetchval(DROP, 3, 0.0, 100) == 1
-    assert await seqs(pool) == [4, 5]
-
-
-async def test_only_consumed_and_old_enough_events_go(store: JobStore, pool: asyncpg.Pool) -> None:
-    await submit(store, 4)
-    await mark_archived(pool, 4)
-    # no projector has said how far it got: nothing is known to be consumed
-    assert await pool.fetchval(DROP, 4, 0.0, 100) == 0
-    third_xid = await pool.fetchval("SELECT xid::text FROM evora.job_events WHERE seq = 3")
-    await consumed_by_projector(pool, third_xid)
-    assert await pool.fetchval(DROP, 4, 3600.0, 100) == 0  # younger than an hour
-    assert await pool.fetchval(DROP, 4, 0.0, 100) == 2
-    assert await seqs(pool) == [3, 4]
-    retention = RetentionStore(pool)
-    await pool.execute("UPDATE evora.projector_progress SET xid = '999999999'")
-    assert await retention.drop_archived_events(0.0, 100) == 2
-    assert await seqs(pool) == []
+    assert await seqs(pool) == [1, 2, 3]
 
 
 async def test_projector_records_how_far_each_generation_consumed(
@@ -150,10 +123,13 @@ async def test_projector_records_how_far_each_generation_consumed(
     assert [r["generation"] for r in rows] == [2]
 
 
-def test_events_window_is_at_least_an_hour(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_events_window_is_at_least_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir("/")  # no stray .env file
     monkeypatch.delenv("EVORA_RETENTION_EVENTS_SECONDS", raising=False)
-    assert load_settings().retention_events_seconds == 30 * 86_400
-    monkeypatch.setenv("EVORA_RETENTION_EVENTS_SECONDS", "600")
+    monkeypatch.delenv("EVORA_ARCHIVE_EVENTS", raising=False)
+    settings = load_settings()
+    assert settings.retention_events_seconds == 30 * 86_400
+    assert settings.archive_events is False
+    monkeypatch.setenv("EVORA_RETENTION_EVENTS_SECONDS", "59")
     with pytest.raises(ConfigError, match="EVORA_RETENTION_EVENTS_SECONDS"):
         load_settings()

@@ -20,6 +20,8 @@ FORBIDDEN = [
     " SELECT id, 9, queue, type, 'x', state, 0, now(), NULL FROM evora.jobs",
     "DELETE FROM evora.job_events",
     "SELECT evora.drop_archived_events(0, 0, 1)",
+    "SELECT * FROM evora.expired_event_partitions(0, false)",
+    "SELECT evora.make_event_partitions(60, 2)",
     "SELECT * FROM evora.store_submissions('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
     "SELECT evora.validated('{}', '')",

@@ -35,7 +35,14 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     dsn, pooler = settings.require_session_database("`evora migrate` (its advisory lock)")
     if args.check:
         return asyncio.run(_check_drift(dsn, pooler))
-    applied = asyncio.run(apply_migrations(dsn, pooler=pooler))
+    applied = asyncio.run(
+        apply_migrations(
+            dsn,
+            pooler=pooler,
+            event_partition_seconds=settings.event_partition_seconds,
+            event_partitions_ahead=settings.event_partitions_ahead,
+        )
+    )
     if applied:
         print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}")
     else:

@@ -180,7 +180,11 @@ def run_dev(settings: Settings) -> int:
 async def _serve(settings: Settings) -> None:
     assert settings.database_url is not None
     log.info("applying migrations")
-    applied = await apply_migrations(settings.database_url)
+    applied = await apply_migrations(
+        settings.database_url,
+        event_partition_seconds=settings.event_partition_seconds,
+        event_partitions_ahead=settings.event_partitions_ahead,
+    )
     log.info("starting the api, dispatcher, sweeper and projector")
     stop = asyncio.Event()
     stop_on_signals(stop)

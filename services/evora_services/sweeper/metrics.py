@@ -58,6 +58,17 @@ class SweeperMetrics:
             "(the projector cannot read past it) and what vacuum may remove.",
             registry=registry,
         )
+        self.event_partitions_dropped = Counter(
+            "evora_sweeper_event_partitions_dropped",
+            "Partitions of job_events retention removed whole (docs/deploy.md, Retention).",
+            registry=registry,
+        )
+        self.event_partitions_ahead = Gauge(
+            "evora_sweeper_event_partitions_ahead_seconds",
+            "Seconds of job_events partitions made ahead of the clock; an event written past "
+            "them fails its transition (the sweeper makes them every retention round).",
+            registry=registry,
+        )
         self.jobs_dead_tuples = Gauge(
             "evora_jobs_dead_tuples",
             "Dead row versions in the jobs table (pg_stat_user_tables.n_dead_tup).",

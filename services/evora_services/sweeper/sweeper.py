@@ -18,7 +18,12 @@ from evora.config import Settings
 from evora.http.app import DATABASE_UNAVAILABLE
 from evora.protocol.states import JobState
 from evora.storage.jobs import EXPIRY_BATCH, JobStore
-from evora.storage.retention import PRUNABLE_STATES, RetentionStore
+from evora.storage.retention import (
+    EVENT_PARTITION_SECONDS,
+    EVENT_PARTITIONS_AHEAD,
+    PRUNABLE_STATES,
+    RetentionStore,
+)
 from evora.waiting import Backoff, wait_until_set
 from evora_services.sweeper.metrics import LEASE_OUTCOMES, SweeperMetrics
 
@@ -36,8 +41,6 @@ _LEASE_OUTCOME = {
 class Tuning:
     expiry_batch: int = EXPIRY_BATCH
     prune_batch: int = 1000
-    # Archived events go in bigger batches: each is one index range scan and tiny rows.
-    event_prune_batch: int = 5000
     # The deadline the sweeper sleeps until is only the earliest one it saw; a lease claimed
     # afterwards may run out sooner, so it looks again at least this often.
     max_wait: float = 1.0
@@ -69,11 +72,16 @@ _DEADLINE_MARGIN = 0.01
 @dataclass(frozen=True)
 class Retention:
     """How long finished jobs (by state), idempotency keys and events are kept, in seconds.
-    Events also have to be archived and projected first (see `RetentionStore`)."""
+    Events go by whole partitions of `event_partition_seconds`, `event_partitions_ahead` of
+    them made ahead of the clock; they also have to be projected first, and archived first
+    when `archive_events` (see `RetentionStore`)."""
 
     jobs: Mapping[JobState, float]
     idempotency_keys: float
     events: float = 30 * 86_400.0
+    archive_events: bool = False
+    event_partition_seconds: int = EVENT_PARTITION_SECONDS
+    event_partitions_ahead: int = EVENT_PARTITIONS_AHEAD
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Retention:
@@ -85,6 +93,9 @@ class Retention:
             },
             idempotency_keys=settings.retention_idempotency_seconds,
             events=settings.retention_events_seconds,
+            archive_events=settings.archive_events,
+            event_partition_seconds=settings.event_partition_seconds,
+            event_partitions_ahead=settings.event_partitions_ahead,
         )
 
 
@@ -185,10 +196,16 @@ class Sweeper:
     # -- retention ---------------------------------------------------------------------
 
     async def prune_due(self, ended: asyncio.Event | None = None) -> Counter[str]:
-        """One retention pass: finished jobs, idempotency keys and archived events past
-        their windows, in batches of one short statement each. Returns the rows removed by
-        kind."""
+        """One retention pass: job_events' partitions made ahead, then finished jobs and
+        idempotency keys past their windows, in batches of one short statement each, and the
+        partitions of events past theirs. Returns the rows (partitions, for
+        `event_partitions`) removed by kind."""
         removed: Counter[str] = Counter()
+        # First: a missing partition fails transitions, an unpruned row only waits.
+        ahead = await self._store.make_event_partitions(
+            self._retention.event_partition_seconds, self._retention.event_partitions_ahead
+        )
+        self._metrics.event_partitions_ahead.set(ahead)
         for state in PRUNABLE_STATES:
             if _ended(ended):
                 break
@@ -202,24 +219,19 @@ class Sweeper:
             )
             removed["idempotency_keys"] = await self._drain("idempotency_keys", prune_keys, ended)
         if not _ended(ended):
-            drop_events = functools.partial(
-                self._store.drop_archived_events, self._retention.events
+            dropped = await self._store.drop_event_partitions(
+                self._retention.events, self._retention.archive_events
             )
-            removed["events"] = await self._drain(
-                "events", drop_events, ended, self._tuning.event_prune_batch
-            )
+            removed["event_partitions"] = dropped
+            self._metrics.event_partitions_dropped.inc(dropped)
         level = logging.INFO if removed.total() else logging.DEBUG
         log.log(level, "retention pass: pruned %s", _pairs(removed))
         return removed
 
     async def _drain(
-        self,
-        kind: str,
-        prune: Callable[[int], Awaitable[int]],
-        ended: asyncio.Event | None,
-        batch: int | None = None,
+        self, kind: str, prune: Callable[[int], Awaitable[int]], ended: asyncio.Event | None
     ) -> int:
-        batch = batch or self._tuning.prune_batch
+        batch = self._tuning.prune_batch
         total = 0
         while True:
             removed = await prune(batch)
@@ -282,6 +294,7 @@ class Sweeper:
         health = await self._store.health()
         self._metrics.oldest_writing_transaction.set(health.oldest_writing_transaction_seconds)
         self._metrics.jobs_dead_tuples.set(health.jobs_dead_tuples)
+        self._metrics.event_partitions_ahead.set(health.event_partitions_ahead_seconds)
 
     async def observe_forever(self, stop: asyncio.Event) -> None:
         backoff = Backoff()

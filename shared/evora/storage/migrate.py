@@ -51,6 +51,11 @@ import asyncpg
 
 from evora.storage import locks
 from evora.storage.db import Pooler, connect
+from evora.storage.retention import (
+    EVENT_PARTITION_SECONDS,
+    EVENT_PARTITIONS_AHEAD,
+    MAKE_EVENT_PARTITIONS,
+)
 from evora.storage.statements import with_rules
 
 log = logging.getLogger(__name__)
@@ -208,11 +213,16 @@ async def stale_function_files(conn: asyncpg.Connection) -> list[str]:
 
 
 async def apply_migrations(
-    dsn: str, *, upto: int | None = None, pooler: Pooler = "none"
+    dsn: str,
+    *,
+    upto: int | None = None,
+    pooler: Pooler = "none",
+    event_partition_seconds: int = EVENT_PARTITION_SECONDS,
+    event_partitions_ahead: int = EVENT_PARTITIONS_AHEAD,
 ) -> list[int]:
-    """Bring the database at `dsn` (behind `pooler`) up to date, the function files included
-    (or up to version `upto`, without them); return the migration versions this call
-    applied."""
+    """Bring the database at `dsn` (behind `pooler`) up to date, the function files included,
+    and job_events' partitions made ahead as the sweeper makes them (or up to version
+    `upto`, without either); return the migration versions this call applied."""
     if pooler == "transaction":
         # The lock below is the session's: behind a transaction-mode pooler it would stay on
         # whichever server connection took it (and the unlock run on another), so two
@@ -221,6 +231,7 @@ async def apply_migrations(
             "migrations need a session of their own: set EVORA_DIRECT_DATABASE_URL to "
             "PostgreSQL itself (or a session-mode pool)"
         )
+    partitions = (event_partition_seconds, event_partitions_ahead)
     conn = await connect(dsn, statement_timeout=None, pooler=pooler)
     try:
         # Waits for another migrator as long as it takes (it holds no lock a query needs),
@@ -236,9 +247,14 @@ async def apply_migrations(
                 if head is not None:
                     await _retrying_locks(what, partial(conn.execute, head))
                 files = upto is None and n == len(groups) - 1
-                await _retrying_locks(what, partial(_apply, conn, group, files=files))
+                await _retrying_locks(
+                    what, partial(_apply, conn, group, files=files, partitions=partitions)
+                )
             if not groups and upto is None:
-                await _retrying_locks("the function files", partial(_apply, conn, [], files=True))
+                await _retrying_locks(
+                    "the function files",
+                    partial(_apply, conn, [], files=True, partitions=partitions),
+                )
             return [m.version for group in groups for m in group]
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", locks.MIGRATIONS)
@@ -293,8 +309,16 @@ def _groups(pending: list[Migration]) -> list[list[Migration]]:
     return groups
 
 
-async def _apply(conn: asyncpg.Connection, group: list[Migration], *, files: bool) -> None:
-    """The migrations of `group`, then (`files`) the function files, in one transaction."""
+async def _apply(
+    conn: asyncpg.Connection,
+    group: list[Migration],
+    *,
+    files: bool,
+    partitions: tuple[int, int] = (EVENT_PARTITION_SECONDS, EVENT_PARTITIONS_AHEAD),
+) -> None:
+    """The migrations of `group`, then (`files`) the function files and job_events'
+    partitions made ahead (`partitions`: width in seconds, how many), in one transaction:
+    migration 0032's first partition ends a minute after it starts."""
     async with conn.transaction():
         for migration in group:
             await conn.execute(migration.sql)
@@ -308,6 +332,7 @@ async def _apply(conn: asyncpg.Connection, group: list[Migration], *, files: boo
             )
         if files:
             await _apply_function_files(conn, after_migrations=bool(group))
+            await conn.execute(MAKE_EVENT_PARTITIONS, *partitions)
     for migration in group:
         log.info("applied migration %04d_%s", migration.version, migration.name)
 

@@ -1,12 +1,14 @@
 """What only the sweeper asks of PostgreSQL, apart from lease and TTL expiry (transitions,
 run through `JobStore`): the next deadline to wake for, retention (pruning finished jobs and
-old idempotency keys, dropping archived events), and the health figures the sweeper exports.
+old idempotency keys, making job_events' partitions ahead and dropping expired ones whole),
+and the health figures the sweeper exports.
 The statements, and why each is safe to run from several sweepers at once, are in
 sql/retention.sql.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -16,24 +18,48 @@ from evora.protocol.states import JobState
 from evora.storage.audit import AuditReport, audit
 from evora.storage.statements import load
 
+log = logging.getLogger(__name__)
+
 PRUNABLE_STATES = (JobState.COMPLETED, JobState.CANCELLED, JobState.DLQ)
+
+# job_events' partitions (migration 0032): how wide each is, and how many are kept made ahead
+# of the clock (EVORA_EVENT_PARTITION_SECONDS, EVORA_EVENT_PARTITIONS_AHEAD). The sweeper
+# makes them every retention round, `evora migrate` too.
+EVENT_PARTITION_SECONDS = 86_400
+EVENT_PARTITIONS_AHEAD = 3
+# How long a round of partition retention waits for a lock before it gives up until the next
+# round: a DETACH waits for the readers of its partition, never blocks writers, but a DROP or
+# an ATTACH queued behind a long reader must not stand in anyone's way for long.
+PARTITION_LOCK_TIMEOUT_MS = 1_000
+# What ends a round of partition retention until the next: a lock not had in time, or
+# another round (a sweeper that lost its lock finishing beside the new leader) detaching or
+# having dropped the same partition.
+_ANOTHER_HAS_IT = (
+    asyncpg.LockNotAvailableError,
+    asyncpg.ObjectNotInPrerequisiteStateError,
+    asyncpg.UndefinedTableError,
+)
 
 (
     SECONDS_UNTIL_DEADLINE,
     PRUNE_FINISHED,
     PRUNE_IDEMPOTENCY_KEYS,
-    DROP_ARCHIVED_EVENTS,
+    MAKE_EVENT_PARTITIONS,
+    EXPIRED_EVENT_PARTITIONS,
     RECORD_PROJECTOR_PROGRESS,
     OLDEST_WRITING_TRANSACTION_SECONDS,
+    EVENT_PARTITIONS_AHEAD_SECONDS,
     JOBS_DEAD_TUPLES,
 ) = load(
     "retention",
     "seconds_until_deadline",
     "prune_finished",
     "prune_idempotency_keys",
-    "drop_archived_events",
+    "make_event_partitions",
+    "expired_event_partitions",
     "record_projector_progress",
     "oldest_writing_transaction_seconds",
+    "event_partitions_ahead",
     "jobs_dead_tuples",
 )
 
@@ -49,6 +75,7 @@ async def record_projector_progress(
 class DatabaseHealth:
     oldest_writing_transaction_seconds: float
     jobs_dead_tuples: int
+    event_partitions_ahead_seconds: float
 
 
 class RetentionStore:
@@ -79,14 +106,43 @@ class RetentionStore:
         removed: int = await self._pool.fetchval(PRUNE_IDEMPOTENCY_KEYS, older_than, limit)
         return removed
 
-    async def drop_archived_events(self, older_than: float, limit: int) -> int:
-        """Remove up to `limit` archived, projected events older than `older_than` seconds
-        (oldest first); returns how many were removed."""
-        removed: int = await self._pool.fetchval(DROP_ARCHIVED_EVENTS, older_than, limit)
-        return removed
+    async def make_event_partitions(self, width: float, ahead: int) -> float:
+        """Make job_events' partitions until `ahead` of `width` seconds lie beyond the
+        clock; returns the seconds of partitions ahead."""
+        async with self._pool.acquire() as conn:
+            await conn.execute(f"SET lock_timeout = {PARTITION_LOCK_TIMEOUT_MS}")
+            try:
+                seconds: float = await conn.fetchval(MAKE_EVENT_PARTITIONS, width, ahead)
+            finally:
+                await conn.execute("RESET lock_timeout")
+        return seconds
+
+    async def drop_event_partitions(self, older_than: float, archived_only: bool) -> int:
+        """Remove the partitions of job_events whose events are all older than `older_than`
+        seconds, consumed by every projector generation and (`archived_only`) archived,
+        oldest first; returns how many went. A lock not had within the lock timeout, or a
+        partition another round is removing, ends the round (logged): what is left is
+        retried next round, a detach left pending included."""
+        dropped = 0
+        async with self._pool.acquire() as conn:
+            await conn.execute(f"SET lock_timeout = {PARTITION_LOCK_TIMEOUT_MS}")
+            try:
+                expired = await conn.fetch(EXPIRED_EVENT_PARTITIONS, older_than, archived_only)
+                for partition in expired:
+                    # Outside a transaction: DETACH ... CONCURRENTLY may run in none.
+                    if partition["detach"] is not None:
+                        await conn.execute(partition["detach"])
+                    await conn.execute(partition["drop"])
+                    dropped += 1
+            except _ANOTHER_HAS_IT as exc:
+                log.warning("event partition retention stopped for this round: %s", exc)
+            finally:
+                await conn.execute("RESET lock_timeout")
+        return dropped
 
     async def health(self) -> DatabaseHealth:
         async with self._pool.acquire() as conn:
             oldest: float = await conn.fetchval(OLDEST_WRITING_TRANSACTION_SECONDS)
             dead: int | None = await conn.fetchval(JOBS_DEAD_TUPLES)
-        return DatabaseHealth(oldest, dead or 0)
+            ahead: float | None = await conn.fetchval(EVENT_PARTITIONS_AHEAD_SECONDS)
+        return DatabaseHealth(oldest, dead or 0, ahead if ahead is not None else 0.0)

@@ -60,6 +60,13 @@ CREATE TYPE evora.job_image AS (
 	finished_at timestamp with time zone
 );
 
+CREATE FUNCTION evora.clock_now() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
+                            interval '0')
+$$;
+
 CREATE TABLE evora.jobs (
     id uuid NOT NULL,
     submit_seq bigint NOT NULL,
@@ -86,8 +93,8 @@ CREATE TABLE evora.jobs (
     last_error jsonb,
     progress jsonb,
     version integer DEFAULT 1 NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT evora.clock_now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT evora.clock_now() NOT NULL,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
     on_dependency_failure text DEFAULT 'cancel'::text NOT NULL,
@@ -529,13 +536,6 @@ BEGIN
 END
 $_$;
 
-CREATE FUNCTION evora.clock_now() RETURNS timestamp with time zone
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$
-    SELECT now() + coalesce(nullif(current_setting('evora.clock_offset', true), '')::interval,
-                            interval '0')
-$$;
-
 CREATE FUNCTION evora.complete(job_id uuid, lease_token uuid, result jsonb DEFAULT NULL::jsonb) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'evora', 'pg_temp'
@@ -615,43 +615,10 @@ CREATE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancel
 $$;
 
 CREATE FUNCTION evora.drop_archived_events(upto_seq bigint, older_than_seconds double precision, max_rows integer) RETURNS bigint
-    LANGUAGE plpgsql SECURITY DEFINER
+    LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'evora', 'pg_temp'
     AS $$
-DECLARE
-    mark     evora.event_archive_watermark;
-    consumed xid8;
-    removed  bigint;
-BEGIN
-    IF older_than_seconds IS NULL OR older_than_seconds < 0 OR max_rows IS NULL OR max_rows < 1 THEN
-        RAISE EXCEPTION 'invalid retention arguments (older than %, at most % rows)',
-            older_than_seconds, max_rows USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    SELECT * INTO STRICT mark FROM evora.event_archive_watermark;
-    IF upto_seq IS NULL OR upto_seq > mark.upto_seq THEN
-        RAISE EXCEPTION 'refusing to drop events up to seq %: the archive reaches only seq %',
-            upto_seq, mark.upto_seq USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    SELECT p.xid INTO consumed FROM evora.projector_progress p ORDER BY p.xid LIMIT 1;
-    IF consumed IS NULL THEN
-        RETURN 0;
-    END IF;
-    PERFORM set_config('evora.drop_archived_events', 'on', true);
-    WITH gone AS (
-        DELETE FROM evora.job_events
-        WHERE seq IN (
-            SELECT e.seq FROM evora.job_events e
-            WHERE e.seq <= upto_seq AND e.xid < mark.below_xid AND e.xid < consumed
-              AND e.at < now() - make_interval(secs => older_than_seconds)
-            ORDER BY e.seq
-            LIMIT max_rows
-        )
-        RETURNING 1
-    )
-    SELECT count(*) INTO removed FROM gone;
-    PERFORM set_config('evora.drop_archived_events', 'off', true);
-    RETURN removed;
-END
+    SELECT 0::bigint
 $$;
 
 CREATE FUNCTION evora.end_attempts(ends evora.attempt_end[], suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
@@ -695,6 +662,65 @@ BEGIN
     )
     SELECT m.whole, r.notified, r.owed
     FROM moved m CROSS JOIN recorded r;
+END
+$$;
+
+CREATE FUNCTION evora.event_partitions() RETURNS TABLE(name text, lower timestamp with time zone, upper timestamp with time zone, detach_pending boolean)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT c.relname::text,
+           substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([^'']+)''\)')::timestamptz,
+           substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz,
+           i.inhdetachpending
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'evora.job_events'::regclass
+    ORDER BY 3
+$$;
+
+CREATE FUNCTION evora.expired_event_partitions(older_than double precision, archived_only boolean) RETURNS TABLE(name text, attached boolean, detach_pending boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'evora', 'pg_temp'
+    AS $$
+DECLARE
+    part      record;
+    consumed  xid8;
+    mark      evora.event_archive_watermark;
+    oldest    timestamptz;
+    last_xid  xid8;
+    last_seq  bigint;
+BEGIN
+    IF older_than IS NULL OR older_than < 0 THEN
+        RAISE EXCEPTION 'invalid retention (older than %)', older_than
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        SELECT c.relname::text, false, false FROM pg_class c
+        WHERE c.relnamespace = 'evora'::regnamespace AND c.relkind = 'r'
+          AND c.relname LIKE 'job\_events\_p%' AND NOT c.relispartition;
+    SELECT p.xid INTO consumed FROM evora.projector_progress p ORDER BY p.xid LIMIT 1;
+    SELECT * INTO STRICT mark FROM evora.event_archive_watermark;
+    SELECT min(a.xact_start) + (evora.clock_now() - now()) INTO oldest
+    FROM pg_stat_activity a WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid();
+    FOR part IN
+        SELECT p.name, p.detach_pending FROM evora.event_partitions() p
+        WHERE p.upper <= evora.clock_now() - make_interval(secs => older_than)
+          AND (oldest IS NULL OR oldest >= p.upper)
+        ORDER BY p.upper
+    LOOP
+        EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
+            INTO last_xid;
+        EXECUTE format('SELECT max(e.seq) FROM evora.%I e', part.name) INTO last_seq;
+        IF last_seq IS NOT NULL AND NOT (
+            last_xid < consumed
+            AND (NOT archived_only OR (last_seq <= mark.upto_seq AND last_xid < mark.below_xid))
+        ) THEN
+            EXIT;
+        END IF;
+        name := part.name;
+        attached := true;
+        detach_pending := part.detach_pending;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
@@ -937,6 +963,38 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
     }'::jsonb
 $_$;
 
+CREATE FUNCTION evora.make_event_partitions(width double precision, ahead integer) RETURNS double precision
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    target timestamptz;
+    newest timestamptz;
+    lo     timestamptz;
+    hi     timestamptz;
+    part   text;
+BEGIN
+    IF width IS NULL OR width < 1 OR ahead IS NULL OR ahead < 1 THEN
+        RAISE EXCEPTION 'invalid partitioning (% seconds, % ahead)', width, ahead
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    LOCK TABLE evora.job_events IN SHARE UPDATE EXCLUSIVE MODE;
+    target := evora.clock_now() + make_interval(secs => width * ahead);
+    SELECT max(p.upper) INTO newest FROM evora.event_partitions() p;
+    lo := greatest(newest, to_timestamp(floor(extract(epoch FROM evora.clock_now()) / width) * width));
+    WHILE lo < target LOOP
+        hi := to_timestamp((floor(extract(epoch FROM lo) / width) + 1) * width);
+        part := 'job_events_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD')
+                || CASE WHEN lo = date_trunc('day', lo AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                        THEN '' ELSE to_char(lo AT TIME ZONE 'UTC', '_HH24MISS') END;
+        EXECUTE format('CREATE TABLE evora.%I (LIKE evora.job_events INCLUDING DEFAULTS)', part);
+        EXECUTE format('ALTER TABLE evora.job_events ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
+                       part, lo, hi);
+        lo := hi;
+    END LOOP;
+    RETURN extract(epoch FROM greatest(lo, newest) - evora.clock_now());
+END
+$$;
+
 CREATE FUNCTION evora.note_ended_dependency() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -1100,9 +1158,6 @@ CREATE FUNCTION evora.reject_event_change() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF TG_OP = 'DELETE' AND current_setting('evora.drop_archived_events', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
     RAISE EXCEPTION 'job_events is append-only (% rejected)', TG_OP
         USING ERRCODE = 'insufficient_privilege';
 END
@@ -1127,21 +1182,6 @@ CREATE FUNCTION evora.reject_live_delete() RETURNS trigger
 BEGIN
     RAISE EXCEPTION 'job % is % and may not be deleted', OLD.id, OLD.state
         USING ERRCODE = 'check_violation';
-END
-$$;
-
-CREATE FUNCTION evora.reject_unarchived_delete() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM evora.event_archive_watermark w
-        WHERE OLD.seq <= w.upto_seq AND OLD.xid < w.below_xid
-    ) THEN
-        RAISE EXCEPTION 'event % is not archived and may not be deleted', OLD.seq
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    RETURN OLD;
 END
 $$;
 
@@ -1986,21 +2026,22 @@ CREATE TABLE evora.job_dependencies (
 );
 
 CREATE TABLE evora.job_events (
-    seq bigint NOT NULL,
-    xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
-    job_id uuid NOT NULL,
-    job_version integer NOT NULL,
-    queue text NOT NULL,
-    type text NOT NULL,
-    event text NOT NULL,
+    seq bigint CONSTRAINT job_events_seq_not_null1 NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() CONSTRAINT job_events_xid_not_null1 NOT NULL,
+    job_id uuid CONSTRAINT job_events_job_id_not_null1 NOT NULL,
+    job_version integer CONSTRAINT job_events_job_version_not_null1 NOT NULL,
+    queue text CONSTRAINT job_events_queue_not_null1 NOT NULL,
+    type text CONSTRAINT job_events_type_not_null1 NOT NULL,
+    event text CONSTRAINT job_events_event_not_null1 NOT NULL,
     from_state evora.job_state,
-    to_state evora.job_state NOT NULL,
-    attempt integer NOT NULL,
+    to_state evora.job_state CONSTRAINT job_events_to_state_not_null1 NOT NULL,
+    attempt integer CONSTRAINT job_events_attempt_not_null1 NOT NULL,
     worker_id text,
-    at timestamp with time zone NOT NULL,
-    data jsonb DEFAULT '{}'::jsonb NOT NULL,
-    job evora.job_image NOT NULL
-);
+    at timestamp with time zone CONSTRAINT job_events_at_not_null1 NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb CONSTRAINT job_events_data_not_null1 NOT NULL,
+    job evora.job_image CONSTRAINT job_events_job_not_null1 NOT NULL
+)
+PARTITION BY RANGE (at);
 
 ALTER TABLE evora.job_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME evora.job_events_seq_seq
@@ -2107,10 +2148,10 @@ ALTER TABLE ONLY evora.job_dependencies
     ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on);
 
 ALTER TABLE ONLY evora.job_events
-    ADD CONSTRAINT job_events_pkey PRIMARY KEY (seq);
+    ADD CONSTRAINT job_events_pkey PRIMARY KEY (seq, at);
 
 ALTER TABLE ONLY evora.job_events
-    ADD CONSTRAINT job_events_version_once UNIQUE (job_id, job_version);
+    ADD CONSTRAINT job_events_version_once UNIQUE (job_id, job_version, at);
 
 ALTER TABLE ONLY evora.job_prune_counts
     ADD CONSTRAINT job_prune_counts_pkey PRIMARY KEY (queue, state);
@@ -2142,7 +2183,7 @@ CREATE INDEX idempotency_keys_age ON evora.idempotency_keys USING btree (created
 
 CREATE INDEX job_dependencies_dependents ON evora.job_dependencies USING btree (depends_on, job_id);
 
-CREATE INDEX job_events_tail ON evora.job_events USING btree (xid, seq);
+CREATE INDEX job_events_tail ON ONLY evora.job_events USING btree (xid, seq);
 
 CREATE INDEX jobs_claimable ON evora.jobs USING btree (queue, priority, run_at, submit_seq) WHERE (state = 'PENDING'::evora.job_state);
 
@@ -2170,9 +2211,7 @@ CREATE INDEX schedules_due ON evora.schedules USING btree (next_run_at) WHERE (N
 
 CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON evora.flow_limits FOR EACH ROW EXECUTE FUNCTION evora.record_limit_change();
 
-CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON evora.job_events FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
-
-CREATE TRIGGER job_events_delete_archived_only BEFORE DELETE ON evora.job_events FOR EACH ROW EXECUTE FUNCTION evora.reject_unarchived_delete();
+CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON evora.job_events FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
 
 CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON evora.job_events FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
 

@@ -28,33 +28,14 @@ BEGIN
 END
 $$;
 
--- job_events is append-only: no UPDATE, DELETE or TRUNCATE, but for the archive's own DELETE
--- (evora.drop_archived_events() sets the setting of that name), whose rows the row guard
--- below checks one by one.
+-- job_events is append-only: no UPDATE, DELETE or TRUNCATE of its rows. Retention removes
+-- whole partitions (DETACH, then DROP: evora.expired_event_partitions(), retention.sql),
+-- the one removal there is.
 CREATE OR REPLACE FUNCTION evora.reject_event_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'DELETE' AND current_setting('evora.drop_archived_events', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
     RAISE EXCEPTION 'job_events is append-only (% rejected)', TG_OP
         USING ERRCODE = 'insufficient_privilege';
-END
-$$;
-
--- An event may be deleted only once it is archived: inside the archive's watermark (both its
--- seq and its transaction id below it).
-CREATE OR REPLACE FUNCTION evora.reject_unarchived_delete() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM evora.event_archive_watermark w
-        WHERE OLD.seq <= w.upto_seq AND OLD.xid < w.below_xid
-    ) THEN
-        RAISE EXCEPTION 'event % is not archived and may not be deleted', OLD.seq
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    RETURN OLD;
 END
 $$;
 
@@ -86,15 +67,14 @@ CREATE OR REPLACE TRIGGER jobs_live_delete_guard
     FOR EACH ROW WHEN (OLD.state IN ('PENDING', 'RUNNING', 'WAITING'))
     EXECUTE FUNCTION evora.reject_live_delete();
 
+-- Row triggers, so that every partition has them too (a statement trigger on the parent does
+-- not fire for a statement on a partition); the first UPDATE or DELETE of a row rejects
+-- the statement. TRUNCATE has no row trigger: the parent's rejects it, and truncating one
+-- partition is removing it whole.
 CREATE OR REPLACE TRIGGER job_events_append_only
     BEFORE UPDATE OR DELETE ON evora.job_events
-    FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
+    FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
 
 CREATE OR REPLACE TRIGGER job_events_no_truncate
     BEFORE TRUNCATE ON evora.job_events
     FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
-
--- Runs only for rows a DELETE that passed the statement guard is about to remove.
-CREATE OR REPLACE TRIGGER job_events_delete_archived_only
-    BEFORE DELETE ON evora.job_events
-    FOR EACH ROW EXECUTE FUNCTION evora.reject_unarchived_delete();

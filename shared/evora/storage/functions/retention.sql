@@ -1,51 +1,131 @@
--- Retention (docs/deploy.md): pruning finished jobs and dropping archived events.
+-- Retention (docs/deploy.md, Retention): pruning finished jobs, and job_events' partitions: made ahead
+-- of the clock, dropped whole once expired.
 --
 -- The current text of this area's functions and triggers: edit them here. `evora migrate`
 -- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
--- The retention path: removes up to `max_rows` events, oldest seq first, that are archived
--- (inside the watermark), consumed by every projector generation that has recorded
--- progress, and older than `older_than_seconds`. Asking for more than the archive holds is
--- an error, not a silent clamp: the caller has the wrong watermark. Returns the rows removed.
+-- The previous release's sweeper calls this while it is rolled (docs/deploy.md, Upgrades).
+-- Events no longer leave job_events row by row: whole partitions go (below). It removes
+-- nothing; remove it a release after migration 0032.
 CREATE OR REPLACE FUNCTION evora.drop_archived_events(
     upto_seq bigint, older_than_seconds float8, max_rows integer
 ) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = evora, pg_temp AS $$
+    SELECT 0::bigint
+$$;
+
+-- The partitions of job_events (migration 0032), oldest first, with the range each holds
+-- (`lower` NULL for the first one's MINVALUE) and whether a DETACH ... CONCURRENTLY of it
+-- was interrupted (it must be finished with FINALIZE).
+CREATE OR REPLACE FUNCTION evora.event_partitions()
+RETURNS TABLE (name text, lower timestamptz, upper timestamptz, detach_pending boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT c.relname::text,
+           substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([^'']+)''\)')::timestamptz,
+           substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz,
+           i.inhdetachpending
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'evora.job_events'::regclass
+    ORDER BY 3
+$$;
+
+-- Creates the partitions of job_events from the newest one's end (or from the current slot,
+-- if the clock has passed it) until `ahead` partitions of `width` seconds lie beyond Evora's
+-- clock, each aligned to a multiple of `width` since the epoch and named by the time it
+-- starts (UTC): job_events_p20261129 at midnight, job_events_p20261129_143000 otherwise.
+-- Returns how many seconds of partitions are left ahead of the clock: an event is written
+-- at the clock's time, and one written where no partition is fails its transition, so the
+-- sweeper alerts long before that (deploy/prometheus/alerts.yml).
+-- A new partition is made on its own and then attached: ATTACH takes a SHARE UPDATE
+-- EXCLUSIVE lock on the parent, which writers never wait for (CREATE TABLE ... PARTITION OF
+-- would take an ACCESS EXCLUSIVE one). Two callers at once queue on that lock, the second
+-- then finds the partitions made.
+CREATE OR REPLACE FUNCTION evora.make_event_partitions(width float8, ahead integer)
+RETURNS float8
+LANGUAGE plpgsql AS $$
+DECLARE
+    target timestamptz;
+    newest timestamptz;
+    lo     timestamptz;
+    hi     timestamptz;
+    part   text;
+BEGIN
+    IF width IS NULL OR width < 1 OR ahead IS NULL OR ahead < 1 THEN
+        RAISE EXCEPTION 'invalid partitioning (% seconds, % ahead)', width, ahead
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    LOCK TABLE evora.job_events IN SHARE UPDATE EXCLUSIVE MODE;
+    target := evora.clock_now() + make_interval(secs => width * ahead);
+    SELECT max(p.upper) INTO newest FROM evora.event_partitions() p;
+    lo := greatest(newest, to_timestamp(floor(extract(epoch FROM evora.clock_now()) / width) * width));
+    WHILE lo < target LOOP
+        hi := to_timestamp((floor(extract(epoch FROM lo) / width) + 1) * width);
+        part := 'job_events_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD')
+                || CASE WHEN lo = date_trunc('day', lo AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                        THEN '' ELSE to_char(lo AT TIME ZONE 'UTC', '_HH24MISS') END;
+        EXECUTE format('CREATE TABLE evora.%I (LIKE evora.job_events INCLUDING DEFAULTS)', part);
+        EXECUTE format('ALTER TABLE evora.job_events ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
+                       part, lo, hi);
+        lo := hi;
+    END LOOP;
+    RETURN extract(epoch FROM greatest(lo, newest) - evora.clock_now());
+END
+$$;
+
+-- The partitions of job_events retention may remove now, oldest first: every event in one
+-- is older than `older_than` seconds (its whole range is), consumed by every projector
+-- generation that recorded progress (its newest xid below each one's snapshot xmin; none
+-- recorded: nothing is known to be consumed), and, with `archived_only`, inside the
+-- archive's watermark. A transaction that began before a partition's end could still write
+-- an event dated then, so a partition waits for every transaction older than its end.
+-- `attached` is false for a table a round detached but could not drop: only DROP is left.
+CREATE OR REPLACE FUNCTION evora.expired_event_partitions(older_than float8, archived_only boolean)
+RETURNS TABLE (name text, attached boolean, detach_pending boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = evora, pg_temp AS $$
 DECLARE
-    mark     evora.event_archive_watermark;
-    consumed xid8;
-    removed  bigint;
+    part      record;
+    consumed  xid8;
+    mark      evora.event_archive_watermark;
+    oldest    timestamptz;
+    last_xid  xid8;
+    last_seq  bigint;
 BEGIN
-    IF older_than_seconds IS NULL OR older_than_seconds < 0 OR max_rows IS NULL OR max_rows < 1 THEN
-        RAISE EXCEPTION 'invalid retention arguments (older than %, at most % rows)',
-            older_than_seconds, max_rows USING ERRCODE = 'invalid_parameter_value';
+    IF older_than IS NULL OR older_than < 0 THEN
+        RAISE EXCEPTION 'invalid retention (older than %)', older_than
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT * INTO STRICT mark FROM evora.event_archive_watermark;
-    IF upto_seq IS NULL OR upto_seq > mark.upto_seq THEN
-        RAISE EXCEPTION 'refusing to drop events up to seq %: the archive reaches only seq %',
-            upto_seq, mark.upto_seq USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    -- No recorded progress means nothing is known to be consumed.
+    RETURN QUERY
+        SELECT c.relname::text, false, false FROM pg_class c
+        WHERE c.relnamespace = 'evora'::regnamespace AND c.relkind = 'r'
+          AND c.relname LIKE 'job\_events\_p%' AND NOT c.relispartition;
     -- (ORDER BY rather than min(): xid8 has no min aggregate before PostgreSQL 16)
     SELECT p.xid INTO consumed FROM evora.projector_progress p ORDER BY p.xid LIMIT 1;
-    IF consumed IS NULL THEN
-        RETURN 0;
-    END IF;
-    PERFORM set_config('evora.drop_archived_events', 'on', true);
-    WITH gone AS (
-        DELETE FROM evora.job_events
-        WHERE seq IN (
-            SELECT e.seq FROM evora.job_events e
-            WHERE e.seq <= upto_seq AND e.xid < mark.below_xid AND e.xid < consumed
-              AND e.at < now() - make_interval(secs => older_than_seconds)
-            ORDER BY e.seq
-            LIMIT max_rows
-        )
-        RETURNING 1
-    )
-    SELECT count(*) INTO removed FROM gone;
-    PERFORM set_config('evora.drop_archived_events', 'off', true);
-    RETURN removed;
+    SELECT * INTO STRICT mark FROM evora.event_archive_watermark;
+    -- The oldest other transaction's start, on Evora's clock (which may run ahead of now()).
+    SELECT min(a.xact_start) + (evora.clock_now() - now()) INTO oldest
+    FROM pg_stat_activity a WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid();
+    FOR part IN
+        SELECT p.name, p.detach_pending FROM evora.event_partitions() p
+        WHERE p.upper <= evora.clock_now() - make_interval(secs => older_than)
+          AND (oldest IS NULL OR oldest >= p.upper)
+        ORDER BY p.upper
+    LOOP
+        EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
+            INTO last_xid;
+        EXECUTE format('SELECT max(e.seq) FROM evora.%I e', part.name) INTO last_seq;
+        IF last_seq IS NOT NULL AND NOT (
+            last_xid < consumed
+            AND (NOT archived_only OR (last_seq <= mark.upto_seq AND last_xid < mark.below_xid))
+        ) THEN
+            -- A newer partition cannot go before this one: the archive and the projector
+            -- read in order.
+            EXIT;
+        END IF;
+        name := part.name;
+        attached := true;
+        detach_pending := part.detach_pending;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 

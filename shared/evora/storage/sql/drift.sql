@@ -6,14 +6,16 @@
 -- `evora`, named as its readers write them (`evora.jobs`) and without what varies between
 -- servers (oids, the order of creation). Run with an empty search_path (drift.py), so that
 -- every name of Evora's in a definition is qualified whatever the session's search_path.
--- Members of extensions are someone else's. Function bodies are left out:
+-- Members of extensions are someone else's; job_events' partitions (and their indexes), named
+-- by the dates they hold, are data: the parent says what each has. Function bodies are left out:
 -- evora.function_files' checksums say whether they are the code's.
 WITH ours AS (
     SELECT oid, nspname || '.' AS prefix FROM pg_namespace WHERE nspname = 'evora'
 ), relations AS (
     SELECT c.oid, c.relname, c.relkind, o.prefix || c.relname AS name
     FROM pg_class c JOIN ours o ON o.oid = c.relnamespace
-    WHERE NOT EXISTS (SELECT FROM pg_depend d
+    WHERE NOT c.relispartition
+      AND NOT EXISTS (SELECT FROM pg_depend d
                       WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
                         AND d.deptype = 'e')
 )

@@ -43,13 +43,27 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
--- name: drop_archived_events
--- $1 older than (seconds), $2 at most this many rows; returns how many events were removed.
--- An event may leave job_events only when it is in the Parquet archive (inside the watermark
--- `evora pipeline archive` records after verifying what it wrote), consumed by every projector
--- generation, and older than the events window. The SQL function checks all three itself;
--- the triggers on job_events let no other DELETE through (functions/guards.sql).
-SELECT evora.drop_archived_events(w.upto_seq, $1, $2) FROM evora.event_archive_watermark w;
+-- name: make_event_partitions
+-- $1 width of a partition (seconds), $2 how many to have ahead of the clock; returns the
+-- seconds of partitions ahead once made (evora.make_event_partitions(), functions/retention.sql).
+SELECT evora.make_event_partitions($1, $2);
+
+-- name: expired_event_partitions
+-- $1 the events window (seconds), $2 whether only archived events may go. The partitions of
+-- job_events retention removes now, oldest first, each with the statements that do it: a
+-- DETACH ... CONCURRENTLY (it never blocks writers: it takes a SHARE UPDATE EXCLUSIVE lock on
+-- job_events, then waits for the readers of the partition; run outside a transaction, each
+-- under the sweeper's lock_timeout), FINALIZE for one an interrupted round left pending,
+-- then DROP TABLE. The SQL function decides what is expired, consumed by every projector
+-- generation and (with $2) archived.
+SELECT p.name,
+       CASE WHEN NOT p.attached THEN NULL
+            WHEN p.detach_pending
+            THEN format('ALTER TABLE evora.job_events DETACH PARTITION evora.%I FINALIZE', p.name)
+            ELSE format('ALTER TABLE evora.job_events DETACH PARTITION evora.%I CONCURRENTLY', p.name)
+       END AS detach,
+       format('DROP TABLE evora.%I', p.name) AS drop
+FROM evora.expired_event_partitions($1, $2) p;
 
 -- name: record_projector_progress
 -- $1 generation, $2 the snapshot every span it consumed ended at (text), $3 whether the
@@ -75,6 +89,11 @@ DELETE FROM evora.projector_progress WHERE $3 AND generation < $1;
 SELECT coalesce(extract(epoch FROM clock_timestamp() - min(xact_start)), 0)::float8
 FROM pg_stat_activity
 WHERE backend_xid IS NOT NULL;
+
+-- name: event_partitions_ahead
+-- Seconds of job_events' partitions ahead of Evora's clock (negative: an event now has no
+-- partition and its transition fails).
+SELECT extract(epoch FROM max(p.upper) - evora.clock_now())::float8 FROM evora.event_partitions() p;
 
 -- name: jobs_dead_tuples
 -- Dead row versions in `evora.jobs` as the statistics collector last saw them.
