@@ -208,6 +208,13 @@ def test_every_block_runs_or_says_why_not() -> None:
         f"`{NOT_RUN}` after the language:\n" + "\n".join(unmarked)
     )
     assert len(ALL_BLOCKS) > 40 and len(RUN) > 5  # the parser found the blocks
+    # `not-run:` or `not-run,` is not the marker: such a block would run (and fail) instead
+    misspelt = [
+        f"{block.name}: ```{' '.join(block.info)}"
+        for block in ALL_BLOCKS
+        if any(word.startswith(NOT_RUN) and word != NOT_RUN for word in block.info)
+    ]
+    assert not misspelt, f"write `{NOT_RUN}` as a word of its own:\n" + "\n".join(misspelt)
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,9 @@ async def test_a_partition_waits_for_every_projector_generation(
     await consumed(pool, generation=2, active=False)
     await clock.advance(3 * DAY)
     sweeper = make_sweeper()
-    assert (await sweeper.prune_due())["event_partitions"] == 0
+    # (an empty partition older than the window, like the one the template database's
+    # migration made long before this test in a full run, may go in the same round)
+    await sweeper.prune_due()
     assert await event_count(pool) == 5
     await consumed(pool, generation=1)
     assert (await sweeper.prune_due())["event_partitions"] >= 1
@@ -129,12 +131,15 @@ async def test_with_archiving_on_a_partition_waits_for_the_archive(
     await consumed(pool)
     await clock.advance(3 * DAY)
     sweeper = make_sweeper(archive_events=True)
-    assert (await sweeper.prune_due())["event_partitions"] == 0
+    # (an empty partition older than the window, like the one the template database's
+    # migration made long before this test in a full run, may go in the same round)
+    await sweeper.prune_due()
     assert await event_count(pool) == 5
     await pool.execute(
         "UPDATE evora.event_archive_watermark SET upto_seq = 4, below_xid = '999999999'"
     )
-    assert (await sweeper.prune_due())["event_partitions"] == 0  # seq 5 is not archived
+    await sweeper.prune_due()
+    assert await event_count(pool) == 5  # seq 5 is not archived
     await pool.execute("UPDATE evora.event_archive_watermark SET upto_seq = 5")
     assert (await sweeper.prune_due())["event_partitions"] >= 1
     assert await event_count(pool) == 0
@@ -204,8 +209,10 @@ async def test_a_reader_of_the_partition_delays_its_drop_and_never_blocks_writer
         # writers go on while it waits: they never queue behind it
         await asyncio.wait_for(cancel(store, later), timeout=2.0)
         assert not round_.done()
-        removed = await round_  # gives up at the lock timeout, for this round
-        assert removed["event_partitions"] == 0
+        await round_  # gives up at the lock timeout, for this round
+        # (an empty partition older than the window, like the one the template database's
+        # migration made long before this test in a full run, may have gone in it)
+        assert old in await partitions(pool)
         # its DETACH ... CONCURRENTLY stopped half way: new queries no longer see the
         # partition, and the next round must FINALIZE it
         pending = await pool.fetchval(
