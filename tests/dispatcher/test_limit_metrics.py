@@ -60,7 +60,7 @@ async def test_an_upstream_drain_is_shown_by_its_limit_until_it_ends(
     watch = LimitWatch(limits, registry)
     await limits.put("api:*", LimitSpec(concurrency=5, rate=None))
     await store.submit_batch(
-        [JobSubmission(queue="m", type="t", limit_keys=[f"api:{n}"]) for n in range(2)]
+        [JobSubmission(queue="m", type="t", limit_keys=[f"api:{n % 2}"]) for n in range(4)]
     )
     jobs = await store.claim(worker_id="w", queues=["m"], max_jobs=2)
     for job, seconds in zip(jobs, (60, 120), strict=True):
@@ -78,6 +78,8 @@ async def test_an_upstream_drain_is_shown_by_its_limit_until_it_ends(
     until = _until(registry, "api:*")
     assert until is not None and 119 < until - now.timestamp() <= 120
     assert _until(registry, "api:0") is None  # the keys under the prefix have no series
+    # the other job of each key is due and held back by the drain (a concurrency left)
+    assert _value(registry, "evora_limit_throttled_jobs", "api") == 2
 
     await clock.advance(121)
     await watch.check()

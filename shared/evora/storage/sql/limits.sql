@@ -261,7 +261,10 @@ usage AS (
            CASE WHEN g.rate_limit IS NOT NULL THEN coalesce(
                (SELECT evora.tokens(b, g.rate_limit, g.rate_per_seconds, evora.clock_now())
                 FROM evora.flow_buckets b WHERE b.key = g.key), g.rate_limit) END AS tokens,
-           g.concurrency
+           g.concurrency,
+           -- an upstream drains the key (evora.drain_buckets()), with or without a rate
+           coalesce((SELECT b.throttled_until > evora.clock_now()
+                     FROM evora.flow_buckets b WHERE b.key = g.key), false) AS upstream
     FROM governed g
     LEFT JOIN running r ON r.key = g.key
 ),
@@ -269,7 +272,7 @@ held AS (
     SELECT u.kind, count(DISTINCT l.id) AS jobs, min(l.run_at) AS oldest
     FROM live l
     CROSS JOIN LATERAL unnest(l.keys) AS k
-    JOIN usage u ON u.key = k AND (u.running >= u.concurrency OR u.tokens < 1)
+    JOIN usage u ON u.key = k AND (u.running >= u.concurrency OR u.tokens < 1 OR u.upstream)
     WHERE l.state = 'PENDING' AND l.run_at <= evora.clock_now()
     GROUP BY u.kind
 )
