@@ -614,12 +614,11 @@ CREATE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancel
     END
 $$;
 
-CREATE FUNCTION evora.drain_buckets(keys text[], untils timestamp with time zone[]) RETURNS text[]
+CREATE FUNCTION evora.drain_buckets(keys text[], untils timestamp with time zone[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     making CONSTANT integer := 1163284306;  -- 'EVOR', as evora.claim_limited()
-    drained text[] := '{}';
     d record;
 BEGIN
     FOR d IN
@@ -637,9 +636,7 @@ BEGIN
         SET tokens = 0,
             refilled_at = greatest(b.refilled_at, excluded.refilled_at),
             throttled_until = greatest(b.throttled_until, excluded.throttled_until);
-        drained := drained || d.key;
     END LOOP;
-    RETURN drained;
 END
 $$;
 

@@ -93,7 +93,7 @@ $$;
 -- then: no tokens, refilled from that time on, and `throttled_until` that time, so no claim
 -- of any dispatcher admits a job holding the key before it (evora.tokens()). A drain never
 -- shortens an earlier, longer one. Keys no such limit governs are left alone: no claim reads
--- their bucket. The keys that were drained.
+-- their bucket.
 --
 -- A bucket row is changed as a claim changes it: a missing one is made under the claim's
 -- advisory lock of the key ('EVOR'), so a claim making the same row never waits for this
@@ -101,11 +101,10 @@ $$;
 -- lasts milliseconds. Keys are locked in key order, so two drains cannot deadlock; claims
 -- never wait for a lock, so a drain cannot deadlock with one either.
 CREATE OR REPLACE FUNCTION evora.drain_buckets(keys text[], untils timestamptz[])
-RETURNS text[]
+RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     making CONSTANT integer := 1163284306;  -- 'EVOR', as evora.claim_limited()
-    drained text[] := '{}';
     d record;
 BEGIN
     FOR d IN
@@ -123,9 +122,7 @@ BEGIN
         SET tokens = 0,
             refilled_at = greatest(b.refilled_at, excluded.refilled_at),
             throttled_until = greatest(b.throttled_until, excluded.throttled_until);
-        drained := drained || d.key;
     END LOOP;
-    RETURN drained;
 END
 $$;
 
