@@ -53,6 +53,7 @@ async def test_create_replace_list_read_delete(client: ApiClient) -> None:
         "tokens": 10,
         "throttled_jobs": 0,
         "throttled_since": None,
+        "throttled_until": None,  # no upstream's retry-after drains it
         "pending": None,  # no max_pending
         "room": None,
     }

@@ -9,6 +9,7 @@ from typing import Any
 from playwright.async_api import Page, expect
 
 from evora.protocol.jobs import JobSubmission
+from evora.storage.jobs import Failure
 from tests.dashboard.conftest import ADMIN_TOKEN, Dashboard, login
 
 QUEUE = "api-calls"
@@ -63,6 +64,28 @@ async def test_a_key_at_its_concurrency_shows_its_usage_and_held_back_jobs(
     await expect(key.locator(".limit-held")).to_have_text("2")
     nav = page.get_by_role("link", name="Limits", exact=True)
     await expect(nav).to_have_attribute("aria-current", "page")
+
+
+async def test_a_key_an_upstream_throttles_shows_until_when(
+    dashboard: Dashboard, page: Page
+) -> None:
+    await put_limit(dashboard, "api:github", {"concurrency": 3, "rate": None})
+    await submit(dashboard, [["api:github"]] * 2)
+    [job] = await dashboard.store.claim(worker_id="w", queues=[QUEUE], max_jobs=1)
+    await dashboard.store.fail(
+        Failure(
+            job["id"], job["lease_token"], "429", retry_in_seconds=600, retry_after_key="api:github"
+        )
+    )
+
+    await login(page, dashboard.url)
+    await page.get_by_role("link", name="Limits").click()
+    row = page.locator("tr[data-limit='api:github']")
+    await expect(row.locator(".limit-upstream time")).to_be_visible()
+    await expect(row.locator(".limit-held")).to_have_text("1")  # the other one: due, held back
+    await row.get_by_role("link", name="api:github").click()
+    key = page.locator("tr[data-key='api:github']")
+    await expect(key.locator(".limit-upstream time")).to_be_visible()
 
 
 async def test_the_keys_under_a_prefix_come_a_page_at_a_time(

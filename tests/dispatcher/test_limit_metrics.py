@@ -7,11 +7,15 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from evora.protocol.jobs import JobSubmission
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import Failure, JobStore
 from evora.storage.limits import KindUsage, LimitSpec, LimitStore, Rate
 from evora_services.dispatcher import limits as watch_module
 from evora_services.dispatcher.limits import LimitWatch
 from tests.conftest import Clock
+
+
+def _until(registry: CollectorRegistry, key: str) -> float | None:
+    return registry.get_sample_value("evora_limit_throttled_until_seconds", {"key": key})
 
 
 def _value(registry: CollectorRegistry, name: str, kind: str) -> float | None:
@@ -44,6 +48,42 @@ async def test_gauges_per_kind_follow_the_limits(
     await watch.check()
     for name in ("evora_limit_running_jobs", "evora_limit_tokens", "evora_limit_throttled_jobs"):
         assert _value(registry, name, "tenant") is None
+
+
+async def test_an_upstream_drain_is_shown_by_its_limit_until_it_ends(
+    pool: asyncpg.Pool, store: JobStore, clock: Clock
+) -> None:
+    """evora_limit_throttled_until_seconds has a series per configured limit (a prefix
+    limit's for every key under it), only while an upstream throttles a key it governs."""
+    limits = LimitStore(pool)
+    registry = CollectorRegistry()
+    watch = LimitWatch(limits, registry)
+    await limits.put("api:*", LimitSpec(concurrency=5, rate=None))
+    await store.submit_batch(
+        [JobSubmission(queue="m", type="t", limit_keys=[f"api:{n % 2}"]) for n in range(4)]
+    )
+    jobs = await store.claim(worker_id="w", queues=["m"], max_jobs=2)
+    for job, seconds in zip(jobs, (60, 120), strict=True):
+        await store.fail(
+            Failure(
+                job["id"],
+                job["lease_token"],
+                "429",
+                retry_in_seconds=seconds,
+                retry_after_key=job["limit_keys"][0],
+            )
+        )
+    now = await pool.fetchval("SELECT evora.clock_now()")
+    await watch.check()
+    until = _until(registry, "api:*")
+    assert until is not None and 119 < until - now.timestamp() <= 120
+    assert _until(registry, "api:0") is None  # the keys under the prefix have no series
+    # the other job of each key is due and held back by the drain (a concurrency left)
+    assert _value(registry, "evora_limit_throttled_jobs", "api") == 2
+
+    await clock.advance(121)
+    await watch.check()
+    assert _until(registry, "api:*") is None
 
 
 def test_kinds_beyond_the_cap_are_summed() -> None:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from evora.config import Settings
 from evora.protocol.jobs import JobSubmission
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import Failure, JobStore
 from evora.storage.limits import LimitSpec, LimitStore, Rate
 from evora_services.dispatcher.app import create_app
 from evora_services.dispatcher.unclaimed import UnclaimedWatch
@@ -85,6 +85,22 @@ async def test_jobs_held_back_by_a_limit_are_not_unclaimed(
 
     found = await UnclaimedWatch(pool, CollectorRegistry(), after_seconds=60).check()
     assert [(u.queue, u.type, u.pending) for u in found] == [("idle", "idle.job", 1)]
+
+
+async def test_jobs_of_a_key_an_upstream_drains_are_not_unclaimed(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """An upstream's retry-after drains a key limited by concurrency alone: its due jobs wait
+    for the drain to end, not for a worker."""
+    await LimitStore(pool).put("api:upstream", LimitSpec(concurrency=5, rate=None))
+    for _ in range(3):
+        await _submit(store, "drained", "drained.job", limit_keys=["api:upstream"])
+    [job] = await store.claim(worker_id="w", queues=["drained"], max_jobs=1)
+    drain = Failure(
+        job["id"], job["lease_token"], "429", retry_in_seconds=600, retry_after_key="api:upstream"
+    )
+    await store.fail(drain)
+    assert await UnclaimedWatch(pool, CollectorRegistry(), after_seconds=60).check() == []
 
 
 async def test_the_dispatcher_serves_the_gauge(db_url: str, store: JobStore) -> None:

@@ -44,7 +44,7 @@ def complete_args(ids: list[object], tokens: list[object]) -> tuple[object, ...]
 
 def fail_args(ids: list[object], tokens: list[object]) -> tuple[object, ...]:
     errors = [{"message": "boom", "type": None} for _ in ids]
-    return (ids, tokens, errors, [True] * len(ids), [None] * len(ids), [], False)
+    return (ids, tokens, errors, [True] * len(ids), [None] * len(ids), [None] * len(ids), [], False)
 
 
 # asyncpg prepares every statement, and from its sixth run PostgreSQL may keep a generic plan,

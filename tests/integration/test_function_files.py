@@ -94,8 +94,10 @@ async def test_a_changed_file_is_applied_again_and_only_it(db_url: str) -> None:
 
 
 async def test_files_follow_the_migrations_that_redefine_their_functions(
-    make_db_url: Callable[[], Awaitable[str]],
+    make_db_url: Callable[[], Awaitable[str]], plain_conn: asyncpg.Connection
 ) -> None:
+    # the file's text, as a database migrated from nothing holds it
+    source = await plain_conn.fetchval(_TOKENS_SOURCE, "evora.tokens")
     dsn = await make_db_url()
     conn = await asyncpg.connect(dsn)
     try:  # start from nothing, not from the migrated template
@@ -116,7 +118,6 @@ async def test_files_follow_the_migrations_that_redefine_their_functions(
             "INSERT INTO evora_function_files (name, checksum, migration) VALUES ($1, $2, $3)",
             [(f.name, f.checksum, NAMESPACE_VERSION - 1) for f in function_files()],
         )
-        source = await conn.fetchval(_TOKENS_SOURCE, "evora_tokens")
         await conn.execute(_other_tokens(before_0030=True))
         await apply_migrations(dsn)
         assert source == await conn.fetchval(_TOKENS_SOURCE, "evora.tokens")

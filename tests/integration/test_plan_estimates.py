@@ -117,7 +117,15 @@ async def test_hot_statements_for_a_full_batch_cost_less_than_jit_above_cost(
             errors = [{"message": "boom", "type": None} for _ in ids]
             retryable = [True] * ITEMS
             rows = await conn.fetch(
-                queries.FAIL, ids, tokens, errors, retryable, [None] * ITEMS, [], False
+                queries.FAIL,
+                ids,
+                tokens,
+                errors,
+                retryable,
+                [None] * ITEMS,
+                [None] * ITEMS,
+                [],
+                False,
             )
             assert [r["outcome"] for r in rows] == ["done"] * ITEMS
     assert len(plans) > 4 * len(PLANS) * RUNS  # the nested statements' plans came too

@@ -38,6 +38,7 @@ async def test_the_sql_bounds_are_the_apis(app_conn: asyncpg.Connection) -> None
     assert sql["max_limit_keys"] == bounds.MAX_LIMIT_KEYS
     assert sql["max_error_message"] == bounds.MAX_ERROR_MESSAGE
     assert sql["max_error_traceback"] == bounds.MAX_ERROR_TRACEBACK
+    assert sql["max_retry_after_seconds"] == bounds.MAX_RETRY_AFTER_SECONDS
     assert sql["max_error_type"] == ErrorBody.model_fields["type"].metadata[0].max_length
     for field in ("priority", "max_attempts", "lease_seconds"):
         low, high, default = _bounds(JobSubmission, field)

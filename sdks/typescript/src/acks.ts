@@ -21,18 +21,19 @@ import { EvoraConnectionError, EvoraHTTPError } from "./errors.js";
 import { RETRYABLE_STATUSES, shouldRetry } from "./http.js";
 import { MAX_ERROR_MESSAGE } from "./job.js";
 import type { Logger } from "./logger.js";
-import type { ErrorBody } from "./types.js";
+import type { ErrorBody, RetryAfterBody } from "./types.js";
 
-/** The outcome of one job: `resultJson` (the result as JSON text) or `error`. */
+/** The outcome of one job: `resultJson` (the result as JSON text) or `error` (with an
+ * upstream's `retryAfter` when the handler threw `RetryAfter`). */
 export type Ack =
   | { jobId: string; leaseToken: string; outcome: "complete"; resultJson: string }
-  | { jobId: string; leaseToken: string; outcome: "fail"; error: ErrorBody };
+  | { jobId: string; leaseToken: string; outcome: "fail"; error: ErrorBody; retryAfter?: RetryAfterBody };
 
 function itemJson(ack: Ack): string {
   const head = `{"id":${JSON.stringify(ack.jobId)},"lease_token":${JSON.stringify(ack.leaseToken)}`;
-  return ack.outcome === "complete"
-    ? `${head},"outcome":"complete","result":${ack.resultJson}}`
-    : `${head},"outcome":"fail","error":${JSON.stringify(ack.error)}}`;
+  if (ack.outcome === "complete") return `${head},"outcome":"complete","result":${ack.resultJson}}`;
+  const after = ack.retryAfter === undefined ? "" : `,"retry_after":${JSON.stringify(ack.retryAfter)}`;
+  return `${head},"outcome":"fail","error":${JSON.stringify(ack.error)}${after}}`;
 }
 
 interface Entry {
@@ -179,7 +180,7 @@ export class AckBatcher {
       if (ack.outcome === "complete") {
         await this.api.complete(ack.jobId, ack.leaseToken, JSON.parse(ack.resultJson), options);
       } else {
-        await this.api.fail(ack.jobId, ack.leaseToken, ack.error, undefined, options);
+        await this.api.fail(ack.jobId, ack.leaseToken, ack.error, undefined, options, ack.retryAfter);
       }
       return 200;
     } catch (error) {

@@ -21,6 +21,7 @@ import type {
   DispatcherOperation,
   ErrorBody,
   HeartbeatResponse,
+  RetryAfterBody,
 } from "./types.js";
 
 export interface DispatcherClientOptions {
@@ -123,16 +124,20 @@ export class DispatcherClient {
     return this.post(jobPath(jobId, "complete"), body, options);
   }
 
-  /** Fails the job: retried later while attempts remain and `error.retryable` is not false. */
+  /** Fails the job: retried later while attempts remain and `error.retryable` is not false.
+   * With `retryAfter` (an upstream's rate limit) the key's bucket is drained for its seconds
+   * and the job runs again then without using up an attempt (docs/flow-control.md). */
   async fail(
     jobId: string,
     leaseToken: string,
     error: ErrorBody,
     retryInSeconds?: number,
     options: CallOptions = {},
+    retryAfter?: RetryAfterBody,
   ): Promise<DispatchedJob> {
     const body: dispatcher.FailRequest = { lease_token: leaseToken, error };
     if (retryInSeconds !== undefined) body.retry_in_seconds = retryInSeconds;
+    if (retryAfter !== undefined) body.retry_after = retryAfter;
     return this.post(jobPath(jobId, "fail"), body, options);
   }
 

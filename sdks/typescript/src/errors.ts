@@ -258,6 +258,27 @@ export class Snooze extends Error {
   }
 }
 
+/**
+ * Throw from a handler when an upstream answered with a rate limit (an HTTP 429 and its
+ * `Retry-After`, say): the worker fails the attempt with `retry_after` (docs/flow-control.md,
+ * "Upstream retry-after"). The bucket of `limitKey` is drained for `seconds` (more than 0, at
+ * most a day) for every dispatcher and worker, so no job holding the key starts before then,
+ * and this job runs again then without using up an attempt. The key should be one a limit
+ * governs (a concurrency or a rate): for any other key only the job waits. If a cancel was
+ * requested, the job is cancelled instead.
+ */
+export class RetryAfter extends Error {
+  readonly seconds: number;
+  readonly limitKey: string;
+
+  constructor(seconds: number, options: { limitKey: string }) {
+    super(`${options.limitKey}: retry after ${seconds} s`);
+    this.name = "RetryAfter";
+    this.seconds = seconds;
+    this.limitKey = options.limitKey;
+  }
+}
+
 /** The reason a job's signal aborts when its cancellation was requested. */
 export class JobCancelledError extends Error {
   constructor(jobId: string) {

@@ -28,6 +28,8 @@ export type ClaimRequest = dispatcher.ClaimRequest;
 export type HeartbeatResponse = dispatcher.HeartbeatResponse;
 /** The `error` of a fail report. */
 export type ErrorBody = dispatcher.ErrorBody;
+/** An upstream's rate-limit answer on a failure (`RetryAfter`; docs/flow-control.md). */
+export type RetryAfterBody = dispatcher.RetryAfter;
 export type AckItem = dispatcher.Ack;
 export type AckResult = dispatcher.AckResult;
 /** A job as the dispatcher returns it after complete, fail or release. */

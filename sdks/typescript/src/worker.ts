@@ -43,7 +43,16 @@ import { randomBytes } from "node:crypto";
 import { AckBatcher, type Ack } from "./acks.js";
 import { RetryBackoff, sleep } from "./backoff.js";
 import { DispatcherClient } from "./dispatcher.js";
-import { EvoraConnectionError, EvoraError, EvoraHTTPError, JobNotFoundError, LeaseLostError, Snooze, WorkerShutdownError } from "./errors.js";
+import {
+  EvoraConnectionError,
+  EvoraError,
+  EvoraHTTPError,
+  JobNotFoundError,
+  LeaseLostError,
+  RetryAfter,
+  Snooze,
+  WorkerShutdownError,
+} from "./errors.js";
 import { shouldRetry } from "./http.js";
 import { WorkerJob, failureFrom } from "./job.js";
 import { consoleLogger, type Logger } from "./logger.js";
@@ -517,6 +526,10 @@ export class Worker extends EventEmitter<WorkerEvents> {
       this.logger.warn(
         `job ${job.id} (${job.type}, attempt ${job.attempt} of ${job.maxAttempts}) failed: ${failure.message}`,
       );
+      if (settled.error instanceof RetryAfter) {
+        const retryAfter = { limit_key: settled.error.limitKey, seconds: settled.error.seconds };
+        return { kind: "ack", ack: { jobId: job.id, leaseToken: job.leaseToken, outcome: "fail", error: failure, retryAfter } };
+      }
       return this.fail(job, failure);
     }
     let resultJson: string | undefined;

@@ -4,8 +4,8 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { isDeepStrictEqual } from "node:util";
-import { NonRetryableError, Snooze, UnauthorizedError } from "../src/index.js";
-import { env, jobInState, producer, queueName, serving, until, worker } from "./support.js";
+import { NonRetryableError, RetryAfter, Snooze, UnauthorizedError } from "../src/index.js";
+import { admin, env, jobInState, producer, queueName, serving, until, worker } from "./support.js";
 
 /** The dispatcher's count of answered requests to `route` (from /metrics). */
 async function requests(route: string): Promise<number> {
@@ -77,6 +77,29 @@ describe("Worker", () => {
       assert.deepEqual([job.attempt, job.snoozes, job.result], [1, 3, "ready"]);
       assert.deepEqual(runs, [[1, 0], [1, 1], [1, 2], [1, 3]]);
       assert.deepEqual(snoozed, [0.1, 0.1, 0.1]);
+    } finally {
+      await run.stop();
+    }
+  });
+
+  test("a thrown RetryAfter drains the key and runs the job again without using up an attempt", async () => {
+    const queue = queueName("ts-retry-after");
+    const key = `${queue}:upstream`;
+    await admin().setLimit(key, { concurrency: 10, rate: null });
+    const w = worker([queue]);
+    const runs: number[] = [];
+    w.handle("ts.call", (job) => {
+      runs.push(job.attempt);
+      if (runs.length <= 2) throw new RetryAfter(0.2, { limitKey: key });
+      return "answered";
+    });
+    const run = serving(w);
+    try {
+      const { id } = await client.submit(queue, "ts.call", {}, { max_attempts: 1, limit_keys: [key] });
+      const job = await jobInState(client, id, "COMPLETED");
+      assert.deepEqual([job.attempt, job.result], [1, "answered"]);
+      assert.deepEqual(runs, [1, 1, 1]);
+      assert.equal(job.last_error?.type, "RetryAfter");
     } finally {
       await run.stop();
     }

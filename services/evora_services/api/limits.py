@@ -81,6 +81,14 @@ class Usage(BaseModel):
     throttled_since: datetime | None = Field(
         description="when the longest held back of those jobs became due; null when none is"
     )
+    throttled_until: datetime | None = Field(
+        default=None,
+        description=(
+            "until when an upstream throttles the key: a worker reported its rate-limit answer "
+            "(`retry_after` on a failure) and no job holding the key starts before then; null "
+            "when none does, and for a prefix limit's own key (see its keys)"
+        ),
+    )
 
 
 class Admission(BaseModel):

@@ -1,6 +1,7 @@
 """Flow-control metrics (docs/metrics.md, docs/flow-control.md): per kind of limit key (what
 precedes its first `:`, e.g. `tenant`, `queue`), how many jobs run under limits, the tokens
-left in their buckets, how many due jobs the limits hold back and for how long.
+left in their buckets, how many due jobs the limits hold back and for how long; and per
+limit, until when an upstream's retry-after drains a key it governs.
 
 Read every `CHECK_SECONDS` on its own schedule, never on the claim path, and only while any
 limit exists. Kinds are named by producers, so at most `MAX_KINDS` get a series of their own;
@@ -52,11 +53,26 @@ class LimitWatch:
             labels,
             registry=registry,
         )
+        # labelled by a limit's own key (configured, so a bounded set), not by the keys under a
+        # prefix limit, which producers name
+        self._upstream = Gauge(
+            "evora_limit_throttled_until_seconds",
+            "Until when (Unix time) an upstream's retry-after drains a key the limit governs.",
+            ["key"],
+            registry=registry,
+        )
         # the kinds with series now, and those of them with a tokens series
         self._shown: set[str] = set()
         self._rated: set[str] = set()
+        self._throttled_limits: set[str] = set()
 
     async def check(self) -> dict[str, KindUsage]:
+        throttled = await self._limits.throttled_until()
+        for key in self._throttled_limits - throttled.keys():
+            self._upstream.remove(key)
+        for key, until in throttled.items():
+            self._upstream.labels(key).set(until.timestamp())
+        self._throttled_limits = set(throttled)
         usage = _capped(await self._limits.usage_by_kind())
         rated = {kind for kind, found in usage.items() if found.tokens is not None}
         for kind in self._shown - usage.keys():

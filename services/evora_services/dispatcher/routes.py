@@ -32,6 +32,7 @@ from evora.protocol.worker import (
     HeartbeatRequest,
     HeartbeatResponse,
     ReleaseRequest,
+    RetryAfter,
     SnoozeRequest,
 )
 from evora.storage.jobs import AckResult, Completion, Failure
@@ -58,15 +59,22 @@ def _single_limit(request: web.Request) -> tuple[int, dict[str, int]]:
     return limit + _ENVELOPE, {"max_payload_bytes": limit}
 
 
-def _failure(job_id: UUID, lease_token: UUID, error: ErrorBody, retry_in: float | None) -> Failure:
+def _failure(
+    job_id: UUID,
+    lease_token: UUID,
+    error: ErrorBody,
+    retry_in: float | None,
+    retry_after: RetryAfter | None,
+) -> Failure:
     return Failure(
         job_id,
         lease_token,
         error.message,
         error.type,
         retryable=error.retryable,
-        retry_in_seconds=retry_in,
+        retry_in_seconds=retry_in if retry_after is None else retry_after.seconds,
         traceback=error.traceback,
+        retry_after_key=None if retry_after is None else retry_after.limit_key,
     )
 
 
@@ -313,7 +321,8 @@ async def complete(request: web.Request) -> web.Response:
     "POST",
     "/v1/jobs/{id}/fail",
     roles=("worker",),
-    summary="Fail the attempt: retried with backoff, dead-lettered, or cancelled.",
+    summary="Fail the attempt: retried with backoff (or after an upstream's retry-after, "
+    "uncounted), dead-lettered, or cancelled.",
     body=FailRequest,
     responses={200: Job},
     problems=(404, 409),
@@ -323,7 +332,9 @@ async def fail(request: web.Request) -> web.Response:
     limit, _ = _single_limit(request)
     body = await parse_body(request, FailRequest, limit=limit)
     dispatch = request.app[DISPATCH]
-    failure = _failure(job_id, body.lease_token, body.error, body.retry_in_seconds)
+    failure = _failure(
+        job_id, body.lease_token, body.error, body.retry_in_seconds, body.retry_after
+    )
     outcome = await dispatch.failures.submit(failure)
     dispatch.metrics.acks.labels("fail", str(ACK_STATUS[outcome.result])).inc()
     return json_response(outcome.job_or_raise())
@@ -396,7 +407,9 @@ async def _settle(
             tokens.append(ack.lease_token)
             results.append(result)
         elif ack.error is not None:  # always, for a fail: the model requires it
-            failures.append(_failure(ack.id, ack.lease_token, ack.error, ack.retry_in_seconds))
+            failures.append(
+                _failure(ack.id, ack.lease_token, ack.error, ack.retry_in_seconds, ack.retry_after)
+            )
     completed = [
         ACK_STATUS[r] for r in await dispatch.store.settle_completions(ids, tokens, results)
     ]

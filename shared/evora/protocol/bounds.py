@@ -28,6 +28,10 @@ MAX_SECONDS: Final = 10 * 365 * 24 * 3600
 # The longest one snooze may wait (docs/jobs-that-wait.md): a worker polling something
 # external asks again within a month; a longer wait is a schedule's (docs/schedules.md).
 MAX_SNOOZE_SECONDS: Final = 30 * 24 * 3600
+# The longest an upstream's retry-after may drain a limit key's bucket (docs/flow-control.md,
+# "Upstream retry-after"): a day. A rate-limit answer asks for seconds to hours; a key drained
+# longer by a wrong header would hold back every job of every worker holding it.
+MAX_RETRY_AFTER_SECONDS: Final = 24 * 3600
 
 KIB: Final = 1024
 MIB: Final = 1024 * KIB

@@ -14,6 +14,7 @@ from evora.protocol.bounds import (
     MAX_CLAIM_QUEUES,
     MAX_ERROR_MESSAGE,
     MAX_ERROR_TRACEBACK,
+    MAX_RETRY_AFTER_SECONDS,
     MAX_SECONDS,
     MAX_SNOOZE_SECONDS,
     MAX_WAIT_SECONDS,
@@ -26,7 +27,7 @@ from evora.protocol.fields import (
     WireModel,
     WorkerId,
 )
-from evora.protocol.jobs import ClaimedJob
+from evora.protocol.jobs import ClaimedJob, LimitKey
 
 
 class HeartbeatRequest(WireModel):
@@ -65,10 +66,39 @@ class ErrorBody(WireModel):
         return None if value is None else value.replace("\x00", "\ufffd")[-MAX_ERROR_TRACEBACK:]
 
 
+class RetryAfter(WireModel):
+    """An upstream's rate-limit answer (docs/flow-control.md, "Upstream retry-after"): the
+    bucket of `limit_key` is drained for `seconds`, for every dispatcher and worker, and the
+    job runs again then without using up an attempt."""
+
+    limit_key: LimitKey
+    seconds: float = Field(
+        gt=0, le=MAX_RETRY_AFTER_SECONDS, description="the upstream's retry-after, in seconds"
+    )
+
+
+def _retry_after_alone(
+    error: ErrorBody | None, retry_in_seconds: float | None, retry_after: RetryAfter | None
+) -> None:
+    """A retry-after is the retry's delay, and is retried: evora.fail() refuses the same."""
+    if retry_after is None:
+        return
+    if retry_in_seconds is not None:
+        raise ValueError("give retry_in_seconds or retry_after, not both")
+    if error is not None and not error.retryable:
+        raise ValueError("retry_after: a failure that is not retryable is not retried")
+
+
 class FailRequest(WireModel):
     lease_token: UUID
     error: ErrorBody
     retry_in_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    retry_after: RetryAfter | None = None
+
+    @model_validator(mode="after")
+    def _retry_after_alone(self) -> FailRequest:
+        _retry_after_alone(self.error, self.retry_in_seconds, self.retry_after)
+        return self
 
 
 class ReleaseRequest(WireModel):
@@ -98,11 +128,13 @@ class Ack(WireModel):
     result: Result = None
     error: ErrorBody | None = None
     retry_in_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    retry_after: RetryAfter | None = None
 
     @model_validator(mode="after")
     def _error_with_failure(self) -> Ack:
         if self.outcome == "fail" and self.error is None:
             raise ValueError("a fail ack needs an error")
+        _retry_after_alone(self.error, self.retry_in_seconds, self.retry_after)
         return self
 
 

@@ -42,6 +42,8 @@ class Ack(NamedTuple):
     outcome: Literal["complete", "fail"]
     result: orjson.Fragment | None = None
     error: Mapping[str, Any] | None = None
+    # an upstream's rate limit (`RetryAfter`): {"limit_key": ..., "seconds": ...}
+    retry_after: Mapping[str, Any] | None = None
 
     def item(self) -> dict[str, Any]:
         """One entry of `POST /v1/acks` (one per job of a batch: one dict, built at once)."""
@@ -52,12 +54,15 @@ class Ack(NamedTuple):
                 "lease_token": self.lease_token,
                 "result": self.result,
             }
-        return {
+        item = {
             "id": self.job_id,
             "outcome": "fail",
             "lease_token": self.lease_token,
             "error": self.error,
         }
+        if self.retry_after is not None:
+            item["retry_after"] = self.retry_after
+        return item
 
     def endpoint_body(self) -> dict[str, Any]:
         """The body of `POST /v1/jobs/{id}/complete` or `/fail`: the item without what the

@@ -259,6 +259,21 @@ class Snooze(Exception):
         self.seconds = seconds
 
 
+class RetryAfter(Exception):
+    """Raise from a handler when an upstream answered with a rate limit (an HTTP 429 and
+    its `Retry-After`, say): the worker fails the attempt with `retry_after` (docs/flow-
+    control.md, "Upstream retry-after"). The bucket of `limit_key` is drained for `seconds`
+    (more than 0, at most a day) for every dispatcher and worker, so no job holding the key
+    starts before then, and this job runs again then without using up an attempt. The key
+    should be one a limit governs (a concurrency or a rate): for any other key only the job
+    waits. If a cancel was requested, the job is cancelled instead."""
+
+    def __init__(self, seconds: float, *, limit_key: str) -> None:
+        super().__init__(f"{limit_key}: retry after {seconds} s")
+        self.seconds = seconds
+        self.limit_key = limit_key
+
+
 class JobCancelled(Exception):
     """Raised by `Job.raise_if_cancel_requested()`.
 

@@ -15,7 +15,7 @@ import orjson
 
 from evora.protocol.bounds import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
 from evora.sdk.acks import Ack
-from evora.sdk.errors import Snooze
+from evora.sdk.errors import RetryAfter, Snooze
 from evora.sdk.handlers import Job
 
 if TYPE_CHECKING:
@@ -125,6 +125,9 @@ class RunningJob:
                 failure["message"],
                 exc_info=error,
             )
+            if isinstance(error, RetryAfter):
+                after = {"limit_key": error.limit_key, "seconds": error.seconds}
+                return Ack(job.id, job.lease_token, "fail", error=failure, retry_after=after)
             return Ack(job.id, job.lease_token, "fail", error=failure)
         try:
             encoded = _NULL if result is None else orjson.Fragment(orjson.dumps(result))

@@ -118,6 +118,9 @@ class Failure:
     retryable: bool = True
     retry_in_seconds: float | None = None
     traceback: str | None = None
+    # an upstream's rate limit (docs/flow-control.md, "Upstream retry-after"): the key whose
+    # bucket is drained for `retry_in_seconds`, the attempt handed back uncounted
+    retry_after_key: str | None = None
 
     def error(self) -> dict[str, Any]:
         error = {"message": self.message, "type": self.error_type}
@@ -554,6 +557,7 @@ class JobStore:
             [f.error() for f in failures],
             [f.retryable for f in failures],
             [f.retry_in_seconds for f in failures],
+            [f.retry_after_key for f in failures],
             with_jobs=with_jobs,
             brief_lock_waits=brief_lock_waits,
         )

@@ -30,6 +30,7 @@ from evora.storage.statements import load
     CLAIMS_BEGUN_BEFORE,
     USAGE_BY_KIND,
     DEPTH,
+    THROTTLED,
 ) = load(
     "limits",
     "put_limit",
@@ -44,6 +45,7 @@ from evora.storage.statements import load
     "claims_begun_before",
     "usage_by_kind",
     "key_depth",
+    "throttled_limits",
 )
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,8 @@ class KeyUsage:
     tokens: float | None  # None: the limit has no rate
     throttled_jobs: int
     throttled_since: datetime | None  # when the longest held back became due
+    # until when an upstream throttles the key (docs/flow-control.md, "Upstream retry-after")
+    throttled_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ class LimitStore:
             "tokens": usage["tokens"],
             "throttled_jobs": usage["throttled_jobs"],
             "throttled_since": usage["throttled_since"],
+            # a prefix limit's own key: each key under it is throttled on its own
+            "throttled_until": usage.get("throttled_until"),
         }
 
     async def governed_keys(self, key: str, *, after: str | None, limit: int) -> KeyPage:
@@ -217,7 +223,14 @@ class LimitStore:
             )
         more = len(rows) > limit
         keys = [
-            KeyUsage(r["key"], r["running"], r["tokens"], r["throttled_jobs"], r["throttled_since"])
+            KeyUsage(
+                r["key"],
+                r["running"],
+                r["tokens"],
+                r["throttled_jobs"],
+                r["throttled_since"],
+                r["throttled_until"],
+            )
             for r in rows[:limit]
         ]
         return KeyPage(
@@ -225,6 +238,12 @@ class LimitStore:
             keys,
             keys[-1].key if more else None,
         )
+
+    async def throttled_until(self) -> dict[str, datetime]:
+        """By limit key (a prefix limit's for the keys under it), the latest time an
+        upstream throttles a key it governs, for the limits under which one does now."""
+        rows = await self._pool.fetch(THROTTLED)
+        return {r["key"]: r["throttled_until"] for r in rows}
 
     async def usage_by_kind(self) -> list[KindUsage]:
         """What metrics export: the usage of every governed key live jobs hold, by kind."""

@@ -614,6 +614,32 @@ CREATE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancel
     END
 $$;
 
+CREATE FUNCTION evora.drain_buckets(keys text[], untils timestamp with time zone[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    making CONSTANT integer := 1163284306;  -- 'EVOR', as evora.claim_limited()
+    d record;
+BEGIN
+    FOR d IN
+        SELECT u.key, max(u.until) AS until
+        FROM unnest(keys, untils) AS u(key, until)
+        JOIN evora.governing_limits(keys) g ON g.key = u.key
+        WHERE g.concurrency IS NOT NULL OR g.rate_limit IS NOT NULL
+        GROUP BY u.key
+        ORDER BY u.key
+    LOOP
+        PERFORM pg_advisory_xact_lock(making, hashtext(d.key));
+        INSERT INTO evora.flow_buckets AS b (key, tokens, refilled_at, throttled_until)
+        VALUES (d.key, 0, d.until, d.until)
+        ON CONFLICT (key) DO UPDATE
+        SET tokens = 0,
+            refilled_at = greatest(b.refilled_at, excluded.refilled_at),
+            throttled_until = greatest(b.throttled_until, excluded.throttled_until);
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION evora.drop_archived_events(upto_seq bigint, older_than_seconds double precision, max_rows integer) RETURNS bigint
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'evora', 'pg_temp'
@@ -724,7 +750,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION evora.fail(job_id uuid, lease_token uuid, error jsonb, retryable boolean DEFAULT true, retry_in_seconds double precision DEFAULT NULL::double precision) RETURNS text
+CREATE FUNCTION evora.fail(job_id uuid, lease_token uuid, error jsonb, retryable boolean DEFAULT true, retry_in_seconds double precision DEFAULT NULL::double precision, retry_after jsonb DEFAULT NULL::jsonb) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'evora', 'pg_temp'
     AS $$
@@ -734,6 +760,8 @@ DECLARE
     moved evora.job_state;
     stored jsonb;
     given text;
+    after_key text;
+    after_seconds float8;
 BEGIN
     IF error IS NULL OR jsonb_typeof(error) <> 'object'
             OR jsonb_typeof(error -> 'message') IS DISTINCT FROM 'string' THEN
@@ -767,24 +795,65 @@ BEGIN
         PERFORM evora.reject('retry_in_seconds', format('must be between 0 and %s',
                                                         evora.limits() ->> 'max_seconds'));
     END IF;
+    IF retry_after IS NOT NULL AND jsonb_typeof(retry_after) <> 'null' THEN
+        IF jsonb_typeof(retry_after) <> 'object' THEN
+            PERFORM evora.reject('retry_after', 'must be a JSON object');
+        END IF;
+        FOR given IN SELECT jsonb_object_keys(retry_after) LOOP
+            IF given NOT IN ('limit_key', 'seconds') THEN
+                PERFORM evora.reject('retry_after.' || given, 'is not a field of retry_after');
+            END IF;
+        END LOOP;
+        after_key := evora.text_field(retry_after -> 'limit_key', 'retry_after.limit_key',
+                                      lim ->> 'limit_key_pattern', NULL, false);
+        after_seconds := evora.number_field(
+            coalesce(retry_after -> 'seconds', 'null'), 'retry_after.seconds', 0,
+            (lim ->> 'max_retry_after_seconds')::numeric, false, true);
+        IF retry_in_seconds IS NOT NULL THEN
+            PERFORM evora.reject('retry_after', 'give retry_in_seconds or retry_after, not both');
+        END IF;
+        IF NOT retryable THEN
+            PERFORM evora.reject('retry_after', 'a failure that is not retryable is not retried');
+        END IF;
+    END IF;
     SELECT f.outcome, (f.job).state INTO answer, moved
     FROM evora.fail_items(ARRAY[job_id], ARRAY[lease_token], ARRAY[stored], ARRAY[retryable],
-                          ARRAY[retry_in_seconds], '{}', true) AS f;
+                          ARRAY[coalesce(after_seconds, retry_in_seconds)], ARRAY[after_key],
+                          '{}', true) AS f;
     PERFORM evora.raise_unless_done(answer, job_id);
     RETURN moved;
 END
 $$;
 
 CREATE FUNCTION evora.fail_items(ids uuid[], tokens uuid[], errors jsonb[], retryables boolean[], retry_ins double precision[], suppressed text[], with_jobs boolean) RETURNS TABLE(outcome text, job evora.jobs, notified text[], owed text[])
+    LANGUAGE sql ROWS 100
+    AS $$
+    SELECT * FROM evora.fail_items(ids, tokens, errors, retryables, retry_ins,
+                                   array_fill(NULL::text, ARRAY[cardinality(ids)]), suppressed,
+                                   with_jobs)
+$$;
+
+CREATE FUNCTION evora.fail_items(ids uuid[], tokens uuid[], errors jsonb[], retryables boolean[], retry_ins double precision[], after_keys text[], suppressed text[], with_jobs boolean) RETURNS TABLE(outcome text, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 100
     AS $$
 #variable_conflict use_column
+DECLARE
+    drains text[];
+    untils timestamptz[];
 BEGIN
+    IF array_remove(after_keys, NULL) <> '{}' THEN
+        SELECT array_agg(i.key), array_agg(evora.clock_now() + make_interval(secs => i.retry_in))
+        INTO drains, untils
+        FROM unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
+        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
+        WHERE i.key IS NOT NULL;
+        PERFORM evora.drain_buckets(coalesce(drains, '{}'), coalesce(untils, '{}'));
+    END IF;
     RETURN QUERY
     WITH items AS (
         SELECT *
-        FROM unnest(ids, tokens, errors, retryables, retry_ins)
-            WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
+        FROM unnest(ids, tokens, errors, retryables, retry_ins, after_keys)
+            WITH ORDINALITY AS i(id, token, error, retryable, retry_in, after_key, ord)
     ),
     input AS (
         SELECT DISTINCT ON (id, token) *, 'RUNNING'::evora.job_state AS fenced
@@ -794,15 +863,18 @@ BEGIN
         SELECT ROW(
             j.id,
             CASE WHEN j.cancel_requested THEN 'CANCELLED'
+                 WHEN i.after_key IS NOT NULL THEN 'PENDING'
                  WHEN NOT i.retryable OR j.attempt >= j.max_attempts THEN 'DLQ'
                  ELSE 'PENDING' END::evora.job_state,
             i.error,
             CASE WHEN j.cancel_requested THEN 'cancel_requested'
+                 WHEN i.after_key IS NOT NULL THEN 'throttled_upstream'
                  WHEN NOT i.retryable THEN 'not_retryable'
                  WHEN j.attempt >= j.max_attempts THEN 'failed' END,
             coalesce(i.retry_in, evora.backoff_seconds(j.backoff_initial, j.backoff_max,
                                                        j.backoff_multiplier, j.attempt)),
-            false, 'failed', j.worker_id
+            i.after_key IS NOT NULL,
+            CASE WHEN i.after_key IS NOT NULL THEN 'released' ELSE 'failed' END, j.worker_id
         )::evora.attempt_end AS decision
         FROM evora.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
         FOR UPDATE OF j
@@ -959,7 +1031,8 @@ CREATE FUNCTION evora.limits() RETURNS jsonb
         "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
         "max_error_message": 8192,
         "max_error_traceback": 8192,
-        "max_error_type": 255
+        "max_error_type": 255,
+        "max_retry_after_seconds": 86400
     }'::jsonb
 $_$;
 
@@ -1770,14 +1843,17 @@ $_$;
 CREATE TABLE evora.flow_buckets (
     key text NOT NULL,
     tokens double precision NOT NULL,
-    refilled_at timestamp with time zone NOT NULL
+    refilled_at timestamp with time zone NOT NULL,
+    throttled_until timestamp with time zone
 );
 
 CREATE FUNCTION evora.tokens(b evora.flow_buckets, rate_limit integer, rate_per_seconds double precision, at timestamp with time zone) RETURNS double precision
     LANGUAGE sql IMMUTABLE
     AS $$
-    SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
-                                                * rate_limit / rate_per_seconds)
+    SELECT CASE WHEN b.throttled_until > at THEN 0::float8
+                ELSE least(rate_limit::float8,
+                           b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
+                                      * rate_limit / rate_per_seconds) END
 $$;
 
 CREATE FUNCTION evora.uuid7() RETURNS uuid
@@ -2176,6 +2252,8 @@ ALTER TABLE ONLY evora.projector_progress
 
 ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
+CREATE INDEX flow_buckets_throttled ON evora.flow_buckets USING btree (throttled_until) WHERE (throttled_until IS NOT NULL);
 
 CREATE INDEX flow_limits_prefixes ON evora.flow_limits USING btree (stem) WHERE (stem IS NOT NULL);
 

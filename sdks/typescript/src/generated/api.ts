@@ -124,6 +124,8 @@ export interface GovernedKey {
   throttled_jobs: number;
   /** when the longest held back of those jobs became due; null when none is */
   throttled_since: string | null;
+  /** until when an upstream throttles the key: a worker reported its rate-limit answer (`retry_after` on a failure) and no job holding the key starts before then; null when none does, and for a prefix limit's own key (see its keys) */
+  throttled_until?: string | null;
   key: string;
 }
 
@@ -317,6 +319,8 @@ export interface LimitUsage {
   throttled_jobs: number;
   /** when the longest held back of those jobs became due; null when none is */
   throttled_since: string | null;
+  /** until when an upstream throttles the key: a worker reported its rate-limit answer (`retry_after` on a failure) and no job holding the key starts before then; null when none does, and for a prefix limit's own key (see its keys) */
+  throttled_until?: string | null;
   key: string;
   concurrency: number | null;
   rate: Rate | null;

@@ -18,6 +18,7 @@ export interface Ack {
   result?: unknown;
   error?: ErrorBody | null;
   retry_in_seconds?: number | null;
+  retry_after?: RetryAfter | null;
 }
 
 export interface AckResult {
@@ -104,6 +105,7 @@ export interface FailRequest {
   lease_token: string;
   error: ErrorBody;
   retry_in_seconds?: number | null;
+  retry_after?: RetryAfter | null;
 }
 
 export interface HeartbeatRequest {
@@ -173,6 +175,17 @@ export interface Problem {
 export interface ReleaseRequest {
   lease_token: string;
   delay_seconds?: number | null;
+}
+
+/**
+ * An upstream's rate-limit answer (docs/flow-control.md, "Upstream retry-after"): the
+ * bucket of `limit_key` is drained for `seconds`, for every dispatcher and worker, and the
+ * job runs again then without using up an attempt.
+ */
+export interface RetryAfter {
+  limit_key: string;
+  /** the upstream's retry-after, in seconds */
+  seconds: number;
 }
 
 export interface SnoozeRequest {

@@ -664,20 +664,37 @@ $$;
 -- item in its own position, like a completion, except that a repeat finds the attempt over: a
 -- failure is never replayed, so every item that changed nothing is 'lease_lost', or
 -- 'not_found' when no such job exists.
+-- An item with a key in `after_keys` reports an upstream's rate limit (docs/flow-control.md,
+-- "Upstream retry-after"): its retry-in is the upstream's retry-after. The key's bucket is
+-- drained until then (evora.drain_buckets(), for the items whose lease is current), and the
+-- attempt is handed back uncounted, as a release is: PENDING again then, event `released`
+-- with reason `throttled_upstream` and the error, or CANCELLED if a cancel was requested.
 -- This, the `release` and the `expire_leases` statements decide where each attempt goes;
 -- moving the rows, recording the events and the NOTIFY hints are evora.end_attempts().
 CREATE OR REPLACE FUNCTION evora.fail_items(
     ids uuid[], tokens uuid[], errors jsonb[], retryables boolean[], retry_ins float8[],
-    suppressed text[], with_jobs boolean
+    after_keys text[], suppressed text[], with_jobs boolean
 ) RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
 #variable_conflict use_column
+DECLARE
+    drains text[];
+    untils timestamptz[];
 BEGIN
+    IF array_remove(after_keys, NULL) <> '{}' THEN
+        -- the buckets first, until the time the job's run_at is set to (evora.end_attempts())
+        SELECT array_agg(i.key), array_agg(evora.clock_now() + make_interval(secs => i.retry_in))
+        INTO drains, untils
+        FROM unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
+        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
+        WHERE i.key IS NOT NULL;
+        PERFORM evora.drain_buckets(coalesce(drains, '{}'), coalesce(untils, '{}'));
+    END IF;
     RETURN QUERY
     WITH items AS (
         SELECT *
-        FROM unnest(ids, tokens, errors, retryables, retry_ins)
-            WITH ORDINALITY AS i(id, token, error, retryable, retry_in, ord)
+        FROM unnest(ids, tokens, errors, retryables, retry_ins, after_keys)
+            WITH ORDINALITY AS i(id, token, error, retryable, retry_in, after_key, ord)
     ),
     -- the fence's state comes with the items, for the reason given at evora.complete_items()
     input AS (
@@ -688,15 +705,18 @@ BEGIN
         SELECT ROW(
             j.id,
             CASE WHEN j.cancel_requested THEN 'CANCELLED'
+                 WHEN i.after_key IS NOT NULL THEN 'PENDING'
                  WHEN NOT i.retryable OR j.attempt >= j.max_attempts THEN 'DLQ'
                  ELSE 'PENDING' END::evora.job_state,
             i.error,
             CASE WHEN j.cancel_requested THEN 'cancel_requested'
+                 WHEN i.after_key IS NOT NULL THEN 'throttled_upstream'
                  WHEN NOT i.retryable THEN 'not_retryable'
                  WHEN j.attempt >= j.max_attempts THEN 'failed' END,
             coalesce(i.retry_in, evora.backoff_seconds(j.backoff_initial, j.backoff_max,
                                                        j.backoff_multiplier, j.attempt)),
-            false, 'failed', j.worker_id
+            i.after_key IS NOT NULL,
+            CASE WHEN i.after_key IS NOT NULL THEN 'released' ELSE 'failed' END, j.worker_id
         )::evora.attempt_end AS decision
         FROM evora.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
         FOR UPDATE OF j
@@ -718,6 +738,19 @@ BEGIN
     ) won ON won.ord = i.ord
     ORDER BY i.ord;
 END
+$$;
+
+-- The signature the previous release's `fail` statement calls: no item reports an upstream's
+-- retry-after. Expand/contract: the release after this one drops it (docs/deploy.md,
+-- Upgrades).
+CREATE OR REPLACE FUNCTION evora.fail_items(
+    ids uuid[], tokens uuid[], errors jsonb[], retryables boolean[], retry_ins float8[],
+    suppressed text[], with_jobs boolean
+) RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
+LANGUAGE sql VOLATILE ROWS 100 AS $$
+    SELECT * FROM evora.fail_items(ids, tokens, errors, retryables, retry_ins,
+                                   array_fill(NULL::text, ARRAY[cardinality(ids)]), suppressed,
+                                   with_jobs)
 $$;
 
 -- Completing or failing a job in SQL, inside the worker's own transaction
@@ -765,9 +798,13 @@ $$;
 -- of its own here); a failing worker's report
 -- is never refused for its length, so a long message keeps its start and a long trace its
 -- end (the innermost frames).
+-- `retry_after`, `{"limit_key": k, "seconds": n}`, reports an upstream's rate limit
+-- (docs/flow-control.md, "Upstream retry-after"): k's bucket is drained for n seconds (at
+-- most max_retry_after_seconds) and the job runs again then without using up an attempt
+-- ('PENDING'); not with `retry_in_seconds`, nor with `retryable` false.
 CREATE OR REPLACE FUNCTION evora.fail(
     job_id uuid, lease_token uuid, error jsonb, retryable boolean DEFAULT true,
-    retry_in_seconds float8 DEFAULT NULL
+    retry_in_seconds float8 DEFAULT NULL, retry_after jsonb DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = evora, pg_temp AS $$
 DECLARE
@@ -776,6 +813,8 @@ DECLARE
     moved evora.job_state;
     stored jsonb;
     given text;
+    after_key text;
+    after_seconds float8;
 BEGIN
     IF error IS NULL OR jsonb_typeof(error) <> 'object'
             OR jsonb_typeof(error -> 'message') IS DISTINCT FROM 'string' THEN
@@ -809,9 +848,31 @@ BEGIN
         PERFORM evora.reject('retry_in_seconds', format('must be between 0 and %s',
                                                         evora.limits() ->> 'max_seconds'));
     END IF;
+    IF retry_after IS NOT NULL AND jsonb_typeof(retry_after) <> 'null' THEN
+        IF jsonb_typeof(retry_after) <> 'object' THEN
+            PERFORM evora.reject('retry_after', 'must be a JSON object');
+        END IF;
+        FOR given IN SELECT jsonb_object_keys(retry_after) LOOP
+            IF given NOT IN ('limit_key', 'seconds') THEN
+                PERFORM evora.reject('retry_after.' || given, 'is not a field of retry_after');
+            END IF;
+        END LOOP;
+        after_key := evora.text_field(retry_after -> 'limit_key', 'retry_after.limit_key',
+                                      lim ->> 'limit_key_pattern', NULL, false);
+        after_seconds := evora.number_field(
+            coalesce(retry_after -> 'seconds', 'null'), 'retry_after.seconds', 0,
+            (lim ->> 'max_retry_after_seconds')::numeric, false, true);
+        IF retry_in_seconds IS NOT NULL THEN
+            PERFORM evora.reject('retry_after', 'give retry_in_seconds or retry_after, not both');
+        END IF;
+        IF NOT retryable THEN
+            PERFORM evora.reject('retry_after', 'a failure that is not retryable is not retried');
+        END IF;
+    END IF;
     SELECT f.outcome, (f.job).state INTO answer, moved
     FROM evora.fail_items(ARRAY[job_id], ARRAY[lease_token], ARRAY[stored], ARRAY[retryable],
-                          ARRAY[retry_in_seconds], '{}', true) AS f;
+                          ARRAY[coalesce(after_seconds, retry_in_seconds)], ARRAY[after_key],
+                          '{}', true) AS f;
     PERFORM evora.raise_unless_done(answer, job_id);
     RETURN moved;
 END
@@ -821,8 +882,9 @@ $$;
 -- runs; this file may run alone); the role evora_worker may call the two entry points.
 REVOKE ALL ON FUNCTION evora.complete_items(uuid[], uuid[], jsonb[], text[], boolean),
     evora.fail_items(uuid[], uuid[], jsonb[], boolean[], float8[], text[], boolean),
+    evora.fail_items(uuid[], uuid[], jsonb[], boolean[], float8[], text[], text[], boolean),
     evora.raise_unless_done(text, uuid),
     evora.complete(uuid, uuid, jsonb),
-    evora.fail(uuid, uuid, jsonb, boolean, float8) FROM PUBLIC;
+    evora.fail(uuid, uuid, jsonb, boolean, float8, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION evora.complete(uuid, uuid, jsonb),
-    evora.fail(uuid, uuid, jsonb, boolean, float8) TO evora_worker;
+    evora.fail(uuid, uuid, jsonb, boolean, float8, jsonb) TO evora_worker;

@@ -73,13 +73,57 @@ LANGUAGE sql STABLE AS $$
                 LIMIT most) AS l)
 $$;
 
--- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit.
+-- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit; none
+-- while an upstream throttles the key (`throttled_until`, evora.drain_buckets()), even
+-- without a rate (NULL otherwise): the claim's room in a key is the least of its concurrency
+-- left and its tokens, so a key limited by concurrency alone is held back too.
 CREATE OR REPLACE FUNCTION evora.tokens(b evora.flow_buckets, rate_limit integer, rate_per_seconds float8,
                              at timestamptz)
 RETURNS float8
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT least(rate_limit::float8, b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
-                                                * rate_limit / rate_per_seconds)
+    SELECT CASE WHEN b.throttled_until > at THEN 0::float8
+                ELSE least(rate_limit::float8,
+                           b.tokens + greatest(0, extract(epoch FROM at - b.refilled_at))
+                                      * rate_limit / rate_per_seconds) END
+$$;
+
+-- Limits that learn from upstream (docs/flow-control.md, "Upstream retry-after"): an upstream
+-- answered a worker "not before `untils`" for `keys` (by position; a key named twice keeps its
+-- latest time). The bucket of each key a concurrency or rate limit governs is drained until
+-- then: no tokens, refilled from that time on, and `throttled_until` that time, so no claim
+-- of any dispatcher admits a job holding the key before it (evora.tokens()). A drain never
+-- shortens an earlier, longer one. Keys no such limit governs are left alone: no claim reads
+-- their bucket.
+--
+-- A bucket row is changed as a claim changes it: a missing one is made under the claim's
+-- advisory lock of the key ('EVOR'), so a claim making the same row never waits for this
+-- insert (it finds the lock taken and skips the key); this waits for a claim instead, which
+-- lasts milliseconds. Keys are locked in key order, so two drains cannot deadlock; claims
+-- never wait for a lock, so a drain cannot deadlock with one either.
+CREATE OR REPLACE FUNCTION evora.drain_buckets(keys text[], untils timestamptz[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    making CONSTANT integer := 1163284306;  -- 'EVOR', as evora.claim_limited()
+    d record;
+BEGIN
+    FOR d IN
+        SELECT u.key, max(u.until) AS until
+        FROM unnest(keys, untils) AS u(key, until)
+        JOIN evora.governing_limits(keys) g ON g.key = u.key
+        WHERE g.concurrency IS NOT NULL OR g.rate_limit IS NOT NULL
+        GROUP BY u.key
+        ORDER BY u.key
+    LOOP
+        PERFORM pg_advisory_xact_lock(making, hashtext(d.key));
+        INSERT INTO evora.flow_buckets AS b (key, tokens, refilled_at, throttled_until)
+        VALUES (d.key, 0, d.until, d.until)
+        ON CONFLICT (key) DO UPDATE
+        SET tokens = 0,
+            refilled_at = greatest(b.refilled_at, excluded.refilled_at),
+            throttled_until = greatest(b.throttled_until, excluded.throttled_until);
+    END LOOP;
+END
 $$;
 
 -- Every change of a limit (put, replace, delete), kept in flow_limit_changes (migration 0028)

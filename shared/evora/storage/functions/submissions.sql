@@ -140,7 +140,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         "ref_pattern": "^[A-Za-z0-9_.:-]{1,255}$",
         "max_error_message": 8192,
         "max_error_traceback": 8192,
-        "max_error_type": 255
+        "max_error_type": 255,
+        "max_retry_after_seconds": 86400
     }'::jsonb
 $$;
 

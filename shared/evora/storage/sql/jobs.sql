@@ -54,9 +54,10 @@ WITH full_keys AS (
         SELECT b.key FROM evora.flow_buckets b WHERE b.tokens < 1
     )) AS g
     WHERE evora.running_holding(g.key) >= g.concurrency
-       OR (g.rate_limit IS NOT NULL AND (
-           SELECT evora.tokens(b, g.rate_limit, g.rate_per_seconds, evora.clock_now())
-           FROM evora.flow_buckets b WHERE b.key = g.key) < 1)
+       -- no tokens: an empty bucket, or one an upstream drains (evora.tokens() answers 0
+       -- then even without a rate, NULL otherwise)
+       OR (SELECT evora.tokens(b, g.rate_limit, g.rate_per_seconds, evora.clock_now())
+           FROM evora.flow_buckets b WHERE b.key = g.key) < 1
 )
 SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
 FROM evora.jobs j

@@ -48,23 +48,25 @@ LIMIT 1;
 
 -- name: key_usage
 -- $1 key, $2 concurrency, $3 rate limit, $4 rate period: RUNNING jobs holding the key, tokens
--- in its bucket now (NULL without a rate; a key never claimed has a full bucket), and the due
--- PENDING jobs holding it while it has no room left, with when the longest held back became
--- due.
-SELECT r.running, t.tokens, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
+-- in its bucket now (NULL without a rate; a key never claimed has a full bucket), until when
+-- an upstream throttles it (NULL: not now; evora.drain_buckets()), and the due PENDING jobs
+-- holding it while it has no room left, with when the longest held back became due.
+SELECT r.running, t.tokens, t.throttled_until, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
        h.since AS throttled_since
 FROM (SELECT evora.running_holding($1) AS running) AS r
 CROSS JOIN LATERAL (
     SELECT CASE WHEN $3::int4 IS NOT NULL THEN coalesce(
                (SELECT evora.tokens(b, $3::int4, $4::float8, evora.clock_now())
-                FROM evora.flow_buckets b WHERE b.key = $1), $3::int4) END AS tokens
+                FROM evora.flow_buckets b WHERE b.key = $1), $3::int4) END AS tokens,
+           (SELECT b.throttled_until FROM evora.flow_buckets b
+            WHERE b.key = $1 AND b.throttled_until > evora.clock_now()) AS throttled_until
 ) AS t
 LEFT JOIN LATERAL (
     SELECT count(*) AS jobs, min(p.run_at) AS since FROM evora.jobs p
     WHERE p.state = 'PENDING' AND p.run_at <= evora.clock_now()
       AND ((starts_with($1, 'queue:') AND p.queue = substr($1, 7))
            OR p.limit_keys @> ARRAY[$1::text])
-) AS h ON r.running >= $2::int4 OR t.tokens < 1;
+) AS h ON r.running >= $2::int4 OR t.tokens < 1 OR t.throttled_until IS NOT NULL;
 
 -- name: key_depth
 -- $1 a concrete key: how many jobs holding it wait to run (PENDING or WAITING), all counted.
@@ -74,8 +76,8 @@ SELECT evora.pending_holding($1, NULL);
 -- $1 stem of a prefix limit, $2 its concurrency, $3 rate limit, $4 rate period. Summed over
 -- the keys it governs (those starting with the stem that have no limit of their own and no
 -- longer prefix limit) that live jobs hold: RUNNING jobs holding them, and due PENDING jobs
--- holding one without room left, with when the longest held back became due. Reads the live
--- jobs once.
+-- holding one without room left (an upstream's drain included), with when the longest held
+-- back became due. Reads the live jobs once.
 WITH held AS (
     SELECT j.id, j.state, j.run_at, k AS key
     FROM evora.jobs j
@@ -94,7 +96,9 @@ keys AS (
 governed AS (
     SELECT k.*, CASE WHEN $3::int4 IS NOT NULL THEN coalesce(
                (SELECT evora.tokens(b, $3::int4, $4::float8, evora.clock_now())
-                FROM evora.flow_buckets b WHERE b.key = k.key), $3::int4) END AS tokens
+                FROM evora.flow_buckets b WHERE b.key = k.key), $3::int4) END AS tokens,
+           coalesce((SELECT b.throttled_until > evora.clock_now()
+                     FROM evora.flow_buckets b WHERE b.key = k.key), false) AS upstream
     FROM keys k
     WHERE NOT EXISTS (
         SELECT 1 FROM evora.flow_limits o
@@ -102,9 +106,10 @@ governed AS (
            OR (o.stem IS NOT NULL AND length(o.stem) > length($1) AND starts_with(k.key, o.stem)))
 )
 SELECT coalesce(sum(g.running), 0)::bigint AS running, NULL::float8 AS tokens,
-       coalesce(sum(g.due) FILTER (WHERE g.running >= $2::int4 OR g.tokens < 1), 0)::bigint
-           AS throttled_jobs,
-       min(g.since) FILTER (WHERE g.running >= $2::int4 OR g.tokens < 1) AS throttled_since
+       coalesce(sum(g.due) FILTER (WHERE g.running >= $2::int4 OR g.tokens < 1 OR g.upstream),
+                0)::bigint AS throttled_jobs,
+       min(g.since) FILTER (WHERE g.running >= $2::int4 OR g.tokens < 1 OR g.upstream)
+           AS throttled_since
 FROM governed g;
 
 -- name: governed_keys
@@ -160,11 +165,14 @@ usage AS (
     SELECT p.key, coalesce(r.n, 0)::bigint AS running,
            CASE WHEN $6::int4 IS NOT NULL THEN coalesce(
                (SELECT evora.tokens(b, $6::int4, $7::float8, evora.clock_now())
-                FROM evora.flow_buckets b WHERE b.key = p.key), $6::int4) END AS tokens
+                FROM evora.flow_buckets b WHERE b.key = p.key), $6::int4) END AS tokens,
+           (SELECT b.throttled_until FROM evora.flow_buckets b
+            WHERE b.key = p.key AND b.throttled_until > evora.clock_now()) AS throttled_until
     FROM page p LEFT JOIN running r ON r.key = p.key
 ),
 full_keys AS (
-    SELECT u.key FROM usage u WHERE u.running >= $5::int4 OR u.tokens < 1
+    SELECT u.key FROM usage u
+    WHERE u.running >= $5::int4 OR u.tokens < 1 OR u.throttled_until IS NOT NULL
 ),
 held AS (
     SELECT k AS key, count(DISTINCT p.id) AS jobs, min(p.run_at) AS since
@@ -175,7 +183,7 @@ held AS (
       AND k IN (SELECT key FROM full_keys)
     GROUP BY k
 )
-SELECT u.key, u.running, u.tokens, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
+SELECT u.key, u.running, u.tokens, u.throttled_until, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
        h.since AS throttled_since
 FROM usage u LEFT JOIN held h ON h.key = u.key
 ORDER BY u.key;
@@ -253,7 +261,10 @@ usage AS (
            CASE WHEN g.rate_limit IS NOT NULL THEN coalesce(
                (SELECT evora.tokens(b, g.rate_limit, g.rate_per_seconds, evora.clock_now())
                 FROM evora.flow_buckets b WHERE b.key = g.key), g.rate_limit) END AS tokens,
-           g.concurrency
+           g.concurrency,
+           -- an upstream drains the key (evora.drain_buckets()), with or without a rate
+           coalesce((SELECT b.throttled_until > evora.clock_now()
+                     FROM evora.flow_buckets b WHERE b.key = g.key), false) AS upstream
     FROM governed g
     LEFT JOIN running r ON r.key = g.key
 ),
@@ -261,7 +272,7 @@ held AS (
     SELECT u.kind, count(DISTINCT l.id) AS jobs, min(l.run_at) AS oldest
     FROM live l
     CROSS JOIN LATERAL unnest(l.keys) AS k
-    JOIN usage u ON u.key = k AND (u.running >= u.concurrency OR u.tokens < 1)
+    JOIN usage u ON u.key = k AND (u.running >= u.concurrency OR u.tokens < 1 OR u.upstream)
     WHERE l.state = 'PENDING' AND l.run_at <= evora.clock_now()
     GROUP BY u.kind
 )
@@ -272,3 +283,19 @@ FROM usage u
 LEFT JOIN held h ON h.kind = u.kind
 GROUP BY u.kind
 ORDER BY u.kind;
+
+-- name: throttled_limits
+-- Every limit under which an upstream throttles some key now (evora.drain_buckets()), by the
+-- limit's own key (a prefix limit's for the keys under it), with the latest time a key it
+-- governs is throttled until: what metrics export, a series per configured limit at most.
+-- Reads only the drained buckets (flow_buckets_throttled, migration 0044).
+SELECT l.key, max(b.throttled_until) AS throttled_until
+FROM evora.flow_buckets b
+CROSS JOIN LATERAL (
+    SELECT l.key FROM evora.flow_limits l
+    WHERE l.key = b.key OR (l.stem IS NOT NULL AND starts_with(b.key, l.stem))
+    ORDER BY l.key = b.key DESC, length(l.stem) DESC
+    LIMIT 1
+) AS l
+WHERE b.throttled_until > evora.clock_now()
+GROUP BY l.key;

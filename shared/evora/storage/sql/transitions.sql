@@ -88,12 +88,14 @@ FROM evora.complete_items($1::uuid[], $2::uuid[], $3::jsonb[], $4::text[], $5::b
 
 -- name: fail
 -- $1 ids, $2 lease tokens, $3 errors ({message, type}), $4 retryable flags,
--- $5 retry-in seconds (NULL: the job's backoff), $6 suppressed queues, $7 whether to return
+-- $5 retry-in seconds (NULL: the job's backoff), $6 the limit key of an upstream's
+-- retry-after (NULL: none; then $5 is its seconds), $7 suppressed queues, $8 whether to return
 -- the jobs. The rules are evora.fail_items()'s, which evora.fail() runs too: cancel wins,
--- then the retry budget; one row per item like complete, a repeat being 'lease_lost'.
+-- then an upstream's retry-after, then the retry budget; one row per item like complete, a
+-- repeat being 'lease_lost'.
 SELECT outcome, job, notified, owed
 FROM evora.fail_items($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float8[],
-                      $6::text[], $7::bool);
+                      $6::text[], $7::text[], $8::bool);
 
 -- name: release
 -- $1 id, $2 lease token, $3 delay seconds, $4 the event: 'released' (a worker hands the claim

@@ -1,10 +1,10 @@
 // Concurrency and rate limits: every limit with its usage (RUNNING holders, tokens left, jobs
-// held back and for how long), set and delete; and per limit the concrete keys it governs
+// held back and for how long, until when an upstream throttles the key), set and delete; and per limit the concrete keys it governs
 // (for `tenant:*`, each tenant), a page at a time: there may be millions of them.
 
 import { api, ApiError, seg, withQuery } from "./api.js";
 import { confirmDialog, dataTable, h, keysetPager, replace } from "./dom.js";
-import { countCell, num, secondsSince, span } from "./format.js";
+import { countCell, num, secondsSince, span, time } from "./format.js";
 
 const LIMITS_PAGE = 25;
 const KEYS_PAGE = 50;
@@ -42,11 +42,22 @@ function heldCell(jobs) {
   return cell;
 }
 
-function usageCells(usage, concurrency) {
-  return [runningCell(usage.running, concurrency), tokensCell(usage.tokens), heldCell(usage.throttled_jobs), throttledCell(usage.throttled_since)];
+/** Until when an upstream's retry-after drains the key (a worker reported it on a failure). */
+function upstreamCell(until) {
+  return h("td", { class: "nowrap limit-upstream" }, until ? time(until) : "—");
 }
 
-const USAGE_HEAD = ["Running", "Tokens", "Held back", "Throttled for"];
+function usageCells(usage, concurrency) {
+  return [
+    runningCell(usage.running, concurrency),
+    tokensCell(usage.tokens),
+    heldCell(usage.throttled_jobs),
+    throttledCell(usage.throttled_since),
+    upstreamCell(usage.throttled_until),
+  ];
+}
+
+const USAGE_HEAD = ["Running", "Tokens", "Held back", "Throttled for", "Throttled until"];
 
 function numberOrNull(input) {
   const text = input.value.trim();
