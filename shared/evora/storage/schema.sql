@@ -2206,7 +2206,7 @@ CREATE INDEX jobs_group_pending ON evora.jobs USING btree (queue, group_key, pri
 
 CREATE UNIQUE INDEX jobs_group_running ON evora.jobs USING btree (queue, group_key) WHERE ((state = 'RUNNING'::evora.job_state) AND (group_key IS NOT NULL));
 
-CREATE INDEX jobs_listing ON evora.jobs USING btree (queue, state, submit_seq);
+CREATE INDEX jobs_listing_at_rest ON evora.jobs USING btree (queue, state, submit_seq) WHERE (state <> 'RUNNING'::evora.job_state);
 
 CREATE INDEX jobs_pending_ttl ON evora.jobs USING btree (expires_at) WHERE ((state = 'PENDING'::evora.job_state) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
 
