@@ -9,6 +9,7 @@ test gets its own clone, which costs a file copy instead of a migration run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -309,3 +310,21 @@ async def services(db_url: str, mongo_url: str, mongo_db_name: str) -> AsyncIter
             await dispatcher.close()
     finally:
         await api.close()
+
+
+@contextlib.asynccontextmanager
+async def whole_event_images(pool: asyncpg.Pool) -> AsyncIterator[None]:
+    """Inside it, every event carries the job's whole image, as every event did before
+    evora.event_image() (a history written before the upgrade); after it, the events carry
+    what the function file says again."""
+    narrow = await pool.fetchval(
+        "SELECT pg_get_functiondef('evora.event_image(evora.jobs, evora.job_state)'::regprocedure)"
+    )
+    await pool.execute(
+        "CREATE OR REPLACE FUNCTION evora.event_image(j evora.jobs, from_state evora.job_state)"
+        " RETURNS evora.job_image LANGUAGE sql IMMUTABLE AS $$ SELECT evora.job_image(j) $$"
+    )
+    try:
+        yield
+    finally:
+        await pool.execute(narrow)

@@ -19,7 +19,7 @@ from evora.storage.audit import CHECKS, AuditReport, audit
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.retention import RetentionStore
 from evora.storage.rows import JobDict
-from tests.conftest import Clock
+from tests.conftest import Clock, whole_event_images
 
 broken = pytest.mark.audit_skip(reason="the test breaks the history to see the audit say so")
 
@@ -137,6 +137,31 @@ async def test_an_ending_that_is_not_the_claims_attempt(
     assert list(found) == ["one_claim_per_attempt"]
     [(jobs, seqs)] = found["one_claim_per_attempt"]
     assert jobs == {str(job_id)} and len(seqs) == 2
+
+
+@broken
+async def test_an_ending_that_is_not_the_claims_attempt_across_an_upgrade(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A claim recorded with the job's whole image (before the upgrade) and its ending with a
+    narrow one (evora.event_image()): the attempt is compared across the two shapes, the
+    group's order and exclusivity too, and only the forged ending fails."""
+    async with whole_event_images(pool):
+        head, second = await submitted(store, 2, group_key="g")
+        [honest, forged] = await submitted(store, 2)
+        jobs = {j["id"]: j for j in await claimed(store, 3, worker="first")}
+    assert set(jobs) == {head, honest, forged}
+    await pool.execute("UPDATE evora.jobs SET worker_id = 'second' WHERE id = $1", forged)
+    for job_id in (head, honest, forged):
+        await store.complete(job_id, jobs[job_id]["lease_token"])
+    [job] = await claimed(store)
+    assert job["id"] == second
+    await store.complete(second, job["lease_token"])
+
+    found = failing(await audited(pool))
+    assert list(found) == ["one_claim_per_attempt"]
+    [(job_ids, seqs)] = found["one_claim_per_attempt"]
+    assert job_ids == {str(forged)} and len(seqs) == 2
 
 
 @broken

@@ -70,14 +70,14 @@ async def test_a_job_with_unfinished_dependencies_waits_until_they_complete(
         ("submitted", None, "WAITING"),
         ("dependencies_met", "WAITING", "PENDING"),
     ]
-    # the event carries the job image and version like every other transition's
-    image = await pool.fetchrow(
-        "SELECT (job).state::text, (job).version, job_version FROM evora.job_events "
-        "WHERE job_id = $1 AND event = 'dependencies_met'",
+    # the event carries the version like every other transition's, and its image when the
+    # job is due (evora.event_image())
+    event = await pool.fetchrow(
+        "SELECT (e.job).run_at = j.run_at AS due, e.job_version FROM evora.job_events e "
+        "JOIN evora.jobs j ON j.id = e.job_id WHERE e.job_id = $1 AND e.event = 'dependencies_met'",
         b,
     )
-    assert image is not None and image["state"] == "PENDING"
-    assert image["version"] == image["job_version"] == 2
+    assert event is not None and event["due"] and event["job_version"] == 2
 
 
 async def test_a_job_whose_dependencies_are_completed_is_submitted_pending(

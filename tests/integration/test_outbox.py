@@ -11,9 +11,11 @@ import pytest
 
 from evora.protocol.jobs import JobSubmission
 from evora.readmodels.stats import BUCKET_SECONDS
+from evora.storage.audit import audit
 from evora.storage.db import connect
-from evora.storage.jobs import Completion, JobStore
+from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.outbox import NOTHING_VISIBLE, Batch, OutboxCursor, Span, read_batch
+from tests.conftest import whole_event_images
 
 
 async def _read(
@@ -93,29 +95,102 @@ async def test_reader_pages_through_everything_in_order(
     assert [b.events for b in rest] == [25] and rest[0].upto == tail[-1]
 
 
-async def test_each_event_carries_the_typed_job_row_after_its_change(
+def _carried(image: asyncpg.Record) -> dict[str, object]:
+    """The fields an event's image carries (the others are NULL)."""
+    return {name: value for name, value in image.items() if value is not None}
+
+
+async def test_events_after_submission_carry_only_what_readers_need(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
-    await store.submit(JobSubmission(queue="q", type="t", group_key="g", payload={"big": 1}))
-    [claimed] = await store.claim(worker_id="w1", queues=["q"])
-    row = await pool.fetchrow("SELECT * FROM evora.jobs WHERE id = $1", claimed["id"])
-    submitted, taken = [
-        (dict(r["job"].items()), r["job_version"])
-        for r in await pool.fetch("SELECT job, job_version FROM evora.job_events ORDER BY seq")
-    ]
-    assert (submitted[0]["state"], taken[0]["state"]) == ("PENDING", "RUNNING")
-    assert submitted[0]["started_at"] is None
-    image_fields = set(taken[0]) - {"payload", "result", "progress"}
-    assert set(taken[0]) == image_fields  # the image stays small
-    for name in image_fields:
-        assert taken[0][name] == row[name], name
-    assert taken[0]["version"] == taken[1] == 2
-    # what the outbox reader takes of the image: the claim's wait, due to started
+    """The `submitted` event carries the job's whole image (never the payload, result or
+    progress); a later one only what readers take from an image and the event's own columns
+    do not say (evora.event_image()): the due time while the job waits or runs, the
+    attempt's start on a move to or from RUNNING, a FIFO group's place."""
+    grouped = (await store.submit(JobSubmission(queue="q", type="t", group_key="g"))).id
+    plain = (await store.submit(JobSubmission(queue="q", type="t", payload={"big": 1}))).id
+    submitted_row = await pool.fetchrow("SELECT * FROM evora.jobs WHERE id = $1", plain)
+    assert submitted_row is not None
+    jobs = {j["id"]: j for j in await store.claim(worker_id="w1", queues=["q"], max_jobs=2)}
+    await store.complete(grouped, jobs[grouped]["lease_token"], {"ok": True})
+    await store.fail(Failure(plain, jobs[plain]["lease_token"], "boom", retry_in_seconds=60))
+    rows = {
+        r["id"]: r
+        for r in await pool.fetch("SELECT * FROM evora.jobs WHERE id = ANY($1)", [grouped, plain])
+    }
+    events = {
+        (r["job_id"], r["event"]): _carried(r["job"])
+        for r in await pool.fetch("SELECT job_id, event, job FROM evora.job_events")
+    }
+    whole = events[(plain, "submitted")]
+    assert not {"payload", "result", "progress"} & set(whole)  # the image stays small
+    assert whole == {name: submitted_row[name] for name in whole}
+    assert set(whole) >= {"id", "queue", "type", "state", "version", "run_at", "submit_seq"}
+    place = {name: rows[grouped][name] for name in ("group_key", "priority", "submit_seq")}
+    started = {"started_at": rows[grouped]["started_at"]}
+    assert events[(grouped, "claimed")] == {**place, **started, "run_at": rows[grouped]["run_at"]}
+    assert events[(grouped, "completed")] == {**place, **started}
+    assert events[(plain, "claimed")] == {
+        "run_at": submitted_row["run_at"],
+        "started_at": rows[plain]["started_at"],
+    }
+    # back to PENDING: due again after the retry's delay
+    assert events[(plain, "failed")] == {
+        "run_at": rows[plain]["run_at"],
+        "started_at": rows[plain]["started_at"],
+    }
+    # what the outbox reader takes of the images: a claim's wait, a completion's run
     [batch] = await _drain(pool, OutboxCursor(), 10)
-    waited = (row["started_at"] - row["run_at"]).total_seconds() * 1000
+    g, p = rows[grouped], rows[plain]
     [(waits, runs)] = batch.samples.values()
-    assert waits == pytest.approx([waited]) and not runs
-    assert batch.runs == {"w1": ([str(row["id"])], [])}
+    assert sorted(waits) == pytest.approx(
+        sorted(
+            [
+                (g["started_at"] - g["run_at"]).total_seconds() * 1000,
+                (p["started_at"] - submitted_row["run_at"]).total_seconds() * 1000,
+            ]
+        )
+    )
+    assert runs == pytest.approx([(g["finished_at"] - g["started_at"]).total_seconds() * 1000])
+
+
+async def test_a_history_of_whole_and_narrow_images_reads_alike(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Jobs claimed before the upgrade (whole images) and finished after it (narrow ones):
+    the outbox reader takes the same waits and run times from both, and the audit finds the
+    history whole."""
+    async with whole_event_images(pool):
+        ids = [o.id for o in await store.submit_batch([JobSubmission(queue="q", type="t")] * 2)]
+        jobs = await store.claim(worker_id="w1", queues=["q"], max_jobs=2)
+    await store.complete_many([Completion(j["id"], j["lease_token"]) for j in jobs])
+    await store.submit(JobSubmission(queue="q", type="t"))
+    [late] = await store.claim(worker_id="w1", queues=["q"])
+    await store.complete(late["id"], late["lease_token"])
+    shapes = await pool.fetch(
+        "SELECT event, (job).id IS NOT NULL AS whole FROM evora.job_events ORDER BY seq"
+    )
+    assert [(r["event"], r["whole"]) for r in shapes] == [
+        *[("submitted", True)] * 2,
+        *[("claimed", True)] * 2,
+        *[("completed", False)] * 2,
+        ("submitted", True),
+        ("claimed", False),
+        ("completed", False),
+    ]
+    rows = await pool.fetch("SELECT * FROM evora.jobs ORDER BY started_at, id")
+    assert {r["id"] for r in rows} >= set(ids)
+    [batch] = await _drain(pool, OutboxCursor(), 100)
+    [(waits, runs)] = batch.samples.values()
+    assert sorted(waits) == pytest.approx(
+        sorted((r["started_at"] - r["run_at"]).total_seconds() * 1000 for r in rows)
+    )
+    assert sorted(runs) == pytest.approx(
+        sorted((r["finished_at"] - r["started_at"]).total_seconds() * 1000 for r in rows)
+    )
+    async with pool.acquire() as conn:
+        report = await audit(conn)
+    assert report.ok and report.events == 9, report.text()
 
 
 async def test_open_transaction_holds_back_nothing(

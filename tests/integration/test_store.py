@@ -385,3 +385,26 @@ async def test_list_is_keyset_paginated_newest_first(store: JobStore) -> None:
     assert odd.next_after is None
     everything = await store.list_jobs(limit=500)
     assert len(everything.jobs) == 8
+
+
+async def test_list_merges_running_jobs_with_the_others_newest_first(store: JobStore) -> None:
+    """The RUNNING jobs are read apart from the others (migration 0038: the listing's indexes
+    leave them out); a page holds both, in one order."""
+    made = await ids(store, *[sub("l") for _ in range(6)])
+    running = await store.claim(worker_id="w", queues=["l"], max_jobs=3)
+    assert {j["id"] for j in running} == set(made[:3])
+    await store.complete(made[1], next(j["lease_token"] for j in running if j["id"] == made[1]))
+    seen: list[UUID] = []
+    after = None
+    while True:
+        page = await store.list_jobs(queue="l", limit=2, after=after)
+        seen += [j["id"] for j in page.jobs]
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert seen == list(reversed(made))
+    assert [j["id"] for j in (await store.list_jobs(limit=4)).jobs] == list(reversed(made))[:4]
+    only_running = await store.list_jobs(queue="l", state=JobState.RUNNING, limit=50)
+    assert [j["id"] for j in only_running.jobs] == [made[2], made[0]]
+    pending = await store.list_jobs(state=JobState.PENDING, limit=50)
+    assert [j["id"] for j in pending.jobs] == [made[5], made[4], made[3]]

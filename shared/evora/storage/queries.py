@@ -52,12 +52,22 @@ _LIST_FILTERS = {
 
 def list_jobs(filters: tuple[str, ...], *, after: bool) -> str:
     """Newest-first keyset page. One statement per filter combination, so each gets a plan
-    that uses its index instead of a generic plan full of `$n IS NULL OR ...`."""
+    that uses its index instead of a generic plan full of `$n IS NULL OR ...`.
+    The jobs at rest (every state but RUNNING) and the RUNNING ones are read apart, each
+    newest first, and merged: jobs_listing_at_rest leaves the RUNNING jobs out, so that a
+    claim adds no entry to it (migration 0038); they are read through jobs_submit_seq."""
     clauses = []
     for position, name in enumerate(filters, start=1):
         clauses.append(_LIST_FILTERS[name].format(position))
     limit = len(filters) + 1
     if after:
         clauses.append(f"submit_seq < ${limit + 1}")
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    return f"SELECT * FROM evora.jobs {where} ORDER BY submit_seq DESC LIMIT ${limit}"
+    branches = [
+        f"(SELECT * FROM evora.jobs WHERE {' AND '.join([*clauses, kind])}"
+        f" ORDER BY submit_seq DESC LIMIT ${limit})"
+        for kind in ("state <> 'RUNNING'", "state = 'RUNNING'")
+    ]
+    return (
+        f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS j"
+        f" ORDER BY submit_seq DESC LIMIT ${limit}"
+    )

@@ -255,7 +255,7 @@ CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer te
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
         WHERE j.id = p.id
-        RETURNING j AS job, evora.job_image(j) AS image, j.depends_on
+        RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
     ),
     recorded AS (
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -689,6 +689,19 @@ BEGIN
     SELECT m.whole, r.notified, r.owed
     FROM moved m CROSS JOIN recorded r;
 END
+$$;
+
+CREATE FUNCTION evora.event_image(j evora.jobs, from_state evora.job_state) RETURNS evora.job_image
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT ROW(NULL, NULL, NULL, NULL,
+               CASE WHEN j.group_key IS NOT NULL THEN j.priority END, j.group_key, NULL,
+               NULL, NULL, NULL,
+               CASE WHEN j.state IN ('PENDING', 'RUNNING') THEN j.run_at END, NULL,
+               NULL, NULL, NULL, NULL, NULL,
+               CASE WHEN j.group_key IS NOT NULL THEN j.submit_seq END, NULL, NULL,
+               CASE WHEN 'RUNNING' IN (j.state, from_state) THEN j.started_at END,
+               NULL)::evora.job_image
 $$;
 
 CREATE FUNCTION evora.event_partitions() RETURNS TABLE(name text, lower timestamp with time zone, upper timestamp with time zone, detach_pending boolean)
@@ -1201,7 +1214,7 @@ BEGIN
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT id, version, queue, type, event, from_state, state,
-               attempt, worker, updated_at, data, evora.job_image(whole)
+               attempt, worker, updated_at, data, evora.event_image(whole, from_state)
         FROM moved
     ),
     claimable AS (
@@ -1303,7 +1316,7 @@ BEGIN
             finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora.clock_now() END
         FROM evora.settlement(ended_ids, ended_states) n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, n.cause, evora.job_image(j) AS image
+        RETURNING j.*, n.cause, evora.event_image(j, 'WAITING') AS image
     ),
     recorded AS (
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -2271,7 +2284,7 @@ CREATE INDEX jobs_group_pending ON evora.jobs USING btree (queue, group_key, pri
 
 CREATE UNIQUE INDEX jobs_group_running ON evora.jobs USING btree (queue, group_key) WHERE ((state = 'RUNNING'::evora.job_state) AND (group_key IS NOT NULL));
 
-CREATE INDEX jobs_listing ON evora.jobs USING btree (queue, state, submit_seq);
+CREATE INDEX jobs_listing_at_rest ON evora.jobs USING btree (queue, state, submit_seq) WHERE (state <> 'RUNNING'::evora.job_state);
 
 CREATE INDEX jobs_pending_ttl ON evora.jobs USING btree (expires_at) WHERE ((state = 'PENDING'::evora.job_state) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
 

@@ -31,14 +31,42 @@ LANGUAGE sql VOLATILE AS $$
             * (0.8 + 0.4 * random()))
 $$;
 
--- The image of a job that events carry: everything a projection needs, nothing large
--- (no payload, result or progress). A plain SQL body, so the planner inlines it.
+-- The image of a job that its `submitted` event carries: everything a projection needs,
+-- nothing large (no payload, result or progress); later events carry evora.event_image(). A plain SQL body, so the planner inlines it.
 CREATE OR REPLACE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image
 LANGUAGE sql IMMUTABLE AS $$
     SELECT ROW(j.id, j.queue, j.type, j.state, j.priority, j.group_key, j.idempotency_key,
                j.attempt, j.max_attempts, j.lease_seconds, j.run_at, j.expires_at,
                j.lease_expires_at, j.worker_id, j.cancel_requested, j.last_error, j.version,
                j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::evora.job_image
+$$;
+
+-- The image an event after `submitted` carries: only what readers of the outbox take from an
+-- event's image and the event's own columns do not say (the `submitted` event carries the
+-- whole evora.job_image(), the job as submitted). The rest of the row image is NULL, which
+-- costs a bit each in the row's null bitmap: a claim's or a completion's event is ~100 bytes
+-- smaller than with the whole image (docs/benchmarks/2026-11-29-narrow-hot-path.md). What is
+-- carried, and who reads it:
+--   run_at      while the job waits or runs: the projector's wait of a claim is `at - run_at`
+--               (storage/sql/outbox.sql), and a PENDING job's event says when it is due;
+--   started_at  on an event to or from RUNNING: the projector's run time of a completion, and
+--               the auditor's identity of an attempt (evora/storage/audit.py, with the
+--               event's own attempt and worker_id columns);
+--   group_key, priority, submit_seq
+--               for a job of a FIFO group: the auditor's group order and exclusivity.
+-- The id, state, version, queue, type, attempt and worker are the event's own columns. Events
+-- written before this (whole images) carry all of it too, so every reader reads both.
+CREATE OR REPLACE FUNCTION evora.event_image(j evora.jobs, from_state evora.job_state)
+RETURNS evora.job_image
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(NULL, NULL, NULL, NULL,
+               CASE WHEN j.group_key IS NOT NULL THEN j.priority END, j.group_key, NULL,
+               NULL, NULL, NULL,
+               CASE WHEN j.state IN ('PENDING', 'RUNNING') THEN j.run_at END, NULL,
+               NULL, NULL, NULL, NULL, NULL,
+               CASE WHEN j.group_key IS NOT NULL THEN j.submit_seq END, NULL, NULL,
+               CASE WHEN 'RUNNING' IN (j.state, from_state) THEN j.started_at END,
+               NULL)::evora.job_image
 $$;
 
 -- Records `moves` (one event each) and sends the NOTIFY hint of every queue that gained a
@@ -61,7 +89,7 @@ BEGIN
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT id, version, queue, type, event, from_state, state,
-               attempt, worker, updated_at, data, evora.job_image(whole)
+               attempt, worker, updated_at, data, evora.event_image(whole, from_state)
         FROM moved
     ),
     -- a queue gains a claimable job when one becomes PENDING, when a group's running job
@@ -105,7 +133,7 @@ LANGUAGE sql AS $$
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
         WHERE j.id = p.id
-        RETURNING j AS job, evora.job_image(j) AS image, j.depends_on
+        RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
     ),
     recorded AS (
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,

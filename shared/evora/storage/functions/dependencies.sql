@@ -147,7 +147,7 @@ BEGIN
             finished_at = CASE WHEN n.state = 'CANCELLED' THEN evora.clock_now() END
         FROM evora.settlement(ended_ids, ended_states) n
         WHERE j.id = n.id AND j.state = 'WAITING'
-        RETURNING j.*, n.cause, evora.job_image(j) AS image
+        RETURNING j.*, n.cause, evora.event_image(j, 'WAITING') AS image
     ),
     recorded AS (
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,

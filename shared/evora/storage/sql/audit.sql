@@ -24,10 +24,14 @@ SELECT extract(epoch FROM evora.clock_now() - now())::float8;
 
 -- name: events
 -- $1 from seq, $2 at most this many (NULL: all). The events from there on, oldest first, with
--- the fields of the job image the checks use (never the payload, result or error).
+-- the fields of the job image the checks use (never the payload, result or error). An event
+-- after `submitted` carries only some (evora.event_image()): its worker is the event's own
+-- column, which every transition writes as the job's worker; an event with a whole image
+-- (written before) still has it in the image.
 SELECT e.seq, e.xid::text AS xid, e.job_id, e.job_version, e.queue, e.event,
        e.from_state::text AS from_state,
-       e.to_state::text AS to_state, e.attempt, e.at, (e.job).worker_id AS worker_id,
+       e.to_state::text AS to_state, e.attempt, e.at,
+       coalesce((e.job).worker_id, e.worker_id) AS worker_id,
        (e.job).started_at AS started_at, (e.job).group_key AS group_key,
        (e.job).priority AS priority, (e.job).submit_seq AS submit_seq,
        e.data ->> 'schedule' AS schedule, e.data ->> 'tick' AS tick
