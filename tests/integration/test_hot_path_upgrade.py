@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -20,7 +20,7 @@ from evora.protocol.states import JobState
 from evora.readmodels.layout import Document
 from evora.storage.audit import audit
 from evora.storage.db import create_pool
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import Failure, JobStore
 from evora.storage.migrate import apply_migrations, current_version
 from evora.storage.statements import with_rules
 from evora_services.projector.projector import Projector
@@ -70,6 +70,24 @@ async def old_url(pg_server_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
+def _old_fail_many(pool: asyncpg.Pool) -> Callable[[Sequence[Failure]], Awaitable[None]]:
+    """Failures through the SQL `evora.fail` of BEFORE_NARROW: today's `fail` statement calls
+    a function form later migrations add (0044)."""
+
+    async def fail_many(failures: Sequence[Failure]) -> None:
+        for f in failures:
+            await pool.execute(
+                "SELECT evora.fail($1, $2, $3::jsonb, $4, $5)",
+                f.id,
+                f.lease_token,
+                f.error(),
+                f.retryable,
+                f.retry_in_seconds,
+            )
+
+    return fail_many
+
+
 async def _pages(store: JobStore) -> list[list[Any]]:
     """Every listing the api builds, each page by page."""
     listed = []
@@ -95,7 +113,9 @@ async def test_jobs_and_history_survive_the_upgrade_and_read_alike(
         store = JobStore(pool)
         async with pool.acquire() as conn:
             assert await current_version(conn) == BEFORE
-        await mixed_workload(store, pool, jobs=120, queues=QUEUES, seed=3, rounds=6)
+        await mixed_workload(
+            store, pool, jobs=120, queues=QUEUES, seed=3, rounds=6, fail_many=_old_fail_many(pool)
+        )
         # some jobs still RUNNING across the upgrade
         running = await store.claim(worker_id="across", queues=QUEUES, max_jobs=5)
         assert running
