@@ -273,7 +273,8 @@ async def claim(request: web.Request) -> web.StreamResponse:
     "POST",
     "/v1/jobs/{id}/heartbeat",
     roles=("worker",),
-    summary="Extend the lease; tells whether cancellation was requested.",
+    summary="Extend the lease; tells whether cancellation was requested, and whether the "
+    "attempt ran past its max_duration_seconds.",
     body=HeartbeatRequest,
     responses={200: HeartbeatResponse},
     problems=(404, 409),
@@ -286,7 +287,11 @@ async def heartbeat(request: web.Request) -> web.Response:
         job_id, body.lease_token, lease_seconds=body.lease_seconds, progress=body.progress
     )
     return json_response(
-        {"lease_expires_at": beat.lease_expires_at, "cancel_requested": beat.cancel_requested}
+        {
+            "lease_expires_at": beat.lease_expires_at,
+            "cancel_requested": beat.cancel_requested,
+            "timeout_requested": beat.timeout_requested,
+        }
     )
 
 

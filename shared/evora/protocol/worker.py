@@ -38,6 +38,11 @@ class HeartbeatRequest(WireModel):
 class HeartbeatResponse(BaseModel):
     lease_expires_at: datetime
     cancel_requested: bool
+    timeout_requested: bool = Field(
+        description="the attempt ran past the job's max_duration_seconds: stop the handler and "
+        "fail the attempt (error type `timeout`); after a grace of lease_seconds the sweeper "
+        "fails it (docs/jobs-that-wait.md)"
+    )
 
 
 class CompleteRequest(WireModel):

@@ -93,6 +93,8 @@ def coalescing(flush: RequestsFlush[T, R]) -> Coalescer[T, R]:
 class Heartbeat:
     lease_expires_at: datetime
     cancel_requested: bool
+    # past the job's max_duration_seconds (docs/jobs-that-wait.md)
+    timeout_requested: bool
 
 
 @dataclass(frozen=True)
@@ -476,7 +478,7 @@ class JobStore:
         )
         assert row is not None  # the statement answers with exactly one row
         AckResult(row["outcome"]).raise_unless_done(job_id)
-        return Heartbeat(row["lease_expires_at"], row["cancel_requested"])
+        return Heartbeat(row["lease_expires_at"], row["cancel_requested"], row["timeout_requested"])
 
     async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> JobDict:
         return self._single(await self.complete_many([Completion(job_id, lease_token, result)]))
@@ -582,6 +584,12 @@ class JobStore:
 
     async def expire_leases(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
         rows = await self._change(self._pool, queries.EXPIRE_LEASES, batch)
+        return [job_from_row(r["job"]) for r in rows]
+
+    async def time_out(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
+        """Fail the attempts past their job's max_duration_seconds and its grace (reason
+        `timeout`, docs/jobs-that-wait.md): one batch, the jobs as they now are."""
+        rows = await self._change(self._pool, queries.TIME_OUT, batch)
         return [job_from_row(r["job"]) for r in rows]
 
     async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:

@@ -21,6 +21,7 @@ _JOB_FIELDS = (
     "snoozes",
     "max_attempts",
     "lease_seconds",
+    "max_duration_seconds",
     "run_at",
     "expires_at",
     "lease_expires_at",
