@@ -46,6 +46,7 @@ class Job:
     data: Mapping[str, Any] = field(repr=False)
     # Created when first asked for (most jobs never are): see `cancel_event`.
     _cancel_event: asyncio.Event | None = field(default=None, repr=False)
+    _timeout_requested: bool = field(default=False, repr=False)
     _progress: orjson.Fragment | None = field(default=None, repr=False)
 
     @classmethod
@@ -91,6 +92,20 @@ class Job:
     def cancel_requested(self) -> bool:
         event = self._cancel_event
         return event is not None and event.is_set()
+
+    @property
+    def max_duration_seconds(self) -> int | None:
+        """The hard time limit of this attempt (docs/jobs-that-wait.md), None without one."""
+        value = self.data.get("max_duration_seconds")
+        return None if value is None else int(value)
+
+    @property
+    def timeout_requested(self) -> bool:
+        """True once a heartbeat reported that the attempt ran past `max_duration_seconds`.
+        The worker then sets `cancel_event` too, so a handler that stops on a cancel stops on
+        a timeout; it fails the attempt with error type `timeout` (retried per the job's
+        policy) instead of handing the job back."""
+        return self._timeout_requested
 
     def raise_if_cancel_requested(self) -> None:
         if self.cancel_requested:
