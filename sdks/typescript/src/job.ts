@@ -1,6 +1,6 @@
 // The job a handler receives, and how a handler's ending becomes the outcome to report.
 
-import { JobCancelledError } from "./errors.js";
+import { JobCancelledError, JobTimeoutError } from "./errors.js";
 import type { ClaimedJob, ErrorBody } from "./types.js";
 
 /** The longest error message the dispatcher stores. */
@@ -8,7 +8,8 @@ export const MAX_ERROR_MESSAGE = 8192;
 
 /**
  * One claimed job, as its handler sees it. `signal` aborts when the job's cancellation was
- * requested (reason `JobCancelledError`), when the worker stops and the grace period is over
+ * requested (reason `JobCancelledError`), when the attempt ran past the job's
+ * `max_duration_seconds` (`JobTimeoutError`), when the worker stops and the grace period is over
  * (`WorkerShutdownError`), or when the lease was lost to another attempt (`LeaseLostError`):
  * pass it to fetch and timers, or check `signal.aborted` between steps.
  */
@@ -27,6 +28,7 @@ export class WorkerJob<Payload = unknown> {
   readonly leaseToken: string;
   private readonly controller: AbortController;
   private cancelled = false;
+  private timedOut = false;
   private progressJson: string | undefined;
 
   constructor(data: ClaimedJob) {
@@ -59,6 +61,18 @@ export class WorkerJob<Payload = unknown> {
     return this.cancelled;
   }
 
+  /** The hard time limit of this attempt (docs/jobs-that-wait.md); null without one. */
+  get maxDurationSeconds(): number | null {
+    return this.data.max_duration_seconds ?? null;
+  }
+
+  /** Whether a heartbeat reported that this attempt ran past `maxDurationSeconds`: the
+   * signal aborts (`JobTimeoutError`), and the worker fails the attempt with error type
+   * `timeout` (retried per the job's policy) once the handler has ended. */
+  get timeoutRequested(): boolean {
+    return this.timedOut;
+  }
+
   /** Report progress (any JSON value) with the next heartbeat; a newer report replaces one
    * not yet sent. Throws at once when `value` cannot be encoded as JSON. */
   progress(value: unknown): void {
@@ -85,11 +99,25 @@ export class WorkerJob<Payload = unknown> {
     this.abort(new JobCancelledError(this.id));
   }
 
+  /** @internal */
+  requestTimeout(): void {
+    this.timedOut = true;
+    this.abort(new JobTimeoutError(this.id));
+  }
+
   /** @internal Aborts the signal; the first reason given is the one it keeps. */
   abort(reason: Error): void {
     if (!this.signal.aborted) this.controller.abort(reason);
   }
 }
+
+/** How a worker fails an attempt it stopped past the job's `max_duration_seconds`: the error
+ * type the sweeper's timeout writes too, retried per the job's policy. */
+export const TIMEOUT_ERROR: Readonly<ErrorBody> = {
+  message: "the attempt ran past max_duration_seconds; the worker stopped it",
+  type: "timeout",
+  retryable: true,
+};
 
 /** The `error` of a fail report: retryable unless the error has `retryable === false`. */
 export function failureFrom(error: unknown): ErrorBody {

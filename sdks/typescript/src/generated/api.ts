@@ -209,6 +209,8 @@ export interface JobResponse {
   snoozes: number;
   max_attempts: number;
   lease_seconds: number;
+  /** the hard time limit of an attempt (docs/jobs-that-wait.md); null: none */
+  max_duration_seconds: number | null;
   run_at: string;
   expires_at: string | null;
   lease_expires_at: string | null;
@@ -240,6 +242,8 @@ export interface JobSubmission {
   delay_seconds?: number | null;
   max_attempts?: number;
   lease_seconds?: number;
+  /** the hard time limit of an attempt, however often it heartbeats: past it the worker is asked to stop, and after a grace of lease_seconds the attempt fails with reason timeout (docs/jobs-that-wait.md) */
+  max_duration_seconds?: number | null;
   backoff?: Backoff;
   expires_at?: string | null;
   idempotency_key?: string | null;
@@ -552,6 +556,8 @@ export interface ScheduledJob {
   delay_seconds?: number | null;
   max_attempts?: number;
   lease_seconds?: number;
+  /** the hard time limit of an attempt, however often it heartbeats: past it the worker is asked to stop, and after a grace of lease_seconds the attempt fails with reason timeout (docs/jobs-that-wait.md) */
+  max_duration_seconds?: number | null;
   backoff?: Backoff;
   expires_at?: string | null;
   group_key?: string | null;

@@ -63,6 +63,8 @@ export interface ClaimedJob {
   snoozes: number;
   max_attempts: number;
   lease_seconds: number;
+  /** the hard time limit of an attempt (docs/jobs-that-wait.md); null: none */
+  max_duration_seconds: number | null;
   run_at: string;
   expires_at: string | null;
   lease_expires_at: string | null;
@@ -115,6 +117,8 @@ export interface HeartbeatRequest {
 export interface HeartbeatResponse {
   lease_expires_at: string;
   cancel_requested: boolean;
+  /** the attempt ran past the job's max_duration_seconds: stop the handler and fail the attempt (error type `timeout`); after a grace of lease_seconds the sweeper fails it (docs/jobs-that-wait.md) */
+  timeout_requested: boolean;
 }
 
 /** A job as the API returns it (docs/http-api.md#the-job-resource). */
@@ -132,6 +136,8 @@ export interface Job {
   snoozes: number;
   max_attempts: number;
   lease_seconds: number;
+  /** the hard time limit of an attempt (docs/jobs-that-wait.md); null: none */
+  max_duration_seconds: number | null;
   run_at: string;
   expires_at: string | null;
   lease_expires_at: string | null;
