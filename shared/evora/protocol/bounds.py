@@ -28,6 +28,12 @@ MAX_SECONDS: Final = 10 * 365 * 24 * 3600
 # The longest one snooze may wait (docs/jobs-that-wait.md): a worker polling something
 # external asks again within a month; a longer wait is a schedule's (docs/schedules.md).
 MAX_SNOOZE_SECONDS: Final = 30 * 24 * 3600
+# Checkpoints of one job (docs/jobs-that-wait.md): at most this many names, and all of them
+# together (their JSON text, as stored) at most a payload's default size: a job carries its
+# steps' results to its next attempt, not a store of its own.
+MAX_CHECKPOINTS: Final = 100
+MAX_CHECKPOINT_BYTES: Final = 1_048_576
+CHECKPOINT_NAME_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,255}$"
 
 KIB: Final = 1024
 MIB: Final = 1024 * KIB

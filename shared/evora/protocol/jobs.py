@@ -200,6 +200,10 @@ class Job(BaseModel):
     finished_at: datetime | None
     depends_on: list[UUID] = Field(description="the jobs this one waits for (or waited for)")
     limit_keys: list[str] = Field(description="the limit keys it holds besides its queue's")
+    checkpoints: dict[str, Any] | None = Field(
+        description="the steps its handler recorded, name -> data (docs/jobs-that-wait.md); "
+        "null: none"
+    )
 
 
 class ClaimedJob(Job):

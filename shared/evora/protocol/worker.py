@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evora.protocol.bounds import (
+    CHECKPOINT_NAME_PATTERN,
     MAX_ACKS,
     MAX_CLAIM_JOBS,
     MAX_CLAIM_QUEUES,
@@ -19,6 +20,7 @@ from evora.protocol.bounds import (
     MAX_WAIT_SECONDS,
 )
 from evora.protocol.fields import (
+    CheckpointData,
     Progress,
     QueueName,
     Result,
@@ -86,6 +88,18 @@ class SnoozeRequest(WireModel):
     delay_seconds: float = Field(
         gt=0, le=MAX_SNOOZE_SECONDS, description="run again this many seconds from now"
     )
+
+
+class CheckpointRequest(WireModel):
+    lease_token: UUID
+    name: str = Field(pattern=CHECKPOINT_NAME_PATTERN, description="the step it records")
+    data: CheckpointData = Field(
+        default=None, description="what the step produced; replaces an earlier one of the name"
+    )
+
+
+class CheckpointResponse(BaseModel):
+    checkpoints: dict[str, Any] = Field(description="every checkpoint of the job, name -> data")
 
 
 class Ack(WireModel):

@@ -179,6 +179,12 @@ class JobStore:
         self._pool = pool
         self._notify = NotifyDebouncer(self._send_hints, hint_window)
 
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The store's pool, for statements that change no state and send no hints
+        (evora.storage.checkpoints)."""
+        return self._pool
+
     async def _send_hints(self, queues: list[str]) -> None:
         await self._pool.execute(queries.NOTIFY_QUEUES, queues)
 

@@ -30,6 +30,7 @@ _JOB_FIELDS = (
     "result",
     "last_error",
     "progress",
+    "checkpoints",
     "created_at",
     "updated_at",
     "started_at",

@@ -105,6 +105,7 @@ CREATE TABLE evora.jobs (
     limited boolean DEFAULT false NOT NULL,
     snoozes integer DEFAULT 0 NOT NULL,
     max_duration_seconds integer,
+    checkpoints jsonb,
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
