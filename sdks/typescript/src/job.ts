@@ -29,6 +29,8 @@ export class WorkerJob<Payload = unknown> {
   private readonly controller: AbortController;
   private cancelled = false;
   private timedOut = false;
+  private recorded: Record<string, unknown>;
+  private recorder: ((name: string, data: unknown) => Promise<Record<string, unknown>>) | undefined;
   private progressJson: string | undefined;
 
   constructor(data: ClaimedJob) {
@@ -41,6 +43,7 @@ export class WorkerJob<Payload = unknown> {
     this.leaseSeconds = data.lease_seconds;
     this.leaseToken = data.lease_token;
     this.data = data;
+    this.recorded = { ...(data.checkpoints ?? {}) };
     this.controller = new AbortController();
     this.signal = this.controller.signal;
   }
@@ -59,6 +62,27 @@ export class WorkerJob<Payload = unknown> {
     /** Whether a heartbeat reported that this job's cancellation was requested. */
   get cancelRequested(): boolean {
     return this.cancelled;
+  }
+
+  /** The steps recorded with `checkpoint()`, name -> data: by earlier attempts (handed over
+   * with the claim) and by this one. A handler resumes after the last step done instead of
+   * repeating it (docs/jobs-that-wait.md). Empty when none. */
+  get checkpoints(): Readonly<Record<string, unknown>> {
+    return this.recorded;
+  }
+
+  /** Records that step `name` is done, with what it produced (any JSON value), on the job,
+   * before going on: a later attempt finds it in `checkpoints`. A name recorded again
+   * replaces its data. Fenced by the lease: throws `LeaseLostError` if this attempt no
+   * longer holds the job, `PayloadTooLargeError` past 100 names or 1 MiB in all. */
+  async checkpoint(name: string, data: unknown = null): Promise<void> {
+    if (this.recorder === undefined) throw new Error("checkpoint() needs a job a worker claimed");
+    this.recorded = { ...(await this.recorder(name, data)) };
+  }
+
+  /** @internal Where `checkpoint()` sends: set by the worker. */
+  attach(recorder: (name: string, data: unknown) => Promise<Record<string, unknown>>): void {
+    this.recorder = recorder;
   }
 
   /** The hard time limit of this attempt (docs/jobs-that-wait.md); null without one. */

@@ -434,7 +434,9 @@ export class Worker extends EventEmitter<WorkerEvents> {
   }
 
   private start(data: ClaimedJob): void {
-    const running = new Running(new WorkerJob(data));
+    const job = new WorkerJob(data);
+    job.attach((name, value) => this.api.checkpoint(job.id, job.leaseToken, name, value));
+    const running = new Running(job);
     this.busy += 1;
     this.running.add(running);
     running.finished = this.process(running);

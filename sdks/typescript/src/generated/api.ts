@@ -226,6 +226,10 @@ export interface JobResponse {
   depends_on: string[];
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
+  /** the steps its handler recorded, name -> data (docs/jobs-that-wait.md); null: none */
+  checkpoints: {
+    [key: string]: unknown;
+  } | null;
   backoff: Backoff;
   /** the last progress a worker reported */
   progress?: unknown;

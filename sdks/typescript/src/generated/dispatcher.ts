@@ -5,6 +5,7 @@
 export type Operation =
   | "POST /v1/acks"
   | "POST /v1/claim"
+  | "POST /v1/jobs/{id}/checkpoints"
   | "POST /v1/jobs/{id}/complete"
   | "POST /v1/jobs/{id}/fail"
   | "POST /v1/jobs/{id}/heartbeat"
@@ -31,6 +32,21 @@ export interface AcksRequest {
 
 export interface AcksResponse {
   results: AckResult[];
+}
+
+export interface CheckpointRequest {
+  lease_token: string;
+  /** the step it records */
+  name: string;
+  /** what the step produced; replaces an earlier one of the name */
+  data?: unknown;
+}
+
+export interface CheckpointResponse {
+  /** every checkpoint of the job, name -> data */
+  checkpoints: {
+    [key: string]: unknown;
+  };
 }
 
 export interface ClaimRequest {
@@ -80,6 +96,10 @@ export interface ClaimedJob {
   depends_on: string[];
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
+  /** the steps its handler recorded, name -> data (docs/jobs-that-wait.md); null: none */
+  checkpoints: {
+    [key: string]: unknown;
+  } | null;
   lease_token: string;
   /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
   dependency_results?: {
@@ -153,6 +173,10 @@ export interface Job {
   depends_on: string[];
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
+  /** the steps its handler recorded, name -> data (docs/jobs-that-wait.md); null: none */
+  checkpoints: {
+    [key: string]: unknown;
+  } | null;
 }
 
 export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
