@@ -94,3 +94,32 @@ async def _swept(store: JobStore) -> list[JobDict]:
 
     await until(timed_out, "the sweeper's time_out pass takes the job", within=15)
     return jobs
+
+
+async def test_a_job_claimed_ahead_past_its_limit_never_runs_and_fails_with_timeout(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    """The attempt's time runs from its claim, waiting for a slot included: one claimed ahead
+    (`prefetch`) that is past its limit before it starts is failed, not handed back."""
+    worker = make_worker(proxy, concurrency=1, prefetch=1)
+    finish = asyncio.Event()
+    started: list[str] = []
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        started.append(job.id)
+        await finish.wait()
+
+    blocker = (await client.submit("q", "t", lease_seconds=30)).id
+    late = (
+        await client.submit(
+            "q", "t", max_duration_seconds=LIMIT, lease_seconds=LEASE, max_attempts=1
+        )
+    ).id
+    async with serving(worker):
+        await until(in_state(store, late, "DLQ"))
+        finish.set()
+        await until(in_state(store, blocker, "COMPLETED"))
+    assert started == [blocker]
+    assert (await stored(store, late))["last_error"]["type"] == "timeout"
+    assert not proxy.seen("POST", "/v1/jobs/{id}/release")
