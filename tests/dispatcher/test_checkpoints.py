@@ -5,11 +5,15 @@ number and size (413, nothing stored)."""
 
 from __future__ import annotations
 
+import asyncio
 from uuid import UUID, uuid4
 
 import asyncpg
+import pytest
 
+from evora.domain.errors import LeaseLost
 from evora.protocol.bounds import MAX_CHECKPOINT_BYTES, MAX_CHECKPOINTS
+from evora.storage import checkpoints, queries
 from evora.storage.jobs import JobStore
 from tests.conftest import Clock
 from tests.dispatcher.conftest import Dispatcher
@@ -96,3 +100,58 @@ async def test_checkpoints_are_bounded(dispatcher: Dispatcher, store: JobStore) 
     for name in ("", "has space", "x" * 256):
         status, problem = await dispatcher.post(_path(other_id), {**body, "name": name})
         assert (status, problem["code"]) == (422, "validation_error")
+
+
+async def _held(db_url: str) -> asyncpg.Connection:
+    """A connection of its own, opened after the clock moved, in a transaction the test
+    ends."""
+    conn = await asyncpg.connect(db_url)
+    await conn.execute("BEGIN")
+    return conn
+
+
+async def test_two_checkpoints_at_once_keep_both(
+    dispatcher: Dispatcher, store: JobStore, db_url: str
+) -> None:
+    """The second waits for the first's row lock and adds its name to the map the first
+    committed, not to the one its snapshot showed."""
+    job_id = UUID(await submit(store))
+    [job] = await claim(dispatcher)
+    first = await _held(db_url)
+    try:
+        [row] = await first.fetch(
+            checkpoints.CHECKPOINT, job_id, UUID(job["lease_token"]), "a", "1", 100, 1 << 20
+        )
+        assert row["outcome"] == "done"
+        second = asyncio.ensure_future(
+            checkpoints.record(store.pool, job_id, UUID(job["lease_token"]), "b", 2)
+        )
+        await asyncio.sleep(0.3)
+        assert not second.done()  # waiting for the row
+        await first.execute("COMMIT")
+    finally:
+        await first.close()
+    assert await second == {"a": 1, "b": 2}
+    assert (await store.get(job_id))["checkpoints"] == {"a": 1, "b": 2}
+
+
+async def test_a_checkpoint_waiting_for_the_lease_expiry_is_refused(
+    dispatcher: Dispatcher, store: JobStore, clock: Clock, db_url: str
+) -> None:
+    job_id = UUID(await submit(store, lease_seconds=5))
+    [job] = await claim(dispatcher)
+    await clock.advance(6)
+    sweep = await _held(db_url)
+    try:
+        assert len(await sweep.fetch(queries.EXPIRE_LEASES, 10, [])) == 1
+        late = asyncio.ensure_future(
+            checkpoints.record(store.pool, job_id, UUID(job["lease_token"]), "a", 1)
+        )
+        await asyncio.sleep(0.3)
+        assert not late.done()
+        await sweep.execute("COMMIT")
+    finally:
+        await sweep.close()
+    with pytest.raises(LeaseLost):
+        await late
+    assert (await store.get(job_id))["checkpoints"] is None
