@@ -15,6 +15,7 @@ import pytest
 
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
+from evora.storage import checkpoints
 from evora.storage.audit import CHECKS, AuditReport, audit
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.retention import RetentionStore
@@ -425,3 +426,24 @@ async def test_max_pending_judges_the_jobs_admitted_since_the_limit_changed(
     found = failing(await audited(pool))
     # the retried job ran, and was never refused: only the 3 never started count
     assert found["max_pending_admitted"] == [({str(j) for j in later}, ())]
+
+
+async def test_checkpoints_and_timeouts_pass_every_check(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """A checkpoint (RUNNING -> RUNNING) is a move of a running attempt, not its end: before
+    and after a cancel request, the attempt's ending is still judged by its claim; a timeout
+    is a failed attempt like any."""
+    await submitted(store, 2, max_duration_seconds=10, lease_seconds=5, max_attempts=1)
+    one, two = await claimed(store, 2)
+    await checkpoints.record(pool, one["id"], one["lease_token"], "charged", {"charge": 1})
+    await store.cancel(one["id"])
+    await checkpoints.record(pool, one["id"], one["lease_token"], "shipped", None)
+    assert (await store.release(one["id"], one["lease_token"]))["state"] == "CANCELLED"
+    await checkpoints.record(pool, two["id"], two["lease_token"], "charged", 2)
+    await clock.advance(15)
+    assert [j["state"] for j in await store.time_out()] == ["DLQ"]
+
+    report = await audited(pool)
+    assert report.ok, report.text()
+    assert report.events == 10

@@ -49,4 +49,5 @@ async def test_the_sql_bounds_are_the_apis(app_conn: asyncpg.Connection) -> None
         top = sql["backoff"]["max_multiplier"] if field == "multiplier" else sql["max_seconds"]
         assert (low, high) == (1 if field == "multiplier" else 0, top)
     assert _bounds(JobSubmission, "delay_seconds")[:2] == (0, sql["max_seconds"])
+    assert _bounds(JobSubmission, "max_duration_seconds") == (1, sql["max_seconds"], None)
     assert JobSubmission.model_fields["payload"].default_factory() == {}  # type: ignore[misc,call-arg]

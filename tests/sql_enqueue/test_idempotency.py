@@ -72,13 +72,24 @@ async def test_the_same_fields_replay_across_sql_and_http(
         same_instant = {**first, "run_at": "2030-06-01T10:00:00Z"}
         assert (await _http_submit(http, api, same_instant))[1]["id"] == str(job_id)
 
-        http_first = {**FULL, "idempotency_key": "http-first", "delay_seconds": 30}
+        http_first = {
+            **FULL,
+            "idempotency_key": "http-first",
+            "delay_seconds": 30,
+            "max_duration_seconds": 600,
+        }
         del http_first["run_at"]
         status, body = await _http_submit(http, api, http_first)
         assert status == 201
         assert str(await _sql_submit(app_conn, http_first)) == body["id"]
 
-        for change in ({"priority": -4}, {"payload": {"order": 43}}, {"delay_seconds": 31}):
+        for change in (
+            {"priority": -4},
+            {"payload": {"order": 43}},
+            {"delay_seconds": 31},
+            {"max_duration_seconds": 601},
+            {"max_duration_seconds": None},
+        ):
             other = {**http_first, **change}
             status, problem = await _http_submit(http, api, other)
             assert (status, problem["code"]) == (409, "idempotency_conflict")
@@ -273,7 +284,14 @@ async def _stored_before_0011(
     assert status == 201
     fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
         mode="json",
-        exclude={"idempotency_key", "depends_on", "on_dependency_failure", "ref", "limit_keys"},
+        exclude={
+            "idempotency_key",
+            "depends_on",
+            "on_dependency_failure",
+            "ref",
+            "limit_keys",
+            "max_duration_seconds",
+        },
     )
     before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
     await conn.execute("UPDATE evora.idempotency_keys SET fingerprint = $1", before)
@@ -370,7 +388,7 @@ async def test_a_batch_with_refs_sent_again_replays_in_sql_and_over_http(
     await _conflict(app_conn, _sql_batch(app_conn, other_job))
 
 
-@pytest.mark.parametrize("added", ["depends_on", "limit_keys"])
+@pytest.mark.parametrize("added", ["depends_on", "limit_keys", "max_duration_seconds"])
 async def test_a_key_stored_before_the_database_computed_fingerprints_refuses_later_fields(
     app_conn: asyncpg.Connection, api: Service, added: str
 ) -> None:
@@ -379,7 +397,9 @@ async def test_a_key_stored_before_the_database_computed_fingerprints_refuses_la
     same."""
     job = {**FULL, "idempotency_key": "old-no-deps"}
     parent = str(await _sql_submit(app_conn, {"queue": "p", "type": "t"}))
-    later = {"depends_on": [parent], "limit_keys": ["tenant:acme"]}[added]
+    later = {"depends_on": [parent], "limit_keys": ["tenant:acme"], "max_duration_seconds": 60}[
+        added
+    ]
     async with aiohttp.ClientSession() as http:
         await _stored_before_0011(http, api, app_conn, job)
         status, problem = await _http_submit(http, api, {**job, added: later})

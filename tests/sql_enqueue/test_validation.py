@@ -38,6 +38,10 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"max_attempts": 1001}, "max_attempts"),
     ({"lease_seconds": 0}, "lease_seconds"),
     ({"lease_seconds": 86401}, "lease_seconds"),
+    ({"max_duration_seconds": 0}, "max_duration_seconds"),
+    ({"max_duration_seconds": 1.5}, "max_duration_seconds"),
+    ({"max_duration_seconds": 315_360_001}, "max_duration_seconds"),
+    ({"max_duration_seconds": "60"}, "max_duration_seconds"),
     ({"delay_seconds": -1}, "delay_seconds"),
     ({"delay_seconds": 315_360_001}, "delay_seconds"),
     ({"delay_seconds": "5"}, "delay_seconds"),
@@ -103,6 +107,9 @@ VALID: list[dict[str, Any]] = [
     {"limit_keys": ["b", "a"], "idempotency_key": "limited"},
     {"depends_on": [], "on_dependency_failure": "run"},
     {"on_dependency_failure": "cancel", "ref": None},
+    {"max_duration_seconds": 1},
+    {"max_duration_seconds": 315_360_000, "idempotency_key": "limited in time"},
+    {"max_duration_seconds": None},
 ]
 
 
@@ -195,6 +202,7 @@ async def test_a_valid_submission_is_accepted(
             model.group_key,
         )
         assert row["limit_keys"] == model.limit_keys
+        assert row["max_duration_seconds"] == model.max_duration_seconds
         if model.run_at is not None:
             assert row["run_at"] == model.run_at
 

@@ -49,6 +49,7 @@ export const DISPATCHER_METHODS = {
   "POST /v1/jobs/{id}/fail": "fail",
   "POST /v1/jobs/{id}/release": "release",
   "POST /v1/jobs/{id}/snooze": "snooze",
+  "POST /v1/jobs/{id}/checkpoints": "checkpoint",
   "POST /v1/acks": "acks",
 } as const satisfies Record<DispatcherOperation, keyof DispatcherClient>;
 
@@ -152,6 +153,26 @@ export class DispatcherClient {
   async snooze(jobId: string, leaseToken: string, delaySeconds: number, options: CallOptions = {}): Promise<DispatchedJob> {
     const body: dispatcher.SnoozeRequest = { lease_token: leaseToken, delay_seconds: delaySeconds };
     return this.post(jobPath(jobId, "snooze"), body, options);
+  }
+
+  /** Records step `name` of the job with what it produced (event `checkpointed`): handed to
+   * the job's next attempt with its claim. Fenced by the lease (409 `LeaseLostError`); 413
+   * past 100 names or 1 MiB in all. Answers every checkpoint of the job. */
+  async checkpoint(
+    jobId: string,
+    leaseToken: string,
+    name: string,
+    data: unknown,
+    options: CallOptions = {},
+  ): Promise<Record<string, unknown>> {
+    const body: dispatcher.CheckpointRequest = { lease_token: leaseToken, name, data };
+    const resp = await this.http.request<dispatcher.CheckpointResponse>("POST", jobPath(jobId, "checkpoints"), {
+      body,
+      // the same name and data again stores the same: safe to repeat
+      idempotent: true,
+      ...options,
+    });
+    return resp.data.checkpoints;
   }
 
   /** Records up to 1000 outcomes at once; each gets its own status (200, 404 or 409). `raw`

@@ -287,6 +287,16 @@ export class JobCancelledError extends Error {
   }
 }
 
+/** The reason a job's signal aborts when its attempt ran past the job's
+ * `max_duration_seconds` (docs/jobs-that-wait.md): the worker then fails the attempt with
+ * error type `timeout` once the handler has ended (or after `cancelGraceMs`). */
+export class JobTimeoutError extends Error {
+  constructor(jobId: string) {
+    super(`job ${jobId} ran past its max_duration_seconds`);
+    this.name = "JobTimeoutError";
+  }
+}
+
 /** The reason a job's signal aborts when the worker stops and the grace period is over. */
 export class WorkerShutdownError extends Error {
   constructor(jobId: string) {

@@ -1,6 +1,6 @@
 // The job a handler receives, and how a handler's ending becomes the outcome to report.
 
-import { JobCancelledError } from "./errors.js";
+import { JobCancelledError, JobTimeoutError } from "./errors.js";
 import type { ClaimedJob, ErrorBody } from "./types.js";
 
 /** The longest error message the dispatcher stores. */
@@ -8,7 +8,8 @@ export const MAX_ERROR_MESSAGE = 8192;
 
 /**
  * One claimed job, as its handler sees it. `signal` aborts when the job's cancellation was
- * requested (reason `JobCancelledError`), when the worker stops and the grace period is over
+ * requested (reason `JobCancelledError`), when the attempt ran past the job's
+ * `max_duration_seconds` (`JobTimeoutError`), when the worker stops and the grace period is over
  * (`WorkerShutdownError`), or when the lease was lost to another attempt (`LeaseLostError`):
  * pass it to fetch and timers, or check `signal.aborted` between steps.
  */
@@ -27,6 +28,9 @@ export class WorkerJob<Payload = unknown> {
   readonly leaseToken: string;
   private readonly controller: AbortController;
   private cancelled = false;
+  private timedOut = false;
+  private recorded: Record<string, unknown>;
+  private recorder: ((name: string, data: unknown) => Promise<Record<string, unknown>>) | undefined;
   private progressJson: string | undefined;
 
   constructor(data: ClaimedJob) {
@@ -39,6 +43,7 @@ export class WorkerJob<Payload = unknown> {
     this.leaseSeconds = data.lease_seconds;
     this.leaseToken = data.lease_token;
     this.data = data;
+    this.recorded = { ...(data.checkpoints ?? {}) };
     this.controller = new AbortController();
     this.signal = this.controller.signal;
   }
@@ -57,6 +62,39 @@ export class WorkerJob<Payload = unknown> {
     /** Whether a heartbeat reported that this job's cancellation was requested. */
   get cancelRequested(): boolean {
     return this.cancelled;
+  }
+
+  /** The steps recorded with `checkpoint()`, name -> data: by earlier attempts (handed over
+   * with the claim) and by this one. A handler resumes after the last step done instead of
+   * repeating it (docs/jobs-that-wait.md). Empty when none. */
+  get checkpoints(): Readonly<Record<string, unknown>> {
+    return this.recorded;
+  }
+
+  /** Records that step `name` is done, with what it produced (any JSON value), on the job,
+   * before going on: a later attempt finds it in `checkpoints`. A name recorded again
+   * replaces its data. Fenced by the lease: throws `LeaseLostError` if this attempt no
+   * longer holds the job, `PayloadTooLargeError` past 100 names or 1 MiB in all. */
+  async checkpoint(name: string, data: unknown = null): Promise<void> {
+    if (this.recorder === undefined) throw new Error("checkpoint() needs a job a worker claimed");
+    this.recorded = { ...(await this.recorder(name, data)) };
+  }
+
+  /** @internal Where `checkpoint()` sends: set by the worker. */
+  attach(recorder: (name: string, data: unknown) => Promise<Record<string, unknown>>): void {
+    this.recorder = recorder;
+  }
+
+  /** The hard time limit of this attempt (docs/jobs-that-wait.md); null without one. */
+  get maxDurationSeconds(): number | null {
+    return this.data.max_duration_seconds ?? null;
+  }
+
+  /** Whether a heartbeat reported that this attempt ran past `maxDurationSeconds`: the
+   * signal aborts (`JobTimeoutError`), and the worker fails the attempt with error type
+   * `timeout` (retried per the job's policy) once the handler has ended. */
+  get timeoutRequested(): boolean {
+    return this.timedOut;
   }
 
   /** Report progress (any JSON value) with the next heartbeat; a newer report replaces one
@@ -85,11 +123,25 @@ export class WorkerJob<Payload = unknown> {
     this.abort(new JobCancelledError(this.id));
   }
 
+  /** @internal */
+  requestTimeout(): void {
+    this.timedOut = true;
+    this.abort(new JobTimeoutError(this.id));
+  }
+
   /** @internal Aborts the signal; the first reason given is the one it keeps. */
   abort(reason: Error): void {
     if (!this.signal.aborted) this.controller.abort(reason);
   }
 }
+
+/** How a worker fails an attempt it stopped past the job's `max_duration_seconds`: the error
+ * type the sweeper's timeout writes too, retried per the job's policy. */
+export const TIMEOUT_ERROR: Readonly<ErrorBody> = {
+  message: "the attempt ran past max_duration_seconds; the worker stopped it",
+  type: "timeout",
+  retryable: true,
+};
 
 /** The `error` of a fail report: retryable unless the error has `retryable === false`. */
 export function failureFrom(error: unknown): ErrorBody {

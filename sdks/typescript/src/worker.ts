@@ -20,6 +20,10 @@
 // 4. A cancel request aborts `job.signal`. A handler that then throws has its job released,
 //    which the dispatcher turns into CANCELLED; one that returns completes (the work was
 //    done). One still running after `cancelGraceMs` is given up on and its job released.
+//    An attempt past the job's `max_duration_seconds` (a heartbeat answers
+//    `timeout_requested`) is stopped the same way, its signal aborted with `JobTimeoutError`,
+//    but the attempt is failed (error type `timeout`), not released: a release would not
+//    count it (docs/jobs-that-wait.md).
 // 5. A heartbeat answered 409 lease_lost (or 404) means another attempt owns the job: its
 //    signal aborts with the `LeaseLostError`, the worker emits "leaseLost" and reports
 //    nothing for it. An outcome the dispatcher refuses with 409 is reported the same way.
@@ -54,7 +58,7 @@ import {
   WorkerShutdownError,
 } from "./errors.js";
 import { shouldRetry } from "./http.js";
-import { WorkerJob, failureFrom } from "./job.js";
+import { TIMEOUT_ERROR, WorkerJob, failureFrom } from "./job.js";
 import { consoleLogger, type Logger } from "./logger.js";
 import type { ClaimedJob, ErrorBody } from "./types.js";
 
@@ -128,7 +132,7 @@ export interface WorkerEvents {
   reported: [job: WorkerJob, outcome: "complete" | "fail"];
 }
 
-type Interrupt = "cancel" | "shutdown" | "leaseLost";
+type Interrupt = "cancel" | "timeout" | "shutdown" | "leaseLost";
 
 /** One job inside the worker. */
 class Running {
@@ -439,7 +443,9 @@ export class Worker extends EventEmitter<WorkerEvents> {
   }
 
   private start(data: ClaimedJob): void {
-    const running = new Running(new WorkerJob(data));
+    const job = new WorkerJob(data);
+    job.attach((name, value) => this.api.checkpoint(job.id, job.leaseToken, name, value));
+    const running = new Running(job);
     this.busy += 1;
     this.running.add(running);
     running.finished = this.process(running);
@@ -497,7 +503,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
         // Interrupted while it waited: it never runs.
         taken.leave();
         running.handlerDone = true;
-        return first === "leaseLost" ? { kind: "abandon" } : { kind: "release", why: first };
+        return this.interrupted(job, first);
       }
       slot = taken;
     }
@@ -516,10 +522,11 @@ export class Worker extends EventEmitter<WorkerEvents> {
       });
     running.handlerSettled = ended.then(() => undefined);
     const settled = await Promise.race([ended, running.interruption]);
-    if (typeof settled === "string") {
-      return settled === "leaseLost" ? { kind: "abandon" } : { kind: "release", why: settled };
-    }
+    if (typeof settled === "string") return this.interrupted(job, settled);
     if (settled.threw) {
+      // Failed, not handed back: a release would not count the attempt, and the job would
+      // run past its limit attempt after attempt.
+      if (job.timeoutRequested) return this.fail(job, { ...TIMEOUT_ERROR });
       if (job.cancelRequested) return { kind: "release", why: "cancel" };
       if (settled.error instanceof Snooze) return { kind: "snooze", seconds: settled.error.seconds };
       const failure = failureFrom(settled.error);
@@ -542,6 +549,13 @@ export class Worker extends EventEmitter<WorkerEvents> {
       return this.fail(job, { message, type: "TypeError", retryable: false });
     }
     return { kind: "ack", ack: { jobId: job.id, leaseToken: job.leaseToken, outcome: "complete", resultJson } };
+  }
+
+  /** What to report for a handler the worker gave up on (or a job it never started). */
+  private interrupted(job: WorkerJob, why: Interrupt): Outcome {
+    if (why === "leaseLost") return { kind: "abandon" };
+    if (why === "timeout") return this.fail(job, { ...TIMEOUT_ERROR });
+    return { kind: "release", why };
   }
 
   private fail(job: WorkerJob, error: ErrorBody): Outcome {
@@ -610,7 +624,13 @@ export class Worker extends EventEmitter<WorkerEvents> {
         progress === undefined ? {} : { progressJson: progress },
         { retries: 0, timeoutMs: Math.min(intervalMs, this.options.requestTimeoutMs ?? 10_000) },
       );
-      if (answer.cancel_requested && !job.cancelRequested) this.cancelRequested(running);
+      if (answer.timeout_requested && !job.timeoutRequested) {
+        job.requestTimeout();
+        this.stopRequested(running, "timeout");
+      } else if (answer.cancel_requested && !job.cancelRequested) {
+        job.requestCancel();
+        this.stopRequested(running, "cancel");
+      }
     } catch (error) {
       if (error instanceof LeaseLostError || error instanceof JobNotFoundError) {
         this.logger.warn(`job ${job.id}: ${error.message}; abandoning it`);
@@ -628,16 +648,19 @@ export class Worker extends EventEmitter<WorkerEvents> {
     if (this.running.has(running)) this.scheduleHeartbeat(running, intervalMs, Math.max(0, sentAt + delay - Date.now()));
   }
 
-  private cancelRequested(running: Running): void {
-    running.job.requestCancel();
+  /** The job's signal has aborted, for a cancel request or the attempt past its time limit:
+   * interrupt the handler if it has not ended after `cancelGraceMs`. */
+  private stopRequested(running: Running, why: "cancel" | "timeout"): void {
     if (running.waiting) {
-      running.interrupt("cancel", running.job.signal.reason as Error); // it never starts
+      running.interrupt(why, running.job.signal.reason as Error); // it never starts
       return;
     }
     if (running.handlerDone) return;
     const graceMs = this.options.cancelGraceMs ?? 5_000;
-    this.logger.info(`job ${running.job.id}: cancellation requested; the handler has ${graceMs} ms to stop`);
-    running.cancelTimer = setTimeout(() => running.interrupt("cancel", running.job.signal.reason as Error), graceMs);
+    const what = why === "cancel" ? "cancellation requested" : "past max_duration_seconds";
+    this.logger.info(`job ${running.job.id}: ${what}; the handler has ${graceMs} ms to stop`);
+    clearTimeout(running.cancelTimer); // a timeout after a cancel restarts it
+    running.cancelTimer = setTimeout(() => running.interrupt(why, running.job.signal.reason as Error), graceMs);
   }
 
   private async waitRunning(ms: number): Promise<void> {

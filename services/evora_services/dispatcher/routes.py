@@ -24,6 +24,8 @@ from evora.protocol.worker import (
     Ack,
     AcksRequest,
     AcksResponse,
+    CheckpointRequest,
+    CheckpointResponse,
     ClaimRequest,
     ClaimResponse,
     CompleteRequest,
@@ -35,6 +37,7 @@ from evora.protocol.worker import (
     RetryAfter,
     SnoozeRequest,
 )
+from evora.storage import checkpoints
 from evora.storage.jobs import AckResult, Completion, Failure
 from evora.storage.rows import JobDict
 from evora_services.dispatcher.ack_bodies import read_acks, read_claim
@@ -281,7 +284,8 @@ async def claim(request: web.Request) -> web.StreamResponse:
     "POST",
     "/v1/jobs/{id}/heartbeat",
     roles=("worker",),
-    summary="Extend the lease; tells whether cancellation was requested.",
+    summary="Extend the lease; tells whether cancellation was requested, and whether the "
+    "attempt ran past its max_duration_seconds.",
     body=HeartbeatRequest,
     responses={200: HeartbeatResponse},
     problems=(404, 409),
@@ -294,7 +298,11 @@ async def heartbeat(request: web.Request) -> web.Response:
         job_id, body.lease_token, lease_seconds=body.lease_seconds, progress=body.progress
     )
     return json_response(
-        {"lease_expires_at": beat.lease_expires_at, "cancel_requested": beat.cancel_requested}
+        {
+            "lease_expires_at": beat.lease_expires_at,
+            "cancel_requested": beat.cancel_requested,
+            "timeout_requested": beat.timeout_requested,
+        }
     )
 
 
@@ -374,6 +382,26 @@ async def snooze(request: web.Request) -> web.Response:
         job_id, body.lease_token, delay_seconds=body.delay_seconds
     )
     return json_response(job)
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/checkpoints",
+    roles=("worker",),
+    summary="Record a step's result on the job (event `checkpointed`), handed to its next "
+    "attempt; fenced by the lease.",
+    body=CheckpointRequest,
+    responses={200: CheckpointResponse},
+    problems=(404, 409, 413),
+)
+async def checkpoint(request: web.Request) -> web.Response:
+    job_id = ids.job_id(request.match_info["id"])
+    limit, context = _single_limit(request)
+    body = await parse_body(request, CheckpointRequest, limit=limit, context=context)
+    stored = await checkpoints.record(
+        request.app[DISPATCH].store.pool, job_id, body.lease_token, body.name, body.data
+    )
+    return json_response({"checkpoints": stored})
 
 
 @routes.add(

@@ -25,6 +25,13 @@ class SweeperMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.timed_out = Counter(
+            "evora_sweeper_timed_out",
+            "Attempts failed past max_duration_seconds and its grace, by outcome (requeued, "
+            "dead_lettered, cancelled).",
+            ["outcome"],
+            registry=registry,
+        )
         self.ttls_expired = Counter(
             "evora_sweeper_ttls_expired",
             "PENDING jobs dead-lettered because their expires_at passed.",
@@ -114,6 +121,7 @@ class SweeperMetrics:
         )
         for outcome in LEASE_OUTCOMES:
             self.leases_expired.labels(outcome)
+            self.timed_out.labels(outcome)
         for kind in PRUNE_KINDS:
             self.pruned.labels(kind)
         for reason in FailureReason:

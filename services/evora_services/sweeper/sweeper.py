@@ -11,7 +11,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from evora.config import Settings
@@ -103,10 +103,12 @@ class Retention:
 class Expired:
     leases: Counter[str]  # by outcome
     ttls: int
+    # attempts past max_duration_seconds and its grace (docs/jobs-that-wait.md), by outcome
+    timeouts: Counter[str] = field(default_factory=Counter)
 
     @property
     def total(self) -> int:
-        return self.leases.total() + self.ttls
+        return self.leases.total() + self.ttls + self.timeouts.total()
 
 
 def _ended(event: asyncio.Event | None) -> bool:
@@ -156,6 +158,15 @@ class Sweeper:
                 self._metrics.leases_expired.labels(outcome).inc()
             if len(jobs) < batch or _ended(ended):
                 break
+        timeouts: Counter[str] = Counter()
+        while not _ended(ended):
+            jobs = await self._jobs.time_out(batch)
+            for job in jobs:
+                outcome = _LEASE_OUTCOME[job["state"]]
+                timeouts[outcome] += 1
+                self._metrics.timed_out.labels(outcome).inc()
+            if len(jobs) < batch:
+                break
         ttls = 0
         while not _ended(ended):
             expired = len(await self._jobs.expire_ttls(batch))
@@ -165,12 +176,14 @@ class Sweeper:
                 break
         self._metrics.last_run.set(time.time())
         self._metrics.pass_duration.observe(time.perf_counter() - started)
-        result = Expired(leases, ttls)
+        result = Expired(leases, ttls, timeouts)
         level = logging.INFO if result.total else logging.DEBUG
         log.log(
             level,
-            "expiry pass: leases requeued=%d dead_lettered=%d cancelled=%d; ttls expired=%d",
+            "expiry pass: leases requeued=%d dead_lettered=%d cancelled=%d; "
+            "timeouts requeued=%d dead_lettered=%d cancelled=%d; ttls expired=%d",
             *(leases[outcome] for outcome in LEASE_OUTCOMES),
+            *(timeouts[outcome] for outcome in LEASE_OUTCOMES),
             ttls,
         )
         return result

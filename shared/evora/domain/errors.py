@@ -41,6 +41,15 @@ class LeaseLost(EvoraError):
     title = "Lease lost"
 
 
+class CheckpointsFull(EvoraError):
+    """A checkpoint that would take its job over MAX_CHECKPOINTS names or
+    MAX_CHECKPOINT_BYTES in all (evora.protocol.bounds); nothing was stored."""
+
+    code = problems.PAYLOAD_TOO_LARGE
+    status = 413
+    title = "Checkpoints too large"
+
+
 class InvalidState(EvoraError):
     """The job is not in a state that allows this operation."""
 

@@ -32,6 +32,12 @@ MAX_SNOOZE_SECONDS: Final = 30 * 24 * 3600
 # "Upstream retry-after"): a day. A rate-limit answer asks for seconds to hours; a key drained
 # longer by a wrong header would hold back every job of every worker holding it.
 MAX_RETRY_AFTER_SECONDS: Final = 24 * 3600
+# Checkpoints of one job (docs/jobs-that-wait.md): at most this many names, and all of them
+# together (their JSON text, as stored) at most a payload's default size: a job carries its
+# steps' results to its next attempt, not a store of its own.
+MAX_CHECKPOINTS: Final = 100
+MAX_CHECKPOINT_BYTES: Final = 1_048_576
+CHECKPOINT_NAME_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,255}$"
 
 KIB: Final = 1024
 MIB: Final = 1024 * KIB

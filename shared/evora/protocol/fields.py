@@ -178,6 +178,7 @@ CLIENT_JSON = _ClientJSON()
 Payload = Annotated[Any, _client_json("payload"), CLIENT_JSON]
 Result = Annotated[Any, _client_json("result"), CLIENT_JSON]
 Progress = Annotated[Any, _client_json("progress"), CLIENT_JSON]
+CheckpointData = Annotated[Any, _client_json("data"), CLIENT_JSON]
 
 # The range of integers orjson (and so the codecs) writes as they are.
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1

@@ -96,6 +96,14 @@ class JobSubmission(WireModel):
     delay_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     max_attempts: WholeNumber = Field(default=5, ge=1, le=1000)
     lease_seconds: WholeNumber = Field(default=30, ge=1, le=86400)
+    max_duration_seconds: WholeNumber | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SECONDS,
+        description="the hard time limit of an attempt, however often it heartbeats: past it "
+        "the worker is asked to stop, and after a grace of lease_seconds the attempt fails "
+        "with reason timeout (docs/jobs-that-wait.md)",
+    )
     backoff: Backoff = Field(default_factory=lambda: _DEFAULT_BACKOFF)
     expires_at: Timestamp | None = None
     idempotency_key: Key | None = None
@@ -176,6 +184,9 @@ class Job(BaseModel):
     )
     max_attempts: int
     lease_seconds: int
+    max_duration_seconds: int | None = Field(
+        description="the hard time limit of an attempt (docs/jobs-that-wait.md); null: none"
+    )
     run_at: datetime
     expires_at: datetime | None
     lease_expires_at: datetime | None
@@ -189,6 +200,10 @@ class Job(BaseModel):
     finished_at: datetime | None
     depends_on: list[UUID] = Field(description="the jobs this one waits for (or waited for)")
     limit_keys: list[str] = Field(description="the limit keys it holds besides its queue's")
+    checkpoints: dict[str, Any] | None = Field(
+        description="the steps its handler recorded, name -> data (docs/jobs-that-wait.md); "
+        "null: none"
+    )
 
 
 class ClaimedJob(Job):

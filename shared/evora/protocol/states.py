@@ -29,3 +29,5 @@ class EventName(StrEnum):
     RETRIED = "retried"
     DEPENDENCIES_MET = "dependencies_met"
     CANCEL_REQUESTED = "cancel_requested"
+    # a handler recorded a step (docs/jobs-that-wait.md); RUNNING -> RUNNING, data: its name
+    CHECKPOINTED = "checkpointed"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evora.protocol.bounds import (
+    CHECKPOINT_NAME_PATTERN,
     MAX_ACKS,
     MAX_CLAIM_JOBS,
     MAX_CLAIM_QUEUES,
@@ -20,6 +21,7 @@ from evora.protocol.bounds import (
     MAX_WAIT_SECONDS,
 )
 from evora.protocol.fields import (
+    CheckpointData,
     Progress,
     QueueName,
     Result,
@@ -39,6 +41,11 @@ class HeartbeatRequest(WireModel):
 class HeartbeatResponse(BaseModel):
     lease_expires_at: datetime
     cancel_requested: bool
+    timeout_requested: bool = Field(
+        description="the attempt ran past the job's max_duration_seconds: stop the handler and "
+        "fail the attempt (error type `timeout`); after a grace of lease_seconds the sweeper "
+        "fails it (docs/jobs-that-wait.md)"
+    )
 
 
 class CompleteRequest(WireModel):
@@ -111,6 +118,18 @@ class SnoozeRequest(WireModel):
     delay_seconds: float = Field(
         gt=0, le=MAX_SNOOZE_SECONDS, description="run again this many seconds from now"
     )
+
+
+class CheckpointRequest(WireModel):
+    lease_token: UUID
+    name: str = Field(pattern=CHECKPOINT_NAME_PATTERN, description="the step it records")
+    data: CheckpointData = Field(
+        default=None, description="what the step produced; replaces an earlier one of the name"
+    )
+
+
+class CheckpointResponse(BaseModel):
+    checkpoints: dict[str, Any] = Field(description="every checkpoint of the job, name -> data")
 
 
 class Ack(WireModel):

@@ -70,6 +70,10 @@ class SubmitOptions(TypedDict, total=False):
     delay_seconds: float
     max_attempts: int
     lease_seconds: int
+    max_duration_seconds: int
+    """The hard time limit of an attempt, however often it heartbeats (docs/jobs-that-wait.md):
+    past it the worker is asked to stop, and after a grace of `lease_seconds` the attempt
+    fails with error type `timeout`."""
     backoff: BackoffSpec
     expires_at: datetime | str
     idempotency_key: str

@@ -61,12 +61,16 @@ class Executor:
     ) -> Ack | Release | Abandon | Snoozed:
         """`execute` in one of `slots`, waiting for one first: the job was claimed ahead of
         time (the worker's `prefetch`). One interrupted while it waits never runs: it is
-        abandoned if its lease was lost, else released (shutdown, a cancel request)."""
+        abandoned if its lease was lost, failed if it ran past its max_duration_seconds
+        (waiting counts: the attempt's time started with its claim), else released
+        (shutdown, a cancel request)."""
         running.waiting = True
         try:
             await slots.acquire()
         except asyncio.CancelledError:
             _take_back_interrupts(running)
+            if running.job.timeout_requested:
+                return running.outcome(None, None, cancelled=True)
             return "abandon" if running.interrupted is Interrupt.LEASE_LOST else "release"
         finally:
             running.waiting = False

@@ -8,12 +8,15 @@ import re
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from evora.protocol.bounds import TYPE_PATTERN
 from evora.sdk.errors import JobCancelled
+
+if TYPE_CHECKING:
+    from evora.sdk._http import Transport
 
 _TYPE_RE = re.compile(TYPE_PATTERN)
 
@@ -46,7 +49,11 @@ class Job:
     data: Mapping[str, Any] = field(repr=False)
     # Created when first asked for (most jobs never are): see `cancel_event`.
     _cancel_event: asyncio.Event | None = field(default=None, repr=False)
+    _timeout_requested: bool = field(default=False, repr=False)
     _progress: orjson.Fragment | None = field(default=None, repr=False)
+    # Where `checkpoint()` sends (the worker's transport; None outside a worker).
+    _transport: Transport | None = field(default=None, repr=False)
+    _checkpoints: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_claim(cls, data: Mapping[str, Any]) -> Job:
@@ -60,6 +67,7 @@ class Job:
             lease_seconds=int(data["lease_seconds"]),
             lease_token=str(data["lease_token"]),
             data=data,
+            _checkpoints=dict(data.get("checkpoints") or {}),
         )
 
     @property
@@ -74,6 +82,31 @@ class Job:
         dependencies)."""
         results: Mapping[str, Any] = self.data.get("dependency_results") or {}
         return results
+
+    @property
+    def checkpoints(self) -> Mapping[str, Any]:
+        """The steps recorded with `checkpoint()`, name -> data: by earlier attempts (handed
+        over with the claim) and by this one. A handler resumes after the last step done
+        instead of repeating it (docs/jobs-that-wait.md). Empty when none."""
+        return self._checkpoints
+
+    async def checkpoint(self, name: str, data: Any = None) -> None:
+        """Record that step `name` is done, with what it produced (any JSON value), on the
+        job, before going on: a later attempt finds it in `checkpoints`. A name recorded again
+        replaces its data. `POST /v1/jobs/{id}/checkpoints`, fenced by the lease: raises
+        `LeaseLostError` if this attempt no longer holds the job (stop: another may run it),
+        `PayloadTooLargeError` past 100 names or 1 MiB in all. Async handlers only (a `def`
+        handler's thread cannot await it)."""
+        if self._transport is None:
+            raise RuntimeError("checkpoint() needs a job a worker claimed")
+        resp = await self._transport.request(
+            "POST",
+            f"/v1/jobs/{self.id}/checkpoints",
+            body={"lease_token": self.lease_token, "name": name, "data": data},
+            # the same name and data again stores the same: safe to repeat
+            idempotent=True,
+        )
+        self._checkpoints = dict(resp.data["checkpoints"])
 
     @property
     def cancel_event(self) -> asyncio.Event:
@@ -91,6 +124,20 @@ class Job:
     def cancel_requested(self) -> bool:
         event = self._cancel_event
         return event is not None and event.is_set()
+
+    @property
+    def max_duration_seconds(self) -> int | None:
+        """The hard time limit of this attempt (docs/jobs-that-wait.md), None without one."""
+        value = self.data.get("max_duration_seconds")
+        return None if value is None else int(value)
+
+    @property
+    def timeout_requested(self) -> bool:
+        """True once a heartbeat reported that the attempt ran past `max_duration_seconds`.
+        The worker then sets `cancel_event` too, so a handler that stops on a cancel stops on
+        a timeout; it fails the attempt with error type `timeout` (retried per the job's
+        policy) instead of handing the job back."""
+        return self._timeout_requested
 
     def raise_if_cancel_requested(self) -> None:
         if self.cancel_requested:

@@ -1,5 +1,6 @@
 """Heartbeats: every `heartbeat_fraction` of a job's lease, extend the lease, carry the
-progress its handler reported, and learn about cancel requests.
+progress its handler reported, and learn about cancel requests and attempts past their time
+limit.
 
 Most jobs end long before their first heartbeat, so nothing runs per job until then: the
 jobs of one claim with the same lease wait for it together (`FirstBeat`, one timer for all
@@ -103,22 +104,29 @@ class Heartbeats:
                     delay = interval / 4
                 log.warning("job %s: heartbeat failed: %s", job.id, exc)
             else:
-                if resp.data.get("cancel_requested") and not job.cancel_requested:
-                    self._cancel_requested(running)
+                if resp.data.get("timeout_requested") and not job.timeout_requested:
+                    job._timeout_requested = True
+                    self._cancel_requested(running, Interrupt.TIMEOUT)
+                elif resp.data.get("cancel_requested") and not job.cancel_requested:
+                    self._cancel_requested(running, Interrupt.CANCEL)
             await asyncio.sleep(max(0.0, sent_at + delay - loop.time()))
 
-    def _cancel_requested(self, running: RunningJob) -> None:
-        """Tell the handler (`job.cancel_event`); cancel it if it has not ended after
-        `cancel_grace` seconds."""
+    def _cancel_requested(self, running: RunningJob, why: Interrupt) -> None:
+        """Tell the handler (`job.cancel_event`) that it should stop, for `why` (a cancel
+        request, or the attempt past its max_duration_seconds); cancel it if it has not ended
+        after `cancel_grace` seconds."""
         running.job.cancel_event.set()
         if running.waiting:  # claimed ahead and not started: it never will be
-            running.interrupt(Interrupt.CANCEL)
+            running.interrupt(why)
         elif running.in_handler:
             log.info(
-                "job %s: cancellation requested; the handler has %.1fs to stop",
+                "job %s: %s; the handler has %.1fs to stop",
                 running.job.id,
+                why,
                 self._cancel_grace,
             )
+            if running.cancel_timer is not None:  # a timeout after a cancel: restarts it
+                running.cancel_timer.cancel()
             running.cancel_timer = asyncio.get_running_loop().call_later(
-                self._cancel_grace, running.interrupt, Interrupt.CANCEL
+                self._cancel_grace, running.interrupt, why
             )

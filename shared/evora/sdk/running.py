@@ -9,7 +9,7 @@ import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
 
@@ -40,8 +40,18 @@ def failure_from_exception(exc: BaseException) -> dict[str, Any]:
     }
 
 
+# How a worker fails an attempt it stopped past the job's max_duration_seconds: the error
+# type the sweeper's timeout writes too (docs/jobs-that-wait.md), retried per the job's policy.
+TIMEOUT_ERROR: Final = {
+    "message": "the attempt ran past max_duration_seconds; the worker stopped it",
+    "type": "timeout",
+    "retryable": True,
+}
+
+
 class Interrupt(StrEnum):
     CANCEL = "cancel requested"
+    TIMEOUT = "past max_duration_seconds"
     SHUTDOWN = "shutdown"
     LEASE_LOST = "lease lost"
 
@@ -111,6 +121,11 @@ class RunningJob:
         if self.interrupted is Interrupt.LEASE_LOST:
             return "abandon"
         if cancelled or error is not None:
+            if job.timeout_requested:
+                # Failed, not handed back: a release would not count the attempt, and the
+                # job would run past its limit attempt after attempt.
+                log.warning("job %s (%s) stopped: past its max_duration_seconds", job.id, job.type)
+                return Ack(job.id, job.lease_token, "fail", error=dict(TIMEOUT_ERROR))
             if self.interrupted is not None or job.cancel_requested:
                 return "release"
             if isinstance(error, Snooze):

@@ -475,6 +475,7 @@ class Worker:
 
     def _start(self, data: Mapping[str, Any]) -> RunningJob:
         job = Job.from_claim(data)
+        job._transport = self._http
         running = RunningJob(job)
         self._busy += 1
         running.task = asyncio.get_running_loop().create_task(

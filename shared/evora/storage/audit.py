@@ -106,9 +106,11 @@ CHECKS: dict[str, str] = {
     ),
 }
 
-# The moves events record beside the state machine's: a cancel request of a RUNNING job.
+# The moves events record beside the state machine's: a cancel request of a RUNNING job,
+# and a checkpoint its handler recorded.
 _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
-    ("RUNNING", "RUNNING", "cancel_requested")
+    ("RUNNING", "RUNNING", "cancel_requested"),
+    ("RUNNING", "RUNNING", "checkpointed"),
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
 # A worker hands its claim back uncounted: a release, or a snooze (which asks to run later)
@@ -404,6 +406,8 @@ class _Auditor:
                     [job_id],
                     [claim.seq, seq],
                 )
+        if name == "checkpointed":  # a step recorded: the attempt goes on
+            return
         if name == "cancel_requested":
             job.cancel_requested_seq = seq
             return

@@ -93,6 +93,8 @@ def coalescing(flush: RequestsFlush[T, R]) -> Coalescer[T, R]:
 class Heartbeat:
     lease_expires_at: datetime
     cancel_requested: bool
+    # past the job's max_duration_seconds (docs/jobs-that-wait.md)
+    timeout_requested: bool
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,12 @@ class JobStore:
     def __init__(self, pool: asyncpg.Pool, *, hint_window: float = DEBOUNCE_SECONDS) -> None:
         self._pool = pool
         self._notify = NotifyDebouncer(self._send_hints, hint_window)
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The store's pool, for statements that change no state and send no hints
+        (evora.storage.checkpoints)."""
+        return self._pool
 
     async def _send_hints(self, queues: list[str]) -> None:
         await self._pool.execute(queries.NOTIFY_QUEUES, queues)
@@ -479,7 +487,7 @@ class JobStore:
         )
         assert row is not None  # the statement answers with exactly one row
         AckResult(row["outcome"]).raise_unless_done(job_id)
-        return Heartbeat(row["lease_expires_at"], row["cancel_requested"])
+        return Heartbeat(row["lease_expires_at"], row["cancel_requested"], row["timeout_requested"])
 
     async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> JobDict:
         return self._single(await self.complete_many([Completion(job_id, lease_token, result)]))
@@ -586,6 +594,12 @@ class JobStore:
 
     async def expire_leases(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
         rows = await self._change(self._pool, queries.EXPIRE_LEASES, batch)
+        return [job_from_row(r["job"]) for r in rows]
+
+    async def time_out(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
+        """Fail the attempts past their job's max_duration_seconds and its grace (reason
+        `timeout`, docs/jobs-that-wait.md): one batch, the jobs as they now are."""
+        rows = await self._change(self._pool, queries.TIME_OUT, batch)
         return [job_from_row(r["job"]) for r in rows]
 
     async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:

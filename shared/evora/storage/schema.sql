@@ -104,6 +104,8 @@ CREATE TABLE evora.jobs (
     limit_keys text[] DEFAULT '{}'::text[] NOT NULL,
     limited boolean DEFAULT false NOT NULL,
     snoozes integer DEFAULT 0 NOT NULL,
+    max_duration_seconds integer,
+    checkpoints jsonb,
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_backoff_initial_check CHECK ((backoff_initial > (0)::double precision)),
     CONSTRAINT jobs_backoff_multiplier_check CHECK ((backoff_multiplier >= (1)::double precision)),
@@ -113,6 +115,7 @@ CREATE TABLE evora.jobs (
     CONSTRAINT jobs_finished_at_iff_done CHECK (((state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state, 'DLQ'::evora.job_state])) = (finished_at IS NOT NULL))),
     CONSTRAINT jobs_lease_seconds_check CHECK (((lease_seconds >= 1) AND (lease_seconds <= 86400))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT jobs_max_duration_seconds_check CHECK ((max_duration_seconds > 0)),
     CONSTRAINT jobs_on_dependency_failure CHECK ((on_dependency_failure = ANY (ARRAY['cancel'::text, 'run'::text]))),
     CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::evora.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT jobs_waiting_has_dependencies CHECK (((state <> 'WAITING'::evora.job_state) OR (dependencies_left > 0)))
@@ -146,7 +149,8 @@ CREATE TYPE evora.submission AS (
 	depends_on text[],
 	on_dependency_failure text,
 	ref text,
-	limit_keys text[]
+	limit_keys text[],
+	max_duration_seconds integer
 );
 
 CREATE FUNCTION evora.add_submitted_data() RETURNS trigger
@@ -1376,7 +1380,7 @@ CREATE FUNCTION evora.settlement(ended_ids uuid[], ended_states evora.job_state[
     WHERE w.state = 'WAITING'
 $$;
 
-CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
     SET search_path TO 'evora', 'pg_temp'
     AS $$
@@ -1396,7 +1400,7 @@ BEGIN
             ids, queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
             backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
             idempotency_keys, group_keys, dependency_ords, dependency_ids, on_failures,
-            limit_key_ords, limit_key_names);
+            limit_key_ords, limit_key_names, max_durations);
         WITH keyed AS (
             INSERT INTO evora.idempotency_keys (queue, key, fingerprint, job_id)
             SELECT DISTINCT ON (x.queue, x.key) x.queue, x.key, x.fingerprint, x.id
@@ -1486,20 +1490,23 @@ BEGIN
         INSERT INTO evora.jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
-                               on_dependency_failure, has_dependents, depends_on, limit_keys)
+                               on_dependency_failure, has_dependents, depends_on, limit_keys,
+                               max_duration_seconds)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
                coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
                x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
                x.backoff_multiplier, x.expires_at, x.key, x.group_key,
                CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
                coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
-               x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}')
+               x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}'),
+               x.max_duration
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
-                    idempotency_keys, group_keys, on_failures)
+                    idempotency_keys, group_keys, on_failures, max_durations)
             WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
                                  max_attempts, lease_seconds, backoff_initial, backoff_max,
-                                 backoff_multiplier, expires_at, key, group_key, on_failure, ord)
+                                 backoff_multiplier, expires_at, key, group_key, on_failure,
+                                 max_duration, ord)
         LEFT JOIN lists l ON l.ord = x.ord
         LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
         WHERE x.ord IN (SELECT unnest(created))
@@ -1558,7 +1565,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION evora.submission_fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text, limit_keys text[]) RETURNS bytea
+CREATE FUNCTION evora.submission_fingerprint(queue text, type text, payload jsonb, priority smallint, run_at timestamp with time zone, delay_seconds double precision, max_attempts integer, lease_seconds integer, backoff_initial double precision, backoff_max double precision, backoff_multiplier double precision, expires_at timestamp with time zone, group_key text, limit_keys text[], max_duration integer DEFAULT NULL::integer) RETURNS bytea
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     SELECT sha256(
@@ -1576,10 +1583,11 @@ CREATE FUNCTION evora.submission_fingerprint(queue text, type text, payload json
         || CASE WHEN cardinality(limit_keys) = 0 THEN ''::bytea ELSE '\x02'::bytea || (
                SELECT string_agg(int4send(length(convert_to(k, 'UTF8'))) || convert_to(k, 'UTF8'),
                                  ''::bytea ORDER BY n)
-               FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END)
+               FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END
+        || coalesce('\x04'::bytea || int4send(max_duration), ''::bytea))
 $$;
 
-CREATE FUNCTION evora.submission_fingerprints(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[]) RETURNS bytea[]
+CREATE FUNCTION evora.submission_fingerprints(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[]) RETURNS bytea[]
     LANGUAGE plpgsql STABLE
     AS $$
 DECLARE
@@ -1604,7 +1612,8 @@ BEGIN
                     THEN evora.submission_fingerprint(
                        x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
                        x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
-                       x.expires_at, x.group_key, coalesce(l.names, '{}')) END AS plain,
+                       x.expires_at, x.group_key, coalesce(l.names, '{}'),
+                       x.max_duration) END AS plain,
                CASE WHEN d.deps IS NOT NULL
                     THEN '\x03'::bytea
                          || int4send(octet_length(convert_to(coalesce(x.on_failure, 'cancel'),
@@ -1613,10 +1622,11 @@ BEGIN
                          || coalesce(d.jobs, ''::bytea) END AS head
         FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
                     backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
-                    idempotency_keys, group_keys, on_failures)
+                    idempotency_keys, group_keys, on_failures, max_durations)
             WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
                                  lease_seconds, backoff_initial, backoff_max,
-                                 backoff_multiplier, expires_at, key, group_key, on_failure, ord)
+                                 backoff_multiplier, expires_at, key, group_key, on_failure,
+                                 max_duration, ord)
         LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) l ON l.ord = x.ord
         LEFT JOIN (
             SELECT e.ord, count(*) AS deps, count(i.ord) AS items,
@@ -1768,7 +1778,8 @@ BEGIN
                   ORDER BY i, k.place),
             ARRAY(SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
                                      unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
-                  ORDER BY i, k.place))
+                  ORDER BY i, k.place),
+            ARRAY(SELECT (s).max_duration_seconds FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -1917,6 +1928,11 @@ BEGIN
         WHEN 'lease_seconds' THEN
             s.lease_seconds := evora.number_field(value, at || field,
                 (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);
+        WHEN 'max_duration_seconds' THEN
+            IF jsonb_typeof(value) <> 'null' THEN
+                s.max_duration_seconds := evora.number_field(value, at || field, 1,
+                    (lim ->> 'max_seconds')::numeric, true);
+            END IF;
         WHEN 'run_at' THEN
             s.run_at := evora.timestamp_field(value, at || field);
         WHEN 'expires_at' THEN
@@ -2291,6 +2307,8 @@ CREATE INDEX jobs_pending_ttl ON evora.jobs USING btree (expires_at) WHERE ((sta
 CREATE INDEX jobs_running_lease ON evora.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::evora.job_state);
 
 CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = 'RUNNING'::evora.job_state) AND (limit_keys <> '{}'::text[]));
+
+CREATE INDEX jobs_running_time_limit ON evora.jobs USING btree (started_at) WHERE ((state = 'RUNNING'::evora.job_state) AND (max_duration_seconds IS NOT NULL));
 
 CREATE INDEX jobs_scheduled ON evora.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::evora.job_state);
 

@@ -241,22 +241,28 @@ async def _run(
         _per_item([s.on_dependency_failure for s in submissions]),
         [index + 1 for index, s in enumerate(submissions) for _ in s.limit_keys],
         [key for s in submissions for key in s.limit_keys],
+        _per_item([s.max_duration_seconds for s in submissions]),
         committed=committed,
         with_jobs=with_jobs,
     )
 
 
 # Fields added after migration 0011: not part of the fingerprints computed before it.
-_SINCE_0011 = {"depends_on", "on_dependency_failure", "ref", "limit_keys"}
+_SINCE_0011 = {"depends_on", "on_dependency_failure", "ref", "limit_keys", "max_duration_seconds"}
 
 
 def _fingerprint_before_0011(sub: JobSubmission) -> bytes | None:
     """The fingerprint the api stored with a key before migration 0011 made the database
     compute them: a retry of a submission made then, with the same fields, still replays.
-    None for a submission with dependencies or limit keys: one made then had neither, so this
-    fingerprint (which leaves them out) would replay it for any. (Drop it once no key from
-    before the upgrade can still be retried.)"""
-    if sub.idempotency_key is None or sub.depends_on or sub.limit_keys:
+    None for a submission with dependencies, limit keys or a time limit: one made then had
+    none, so this fingerprint (which leaves them out) would replay it for any. (Drop it once
+    no key from before the upgrade can still be retried.)"""
+    if (
+        sub.idempotency_key is None
+        or sub.depends_on
+        or sub.limit_keys
+        or sub.max_duration_seconds is not None
+    ):
         return None
     # the payload as it is: it may hold the client's exact numbers (orjson fragments)
     fields = sub.model_dump(mode="json", exclude={"idempotency_key", "payload", *_SINCE_0011})

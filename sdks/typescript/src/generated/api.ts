@@ -211,6 +211,8 @@ export interface JobResponse {
   snoozes: number;
   max_attempts: number;
   lease_seconds: number;
+  /** the hard time limit of an attempt (docs/jobs-that-wait.md); null: none */
+  max_duration_seconds: number | null;
   run_at: string;
   expires_at: string | null;
   lease_expires_at: string | null;
@@ -226,6 +228,10 @@ export interface JobResponse {
   depends_on: string[];
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
+  /** the steps its handler recorded, name -> data (docs/jobs-that-wait.md); null: none */
+  checkpoints: {
+    [key: string]: unknown;
+  } | null;
   backoff: Backoff;
   /** the last progress a worker reported */
   progress?: unknown;
@@ -242,6 +248,8 @@ export interface JobSubmission {
   delay_seconds?: number | null;
   max_attempts?: number;
   lease_seconds?: number;
+  /** the hard time limit of an attempt, however often it heartbeats: past it the worker is asked to stop, and after a grace of lease_seconds the attempt fails with reason timeout (docs/jobs-that-wait.md) */
+  max_duration_seconds?: number | null;
   backoff?: Backoff;
   expires_at?: string | null;
   idempotency_key?: string | null;
@@ -556,6 +564,8 @@ export interface ScheduledJob {
   delay_seconds?: number | null;
   max_attempts?: number;
   lease_seconds?: number;
+  /** the hard time limit of an attempt, however often it heartbeats: past it the worker is asked to stop, and after a grace of lease_seconds the attempt fails with reason timeout (docs/jobs-that-wait.md) */
+  max_duration_seconds?: number | null;
   backoff?: Backoff;
   expires_at?: string | null;
   group_key?: string | null;

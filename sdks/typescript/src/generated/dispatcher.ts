@@ -5,6 +5,7 @@
 export type Operation =
   | "POST /v1/acks"
   | "POST /v1/claim"
+  | "POST /v1/jobs/{id}/checkpoints"
   | "POST /v1/jobs/{id}/complete"
   | "POST /v1/jobs/{id}/fail"
   | "POST /v1/jobs/{id}/heartbeat"
@@ -32,6 +33,21 @@ export interface AcksRequest {
 
 export interface AcksResponse {
   results: AckResult[];
+}
+
+export interface CheckpointRequest {
+  lease_token: string;
+  /** the step it records */
+  name: string;
+  /** what the step produced; replaces an earlier one of the name */
+  data?: unknown;
+}
+
+export interface CheckpointResponse {
+  /** every checkpoint of the job, name -> data */
+  checkpoints: {
+    [key: string]: unknown;
+  };
 }
 
 export interface ClaimRequest {
@@ -64,6 +80,8 @@ export interface ClaimedJob {
   snoozes: number;
   max_attempts: number;
   lease_seconds: number;
+  /** the hard time limit of an attempt (docs/jobs-that-wait.md); null: none */
+  max_duration_seconds: number | null;
   run_at: string;
   expires_at: string | null;
   lease_expires_at: string | null;
@@ -79,6 +97,10 @@ export interface ClaimedJob {
   depends_on: string[];
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
+  /** the steps its handler recorded, name -> data (docs/jobs-that-wait.md); null: none */
+  checkpoints: {
+    [key: string]: unknown;
+  } | null;
   lease_token: string;
   /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
   dependency_results?: {
@@ -117,6 +139,8 @@ export interface HeartbeatRequest {
 export interface HeartbeatResponse {
   lease_expires_at: string;
   cancel_requested: boolean;
+  /** the attempt ran past the job's max_duration_seconds: stop the handler and fail the attempt (error type `timeout`); after a grace of lease_seconds the sweeper fails it (docs/jobs-that-wait.md) */
+  timeout_requested: boolean;
 }
 
 /** A job as the API returns it (docs/http-api.md#the-job-resource). */
@@ -134,6 +158,8 @@ export interface Job {
   snoozes: number;
   max_attempts: number;
   lease_seconds: number;
+  /** the hard time limit of an attempt (docs/jobs-that-wait.md); null: none */
+  max_duration_seconds: number | null;
   run_at: string;
   expires_at: string | null;
   lease_expires_at: string | null;
@@ -149,6 +175,10 @@ export interface Job {
   depends_on: string[];
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
+  /** the steps its handler recorded, name -> data (docs/jobs-that-wait.md); null: none */
+  checkpoints: {
+    [key: string]: unknown;
+  } | null;
 }
 
 export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";

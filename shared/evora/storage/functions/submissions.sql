@@ -245,6 +245,12 @@ BEGIN
         WHEN 'lease_seconds' THEN
             s.lease_seconds := evora.number_field(value, at || field,
                 (lim -> field ->> 'min')::numeric, (lim -> field ->> 'max')::numeric, true);
+        WHEN 'max_duration_seconds' THEN
+            -- the hard time limit of an attempt (docs/jobs-that-wait.md); null: none
+            IF jsonb_typeof(value) <> 'null' THEN
+                s.max_duration_seconds := evora.number_field(value, at || field, 1,
+                    (lim ->> 'max_seconds')::numeric, true);
+            END IF;
         WHEN 'run_at' THEN
             s.run_at := evora.timestamp_field(value, at || field);
         WHEN 'expires_at' THEN
@@ -355,14 +361,15 @@ END
 $$;
 
 -- Identity of a submission for idempotency: its fields with the limit keys appended when
--- there are any, so a submission without them keeps the fingerprint stored before limit keys
--- existed.
+-- there are any, then the time limit when there is one ('\x04' and its seconds: the bytes
+-- before it are length-prefixed or escaped jsonb, which never holds that byte), so a
+-- submission without them keeps the fingerprint stored before they existed.
 -- (The payload's printed jsonb cannot hold a raw \x02: it escapes control characters.)
 CREATE OR REPLACE FUNCTION evora.submission_fingerprint(
     queue text, type text, payload jsonb, priority smallint, run_at timestamptz,
     delay_seconds float8, max_attempts integer, lease_seconds integer, backoff_initial float8,
     backoff_max float8, backoff_multiplier float8, expires_at timestamptz, group_key text,
-    limit_keys text[]
+    limit_keys text[], max_duration integer DEFAULT NULL
 ) RETURNS bytea
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT sha256(
@@ -380,7 +387,8 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
         || CASE WHEN cardinality(limit_keys) = 0 THEN ''::bytea ELSE '\x02'::bytea || (
                SELECT string_agg(int4send(length(convert_to(k, 'UTF8'))) || convert_to(k, 'UTF8'),
                                  ''::bytea ORDER BY n)
-               FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END)
+               FROM unnest(limit_keys) WITH ORDINALITY AS u(k, n)) END
+        || coalesce('\x04'::bytea || int4send(max_duration), ''::bytea))
 $$;
 
 -- By item, the fingerprint its idempotency key is stored and compared with (NULL for an item
@@ -396,7 +404,7 @@ CREATE OR REPLACE FUNCTION evora.submission_fingerprints(
     backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
     dependency_ords integer[], dependency_ids uuid[], on_failures text[],
-    limit_key_ords integer[], limit_key_names text[]
+    limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL
 ) RETURNS bytea[]
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -426,7 +434,8 @@ BEGIN
                     THEN evora.submission_fingerprint(
                        x.queue, x.type, x.payload, x.priority, x.run_at, x.delay, x.max_attempts,
                        x.lease_seconds, x.backoff_initial, x.backoff_max, x.backoff_multiplier,
-                       x.expires_at, x.group_key, coalesce(l.names, '{}')) END AS plain,
+                       x.expires_at, x.group_key, coalesce(l.names, '{}'),
+                       x.max_duration) END AS plain,
                CASE WHEN d.deps IS NOT NULL
                     THEN '\x03'::bytea
                          || int4send(octet_length(convert_to(coalesce(x.on_failure, 'cancel'),
@@ -435,10 +444,11 @@ BEGIN
                          || coalesce(d.jobs, ''::bytea) END AS head
         FROM unnest(queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
                     backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
-                    idempotency_keys, group_keys, on_failures)
+                    idempotency_keys, group_keys, on_failures, max_durations)
             WITH ORDINALITY AS x(queue, type, payload, priority, run_at, delay, max_attempts,
                                  lease_seconds, backoff_initial, backoff_max,
-                                 backoff_multiplier, expires_at, key, group_key, on_failure, ord)
+                                 backoff_multiplier, expires_at, key, group_key, on_failure,
+                                 max_duration, ord)
         LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) l ON l.ord = x.ord
         LEFT JOIN (
             SELECT e.ord, count(*) AS deps, count(i.ord) AS items,
@@ -616,7 +626,10 @@ CREATE OR REPLACE FUNCTION evora.store_submissions(
     backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
     before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
-    on_failures text[], limit_key_ords integer[], limit_key_names text[]
+    on_failures text[], limit_key_ords integer[], limit_key_names text[],
+    -- by item, each job's max_duration_seconds (NULL, or a NULL element: none); last and
+    -- defaulted so the previous release's statement, without it, still resolves here
+    max_durations integer[] DEFAULT NULL
 ) RETURNS TABLE (ord integer, outcome text, first_ord integer, job evora.jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
@@ -642,7 +655,7 @@ BEGIN
             ids, queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
             backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
             idempotency_keys, group_keys, dependency_ords, dependency_ids, on_failures,
-            limit_key_ords, limit_key_names);
+            limit_key_ords, limit_key_names, max_durations);
         -- The keys first, before any dependency is counted: an item whose key replays a
         -- stored job is that job for the items naming it. A key repeated in this call is
         -- stored once, for its first appearance.
@@ -746,20 +759,23 @@ BEGIN
         INSERT INTO evora.jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
-                               on_dependency_failure, has_dependents, depends_on, limit_keys)
+                               on_dependency_failure, has_dependents, depends_on, limit_keys,
+                               max_duration_seconds)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
                coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
                x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
                x.backoff_multiplier, x.expires_at, x.key, x.group_key,
                CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
                coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
-               x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}')
+               x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}'),
+               x.max_duration
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
-                    idempotency_keys, group_keys, on_failures)
+                    idempotency_keys, group_keys, on_failures, max_durations)
             WITH ORDINALITY AS x(id, queue, type, payload, priority, run_at, delay,
                                  max_attempts, lease_seconds, backoff_initial, backoff_max,
-                                 backoff_multiplier, expires_at, key, group_key, on_failure, ord)
+                                 backoff_multiplier, expires_at, key, group_key, on_failure,
+                                 max_duration, ord)
         LEFT JOIN lists l ON l.ord = x.ord
         LEFT JOIN evora.limit_key_lists(limit_key_ords, limit_key_names) lk ON lk.ord = x.ord
         WHERE x.ord IN (SELECT unnest(created))
@@ -894,7 +910,8 @@ BEGIN
                   ORDER BY i, k.place),
             ARRAY(SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
                                      unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
-                  ORDER BY i, k.place))
+                  ORDER BY i, k.place),
+            ARRAY(SELECT (s).max_duration_seconds FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -983,7 +1000,8 @@ BEGIN
                              'evora.store_submissions(uuid[], text[], text[], jsonb[], '
                              'smallint[], timestamptz[], float8[], integer[], integer[], '
                              'float8[], float8[], float8[], timestamptz[], text[], text[], '
-                             'bytea[], text[], integer[], uuid[], text[], integer[], text[])'
+                             'bytea[], text[], integer[], uuid[], text[], integer[], text[], '
+                             'integer[])'
                             ]::regprocedure[] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = evora, pg_temp', f);
     END LOOP;

@@ -5,13 +5,17 @@
 -- sweepers running at once never remove the same row.
 
 -- name: seconds_until_deadline
--- Seconds until the earliest lease or TTL runs out, by the database's clock (a replica's own
--- clock cannot skew it), negative if one is already due, NULL if none is pending. Each `min`
--- is one probe of a partial index (jobs_running_lease, jobs_pending_ttl).
+-- Seconds until the earliest lease, TTL or time limit runs out, by the database's clock (a
+-- replica's own clock cannot skew it), negative if one is already due, NULL if none is
+-- pending. The first two `min`s are one probe of a partial index each (jobs_running_lease,
+-- jobs_pending_ttl); the time limits (max_duration_seconds and its grace, the `time_out`
+-- statement's deadline) read the RUNNING jobs that have one (jobs_running_time_limit).
 SELECT extract(epoch FROM least(
     (SELECT min(lease_expires_at) FROM evora.jobs WHERE state = 'RUNNING'),
     (SELECT min(expires_at) FROM evora.jobs
-     WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL)
+     WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL),
+    (SELECT min(started_at + make_interval(secs => max_duration_seconds + lease_seconds))
+     FROM evora.jobs WHERE state = 'RUNNING' AND max_duration_seconds IS NOT NULL)
 ) - evora.clock_now())::float8;
 
 -- name: prune_finished

@@ -64,17 +64,24 @@ WHERE EXISTS (SELECT 1 FROM evora.flow_limits
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).
 -- A heartbeat is not a transition: no version bump, no event. Exactly one row: the new
 -- lease when it matched, else only the outcome.
+-- `timeout_requested`: the attempt has run past the job's max_duration_seconds
+-- (docs/jobs-that-wait.md), read off the row rather than marked by a sweep, so every
+-- heartbeat from the deadline on says so. The lease is still extended: the worker needs it
+-- to report the failure, and the sweeper's `time_out` ends the attempt after the grace
+-- whatever the lease says.
 WITH beat AS (
     UPDATE evora.jobs
     SET lease_expires_at = evora.clock_now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
         progress = coalesce($4::jsonb, progress)
     WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
-    RETURNING lease_expires_at, cancel_requested
+    RETURNING lease_expires_at, cancel_requested,
+              coalesce(started_at + make_interval(secs => max_duration_seconds)
+                       <= evora.clock_now(), false) AS timeout_requested
 )
 SELECT CASE WHEN b.lease_expires_at IS NOT NULL THEN 'done'
             WHEN EXISTS (SELECT 1 FROM evora.jobs WHERE id = $1) THEN 'lease_lost'
             ELSE 'not_found' END AS outcome,
-       b.lease_expires_at, b.cancel_requested
+       b.lease_expires_at, b.cancel_requested, b.timeout_requested
 FROM (VALUES (1)) AS one(x)
 LEFT JOIN beat b ON true;
 
@@ -149,6 +156,43 @@ WITH decided AS (
     FROM evora.jobs j
     WHERE j.state = 'RUNNING' AND j.lease_expires_at < evora.clock_now()
     ORDER BY j.lease_expires_at
+    LIMIT $1
+    FOR UPDATE OF j SKIP LOCKED
+)
+SELECT job, notified, owed
+FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $2::text[]);
+
+-- name: time_out
+-- $1 batch size, $2 suppressed queues. The sweeper: attempts that ran past their job's
+-- max_duration_seconds and then past the grace after it (the job's lease_seconds: time for a
+-- worker told `timeout_requested` by a heartbeat to stop and report), heartbeats or not.
+-- The lease is revoked and the attempt failed, decided like a failure (cancel wins, then the
+-- retry budget: PENDING after its backoff, or the DLQ) with the error type and reason
+-- `timeout`; one fixed message, so failure statistics count every timeout as one reason.
+-- Fenced like expire_leases: SKIP LOCKED, and the locked row's newest version re-checked
+-- (still RUNNING, still past the deadline of its current attempt): an outcome or a heartbeat
+-- holding the row is skipped, and a completion that committed first wins. One that comes
+-- after finds the attempt over (409).
+WITH decided AS (
+    SELECT ROW(
+        j.id,
+        CASE WHEN j.cancel_requested THEN 'CANCELLED'
+             WHEN j.attempt >= j.max_attempts THEN 'DLQ'
+             ELSE 'PENDING' END::evora.job_state,
+        CASE WHEN NOT j.cancel_requested THEN jsonb_build_object(
+            'message', 'the attempt ran past max_duration_seconds and did not stop within '
+                       'the grace',
+            'type', 'timeout') END,
+        CASE WHEN j.cancel_requested THEN 'cancel_requested' ELSE 'timeout' END,
+        evora.backoff_seconds(j.backoff_initial, j.backoff_max, j.backoff_multiplier,
+                              j.attempt),
+        false, 'failed', j.worker_id
+    )::evora.attempt_end AS decision
+    FROM evora.jobs j
+    WHERE j.state = 'RUNNING' AND j.max_duration_seconds IS NOT NULL
+      AND j.started_at + make_interval(secs => j.max_duration_seconds + j.lease_seconds)
+          <= evora.clock_now()
+    ORDER BY j.started_at
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 )
