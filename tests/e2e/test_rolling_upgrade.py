@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import signal
 import socket
 import subprocess
@@ -33,6 +32,7 @@ from evora import Client, Worker
 from evora.storage.audit import audit
 from tests.cli.commands import REPO
 from tests.polling import until
+from tests.release_tree import release_env, unpack_release
 
 # The release before this one (the commit this version's work started from). The CI clone
 # has the whole history; a shallow one lacks it.
@@ -56,32 +56,7 @@ def _free_port() -> int:
 
 def _previous_tree(into: Path) -> Path:
     """The previous release's library and services, unpacked from git."""
-    found = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}"],
-        capture_output=True,
-        check=False,
-    )
-    if found.returncode != 0:
-        pytest.fail(
-            f"the previous release's commit {PREVIOUS_RELEASE} is not in this clone: the "
-            "upgrade test needs the whole history (git fetch --unshallow)"
-        )
-    # the source roots of either layout (`evora_services` moved into `services/`)
-    listing = ["git", "-C", str(REPO), "ls-tree", "--name-only", PREVIOUS_RELEASE]
-    roots = subprocess.run(
-        [*listing, "shared", "services", "evora_services"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", PREVIOUS_RELEASE, *roots],
-        capture_output=True,
-        check=True,
-    ).stdout
-    into.mkdir()
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
+    return unpack_release(PREVIOUS_RELEASE, into)
 
 
 def _previous_has_the_namespace() -> bool:
@@ -93,21 +68,13 @@ def _previous_has_the_namespace() -> bool:
     return found.returncode == 0
 
 
-def _tree_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
-    """The environment of a child process running `tree`'s code with the repo's venv (run in
-    `tree`: `python -m` puts the working directory first on the path)."""
-    # either layout: `evora_services` in `services/` or, before it moved, at the top (the cwd)
-    path = os.pathsep.join([str(tree / "shared"), str(tree / "services")])
-    return {**os.environ, **env, "PYTHONPATH": path}
-
-
 async def _migrate(tree: Path, env: dict[str, str]) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "evora_services.cli",
         "migrate",
-        env=_tree_env(tree, env),
+        env=release_env(tree, env),
         cwd=tree,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -133,7 +100,7 @@ class Fleet:
         with (self.logs / f"{service}-{tree.name}.log").open("ab") as out:
             return subprocess.Popen(
                 [sys.executable, "-m", "evora_services.cli", service],
-                env=_tree_env(tree, {**self.env, **port}),
+                env=release_env(tree, {**self.env, **port}),
                 cwd=tree,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -4,8 +4,6 @@ abandoned leases, releases, cancels, DLQ retries. Deterministic for a seed."""
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import asyncpg
 
@@ -21,12 +19,8 @@ async def mixed_workload(
     queues: list[str],
     seed: int = 7,
     rounds: int = 40,
-    fail_many: Callable[[Sequence[Failure]], Awaitable[Any]] | None = None,
 ) -> None:
-    """`fail_many` replaces `store.fail_many` (an upgrade test drives a database of an older
-    release, whose functions today's statement cannot call)."""
     rng = random.Random(seed)
-    fail = fail_many or store.fail_many
     for start in range(0, jobs, 1000):
         await store.submit_batch(
             [
@@ -80,7 +74,7 @@ async def mixed_workload(
                 await store.cancel(job["id"])
                 failures.append(Failure(job["id"], job["lease_token"], "stopped"))
         await store.complete_many(completions)
-        await fail(failures)
+        await store.fail_many(failures)
         pending = await pool.fetch("SELECT id FROM evora.jobs WHERE state = 'PENDING' LIMIT 20")
         for row in pending[: rng.randrange(3)]:
             await store.cancel(row["id"])
