@@ -263,6 +263,9 @@ BEGIN
                                             (lim ->> 'key_max_length')::integer, true);
         WHEN 'limit_keys' THEN
             s.limit_keys := evora.limit_keys_field(value, at || field);
+        WHEN 'fairness_key' THEN
+            s.fairness_key := evora.text_field(value, at || field, lim ->> 'limit_key_pattern',
+                                               NULL, true);
         ELSE
             PERFORM evora.reject(at || field, 'is not a submission field');
         END CASE;
@@ -615,7 +618,7 @@ CREATE OR REPLACE FUNCTION evora.store_submissions(
     backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
     before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
-    on_failures text[], limit_key_ords integer[], limit_key_names text[]
+    on_failures text[], limit_key_ords integer[], limit_key_names text[], fairness_keys text[]
 ) RETURNS TABLE (ord integer, outcome text, first_ord integer, job evora.jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
@@ -732,6 +735,14 @@ BEGIN
     IF EXISTS (SELECT 1 FROM evora.flow_limits WHERE max_pending IS NOT NULL) THEN
         PERFORM evora.admit(queues, created, limit_key_ords, limit_key_names);
     END IF;
+    -- Keyed jobs tell their queue's fair claim they have work (functions/fairness.sql): one
+    -- ledger row per queue and key, appended without a lock.
+    IF array_remove(fairness_keys, NULL) <> '{}' THEN
+        PERFORM evora.fair_note(ARRAY(SELECT queues[c] FROM unnest(created) AS c),
+                                ARRAY(SELECT fairness_keys[c] FROM unnest(created) AS c),
+                                array_fill(0, ARRAY[cardinality(created)]),
+                                array_fill(0::float8, ARRAY[cardinality(created)]));
+    END IF;
     -- The created items first, straight from the insert ...
     RETURN QUERY
     WITH lists AS (
@@ -745,14 +756,16 @@ BEGIN
         INSERT INTO evora.jobs AS j (id, queue, type, payload, priority, run_at, max_attempts,
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
-                               on_dependency_failure, has_dependents, depends_on, limit_keys)
+                               on_dependency_failure, has_dependents, depends_on, limit_keys,
+                               fairness_key)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
                coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
                x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
                x.backoff_multiplier, x.expires_at, x.key, x.group_key,
                CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
                coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
-               x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}')
+               x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}'),
+               fairness_keys[x.ord]
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
                     idempotency_keys, group_keys, on_failures)
@@ -819,6 +832,26 @@ BEGIN
     LEFT JOIN evora.jobs s ON s.id = k.job_id
     WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND x.refusal IS NULL;
 END
+$$;
+
+-- The signature the previous release's `submit` statement calls (before fairness keys,
+-- migration 0042): the same, every job without a key. Expand/contract: the release after
+-- this one drops it (docs/deploy.md, Upgrades).
+CREATE OR REPLACE FUNCTION evora.store_submissions(
+    ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[],
+    run_ats timestamptz[], delays float8[], max_attempts integer[], leases integer[],
+    backoff_initials float8[], backoff_maxes float8[], backoff_multipliers float8[],
+    expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
+    before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
+    on_failures text[], limit_key_ords integer[], limit_key_names text[]
+) RETURNS TABLE (ord integer, outcome text, first_ord integer, job evora.jobs, notified text[],
+                 owed text[])
+LANGUAGE sql AS $$
+    SELECT * FROM evora.store_submissions(
+        ids, queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
+        backoff_initials, backoff_maxes, backoff_multipliers, expires_ats, idempotency_keys,
+        group_keys, before_0011, quiet, dependency_ords, dependency_ids, on_failures,
+        limit_key_ords, limit_key_names, NULL::text[])
 $$;
 
 -- Validates every item (all or nothing), resolves each "ref:<name>" to the id of the earlier
@@ -893,7 +926,8 @@ BEGIN
                   ORDER BY i, k.place),
             ARRAY(SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
                                      unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
-                  ORDER BY i, k.place))
+                  ORDER BY i, k.place),
+            ARRAY(SELECT (s).fairness_key FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -982,7 +1016,12 @@ BEGIN
                              'evora.store_submissions(uuid[], text[], text[], jsonb[], '
                              'smallint[], timestamptz[], float8[], integer[], integer[], '
                              'float8[], float8[], float8[], timestamptz[], text[], text[], '
-                             'bytea[], text[], integer[], uuid[], text[], integer[], text[])'
+                             'bytea[], text[], integer[], uuid[], text[], integer[], text[])',
+                             'evora.store_submissions(uuid[], text[], text[], jsonb[], '
+                             'smallint[], timestamptz[], float8[], integer[], integer[], '
+                             'float8[], float8[], float8[], timestamptz[], text[], text[], '
+                             'bytea[], text[], integer[], uuid[], text[], integer[], text[], '
+                             'text[])'
                             ]::regprocedure[] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = evora, pg_temp', f);
     END LOOP;
