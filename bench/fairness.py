@@ -19,7 +19,8 @@ is exactly fair); per run the worst tenant's share and Jain's index over the sha
     python -m bench.fairness --cost             # the claim with 10,000 active keys vs unkeyed
 
 Scenarios: `flood` (one tenant submits 20x the others' work at once), `sybil` (one tenant
-spreads its work over 100 keys; also `sybil-tenant`, the same tenant keyed as one), `tiers`
+spreads its work over 100 keys; `sybil-weighted`, the same with its prefix weighted 1/100;
+`sybil-tenant`, the same tenant keyed as one), `tiers`
 (weights 4:2:1 by prefix), `burst` (a tenant sends bursts into another's flood), `slow` (one
 tenant's jobs take 10x as long: fair by lease time means equal worker time, not equal
 dispatches).
@@ -90,6 +91,16 @@ def scenarios(scale: float) -> list[Scenario]:
                 Tenant("light1", n(80), 10),
                 Tenant("light2", n(80), 10),
             ),
+        ),
+        Scenario(
+            "sybil-weighted",
+            (
+                Tenant("sybil", n(800), 10, keys=100, weight=1),
+                Tenant("light1", n(80), 10),
+                Tenant("light2", n(80), 10),
+            ),
+            # the sybil's prefix weighs 1/100 a key: its 100 keys weigh one tenant
+            weights={"sybil:*": 0.01},
         ),
         Scenario(
             "sybil-tenant",
@@ -228,27 +239,60 @@ async def run_scenario(
     return _judge(scenario, way, rows, seconds)
 
 
+Interval = tuple[float, float]
+
+
+def _union(spans: list[Interval]) -> list[Interval]:
+    merged: list[Interval] = []
+    for begin, end in sorted(spans):
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        elif end > begin:
+            merged.append((begin, end))
+    return merged
+
+
+def _intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        begin, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if begin < end:
+            out.append((begin, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _overlap(span: Interval, spans: list[Interval]) -> float:
+    return sum(max(0.0, min(span[1], e) - max(span[0], b)) for b, e in spans)
+
+
 def _judge(scenario: Scenario, way: str, rows: list[asyncpg.Record], seconds: float) -> Run:
+    def at(moment: Any) -> float:
+        return float(moment.timestamp())
+
     by_tenant: dict[str, list[asyncpg.Record]] = {t.name: [] for t in scenario.tenants}
     for r in rows:
         by_tenant[r["tenant"]].append(r)
-    # Contention: from the first claim until the first tenant has nothing left waiting (its
-    # last job claimed), or, for a tenant that submits in bursts, over its whole run.
-    begin = min(r["started_at"] for r in rows)
-    end = min(max(r["started_at"] for r in jobs) for jobs in by_tenant.values())
-    span = (end - begin).total_seconds()
-    received = {
-        name: sum(
-            max(0.0, (min(r["finished_at"], end) - max(r["started_at"], begin)).total_seconds())
-            for r in jobs
+    # Contention: the moments at which every tenant had a job waiting (submitted, not yet
+    # claimed). Each tenant's share is the worker time its jobs held in those moments.
+    contention = _union([(at(r["created_at"]), at(r["started_at"])) for r in rows])
+    for jobs in by_tenant.values():
+        contention = _intersect(
+            contention, _union([(at(r["created_at"]), at(r["started_at"])) for r in jobs])
         )
+    received = {
+        name: sum(_overlap((at(r["started_at"]), at(r["finished_at"])), contention) for r in jobs)
         for name, jobs in by_tenant.items()
     }
     used = sum(received.values())
     weights = {t.name: t.weight for t in scenario.tenants}
     whole = sum(weights.values())
     shares = {
-        name: (received[name] / used) / (weights[name] / whole) if used > 0 and span > 0 else 1.0
+        name: (received[name] / used) / (weights[name] / whole) if used > 0 else 1.0
         for name in by_tenant
     }
     tenants = {}

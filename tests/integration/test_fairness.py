@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import asyncpg
+import pytest
 
 from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
@@ -141,3 +142,15 @@ async def test_a_fair_queue_serves_unkeyed_jobs_when_its_keys_have_none(
     await store.submit_batch([JobSubmission(queue=Q, type="t") for _ in range(2)])
     claimed = await _claim(store, max_jobs=4)
     assert sorted(_keys(claimed), key=str) == sorted(["a", "a", None, None], key=str)
+
+
+async def test_evora_submit_takes_the_fairness_key(pool: asyncpg.Pool, store: JobStore) -> None:
+    job_id = await pool.fetchval(
+        "SELECT evora.submit($1, 't', '{}', '{\"fairness_key\": \"tenant:sql\"}')", Q
+    )
+    assert await pool.fetchval("SELECT fairness_key FROM evora.jobs WHERE id = $1", job_id) == (
+        "tenant:sql"
+    )
+    assert _keys(await _claim(store)) == ["tenant:sql"]
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="fairness_key"):
+        await pool.fetchval("SELECT evora.submit($1, 't', '{}', '{\"fairness_key\": 7}')", Q)

@@ -66,10 +66,7 @@ def _store(request: web.Request) -> FairnessStore:
 
 
 def _key(request: web.Request) -> str:
-    key = request.match_info["key"]
-    if not _KEY.fullmatch(key):
-        raise _invalid_key()
-    return key
+    return request.match_info["key"]
 
 
 def _invalid_key() -> Problem:
@@ -97,6 +94,8 @@ def _invalid_key() -> Problem:
 )
 async def put_weight(request: web.Request) -> web.Response:
     key = _key(request)
+    if not _KEY.fullmatch(key):
+        raise _invalid_key()
     body = await parse_body(request, WeightBody, limit=SMALL_BODY_LIMIT)
     weight, created = await _store(request).put(key, body.weight)
     return json_response(weight, status=201 if created else 200)
