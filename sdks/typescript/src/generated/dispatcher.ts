@@ -78,6 +78,8 @@ export interface ClaimedJob {
   depends_on: string[];
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
+  /** the fairness key (tenant) it is served as; null: none */
+  fairness_key?: string | null;
   lease_token: string;
   /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
   dependency_results?: {
@@ -147,6 +149,8 @@ export interface Job {
   depends_on: string[];
   /** the limit keys it holds besides its queue's */
   limit_keys: string[];
+  /** the fairness key (tenant) it is served as; null: none */
+  fairness_key?: string | null;
 }
 
 export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
