@@ -12,12 +12,13 @@ import asyncpg
 
 from evora.storage.statements import load
 
-PUT, GET, DELETE, SHARES = load(
+PUT, GET, DELETE, SHARES, BY_KIND = load(
     "fairness",
     "put_fairness_weight",
     "get_fairness_weight",
     "delete_fairness_weight",
     "fairness_shares",
+    "fairness_by_kind",
 )
 
 FairnessDict = dict[str, Any]
@@ -34,6 +35,19 @@ class KeyShare:
     running: int
     backlogged: bool
     lag: float
+
+
+@dataclass(frozen=True)
+class KindService:
+    """The keys of one kind (what precedes the first `:`) in one fair queue, summed."""
+
+    queue: str
+    kind: str
+    backlogged_keys: int
+    waiting_jobs: int  # due PENDING
+    waiting_seconds: float  # how long the longest of them has waited
+    held_seconds: float  # lease seconds its ended attempts held
+    served: int
 
 
 class FairnessStore:
@@ -79,3 +93,8 @@ class FairnessStore:
             )
             for r in rows
         ]
+
+    async def by_kind(self) -> list[KindService]:
+        """Per fair queue and kind of key, what the metrics export."""
+        rows = await self._pool.fetch(BY_KIND)
+        return [KindService(**dict(r)) for r in rows]

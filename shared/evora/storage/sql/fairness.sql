@@ -38,3 +38,30 @@ FROM evora.fair_keys k JOIN evora.fair_queues f ON f.queue = k.queue
 WHERE k.queue = $1
 ORDER BY k.held_seconds DESC, k.key
 LIMIT $2;
+
+-- name: fairness_by_kind
+-- Per fair queue and kind of key (what precedes its first ':', e.g. `tenant`; the whole key
+-- when it has none), for the metrics: the keys with work, the due PENDING jobs waiting and
+-- how long the longest has waited, and the lease seconds the kind's ended attempts held
+-- since the queue became fair (its share of the workers is the rate of this over the
+-- queue's). Reads the fair queues' keys once and their due keyed jobs once
+-- (jobs_fair_backlog).
+WITH keys AS (
+    SELECT k.queue, split_part(k.key, ':', 1) AS kind,
+           count(*) FILTER (WHERE k.backlogged) AS backlogged_keys,
+           sum(k.held_seconds) AS held_seconds, sum(k.served) AS served
+    FROM evora.fair_keys k
+    GROUP BY 1, 2
+),
+waiting AS (
+    SELECT j.queue, split_part(j.fairness_key, ':', 1) AS kind, count(*) AS jobs,
+           extract(epoch FROM evora.clock_now() - min(j.run_at))::float8 AS seconds
+    FROM evora.fair_queues f
+    JOIN evora.jobs j ON j.queue = f.queue
+    WHERE j.state = 'PENDING' AND j.fairness_key IS NOT NULL AND j.run_at <= evora.clock_now()
+    GROUP BY 1, 2
+)
+SELECT k.queue, k.kind, k.backlogged_keys, coalesce(w.jobs, 0) AS waiting_jobs,
+       coalesce(w.seconds, 0) AS waiting_seconds, k.held_seconds, k.served
+FROM keys k LEFT JOIN waiting w ON w.queue = k.queue AND w.kind = k.kind
+ORDER BY k.queue, k.kind;
