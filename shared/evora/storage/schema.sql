@@ -256,7 +256,8 @@ DECLARE
     at timestamptz;
     v float8;
     fair boolean;
-    walked float8;
+    walked_finish float8;
+    walked_key text;
     ids uuid[];
     unkeyed uuid[];
 BEGIN
@@ -285,7 +286,7 @@ j.group_key IS NULL OR (
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
          LIMIT 1) IS NULL)
 ))
-                ORDER BY k.vfinish
+                ORDER BY k.vfinish, k.key
                 LIMIT need
             ),
             offered AS (
@@ -339,10 +340,13 @@ j.group_key IS NULL OR (
             )
             SELECT ARRAY(SELECT l.id FROM locked l),
                    CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
-                        ELSE (SELECT max(c.vfinish) FROM cand c) END
-            INTO ids, walked;
+                        ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                              LIMIT 1) END,
+                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1)
+            INTO ids, walked_finish, walked_key;
             UPDATE evora.fair_keys k SET backlogged = false
-            WHERE k.queue = q AND k.backlogged AND k.vfinish <= walked
+            WHERE k.queue = q AND k.backlogged
+              AND (walked_finish = 'infinity' OR (k.vfinish, k.key) < (walked_finish, walked_key))
               AND NOT EXISTS (SELECT 1 FROM evora.jobs j
                               WHERE j.queue = q AND j.fairness_key = k.key
                                 AND j.state IN ('PENDING', 'WAITING'))
@@ -2453,7 +2457,7 @@ ALTER TABLE ONLY evora.projector_progress
 ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
-CREATE INDEX fair_keys_turn ON evora.fair_keys USING btree (queue, vfinish) WHERE backlogged;
+CREATE INDEX fair_keys_turn ON evora.fair_keys USING btree (queue, vfinish, key) WHERE backlogged;
 
 CREATE INDEX fair_ledger_queue ON evora.fair_ledger USING btree (queue);
 

@@ -123,8 +123,10 @@ DECLARE
     at timestamptz;
     v float8;
     fair boolean;
-    -- the virtual finish of the last key the walk read: keys up to it are checked for work
-    walked float8;
+    -- the last key the walk read (virtual finish, key): the keys up to it it did not take
+    -- are checked for work
+    walked_finish float8;
+    walked_key text;
     ids uuid[];
     unkeyed uuid[];
 BEGIN
@@ -145,7 +147,7 @@ BEGIN
                   AND EXISTS (SELECT 1 FROM evora.jobs j
                               WHERE j.queue = q AND j.fairness_key = k.key
                                 AND evora.claimable(j, q, at, types) AND {{rule:group_turn}})
-                ORDER BY k.vfinish
+                ORDER BY k.vfinish, k.key
                 LIMIT need
             ),
             offered AS (
@@ -191,15 +193,20 @@ BEGIN
             )
             SELECT ARRAY(SELECT l.id FROM locked l),
                    CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
-                        ELSE (SELECT max(c.vfinish) FROM cand c) END
-            INTO ids, walked;
-            -- Keys the walk read whose jobs are all gone leave it, unless they owe virtual
-            -- time (their finish is ahead of the queue's): a key with no backlog keeps no
-            -- credit, but keeps its debt. A key whose job became PENDING or WAITING after
+                        ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                              LIMIT 1) END,
+                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1)
+            INTO ids, walked_finish, walked_key;
+            -- Keys the walk read and passed over (no claimable job) whose jobs are all gone
+            -- leave it, unless they owe virtual time (their finish is ahead of the queue's): a
+            -- key with no backlog keeps no credit, but keeps its debt. Only the keys before
+            -- the walk's last: checking every backlogged key would cost each claim as many
+            -- probes as the queue has keys. A key whose job became PENDING or WAITING after
             -- this snapshot has a ledger row this claim did not fold (it committed with the
             -- job): the next claim marks the key again.
             UPDATE evora.fair_keys k SET backlogged = false
-            WHERE k.queue = q AND k.backlogged AND k.vfinish <= walked
+            WHERE k.queue = q AND k.backlogged
+              AND (walked_finish = 'infinity' OR (k.vfinish, k.key) < (walked_finish, walked_key))
               AND NOT EXISTS (SELECT 1 FROM evora.jobs j
                               WHERE j.queue = q AND j.fairness_key = k.key
                                 AND j.state IN ('PENDING', 'WAITING'))

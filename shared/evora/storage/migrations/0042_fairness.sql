@@ -52,7 +52,9 @@ CREATE TABLE evora.fair_keys (
     held_seconds float8 NOT NULL DEFAULT 0,
     PRIMARY KEY (queue, key)
 );
-CREATE INDEX fair_keys_turn ON evora.fair_keys (queue, vfinish) WHERE backlogged;
+-- the claim's walk: the backlogged keys of a queue in virtual-finish order (then by key, so
+-- that "the keys the walk read" is a range)
+CREATE INDEX fair_keys_turn ON evora.fair_keys (queue, vfinish, key) WHERE backlogged;
 
 -- What happened to keyed jobs since the queue's last fair claim, appended without a lock by
 -- the paths that make a keyed job PENDING (submission, retry, release) and that end a keyed
