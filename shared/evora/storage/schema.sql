@@ -274,9 +274,9 @@ BEGIN
                        k.est / evora.fairness_weight(k.key) AS cost
                 FROM evora.fair_keys k
                 WHERE k.queue = q AND k.backlogged
-                  AND EXISTS (SELECT 1 FROM evora.jobs j
-                              WHERE j.queue = q AND j.fairness_key = k.key
-                                AND evora.claimable(j, q, at, types) AND (
+                  AND (SELECT true FROM evora.jobs j
+                       WHERE j.queue = q AND j.fairness_key = k.key
+                         AND evora.claimable(j, q, at, types) AND (
 j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
      WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
@@ -285,7 +285,8 @@ j.group_key IS NULL OR (
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
          LIMIT 1) IS NULL)
-))
+)
+                       LIMIT 1)
                 ORDER BY k.vfinish, k.key
                 LIMIT need
             ),
@@ -318,7 +319,7 @@ j.group_key IS NULL OR (
             ),
             locked AS MATERIALIZED (
                 SELECT j.id FROM evora.jobs j
-                WHERE j.id IN (SELECT c.id FROM chosen c) AND j.state = 'PENDING'
+                WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
                 FOR UPDATE OF j SKIP LOCKED
             ),
             served AS (

@@ -143,10 +143,16 @@ BEGIN
                 SELECT k.key, k.vfinish, greatest(k.vfinish, v) AS s,
                        k.est / evora.fairness_weight(k.key) AS cost
                 FROM evora.fair_keys k
+                -- A scalar subquery, not EXISTS: the planner answered EXISTS for every key at
+                -- once, hashing every PENDING job of the queue and sorting every key (20 ms a
+                -- claim with 2,500 keys); a scalar subquery is never hashed, so the walk reads
+                -- fair_keys_turn in order, one probe of jobs_fair_backlog per key, and stops
+                -- at the `need`-th key with work.
                 WHERE k.queue = q AND k.backlogged
-                  AND EXISTS (SELECT 1 FROM evora.jobs j
-                              WHERE j.queue = q AND j.fairness_key = k.key
-                                AND evora.claimable(j, q, at, types) AND {{rule:group_turn}})
+                  AND (SELECT true FROM evora.jobs j
+                       WHERE j.queue = q AND j.fairness_key = k.key
+                         AND evora.claimable(j, q, at, types) AND {{rule:group_turn}}
+                       LIMIT 1)
                 ORDER BY k.vfinish, k.key
                 LIMIT need
             ),
@@ -168,10 +174,12 @@ BEGIN
                 SELECT o.* FROM offered o ORDER BY o.tag, o.priority, o.run_at, o.submit_seq
                 LIMIT need
             ),
-            -- locked without waiting (an older release's unkeyed claim may hold one)
+            -- locked without waiting (an older release's unkeyed claim may hold one); by
+            -- `= ANY(ARRAY(...))`, a probe of the primary key per job (as `IN (SELECT ...)`
+            -- the planner may hash-join every job of the table to them)
             locked AS MATERIALIZED (
                 SELECT j.id FROM evora.jobs j
-                WHERE j.id IN (SELECT c.id FROM chosen c) AND j.state = 'PENDING'
+                WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
                 FOR UPDATE OF j SKIP LOCKED
             ),
             served AS (
