@@ -15,7 +15,7 @@ import pytest
 from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.fairness import FairnessStore
-from evora.storage.jobs import JobStore
+from evora.storage.jobs import Failure, JobStore
 from tests.conftest import Clock
 
 Q = "fair"
@@ -154,3 +154,20 @@ async def test_evora_submit_takes_the_fairness_key(pool: asyncpg.Pool, store: Jo
     assert _keys(await _claim(store)) == ["tenant:sql"]
     with pytest.raises(asyncpg.InvalidParameterValueError, match="fairness_key"):
         await pool.fetchval("SELECT evora.submit($1, 't', '{}', '{\"fairness_key\": 7}')", Q)
+
+
+async def test_a_key_left_out_of_the_walk_is_taken_back_when_its_job_returns(
+    pool: asyncpg.Pool, store: JobStore
+) -> None:
+    await _submit(store, "a", 1)
+    await _submit(store, "b", 3)
+    first = await _claim(store, max_jobs=2)
+    assert sorted(_keys(first)) == ["a", "b"]
+    # a has no job waiting now: a claim passes over it and takes it out of the walk
+    await _claim(store)
+    assert await pool.fetchval("SELECT backlogged FROM evora.fair_keys WHERE key = 'a'") is False
+    # its job fails and is retried at once: PENDING again, with a ledger row that brings a
+    # back into the walk at the next claim
+    [a] = [j for j in first if j["fairness_key"] == "a"]
+    await store.fail(Failure(a["id"], a["lease_token"], "again", retry_in_seconds=0))
+    assert _keys(await _claim(store, max_jobs=2)).count("a") == 1
