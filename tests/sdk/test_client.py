@@ -127,6 +127,18 @@ async def test_limits(client: Client) -> None:
         await client.delete_limit("tenant:*")
 
 
+async def test_fairness_weights_and_keys(client: Client) -> None:
+    made = await client.set_fairness("gold:*", 4)
+    assert (made["key"], made["weight"]) == ("gold:*", 4)
+    job = await client.submit("fair", "t", fairness_key="gold:acme")
+    assert job.job["fairness_key"] == "gold:acme"
+    weight = await client.fairness("gold:acme")
+    assert (weight["weight"], weight["set_by"], weight["queues"]) == (4, "gold:*", [])
+    await client.delete_fairness("gold:*")
+    await client.delete_fairness("gold:*")  # answered alike whether or not it had one
+    assert (await client.fairness("gold:acme"))["weight"] == 1
+
+
 async def test_room_and_queue_full(client: Client) -> None:
     made = await client.set_limit("tenant:*", max_pending=2)
     assert (made["concurrency"], made["rate"], made["max_pending"]) == (None, None, 2)

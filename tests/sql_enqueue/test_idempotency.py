@@ -291,6 +291,7 @@ async def _stored_before_0011(
             "ref",
             "limit_keys",
             "max_duration_seconds",
+            "fairness_key",
         },
     )
     before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()

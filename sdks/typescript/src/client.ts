@@ -19,6 +19,8 @@
 // - triggerSchedule: not repeated, a repeat would make a second job;
 // - setLimit, limits, limit, room, limitKeys, deleteLimit: repeated (a PUT replaces with the same limit; a
 //   repeated delete that finds nothing resolves all the same);
+// - setFairness, fairness, deleteFairness: repeated (a PUT sets the same weight, a DELETE
+//   answers 204 whether or not there was one; a read);
 // - retry, redrive: not repeated. Between two attempts the job can fail again and be back
 //   in the DLQ, and the repeat would grant it a second fresh attempt budget.
 
@@ -105,6 +107,9 @@ export const CLIENT_METHODS = {
   "GET /v1/limits/{key}": "limit",
   "GET /v1/limits/{key}/keys": "limitKeys",
   "DELETE /v1/limits/{key}": "deleteLimit",
+  "PUT /v1/fairness/{key}": "setFairness",
+  "GET /v1/fairness/{key}": "fairness",
+  "DELETE /v1/fairness/{key}": "deleteFairness",
 } as const satisfies Record<ApiOperation, keyof Client>;
 
 function segment(value: string): string {
@@ -438,6 +443,28 @@ export class Client {
       if (!(error instanceof LimitNotFoundError && error.attempts > 1)) throw error;
     }
   }
+  /** Set the weight of a fairness key, or of a prefix (`gold:*`: every key under it weighs
+   * that much, each on its own); 0.001..1000, a key without one weighs 1
+   * (docs/flow-control.md, "Fairness keys"). */
+  async setFairness(key: string, weight: number): Promise<api.Weight> {
+    const resp = await this.http.request<api.Weight>("PUT", `/v1/fairness/${segment(key)}`, {
+      body: { weight },
+      idempotent: true,
+    });
+    return resp.data;
+  }
+
+  /** The weight that applies to `key` (its own, a prefix's, else 1), who set it, and per
+   * queue what the fair claim served it. */
+  async fairness(key: string): Promise<api.KeyWeight> {
+    return (await this.http.request<api.KeyWeight>("GET", `/v1/fairness/${segment(key)}`, { idempotent: true })).data;
+  }
+
+  /** Drop the weight `key` set; its keys fall back to a prefix's, else 1. */
+  async deleteFairness(key: string): Promise<void> {
+    await this.http.request<unknown>("DELETE", `/v1/fairness/${segment(key)}`, { idempotent: true });
+  }
+
 
   private async toCancelled(jobId: string, path: string): Promise<Job> {
     try {

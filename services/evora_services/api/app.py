@@ -14,11 +14,13 @@ from evora.http.routing import install
 from evora.readmodels.client import mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
 from evora.storage.db import create_pool
+from evora.storage.fairness import FairnessStore
 from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.schedules import ScheduleStore
 from evora.tracing import TRACER
 from evora_services.api.dashboard import dashboard
+from evora_services.api.fairness import FAIRNESS, fairness
 from evora_services.api.limits import LIMITS, limits
 from evora_services.api.reads import READS, Reads, answer_positions
 from evora_services.api.routes import (
@@ -43,6 +45,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[STORE] = store
     app[SCHEDULES] = ScheduleStore(pool, store)
     app[LIMITS] = LimitStore(pool)
+    app[FAIRNESS] = FairnessStore(pool)
     app[SUBMITS] = coalescing(traced_submitter(store))
     settings = app[SETTINGS]
     # Not part of /readyz: without the replica every read goes to the primary.
@@ -92,5 +95,5 @@ async def create_app(settings: Settings) -> web.Application:
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
     if settings.mongo_url is not None:
         app.cleanup_ctx.append(_read_models)
-    install(app, producer, admin, schedules, limits, stats, dashboard)
+    install(app, producer, admin, schedules, limits, fairness, stats, dashboard)
     return app

@@ -14,9 +14,11 @@ from evora import tracing
 from evora.config import Settings
 from evora.http.app import METRICS, create_base_app, open_pool
 from evora.http.routing import install
+from evora.storage.fairness import FairnessStore
 from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.listener import Listener
+from evora_services.dispatcher.fairness import FairnessWatch
 from evora_services.dispatcher.limits import LimitWatch
 from evora_services.dispatcher.metrics import DispatcherMetrics
 from evora_services.dispatcher.routes import routes
@@ -66,10 +68,12 @@ async def create_app(settings: Settings) -> web.Application:
         )
         unclaimed = UnclaimedWatch(pool, app[METRICS].registry, settings.unclaimed_warning_seconds)
         limits = LimitWatch(LimitStore(pool), app[METRICS].registry)
+        fairness = FairnessWatch(FairnessStore(pool), app[METRICS].registry)
         tasks = [
             asyncio.create_task(poll_forever(wakeups)),
             asyncio.create_task(unclaimed.run_forever()),
             asyncio.create_task(limits.run_forever()),
+            asyncio.create_task(fairness.run_forever()),
         ]
         if session is not None:
             listener = Listener(

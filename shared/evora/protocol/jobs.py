@@ -128,6 +128,12 @@ class JobSubmission(WireModel):
         description="the concurrency and rate limits this job counts against, besides its "
         "queue's (docs/flow-control.md); the first is its round-robin lane",
     )
+    fairness_key: LimitKey | None = Field(
+        default=None,
+        description="the tenant this job is served as: a queue's claims share its workers "
+        "among its fairness keys by weight and by the lease time their jobs hold "
+        "(docs/flow-control.md, Fairness keys)",
+    )
 
     # One validator for the rules between fields: each is a call into Python per item of a
     # batch, and the call costs more than the checks.
@@ -203,6 +209,9 @@ class Job(BaseModel):
     checkpoints: dict[str, Any] | None = Field(
         description="the steps its handler recorded, name -> data (docs/jobs-that-wait.md); "
         "null: none"
+    )
+    fairness_key: str | None = Field(
+        default=None, description="the fairness key (tenant) it is served as; null: none"
     )
 
 

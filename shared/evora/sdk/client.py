@@ -25,6 +25,8 @@ only when repeating it cannot do anything twice:
 - `set_limit`, `limit`, `limits`, `room`: repeated (a PUT replaces with the same limit; reads).
 - `delete_limit`: repeated; a repeat that finds the limit gone (the first attempt worked)
   returns instead of raising `LimitNotFoundError`.
+- `set_fairness`, `fairness`, `delete_fairness`: repeated (a PUT sets the same weight, a
+  DELETE answers 204 whether or not there was one; a read).
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class SubmitOptions(TypedDict, total=False):
     on_dependency_failure: Literal["cancel", "run"]
     limit_keys: Sequence[str]
     """The concurrency and rate limits the job counts against (docs/flow-control.md)."""
+    fairness_key: str
+    """The tenant the job is served as: a queue's workers are shared among its fairness keys
+    by weight and by the lease time their jobs hold (docs/flow-control.md)."""
 
 
 class Submission(SubmitOptions, total=False):
@@ -138,6 +143,10 @@ def _schedule_path(name: str) -> str:
 
 def _limit_path(key: str) -> str:
     return f"/v1/limits/{_segment(key)}"
+
+
+def _fairness_path(key: str) -> str:
+    return f"/v1/fairness/{_segment(key)}"
 
 
 class Client:
@@ -480,6 +489,26 @@ class Client:
     async def delete_limit(self, key: str) -> None:
         """Delete the limit of `key`."""
         await self._delete(_limit_path(key), LimitNotFoundError)
+
+    # Fairness weights (docs/flow-control.md, "Fairness keys")
+
+    async def set_fairness(self, key: str, weight: float) -> dict[str, Any]:
+        """Set the weight of a fairness key, or of a prefix (`gold:*`: every key under it
+        weighs that much, each on its own); 0.001..1000, a key without one weighs 1."""
+        resp = await self._call(
+            "PUT", _fairness_path(key), body={"weight": weight}, idempotent=True
+        )
+        return dict(resp.data)
+
+    async def fairness(self, key: str) -> dict[str, Any]:
+        """The weight that applies to `key` (its own, a prefix's, else 1), who set it, and per
+        queue what the fair claim served it."""
+        resp = await self._call("GET", _fairness_path(key), idempotent=True)
+        return dict(resp.data)
+
+    async def delete_fairness(self, key: str) -> None:
+        """Drop the weight `key` set; its keys fall back to a prefix's, else 1."""
+        await self._call("DELETE", _fairness_path(key), idempotent=True)
 
     async def _pages(self, path: str) -> AsyncIterator[dict[str, Any]]:
         """Every page of a keyset-paginated list, fetched one at a time."""

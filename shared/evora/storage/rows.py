@@ -64,6 +64,7 @@ def job_from_row(row: Mapping[str, Any]) -> JobDict:
     job["backoff"] = {"initial_seconds": initial, "max_seconds": maximum, "multiplier": multiplier}
     job["depends_on"] = row["depends_on"] or []
     job["limit_keys"] = row["limit_keys"]
+    job["fairness_key"] = row["fairness_key"]
     return job
 
 

@@ -104,6 +104,7 @@ CREATE TABLE evora.jobs (
     limit_keys text[] DEFAULT '{}'::text[] NOT NULL,
     limited boolean DEFAULT false NOT NULL,
     snoozes integer DEFAULT 0 NOT NULL,
+    fairness_key text,
     max_duration_seconds integer,
     checkpoints jsonb,
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
@@ -150,6 +151,7 @@ CREATE TYPE evora.submission AS (
 	on_dependency_failure text,
 	ref text,
 	limit_keys text[],
+	fairness_key text,
 	max_duration_seconds integer
 );
 
@@ -246,6 +248,140 @@ CREATE FUNCTION evora.backoff_seconds(initial double precision, max_seconds doub
         max_seconds,
         exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
             * (0.8 + 0.4 * random()))
+$$;
+
+CREATE FUNCTION evora.claim_fair(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+DECLARE
+    q text;
+    taken integer := 0;
+    need integer;
+    at timestamptz;
+    v float8;
+    fair boolean;
+    walked_finish float8;
+    walked_key text;
+    ids uuid[];
+    unkeyed uuid[];
+BEGIN
+    FOR q IN SELECT DISTINCT u.queue FROM unnest(queues) AS u(queue) ORDER BY 1 LOOP
+        need := wanted - taken;
+        EXIT WHEN need <= 0;
+        SELECT f.vtime INTO v FROM evora.fair_queues f WHERE f.queue = q FOR UPDATE;
+        fair := FOUND;
+        at := evora.clock_now() + (clock_timestamp() - now());
+        IF fair THEN
+            PERFORM evora.fair_fold(q);
+            WITH cand AS MATERIALIZED (
+                SELECT k.key, k.vfinish, greatest(k.vfinish, v) AS s,
+                       k.est / evora.fairness_weight(k.key) AS cost
+                FROM evora.fair_keys k
+                WHERE k.queue = q AND k.backlogged
+                  AND (SELECT true FROM evora.jobs j
+                       WHERE j.queue = q AND j.fairness_key = k.key
+                         AND evora.claimable(j, q, at, types) AND (
+j.group_key IS NULL OR (
+    (SELECT true FROM evora.jobs r
+     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs e
+         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+         LIMIT 1) IS NULL)
+)
+                       LIMIT 1)
+                ORDER BY k.vfinish, k.key
+                LIMIT need
+            ),
+            offered AS (
+                SELECT c.key, c.s + (x.n - 1) * c.cost AS tag, x.id, x.priority, x.run_at,
+                       x.submit_seq
+                FROM cand c
+                CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at, j.submit_seq,
+                           row_number() OVER (ORDER BY j.priority, j.run_at, j.submit_seq) AS n
+                    FROM evora.jobs j
+                    WHERE j.queue = q AND j.fairness_key = c.key
+                      AND evora.claimable(j, q, at, types) AND (
+j.group_key IS NULL OR (
+    (SELECT true FROM evora.jobs r
+     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs e
+         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+         LIMIT 1) IS NULL)
+)
+                    ORDER BY j.priority, j.run_at, j.submit_seq
+                    LIMIT need
+                ) AS x
+            ),
+            chosen AS MATERIALIZED (
+                SELECT o.* FROM offered o ORDER BY o.tag, o.priority, o.run_at, o.submit_seq
+                LIMIT need
+            ),
+            locked AS MATERIALIZED (
+                SELECT j.id FROM evora.jobs j
+                WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
+                FOR UPDATE OF j SKIP LOCKED
+            ),
+            served AS (
+                SELECT c.key, count(*) AS n, max(c.tag) AS last
+                FROM chosen c JOIN locked l ON l.id = c.id
+                GROUP BY c.key
+            ),
+            charged AS (
+                UPDATE evora.fair_keys k
+                SET vfinish = s.last + x.cost, running = k.running + s.n,
+                    outstanding = k.outstanding + s.n * k.est, served = k.served + s.n
+                FROM served s JOIN cand x ON x.key = s.key
+                WHERE k.queue = q AND k.key = s.key
+            ),
+            advanced AS (
+                UPDATE evora.fair_queues f SET vtime = greatest(f.vtime, s.last)
+                FROM (SELECT max(last) AS last FROM served) AS s
+                WHERE f.queue = q AND s.last IS NOT NULL
+            )
+            SELECT ARRAY(SELECT l.id FROM locked l),
+                   CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
+                        ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                              LIMIT 1) END,
+                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1)
+            INTO ids, walked_finish, walked_key;
+            UPDATE evora.fair_keys k SET backlogged = false
+            WHERE k.queue = q AND k.backlogged
+              AND (walked_finish = 'infinity' OR (k.vfinish, k.key) < (walked_finish, walked_key))
+              AND NOT EXISTS (SELECT 1 FROM evora.jobs j
+                              WHERE j.queue = q AND j.fairness_key = k.key
+                                AND j.state IN ('PENDING', 'WAITING'))
+              AND k.vfinish <= (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q);
+        ELSE
+            ids := '{}';
+        END IF;
+        IF cardinality(ids) < need THEN
+            unkeyed := ARRAY(
+                SELECT j.id FROM evora.jobs j
+                WHERE evora.claimable(j, q, at, types) AND (
+j.group_key IS NULL OR (
+    (SELECT true FROM evora.jobs r
+     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs e
+         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+         LIMIT 1) IS NULL)
+)
+                  AND j.fairness_key IS NULL AND NOT (j.id = ANY(ids))
+                ORDER BY j.priority, j.run_at, j.submit_seq
+                LIMIT need - cardinality(ids)
+                FOR UPDATE OF j SKIP LOCKED);
+            ids := ids || unkeyed;
+        END IF;
+        RETURN QUERY SELECT * FROM evora.claim_jobs(ids, NULL, worker, at);
+        taken := taken + cardinality(ids);
+    END LOOP;
+END
 $$;
 
 CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer text, claimed_at timestamp with time zone) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
@@ -914,6 +1050,72 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.fair_fold(q text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    folded_keys text[];
+    folded_ended bigint[];
+    folded_held float8[];
+    v float8;
+BEGIN
+    WITH gone AS (
+        DELETE FROM evora.fair_ledger l WHERE l.queue = q RETURNING l.key, l.ended, l.held
+    )
+    SELECT array_agg(g.key ORDER BY g.key), array_agg(g.n ORDER BY g.key),
+           array_agg(g.seconds ORDER BY g.key)
+    INTO folded_keys, folded_ended, folded_held
+    FROM (SELECT o.key, sum(o.ended) AS n, sum(o.held) AS seconds FROM gone o GROUP BY o.key)
+        AS g;
+    IF folded_keys IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT f.vtime INTO v FROM evora.fair_queues f WHERE f.queue = q;
+    INSERT INTO evora.fair_keys (queue, key, vfinish)
+    SELECT q, u.key, v FROM unnest(folded_keys) AS u(key)
+    ON CONFLICT (queue, key) DO UPDATE SET backlogged = true;
+    UPDATE evora.fair_keys k
+    SET vfinish = k.vfinish + (u.held - least(u.ended, k.running)
+                                        * (k.outstanding / greatest(k.running, 1)))
+                              / evora.fairness_weight(k.key),
+        outstanding = k.outstanding - least(u.ended, k.running)
+                                      * (k.outstanding / greatest(k.running, 1)),
+        running = k.running - least(u.ended, k.running),
+        est = k.est * power(0.8, u.ended) + (u.held / u.ended) * (1 - power(0.8, u.ended)),
+        held_seconds = k.held_seconds + u.held
+    FROM unnest(folded_keys, folded_ended, folded_held) AS u(key, ended, held)
+    WHERE k.queue = q AND k.key = u.key AND u.ended > 0;
+END
+$$;
+
+CREATE FUNCTION evora.fair_note(queues text[], fkeys text[], ended integer[], held double precision[]) RETURNS void
+    LANGUAGE sql
+    AS $$
+    WITH noted AS (
+        INSERT INTO evora.fair_ledger (queue, key, ended, held)
+        SELECT u.queue, u.key, sum(u.ended), sum(u.held)
+        FROM unnest(queues, fkeys, ended, held) AS u(queue, key, ended, held)
+        WHERE u.key IS NOT NULL
+        GROUP BY u.queue, u.key
+        RETURNING queue
+    )
+    INSERT INTO evora.fair_queues (queue)
+    SELECT DISTINCT n.queue FROM noted n
+    ORDER BY 1
+    ON CONFLICT (queue) DO NOTHING
+$$;
+
+CREATE FUNCTION evora.fairness_weight(fkey text) RETURNS double precision
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(
+        (SELECT w.weight FROM evora.fairness_weights w WHERE w.key = fkey),
+        (SELECT w.weight FROM evora.fairness_weights w
+         WHERE w.stem IS NOT NULL AND starts_with(fkey, w.stem)
+         ORDER BY length(w.stem) DESC LIMIT 1),
+        1::float8)
+$$;
+
 CREATE FUNCTION evora.for_each_item(vals anyarray, items integer) RETURNS anyarray
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -1209,6 +1411,17 @@ CREATE FUNCTION evora.record_moves(moves evora.move[], suppressed text[]) RETURN
     AS $$
 #variable_conflict use_column
 BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(moves) AS m WHERE (m.job).fairness_key IS NOT NULL) THEN
+        PERFORM evora.fair_note(array_agg((m.job).queue), array_agg((m.job).fairness_key),
+                                array_agg(CASE WHEN m.from_state = 'RUNNING' THEN 1 ELSE 0 END),
+                                array_agg(CASE WHEN m.from_state = 'RUNNING'
+                                               THEN extract(epoch FROM (m.job).updated_at
+                                                                       - (m.job).started_at)::float8
+                                               ELSE 0 END))
+        FROM unnest(moves) AS m
+        WHERE (m.job).fairness_key IS NOT NULL
+          AND (m.from_state = 'RUNNING' OR (m.job).state IN ('PENDING', 'WAITING'));
+    END IF;
     RETURN QUERY
     WITH moved AS (
         SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
@@ -1380,7 +1593,7 @@ CREATE FUNCTION evora.settlement(ended_ids uuid[], ended_states evora.job_state[
     WHERE w.state = 'WAITING'
 $$;
 
-CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[], fairness_keys text[] DEFAULT NULL::text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
     SET search_path TO 'evora', 'pg_temp'
     AS $$
@@ -1478,6 +1691,12 @@ BEGIN
     IF EXISTS (SELECT 1 FROM evora.flow_limits WHERE max_pending IS NOT NULL) THEN
         PERFORM evora.admit(queues, created, limit_key_ords, limit_key_names);
     END IF;
+    IF array_remove(fairness_keys, NULL) <> '{}' THEN
+        PERFORM evora.fair_note(ARRAY(SELECT queues[c] FROM unnest(created) AS c),
+                                ARRAY(SELECT fairness_keys[c] FROM unnest(created) AS c),
+                                array_fill(0, ARRAY[cardinality(created)]),
+                                array_fill(0::float8, ARRAY[cardinality(created)]));
+    END IF;
     RETURN QUERY
     WITH lists AS (
         SELECT e.ord, array_agg(e.dep ORDER BY e.n) AS deps
@@ -1491,7 +1710,7 @@ BEGIN
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
                                on_dependency_failure, has_dependents, depends_on, limit_keys,
-                               max_duration_seconds)
+                               max_duration_seconds, fairness_key)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
                coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
                x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
@@ -1499,7 +1718,7 @@ BEGIN
                CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
                coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
                x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}'),
-               x.max_duration
+               x.max_duration, fairness_keys[x.ord]
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
                     idempotency_keys, group_keys, on_failures, max_durations)
@@ -1779,7 +1998,8 @@ BEGIN
             ARRAY(SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
                                      unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
                   ORDER BY i, k.place),
-            ARRAY(SELECT (s).max_duration_seconds FROM unnest(subs) s))
+            ARRAY(SELECT (s).max_duration_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).fairness_key FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -1952,6 +2172,9 @@ BEGIN
                                             (lim ->> 'key_max_length')::integer, true);
         WHEN 'limit_keys' THEN
             s.limit_keys := evora.limit_keys_field(value, at || field);
+        WHEN 'fairness_key' THEN
+            s.fairness_key := evora.text_field(value, at || field, lim ->> 'limit_key_pattern',
+                                               NULL, true);
         ELSE
             PERFORM evora.reject(at || field, 'is not a submission field');
         END CASE;
@@ -2067,6 +2290,42 @@ CREATE TABLE evora.event_archive_watermark (
     CONSTRAINT event_archive_watermark_archived_check CHECK ((archived >= 0)),
     CONSTRAINT event_archive_watermark_singleton_check CHECK (singleton),
     CONSTRAINT event_archive_watermark_upto_seq_check CHECK ((upto_seq >= 0))
+);
+
+CREATE TABLE evora.fair_keys (
+    queue text NOT NULL,
+    key text NOT NULL,
+    vfinish double precision NOT NULL,
+    est double precision DEFAULT 1 NOT NULL,
+    outstanding double precision DEFAULT 0 NOT NULL,
+    running integer DEFAULT 0 NOT NULL,
+    backlogged boolean DEFAULT true NOT NULL,
+    served bigint DEFAULT 0 NOT NULL,
+    held_seconds double precision DEFAULT 0 NOT NULL
+);
+
+CREATE TABLE evora.fair_ledger (
+    queue text NOT NULL,
+    key text NOT NULL,
+    ended integer NOT NULL,
+    held double precision NOT NULL
+);
+
+CREATE TABLE evora.fair_queues (
+    queue text NOT NULL,
+    vtime double precision DEFAULT 0 NOT NULL
+);
+
+CREATE TABLE evora.fairness_weights (
+    key text NOT NULL,
+    weight double precision NOT NULL,
+    stem text GENERATED ALWAYS AS (
+CASE
+    WHEN (key ~~ '%*'::text) THEN "left"(key, '-1'::integer)
+    ELSE NULL::text
+END) STORED,
+    changed_at timestamp with time zone NOT NULL,
+    CONSTRAINT fairness_weights_weight CHECK (((weight >= (0.001)::double precision) AND (weight <= (1000)::double precision)))
 );
 
 CREATE TABLE evora.flow_limit_changes (
@@ -2234,6 +2493,15 @@ ALTER TABLE ONLY evora.event_archive_runs
 ALTER TABLE ONLY evora.event_archive_watermark
     ADD CONSTRAINT event_archive_watermark_pkey PRIMARY KEY (singleton);
 
+ALTER TABLE ONLY evora.fair_keys
+    ADD CONSTRAINT fair_keys_pkey PRIMARY KEY (queue, key);
+
+ALTER TABLE ONLY evora.fair_queues
+    ADD CONSTRAINT fair_queues_pkey PRIMARY KEY (queue);
+
+ALTER TABLE ONLY evora.fairness_weights
+    ADD CONSTRAINT fairness_weights_pkey PRIMARY KEY (key);
+
 ALTER TABLE ONLY evora.flow_buckets
     ADD CONSTRAINT flow_buckets_pkey PRIMARY KEY (key);
 
@@ -2282,6 +2550,12 @@ ALTER TABLE ONLY evora.projector_progress
 ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
+CREATE INDEX fair_keys_turn ON evora.fair_keys USING btree (queue, vfinish, key) WHERE backlogged;
+
+CREATE INDEX fair_ledger_queue ON evora.fair_ledger USING btree (queue);
+
+CREATE INDEX fairness_weights_prefixes ON evora.fairness_weights USING btree (stem) WHERE (stem IS NOT NULL);
+
 CREATE INDEX flow_buckets_throttled ON evora.flow_buckets USING btree (throttled_until) WHERE (throttled_until IS NOT NULL);
 
 CREATE INDEX flow_limits_prefixes ON evora.flow_limits USING btree (stem) WHERE (stem IS NOT NULL);
@@ -2293,6 +2567,8 @@ CREATE INDEX job_dependencies_dependents ON evora.job_dependencies USING btree (
 CREATE INDEX job_events_tail ON ONLY evora.job_events USING btree (xid, seq);
 
 CREATE INDEX jobs_claimable ON evora.jobs USING btree (queue, priority, run_at, submit_seq) WHERE (state = 'PENDING'::evora.job_state);
+
+CREATE INDEX jobs_fair_backlog ON evora.jobs USING btree (queue, fairness_key, priority, run_at, submit_seq) WHERE ((state = ANY (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state])) AND (fairness_key IS NOT NULL));
 
 CREATE INDEX jobs_finished ON evora.jobs USING btree (state, finished_at) WHERE (state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state, 'DLQ'::evora.job_state]));
 

@@ -242,13 +242,21 @@ async def _run(
         [index + 1 for index, s in enumerate(submissions) for _ in s.limit_keys],
         [key for s in submissions for key in s.limit_keys],
         _per_item([s.max_duration_seconds for s in submissions]),
+        _per_item([s.fairness_key for s in submissions]),
         committed=committed,
         with_jobs=with_jobs,
     )
 
 
 # Fields added after migration 0011: not part of the fingerprints computed before it.
-_SINCE_0011 = {"depends_on", "on_dependency_failure", "ref", "limit_keys", "max_duration_seconds"}
+_SINCE_0011 = {
+    "depends_on",
+    "on_dependency_failure",
+    "ref",
+    "limit_keys",
+    "max_duration_seconds",
+    "fairness_key",
+}
 
 
 def _fingerprint_before_0011(sub: JobSubmission) -> bytes | None:

@@ -3,10 +3,12 @@
 
 /** Every /v1 endpoint the api service declares. */
 export type Operation =
+  | "DELETE /v1/fairness/{key}"
   | "DELETE /v1/limits/{key}"
   | "DELETE /v1/schedules/{name}"
   | "GET /v1/analytics"
   | "GET /v1/analytics/queues/{queue}"
+  | "GET /v1/fairness/{key}"
   | "GET /v1/jobs"
   | "GET /v1/jobs/{id}"
   | "GET /v1/jobs/{id}/dependents"
@@ -33,6 +35,7 @@ export type Operation =
   | "POST /v1/schedules/{name}/pause"
   | "POST /v1/schedules/{name}/resume"
   | "POST /v1/schedules/{name}/trigger"
+  | "PUT /v1/fairness/{key}"
   | "PUT /v1/limits/{key}"
   | "PUT /v1/schedules/{name}";
 
@@ -232,6 +235,8 @@ export interface JobResponse {
   checkpoints: {
     [key: string]: unknown;
   } | null;
+  /** the fairness key (tenant) it is served as; null: none */
+  fairness_key?: string | null;
   backoff: Backoff;
   /** the last progress a worker reported */
   progress?: unknown;
@@ -262,6 +267,31 @@ export interface JobSubmission {
   ref?: string | null;
   /** the concurrency and rate limits this job counts against, besides its queue's (docs/flow-control.md); the first is its round-robin lane */
   limit_keys?: string[];
+  /** the tenant this job is served as: a queue's claims share its workers among its fairness keys by weight and by the lease time their jobs hold (docs/flow-control.md, Fairness keys) */
+  fairness_key?: string | null;
+}
+
+export interface KeyService {
+  queue: string;
+  /** jobs the fair claim started for the key */
+  served: number;
+  /** lease seconds its ended attempts held */
+  held_seconds: number;
+  /** its attempts not ended yet */
+  running: number;
+  /** it had work waiting at the queue's last claim */
+  backlogged: boolean;
+  /** its virtual finish ahead of the queue's virtual time */
+  lag: number;
+}
+
+export interface KeyWeight {
+  key: string;
+  /** the weight that applies: its own, a prefix's, else 1 */
+  weight: number;
+  /** the key or prefix that set it; null: the default */
+  set_by: string | null;
+  queues: KeyService[];
 }
 
 export interface LastError {
@@ -577,6 +607,8 @@ export interface ScheduledJob {
   ref?: string | null;
   /** the concurrency and rate limits this job counts against, besides its queue's (docs/flow-control.md); the first is its round-robin lane */
   limit_keys?: string[];
+  /** the tenant this job is served as: a queue's claims share its workers among its fairness keys by weight and by the lease time their jobs hold (docs/flow-control.md, Fairness keys) */
+  fairness_key?: string | null;
 }
 
 export interface Throughput {
@@ -609,6 +641,17 @@ export interface TypeFailures {
   type: string;
   failures: number;
   reasons: FailureReason[];
+}
+
+export interface Weight {
+  key: string;
+  weight: number;
+  changed_at: string;
+}
+
+export interface WeightBody {
+  /** the key's share of a contended queue relative to the others' (default 1) */
+  weight: number;
 }
 
 export interface WorkerActivity {

@@ -101,6 +101,8 @@ export interface ClaimedJob {
   checkpoints: {
     [key: string]: unknown;
   } | null;
+  /** the fairness key (tenant) it is served as; null: none */
+  fairness_key?: string | null;
   lease_token: string;
   /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
   dependency_results?: {
@@ -179,6 +181,8 @@ export interface Job {
   checkpoints: {
     [key: string]: unknown;
   } | null;
+  /** the fairness key (tenant) it is served as; null: none */
+  fairness_key?: string | null;
 }
 
 export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";

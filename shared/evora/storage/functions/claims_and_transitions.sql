@@ -80,6 +80,19 @@ RETURNS TABLE (notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
 #variable_conflict use_column
 BEGIN
+    -- Keyed jobs tell their queue's fair claim (functions/fairness.sql) that they have work
+    -- again and how long ended attempts held their leases. Unkeyed moves pay this one look.
+    IF EXISTS (SELECT 1 FROM unnest(moves) AS m WHERE (m.job).fairness_key IS NOT NULL) THEN
+        PERFORM evora.fair_note(array_agg((m.job).queue), array_agg((m.job).fairness_key),
+                                array_agg(CASE WHEN m.from_state = 'RUNNING' THEN 1 ELSE 0 END),
+                                array_agg(CASE WHEN m.from_state = 'RUNNING'
+                                               THEN extract(epoch FROM (m.job).updated_at
+                                                                       - (m.job).started_at)::float8
+                                               ELSE 0 END))
+        FROM unnest(moves) AS m
+        WHERE (m.job).fairness_key IS NOT NULL
+          AND (m.from_state = 'RUNNING' OR (m.job).state IN ('PENDING', 'WAITING'));
+    END IF;
     RETURN QUERY
     WITH moved AS (
         SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data

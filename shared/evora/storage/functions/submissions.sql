@@ -270,6 +270,9 @@ BEGIN
                                             (lim ->> 'key_max_length')::integer, true);
         WHEN 'limit_keys' THEN
             s.limit_keys := evora.limit_keys_field(value, at || field);
+        WHEN 'fairness_key' THEN
+            s.fairness_key := evora.text_field(value, at || field, lim ->> 'limit_key_pattern',
+                                               NULL, true);
         ELSE
             PERFORM evora.reject(at || field, 'is not a submission field');
         END CASE;
@@ -627,9 +630,10 @@ CREATE OR REPLACE FUNCTION evora.store_submissions(
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
     before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
     on_failures text[], limit_key_ords integer[], limit_key_names text[],
-    -- by item, each job's max_duration_seconds (NULL, or a NULL element: none); last and
-    -- defaulted so the previous release's statement, without it, still resolves here
-    max_durations integer[] DEFAULT NULL
+    -- by item, each job's max_duration_seconds and fairness key (NULL, or a NULL element:
+    -- none); last and defaulted so the previous release's statement, without them, still
+    -- resolves here
+    max_durations integer[] DEFAULT NULL, fairness_keys text[] DEFAULT NULL
 ) RETURNS TABLE (ord integer, outcome text, first_ord integer, job evora.jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
@@ -746,6 +750,14 @@ BEGIN
     IF EXISTS (SELECT 1 FROM evora.flow_limits WHERE max_pending IS NOT NULL) THEN
         PERFORM evora.admit(queues, created, limit_key_ords, limit_key_names);
     END IF;
+    -- Keyed jobs tell their queue's fair claim they have work (functions/fairness.sql): one
+    -- ledger row per queue and key, appended without a lock.
+    IF array_remove(fairness_keys, NULL) <> '{}' THEN
+        PERFORM evora.fair_note(ARRAY(SELECT queues[c] FROM unnest(created) AS c),
+                                ARRAY(SELECT fairness_keys[c] FROM unnest(created) AS c),
+                                array_fill(0, ARRAY[cardinality(created)]),
+                                array_fill(0::float8, ARRAY[cardinality(created)]));
+    END IF;
     -- The created items first, straight from the insert ...
     RETURN QUERY
     WITH lists AS (
@@ -760,7 +772,7 @@ BEGIN
                                lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                                expires_at, idempotency_key, group_key, state, dependencies_left,
                                on_dependency_failure, has_dependents, depends_on, limit_keys,
-                               max_duration_seconds)
+                               max_duration_seconds, fairness_key)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
                coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
                x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
@@ -768,7 +780,7 @@ BEGIN
                CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
                coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
                x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}'),
-               x.max_duration
+               x.max_duration, fairness_keys[x.ord]
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
                     leases, backoff_initials, backoff_maxes, backoff_multipliers, expires_ats,
                     idempotency_keys, group_keys, on_failures, max_durations)
@@ -911,7 +923,8 @@ BEGIN
             ARRAY(SELECT k.name FROM generate_series(1, cardinality(subs)) AS i,
                                      unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
                   ORDER BY i, k.place),
-            ARRAY(SELECT (s).max_duration_seconds FROM unnest(subs) s))
+            ARRAY(SELECT (s).max_duration_seconds FROM unnest(subs) s),
+            ARRAY(SELECT (s).fairness_key FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -1001,7 +1014,7 @@ BEGIN
                              'smallint[], timestamptz[], float8[], integer[], integer[], '
                              'float8[], float8[], float8[], timestamptz[], text[], text[], '
                              'bytea[], text[], integer[], uuid[], text[], integer[], text[], '
-                             'integer[])'
+                             'integer[], text[])'
                             ]::regprocedure[] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = evora, pg_temp', f);
     END LOOP;

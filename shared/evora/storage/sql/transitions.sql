@@ -29,6 +29,10 @@
 -- of each branch. Both move their jobs with evora.claim_jobs(): the limited claim reads in statements of its own, under newer snapshots than this
 -- one, and moves what it paid for right there; this one's picks are locked, and the
 -- function's own snapshot shows their latest versions.
+-- While a queue it names is under fair scheduling (a row in fair_queues: it has received a
+-- job with a fairness key) and no concurrency or rate limit exists, evora.claim_fair()
+-- (functions/fairness.sql) claims instead; unkeyed queues pay one probe of fair_queues'
+-- primary key, a one-time filter like the flow_limits one.
 -- A job whose group's head changed after this statement's snapshot (a job of its group
 -- started meanwhile) fails the claim on jobs_group_running: the store runs it again
 -- (storage/jobs.py).
@@ -49,6 +53,7 @@ WITH picked AS (
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM evora.flow_limits
                       WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+      AND NOT EXISTS (SELECT 1 FROM evora.fair_queues WHERE queue = ANY($1::text[]))
     ORDER BY c.priority, c.run_at, c.submit_seq
     LIMIT $3
 )
@@ -58,7 +63,13 @@ UNION ALL
 SELECT l.job, l.dependency_results
 FROM evora.claim_limited($1::text[], $2::text[], $3::int4, $4::text) AS l
 WHERE EXISTS (SELECT 1 FROM evora.flow_limits
-              WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL);
+              WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+UNION ALL
+SELECT f.job, f.dependency_results
+FROM evora.claim_fair($1::text[], $2::text[], $3::int4, $4::text) AS f
+WHERE EXISTS (SELECT 1 FROM evora.fair_queues WHERE queue = ANY($1::text[]))
+  AND NOT EXISTS (SELECT 1 FROM evora.flow_limits
+                  WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL);
 
 -- name: heartbeat
 -- $1 id, $2 lease token, $3 lease seconds (NULL: the job's own), $4 progress (NULL: keep).

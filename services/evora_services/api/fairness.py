@@ -1,0 +1,130 @@
+"""The fairness endpoints (docs/http-api.md, docs/flow-control.md "Fairness keys"): the
+weight of a fairness key or prefix, and what the fair claim served a key. The claim applies
+the weights; the api only stores them."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated
+
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from evora.config import Role
+from evora.http.bodies import parse_body
+from evora.http.jsonio import json_response
+from evora.http.problems import Problem, validation_problem
+from evora.http.routing import Routes
+from evora.protocol.bounds import LIMIT_NAME_PATTERN
+from evora.protocol.fields import WireModel
+from evora.storage.fairness import FairnessStore
+from evora_services.api.routes import SMALL_BODY_LIMIT
+
+FAIRNESS = web.AppKey("fairness", FairnessStore)
+
+ADMIN: tuple[Role, ...] = ("admin",)
+# A key (`tenant:42`) or a prefix's (`tenant:*`), in the limit keys' alphabet.
+FairnessName = Annotated[str, Field(pattern=LIMIT_NAME_PATTERN)]
+_KEY = re.compile(LIMIT_NAME_PATTERN)
+
+fairness = Routes("fairness", path={"key": FairnessName}, problems=(503,))
+
+
+class WeightBody(WireModel):
+    weight: float = Field(
+        ge=0.001,
+        le=1000,
+        description="the key's share of a contended queue relative to the others' (default 1)",
+    )
+
+
+class Weight(BaseModel):
+    key: str
+    weight: float
+    changed_at: datetime
+
+
+class KeyService(BaseModel):
+    queue: str
+    served: int = Field(description="jobs the fair claim started for the key")
+    held_seconds: float = Field(description="lease seconds its ended attempts held")
+    running: int = Field(description="its attempts not ended yet")
+    backlogged: bool = Field(description="it had work waiting at the queue's last claim")
+    lag: float = Field(description="its virtual finish ahead of the queue's virtual time")
+
+
+class KeyWeight(BaseModel):
+    key: str
+    weight: float = Field(description="the weight that applies: its own, a prefix's, else 1")
+    set_by: str | None = Field(description="the key or prefix that set it; null: the default")
+    queues: list[KeyService]
+
+
+def _store(request: web.Request) -> FairnessStore:
+    return request.app[FAIRNESS]
+
+
+def _key(request: web.Request) -> str:
+    return request.match_info["key"]
+
+
+def _invalid_key() -> Problem:
+    return validation_problem(
+        [
+            {
+                "loc": ["path", "key"],
+                "msg": f"a fairness key matches {LIMIT_NAME_PATTERN}",
+                "type": "string_pattern_mismatch",
+            }
+        ]
+    )
+
+
+@fairness.add(
+    "PUT",
+    "/v1/fairness/{key}",
+    roles=ADMIN,
+    summary=(
+        "Set the weight of a fairness key (`tenant:*`: every key under the prefix, each on "
+        "its own): 201 when new, 200 when replaced. The next claims use it."
+    ),
+    body=WeightBody,
+    responses={201: Weight, 200: Weight},
+)
+async def put_weight(request: web.Request) -> web.Response:
+    key = _key(request)
+    if not _KEY.fullmatch(key):
+        raise _invalid_key()
+    body = await parse_body(request, WeightBody, limit=SMALL_BODY_LIMIT)
+    weight, created = await _store(request).put(key, body.weight)
+    return json_response(weight, status=201 if created else 200)
+
+
+@fairness.add(
+    "GET",
+    "/v1/fairness/{key}",
+    roles=ADMIN,
+    summary=(
+        "The weight that applies to the key (its own, the longest prefix's, else 1) and, per "
+        "queue, what the fair claim served it."
+    ),
+    responses={200: KeyWeight},
+)
+async def get_weight(request: web.Request) -> web.Response:
+    return json_response(await _store(request).get(_key(request)))
+
+
+@fairness.add(
+    "DELETE",
+    "/v1/fairness/{key}",
+    roles=ADMIN,
+    summary=(
+        "Drop the key's own weight: it falls back to its prefix's, else 1. 204 whether or "
+        "not it had one."
+    ),
+    responses={204: None},
+)
+async def delete_weight(request: web.Request) -> web.Response:
+    await _store(request).delete(_key(request))
+    return web.Response(status=204)
