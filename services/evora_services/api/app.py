@@ -18,6 +18,7 @@ from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.schedules import ScheduleStore
 from evora.tracing import TRACER
+from evora_services.api.callbacks import callbacks
 from evora_services.api.dashboard import dashboard
 from evora_services.api.limits import LIMITS, limits
 from evora_services.api.reads import READS, Reads, answer_positions
@@ -92,5 +93,5 @@ async def create_app(settings: Settings) -> web.Application:
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
     if settings.mongo_url is not None:
         app.cleanup_ctx.append(_read_models)
-    install(app, producer, admin, schedules, limits, stats, dashboard)
+    install(app, producer, admin, callbacks, schedules, limits, stats, dashboard)
     return app

@@ -33,6 +33,8 @@ from evora.protocol.worker import (
     HeartbeatResponse,
     ReleaseRequest,
     SnoozeRequest,
+    SuspendRequest,
+    SuspendResponse,
 )
 from evora.storage.jobs import AckResult, Completion, Failure
 from evora.storage.rows import JobDict
@@ -363,6 +365,27 @@ async def snooze(request: web.Request) -> web.Response:
         job_id, body.lease_token, delay_seconds=body.delay_seconds
     )
     return json_response(job)
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/suspend",
+    roles=("worker",),
+    summary=(
+        "Suspend the job on a callback (docs/callbacks.md): it holds no lease and no limit slot "
+        "until the callback is resolved (POST /v1/callbacks/{callback_id}) or times out."
+    ),
+    body=SuspendRequest,
+    responses={200: SuspendResponse},
+    problems=(404, 409),
+)
+async def suspend(request: web.Request) -> web.Response:
+    job_id = ids.job_id(request.match_info["id"])
+    body = await parse_body(request, SuspendRequest, limit=CLAIM_BODY_LIMIT)
+    suspended = await request.app[DISPATCH].store.suspend(
+        job_id, body.lease_token, timeout_seconds=body.timeout_seconds, on_timeout=body.on_timeout
+    )
+    return json_response({"callback_id": suspended.callback_id, "job": suspended.job})
 
 
 @routes.add(

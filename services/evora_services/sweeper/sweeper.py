@@ -103,10 +103,11 @@ class Retention:
 class Expired:
     leases: Counter[str]  # by outcome
     ttls: int
+    callbacks: int = 0  # timed out
 
     @property
     def total(self) -> int:
-        return self.leases.total() + self.ttls
+        return self.leases.total() + self.ttls + self.callbacks
 
 
 def _ended(event: asyncio.Event | None) -> bool:
@@ -156,6 +157,21 @@ class Sweeper:
                 self._metrics.leases_expired.labels(outcome).inc()
             if len(jobs) < batch or _ended(ended):
                 break
+        callbacks = 0
+        while not _ended(ended):
+            moved = await self._jobs.expire_callbacks(batch)
+            for job in moved:
+                outcome = (
+                    "dead_lettered"
+                    if job["state"] == JobState.DLQ
+                    else "resumed"
+                    if job["callback"]["on_timeout"] == "resume"
+                    else "requeued"
+                )
+                self._metrics.callbacks_timed_out.labels(outcome).inc()
+            callbacks += len(moved)
+            if len(moved) < batch:
+                break
         ttls = 0
         while not _ended(ended):
             expired = len(await self._jobs.expire_ttls(batch))
@@ -165,13 +181,15 @@ class Sweeper:
                 break
         self._metrics.last_run.set(time.time())
         self._metrics.pass_duration.observe(time.perf_counter() - started)
-        result = Expired(leases, ttls)
+        result = Expired(leases, ttls, callbacks)
         level = logging.INFO if result.total else logging.DEBUG
         log.log(
             level,
-            "expiry pass: leases requeued=%d dead_lettered=%d cancelled=%d; ttls expired=%d",
+            "expiry pass: leases requeued=%d dead_lettered=%d cancelled=%d; ttls expired=%d; "
+            "callbacks timed out=%d",
             *(leases[outcome] for outcome in LEASE_OUTCOMES),
             ttls,
+            callbacks,
         )
         return result
 

@@ -28,6 +28,9 @@ MAX_SECONDS: Final = 10 * 365 * 24 * 3600
 # The longest one snooze may wait (docs/jobs-that-wait.md): a worker polling something
 # external asks again within a month; a longer wait is a schedule's (docs/schedules.md).
 MAX_SNOOZE_SECONDS: Final = 30 * 24 * 3600
+# The longest a job may wait suspended on a callback (docs/callbacks.md): a person's approval
+# or a slow partner's webhook within a month; longer waits are a schedule's.
+MAX_CALLBACK_TIMEOUT_SECONDS: Final = 30 * 24 * 3600
 
 KIB: Final = 1024
 MIB: Final = 1024 * KIB

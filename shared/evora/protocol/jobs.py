@@ -159,6 +159,19 @@ class LastError(BaseModel):
     traceback: str | None = None
 
 
+class Callback(BaseModel):
+    """The callback a job is suspended on, or was last (docs/callbacks.md). Its `id` names
+    it; the credential that resolves it was handed to the suspending worker only."""
+
+    id: UUID
+    on_timeout: Literal["fail", "dlq", "resume"]
+    suspended_at: datetime
+    timeout_at: datetime
+    resolved_at: datetime | None = Field(description="null while it waits, or if it timed out")
+    timed_out: bool
+    payload: Any = Field(description="what the resolution carried (null until then)")
+
+
 class Job(BaseModel):
     """A job as the API returns it (docs/http-api.md#the-job-resource)."""
 
@@ -189,6 +202,13 @@ class Job(BaseModel):
     finished_at: datetime | None
     depends_on: list[UUID] = Field(description="the jobs this one waits for (or waited for)")
     limit_keys: list[str] = Field(description="the limit keys it holds besides its queue's")
+    callback: Callback | None = Field(
+        default=None,
+        description=(
+            "the callback it is SUSPENDED on, or the last one it was: what an attempt after it "
+            "was resolved or timed out sees (docs/callbacks.md); null if it never suspended"
+        ),
+    )
 
 
 class ClaimedJob(Job):
