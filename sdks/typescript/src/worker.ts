@@ -43,7 +43,16 @@ import { randomBytes } from "node:crypto";
 import { AckBatcher, type Ack } from "./acks.js";
 import { RetryBackoff, sleep } from "./backoff.js";
 import { DispatcherClient } from "./dispatcher.js";
-import { EvoraConnectionError, EvoraError, EvoraHTTPError, JobNotFoundError, LeaseLostError, Snooze, WorkerShutdownError } from "./errors.js";
+import {
+  EvoraConnectionError,
+  EvoraError,
+  EvoraHTTPError,
+  JobCancelledError,
+  JobNotFoundError,
+  LeaseLostError,
+  Snooze,
+  WorkerShutdownError,
+} from "./errors.js";
 import { shouldRetry } from "./http.js";
 import { WorkerJob, failureFrom } from "./job.js";
 import { consoleLogger, type Logger } from "./logger.js";
@@ -115,6 +124,8 @@ export interface WorkerEvents {
   released: [job: WorkerJob, why: "cancel" | "shutdown"];
   /** The handler threw `Snooze`: the job runs again in `seconds`, no attempt used up. */
   snoozed: [job: WorkerJob, seconds: number];
+  /** The handler suspended the job on a callback (`WorkerJob.suspend`). */
+  suspended: [job: WorkerJob, callbackId: string];
   /** The dispatcher recorded the job's outcome. */
   reported: [job: WorkerJob, outcome: "complete" | "fail"];
 }
@@ -160,6 +171,7 @@ type Outcome =
   | { kind: "ack"; ack: Ack }
   | { kind: "release"; why: "cancel" | "shutdown" }
   | { kind: "snooze"; seconds: number }
+  | { kind: "suspended" }
   | { kind: "abandon" };
 
 /** `size` handlers at once: jobs claimed ahead wait here for a slot, first come first
@@ -431,6 +443,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
 
   private start(data: ClaimedJob): void {
     const running = new Running(new WorkerJob(data));
+    running.job.suspender = (timeoutSeconds, onTimeout) => this.suspend(running, timeoutSeconds, onTimeout);
     this.busy += 1;
     this.running.add(running);
     running.finished = this.process(running);
@@ -507,6 +520,13 @@ export class Worker extends EventEmitter<WorkerEvents> {
       });
     running.handlerSettled = ended.then(() => undefined);
     const settled = await Promise.race([ended, running.interruption]);
+    if (job.callbackId !== undefined) {
+      // suspended: the attempt left the worker then, and there is nothing to report
+      if (typeof settled !== "string" && (settled.threw || settled.value !== undefined)) {
+        this.logger.warn(`job ${job.id}: suspended on a callback, so what its handler ended with is dropped`);
+      }
+      return { kind: "suspended" };
+    }
     if (typeof settled === "string") {
       return settled === "leaseLost" ? { kind: "abandon" } : { kind: "release", why: settled };
     }
@@ -564,6 +584,18 @@ export class Worker extends EventEmitter<WorkerEvents> {
     }
     this.logger.info(`job ${job.id} released (${why})`);
     this.emit("released", job, why);
+  }
+
+  /** `WorkerJob.suspend`: the heartbeats stop first (once suspended, the job's lease is gone
+   * and a heartbeat would abort the handler as if it had been lost). */
+  private async suspend(running: Running, timeoutSeconds: number, onTimeout: "fail" | "dlq" | "resume"): Promise<string> {
+    const { job } = running;
+    running.stopTimers();
+    const answer = await this.api.suspend(job.id, job.leaseToken, timeoutSeconds, onTimeout);
+    if (answer.callback_id === null || answer.callback_id === undefined) throw new JobCancelledError(job.id);
+    this.logger.info(`job ${job.id} suspended on a callback for at most ${timeoutSeconds} s`);
+    this.emit("suspended", job, answer.callback_id);
+    return answer.callback_id;
   }
 
   private async snooze(running: Running, seconds: number): Promise<void> {
