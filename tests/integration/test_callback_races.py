@@ -227,3 +227,24 @@ async def test_suspends_racing_lease_expiry_each_win_or_lose_whole(
         assert (state, job["id"] in expired_ids) == (
             ("SUSPENDED", False) if suspended_it else ("PENDING", True)
         )
+
+
+async def test_resolving_in_sql_follows_the_http_rules(store: JobStore, pool: asyncpg.Pool) -> None:
+    """evora.resolve_callback() runs what the HTTP resolve runs: the first resolution, then
+    the same answer; EV404 for an unknown callback, EV409 once its job was cancelled."""
+    (first, first_id), (second, second_id) = await suspended(store, count=2)
+    resolved = await pool.fetchval(
+        "SELECT evora.resolve_callback($1, $2)", first_id, {"approved": True}
+    )
+    assert resolved == await store.resolve_callback(first_id, "ignored")
+    assert resolved["payload"] == {"approved": True}
+    again = await pool.fetchval("SELECT evora.resolve_callback($1)", first_id)
+    assert again == resolved
+    assert (await store.get(first["id"]))["state"] == "PENDING"
+    with pytest.raises(asyncpg.PostgresError) as unknown:
+        await pool.fetchval("SELECT evora.resolve_callback($1)", "evcb_" + "0" * 64)
+    assert unknown.value.sqlstate == "EV404"
+    await store.cancel(second["id"])
+    with pytest.raises(asyncpg.PostgresError) as settled:
+        await pool.fetchval("SELECT evora.resolve_callback($1, 'null')", second_id)
+    assert settled.value.sqlstate == "EV409"
