@@ -86,7 +86,7 @@ async def test_a_resolved_callback_hands_its_payload_to_the_next_attempt(
 
 async def test_an_unknown_callback_is_404(client: ApiClient, store: JobStore) -> None:
     await suspended(store)
-    for callback_id in ("evcb_" + "0" * 64, "x" * 500):
+    for callback_id in ("evcb_" + "0" * 64, "x" * 500, "evcb_%00", "%C3%A9"):
         status, body = await resolve(client, callback_id, None)
         assert (status, body["code"]) == (404, "callback_not_found")
 

@@ -3,6 +3,7 @@ callback id itself, and by an admin, by the job that waits (the dashboard's appr
 
 from __future__ import annotations
 
+import re
 from uuid import UUID
 
 from aiohttp import web
@@ -19,9 +20,9 @@ from evora_services.api.routes import ADMIN, STORE, submission_body_limit
 # Every endpoint here uses the database: 503 when it is unavailable.
 callbacks = Routes("callbacks", path={"id": UUID}, problems=(503,))
 
-# A callback id is `evcb_` and 64 hex digits; anything longer is no callback, answered
-# without a query.
-_MAX_CALLBACK_ID = 128
+# A callback id is `evcb_` and 64 hex digits: anything else (longer, or with a character
+# PostgreSQL's text cannot hold, such as NUL) is no callback, answered without a query.
+_CALLBACK_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 @callbacks.add(
@@ -39,7 +40,7 @@ _MAX_CALLBACK_ID = 128
 )
 async def resolve(request: web.Request) -> web.Response:
     callback_id = request.match_info["callback_id"]
-    if len(callback_id) > _MAX_CALLBACK_ID:
+    if _CALLBACK_ID.fullmatch(callback_id) is None:
         raise CallbackNotFound("no such callback")
     body = await parse_body(
         request, ResolveCallbackRequest, limit=submission_body_limit(request.app[SETTINGS])
