@@ -18,6 +18,8 @@ API_OPERATIONS = {
     ("get", "/v1/jobs/{id}/events"),
     ("get", "/v1/jobs/{id}/dependents"),
     ("post", "/v1/jobs/{id}/cancel"),
+    ("post", "/v1/callbacks/{callback_id}"),
+    ("post", "/v1/jobs/{id}/resolve"),
     ("get", "/v1/jobs"),
     ("post", "/v1/jobs/{id}/retry"),
     ("post", "/v1/jobs/{id}/discard"),

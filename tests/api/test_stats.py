@@ -55,6 +55,7 @@ async def test_stats_workers_and_queues(
             "WAITING": 0,
             "PENDING": 1,
             "RUNNING": 1,
+            "SUSPENDED": 0,
             "COMPLETED": 1,
             "DLQ": 0,
             "CANCELLED": 0,

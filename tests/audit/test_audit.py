@@ -197,6 +197,48 @@ async def test_two_running_jobs_of_one_group(store: JobStore, pool: asyncpg.Pool
 
 
 @broken
+async def test_a_claim_beside_a_suspended_job_of_its_group(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A suspended job keeps its group's turn: a job of the group claimed while it waits
+    fails group_exclusive, as if both ran."""
+    head, second = await submitted(store, 2, group_key="g")
+    [job] = await claimed(store)
+    await store.suspend(job["id"], job["lease_token"], timeout_seconds=60, on_timeout="fail")
+    # the second leaves the group behind the claim's back and is claimed
+    await pool.execute("UPDATE evora.jobs SET group_key = NULL WHERE id = $1", second)
+    await claimed(store)
+
+    found = failing(await audited(pool))
+    assert list(found) == ["group_exclusive"]
+    assert [j for j, _ in found["group_exclusive"]] == [{str(head), str(second)}]
+
+
+@broken
+async def test_suspended_jobs_without_their_callbacks(store: JobStore, pool: asyncpg.Pool) -> None:
+    """A SUSPENDED job whose callback was settled behind its back, one holding a lease, and
+    an open callback of a job that moved on each fail suspended_on_its_callback."""
+    settled, leased, moved, honest = await submitted(store, 4)
+    for job in await claimed(store, 4):
+        await store.suspend(job["id"], job["lease_token"], timeout_seconds=60, on_timeout="fail")
+    await pool.execute(
+        "UPDATE evora.callbacks SET outcome = 'resolved', settled_at = now() WHERE job_id = $1",
+        settled,
+    )
+    await pool.execute("UPDATE evora.jobs SET lease_expires_at = now() WHERE id = $1", leased)
+    await forge(pool, moved, "resumed", "state = 'PENDING', attempt = 0, version = j.version + 1")
+
+    found = failing(await audited(pool))
+    assert list(found) == ["suspended_on_its_callback"]
+    assert {next(iter(j)) for j, _ in found["suspended_on_its_callback"]} == {
+        str(settled),
+        str(leased),
+        str(moved),
+    }
+    assert (await store.get(honest))["state"] == "SUSPENDED"
+
+
+@broken
 async def test_a_claim_that_overtakes_its_groups_head(
     store: JobStore, pool: asyncpg.Pool, clock: Clock
 ) -> None:

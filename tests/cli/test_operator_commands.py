@@ -158,6 +158,7 @@ async def test_dlq_and_queues(system: System) -> None:
             "WAITING",
             "PENDING",
             "RUNNING",
+            "SUSPENDED",
             "COMPLETED",
             "DLQ",
             "CANCELLED",

@@ -95,10 +95,10 @@ async def test_overview_shows_a_queue_created_by_submitted_jobs(
     row = page.locator("#queues-table tr[data-queue='emails']")
     await expect(row).to_be_visible()
     await expect(row.get_by_role("link", name="emails")).to_be_visible()
-    # WAITING, PENDING, RUNNING, COMPLETED, DLQ, CANCELLED
+    # WAITING, PENDING, RUNNING, SUSPENDED, COMPLETED, DLQ, CANCELLED
     counts = row.locator("td.num")
     await expect(counts.nth(1)).to_have_text("1")
-    await expect(counts.nth(3)).to_have_text("3")
+    await expect(counts.nth(4)).to_have_text("3")
     await expect(row).to_contain_text("Active")
     await expect(page.locator("#lag")).to_contain_text(f"event #{newest}")
 

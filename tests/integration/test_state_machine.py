@@ -52,7 +52,9 @@ async def _in_state(store: JobStore, pool: asyncpg.Pool, state: JobState) -> UUI
     token = await _claim(store, job_id)
     if state is JobState.RUNNING:
         return job_id
-    if state is JobState.COMPLETED:
+    if state is JobState.SUSPENDED:
+        await store.suspend(job_id, token, timeout_seconds=60, on_timeout="fail")
+    elif state is JobState.COMPLETED:
         await store.complete(job_id, token)
     elif state is JobState.DLQ:
         await store.fail(Failure(job_id, token, "boom"))
@@ -159,6 +161,23 @@ async def test_every_allowed_transition_writes_one_event(
     await store.fail(Failure(g, await _claim(store, g), "fatal", retryable=False))
     await store.discard(g)
     await record(h)
+    # RUNNING -> SUSPENDED, then SUSPENDED -> PENDING: resumed (resolved) and
+    # callback_timed_out (the attempt failed, retried); SUSPENDED -> DLQ (timed out, no
+    # attempt left); SUSPENDED -> CANCELLED
+    k = await _submit(store, max_attempts=2)
+    s = await store.suspend(k, await _claim(store, k), timeout_seconds=60, on_timeout="fail")
+    assert s.callback_id is not None
+    await store.resolve_callback(s.callback_id, "go")
+    for _ in range(2):
+        await store.suspend(k, await _claim(store, k), timeout_seconds=60, on_timeout="fail")
+        await clock.advance(3600)
+        assert [j["id"] for j in await store.expire_callbacks()] == [k]
+        await clock.advance(3600)  # past the retry's backoff
+    await record(k)
+    m = await _submit(store)
+    await store.suspend(m, await _claim(store, m), timeout_seconds=60, on_timeout="fail")
+    assert (await store.cancel(m)).immediate
+    await record(m)
 
     expected = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS}
     assert {(f, t, ev) for f, t, ev in seen if ev != EventName.CANCEL_REQUESTED} == expected

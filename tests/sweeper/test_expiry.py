@@ -222,3 +222,27 @@ async def test_looks_again_for_leases_claimed_after_it_computed_its_deadline(
         job["lease_expires_at"],
     )
     assert 0 <= late < 1.2, late
+
+
+async def test_a_callback_past_its_timeout_is_settled_by_the_running_sweeper(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """docs/callbacks.md: timeouts are swept like leases, each by its on_timeout."""
+    resumed, failed = await claimed(store, max_attempts=1), await claimed(store, max_attempts=1)
+    for job, on_timeout in ((resumed, "resume"), (failed, "fail")):
+        await store.suspend(
+            job["id"], job["lease_token"], timeout_seconds=60, on_timeout=on_timeout
+        )
+    await clock.advance(61)
+    running = await start_sweeper()
+
+    async def settled() -> bool:
+        return [len(await event_names(pool, j["id"])) for j in (resumed, failed)] == [4, 4]
+
+    await until(settled, "both callbacks to be settled")
+    assert (await event_names(pool, resumed["id"]))[-1] == "resumed"
+    assert (await event_names(pool, failed["id"]))[-1] == "dead_lettered"
+    assert (await store.get(resumed["id"]))["state"] == "PENDING"
+    assert (await store.get(failed["id"]))["state"] == "DLQ"
+    assert running.metric("evora_sweeper_callbacks_timed_out_total", outcome="resumed") == 1
+    assert running.metric("evora_sweeper_callbacks_timed_out_total", outcome="dead_lettered") == 1

@@ -30,6 +30,7 @@ import type * as api from "./generated/api.js";
 import { Transport } from "./http.js";
 import type {
   ApiOperation,
+  CallbackResolution,
   FailureList,
   Job,
   JobEvent,
@@ -82,6 +83,8 @@ export const CLIENT_METHODS = {
   "GET /v1/jobs/{id}/events": "events",
   "GET /v1/jobs/{id}/dependents": "dependents",
   "POST /v1/jobs/{id}/cancel": "cancel",
+  "POST /v1/callbacks/{callback_id}": "resolveCallback",
+  "POST /v1/jobs/{id}/resolve": "resolveJob",
   "POST /v1/jobs/{id}/retry": "retry",
   "POST /v1/jobs/{id}/discard": "discard",
   "GET /v1/queues": "queues",
@@ -177,7 +180,24 @@ export class Client {
     return { jobs: resp.data.jobs, next: resp.data.next };
   }
 
-  /** Cancel a job: a PENDING or WAITING one is CANCELLED at once; a RUNNING one gets
+  /** Resolve a callback a job is suspended on (docs/callbacks.md): the job runs again and its
+   * handler sees `payload` in `job.callback`. Needs no token (the callback id is the
+   * credential). A repeat answers the first resolution, so a retry is safe;
+   * `CallbackNotFoundError` for an unknown id, `CallbackSettledError` once it timed out or its
+   * job was cancelled. */
+  async resolveCallback(callbackId: string, payload: unknown = null): Promise<CallbackResolution> {
+    const body: api.ResolveCallbackRequest = { payload };
+    return (await this.http.request<CallbackResolution>("POST", `/v1/callbacks/${segment(callbackId)}`, { body, idempotent: true })).data;
+  }
+
+  /** An admin's resolution of the callback the SUSPENDED job waits on, by the job (an
+   * approval): as `resolveCallback`. */
+  async resolveJob(jobId: string, payload: unknown = null): Promise<CallbackResolution> {
+    const body: api.ResolveCallbackRequest = { payload };
+    return (await this.http.request<CallbackResolution>("POST", `/v1/jobs/${segment(jobId)}/resolve`, { body, idempotent: true })).data;
+  }
+
+  /** Cancel a job: a PENDING, WAITING or SUSPENDED one is CANCELLED at once; a RUNNING one gets
    * `cancel_requested` and becomes CANCELLED when its worker gives it up. Final states
    * throw `InvalidStateError`. */
   async cancel(jobId: string): Promise<Job> {

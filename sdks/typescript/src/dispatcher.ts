@@ -50,6 +50,7 @@ export const DISPATCHER_METHODS = {
   "POST /v1/jobs/{id}/release": "release",
   "POST /v1/jobs/{id}/snooze": "snooze",
   "POST /v1/jobs/{id}/checkpoints": "checkpoint",
+  "POST /v1/jobs/{id}/suspend": "suspend",
   "POST /v1/acks": "acks",
 } as const satisfies Record<DispatcherOperation, keyof DispatcherClient>;
 
@@ -173,6 +174,22 @@ export class DispatcherClient {
       ...options,
     });
     return resp.data.checkpoints;
+  }
+
+  /** Suspends the job on a callback (docs/callbacks.md): it holds no lease until the callback
+   * is resolved or times out. Answers the one-time callback id (null when a requested cancel
+   * won) and the job. Not retried: a repeat finds the attempt over (409). */
+  async suspend(
+    jobId: string,
+    leaseToken: string,
+    timeoutSeconds: number,
+    onTimeout: "fail" | "dlq" | "resume" = "fail",
+    options: CallOptions = {},
+  ): Promise<dispatcher.SuspendResponse> {
+    const body: dispatcher.SuspendRequest = { lease_token: leaseToken, timeout_seconds: timeoutSeconds, on_timeout: onTimeout };
+    return (
+      await this.http.request<dispatcher.SuspendResponse>("POST", jobPath(jobId, "suspend"), { body, idempotent: false, ...options })
+    ).data;
   }
 
   /** Records up to 1000 outcomes at once; each gets its own status (200, 404 or 409). `raw`

@@ -114,8 +114,15 @@ export class ScheduleNotFoundError extends NotFoundError {
 export class LimitNotFoundError extends NotFoundError {
   static override readonly problemCode: string | null = "limit_not_found";
 }
+export class CallbackNotFoundError extends NotFoundError {
+  static override readonly problemCode: string | null = "callback_not_found";
+}
 export class ConflictError extends EvoraHTTPError {
   static override readonly problemStatus: number | null = 409;
+}
+/** The callback timed out, or its job was cancelled: it can no longer be resolved. */
+export class CallbackSettledError extends ConflictError {
+  static override readonly problemCode: string | null = "callback_settled";
 }
 /** The lease token is no longer the job's current lease: another attempt owns the job. */
 export class LeaseLostError extends ConflictError {
@@ -163,6 +170,8 @@ const CLASSES: ErrorClass[] = [
   QueueNotFoundError,
   ScheduleNotFoundError,
   LimitNotFoundError,
+  CallbackNotFoundError,
+  CallbackSettledError,
   ConflictError,
   LeaseLostError,
   InvalidStateError,

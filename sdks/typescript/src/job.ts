@@ -1,7 +1,10 @@
 // The job a handler receives, and how a handler's ending becomes the outcome to report.
 
 import { JobCancelledError, JobTimeoutError } from "./errors.js";
-import type { ClaimedJob, ErrorBody } from "./types.js";
+import type { Callback, ClaimedJob, ErrorBody } from "./types.js";
+
+/** What the worker does for `WorkerJob.suspend`: suspends the job, answers the callback id. */
+export type Suspender = (timeoutSeconds: number, onTimeout: "fail" | "dlq" | "resume") => Promise<string>;
 
 /** The longest error message the dispatcher stores. */
 export const MAX_ERROR_MESSAGE = 8192;
@@ -32,6 +35,10 @@ export class WorkerJob<Payload = unknown> {
   private recorded: Record<string, unknown>;
   private recorder: ((name: string, data: unknown) => Promise<Record<string, unknown>>) | undefined;
   private progressJson: string | undefined;
+  /** @internal Set by the worker. */
+  suspender: Suspender | undefined;
+  /** The callback id once the handler suspended the job (`suspend`). */
+  callbackId: string | undefined;
 
   constructor(data: ClaimedJob) {
     this.id = data.id;
@@ -52,6 +59,30 @@ export class WorkerJob<Payload = unknown> {
    * 0 from a dispatcher that predates snooze. */
   get snoozes(): number {
     return this.data.snoozes ?? 0;
+  }
+
+  /** The callback this job waited on before this run (docs/callbacks.md): `payload` (what its
+   * resolution carried), `timed_out`, `resolved_at`, `id`, ...; null if it never suspended.
+   * A handler that suspends checks it first to tell a resumed run from the first one. */
+  get callback(): Readonly<Callback> | null {
+    return this.data.callback ?? null;
+  }
+
+  /**
+   * Suspend the job on a callback (docs/callbacks.md) and answer the callback id, the
+   * credential an external system resolves it with (`POST /v1/callbacks/{callback_id}`, or
+   * `Client.resolveCallback`). The attempt leaves the worker at once: no heartbeats, no lease,
+   * no limit slot; hand the id on and return (what the handler returns or throws afterwards is
+   * dropped). The job runs again, with `callback` set, when the callback is resolved or, after
+   * `timeoutSeconds` (at most 30 days), as `onTimeout` says: `fail` the attempt, `dlq`, or
+   * `resume` with `callback.timed_out`. Rejects with `JobCancelledError` if a cancel was
+   * requested (the job is cancelled instead) and `LeaseLostError` if the lease is gone.
+   */
+  async suspend(timeoutSeconds: number, onTimeout: "fail" | "dlq" | "resume" = "fail"): Promise<string> {
+    if (this.suspender === undefined) throw new Error("only a job a worker runs can be suspended");
+    if (this.callbackId !== undefined) throw new Error(`job ${this.id} is already suspended`);
+    this.callbackId = await this.suspender(timeoutSeconds, onTimeout);
+    return this.callbackId;
   }
 
   /** {job id: result} of the COMPLETED jobs this one depends on (empty without dependencies). */

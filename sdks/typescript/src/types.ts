@@ -24,6 +24,11 @@ export type RedriveRequest = api.RedriveRequest;
 
 /** A job handed out by `POST /v1/claim`, with the lease token of this claim. */
 export type ClaimedJob = dispatcher.ClaimedJob;
+/** The callback a job is suspended on, or was last (docs/callbacks.md). */
+export type Callback = api.Callback;
+/** A callback's resolution: the same for the first one and every repeat. */
+export type CallbackResolution = api.CallbackResolution;
+export type SuspendResponse = dispatcher.SuspendResponse;
 export type ClaimRequest = dispatcher.ClaimRequest;
 export type HeartbeatResponse = dispatcher.HeartbeatResponse;
 /** The `error` of a fail report. */

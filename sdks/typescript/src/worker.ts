@@ -51,6 +51,7 @@ import {
   EvoraConnectionError,
   EvoraError,
   EvoraHTTPError,
+  JobCancelledError,
   JobNotFoundError,
   LeaseLostError,
   RetryAfter,
@@ -128,6 +129,8 @@ export interface WorkerEvents {
   released: [job: WorkerJob, why: "cancel" | "shutdown"];
   /** The handler threw `Snooze`: the job runs again in `seconds`, no attempt used up. */
   snoozed: [job: WorkerJob, seconds: number];
+  /** The handler suspended the job on a callback (`WorkerJob.suspend`). */
+  suspended: [job: WorkerJob, callbackId: string];
   /** The dispatcher recorded the job's outcome. */
   reported: [job: WorkerJob, outcome: "complete" | "fail"];
 }
@@ -173,6 +176,7 @@ type Outcome =
   | { kind: "ack"; ack: Ack }
   | { kind: "release"; why: "cancel" | "shutdown" }
   | { kind: "snooze"; seconds: number }
+  | { kind: "suspended" }
   | { kind: "abandon" };
 
 /** `size` handlers at once: jobs claimed ahead wait here for a slot, first come first
@@ -446,6 +450,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
     const job = new WorkerJob(data);
     job.attach((name, value) => this.api.checkpoint(job.id, job.leaseToken, name, value));
     const running = new Running(job);
+    running.job.suspender = (timeoutSeconds, onTimeout) => this.suspend(running, timeoutSeconds, onTimeout);
     this.busy += 1;
     this.running.add(running);
     running.finished = this.process(running);
@@ -522,6 +527,13 @@ export class Worker extends EventEmitter<WorkerEvents> {
       });
     running.handlerSettled = ended.then(() => undefined);
     const settled = await Promise.race([ended, running.interruption]);
+    if (job.callbackId !== undefined) {
+      // suspended: the attempt left the worker then, and there is nothing to report
+      if (typeof settled !== "string" && (settled.threw || settled.value !== undefined)) {
+        this.logger.warn(`job ${job.id}: suspended on a callback, so what its handler ended with is dropped`);
+      }
+      return { kind: "suspended" };
+    }
     if (typeof settled === "string") return this.interrupted(job, settled);
     if (settled.threw) {
       // Failed, not handed back: a release would not count the attempt, and the job would
@@ -591,6 +603,18 @@ export class Worker extends EventEmitter<WorkerEvents> {
     }
     this.logger.info(`job ${job.id} released (${why})`);
     this.emit("released", job, why);
+  }
+
+  /** `WorkerJob.suspend`: the heartbeats stop first (once suspended, the job's lease is gone
+   * and a heartbeat would abort the handler as if it had been lost). */
+  private async suspend(running: Running, timeoutSeconds: number, onTimeout: "fail" | "dlq" | "resume"): Promise<string> {
+    const { job } = running;
+    running.stopTimers();
+    const answer = await this.api.suspend(job.id, job.leaseToken, timeoutSeconds, onTimeout);
+    if (answer.callback_id === null || answer.callback_id === undefined) throw new JobCancelledError(job.id);
+    this.logger.info(`job ${job.id} suspended on a callback for at most ${timeoutSeconds} s`);
+    this.emit("suspended", job, answer.callback_id);
+    return answer.callback_id;
   }
 
   private async snooze(running: Running, seconds: number): Promise<void> {

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { isDeepStrictEqual } from "node:util";
-import { NonRetryableError, RetryAfter, Snooze, UnauthorizedError } from "../src/index.js";
+import { CallbackNotFoundError, Client, NonRetryableError, RetryAfter, Snooze, UnauthorizedError } from "../src/index.js";
 import { admin, env, jobInState, producer, queueName, serving, until, worker } from "./support.js";
 
 /** The dispatcher's count of answered requests to `route` (from /metrics). */
@@ -100,6 +100,40 @@ describe("Worker", () => {
       assert.deepEqual([job.attempt, job.result], [1, "answered"]);
       assert.deepEqual(runs, [1, 1, 1]);
       assert.equal(job.last_error?.type, "RetryAfter");
+    } finally {
+      await run.stop();
+    }
+  });
+
+  test("a handler suspends on a callback and its next run sees the resolution's payload", async () => {
+    const queue = queueName("ts-suspend");
+    const w = worker([queue]);
+    const callbacks: string[] = [];
+    const seen: unknown[] = [];
+    w.handle("ts.approve", async (job) => {
+      seen.push(job.callback?.payload ?? null);
+      if (job.callback === null) {
+        callbacks.push(await job.suspend(3600, "fail"));
+        return undefined;
+      }
+      return { approved: (job.callback.payload as { ok: boolean }).ok };
+    });
+    const run = serving(w);
+    try {
+      const { id } = await client.submit(queue, "ts.approve", {}, { max_attempts: 1 });
+      await jobInState(client, id, "SUSPENDED");
+      assert.equal(callbacks.length, 1);
+      // a webhook sender needs no token: the callback id is the credential
+      const sender = new Client({ url: env.apiUrl });
+      const resolution = await sender.resolveCallback(callbacks[0]!, { ok: true });
+      assert.deepEqual(resolution.payload, { ok: true });
+      assert.deepEqual(await sender.resolveCallback(callbacks[0]!, { ok: false }), resolution);
+      await assert.rejects(sender.resolveCallback(`evcb_${"0".repeat(64)}`), CallbackNotFoundError);
+      const job = await jobInState(client, id, "COMPLETED");
+      assert.deepEqual([job.attempt, job.result], [1, { approved: true }]);
+      assert.deepEqual(seen, [null, { ok: true }]);
+      const events = (await client.events(id)).map((e) => e.event);
+      assert.deepEqual(events, ["submitted", "claimed", "suspended", "resumed", "claimed", "completed"]);
     } finally {
       await run.stop();
     }

@@ -19,6 +19,7 @@ from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.schedules import ScheduleStore
 from evora.tracing import TRACER
+from evora_services.api.callbacks import callbacks
 from evora_services.api.dashboard import dashboard
 from evora_services.api.fairness import FAIRNESS, fairness
 from evora_services.api.limits import LIMITS, limits
@@ -95,5 +96,5 @@ async def create_app(settings: Settings) -> web.Application:
     # Without MongoDB the api still serves jobs; the stats endpoints answer 503.
     if settings.mongo_url is not None:
         app.cleanup_ctx.append(_read_models)
-    install(app, producer, admin, schedules, limits, fairness, stats, dashboard)
+    install(app, producer, admin, callbacks, schedules, limits, fairness, stats, dashboard)
     return app

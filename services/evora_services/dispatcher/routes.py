@@ -36,6 +36,8 @@ from evora.protocol.worker import (
     ReleaseRequest,
     RetryAfter,
     SnoozeRequest,
+    SuspendRequest,
+    SuspendResponse,
 )
 from evora.storage import checkpoints
 from evora.storage.jobs import AckResult, Completion, Failure
@@ -402,6 +404,27 @@ async def checkpoint(request: web.Request) -> web.Response:
         request.app[DISPATCH].store.pool, job_id, body.lease_token, body.name, body.data
     )
     return json_response({"checkpoints": stored})
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/suspend",
+    roles=("worker",),
+    summary=(
+        "Suspend the job on a callback (docs/callbacks.md): it holds no lease and no limit slot "
+        "until the callback is resolved (POST /v1/callbacks/{callback_id}) or times out."
+    ),
+    body=SuspendRequest,
+    responses={200: SuspendResponse},
+    problems=(404, 409),
+)
+async def suspend(request: web.Request) -> web.Response:
+    job_id = ids.job_id(request.match_info["id"])
+    body = await parse_body(request, SuspendRequest, limit=CLAIM_BODY_LIMIT)
+    suspended = await request.app[DISPATCH].store.suspend(
+        job_id, body.lease_token, timeout_seconds=body.timeout_seconds, on_timeout=body.on_timeout
+    )
+    return json_response({"callback_id": suspended.callback_id, "job": suspended.job})
 
 
 @routes.add(

@@ -19,7 +19,10 @@ from evora.readmodels.layout import Document
 EXPORTED_QUEUES_MAX = 500
 _EXPORTED_FIELDS = dict.fromkeys(("counts", "totals", "latency_ms", "oldest_pending_at"), 1)
 _HOLDING_JOBS = {
-    "$or": [{f"counts.{state}": {"$gt": 0}} for state in ("WAITING", "PENDING", "RUNNING", "DLQ")]
+    "$or": [
+        {f"counts.{state}": {"$gt": 0}}
+        for state in ("WAITING", "PENDING", "RUNNING", "SUSPENDED", "DLQ")
+    ]
 }
 _MOST_RECENT_FIRST = [("last_event_at", -1), ("_id", 1)]
 

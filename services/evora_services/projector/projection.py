@@ -89,8 +89,9 @@ def apply_to_queue(doc: Document, change: QueueChange) -> Document:
     LATENCY_SAMPLES most recent of each)."""
     increments = {}
     for state, delta in change.moved.items():
-        doc["transitions"][state] += delta
-        doc["counts"][state] += delta
+        # .get: a document the previous release made lacks a state added since (SUSPENDED)
+        doc["transitions"][state] = doc["transitions"].get(state, 0) + delta
+        doc["counts"][state] = doc["counts"].get(state, 0) + delta
         if delta:
             increments[f"counts.{state}"] = delta
     totals = doc["totals"]
@@ -157,7 +158,7 @@ class _History:
 def recount(doc: Document) -> None:
     """Counts are the transitions seen minus the finished jobs the sweeper pruned, so they
     equal PostgreSQL's own counts once the projector has caught up."""
-    doc["counts"] = {s: doc["transitions"][s] - doc["pruned"].get(s, 0) for s in STATE_NAMES}
+    doc["counts"] = {s: doc["transitions"].get(s, 0) - doc["pruned"].get(s, 0) for s in STATE_NAMES}
 
 
 def new_worker(worker_id: str) -> Document:

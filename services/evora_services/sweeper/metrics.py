@@ -10,6 +10,9 @@ from evora.storage.audit import CHECKS
 from evora.storage.schedules import FailureReason
 
 LEASE_OUTCOMES = ("requeued", "dead_lettered", "cancelled")
+# what a callback that timed out made of its job (docs/callbacks.md): resumed (on_timeout
+# resume), requeued (fail, retried), dead_lettered (dlq, or fail with no attempt left)
+CALLBACK_OUTCOMES = ("resumed", "requeued", "dead_lettered")
 PRUNE_KINDS = ("completed", "cancelled", "dlq", "idempotency_keys")
 # How late a schedule's job is made after its tick: on time is well under a second; a
 # catch-up after downtime can be hours.
@@ -29,6 +32,13 @@ class SweeperMetrics:
             "evora_sweeper_timed_out",
             "Attempts failed past max_duration_seconds and its grace, by outcome (requeued, "
             "dead_lettered, cancelled).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.callbacks_timed_out = Counter(
+            "evora_sweeper_callbacks_timed_out",
+            "Callbacks whose timeout passed before a resolution, by what their job became "
+            "(resumed, requeued, dead_lettered).",
             ["outcome"],
             registry=registry,
         )
@@ -122,6 +132,8 @@ class SweeperMetrics:
         for outcome in LEASE_OUTCOMES:
             self.leases_expired.labels(outcome)
             self.timed_out.labels(outcome)
+        for outcome in CALLBACK_OUTCOMES:
+            self.callbacks_timed_out.labels(outcome)
         for kind in PRUNE_KINDS:
             self.pruned.labels(kind)
         for reason in FailureReason:

@@ -105,10 +105,11 @@ class Expired:
     ttls: int
     # attempts past max_duration_seconds and its grace (docs/jobs-that-wait.md), by outcome
     timeouts: Counter[str] = field(default_factory=Counter)
+    callbacks: int = 0  # timed out
 
     @property
     def total(self) -> int:
-        return self.leases.total() + self.ttls + self.timeouts.total()
+        return self.leases.total() + self.ttls + self.timeouts.total() + self.callbacks
 
 
 def _ended(event: asyncio.Event | None) -> bool:
@@ -167,6 +168,21 @@ class Sweeper:
                 self._metrics.timed_out.labels(outcome).inc()
             if len(jobs) < batch:
                 break
+        callbacks = 0
+        while not _ended(ended):
+            moved = await self._jobs.expire_callbacks(batch)
+            for job in moved:
+                outcome = (
+                    "dead_lettered"
+                    if job["state"] == JobState.DLQ
+                    else "resumed"
+                    if job["callback"]["on_timeout"] == "resume"
+                    else "requeued"
+                )
+                self._metrics.callbacks_timed_out.labels(outcome).inc()
+            callbacks += len(moved)
+            if len(moved) < batch:
+                break
         ttls = 0
         while not _ended(ended):
             expired = len(await self._jobs.expire_ttls(batch))
@@ -176,15 +192,17 @@ class Sweeper:
                 break
         self._metrics.last_run.set(time.time())
         self._metrics.pass_duration.observe(time.perf_counter() - started)
-        result = Expired(leases, ttls, timeouts)
+        result = Expired(leases, ttls, timeouts, callbacks)
         level = logging.INFO if result.total else logging.DEBUG
         log.log(
             level,
             "expiry pass: leases requeued=%d dead_lettered=%d cancelled=%d; "
-            "timeouts requeued=%d dead_lettered=%d cancelled=%d; ttls expired=%d",
+            "timeouts requeued=%d dead_lettered=%d cancelled=%d; ttls expired=%d; "
+            "callbacks timed out=%d",
             *(leases[outcome] for outcome in LEASE_OUTCOMES),
             *(timeouts[outcome] for outcome in LEASE_OUTCOMES),
             ttls,
+            callbacks,
         )
         return result
 

@@ -58,6 +58,22 @@ class InvalidState(EvoraError):
     title = "Invalid state"
 
 
+class CallbackNotFound(EvoraError):
+    """No callback with that id (or its job was pruned)."""
+
+    code = problems.CALLBACK_NOT_FOUND
+    status = 404
+    title = "Callback not found"
+
+
+class CallbackSettled(EvoraError):
+    """The callback can no longer be resolved: it timed out, or its job was cancelled."""
+
+    code = problems.CALLBACK_SETTLED
+    status = 409
+    title = "Callback settled"
+
+
 class IdempotencyConflict(EvoraError):
     """The idempotency key was already used for this queue with different submission fields."""
 

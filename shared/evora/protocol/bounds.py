@@ -38,6 +38,9 @@ MAX_RETRY_AFTER_SECONDS: Final = 24 * 3600
 MAX_CHECKPOINTS: Final = 100
 MAX_CHECKPOINT_BYTES: Final = 1_048_576
 CHECKPOINT_NAME_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,255}$"
+# The longest a job may wait suspended on a callback (docs/callbacks.md): a person's approval
+# or a slow partner's webhook within a month; longer waits are a schedule's.
+MAX_CALLBACK_TIMEOUT_SECONDS: Final = 30 * 24 * 3600
 
 KIB: Final = 1024
 MIB: Final = 1024 * KIB

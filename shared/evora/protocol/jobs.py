@@ -173,6 +173,19 @@ class LastError(BaseModel):
     traceback: str | None = None
 
 
+class Callback(BaseModel):
+    """The callback a job is suspended on, or was last (docs/callbacks.md). Its `id` names
+    it; the credential that resolves it was handed to the suspending worker only."""
+
+    id: UUID
+    on_timeout: Literal["fail", "dlq", "resume"]
+    suspended_at: datetime
+    timeout_at: datetime
+    resolved_at: datetime | None = Field(description="null while it waits, or if it timed out")
+    timed_out: bool
+    payload: Any = Field(description="what the resolution carried (null until then)")
+
+
 class Job(BaseModel):
     """A job as the API returns it (docs/http-api.md#the-job-resource)."""
 
@@ -212,6 +225,13 @@ class Job(BaseModel):
     )
     fairness_key: str | None = Field(
         default=None, description="the fairness key (tenant) it is served as; null: none"
+    )
+    callback: Callback | None = Field(
+        default=None,
+        description=(
+            "the callback it is SUSPENDED on, or the last one it was: what an attempt after it "
+            "was resolved or timed out sees (docs/callbacks.md); null if it never suspended"
+        ),
     )
 
 

@@ -11,6 +11,8 @@ class JobState(StrEnum):
     WAITING = "WAITING"
     PENDING = "PENDING"
     RUNNING = "RUNNING"
+    # waiting for a callback, holding no lease and no limit slot (docs/callbacks.md)
+    SUSPENDED = "SUSPENDED"
     COMPLETED = "COMPLETED"
     DLQ = "DLQ"
     CANCELLED = "CANCELLED"
@@ -24,6 +26,9 @@ class EventName(StrEnum):
     LEASE_EXPIRED = "lease_expired"
     RELEASED = "released"
     SNOOZED = "snoozed"
+    SUSPENDED = "suspended"
+    RESUMED = "resumed"
+    CALLBACK_TIMED_OUT = "callback_timed_out"
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
     RETRIED = "retried"

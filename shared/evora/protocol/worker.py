@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from evora.protocol.bounds import (
     CHECKPOINT_NAME_PATTERN,
     MAX_ACKS,
+    MAX_CALLBACK_TIMEOUT_SECONDS,
     MAX_CLAIM_JOBS,
     MAX_CLAIM_QUEUES,
     MAX_ERROR_MESSAGE,
@@ -29,7 +30,7 @@ from evora.protocol.fields import (
     WireModel,
     WorkerId,
 )
-from evora.protocol.jobs import ClaimedJob, LimitKey
+from evora.protocol.jobs import ClaimedJob, Job, LimitKey
 
 
 class HeartbeatRequest(WireModel):
@@ -130,6 +131,33 @@ class CheckpointRequest(WireModel):
 
 class CheckpointResponse(BaseModel):
     checkpoints: dict[str, Any] = Field(description="every checkpoint of the job, name -> data")
+
+
+class SuspendRequest(WireModel):
+    lease_token: UUID
+    timeout_seconds: float = Field(
+        gt=0,
+        le=MAX_CALLBACK_TIMEOUT_SECONDS,
+        description="how long the job waits for the callback's resolution",
+    )
+    on_timeout: Literal["fail", "dlq", "resume"] = Field(
+        default="fail",
+        description=(
+            "then: `fail` the attempt (retried by the job's backoff, or DLQ with none left), "
+            "`dlq` at once, or `resume` the job with `callback.timed_out` set"
+        ),
+    )
+
+
+class SuspendResponse(BaseModel):
+    callback_id: str | None = Field(
+        description=(
+            "the one-time callback id, the credential that resolves it (POST "
+            "/v1/callbacks/{callback_id}); shown this once. Null when a requested cancel won "
+            "and the job is CANCELLED"
+        )
+    )
+    job: Job
 
 
 class Ack(WireModel):

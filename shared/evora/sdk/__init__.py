@@ -13,6 +13,8 @@ from evora.sdk.client import (
 )
 from evora.sdk.errors import (
     BadRequestError,
+    CallbackNotFoundError,
+    CallbackSettledError,
     ConflictError,
     EvoraClientError,
     EvoraConnectionError,
@@ -45,6 +47,8 @@ from evora.sdk.worker import Worker
 
 __all__ = [
     "BadRequestError",
+    "CallbackNotFoundError",
+    "CallbackSettledError",
     "Client",
     "ConflictError",
     "EvoraClientError",

@@ -271,10 +271,37 @@ class Client:
         events: list[dict[str, Any]] = resp.data["events"]
         return events
 
+    async def resolve_callback(self, callback_id: str, payload: Any = None) -> dict[str, Any]:
+        """Resolve a callback a job is suspended on (docs/callbacks.md): the job runs again
+        and its handler sees `payload` in `job.callback`. Needs no token (the callback id is
+        the credential). Answers the resolution `{callback, job_id, resolved_at, payload}`; a
+        repeat answers the first one (so a retry is safe). `CallbackNotFoundError` for an
+        unknown id, `CallbackSettledError` once it timed out or its job was cancelled."""
+        resp = await self._call(
+            "POST",
+            f"/v1/callbacks/{_segment(callback_id)}",
+            body={"payload": payload},
+            idempotent=True,
+        )
+        resolution: dict[str, Any] = resp.data
+        return resolution
+
+    async def resolve_job(self, job_id: str | UUID, payload: Any = None) -> dict[str, Any]:
+        """An admin's resolution of the callback the SUSPENDED job waits on, by the job (an
+        approval): as `resolve_callback`."""
+        resp = await self._call(
+            "POST",
+            f"/v1/jobs/{_segment(job_id)}/resolve",
+            body={"payload": payload},
+            idempotent=True,
+        )
+        resolution: dict[str, Any] = resp.data
+        return resolution
+
     async def cancel(self, job_id: str | UUID) -> JobData:
-        """Cancel a job: a PENDING or WAITING one is CANCELLED at once; a RUNNING one gets
-        `cancel_requested` and becomes CANCELLED when its worker gives it up. Final states
-        raise `InvalidStateError`."""
+        """Cancel a job: a PENDING, WAITING or SUSPENDED one is CANCELLED at once; a RUNNING
+        one gets `cancel_requested` and becomes CANCELLED when its worker gives it up. Final
+        states raise `InvalidStateError`."""
         return await self._to_cancelled(job_id, f"/v1/jobs/{_segment(job_id)}/cancel")
 
     # Admin endpoints

@@ -115,8 +115,18 @@ class LimitNotFoundError(NotFoundError):
     problem_code = problems.LIMIT_NOT_FOUND
 
 
+class CallbackNotFoundError(NotFoundError):
+    problem_code = problems.CALLBACK_NOT_FOUND
+
+
 class ConflictError(EvoraHTTPError):
     problem_status = 409
+
+
+class CallbackSettledError(ConflictError):
+    """The callback timed out, or its job was cancelled: it can no longer be resolved."""
+
+    problem_code = problems.CALLBACK_SETTLED
 
 
 class LeaseLostError(ConflictError):
@@ -178,9 +188,11 @@ _CLASSES: tuple[type[EvoraHTTPError], ...] = (
     QueueNotFoundError,
     ScheduleNotFoundError,
     LimitNotFoundError,
+    CallbackNotFoundError,
     ConflictError,
     LeaseLostError,
     InvalidStateError,
+    CallbackSettledError,
     IdempotencyConflictError,
     IdempotentJobGoneError,
     QueueFullError,

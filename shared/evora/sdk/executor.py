@@ -9,7 +9,7 @@ from typing import Any
 
 from evora.sdk.acks import Ack
 from evora.sdk.handlers import Handler, runs_on_loop
-from evora.sdk.running import Abandon, Interrupt, Release, RunningJob, Snoozed
+from evora.sdk.running import Abandon, Interrupt, Release, RunningJob, Snoozed, Suspended
 from evora.sdk.threads import HandlerThreads, when_thread_done
 
 log = logging.getLogger("evora.worker")
@@ -24,7 +24,7 @@ class Executor:
 
     async def execute(
         self, running: RunningJob, handler: Handler | None
-    ) -> Ack | Release | Abandon | Snoozed:
+    ) -> Ack | Release | Abandon | Snoozed | Suspended:
         job = running.job
         if handler is None:
             # Retryable: another worker of the fleet may know the type.
@@ -58,7 +58,7 @@ class Executor:
 
     async def execute_in_slot(
         self, running: RunningJob, handler: Handler | None, slots: asyncio.Semaphore
-    ) -> Ack | Release | Abandon | Snoozed:
+    ) -> Ack | Release | Abandon | Snoozed | Suspended:
         """`execute` in one of `slots`, waiting for one first: the job was claimed ahead of
         time (the worker's `prefetch`). One interrupted while it waits never runs: it is
         abandoned if its lease was lost, failed if it ran past its max_duration_seconds

@@ -6,9 +6,9 @@ import asyncio
 import inspect
 import re
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import orjson
 
@@ -54,6 +54,11 @@ class Job:
     # Where `checkpoint()` sends (the worker's transport; None outside a worker).
     _transport: Transport | None = field(default=None, repr=False)
     _checkpoints: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Set by the worker: suspends the job (timeout seconds, on_timeout) and answers the
+    # callback id (`suspend`).
+    _suspender: Callable[[float, str], Awaitable[str]] | None = field(default=None, repr=False)
+    # The callback id once the handler suspended the job.
+    callback_id: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_claim(cls, data: Mapping[str, Any]) -> Job:
@@ -75,6 +80,34 @@ class Job:
         """The times the job was snoozed before this run (`Snooze`; docs/jobs-that-wait.md):
         its attempt number does not count them. 0 from a dispatcher that predates snooze."""
         return int(self.data.get("snoozes", 0))
+
+    @property
+    def callback(self) -> Mapping[str, Any] | None:
+        """The callback this job waited on before this run (docs/callbacks.md): `payload`
+        (what its resolution carried), `timed_out`, `resolved_at`, `id`, ...; None if it
+        never suspended. A handler that suspends checks it first to tell a resumed run from
+        the first one."""
+        callback: Mapping[str, Any] | None = self.data.get("callback")
+        return callback
+
+    async def suspend(
+        self, timeout_seconds: float, on_timeout: Literal["fail", "dlq", "resume"] = "fail"
+    ) -> str:
+        """Suspend the job on a callback (docs/callbacks.md) and answer the callback id, the
+        credential an external system resolves it with (`POST /v1/callbacks/{callback_id}`,
+        or `Client.resolve_callback`). The attempt leaves the worker at once: no heartbeats,
+        no lease, no limit slot; hand the id on and return (what the handler returns or
+        raises afterwards is dropped). The job runs again, with `callback` set, when the
+        callback is resolved or, after `timeout_seconds` (at most 30 days), as `on_timeout`
+        says: `fail` the attempt, `dlq`, or `resume` with `callback["timed_out"]`. Raises
+        `JobCancelled` if a cancel was requested (the job is cancelled instead) and
+        `LeaseLostError` if the lease is no longer the job's. Async handlers only."""
+        if self._suspender is None:
+            raise RuntimeError("only a job a worker runs can be suspended")
+        if self.callback_id is not None:
+            raise RuntimeError(f"job {self.id} is already suspended")
+        self.callback_id = await self._suspender(timeout_seconds, on_timeout)
+        return self.callback_id
 
     @property
     def dependency_results(self) -> Mapping[str, Any]:

@@ -84,6 +84,23 @@ class Reports:
             return
         log.info("job %s snoozed for %s s", job.id, seconds)
 
+    async def suspend(self, job: Job, timeout_seconds: float, on_timeout: str) -> str | None:
+        """Suspend the job on a callback; its callback id, or None when a requested cancel
+        won (the job is CANCELLED)."""
+        resp = await self._http.request(
+            "POST",
+            f"/v1/jobs/{job.id}/suspend",
+            idempotent=False,
+            body={
+                "lease_token": job.lease_token,
+                "timeout_seconds": timeout_seconds,
+                "on_timeout": on_timeout,
+            },
+        )
+        callback_id: str | None = resp.data["callback_id"]
+        log.info("job %s suspended on a callback for at most %s s", job.id, timeout_seconds)
+        return callback_id
+
     def report(self, ack: Ack, on_sent: Callable[[], None] | None = None) -> asyncio.Future[int]:
         """Report an outcome; the future resolves to its status once the dispatcher has
         recorded it. `on_sent` runs when it goes out (see `AckBatcher.submit`). A job's task

@@ -58,6 +58,9 @@ class Interrupt(StrEnum):
 
 Release = Literal["release"]
 Abandon = Literal["abandon"]
+# The handler suspended the job on a callback (`Job.suspend`): the attempt left the worker
+# then, so there is nothing to report.
+Suspended = Literal["suspended"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +118,17 @@ class RunningJob:
 
     def outcome(
         self, result: Any, error: BaseException | None, cancelled: bool
-    ) -> Ack | Release | Abandon | Snoozed:
+    ) -> Ack | Release | Abandon | Snoozed | Suspended:
         """What to tell the dispatcher once the handler has ended."""
         job = self.job
+        if job.callback_id is not None:
+            if error is not None or result is not None:
+                log.warning(
+                    "job %s: suspended on a callback, so what its handler %s is dropped",
+                    job.id,
+                    "raised" if error is not None else "returned",
+                )
+            return "suspended"
         if self.interrupted is Interrupt.LEASE_LOST:
             return "abandon"
         if cancelled or error is not None:

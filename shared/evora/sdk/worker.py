@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import logging
 import random
@@ -70,7 +71,12 @@ from evora.protocol.bounds import MAX_CLAIM_JOBS
 from evora.protocol.retries import RetryBackoff
 from evora.sdk._http import Transport
 from evora.sdk.acks import Ack
-from evora.sdk.errors import EvoraClientError, EvoraConnectionError, EvoraHTTPError
+from evora.sdk.errors import (
+    EvoraClientError,
+    EvoraConnectionError,
+    EvoraHTTPError,
+    JobCancelled,
+)
 from evora.sdk.executor import Executor
 from evora.sdk.handlers import H, Handler, Handlers, Job
 from evora.sdk.heartbeats import Heartbeats
@@ -477,6 +483,7 @@ class Worker:
         job = Job.from_claim(data)
         job._transport = self._http
         running = RunningJob(job)
+        job._suspender = functools.partial(self._suspend, running)
         self._busy += 1
         running.task = asyncio.get_running_loop().create_task(
             self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
@@ -525,6 +532,15 @@ class Worker:
                 self._free_slot_when_done(running)
             else:
                 self._release_slot(running)
+
+    async def _suspend(self, running: RunningJob, timeout_seconds: float, on_timeout: str) -> str:
+        """`Job.suspend`: the heartbeats stop first (once suspended, the job's lease is gone
+        and a heartbeat would interrupt the handler as if it had been lost)."""
+        running.stop_timers()
+        callback_id = await self._reports.suspend(running.job, timeout_seconds, on_timeout)
+        if callback_id is None:
+            raise JobCancelled(f"cancellation of job {running.job.id} was requested")
+        return callback_id
 
     def _release_slot(self, running: RunningJob) -> None:
         """Free the job's slot, once; never while its handler's thread still runs."""

@@ -41,6 +41,7 @@ from evora.storage.statements import load
     _DEPENDENCIES_OF,
     _WAITING_ON_MISSING,
     _OVER_MAX_PENDING,
+    _SUSPENDED_MISMATCH,
     _LIMIT_CHANGES,
     _ARCHIVED_UPTO,
     _PRUNE_COUNTS,
@@ -54,6 +55,7 @@ from evora.storage.statements import load
     "dependencies_of",
     "waiting_on_missing",
     "over_max_pending",
+    "suspended_mismatch",
     "limit_changes",
     "archived_upto",
     "prune_counts",
@@ -68,8 +70,8 @@ CHECKS: dict[str, str] = {
     ),
     "ends_in_current_state": "a job's last event carries its current state and version",
     "attempts_counted": (
-        "a claim raises the attempt by one, a release to PENDING lowers it by one, a retry "
-        "from the DLQ resets it, nothing else changes it"
+        "a claim raises the attempt by one, a release, snooze or resumption (from SUSPENDED) "
+        "to PENDING lowers it by one, a retry from the DLQ resets it, nothing else changes it"
     ),
     "snoozes_counted": (
         "a job's `snoozes` is the number of its `snoozed` events back to PENDING (jobs whose "
@@ -79,7 +81,10 @@ CHECKS: dict[str, str] = {
         "every event of a running attempt (cancel request, completion, failure, release, "
         "expiry) belongs to the claim that opened it: same attempt, start and worker"
     ),
-    "group_exclusive": "at most one RUNNING job per (queue, group_key) at any moment",
+    "group_exclusive": (
+        "at most one RUNNING or SUSPENDED job per (queue, group_key) at any moment (a "
+        "suspended job keeps its group's turn)"
+    ),
     "group_order": (
         "a grouped job is claimed only as its group's head: no job of the group that comes "
         "before it (priority, then submission) was PENDING"
@@ -100,6 +105,10 @@ CHECKS: dict[str, str] = {
         "retention"
     ),
     "waiting_on_existing": "no WAITING job depends on a job that no longer exists",
+    "suspended_on_its_callback": (
+        "every SUSPENDED job holds no lease and waits on exactly one open callback, the one "
+        "it names; every open callback's job is SUSPENDED on it"
+    ),
     "max_pending_admitted": (
         "no key holds more never-started jobs waiting to run, submitted since its limit last "
         "changed, than its max_pending"
@@ -113,8 +122,9 @@ _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
     ("RUNNING", "RUNNING", "checkpointed"),
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
-# A worker hands its claim back uncounted: a release, or a snooze (which asks to run later)
-_HANDED_BACK = frozenset({"released", "snoozed"})
+# A claim handed back uncounted: a release, a snooze (which asks to run later), or a
+# resumption of a suspended job (its callback resolved, or timed out with on_timeout resume)
+_HANDED_BACK = frozenset({"released", "snoozed", "resumed"})
 # group_order: a job that became PENDING this long (by `at`, its transaction's start) before
 # a claim was visible to it, unless its transaction stayed open longer; a shorter wait may be
 # a submission the claim's snapshot could not see yet, though its seq is lower
@@ -389,6 +399,9 @@ class _Auditor:
                     )
                 others.add(job_id)
             return
+        if frm == "SUSPENDED" and job.group_key is not None:
+            # the suspended job kept its group's turn until now
+            self.group_running[(job.queue, job.group_key)].discard(job_id)
         if frm != "RUNNING":
             return
         claim = job.claim
@@ -420,8 +433,9 @@ class _Auditor:
             )
         job.claim = None
         job.cancel_requested_seq = None
-        if job.group_key is not None:
+        if job.group_key is not None and to != "SUSPENDED":
             self.group_running[(job.queue, job.group_key)].discard(job_id)
+        # a suspended job holds no limit slot: its attempt's claim ends here for the limits
         self.endings.append((job_id, seq))
 
     def result(self) -> list[CheckResult]:
@@ -603,6 +617,7 @@ async def _audit(
             deps[r["job_id"]].append(r["depends_on"])
         missing = await conn.fetch(_WAITING_ON_MISSING)
         crowded = await conn.fetch(_OVER_MAX_PENDING, _LIMIT_CHANGE_MARGIN_S)
+        mismatched = await conn.fetch(_SUSPENDED_MISMATCH)
         history = _LimitHistory(await conn.fetch(_LIMIT_CHANGES))
         pruned = {(r["queue"], r["state"]): r["pruned"] for r in await conn.fetch(_PRUNE_COUNTS)}
         offset = float(await conn.fetchval(_CLOCK_OFFSET))
@@ -613,6 +628,13 @@ async def _audit(
             "waiting_on_existing",
             f"WAITING on {r['depends_on']}, which no longer exists",
             [r["job_id"], r["depends_on"]],
+            [],
+        )
+    for r in mismatched:
+        auditor.fail(
+            "suspended_on_its_callback",
+            f"{r['problem']} (callback {r['callback']})",
+            [r["job_id"]],
             [],
         )
     for r in crowded:

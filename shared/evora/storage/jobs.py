@@ -22,6 +22,8 @@ import orjson
 
 from evora.coalesce import Coalescer
 from evora.domain.errors import (
+    CallbackNotFound,
+    CallbackSettled,
     EvoraError,
     InvalidState,
     JobNotFound,
@@ -102,6 +104,13 @@ class Cancelled:
     job: JobDict
     # False when the job was RUNNING: only `cancel_requested` is set, the worker decides.
     immediate: bool
+
+
+@dataclass(frozen=True)
+class Suspended:
+    job: JobDict
+    # the one-time credential that resolves the callback; None when a cancel requested won
+    callback_id: str | None
 
 
 @dataclass(frozen=True)
@@ -600,6 +609,42 @@ class JobStore:
         """Fail the attempts past their job's max_duration_seconds and its grace (reason
         `timeout`, docs/jobs-that-wait.md): one batch, the jobs as they now are."""
         rows = await self._change(self._pool, queries.TIME_OUT, batch)
+        return [job_from_row(r["job"]) for r in rows]
+
+    async def suspend(
+        self, job_id: UUID, lease_token: UUID, *, timeout_seconds: float, on_timeout: str
+    ) -> Suspended:
+        """Suspend the RUNNING job on a new callback (docs/callbacks.md): it holds no lease
+        and no limit slot until the callback is resolved or times out."""
+        [row] = await self._change(
+            self._pool, queries.SUSPEND, job_id, lease_token, timeout_seconds, on_timeout
+        )
+        AckResult(row["outcome"]).raise_unless_done(job_id)
+        return Suspended(job_from_row(row["job"]), row["callback_secret"])
+
+    async def resolve_callback(
+        self, callback_id: str | None, payload: Any = None, *, job_id: UUID | None = None
+    ) -> dict[str, Any]:
+        """Resolve a callback, named by its callback id or (an admin) by the job waiting on
+        it; the resolution, the first one's for a repeat."""
+        [row] = await self._change(
+            self._pool, queries.RESOLVE_CALLBACK, callback_id, job_id, payload
+        )
+        outcome = row["outcome"]
+        if outcome == "not_found":
+            if job_id is not None:
+                raise InvalidState(f"job {job_id} is not suspended on a callback")
+            raise CallbackNotFound("no such callback")
+        if outcome == "timed_out":
+            raise CallbackSettled("the callback timed out")
+        if outcome == "cancelled":
+            raise CallbackSettled("the callback's job was cancelled")
+        resolution: dict[str, Any] = row["resolution"]
+        return resolution
+
+    async def expire_callbacks(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
+        """The sweeper: settle callbacks whose timeout passed, by their on_timeout."""
+        rows = await self._change(self._pool, queries.EXPIRE_CALLBACKS, batch)
         return [job_from_row(r["job"]) for r in rows]
 
     async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:

@@ -35,6 +35,7 @@ _JOB_FIELDS = (
     "updated_at",
     "started_at",
     "finished_at",
+    "callback",
 )
 
 _EVENT_FIELDS = (

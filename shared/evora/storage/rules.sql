@@ -11,7 +11,8 @@
 -- name: group_turn
 -- FIFO groups: a grouped job may be claimed only as the head of its (queue, group) (lowest
 -- priority, then submission order, due or not, so a retrying head keeps its place) and only
--- while no job of its group runs. Used by both claims (`claim` in sql/transitions.sql and
+-- while no job of its group runs or is suspended on a callback (the group is ordered: the
+-- suspended job's run is not over, and it comes back as the head; docs/callbacks.md). Used by both claims (`claim` in sql/transitions.sql and
 -- evora.claim_limited()) and by the dispatcher's report of unclaimed jobs (`unclaimed_jobs`
 -- in sql/jobs.sql). Not a function: called once per grouped candidate, it cost ~40 % more
 -- PostgreSQL CPU on claims of grouped jobs (bench/store.py --quick --groups 1000, drain
@@ -26,6 +27,9 @@ j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
      WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
      LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs s
+         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
+         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)

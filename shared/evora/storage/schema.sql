@@ -12,7 +12,8 @@ CREATE TYPE evora.job_state AS ENUM (
     'COMPLETED',
     'DLQ',
     'CANCELLED',
-    'WAITING'
+    'WAITING',
+    'SUSPENDED'
 );
 
 CREATE TYPE evora.attempt_end AS (
@@ -104,6 +105,7 @@ CREATE TABLE evora.jobs (
     limit_keys text[] DEFAULT '{}'::text[] NOT NULL,
     limited boolean DEFAULT false NOT NULL,
     snoozes integer DEFAULT 0 NOT NULL,
+    callback jsonb,
     fairness_key text,
     max_duration_seconds integer,
     checkpoints jsonb,
@@ -250,6 +252,35 @@ CREATE FUNCTION evora.backoff_seconds(initial double precision, max_seconds doub
             * (0.8 + 0.4 * random()))
 $$;
 
+CREATE TABLE evora.callbacks (
+    id uuid NOT NULL,
+    secret_hash bytea NOT NULL,
+    job_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    on_timeout text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    timeout_at timestamp with time zone NOT NULL,
+    outcome text,
+    settled_at timestamp with time zone,
+    payload jsonb,
+    CONSTRAINT callbacks_on_timeout CHECK ((on_timeout = ANY (ARRAY['fail'::text, 'dlq'::text, 'resume'::text]))),
+    CONSTRAINT callbacks_outcome CHECK ((outcome = ANY (ARRAY['resolved'::text, 'timed_out'::text, 'cancelled'::text]))),
+    CONSTRAINT callbacks_settled_iff_outcome CHECK (((outcome IS NULL) = (settled_at IS NULL)))
+);
+
+CREATE FUNCTION evora.callback_resolution(c evora.callbacks) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT jsonb_build_object('callback', c.id, 'job_id', c.job_id, 'resolved_at', c.settled_at,
+                              'payload', c.payload)
+$$;
+
+CREATE FUNCTION evora.callback_secret_hash(secret text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT sha256(convert_to(secret, 'UTF8'))
+$$;
+
 CREATE FUNCTION evora.claim_fair(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
     LANGUAGE plpgsql ROWS 1
     AS $$
@@ -285,6 +316,9 @@ j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
      WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
      LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs s
+         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
+         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -308,6 +342,9 @@ j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
      WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
      LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs s
+         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
+         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -367,6 +404,9 @@ j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
      WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
      LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs s
+         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
+         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -473,6 +513,9 @@ j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
      WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
      LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs s
+         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
+         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -854,6 +897,30 @@ CREATE FUNCTION evora.event_partitions() RETURNS TABLE(name text, lower timestam
     FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
     WHERE i.inhparent = 'evora.job_events'::regclass
     ORDER BY 3
+$$;
+
+CREATE FUNCTION evora.expire_callbacks(batch integer, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 100
+    AS $$
+DECLARE
+    j evora.jobs;
+    cb evora.callbacks;
+    moves evora.move[] := '{}';
+BEGIN
+    FOR j IN
+        SELECT x.* FROM evora.callbacks c JOIN evora.jobs x ON x.id = c.job_id
+        WHERE c.outcome IS NULL AND c.timeout_at <= evora.clock_now() AND x.state = 'SUSPENDED'
+        ORDER BY c.timeout_at
+        LIMIT batch
+        FOR UPDATE OF x SKIP LOCKED
+    LOOP
+        SELECT c.* INTO cb FROM evora.callbacks c WHERE c.job_id = j.id AND c.outcome IS NULL;
+        CONTINUE WHEN NOT FOUND OR cb.timeout_at > evora.clock_now();
+        moves := moves || evora.settle_suspended(j, cb, 'timed_out', NULL);
+    END LOOP;
+    RETURN QUERY SELECT (m.job), r.notified, r.owed
+    FROM unnest(moves) AS m CROSS JOIN evora.record_moves(moves, suppressed) AS r;
+END
 $$;
 
 CREATE FUNCTION evora.expired_event_partitions(older_than double precision, archived_only boolean) RETURNS TABLE(name text, attached boolean, detach_pending boolean)
@@ -1488,6 +1555,65 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.resolve_callback(callback_id text, payload jsonb DEFAULT NULL::jsonb) RETURNS jsonb
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'evora', 'pg_temp'
+    AS $$
+DECLARE
+    answer text;
+    resolved jsonb;
+BEGIN
+    SELECT r.outcome, r.resolution INTO answer, resolved
+    FROM evora.resolve_callback_item(callback_id, NULL,
+                                     evora.client_json(coalesce(payload, 'null'::jsonb), 'payload'),
+                                     '{}') AS r;
+    IF answer = 'not_found' THEN
+        RAISE EXCEPTION 'callback not found' USING ERRCODE = 'EV404';
+    ELSIF answer NOT IN ('done', 'replayed') THEN
+        RAISE EXCEPTION 'the callback can no longer be resolved: %',
+            CASE WHEN answer = 'timed_out' THEN 'it timed out' ELSE 'its job was cancelled' END
+            USING ERRCODE = 'EV409';
+    END IF;
+    RETURN resolved;
+END
+$$;
+
+CREATE FUNCTION evora.resolve_callback_item(secret text, of_job uuid, payload jsonb, suppressed text[]) RETURNS TABLE(outcome text, resolution jsonb, job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+DECLARE
+    cb evora.callbacks;
+    j evora.jobs;
+    move evora.move;
+BEGIN
+    IF secret IS NOT NULL THEN
+        SELECT c.* INTO cb FROM evora.callbacks c
+        WHERE c.secret_hash = evora.callback_secret_hash(secret);
+    ELSE
+        SELECT c.* INTO cb FROM evora.jobs x
+        JOIN evora.callbacks c ON c.id = (x.callback ->> 'id')::uuid
+        WHERE x.id = of_job;
+    END IF;
+    IF FOUND THEN
+        SELECT x.* INTO j FROM evora.jobs x WHERE x.id = cb.job_id FOR UPDATE;
+        SELECT c.* INTO cb FROM evora.callbacks c WHERE c.id = cb.id;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found', NULL::jsonb, NULL::evora.jobs, NULL::text[], NULL::text[];
+    ELSIF cb.outcome = 'resolved' THEN
+        RETURN QUERY SELECT 'replayed', evora.callback_resolution(cb), j, NULL::text[], NULL::text[];
+    ELSIF cb.outcome IS NOT NULL OR cb.timeout_at <= evora.clock_now() THEN
+        RETURN QUERY SELECT coalesce(cb.outcome, 'timed_out'), NULL::jsonb, j, NULL::text[],
+                            NULL::text[];
+    ELSE
+        move := evora.settle_suspended(j, cb, 'resolved', payload);
+        SELECT c.* INTO cb FROM evora.callbacks c WHERE c.id = cb.id;
+        RETURN QUERY SELECT 'done', evora.callback_resolution(cb), move.job, r.notified, r.owed
+        FROM evora.record_moves(ARRAY[move], suppressed) AS r;
+    END IF;
+END
+$$;
+
 CREATE FUNCTION evora.running_holding(k text) RETURNS bigint
     LANGUAGE sql STABLE
     AS $$
@@ -1554,6 +1680,50 @@ BEGIN
     FROM (SELECT DISTINCT queue FROM settled WHERE state = 'PENDING') q;
     PERFORM set_config('evora.settling', '', true);
     RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION evora.settle_suspended(j evora.jobs, cb evora.callbacks, how text, payload jsonb) RETURNS evora.move
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    at CONSTANT timestamptz := evora.clock_now();
+    timed_out CONSTANT boolean := how = 'timed_out';
+    resumed CONSTANT boolean := NOT timed_out OR cb.on_timeout = 'resume';
+    to_dlq CONSTANT boolean := NOT resumed AND (cb.on_timeout = 'dlq' OR j.attempt >= j.max_attempts);
+    error CONSTANT jsonb := CASE WHEN NOT resumed THEN jsonb_build_object(
+        'message', 'the callback was not resolved before its timeout',
+        'type', 'callback_timed_out') END;
+    moved evora.jobs;
+BEGIN
+    UPDATE evora.callbacks c
+    SET outcome = how, settled_at = at, payload = settle_suspended.payload
+    WHERE c.id = cb.id;
+    UPDATE evora.jobs x
+    SET state = CASE WHEN to_dlq THEN 'DLQ' ELSE 'PENDING' END::evora.job_state,
+        attempt = x.attempt - CASE WHEN resumed THEN 1 ELSE 0 END,
+        callback = x.callback || jsonb_build_object(
+            'resolved_at', CASE WHEN timed_out THEN NULL ELSE at END,
+            'timed_out', timed_out, 'payload', settle_suspended.payload),
+        last_error = coalesce(error, x.last_error),
+        run_at = CASE WHEN resumed THEN at
+                      WHEN to_dlq THEN x.run_at
+                      ELSE at + make_interval(secs => evora.backoff_seconds(
+                          x.backoff_initial, x.backoff_max, x.backoff_multiplier, x.attempt)) END,
+        finished_at = CASE WHEN to_dlq THEN at END,
+        updated_at = at, version = x.version + 1
+    WHERE x.id = j.id AND x.state = 'SUSPENDED'
+    RETURNING x.* INTO moved;
+    RETURN ROW(moved,
+               CASE WHEN resumed THEN 'resumed' WHEN to_dlq THEN 'dead_lettered'
+                    ELSE 'callback_timed_out' END,
+               'SUSPENDED', NULL,
+               jsonb_strip_nulls(jsonb_build_object(
+                   'callback', cb.id, 'timed_out', CASE WHEN timed_out THEN true END,
+                   'reason', CASE WHEN to_dlq THEN 'callback_timed_out' END,
+                   'error', error,
+                   'retry_at', CASE WHEN NOT resumed AND NOT to_dlq THEN moved.run_at END))
+              )::evora.move;
 END
 $$;
 
@@ -2032,6 +2202,54 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.suspend_job(job_id uuid, lease_token uuid, timeout_seconds double precision, on_timeout text, suppressed text[]) RETURNS TABLE(outcome text, job evora.jobs, callback_secret text, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+DECLARE
+    at CONSTANT timestamptz := evora.clock_now();
+    deadline CONSTANT timestamptz := at + make_interval(secs => timeout_seconds);
+    cb_id CONSTANT uuid := gen_random_uuid();
+    secret text;
+    j evora.jobs;
+BEGIN
+    SELECT x.* INTO j FROM evora.jobs x
+    WHERE x.id = suspend_job.job_id AND x.lease_token = suspend_job.lease_token
+      AND x.state = 'RUNNING'
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT CASE WHEN EXISTS (SELECT 1 FROM evora.jobs x
+                                              WHERE x.id = suspend_job.job_id)
+                                 THEN 'lease_lost' ELSE 'not_found' END,
+                            NULL::evora.jobs, NULL::text, NULL::text[], NULL::text[];
+        RETURN;
+    END IF;
+    IF j.cancel_requested THEN
+        RETURN QUERY SELECT 'done', e.job, NULL::text, e.notified, e.owed
+        FROM evora.end_attempts(ARRAY[ROW(j.id, 'CANCELLED', NULL, 'cancel_requested', 0, false,
+                                          'released', j.worker_id)::evora.attempt_end],
+                                suppressed) AS e;
+        RETURN;
+    END IF;
+    secret := 'evcb_' || encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()), 'hex');
+    INSERT INTO evora.callbacks (id, secret_hash, job_id, attempt, on_timeout, created_at, timeout_at)
+    VALUES (cb_id, evora.callback_secret_hash(secret), j.id, j.attempt, suspend_job.on_timeout,
+            at, deadline);
+    UPDATE evora.jobs x
+    SET state = 'SUSPENDED', lease_expires_at = NULL, updated_at = at, version = x.version + 1,
+        callback = jsonb_build_object('id', cb_id, 'on_timeout', suspend_job.on_timeout,
+                                      'suspended_at', at, 'timeout_at', deadline,
+                                      'resolved_at', NULL, 'timed_out', false, 'payload', NULL)
+    WHERE x.id = j.id
+    RETURNING x.* INTO j;
+    RETURN QUERY SELECT 'done', j, secret, r.notified, r.owed
+    FROM evora.record_moves(
+        ARRAY[ROW(j, 'suspended', 'RUNNING', j.worker_id,
+                  jsonb_build_object('callback', cb_id, 'timeout_at', deadline,
+                                     'on_timeout', suspend_job.on_timeout))::evora.move],
+        suppressed) AS r;
+END
+$$;
+
 CREATE FUNCTION evora.text_field(value jsonb, field text, pattern text, max_length integer, optional boolean) RETURNS text
     LANGUAGE plpgsql STABLE
     AS $$
@@ -2487,6 +2705,12 @@ CREATE TABLE evora.schedules (
     CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
 );
 
+ALTER TABLE ONLY evora.callbacks
+    ADD CONSTRAINT callbacks_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY evora.callbacks
+    ADD CONSTRAINT callbacks_secret_hash_key UNIQUE (secret_hash);
+
 ALTER TABLE ONLY evora.event_archive_runs
     ADD CONSTRAINT event_archive_runs_pkey PRIMARY KEY (run_id);
 
@@ -2550,6 +2774,10 @@ ALTER TABLE ONLY evora.projector_progress
 ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
+CREATE INDEX callbacks_due ON evora.callbacks USING btree (timeout_at) WHERE (outcome IS NULL);
+
+CREATE INDEX callbacks_job ON evora.callbacks USING btree (job_id);
+
 CREATE INDEX fair_keys_turn ON evora.fair_keys USING btree (queue, vfinish, key) WHERE backlogged;
 
 CREATE INDEX fair_ledger_queue ON evora.fair_ledger USING btree (queue);
@@ -2575,6 +2803,8 @@ CREATE INDEX jobs_finished ON evora.jobs USING btree (state, finished_at) WHERE 
 CREATE INDEX jobs_group_pending ON evora.jobs USING btree (queue, group_key, priority, submit_seq) WHERE ((state = 'PENDING'::evora.job_state) AND (group_key IS NOT NULL));
 
 CREATE UNIQUE INDEX jobs_group_running ON evora.jobs USING btree (queue, group_key) WHERE ((state = 'RUNNING'::evora.job_state) AND (group_key IS NOT NULL));
+
+CREATE INDEX jobs_group_suspended ON evora.jobs USING btree (queue, group_key) WHERE ((state = 'SUSPENDED'::evora.job_state) AND (group_key IS NOT NULL));
 
 CREATE INDEX jobs_listing_at_rest ON evora.jobs USING btree (queue, state, submit_seq) WHERE (state <> 'RUNNING'::evora.job_state);
 
@@ -2602,7 +2832,7 @@ CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON evora.job_events FOR EA
 
 CREATE TRIGGER job_events_submitted_data BEFORE INSERT ON evora.job_events FOR EACH ROW WHEN (((new.event = 'submitted'::text) AND (current_setting('evora.submitted_data'::text, true) <> ''::text))) EXECUTE FUNCTION evora.add_submitted_data();
 
-CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON evora.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::evora.job_state, 'RUNNING'::evora.job_state, 'WAITING'::evora.job_state]))) EXECUTE FUNCTION evora.reject_live_delete();
+CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON evora.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::evora.job_state, 'RUNNING'::evora.job_state, 'WAITING'::evora.job_state, 'SUSPENDED'::evora.job_state]))) EXECUTE FUNCTION evora.reject_live_delete();
 
 CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON evora.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state]))) EXECUTE FUNCTION evora.reject_illegal_transition();
 
@@ -2610,7 +2840,10 @@ CREATE TRIGGER jobs_note_ended_dependency BEFORE UPDATE OF state ON evora.jobs F
 
 CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON evora.jobs FOR EACH STATEMENT WHEN ((current_setting('evora.ended_dependencies'::text, true) <> ''::text)) EXECUTE FUNCTION evora.settle_dependents();
 
-CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON evora.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state)) AND ((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'RUNNING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'COMPLETED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))))) EXECUTE FUNCTION evora.reject_illegal_transition();
+CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON evora.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((((((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state)) AND ((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'RUNNING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'COMPLETED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'SUSPENDED'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))))) EXECUTE FUNCTION evora.reject_illegal_transition();
+
+ALTER TABLE ONLY evora.callbacks
+    ADD CONSTRAINT callbacks_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY evora.job_dependencies
     ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;

@@ -24,10 +24,12 @@ export type Operation =
   | "GET /v1/stats/history"
   | "GET /v1/stats/queues/{queue}/history"
   | "GET /v1/workers"
+  | "POST /v1/callbacks/{callback_id}"
   | "POST /v1/jobs"
   | "POST /v1/jobs/batch"
   | "POST /v1/jobs/{id}/cancel"
   | "POST /v1/jobs/{id}/discard"
+  | "POST /v1/jobs/{id}/resolve"
   | "POST /v1/jobs/{id}/retry"
   | "POST /v1/queues/{queue}/pause"
   | "POST /v1/queues/{queue}/redrive"
@@ -93,6 +95,31 @@ export interface BatchResult {
 
 export interface BatchSubmission {
   jobs: JobSubmission[];
+}
+
+/**
+ * The callback a job is suspended on, or was last (docs/callbacks.md). Its `id` names
+ * it; the credential that resolves it was handed to the suspending worker only.
+ */
+export interface Callback {
+  id: string;
+  on_timeout: "fail" | "dlq" | "resume";
+  suspended_at: string;
+  timeout_at: string;
+  /** null while it waits, or if it timed out */
+  resolved_at: string | null;
+  timed_out: boolean;
+  /** what the resolution carried (null until then) */
+  payload: unknown;
+}
+
+/** A callback's resolution: the same for the first resolution and every repeat. */
+export interface CallbackResolution {
+  /** the callback's public id (the job's `callback.id`) */
+  callback: string;
+  job_id: string;
+  resolved_at: string;
+  payload: unknown;
 }
 
 export interface Events {
@@ -237,12 +264,14 @@ export interface JobResponse {
   } | null;
   /** the fairness key (tenant) it is served as; null: none */
   fairness_key?: string | null;
+  /** the callback it is SUSPENDED on, or the last one it was: what an attempt after it was resolved or timed out sees (docs/callbacks.md); null if it never suspended */
+  callback?: Callback | null;
   backoff: Backoff;
   /** the last progress a worker reported */
   progress?: unknown;
 }
 
-export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
+export type JobState = "WAITING" | "PENDING" | "RUNNING" | "SUSPENDED" | "COMPLETED" | "DLQ" | "CANCELLED";
 
 export interface JobSubmission {
   queue: string;
@@ -513,6 +542,11 @@ export interface RedriveRequest {
 
 export interface Redriven {
   redriven: number;
+}
+
+export interface ResolveCallbackRequest {
+  /** what the job's next attempt sees as `callback.payload` */
+  payload?: unknown;
 }
 
 export interface RunAsOf {

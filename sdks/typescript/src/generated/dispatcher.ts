@@ -10,7 +10,8 @@ export type Operation =
   | "POST /v1/jobs/{id}/fail"
   | "POST /v1/jobs/{id}/heartbeat"
   | "POST /v1/jobs/{id}/release"
-  | "POST /v1/jobs/{id}/snooze";
+  | "POST /v1/jobs/{id}/snooze"
+  | "POST /v1/jobs/{id}/suspend";
 
 export interface Ack {
   id: string;
@@ -33,6 +34,22 @@ export interface AcksRequest {
 
 export interface AcksResponse {
   results: AckResult[];
+}
+
+/**
+ * The callback a job is suspended on, or was last (docs/callbacks.md). Its `id` names
+ * it; the credential that resolves it was handed to the suspending worker only.
+ */
+export interface Callback {
+  id: string;
+  on_timeout: "fail" | "dlq" | "resume";
+  suspended_at: string;
+  timeout_at: string;
+  /** null while it waits, or if it timed out */
+  resolved_at: string | null;
+  timed_out: boolean;
+  /** what the resolution carried (null until then) */
+  payload: unknown;
 }
 
 export interface CheckpointRequest {
@@ -103,6 +120,8 @@ export interface ClaimedJob {
   } | null;
   /** the fairness key (tenant) it is served as; null: none */
   fairness_key?: string | null;
+  /** the callback it is SUSPENDED on, or the last one it was: what an attempt after it was resolved or timed out sees (docs/callbacks.md); null if it never suspended */
+  callback?: Callback | null;
   lease_token: string;
   /** {job id: result} of its COMPLETED dependencies; only for a job with dependencies */
   dependency_results?: {
@@ -183,9 +202,11 @@ export interface Job {
   } | null;
   /** the fairness key (tenant) it is served as; null: none */
   fairness_key?: string | null;
+  /** the callback it is SUSPENDED on, or the last one it was: what an attempt after it was resolved or timed out sees (docs/callbacks.md); null if it never suspended */
+  callback?: Callback | null;
 }
 
-export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
+export type JobState = "WAITING" | "PENDING" | "RUNNING" | "SUSPENDED" | "COMPLETED" | "DLQ" | "CANCELLED";
 
 export interface LastError {
   message: string;
@@ -226,4 +247,18 @@ export interface SnoozeRequest {
   lease_token: string;
   /** run again this many seconds from now */
   delay_seconds: number;
+}
+
+export interface SuspendRequest {
+  lease_token: string;
+  /** how long the job waits for the callback's resolution */
+  timeout_seconds: number;
+  /** then: `fail` the attempt (retried by the job's backoff, or DLQ with none left), `dlq` at once, or `resume` the job with `callback.timed_out` set */
+  on_timeout?: "fail" | "dlq" | "resume";
+}
+
+export interface SuspendResponse {
+  /** the one-time callback id, the credential that resolves it (POST /v1/callbacks/{callback_id}); shown this once. Null when a requested cancel won and the job is CANCELLED */
+  callback_id: string | null;
+  job: Job;
 }

@@ -57,14 +57,16 @@ CREATE OR REPLACE TRIGGER jobs_transition_guard
         ('DLQ', 'CANCELLED'), ('DLQ', 'PENDING'),
         ('PENDING', 'CANCELLED'), ('PENDING', 'DLQ'), ('PENDING', 'RUNNING'),
         ('RUNNING', 'CANCELLED'), ('RUNNING', 'COMPLETED'), ('RUNNING', 'DLQ'),
-        ('RUNNING', 'PENDING'),
+        ('RUNNING', 'PENDING'), ('RUNNING', 'SUSPENDED'),
+        ('SUSPENDED', 'CANCELLED'), ('SUSPENDED', 'DLQ'), ('SUSPENDED', 'PENDING'),
         ('WAITING', 'CANCELLED'), ('WAITING', 'PENDING')))
     EXECUTE FUNCTION evora.reject_illegal_transition();
 
--- Once accepted, a job is never lost: only finished jobs may be pruned (a WAITING job is live).
+-- Once accepted, a job is never lost: only finished jobs may be pruned (a WAITING or SUSPENDED
+-- job is live).
 CREATE OR REPLACE TRIGGER jobs_live_delete_guard
     BEFORE DELETE ON evora.jobs
-    FOR EACH ROW WHEN (OLD.state IN ('PENDING', 'RUNNING', 'WAITING'))
+    FOR EACH ROW WHEN (OLD.state IN ('PENDING', 'RUNNING', 'WAITING', 'SUSPENDED'))
     EXECUTE FUNCTION evora.reject_live_delete();
 
 -- Row triggers, so that every partition has them too (a statement trigger on the parent does

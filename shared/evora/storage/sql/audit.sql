@@ -64,6 +64,21 @@ WHERE w.state = 'WAITING'
   AND NOT EXISTS (SELECT 1 FROM evora.jobs p WHERE p.id = d.depends_on)
 ORDER BY d.job_id, d.depends_on;
 
+-- name: suspended_mismatch
+-- Every SUSPENDED job that holds a lease or does not wait on exactly its own open callback
+-- (jobs.callback names it), and every open callback whose job is not SUSPENDED on it: a
+-- callback is settled in the statement that moves its job out of SUSPENDED
+-- (functions/callbacks.sql, the cancel statement), so neither can happen.
+SELECT coalesce(j.id, c.job_id) AS job_id, coalesce(c.id, (j.callback ->> 'id')::uuid) AS callback,
+       CASE WHEN j.id IS NULL THEN 'an open callback of a job that is not SUSPENDED on it'
+            WHEN c.id IS NULL THEN 'a SUSPENDED job without its open callback'
+            ELSE 'a SUSPENDED job holding a lease' END AS problem
+FROM (SELECT * FROM evora.jobs WHERE state = 'SUSPENDED') AS j
+FULL JOIN (SELECT * FROM evora.callbacks WHERE outcome IS NULL) AS c
+    ON c.job_id = j.id AND c.id = (j.callback ->> 'id')::uuid
+WHERE j.id IS NULL OR c.id IS NULL OR j.lease_expires_at IS NOT NULL
+ORDER BY 1;
+
 -- name: over_max_pending
 -- $1 seconds after a limit's change before its max_pending is judged. Every concrete key
 -- whose jobs waiting to run (PENDING or WAITING) that were never started and were submitted

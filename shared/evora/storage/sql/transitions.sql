@@ -210,6 +210,24 @@ WITH decided AS (
 SELECT job, notified, owed
 FROM evora.end_attempts(ARRAY(SELECT decision FROM decided), $2::text[]);
 
+-- name: expire_callbacks
+-- $1 batch size, $2 suppressed queues. The sweeper: SUSPENDED jobs whose callback timed out,
+-- each settled by its on_timeout (evora.expire_callbacks(), functions/callbacks.sql).
+SELECT job, notified, owed FROM evora.expire_callbacks($1::integer, $2::text[]);
+
+-- name: suspend
+-- $1 id, $2 lease token, $3 timeout seconds, $4 on_timeout, $5 suppressed queues. A RUNNING
+-- job suspends on a new callback (evora.suspend_job()). Exactly one row: the outcome, the job
+-- if it moved and the callback id (NULL when a requested cancel won instead).
+SELECT outcome, job, callback_secret, notified, owed
+FROM evora.suspend_job($1::uuid, $2::uuid, $3::float8, $4::text, $5::text[]);
+
+-- name: resolve_callback
+-- $1 callback id (NULL: by job), $2 job id (an admin's resolution), $3 payload, $4 suppressed
+-- queues. Exactly one row (evora.resolve_callback_item()).
+SELECT outcome, resolution, job, notified, owed
+FROM evora.resolve_callback_item($1::text, $2::uuid, $3::jsonb, $4::text[]);
+
 -- name: expire_ttls
 -- $1 batch size, $2 suppressed queues. The sweeper: PENDING jobs whose expires_at passed
 -- before they started. A job that started and waits for a retry is past its TTL's reach.
@@ -236,15 +254,18 @@ SELECT job,
 FROM moved CROSS JOIN recorded r;
 
 -- name: cancel
--- $1 id, $2 suppressed queues. A PENDING or WAITING job is cancelled at once (the jobs that
--- wait on it follow, by the database's dependency trigger); a RUNNING job gets
+-- $1 id, $2 suppressed queues. A PENDING, WAITING or SUSPENDED job is cancelled at once (the
+-- jobs that wait on it follow, by the database's dependency trigger; a SUSPENDED job's
+-- callback is settled `cancelled`, so resolving it is refused; it holds nothing to release); a
+-- RUNNING job gets
 -- cancel_requested (once) and its worker decides. Anything else is refused: a DLQ job leaves
 -- the DLQ only by an admin's retry or discard. Exactly one row, like retry and discard: the
 -- outcome ('done', 'refused' or 'not_found') and the job, moved or as it refused.
 WITH target AS (
     SELECT id, state FROM evora.jobs
     WHERE id = $1
-      AND (state IN ('PENDING', 'WAITING') OR (state = 'RUNNING' AND NOT cancel_requested))
+      AND (state IN ('PENDING', 'WAITING', 'SUSPENDED')
+           OR (state = 'RUNNING' AND NOT cancel_requested))
     FOR UPDATE
 ),
 -- Joined by id alone. `target` is the row's newest version, locked; `j` is first read as the
@@ -261,9 +282,15 @@ moved AS (
         finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora.clock_now() END,
         updated_at = evora.clock_now(), version = j.version + 1
     FROM target t WHERE j.id = t.id
-    RETURNING j.id, j AS job,
+    RETURNING j.id, j AS job, t.state AS from_state,
         ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
             t.state, j.worker_id, '{}')::evora.move AS move
+),
+-- under the job's lock, as every change of a callback (functions/callbacks.sql)
+voided AS (
+    UPDATE evora.callbacks c SET outcome = 'cancelled', settled_at = evora.clock_now()
+    FROM moved m
+    WHERE m.from_state = 'SUSPENDED' AND c.job_id = m.id AND c.outcome IS NULL
 ),
 recorded AS (
     SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), $2::text[])

@@ -3,8 +3,8 @@
 
 import { h } from "./dom.js";
 
-export const STATES = ["WAITING", "PENDING", "RUNNING", "COMPLETED", "DLQ", "CANCELLED"];
-export const STATE_TITLES = { WAITING: "Waiting", PENDING: "Pending", RUNNING: "Running", COMPLETED: "Completed", DLQ: "DLQ", CANCELLED: "Cancelled" };
+export const STATES = ["WAITING", "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "DLQ", "CANCELLED"];
+export const STATE_TITLES = { WAITING: "Waiting", PENDING: "Pending", RUNNING: "Running", SUSPENDED: "Suspended", COMPLETED: "Completed", DLQ: "DLQ", CANCELLED: "Cancelled" };
 
 const pad = (n, width = 2) => String(n).padStart(width, "0");
 

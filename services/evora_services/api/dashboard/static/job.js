@@ -25,6 +25,25 @@ function leaseText(job) {
   ];
 }
 
+// What a SUSPENDED job waits for, or what the callback it last waited on became
+// (docs/callbacks.md).
+function callbackText(job) {
+  const cb = job.callback;
+  if (!cb) return [h("span", { class: "muted" }, "none")];
+  if (job.state === "SUSPENDED") {
+    return [
+      "waits for callback ",
+      h("span", { class: "mono", id: "callback-id" }, shortId(cb.id)),
+      " until ",
+      time(cb.timeout_at),
+      ` (then ${cb.on_timeout})`,
+    ];
+  }
+  if (cb.timed_out) return ["last callback timed out at ", time(cb.timeout_at), ` (${cb.on_timeout})`];
+  if (cb.resolved_at) return ["last callback resolved ", ago(cb.resolved_at)];
+  return ["last callback not resolved"];
+}
+
 function transition(event) {
   return event.from_state ? [stateBadge(event.from_state), " → ", stateBadge(event.to_state)] : ["→ ", stateBadge(event.to_state)];
 }
@@ -78,11 +97,11 @@ export function mount(root, params, ctx) {
     body,
   );
 
-  async function act(button, verb, path, done) {
+  async function act(button, verb, path, done, body) {
     button.disabled = true;
     try {
-      const updated = await api(path, { method: "POST" });
-      ctx.announce(`${done}: job ${id} is now ${updated.state}.`);
+      const updated = await api(path, { method: "POST", body });
+      ctx.announce(updated.state ? `${done}: job ${id} is now ${updated.state}.` : `${done}: job ${id}.`);
     } catch (error) {
       if (!(error instanceof ApiError && error.status === 401)) ctx.announce(`Could not ${verb} job ${id}: ${ctx.describe(error)}`, { error: true });
     } finally {
@@ -113,7 +132,29 @@ export function mount(root, params, ctx) {
         }, "danger"),
       );
     }
-    if (job.state === "WAITING" || job.state === "PENDING" || job.state === "RUNNING") {
+    if (job.state === "SUSPENDED") {
+      list.push(
+        button("Resolve…", "resolve", async (b) => {
+          const field = h("textarea", { id: "resolve-payload", rows: "4", "aria-label": "Payload (JSON)" }, "null");
+          const ok = await confirmDialog({
+            title: "Resolve its callback?",
+            body: `Job ${id} runs again, and its next attempt sees this payload (JSON), as if the callback's sender had resolved it.`,
+            confirm: "Resolve",
+            extra: field,
+          });
+          if (!ok) return b.focus();
+          let payload;
+          try {
+            payload = JSON.parse(field.value || "null");
+          } catch (error) {
+            ctx.announce(`Could not resolve job ${id}: the payload is not JSON (${error.message})`, { error: true });
+            return b.focus();
+          }
+          await act(b, "resolve", `/v1/jobs/${seg(id)}/resolve`, "Resolved", { payload });
+        }, "primary"),
+      );
+    }
+    if (["WAITING", "PENDING", "RUNNING", "SUSPENDED"].includes(job.state)) {
       list.push(
         button("Cancel job…", "cancel", async (b) => {
           const ok = await confirmDialog({
@@ -172,6 +213,7 @@ export function mount(root, params, ctx) {
             fact("State", stateBadge(job.state), job.cancel_requested ? " (cancel requested)" : ""),
             fact("Attempt", `${job.attempt} of ${job.max_attempts}`),
             fact("Lease", ...leaseText(job)),
+            fact("Callback", ...callbackText(job)),
             fact("Worker", maybe(job.worker_id)),
             fact("Priority", String(job.priority)),
             fact("Run at", time(job.run_at), runsIn(job) && [" (", runsIn(job), ")"]),

@@ -84,6 +84,7 @@ export function mount(root, params, ctx) {
       tile(num(sum("WAITING")), "waiting"),
       tile(num(sum("PENDING")), "pending"),
       tile(num(sum("RUNNING")), "running"),
+      tile(num(sum("SUSPENDED")), "suspended on callbacks"),
       tile(num(sum("DLQ")), "dead-lettered"),
       tile(`${rate(done)}/min`, "completed, last minute"),
       tile(lag, asOf ? `read models last projected (event #${asOf.seq})` : "read models last projected"),
