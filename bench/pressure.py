@@ -64,6 +64,7 @@ from bench.system import System
 from bench.workloads import KIB_PER_MIB
 
 PERIODS = ("clean", "pinned", "released")
+MINUTE_S = 60.0  # the timeline's step: the same figures per minute
 PIN_DATABASE = "bench_pin"
 PIN_PLACES = ("other", "same")
 FINISH_TIMEOUT_S = 600.0
@@ -354,12 +355,18 @@ def score_pressure(
         "released": (released_at, max(calls) + 1e-6),
     }
     lags = read_model_lags(samples)
+    start, end = bounds["clean"][0], bounds["released"][1]
+    minutes = [
+        score_period(a, min(a + MINUTE_S, end), sent, first, samples, lags)
+        for a in (start + k * MINUTE_S for k in range(math.ceil((end - start) / MINUTE_S)))
+    ]
     periods = {
         name: score_period(a, b, sent, first, samples, lags) for name, (a, b) in bounds.items()
     }
     clean, pinned = periods["clean"], periods["pinned"]
     return {
         "periods": periods,
+        "minutes": minutes,
         "pinned_over_clean": pinned["completed_per_s"] / clean["completed_per_s"]
         if clean["completed_per_s"]
         else math.nan,
@@ -446,6 +453,13 @@ def pressure_lines(run: dict[str, Any]) -> list[str]:
             f" {q['completed_per_s']:11.1f} | {_fmt(q['wake_ms']['p50'], 2):>7} /"
             f" {_fmt(q['wake_ms']['p99'], 2):>7} | {q['max_backlog']:11} |"
             f" {q['max_dead_all_tables']:20} | {_fmt(q.get('read_model_max_lag_s', math.nan))}"
+        )
+    lines.append("  per minute | completed/s | wake p50 / p99 ms | max backlog | max dead | lag s")
+    for k, q in enumerate(run.get("minutes", [])):
+        lines.append(
+            f"  {k + 1:10} | {q['completed_per_s']:11.1f} | {_fmt(q['wake_ms']['p50'], 2):>7} /"
+            f" {_fmt(q['wake_ms']['p99'], 2):>7} | {q['max_backlog']:11} |"
+            f" {q['max_dead_all_tables']:8} | {_fmt(q.get('read_model_max_lag_s', math.nan))}"
         )
     names = sorted({t for q in periods.values() for t in q["tables"]})
     lines.append("  tables: max MiB / max dead tuples, clean -> pinned -> released")
