@@ -299,7 +299,8 @@ def run_pressure(args: argparse.Namespace, systems: list[str], peers: Peers | No
     with tempfile.TemporaryDirectory(prefix="evora-bench-") as tmp:
         directory = (args.keep or Path(tmp)).resolve()
         directory.mkdir(parents=True, exist_ok=True)
-        with Cluster(directory, bin_dir=postgres_bin_dir(args.postgres)) as cluster:
+        bin_dir = postgres_bin_dir(args.postgres)
+        with Cluster(directory, statements=args.profile, bin_dir=bin_dir) as cluster:
             info = machine_info(asyncio.run(cluster.settings()), peers.node if peers else None)
             print(json.dumps(info, indent=1))
             started = time.monotonic()

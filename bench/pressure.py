@@ -382,23 +382,44 @@ async def pressure_run(
     pin_dsn = cluster.dsn(PIN_DATABASE) if pin_in == "other" else dsn
     moments: dict[str, float] = {}
 
+    # With `--profile`, pg_stat_statements of the system's database per period.
+    statements: dict[str, list[str]] = {}
+
     async def pin_then_release() -> None:
-        await asyncio.sleep(p.clean_s)
-        pin = await _pin(pin_dsn)
-        moments["pinned_at"] = time.time()
-        print(f"   pinned ({pin_in} database)", flush=True)
+        conn = await asyncpg.connect(dsn)
         try:
-            await asyncio.sleep(p.pinned_s)
+            await cluster.reset_statements(conn)
+            await asyncio.sleep(p.clean_s)
+            statements["clean"] = await cluster.top_statements(conn)
+            await cluster.reset_statements(conn)
+            pin = await _pin(pin_dsn)
+            moments["pinned_at"] = time.time()
+            print(f"   pinned ({pin_in} database)", flush=True)
+            try:
+                await asyncio.sleep(p.pinned_s)
+            finally:
+                await _release(pin)
+            moments["released_at"] = time.time()
+            print("   released", flush=True)
+            statements["pinned"] = await cluster.top_statements(conn)
+            await cluster.reset_statements(conn)
+            await asyncio.sleep(p.after_s)
+            statements["released"] = await cluster.top_statements(conn)
         finally:
-            await _release(pin)
-        moments["released_at"] = time.time()
-        print("   released", flush=True)
+            await conn.close()
 
     load = Load(system, cluster, label, p.rate, p.clean_s + p.pinned_s + p.after_s, p.sample_s)
     sent, starts, samples, _ = await load.run(dsn, pin_then_release)
     result = score_pressure(sent, starts, samples, moments["pinned_at"], moments["released_at"])
     result.update(
-        {"system": system.name, "pin_in": pin_in, "label": label, "samples": samples, **moments}
+        {
+            "system": system.name,
+            "pin_in": pin_in,
+            "label": label,
+            "samples": samples,
+            "statements": statements,
+            **moments,
+        }
     )
     return result
 
@@ -470,6 +491,9 @@ def pressure_lines(run: dict[str, Any]) -> list[str]:
         lines.append(
             f"    {t}: " + " -> ".join(f"{c['max_mib']:.1f} / {c['max_dead']}" for c in cells)
         )
+    for period, top in run.get("statements", {}).items():
+        if top:
+            lines += [f"  statements, {period}:", *(f"    {line}" for line in top[:5])]
     return lines
 
 
