@@ -16,6 +16,13 @@ durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, .
                                                  # on another supported major (14-17:
                                                  # the test matrix's builds; 15 is
                                                  # Debian's, with JIT); default 18
+    python -m bench compare --pressure           # each system at 200 jobs/s: 2 min clean,
+                                                 # 10 min with a transaction pinning xmin
+                                                 # in another database, 1 min released
+                                                 # (see bench.pressure; --quick: 20 s each)
+    python -m bench compare --soak 30            # Evora as deployed for 30 minutes at
+                                                 # 100 jobs/s: RSS, table sizes, dead
+                                                 # tuples and wake p99 per minute
     python -m bench report FILE                  # print a result file's figures again
     python -m bench workflow                     # a 10,000-job fan-out/fan-in workflow
                                                  # against the same jobs without
@@ -44,7 +51,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import procstats, report, workflow
+from bench import pressure, procstats, report, workflow
 from bench.children import Children
 from bench.cluster import Cluster
 from bench.evora_system import EvoraSystem
@@ -115,6 +122,38 @@ def _parser() -> argparse.ArgumentParser:
         "--profile",
         action="store_true",
         help="py-spy profiles of Evora's processes, pg_stat_statements",
+    )
+    compare.add_argument(
+        "--pressure",
+        action="store_true",
+        help="the load under a transaction pinning xmin, clean vs pinned (bench.pressure)",
+    )
+    compare.add_argument(
+        "--pressure-minutes",
+        type=float,
+        default=pressure.Pressure.pinned_s / 60,
+        help="how long the pinning transaction stays open (default 10)",
+    )
+    compare.add_argument("--pressure-clean-seconds", type=float, default=pressure.Pressure.clean_s)
+    compare.add_argument("--pressure-after-seconds", type=float, default=pressure.Pressure.after_s)
+    compare.add_argument(
+        "--pin-in",
+        choices=(*pressure.PIN_PLACES, "both"),
+        default="other",
+        help="where the pinning session runs: another database of the cluster, the system's"
+        " own, or both one after the other (default other)",
+    )
+    compare.add_argument(
+        "--soak",
+        type=float,
+        metavar="MINUTES",
+        help="Evora as deployed at a steady rate for MINUTES (bench.pressure)",
+    )
+    compare.add_argument(
+        "--soak-warmup",
+        type=float,
+        default=pressure.Soak.warmup_minutes,
+        help="minutes left out of the soak's verdicts (retention's windows filling)",
     )
     show = sub.add_parser("report", help="print the figures of a JSON result file again")
     show.add_argument("file", type=Path)
@@ -230,6 +269,71 @@ async def compare(
     return runs
 
 
+def pressure_of(args: argparse.Namespace) -> pressure.Pressure:
+    if args.quick:
+        return pressure.Pressure.quick()
+    return pressure.Pressure(
+        rate=args.rate or pressure.Pressure.rate,
+        clean_s=args.pressure_clean_seconds,
+        pinned_s=args.pressure_minutes * 60,
+        after_s=args.pressure_after_seconds,
+        pin_in=pressure.PIN_PLACES if args.pin_in == "both" else (args.pin_in,),
+    )
+
+
+def soak_of(args: argparse.Namespace) -> pressure.Soak:
+    return pressure.Soak(
+        minutes=args.soak,
+        rate=args.rate or pressure.Soak.rate,
+        warmup_minutes=args.soak_warmup,
+    )
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+
+
+def run_pressure(args: argparse.Namespace, systems: list[str], peers: Peers | None) -> int:
+    """`--pressure` or `--soak`: the same servers and systems, other measurements."""
+    with tempfile.TemporaryDirectory(prefix="evora-bench-") as tmp:
+        directory = (args.keep or Path(tmp)).resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        bin_dir = postgres_bin_dir(args.postgres)
+        with Cluster(directory, statements=args.profile, bin_dir=bin_dir) as cluster:
+            info = machine_info(asyncio.run(cluster.settings()), peers.node if peers else None)
+            print(json.dumps(info, indent=1))
+            started = time.monotonic()
+            if args.soak is not None:
+                s = soak_of(args)
+                result = asyncio.run(pressure.soak(cluster, directory, s))
+                lines = pressure.soak_lines(s, result)
+                kind, setup = "soak", s.__dict__
+                body: dict[str, Any] = {"soak_result": result}
+            else:
+                p = pressure_of(args)
+                runs = asyncio.run(
+                    pressure.compare_pressure(
+                        cluster,
+                        directory,
+                        systems,
+                        p,
+                        lambda name, children: make_system(name, children, cluster, peers, None),
+                    )
+                )
+                lines = [line for run in runs for line in pressure.pressure_lines(run)]
+                kind, setup = "pressure", p.__dict__
+                body = {"systems": systems, "runs": runs}
+        info["load_average_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        out = args.out or Path("bench/results") / datetime.now(UTC).strftime(
+            f"{kind}-%Y%m%dT%H%M%SZ.json"
+        )
+        _write(out, {"mode": kind, "machine": info, kind: setup, **body})
+        print("\n".join(lines))
+        print(f"({time.monotonic() - started:.0f} s) results: {out}")
+    return 0
+
+
 def run_compare(args: argparse.Namespace) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(systems) - set(SYSTEMS)
@@ -245,8 +349,12 @@ def run_compare(args: argparse.Namespace) -> int:
             return 2
         variants[label] = Path(source)
     systems += [f"evora@{label}" for label in variants]
+    if args.soak is not None:
+        systems = ["evora"]
     needs_peers = args.profile or any(not s.startswith("evora") for s in systems)
     peers = install() if needs_peers else None
+    if args.pressure or args.soak is not None:
+        return run_pressure(args, systems, peers)
     with tempfile.TemporaryDirectory(prefix="evora-bench-") as tmp:
         directory = (args.keep or Path(tmp)).resolve()
         directory.mkdir(parents=True, exist_ok=True)
@@ -338,8 +446,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     args = _parser().parse_args()
     if args.command == "report":
-        runs = json.loads(args.file.read_text())["runs"]
-        print("\n".join(report.lines(report.summarize(runs))))
+        data = json.loads(args.file.read_text())
+        if data.get("mode") == "pressure":
+            lines = [line for run in data["runs"] for line in pressure.pressure_lines(run)]
+        elif data.get("mode") == "soak":
+            lines = pressure.soak_lines(pressure.Soak(**data["soak"]), data["soak_result"])
+        else:
+            lines = report.lines(report.summarize(data["runs"]))
+        print("\n".join(lines))
         return 0
     if args.command == "workflow":
         return run_workflow(args)

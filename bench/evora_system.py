@@ -70,10 +70,12 @@ class EvoraSystem(System):
         variant: tuple[str, Path] | None = None,
         *,
         prefetch: int = 0,
+        settings: dict[str, str] | None = None,
     ) -> None:
         """`variant`: (label, checkout) to run another checkout's services, SDK and schema
         under the name `evora@label`, for an A/B of two versions in one run. `prefetch`: the
-        SDK worker's, under the name `evora-prefetch` (a tuned worker, not the default)."""
+        SDK worker's, under the name `evora-prefetch` (a tuned worker, not the default).
+        `settings`: EVORA_* variables beyond the defaults (the soak's short retention)."""
         super().__init__(children)
         if variant is not None:
             self.name = f"evora@{variant[0]}"
@@ -81,6 +83,7 @@ class EvoraSystem(System):
         elif prefetch:
             self.name = "evora-prefetch"
         self.prefetch = prefetch
+        self.settings = settings or {}
         self.command = _evora_command(variant is not None)
         self.mongo_url = mongo_url
         self.tokens = {role: secrets.token_urlsafe(18) for role in ("admin", "producer", "worker")}
@@ -95,6 +98,7 @@ class EvoraSystem(System):
                 "EVORA_MONGO_DB": label,
                 "EVORA_TOKENS": ",".join(f"{r}:{t}" for r, t in self.tokens.items()),
                 "EVORA_HOST": "127.0.0.1",
+                **self.settings,
             }
         )
         for service in SERVICES:
