@@ -273,7 +273,15 @@ async def _stored_before_0011(
     assert status == 201
     fields = JobSubmission.model_validate_json(orjson.dumps(job)).model_dump(
         mode="json",
-        exclude={"idempotency_key", "depends_on", "on_dependency_failure", "ref", "limit_keys"},
+        exclude={
+            "idempotency_key",
+            "depends_on",
+            "on_dependency_failure",
+            "ref",
+            "limit_keys",
+            "debounce",
+            "throttle",
+        },
     )
     before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
     await conn.execute("UPDATE evora.idempotency_keys SET fingerprint = $1", before)

@@ -29,3 +29,5 @@ class EventName(StrEnum):
     RETRIED = "retried"
     DEPENDENCIES_MET = "dependencies_met"
     CANCEL_REQUESTED = "cancel_requested"
+    # a debounce key's PENDING job absorbed a submission (docs/flow-control.md)
+    DEBOUNCED = "debounced"

@@ -106,9 +106,11 @@ CHECKS: dict[str, str] = {
     ),
 }
 
-# The moves events record beside the state machine's: a cancel request of a RUNNING job.
+# The moves events record beside the state machine's: a cancel request of a RUNNING job, and
+# a submission a debounce key's PENDING job absorbed (docs/flow-control.md).
 _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
-    ("RUNNING", "RUNNING", "cancel_requested")
+    ("RUNNING", "RUNNING", "cancel_requested"),
+    ("PENDING", "PENDING", "debounced"),
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
 # A worker hands its claim back uncounted: a release, or a snooze (which asks to run later)

@@ -9,13 +9,14 @@
 -- expires_at, $14 idempotency keys, $15 group keys, $16 fingerprints as computed before
 -- migration 0011 (see submissions.py), $17 dependency edges: item positions (from 1), $18
 -- the jobs they wait for, $19 on_dependency_failure by item, $20 limit keys: item positions
--- (from 1), $21 the keys, $22 suppressed queues (see notify.py), $23 whether to return the
--- jobs. $2, $3 and $5-$16 and $19 hold one element per item, or one element that every item
--- shares (evora.for_each_item, functions/submissions.sql). One row per
+-- (from 1), $21 the keys, $22 debounce keys, $23 their delay_seconds, $24 their
+-- max_delay_seconds, $25 throttle keys, $26 their window_seconds, $27 suppressed queues (see
+-- notify.py), $28 whether to return the jobs. $2, $3, $5-$16, $19 and $22-$26 hold one
+-- element per item, or one element that every item shares (evora.for_each_item, functions/submissions.sql). One row per
 -- item (`ord` its position, from 1), the created ones first, with its job's `id`; without
 -- $23 the whole job is left out (a producer that asked for ids only spares decoding and
 -- encoding it).
-SELECT ord, outcome, first_ord, (job).id AS id, CASE WHEN $23::bool THEN job END AS job,
+SELECT ord, outcome, first_ord, (job).id AS id, CASE WHEN $28::bool THEN job END AS job,
        notified, owed
 FROM cardinality($1::uuid[]) AS n,
      evora.store_submissions(
@@ -28,6 +29,8 @@ FROM cardinality($1::uuid[]) AS n,
          evora.for_each_item($9::int4[], n), evora.for_each_item($10::float8[], n),
          evora.for_each_item($11::float8[], n), evora.for_each_item($12::float8[], n),
          evora.for_each_item($13::timestamptz[], n), evora.for_each_item($14::text[], n),
-         evora.for_each_item($15::text[], n), evora.for_each_item($16::bytea[], n), $22::text[],
+         evora.for_each_item($15::text[], n), evora.for_each_item($16::bytea[], n), $27::text[],
          $17::int4[], $18::uuid[], evora.for_each_item($19::text[], n), $20::int4[],
-         $21::text[]);
+         $21::text[], evora.for_each_item($22::text[], n), evora.for_each_item($23::float8[], n),
+         evora.for_each_item($24::float8[], n), evora.for_each_item($25::text[], n),
+         evora.for_each_item($26::float8[], n));
