@@ -4,12 +4,14 @@ and `Handlers` for worker processes, and the exceptions both raise."""
 from evora.protocol.retries import RetryBackoff
 from evora.sdk.client import (
     Client,
+    DebounceSpec,
     JobData,
     JobPage,
     Submission,
     SubmitOptions,
     SubmitReceipt,
     SubmitResult,
+    ThrottleSpec,
 )
 from evora.sdk.errors import (
     BadRequestError,
@@ -47,6 +49,7 @@ __all__ = [
     "BadRequestError",
     "Client",
     "ConflictError",
+    "DebounceSpec",
     "EvoraClientError",
     "EvoraConnectionError",
     "EvoraHTTPError",
@@ -79,6 +82,7 @@ __all__ = [
     "SubmitOptions",
     "SubmitReceipt",
     "SubmitResult",
+    "ThrottleSpec",
     "UnauthorizedError",
     "Worker",
     "WorkerSettings",

@@ -92,6 +92,16 @@ export interface BatchSubmission {
   jobs: JobSubmission[];
 }
 
+/** max_delay_seconds must be >= delay_seconds, else 422. */
+export interface Debounce {
+  /** the PENDING job of this key in the queue absorbs the submission */
+  key: string;
+  /** the job runs this long after the last submission */
+  delay_seconds: number;
+  /** but never later than this long after the submission that made it */
+  max_delay_seconds: number;
+}
+
 export interface Events {
   events: JobEvent[];
 }
@@ -229,6 +239,10 @@ export interface JobResponse {
   backoff: Backoff;
   /** the last progress a worker reported */
   progress?: unknown;
+  /** present (true) when a debounce key's job absorbed the submission */
+  debounced?: boolean | null;
+  /** present (true) when a throttle key answered the submission with its job */
+  throttled?: boolean | null;
 }
 
 export type JobState = "WAITING" | "PENDING" | "RUNNING" | "COMPLETED" | "DLQ" | "CANCELLED";
@@ -254,6 +268,10 @@ export interface JobSubmission {
   ref?: string | null;
   /** the concurrency and rate limits this job counts against, besides its queue's (docs/flow-control.md); the first is its round-robin lane */
   limit_keys?: string[];
+  /** the PENDING job of this key absorbs the submission (payload replaced, run time pushed back): 200 with `"debounced": true` */
+  debounce?: Debounce | null;
+  /** within the window of this key's last job, answers that job (200, `"throttled": true`) and stores nothing */
+  throttle?: Throttle | null;
 }
 
 export interface LastError {
@@ -567,6 +585,13 @@ export interface ScheduledJob {
   ref?: string | null;
   /** the concurrency and rate limits this job counts against, besides its queue's (docs/flow-control.md); the first is its round-robin lane */
   limit_keys?: string[];
+}
+
+/** docs/flow-control.md, "Debounce and throttle". */
+export interface Throttle {
+  key: string;
+  /** a submission this soon after the job the key last admitted answers that job */
+  window_seconds: number;
 }
 
 export interface Throughput {
