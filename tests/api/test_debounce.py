@@ -209,3 +209,17 @@ async def test_a_claim_holding_the_job_wins_and_a_new_job_is_made(
         await claimer.close()
     payloads = {r["id"]: orjson.loads(r["payload"]) for r in await stored(db)}
     assert len(payloads) == 2 and {"v": 1} in payloads.values() and {"v": 2} in payloads.values()
+
+
+async def test_in_sql_a_batch_repeating_a_key_answers_one_id_and_repeatable_read_is_refused(
+    db: asyncpg.Connection,
+) -> None:
+    items = [job(QUEUE, payload={"n": n}, debounce=DEBOUNCE) for n in range(3)]
+    ids = await db.fetchval("SELECT evora.submit_batch($1::jsonb)", orjson.dumps(items).decode())
+    assert len(set(ids)) == 1
+    assert [orjson.loads(r["payload"]) for r in await stored(db)] == [{"n": 2}]
+    # the key's job is read under a snapshot taken after its lock: not the transaction's first
+    with pytest.raises(asyncpg.FeatureNotSupportedError, match="READ COMMITTED"):
+        async with db.transaction(isolation="repeatable_read"):
+            await in_sql(db, {"n": 3}, debounce=DEBOUNCE)
+    assert [orjson.loads(r["payload"]) for r in await stored(db)] == [{"n": 2}]
