@@ -223,3 +223,32 @@ async def test_in_sql_a_batch_repeating_a_key_answers_one_id_and_repeatable_read
         async with db.transaction(isolation="repeatable_read"):
             await in_sql(db, {"n": 3}, debounce=DEBOUNCE)
     assert [orjson.loads(r["payload"]) for r in await stored(db)] == [{"n": 2}]
+
+
+async def test_a_call_waiting_for_the_keys_job_as_a_dependency_does_not_deadlock(
+    db_url: str, db: asyncpg.Connection
+) -> None:
+    # The key's job is also a dependency of other items submitted with the key: a call
+    # that locked the job as a dependency and then waited for the key's lock, while the
+    # key's holder waited to update the job, was a deadlock. Autocommit statements only.
+    made = await in_sql(db, {"n": 0}, debounce=DEBOUNCE)
+    conns = [await asyncpg.connect(db_url) for _ in range(8)]
+    pair = [job(QUEUE, depends_on=[str(made)]), job(QUEUE, payload={"n": 1}, debounce=DEBOUNCE)]
+    try:
+
+        async def rounds(conn: asyncpg.Connection, n: int) -> None:
+            for _ in range(15):
+                if n % 2:
+                    await conn.fetchval(
+                        "SELECT evora.submit_batch($1::jsonb)", orjson.dumps(pair).decode()
+                    )
+                else:
+                    await in_sql(conn, {"n": 2}, debounce=DEBOUNCE)
+
+        await asyncio.gather(*(rounds(conn, n) for n, conn in enumerate(conns)))
+    finally:
+        for conn in conns:
+            await conn.close()
+    # every debounced submission went to the one job; each batch's other item waits for it
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'PENDING'") == 1
+    assert await db.fetchval("SELECT count(*) FROM evora.jobs WHERE state = 'WAITING'") == 4 * 15

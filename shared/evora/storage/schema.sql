@@ -1506,6 +1506,15 @@ DECLARE
     answering uuid[];
 BEGIN
     waited := dependency_ids;
+    IF array_remove(debounce_keys, NULL) <> '{}' OR array_remove(throttle_keys, NULL) <> '{}' THEN
+        SELECT coalesce(array_agg(a.item), '{}'), array_agg(a.answer), array_agg(a.by_job)
+        INTO absorbed, answers, answering
+        FROM evora.debounce_and_throttle(ids, queues, payloads, debounce_keys, debounce_delays,
+                                         debounce_max_delays, throttle_keys, throttle_windows) a;
+        delays := ARRAY(SELECT coalesce(d.debounce, d.delay)
+                        FROM unnest(delays, debounce_delays) WITH ORDINALITY AS d(delay, debounce, n)
+                        ORDER BY d.n);
+    END IF;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := evora.submission_fingerprints(
             ids, queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
@@ -1580,15 +1589,6 @@ BEGIN
             WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
               AND k.job_id = x.id;
         END IF;
-    END IF;
-    IF array_remove(debounce_keys, NULL) <> '{}' OR array_remove(throttle_keys, NULL) <> '{}' THEN
-        SELECT coalesce(array_agg(a.item), '{}'), array_agg(a.answer), array_agg(a.by_job)
-        INTO absorbed, answers, answering
-        FROM evora.debounce_and_throttle(ids, queues, payloads, debounce_keys, debounce_delays,
-                                         debounce_max_delays, throttle_keys, throttle_windows) a;
-        delays := ARRAY(SELECT coalesce(d.debounce, d.delay)
-                        FROM unnest(delays, debounce_delays) WITH ORDINALITY AS d(delay, debounce, n)
-                        ORDER BY d.n);
     END IF;
     created := ARRAY(
         SELECT x.ord::integer

@@ -841,6 +841,20 @@ DECLARE
     answering uuid[];
 BEGIN
     waited := dependency_ids;
+    -- Debounce and throttle keys first (docs/flow-control.md, "Debounce and throttle"): an
+    -- absorbing job's row is locked under its key's lock, before this call waits for any
+    -- other lock (an idempotency key's racing holder, a dependency's row), so every call
+    -- takes its locks in one order: key locks, then rows and keys, then admission's.
+    IF array_remove(debounce_keys, NULL) <> '{}' OR array_remove(throttle_keys, NULL) <> '{}' THEN
+        SELECT coalesce(array_agg(a.item), '{}'), array_agg(a.answer), array_agg(a.by_job)
+        INTO absorbed, answers, answering
+        FROM evora.debounce_and_throttle(ids, queues, payloads, debounce_keys, debounce_delays,
+                                         debounce_max_delays, throttle_keys, throttle_windows) a;
+        -- a debounced job is stored to run after its delay
+        delays := ARRAY(SELECT coalesce(d.debounce, d.delay)
+                        FROM unnest(delays, debounce_delays) WITH ORDINALITY AS d(delay, debounce, n)
+                        ORDER BY d.n);
+    END IF;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := evora.submission_fingerprints(
             ids, queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
@@ -923,18 +937,6 @@ BEGIN
             WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
               AND k.job_id = x.id;
         END IF;
-    END IF;
-    -- Debounce and throttle keys: after the idempotency keys and dependencies, so a call
-    -- takes its locks in one order (docs/flow-control.md, "Debounce and throttle").
-    IF array_remove(debounce_keys, NULL) <> '{}' OR array_remove(throttle_keys, NULL) <> '{}' THEN
-        SELECT coalesce(array_agg(a.item), '{}'), array_agg(a.answer), array_agg(a.by_job)
-        INTO absorbed, answers, answering
-        FROM evora.debounce_and_throttle(ids, queues, payloads, debounce_keys, debounce_delays,
-                                         debounce_max_delays, throttle_keys, throttle_windows) a;
-        -- a debounced job is stored to run after its delay
-        delays := ARRAY(SELECT coalesce(d.debounce, d.delay)
-                        FROM unnest(delays, debounce_delays) WITH ORDINALITY AS d(delay, debounce, n)
-                        ORDER BY d.n);
     END IF;
     -- Created: an item neither refused nor answered by a key stored before (or by an
     -- earlier item of this call, or by a debounce or throttle key). Their positions in the order of their ids: the inserted
