@@ -1204,7 +1204,8 @@ BEGIN
     END IF;
     FOR name IN SELECT jsonb_object_keys(value) LOOP
         IF name <> ALL(known) THEN
-            PERFORM evora.reject(field || '.' || name, format('is not a %s field', field));
+            PERFORM evora.reject(field || '.' || name,
+                                 format('is not a %s field', regexp_replace(field, '^.*[.]', '')));
         END IF;
     END LOOP;
     FOREACH name IN ARRAY known LOOP
