@@ -141,3 +141,15 @@ async def test_a_refused_batch_absorbs_nothing(store: JobStore, pool: asyncpg.Po
     assert (await store.get(first.id))["payload"] == {"v": 1}
     assert [e["event"] for e in await store.events(first.id)] == ["submitted"]
     assert await pool.fetchval("SELECT count(*) FROM evora.submission_keys") == 1
+
+
+async def test_the_previous_releases_signature_still_stores(pool: asyncpg.Pool) -> None:
+    # the 22 arguments the previous release's `submit` statement passes: no keys
+    row = await pool.fetchrow(
+        "SELECT ord, outcome, (job).id AS id FROM evora.store_submissions("
+        "ARRAY[evora.uuid7()], '{edits}', '{t}', ARRAY['{}'::jsonb], '{0}', '{NULL}', '{NULL}', "
+        "'{5}', '{30}', '{1}', '{3600}', '{2}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{}', "
+        "'{}', '{}', '{NULL}', '{}', '{}')"
+    )
+    assert row is not None and (row["ord"], row["outcome"]) == (1, "created")
+    assert [r["id"] for r in await jobs(pool)] == [row["id"]]
