@@ -97,6 +97,12 @@ async def test_pause_resume_trigger(client: ApiClient) -> None:
         ({"job": {"queue": "bad queue", "type": "t"}}, ["job", "queue"]),
         # a tick submits one job, never a batch: "ref:" names nothing, so every firing failed
         ({"job": {**JOB, "depends_on": ["ref:x"]}}, ["job", "depends_on"]),
+        # each tick's job has an idempotency key, which neither combines with
+        ({"job": {**JOB, "throttle": {"key": "k", "window_seconds": 1}}}, ["job", "throttle"]),
+        (
+            {"job": {**JOB, "debounce": {"key": "k", "delay_seconds": 1, "max_delay_seconds": 1}}},
+            ["job", "debounce"],
+        ),
     ],
 )
 async def test_invalid_bodies_are_422(

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
-from evora.protocol.jobs import JobSubmission
+from evora.protocol.jobs import Debounce, JobSubmission
 from evora.readmodels.layout import CONTROL, TOTAL_KEYS, Document, checkpoint_id
 from evora.readmodels.reader import ReadModels
 from evora.storage.db import connect
@@ -247,4 +247,19 @@ async def test_waiting_jobs_are_counted(
     stats = await ReadModels(mongo).queue_stats("alpha", paused=set())
     assert stats is not None
     assert (stats["counts"]["WAITING"], stats["counts"]["CANCELLED"]) == (0, 4)
+    await assert_matches_truth(pool, mongo)
+
+
+async def test_debounced_submissions_are_projected(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    """A `debounced` event (docs/flow-control.md) keeps its job PENDING: counted in the
+    queue's totals, moving no count."""
+    debounce = Debounce(key="doc", delay_seconds=0, max_delay_seconds=60)
+    for n in range(3):
+        await store.submit(JobSubmission(queue="alpha", type="t", payload=n, debounce=debounce))
+    projector = Projector(pool, mongo, 1, batch_size=97)
+    assert await catch_up(projector) == 3
+    stats = await ReadModels(mongo).queue_stats("alpha", paused=set())
+    assert stats is not None and stats["counts"]["PENDING"] == 1
     await assert_matches_truth(pool, mongo)

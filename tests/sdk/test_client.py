@@ -153,3 +153,20 @@ async def test_room_and_queue_full(client: Client) -> None:
     assert await client.room("tenant:1") == 1
     await client.set_limit("queue:q", concurrency=5)
     assert await client.room("queue:q") is None  # no max_pending
+
+
+async def test_debounce_and_throttle(client: Client) -> None:
+    debounce: evora.DebounceSpec = {"key": "doc", "delay_seconds": 60, "max_delay_seconds": 600}
+    first = await client.submit("q", "t", {"n": 1}, debounce=debounce)
+    again = await client.submit("q", "t", {"n": 2}, debounce=debounce)
+    assert (first.debounced, first.replayed) == (False, False)
+    assert (again.id, again.debounced, again.replayed) == (first.id, True, False)
+    assert again.job["payload"] == {"n": 2}
+    throttle: evora.ThrottleSpec = {"key": "t", "window_seconds": 60}
+    receipts = await client.submit_batch(
+        [{"queue": "q", "type": "t", "throttle": throttle}] * 2, return_jobs=False
+    )
+    assert [(r.throttled, r.replayed) for r in receipts] == [(False, False), (True, False)]
+    assert receipts[0].id == receipts[1].id
+    [answer] = await client.submit_batch([{"queue": "q", "type": "t", "throttle": throttle}])
+    assert (answer.id, answer.throttled) == (receipts[0].id, True)

@@ -292,6 +292,8 @@ async def _stored_before_0011(
             "limit_keys",
             "max_duration_seconds",
             "fairness_key",
+            "debounce",
+            "throttle",
         },
     )
     before = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()

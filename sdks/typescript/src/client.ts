@@ -57,11 +57,22 @@ export interface ClientOptions {
 }
 
 /** A submitted job, and whether the server answered with the existing job of the same
- * idempotency key (200 + `Idempotent-Replayed: true`) instead of creating one (201). */
+ * idempotency key (200 + `Idempotent-Replayed: true`) instead of creating one (201), or
+ * with the job of its debounce key (which absorbed it) or throttle key
+ * (docs/flow-control.md, "Debounce and throttle"). */
 export interface SubmitResult {
   id: string;
   job: Job;
   replayed: boolean;
+  debounced: boolean;
+  throttled: boolean;
+}
+
+function submitResult(job: Job, status: number, replayedHeader = false): SubmitResult {
+  const debounced = job.debounced === true;
+  const throttled = job.throttled === true;
+  const replayed = (status === 200 || replayedHeader) && !debounced && !throttled;
+  return { id: job.id, job, replayed, debounced, throttled };
 }
 
 export interface JobPage {
@@ -145,8 +156,7 @@ export class Client {
       body,
       idempotent: typeof options.idempotency_key === "string",
     });
-    const replayed = resp.status === 200 || resp.headers.get("Idempotent-Replayed") === "true";
-    return { id: resp.data.id, job: resp.data, replayed };
+    return submitResult(resp.data, resp.status, resp.headers.get("Idempotent-Replayed") === "true");
   }
 
   /** Submit 1..1000 jobs in one transaction, all or nothing; results in request order. An
@@ -156,7 +166,7 @@ export class Client {
       body: { jobs },
       idempotent: jobs.length > 0 && jobs.every((job) => typeof job.idempotency_key === "string"),
     });
-    return resp.data.jobs.map((item) => ({ id: item.job.id, job: item.job, replayed: item.status === 200 }));
+    return resp.data.jobs.map((item) => submitResult(item.job, item.status));
   }
 
   /** The job; `JobNotFoundError` when there is none. */

@@ -85,6 +85,21 @@ describe("Client", () => {
     assert.equal(conflict.code, "idempotency_conflict");
   });
 
+  test("a debounce key absorbs the next submission, a throttle key answers with its job", async () => {
+    const queue = queueName("ts-debounce");
+    const debounce = { key: randomUUID(), delay_seconds: 60, max_delay_seconds: 600 };
+    const first = await client.submit(queue, "ts.echo", { n: 1 }, { debounce });
+    const again = await client.submit(queue, "ts.echo", { n: 2 }, { debounce });
+    assert.deepEqual([first.debounced, first.replayed], [false, false]);
+    assert.deepEqual([again.id, again.debounced, again.replayed], [first.id, true, false]);
+    assert.deepEqual(again.job.payload, { n: 2 });
+    const throttle = { key: randomUUID(), window_seconds: 60 };
+    const results = await client.submitBatch([0, 1].map((n) => ({ queue, type: "ts.echo", payload: n, throttle })));
+    const [made, answered] = [results[0]!, results[1]!];
+    assert.deepEqual([made.throttled, answered.throttled, answered.replayed], [false, true, false]);
+    assert.equal(answered.id, made.id);
+  });
+
   test("submitBatch stores all in order, and an invalid item stores nothing", async () => {
     const queue = queueName("ts-batch");
     const results = await client.submitBatch([0, 1, 2].map((n) => ({ queue, type: "ts.echo", payload: n })));

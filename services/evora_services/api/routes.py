@@ -44,6 +44,7 @@ from evora.protocol.jobs import (
     RedriveRequest,
 )
 from evora.storage.jobs import JobStore
+from evora.storage.rows import JobDict
 from evora.storage.submissions import Submitted
 from evora_services.api.models import (
     JobListQuery,
@@ -132,7 +133,9 @@ async def _submissions(
     roles=PRODUCER,
     summary=(
         "Submit one job. 201 when created; 200 and header `Idempotent-Replayed: true` when "
-        "its idempotency key was already used in the queue with the same fields; 429 "
+        "its idempotency key was already used in the queue with the same fields; 200 and "
+        '`"debounced": true` or `"throttled": true` when a debounce or throttle key answered '
+        "it with its job (docs/flow-control.md, Debounce and throttle); 429 "
         "`queue_full` (with `Retry-After`) when a key it holds is at its max_pending."
     ),
     body=JobSubmission,
@@ -151,7 +154,16 @@ async def submit(request: web.Request) -> web.Response:
         trace.record([submitted])
     if submitted.created:
         return json_response(submitted.job, status=201)
+    if submitted.answered_by_key is not None:
+        return json_response(_answered(submitted))
     return json_response(submitted.job, headers={REPLAYED_HEADER: "true"})
+
+
+def _answered(submitted: Submitted) -> JobDict:
+    """The job a debounce or throttle key answered with, saying so."""
+    if submitted.answered_by_key is None:
+        return submitted.job
+    return {**submitted.job, submitted.answered_by_key: True}
 
 
 @producer.add(
@@ -182,11 +194,17 @@ async def submit_batch(request: web.Request) -> web.Response:
         # Ids and statuses only: a producer that keeps no job spares the decoding and
         # encoding of a thousand whole jobs here and their parsing on its side.
         return json_response(
-            {"jobs": [{"id": s.id, "status": 201 if s.created else 200} for s in submitted]},
+            {
+                "jobs": [
+                    {"id": s.id, "status": 201 if s.created else 200}
+                    | ({} if s.answered_by_key is None else {s.answered_by_key: True})
+                    for s in submitted
+                ]
+            },
             headers={"Preference-Applied": "return=minimal"},
         )
     return json_response(
-        {"jobs": [{"status": 201 if s.created else 200, "job": s.job} for s in submitted]}
+        {"jobs": [{"status": 201 if s.created else 200, "job": _answered(s)} for s in submitted]}
     )
 
 

@@ -50,6 +50,19 @@ class ScheduledJob(JobSubmission):
         if value is not None:
             raise ValueError("each tick's job gets the key schedule:<name>:<tick>; give none")
 
+    # Each tick's job has its idempotency key, which neither combines with (docs/flow-control.md).
+    debounce: SkipJsonSchema[None] = None
+    throttle: SkipJsonSchema[None] = None
+
+    @field_validator("debounce", "throttle", mode="before")
+    @classmethod
+    def _no_debounce(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError(
+                "a schedule's job has its own idempotency key per tick: no "
+                "debounce or throttle (a schedule already spaces its jobs)"
+            )
+
     @field_validator("depends_on")
     @classmethod
     def _no_refs(cls, value: list[UUID | str]) -> list[UUID | str]:

@@ -36,3 +36,5 @@ class EventName(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     # a handler recorded a step (docs/jobs-that-wait.md); RUNNING -> RUNNING, data: its name
     CHECKPOINTED = "checkpointed"
+    # a debounce key's PENDING job absorbed a submission (docs/flow-control.md)
+    DEBOUNCED = "debounced"

@@ -4,12 +4,14 @@ and `Handlers` for worker processes, and the exceptions both raise."""
 from evora.protocol.retries import RetryBackoff
 from evora.sdk.client import (
     Client,
+    DebounceSpec,
     JobData,
     JobPage,
     Submission,
     SubmitOptions,
     SubmitReceipt,
     SubmitResult,
+    ThrottleSpec,
 )
 from evora.sdk.errors import (
     BadRequestError,
@@ -51,6 +53,7 @@ __all__ = [
     "CallbackSettledError",
     "Client",
     "ConflictError",
+    "DebounceSpec",
     "EvoraClientError",
     "EvoraConnectionError",
     "EvoraHTTPError",
@@ -83,6 +86,7 @@ __all__ = [
     "SubmitOptions",
     "SubmitReceipt",
     "SubmitResult",
+    "ThrottleSpec",
     "UnauthorizedError",
     "Worker",
     "WorkerSettings",

@@ -63,6 +63,24 @@ class BackoffSpec(TypedDict, total=False):
     multiplier: float
 
 
+class DebounceSpec(TypedDict):
+    """The PENDING job of `key` in the queue absorbs the submission (docs/flow-control.md,
+    "Debounce and throttle"): payload replaced, run `delay_seconds` after it, never later
+    than `max_delay_seconds` after the submission that made the job."""
+
+    key: str
+    delay_seconds: float
+    max_delay_seconds: float
+
+
+class ThrottleSpec(TypedDict):
+    """Within `window_seconds` of the job `key` last admitted, that job answers and nothing
+    is stored (docs/flow-control.md, "Debounce and throttle")."""
+
+    key: str
+    window_seconds: float
+
+
 class SubmitOptions(TypedDict, total=False):
     """The optional submission fields (docs/http-api.md#submitting-a-job); omitted ones take
     the server's defaults."""
@@ -88,6 +106,10 @@ class SubmitOptions(TypedDict, total=False):
     fairness_key: str
     """The tenant the job is served as: a queue's workers are shared among its fairness keys
     by weight and by the lease time their jobs hold (docs/flow-control.md)."""
+    debounce: DebounceSpec
+    """Not with throttle, run_at, delay_seconds, idempotency_key, depends_on or ref."""
+    throttle: ThrottleSpec
+    """Not with idempotency_key, depends_on or ref."""
 
 
 class Submission(SubmitOptions, total=False):
@@ -103,10 +125,13 @@ class Submission(SubmitOptions, total=False):
 @dataclass(frozen=True)
 class SubmitResult:
     """A submitted job and whether the server answered with an existing job for the same
-    idempotency key (200 + `Idempotent-Replayed: true`) instead of creating one (201)."""
+    idempotency key (200 + `Idempotent-Replayed: true`) instead of creating one (201), or
+    with the job of its debounce key (which absorbed it) or throttle key."""
 
     job: JobData
     replayed: bool
+    debounced: bool = False
+    throttled: bool = False
 
     @property
     def id(self) -> str:
@@ -116,10 +141,13 @@ class SubmitResult:
 @dataclass(frozen=True)
 class SubmitReceipt:
     """What `submit_batch(..., return_jobs=False)` answers per item: the job's id and
-    whether it was an idempotent replay, without the job."""
+    whether it was an idempotent replay (or answered by a debounce or throttle key), without
+    the job."""
 
     id: str
     replayed: bool
+    debounced: bool = False
+    throttled: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +155,20 @@ class JobPage:
     jobs: list[JobData]
     next: str | None
     """Cursor for the next page (`list_jobs(after=...)`), None on the last one."""
+
+
+def _by_key(answer: Mapping[str, Any]) -> bool:
+    """Whether a debounce or throttle key answered the submission with its job."""
+    return answer.get("debounced") is True or answer.get("throttled") is True
+
+
+def _result(job: JobData, status: int, replayed_header: bool = False) -> SubmitResult:
+    return SubmitResult(
+        job=job,
+        replayed=(status == 200 or replayed_header) and not _by_key(job),
+        debounced=job.get("debounced") is True,
+        throttled=job.get("throttled") is True,
+    )
 
 
 _UNSET: Final = object()
@@ -221,8 +263,7 @@ class Client:
             idempotent="idempotency_key" in options,
             headers=context_headers(),
         )
-        replayed = resp.status == 200 or resp.headers.get("Idempotent-Replayed") == "true"
-        return SubmitResult(job=resp.data, replayed=replayed)
+        return _result(resp.data, resp.status, resp.headers.get("Idempotent-Replayed") == "true")
 
     @overload
     async def submit_batch(
@@ -256,8 +297,16 @@ class Client:
         )
         entries = resp.data["jobs"]
         if not return_jobs:
-            return [SubmitReceipt(str(e["id"]), replayed=e["status"] == 200) for e in entries]
-        return [SubmitResult(job=e["job"], replayed=e["status"] == 200) for e in entries]
+            return [
+                SubmitReceipt(
+                    str(e["id"]),
+                    replayed=e["status"] == 200 and not _by_key(e),
+                    debounced=e.get("debounced") is True,
+                    throttled=e.get("throttled") is True,
+                )
+                for e in entries
+            ]
+        return [_result(e["job"], e["status"]) for e in entries]
 
     async def get(self, job_id: str | UUID) -> JobData:
         """The job; `JobNotFoundError` when there is none."""

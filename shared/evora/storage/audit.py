@@ -115,11 +115,13 @@ CHECKS: dict[str, str] = {
     ),
 }
 
-# The moves events record beside the state machine's: a cancel request of a RUNNING job,
-# and a checkpoint its handler recorded.
+# The moves events record beside the state machine's: a cancel request of a RUNNING job, a
+# checkpoint its handler recorded, and a submission a debounce key's PENDING job absorbed
+# (docs/flow-control.md).
 _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
     ("RUNNING", "RUNNING", "cancel_requested"),
     ("RUNNING", "RUNNING", "checkpointed"),
+    ("PENDING", "PENDING", "debounced"),
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
 # A claim handed back uncounted: a release, a snooze (which asks to run later), or a

@@ -154,6 +154,11 @@ CREATE TYPE evora.submission AS (
 	ref text,
 	limit_keys text[],
 	fairness_key text,
+	debounce_key text,
+	debounce_delay double precision,
+	debounce_max_delay double precision,
+	throttle_key text,
+	throttle_window double precision,
 	max_duration_seconds integer
 );
 
@@ -787,6 +792,92 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.debounce_and_throttle(ids uuid[], queues text[], payloads jsonb[], debounce_keys text[], debounce_delays double precision[], debounce_max_delays double precision[], throttle_keys text[], throttle_windows double precision[]) RETURNS TABLE(item integer, answer text, by_job uuid)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    serialised CONSTANT integer := 1163281492;  -- 'EVDT'
+    g record;
+    last integer;
+    o integer;
+    absorbing evora.jobs;
+    held_job uuid;
+    held_since timestamptz;
+BEGIN
+    FOR g IN
+        SELECT k.queue, k.kind, k.key, array_agg(k.ord ORDER BY k.ord) AS ords
+        FROM (SELECT u.queue, 'debounce' AS kind, u.key, u.ord::integer AS ord
+              FROM unnest(queues, debounce_keys) WITH ORDINALITY AS u(queue, key, ord)
+              WHERE u.key IS NOT NULL
+              UNION ALL
+              SELECT u.queue, 'throttle', u.key, u.ord::integer
+              FROM unnest(queues, throttle_keys) WITH ORDINALITY AS u(queue, key, ord)
+              WHERE u.key IS NOT NULL) AS k
+        GROUP BY k.queue, k.kind, k.key
+        ORDER BY hashtext(k.kind || ':' || k.queue || ':' || k.key), k.kind, k.queue, k.key
+    LOOP
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION '% key % is serialised per key: submit under READ COMMITTED, not %',
+                            g.kind, quote_literal(g.key),
+                            upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'feature_not_supported';
+        END IF;
+        PERFORM pg_advisory_xact_lock(serialised,
+                                      hashtext(g.kind || ':' || g.queue || ':' || g.key));
+        last := g.ords[cardinality(g.ords)];
+        IF g.kind = 'debounce' THEN
+            UPDATE evora.jobs j
+            SET payload = payloads[last],
+                run_at = least(evora.clock_now() + make_interval(secs => debounce_delays[last]),
+                               k.run_by),
+                updated_at = evora.clock_now(), version = j.version + 1
+            FROM evora.submission_keys k
+            WHERE k.queue = g.queue AND k.kind = 'debounce' AND k.key = g.key
+              AND j.id = k.job_id AND j.state = 'PENDING' AND j.started_at IS NULL
+            RETURNING j.* INTO absorbing;
+            IF FOUND THEN
+                INSERT INTO evora.job_events (job_id, job_version, queue, type, event,
+                                              from_state, to_state, attempt, worker_id, at,
+                                              data, job)
+                VALUES (absorbing.id, absorbing.version, absorbing.queue, absorbing.type,
+                        'debounced', 'PENDING', 'PENDING', absorbing.attempt, NULL,
+                        absorbing.updated_at,
+                        jsonb_build_object('submissions', cardinality(g.ords)),
+                        evora.job_image(absorbing));
+                RETURN QUERY SELECT u.o, 'debounced'::text, absorbing.id FROM unnest(g.ords) AS u(o);
+                CONTINUE;
+            END IF;
+            INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since, run_by)
+            VALUES (g.queue, 'debounce', g.key, ids[last], evora.clock_now(),
+                    evora.clock_now() + make_interval(secs => debounce_max_delays[last]))
+            ON CONFLICT ON CONSTRAINT submission_keys_pkey DO UPDATE
+            RETURN QUERY SELECT u.o, 'debounced'::text, ids[last]
+                         FROM unnest(g.ords[1:cardinality(g.ords) - 1]) AS u(o);
+        ELSE
+            SELECT k.job_id, k.since INTO held_job, held_since
+            FROM evora.submission_keys k
+            JOIN evora.jobs j ON j.id = k.job_id
+            WHERE k.queue = g.queue AND k.kind = 'throttle' AND k.key = g.key;
+            IF NOT FOUND THEN
+                held_job := NULL;
+            END IF;
+            FOREACH o IN ARRAY g.ords LOOP
+                IF held_job IS NOT NULL AND evora.clock_now()
+                        < held_since + make_interval(secs => throttle_windows[o]) THEN
+                    RETURN QUERY SELECT o, 'throttled'::text, held_job;
+                ELSE
+                    held_job := ids[o];
+                    held_since := evora.clock_now();
+                    INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since)
+                    VALUES (g.queue, 'throttle', g.key, held_job, held_since)
+                    ON CONFLICT ON CONSTRAINT submission_keys_pkey DO UPDATE
+                END IF;
+            END LOOP;
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancelled boolean) RETURNS evora.job_state
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -1388,6 +1479,30 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.object_field(value jsonb, field text, known text[]) RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    name text;
+BEGIN
+    IF jsonb_typeof(value) <> 'object' THEN
+        PERFORM evora.reject(field, 'must be a JSON object');
+    END IF;
+    FOR name IN SELECT jsonb_object_keys(value) LOOP
+        IF name <> ALL(known) THEN
+            PERFORM evora.reject(field || '.' || name,
+                                 format('is not a %s field', regexp_replace(field, '^.*[.]', '')));
+        END IF;
+    END LOOP;
+    FOREACH name IN ARRAY known LOOP
+        IF NOT value ? name OR jsonb_typeof(value -> name) = 'null' THEN
+            RAISE EXCEPTION '%.%: is required', field, name
+                USING ERRCODE = 'not_null_violation', COLUMN = field || '.' || name;
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION evora.pending_holding(k text, most bigint) RETURNS bigint
     LANGUAGE sql STABLE
     AS $$
@@ -1763,7 +1878,7 @@ CREATE FUNCTION evora.settlement(ended_ids uuid[], ended_states evora.job_state[
     WHERE w.state = 'WAITING'
 $$;
 
-CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[], fairness_keys text[] DEFAULT NULL::text[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[], fairness_keys text[] DEFAULT NULL::text[], debounce_keys text[] DEFAULT '{}'::text[], debounce_delays double precision[] DEFAULT '{}'::double precision[], debounce_max_delays double precision[] DEFAULT '{}'::double precision[], throttle_keys text[] DEFAULT '{}'::text[], throttle_windows double precision[] DEFAULT '{}'::double precision[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
     SET search_path TO 'evora', 'pg_temp'
     AS $$
@@ -1776,8 +1891,20 @@ DECLARE
     refusals text[];
     culprits integer[];
     created integer[];
+    absorbed integer[] := '{}';
+    answers text[];
+    answering uuid[];
 BEGIN
     waited := dependency_ids;
+    IF array_remove(debounce_keys, NULL) <> '{}' OR array_remove(throttle_keys, NULL) <> '{}' THEN
+        SELECT coalesce(array_agg(a.item), '{}'), array_agg(a.answer), array_agg(a.by_job)
+        INTO absorbed, answers, answering
+        FROM evora.debounce_and_throttle(ids, queues, payloads, debounce_keys, debounce_delays,
+                                         debounce_max_delays, throttle_keys, throttle_windows) a;
+        delays := ARRAY(SELECT coalesce(d.debounce, d.delay)
+                        FROM unnest(delays, debounce_delays) WITH ORDINALITY AS d(delay, debounce, n)
+                        ORDER BY d.n);
+    END IF;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := evora.submission_fingerprints(
             ids, queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
@@ -1857,6 +1984,7 @@ BEGIN
         SELECT x.ord::integer
         FROM unnest(ids, idempotency_keys, refusals) WITH ORDINALITY AS x(id, key, refusal, ord)
         WHERE x.refusal IS NULL AND (x.key IS NULL OR x.id IN (SELECT unnest(kept)))
+          AND x.ord NOT IN (SELECT unnest(absorbed))
         ORDER BY x.id);
     IF EXISTS (SELECT 1 FROM evora.flow_limits WHERE max_pending IS NOT NULL) THEN
         PERFORM evora.admit(queues, created, limit_key_ords, limit_key_names);
@@ -1935,6 +2063,10 @@ BEGIN
     SELECT x.ord::integer, x.refusal, culprits[x.ord], NULL::evora.jobs, NULL::text[], NULL::text[]
     FROM unnest(refusals) WITH ORDINALITY AS x(refusal, ord)
     WHERE x.refusal IS NOT NULL;
+    RETURN QUERY
+    SELECT a.item, a.answer, NULL::integer, s, NULL::text[], NULL::text[]
+    FROM unnest(absorbed, answers, answering) AS a(item, answer, by_job)
+    JOIN evora.jobs s ON s.id = a.by_job;
     RETURN QUERY
     SELECT x.ord::integer,
            CASE
@@ -2169,7 +2301,12 @@ BEGIN
                                      unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
                   ORDER BY i, k.place),
             ARRAY(SELECT (s).max_duration_seconds FROM unnest(subs) s),
-            ARRAY(SELECT (s).fairness_key FROM unnest(subs) s))
+            ARRAY(SELECT (s).fairness_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).debounce_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).debounce_delay FROM unnest(subs) s),
+            ARRAY(SELECT (s).debounce_max_delay FROM unnest(subs) s),
+            ARRAY(SELECT (s).throttle_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).throttle_window FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -2337,6 +2474,8 @@ DECLARE
     value jsonb;
     delay jsonb := 'null';
     backoff jsonb := '{}';
+    debounce jsonb := 'null';
+    throttle jsonb := 'null';
 BEGIN
     IF item IS NULL OR jsonb_typeof(item) <> 'object' THEN
         PERFORM evora.reject(coalesce(nullif(rtrim(at, '.'), ''), 'submission'),
@@ -2393,6 +2532,10 @@ BEGIN
         WHEN 'fairness_key' THEN
             s.fairness_key := evora.text_field(value, at || field, lim ->> 'limit_key_pattern',
                                                NULL, true);
+        WHEN 'debounce' THEN
+            debounce := value;
+        WHEN 'throttle' THEN
+            throttle := value;
         ELSE
             PERFORM evora.reject(at || field, 'is not a submission field');
         END CASE;
@@ -2421,6 +2564,40 @@ BEGIN
     IF s.backoff_max < s.backoff_initial THEN
         PERFORM evora.reject(at || 'backoff.max_seconds', 'must be >= initial_seconds');
     END IF;
+    IF jsonb_typeof(debounce) <> 'null' THEN
+        PERFORM evora.object_field(debounce, at || 'debounce',
+                                   ARRAY['key', 'delay_seconds', 'max_delay_seconds']);
+        s.debounce_key := evora.text_field(debounce -> 'key', at || 'debounce.key', NULL,
+                                           (lim ->> 'key_max_length')::integer, false);
+        s.debounce_delay := evora.number_field(debounce -> 'delay_seconds',
+            at || 'debounce.delay_seconds', 0, (lim ->> 'max_seconds')::numeric, false);
+        s.debounce_max_delay := evora.number_field(debounce -> 'max_delay_seconds',
+            at || 'debounce.max_delay_seconds', 0, (lim ->> 'max_seconds')::numeric, false,
+            true);
+        IF s.debounce_max_delay < s.debounce_delay THEN
+            PERFORM evora.reject(at || 'debounce.max_delay_seconds', 'must be >= delay_seconds');
+        END IF;
+        IF s.run_at IS NOT NULL OR s.delay_seconds IS NOT NULL THEN
+            PERFORM evora.reject(at || 'debounce',
+                                 'sets the run time itself: give no run_at or delay_seconds');
+        END IF;
+    END IF;
+    IF jsonb_typeof(throttle) <> 'null' THEN
+        PERFORM evora.object_field(throttle, at || 'throttle', ARRAY['key', 'window_seconds']);
+        s.throttle_key := evora.text_field(throttle -> 'key', at || 'throttle.key', NULL,
+                                           (lim ->> 'key_max_length')::integer, false);
+        s.throttle_window := evora.number_field(throttle -> 'window_seconds',
+            at || 'throttle.window_seconds', 0, (lim ->> 'max_seconds')::numeric, false, true);
+        IF s.debounce_key IS NOT NULL THEN
+            PERFORM evora.reject(at || 'throttle', 'give debounce or throttle, not both');
+        END IF;
+    END IF;
+    IF (s.debounce_key IS NOT NULL OR s.throttle_key IS NOT NULL)
+            AND s.idempotency_key IS NOT NULL THEN
+        PERFORM evora.reject(at || 'idempotency_key', format(
+            'cannot be combined with %s: the key answers an existing job without storing one',
+            CASE WHEN s.debounce_key IS NOT NULL THEN 'debounce' ELSE 'throttle' END));
+    END IF;
     RETURN s;
 END
 $$;
@@ -2446,6 +2623,13 @@ BEGIN
             AND (jsonb_typeof(item -> 'on_dependency_failure') <> 'string'
                  OR s.on_dependency_failure NOT IN ('cancel', 'run')) THEN
         PERFORM evora.reject(at || 'on_dependency_failure', 'must be "cancel" or "run"');
+    END IF;
+    IF (s.debounce_key IS NOT NULL OR s.throttle_key IS NOT NULL)
+            AND (s.ref IS NOT NULL OR jsonb_typeof(item -> 'depends_on') = 'array'
+                                      AND jsonb_array_length(item -> 'depends_on') > 0) THEN
+        PERFORM evora.reject(at || CASE WHEN s.debounce_key IS NOT NULL THEN 'debounce'
+                                        ELSE 'throttle' END,
+                             'cannot be combined with depends_on or ref');
     END IF;
     s.depends_on := '{}';
     IF NOT item ? 'depends_on' THEN
@@ -2705,6 +2889,17 @@ CREATE TABLE evora.schedules (
     CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
 );
 
+CREATE TABLE evora.submission_keys (
+    queue text NOT NULL,
+    kind text NOT NULL,
+    key text NOT NULL,
+    job_id uuid NOT NULL,
+    since timestamp with time zone NOT NULL,
+    run_by timestamp with time zone,
+    CONSTRAINT submission_keys_kind CHECK ((kind = ANY (ARRAY['debounce'::text, 'throttle'::text]))),
+    CONSTRAINT submission_keys_run_by CHECK (((kind = 'debounce'::text) = (run_by IS NOT NULL)))
+);
+
 ALTER TABLE ONLY evora.callbacks
     ADD CONSTRAINT callbacks_pkey PRIMARY KEY (id);
 
@@ -2773,6 +2968,9 @@ ALTER TABLE ONLY evora.projector_progress
 
 ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY evora.submission_keys
+    ADD CONSTRAINT submission_keys_pkey PRIMARY KEY (queue, kind, key);
 
 CREATE INDEX callbacks_due ON evora.callbacks USING btree (timeout_at) WHERE (outcome IS NULL);
 

@@ -161,6 +161,8 @@ class Submitted:
     id: UUID
     created: bool
     whole: JobDict | None  # the job, when it was asked for
+    # "debounced" or "throttled": a key answered with this job (docs/flow-control.md)
+    answered_by_key: str | None = None
 
     @property
     def job(self) -> JobDict:
@@ -243,6 +245,13 @@ async def _run(
         [key for s in submissions for key in s.limit_keys],
         _per_item([s.max_duration_seconds for s in submissions]),
         _per_item([s.fairness_key for s in submissions]),
+        _per_item([None if s.debounce is None else s.debounce.key for s in submissions]),
+        _per_item([None if s.debounce is None else s.debounce.delay_seconds for s in submissions]),
+        _per_item(
+            [None if s.debounce is None else s.debounce.max_delay_seconds for s in submissions]
+        ),
+        _per_item([None if s.throttle is None else s.throttle.key for s in submissions]),
+        _per_item([None if s.throttle is None else s.throttle.window_seconds for s in submissions]),
         committed=committed,
         with_jobs=with_jobs,
     )
@@ -256,6 +265,8 @@ _SINCE_0011 = {
     "limit_keys",
     "max_duration_seconds",
     "fairness_key",
+    "debounce",
+    "throttle",
 }
 
 
@@ -285,6 +296,9 @@ def _outcome(
         case "created" | "replayed":
             whole = None if row["job"] is None else job_from_row(row["job"])
             return Submitted(row["id"], row["outcome"] == "created", whole)
+        case "debounced" | "throttled":
+            whole = None if row["job"] is None else job_from_row(row["job"])
+            return Submitted(row["id"], False, whole, row["outcome"])
         case "repeat_conflict" if name_repeats:
             return IdempotencyConflict(
                 f"jobs[{index}] reuses the idempotency key of jobs[{row['first_ord'] - 1}] "

@@ -122,6 +122,16 @@ export interface CallbackResolution {
   payload: unknown;
 }
 
+/** max_delay_seconds must be >= delay_seconds, else 422. */
+export interface Debounce {
+  /** the PENDING job of this key in the queue absorbs the submission */
+  key: string;
+  /** the job runs this long after the last submission */
+  delay_seconds: number;
+  /** but never later than this long after the submission that made it */
+  max_delay_seconds: number;
+}
+
 export interface Events {
   events: JobEvent[];
 }
@@ -269,6 +279,10 @@ export interface JobResponse {
   backoff: Backoff;
   /** the last progress a worker reported */
   progress?: unknown;
+  /** present (true) when a debounce key's job absorbed the submission */
+  debounced?: boolean | null;
+  /** present (true) when a throttle key answered the submission with its job */
+  throttled?: boolean | null;
 }
 
 export type JobState = "WAITING" | "PENDING" | "RUNNING" | "SUSPENDED" | "COMPLETED" | "DLQ" | "CANCELLED";
@@ -298,6 +312,10 @@ export interface JobSubmission {
   limit_keys?: string[];
   /** the tenant this job is served as: a queue's claims share its workers among its fairness keys by weight and by the lease time their jobs hold (docs/flow-control.md, Fairness keys) */
   fairness_key?: string | null;
+  /** the PENDING job of this key absorbs the submission (payload replaced, run time pushed back): 200 with `"debounced": true` */
+  debounce?: Debounce | null;
+  /** within the window of this key's last job, answers that job (200, `"throttled": true`) and stores nothing */
+  throttle?: Throttle | null;
 }
 
 export interface KeyService {
@@ -643,6 +661,13 @@ export interface ScheduledJob {
   limit_keys?: string[];
   /** the tenant this job is served as: a queue's claims share its workers among its fairness keys by weight and by the lease time their jobs hold (docs/flow-control.md, Fairness keys) */
   fairness_key?: string | null;
+}
+
+/** docs/flow-control.md, "Debounce and throttle". */
+export interface Throttle {
+  key: string;
+  /** a submission this soon after the job the key last admitted answers that job */
+  window_seconds: number;
 }
 
 export interface Throughput {

@@ -205,6 +205,31 @@ LANGUAGE sql IMMUTABLE AS $$
     GROUP BY u.ord
 $$;
 
+-- An object field (debounce, throttle) holding only the fields `known`, each required.
+CREATE OR REPLACE FUNCTION evora.object_field(value jsonb, field text, known text[])
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    name text;
+BEGIN
+    IF jsonb_typeof(value) <> 'object' THEN
+        PERFORM evora.reject(field, 'must be a JSON object');
+    END IF;
+    FOR name IN SELECT jsonb_object_keys(value) LOOP
+        IF name <> ALL(known) THEN
+            PERFORM evora.reject(field || '.' || name,
+                                 format('is not a %s field', regexp_replace(field, '^.*[.]', '')));
+        END IF;
+    END LOOP;
+    FOREACH name IN ARRAY known LOOP
+        IF NOT value ? name OR jsonb_typeof(value -> name) = 'null' THEN
+            RAISE EXCEPTION '%.%: is required', field, name
+                USING ERRCODE = 'not_null_violation', COLUMN = field || '.' || name;
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- One submission object (the body of POST /v1/jobs) checked field by field; `at` prefixes
 -- each field's name in errors ('' or 'jobs[3].').
 CREATE OR REPLACE FUNCTION evora.validated(item jsonb, at text) RETURNS evora.submission
@@ -216,6 +241,8 @@ DECLARE
     value jsonb;
     delay jsonb := 'null';
     backoff jsonb := '{}';
+    debounce jsonb := 'null';
+    throttle jsonb := 'null';
 BEGIN
     IF item IS NULL OR jsonb_typeof(item) <> 'object' THEN
         PERFORM evora.reject(coalesce(nullif(rtrim(at, '.'), ''), 'submission'),
@@ -273,6 +300,10 @@ BEGIN
         WHEN 'fairness_key' THEN
             s.fairness_key := evora.text_field(value, at || field, lim ->> 'limit_key_pattern',
                                                NULL, true);
+        WHEN 'debounce' THEN
+            debounce := value;
+        WHEN 'throttle' THEN
+            throttle := value;
         ELSE
             PERFORM evora.reject(at || field, 'is not a submission field');
         END CASE;
@@ -300,6 +331,42 @@ BEGIN
         (lim -> 'backoff' ->> 'multiplier')::numeric);
     IF s.backoff_max < s.backoff_initial THEN
         PERFORM evora.reject(at || 'backoff.max_seconds', 'must be >= initial_seconds');
+    END IF;
+    -- Debounce and throttle (docs/flow-control.md, "Debounce and throttle"), as the api's
+    -- model checks them.
+    IF jsonb_typeof(debounce) <> 'null' THEN
+        PERFORM evora.object_field(debounce, at || 'debounce',
+                                   ARRAY['key', 'delay_seconds', 'max_delay_seconds']);
+        s.debounce_key := evora.text_field(debounce -> 'key', at || 'debounce.key', NULL,
+                                           (lim ->> 'key_max_length')::integer, false);
+        s.debounce_delay := evora.number_field(debounce -> 'delay_seconds',
+            at || 'debounce.delay_seconds', 0, (lim ->> 'max_seconds')::numeric, false);
+        s.debounce_max_delay := evora.number_field(debounce -> 'max_delay_seconds',
+            at || 'debounce.max_delay_seconds', 0, (lim ->> 'max_seconds')::numeric, false,
+            true);
+        IF s.debounce_max_delay < s.debounce_delay THEN
+            PERFORM evora.reject(at || 'debounce.max_delay_seconds', 'must be >= delay_seconds');
+        END IF;
+        IF s.run_at IS NOT NULL OR s.delay_seconds IS NOT NULL THEN
+            PERFORM evora.reject(at || 'debounce',
+                                 'sets the run time itself: give no run_at or delay_seconds');
+        END IF;
+    END IF;
+    IF jsonb_typeof(throttle) <> 'null' THEN
+        PERFORM evora.object_field(throttle, at || 'throttle', ARRAY['key', 'window_seconds']);
+        s.throttle_key := evora.text_field(throttle -> 'key', at || 'throttle.key', NULL,
+                                           (lim ->> 'key_max_length')::integer, false);
+        s.throttle_window := evora.number_field(throttle -> 'window_seconds',
+            at || 'throttle.window_seconds', 0, (lim ->> 'max_seconds')::numeric, false, true);
+        IF s.debounce_key IS NOT NULL THEN
+            PERFORM evora.reject(at || 'throttle', 'give debounce or throttle, not both');
+        END IF;
+    END IF;
+    IF (s.debounce_key IS NOT NULL OR s.throttle_key IS NOT NULL)
+            AND s.idempotency_key IS NOT NULL THEN
+        PERFORM evora.reject(at || 'idempotency_key', format(
+            'cannot be combined with %s: the key answers an existing job without storing one',
+            CASE WHEN s.debounce_key IS NOT NULL THEN 'debounce' ELSE 'throttle' END));
     END IF;
     RETURN s;
 END
@@ -330,6 +397,15 @@ BEGIN
             AND (jsonb_typeof(item -> 'on_dependency_failure') <> 'string'
                  OR s.on_dependency_failure NOT IN ('cancel', 'run')) THEN
         PERFORM evora.reject(at || 'on_dependency_failure', 'must be "cancel" or "run"');
+    END IF;
+    -- An item a key may answer with an existing job has no job of its own to be named by, or
+    -- to wait for others with.
+    IF (s.debounce_key IS NOT NULL OR s.throttle_key IS NOT NULL)
+            AND (s.ref IS NOT NULL OR jsonb_typeof(item -> 'depends_on') = 'array'
+                                      AND jsonb_array_length(item -> 'depends_on') > 0) THEN
+        PERFORM evora.reject(at || CASE WHEN s.debounce_key IS NOT NULL THEN 'debounce'
+                                        ELSE 'throttle' END,
+                             'cannot be combined with depends_on or ref');
     END IF;
     s.depends_on := '{}';
     IF NOT item ? 'depends_on' THEN
@@ -580,6 +656,124 @@ BEGIN
 END
 $$;
 
+-- Debounce and throttle (docs/flow-control.md, "Debounce and throttle"): of the items at
+-- the given positions (by item: `queues`, `payloads` and the keys with their seconds, NULL
+-- keys for items without), those a key answers with a job instead of storing one, by position
+-- (`item`, from 1), with `answer` 'debounced' or 'throttled' and the job (`by_job`: an
+-- existing job, or the id of the item of this call that is stored for the key). For each key
+-- (queue, kind, key), in the order of the items:
+--   debounce  the PENDING job the key names that never started (the claim has not taken it)
+--             absorbs them all: its payload becomes the last item's, its run_at now + the
+--             last item's delay_seconds, never past its run_by (made + max_delay_seconds of
+--             the submission that made it), event `debounced`. With no such job the last
+--             item is stored (run_at now + its delay) and the key names it; the earlier items
+--             of this call answer with it: the later submission wins.
+--   throttle  an item within its window_seconds of when the job the key names was made (a
+--             job that still exists, in any state) answers with that job; the first item that
+--             is not is stored and the key names it from then on.
+-- The items left out are stored as usual; their positions are kept by the caller.
+--
+-- Race-free under concurrent producers: each key is locked (a transaction advisory lock, class
+-- 'EVDT', on the hash of queue, kind and key) and only then read, in a new statement whose
+-- snapshot shows every submission of that key that committed before the lock was granted;
+-- the lock is held to the end of the transaction, which stores the job the key names. Keys
+-- are locked in the order of their hashes, whatever the call, so calls cannot deadlock on
+-- them. A claim that took the absorbed job first wins: the UPDATE waits for its row lock and
+-- finds the job started (its own row re-checked), so a new job is made. Under REPEATABLE READ
+-- or SERIALIZABLE the read would be the transaction's first snapshot: refused, as evora.admit
+-- refuses.
+CREATE OR REPLACE FUNCTION evora.debounce_and_throttle(
+    ids uuid[], queues text[], payloads jsonb[], debounce_keys text[], debounce_delays float8[],
+    debounce_max_delays float8[], throttle_keys text[], throttle_windows float8[]
+) RETURNS TABLE (item integer, answer text, by_job uuid)
+LANGUAGE plpgsql AS $$
+DECLARE
+    serialised CONSTANT integer := 1163281492;  -- 'EVDT'
+    g record;
+    last integer;
+    o integer;
+    absorbing evora.jobs;
+    held_job uuid;
+    held_since timestamptz;
+BEGIN
+    FOR g IN
+        SELECT k.queue, k.kind, k.key, array_agg(k.ord ORDER BY k.ord) AS ords
+        FROM (SELECT u.queue, 'debounce' AS kind, u.key, u.ord::integer AS ord
+              FROM unnest(queues, debounce_keys) WITH ORDINALITY AS u(queue, key, ord)
+              WHERE u.key IS NOT NULL
+              UNION ALL
+              SELECT u.queue, 'throttle', u.key, u.ord::integer
+              FROM unnest(queues, throttle_keys) WITH ORDINALITY AS u(queue, key, ord)
+              WHERE u.key IS NOT NULL) AS k
+        GROUP BY k.queue, k.kind, k.key
+        ORDER BY hashtext(k.kind || ':' || k.queue || ':' || k.key), k.kind, k.queue, k.key
+    LOOP
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION '% key % is serialised per key: submit under READ COMMITTED, not %',
+                            g.kind, quote_literal(g.key),
+                            upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'feature_not_supported';
+        END IF;
+        PERFORM pg_advisory_xact_lock(serialised,
+                                      hashtext(g.kind || ':' || g.queue || ':' || g.key));
+        last := g.ords[cardinality(g.ords)];
+        IF g.kind = 'debounce' THEN
+            -- Joined on the key's row, which only holders of the lock change; the job's own
+            -- state is re-checked on its newest version if a claim locked it meanwhile.
+            UPDATE evora.jobs j
+            SET payload = payloads[last],
+                run_at = least(evora.clock_now() + make_interval(secs => debounce_delays[last]),
+                               k.run_by),
+                updated_at = evora.clock_now(), version = j.version + 1
+            FROM evora.submission_keys k
+            WHERE k.queue = g.queue AND k.kind = 'debounce' AND k.key = g.key
+              AND j.id = k.job_id AND j.state = 'PENDING' AND j.started_at IS NULL
+            RETURNING j.* INTO absorbing;
+            IF FOUND THEN
+                INSERT INTO evora.job_events (job_id, job_version, queue, type, event,
+                                              from_state, to_state, attempt, worker_id, at,
+                                              data, job)
+                VALUES (absorbing.id, absorbing.version, absorbing.queue, absorbing.type,
+                        'debounced', 'PENDING', 'PENDING', absorbing.attempt, NULL,
+                        absorbing.updated_at,
+                        jsonb_build_object('submissions', cardinality(g.ords)),
+                        evora.job_image(absorbing));
+                RETURN QUERY SELECT u.o, 'debounced'::text, absorbing.id FROM unnest(g.ords) AS u(o);
+                CONTINUE;
+            END IF;
+            INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since, run_by)
+            VALUES (g.queue, 'debounce', g.key, ids[last], evora.clock_now(),
+                    evora.clock_now() + make_interval(secs => debounce_max_delays[last]))
+            ON CONFLICT ON CONSTRAINT submission_keys_pkey DO UPDATE
+            SET job_id = excluded.job_id, since = excluded.since, run_by = excluded.run_by;
+            RETURN QUERY SELECT u.o, 'debounced'::text, ids[last]
+                         FROM unnest(g.ords[1:cardinality(g.ords) - 1]) AS u(o);
+        ELSE
+            SELECT k.job_id, k.since INTO held_job, held_since
+            FROM evora.submission_keys k
+            JOIN evora.jobs j ON j.id = k.job_id
+            WHERE k.queue = g.queue AND k.kind = 'throttle' AND k.key = g.key;
+            IF NOT FOUND THEN
+                held_job := NULL;
+            END IF;
+            FOREACH o IN ARRAY g.ords LOOP
+                IF held_job IS NOT NULL AND evora.clock_now()
+                        < held_since + make_interval(secs => throttle_windows[o]) THEN
+                    RETURN QUERY SELECT o, 'throttled'::text, held_job;
+                ELSE
+                    held_job := ids[o];
+                    held_since := evora.clock_now();
+                    INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since)
+                    VALUES (g.queue, 'throttle', g.key, held_job, held_since)
+                    ON CONFLICT ON CONSTRAINT submission_keys_pkey DO UPDATE
+                    SET job_id = excluded.job_id, since = excluded.since;
+                END IF;
+            END LOOP;
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- Stores submissions that are already valid, one array element each, in one statement,
 -- and answers each by its position (ord, from 1), the created ones first:
 --   created               a new job (its `submitted` event written, its queue hinted)
@@ -593,6 +787,9 @@ $$;
 --   unknown_dependency    no such job (nor an item of this call), `first_ord` the position
 --                         (from 1) of the offending dependency in the item's list
 --   cancelled_dependency  it is CANCELLED and the item would be cancelled with it
+--   debounced             its debounce key's job absorbed it (evora.debounce_and_throttle()):
+--                         that job, updated, or the job of a later item of this call
+--   throttled             its throttle key answered with the job made within its window
 -- Keys are inserted in one order whatever the call, so racing calls cannot deadlock, and
 -- ON CONFLICT waits for a racing holder of the same key to commit: of any racing
 -- submissions exactly one creates the job. `quiet` are queues whose hint the caller sends
@@ -606,7 +803,9 @@ $$;
 -- named by its id), `on_failures` their on_dependency_failure (NULL: 'cancel'). An item
 -- with unfinished dependencies is stored WAITING. Dependencies can only be existing jobs or
 -- items of this call: a cycle cannot be written. `limit_key_ords` and `limit_key_names` are
--- the items' limit keys, flattened the same way.
+-- the items' limit keys, flattened the same way. `debounce_keys` .. `throttle_windows` are
+-- the items' debounce and throttle fields (NULL: none; such an item has no idempotency key,
+-- dependency or ref).
 --
 -- The cost is linear in the number of items whatever plan PostgreSQL keeps. PL/pgSQL keeps
 -- one generic plan from the sixth call of a session on, made without knowing how many items
@@ -630,10 +829,14 @@ CREATE OR REPLACE FUNCTION evora.store_submissions(
     expires_ats timestamptz[], idempotency_keys text[], group_keys text[],
     before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[],
     on_failures text[], limit_key_ords integer[], limit_key_names text[],
-    -- by item, each job's max_duration_seconds and fairness key (NULL, or a NULL element:
-    -- none); last and defaulted so the previous release's statement, without them, still
-    -- resolves here
-    max_durations integer[] DEFAULT NULL, fairness_keys text[] DEFAULT NULL
+    -- by item, each job's max_duration_seconds and fairness key, its debounce key with its
+    -- delay and max delay, its throttle key with its window (NULL, or a NULL element: none);
+    -- last and defaulted so the previous release's statement, without them, still resolves
+    -- here
+    max_durations integer[] DEFAULT NULL, fairness_keys text[] DEFAULT NULL,
+    debounce_keys text[] DEFAULT '{}', debounce_delays float8[] DEFAULT '{}',
+    debounce_max_delays float8[] DEFAULT '{}', throttle_keys text[] DEFAULT '{}',
+    throttle_windows float8[] DEFAULT '{}'
 ) RETURNS TABLE (ord integer, outcome text, first_ord integer, job evora.jobs, notified text[],
                  owed text[])
 LANGUAGE plpgsql AS $$
@@ -652,8 +855,26 @@ DECLARE
     culprits integer[];
     -- the positions of the items this call creates, in the order of their ids
     created integer[];
+    -- the items a debounce or throttle key answers with a job, how, and the job
+    absorbed integer[] := '{}';
+    answers text[];
+    answering uuid[];
 BEGIN
     waited := dependency_ids;
+    -- Debounce and throttle keys first (docs/flow-control.md, "Debounce and throttle"): an
+    -- absorbing job's row is locked under its key's lock, before this call waits for any
+    -- other lock (an idempotency key's racing holder, a dependency's row), so every call
+    -- takes its locks in one order: key locks, then rows and keys, then admission's.
+    IF array_remove(debounce_keys, NULL) <> '{}' OR array_remove(throttle_keys, NULL) <> '{}' THEN
+        SELECT coalesce(array_agg(a.item), '{}'), array_agg(a.answer), array_agg(a.by_job)
+        INTO absorbed, answers, answering
+        FROM evora.debounce_and_throttle(ids, queues, payloads, debounce_keys, debounce_delays,
+                                         debounce_max_delays, throttle_keys, throttle_windows) a;
+        -- a debounced job is stored to run after its delay
+        delays := ARRAY(SELECT coalesce(d.debounce, d.delay)
+                        FROM unnest(delays, debounce_delays) WITH ORDINALITY AS d(delay, debounce, n)
+                        ORDER BY d.n);
+    END IF;
     IF array_remove(idempotency_keys, NULL) <> '{}' THEN
         fingerprints := evora.submission_fingerprints(
             ids, queues, types, payloads, priorities, run_ats, delays, max_attempts, leases,
@@ -738,12 +959,13 @@ BEGIN
         END IF;
     END IF;
     -- Created: an item neither refused nor answered by a key stored before (or by an
-    -- earlier item of this call). Their positions in the order of their ids: the inserted
+    -- earlier item of this call, or by a debounce or throttle key). Their positions in the order of their ids: the inserted
     -- rows, sorted by id too, are matched to them by rank.
     created := ARRAY(
         SELECT x.ord::integer
         FROM unnest(ids, idempotency_keys, refusals) WITH ORDINALITY AS x(id, key, refusal, ord)
         WHERE x.refusal IS NULL AND (x.key IS NULL OR x.id IN (SELECT unnest(kept)))
+          AND x.ord NOT IN (SELECT unnest(absorbed))
         ORDER BY x.id);
     -- Refused whole when a key they hold would have more jobs waiting than its max_pending
     -- allows. Limits are rare: a call pays only this look at them while none has one.
@@ -828,6 +1050,11 @@ BEGIN
     SELECT x.ord::integer, x.refusal, culprits[x.ord], NULL::evora.jobs, NULL::text[], NULL::text[]
     FROM unnest(refusals) WITH ORDINALITY AS x(refusal, ord)
     WHERE x.refusal IS NOT NULL;
+    -- ... then those a debounce or throttle key answered, with the job as it is now ...
+    RETURN QUERY
+    SELECT a.item, a.answer, NULL::integer, s, NULL::text[], NULL::text[]
+    FROM unnest(absorbed, answers, answering) AS a(item, answer, by_job)
+    JOIN evora.jobs s ON s.id = a.by_job;
     -- ... then the others, by their key, stored before this call or by an earlier item of
     -- it. (An item whose key names its own id was created above.)
     RETURN QUERY
@@ -924,7 +1151,12 @@ BEGIN
                                      unnest((subs[i]).limit_keys) WITH ORDINALITY AS k(name, place)
                   ORDER BY i, k.place),
             ARRAY(SELECT (s).max_duration_seconds FROM unnest(subs) s),
-            ARRAY(SELECT (s).fairness_key FROM unnest(subs) s))
+            ARRAY(SELECT (s).fairness_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).debounce_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).debounce_delay FROM unnest(subs) s),
+            ARRAY(SELECT (s).debounce_max_delay FROM unnest(subs) s),
+            ARRAY(SELECT (s).throttle_key FROM unnest(subs) s),
+            ARRAY(SELECT (s).throttle_window FROM unnest(subs) s))
         ORDER BY ord
     LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', r.ord - 1) ELSE '' END;
@@ -1014,7 +1246,7 @@ BEGIN
                              'smallint[], timestamptz[], float8[], integer[], integer[], '
                              'float8[], float8[], float8[], timestamptz[], text[], text[], '
                              'bytea[], text[], integer[], uuid[], text[], integer[], text[], '
-                             'integer[], text[])'
+                             'integer[], text[], text[], float8[], float8[], text[], float8[])'
                             ]::regprocedure[] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = evora, pg_temp', f);
     END LOOP;

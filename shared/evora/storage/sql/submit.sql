@@ -10,13 +10,14 @@
 -- migration 0011 (see submissions.py), $17 dependency edges: item positions (from 1), $18
 -- the jobs they wait for, $19 on_dependency_failure by item, $20 limit keys: item positions
 -- (from 1), $21 the keys, $22 max_duration_seconds (NULL: none), $23 fairness keys (NULL:
--- none), $24 suppressed queues (see notify.py), $25 whether to return the jobs. $2, $3,
--- $5-$16, $19, $22 and $23 hold one element per item, or one element that every item shares
--- (evora.for_each_item, functions/submissions.sql). One row per
+-- none), $24 debounce keys, $25 their delay_seconds, $26 their max_delay_seconds, $27
+-- throttle keys, $28 their window_seconds, $29 suppressed queues (see notify.py), $30 whether
+-- to return the jobs. $2, $3, $5-$16, $19 and $22-$28 hold one element per item, or one
+-- element that every item shares (evora.for_each_item, functions/submissions.sql). One row per
 -- item (`ord` its position, from 1), the created ones first, with its job's `id`; without
 -- $25 the whole job is left out (a producer that asked for ids only spares decoding and
 -- encoding it).
-SELECT ord, outcome, first_ord, (job).id AS id, CASE WHEN $25::bool THEN job END AS job,
+SELECT ord, outcome, first_ord, (job).id AS id, CASE WHEN $30::bool THEN job END AS job,
        notified, owed
 FROM cardinality($1::uuid[]) AS n,
      evora.store_submissions(
@@ -29,6 +30,9 @@ FROM cardinality($1::uuid[]) AS n,
          evora.for_each_item($9::int4[], n), evora.for_each_item($10::float8[], n),
          evora.for_each_item($11::float8[], n), evora.for_each_item($12::float8[], n),
          evora.for_each_item($13::timestamptz[], n), evora.for_each_item($14::text[], n),
-         evora.for_each_item($15::text[], n), evora.for_each_item($16::bytea[], n), $24::text[],
+         evora.for_each_item($15::text[], n), evora.for_each_item($16::bytea[], n), $29::text[],
          $17::int4[], $18::uuid[], evora.for_each_item($19::text[], n), $20::int4[],
-         $21::text[], evora.for_each_item($22::int4[], n), evora.for_each_item($23::text[], n));
+         $21::text[], evora.for_each_item($22::int4[], n), evora.for_each_item($23::text[], n),
+         evora.for_each_item($24::text[], n), evora.for_each_item($25::float8[], n),
+         evora.for_each_item($26::float8[], n), evora.for_each_item($27::text[], n),
+         evora.for_each_item($28::float8[], n));
