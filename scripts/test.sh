@@ -117,10 +117,19 @@ run_pytest() {
 # EVORA_PG_MAJOR=N runs the given tests on PostgreSQL N instead of 18 (the wheel's).
 [ -z "${EVORA_PG_MAJOR:-}" ] || use_postgres "$EVORA_PG_MAJOR"
 status=0
-# A full run (CI's) lists its slowest tests: what to look at when the suite's time grows.
-durations=()
-[ "$#" -gt 0 ] || durations=(--durations=40)
-run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${durations[@]}" "$@" || status=$?
+# A full run (CI's) lists its slowest tests (what to look at when the suite's time grows) and
+# spreads them over EVORA_TEST_WORKERS pytest processes (default: one per core, at least 2;
+# 1 runs them in this process). Each worker starts its own PostgreSQL and MongoDB stand-in, and
+# a test file's tests stay on one worker (tests/conftest.py groups them). Most of a test's time
+# is waiting (for a timer, a lease, a process), so two workers on two cores about halve the run.
+full_run=()
+if [ "$#" -eq 0 ]; then
+    full_run=(--durations=40)
+    workers=${EVORA_TEST_WORKERS:-$(nproc)}
+    [ "$workers" -ge 2 ] || [ -n "${EVORA_TEST_WORKERS:-}" ] || workers=2
+    [ "$workers" -le 1 ] || full_run+=(-n "$workers" --dist loadgroup)
+fi
+run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 
 # The version matrix: 14 to 18 are supported (docs/deploy.md). The whole suite ran above, on
 # 18; each other major runs again the tests whose outcome depends on PostgreSQL itself, ~50
@@ -161,7 +170,7 @@ PG_JIT_LEG_TESTS=(tests/bench/test_bench_smoke.py)
 for major in "${legs[@]}"; do
     leg_tests=("${PG_LEG_TESTS[@]}")
     [ "$major" != 15 ] || leg_tests+=("${PG_JIT_LEG_TESTS[@]}")
-    if ! use_postgres "$major" || ! run_pytest "PostgreSQL $major leg" -q "${leg_tests[@]}"; then
+    if ! use_postgres "$major" || ! run_pytest "PostgreSQL $major leg" -q -n 2 --dist loadgroup "${leg_tests[@]}"; then
         failed_legs+=("$major")
     fi
 done

@@ -3,14 +3,13 @@ the wrong role."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from evora.config import Settings
 from tests.api.conftest import ADMIN, PRODUCER, WORKER, ApiClient, MakeClient, job, problem
 
-SOME_ID = str(uuid.uuid4())
+# Fixed, not random: the id is part of the test ids, which pytest-xdist's workers must agree on.
+SOME_ID = "5d1c0a4e-6f0b-4c3e-9a57-2b8e1f4d7c90"
 PRODUCER_ROUTES = [
     ("POST", "/v1/jobs"),
     ("POST", "/v1/jobs/batch"),

@@ -12,6 +12,10 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from tests.dispatcher.conftest import Dispatcher
 
+# A job id no test submits; fixed, not random, since it is part of test ids, which
+# pytest-xdist's workers must collect alike.
+NO_SUCH_JOB = "9b0e6a1c-3d2f-4e85-a7c4-1f6d8b2e0a53"
+
 
 async def submit(store: JobStore, queue: str = "q", **fields: Any) -> str:
     job = (await store.submit(JobSubmission(queue=queue, type="t", **fields))).job
@@ -195,10 +199,10 @@ async def test_claim_and_ack_metrics_count_every_item(
             "validation_error",
         ),
         ("/v1/claim", {"worker_id": "w", "queues": ["bad queue"]}, 422, "validation_error"),
-        (f"/v1/jobs/{uuid4()}/complete", {"lease_token": str(uuid4())}, 404, "job_not_found"),
+        (f"/v1/jobs/{NO_SUCH_JOB}/complete", {"lease_token": str(uuid4())}, 404, "job_not_found"),
         ("/v1/jobs/not-a-uuid/complete", {"lease_token": str(uuid4())}, 404, "job_not_found"),
-        (f"/v1/jobs/{uuid4()}/heartbeat", {"lease_token": "nope"}, 422, "validation_error"),
-        (f"/v1/jobs/{uuid4()}/fail", {"lease_token": str(uuid4())}, 422, "validation_error"),
+        (f"/v1/jobs/{NO_SUCH_JOB}/heartbeat", {"lease_token": "nope"}, 422, "validation_error"),
+        (f"/v1/jobs/{NO_SUCH_JOB}/fail", {"lease_token": str(uuid4())}, 422, "validation_error"),
         ("/v1/acks", {"acks": []}, 422, "validation_error"),
         (
             "/v1/acks",
