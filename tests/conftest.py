@@ -37,6 +37,7 @@ from evora.storage.retention import (
     MAKE_EVENT_PARTITIONS,
 )
 from tests.servers import Services, start_api, start_dispatcher
+from tests.typescript.conftest import BUILD_GROUP
 
 MakeDatabase = Callable[[], Awaitable[str]]
 
@@ -142,7 +143,8 @@ _AUDITED = frozenset(
 # Folders whose tests share one costly session fixture (a Spark session, a browser, a
 # collector): with `pytest -n N --dist loadgroup` (scripts/test.sh's full run) each folder runs
 # on one worker, so the fixture starts once. Tests that build the TypeScript SDK (`node_tools`)
-# go together too: they compile into the package's one dist/ directory.
+# go together too: they compile into the package's one dist/ directory (a test that asks
+# for it with request.getfixturevalue says so with the mark itself).
 _ONE_WORKER_FOLDERS = frozenset({"dashboard", "pipeline", "tracing"})
 
 
@@ -155,7 +157,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         parts = Path(item.path).relative_to(root).parts
         if "node_tools" in getattr(item, "fixturenames", ()):
-            group = "typescript-build"
+            group = BUILD_GROUP
         elif len(parts) > 1 and parts[0] in _ONE_WORKER_FOLDERS:
             group = parts[0]
         else:

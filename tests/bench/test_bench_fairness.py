@@ -25,6 +25,7 @@ async def test_a_flooding_tenant_is_shared_fairly_only_by_fairness_keys() -> Non
     assert set(fair.tenants) == {"flood", "light1", "light2"}
     assert fair.jain > 0.8, table(runs)
     assert fifo.jain < 0.5, table(runs)
-    # the light tenants wait less than the flood when served fairly, longer under fifo
+    # the light tenants wait less than the flood when served fairly (under fifo the order of
+    # their waits depends on when each submission lands among the flood's: a loaded run saw
+    # it either way, so only the shares above judge fifo)
     assert fair.tenants["light1"]["wait_p50_ms"] < fair.tenants["flood"]["wait_p50_ms"]
-    assert fifo.tenants["light1"]["wait_p50_ms"] > fifo.tenants["flood"]["wait_p50_ms"]

@@ -36,6 +36,9 @@ from evora_services.sweeper.sweeper import Tuning
 from tests.servers import Service, serve
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sdks" / "typescript"
+# The pytest-xdist group of every test that builds the package (`node_tools` compiles it
+# into its one dist/ directory, deleting the last build first): one worker runs them all.
+BUILD_GROUP = "typescript-build"
 MIN_NODE_MAJOR = 20
 
 ADMIN_TOKEN = "ts-admin-token-000"
