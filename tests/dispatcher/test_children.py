@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import asyncpg
 import orjson
@@ -75,7 +75,7 @@ async def test_a_parent_waits_for_its_children_and_its_next_run_sees_their_resul
     for child in running:
         await complete(dispatcher, child, {"done": child["payload"]["n"]})
         if child is not running[-1]:
-            assert (await store.get(parent_id))["state"] == "WAITING"
+            assert (await store.get(UUID(parent_id)))["state"] == "WAITING"
     [again] = await claim(dispatcher, wait_seconds=10)
     assert again["id"] == parent_id
     assert again["attempt"] == 1  # the same attempt number: waiting used up none
@@ -110,7 +110,7 @@ async def test_a_cancelled_child_cancels_or_releases_its_parent(
     await complete(dispatcher, child, "ok")
     other = second if child["id"] == first["id"] else first
     assert (await store.cancel(other["id"])).immediate
-    now = await store.get(parent_id)
+    now = await store.get(UUID(parent_id))
     if on_failure == "cancel":
         assert now["state"] == "CANCELLED"
         assert await claim(dispatcher) == []
@@ -126,7 +126,7 @@ async def test_a_stale_lease_spawns_nothing(dispatcher: Dispatcher, store: JobSt
     assert (await spawn(dispatcher, stale, kids(2)))[0] == 409
     assert (await spawn(dispatcher, {**parent, "id": str(uuid4())}, kids(2)))[0] == 404
     assert await count_in(store.pool, KIDS) == 0
-    assert (await store.get(parent_id))["state"] == "RUNNING"
+    assert (await store.get(UUID(parent_id)))["state"] == "RUNNING"
     # once the attempt moved, its token is stale too: a repeat spawns nothing more
     assert (await spawn(dispatcher, parent, kids(1)))[0] == 200
     assert (await spawn(dispatcher, parent, kids(1)))[0] == 409
@@ -147,7 +147,7 @@ async def test_a_refused_child_stores_nothing(dispatcher: Dispatcher, store: Job
     assert (await spawn(dispatcher, parent, []))[0] == 422
     assert (await spawn(dispatcher, parent, kids(MAX_CHILDREN + 1)))[0] == 422
     assert await count_in(store.pool, KIDS) == 0
-    assert (await store.get(parent_id))["state"] == "RUNNING"
+    assert (await store.get(UUID(parent_id)))["state"] == "RUNNING"
 
 
 async def test_a_requested_cancel_wins_and_spawns_nothing(
@@ -200,14 +200,14 @@ async def test_a_fan_out_of_ten_thousand_children_resumes_the_parent_once(
         )
         done += len(jobs)
         if done < MAX_CHILDREN:
-            assert (await store.get(parent_id))["state"] == "WAITING"
+            assert (await store.get(UUID(parent_id)))["state"] == "WAITING"
     print(f"{done} children completed in {time.perf_counter() - started:.2f} s")
     assert done == MAX_CHILDREN
     started = time.perf_counter()
     [again] = await claim(dispatcher, wait_seconds=10)
     print(f"the parent claimed with their results in {time.perf_counter() - started:.2f} s")
     assert len(again["dependency_results"]) == MAX_CHILDREN
-    events = [e["event"] for e in await store.events(parent_id)]
+    events = [e["event"] for e in await store.events(UUID(parent_id))]
     assert events.count("dependencies_met") == 1
     assert events[-3:] == ["awaiting_children", "dependencies_met", "claimed"]
 

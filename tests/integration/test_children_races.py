@@ -9,6 +9,8 @@ last test lets the two race with autocommit statements only."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import asyncpg
 
@@ -109,7 +111,7 @@ async def test_children_ending_while_their_parents_spawn_never_strand_a_parent(
     pairs = [
         (await running_child(store, f"k{n}"), await running_parent(store)) for n in range(rounds)
     ]
-    tasks = []
+    tasks: list[Coroutine[Any, Any, object]] = []
     for n, (old, parent) in enumerate(pairs):
         tasks.append(store.complete(old["id"], old["lease_token"], "r"))
         tasks.append(store.spawn_children(parent["id"], parent["lease_token"], [child(f"k{n}")]))
