@@ -229,3 +229,25 @@ async def test_children_named_by_replayed_keys_count_as_ended(
     assert (answer["job"]["state"], answer["job"]["attempt"]) == ("PENDING", 0)
     [again] = await claim(dispatcher, wait_seconds=10)
     assert (again["id"], again["dependency_results"]) == (parent_id, {str(done["id"]): "earlier"})
+
+
+async def test_a_child_already_cancelled_is_refused_under_cancel(
+    dispatcher: Dispatcher, store: JobStore
+) -> None:
+    """As a submission naming a CANCELLED dependency under "cancel": the job could never run."""
+    gone = (await store.submit(JobSubmission(queue=KIDS, type="c", idempotency_key="x"))).job
+    assert (await store.cancel(gone["id"])).immediate
+    parent_id = await submit(store)
+    [parent] = await claim(dispatcher)
+    children = [*kids(1), {"queue": KIDS, "type": "c", "idempotency_key": "x"}]
+    status, problem = await spawn(dispatcher, parent, children)
+    assert status == 422, problem
+    assert f"jobs[1]: 'x' names the CANCELLED job {gone['id']}" in problem["detail"]
+    assert await count_in(store.pool, KIDS) == 1  # the cancelled one only
+    assert (await store.get(UUID(parent_id)))["state"] == "RUNNING"
+    # under "run" it is one child less to wait for
+    status, answer = await spawn(dispatcher, parent, children, on_dependency_failure="run")
+    assert status == 200, answer
+    assert answer["job"]["state"] == "WAITING"
+    left = "SELECT dependencies_left FROM evora.jobs WHERE id = $1"
+    assert await store.pool.fetchval(left, UUID(parent_id)) == 1

@@ -191,7 +191,7 @@ class ChildrenResponse(BaseModel):
     job: Job = Field(
         description=(
             "the job as it now is: WAITING for its children (PENDING if they had all ended, "
-            "CANCELLED if a requested cancel won or a child was already cancelled)"
+            "CANCELLED if a requested cancel won)"
         )
     )
     children: list[Child] = Field(

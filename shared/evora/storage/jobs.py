@@ -644,7 +644,8 @@ class JobStore:
         (a stale token submits nothing); a cancel requested wins, as for a snooze: the attempt
         ends CANCELLED and no child is submitted. The children are stored as a batch (its
         rules and errors, items named `jobs[i]`); a child that is the parent, or depends on
-        it, would wait for it for ever: refused (InvalidDependency)."""
+        it, would wait for it for ever, and one already CANCELLED (a replayed key) under
+        on_dependency_failure "cancel" would cancel it at once: refused (InvalidDependency)."""
         owed: list[Sequence[asyncpg.Record]] = []
         async with self._pool.acquire() as conn, conn.transaction():
             [held] = await conn.fetch(queries.HOLD_PARENT, job_id, lease_token)
@@ -659,6 +660,8 @@ class JobStore:
                 ids = [child.id for child in children]
                 query, args = queries.AWAIT_CHILDREN, (ids, on_dependency_failure)
             [row] = moved = await self._change(conn, query, job_id, *args, committed=False)
+            if row["outcome"] == "cancelled_dependency":
+                raise _cancelled_child(submissions, children, row["cause"])
             owed.append(moved)
         for rows in owed:
             self._owe(rows)
@@ -720,6 +723,19 @@ class JobStore:
     async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
         rows = await self._change(self._pool, queries.EXPIRE_TTLS, batch)
         return [job_from_row(r["job"]) for r in rows]
+
+
+def _cancelled_child(
+    submissions: Sequence[JobSubmission], children: Sequence[Submitted], cause: UUID
+) -> InvalidDependency:
+    """The refusal of a child whose idempotency key replays a job already CANCELLED, under
+    on_dependency_failure "cancel": the waiting job could never run, as for a submission
+    naming such a dependency (docs/dependencies.md)."""
+    index = next(i for i, child in enumerate(children) if child.id == cause)
+    return InvalidDependency(
+        f"jobs[{index}]: {submissions[index].idempotency_key!r} names the CANCELLED job "
+        f'{cause} (with on_dependency_failure "cancel" this job could never run)'
+    )
 
 
 def _outcomes(

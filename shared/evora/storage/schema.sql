@@ -248,7 +248,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION evora.await_children(parent uuid, children uuid[], on_failure text, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
+CREATE FUNCTION evora.await_children(parent uuid, children uuid[], on_failure text, suppressed text[]) RETURNS TABLE(outcome text, cause uuid, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 1
     AS $$
 DECLARE
@@ -257,7 +257,7 @@ DECLARE
     fresh uuid[];
     named integer;
     arrived integer;
-    cause uuid;
+    cancelled uuid;
     next evora.job_state;
 BEGIN
     SELECT x.* INTO j FROM evora.jobs x WHERE x.id = parent AND x.state = 'RUNNING';
@@ -268,33 +268,34 @@ BEGIN
     SELECT count(*)::integer,
            (count(*) FILTER (WHERE h.state IN ('COMPLETED', 'CANCELLED')))::integer,
            (array_agg(h.id ORDER BY h.id) FILTER (WHERE h.state = 'CANCELLED'))[1]
-    INTO named, arrived, cause
+    INTO named, arrived, cancelled
     FROM evora.hold_dependencies(fresh) AS h;
-    INSERT INTO evora.job_dependencies (job_id, depends_on)
-    SELECT parent, c FROM unnest(fresh) AS c;
     j.on_dependency_failure := coalesce(on_failure, j.on_dependency_failure);
     j.dependencies_left := named;
-    next := evora.dependent_next_state(j, arrived, cause IS NOT NULL);
+    next := evora.dependent_next_state(j, arrived, cancelled IS NOT NULL);
+    IF next = 'CANCELLED' THEN
+        RETURN QUERY SELECT 'cancelled_dependency', cancelled, NULL::evora.jobs, NULL::text[],
+                            NULL::text[];
+        RETURN;
+    END IF;
+    INSERT INTO evora.job_dependencies (job_id, depends_on)
+    SELECT parent, c FROM unnest(fresh) AS c;
     UPDATE evora.jobs x
     SET state = next,
-        attempt = x.attempt - CASE WHEN next = 'CANCELLED' THEN 0 ELSE 1 END,
+        attempt = x.attempt - 1,
         on_dependency_failure = j.on_dependency_failure,
         depends_on = coalesce(x.depends_on, '{}') || fresh,
-        dependencies_left = CASE WHEN next = 'WAITING' THEN named - arrived ELSE 0 END,
+        dependencies_left = named - arrived,
         lease_expires_at = NULL,
         run_at = CASE WHEN next = 'PENDING' THEN at ELSE x.run_at END,
-        finished_at = CASE WHEN next = 'CANCELLED' THEN at END,
         updated_at = at, version = x.version + 1
     WHERE x.id = parent AND x.state = 'RUNNING'
     RETURNING x.* INTO j;
-    RETURN QUERY SELECT j, r.notified, r.owed
+    RETURN QUERY SELECT 'done', NULL::uuid, j, r.notified, r.owed
     FROM evora.record_moves(
-        ARRAY[ROW(j, CASE WHEN next = 'CANCELLED' THEN 'cancelled' ELSE 'awaiting_children' END,
-                  'RUNNING', j.worker_id,
-                  jsonb_strip_nulls(jsonb_build_object(
-                      'children', cardinality(fresh), 'waiting_for', j.dependencies_left,
-                      'reason', CASE WHEN next = 'CANCELLED' THEN 'dependency_cancelled' END,
-                      'dependency', CASE WHEN next = 'CANCELLED' THEN cause END)))::evora.move],
+        ARRAY[ROW(j, 'awaiting_children', 'RUNNING', j.worker_id,
+                  jsonb_build_object('children', cardinality(fresh),
+                                     'waiting_for', j.dependencies_left))::evora.move],
         suppressed) AS r;
 END
 $$;

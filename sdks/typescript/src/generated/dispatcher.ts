@@ -90,7 +90,7 @@ export interface ChildrenRequest {
 }
 
 export interface ChildrenResponse {
-  /** the job as it now is: WAITING for its children (PENDING if they had all ended, CANCELLED if a requested cancel won or a child was already cancelled) */
+  /** the job as it now is: WAITING for its children (PENDING if they had all ended, CANCELLED if a requested cancel won) */
   job: Job;
   /** the children in request order; empty when a requested cancel won */
   children: Child[];

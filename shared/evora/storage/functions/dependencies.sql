@@ -194,20 +194,22 @@ CREATE OR REPLACE TRIGGER jobs_settle_dependents
 -- group turn (a WAITING job holds none: children of the same group could never run while
 -- it did), its attempt handed back uncounted. It moves to what the readiness rule
 -- (evora.dependent_next_state) says of the children that have ended already: WAITING for the
--- rest (event `awaiting_children`), PENDING when none is left (the same event: replayed
--- idempotency keys named only ended jobs), or CANCELLED when one was cancelled under
--- `on_dependency_failure` 'cancel' (event `cancelled`, reason `dependency_cancelled`; the
--- attempt stays counted, as for any cancelled attempt). `on_failure` NULL keeps the job's.
+-- rest, or PENDING when none is left (replayed idempotency keys named only ended jobs); event
+-- `awaiting_children` either way. `on_failure` NULL keeps the job's own.
+-- A child already CANCELLED under on_dependency_failure 'cancel' is refused, as a submission
+-- naming one is (the job could never run): outcome 'cancelled_dependency' with that child
+-- (`cause`), nothing changed here, for the caller to roll back.
 -- The children are held as a submission holds its dependencies (evora.hold_dependencies: in
 -- id order, marked as having dependents): a child that a concurrent transaction is ending
 -- (a replayed key's job completed right now) is waited for and counted as ended, and one that
 -- ends after this commits sees the edge and the WAITING parent, so the parent neither waits
 -- for a child that already ended nor misses one. A child named twice, or already one of the
--- parent's dependencies, counts once. One row: the job as it now is, the queues notified and
--- owed (evora.record_moves).
+-- parent's dependencies, counts once. One row: the outcome ('done' or
+-- 'cancelled_dependency'), the job as it now is, the queues notified and owed
+-- (evora.record_moves).
 CREATE OR REPLACE FUNCTION evora.await_children(
     parent uuid, children uuid[], on_failure text, suppressed text[]
-) RETURNS TABLE (job evora.jobs, notified text[], owed text[])
+) RETURNS TABLE (outcome text, cause uuid, job evora.jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
 DECLARE
     at CONSTANT timestamptz := evora.clock_now();
@@ -215,7 +217,7 @@ DECLARE
     fresh uuid[];
     named integer;
     arrived integer;
-    cause uuid;
+    cancelled uuid;
     next evora.job_state;
 BEGIN
     SELECT x.* INTO j FROM evora.jobs x WHERE x.id = parent AND x.state = 'RUNNING';
@@ -226,33 +228,34 @@ BEGIN
     SELECT count(*)::integer,
            (count(*) FILTER (WHERE h.state IN ('COMPLETED', 'CANCELLED')))::integer,
            (array_agg(h.id ORDER BY h.id) FILTER (WHERE h.state = 'CANCELLED'))[1]
-    INTO named, arrived, cause
+    INTO named, arrived, cancelled
     FROM evora.hold_dependencies(fresh) AS h;
-    INSERT INTO evora.job_dependencies (job_id, depends_on)
-    SELECT parent, c FROM unnest(fresh) AS c;
     j.on_dependency_failure := coalesce(on_failure, j.on_dependency_failure);
     j.dependencies_left := named;
-    next := evora.dependent_next_state(j, arrived, cause IS NOT NULL);
+    next := evora.dependent_next_state(j, arrived, cancelled IS NOT NULL);
+    IF next = 'CANCELLED' THEN
+        RETURN QUERY SELECT 'cancelled_dependency', cancelled, NULL::evora.jobs, NULL::text[],
+                            NULL::text[];
+        RETURN;
+    END IF;
+    INSERT INTO evora.job_dependencies (job_id, depends_on)
+    SELECT parent, c FROM unnest(fresh) AS c;
     UPDATE evora.jobs x
     SET state = next,
-        attempt = x.attempt - CASE WHEN next = 'CANCELLED' THEN 0 ELSE 1 END,
+        attempt = x.attempt - 1,
         on_dependency_failure = j.on_dependency_failure,
         depends_on = coalesce(x.depends_on, '{}') || fresh,
-        dependencies_left = CASE WHEN next = 'WAITING' THEN named - arrived ELSE 0 END,
+        dependencies_left = named - arrived,
         lease_expires_at = NULL,
         run_at = CASE WHEN next = 'PENDING' THEN at ELSE x.run_at END,
-        finished_at = CASE WHEN next = 'CANCELLED' THEN at END,
         updated_at = at, version = x.version + 1
     WHERE x.id = parent AND x.state = 'RUNNING'
     RETURNING x.* INTO j;
-    RETURN QUERY SELECT j, r.notified, r.owed
+    RETURN QUERY SELECT 'done', NULL::uuid, j, r.notified, r.owed
     FROM evora.record_moves(
-        ARRAY[ROW(j, CASE WHEN next = 'CANCELLED' THEN 'cancelled' ELSE 'awaiting_children' END,
-                  'RUNNING', j.worker_id,
-                  jsonb_strip_nulls(jsonb_build_object(
-                      'children', cardinality(fresh), 'waiting_for', j.dependencies_left,
-                      'reason', CASE WHEN next = 'CANCELLED' THEN 'dependency_cancelled' END,
-                      'dependency', CASE WHEN next = 'CANCELLED' THEN cause END)))::evora.move],
+        ARRAY[ROW(j, 'awaiting_children', 'RUNNING', j.worker_id,
+                  jsonb_build_object('children', cardinality(fresh),
+                                     'waiting_for', j.dependencies_left))::evora.move],
         suppressed) AS r;
 END
 $$;

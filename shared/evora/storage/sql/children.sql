@@ -21,6 +21,7 @@ LEFT JOIN held h ON true;
 -- name: await_children
 -- $1 id (held by hold_parent in this transaction), $2 the children's ids (stored in this
 -- transaction), $3 on_dependency_failure (NULL: the job's), $4 suppressed queues. The job
--- waits for them (evora.await_children(), functions/dependencies.sql). Exactly one row.
-SELECT job, notified, owed
+-- waits for them (evora.await_children(), functions/dependencies.sql). Exactly one row: the
+-- outcome ('done', or 'cancelled_dependency' with the child that refuses it: roll back).
+SELECT outcome, cause, job, notified, owed
 FROM evora.await_children($1::uuid, $2::uuid[], $3::text, $4::text[]);
