@@ -251,3 +251,30 @@ async def test_a_child_already_cancelled_is_refused_under_cancel(
     assert answer["job"]["state"] == "WAITING"
     left = "SELECT dependencies_left FROM evora.jobs WHERE id = $1"
     assert await store.pool.fetchval(left, UUID(parent_id)) == 1
+
+
+async def test_a_waiting_parent_does_not_keep_its_groups_turn(
+    dispatcher: Dispatcher, store: JobStore
+) -> None:
+    """The group's next jobs, its children among them, run while the parent waits (were the
+    turn kept, its children of the group never could); resumed, the parent is its group's
+    head again, before a job submitted after it."""
+    await submit(store, group_key="g")
+    later = await submit(store, group_key="g")
+    [parent] = await claim(dispatcher)
+    status, answer = await spawn(
+        dispatcher, parent, [{"queue": "q", "type": "c", "group_key": "g"}]
+    )
+    assert status == 200, answer
+    [turn] = await claim(dispatcher, max_jobs=5)
+    assert turn["id"] == later
+    await complete(dispatcher, turn, None)
+    [child] = await claim(dispatcher, max_jobs=5, wait_seconds=10)
+    assert child["id"] == answer["children"][0]["id"]
+    last = await submit(store, group_key="g")
+    await complete(dispatcher, child, None)
+    [again] = await claim(dispatcher, max_jobs=5, wait_seconds=10)
+    assert again["id"] == parent["id"]
+    await complete(dispatcher, again, None)
+    [after] = await claim(dispatcher, wait_seconds=10)
+    assert after["id"] == last
