@@ -489,3 +489,37 @@ async def test_checkpoints_and_timeouts_pass_every_check(
     report = await audited(pool)
     assert report.ok, report.text()
     assert report.events == 10
+
+
+async def test_parents_waiting_for_their_children_pass_every_check(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A job that waits for its children hands its attempt back (to WAITING, or PENDING when
+    every child named had ended) and is released again by its children's endings, which come
+    after its first release: neither is a violation."""
+    await submitted(store, max_attempts=1)
+    [parent] = await claimed(store)
+    kids = [JobSubmission(queue="kids", type="c", idempotency_key=f"k{n}") for n in range(2)]
+    await store.spawn_children(parent["id"], parent["lease_token"], kids)
+    for child in await store.claim(worker_id="w", queues=["kids"], max_jobs=2):
+        await store.complete(child["id"], child["lease_token"], "done")
+    [parent] = await claimed(store)
+    # the same children again, all ended: PENDING at once
+    spawned = await store.spawn_children(parent["id"], parent["lease_token"], kids)
+    assert spawned.job["state"] == "PENDING"
+    [parent] = await claimed(store)
+    await store.complete(parent["id"], parent["lease_token"])
+
+    report = await audited(pool)
+    assert report.ok, report.text()
+    events = [e["event"] for e in await store.events(parent["id"])]
+    assert events == [
+        "submitted",
+        "claimed",
+        "awaiting_children",
+        "dependencies_met",
+        "claimed",
+        "awaiting_children",
+        "claimed",
+        "completed",
+    ]

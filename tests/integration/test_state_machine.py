@@ -178,6 +178,15 @@ async def test_every_allowed_transition_writes_one_event(
     await store.suspend(m, await _claim(store, m), timeout_seconds=60, on_timeout="fail")
     assert (await store.cancel(m)).immediate
     await record(m)
+    # RUNNING -> WAITING (awaiting_children), WAITING -> PENDING when the child completes;
+    # then RUNNING -> PENDING (awaiting_children) when the only child named has ended already
+    p = await _submit(store)
+    child = JobSubmission(queue=Q, type="child", idempotency_key="sm-child")
+    [made] = (await store.spawn_children(p, await _claim(store, p), [child])).children
+    await store.complete(made.id, await _claim(store, made.id))
+    spawned = await store.spawn_children(p, await _claim(store, p), [child])
+    assert spawned.job["state"] == JobState.PENDING
+    await record(p)
 
     expected = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS}
     assert {(f, t, ev) for f, t, ev in seen if ev != EventName.CANCEL_REQUESTED} == expected

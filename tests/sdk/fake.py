@@ -26,7 +26,7 @@ from tests.servers import Services
 
 # The worker API; every other path is the api's.
 _DISPATCHER_PATH = re.compile(
-    r"^/v1/(claim|acks|jobs/[^/]+/(heartbeat|complete|fail|release|snooze|checkpoints|suspend))$"
+    r"^/v1/(claim|acks|jobs/[^/]+/(heartbeat|complete|fail|release|snooze|checkpoints|suspend|children))$"
 )
 # A job id in a path, as a route names it (`/v1/jobs/batch` is a route of its own).
 _JOB_ID = re.compile(r"^/v1/jobs/(?!batch$)[^/]+")

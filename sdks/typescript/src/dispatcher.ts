@@ -22,6 +22,7 @@ import type {
   ErrorBody,
   HeartbeatResponse,
   RetryAfterBody,
+  Submission,
 } from "./types.js";
 
 export interface DispatcherClientOptions {
@@ -51,6 +52,7 @@ export const DISPATCHER_METHODS = {
   "POST /v1/jobs/{id}/snooze": "snooze",
   "POST /v1/jobs/{id}/checkpoints": "checkpoint",
   "POST /v1/jobs/{id}/suspend": "suspend",
+  "POST /v1/jobs/{id}/children": "spawnChildren",
   "POST /v1/acks": "acks",
 } as const satisfies Record<DispatcherOperation, keyof DispatcherClient>;
 
@@ -189,6 +191,23 @@ export class DispatcherClient {
     const body: dispatcher.SuspendRequest = { lease_token: leaseToken, timeout_seconds: timeoutSeconds, on_timeout: onTimeout };
     return (
       await this.http.request<dispatcher.SuspendResponse>("POST", jobPath(jobId, "suspend"), { body, idempotent: false, ...options })
+    ).data;
+  }
+
+  /** Submits the job's children and makes it wait for them (docs/jobs-that-wait.md): it holds
+   * no lease until they all ended. Answers the job and the children's ids (none when a
+   * requested cancel won). Not retried: a repeat finds the attempt over (409). */
+  async spawnChildren(
+    jobId: string,
+    leaseToken: string,
+    jobs: Submission[],
+    onDependencyFailure?: "cancel" | "run",
+    options: CallOptions = {},
+  ): Promise<dispatcher.ChildrenResponse> {
+    const body: dispatcher.ChildrenRequest = { lease_token: leaseToken, jobs };
+    if (onDependencyFailure !== undefined) body.on_dependency_failure = onDependencyFailure;
+    return (
+      await this.http.request<dispatcher.ChildrenResponse>("POST", jobPath(jobId, "children"), { body, idempotent: false, ...options })
     ).data;
   }
 

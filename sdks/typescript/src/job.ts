@@ -1,10 +1,14 @@
 // The job a handler receives, and how a handler's ending becomes the outcome to report.
 
 import { JobCancelledError, JobTimeoutError } from "./errors.js";
-import type { Callback, ClaimedJob, ErrorBody } from "./types.js";
+import type { Callback, ClaimedJob, ErrorBody, Submission } from "./types.js";
 
 /** What the worker does for `WorkerJob.suspend`: suspends the job, answers the callback id. */
 export type Suspender = (timeoutSeconds: number, onTimeout: "fail" | "dlq" | "resume") => Promise<string>;
+
+/** What the worker does for `WorkerJob.spawnChildren`: submits the children and makes the job
+ * wait for them, answers their ids. */
+export type Spawner = (jobs: Submission[], onDependencyFailure: "cancel" | "run" | undefined) => Promise<string[]>;
 
 /** The longest error message the dispatcher stores. */
 export const MAX_ERROR_MESSAGE = 8192;
@@ -39,6 +43,10 @@ export class WorkerJob<Payload = unknown> {
   suspender: Suspender | undefined;
   /** The callback id once the handler suspended the job (`suspend`). */
   callbackId: string | undefined;
+  /** @internal Set by the worker. */
+  spawner: Spawner | undefined;
+  /** The children's ids once the handler made the job wait for them (`spawnChildren`). */
+  children: string[] | undefined;
 
   constructor(data: ClaimedJob) {
     this.id = data.id;
@@ -83,6 +91,30 @@ export class WorkerJob<Payload = unknown> {
     if (this.callbackId !== undefined) throw new Error(`job ${this.id} is already suspended`);
     this.callbackId = await this.suspender(timeoutSeconds, onTimeout);
     return this.callbackId;
+  }
+
+  /**
+   * Submit children (1..10,000 items as `Client.submitBatch` takes them) and make the job wait
+   * for them (docs/jobs-that-wait.md), all in one transaction; answers their ids in order. The
+   * attempt leaves the worker at once, uncounted: no heartbeats, no lease, no limit slot while
+   * it waits; return after this (what the handler returns or throws afterwards is dropped).
+   * The job runs again once every child ended, as a new run of the same attempt number, with
+   * their results in `dependencyResults`; a cancelled child cancels it under
+   * `onDependencyFailure: "cancel"` (undefined keeps the job's own). Rejects with
+   * `JobCancelledError` if a cancel was requested (no child is submitted), `LeaseLostError` if
+   * the lease is gone, and a validation error for an invalid child (none is submitted).
+   */
+  async spawnChildren(jobs: Submission[], onDependencyFailure?: "cancel" | "run"): Promise<string[]> {
+    if (this.spawner === undefined) throw new Error("only a job a worker runs can spawn children");
+    if (this.leftWorker) throw new Error(`job ${this.id} already left the worker`);
+    this.children = await this.spawner(jobs, onDependencyFailure);
+    return this.children;
+  }
+
+  /** Whether the attempt left the worker while its handler ran: suspended on a callback or
+   * waiting for children. Then the handler's outcome is not reported. */
+  get leftWorker(): boolean {
+    return this.callbackId !== undefined || this.children !== undefined;
   }
 
   /** {job id: result} of the COMPLETED jobs this one depends on (empty without dependencies). */

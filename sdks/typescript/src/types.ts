@@ -29,6 +29,7 @@ export type Callback = api.Callback;
 /** A callback's resolution: the same for the first one and every repeat. */
 export type CallbackResolution = api.CallbackResolution;
 export type SuspendResponse = dispatcher.SuspendResponse;
+export type ChildrenResponse = dispatcher.ChildrenResponse;
 export type ClaimRequest = dispatcher.ClaimRequest;
 export type HeartbeatResponse = dispatcher.HeartbeatResponse;
 /** The `error` of a fail report. */

@@ -61,7 +61,7 @@ import {
 import { shouldRetry } from "./http.js";
 import { TIMEOUT_ERROR, WorkerJob, failureFrom } from "./job.js";
 import { consoleLogger, type Logger } from "./logger.js";
-import type { ClaimedJob, ErrorBody } from "./types.js";
+import type { ClaimedJob, ErrorBody, Submission } from "./types.js";
 
 /** A handler: takes the job, returns (or resolves to) its JSON-serialisable result. */
 export type Handler<Payload = unknown> = (job: WorkerJob<Payload>) => unknown;
@@ -451,6 +451,7 @@ export class Worker extends EventEmitter<WorkerEvents> {
     job.attach((name, value) => this.api.checkpoint(job.id, job.leaseToken, name, value));
     const running = new Running(job);
     running.job.suspender = (timeoutSeconds, onTimeout) => this.suspend(running, timeoutSeconds, onTimeout);
+    running.job.spawner = (jobs, onDependencyFailure) => this.spawnChildren(running, jobs, onDependencyFailure);
     this.busy += 1;
     this.running.add(running);
     running.finished = this.process(running);
@@ -527,10 +528,11 @@ export class Worker extends EventEmitter<WorkerEvents> {
       });
     running.handlerSettled = ended.then(() => undefined);
     const settled = await Promise.race([ended, running.interruption]);
-    if (job.callbackId !== undefined) {
-      // suspended: the attempt left the worker then, and there is nothing to report
+    if (job.leftWorker) {
+      // suspended, or waiting for children: the attempt left the worker then, and there is
+      // nothing to report
       if (typeof settled !== "string" && (settled.threw || settled.value !== undefined)) {
-        this.logger.warn(`job ${job.id}: suspended on a callback, so what its handler ended with is dropped`);
+        this.logger.warn(`job ${job.id}: suspended or waiting for children, so what its handler ended with is dropped`);
       }
       return { kind: "suspended" };
     }
@@ -615,6 +617,19 @@ export class Worker extends EventEmitter<WorkerEvents> {
     this.logger.info(`job ${job.id} suspended on a callback for at most ${timeoutSeconds} s`);
     this.emit("suspended", job, answer.callback_id);
     return answer.callback_id;
+  }
+
+  private async spawnChildren(
+    running: Running,
+    jobs: Submission[],
+    onDependencyFailure: "cancel" | "run" | undefined,
+  ): Promise<string[]> {
+    const { job } = running;
+    running.stopTimers();
+    const answer = await this.api.spawnChildren(job.id, job.leaseToken, jobs, onDependencyFailure);
+    if (answer.children.length === 0) throw new JobCancelledError(job.id);
+    this.logger.info(`job ${job.id} waits for ${answer.children.length} children`);
+    return answer.children.map((child) => child.id);
   }
 
   private async snooze(running: Running, seconds: number): Promise<void> {

@@ -139,6 +139,37 @@ describe("Worker", () => {
     }
   });
 
+  test("a handler spawns children and its next run sees their results", async () => {
+    const queue = queueName("ts-children");
+    const w = worker([queue]);
+    const spawned: string[][] = [];
+    w.handle("ts.sum", async (job) => {
+      const results = Object.values(job.dependencyResults) as number[];
+      if (results.length === 0) {
+        spawned.push(await job.spawnChildren([1, 2, 3].map((n) => ({ queue, type: "ts.square", payload: { n } }))));
+        return "dropped: the job waits for its children";
+      }
+      return results.reduce((a, b) => a + b, 0);
+    });
+    w.handle("ts.square", async (job) => {
+      const { n } = job.payload as { n: number };
+      return n * n;
+    });
+    const run = serving(w);
+    try {
+      const { id } = await client.submit(queue, "ts.sum", {}, { max_attempts: 1 });
+      const job = await jobInState(client, id, "COMPLETED");
+      // the first run's return was dropped, and waiting used up no attempt of the one it has
+      assert.deepEqual([job.attempt, job.result], [1, 1 + 4 + 9]);
+      assert.equal(spawned.length, 1);
+      assert.deepEqual(job.depends_on, spawned[0]);
+      const events = (await client.events(id)).map((e) => e.event);
+      assert.deepEqual(events, ["submitted", "claimed", "awaiting_children", "dependencies_met", "claimed", "completed"]);
+    } finally {
+      await run.stop();
+    }
+  });
+
   test("progress goes with the heartbeats", async () => {
     const queue = queueName("ts-progress");
     let release!: () => void;

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from evora.domain import ids
 from evora.http.app import REQUEST_ID, REQUEST_ID_HEADER, SETTINGS
-from evora.http.bodies import parse_body
+from evora.http.bodies import items_limit, parse_body
 from evora.http.jsonio import json_response
 from evora.http.routing import Routes
 from evora.protocol.jobs import Job
@@ -26,6 +26,8 @@ from evora.protocol.worker import (
     AcksResponse,
     CheckpointRequest,
     CheckpointResponse,
+    ChildrenRequest,
+    ChildrenResponse,
     ClaimRequest,
     ClaimResponse,
     CompleteRequest,
@@ -425,6 +427,42 @@ async def suspend(request: web.Request) -> web.Response:
         job_id, body.lease_token, timeout_seconds=body.timeout_seconds, on_timeout=body.on_timeout
     )
     return json_response({"callback_id": suspended.callback_id, "job": suspended.job})
+
+
+@routes.add(
+    "POST",
+    "/v1/jobs/{id}/children",
+    roles=("worker",),
+    summary=(
+        "Submit the job's children and wait for them (docs/jobs-that-wait.md): in one "
+        "transaction the children are stored and the job becomes WAITING on them, holding no "
+        "lease and no limit slot, its attempt uncounted; its next claim carries their results."
+    ),
+    body=ChildrenRequest,
+    responses={200: ChildrenResponse},
+    problems=(404, 409, 422, 429),
+)
+async def children(request: web.Request) -> web.Response:
+    job_id = ids.job_id(request.match_info["id"])
+    settings = request.app[SETTINGS]
+    body = await parse_body(
+        request,
+        ChildrenRequest,
+        limit=items_limit(settings.max_payload_bytes),
+        context={"max_payload_bytes": settings.max_payload_bytes},
+    )
+    spawned = await request.app[DISPATCH].store.spawn_children(
+        job_id, body.lease_token, body.jobs, on_dependency_failure=body.on_dependency_failure
+    )
+    return json_response(
+        {
+            "job": spawned.job,
+            "children": [
+                {"id": child.id, "status": 201 if child.created else 200}
+                for child in spawned.children
+            ],
+        }
+    )
 
 
 @routes.add(

@@ -35,6 +35,8 @@ TRANSITIONS: frozenset[Transition] = frozenset(
         Transition(_S.RUNNING, _S.DLQ, _E.DEAD_LETTERED),
         Transition(_S.RUNNING, _S.CANCELLED, _E.CANCELLED),
         Transition(_S.RUNNING, _S.SUSPENDED, _E.SUSPENDED),
+        Transition(_S.RUNNING, _S.WAITING, _E.AWAITING_CHILDREN),
+        Transition(_S.RUNNING, _S.PENDING, _E.AWAITING_CHILDREN),
         Transition(_S.SUSPENDED, _S.PENDING, _E.RESUMED),
         Transition(_S.SUSPENDED, _S.PENDING, _E.CALLBACK_TIMED_OUT),
         Transition(_S.SUSPENDED, _S.DLQ, _E.DEAD_LETTERED),

@@ -70,6 +70,8 @@ REF_PATTERN: Final = r"^[A-Za-z0-9_.:-]{1,255}$"
 
 # Jobs in one POST /v1/jobs/batch; outcomes in one POST /v1/acks.
 MAX_BATCH: Final = 1000
+# Children one running job submits and waits for in one request (docs/jobs-that-wait.md).
+MAX_CHILDREN: Final = 10_000
 MAX_ACKS: Final = 1000
 # One claim: queues named, jobs handed out, seconds it may wait.
 MAX_CLAIM_QUEUES: Final = 20

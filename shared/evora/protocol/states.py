@@ -29,6 +29,8 @@ class EventName(StrEnum):
     SUSPENDED = "suspended"
     RESUMED = "resumed"
     CALLBACK_TIMED_OUT = "callback_timed_out"
+    # a running job submitted children and waits for them, WAITING (docs/jobs-that-wait.md)
+    AWAITING_CHILDREN = "awaiting_children"
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
     RETRIED = "retried"

@@ -12,6 +12,7 @@ from evora.protocol.bounds import (
     CHECKPOINT_NAME_PATTERN,
     MAX_ACKS,
     MAX_CALLBACK_TIMEOUT_SECONDS,
+    MAX_CHILDREN,
     MAX_CLAIM_JOBS,
     MAX_CLAIM_QUEUES,
     MAX_ERROR_MESSAGE,
@@ -30,7 +31,7 @@ from evora.protocol.fields import (
     WireModel,
     WorkerId,
 )
-from evora.protocol.jobs import ClaimedJob, Job, LimitKey
+from evora.protocol.jobs import ClaimedJob, Job, JobSubmission, LimitKey
 
 
 class HeartbeatRequest(WireModel):
@@ -158,6 +159,44 @@ class SuspendResponse(BaseModel):
         )
     )
     job: Job
+
+
+class ChildrenRequest(WireModel):
+    lease_token: UUID
+    jobs: list[JobSubmission] = Field(
+        min_length=1,
+        max_length=MAX_CHILDREN,
+        description=(
+            "the children, each as an item of POST /v1/jobs/batch (refs, idempotency keys and "
+            "all); stored all or nothing with the job's move to WAITING"
+        ),
+    )
+    on_dependency_failure: Literal["cancel", "run"] | None = Field(
+        default=None,
+        description=(
+            "what a cancelled child does to the job (docs/dependencies.md); null keeps the "
+            "job's own"
+        ),
+    )
+
+
+class Child(BaseModel):
+    id: UUID
+    status: Literal[200, 201] = Field(
+        description="201 created, 200 an idempotency key's job (or a debounce or throttle key's)"
+    )
+
+
+class ChildrenResponse(BaseModel):
+    job: Job = Field(
+        description=(
+            "the job as it now is: WAITING for its children (PENDING if they had all ended, "
+            "CANCELLED if a requested cancel won)"
+        )
+    )
+    children: list[Child] = Field(
+        description="the children in request order; empty when a requested cancel won"
+    )
 
 
 class Ack(WireModel):

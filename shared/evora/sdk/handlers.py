@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import re
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -17,6 +17,7 @@ from evora.sdk.errors import JobCancelled
 
 if TYPE_CHECKING:
     from evora.sdk._http import Transport
+    from evora.sdk.client import Submission
 
 _TYPE_RE = re.compile(TYPE_PATTERN)
 
@@ -59,6 +60,13 @@ class Job:
     _suspender: Callable[[float, str], Awaitable[str]] | None = field(default=None, repr=False)
     # The callback id once the handler suspended the job.
     callback_id: str | None = field(default=None, repr=False)
+    # Set by the worker: submits children and makes the job wait for them (children,
+    # on_dependency_failure), answering their ids or None when a requested cancel won.
+    _spawner: Callable[[list[Submission], str | None], Awaitable[list[str]]] | None = field(
+        default=None, repr=False
+    )
+    # The children's ids once the handler made the job wait for them (`spawn_children`).
+    children: list[str] | None = field(default=None, repr=False)
 
     @classmethod
     def from_claim(cls, data: Mapping[str, Any]) -> Job:
@@ -108,6 +116,35 @@ class Job:
             raise RuntimeError(f"job {self.id} is already suspended")
         self.callback_id = await self._suspender(timeout_seconds, on_timeout)
         return self.callback_id
+
+    async def spawn_children(
+        self,
+        jobs: Iterable[Submission],
+        *,
+        on_dependency_failure: Literal["cancel", "run"] | None = None,
+    ) -> list[str]:
+        """Submit children (1..10,000 items as `Client.submit_batch` takes them) and make the
+        job wait for them (docs/jobs-that-wait.md), all in one transaction; answers their ids
+        in order. The attempt leaves the worker at once, uncounted: no heartbeats, no lease, no
+        limit slot while it waits; return after this (what the handler returns or raises
+        afterwards is dropped). The job runs again once every child ended, as a new run of
+        the same attempt number, with their results in `dependency_results`; a cancelled
+        child cancels it under `on_dependency_failure="cancel"` (None keeps the job's own).
+        Raises `JobCancelled` if a cancel was requested (no child is submitted),
+        `LeaseLostError` if the lease is no longer the job's, `RequestValidationError` for an
+        invalid child (none is submitted). Async handlers only."""
+        if self._spawner is None:
+            raise RuntimeError("only a job a worker runs can spawn children")
+        if self.left_worker:
+            raise RuntimeError(f"job {self.id} already left the worker")
+        self.children = await self._spawner(list(jobs), on_dependency_failure)
+        return self.children
+
+    @property
+    def left_worker(self) -> bool:
+        """Whether the attempt left the worker while its handler ran: suspended on a callback
+        or waiting for children. Then the handler's outcome is not reported."""
+        return self.callback_id is not None or self.children is not None
 
     @property
     def dependency_results(self) -> Mapping[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evora.protocol.bounds import MAX_ERROR_MESSAGE
 from evora.protocol.retries import RETRYABLE_STATUSES, RetryBackoff
@@ -21,6 +21,9 @@ from evora.sdk.errors import (
     LeaseLostError,
 )
 from evora.sdk.handlers import Job
+
+if TYPE_CHECKING:
+    from evora.sdk.client import Submission
 
 log = logging.getLogger("evora.worker")
 
@@ -100,6 +103,22 @@ class Reports:
         callback_id: str | None = resp.data["callback_id"]
         log.info("job %s suspended on a callback for at most %s s", job.id, timeout_seconds)
         return callback_id
+
+    async def spawn_children(
+        self, job: Job, jobs: Sequence[Submission], on_dependency_failure: str | None
+    ) -> list[str] | None:
+        """Submit the job's children and make it wait for them; their ids, or None when a
+        requested cancel won (nothing was submitted, the job is CANCELLED)."""
+        body: dict[str, Any] = {"lease_token": job.lease_token, "jobs": list(jobs)}
+        if on_dependency_failure is not None:
+            body["on_dependency_failure"] = on_dependency_failure
+        resp = await self._http.request(
+            "POST", f"/v1/jobs/{job.id}/children", idempotent=False, body=body
+        )
+        if not resp.data["children"]:
+            return None
+        log.info("job %s waits for %d children", job.id, len(resp.data["children"]))
+        return [str(child["id"]) for child in resp.data["children"]]
 
     def report(self, ack: Ack, on_sent: Callable[[], None] | None = None) -> asyncio.Future[int]:
         """Report an outcome; the future resolves to its status once the dispatcher has

@@ -58,8 +58,8 @@ class Interrupt(StrEnum):
 
 Release = Literal["release"]
 Abandon = Literal["abandon"]
-# The handler suspended the job on a callback (`Job.suspend`): the attempt left the worker
-# then, so there is nothing to report.
+# The handler suspended the job on a callback (`Job.suspend`) or made it wait for children
+# (`Job.spawn_children`): the attempt left the worker then, so there is nothing to report.
 Suspended = Literal["suspended"]
 
 
@@ -121,10 +121,10 @@ class RunningJob:
     ) -> Ack | Release | Abandon | Snoozed | Suspended:
         """What to tell the dispatcher once the handler has ended."""
         job = self.job
-        if job.callback_id is not None:
+        if job.left_worker:
             if error is not None or result is not None:
                 log.warning(
-                    "job %s: suspended on a callback, so what its handler %s is dropped",
+                    "job %s: suspended or waiting for children, so what its handler %s is dropped",
                     job.id,
                     "raised" if error is not None else "returned",
                 )

@@ -63,7 +63,7 @@ import logging
 import random
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evora import loops
 from evora.logs import bind, configure_default_logging
@@ -93,6 +93,9 @@ from evora.sdk.settings import (
 from evora.sdk.threads import when_thread_done
 from evora.sdk.tracing import job_trace
 from evora.sdk.watchdog import LoopWatchdog
+
+if TYPE_CHECKING:
+    from evora.sdk.client import Submission
 
 log = logging.getLogger("evora.worker")
 
@@ -484,6 +487,7 @@ class Worker:
         job._transport = self._http
         running = RunningJob(job)
         job._suspender = functools.partial(self._suspend, running)
+        job._spawner = functools.partial(self._spawn_children, running)
         self._busy += 1
         running.task = asyncio.get_running_loop().create_task(
             self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
@@ -541,6 +545,16 @@ class Worker:
         if callback_id is None:
             raise JobCancelled(f"cancellation of job {running.job.id} was requested")
         return callback_id
+
+    async def _spawn_children(
+        self, running: RunningJob, jobs: list[Submission], on_dependency_failure: str | None
+    ) -> list[str]:
+        """`Job.spawn_children`: the heartbeats stop first, as for a suspend."""
+        running.stop_timers()
+        children = await self._reports.spawn_children(running.job, jobs, on_dependency_failure)
+        if children is None:
+            raise JobCancelled(f"cancellation of job {running.job.id} was requested")
+        return children
 
     def _release_slot(self, running: RunningJob) -> None:
         """Free the job's slot, once; never while its handler's thread still runs."""

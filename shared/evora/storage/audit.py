@@ -124,9 +124,11 @@ _ALLOWED = {(t.from_state, t.to_state, t.event) for t in TRANSITIONS} | {
     ("PENDING", "PENDING", "debounced"),
 }
 _FINISHED = frozenset({"COMPLETED", "CANCELLED", "DLQ"})
-# A claim handed back uncounted: a release, a snooze (which asks to run later), or a
-# resumption of a suspended job (its callback resolved, or timed out with on_timeout resume)
-_HANDED_BACK = frozenset({"released", "snoozed", "resumed"})
+# A claim handed back uncounted: a release, a snooze (which asks to run later), a
+# resumption of a suspended job (its callback resolved, or timed out with on_timeout resume),
+# or a job that waits for the children it submitted (to WAITING, or PENDING if none is left)
+_HANDED_BACK = frozenset({"released", "snoozed", "resumed", "awaiting_children"})
+_HANDED_BACK_TO = frozenset({"PENDING", "WAITING"})
 # group_order: a job that became PENDING this long (by `at`, its transaction's start) before
 # a claim was visible to it, unless its transaction stayed open longer; a shorter wait may be
 # a submission the claim's snapshot could not see yet, though its seq is lower
@@ -320,6 +322,12 @@ class _Auditor:
             and job.released_seq is None
         ):
             job.released_seq, job.released_xid = seq, e["xid"]
+        if name == "awaiting_children":
+            # it waits for new dependencies, its children: it is released again when they end
+            # (dependencies_met), or at once when none is left
+            job.released_seq, job.released_xid = (
+                (seq, e["xid"]) if to == "PENDING" else (None, None)
+            )
         if name == "snoozed" and to == "PENDING":
             job.snoozes += 1
         if name in ("completed", "cancelled") and job.ended_seq is None:
@@ -369,7 +377,7 @@ class _Auditor:
             before + 1
             if name == "claimed"
             else before - 1
-            if name in _HANDED_BACK and to == "PENDING"
+            if name in _HANDED_BACK and to in _HANDED_BACK_TO
             else 0
             if name == "retried"
             else before
@@ -408,7 +416,7 @@ class _Auditor:
             return
         claim = job.claim
         if claim is not None:
-            attempt = claim.attempt - (1 if name in _HANDED_BACK and to == "PENDING" else 0)
+            attempt = claim.attempt - (1 if name in _HANDED_BACK and to in _HANDED_BACK_TO else 0)
             if (e["attempt"], e["started_at"], e["worker_id"]) != (
                 attempt,
                 claim.started_at,

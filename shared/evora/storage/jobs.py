@@ -25,6 +25,7 @@ from evora.domain.errors import (
     CallbackNotFound,
     CallbackSettled,
     EvoraError,
+    InvalidDependency,
     InvalidState,
     JobNotFound,
     LeaseLost,
@@ -111,6 +112,14 @@ class Suspended:
     job: JobDict
     # the one-time credential that resolves the callback; None when a cancel requested won
     callback_id: str | None
+
+
+@dataclass(frozen=True)
+class Spawned:
+    job: JobDict
+    # the children, ids only (a fan-out of thousands is not answered job by job); empty
+    # when a cancel requested won and nothing was submitted
+    children: list[Submitted]
 
 
 @dataclass(frozen=True)
@@ -622,6 +631,70 @@ class JobStore:
         AckResult(row["outcome"]).raise_unless_done(job_id)
         return Suspended(job_from_row(row["job"]), row["callback_secret"])
 
+    async def spawn_children(
+        self,
+        job_id: UUID,
+        lease_token: UUID,
+        submissions: Sequence[JobSubmission],
+        *,
+        on_dependency_failure: str | None = None,
+    ) -> Spawned:
+        """Submit the RUNNING job's children and make it wait for them (docs/jobs-that-wait.md),
+        in one transaction: all of it or nothing. The parent is locked first under its lease
+        (a stale token submits nothing); a cancel requested wins, as for a snooze: the attempt
+        ends CANCELLED and no child is submitted. The children are stored as a batch (its
+        rules and errors, items named `jobs[i]`); a child that is the parent, or depends on
+        it, would wait for it for ever, and one already CANCELLED (a replayed key) under
+        on_dependency_failure "cancel" would cancel it at once: refused (InvalidDependency)."""
+        owed: list[Sequence[asyncpg.Record]] = []
+        async with self._pool.acquire() as conn, conn.transaction():
+            [held] = await conn.fetch(queries.HOLD_PARENT, job_id, lease_token)
+            AckResult(held["outcome"]).raise_unless_done(job_id)
+            children: list[Submitted] = []
+            args: tuple[Any, ...]
+            if held["cancel_requested"]:
+                query, args = queries.RELEASE, (lease_token, 0.0, str(EventName.RELEASED))
+            else:
+                children, stored = await self._store_children(conn, job_id, submissions)
+                owed.append(stored)
+                ids = [child.id for child in children]
+                query, args = queries.AWAIT_CHILDREN, (ids, on_dependency_failure)
+            [row] = moved = await self._change(conn, query, job_id, *args, committed=False)
+            if row["outcome"] == "cancelled_dependency":
+                raise _cancelled_child(submissions, children, row["cause"])
+            owed.append(moved)
+        for rows in owed:
+            self._owe(rows)
+        return Spawned(job_from_row(row["job"]), children)
+
+    async def _store_children(
+        self, conn: asyncpg.Connection, parent: UUID, submissions: Sequence[JobSubmission]
+    ) -> tuple[list[Submitted], list[asyncpg.Record]]:
+        for index, sub in enumerate(submissions):
+            if parent in sub.depends_on:
+                raise InvalidDependency(
+                    f"jobs[{index}].depends_on[{sub.depends_on.index(parent)}]: a child "
+                    "cannot depend on the job that waits for it"
+                )
+        outcomes, rows = await store(
+            conn,
+            self._change,
+            submissions,
+            committed=False,
+            name_repeats=True,
+            with_jobs=False,
+        )
+        children: list[Submitted] = []
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, EvoraError):
+                raise outcome
+            if outcome.id == parent:
+                raise InvalidDependency(
+                    f"jobs[{index}]: its idempotency key names the job that waits for it"
+                )
+            children.append(outcome)
+        return children, rows
+
     async def resolve_callback(
         self, callback_id: str | None, payload: Any = None, *, job_id: UUID | None = None
     ) -> dict[str, Any]:
@@ -650,6 +723,19 @@ class JobStore:
     async def expire_ttls(self, batch: int = EXPIRY_BATCH) -> list[JobDict]:
         rows = await self._change(self._pool, queries.EXPIRE_TTLS, batch)
         return [job_from_row(r["job"]) for r in rows]
+
+
+def _cancelled_child(
+    submissions: Sequence[JobSubmission], children: Sequence[Submitted], cause: UUID
+) -> InvalidDependency:
+    """The refusal of a child whose idempotency key replays a job already CANCELLED, under
+    on_dependency_failure "cancel": the waiting job could never run, as for a submission
+    naming such a dependency (docs/dependencies.md)."""
+    index = next(i for i, child in enumerate(children) if child.id == cause)
+    return InvalidDependency(
+        f"jobs[{index}]: {submissions[index].idempotency_key!r} names the CANCELLED job "
+        f'{cause} (with on_dependency_failure "cancel" this job could never run)'
+    )
 
 
 def _outcomes(

@@ -43,6 +43,9 @@ from evora.storage.statements import load
     "brief_lock_waits",
 )
 
+# children awaited without holding a slot (docs/jobs-that-wait.md)
+HOLD_PARENT, AWAIT_CHILDREN = load("children", "hold_parent", "await_children")
+
 GET_JOB, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(
     "jobs", "get_job", "job_events", "next_due", "unclaimed_jobs"
 )

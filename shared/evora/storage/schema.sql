@@ -248,6 +248,58 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.await_children(parent uuid, children uuid[], on_failure text, suppressed text[]) RETURNS TABLE(outcome text, cause uuid, job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+DECLARE
+    at CONSTANT timestamptz := evora.clock_now();
+    j evora.jobs;
+    fresh uuid[];
+    named integer;
+    arrived integer;
+    cancelled uuid;
+    next evora.job_state;
+BEGIN
+    SELECT x.* INTO j FROM evora.jobs x WHERE x.id = parent AND x.state = 'RUNNING';
+    fresh := ARRAY(
+        SELECT u.id FROM unnest(children) WITH ORDINALITY AS u(id, n)
+        WHERE u.id <> ALL(coalesce(j.depends_on, '{}'))
+        GROUP BY u.id ORDER BY min(u.n));
+    SELECT count(*)::integer,
+           (count(*) FILTER (WHERE h.state IN ('COMPLETED', 'CANCELLED')))::integer,
+           (array_agg(h.id ORDER BY h.id) FILTER (WHERE h.state = 'CANCELLED'))[1]
+    INTO named, arrived, cancelled
+    FROM evora.hold_dependencies(fresh) AS h;
+    j.on_dependency_failure := coalesce(on_failure, j.on_dependency_failure);
+    j.dependencies_left := named;
+    next := evora.dependent_next_state(j, arrived, cancelled IS NOT NULL);
+    IF next = 'CANCELLED' THEN
+        RETURN QUERY SELECT 'cancelled_dependency', cancelled, NULL::evora.jobs, NULL::text[],
+                            NULL::text[];
+        RETURN;
+    END IF;
+    INSERT INTO evora.job_dependencies (job_id, depends_on)
+    SELECT parent, c FROM unnest(fresh) AS c;
+    UPDATE evora.jobs x
+    SET state = next,
+        attempt = x.attempt - 1,
+        on_dependency_failure = j.on_dependency_failure,
+        depends_on = coalesce(x.depends_on, '{}') || fresh,
+        dependencies_left = named - arrived,
+        lease_expires_at = NULL,
+        run_at = CASE WHEN next = 'PENDING' THEN at ELSE x.run_at END,
+        updated_at = at, version = x.version + 1
+    WHERE x.id = parent AND x.state = 'RUNNING'
+    RETURNING x.* INTO j;
+    RETURN QUERY SELECT 'done', NULL::uuid, j, r.notified, r.owed
+    FROM evora.record_moves(
+        ARRAY[ROW(j, 'awaiting_children', 'RUNNING', j.worker_id,
+                  jsonb_build_object('children', cardinality(fresh),
+                                     'waiting_for', j.dependencies_left))::evora.move],
+        suppressed) AS r;
+END
+$$;
+
 CREATE FUNCTION evora.backoff_seconds(initial double precision, max_seconds double precision, multiplier double precision, n integer) RETURNS double precision
     LANGUAGE sql
     AS $$
@@ -3038,7 +3090,7 @@ CREATE TRIGGER jobs_note_ended_dependency BEFORE UPDATE OF state ON evora.jobs F
 
 CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON evora.jobs FOR EACH STATEMENT WHEN ((current_setting('evora.ended_dependencies'::text, true) <> ''::text)) EXECUTE FUNCTION evora.settle_dependents();
 
-CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON evora.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND ((((((((((((((((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state)) AND ((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'RUNNING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'COMPLETED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'SUSPENDED'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))))) EXECUTE FUNCTION evora.reject_illegal_transition();
+CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON evora.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND (((((((((((((((((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state)) AND ((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'RUNNING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'COMPLETED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'SUSPENDED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'WAITING'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))))) EXECUTE FUNCTION evora.reject_illegal_transition();
 
 ALTER TABLE ONLY evora.callbacks
     ADD CONSTRAINT callbacks_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;

@@ -6,6 +6,7 @@ export type Operation =
   | "POST /v1/acks"
   | "POST /v1/claim"
   | "POST /v1/jobs/{id}/checkpoints"
+  | "POST /v1/jobs/{id}/children"
   | "POST /v1/jobs/{id}/complete"
   | "POST /v1/jobs/{id}/fail"
   | "POST /v1/jobs/{id}/heartbeat"
@@ -34,6 +35,13 @@ export interface AcksRequest {
 
 export interface AcksResponse {
   results: AckResult[];
+}
+
+/** max_seconds must be >= initial_seconds (a field left out counts with its default), else 422. */
+export interface Backoff {
+  initial_seconds?: number;
+  max_seconds?: number;
+  multiplier?: number;
 }
 
 /**
@@ -65,6 +73,27 @@ export interface CheckpointResponse {
   checkpoints: {
     [key: string]: unknown;
   };
+}
+
+export interface Child {
+  id: string;
+  /** 201 created, 200 an idempotency key's job (or a debounce or throttle key's) */
+  status: 200 | 201;
+}
+
+export interface ChildrenRequest {
+  lease_token: string;
+  /** the children, each as an item of POST /v1/jobs/batch (refs, idempotency keys and all); stored all or nothing with the job's move to WAITING */
+  jobs: JobSubmission[];
+  /** what a cancelled child does to the job (docs/dependencies.md); null keeps the job's own */
+  on_dependency_failure?: "cancel" | "run" | null;
+}
+
+export interface ChildrenResponse {
+  /** the job as it now is: WAITING for its children (PENDING if they had all ended, CANCELLED if a requested cancel won) */
+  job: Job;
+  /** the children in request order; empty when a requested cancel won */
+  children: Child[];
 }
 
 export interface ClaimRequest {
@@ -134,6 +163,16 @@ export interface ClaimedJob {
 export interface CompleteRequest {
   lease_token: string;
   result?: unknown;
+}
+
+/** max_delay_seconds must be >= delay_seconds, else 422. */
+export interface Debounce {
+  /** the PENDING job of this key in the queue absorbs the submission */
+  key: string;
+  /** the job runs this long after the last submission */
+  delay_seconds: number;
+  /** but never later than this long after the submission that made it */
+  max_delay_seconds: number;
 }
 
 export interface ErrorBody {
@@ -208,6 +247,37 @@ export interface Job {
 
 export type JobState = "WAITING" | "PENDING" | "RUNNING" | "SUSPENDED" | "COMPLETED" | "DLQ" | "CANCELLED";
 
+export interface JobSubmission {
+  queue: string;
+  type: string;
+  payload?: unknown;
+  priority?: number;
+  run_at?: string | null;
+  delay_seconds?: number | null;
+  max_attempts?: number;
+  lease_seconds?: number;
+  /** the hard time limit of an attempt, however often it heartbeats: past it the worker is asked to stop, and after a grace of lease_seconds the attempt fails with reason timeout (docs/jobs-that-wait.md) */
+  max_duration_seconds?: number | null;
+  backoff?: Backoff;
+  expires_at?: string | null;
+  idempotency_key?: string | null;
+  group_key?: string | null;
+  /** jobs that must finish first; until then this job is WAITING */
+  depends_on?: string[];
+  /** a dependency ended CANCELLED: "cancel" this job too, or "run" it anyway */
+  on_dependency_failure?: "cancel" | "run";
+  /** a name later items of the same batch depend on as "ref:<name>" */
+  ref?: string | null;
+  /** the concurrency and rate limits this job counts against, besides its queue's (docs/flow-control.md); the first is its round-robin lane */
+  limit_keys?: string[];
+  /** the tenant this job is served as: a queue's claims share its workers among its fairness keys by weight and by the lease time their jobs hold (docs/flow-control.md, Fairness keys) */
+  fairness_key?: string | null;
+  /** the PENDING job of this key absorbs the submission (payload replaced, run time pushed back): 200 with `"debounced": true` */
+  debounce?: Debounce | null;
+  /** within the window of this key's last job, answers that job (200, `"throttled": true`) and stores nothing */
+  throttle?: Throttle | null;
+}
+
 export interface LastError {
   message: string;
   type?: string | null;
@@ -261,4 +331,11 @@ export interface SuspendResponse {
   /** the one-time callback id, the credential that resolves it (POST /v1/callbacks/{callback_id}); shown this once. Null when a requested cancel won and the job is CANCELLED */
   callback_id: string | null;
   job: Job;
+}
+
+/** docs/flow-control.md, "Debounce and throttle". */
+export interface Throttle {
+  key: string;
+  /** a submission this soon after the job the key last admitted answers that job */
+  window_seconds: number;
 }

@@ -185,3 +185,77 @@ CREATE OR REPLACE TRIGGER jobs_settle_dependents
     FOR EACH STATEMENT
     WHEN (current_setting('evora.ended_dependencies', true) <> '')
     EXECUTE FUNCTION evora.settle_dependents();
+
+-- Children awaited without holding a slot (docs/jobs-that-wait.md): the RUNNING job `parent`,
+-- which the caller holds locked (its lease checked) in the transaction that has just stored
+-- `children`, now waits for them. They become its dependencies (edges, and the end of its
+-- `depends_on`, so its next claim carries their results as `dependency_results`), and it
+-- leaves RUNNING as a snooze does: no lease, no limit slot (those are RUNNING's), no FIFO
+-- group turn (a WAITING job holds none: children of the same group could never run while
+-- it did), its attempt handed back uncounted. It moves to what the readiness rule
+-- (evora.dependent_next_state) says of the children that have ended already: WAITING for the
+-- rest, or PENDING when none is left (replayed idempotency keys named only ended jobs); event
+-- `awaiting_children` either way. `on_failure` NULL keeps the job's own.
+-- A child already CANCELLED under on_dependency_failure 'cancel' is refused, as a submission
+-- naming one is (the job could never run): outcome 'cancelled_dependency' with that child
+-- (`cause`), nothing changed here, for the caller to roll back.
+-- The children are held as a submission holds its dependencies (evora.hold_dependencies: in
+-- id order, marked as having dependents): a child that a concurrent transaction is ending
+-- (a replayed key's job completed right now) is waited for and counted as ended, and one that
+-- ends after this commits sees the edge and the WAITING parent, so the parent neither waits
+-- for a child that already ended nor misses one. A child named twice, or already one of the
+-- parent's dependencies, counts once. One row: the outcome ('done' or
+-- 'cancelled_dependency'), the job as it now is, the queues notified and owed
+-- (evora.record_moves).
+CREATE OR REPLACE FUNCTION evora.await_children(
+    parent uuid, children uuid[], on_failure text, suppressed text[]
+) RETURNS TABLE (outcome text, cause uuid, job evora.jobs, notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
+DECLARE
+    at CONSTANT timestamptz := evora.clock_now();
+    j evora.jobs;
+    fresh uuid[];
+    named integer;
+    arrived integer;
+    cancelled uuid;
+    next evora.job_state;
+BEGIN
+    SELECT x.* INTO j FROM evora.jobs x WHERE x.id = parent AND x.state = 'RUNNING';
+    fresh := ARRAY(
+        SELECT u.id FROM unnest(children) WITH ORDINALITY AS u(id, n)
+        WHERE u.id <> ALL(coalesce(j.depends_on, '{}'))
+        GROUP BY u.id ORDER BY min(u.n));
+    SELECT count(*)::integer,
+           (count(*) FILTER (WHERE h.state IN ('COMPLETED', 'CANCELLED')))::integer,
+           (array_agg(h.id ORDER BY h.id) FILTER (WHERE h.state = 'CANCELLED'))[1]
+    INTO named, arrived, cancelled
+    FROM evora.hold_dependencies(fresh) AS h;
+    j.on_dependency_failure := coalesce(on_failure, j.on_dependency_failure);
+    j.dependencies_left := named;
+    next := evora.dependent_next_state(j, arrived, cancelled IS NOT NULL);
+    IF next = 'CANCELLED' THEN
+        RETURN QUERY SELECT 'cancelled_dependency', cancelled, NULL::evora.jobs, NULL::text[],
+                            NULL::text[];
+        RETURN;
+    END IF;
+    INSERT INTO evora.job_dependencies (job_id, depends_on)
+    SELECT parent, c FROM unnest(fresh) AS c;
+    UPDATE evora.jobs x
+    SET state = next,
+        attempt = x.attempt - 1,
+        on_dependency_failure = j.on_dependency_failure,
+        depends_on = coalesce(x.depends_on, '{}') || fresh,
+        dependencies_left = named - arrived,
+        lease_expires_at = NULL,
+        run_at = CASE WHEN next = 'PENDING' THEN at ELSE x.run_at END,
+        updated_at = at, version = x.version + 1
+    WHERE x.id = parent AND x.state = 'RUNNING'
+    RETURNING x.* INTO j;
+    RETURN QUERY SELECT 'done', NULL::uuid, j, r.notified, r.owed
+    FROM evora.record_moves(
+        ARRAY[ROW(j, 'awaiting_children', 'RUNNING', j.worker_id,
+                  jsonb_build_object('children', cardinality(fresh),
+                                     'waiting_for', j.dependencies_left))::evora.move],
+        suppressed) AS r;
+END
+$$;

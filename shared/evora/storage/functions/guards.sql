@@ -57,7 +57,7 @@ CREATE OR REPLACE TRIGGER jobs_transition_guard
         ('DLQ', 'CANCELLED'), ('DLQ', 'PENDING'),
         ('PENDING', 'CANCELLED'), ('PENDING', 'DLQ'), ('PENDING', 'RUNNING'),
         ('RUNNING', 'CANCELLED'), ('RUNNING', 'COMPLETED'), ('RUNNING', 'DLQ'),
-        ('RUNNING', 'PENDING'), ('RUNNING', 'SUSPENDED'),
+        ('RUNNING', 'PENDING'), ('RUNNING', 'SUSPENDED'), ('RUNNING', 'WAITING'),
         ('SUSPENDED', 'CANCELLED'), ('SUSPENDED', 'DLQ'), ('SUSPENDED', 'PENDING'),
         ('WAITING', 'CANCELLED'), ('WAITING', 'PENDING')))
     EXECUTE FUNCTION evora.reject_illegal_transition();
