@@ -489,3 +489,70 @@ async def test_checkpoints_and_timeouts_pass_every_check(
     report = await audited(pool)
     assert report.ok, report.text()
     assert report.events == 10
+
+
+async def _keyed(store: JobStore, key: str, count: int = 1) -> list[UUID]:
+    return await submitted(store, count, fairness_key=key)
+
+
+async def test_a_fair_queue_made_by_the_system_passes_the_fairness_checks(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Keyed jobs submitted, claimed, completed, retried and submitted again after their
+    key's backlog emptied: its state agrees with the jobs at every step."""
+    await _keyed(store, "a", 2)
+    await _keyed(store, "b")
+    for _ in range(3):
+        [job] = await claimed(store)
+        await store.complete(job["id"], job["lease_token"])
+        report = await audited(pool)
+        assert report.ok, report.text()
+    # the keys' backlogs are empty now and a claim found so; new work comes back through
+    # the ledger
+    assert await store.claim(worker_id="w", queues=["q"], max_jobs=1) == []
+    await _keyed(store, "a")
+    [job] = await claimed(store)
+    report = await audited(pool)
+    assert report.ok, report.text()
+    assert {"fair_backlog_walked", "fair_running_counted"} <= {c.name for c in report.checks}
+
+
+@broken
+async def test_a_keyed_job_its_queues_claims_would_never_walk(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A key marked without backlog while it has a PENDING job and no ledger row, and a
+    keyed job in a queue that is not fair, fail fair_backlog_walked; a key marked without
+    backlog whose new job is in the ledger does not."""
+    [stranded] = await _keyed(store, "a")
+    await _keyed(store, "b")
+    [third] = await _keyed(store, "c")
+    await pool.execute(
+        "UPDATE evora.jobs SET run_at = now() + interval '1 hour' WHERE id <> $1", third
+    )
+    # the claim folds the ledger into the keys' rows (and takes the only due job)
+    [job] = await claimed(store)
+    assert job["id"] == third
+    await pool.execute("UPDATE evora.fair_keys SET backlogged = false WHERE key IN ('a', 'b')")
+    await _keyed(store, "b")  # noted in the ledger: the next claim walks the key again
+    elsewhere = (await store.submit(JobSubmission(queue="other", type="t", fairness_key="d"))).id
+    await pool.execute("DELETE FROM evora.fair_queues WHERE queue = 'other'")
+
+    found = failing(await audited(pool))
+    assert list(found) == ["fair_backlog_walked"]
+    assert [j for j, _ in found["fair_backlog_walked"]] == [{str(elsewhere)}, {str(stranded)}]
+
+
+@broken
+async def test_an_ending_that_did_not_note_its_key(store: JobStore, pool: asyncpg.Pool) -> None:
+    """A key charged in advance for more attempts than it has running or ended since the
+    last fold (an ending whose ledger row is gone) fails fair_running_counted."""
+    await _keyed(store, "a", 2)
+    first, second = await claimed(store, 2)
+    await store.complete(first["id"], first["lease_token"])
+    assert "fair_running_counted" not in failing(await audited(pool))
+    await pool.execute("DELETE FROM evora.fair_ledger")
+
+    found = failing(await audited(pool))
+    assert list(found) == ["fair_running_counted"]
+    assert found["fair_running_counted"][0][0] == {str(second["id"])}
