@@ -49,8 +49,11 @@ async def test_invalid_weights_and_keys_are_422(client: ApiClient) -> None:
     for body in ({"weight": 0}, {"weight": 1001}, {}, {"weight": 1, "other": 2}):
         response = await client.put("/v1/fairness/a", json=body, headers=ADMIN)
         await problem(response, 422, "validation_error")
-    response = await client.put("/v1/fairness/-bad", json={"weight": 1}, headers=ADMIN)
-    await problem(response, 422, "validation_error")
+    for method in ("PUT", "GET", "DELETE"):
+        response = await client.request(
+            method, "/v1/fairness/-bad", json={"weight": 1}, headers=ADMIN
+        )
+        await problem(response, 422, "validation_error")
     response = await client.post(
         "/v1/jobs", json={"queue": "q", "type": "t", "fairness_key": "no spaces"}, headers=PRODUCER
     )

@@ -109,7 +109,12 @@ def _store(request: web.Request) -> FairnessStore:
 
 
 def _key(request: web.Request) -> str:
-    return request.match_info["key"]
+    """The `{key}` of the path; a key no weight or job can have is refused, as the OpenAPI
+    document's pattern says."""
+    key = request.match_info["key"]
+    if not _KEY.fullmatch(key):
+        raise _invalid_key()
+    return key
 
 
 def _invalid_key() -> Problem:
@@ -160,8 +165,6 @@ async def list_fairness(request: web.Request) -> web.Response:
 )
 async def put_weight(request: web.Request) -> web.Response:
     key = _key(request)
-    if not _KEY.fullmatch(key):
-        raise _invalid_key()
     body = await parse_body(request, WeightBody, limit=SMALL_BODY_LIMIT)
     weight, created = await _store(request).put(key, body.weight)
     return json_response(weight, status=201 if created else 200)
@@ -176,6 +179,7 @@ async def put_weight(request: web.Request) -> web.Response:
         "queue, what the fair claim served it."
     ),
     responses={200: KeyWeight},
+    problems=(422,),
 )
 async def get_weight(request: web.Request) -> web.Response:
     return json_response(await _store(request).get(_key(request)))
@@ -190,6 +194,7 @@ async def get_weight(request: web.Request) -> web.Response:
         "not it had one."
     ),
     responses={204: None},
+    problems=(422,),
 )
 async def delete_weight(request: web.Request) -> web.Response:
     await _store(request).delete(_key(request))
