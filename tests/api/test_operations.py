@@ -46,6 +46,7 @@ API_OPERATIONS = {
     ("get", "/v1/limits/{key}"),
     ("get", "/v1/limits/{key}/keys"),
     ("delete", "/v1/limits/{key}"),
+    ("get", "/v1/fairness"),
     ("put", "/v1/fairness/{key}"),
     ("get", "/v1/fairness/{key}"),
     ("delete", "/v1/fairness/{key}"),

@@ -134,6 +134,9 @@ async def test_fairness_weights_and_keys(client: Client) -> None:
     assert job.job["fairness_key"] == "gold:acme"
     weight = await client.fairness("gold:acme")
     assert (weight["weight"], weight["set_by"], weight["queues"]) == (4, "gold:*", [])
+    page = await client.fair_keys("fair", limit=10)
+    assert page["queues"] == [{"queue": "fair", "keys": 0, "backlogged_keys": 0}]
+    assert (page["keys"], page["next"]) == ([], None)  # no claim has folded its key yet
     await client.delete_fairness("gold:*")
     await client.delete_fairness("gold:*")  # answered alike whether or not it had one
     assert (await client.fairness("gold:acme"))["weight"] == 1

@@ -19,7 +19,7 @@
 // - triggerSchedule: not repeated, a repeat would make a second job;
 // - setLimit, limits, limit, room, limitKeys, deleteLimit: repeated (a PUT replaces with the same limit; a
 //   repeated delete that finds nothing resolves all the same);
-// - setFairness, fairness, deleteFairness: repeated (a PUT sets the same weight, a DELETE
+// - setFairness, fairness, fairKeys, deleteFairness: repeated (a PUT sets the same weight, a DELETE
 //   answers 204 whether or not there was one; a read);
 // - retry, redrive: not repeated. Between two attempts the job can fail again and be back
 //   in the DLQ, and the repeat would grant it a second fresh attempt budget.
@@ -123,6 +123,7 @@ export const CLIENT_METHODS = {
   "DELETE /v1/limits/{key}": "deleteLimit",
   "PUT /v1/fairness/{key}": "setFairness",
   "GET /v1/fairness/{key}": "fairness",
+  "GET /v1/fairness": "fairKeys",
   "DELETE /v1/fairness/{key}": "deleteFairness",
 } as const satisfies Record<ApiOperation, keyof Client>;
 
@@ -488,6 +489,17 @@ export class Client {
    * queue what the fair claim served it. */
   async fairness(key: string): Promise<api.KeyWeight> {
     return (await this.http.request<api.KeyWeight>("GET", `/v1/fairness/${segment(key)}`, { idempotent: true })).data;
+  }
+
+  /** The fair queues and, with `queue`, a page of its keys in key order (pass `next` as
+   * `after`): each key's weight and who set it, due backlog, longest wait, and its share of
+   * the held lease time against its weight's share. */
+  async fairKeys(query: { queue?: string; limit?: number; after?: string } = {}): Promise<api.FairnessPage> {
+    const resp = await this.http.request<api.FairnessPage>("GET", "/v1/fairness", {
+      query: { ...query },
+      idempotent: true,
+    });
+    return resp.data;
   }
 
   /** Drop the weight `key` set; its keys fall back to a prefix's, else 1. */

@@ -9,17 +9,18 @@ from datetime import datetime
 from typing import Annotated
 
 from aiohttp import web
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from evora.config import Role
-from evora.http.bodies import parse_body
+from evora.http.bodies import parse_body, parse_query
 from evora.http.jsonio import json_response
 from evora.http.problems import Problem, validation_problem
 from evora.http.routing import Routes
-from evora.protocol.bounds import LIMIT_NAME_PATTERN
-from evora.protocol.fields import WireModel
+from evora.protocol.bounds import LIMIT_NAME_PATTERN, MAX_PAGE
+from evora.protocol.fields import QueueName, WireModel
 from evora.storage.fairness import FairnessStore
 from evora_services.api.routes import SMALL_BODY_LIMIT
+from evora_services.api.stats import LimitCursor, encode_key
 
 FAIRNESS = web.AppKey("fairness", FairnessStore)
 
@@ -61,13 +62,55 @@ class KeyWeight(BaseModel):
     queues: list[KeyService]
 
 
+class FairQueue(BaseModel):
+    queue: str
+    keys: int = Field(description="the keys the queue's fair claims have served or noted")
+    backlogged_keys: int = Field(description="those its claims walk now: they have work")
+
+
+class KeyState(BaseModel):
+    key: str
+    weight: float = Field(description="the weight that applies: its own, a prefix's, else 1")
+    set_by: str | None = Field(description="the key or prefix that set it; null: the default")
+    served: int = Field(description="jobs the fair claim started for the key")
+    running: int = Field(description="its attempts not settled yet")
+    held_seconds: float = Field(description="lease seconds its ended attempts held")
+    backlogged: bool = Field(description="the queue's claims walk it: it has work")
+    backlog: int = Field(description="its due PENDING jobs")
+    longest_wait_seconds: float | None = Field(
+        description="how long the longest of them has been due; null: none is"
+    )
+    held_share: float | None = Field(
+        description="its part of the lease seconds the queue's keys held; null: none held yet"
+    )
+    weight_share: float = Field(
+        description="its weight over the sum of the queue's keys' weights: its share while "
+        "every key has work"
+    )
+
+
+class FairnessPage(BaseModel):
+    queues: list[FairQueue] = Field(description="every fair queue")
+    keys: list[KeyState] = Field(description="a page of `queue`'s keys, in key order")
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class FairnessQuery(BaseModel):
+    # lax (query values are strings); unknown parameters refused, not silently ignored
+    model_config = ConfigDict(extra="forbid")
+
+    queue: QueueName | None = Field(default=None, description="the queue whose keys to list")
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+    after: LimitCursor | None = None
+
+
 def _store(request: web.Request) -> FairnessStore:
     return request.app[FAIRNESS]
 
 
 def _key(request: web.Request) -> str:
-    """The path's key, refused (422) unless in the keys' alphabet: what a GET or DELETE
-    names is checked as a PUT's is, and never reaches the store otherwise."""
+    """The `{key}` of the path; a key no weight or job can have is refused, as the OpenAPI
+    document's pattern says."""
     key = request.match_info["key"]
     if not _KEY.fullmatch(key):
         raise _invalid_key()
@@ -84,6 +127,29 @@ def _invalid_key() -> Problem:
             }
         ]
     )
+
+
+@fairness.add(
+    "GET",
+    "/v1/fairness",
+    roles=ADMIN,
+    summary=(
+        "The fair queues and, for `queue`, a page of its keys in key order (pass `next` as "
+        "`after`): each key's weight and who set it, due backlog, longest wait, and its share "
+        "of the held lease time against its weight's share."
+    ),
+    query=FairnessQuery,
+    responses={200: FairnessPage},
+)
+async def list_fairness(request: web.Request) -> web.Response:
+    query = parse_query(request, FairnessQuery)
+    store = _store(request)
+    queues = await store.queues()
+    if query.queue is None:
+        return json_response({"queues": queues, "keys": [], "next": None})
+    page = await store.keys(query.queue, after=query.after, limit=query.limit)
+    cursor = None if page.next_after is None else encode_key([page.next_after])
+    return json_response({"queues": queues, "keys": page.keys, "next": cursor})
 
 
 @fairness.add(

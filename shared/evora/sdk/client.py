@@ -582,6 +582,20 @@ class Client:
         resp = await self._call("GET", _fairness_path(key), idempotent=True)
         return dict(resp.data)
 
+    async def fair_keys(
+        self, queue: str | None = None, *, limit: int | None = None, after: str | None = None
+    ) -> dict[str, Any]:
+        """The fair queues and, with `queue`, one page of its keys in key order (`next`:
+        pass it as `after`), each with its weight and who set it, due backlog, longest wait,
+        and its share of the held lease time against its weight's share."""
+        params = {
+            name: str(value)
+            for name, value in (("queue", queue), ("limit", limit), ("after", after))
+            if value is not None
+        }
+        resp = await self._call("GET", "/v1/fairness", params=params, idempotent=True)
+        return dict(resp.data)
+
     async def delete_fairness(self, key: str) -> None:
         """Drop the weight `key` set; its keys fall back to a prefix's, else 1."""
         await self._call("DELETE", _fairness_path(key), idempotent=True)

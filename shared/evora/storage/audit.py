@@ -45,6 +45,8 @@ from evora.storage.statements import load
     _LIMIT_CHANGES,
     _ARCHIVED_UPTO,
     _PRUNE_COUNTS,
+    _FAIR_BACKLOG_UNWALKED,
+    _FAIR_RUNNING_OVERCOUNTED,
 ) = load(
     "audit",
     "first_seq_since",
@@ -59,6 +61,8 @@ from evora.storage.statements import load
     "limit_changes",
     "archived_upto",
     "prune_counts",
+    "fair_backlog_unwalked",
+    "fair_running_overcounted",
 )
 
 # Every check, in report order, with what it means (docs/audit.md says more).
@@ -112,6 +116,14 @@ CHECKS: dict[str, str] = {
     "max_pending_admitted": (
         "no key holds more never-started jobs waiting to run, submitted since its limit last "
         "changed, than its max_pending"
+    ),
+    "fair_backlog_walked": (
+        "every keyed job waiting to run is in a fair queue, and its key is walked by the "
+        "queue's fair claims or noted in the ledger for the next one"
+    ),
+    "fair_running_counted": (
+        "a key's attempts charged in advance are no more than its RUNNING jobs plus the "
+        "endings not folded yet"
     ),
 }
 
@@ -628,6 +640,8 @@ async def _audit(
         missing = await conn.fetch(_WAITING_ON_MISSING)
         crowded = await conn.fetch(_OVER_MAX_PENDING, _LIMIT_CHANGE_MARGIN_S)
         mismatched = await conn.fetch(_SUSPENDED_MISMATCH)
+        unwalked = await conn.fetch(_FAIR_BACKLOG_UNWALKED)
+        overcounted = await conn.fetch(_FAIR_RUNNING_OVERCOUNTED)
         history = _LimitHistory(await conn.fetch(_LIMIT_CHANGES))
         pruned = {(r["queue"], r["state"]): r["pruned"] for r in await conn.fetch(_PRUNE_COUNTS)}
         offset = float(await conn.fetchval(_CLOCK_OFFSET))
@@ -652,6 +666,23 @@ async def _audit(
             "max_pending_admitted",
             f"key {r['key']!r} holds {len(r['job_ids'])} jobs admitted since its limit last "
             f"changed, waiting to run, over its max_pending of {r['max_pending']}",
+            r["job_ids"],
+            [],
+        )
+    for r in unwalked:
+        auditor.fail(
+            "fair_backlog_walked",
+            f"key {r['key']!r} of queue {r['queue']!r} has jobs waiting to run, but "
+            + ("the queue is not fair" if r["unfair"] else "its claims no longer walk it"),
+            r["job_ids"],
+            [],
+        )
+    for r in overcounted:
+        auditor.fail(
+            "fair_running_counted",
+            f"key {r['key']!r} of queue {r['queue']!r} is charged in advance for "
+            f"{r['running']} attempts, with {r['running_jobs']} RUNNING and {r['unfolded']} "
+            "endings not folded",
             r["job_ids"],
             [],
         )

@@ -12,13 +12,15 @@ import asyncpg
 
 from evora.storage.statements import load
 
-PUT, GET, DELETE, SHARES, BY_KIND = load(
+PUT, GET, DELETE, SHARES, BY_KIND, QUEUES, KEYS_PAGE = load(
     "fairness",
     "put_fairness_weight",
     "get_fairness_weight",
     "delete_fairness_weight",
     "fairness_shares",
     "fairness_by_kind",
+    "fair_queues_summary",
+    "fair_keys_page",
 )
 
 FairnessDict = dict[str, Any]
@@ -48,6 +50,36 @@ class KindService:
     waiting_seconds: float  # how long the longest of them has waited
     held_seconds: float  # lease seconds its ended attempts held
     served: int
+
+
+@dataclass(frozen=True)
+class FairQueue:
+    queue: str
+    keys: int
+    backlogged_keys: int
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One key of a fair queue as the dashboard shows it."""
+
+    key: str
+    weight: float
+    set_by: str | None  # the key's own weight, a prefix's (`tenant:*`), or None: the default
+    served: int
+    running: int
+    held_seconds: float
+    backlogged: bool
+    backlog: int  # due PENDING jobs
+    longest_wait_seconds: float | None
+    held_share: float | None  # of the queue's held time; None while none was held
+    weight_share: float  # of the sum of the queue's keys' weights
+
+
+@dataclass(frozen=True)
+class KeyStatePage:
+    keys: list[KeyState]
+    next_after: str | None
 
 
 class FairnessStore:
@@ -98,3 +130,13 @@ class FairnessStore:
         """Per fair queue and kind of key, what the metrics export."""
         rows = await self._pool.fetch(BY_KIND)
         return [KindService(**dict(r)) for r in rows]
+
+    async def queues(self) -> list[FairQueue]:
+        return [FairQueue(**dict(r)) for r in await self._pool.fetch(QUEUES)]
+
+    async def keys(self, queue: str, *, after: str | None, limit: int) -> KeyStatePage:
+        """A page of the queue's keys in key order, with their state (sql/fairness.sql)."""
+        rows = await self._pool.fetch(KEYS_PAGE, queue, after, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return KeyStatePage([KeyState(**dict(r)) for r in rows], rows[-1]["key"] if more else None)

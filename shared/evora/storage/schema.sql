@@ -1326,6 +1326,16 @@ CREATE FUNCTION evora.fairness_weight(fkey text) RETURNS double precision
         1::float8)
 $$;
 
+CREATE FUNCTION evora.fairness_weight_set_by(fkey text) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(
+        (SELECT w.key FROM evora.fairness_weights w WHERE w.key = fkey),
+        (SELECT w.key FROM evora.fairness_weights w
+         WHERE w.stem IS NOT NULL AND starts_with(fkey, w.stem)
+         ORDER BY length(w.stem) DESC LIMIT 1))
+$$;
+
 CREATE FUNCTION evora.for_each_item(vals anyarray, items integer) RETURNS anyarray
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$

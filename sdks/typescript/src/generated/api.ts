@@ -8,6 +8,7 @@ export type Operation =
   | "DELETE /v1/schedules/{name}"
   | "GET /v1/analytics"
   | "GET /v1/analytics/queues/{queue}"
+  | "GET /v1/fairness"
   | "GET /v1/fairness/{key}"
   | "GET /v1/jobs"
   | "GET /v1/jobs/{id}"
@@ -153,6 +154,30 @@ export interface FailureReason {
   job_id: string | null;
   /** the end of that failure's stack trace */
   traceback: string | null;
+}
+
+export interface FairQueue {
+  queue: string;
+  /** the keys the queue's fair claims have served or noted */
+  keys: number;
+  /** those its claims walk now: they have work */
+  backlogged_keys: number;
+}
+
+export interface FairnessPage {
+  /** every fair queue */
+  queues: FairQueue[];
+  /** a page of `queue`'s keys, in key order */
+  keys: KeyState[];
+  /** pass as `after` for the next page; null at the end */
+  next: string | null;
+}
+
+export interface FairnessQuery {
+  /** the queue whose keys to list */
+  queue?: string | null;
+  limit?: number;
+  after?: string | null;
 }
 
 export interface GovernedKey {
@@ -330,6 +355,30 @@ export interface KeyService {
   backlogged: boolean;
   /** its virtual finish ahead of the queue's virtual time */
   lag: number;
+}
+
+export interface KeyState {
+  key: string;
+  /** the weight that applies: its own, a prefix's, else 1 */
+  weight: number;
+  /** the key or prefix that set it; null: the default */
+  set_by: string | null;
+  /** jobs the fair claim started for the key */
+  served: number;
+  /** its attempts not settled yet */
+  running: number;
+  /** lease seconds its ended attempts held */
+  held_seconds: number;
+  /** the queue's claims walk it: it has work */
+  backlogged: boolean;
+  /** its due PENDING jobs */
+  backlog: number;
+  /** how long the longest of them has been due; null: none is */
+  longest_wait_seconds: number | null;
+  /** its part of the lease seconds the queue's keys held; null: none held yet */
+  held_share: number | null;
+  /** its weight over the sum of the queue's keys' weights: its share while every key has work */
+  weight_share: number;
 }
 
 export interface KeyWeight {

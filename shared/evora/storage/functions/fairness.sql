@@ -24,6 +24,17 @@ LANGUAGE sql STABLE AS $$
         1::float8)
 $$;
 
+-- Which weight applies to a key: the key's own row, else the longest prefix's (`tenant:*`),
+-- else NULL (the default, 1); the row evora.fairness_weight() takes its weight from.
+CREATE OR REPLACE FUNCTION evora.fairness_weight_set_by(fkey text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        (SELECT w.key FROM evora.fairness_weights w WHERE w.key = fkey),
+        (SELECT w.key FROM evora.fairness_weights w
+         WHERE w.stem IS NOT NULL AND starts_with(fkey, w.stem)
+         ORDER BY length(w.stem) DESC LIMIT 1))
+$$;
+
 -- Records, without a lock, that keyed jobs of `queues`/`fkeys` became PENDING or WAITING
 -- (`ended` 0) or ended attempts that held their leases `held` seconds in all: one ledger row
 -- per (queue, key), folded by the queue's next fair claim. A keyed job submitted to a queue

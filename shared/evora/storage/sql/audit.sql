@@ -128,3 +128,53 @@ FROM evora.job_prune_counts;
 -- How far the event archive reaches (migration 0004): events up to this seq may have been
 -- dropped by retention, the newer ones never were.
 SELECT upto_seq FROM evora.event_archive_watermark;
+
+-- name: fair_backlog_unwalked
+-- Every key with jobs waiting to run (PENDING or WAITING) that its queue's fair claim would
+-- never serve: the queue is not fair (a keyed job's submission makes it fair, in the same
+-- statement: evora.fair_note()), or the key is out of the claims' walk (`backlogged` false,
+-- or no row yet) with no ledger row to put it back. A claim takes a key out of the walk only
+-- when its snapshot, taken under the queue's lock, shows no PENDING or WAITING job of the
+-- key, and every move of a keyed job to PENDING or WAITING appends a ledger row in its own
+-- transaction (record_moves, submit), which only the next claim deletes as it marks the key
+-- again. So in any snapshot a key with work is walked or noted. Those jobs, per key.
+SELECT j.queue, j.fairness_key AS key, f.queue IS NULL AS unfair,
+       array_agg(j.id ORDER BY j.id) AS job_ids
+FROM evora.jobs j
+LEFT JOIN evora.fair_queues f ON f.queue = j.queue
+LEFT JOIN evora.fair_keys k ON k.queue = j.queue AND k.key = j.fairness_key
+WHERE j.state IN ('PENDING', 'WAITING') AND j.fairness_key IS NOT NULL
+  AND (f.queue IS NULL
+       OR (k.backlogged IS NOT TRUE
+           AND NOT EXISTS (SELECT 1 FROM evora.fair_ledger l
+                           WHERE l.queue = j.queue AND l.key = j.fairness_key)))
+GROUP BY j.queue, j.fairness_key, f.queue IS NULL
+ORDER BY 1, 2;
+
+-- name: fair_running_overcounted
+-- Every key whose fair_keys.running (the attempts a fair claim charged in advance and no
+-- fold has settled) exceeds its RUNNING jobs plus the endings in the ledger not folded yet.
+-- A fair claim raises `running` by the jobs it moves to RUNNING, every move out of RUNNING
+-- appends its ending to the ledger in its own transaction, and a fold lowers `running` by
+-- the endings it deletes (never below 0): so `running` never counts an attempt that neither
+-- runs nor waits to be settled (a claim by the limited claim, which does not charge, only
+-- makes it smaller). With the key's RUNNING jobs.
+WITH charged AS (
+    SELECT k.queue, k.key, k.running FROM evora.fair_keys k WHERE k.running > 0
+),
+running AS (
+    SELECT j.queue, j.fairness_key AS key, array_agg(j.id ORDER BY j.id) AS job_ids
+    FROM evora.jobs j
+    WHERE j.state = 'RUNNING' AND j.fairness_key IS NOT NULL
+    GROUP BY 1, 2
+),
+ended AS (
+    SELECT l.queue, l.key, sum(l.ended) AS ended FROM evora.fair_ledger l GROUP BY 1, 2
+)
+SELECT c.queue, c.key, c.running, coalesce(cardinality(r.job_ids), 0) AS running_jobs,
+       coalesce(e.ended, 0)::bigint AS unfolded, coalesce(r.job_ids, '{}') AS job_ids
+FROM charged c
+LEFT JOIN running r ON r.queue = c.queue AND r.key = c.key
+LEFT JOIN ended e ON e.queue = c.queue AND e.key = c.key
+WHERE c.running > coalesce(cardinality(r.job_ids), 0) + coalesce(e.ended, 0)
+ORDER BY 1, 2;

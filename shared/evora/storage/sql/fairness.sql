@@ -13,10 +13,7 @@ RETURNING w.key, w.weight, w.changed_at, (xmax = 0) AS created;
 -- $1 key: the weight that applies to it (its own, else the longest prefix's, else 1), which
 -- key set it (NULL: the default), and per queue what the fair claim served it.
 SELECT $1::text AS key, evora.fairness_weight($1) AS weight,
-       coalesce((SELECT w.key FROM evora.fairness_weights w WHERE w.key = $1),
-                (SELECT w.key FROM evora.fairness_weights w
-                 WHERE w.stem IS NOT NULL AND starts_with($1, w.stem)
-                 ORDER BY length(w.stem) DESC LIMIT 1)) AS set_by,
+       evora.fairness_weight_set_by($1) AS set_by,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
                      'queue', k.queue, 'served', k.served, 'held_seconds', k.held_seconds,
                      'running', k.running, 'backlogged', k.backlogged,
@@ -65,3 +62,48 @@ SELECT k.queue, k.kind, k.backlogged_keys, coalesce(w.jobs, 0) AS waiting_jobs,
        coalesce(w.seconds, 0) AS waiting_seconds, k.held_seconds, k.served
 FROM keys k LEFT JOIN waiting w ON w.queue = k.queue AND w.kind = k.kind
 ORDER BY k.queue, k.kind;
+
+-- name: fair_queues_summary
+-- The fair queues (one row each: a queue becomes fair with its first keyed job), each with
+-- how many keys it has served or noted and how many of them its claims walk now.
+SELECT f.queue, count(k.key) AS keys, count(k.key) FILTER (WHERE k.backlogged) AS backlogged_keys
+FROM evora.fair_queues f
+LEFT JOIN evora.fair_keys k ON k.queue = f.queue
+GROUP BY f.queue
+ORDER BY f.queue;
+
+-- name: fair_keys_page
+-- $1 queue, $2 the last key of the previous page (NULL: from the first), $3 keys. A page of
+-- the queue's keys in key order (the dashboard's Fairness page), each with the weight that
+-- applies and which key or prefix set it, its due PENDING jobs and how long the longest has
+-- waited (probes of jobs_fair_backlog, per key of the page), the lease seconds its ended
+-- attempts held, and two shares of the queue: of the held time, and of the sum of its keys'
+-- weights (what it is owed while every key has work). The shares read every key of the
+-- queue once.
+WITH totals AS (
+    SELECT sum(k.held_seconds) AS held, sum(evora.fairness_weight(k.key)) AS weight
+    FROM evora.fair_keys k
+    WHERE k.queue = $1
+),
+page AS (
+    SELECT k.key, k.served, k.running, k.held_seconds, k.backlogged
+    FROM evora.fair_keys k
+    WHERE k.queue = $1 AND ($2::text IS NULL OR k.key > $2)
+    ORDER BY k.key
+    LIMIT $3
+)
+SELECT p.key, evora.fairness_weight(p.key) AS weight, evora.fairness_weight_set_by(p.key) AS set_by,
+       p.served, p.running, p.held_seconds, p.backlogged, b.jobs AS backlog,
+       b.waited AS longest_wait_seconds,
+       p.held_seconds / nullif(t.held, 0) AS held_share,
+       evora.fairness_weight(p.key) / t.weight AS weight_share
+FROM page p
+CROSS JOIN totals t
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs,
+           extract(epoch FROM evora.clock_now() - min(j.run_at))::float8 AS waited
+    FROM evora.jobs j
+    WHERE j.queue = $1 AND j.fairness_key = p.key AND j.state = 'PENDING'
+      AND j.run_at <= evora.clock_now()
+) AS b
+ORDER BY p.key;

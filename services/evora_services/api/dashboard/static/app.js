@@ -5,6 +5,7 @@ import { analytics, analyticsQueue } from "./analytics.js";
 import { h, replace } from "./dom.js";
 import { clock, span, secondsSince } from "./format.js";
 import * as dlq from "./dlq.js";
+import { fairKeys, fairness } from "./fairness.js";
 import * as job from "./job.js";
 import { limitKeys, limits } from "./limits.js";
 import * as overview from "./overview.js";
@@ -119,7 +120,7 @@ window.addEventListener("evora:unauthorized", () => {
 
 // -- routing -------------------------------------------------------------------------
 
-const VIEWS = { overview, queue, job, dlq, workers, schedules, limits, limitKeys, analytics, analyticsQueue };
+const VIEWS = { overview, queue, job, dlq, workers, schedules, limits, limitKeys, fairness, fairKeys, analytics, analyticsQueue };
 
 function parseHash() {
   const raw = location.hash.replace(/^#/, "") || "/";
@@ -140,6 +141,8 @@ function parseHash() {
   if (parts[0] === "schedules" && parts.length === 1) return { name: "schedules", params };
   if (parts[0] === "limits" && parts.length === 1) return { name: "limits", params };
   if (parts[0] === "limits" && parts.length === 2) return { name: "limitKeys", params: { ...params, key: parts[1] } };
+  if (parts[0] === "fairness" && parts.length === 1) return { name: "fairness", params };
+  if (parts[0] === "fairness" && parts.length === 2) return { name: "fairKeys", params: { ...params, queue: parts[1] } };
   if (parts[0] === "analytics" && parts.length === 1) return { name: "analytics", params };
   if (parts[0] === "analytics" && parts.length === 2) return { name: "analyticsQueue", params: { ...params, queue: parts[1] } };
   return { name: "notFound", params };
@@ -183,6 +186,7 @@ function route() {
       link.dataset.nav === name ||
       (link.dataset.nav === "overview" && name === "queue") ||
       (link.dataset.nav === "limits" && name === "limitKeys") ||
+      (link.dataset.nav === "fairness" && name === "fairKeys") ||
       (link.dataset.nav === "analytics" && name === "analyticsQueue");
     if (active) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
