@@ -102,6 +102,18 @@ def pg_server_url() -> Iterator[str]:
             yield server.dsn()
 
 
+@pytest.fixture
+async def empty_db_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A database of its own made from template0, not even Evora's schema in it: for a test
+    that migrates, restores or upgrades one itself. Dropped after the test."""
+    name = f"empty_{uuid.uuid4().hex}"
+    await _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE template0')
+    try:
+        yield _with_database(pg_server_url, name)
+    finally:
+        await _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 async def template_db(pg_server_url: str) -> AsyncIterator[str]:
     """Name of a database with all migrations applied, for cloning."""

@@ -17,8 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -26,7 +24,6 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-import pytest
 
 from evora import Client, Worker
 from evora.storage.audit import audit
@@ -135,19 +132,6 @@ class Fleet:
     async def stop_all(self) -> None:
         for service in list(self.running):
             await self.stop(service)
-
-
-@pytest.fixture
-async def empty_db_url(pg_server_url: str) -> AsyncIterator[str]:
-    """A database made from template0: no schema yet, the previous release builds its own."""
-    name = f"upgrade_{uuid.uuid4().hex}"
-    admin = await asyncpg.connect(pg_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-        yield pg_server_url.rsplit("/", 1)[0] + f"/{name}"
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def test_services_roll_to_this_release_under_load_after_its_migrations(

@@ -7,13 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
-
-import asyncpg
-import pytest
 
 from evora.embedded._pgbin import find_bin_dir
 from evora.protocol.jobs import JobSubmission
@@ -23,19 +17,6 @@ from evora.storage.db import create_pool
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.rows import JobDict
 from tests.cli.commands import evora_async
-
-
-@pytest.fixture
-async def restored_url(pg_server_url: str) -> AsyncIterator[str]:
-    """An empty database from template0, for the restore."""
-    name = f"restored_{uuid.uuid4().hex}"
-    admin = await asyncpg.connect(pg_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-        yield urlunsplit(urlsplit(pg_server_url)._replace(path=f"/{name}"))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def _submitted_and_claimed(store: JobStore, queue: str) -> JobDict:
@@ -54,7 +35,7 @@ def _dump_and_restore(source: str, target: str, file: Path) -> None:
 
 
 async def test_a_restored_dump_is_current_and_the_queue_resumes_on_it(
-    db_url: str, store: JobStore, restored_url: str, tmp_path: Path
+    db_url: str, store: JobStore, empty_db_url: str, tmp_path: Path
 ) -> None:
     done = await _submitted_and_claimed(store, "done")
     await store.complete(done["id"], done["lease_token"], {"ok": True})
@@ -79,11 +60,11 @@ async def test_a_restored_dump_is_current_and_the_queue_resumes_on_it(
     }
     assert {j: (await store.get(j))["state"] for j in states} == states
 
-    await asyncio.to_thread(_dump_and_restore, db_url, restored_url, tmp_path / "evora.dump")
+    await asyncio.to_thread(_dump_and_restore, db_url, empty_db_url, tmp_path / "evora.dump")
 
-    check = await evora_async("migrate", "--check", env={"EVORA_DATABASE_URL": restored_url})
+    check = await evora_async("migrate", "--check", env={"EVORA_DATABASE_URL": empty_db_url})
     assert check.returncode == 0, check.stdout + check.stderr
-    pool = await create_pool(restored_url)
+    pool = await create_pool(empty_db_url)
     restored = JobStore(pool)
     try:
         assert {j: (await restored.get(j))["state"] for j in states} == states
@@ -93,7 +74,7 @@ async def test_a_restored_dump_is_current_and_the_queue_resumes_on_it(
             assert claimed["id"] == job
             await restored.complete(job, claimed["lease_token"], None)
         assert (await restored.get(later))["state"] == JobState.PENDING
-        report = await audit(restored_url)
+        report = await audit(empty_db_url)
         assert report.ok, report.text()
     finally:
         await restored.close()

@@ -7,10 +7,7 @@ snapshot, which partitioning does not touch)."""
 from __future__ import annotations
 
 import subprocess
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -58,25 +55,17 @@ async def submit_in_sql(pool: asyncpg.Pool, batches: int) -> None:
 
 
 @pytest.fixture
-async def old_url(pg_server_url: str) -> AsyncIterator[str]:
+async def old_url(empty_db_url: str) -> str:
     """A database of its own at migration 0031, with the function files of that release
     (`git show` from BEFORE_PARTITIONS)."""
-    name = f"m0032_{uuid.uuid4().hex}"
-    admin = await asyncpg.connect(pg_server_url)
+    await apply_migrations(empty_db_url, upto=BEFORE)
+    conn = await asyncpg.connect(empty_db_url)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-        url = urlunsplit(urlsplit(pg_server_url)._replace(path=f"/{name}"))
-        await apply_migrations(url, upto=BEFORE)
-        conn = await asyncpg.connect(url)
-        try:
-            for text in old_function_files():
-                await conn.execute(text)
-        finally:
-            await conn.close()
-        yield url
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for text in old_function_files():
+            await conn.execute(text)
     finally:
-        await admin.close()
+        await conn.close()
+    return empty_db_url
 
 
 async def test_history_survives_the_upgrade_and_the_projector_reads_on(

@@ -10,13 +10,9 @@ import json
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
-import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.readmodels.layout import Document
@@ -70,19 +66,6 @@ asyncio.run(main(sys.argv[1], sys.argv[2:]))
 """
 
 
-@pytest.fixture
-async def old_url(pg_server_url: str) -> AsyncIterator[str]:
-    """An empty database of its own (BEFORE_NARROW's code migrates it)."""
-    name = f"m0038_{uuid.uuid4().hex}"
-    admin = await asyncpg.connect(pg_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-        yield urlunsplit(urlsplit(pg_server_url)._replace(path=f"/{name}"))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
 async def _before_narrow(url: str, tree: Path) -> tuple[list[list[str]], list[Any]]:
     """BEFORE_NARROW's code on `url` (_BEFORE_SCRIPT): the jobs it left RUNNING, and the
     listing's pages."""
@@ -105,12 +88,12 @@ async def _before_narrow(url: str, tree: Path) -> tuple[list[list[str]], list[An
 
 
 async def test_jobs_and_history_survive_the_upgrade_and_read_alike(
-    old_url: str, mongo: AsyncDatabase[Document], tmp_path: Path
+    empty_db_url: str, mongo: AsyncDatabase[Document], tmp_path: Path
 ) -> None:
     tree = unpack_release(BEFORE_NARROW, tmp_path / "before", (*CODE_ROOTS, "tests"))
-    running, before = await _before_narrow(old_url, tree)
+    running, before = await _before_narrow(empty_db_url, tree)
     assert running
-    pool = await create_pool(old_url, min_size=1, max_size=4)
+    pool = await create_pool(empty_db_url, min_size=1, max_size=4)
     try:
         store = JobStore(pool)
         async with pool.acquire() as conn:
@@ -125,9 +108,9 @@ async def test_jobs_and_history_survive_the_upgrade_and_read_alike(
         await store.close()
         await pool.close()
 
-    assert 38 in await apply_migrations(old_url)
+    assert 38 in await apply_migrations(empty_db_url)
 
-    pool = await create_pool(old_url, min_size=1, max_size=4)
+    pool = await create_pool(empty_db_url, min_size=1, max_size=4)
     try:
         store = JobStore(pool)
         indexes = {r["relname"] for r in await pool.fetch(JOBS_INDEXES)}

@@ -7,9 +7,6 @@ as `evora migrate --check` compares them."""
 from __future__ import annotations
 
 import difflib
-import uuid
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -21,19 +18,6 @@ from evora.storage.migrate import (
     stale_function_files,
 )
 from tests import schemadump
-
-
-@pytest.fixture
-async def fresh_db_url(pg_server_url: str) -> AsyncIterator[str]:
-    """A database made from template0: no migrated template, not even Evora's schema."""
-    name = f"schema_{uuid.uuid4().hex}"
-    admin = await asyncpg.connect(pg_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-        yield urlunsplit(urlsplit(pg_server_url)._replace(path=f"/{name}"))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 def _assert_builds_schema_sql(dsn: str) -> None:
@@ -55,15 +39,15 @@ def _assert_builds_schema_sql(dsn: str) -> None:
         )
 
 
-async def test_the_migrations_build_exactly_schema_sql(fresh_db_url: str) -> None:
-    await apply_migrations(fresh_db_url)
-    _assert_builds_schema_sql(fresh_db_url)
+async def test_the_migrations_build_exactly_schema_sql(empty_db_url: str) -> None:
+    await apply_migrations(empty_db_url)
+    _assert_builds_schema_sql(empty_db_url)
 
 
-async def test_objects_txt_lists_what_the_migrations_build(fresh_db_url: str) -> None:
+async def test_objects_txt_lists_what_the_migrations_build(empty_db_url: str) -> None:
     # What `evora migrate --check` expects, read the way it reads a database it checks.
-    await apply_migrations(fresh_db_url)
-    built = await schemadump.objects(fresh_db_url)
+    await apply_migrations(empty_db_url)
+    built = await schemadump.objects(empty_db_url)
     assert built == schemadump.OBJECTS_FILE.read_text("utf-8"), (
         "the migrations build other objects than shared/evora/storage/objects.txt lists; if "
         "they are right, regenerate it with `python -m tests.schemadump`"
@@ -71,19 +55,19 @@ async def test_objects_txt_lists_what_the_migrations_build(fresh_db_url: str) ->
 
 
 async def test_an_install_the_migrations_alone_built_gets_the_function_files(
-    fresh_db_url: str,
+    empty_db_url: str,
 ) -> None:
     # Every numbered migration and no function file: what `evora migrate` left before the
     # files existed (a partial run applies no file either).
-    await apply_migrations(fresh_db_url, upto=latest_version())
-    conn = await asyncpg.connect(fresh_db_url)
+    await apply_migrations(empty_db_url, upto=latest_version())
+    conn = await asyncpg.connect(empty_db_url)
     try:
         assert await stale_function_files(conn) == [f.name for f in function_files()]
-        await apply_migrations(fresh_db_url)
+        await apply_migrations(empty_db_url)
         assert await stale_function_files(conn) == []
     finally:
         await conn.close()
-    _assert_builds_schema_sql(fresh_db_url)
+    _assert_builds_schema_sql(empty_db_url)
 
 
 def test_normalising_drops_only_what_varies_between_dumps() -> None:

@@ -4,10 +4,7 @@ newer database without leaving two versions of a function side by side."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from importlib import resources
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -20,34 +17,20 @@ from tests.sql_enqueue.conftest import MakeRole
 _FUNCTIONS_OF_0011_UNTIL = 12
 
 
-async def _migrated_upto(pg_server_url: str, version: int) -> AsyncIterator[str]:
-    """A database of its own migrated up to `version`."""
-    name = f"m0011_{uuid.uuid4().hex}"
-    admin = await asyncpg.connect(pg_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-        url = urlunsplit(urlsplit(pg_server_url)._replace(path=f"/{name}"))
-        await apply_migrations(url, upto=version)
-        yield url
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
 @pytest.fixture
-async def db_url(pg_server_url: str) -> AsyncIterator[str]:
+async def db_url(empty_db_url: str) -> str:
     """A database migrated up to the version whose functions 0011 still defines."""
-    async for url in _migrated_upto(pg_server_url, _FUNCTIONS_OF_0011_UNTIL):
-        yield url
+    await apply_migrations(empty_db_url, upto=_FUNCTIONS_OF_0011_UNTIL)
+    return empty_db_url
 
 
 @pytest.fixture
-async def newest_named_by_0011_url(pg_server_url: str) -> AsyncIterator[str]:
+async def newest_named_by_0011_url(empty_db_url: str) -> str:
     """A database at the newest schema whose objects 0011 names: the one before migration
     0030 moved every table and function it uses into `evora`, renaming them (an old
     migration's text names the objects of its own time)."""
-    async for url in _migrated_upto(pg_server_url, NAMESPACE_VERSION - 1):
-        yield url
+    await apply_migrations(empty_db_url, upto=NAMESPACE_VERSION - 1)
+    return empty_db_url
 
 
 _STATE = """
