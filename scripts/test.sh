@@ -120,14 +120,15 @@ status=0
 # A full run (CI's) lists its slowest tests (what to look at when the suite's time grows) and
 # spreads them over EVORA_TEST_WORKERS pytest processes (default: one per core, at least 2;
 # 1 runs them in this process). Each worker starts its own PostgreSQL and MongoDB stand-in, and
-# a test file's tests stay on one worker (tests/conftest.py groups them). Most of a test's time
-# is waiting (for a timer, a lease, a process), so two workers on two cores about halve the run.
+# a test file's tests stay on one worker (--dist loadfile: its module fixtures start once).
+# Most of a test's time is waiting (for a timer, a lease, a process), so two workers on two
+# cores cut the run by about a quarter.
 full_run=()
 if [ "$#" -eq 0 ]; then
     full_run=(--durations=40)
     workers=${EVORA_TEST_WORKERS:-$(nproc)}
     [ "$workers" -ge 2 ] || [ -n "${EVORA_TEST_WORKERS:-}" ] || workers=2
-    [ "$workers" -le 1 ] || full_run+=(-n "$workers" --dist loadgroup)
+    [ "$workers" -le 1 ] || full_run+=(-n "$workers" --dist loadfile)
 fi
 run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 
@@ -170,7 +171,7 @@ PG_JIT_LEG_TESTS=(tests/bench/test_bench_smoke.py)
 for major in "${legs[@]}"; do
     leg_tests=("${PG_LEG_TESTS[@]}")
     [ "$major" != 15 ] || leg_tests+=("${PG_JIT_LEG_TESTS[@]}")
-    if ! use_postgres "$major" || ! run_pytest "PostgreSQL $major leg" -q -n 2 --dist loadgroup "${leg_tests[@]}"; then
+    if ! use_postgres "$major" || ! run_pytest "PostgreSQL $major leg" -q -n 2 --dist loadfile "${leg_tests[@]}"; then
         failed_legs+=("$major")
     fi
 done

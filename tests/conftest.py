@@ -37,7 +37,6 @@ from evora.storage.retention import (
     MAKE_EVENT_PARTITIONS,
 )
 from tests.servers import Services, start_api, start_dispatcher
-from tests.typescript.conftest import BUILD_GROUP
 
 MakeDatabase = Callable[[], Awaitable[str]]
 
@@ -150,31 +149,6 @@ _AUDITED = frozenset(
         "tracing",
     }
 )
-
-
-# Folders whose tests share one costly session fixture (a Spark session, a browser, a
-# collector): with `pytest -n N --dist loadgroup` (scripts/test.sh's full run) each folder runs
-# on one worker, so the fixture starts once. Tests that build the TypeScript SDK (`node_tools`)
-# go together too: they compile into the package's one dist/ directory (a test that asks
-# for it with request.getfixturevalue says so with the mark itself).
-_ONE_WORKER_FOLDERS = frozenset({"dashboard", "pipeline", "tracing"})
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put each test in an xdist group: its file's, or the shared one of its folder or of the
-    TypeScript build; a file's tests then share a worker and its module-scoped fixtures."""
-    root = Path(__file__).parent
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        parts = Path(item.path).relative_to(root).parts
-        if "node_tools" in getattr(item, "fixturenames", ()):
-            group = BUILD_GROUP
-        elif len(parts) > 1 and parts[0] in _ONE_WORKER_FOLDERS:
-            group = parts[0]
-        else:
-            group = "/".join(parts)
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_configure(config: pytest.Config) -> None:

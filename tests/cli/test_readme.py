@@ -26,13 +26,10 @@ from pathlib import Path
 import pytest
 
 from tests.cli.commands import EVORA, REPO, clean_environment, stop_group, wait_until_up
-from tests.typescript.conftest import BUILD_GROUP, PACKAGE, NodeTools, install_packed_sdk
+from tests.typescript.conftest import PACKAGE, NodeTools, install_packed_sdk
 
 # What the lines use from the repository besides the code: the scripts, the example worker.
 COPIED = ("README.md", "pyproject.toml", "scripts", "examples")
-# The TypeScript blocks build the SDK (node_tools, asked for by getfixturevalue, which the
-# grouping in tests/conftest.py cannot see): on the worker that builds it for every test.
-pytestmark = pytest.mark.xdist_group(BUILD_GROUP)
 
 
 def first_section_blocks(readme: str) -> list[str]:

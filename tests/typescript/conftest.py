@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Mapping
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,9 +38,6 @@ from evora_services.sweeper.sweeper import Tuning
 from tests.servers import Service, serve
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sdks" / "typescript"
-# The pytest-xdist group of every test that builds the package (`node_tools` compiles it
-# into its one dist/ directory, deleting the last build first): one worker runs them all.
-BUILD_GROUP = "typescript-build"
 MIN_NODE_MAJOR = 20
 
 ADMIN_TOKEN = "ts-admin-token-000"
@@ -84,15 +83,46 @@ def node_tools() -> NodeTools:
             "installs them",
             pytrace=False,
         )
-    lock = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()
-    stamp = PACKAGE / "node_modules" / ".evora-installed"
-    if not stamp.exists() or stamp.read_text() != lock:
-        _run([npm, "ci", "--no-audit", "--no-fund"], "npm ci")
-        stamp.write_text(lock)
-    # Compiled afresh: a test deleted from the sources must not linger in dist/.
-    shutil.rmtree(PACKAGE / "dist", ignore_errors=True)
-    _run([node, "node_modules/typescript/bin/tsc", "-p", "."], "tsc")
+    # Every pytest worker of a run (scripts/test.sh) may get here: one at a time, and the
+    # first one builds; the others find dist/ built from the same sources and leave it be (a
+    # rebuild deletes dist/ under another worker's running tests).
+    with _build_lock():
+        lock = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()
+        stamp = PACKAGE / "node_modules" / ".evora-installed"
+        if not stamp.exists() or stamp.read_text() != lock:
+            _run([npm, "ci", "--no-audit", "--no-fund"], "npm ci")
+            stamp.write_text(lock)
+        built = PACKAGE / "dist" / ".evora-built"
+        digest = _sources_digest()
+        if not built.exists() or built.read_text() != digest:
+            # compiled afresh: a test deleted from the sources must not linger in dist/
+            shutil.rmtree(PACKAGE / "dist", ignore_errors=True)
+            _run([node, "node_modules/typescript/bin/tsc", "-p", "."], "tsc")
+            built.write_text(digest)
     return NodeTools(node=node, test_dir=PACKAGE / "dist" / "test")
+
+
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """An exclusive lock on building this checkout's package, across processes."""
+    name = hashlib.sha256(str(PACKAGE).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"evora-ts-build-{name}.lock", "w") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
+
+
+def _sources_digest() -> str:
+    """What a build is made of: the sources, the tests and tools, the compiler's settings."""
+    digest = hashlib.sha256()
+    files = [PACKAGE / "tsconfig.json", PACKAGE / "package-lock.json"]
+    for folder in ("src", "test", "tools"):
+        files += sorted(p for p in (PACKAGE / folder).rglob("*") if p.is_file())
+    for path in files:
+        digest.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def npm(*args: str, cwd: Path) -> str:
