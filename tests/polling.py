@@ -7,6 +7,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import asyncpg
+
 Condition = Callable[[], bool | Awaitable[bool]]
 
 POLL_SECONDS = 0.01
@@ -27,3 +29,18 @@ async def until(
         if time.monotonic() - started > within:
             raise AssertionError(f"not reached within {within}s: {what}")
         await asyncio.sleep(POLL_SECONDS)
+
+
+async def waits_for_a_lock(pool: asyncpg.Pool) -> None:
+    """Until a statement of the test's database waits for a lock (the row or advisory lock a
+    held transaction keeps): the moment a race test commits the holder."""
+
+    async def waiting() -> bool:
+        return bool(
+            await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+        )
+
+    await until(waiting, "a statement waits for the held lock")

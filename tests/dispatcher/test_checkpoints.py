@@ -18,6 +18,7 @@ from evora.storage.jobs import JobStore
 from tests.conftest import Clock
 from tests.dispatcher.conftest import Dispatcher
 from tests.dispatcher.test_worker_api import claim, submit
+from tests.polling import waits_for_a_lock
 
 
 def _path(job_id: object) -> str:
@@ -126,7 +127,7 @@ async def test_two_checkpoints_at_once_keep_both(
         second = asyncio.ensure_future(
             checkpoints.record(store.pool, job_id, UUID(job["lease_token"]), "b", 2)
         )
-        await asyncio.sleep(0.3)
+        await waits_for_a_lock(store.pool)
         assert not second.done()  # waiting for the row
         await first.execute("COMMIT")
     finally:
@@ -147,7 +148,7 @@ async def test_a_checkpoint_waiting_for_the_lease_expiry_is_refused(
         late = asyncio.ensure_future(
             checkpoints.record(store.pool, job_id, UUID(job["lease_token"]), "a", 1)
         )
-        await asyncio.sleep(0.3)
+        await waits_for_a_lock(store.pool)
         assert not late.done()
         await sweep.execute("COMMIT")
     finally:

@@ -20,7 +20,7 @@ from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
 from tests.conftest import Clock
-from tests.polling import until
+from tests.polling import waits_for_a_lock
 
 
 async def suspended(
@@ -36,18 +36,6 @@ async def suspended(
         assert s.callback_id is not None
         waiting.append((job, s.callback_id))
     return waiting
-
-
-async def waits_for_a_lock(pool: asyncpg.Pool) -> None:
-    async def waiting() -> bool:
-        return bool(
-            await pool.fetchval(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            )
-        )
-
-    await until(waiting, "a statement waits for the held row")
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from evora.storage import queries
 from evora.storage.fairness import FairnessStore
 from evora.storage.jobs import Failure, JobStore
 from tests.conftest import Clock
+from tests.polling import waits_for_a_lock
 
 Q = "fair"
 
@@ -86,7 +87,7 @@ async def test_a_claim_waiting_for_another_chooses_after_it_committed(
         # a second claimer starts while the first is still open, at the unlucky moment: the
         # virtual times it must choose by are the ones the first is about to commit
         late = asyncio.create_task(_claim(store))
-        await asyncio.sleep(0.3)
+        await waits_for_a_lock(pool)
         assert not late.done()  # it waits for the queue's turn
         await held.commit()
         second = await asyncio.wait_for(late, 10)

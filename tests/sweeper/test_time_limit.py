@@ -18,7 +18,7 @@ from evora.storage import queries
 from evora.storage.jobs import JobStore
 from evora_services.sweeper.sweeper import Tuning
 from tests.conftest import Clock
-from tests.polling import until
+from tests.polling import until, waits_for_a_lock
 from tests.sweeper.conftest import StartSweeper, claimed, event_names, events
 
 LIMIT = 10
@@ -109,11 +109,6 @@ async def _held(db_url: str) -> asyncpg.Connection:
     return conn
 
 
-async def _blocked(task: asyncio.Task[object]) -> bool:
-    await asyncio.sleep(0.3)
-    return not task.done()
-
-
 async def test_a_completion_waiting_for_the_timeout_sweep_loses(
     store: JobStore, pool: asyncpg.Pool, clock: Clock, db_url: str
 ) -> None:
@@ -123,7 +118,8 @@ async def test_a_completion_waiting_for_the_timeout_sweep_loses(
     try:
         assert len(await sweep.fetch(queries.TIME_OUT, 10, [])) == 1
         completion = asyncio.ensure_future(store.complete(job["id"], job["lease_token"], "ok"))
-        assert await _blocked(completion)  # it waits for the sweep's row lock
+        await waits_for_a_lock(pool)  # it waits for the sweep's row lock
+        assert not completion.done()
         await sweep.execute("COMMIT")
     finally:
         await sweep.close()
@@ -176,7 +172,8 @@ async def test_a_heartbeat_delays_the_timeout_sweep_but_never_saves_the_attempt(
     try:
         assert len(await sweep.fetch(queries.TIME_OUT, 10, [])) == 1
         heartbeat = asyncio.ensure_future(store.heartbeat(job["id"], job["lease_token"]))
-        assert await _blocked(heartbeat)
+        await waits_for_a_lock(pool)
+        assert not heartbeat.done()
         await sweep.execute("COMMIT")
     finally:
         await sweep.close()
