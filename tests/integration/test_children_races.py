@@ -18,7 +18,7 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
-from tests.integration.test_callback_races import waits_for_a_lock
+from tests.polling import waits_for_a_lock
 
 KIDS = "kids"
 
