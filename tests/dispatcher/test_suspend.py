@@ -43,7 +43,9 @@ async def test_a_suspend_answers_a_callback_id_and_frees_the_worker(
     assert (await dispatcher.post(f"/v1/jobs/{job_id}/complete", body))[0] == 409
     assert await claim(dispatcher) == []
     resolved = await store.resolve_callback(answer["callback_id"], {"ok": 1})
-    [again] = await claim(dispatcher)
+    # The last claim came back empty, so the dispatcher skips the next one until the
+    # resolution's NOTIFY reaches it: a long-poll, not an instant claim, sees the job.
+    [again] = await claim(dispatcher, wait_seconds=10)
     assert again["callback"]["payload"] == {"ok": 1} == resolved["payload"]
     status, done = await dispatcher.post(
         f"/v1/jobs/{job_id}/complete", {"lease_token": again["lease_token"]}
