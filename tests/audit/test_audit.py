@@ -286,6 +286,30 @@ async def test_claims_beyond_a_limit_in_force(store: JobStore, pool: asyncpg.Poo
     assert [j for j, _ in found["rate_limits"]] == [{str(ids[2])}]
 
 
+@broken
+async def test_claims_beyond_a_limit_by_jobs_retention_removed(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """The keys an attempt held come from its job's `submitted` event: jobs that ran over a
+    key's limit and were removed by retention afterwards are still judged by it."""
+    ids = await submitted(store, 3, limit_keys=["k"])
+    for job in await claimed(store, 3):
+        await store.complete(job["id"], job["lease_token"])
+    await RetentionStore(pool).prune_finished(JobState.COMPLETED, -1, 10)
+    assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == 0
+    await pool.execute(
+        "INSERT INTO evora.flow_limits (key, concurrency, rate_limit, rate_per_seconds) "
+        "VALUES ('k', 2, 1, 3600)"
+    )
+    await pool.execute("UPDATE evora.flow_limit_changes SET changed_at = now() - interval '1 hour'")
+
+    found = failing(await audited(pool))
+    assert sorted(found) == ["concurrency_limits", "rate_limits"]
+    [(jobs, _)] = found["concurrency_limits"]
+    assert jobs == {str(ids[2])}
+    assert [j for j, _ in found["rate_limits"]] == [{str(ids[2])}]
+
+
 async def test_claims_are_judged_by_the_limit_in_force_when_they_began(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:

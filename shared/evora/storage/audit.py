@@ -265,6 +265,8 @@ class _Job:
     ended_xid: str | None = None
     last_seq: int = 0
     snoozes: int = 0
+    # the limit keys its `submitted` event names (None: an older event, which does not)
+    limit_keys: tuple[str, ...] | None = None
 
 
 class _Auditor:
@@ -326,6 +328,8 @@ class _Auditor:
             self._group_order(job_id, job, e)
         if name == "submitted":
             job.submitted_seq = seq
+            if e["limit_keys"] is not None:
+                job.limit_keys = tuple(e["limit_keys"])
             if e["schedule"] is not None and e["tick"] is not None:
                 self.ticks[(e["schedule"], e["tick"])].append((job_id, seq))
         if (
@@ -517,6 +521,15 @@ def _governing(limits: dict[str, _Limit], key: str) -> _Limit | None:
     return max(prefixes, key=lambda lim: len(lim.key), default=None)
 
 
+def _keys_held(job: _Job, row: asyncpg.Record | None) -> list[str]:
+    """The limit keys a job's attempts hold: its queue's, and those its `submitted` event
+    names, else (an event written before events named them, or a submission before the
+    window) those of its row; a job retention removed whose submission is outside the window
+    counts for its queue's key only."""
+    own = job.limit_keys if job.limit_keys is not None else row["limit_keys"] if row else []
+    return [f"queue:{job.queue}", *own]
+
+
 def _check_limits(
     auditor: _Auditor,
     history: _LimitHistory,
@@ -525,8 +538,7 @@ def _check_limits(
     ends: dict[uuid.UUID, list[int]],
 ) -> None:
     """concurrency_limits and rate_limits, per concrete key, each claim against the limit in
-    force when it began. Jobs retention removed no longer say which keys they held: they
-    count for `queue:<q>` only, which can hide a violation but not invent one."""
+    force when it began, each job holding the keys `_keys_held` says."""
     if not history:
         return
     # every claim and ending of a job holding each key, in seq order
@@ -694,10 +706,7 @@ async def _audit(
                 [job_id for job_id, _ in made],
                 [seq for _, seq in made],
             )
-    keys_of = {
-        job_id: [f"queue:{job.queue}", *(rows[job_id]["limit_keys"] if job_id in rows else [])]
-        for job_id, job in auditor.jobs.items()
-    }
+    keys_of = {job_id: _keys_held(job, rows.get(job_id)) for job_id, job in auditor.jobs.items()}
     ends: dict[uuid.UUID, list[int]] = defaultdict(list)
     for job_id, seq in auditor.endings:
         ends[job_id].append(seq)
