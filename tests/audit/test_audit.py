@@ -315,6 +315,26 @@ async def test_claims_beyond_a_limit_by_jobs_retention_removed(
     assert [j for j, _ in found["rate_limits"]] == [{str(ids[2])}]
 
 
+@broken
+async def test_claims_beyond_a_limit_raised_after_them(store: JobStore, pool: asyncpg.Pool) -> None:
+    """A limit changed during the run is judged as it was when each claim began, from its
+    recorded changes: claims beyond it are reported though the limit is higher now (judging
+    by the largest value the key ever had would pass them)."""
+    ids = await submitted(store, 3, limit_keys=["k"])
+    await claimed(store, 3)
+    await pool.execute("INSERT INTO evora.flow_limits (key, concurrency) VALUES ('k', 2)")
+    await pool.execute("UPDATE evora.flow_limit_changes SET changed_at = now() - interval '1 hour'")
+    await pool.execute("UPDATE evora.flow_limits SET concurrency = 5 WHERE key = 'k'")
+    await pool.execute(
+        "UPDATE evora.flow_limit_changes SET changed_at = now() + interval '1 hour' "
+        "WHERE concurrency = 5"
+    )
+
+    found = failing(await audited(pool))
+    assert list(found) == ["concurrency_limits"]
+    assert [j for j, _ in found["concurrency_limits"]] == [{str(ids[2])}]
+
+
 async def test_claims_are_judged_by_the_limit_in_force_when_they_began(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
