@@ -5,7 +5,9 @@ system's own statements wrote.
 Not a test: it measures and prints. It starts its own PostgreSQL, applies the migrations and
 writes the history through `JobStore` (batch submits, claims of 100, completions and some
 failures, a third of the jobs in FIFO groups, some with limit keys, under a concurrency
-limit so the limit checks have claims to replay), then times `audit()` over windows of the
+limit so the limit checks have claims to replay; first, a fifth of the events in a fair queue
+of 20 fairness keys, claimed before the limit exists, so the fair claims are tagged and
+`fair_virtual_time` has claims to replay), then times `audit()` over windows of the
 newest N events (`from_seq`), each `--rounds` times, and prints the median seconds and
 microseconds per event.
 
@@ -32,6 +34,7 @@ from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.migrate import apply_migrations
 
 QUEUE = "bench"
+FAIR_QUEUE = "bench-fair"
 
 
 async def write_history(dsn: str, events: int) -> int:
@@ -40,6 +43,18 @@ async def write_history(dsn: str, events: int) -> int:
     pool = await create_pool(dsn, min_size=1, max_size=4)
     store = JobStore(pool)
     try:
+        # the fair claim serves a fair queue only while no concurrency or rate limit exists
+        while (await pool.fetchval("SELECT count(*) FROM evora.job_events")) < events // 5:
+            await store.submit_batch(
+                [
+                    JobSubmission(queue=FAIR_QUEUE, type="t", fairness_key=f"tenant:{i % 20}")
+                    for i in range(500)
+                ]
+            )
+            while claimed := await store.claim(worker_id="w", queues=[FAIR_QUEUE], max_jobs=100):
+                await store.complete_many(
+                    [Completion(j["id"], j["lease_token"], None) for j in claimed]
+                )
         await pool.execute(
             "INSERT INTO evora.flow_limits (key, concurrency) VALUES ('tenant:*', 1000)"
         )

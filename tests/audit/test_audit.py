@@ -19,7 +19,9 @@ from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage import checkpoints
 from evora.storage.audit import CHECKS, AuditReport, audit
+from evora.storage.fairness import FairnessStore
 from evora.storage.jobs import Failure, JobStore
+from evora.storage.limits import LimitSpec, LimitStore, Rate
 from evora.storage.retention import RetentionStore
 from evora.storage.rows import JobDict
 from tests.conftest import Clock, whole_event_images
@@ -27,20 +29,23 @@ from tests.conftest import Clock, whole_event_images
 broken = pytest.mark.audit_skip(reason="the test breaks the history to see the audit say so")
 
 
-async def forge(pool: asyncpg.Pool, job_id: UUID, event: str, changes: str) -> None:
-    """Moves one job by `changes` (a SET list) and records `event`, as no real statement
-    does: the defect the audit should see."""
+async def forge(
+    pool: asyncpg.Pool, job_id: UUID, event: str, changes: str, data: object = None
+) -> None:
+    """Moves one job by `changes` (a SET list) and records `event` with `data` (JSON), as no
+    real statement does: the defect the audit should see."""
     await pool.execute(
         f"""
         WITH m AS (
             UPDATE evora.jobs j SET {changes}, updated_at = evora.clock_now()
             FROM evora.jobs old WHERE old.id = j.id AND j.id = $1
-            RETURNING ROW(j, $2::text, old.state, j.worker_id, '{{}}'::jsonb)::evora.move AS move
+            RETURNING ROW(j, $2::text, old.state, j.worker_id, $3::jsonb)::evora.move AS move
         )
         SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM m), '{{}}')
         """,
         job_id,
         event,
+        data or {},
     )
 
 
@@ -284,6 +289,50 @@ async def test_claims_beyond_a_limit_in_force(store: JobStore, pool: asyncpg.Poo
     assert [j for j, _ in found["concurrency_limits"]] == [{str(ids[2])}]
     # a bucket of 1 (and the slack for claims' own durations, 1 token) admits two at once
     assert [j for j, _ in found["rate_limits"]] == [{str(ids[2])}]
+
+
+@broken
+async def test_claims_beyond_a_limit_by_jobs_retention_removed(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """The keys an attempt held come from its job's `submitted` event: jobs that ran over a
+    key's limit and were removed by retention afterwards are still judged by it."""
+    ids = await submitted(store, 3, limit_keys=["k"])
+    for job in await claimed(store, 3):
+        await store.complete(job["id"], job["lease_token"])
+    await RetentionStore(pool).prune_finished(JobState.COMPLETED, -1, 10)
+    assert await pool.fetchval("SELECT count(*) FROM evora.jobs") == 0
+    await pool.execute(
+        "INSERT INTO evora.flow_limits (key, concurrency, rate_limit, rate_per_seconds) "
+        "VALUES ('k', 2, 1, 3600)"
+    )
+    await pool.execute("UPDATE evora.flow_limit_changes SET changed_at = now() - interval '1 hour'")
+
+    found = failing(await audited(pool))
+    assert sorted(found) == ["concurrency_limits", "rate_limits"]
+    [(jobs, _)] = found["concurrency_limits"]
+    assert jobs == {str(ids[2])}
+    assert [j for j, _ in found["rate_limits"]] == [{str(ids[2])}]
+
+
+@broken
+async def test_claims_beyond_a_limit_raised_after_them(store: JobStore, pool: asyncpg.Pool) -> None:
+    """A limit changed during the run is judged as it was when each claim began, from its
+    recorded changes: claims beyond it are reported though the limit is higher now (judging
+    by the largest value the key ever had would pass them)."""
+    ids = await submitted(store, 3, limit_keys=["k"])
+    await claimed(store, 3)
+    await pool.execute("INSERT INTO evora.flow_limits (key, concurrency) VALUES ('k', 2)")
+    await pool.execute("UPDATE evora.flow_limit_changes SET changed_at = now() - interval '1 hour'")
+    await pool.execute("UPDATE evora.flow_limits SET concurrency = 5 WHERE key = 'k'")
+    await pool.execute(
+        "UPDATE evora.flow_limit_changes SET changed_at = now() + interval '1 hour' "
+        "WHERE concurrency = 5"
+    )
+
+    found = failing(await audited(pool))
+    assert list(found) == ["concurrency_limits"]
+    assert [j for j, _ in found["concurrency_limits"]] == [{str(ids[2])}]
 
 
 async def test_claims_are_judged_by_the_limit_in_force_when_they_began(
@@ -658,3 +707,102 @@ async def test_concurrent_keyed_work_passes_the_fairness_checks(
     report = await audited(pool)
     assert report.ok, report.text()
     assert await pool.fetchval("SELECT sum(served) FROM evora.fair_keys") > 0
+
+
+async def _fair_tags(pool: asyncpg.Pool) -> list[tuple[str, float, float]]:
+    """The fairness key, start tag and virtual time of every tagged claim, in seq order."""
+    rows = await pool.fetch(
+        "SELECT j.fairness_key, (e.data -> 'fair' ->> 'tag')::float8 AS tag, "
+        "(e.data -> 'fair' ->> 'vtime')::float8 AS vtime "
+        "FROM evora.job_events e JOIN evora.jobs j ON j.id = e.job_id "
+        "WHERE e.event = 'claimed' AND e.data ? 'fair' ORDER BY e.seq"
+    )
+    return [(r["fairness_key"], r["tag"], r["vtime"]) for r in rows]
+
+
+@broken
+async def test_fair_claims_that_run_virtual_time_back_or_serve_ahead_of_it(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A fair claim's `claimed` events carry each job's start tag and the virtual time the
+    claim read under its queue's lock. A claim that read the queue before an earlier claim
+    committed (virtual time behind the tags already served), and one that served a job ahead
+    of virtual time (its key credited for time it had no work), fail fair_virtual_time."""
+    await _keyed(store, "a", 3)
+    await _keyed(store, "b", 3)
+    await claimed(store, 2)
+    await claimed(store, 2)
+    # each key's estimate starts at 1 s, its weight 1: two jobs at tag 0, then two at tag 1
+    assert await _fair_tags(pool) == [("a", 0, 0), ("b", 0, 0), ("a", 1, 0), ("b", 1, 0)]
+    stale, ahead = [
+        r["id"]
+        for r in await pool.fetch(
+            "SELECT id FROM evora.jobs WHERE state = 'PENDING' ORDER BY fairness_key"
+        )
+    ]
+    claim = (
+        "state = 'RUNNING', attempt = j.attempt + 1, version = j.version + 1, worker_id = 'w', "
+        "started_at = evora.clock_now(), lease_token = gen_random_uuid(), "
+        "lease_expires_at = evora.clock_now() + interval '1 minute'"
+    )
+    await forge(pool, stale, "claimed", claim, {"fair": {"tag": 0, "vtime": 0}})
+    await forge(pool, ahead, "claimed", claim, {"fair": {"tag": 1, "vtime": 3}})
+
+    found = failing(await audited(pool))
+    assert list(found) == ["fair_virtual_time"]
+    assert [j for j, _ in found["fair_virtual_time"]] == [{str(stale)}, {str(ahead)}]
+
+
+async def _claimers(store: JobStore, queue: str, claimers: int = 3) -> None:
+    """`claimers` claimers of `queue` at once, each on its own connection, 15 claims of up
+    to 2 jobs each, completing or releasing what they took."""
+    rng = random.Random(36)
+
+    async def claimer() -> None:
+        for _ in range(15):
+            for job in await store.claim(worker_id="w", queues=[queue], max_jobs=2):
+                if rng.random() < 0.7:
+                    await store.complete(job["id"], job["lease_token"])
+                else:
+                    await store.release(job["id"], job["lease_token"])
+
+    await asyncio.gather(*(claimer() for _ in range(claimers)))
+
+
+async def test_concurrent_fair_claimers_with_weights_pass_the_history_checks(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Claimers of a fair queue whose keys have weights, on several connections at once,
+    with attempts ending meanwhile: every claim is tagged, and virtual time never ran back."""
+    weights = FairnessStore(pool)
+    await weights.put("gold", 3)
+    await weights.put("tier:*", 2)
+    for key in ("gold", "tier:a", "tier:b", "plain"):
+        await _keyed(store, key, 30)
+    await _claimers(store, "q")
+
+    report = await audited(pool)
+    assert report.ok, report.text()
+    tagged = await _fair_tags(pool)
+    claims = await pool.fetchval("SELECT count(*) FROM evora.job_events WHERE event = 'claimed'")
+    assert len(tagged) == claims > 30
+    assert {key for key, _, _ in tagged} == {"gold", "tier:a", "tier:b", "plain"}
+
+
+async def test_concurrent_claimers_under_a_limit_pass_the_history_checks(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Claimers of jobs holding a key under a concurrency and a rate limit, on several
+    connections at once, with attempts ending meanwhile: concurrency_limits and rate_limits
+    judge every claim (the limit was in force long before) and find nothing."""
+    await LimitStore(pool).put("k", LimitSpec(concurrency=3, rate=Rate(limit=20, per_seconds=1)))
+    await pool.execute("UPDATE evora.flow_limit_changes SET changed_at = now() - interval '1 hour'")
+    await store.submit_batch(
+        [JobSubmission(queue="q", type="t", limit_keys=["k"]) for _ in range(60)]
+    )
+    await _claimers(store, "q")
+
+    report = await audited(pool)
+    assert report.ok, report.text()
+    # more claims than the concurrency, and than the bucket holds: both limits were reached
+    assert await pool.fetchval("SELECT count(*) FROM evora.job_events WHERE event = 'claimed'") > 20

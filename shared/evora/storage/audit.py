@@ -125,6 +125,10 @@ CHECKS: dict[str, str] = {
         "a key's attempts charged in advance are no more than its RUNNING jobs plus the "
         "endings not folded yet"
     ),
+    "fair_virtual_time": (
+        "a fair claim reads its queue's virtual time at or past every start tag an earlier "
+        "claim of the queue served, and serves no job ahead of it"
+    ),
 }
 
 # The moves events record beside the state machine's: a cancel request of a RUNNING job, a
@@ -265,6 +269,8 @@ class _Job:
     ended_xid: str | None = None
     last_seq: int = 0
     snoozes: int = 0
+    # the limit keys its `submitted` event names (None: an older event, which does not)
+    limit_keys: tuple[str, ...] | None = None
 
 
 class _Auditor:
@@ -281,6 +287,10 @@ class _Auditor:
             tuple[str, str], dict[uuid.UUID, tuple[tuple[int, int], datetime, int]]
         ] = defaultdict(dict)
         self.ticks: dict[tuple[str, str], list[tuple[uuid.UUID, int]]] = defaultdict(list)
+        # per fair queue: the largest start tag its earlier claims served, with its seq, and
+        # the claim being read (its transaction, the largest tag it served and its seq)
+        self.fair_served: dict[str, tuple[float, int]] = {}
+        self.fair_claim: dict[str, tuple[str, float, int]] = {}
         self.endings: list[tuple[uuid.UUID, int]] = []
         self.events = 0
 
@@ -324,8 +334,12 @@ class _Auditor:
         self._attempts(job_id, job, e)
         if job.group_key is not None:
             self._group_order(job_id, job, e)
+        if e["fair_tag"] is not None:
+            self._fair_virtual_time(job_id, e)
         if name == "submitted":
             job.submitted_seq = seq
+            if e["limit_keys"] is not None:
+                job.limit_keys = tuple(e["limit_keys"])
             if e["schedule"] is not None and e["tick"] is not None:
                 self.ticks[(e["schedule"], e["tick"])].append((job_id, seq))
         if (
@@ -373,6 +387,42 @@ class _Auditor:
                 pending[job_id] = (place, e["at"], e["seq"])
         else:
             pending.pop(job_id, None)
+
+    def _fair_virtual_time(self, job_id: uuid.UUID, e: asyncpg.Record) -> None:
+        """fair_virtual_time, on a fair claim's `claimed` event. The queue's fair claims take
+        turns under its fair_queues row lock, held to their commit, and take their events'
+        seqs under it: in seq order each claim (one transaction) comes after every earlier
+        one committed, reads the virtual time they advanced to the largest tag they served,
+        and serves no job before that time (a start tag is max(virtual time, the key's
+        finish)). A claim that chose without waiting for the turn reads a virtual time behind
+        the tags already served; one that served a key ahead of it gave the key credit."""
+        queue, seq, xid = e["queue"], e["seq"], e["xid"]
+        tag, vtime = float(e["fair_tag"]), float(e["fair_vtime"])
+        claim = self.fair_claim.get(queue)
+        if claim is not None and claim[0] != xid:
+            served = self.fair_served.get(queue)
+            if served is None or claim[1] > served[0]:
+                self.fair_served[queue] = (claim[1], claim[2])
+            claim = None
+        served = self.fair_served.get(queue)
+        if served is not None and vtime < served[0]:
+            self.fail(
+                "fair_virtual_time",
+                f"claimed in fair queue {queue!r} at virtual time {vtime:g}, behind the "
+                f"start tag {served[0]:g} an earlier claim served",
+                [job_id],
+                [served[1], seq],
+            )
+        if tag < vtime:
+            self.fail(
+                "fair_virtual_time",
+                f"claimed in fair queue {queue!r} at start tag {tag:g}, ahead of the virtual "
+                f"time {vtime:g}",
+                [job_id],
+                [seq],
+            )
+        if claim is None or tag > claim[1]:
+            self.fair_claim[queue] = (xid, tag, seq)
 
     def _forget(self, job_id: uuid.UUID, job: _Job) -> None:
         """What happened before a gap is unknown: no open attempt, nothing running."""
@@ -517,6 +567,15 @@ def _governing(limits: dict[str, _Limit], key: str) -> _Limit | None:
     return max(prefixes, key=lambda lim: len(lim.key), default=None)
 
 
+def _keys_held(job: _Job, row: asyncpg.Record | None) -> list[str]:
+    """The limit keys a job's attempts hold: its queue's, and those its `submitted` event
+    names, else (an event written before events named them, or a submission before the
+    window) those of its row; a job retention removed whose submission is outside the window
+    counts for its queue's key only."""
+    own = job.limit_keys if job.limit_keys is not None else row["limit_keys"] if row else []
+    return [f"queue:{job.queue}", *own]
+
+
 def _check_limits(
     auditor: _Auditor,
     history: _LimitHistory,
@@ -525,8 +584,7 @@ def _check_limits(
     ends: dict[uuid.UUID, list[int]],
 ) -> None:
     """concurrency_limits and rate_limits, per concrete key, each claim against the limit in
-    force when it began. Jobs retention removed no longer say which keys they held: they
-    count for `queue:<q>` only, which can hide a violation but not invent one."""
+    force when it began, each job holding the keys `_keys_held` says."""
     if not history:
         return
     # every claim and ending of a job holding each key, in seq order
@@ -694,10 +752,7 @@ async def _audit(
                 [job_id for job_id, _ in made],
                 [seq for _, seq in made],
             )
-    keys_of = {
-        job_id: [f"queue:{job.queue}", *(rows[job_id]["limit_keys"] if job_id in rows else [])]
-        for job_id, job in auditor.jobs.items()
-    }
+    keys_of = {job_id: _keys_held(job, rows.get(job_id)) for job_id, job in auditor.jobs.items()}
     ends: dict[uuid.UUID, list[int]] = defaultdict(list)
     for job_id, seq in auditor.endings:
         ends[job_id].append(seq)

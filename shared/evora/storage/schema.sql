@@ -162,6 +162,19 @@ CREATE TYPE evora.submission AS (
 	max_duration_seconds integer
 );
 
+CREATE FUNCTION evora.add_fair_tag() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    tag jsonb := current_setting('evora.fair_tags')::jsonb -> NEW.job_id::text;
+BEGIN
+    IF tag IS NOT NULL THEN
+        NEW.data := NEW.data || jsonb_build_object('fair', tag);
+    END IF;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION evora.add_submitted_data() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -352,6 +365,7 @@ DECLARE
     walked_key text;
     ids uuid[];
     unkeyed uuid[];
+    tags jsonb;
 BEGIN
     FOR q IN SELECT DISTINCT u.queue FROM unnest(queues) AS u(queue) ORDER BY 1 LOOP
         need := wanted - taken;
@@ -441,8 +455,11 @@ j.group_key IS NULL OR (
                    CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
                         ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
                               LIMIT 1) END,
-                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1)
-            INTO ids, walked_finish, walked_key;
+                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1),
+                   (SELECT jsonb_object_agg(c.id, jsonb_build_object('tag', c.tag, 'vtime', v))
+                    FROM chosen c JOIN locked l ON l.id = c.id)
+            INTO ids, walked_finish, walked_key, tags;
+            PERFORM set_config('evora.fair_tags', coalesce(tags::text, ''), true);
             UPDATE evora.fair_keys k SET backlogged = false
             WHERE k.queue = q AND k.backlogged
               AND (walked_finish = 'infinity' OR (k.vfinish, k.key) < (walked_finish, walked_key))
@@ -476,6 +493,7 @@ j.group_key IS NULL OR (
             ids := ids || unkeyed;
         END IF;
         RETURN QUERY SELECT * FROM evora.claim_jobs(ids, NULL, worker, at);
+        PERFORM set_config('evora.fair_tags', '', true);
         taken := taken + cardinality(ids);
     END LOOP;
 END
@@ -2103,7 +2121,12 @@ BEGIN
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
-               m.attempt, NULL, m.updated_at, '{}', m.image
+               m.attempt, NULL, m.updated_at,
+               CASE WHEN m.limit_keys = '{}' AND m.fairness_key IS NULL THEN '{}'::jsonb
+                    ELSE jsonb_strip_nulls(jsonb_build_object(
+                             'limit_keys', nullif(m.limit_keys, '{}'),
+                             'fairness_key', m.fairness_key)) END,
+               m.image
         FROM moved m
     ),
     claimable AS (
@@ -3087,6 +3110,8 @@ CREATE INDEX schedules_due ON evora.schedules USING btree (next_run_at) WHERE (N
 CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON evora.flow_limits FOR EACH ROW EXECUTE FUNCTION evora.record_limit_change();
 
 CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON evora.job_events FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
+
+CREATE TRIGGER job_events_fair_tag BEFORE INSERT ON evora.job_events FOR EACH ROW WHEN (((new.event = 'claimed'::text) AND (current_setting('evora.fair_tags'::text, true) <> ''::text))) EXECUTE FUNCTION evora.add_fair_tag();
 
 CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON evora.job_events FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
 

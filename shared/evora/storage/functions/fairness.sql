@@ -140,6 +140,7 @@ DECLARE
     walked_key text;
     ids uuid[];
     unkeyed uuid[];
+    tags jsonb;
 BEGIN
     FOR q IN SELECT DISTINCT u.queue FROM unnest(queues) AS u(queue) ORDER BY 1 LOOP
         need := wanted - taken;
@@ -214,8 +215,13 @@ BEGIN
                    CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
                         ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
                               LIMIT 1) END,
-                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1)
-            INTO ids, walked_finish, walked_key;
+                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1),
+                   (SELECT jsonb_object_agg(c.id, jsonb_build_object('tag', c.tag, 'vtime', v))
+                    FROM chosen c JOIN locked l ON l.id = c.id)
+            INTO ids, walked_finish, walked_key, tags;
+            -- each job's start tag and the virtual time it was chosen at, for its `claimed`
+            -- event (evora.add_fair_tag() below)
+            PERFORM set_config('evora.fair_tags', coalesce(tags::text, ''), true);
             -- Keys the walk read and passed over (no claimable job) whose jobs are all gone
             -- leave it, unless they owe virtual time (their finish is ahead of the queue's): a
             -- key with no backlog keeps no credit, but keeps its debt. Only the keys before
@@ -244,7 +250,33 @@ BEGIN
             ids := ids || unkeyed;
         END IF;
         RETURN QUERY SELECT * FROM evora.claim_jobs(ids, NULL, worker, at);
+        PERFORM set_config('evora.fair_tags', '', true);
         taken := taken + cardinality(ids);
     END LOOP;
 END
 $$;
+
+-- A fair claim's `claimed` events carry the job's start tag and the queue's virtual time the
+-- claim read under the queue's lock ({"fair": {"tag", "vtime"}}): the auditor checks from
+-- them that the queue's fair claims took turns and never served a job ahead of virtual time
+-- (`fair_virtual_time`, docs/audit.md). evora.claim_fair() sets `evora.fair_tags` (a JSON
+-- object by job id, transaction-local) around its evora.claim_jobs(), so the claim every
+-- queue shares is not changed; the setting is empty or absent everywhere else, and the WHEN
+-- clause keeps those inserts off PL/pgSQL.
+CREATE OR REPLACE FUNCTION evora.add_fair_tag() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    tag jsonb := current_setting('evora.fair_tags')::jsonb -> NEW.job_id::text;
+BEGIN
+    IF tag IS NOT NULL THEN
+        NEW.data := NEW.data || jsonb_build_object('fair', tag);
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER job_events_fair_tag
+    BEFORE INSERT ON evora.job_events
+    FOR EACH ROW
+    WHEN (NEW.event = 'claimed' AND current_setting('evora.fair_tags', true) <> '')
+    EXECUTE FUNCTION evora.add_fair_tag();

@@ -1023,11 +1023,19 @@ BEGIN
         CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
         WHERE cardinality(waited) > 0  -- else not even a pass over the rows
     ),
+    -- The job image has no room for a job's limit and fairness keys: its event's data carries
+    -- them, where it has any, so the auditor knows which keys an attempt held (docs/audit.md)
+    -- even after retention removed the job.
     recorded AS (
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                                 attempt, worker_id, at, data, job)
         SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
-               m.attempt, NULL, m.updated_at, '{}', m.image
+               m.attempt, NULL, m.updated_at,
+               CASE WHEN m.limit_keys = '{}' AND m.fairness_key IS NULL THEN '{}'::jsonb
+                    ELSE jsonb_strip_nulls(jsonb_build_object(
+                             'limit_keys', nullif(m.limit_keys, '{}'),
+                             'fairness_key', m.fairness_key)) END,
+               m.image
         FROM moved m
     ),
     claimable AS (

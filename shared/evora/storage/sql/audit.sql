@@ -27,14 +27,22 @@ SELECT extract(epoch FROM evora.clock_now() - now())::float8;
 -- the fields of the job image the checks use (never the payload, result or error). An event
 -- after `submitted` carries only some (evora.event_image()): its worker is the event's own
 -- column, which every transition writes as the job's worker; an event with a whole image
--- (written before) still has it in the image.
+-- (written before) still has it in the image. A `submitted` event's data names the job's
+-- limit keys where it has any (events written before that do not: the job's row says them);
+-- a fair claim's `claimed` event, the job's start tag and the virtual time the claim read
+-- (functions/fairness.sql).
 SELECT e.seq, e.xid::text AS xid, e.job_id, e.job_version, e.queue, e.event,
        e.from_state::text AS from_state,
        e.to_state::text AS to_state, e.attempt, e.at,
        coalesce((e.job).worker_id, e.worker_id) AS worker_id,
        (e.job).started_at AS started_at, (e.job).group_key AS group_key,
        (e.job).priority AS priority, (e.job).submit_seq AS submit_seq,
-       e.data ->> 'schedule' AS schedule, e.data ->> 'tick' AS tick
+       e.data ->> 'schedule' AS schedule, e.data ->> 'tick' AS tick,
+       CASE WHEN e.data ? 'limit_keys'
+            THEN ARRAY(SELECT jsonb_array_elements_text(e.data -> 'limit_keys')) END
+           AS limit_keys,
+       (e.data -> 'fair' ->> 'tag')::float8 AS fair_tag,
+       (e.data -> 'fair' ->> 'vtime')::float8 AS fair_vtime
 FROM evora.job_events e
 WHERE e.seq >= $1::int8
 ORDER BY e.seq
