@@ -1,6 +1,7 @@
-"""What a claim and a completion add to the indexes of `jobs`. Neither is a HOT update (both
-change `state`, which the partial indexes' predicates name), so each adds an entry to every
-index whose predicate the new row matches: a full index pays on every transition. The entries
+"""What a submission, a claim and a completion add to the indexes of `jobs`. A submission
+inserts the row, and neither a claim nor a completion is a HOT update (both change `state`,
+which the partial indexes' predicates name), so each adds an entry to every index whose
+predicate the new row matches: a full index pays on every transition. The entries
 are read from the WAL each one writes (pg_walinspect's block references, by relation), so the
 test counts what PostgreSQL did, not what a plan says it would."""
 
@@ -41,10 +42,17 @@ async def _indexes_written(pool: asyncpg.Pool, step: Awaitable[object]) -> set[s
     return {r["relname"] for r in rows}
 
 
-async def test_a_claim_and_a_completion_enter_only_the_indexes_of_their_state(
+async def test_a_submission_a_claim_and_a_completion_enter_only_the_indexes_of_their_state(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
-    await store.submit_batch([JobSubmission(queue="q", type="t")] * 20)
+    # a PENDING job is in one index by queue and due time, jobs_claimable (migration 0053)
+    submission = store.submit_batch([JobSubmission(queue="q", type="t")] * 20)
+    assert await _indexes_written(pool, submission) == {
+        "jobs_pkey",
+        "jobs_claimable",
+        "jobs_listing_at_rest",
+        "jobs_submit_seq",
+    }
     claimed: list[dict[str, object]] = []
 
     async def claim() -> None:

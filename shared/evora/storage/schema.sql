@@ -1581,6 +1581,22 @@ CREATE FUNCTION evora.pending_holding(k text, most bigint) RETURNS bigint
                 LIMIT most) AS l)
 $$;
 
+CREATE FUNCTION evora.pending_priorities(queues text[]) RETURNS TABLE(queue text, priority smallint)
+    LANGUAGE sql STABLE ROWS 10
+    AS $$
+    WITH RECURSIVE p(queue, priority) AS (
+        SELECT q.queue, (SELECT min(j.priority) FROM evora.jobs j
+                         WHERE j.state = 'PENDING' AND j.queue = q.queue)
+        FROM unnest(queues) AS q(queue)
+        UNION ALL
+        SELECT p.queue, (SELECT min(j.priority) FROM evora.jobs j
+                         WHERE j.state = 'PENDING' AND j.queue = p.queue
+                           AND j.priority > p.priority)
+        FROM p WHERE p.priority IS NOT NULL
+    )
+    SELECT p.queue, p.priority FROM p WHERE p.priority IS NOT NULL
+$$;
+
 CREATE FUNCTION evora.prune_finished(age double precision, batch integer, finished evora.job_state) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
@@ -3075,8 +3091,6 @@ CREATE INDEX jobs_running_lease ON evora.jobs USING btree (lease_expires_at) WHE
 CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = 'RUNNING'::evora.job_state) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_running_time_limit ON evora.jobs USING btree (started_at) WHERE ((state = 'RUNNING'::evora.job_state) AND (max_duration_seconds IS NOT NULL));
-
-CREATE INDEX jobs_scheduled ON evora.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::evora.job_state);
 
 CREATE UNIQUE INDEX jobs_submit_seq ON evora.jobs USING btree (submit_seq);
 

@@ -14,12 +14,15 @@ FROM evora.job_events WHERE job_id = $1 ORDER BY job_version;
 -- dispatcher's own clock cannot skew it), so a dispatcher can sleep exactly until then; or
 -- until an empty token bucket (docs/flow-control.md) has a token again, if that is sooner:
 -- jobs throttled by a rate limit become claimable then, and nothing else announces it.
+-- The next delayed job of each priority is one probe of jobs_claimable
+-- (evora.pending_priorities()).
 SELECT extract(epoch FROM least(
     (SELECT min(n.run_at)
-     FROM unnest($1::text[]) AS q(queue)
+     FROM evora.pending_priorities($1::text[]) AS p
      CROSS JOIN LATERAL (
          SELECT run_at FROM evora.jobs
-         WHERE state = 'PENDING' AND queue = q.queue AND run_at > evora.clock_now()
+         WHERE state = 'PENDING' AND queue = p.queue AND priority = p.priority
+           AND run_at > evora.clock_now()
          ORDER BY run_at
          LIMIT 1
      ) AS n),

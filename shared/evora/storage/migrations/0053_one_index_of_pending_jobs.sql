@@ -1,0 +1,16 @@
+-- Evora schema, version 53: one index of PENDING jobs instead of two
+-- (docs/benchmarks/2026-11-29-pending-index-heartbeats-finished-jobs.md). jobs_scheduled, on
+-- (queue, run_at) WHERE state = 'PENDING', covered the same rows as jobs_claimable (queue,
+-- priority, run_at, submit_seq) WHERE state = 'PENDING': every submission wrote an entry into
+-- both, every retry and release back to PENDING too, for two readers alone, the
+-- dispatcher's next due time (`next_due`) and the projector's oldest due job
+-- (`oldest_due`). Those now read jobs_claimable one priority at a time
+-- (evora.pending_priorities(), functions/claims_and_transitions.sql): a probe per priority
+-- present in the queue instead of one.
+--
+-- The previous release's `next_due` and `oldest_due` still answer during a rolling upgrade,
+-- through jobs_claimable with the due time as a filter (measured with 1,000,000 jobs, 100,000
+-- PENDING: in the record); the readers that count a queue's due jobs (a limit's held-back
+-- jobs) read jobs_claimable as they read jobs_scheduled. Dropping the index takes a lock on
+-- `jobs` only for as long as the drop.
+DROP INDEX evora.jobs_scheduled;
