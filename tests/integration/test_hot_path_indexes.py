@@ -45,11 +45,20 @@ async def _indexes_written(pool: asyncpg.Pool, step: Awaitable[object]) -> set[s
 async def test_a_submission_a_claim_and_a_completion_enter_only_the_indexes_of_their_state(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
-    # a PENDING job is in one index by queue and due time, jobs_claimable (migration 0053)
+    # a job due at once is in one index by due time, jobs_claimable; one due later in
+    # jobs_delayed as well, which the dispatcher's next due time reads (migration 0053)
     submission = store.submit_batch([JobSubmission(queue="q", type="t")] * 20)
     assert await _indexes_written(pool, submission) == {
         "jobs_pkey",
         "jobs_claimable",
+        "jobs_listing_at_rest",
+        "jobs_submit_seq",
+    }
+    later = store.submit_batch([JobSubmission(queue="q", type="t", delay_seconds=60)])
+    assert await _indexes_written(pool, later) == {
+        "jobs_pkey",
+        "jobs_claimable",
+        "jobs_delayed",
         "jobs_listing_at_rest",
         "jobs_submit_seq",
     }

@@ -1,7 +1,8 @@
-"""The upgrade to one index of PENDING jobs (migration 0053 drops jobs_scheduled): a database
-at 0048, migrated and filled by that release's own code with delayed and due jobs of several
-priorities, migrates; the next due time and the oldest due job read through jobs_claimable
-alone answer what the jobs say, and so do the previous release's statements on the new schema
+"""The upgrade that takes jobs due at once out of the index by due time (migration 0053:
+jobs_scheduled gives way to jobs_delayed): a database at 0048, migrated and filled by that
+release's own code with delayed and due jobs of several priorities, migrates; the next due
+time (through jobs_delayed) and the oldest due job (through jobs_claimable) answer what the
+jobs say, and so do the previous release's statements on the new schema
 (a rolling upgrade runs them); jobs RUNNING across the upgrade end, new ones run, and the
 audit finds nothing."""
 
@@ -119,7 +120,10 @@ async def test_the_due_times_read_alike_before_and_after_the_upgrade(
     pool = await create_pool(empty_db_url, min_size=1, max_size=4)
     store = JobStore(pool)
     try:
-        assert await pool.fetchval("SELECT to_regclass('evora.jobs_scheduled') IS NULL")
+        assert await pool.fetchval(
+            "SELECT to_regclass('evora.jobs_scheduled') IS NULL"
+            " AND to_regclass('evora.jobs_delayed') IS NOT NULL"
+        )
         now = await pool.fetchval("SELECT evora.clock_now()")
         previous = await _before(tree, "read", empty_db_url)
         assert isinstance(previous, dict)

@@ -3072,6 +3072,8 @@ CREATE INDEX job_events_tail ON ONLY evora.job_events USING btree (xid, seq);
 
 CREATE INDEX jobs_claimable ON evora.jobs USING btree (queue, priority, run_at, submit_seq) WHERE (state = 'PENDING'::evora.job_state);
 
+CREATE INDEX jobs_delayed ON evora.jobs USING btree (queue, run_at) WHERE ((state = 'PENDING'::evora.job_state) AND (run_at > created_at));
+
 CREATE INDEX jobs_fair_backlog ON evora.jobs USING btree (queue, fairness_key, priority, run_at, submit_seq) WHERE ((state = ANY (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state])) AND (fairness_key IS NOT NULL));
 
 CREATE INDEX jobs_finished ON evora.jobs USING btree (state, finished_at) WHERE (state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state, 'DLQ'::evora.job_state]));

@@ -197,10 +197,10 @@ $$;
 
 -- The priorities the PENDING jobs of each of `queues` have, lowest first: a loose index scan
 -- of jobs_claimable (queue, priority, run_at, submit_seq), one probe per priority present.
--- The readers of PENDING jobs by due time (`next_due` in sql/jobs.sql, `oldest_due` in
--- sql/outbox.sql) probe each priority's first job by run_at from here: jobs_claimable is
--- the only index on PENDING jobs, since migration 0053 dropped jobs_scheduled, its twin on
--- (queue, run_at) that every submission and claim wrote an entry into for them alone.
+-- The projector's oldest due job (`oldest_due` in sql/outbox.sql) probes each priority's
+-- first job by run_at from here: jobs_claimable is the only index on every PENDING job since
+-- migration 0053 dropped jobs_scheduled, its twin on (queue, run_at) that every submission
+-- wrote an entry into for that reader and `next_due` alone.
 CREATE OR REPLACE FUNCTION evora.pending_priorities(queues text[])
 RETURNS TABLE (queue text, priority smallint)
 LANGUAGE sql STABLE ROWS 10 AS $$
