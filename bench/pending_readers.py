@@ -119,7 +119,7 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             "SELECT c.relname, pg_relation_size(c.oid) AS bytes FROM pg_index i"
             " JOIN pg_class c ON c.oid = i.indexrelid"
             " WHERE i.indrelid = 'evora.jobs'::regclass"
-            "   AND c.relname IN ('jobs_claimable', 'jobs_scheduled') ORDER BY 1"
+            "   AND c.relname IN ('jobs_claimable', 'jobs_delayed', 'jobs_scheduled') ORDER BY 1"
         )
         print(
             "  indexes: " + ", ".join(f"{r['relname']} {r['bytes'] / 2**20:.1f} MB" for r in sizes)
