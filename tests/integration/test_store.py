@@ -165,8 +165,9 @@ async def test_delayed_jobs_wait_for_their_time(store: JobStore, clock: Clock) -
 async def test_the_next_and_the_oldest_due_job_are_found_whatever_their_priority(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
-    # both read each priority's first job apart (evora.pending_priorities()): the earliest
-    # is not at the lowest priority, nor at the highest
+    # the next due job is read through jobs_delayed, the oldest due one a priority at a time
+    # (evora.pending_priorities()): the earliest of either is neither at the lowest priority
+    # nor at the highest
     for priority, delay in ((-3, 7200), (0, 600), (5, 3600), (9, -30), (2, -300), (7, -60)):
         await ids(store, sub(priority=priority, delay_seconds=max(delay, 0)))
         if delay < 0:
