@@ -9,7 +9,8 @@ day, in three queues (90 %, 9 %, 1 %). It then runs every statement that reads P
 by queue and due time (the dispatcher's next due time and unclaimed-jobs report, the
 projector's oldest due job, a limit's held-back jobs and the queues a limit wakes), each
 `--repeat` times under EXPLAIN ANALYZE, and prints the median execution time, the buffers
-read and the indexes the plan uses.
+read and the indexes the plan uses; then the size of the indexes by due time, and how long
+building the one there is again takes.
 
     python -m bench.pending_readers --jobs 1000000 --priorities 5
 """
@@ -21,6 +22,7 @@ import asyncio
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,19 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
         print(
             "  indexes: " + ", ".join(f"{r['relname']} {r['bytes'] / 2**20:.1f} MB" for r in sizes)
         )
+        # what building it again takes (the upgrade that makes it holds writes back as long)
+        for name in ("jobs_delayed", "jobs_scheduled"):
+            definition = await conn.fetchval(
+                "SELECT pg_get_indexdef(c.oid) FROM pg_class c"
+                " WHERE c.relname = $1 AND c.relnamespace = 'evora'::regnamespace",
+                name,
+            )
+            if definition is None:
+                continue
+            await conn.execute(f"DROP INDEX evora.{name}")
+            started = time.perf_counter()
+            await conn.execute(definition)
+            print(f"  build {name}: {time.perf_counter() - started:.2f} s")
     finally:
         await conn.close()
 
