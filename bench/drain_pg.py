@@ -6,10 +6,11 @@ path (so `PYTHONPATH=<checkout>/shared` picks the code to measure), loads some
 finished history (and with `--running`, jobs that other workers hold RUNNING in another
 queue), and then, per round: submits `--jobs` jobs, CHECKPOINTs, and drains them
 as one SDK worker does as deployed, one claim of `--batch` jobs at a time followed by one
-`complete_many` of that batch. Per round it prints the cluster's CPU microseconds per job
-(every PostgreSQL process, from /proc) of the submission (batches of 1,000, as the api
-stores them) and of the drain, WAL bytes and full-page images per job, and with
-`--waldump` the WAL of the last round by record type (`pg_walinspect`).
+`complete_many` of that batch. Per round it prints the cluster's CPU microseconds (every
+PostgreSQL process, from /proc) and the WAL bytes per job of the submission (batches of
+1,000, as the api stores them, after a CHECKPOINT) and of the drain, with the drain's
+full-page images per job, and with `--waldump` the WAL of the last round's drain by record
+type and by the relation each record is for (`pg_walinspect`).
 
     python -m bench.drain_pg --rounds 3 --jobs 10000
 """
@@ -88,10 +89,34 @@ async def wal_by_record(conn: asyncpg.Connection, start: str, end: str, jobs: in
         start,
         end,
     )
+    # a record's whole length counted once, for the relation of its first block (a heap
+    # update with its indexes' records apart: each index insert is a record of its own)
+    relations = await conn.fetch(
+        "SELECT coalesce(c.relname, 'other') AS rel, b.resource_manager || '/' ||"
+        "       split_part(b.record_type, ' ', 1) AS kind, count(*) AS count,"
+        "       sum(b.record_length) AS bytes"
+        " FROM (SELECT f.*, row_number() OVER (PARTITION BY f.start_lsn ORDER BY f.block_id)"
+        "       FROM pg_get_wal_block_info($1::text::pg_lsn, $2::text::pg_lsn, true) f) b"
+        " LEFT JOIN pg_class c ON c.relfilenode = b.relfilenode"
+        " WHERE b.row_number = 1"
+        " GROUP BY 1, 2 ORDER BY sum(b.record_length) DESC LIMIT 25",
+        start,
+        end,
+    )
     return "\n".join(
-        f"  {r['kind']:<28} {r['count'] / jobs:6.2f}/job {r['record_size'] / jobs:7.0f} B/job"
-        f" (+{r['fpi_size'] / jobs:.0f} FPI)"
-        for r in rows
+        [
+            *(
+                f"  {r['kind']:<28} {r['count'] / jobs:6.2f}/job {r['record_size'] / jobs:7.0f}"
+                f" B/job (+{r['fpi_size'] / jobs:.0f} FPI)"
+                for r in rows
+            ),
+            "  by relation (records with blocks; length without full-page images):",
+            *(
+                f"  {r['rel']:<28} {r['kind']:<24} {r['count'] / jobs:6.2f}/job"
+                f" {r['bytes'] / jobs:7.0f} B/job"
+                for r in relations
+            ),
+        ]
     )
 
 
@@ -117,10 +142,17 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
         cpu: list[float] = []
         wal_per_job: list[float] = []
         submit_cpu: list[float] = []
+        submit_wal: list[float] = []
         for round_ in range(1, args.rounds + 1):
+            async with pool.acquire() as conn:
+                await conn.execute("CHECKPOINT")
+                _, swal0, _ = await wal(conn)
             s0 = procstats.cluster_cpu_seconds(postmaster)
             await submit(store, args.jobs)
             submit_cpu.append((procstats.cluster_cpu_seconds(postmaster) - s0) / args.jobs * 1e6)
+            async with pool.acquire() as conn:
+                _, swal1, _ = await wal(conn)
+            submit_wal.append((swal1 - swal0) / args.jobs)
             async with pool.acquire() as conn:
                 await conn.execute("CHECKPOINT")
                 lsn0, wal0, fpi0 = await wal(conn)
@@ -135,7 +167,8 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
             cpu.append((cpu1 - cpu0) / drained * 1e6)
             wal_per_job.append((wal1 - wal0) / drained)
             print(
-                f"round {round_}: submit PG CPU {submit_cpu[-1]:.1f} us/job; "
+                f"round {round_}: submit PG CPU {submit_cpu[-1]:.1f} us/job, "
+                f"WAL {submit_wal[-1]:,.0f} B/job; "
                 f"{drained} jobs drained in {seconds:.2f} s, PG CPU {cpu[-1]:.1f} us/job, "
                 f"WAL {wal_per_job[-1]:,.0f} B/job, FPI {(fpi1 - fpi0) / drained:.3f}/job "
                 f"(claims {split.claim / drained * 1e6:.1f}, "
@@ -143,7 +176,8 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
                 flush=True,
             )
         print(
-            f"median: submit PG CPU {statistics.median(submit_cpu):.1f} us/job; "
+            f"median: submit PG CPU {statistics.median(submit_cpu):.1f} us/job, "
+            f"WAL {statistics.median(submit_wal):,.0f} B/job; "
             f"drain PG CPU {statistics.median(cpu):.1f} us/job, "
             f"WAL {statistics.median(wal_per_job):,.0f} B/job"
         )

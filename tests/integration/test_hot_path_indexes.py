@@ -1,6 +1,7 @@
-"""What a claim and a completion add to the indexes of `jobs`. Neither is a HOT update (both
-change `state`, which the partial indexes' predicates name), so each adds an entry to every
-index whose predicate the new row matches: a full index pays on every transition. The entries
+"""What a submission, a claim and a completion add to the indexes of `jobs`. A submission
+inserts the row, and neither a claim nor a completion is a HOT update (both change `state`,
+which the partial indexes' predicates name), so each adds an entry to every index whose
+predicate the new row matches: a full index pays on every transition. The entries
 are read from the WAL each one writes (pg_walinspect's block references, by relation), so the
 test counts what PostgreSQL did, not what a plan says it would."""
 
@@ -41,10 +42,26 @@ async def _indexes_written(pool: asyncpg.Pool, step: Awaitable[object]) -> set[s
     return {r["relname"] for r in rows}
 
 
-async def test_a_claim_and_a_completion_enter_only_the_indexes_of_their_state(
+async def test_a_submission_a_claim_and_a_completion_enter_only_the_indexes_of_their_state(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
-    await store.submit_batch([JobSubmission(queue="q", type="t")] * 20)
+    # a job due at once is in one index by due time, jobs_claimable; one due later in
+    # jobs_delayed as well, which the dispatcher's next due time reads (migration 0053)
+    submission = store.submit_batch([JobSubmission(queue="q", type="t")] * 20)
+    assert await _indexes_written(pool, submission) == {
+        "jobs_pkey",
+        "jobs_claimable",
+        "jobs_listing_at_rest",
+        "jobs_submit_seq",
+    }
+    later = store.submit_batch([JobSubmission(queue="q", type="t", delay_seconds=60)])
+    assert await _indexes_written(pool, later) == {
+        "jobs_pkey",
+        "jobs_claimable",
+        "jobs_delayed",
+        "jobs_listing_at_rest",
+        "jobs_submit_seq",
+    }
     claimed: list[dict[str, object]] = []
 
     async def claim() -> None:

@@ -13,6 +13,7 @@ from evora.domain.errors import IdempotencyConflict, InvalidState, JobNotFound, 
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
+from evora.storage.outbox import oldest_due
 from evora.storage.submissions import Submitted
 from tests.conftest import Clock
 
@@ -159,6 +160,33 @@ async def test_delayed_jobs_wait_for_their_time(store: JobStore, clock: Clock) -
     assert due is not None and 0 < due <= 10
     await clock.advance(10)
     assert [j["id"] for j in await store.claim(worker_id="w", queues=["q"])] == [job_id]
+
+
+async def test_the_next_and_the_oldest_due_job_are_found_whatever_their_priority(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    # the next due job is read through jobs_delayed, the oldest due one a priority at a time
+    # (evora.pending_priorities()): the earliest of either is neither at the lowest priority
+    # nor at the highest
+    for priority, delay in ((-3, 7200), (0, 600), (5, 3600), (9, -30), (2, -300), (7, -60)):
+        await ids(store, sub(priority=priority, delay_seconds=max(delay, 0)))
+        if delay < 0:
+            await pool.execute(
+                "UPDATE evora.jobs SET run_at = now() + make_interval(secs => $1)"
+                " WHERE priority = $2",
+                float(delay),
+                priority,
+            )
+    await ids(store, sub("other", priority=1, delay_seconds=60))
+    due = await store.seconds_until_due(["q"])
+    assert due is not None and 590 < due <= 600
+    due = await store.seconds_until_due(["q", "other"])
+    assert due is not None and 50 < due <= 60
+    assert await oldest_due(pool, ["q", "other", "empty"]) == {
+        "q": await pool.fetchval("SELECT run_at FROM evora.jobs WHERE priority = 2"),
+        "other": None,
+        "empty": None,
+    }
 
 
 async def test_paused_queue_accepts_but_hands_out_nothing(store: JobStore) -> None:

@@ -1599,6 +1599,22 @@ CREATE FUNCTION evora.pending_holding(k text, most bigint) RETURNS bigint
                 LIMIT most) AS l)
 $$;
 
+CREATE FUNCTION evora.pending_priorities(queues text[]) RETURNS TABLE(queue text, priority smallint)
+    LANGUAGE sql STABLE ROWS 10
+    AS $$
+    WITH RECURSIVE p(queue, priority) AS (
+        SELECT q.queue, (SELECT min(j.priority) FROM evora.jobs j
+                         WHERE j.state = 'PENDING' AND j.queue = q.queue)
+        FROM unnest(queues) AS q(queue)
+        UNION ALL
+        SELECT p.queue, (SELECT min(j.priority) FROM evora.jobs j
+                         WHERE j.state = 'PENDING' AND j.queue = p.queue
+                           AND j.priority > p.priority)
+        FROM p WHERE p.priority IS NOT NULL
+    )
+    SELECT p.queue, p.priority FROM p WHERE p.priority IS NOT NULL
+$$;
+
 CREATE FUNCTION evora.prune_finished(age double precision, batch integer, finished evora.job_state) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
@@ -3079,6 +3095,8 @@ CREATE INDEX job_events_tail ON ONLY evora.job_events USING btree (xid, seq);
 
 CREATE INDEX jobs_claimable ON evora.jobs USING btree (queue, priority, run_at, submit_seq) WHERE (state = 'PENDING'::evora.job_state);
 
+CREATE INDEX jobs_delayed ON evora.jobs USING btree (queue, run_at) WHERE ((state = 'PENDING'::evora.job_state) AND (run_at > created_at));
+
 CREATE INDEX jobs_fair_backlog ON evora.jobs USING btree (queue, fairness_key, priority, run_at, submit_seq) WHERE ((state = ANY (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state])) AND (fairness_key IS NOT NULL));
 
 CREATE INDEX jobs_finished ON evora.jobs USING btree (state, finished_at) WHERE (state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state, 'DLQ'::evora.job_state]));
@@ -3098,8 +3116,6 @@ CREATE INDEX jobs_running_lease ON evora.jobs USING btree (lease_expires_at) WHE
 CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = 'RUNNING'::evora.job_state) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_running_time_limit ON evora.jobs USING btree (started_at) WHERE ((state = 'RUNNING'::evora.job_state) AND (max_duration_seconds IS NOT NULL));
-
-CREATE INDEX jobs_scheduled ON evora.jobs USING btree (queue, run_at) WHERE (state = 'PENDING'::evora.job_state);
 
 CREATE UNIQUE INDEX jobs_submit_seq ON evora.jobs USING btree (submit_seq);
 

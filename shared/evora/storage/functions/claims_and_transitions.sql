@@ -195,6 +195,28 @@ LANGUAGE sql STABLE AS $$
        AND NOT evora.queue_paused(in_queue)
 $$;
 
+-- The priorities the PENDING jobs of each of `queues` have, lowest first: a loose index scan
+-- of jobs_claimable (queue, priority, run_at, submit_seq), one probe per priority present.
+-- The projector's oldest due job (`oldest_due` in sql/outbox.sql) probes each priority's
+-- first job by run_at from here: jobs_claimable is the only index on every PENDING job since
+-- migration 0053 dropped jobs_scheduled, its twin on (queue, run_at) that every submission
+-- wrote an entry into for that reader and `next_due` alone.
+CREATE OR REPLACE FUNCTION evora.pending_priorities(queues text[])
+RETURNS TABLE (queue text, priority smallint)
+LANGUAGE sql STABLE ROWS 10 AS $$
+    WITH RECURSIVE p(queue, priority) AS (
+        SELECT q.queue, (SELECT min(j.priority) FROM evora.jobs j
+                         WHERE j.state = 'PENDING' AND j.queue = q.queue)
+        FROM unnest(queues) AS q(queue)
+        UNION ALL
+        SELECT p.queue, (SELECT min(j.priority) FROM evora.jobs j
+                         WHERE j.state = 'PENDING' AND j.queue = p.queue
+                           AND j.priority > p.priority)
+        FROM p WHERE p.priority IS NOT NULL
+    )
+    SELECT p.queue, p.priority FROM p WHERE p.priority IS NOT NULL
+$$;
+
 -- The claim while any limit exists (docs/flow-control.md): up to `wanted` jobs of `queues`
 -- (of `types`, NULL: any), moved to RUNNING for `worker` and returned as evora.claim_jobs()
 -- returns them. Works in rounds (at most four), each two statements:

@@ -14,12 +14,15 @@ FROM evora.job_events WHERE job_id = $1 ORDER BY job_version;
 -- dispatcher's own clock cannot skew it), so a dispatcher can sleep exactly until then; or
 -- until an empty token bucket (docs/flow-control.md) has a token again, if that is sooner:
 -- jobs throttled by a rate limit become claimable then, and nothing else announces it.
+-- A job due in the future was submitted before it is due (run_at > now >= created_at):
+-- saying so lets the plan read jobs_delayed (migration 0053), one probe per queue.
 SELECT extract(epoch FROM least(
     (SELECT min(n.run_at)
      FROM unnest($1::text[]) AS q(queue)
      CROSS JOIN LATERAL (
          SELECT run_at FROM evora.jobs
-         WHERE state = 'PENDING' AND queue = q.queue AND run_at > evora.clock_now()
+         WHERE state = 'PENDING' AND queue = q.queue AND run_at > created_at
+           AND run_at > evora.clock_now()
          ORDER BY run_at
          LIMIT 1
      ) AS n),

@@ -168,10 +168,18 @@ FROM (
 
 -- name: oldest_due
 -- $1 queues: when the longest-waiting claimable job of each became due (NULL: none due).
--- The first entry of the jobs_scheduled index per queue.
+-- The first job by run_at of each priority (evora.pending_priorities()), one probe of
+-- jobs_claimable each: the earliest of those that are due.
 SELECT q.queue,
-       (SELECT min(j.run_at) FROM evora.jobs j
-        WHERE j.state = 'PENDING' AND j.queue = q.queue AND j.run_at <= evora.clock_now()) AS oldest
+       (SELECT min(f.run_at)
+        FROM evora.pending_priorities(ARRAY[q.queue]) AS p
+        CROSS JOIN LATERAL (
+            SELECT j.run_at FROM evora.jobs j
+            WHERE j.state = 'PENDING' AND j.queue = p.queue AND j.priority = p.priority
+            ORDER BY j.run_at
+            LIMIT 1
+        ) AS f
+        WHERE f.run_at <= evora.clock_now()) AS oldest
 FROM unnest($1::text[]) AS q(queue);
 
 -- name: pruned

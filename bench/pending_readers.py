@@ -1,0 +1,163 @@
+"""The readers of PENDING jobs by queue and due time over a large `jobs` table: what each costs.
+
+Not a test: it measures and prints. It starts its own PostgreSQL in a temporary directory,
+applies the migrations of the `evora` package on the path (so `PYTHONPATH=<checkout>/shared`
+picks the schema and the statements to measure), runs `--what-if` SQL if given, loads
+`--jobs` rows straight into `evora.jobs` (triggers off): most of them finished, `--pending`
+of them PENDING over `--priorities` priorities, half of those due and half delayed up to a
+day, in three queues (90 %, 9 %, 1 %). It then runs every statement that reads PENDING jobs
+by queue and due time (the dispatcher's next due time and unclaimed-jobs report, the
+projector's oldest due job, a limit's held-back jobs and the queues a limit wakes), each
+`--repeat` times under EXPLAIN ANALYZE, and prints the median execution time, the buffers
+read and the indexes the plan uses; then the size of the indexes by due time, and how long
+building the one there is again takes.
+
+    python -m bench.pending_readers --jobs 1000000 --priorities 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from evora.embedded import LocalPostgres
+from evora.storage import limits, outbox, queries
+from evora.storage.migrate import apply_migrations
+
+QUEUES = ("big", "mid", "rare")
+
+LOAD = """
+INSERT INTO evora.jobs (id, queue, type, payload, priority, state, attempt, max_attempts,
+                        lease_seconds, backoff_initial, backoff_max, backoff_multiplier, run_at,
+                        worker_id, started_at, finished_at, created_at, updated_at)
+SELECT gen_random_uuid(), q.queue, 't' || (n % 20), '{}',
+       CASE WHEN p.pending THEN floor(h.r3 * $3::int4)::int4 % $3::int4 ELSE 0 END,
+       CASE WHEN p.pending THEN 'PENDING' ELSE 'COMPLETED' END::evora.job_state,
+       CASE WHEN p.pending THEN 0 ELSE 1 END, 3, 60, 1, 60, 2,
+       -- half of the PENDING jobs due (up to an hour ago), half delayed (up to a day ahead)
+       CASE WHEN p.pending AND h.r3 * 1000 % 2 >= 1 THEN now() + make_interval(secs => h.r * 86400)
+            ELSE now() - make_interval(secs => h.r * 3600) END,
+       CASE WHEN NOT p.pending THEN 'w' END, CASE WHEN NOT p.pending THEN now() END,
+       CASE WHEN NOT p.pending THEN now() END, now(), now()
+FROM generate_series(1, $1) AS n
+CROSS JOIN LATERAL (SELECT hashint4(n) / 4294967296.0 + 0.5 AS r,
+                           hashint4(n + 7919) / 4294967296.0 + 0.5 AS r2,
+                           hashint4(n + 104729) / 4294967296.0 + 0.5 AS r3) AS h
+CROSS JOIN LATERAL (SELECT n % ($1 / $2) = 0 AS pending) AS p
+CROSS JOIN LATERAL (SELECT CASE WHEN h.r2 < 0.9 THEN 'big' WHEN h.r2 < 0.99 THEN 'mid'
+                                ELSE 'rare' END AS queue) AS q
+"""
+
+
+def _indexes(plan: dict[str, Any]) -> set[str]:
+    found = {plan["Index Name"]} if "Index Name" in plan else set()
+    for child in plan.get("Plans", []):
+        found |= _indexes(child)
+    return found
+
+
+def _buffers(plan: dict[str, Any]) -> int:
+    return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
+
+
+async def _explain(
+    conn: asyncpg.Connection, sql: str, args: list[Any], repeat: int
+) -> tuple[float, int, set[str]]:
+    times, buffers, used = [], 0, set()
+    for _ in range(repeat):
+        [row] = await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", *args)
+        [result] = json.loads(row[0])
+        times.append(result["Execution Time"])
+        buffers = _buffers(result["Plan"])
+        used = _indexes(result["Plan"])
+    return statistics.median(times), buffers, used
+
+
+async def run(args: argparse.Namespace, dsn: str) -> None:
+    await apply_migrations(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        if args.what_if:
+            await conn.execute(args.what_if)
+        await conn.execute("SET session_replication_role = replica")  # no triggers: a bulk load
+        await conn.execute(LOAD, args.jobs, args.pending, args.priorities)
+        await conn.execute("RESET session_replication_role")
+        await conn.execute("VACUUM ANALYZE evora.jobs")
+        counts = await conn.fetch(
+            "SELECT queue, count(*) AS n, count(*) FILTER (WHERE run_at > now()) AS delayed,"
+            " count(DISTINCT priority) AS priorities FROM evora.jobs WHERE state = 'PENDING'"
+            " GROUP BY queue ORDER BY queue"
+        )
+        print(
+            f"{args.jobs:,} jobs; PENDING: "
+            + ", ".join(
+                f"{r['queue']} {r['n']:,} ({r['delayed']:,} delayed, {r['priorities']} priorities)"
+                for r in counts
+            )
+            + f"; median of {args.repeat} EXPLAIN ANALYZE runs"
+        )
+        cases: list[tuple[str, str, list[Any]]] = [
+            *((f"next_due {q}", queries.NEXT_DUE, [[q]]) for q in QUEUES),
+            ("next_due all queues", queries.NEXT_DUE, [list(QUEUES)]),
+            ("oldest_due all queues", outbox.OLDEST_DUE, [list(QUEUES)]),
+            ("unclaimed_jobs", queries.UNCLAIMED_JOBS, [300, 100]),
+            ("key_usage queue:rare (full)", limits.USAGE, ["queue:rare", 0, None, None]),
+            ("key_usage queue:big (full)", limits.USAGE, ["queue:big", 0, None, None]),
+            ("wake_limited_queues queue:mid", limits.WAKE, ["queue:mid"]),
+        ]
+        for label, sql, params in cases:
+            ms, buffers, used = await _explain(conn, sql, params, args.repeat)
+            shown = ", ".join(sorted(used)) or "(no index)"
+            print(f"  {label:<32} {ms:9.3f} ms  {buffers:7d} buffers  {shown}")
+        sizes = await conn.fetch(
+            "SELECT c.relname, pg_relation_size(c.oid) AS bytes FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = 'evora.jobs'::regclass"
+            "   AND c.relname IN ('jobs_claimable', 'jobs_delayed', 'jobs_scheduled') ORDER BY 1"
+        )
+        print(
+            "  indexes: " + ", ".join(f"{r['relname']} {r['bytes'] / 2**20:.1f} MB" for r in sizes)
+        )
+        # what building it again takes (the upgrade that makes it holds writes back as long)
+        for name in ("jobs_delayed", "jobs_scheduled"):
+            definition = await conn.fetchval(
+                "SELECT pg_get_indexdef(c.oid) FROM pg_class c"
+                " WHERE c.relname = $1 AND c.relnamespace = 'evora'::regnamespace",
+                name,
+            )
+            if definition is None:
+                continue
+            await conn.execute(f"DROP INDEX evora.{name}")
+            started = time.perf_counter()
+            await conn.execute(definition)
+            print(f"  build {name}: {time.perf_counter() - started:.2f} s")
+    finally:
+        await conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--pending", type=int, default=100_000, help="of them PENDING")
+    parser.add_argument("--priorities", type=int, default=5, help="distinct priorities")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--what-if", help="SQL run after the migrations")
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="evora-pending-readers-") as tmp,
+        LocalPostgres(Path(tmp) / "data", log_path=Path(tmp) / "postgres.log") as pg,
+    ):
+        asyncio.run(run(args, pg.dsn("postgres")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
