@@ -920,8 +920,9 @@ BEGIN
                 ELSE
                     held_job := ids[o];
                     held_since := evora.clock_now();
-                    INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since)
-                    VALUES (g.queue, 'throttle', g.key, held_job, held_since)
+                    INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since, until)
+                    VALUES (g.queue, 'throttle', g.key, held_job, held_since,
+                            held_since + make_interval(secs => throttle_windows[o]))
                     ON CONFLICT ON CONSTRAINT submission_keys_pkey DO UPDATE
                 END IF;
             END LOOP;
@@ -1610,6 +1611,52 @@ BEGIN
     )
     SELECT count(*) INTO removed FROM gone;
     RETURN removed;
+END
+$$;
+
+CREATE FUNCTION evora.prune_submission_keys(batch integer) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    removed bigint;
+    debounced bigint;
+    queues text[];
+    keys text[];
+    jobs uuid[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM evora.submission_keys
+        WHERE (queue, kind, key) IN (
+            SELECT t.queue, t.kind, t.key FROM evora.submission_keys t
+            WHERE t.kind = 'throttle' AND t.until <= evora.clock_now()
+            ORDER BY t.until
+            LIMIT batch
+            FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO removed FROM gone;
+    IF removed >= batch THEN
+        RETURN removed;
+    END IF;
+    SELECT array_agg(d.queue), array_agg(d.key), array_agg(d.job_id) INTO queues, keys, jobs
+    FROM (SELECT d.queue, d.key, d.job_id FROM evora.submission_keys d
+          WHERE d.kind = 'debounce'
+            AND NOT EXISTS (SELECT 1 FROM evora.jobs j
+                            WHERE j.id = d.job_id AND j.state = 'PENDING'
+                              AND j.started_at IS NULL)
+          ORDER BY d.since
+          LIMIT batch - removed) AS d;
+    WITH gone AS (
+        DELETE FROM evora.submission_keys
+        WHERE (queue, kind, key) IN (
+            SELECT d.queue, d.kind, d.key FROM evora.submission_keys d
+            WHERE d.kind = 'debounce'
+              AND (d.queue, d.key, d.job_id) IN (SELECT * FROM unnest(queues, keys, jobs))
+            FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO debounced FROM gone;
+    RETURN removed + debounced;
 END
 $$;
 
@@ -2958,8 +3005,10 @@ CREATE TABLE evora.submission_keys (
     job_id uuid NOT NULL,
     since timestamp with time zone NOT NULL,
     run_by timestamp with time zone,
+    until timestamp with time zone,
     CONSTRAINT submission_keys_kind CHECK ((kind = ANY (ARRAY['debounce'::text, 'throttle'::text]))),
-    CONSTRAINT submission_keys_run_by CHECK (((kind = 'debounce'::text) = (run_by IS NOT NULL)))
+    CONSTRAINT submission_keys_run_by CHECK (((kind = 'debounce'::text) = (run_by IS NOT NULL))),
+    CONSTRAINT submission_keys_until CHECK (((kind = 'throttle'::text) = (until IS NOT NULL)))
 );
 
 ALTER TABLE ONLY evora.callbacks
@@ -3083,6 +3132,10 @@ CREATE UNIQUE INDEX jobs_submit_seq ON evora.jobs USING btree (submit_seq);
 CREATE INDEX jobs_waiting_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = ANY (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state])) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX schedules_due ON evora.schedules USING btree (next_run_at) WHERE (NOT paused);
+
+CREATE INDEX submission_keys_debounce_since ON evora.submission_keys USING btree (since) WHERE (kind = 'debounce'::text);
+
+CREATE INDEX submission_keys_throttle_until ON evora.submission_keys USING btree (until) WHERE (kind = 'throttle'::text);
 
 CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON evora.flow_limits FOR EACH ROW EXECUTE FUNCTION evora.record_limit_change();
 

@@ -47,6 +47,11 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: prune_submission_keys
+-- $1 at most this many rows. The debounce and throttle keys that answer no later submission
+-- (evora.prune_submission_keys(), functions/retention.sql).
+SELECT evora.prune_submission_keys($1);
+
 -- name: make_event_partitions
 -- $1 width of a partition (seconds), $2 how many to have ahead of the clock; returns the
 -- seconds of partitions ahead once made (evora.make_event_partitions(), functions/retention.sql).
