@@ -87,7 +87,8 @@ class RetentionStore:
         self._pool = pool
 
     async def seconds_until_deadline(self) -> float | None:
-        """Seconds until the next lease or TTL expiry (<= 0: due now), None if none."""
+        """Seconds until the next lease, TTL, time limit or callback timeout runs out (<= 0:
+        due now), None if none."""
         seconds: float | None = await self._pool.fetchval(SECONDS_UNTIL_DEADLINE)
         return seconds
 
