@@ -1641,9 +1641,8 @@ BEGIN
     SELECT array_agg(d.queue), array_agg(d.key), array_agg(d.job_id) INTO queues, keys, jobs
     FROM (SELECT d.queue, d.key, d.job_id FROM evora.submission_keys d
           WHERE d.kind = 'debounce'
-            AND NOT EXISTS (SELECT 1 FROM evora.jobs j
-                            WHERE j.id = d.job_id AND j.state = 'PENDING'
-                              AND j.started_at IS NULL)
+            AND (SELECT j.state = 'PENDING' AND j.started_at IS NULL
+                 FROM evora.jobs j WHERE j.id = d.job_id) IS NOT TRUE
           ORDER BY d.since
           LIMIT batch - removed) AS d;
     WITH gone AS (
@@ -1985,6 +1984,23 @@ CREATE FUNCTION evora.settlement(ended_ids uuid[], ended_states evora.job_state[
     FROM arrivals a
     JOIN evora.jobs w ON w.id = a.id
     WHERE w.state = 'WAITING'
+$$;
+
+CREATE FUNCTION evora.spawned_tree(parent uuid) RETURNS SETOF uuid
+    LANGUAGE sql STABLE
+    AS $$
+    WITH RECURSIVE tree (id) AS (
+        SELECT parent
+        UNION
+        SELECT s.child FROM tree t JOIN evora.spawned_children s ON s.parent = t.id
+        WHERE NOT EXISTS (
+            SELECT 1 FROM evora.waiting_dependents(s.child) AS w(id)
+            WHERE w.id <> s.parent
+              AND w.id NOT IN (SELECT o.child FROM evora.spawned_children o
+                               WHERE o.parent = s.parent))
+    )
+    SELECT j.id FROM tree t JOIN evora.jobs j ON j.id = t.id
+    WHERE t.id <> parent AND j.state IN ('PENDING', 'WAITING', 'RUNNING', 'SUSPENDED')
 $$;
 
 CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[], fairness_keys text[] DEFAULT NULL::text[], debounce_keys text[] DEFAULT '{}'::text[], debounce_delays double precision[] DEFAULT '{}'::double precision[], debounce_max_delays double precision[] DEFAULT '{}'::double precision[], throttle_keys text[] DEFAULT '{}'::text[], throttle_windows double precision[] DEFAULT '{}'::double precision[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
@@ -2998,6 +3014,11 @@ CREATE TABLE evora.schedules (
     CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
 );
 
+CREATE TABLE evora.spawned_children (
+    parent uuid NOT NULL,
+    child uuid NOT NULL
+);
+
 CREATE TABLE evora.submission_keys (
     queue text NOT NULL,
     kind text NOT NULL,
@@ -3079,6 +3100,9 @@ ALTER TABLE ONLY evora.projector_progress
 
 ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY evora.spawned_children
+    ADD CONSTRAINT spawned_children_pkey PRIMARY KEY (parent, child);
 
 ALTER TABLE ONLY evora.submission_keys
     ADD CONSTRAINT submission_keys_pkey PRIMARY KEY (queue, kind, key);
@@ -3163,3 +3187,6 @@ ALTER TABLE ONLY evora.job_dependencies
 
 ALTER TABLE ONLY evora.job_traces
     ADD CONSTRAINT job_traces_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY evora.spawned_children
+    ADD CONSTRAINT spawned_children_parent_fkey FOREIGN KEY (parent) REFERENCES evora.jobs(id) ON DELETE CASCADE;

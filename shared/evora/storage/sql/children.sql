@@ -25,3 +25,21 @@ LEFT JOIN held h ON true;
 -- outcome ('done', or 'cancelled_dependency' with the child that refuses it: roll back).
 SELECT outcome, cause, job, notified, owed
 FROM evora.await_children($1::uuid, $2::uuid[], $3::text, $4::text[]);
+
+-- name: record_children
+-- $1 id (waiting for its children in this transaction), $2 the children its spawn created
+-- (not those an idempotency key replayed): a cancel of the job cancels them with it
+-- (evora.spawned_tree(), functions/dependencies.sql).
+INSERT INTO evora.spawned_children (parent, child)
+SELECT $1, c FROM unnest($2::uuid[]) AS c
+ON CONFLICT DO NOTHING;
+
+-- name: hold_spawned_tree
+-- $1 id. Locks, in id order, the unfinished jobs a cancel of the job would cancel with it
+-- (evora.spawned_tree()), before the job itself: a child ending locks the child first and its
+-- waiting parent next (the dependency settlement), so a cancel that took the parent first
+-- and then waited for that child would deadlock with it. Their ids, in that order.
+SELECT j.id FROM evora.jobs j
+WHERE j.id IN (SELECT evora.spawned_tree($1))
+ORDER BY j.id
+FOR UPDATE;
