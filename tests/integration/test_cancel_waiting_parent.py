@@ -83,6 +83,35 @@ async def test_cancelling_a_waiting_parent_cancels_the_children_it_made(
     }
 
 
+async def test_a_child_another_job_waits_for_is_shared_and_runs_on(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A child that a job outside the family also waits for is not only the parent's: it runs
+    on. A child that only its siblings wait for is the family's and is cancelled."""
+    parent = await running(store, "q")
+    spawned = await store.spawn_children(
+        parent["id"],
+        parent["lease_token"],
+        [
+            child("wanted"),
+            JobSubmission(queue=KIDS, type="c", ref="first"),
+            JobSubmission(queue=KIDS, type="c", depends_on=["ref:first"]),
+        ],
+    )
+    wanted, first, second = (kid.id for kid in spawned.children)
+    # someone else submits a job that waits for one of the children
+    outsider = (await store.submit(JobSubmission(queue="others", type="o", depends_on=[wanted]))).id
+
+    assert (await store.cancel(parent["id"])).immediate
+
+    assert await states(pool, wanted, outsider, first, second) == [
+        ("PENDING", False),
+        ("WAITING", False),
+        ("CANCELLED", False),
+        ("CANCELLED", False),
+    ]
+
+
 async def test_a_child_completing_while_its_parent_is_cancelled(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
