@@ -387,18 +387,14 @@ class JobStore:
         in one transaction."""
         owed: list[Sequence[asyncpg.Record]] = []
         async with self._pool.acquire() as conn, conn.transaction():
-            within = (conn, owed)
             # The children first (see the statement): held, they can neither end nor be
             # claimed before they are cancelled.
             await conn.fetch(queries.HOLD_SPAWNED_TREE, job_id)
-            result, job = await self._decide(queries.CANCEL, job_id, within=within)
+            result, job = await self._decide(queries.CANCEL, job_id, within=(conn, owed))
             if result is Decision.DONE and job["state"] == JobState.CANCELLED:
-                # Read again, after the job's lock: a spawn that held it committed children
-                # the first read could not see yet.
-                for r in await conn.fetch(queries.HOLD_SPAWNED_TREE, job_id):
-                    # A child a cancelled sibling it waited for has cancelled already is
-                    # refused: nothing left to do for it.
-                    await self._decide(queries.CANCEL, r["id"], within=within)
+                owed.append(
+                    await self._change(conn, queries.CANCEL_SPAWNED_TREE, job_id, committed=False)
+                )
         for rows in owed:
             self._owe(rows)
         if result is Decision.DONE:

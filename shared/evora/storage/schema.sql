@@ -1855,11 +1855,12 @@ DECLARE
     ended_states evora.job_state[];
     hinted bigint;
 BEGIN
+    ended_ids := string_to_array(rtrim(current_setting('evora.ended_dependencies'), ','),
+                                 ',')::uuid[];
     SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
     FROM evora.jobs j
-    WHERE j.id = ANY(string_to_array(
-        rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
+    WHERE j.id = ANY(ended_ids);
     PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
