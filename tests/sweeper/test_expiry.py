@@ -246,3 +246,32 @@ async def test_a_callback_past_its_timeout_is_settled_by_the_running_sweeper(
     assert (await store.get(failed["id"]))["state"] == "DLQ"
     assert running.metric("evora_sweeper_callbacks_timed_out_total", outcome="resumed") == 1
     assert running.metric("evora_sweeper_callbacks_timed_out_total", outcome="dead_lettered") == 1
+
+
+async def test_wakes_at_the_next_callback_timeout(
+    start_sweeper: StartSweeper, store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """docs/callbacks.md: a timeout is settled when it passes, not at the sweeper's next look
+    (it used to sleep until the next lease, TTL or time limit only, so up to `max_wait`)."""
+    job = await claimed(store, "suspended", max_attempts=1)
+    await store.suspend(job["id"], job["lease_token"], timeout_seconds=1.5, on_timeout="resume")
+    deadline = await pool.fetchval(
+        "SELECT timeout_at FROM evora.callbacks WHERE job_id = $1", job["id"]
+    )
+    # Without the deadline it would look again only after a minute.
+    await start_sweeper(Tuning(max_wait=60.0))
+
+    async def resumed_at() -> datetime | None:
+        at: datetime | None = await pool.fetchval(
+            "SELECT at FROM evora.job_events WHERE job_id = $1 AND event = 'resumed'", job["id"]
+        )
+        return at
+
+    async def resumed() -> bool:
+        return await resumed_at() is not None
+
+    await until(resumed, "the callback's timeout to be settled", within=6.0)
+    at = await resumed_at()
+    assert at is not None
+    late = (at - deadline).total_seconds()
+    assert 0 <= late < 0.5, late

@@ -228,7 +228,8 @@ class Sweeper:
 
     async def prune_due(self, ended: asyncio.Event | None = None) -> Counter[str]:
         """One retention pass: job_events' partitions made ahead, then finished jobs and
-        idempotency keys past their windows, in batches of one short statement each, and the
+        idempotency keys past their windows, debounce and throttle keys that answer nothing
+        more, in batches of one short statement each, and the
         partitions of events past theirs. Returns the rows (partitions, for
         `event_partitions`) removed by kind."""
         removed: Counter[str] = Counter()
@@ -249,6 +250,10 @@ class Sweeper:
                 self._store.prune_idempotency_keys, self._retention.idempotency_keys
             )
             removed["idempotency_keys"] = await self._drain("idempotency_keys", prune_keys, ended)
+        if not _ended(ended):
+            removed["submission_keys"] = await self._drain(
+                "submission_keys", self._store.prune_submission_keys, ended
+            )
         if not _ended(ended):
             dropped = await self._store.drop_event_partitions(
                 self._retention.events, self._retention.archive_events

@@ -381,7 +381,22 @@ class JobStore:
         )
 
     async def cancel(self, job_id: UUID) -> Cancelled:
-        result, job = await self._decide(queries.CANCEL, job_id)
+        """Cancel the job (at once, or by a request its worker acts on while RUNNING) and,
+        when it is cancelled at once, the unfinished children its spawns created, as each
+        would be cancelled on its own (docs/jobs-that-wait.md, "Cancelling a waiting job");
+        in one transaction."""
+        owed: list[Sequence[asyncpg.Record]] = []
+        async with self._pool.acquire() as conn, conn.transaction():
+            # The children first (see the statement): held, they can neither end nor be
+            # claimed before they are cancelled.
+            await conn.fetch(queries.HOLD_SPAWNED_TREE, job_id)
+            result, job = await self._decide(queries.CANCEL, job_id, within=(conn, owed))
+            if result is Decision.DONE and job["state"] == JobState.CANCELLED:
+                owed.append(
+                    await self._change(conn, queries.CANCEL_SPAWNED_TREE, job_id, committed=False)
+                )
+        for rows in owed:
+            self._owe(rows)
         if result is Decision.DONE:
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
         # Refused while RUNNING: the cancel was requested before. The statement decides on
@@ -410,10 +425,23 @@ class JobStore:
             raise InvalidState(f"job {job_id} is {job['state']}; only DLQ jobs can be {verb}")
         return job
 
-    async def _decide(self, query: str, job_id: UUID, *args: Any) -> tuple[Decision, JobDict]:
+    async def _decide(
+        self,
+        query: str,
+        job_id: UUID,
+        *args: Any,
+        within: tuple[asyncpg.Connection, list[Sequence[asyncpg.Record]]] | None = None,
+    ) -> tuple[Decision, JobDict]:
         """Run an admin transition on one job; its statement answers in the same round trip
-        whether it moved the job or refused it, with the job as it now is."""
-        [row] = await self._change(self._pool, query, job_id, *args)
+        whether it moved the job or refused it, with the job as it now is. `within`: in the
+        caller's transaction on that connection, the hints it owes appended to the list, for
+        the caller to settle after its commit."""
+        if within is None:
+            [row] = await self._change(self._pool, query, job_id, *args)
+        else:
+            conn, owed = within
+            [row] = moved = await self._change(conn, query, job_id, *args, committed=False)
+            owed.append(moved)
         result = Decision(row["outcome"])
         if result is Decision.NOT_FOUND:
             raise JobNotFound(f"job {job_id} not found")
@@ -663,6 +691,8 @@ class JobStore:
             if row["outcome"] == "cancelled_dependency":
                 raise _cancelled_child(submissions, children, row["cause"])
             owed.append(moved)
+            if created := [child.id for child in children if child.created]:
+                await conn.execute(queries.RECORD_CHILDREN, job_id, created)
         for rows in owed:
             self._owe(rows)
         return Spawned(job_from_row(row["job"]), children)

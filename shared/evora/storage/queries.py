@@ -44,7 +44,20 @@ from evora.storage.statements import load
 )
 
 # children awaited without holding a slot (docs/jobs-that-wait.md)
-HOLD_PARENT, AWAIT_CHILDREN = load("children", "hold_parent", "await_children")
+(
+    HOLD_PARENT,
+    AWAIT_CHILDREN,
+    RECORD_CHILDREN,
+    HOLD_SPAWNED_TREE,
+    CANCEL_SPAWNED_TREE,
+) = load(
+    "children",
+    "hold_parent",
+    "await_children",
+    "record_children",
+    "hold_spawned_tree",
+    "cancel_spawned_tree",
+)
 
 GET_JOB, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(
     "jobs", "get_job", "job_events", "next_due", "unclaimed_jobs"

@@ -44,6 +44,7 @@ _ANOTHER_HAS_IT = (
     SECONDS_UNTIL_DEADLINE,
     PRUNE_FINISHED,
     PRUNE_IDEMPOTENCY_KEYS,
+    PRUNE_SUBMISSION_KEYS,
     MAKE_EVENT_PARTITIONS,
     EXPIRED_EVENT_PARTITIONS,
     RECORD_PROJECTOR_PROGRESS,
@@ -55,6 +56,7 @@ _ANOTHER_HAS_IT = (
     "seconds_until_deadline",
     "prune_finished",
     "prune_idempotency_keys",
+    "prune_submission_keys",
     "make_event_partitions",
     "expired_event_partitions",
     "record_projector_progress",
@@ -85,7 +87,8 @@ class RetentionStore:
         self._pool = pool
 
     async def seconds_until_deadline(self) -> float | None:
-        """Seconds until the next lease or TTL expiry (<= 0: due now), None if none."""
+        """Seconds until the next lease, TTL, time limit or callback timeout runs out (<= 0:
+        due now), None if none."""
         seconds: float | None = await self._pool.fetchval(SECONDS_UNTIL_DEADLINE)
         return seconds
 
@@ -104,6 +107,12 @@ class RetentionStore:
 
     async def prune_idempotency_keys(self, older_than: float, limit: int) -> int:
         removed: int = await self._pool.fetchval(PRUNE_IDEMPOTENCY_KEYS, older_than, limit)
+        return removed
+
+    async def prune_submission_keys(self, limit: int) -> int:
+        """Remove up to `limit` debounce and throttle keys that answer no later submission:
+        a throttle key past its window, a debounce key whose job started or is gone."""
+        removed: int = await self._pool.fetchval(PRUNE_SUBMISSION_KEYS, limit)
         return removed
 
     async def make_event_partitions(self, width: float, ahead: int) -> float:

@@ -938,8 +938,9 @@ BEGIN
                 ELSE
                     held_job := ids[o];
                     held_since := evora.clock_now();
-                    INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since)
-                    VALUES (g.queue, 'throttle', g.key, held_job, held_since)
+                    INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since, until)
+                    VALUES (g.queue, 'throttle', g.key, held_job, held_since,
+                            held_since + make_interval(secs => throttle_windows[o]))
                     ON CONFLICT ON CONSTRAINT submission_keys_pkey DO UPDATE
                 END IF;
             END LOOP;
@@ -1647,6 +1648,51 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.prune_submission_keys(batch integer) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    removed bigint;
+    debounced bigint;
+    queues text[];
+    keys text[];
+    jobs uuid[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM evora.submission_keys
+        WHERE (queue, kind, key) IN (
+            SELECT t.queue, t.kind, t.key FROM evora.submission_keys t
+            WHERE t.kind = 'throttle' AND t.until <= evora.clock_now()
+            ORDER BY t.until
+            LIMIT batch
+            FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO removed FROM gone;
+    IF removed >= batch THEN
+        RETURN removed;
+    END IF;
+    SELECT array_agg(d.queue), array_agg(d.key), array_agg(d.job_id) INTO queues, keys, jobs
+    FROM (SELECT d.queue, d.key, d.job_id FROM evora.submission_keys d
+          WHERE d.kind = 'debounce'
+            AND (SELECT j.state = 'PENDING' AND j.started_at IS NULL
+                 FROM evora.jobs j WHERE j.id = d.job_id) IS NOT TRUE
+          ORDER BY d.since
+          LIMIT batch - removed) AS d;
+    WITH gone AS (
+        DELETE FROM evora.submission_keys
+        WHERE (queue, kind, key) IN (
+            SELECT d.queue, d.kind, d.key FROM evora.submission_keys d
+            WHERE d.kind = 'debounce'
+              AND (d.queue, d.key, d.job_id) IN (SELECT * FROM unnest(queues, keys, jobs))
+            FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO debounced FROM gone;
+    RETURN removed + debounced;
+END
+$$;
+
 CREATE FUNCTION evora.queue_paused(in_queue text) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$
@@ -1843,11 +1889,12 @@ DECLARE
     ended_states evora.job_state[];
     hinted bigint;
 BEGIN
+    ended_ids := string_to_array(rtrim(current_setting('evora.ended_dependencies'), ','),
+                                 ',')::uuid[];
     SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
     FROM evora.jobs j
-    WHERE j.id = ANY(string_to_array(
-        rtrim(current_setting('evora.ended_dependencies'), ','), ',')::uuid[]);
+    WHERE j.id = ANY(ended_ids);
     PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
@@ -1972,6 +2019,23 @@ CREATE FUNCTION evora.settlement(ended_ids uuid[], ended_states evora.job_state[
     FROM arrivals a
     JOIN evora.jobs w ON w.id = a.id
     WHERE w.state = 'WAITING'
+$$;
+
+CREATE FUNCTION evora.spawned_tree(parent uuid) RETURNS SETOF uuid
+    LANGUAGE sql STABLE
+    AS $$
+    WITH RECURSIVE tree (id) AS (
+        SELECT parent
+        UNION
+        SELECT s.child FROM tree t JOIN evora.spawned_children s ON s.parent = t.id
+        WHERE NOT EXISTS (
+            SELECT 1 FROM evora.waiting_dependents(s.child) AS w(id)
+            WHERE w.id <> s.parent
+              AND w.id NOT IN (SELECT o.child FROM evora.spawned_children o
+                               WHERE o.parent = s.parent))
+    )
+    SELECT j.id FROM tree t JOIN evora.jobs j ON j.id = t.id
+    WHERE t.id <> parent AND j.state IN ('PENDING', 'WAITING', 'RUNNING', 'SUSPENDED')
 $$;
 
 CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[], fairness_keys text[] DEFAULT NULL::text[], debounce_keys text[] DEFAULT '{}'::text[], debounce_delays double precision[] DEFAULT '{}'::double precision[], debounce_max_delays double precision[] DEFAULT '{}'::double precision[], throttle_keys text[] DEFAULT '{}'::text[], throttle_windows double precision[] DEFAULT '{}'::double precision[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
@@ -2990,6 +3054,11 @@ CREATE TABLE evora.schedules (
     CONSTRAINT schedules_misfire_grace_seconds_check CHECK ((misfire_grace_seconds > 0))
 );
 
+CREATE TABLE evora.spawned_children (
+    parent uuid NOT NULL,
+    child uuid NOT NULL
+);
+
 CREATE TABLE evora.submission_keys (
     queue text NOT NULL,
     kind text NOT NULL,
@@ -2997,8 +3066,10 @@ CREATE TABLE evora.submission_keys (
     job_id uuid NOT NULL,
     since timestamp with time zone NOT NULL,
     run_by timestamp with time zone,
+    until timestamp with time zone,
     CONSTRAINT submission_keys_kind CHECK ((kind = ANY (ARRAY['debounce'::text, 'throttle'::text]))),
-    CONSTRAINT submission_keys_run_by CHECK (((kind = 'debounce'::text) = (run_by IS NOT NULL)))
+    CONSTRAINT submission_keys_run_by CHECK (((kind = 'debounce'::text) = (run_by IS NOT NULL))),
+    CONSTRAINT submission_keys_until CHECK (((kind = 'throttle'::text) = (until IS NOT NULL)))
 );
 
 ALTER TABLE ONLY evora.callbacks
@@ -3070,6 +3141,9 @@ ALTER TABLE ONLY evora.projector_progress
 ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
+ALTER TABLE ONLY evora.spawned_children
+    ADD CONSTRAINT spawned_children_pkey PRIMARY KEY (parent, child);
+
 ALTER TABLE ONLY evora.submission_keys
     ADD CONSTRAINT submission_keys_pkey PRIMARY KEY (queue, kind, key);
 
@@ -3123,6 +3197,10 @@ CREATE INDEX jobs_waiting_limit_keys ON evora.jobs USING gin (limit_keys) WITH (
 
 CREATE INDEX schedules_due ON evora.schedules USING btree (next_run_at) WHERE (NOT paused);
 
+CREATE INDEX submission_keys_debounce_since ON evora.submission_keys USING btree (since) WHERE (kind = 'debounce'::text);
+
+CREATE INDEX submission_keys_throttle_until ON evora.submission_keys USING btree (until) WHERE (kind = 'throttle'::text);
+
 CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON evora.flow_limits FOR EACH ROW EXECUTE FUNCTION evora.record_limit_change();
 
 CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON evora.job_events FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
@@ -3151,3 +3229,6 @@ ALTER TABLE ONLY evora.job_dependencies
 
 ALTER TABLE ONLY evora.job_traces
     ADD CONSTRAINT job_traces_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY evora.spawned_children
+    ADD CONSTRAINT spawned_children_parent_fkey FOREIGN KEY (parent) REFERENCES evora.jobs(id) ON DELETE CASCADE;

@@ -169,3 +169,69 @@ BEGIN
     RETURN removed;
 END
 $$;
+
+-- Removes at most `batch` rows of evora.submission_keys (migration 0056) that answer no later
+-- submission, oldest first, and returns how many: throttle keys whose window has passed,
+-- debounce keys whose job is no longer PENDING and never started, or is gone (the next
+-- submission of such a key makes a new job, row or no row). A submission writes a key's row
+-- under the key's advisory lock, not a row lock taken first, so the pass must not remove a
+-- row a submission wrote after the pass read it:
+--   * a throttle row is removed by its own `until`, which a locked row's newest version is
+--     re-checked on (a submission that made a new job moved it forward);
+--   * a debounce row's verdict is about another table: re-checked on a newest version, a
+--     test of the job the row now names would read that job in the statement's snapshot,
+--     where a job made after it is not, and "not PENDING" would remove the row naming it.
+--     So the rows are read first, with the job each names, and locked in a statement of its
+--     own only while they still name that job.
+-- Rows others hold are skipped, never waited for (an application may keep a submission's
+-- transaction open): they are looked at again next pass.
+CREATE OR REPLACE FUNCTION evora.prune_submission_keys(batch integer)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    removed bigint;
+    debounced bigint;
+    queues text[];
+    keys text[];
+    jobs uuid[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM evora.submission_keys
+        WHERE (queue, kind, key) IN (
+            SELECT t.queue, t.kind, t.key FROM evora.submission_keys t
+            WHERE t.kind = 'throttle' AND t.until <= evora.clock_now()
+            ORDER BY t.until
+            LIMIT batch
+            FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO removed FROM gone;
+    IF removed >= batch THEN
+        RETURN removed;
+    END IF;
+    SELECT array_agg(d.queue), array_agg(d.key), array_agg(d.job_id) INTO queues, keys, jobs
+    FROM (SELECT d.queue, d.key, d.job_id FROM evora.submission_keys d
+          WHERE d.kind = 'debounce'
+            -- One probe of the job's primary key per row, in the order of `since`, until the
+            -- batch is found. (As a NOT EXISTS, an estimate of few PENDING jobs, stale after
+            -- a burst, made it an anti-join rescanning every PENDING job for each key:
+            -- 120,000 keys timed out.)
+            AND (SELECT j.state = 'PENDING' AND j.started_at IS NULL
+                 FROM evora.jobs j WHERE j.id = d.job_id) IS NOT TRUE
+          ORDER BY d.since
+          LIMIT batch - removed) AS d;
+    -- A job that started, finished or went never becomes PENDING and unstarted again: a row
+    -- still naming it is still prunable.
+    WITH gone AS (
+        DELETE FROM evora.submission_keys
+        WHERE (queue, kind, key) IN (
+            SELECT d.queue, d.kind, d.key FROM evora.submission_keys d
+            WHERE d.kind = 'debounce'
+              AND (d.queue, d.key, d.job_id) IN (SELECT * FROM unnest(queues, keys, jobs))
+            FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO debounced FROM gone;
+    RETURN removed + debounced;
+END
+$$;

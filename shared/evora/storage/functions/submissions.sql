@@ -763,10 +763,12 @@ BEGIN
                 ELSE
                     held_job := ids[o];
                     held_since := evora.clock_now();
-                    INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since)
-                    VALUES (g.queue, 'throttle', g.key, held_job, held_since)
+                    -- `until`: when the sweeper may forget the key (migration 0056)
+                    INSERT INTO evora.submission_keys AS k (queue, kind, key, job_id, since, until)
+                    VALUES (g.queue, 'throttle', g.key, held_job, held_since,
+                            held_since + make_interval(secs => throttle_windows[o]))
                     ON CONFLICT ON CONSTRAINT submission_keys_pkey DO UPDATE
-                    SET job_id = excluded.job_id, since = excluded.since;
+                    SET job_id = excluded.job_id, since = excluded.since, until = excluded.until;
                 END IF;
             END LOOP;
         END IF;

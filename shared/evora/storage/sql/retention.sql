@@ -5,17 +5,22 @@
 -- sweepers running at once never remove the same row.
 
 -- name: seconds_until_deadline
--- Seconds until the earliest lease, TTL or time limit runs out, by the database's clock (a
--- replica's own clock cannot skew it), negative if one is already due, NULL if none is
--- pending. The first two `min`s are one probe of a partial index each (jobs_running_lease,
--- jobs_pending_ttl); the time limits (max_duration_seconds and its grace, the `time_out`
--- statement's deadline) read the RUNNING jobs that have one (jobs_running_time_limit).
+-- Seconds until the earliest lease, TTL, time limit or callback timeout runs out, by the
+-- database's clock (a replica's own clock cannot skew it), negative if one is already due,
+-- NULL if none is pending. The lease and TTL `min`s are one probe of a partial index each
+-- (jobs_running_lease, jobs_pending_ttl); the time limits (max_duration_seconds and its
+-- grace, the `time_out` statement's deadline) read the RUNNING jobs that have one
+-- (jobs_running_time_limit); the callbacks are those `expire_callbacks` settles, read in
+-- the order of callbacks_due until the first whose job is SUSPENDED (all of them, normally).
 SELECT extract(epoch FROM least(
     (SELECT min(lease_expires_at) FROM evora.jobs WHERE state = 'RUNNING'),
     (SELECT min(expires_at) FROM evora.jobs
      WHERE state = 'PENDING' AND expires_at IS NOT NULL AND started_at IS NULL),
     (SELECT min(started_at + make_interval(secs => max_duration_seconds + lease_seconds))
-     FROM evora.jobs WHERE state = 'RUNNING' AND max_duration_seconds IS NOT NULL)
+     FROM evora.jobs WHERE state = 'RUNNING' AND max_duration_seconds IS NOT NULL),
+    (SELECT c.timeout_at FROM evora.callbacks c JOIN evora.jobs j ON j.id = c.job_id
+     WHERE c.outcome IS NULL AND j.state = 'SUSPENDED'
+     ORDER BY c.timeout_at LIMIT 1)
 ) - evora.clock_now())::float8;
 
 -- name: prune_finished
@@ -46,6 +51,11 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone;
+
+-- name: prune_submission_keys
+-- $1 at most this many rows. The debounce and throttle keys that answer no later submission
+-- (evora.prune_submission_keys(), functions/retention.sql).
+SELECT evora.prune_submission_keys($1);
 
 -- name: make_event_partitions
 -- $1 width of a partition (seconds), $2 how many to have ahead of the clock; returns the

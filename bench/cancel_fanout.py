@@ -1,0 +1,65 @@
+"""What cancelling a job that waits for its children costs (docs/jobs-that-wait.md,
+"Cancelling a waiting job"): the job and every child its spawn made are cancelled in one
+transaction, the children in one statement, on one durable PostgreSQL.
+
+    python -m bench.cancel_fanout [--children 100 1000 10000]
+
+For each size: a running job spawns that many children (`JobStore.spawn_children`), then is
+cancelled (`JobStore.cancel`); prints the seconds the cancel took and how many children it
+left not CANCELLED (0 expected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from evora.embedded import LocalPostgres
+from evora.protocol.jobs import JobSubmission
+from evora.storage.db import create_pool
+from evora.storage.jobs import JobStore
+from evora.storage.migrate import apply_migrations
+
+
+async def _run(sizes: list[int], directory: Path) -> None:
+    with LocalPostgres(directory / "pg", durable=True) as server:
+        dsn = server.dsn()
+        await apply_migrations(dsn)
+        pool = await create_pool(dsn, min_size=2, max_size=4)
+        try:
+            store = JobStore(pool)
+            print("PostgreSQL durable")
+            for size in sizes:
+                parents, kids = f"parents-{size}", f"children-{size}"
+                await store.submit(JobSubmission(queue=parents, type="p"))
+                [parent] = await store.claim(worker_id="w", queues=[parents])
+                children = [JobSubmission(queue=kids, type="c") for _ in range(size)]
+                await store.spawn_children(parent["id"], parent["lease_token"], children)
+                started = time.perf_counter()
+                cancelled = await store.cancel(parent["id"])
+                seconds = time.perf_counter() - started
+                left = await pool.fetchval(
+                    "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state <> 'CANCELLED'",
+                    kids,
+                )
+                print(
+                    f"cancel  a job waiting for {size:>6} children: {seconds:6.2f} s;"
+                    f" job {cancelled.job['state']}, {left} children not CANCELLED"
+                )
+        finally:
+            await pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--children", type=int, nargs="+", default=[100, 1000, 10_000])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="evora-bench-cancel-fanout-") as directory:
+        asyncio.run(_run(args.children, Path(directory)))
+
+
+if __name__ == "__main__":
+    main()
