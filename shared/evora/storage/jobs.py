@@ -384,19 +384,8 @@ class JobStore:
         """Cancel the job (at once, or by a request its worker acts on while RUNNING) and,
         when it is cancelled at once, the unfinished children its spawns created, as each
         would be cancelled on its own (docs/jobs-that-wait.md, "Cancelling a waiting job");
-        in one transaction."""
-        owed: list[Sequence[asyncpg.Record]] = []
-        async with self._pool.acquire() as conn, conn.transaction():
-            # The children first (see the statement): held, they can neither end nor be
-            # claimed before they are cancelled.
-            await conn.fetch(queries.HOLD_SPAWNED_TREE, job_id)
-            result, job = await self._decide(queries.CANCEL, job_id, within=(conn, owed))
-            if result is Decision.DONE and job["state"] == JobState.CANCELLED:
-                owed.append(
-                    await self._change(conn, queries.CANCEL_SPAWNED_TREE, job_id, committed=False)
-                )
-        for rows in owed:
-            self._owe(rows)
+        in one statement."""
+        result, job = await self._decide(queries.CANCEL, job_id)
         if result is Decision.DONE:
             return Cancelled(job, immediate=job["state"] == JobState.CANCELLED)
         # Refused while RUNNING: the cancel was requested before. The statement decides on

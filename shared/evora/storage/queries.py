@@ -48,15 +48,11 @@ from evora.storage.statements import load
     HOLD_PARENT,
     AWAIT_CHILDREN,
     RECORD_CHILDREN,
-    HOLD_SPAWNED_TREE,
-    CANCEL_SPAWNED_TREE,
 ) = load(
     "children",
     "hold_parent",
     "await_children",
     "record_children",
-    "hold_spawned_tree",
-    "cancel_spawned_tree",
 )
 
 GET_JOB, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(

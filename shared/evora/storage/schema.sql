@@ -351,6 +351,73 @@ CREATE FUNCTION evora.callback_secret_hash(secret text) RETURNS bytea
     SELECT sha256(convert_to(secret, 'UTF8'))
 $$;
 
+CREATE FUNCTION evora.cancel_held(ids uuid[], suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
+    LANGUAGE sql ROWS 100
+    AS $$
+    WITH target AS (
+        SELECT j.id, j.state FROM evora.jobs j
+        WHERE j.id = ANY(ids)
+          AND (j.state IN ('PENDING', 'WAITING', 'SUSPENDED')
+               OR (j.state = 'RUNNING' AND NOT j.cancel_requested))
+    ),
+    moved AS (
+        UPDATE evora.jobs j
+        SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
+            cancel_requested = (t.state = 'RUNNING'),
+            finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora.clock_now() END,
+            updated_at = evora.clock_now(), version = j.version + 1
+        FROM target t WHERE j.id = t.id
+        RETURNING j AS whole, t.state AS from_state,
+            ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
+                t.state, j.worker_id, '{}')::evora.move AS move
+    ),
+    voided AS (
+        UPDATE evora.callbacks c SET outcome = 'cancelled', settled_at = evora.clock_now()
+        FROM moved m
+        WHERE m.from_state = 'SUSPENDED' AND c.job_id = (m.whole).id AND c.outcome IS NULL
+    ),
+    recorded AS (
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r
+$$;
+
+CREATE FUNCTION evora.cancel_job(job_id uuid, suppressed text[]) RETURNS TABLE(outcome text, job evora.jobs, notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+DECLARE
+    parent RECORD;
+    current evora.jobs;
+    family_notified text[];
+    family_owed text[];
+BEGIN
+    PERFORM 1 FROM evora.jobs j WHERE j.id IN (SELECT evora.spawned_tree(job_id))
+    ORDER BY j.id FOR UPDATE;
+    SELECT j.* INTO current FROM evora.jobs j WHERE j.id = job_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found', NULL::evora.jobs, NULL::text[], NULL::text[];
+        RETURN;
+    END IF;
+    SELECT c.job, c.notified, c.owed INTO parent
+    FROM evora.cancel_held(ARRAY[job_id], suppressed) AS c;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'refused', current, NULL::text[], NULL::text[];
+        RETURN;
+    END IF;
+    IF (parent.job).state = 'CANCELLED' THEN
+        SELECT c.notified, c.owed INTO family_notified, family_owed
+        FROM evora.cancel_held(ARRAY(SELECT j.id FROM evora.jobs j
+                                     WHERE j.id IN (SELECT evora.spawned_tree(job_id))
+                                     ORDER BY j.id FOR UPDATE),
+                               suppressed || parent.notified) AS c
+        LIMIT 1;
+    END IF;
+    RETURN QUERY SELECT 'done', parent.job, parent.notified || family_notified,
+                        parent.owed || family_owed;
+END
+$$;
+
 CREATE FUNCTION evora.claim_fair(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
     LANGUAGE plpgsql ROWS 1
     AS $$

@@ -631,6 +631,95 @@ BEGIN
 END
 $$;
 
+-- Cancels jobs the caller holds locked, each by the rule of a cancel: PENDING, WAITING and
+-- SUSPENDED at once (a SUSPENDED job's callback is settled `cancelled`, under the job's lock as
+-- every change of a callback, so resolving it is refused; the jobs that wait on a cancelled
+-- job follow, by the database's dependency trigger), RUNNING by cancel_requested (once: its
+-- worker decides); any other state is left as it is. An admin's cancel runs it for the job
+-- and then for the children its spawns made (evora.cancel_job()). Each of its statements
+-- takes a new snapshot, and the caller's lock was granted before: it decides on each job's
+-- newest version, the state the job is really in, even when the caller's snapshot predates a
+-- claim or a dependency's completion that the lock waited for. Returns each moved job whole, with the queues notified and owed
+-- (evora.record_moves).
+CREATE OR REPLACE FUNCTION evora.cancel_held(ids uuid[], suppressed text[])
+RETURNS TABLE (job evora.jobs, notified text[], owed text[])
+LANGUAGE sql VOLATILE ROWS 100 AS $$
+    WITH target AS (
+        SELECT j.id, j.state FROM evora.jobs j
+        WHERE j.id = ANY(ids)
+          AND (j.state IN ('PENDING', 'WAITING', 'SUSPENDED')
+               OR (j.state = 'RUNNING' AND NOT j.cancel_requested))
+    ),
+    moved AS (
+        UPDATE evora.jobs j
+        SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
+            cancel_requested = (t.state = 'RUNNING'),
+            finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora.clock_now() END,
+            updated_at = evora.clock_now(), version = j.version + 1
+        FROM target t WHERE j.id = t.id
+        RETURNING j AS whole, t.state AS from_state,
+            ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
+                t.state, j.worker_id, '{}')::evora.move AS move
+    ),
+    voided AS (
+        UPDATE evora.callbacks c SET outcome = 'cancelled', settled_at = evora.clock_now()
+        FROM moved m
+        WHERE m.from_state = 'SUSPENDED' AND c.job_id = (m.whole).id AND c.outcome IS NULL
+    ),
+    recorded AS (
+        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
+    )
+    SELECT m.whole, r.notified, r.owed
+    FROM moved m CROSS JOIN recorded r
+$$;
+
+-- An admin's cancel of one job (the `cancel` statement, storage/sql/transitions.sql): the job
+-- by evora.cancel_held()'s rule and, when it is cancelled at once, the unfinished children its
+-- spawns made (evora.spawned_tree(), docs/jobs-that-wait.md), each as a cancel of it alone
+-- would, all in one statement of the caller's. The children are locked first, in id order:
+-- a child ending locks the child and then its waiting parent (the dependency settlement), so
+-- a cancel that took the parent first and then waited for that child would deadlock with it.
+-- The tree is read again once the job is held: a spawn that committed meanwhile made
+-- children the first read could not see. Each statement takes a new snapshot after the locks
+-- it needs were granted, so the decision is made on the state the job is really in. Exactly
+-- one row: the outcome ('done', 'refused' or 'not_found'), the job, moved or as it refused
+-- (its newest version: a locking read waits for whatever moved it out of reach), and the
+-- queues notified and owed.
+CREATE OR REPLACE FUNCTION evora.cancel_job(job_id uuid, suppressed text[])
+RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
+DECLARE
+    parent RECORD;
+    current evora.jobs;
+    family_notified text[];
+    family_owed text[];
+BEGIN
+    PERFORM 1 FROM evora.jobs j WHERE j.id IN (SELECT evora.spawned_tree(job_id))
+    ORDER BY j.id FOR UPDATE;
+    SELECT j.* INTO current FROM evora.jobs j WHERE j.id = job_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found', NULL::evora.jobs, NULL::text[], NULL::text[];
+        RETURN;
+    END IF;
+    SELECT c.job, c.notified, c.owed INTO parent
+    FROM evora.cancel_held(ARRAY[job_id], suppressed) AS c;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'refused', current, NULL::text[], NULL::text[];
+        RETURN;
+    END IF;
+    IF (parent.job).state = 'CANCELLED' THEN
+        SELECT c.notified, c.owed INTO family_notified, family_owed
+        FROM evora.cancel_held(ARRAY(SELECT j.id FROM evora.jobs j
+                                     WHERE j.id IN (SELECT evora.spawned_tree(job_id))
+                                     ORDER BY j.id FOR UPDATE),
+                               suppressed || parent.notified) AS c
+        LIMIT 1;
+    END IF;
+    RETURN QUERY SELECT 'done', parent.job, parent.notified || family_notified,
+                        parent.owed || family_owed;
+END
+$$;
+
 -- A worker's completions and failures, in batches: the `complete` and `fail` statements of
 -- storage/sql/transitions.sql (the dispatcher's acks) and evora.complete()/evora.fail() below
 -- (a worker's own transaction) all run these, so the rules are the same whichever way an

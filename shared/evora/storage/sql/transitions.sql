@@ -254,61 +254,12 @@ SELECT job,
 FROM moved CROSS JOIN recorded r;
 
 -- name: cancel
--- $1 id, $2 suppressed queues. A PENDING, WAITING or SUSPENDED job is cancelled at once (the
--- jobs that wait on it follow, by the database's dependency trigger; a SUSPENDED job's
--- callback is settled `cancelled`, so resolving it is refused; it holds nothing to release); a
--- RUNNING job gets
--- cancel_requested (once) and its worker decides. Anything else is refused: a DLQ job leaves
--- the DLQ only by an admin's retry or discard. Exactly one row, like retry and discard: the
--- outcome ('done', 'refused' or 'not_found') and the job, moved or as it refused.
-WITH target AS (
-    SELECT id, state FROM evora.jobs
-    WHERE id = $1
-      AND (state IN ('PENDING', 'WAITING', 'SUSPENDED')
-           OR (state = 'RUNNING' AND NOT cancel_requested))
-    FOR UPDATE
-),
--- Joined by id alone. `target` is the row's newest version, locked; `j` is first read as the
--- statement's snapshot shows it, which may predate a claim, or a dependency's completion
--- releasing a WAITING job, that the lock waited for. A join on the state as well would fail
--- on that older version, before the UPDATE ever reached the newest one, and the cancel
--- would change nothing. Joined by id, the UPDATE finds the row changed and re-reads its
--- newest version, whose state is target's (the lock is held since): the decision is made on
--- the state the job is really in.
-moved AS (
-    UPDATE evora.jobs j
-    SET state = CASE WHEN t.state = 'RUNNING' THEN j.state ELSE 'CANCELLED' END,
-        cancel_requested = (t.state = 'RUNNING'),
-        finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora.clock_now() END,
-        updated_at = evora.clock_now(), version = j.version + 1
-    FROM target t WHERE j.id = t.id
-    RETURNING j.id, j AS job, t.state AS from_state,
-        ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
-            t.state, j.worker_id, '{}')::evora.move AS move
-),
--- under the job's lock, as every change of a callback (functions/callbacks.sql)
-voided AS (
-    UPDATE evora.callbacks c SET outcome = 'cancelled', settled_at = evora.clock_now()
-    FROM moved m
-    WHERE m.from_state = 'SUSPENDED' AND c.job_id = m.id AND c.outcome IS NULL
-),
-recorded AS (
-    SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), $2::text[])
-)
-SELECT CASE WHEN m.id IS NOT NULL THEN 'done'
-            WHEN cur.found THEN 'refused'
-            ELSE 'not_found' END AS outcome,
-       coalesce(m.job, cur.job) AS job,
-       r.notified, r.owed
-FROM (VALUES (1)) AS one(x)
-LEFT JOIN moved m ON true
-CROSS JOIN recorded r
--- Refused: the job as its latest version shows it. The statement's snapshot may predate a
--- transaction that the target's row lock waited for and that moved the job out of reach; a
--- locking read waits for the same transaction and returns what it committed.
-LEFT JOIN LATERAL (
-    SELECT true AS found, c AS job FROM evora.jobs c WHERE c.id = $1 AND m.id IS NULL FOR SHARE
-) cur ON true;
+-- $1 id, $2 suppressed queues. A PENDING, WAITING or SUSPENDED job is cancelled at once, with
+-- the unfinished children its spawns made; a RUNNING job gets cancel_requested (once) and its
+-- worker decides (evora.cancel_job(), evora.cancel_held()). Anything else is refused: a DLQ job
+-- leaves the DLQ only by an admin's retry or discard. Exactly one row, like retry and discard:
+-- the outcome ('done', 'refused' or 'not_found') and the job, moved or as it refused.
+SELECT outcome, job, notified, owed FROM evora.cancel_job($1::uuid, $2::text[]);
 
 -- name: leave_dlq
 -- $1 id, $2 'PENDING' (an admin's retry) or 'CANCELLED' (a discard), $3 suppressed queues.
