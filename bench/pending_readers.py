@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
+from bench import plans
 from evora.embedded import LocalPostgres
 from evora.storage import limits, outbox, queries
 from evora.storage.migrate import apply_migrations
@@ -55,30 +53,6 @@ CROSS JOIN LATERAL (SELECT n % ($1 / $2) = 0 AS pending) AS p
 CROSS JOIN LATERAL (SELECT CASE WHEN h.r2 < 0.9 THEN 'big' WHEN h.r2 < 0.99 THEN 'mid'
                                 ELSE 'rare' END AS queue) AS q
 """
-
-
-def _indexes(plan: dict[str, Any]) -> set[str]:
-    found = {plan["Index Name"]} if "Index Name" in plan else set()
-    for child in plan.get("Plans", []):
-        found |= _indexes(child)
-    return found
-
-
-def _buffers(plan: dict[str, Any]) -> int:
-    return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
-
-
-async def _explain(
-    conn: asyncpg.Connection, sql: str, args: list[Any], repeat: int
-) -> tuple[float, int, set[str]]:
-    times, buffers, used = [], 0, set()
-    for _ in range(repeat):
-        [row] = await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", *args)
-        [result] = json.loads(row[0])
-        times.append(result["Execution Time"])
-        buffers = _buffers(result["Plan"])
-        used = _indexes(result["Plan"])
-    return statistics.median(times), buffers, used
 
 
 async def run(args: argparse.Namespace, dsn: str) -> None:
@@ -114,31 +88,12 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             ("wake_limited_queues queue:mid", limits.WAKE, ["queue:mid"]),
         ]
         for label, sql, params in cases:
-            ms, buffers, used = await _explain(conn, sql, params, args.repeat)
+            ms, buffers, used = await plans.explain(conn, sql, params, args.repeat)
             shown = ", ".join(sorted(used)) or "(no index)"
             print(f"  {label:<32} {ms:9.3f} ms  {buffers:7d} buffers  {shown}")
-        sizes = await conn.fetch(
-            "SELECT c.relname, pg_relation_size(c.oid) AS bytes FROM pg_index i"
-            " JOIN pg_class c ON c.oid = i.indexrelid"
-            " WHERE i.indrelid = 'evora.jobs'::regclass"
-            "   AND c.relname IN ('jobs_claimable', 'jobs_delayed', 'jobs_scheduled') ORDER BY 1"
-        )
-        print(
-            "  indexes: " + ", ".join(f"{r['relname']} {r['bytes'] / 2**20:.1f} MB" for r in sizes)
-        )
+        await plans.print_index_sizes(conn, ("jobs_claimable", "jobs_delayed", "jobs_scheduled"))
         # what building it again takes (the upgrade that makes it holds writes back as long)
-        for name in ("jobs_delayed", "jobs_scheduled"):
-            definition = await conn.fetchval(
-                "SELECT pg_get_indexdef(c.oid) FROM pg_class c"
-                " WHERE c.relname = $1 AND c.relnamespace = 'evora'::regnamespace",
-                name,
-            )
-            if definition is None:
-                continue
-            await conn.execute(f"DROP INDEX evora.{name}")
-            started = time.perf_counter()
-            await conn.execute(definition)
-            print(f"  build {name}: {time.perf_counter() - started:.2f} s")
+        await plans.print_rebuild_times(conn, ("jobs_delayed", "jobs_scheduled"))
     finally:
         await conn.close()
 

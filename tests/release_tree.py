@@ -3,9 +3,13 @@ repository's venv: the upgrade tests drive a database with the code that wrote i
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +48,21 @@ def release_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
     # either layout: `evora_services` in `services/` or, before it moved, at the top (the cwd)
     path = os.pathsep.join([str(tree / "shared"), str(tree / "services"), str(tree)])
     return {**os.environ, **env, "PYTHONPATH": path}
+
+
+async def run_release_script(tree: Path, script: str, *args: str) -> Any:
+    """`script` run by `tree`'s code in a child process (`python -c script args...`, in
+    `tree`): the JSON of the last line it printed."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        *args,
+        env=release_env(tree, {}),
+        cwd=tree,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 240)
+    assert process.returncode == 0, err.decode()
+    return json.loads(out.decode().splitlines()[-1])

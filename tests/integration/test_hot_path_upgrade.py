@@ -5,10 +5,7 @@ images) and after (narrow ones) make one history the auditor and the projector r
 
 from __future__ import annotations
 
-import asyncio
-import json
 import shutil
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,7 +22,7 @@ from tests.integration.listing_pages import every_page
 from tests.projector.conftest import catch_up
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
-from tests.release_tree import CODE_ROOTS, release_env, unpack_release
+from tests.release_tree import CODE_ROOTS, run_release_script, unpack_release
 
 BEFORE = 36
 # main with migration 0036 its newest, the code that ran before the narrow hot path.
@@ -70,20 +67,7 @@ async def _before_narrow(url: str, tree: Path) -> tuple[list[list[str]], list[An
     """BEFORE_NARROW's code on `url` (_BEFORE_SCRIPT): the jobs it left RUNNING, and the
     listing's pages."""
     shutil.copy(Path(__file__).with_name("listing_pages.py"), tree / "listing_pages.py")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _BEFORE_SCRIPT,
-        url,
-        *QUEUES,
-        env=release_env(tree, {}),
-        cwd=tree,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 240)
-    assert process.returncode == 0, err.decode()
-    printed = json.loads(out.decode().splitlines()[-1])
+    printed = await run_release_script(tree, _BEFORE_SCRIPT, url, *QUEUES)
     return printed["running"], printed["pages"]
 
 

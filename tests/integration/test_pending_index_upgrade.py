@@ -8,12 +8,10 @@ audit finds nothing."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sys
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -23,7 +21,7 @@ from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations, current_version
 from evora.storage.outbox import oldest_due
 from tests.projector.workload import mixed_workload
-from tests.release_tree import CODE_ROOTS, release_env, unpack_release
+from tests.release_tree import CODE_ROOTS, run_release_script, unpack_release
 
 BEFORE = 48
 # main with migration 0048 its newest, the code that ran before jobs_scheduled was dropped.
@@ -70,23 +68,9 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3:]))
 """
 
 
-async def _before(tree: Path, mode: str, url: str) -> object:
+async def _before(tree: Path, mode: str, url: str) -> Any:
     """BEFORE_ONE_INDEX's code on `url` (_BEFORE_SCRIPT in `mode`): what it printed."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _BEFORE_SCRIPT,
-        mode,
-        url,
-        *QUEUES,
-        env=release_env(tree, {}),
-        cwd=tree,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 240)
-    assert process.returncode == 0, err.decode()
-    return json.loads(out.decode().splitlines()[-1])
+    return await run_release_script(tree, _BEFORE_SCRIPT, mode, url, *QUEUES)
 
 
 async def _truth(pool: asyncpg.Pool, queue: str) -> tuple[datetime | None, datetime | None]:
