@@ -351,8 +351,6 @@ DECLARE
     picked_keys text[];
     starts float8[];
     costs float8[];
-    walked_finish float8;
-    walked_key text;
     ids uuid[];
     unkeyed uuid[];
 BEGIN
@@ -365,13 +363,11 @@ BEGIN
         IF fair THEN
             PERFORM evora.fair_fold(q);
             SELECT coalesce(array_agg(p.id), '{}'), array_agg(p.key), array_agg(p.start),
-                   array_agg(p.cost), coalesce(max(p.walked_finish), 'infinity'),
-                   max(p.walked_key)
-            INTO ids, picked_keys, starts, costs, walked_finish, walked_key
+                   array_agg(p.cost)
+            INTO ids, picked_keys, starts, costs
             FROM evora.fair_pick(q, at, types, need, '{}') AS p;
             PERFORM evora.fair_charge(array_fill(q, ARRAY[cardinality(ids)]), picked_keys,
                                       starts, costs);
-            PERFORM evora.fair_unwalk(q, walked_finish, walked_key);
         ELSE
             ids := '{}';
         END IF;
@@ -475,8 +471,6 @@ DECLARE
     fair_start float8[];
     fair_cost float8[];
     fair_full text[] := '{}';
-    walked_finish float8[];
-    walked_key text[];
 BEGIN
     fair_qs := ARRAY(SELECT f.queue FROM evora.fair_queues f WHERE f.queue = ANY(queues)
                      ORDER BY f.queue FOR UPDATE);
@@ -510,19 +504,8 @@ BEGIN
                    ARRAY(SELECT t.key FROM tried t ORDER BY t.place),
                    ARRAY(SELECT t.start FROM tried t ORDER BY t.place),
                    ARRAY(SELECT t.cost FROM tried t ORDER BY t.place),
-                   ARRAY(SELECT DISTINCT p.queue FROM picked p WHERE p.n >= need),
-                   ARRAY(SELECT coalesce((SELECT p.walked_finish FROM picked p
-                                          WHERE p.queue = q.queue LIMIT 1),
-                                         CASE WHEN 'queue:' || q.queue = ANY(blocked)
-                                              THEN walked_finish[q.n]
-                                              ELSE 'infinity' END)
-                         FROM unnest(fair_qs) WITH ORDINALITY AS q(queue, n) ORDER BY q.n),
-                   ARRAY(SELECT coalesce((SELECT p.walked_key FROM picked p
-                                          WHERE p.queue = q.queue LIMIT 1),
-                                         walked_key[q.n])
-                         FROM unnest(fair_qs) WITH ORDINALITY AS q(queue, n) ORDER BY q.n)
-            INTO fair_cands, fair_ids, fair_queue, fair_key, fair_start, fair_cost, fair_full,
-                 walked_finish, walked_key;
+                   ARRAY(SELECT DISTINCT p.queue FROM picked p WHERE p.n >= need)
+            INTO fair_cands, fair_ids, fair_queue, fair_key, fair_start, fair_cost, fair_full;
         END IF;
         window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
                                 - cardinality(rest), 0);
@@ -734,8 +717,6 @@ j.group_key IS NULL OR (
         blocked := blocked || full_keys;
         EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
     END LOOP;
-    PERFORM evora.fair_unwalk(w.queue, w.finish, w.key)
-    FROM unnest(fair_qs, walked_finish, walked_key) AS w(queue, finish, key);
 END
 $$;
 
@@ -1252,8 +1233,9 @@ END
 $$;
 
 CREATE FUNCTION evora.fair_charge(queues text[], fkeys text[], starts double precision[], costs double precision[]) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
     WITH served AS MATERIALIZED (
         SELECT u.queue, u.key, count(*) AS n, min(u.start) AS start, min(u.cost) AS cost
         FROM unnest(queues, fkeys, starts, costs) AS u(queue, key, start, cost)
@@ -1269,7 +1251,8 @@ CREATE FUNCTION evora.fair_charge(queues text[], fkeys text[], starts double pre
     UPDATE evora.fair_queues f SET vtime = greatest(f.vtime, s.last)
     FROM (SELECT s.queue, max(s.start + (s.n - 1) * s.cost) AS last FROM served s
           GROUP BY s.queue) AS s
-    WHERE f.queue = s.queue
+    WHERE f.queue = s.queue;
+END
 $$;
 
 CREATE FUNCTION evora.fair_fold(q text) RETURNS void
@@ -1327,9 +1310,12 @@ CREATE FUNCTION evora.fair_note(queues text[], fkeys text[], ended integer[], he
     ON CONFLICT (queue) DO NOTHING
 $$;
 
-CREATE FUNCTION evora.fair_pick(q text, at timestamp with time zone, types text[], need integer, blocked text[]) RETURNS TABLE(key text, start double precision, cost double precision, tag double precision, id uuid, priority smallint, run_at timestamp with time zone, submit_seq bigint, limit_keys text[], walked_finish double precision, walked_key text)
-    LANGUAGE sql ROWS 10
+CREATE FUNCTION evora.fair_pick(q text, at timestamp with time zone, types text[], need integer, blocked text[]) RETURNS TABLE(key text, start double precision, cost double precision, tag double precision, id uuid, priority smallint, run_at timestamp with time zone, submit_seq bigint, limit_keys text[])
+    LANGUAGE plpgsql ROWS 10
     AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH cand AS MATERIALIZED (
         SELECT k.key, k.vfinish,
                greatest(k.vfinish, (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q))
@@ -1393,30 +1379,29 @@ j.group_key IS NULL OR (
         WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
         FOR UPDATE OF j SKIP LOCKED
     ),
-    walked AS (
+    walked AS MATERIALIZED (
         SELECT CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
                     ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
                           LIMIT 1) END AS finish,
-               (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1) AS key
+               CASE WHEN (SELECT count(*) FROM cand) >= need
+                    THEN (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                          LIMIT 1) END AS key
+    ),
+    unwalked AS (
+        UPDATE evora.fair_keys k SET backlogged = false
+        WHERE k.queue = q AND k.backlogged
+          AND (k.vfinish, k.key) < ((SELECT w.finish FROM walked w), (SELECT w.key FROM walked w))
+          AND NOT EXISTS (SELECT 1 FROM evora.jobs j
+                          WHERE j.queue = q AND j.fairness_key = k.key
+                            AND j.state IN ('PENDING', 'WAITING'))
+          AND k.vfinish <= greatest((SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q),
+                                    (SELECT max(c.tag) FROM chosen c))
     )
-    SELECT c.key, c.s, c.cost, c.tag, c.id, c.priority, c.run_at, c.submit_seq, c.limit_keys,
-           w.finish, w.key
+    SELECT c.key, c.s, c.cost, c.tag, c.id, c.priority, c.run_at, c.submit_seq, c.limit_keys
     FROM chosen c
     JOIN locked l ON l.id = c.id
-    CROSS JOIN walked w
-    ORDER BY c.tag, c.priority, c.run_at, c.submit_seq
-$$;
-
-CREATE FUNCTION evora.fair_unwalk(q text, walked_finish double precision, walked_key text) RETURNS void
-    LANGUAGE sql
-    AS $$
-    UPDATE evora.fair_keys k SET backlogged = false
-    WHERE k.queue = q AND k.backlogged
-      AND (walked_finish = 'infinity' OR (k.vfinish, k.key) < (walked_finish, walked_key))
-      AND NOT EXISTS (SELECT 1 FROM evora.jobs j
-                      WHERE j.queue = q AND j.fairness_key = k.key
-                        AND j.state IN ('PENDING', 'WAITING'))
-      AND k.vfinish <= (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q)
+    ORDER BY c.tag, c.priority, c.run_at, c.submit_seq;
+END
 $$;
 
 CREATE FUNCTION evora.fairness_weight(fkey text) RETURNS double precision

@@ -297,9 +297,6 @@ DECLARE
     fair_cost float8[];
     -- the fair queues whose keys filled the round: their windows are not read
     fair_full text[] := '{}';
-    -- where each fair queue's last walk of its keys ended (evora.fair_unwalk())
-    walked_finish float8[];
-    walked_key text[];
 BEGIN
     fair_qs := ARRAY(SELECT f.queue FROM evora.fair_queues f WHERE f.queue = ANY(queues)
                      ORDER BY f.queue FOR UPDATE);
@@ -335,20 +332,8 @@ BEGIN
                    ARRAY(SELECT t.key FROM tried t ORDER BY t.place),
                    ARRAY(SELECT t.start FROM tried t ORDER BY t.place),
                    ARRAY(SELECT t.cost FROM tried t ORDER BY t.place),
-                   ARRAY(SELECT DISTINCT p.queue FROM picked p WHERE p.n >= need),
-                   -- a queue not walked (its queue key blocked) keeps its last walk's end
-                   ARRAY(SELECT coalesce((SELECT p.walked_finish FROM picked p
-                                          WHERE p.queue = q.queue LIMIT 1),
-                                         CASE WHEN 'queue:' || q.queue = ANY(blocked)
-                                              THEN walked_finish[q.n]
-                                              ELSE 'infinity' END)
-                         FROM unnest(fair_qs) WITH ORDINALITY AS q(queue, n) ORDER BY q.n),
-                   ARRAY(SELECT coalesce((SELECT p.walked_key FROM picked p
-                                          WHERE p.queue = q.queue LIMIT 1),
-                                         walked_key[q.n])
-                         FROM unnest(fair_qs) WITH ORDINALITY AS q(queue, n) ORDER BY q.n)
-            INTO fair_cands, fair_ids, fair_queue, fair_key, fair_start, fair_cost, fair_full,
-                 walked_finish, walked_key;
+                   ARRAY(SELECT DISTINCT p.queue FROM picked p WHERE p.n >= need)
+            INTO fair_cands, fair_ids, fair_queue, fair_key, fair_start, fair_cost, fair_full;
         END IF;
         window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
                                 - cardinality(rest), 0);
@@ -577,8 +562,6 @@ BEGIN
         blocked := blocked || full_keys;
         EXIT WHEN cardinality(rest) = 0 AND cardinality(open_queues) = 0;
     END LOOP;
-    PERFORM evora.fair_unwalk(w.queue, w.finish, w.key)
-    FROM unnest(fair_qs, walked_finish, walked_key) AS w(queue, finish, key);
 END
 $$;
 

@@ -114,16 +114,27 @@ $$;
 -- first `need` offers its first job at or below theirs.) Priorities order a key's own jobs,
 -- not the keys. The winners are locked without waiting (an older release's unkeyed claim may
 -- hold one; a row held is left out, not replaced) and returned in tag order, each with its
--- key's `start` S and `cost` (what evora.fair_charge() needs for the jobs actually claimed)
--- and, on every row, where the walk of the keys ended (the virtual finish and key of the last
--- key it read; 'infinity' when it read them all), for evora.fair_unwalk(). No row: nothing
--- claimable, and the walk read every key.
+-- key's `start` S and `cost` (what evora.fair_charge() needs for the jobs actually claimed).
+--
+-- The keys the walk read and passed over (no claimable job) whose jobs are all gone leave it
+-- in the same statement (`unwalked`), unless they owe virtual time (their finish is ahead of
+-- the queue's): a key with no backlog keeps no credit, but keeps its debt. Only the keys
+-- before the walk's last: checking every backlogged key would cost each claim as many probes
+-- as the queue has keys. A key passed over for its blocked jobs has jobs, and stays. A key
+-- whose job became PENDING or WAITING after this snapshot has a ledger row this claim did not
+-- fold (it committed with the job): the next claim marks the key again. (A statement of its
+-- own until the limited claim used the choice: one statement fewer per claim.) PL/pgSQL, as
+-- evora.fair_charge() below, so that its plan is prepared once per connection, as it was
+-- inside evora.claim_fair() (an SQL function's body is planned at every call before
+-- PostgreSQL 18).
 CREATE OR REPLACE FUNCTION evora.fair_pick(q text, at timestamptz, types text[], need integer,
                                            blocked text[])
 RETURNS TABLE (key text, start float8, cost float8, tag float8, id uuid, priority smallint,
-               run_at timestamptz, submit_seq bigint, limit_keys text[], walked_finish float8,
-               walked_key text)
-LANGUAGE sql VOLATILE ROWS 10 AS $$
+               run_at timestamptz, submit_seq bigint, limit_keys text[])
+LANGUAGE plpgsql VOLATILE ROWS 10 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH cand AS MATERIALIZED (
         SELECT k.key, k.vfinish,
                greatest(k.vfinish, (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q))
@@ -170,18 +181,34 @@ LANGUAGE sql VOLATILE ROWS 10 AS $$
         WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
         FOR UPDATE OF j SKIP LOCKED
     ),
-    walked AS (
+    -- where the walk ended: the last key it read, or all of them ('infinity' and NULL, which
+    -- every (vfinish, key) is below)
+    walked AS MATERIALIZED (
         SELECT CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
                     ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
                           LIMIT 1) END AS finish,
-               (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1) AS key
+               CASE WHEN (SELECT count(*) FROM cand) >= need
+                    THEN (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                          LIMIT 1) END AS key
+    ),
+    -- the bound as scalar subqueries, not a join: a condition of the index scan on
+    -- fair_keys_turn (joined to `walked`, the planner read every key of the queue)
+    unwalked AS (
+        UPDATE evora.fair_keys k SET backlogged = false
+        WHERE k.queue = q AND k.backlogged
+          AND (k.vfinish, k.key) < ((SELECT w.finish FROM walked w), (SELECT w.key FROM walked w))
+          AND NOT EXISTS (SELECT 1 FROM evora.jobs j
+                          WHERE j.queue = q AND j.fairness_key = k.key
+                            AND j.state IN ('PENDING', 'WAITING'))
+          -- (the queue's virtual time once this choice is served)
+          AND k.vfinish <= greatest((SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q),
+                                    (SELECT max(c.tag) FROM chosen c))
     )
-    SELECT c.key, c.s, c.cost, c.tag, c.id, c.priority, c.run_at, c.submit_seq, c.limit_keys,
-           w.finish, w.key
+    SELECT c.key, c.s, c.cost, c.tag, c.id, c.priority, c.run_at, c.submit_seq, c.limit_keys
     FROM chosen c
     JOIN locked l ON l.id = c.id
-    CROSS JOIN walked w
-    ORDER BY c.tag, c.priority, c.run_at, c.submit_seq
+    ORDER BY c.tag, c.priority, c.run_at, c.submit_seq;
+END
 $$;
 
 -- Charges the keys for the jobs a fair claim moved to RUNNING (one element per job: its
@@ -194,7 +221,8 @@ $$;
 CREATE OR REPLACE FUNCTION evora.fair_charge(queues text[], fkeys text[], starts float8[],
                                              costs float8[])
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     WITH served AS MATERIALIZED (
         SELECT u.queue, u.key, count(*) AS n, min(u.start) AS start, min(u.cost) AS cost
         FROM unnest(queues, fkeys, starts, costs) AS u(queue, key, start, cost)
@@ -210,27 +238,8 @@ LANGUAGE sql AS $$
     UPDATE evora.fair_queues f SET vtime = greatest(f.vtime, s.last)
     FROM (SELECT s.queue, max(s.start + (s.n - 1) * s.cost) AS last FROM served s
           GROUP BY s.queue) AS s
-    WHERE f.queue = s.queue
-$$;
-
--- Keys a fair claim's walk read and passed over (no claimable job) whose jobs are all gone
--- leave the walk, unless they owe virtual time (their finish is ahead of the queue's): a key
--- with no backlog keeps no credit, but keeps its debt. Only the keys before the walk's last
--- (`walked_finish`, `walked_key`, as evora.fair_pick() returns them; NULL: no walk, nothing
--- to do): checking every backlogged key would cost each claim as many probes as the queue has
--- keys. A key whose job became PENDING or WAITING after this snapshot has a ledger row this
--- claim did not fold (it committed with the job): the next claim marks the key again. The
--- caller holds the queue's row lock.
-CREATE OR REPLACE FUNCTION evora.fair_unwalk(q text, walked_finish float8, walked_key text)
-RETURNS void
-LANGUAGE sql AS $$
-    UPDATE evora.fair_keys k SET backlogged = false
-    WHERE k.queue = q AND k.backlogged
-      AND (walked_finish = 'infinity' OR (k.vfinish, k.key) < (walked_finish, walked_key))
-      AND NOT EXISTS (SELECT 1 FROM evora.jobs j
-                      WHERE j.queue = q AND j.fairness_key = k.key
-                        AND j.state IN ('PENDING', 'WAITING'))
-      AND k.vfinish <= (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q)
+    WHERE f.queue = s.queue;
+END
 $$;
 
 -- The claim of queues some of which are fair (the `claim` statement calls it while any of
@@ -247,9 +256,8 @@ $$;
 -- test_fairness.py holds a claim open to prove it is not so). Submissions and attempt endings
 -- only append to the ledger: they never wait for a claim, nor a claim for them.
 --
--- Choosing: evora.fair_pick(), charged for what it returned (all of it is claimed), the walk
--- trimmed by evora.fair_unwalk(). Jobs without a key in a fair queue fill what the keys
--- leave, oldest first.
+-- Choosing: evora.fair_pick(), charged for what it returned (all of it is claimed). Jobs
+-- without a key in a fair queue fill what the keys leave, oldest first.
 CREATE OR REPLACE FUNCTION evora.claim_fair(queues text[], types text[], wanted integer,
                                             worker text)
 RETURNS TABLE (job evora.jobs, dependency_results jsonb)
@@ -263,8 +271,6 @@ DECLARE
     picked_keys text[];
     starts float8[];
     costs float8[];
-    walked_finish float8;
-    walked_key text;
     ids uuid[];
     unkeyed uuid[];
 BEGIN
@@ -278,13 +284,11 @@ BEGIN
         IF fair THEN
             PERFORM evora.fair_fold(q);
             SELECT coalesce(array_agg(p.id), '{}'), array_agg(p.key), array_agg(p.start),
-                   array_agg(p.cost), coalesce(max(p.walked_finish), 'infinity'),
-                   max(p.walked_key)
-            INTO ids, picked_keys, starts, costs, walked_finish, walked_key
+                   array_agg(p.cost)
+            INTO ids, picked_keys, starts, costs
             FROM evora.fair_pick(q, at, types, need, '{}') AS p;
             PERFORM evora.fair_charge(array_fill(q, ARRAY[cardinality(ids)]), picked_keys,
                                       starts, costs);
-            PERFORM evora.fair_unwalk(q, walked_finish, walked_key);
         ELSE
             ids := '{}';
         END IF;
