@@ -560,7 +560,8 @@ j.group_key IS NULL OR (
         win AS MATERIALIZED (
             SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
             UNION ALL
-            SELECT r.id, r.priority, r.run_at, r.submit_seq, r.keys, r.lane FROM unnest(rest) AS r
+            SELECT r.id, r.priority, r.run_at, r.submit_seq, r.keys, r.lane
+            FROM unnest(rest) AS r
         ),
         turns AS MATERIALIZED (
             SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,

@@ -387,7 +387,8 @@ BEGIN
         win AS MATERIALIZED (
             SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
             UNION ALL
-            SELECT r.id, r.priority, r.run_at, r.submit_seq, r.keys, r.lane FROM unnest(rest) AS r
+            SELECT r.id, r.priority, r.run_at, r.submit_seq, r.keys, r.lane
+            FROM unnest(rest) AS r
         ),
         -- the first `need` (after the fair candidates) in round-robin order over the lanes:
         -- the others only decide the turns, and stay for the next round

@@ -104,17 +104,17 @@ END
 $$;
 
 -- The fair choice of queue `q`, shared by both claims that serve a fair queue (evora.claim_fair()
--- and, under limits, evora.claim_limited()); the caller holds the queue's fair_queues row lock
--- and has folded its ledger, so the virtual times it reads are final until it commits. The
--- `need` backlogged keys with the smallest virtual finish among those with a claimable job
--- holding none of the limit keys `blocked` (fair_keys_turn, each key probed through
--- jobs_fair_backlog), up to `need` jobs of each in the key's own order (priority, run_at,
--- submission), the i-th at start tag S + (i-1) * cost, S = max(V, vfinish); the `need`
--- smallest tags win. (Keys beyond the first `need` cannot have a smaller tag: each of the
--- first `need` offers its first job at or below theirs.) Priorities order a key's own jobs,
--- not the keys. The winners are locked without waiting (an older release's unkeyed claim may
--- hold one; a row held is left out, not replaced) and returned in tag order, each with its
--- key's `start` S and `cost` (what evora.fair_charge() needs for the jobs actually claimed).
+-- and, under limits, evora.claim_limited()); the caller holds the queue's fair_queues row lock and
+-- has folded its ledger, so the virtual times it reads are final until it commits. The `need`
+-- backlogged keys with the smallest virtual finish among those with a claimable job holding none of
+-- the limit keys `blocked` (fair_keys_turn, each key probed through jobs_fair_backlog), up to
+-- `need` jobs of each in the key's own order (priority, run_at, submission), the i-th at start tag
+-- S + (i-1) * cost, S = max(V, vfinish); the `need` smallest tags win. (Keys beyond the first
+-- `need` cannot have a smaller tag: each of the first `need` offers its first job at or below
+-- theirs.) Priorities order a key's own jobs, not the keys. The winners are locked without waiting
+-- (an older release's unkeyed claim may hold one; a row held is left out, not replaced) and
+-- returned in tag order, each with its key's `start` S and `cost` (what evora.fair_charge() needs
+-- for the jobs actually claimed).
 --
 -- The keys the walk read and passed over (no claimable job) whose jobs are all gone leave it
 -- in the same statement (`unwalked`), unless they owe virtual time (their finish is ahead of
@@ -122,11 +122,11 @@ $$;
 -- before the walk's last: checking every backlogged key would cost each claim as many probes
 -- as the queue has keys. A key passed over for its blocked jobs has jobs, and stays. A key
 -- whose job became PENDING or WAITING after this snapshot has a ledger row this claim did not
--- fold (it committed with the job): the next claim marks the key again. (A statement of its
--- own until the limited claim used the choice: one statement fewer per claim.) PL/pgSQL, as
--- evora.fair_charge() below, so that its plan is prepared once per connection, as it was
--- inside evora.claim_fair() (an SQL function's body is planned at every call before
--- PostgreSQL 18).
+-- fold (it committed with the job): the next claim marks the key again. (The trim was a
+-- statement of its own, after the charge, with the walk's end as a filter that a generic plan
+-- did not use in its index scan: it read every backlogged key at or below V, every claim;
+-- docs/benchmarks/2026-11-29-fair-claim-cost.md.) PL/pgSQL, as evora.fair_charge() below, so
+-- that its plans are prepared once per connection, as they were inside evora.claim_fair().
 CREATE OR REPLACE FUNCTION evora.fair_pick(q text, at timestamptz, types text[], need integer,
                                            blocked text[])
 RETURNS TABLE (key text, start float8, cost float8, tag float8, id uuid, priority smallint,
