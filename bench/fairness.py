@@ -4,6 +4,8 @@ simulated handlers (each job sleeps its tenant's duration) on several concurrent
 with each way of claiming:
 
 - `fair`: every job carries its tenant as `fairness_key` (weights set per key or prefix);
+- `fair-limited`: the same, and every job holds one limit key, `upstream`, at a concurrency of
+  half the workers that always binds: the limited claim serves the keys by virtual time;
 - `round-robin`: today's fairness without keys, the limited claim's round-robin over lanes
   (each job's tenant as its first limit key, under a limit that never binds);
 - `fifo`: no keys at all, the unkeyed claim (submission order);
@@ -48,7 +50,11 @@ from evora.storage.fairness import FairnessStore
 from evora.storage.jobs import Completion, JobStore
 from evora.storage.migrate import apply_migrations
 
-WAYS = ("fair", "round-robin", "fifo")
+WAYS = ("fair", "fair-limited", "round-robin", "fifo")
+
+
+# the limit key every job of the `fair-limited` way holds
+UPSTREAM = "upstream"
 
 
 @dataclass(frozen=True)
@@ -156,8 +162,10 @@ def _submission(queue: str, way: str, tenant: Tenant, n: int) -> JobSubmission:
         "type": "bench.sleep",
         "payload": {"ms": tenant.ms, "tenant": tenant.name},
     }
-    if way == "fair":
+    if way in ("fair", "fair-limited"):
         fields["fairness_key"] = tenant.key(n)
+    if way == "fair-limited":
+        fields["limit_keys"] = [UPSTREAM]
     elif way == "round-robin":
         fields["limit_keys"] = [tenant.key(n)]
     return JobSubmission.model_validate(fields)
@@ -196,10 +204,16 @@ async def run_scenario(
     queue = f"fair-{scenario.name}-{way}"
     await pool.execute("DELETE FROM evora.fairness_weights")
     await pool.execute("DELETE FROM evora.flow_limits")
-    if way == "fair":
+    if way in ("fair", "fair-limited"):
         weights = FairnessStore(pool)
         for key, weight in scenario.weights.items():
             await weights.put(key, weight)
+    if way == "fair-limited":
+        await pool.execute(
+            "INSERT INTO evora.flow_limits (key, concurrency) VALUES ($1, $2)",
+            UPSTREAM,
+            max(1, workers // 2),
+        )
     elif way == "round-robin":
         # a limit that never binds: the claim is the limited one, round-robin over lanes
         await pool.execute(

@@ -1,8 +1,9 @@
 """`python -m bench.fairness --quick`'s scenarios in a short form: the harness runs each way
 of claiming against a tenant mix and judges it. No performance is asserted: only that every
 job ran and that, with one tenant flooding the queue, fair scheduling shares the workers
-where today's claims do not (margins far wider than a loaded machine's noise: measured
-Jain's index ~0.98 fair against ~0.35-0.5 round-robin and 0.33 fifo)."""
+where today's claims do not, with or without a limit that binds on the jobs (margins far
+wider than a loaded machine's noise: measured Jain's index ~0.98 fair against ~0.35-0.5
+round-robin and 0.33 fifo)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ def test_jain_index_is_one_for_equal_shares_and_one_over_n_for_one_winner() -> N
 async def test_a_flooding_tenant_is_shared_fairly_only_by_fairness_keys() -> None:
     [flood] = [s for s in scenarios(0.1) if s.name == "flood"]
     with tempfile.TemporaryDirectory(prefix="evora-bench-fairness-test-") as tmp:
-        runs = await measure(Path(tmp), [flood], ["fair", "fifo"], workers=4)
-    fair, fifo = runs
+        runs = await measure(Path(tmp), [flood], ["fair", "fair-limited", "fifo"], workers=4)
+    fair, limited, fifo = runs
     assert set(fair.tenants) == {"flood", "light1", "light2"}
     assert fair.jain > 0.8, table(runs)
+    # the same keys in a queue whose jobs all hold a limit that binds (2 of the 4 workers)
+    assert limited.jain > 0.8, table(runs)
     assert fifo.jain < 0.5, table(runs)
     # the light tenants wait less than the flood when served fairly (under fifo the order of
     # their waits depends on when each submission lands among the flood's: a loaded run saw

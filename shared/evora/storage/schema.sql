@@ -33,7 +33,8 @@ CREATE TYPE evora.claim_candidate AS (
 	run_at timestamp with time zone,
 	submit_seq bigint,
 	keys text[],
-	lane text
+	lane text,
+	fair_rank integer
 );
 
 CREATE TYPE evora.job_image AS (
@@ -426,12 +427,13 @@ DECLARE
     taken integer := 0;
     need integer;
     at timestamptz;
-    v float8;
     fair boolean;
-    walked_finish float8;
-    walked_key text;
+    picked_keys text[];
+    starts float8[];
+    costs float8[];
     ids uuid[];
     unkeyed uuid[];
+    v float8;
     tags jsonb;
 BEGIN
     FOR q IN SELECT DISTINCT u.queue FROM unnest(queues) AS u(queue) ORDER BY 1 LOOP
@@ -442,98 +444,14 @@ BEGIN
         at := evora.clock_now() + (clock_timestamp() - now());
         IF fair THEN
             PERFORM evora.fair_fold(q);
-            WITH cand AS MATERIALIZED (
-                SELECT k.key, k.vfinish, greatest(k.vfinish, v) AS s,
-                       k.est / evora.fairness_weight(k.key) AS cost
-                FROM evora.fair_keys k
-                WHERE k.queue = q AND k.backlogged
-                  AND (SELECT true FROM evora.jobs j
-                       WHERE j.queue = q AND j.fairness_key = k.key
-                         AND evora.claimable(j, q, at, types) AND (
-j.group_key IS NULL OR (
-    (SELECT true FROM evora.jobs r
-     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
-     LIMIT 1) IS NULL
-    AND (SELECT true FROM evora.jobs s
-         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
-         LIMIT 1) IS NULL
-    AND (SELECT true FROM evora.jobs e
-         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
-           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-         LIMIT 1) IS NULL)
-)
-                       LIMIT 1)
-                ORDER BY k.vfinish, k.key
-                LIMIT need
-            ),
-            offered AS (
-                SELECT c.key, c.s + (x.n - 1) * c.cost AS tag, x.id, x.priority, x.run_at,
-                       x.submit_seq
-                FROM cand c
-                CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at, j.submit_seq,
-                           row_number() OVER (ORDER BY j.priority, j.run_at, j.submit_seq) AS n
-                    FROM evora.jobs j
-                    WHERE j.queue = q AND j.fairness_key = c.key
-                      AND evora.claimable(j, q, at, types) AND (
-j.group_key IS NULL OR (
-    (SELECT true FROM evora.jobs r
-     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
-     LIMIT 1) IS NULL
-    AND (SELECT true FROM evora.jobs s
-         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
-         LIMIT 1) IS NULL
-    AND (SELECT true FROM evora.jobs e
-         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
-           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
-         LIMIT 1) IS NULL)
-)
-                    ORDER BY j.priority, j.run_at, j.submit_seq
-                    LIMIT need
-                ) AS x
-            ),
-            chosen AS MATERIALIZED (
-                SELECT o.* FROM offered o ORDER BY o.tag, o.priority, o.run_at, o.submit_seq
-                LIMIT need
-            ),
-            locked AS MATERIALIZED (
-                SELECT j.id FROM evora.jobs j
-                WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
-                FOR UPDATE OF j SKIP LOCKED
-            ),
-            served AS (
-                SELECT c.key, count(*) AS n, max(c.tag) AS last
-                FROM chosen c JOIN locked l ON l.id = c.id
-                GROUP BY c.key
-            ),
-            charged AS (
-                UPDATE evora.fair_keys k
-                SET vfinish = s.last + x.cost, running = k.running + s.n,
-                    outstanding = k.outstanding + s.n * k.est, served = k.served + s.n
-                FROM served s JOIN cand x ON x.key = s.key
-                WHERE k.queue = q AND k.key = s.key
-            ),
-            advanced AS (
-                UPDATE evora.fair_queues f SET vtime = greatest(f.vtime, s.last)
-                FROM (SELECT max(last) AS last FROM served) AS s
-                WHERE f.queue = q AND s.last IS NOT NULL
-            )
-            SELECT ARRAY(SELECT l.id FROM locked l),
-                   CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
-                        ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
-                              LIMIT 1) END,
-                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1),
-                   (SELECT jsonb_object_agg(c.id, jsonb_build_object('tag', c.tag, 'vtime', v))
-                    FROM chosen c JOIN locked l ON l.id = c.id)
-            INTO ids, walked_finish, walked_key, tags;
+            SELECT coalesce(array_agg(p.id), '{}'), array_agg(p.key), array_agg(p.start),
+                   array_agg(p.cost),
+                   jsonb_object_agg(p.id, jsonb_build_object('tag', p.tag, 'vtime', v))
+            INTO ids, picked_keys, starts, costs, tags
+            FROM evora.fair_pick(q, at, types, need, '{}') AS p;
+            PERFORM evora.fair_charge(array_fill(q, ARRAY[cardinality(ids)]), picked_keys,
+                                      starts, costs);
             PERFORM set_config('evora.fair_tags', coalesce(tags::text, ''), true);
-            UPDATE evora.fair_keys k SET backlogged = false
-            WHERE k.queue = q AND k.backlogged
-              AND (walked_finish = 'infinity' OR (k.vfinish, k.key) < (walked_finish, walked_key))
-              AND NOT EXISTS (SELECT 1 FROM evora.jobs j
-                              WHERE j.queue = q AND j.fairness_key = k.key
-                                AND j.state IN ('PENDING', 'WAITING'))
-              AND k.vfinish <= (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q);
         ELSE
             ids := '{}';
         END IF;
@@ -630,11 +548,50 @@ DECLARE
     new_ids uuid[];
     new_flags boolean[];
     full_keys text[];
+    fair_qs text[];
+    fair_cands evora.claim_candidate[] := '{}';
+    fair_ids uuid[];
+    fair_queue text[];
+    fair_key text[];
+    fair_start float8[];
+    fair_cost float8[];
+    fair_full text[] := '{}';
 BEGIN
+    fair_qs := ARRAY(SELECT f.queue FROM evora.fair_queues f WHERE f.queue = ANY(queues)
+                     ORDER BY f.queue FOR UPDATE);
+    PERFORM evora.fair_fold(f.queue) FROM unnest(fair_qs) AS f(queue);
     WHILE rounds < 4 LOOP
         need := wanted - taken;
         EXIT WHEN need <= 0;
         rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
+        IF cardinality(fair_qs) > 0 THEN
+            WITH picked AS MATERIALIZED (
+                SELECT q.queue, p.*,
+                       row_number() OVER (ORDER BY q.queue, p.tag, p.priority, p.run_at,
+                                                   p.submit_seq) AS place,
+                       count(*) OVER (PARTITION BY q.queue) AS n
+                FROM unnest(fair_qs) AS q(queue)
+                CROSS JOIN LATERAL evora.fair_pick(q.queue, at, types, need, blocked) AS p
+                WHERE NOT ('queue:' || q.queue = ANY(blocked))
+            ),
+            tried AS MATERIALIZED (
+                SELECT * FROM picked p WHERE p.place <= need
+            )
+            SELECT ARRAY(SELECT ROW(t.id, t.priority, t.run_at, t.submit_seq,
+                                    ARRAY(SELECT DISTINCT x
+                                          FROM unnest(('queue:' || t.queue) || t.limit_keys)
+                                              AS x),
+                                    coalesce(t.limit_keys[1], ''),
+                                    t.place)::evora.claim_candidate
+                         FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.id FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.queue FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.key FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.start FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.cost FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT DISTINCT p.queue FROM picked p WHERE p.n >= need)
+            INTO fair_cands, fair_ids, fair_queue, fair_key, fair_start, fair_cost, fair_full;
+        END IF;
         window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
                                 - cardinality(rest), 0);
 
@@ -664,11 +621,12 @@ j.group_key IS NULL OR (
          LIMIT 1) IS NULL)
 )
                   AND NOT (j.limit_keys && blocked)
+                  AND j.fairness_key IS NULL
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
                 FOR UPDATE OF j SKIP LOCKED
             ) AS c
-            WHERE NOT ('queue:' || q.queue = ANY(blocked))
+            WHERE NOT ('queue:' || q.queue = ANY(blocked)) AND NOT (q.queue = ANY(fair_full))
         ),
         ends AS MATERIALIZED (
             SELECT e.queue, e.priority, e.run_at, e.submit_seq
@@ -681,18 +639,20 @@ j.group_key IS NULL OR (
             WHERE e.back = 1 AND e.n = window_size
             UNION ALL
             SELECT * FROM unnest(open_queues, last_priority, last_run_at, last_seq)
-            WHERE window_size = 0
+                AS o(queue, priority, run_at, submit_seq)
+            WHERE window_size = 0 OR o.queue = ANY(fair_full)
         ),
         win AS MATERIALIZED (
             SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
             UNION ALL
-            SELECT r.* FROM unnest(rest) AS r
+            SELECT r.id, r.priority, r.run_at, r.submit_seq, r.keys, r.lane
+            FROM unnest(rest) AS r
         ),
         turns AS MATERIALIZED (
             SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
-                       w.lane)::evora.claim_candidate AS c,
+                       w.lane, NULL)::evora.claim_candidate AS c,
                    row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
-                       <= need AS tried,
+                       <= need - cardinality(fair_cands) AS tried,
                    w.turn
             FROM (SELECT w.*, row_number() OVER (PARTITION BY w.lane
                                                  ORDER BY w.priority, w.run_at, w.submit_seq)
@@ -705,8 +665,12 @@ j.group_key IS NULL OR (
         ),
         gov AS MATERIALIZED (
             SELECT * FROM evora.governing_limits(
-                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k
-                      WHERE t.tried AND NOT (SELECT w.yes FROM widening w)))
+                ARRAY(SELECT DISTINCT k
+                      FROM (SELECT (t.c).keys FROM turns t WHERE t.tried
+                            UNION ALL
+                            SELECT f.keys FROM unnest(fair_cands) AS f) AS t(keys),
+                           unnest(t.keys) AS k
+                      WHERE NOT (SELECT w.yes FROM widening w)))
         ),
         row_locked AS MATERIALIZED (
             SELECT b.key FROM evora.flow_buckets b
@@ -750,6 +714,7 @@ j.group_key IS NULL OR (
             wide := true;
             CONTINUE;
         END IF;
+        tried := fair_cands || tried;
         EXIT WHEN cardinality(tried) = 0;
         blocked := blocked || full_keys;
 
@@ -786,13 +751,14 @@ j.group_key IS NULL OR (
         ranked AS (
             SELECT c.id, x.cap,
                    row_number() OVER (PARTITION BY x.key
-                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS place
+                                      ORDER BY c.fair_rank, c.priority, c.run_at, c.submit_seq)
+                       AS place
             FROM c
             CROSS JOIN LATERAL unnest(c.keys) AS k(key)
             JOIN caps x ON x.key = k.key
         ),
         admitted AS (
-            SELECT c.id, c.priority, c.run_at, c.submit_seq, c.keys,
+            SELECT c.id, c.priority, c.run_at, c.submit_seq, c.keys, c.fair_rank,
                    c.keys && lim_keys AS is_limited,
                    row_number() OVER (PARTITION BY c.lane
                                       ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
@@ -803,7 +769,7 @@ j.group_key IS NULL OR (
         ),
         chosen AS MATERIALIZED (
             SELECT a.id, a.is_limited, a.keys FROM admitted a
-            ORDER BY a.priority, a.turn, a.run_at, a.submit_seq
+            ORDER BY a.fair_rank, a.priority, a.turn, a.run_at, a.submit_seq
             LIMIT need
         ),
         used AS MATERIALIZED (
@@ -825,6 +791,13 @@ j.group_key IS NULL OR (
                      WHERE x.cap - coalesce(u.n, 0) <= 0)
         INTO new_ids, new_flags, full_keys;
         RETURN QUERY SELECT * FROM evora.claim_jobs(new_ids, new_flags, worker, paid);
+        IF cardinality(fair_cands) > 0 THEN
+            PERFORM evora.fair_charge(array_agg(f.queue), array_agg(f.key), array_agg(f.start),
+                                      array_agg(f.cost))
+            FROM unnest(fair_ids, fair_queue, fair_key, fair_start, fair_cost)
+                AS f(id, queue, key, start, cost)
+            WHERE f.id = ANY(new_ids);
+        END IF;
         taken := taken + cardinality(new_ids);
         rounds := rounds + 1;
         blocked := blocked || full_keys;
@@ -1346,6 +1319,29 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.fair_charge(queues text[], fkeys text[], starts double precision[], costs double precision[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    WITH served AS MATERIALIZED (
+        SELECT u.queue, u.key, count(*) AS n, min(u.start) AS start, min(u.cost) AS cost
+        FROM unnest(queues, fkeys, starts, costs) AS u(queue, key, start, cost)
+        GROUP BY u.queue, u.key
+    ),
+    charged AS (
+        UPDATE evora.fair_keys k
+        SET vfinish = s.start + s.n * s.cost, running = k.running + s.n,
+            outstanding = k.outstanding + s.n * k.est, served = k.served + s.n
+        FROM served s
+        WHERE k.queue = s.queue AND k.key = s.key
+    )
+    UPDATE evora.fair_queues f SET vtime = greatest(f.vtime, s.last)
+    FROM (SELECT s.queue, max(s.start + (s.n - 1) * s.cost) AS last FROM served s
+          GROUP BY s.queue) AS s
+    WHERE f.queue = s.queue;
+END
+$$;
+
 CREATE FUNCTION evora.fair_fold(q text) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -1399,6 +1395,100 @@ CREATE FUNCTION evora.fair_note(queues text[], fkeys text[], ended integer[], he
     SELECT DISTINCT n.queue FROM noted n
     ORDER BY 1
     ON CONFLICT (queue) DO NOTHING
+$$;
+
+CREATE FUNCTION evora.fair_pick(q text, at timestamp with time zone, types text[], need integer, blocked text[]) RETURNS TABLE(key text, start double precision, cost double precision, tag double precision, id uuid, priority smallint, run_at timestamp with time zone, submit_seq bigint, limit_keys text[])
+    LANGUAGE plpgsql ROWS 10
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH cand AS MATERIALIZED (
+        SELECT k.key, k.vfinish,
+               greatest(k.vfinish, (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q))
+                   AS s,
+               k.est / evora.fairness_weight(k.key) AS cost
+        FROM evora.fair_keys k
+        WHERE k.queue = q AND k.backlogged
+          AND (SELECT true FROM evora.jobs j
+               WHERE j.queue = q AND j.fairness_key = k.key
+                 AND evora.claimable(j, q, at, types) AND (
+j.group_key IS NULL OR (
+    (SELECT true FROM evora.jobs r
+     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs s
+         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
+         LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs e
+         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+         LIMIT 1) IS NULL)
+)
+                 AND NOT (j.limit_keys && blocked)
+               LIMIT 1)
+        ORDER BY k.vfinish, k.key
+        LIMIT need
+    ),
+    offered AS (
+        SELECT c.key, c.s, c.cost, c.s + (x.n - 1) * c.cost AS tag, x.id, x.priority,
+               x.run_at, x.submit_seq, x.limit_keys
+        FROM cand c
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys,
+                   row_number() OVER (ORDER BY j.priority, j.run_at, j.submit_seq) AS n
+            FROM evora.jobs j
+            WHERE j.queue = q AND j.fairness_key = c.key
+              AND evora.claimable(j, q, at, types) AND (
+j.group_key IS NULL OR (
+    (SELECT true FROM evora.jobs r
+     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs s
+         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
+         LIMIT 1) IS NULL
+    AND (SELECT true FROM evora.jobs e
+         WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
+           AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
+         LIMIT 1) IS NULL)
+)
+              AND NOT (j.limit_keys && blocked)
+            ORDER BY j.priority, j.run_at, j.submit_seq
+            LIMIT need
+        ) AS x
+    ),
+    chosen AS MATERIALIZED (
+        SELECT o.* FROM offered o ORDER BY o.tag, o.priority, o.run_at, o.submit_seq
+        LIMIT need
+    ),
+    locked AS MATERIALIZED (
+        SELECT j.id FROM evora.jobs j
+        WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
+        FOR UPDATE OF j SKIP LOCKED
+    ),
+    walked AS MATERIALIZED (
+        SELECT CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
+                    ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                          LIMIT 1) END AS finish,
+               CASE WHEN (SELECT count(*) FROM cand) >= need
+                    THEN (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                          LIMIT 1) END AS key
+    ),
+    unwalked AS (
+        UPDATE evora.fair_keys k SET backlogged = false
+        WHERE k.queue = q AND k.backlogged
+          AND (k.vfinish, k.key) < ((SELECT w.finish FROM walked w), (SELECT w.key FROM walked w))
+          AND NOT EXISTS (SELECT 1 FROM evora.jobs j
+                          WHERE j.queue = q AND j.fairness_key = k.key
+                            AND j.state IN ('PENDING', 'WAITING'))
+          AND k.vfinish <= greatest((SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q),
+                                    (SELECT max(c.tag) FROM chosen c))
+    )
+    SELECT c.key, c.s, c.cost, c.tag, c.id, c.priority, c.run_at, c.submit_seq, c.limit_keys
+    FROM chosen c
+    JOIN locked l ON l.id = c.id
+    ORDER BY c.tag, c.priority, c.run_at, c.submit_seq;
+END
 $$;
 
 CREATE FUNCTION evora.fairness_weight(fkey text) RETURNS double precision

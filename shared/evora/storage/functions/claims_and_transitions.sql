@@ -256,6 +256,18 @@ $$;
 -- A claim never waits for another: every lock it takes skips what is held (an INSERT ... ON
 -- CONFLICT making a new bucket row would wait for a concurrent insert of the same key, and
 -- two claims doing so in different orders would deadlock).
+--
+-- Fair queues (docs/flow-control.md, "Fairness and limits"): the one exception to never
+-- waiting is a fair queue's turn, its fair_queues row, which serialises the queue's claims
+-- as in evora.claim_fair(). It is taken first, for every fair queue of the claim in name
+-- order, before any other lock: every lock taken after it skips what is held, so a claim
+-- waiting for a turn holds nothing another claim waits for, and no cycle can close. Each
+-- round takes the fair queues' keyed candidates from evora.fair_pick() (the `need` smallest
+-- start tags among jobs holding no blocked key), ahead of the windows and in that order
+-- (`fair_rank`), so the limits' room goes to the smallest tags first and a key without room
+-- gives its turn to the next fair choice; the keys are charged (evora.fair_charge()) for
+-- the jobs the round moved, and only those. Windows read only unkeyed jobs, and a fair
+-- queue's window only in a round its keys did not fill.
 CREATE OR REPLACE FUNCTION evora.claim_limited(queues text[], types text[], wanted integer, worker text)
 RETURNS TABLE (job evora.jobs, dependency_results jsonb)
 LANGUAGE plpgsql ROWS 1 AS $$
@@ -295,11 +307,56 @@ DECLARE
     new_ids uuid[];
     new_flags boolean[];
     full_keys text[];
+    -- the claim's fair queues, their turns held (see the header)
+    fair_qs text[];
+    -- the round's fair candidates, in fair order, and what charging them takes: each one's
+    -- queue, key, and its key's start and cost
+    fair_cands evora.claim_candidate[] := '{}';
+    fair_ids uuid[];
+    fair_queue text[];
+    fair_key text[];
+    fair_start float8[];
+    fair_cost float8[];
+    -- the fair queues whose keys filled the round: their windows are not read
+    fair_full text[] := '{}';
 BEGIN
+    fair_qs := ARRAY(SELECT f.queue FROM evora.fair_queues f WHERE f.queue = ANY(queues)
+                     ORDER BY f.queue FOR UPDATE);
+    PERFORM evora.fair_fold(f.queue) FROM unnest(fair_qs) AS f(queue);
     WHILE rounds < 4 LOOP
         need := wanted - taken;
         EXIT WHEN need <= 0;
         rest := ARRAY(SELECT r FROM unnest(rest) AS r WHERE NOT (r.keys && blocked));
+        IF cardinality(fair_qs) > 0 THEN
+            -- in a statement of its own, after the turns were granted and the last round's
+            -- charge: the choice reads final virtual times
+            WITH picked AS MATERIALIZED (
+                SELECT q.queue, p.*,
+                       row_number() OVER (ORDER BY q.queue, p.tag, p.priority, p.run_at,
+                                                   p.submit_seq) AS place,
+                       count(*) OVER (PARTITION BY q.queue) AS n
+                FROM unnest(fair_qs) AS q(queue)
+                CROSS JOIN LATERAL evora.fair_pick(q.queue, at, types, need, blocked) AS p
+                WHERE NOT ('queue:' || q.queue = ANY(blocked))
+            ),
+            tried AS MATERIALIZED (
+                SELECT * FROM picked p WHERE p.place <= need
+            )
+            SELECT ARRAY(SELECT ROW(t.id, t.priority, t.run_at, t.submit_seq,
+                                    ARRAY(SELECT DISTINCT x
+                                          FROM unnest(('queue:' || t.queue) || t.limit_keys)
+                                              AS x),
+                                    coalesce(t.limit_keys[1], ''),
+                                    t.place)::evora.claim_candidate
+                         FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.id FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.queue FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.key FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.start FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT t.cost FROM tried t ORDER BY t.place),
+                   ARRAY(SELECT DISTINCT p.queue FROM picked p WHERE p.n >= need)
+            INTO fair_cands, fair_ids, fair_queue, fair_key, fair_start, fair_cost, fair_full;
+        END IF;
         window_size := greatest(CASE WHEN wide THEN 4 * need ELSE need END + 16
                                 - cardinality(rest), 0);
 
@@ -319,6 +376,9 @@ BEGIN
                   -- it is written in place, not called)
                   AND {{rule:group_turn}}
                   AND NOT (j.limit_keys && blocked)
+                  -- keyed jobs are a fair queue's, chosen by evora.fair_pick() above (a queue
+                  -- has them only once it is fair: the job's submission makes it so)
+                  AND j.fairness_key IS NULL
                 ORDER BY j.priority, j.run_at, j.submit_seq
                 LIMIT window_size
                 -- The window is locked, as the unlimited claim locks its jobs: concurrent
@@ -328,7 +388,7 @@ BEGIN
                 -- unclaimed are free again when the claim commits.
                 FOR UPDATE OF j SKIP LOCKED
             ) AS c
-            WHERE NOT ('queue:' || q.queue = ANY(blocked))
+            WHERE NOT ('queue:' || q.queue = ANY(blocked)) AND NOT (q.queue = ANY(fair_full))
         ),
         -- where each queue's window ended, for the queues whose window came back full (with
         -- no window read, the queues stay as they were)
@@ -343,20 +403,22 @@ BEGIN
             WHERE e.back = 1 AND e.n = window_size
             UNION ALL
             SELECT * FROM unnest(open_queues, last_priority, last_run_at, last_seq)
-            WHERE window_size = 0
+                AS o(queue, priority, run_at, submit_seq)
+            WHERE window_size = 0 OR o.queue = ANY(fair_full)
         ),
         win AS MATERIALIZED (
             SELECT f.id, f.priority, f.run_at, f.submit_seq, f.keys, f.lane FROM fresh f
             UNION ALL
-            SELECT r.* FROM unnest(rest) AS r
+            SELECT r.id, r.priority, r.run_at, r.submit_seq, r.keys, r.lane
+            FROM unnest(rest) AS r
         ),
-        -- the first `need` in round-robin order over the lanes: the others only decide the
-        -- turns, and stay for the next round
+        -- the first `need` (after the fair candidates) in round-robin order over the lanes:
+        -- the others only decide the turns, and stay for the next round
         turns AS MATERIALIZED (
             SELECT ROW(w.id, w.priority, w.run_at, w.submit_seq, w.keys,
-                       w.lane)::evora.claim_candidate AS c,
+                       w.lane, NULL)::evora.claim_candidate AS c,
                    row_number() OVER (ORDER BY w.priority, w.turn, w.run_at, w.submit_seq)
-                       <= need AS tried,
+                       <= need - cardinality(fair_cands) AS tried,
                    w.turn
             FROM (SELECT w.*, row_number() OVER (PARTITION BY w.lane
                                                  ORDER BY w.priority, w.run_at, w.submit_seq)
@@ -371,8 +433,12 @@ BEGIN
         ),
         gov AS MATERIALIZED (
             SELECT * FROM evora.governing_limits(
-                ARRAY(SELECT DISTINCT k FROM turns t, unnest((t.c).keys) AS k
-                      WHERE t.tried AND NOT (SELECT w.yes FROM widening w)))
+                ARRAY(SELECT DISTINCT k
+                      FROM (SELECT (t.c).keys FROM turns t WHERE t.tried
+                            UNION ALL
+                            SELECT f.keys FROM unnest(fair_cands) AS f) AS t(keys),
+                           unnest(t.keys) AS k
+                      WHERE NOT (SELECT w.yes FROM widening w)))
         ),
         row_locked AS MATERIALIZED (
             SELECT b.key FROM evora.flow_buckets b
@@ -421,6 +487,7 @@ BEGIN
             wide := true;
             CONTINUE;
         END IF;
+        tried := fair_cands || tried;
         EXIT WHEN cardinality(tried) = 0;
         blocked := blocked || full_keys;
 
@@ -462,13 +529,14 @@ BEGIN
         ranked AS (
             SELECT c.id, x.cap,
                    row_number() OVER (PARTITION BY x.key
-                                      ORDER BY c.priority, c.run_at, c.submit_seq) AS place
+                                      ORDER BY c.fair_rank, c.priority, c.run_at, c.submit_seq)
+                       AS place
             FROM c
             CROSS JOIN LATERAL unnest(c.keys) AS k(key)
             JOIN caps x ON x.key = k.key
         ),
         admitted AS (
-            SELECT c.id, c.priority, c.run_at, c.submit_seq, c.keys,
+            SELECT c.id, c.priority, c.run_at, c.submit_seq, c.keys, c.fair_rank,
                    c.keys && lim_keys AS is_limited,
                    row_number() OVER (PARTITION BY c.lane
                                       ORDER BY c.priority, c.run_at, c.submit_seq) AS turn
@@ -479,7 +547,7 @@ BEGIN
         ),
         chosen AS MATERIALIZED (
             SELECT a.id, a.is_limited, a.keys FROM admitted a
-            ORDER BY a.priority, a.turn, a.run_at, a.submit_seq
+            ORDER BY a.fair_rank, a.priority, a.turn, a.run_at, a.submit_seq
             LIMIT need
         ),
         used AS MATERIALIZED (
@@ -505,6 +573,13 @@ BEGIN
         INTO new_ids, new_flags, full_keys;
         -- moved now, under the locks and the snapshot they were paid for in
         RETURN QUERY SELECT * FROM evora.claim_jobs(new_ids, new_flags, worker, paid);
+        IF cardinality(fair_cands) > 0 THEN
+            PERFORM evora.fair_charge(array_agg(f.queue), array_agg(f.key), array_agg(f.start),
+                                      array_agg(f.cost))
+            FROM unnest(fair_ids, fair_queue, fair_key, fair_start, fair_cost)
+                AS f(id, queue, key, start, cost)
+            WHERE f.id = ANY(new_ids);
+        END IF;
         taken := taken + cardinality(new_ids);
         rounds := rounds + 1;
         blocked := blocked || full_keys;

@@ -103,10 +103,150 @@ BEGIN
 END
 $$;
 
+-- The fair choice of queue `q`, shared by both claims that serve a fair queue (evora.claim_fair()
+-- and, under limits, evora.claim_limited()); the caller holds the queue's fair_queues row lock and
+-- has folded its ledger, so the virtual times it reads are final until it commits. The `need`
+-- backlogged keys with the smallest virtual finish among those with a claimable job holding none of
+-- the limit keys `blocked` (fair_keys_turn, each key probed through jobs_fair_backlog), up to
+-- `need` jobs of each in the key's own order (priority, run_at, submission), the i-th at start tag
+-- S + (i-1) * cost, S = max(V, vfinish); the `need` smallest tags win. (Keys beyond the first
+-- `need` cannot have a smaller tag: each of the first `need` offers its first job at or below
+-- theirs.) Priorities order a key's own jobs, not the keys. The winners are locked without waiting
+-- (an older release's unkeyed claim may hold one; a row held is left out, not replaced) and
+-- returned in tag order, each with its key's `start` S and `cost` (what evora.fair_charge() needs
+-- for the jobs actually claimed).
+--
+-- The keys the walk read and passed over (no claimable job) whose jobs are all gone leave it
+-- in the same statement (`unwalked`), unless they owe virtual time (their finish is ahead of
+-- the queue's): a key with no backlog keeps no credit, but keeps its debt. Only the keys
+-- before the walk's last: checking every backlogged key would cost each claim as many probes
+-- as the queue has keys. A key passed over for its blocked jobs has jobs, and stays. A key
+-- whose job became PENDING or WAITING after this snapshot has a ledger row this claim did not
+-- fold (it committed with the job): the next claim marks the key again. (The trim was a
+-- statement of its own, after the charge, with the walk's end as a filter that a generic plan
+-- did not use in its index scan: it read every backlogged key at or below V, every claim;
+-- docs/benchmarks/2026-11-29-fair-claim-cost.md.) PL/pgSQL, as evora.fair_charge() below, so
+-- that its plans are prepared once per connection, as they were inside evora.claim_fair().
+CREATE OR REPLACE FUNCTION evora.fair_pick(q text, at timestamptz, types text[], need integer,
+                                           blocked text[])
+RETURNS TABLE (key text, start float8, cost float8, tag float8, id uuid, priority smallint,
+               run_at timestamptz, submit_seq bigint, limit_keys text[])
+LANGUAGE plpgsql VOLATILE ROWS 10 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH cand AS MATERIALIZED (
+        SELECT k.key, k.vfinish,
+               greatest(k.vfinish, (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q))
+                   AS s,
+               k.est / evora.fairness_weight(k.key) AS cost
+        FROM evora.fair_keys k
+        -- A scalar subquery, not EXISTS: the planner answered EXISTS for every key at once,
+        -- hashing every PENDING job of the queue and sorting every key (20 ms a claim with
+        -- 2,500 keys); a scalar subquery is never hashed, so the walk reads fair_keys_turn in
+        -- order, one probe of jobs_fair_backlog per key, and stops at the `need`-th key with
+        -- work.
+        WHERE k.queue = q AND k.backlogged
+          AND (SELECT true FROM evora.jobs j
+               WHERE j.queue = q AND j.fairness_key = k.key
+                 AND evora.claimable(j, q, at, types) AND {{rule:group_turn}}
+                 AND NOT (j.limit_keys && blocked)
+               LIMIT 1)
+        ORDER BY k.vfinish, k.key
+        LIMIT need
+    ),
+    offered AS (
+        SELECT c.key, c.s, c.cost, c.s + (x.n - 1) * c.cost AS tag, x.id, x.priority,
+               x.run_at, x.submit_seq, x.limit_keys
+        FROM cand c
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at, j.submit_seq, j.limit_keys,
+                   row_number() OVER (ORDER BY j.priority, j.run_at, j.submit_seq) AS n
+            FROM evora.jobs j
+            WHERE j.queue = q AND j.fairness_key = c.key
+              AND evora.claimable(j, q, at, types) AND {{rule:group_turn}}
+              AND NOT (j.limit_keys && blocked)
+            ORDER BY j.priority, j.run_at, j.submit_seq
+            LIMIT need
+        ) AS x
+    ),
+    chosen AS MATERIALIZED (
+        SELECT o.* FROM offered o ORDER BY o.tag, o.priority, o.run_at, o.submit_seq
+        LIMIT need
+    ),
+    -- by `= ANY(ARRAY(...))`, a probe of the primary key per job (as `IN (SELECT ...)` the
+    -- planner may hash-join every job of the table to them)
+    locked AS MATERIALIZED (
+        SELECT j.id FROM evora.jobs j
+        WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
+        FOR UPDATE OF j SKIP LOCKED
+    ),
+    -- where the walk ended: the last key it read, or all of them ('infinity' and NULL, which
+    -- every (vfinish, key) is below)
+    walked AS MATERIALIZED (
+        SELECT CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
+                    ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                          LIMIT 1) END AS finish,
+               CASE WHEN (SELECT count(*) FROM cand) >= need
+                    THEN (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC
+                          LIMIT 1) END AS key
+    ),
+    -- the bound as scalar subqueries, not a join: a condition of the index scan on
+    -- fair_keys_turn (joined to `walked`, the planner read every key of the queue)
+    unwalked AS (
+        UPDATE evora.fair_keys k SET backlogged = false
+        WHERE k.queue = q AND k.backlogged
+          AND (k.vfinish, k.key) < ((SELECT w.finish FROM walked w), (SELECT w.key FROM walked w))
+          AND NOT EXISTS (SELECT 1 FROM evora.jobs j
+                          WHERE j.queue = q AND j.fairness_key = k.key
+                            AND j.state IN ('PENDING', 'WAITING'))
+          -- (the queue's virtual time once this choice is served)
+          AND k.vfinish <= greatest((SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q),
+                                    (SELECT max(c.tag) FROM chosen c))
+    )
+    SELECT c.key, c.s, c.cost, c.tag, c.id, c.priority, c.run_at, c.submit_seq, c.limit_keys
+    FROM chosen c
+    JOIN locked l ON l.id = c.id
+    ORDER BY c.tag, c.priority, c.run_at, c.submit_seq;
+END
+$$;
+
+-- Charges the keys for the jobs a fair claim moved to RUNNING (one element per job: its
+-- queue, key, and its key's start and cost as evora.fair_pick() offered them): n jobs of a
+-- key move its virtual finish to S + n * cost and charge it n estimates in advance (settled
+-- by the fold as the attempts end); the queue's virtual time moves to the largest start tag
+-- served. Only claimed jobs are charged: a job the choice offered that was held by another
+-- transaction or refused by a limit costs its key nothing. The caller holds the queues' row
+-- locks.
+CREATE OR REPLACE FUNCTION evora.fair_charge(queues text[], fkeys text[], starts float8[],
+                                             costs float8[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH served AS MATERIALIZED (
+        SELECT u.queue, u.key, count(*) AS n, min(u.start) AS start, min(u.cost) AS cost
+        FROM unnest(queues, fkeys, starts, costs) AS u(queue, key, start, cost)
+        GROUP BY u.queue, u.key
+    ),
+    charged AS (
+        UPDATE evora.fair_keys k
+        SET vfinish = s.start + s.n * s.cost, running = k.running + s.n,
+            outstanding = k.outstanding + s.n * k.est, served = k.served + s.n
+        FROM served s
+        WHERE k.queue = s.queue AND k.key = s.key
+    )
+    UPDATE evora.fair_queues f SET vtime = greatest(f.vtime, s.last)
+    FROM (SELECT s.queue, max(s.start + (s.n - 1) * s.cost) AS last FROM served s
+          GROUP BY s.queue) AS s
+    WHERE f.queue = s.queue;
+END
+$$;
+
 -- The claim of queues some of which are fair (the `claim` statement calls it while any of
--- its queues has a row in fair_queues and no concurrency or rate limit exists): up to
--- `wanted` jobs, queue by queue in name order, moved by evora.claim_jobs() as every claim's.
--- A queue without fair scheduling is claimed as the unlimited claim claims it.
+-- its queues has a row in fair_queues and no concurrency or rate limit exists; with limits,
+-- evora.claim_limited() serves fair queues by the same choice): up to `wanted` jobs, queue by
+-- queue in name order, moved by evora.claim_jobs() as every claim's. A queue without fair
+-- scheduling is claimed as the unlimited claim claims it.
 --
 -- A fair queue's claims are serialised by its fair_queues row (FOR UPDATE, waiting: a claim
 -- holds it for milliseconds), and every statement after the lock takes a new snapshot in
@@ -116,13 +256,8 @@ $$;
 -- test_fairness.py holds a claim open to prove it is not so). Submissions and attempt endings
 -- only append to the ledger: they never wait for a claim, nor a claim for them.
 --
--- Choosing: the `wanted` backlogged keys with the smallest virtual finish among those with
--- a claimable job (fair_keys_turn, each probed through jobs_fair_backlog), up to `wanted`
--- jobs of each in the key's own order (priority, run_at, submission), the i-th starting at
--- S + (i-1) * cost; the `wanted` smallest start tags win. (Keys beyond the first `wanted`
--- cannot have a smaller tag: each of the first `wanted` offers its first job at or below
--- theirs.) Priorities order a key's own jobs, not the keys. Jobs without a key in a fair
--- queue fill what the keys leave, oldest first.
+-- Choosing: evora.fair_pick(), charged for what it returned (all of it is claimed). Jobs
+-- without a key in a fair queue fill what the keys leave, oldest first.
 CREATE OR REPLACE FUNCTION evora.claim_fair(queues text[], types text[], wanted integer,
                                             worker text)
 RETURNS TABLE (job evora.jobs, dependency_results jsonb)
@@ -132,14 +267,13 @@ DECLARE
     taken integer := 0;
     need integer;
     at timestamptz;
-    v float8;
     fair boolean;
-    -- the last key the walk read (virtual finish, key): the keys up to it it did not take
-    -- are checked for work
-    walked_finish float8;
-    walked_key text;
+    picked_keys text[];
+    starts float8[];
+    costs float8[];
     ids uuid[];
     unkeyed uuid[];
+    v float8;
     tags jsonb;
 BEGIN
     FOR q IN SELECT DISTINCT u.queue FROM unnest(queues) AS u(queue) ORDER BY 1 LOOP
@@ -151,91 +285,16 @@ BEGIN
         at := evora.clock_now() + (clock_timestamp() - now());
         IF fair THEN
             PERFORM evora.fair_fold(q);
-            WITH cand AS MATERIALIZED (
-                SELECT k.key, k.vfinish, greatest(k.vfinish, v) AS s,
-                       k.est / evora.fairness_weight(k.key) AS cost
-                FROM evora.fair_keys k
-                -- A scalar subquery, not EXISTS: the planner answered EXISTS for every key at
-                -- once, hashing every PENDING job of the queue and sorting every key (20 ms a
-                -- claim with 2,500 keys); a scalar subquery is never hashed, so the walk reads
-                -- fair_keys_turn in order, one probe of jobs_fair_backlog per key, and stops
-                -- at the `need`-th key with work.
-                WHERE k.queue = q AND k.backlogged
-                  AND (SELECT true FROM evora.jobs j
-                       WHERE j.queue = q AND j.fairness_key = k.key
-                         AND evora.claimable(j, q, at, types) AND {{rule:group_turn}}
-                       LIMIT 1)
-                ORDER BY k.vfinish, k.key
-                LIMIT need
-            ),
-            offered AS (
-                SELECT c.key, c.s + (x.n - 1) * c.cost AS tag, x.id, x.priority, x.run_at,
-                       x.submit_seq
-                FROM cand c
-                CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at, j.submit_seq,
-                           row_number() OVER (ORDER BY j.priority, j.run_at, j.submit_seq) AS n
-                    FROM evora.jobs j
-                    WHERE j.queue = q AND j.fairness_key = c.key
-                      AND evora.claimable(j, q, at, types) AND {{rule:group_turn}}
-                    ORDER BY j.priority, j.run_at, j.submit_seq
-                    LIMIT need
-                ) AS x
-            ),
-            chosen AS MATERIALIZED (
-                SELECT o.* FROM offered o ORDER BY o.tag, o.priority, o.run_at, o.submit_seq
-                LIMIT need
-            ),
-            -- locked without waiting (an older release's unkeyed claim may hold one); by
-            -- `= ANY(ARRAY(...))`, a probe of the primary key per job (as `IN (SELECT ...)`
-            -- the planner may hash-join every job of the table to them)
-            locked AS MATERIALIZED (
-                SELECT j.id FROM evora.jobs j
-                WHERE j.id = ANY(ARRAY(SELECT c.id FROM chosen c)) AND j.state = 'PENDING'
-                FOR UPDATE OF j SKIP LOCKED
-            ),
-            served AS (
-                SELECT c.key, count(*) AS n, max(c.tag) AS last
-                FROM chosen c JOIN locked l ON l.id = c.id
-                GROUP BY c.key
-            ),
-            charged AS (
-                UPDATE evora.fair_keys k
-                SET vfinish = s.last + x.cost, running = k.running + s.n,
-                    outstanding = k.outstanding + s.n * k.est, served = k.served + s.n
-                FROM served s JOIN cand x ON x.key = s.key
-                WHERE k.queue = q AND k.key = s.key
-            ),
-            advanced AS (
-                UPDATE evora.fair_queues f SET vtime = greatest(f.vtime, s.last)
-                FROM (SELECT max(last) AS last FROM served) AS s
-                WHERE f.queue = q AND s.last IS NOT NULL
-            )
-            SELECT ARRAY(SELECT l.id FROM locked l),
-                   CASE WHEN (SELECT count(*) FROM cand) < need THEN 'infinity'
-                        ELSE (SELECT c.vfinish FROM cand c ORDER BY c.vfinish DESC, c.key DESC
-                              LIMIT 1) END,
-                   (SELECT c.key FROM cand c ORDER BY c.vfinish DESC, c.key DESC LIMIT 1),
-                   (SELECT jsonb_object_agg(c.id, jsonb_build_object('tag', c.tag, 'vtime', v))
-                    FROM chosen c JOIN locked l ON l.id = c.id)
-            INTO ids, walked_finish, walked_key, tags;
+            SELECT coalesce(array_agg(p.id), '{}'), array_agg(p.key), array_agg(p.start),
+                   array_agg(p.cost),
+                   jsonb_object_agg(p.id, jsonb_build_object('tag', p.tag, 'vtime', v))
+            INTO ids, picked_keys, starts, costs, tags
+            FROM evora.fair_pick(q, at, types, need, '{}') AS p;
+            PERFORM evora.fair_charge(array_fill(q, ARRAY[cardinality(ids)]), picked_keys,
+                                      starts, costs);
             -- each job's start tag and the virtual time it was chosen at, for its `claimed`
             -- event (evora.add_fair_tag() below)
             PERFORM set_config('evora.fair_tags', coalesce(tags::text, ''), true);
-            -- Keys the walk read and passed over (no claimable job) whose jobs are all gone
-            -- leave it, unless they owe virtual time (their finish is ahead of the queue's): a
-            -- key with no backlog keeps no credit, but keeps its debt. Only the keys before
-            -- the walk's last: checking every backlogged key would cost each claim as many
-            -- probes as the queue has keys. A key whose job became PENDING or WAITING after
-            -- this snapshot has a ledger row this claim did not fold (it committed with the
-            -- job): the next claim marks the key again.
-            UPDATE evora.fair_keys k SET backlogged = false
-            WHERE k.queue = q AND k.backlogged
-              AND (walked_finish = 'infinity' OR (k.vfinish, k.key) < (walked_finish, walked_key))
-              AND NOT EXISTS (SELECT 1 FROM evora.jobs j
-                              WHERE j.queue = q AND j.fairness_key = k.key
-                                AND j.state IN ('PENDING', 'WAITING'))
-              AND k.vfinish <= (SELECT f.vtime FROM evora.fair_queues f WHERE f.queue = q);
         ELSE
             ids := '{}';
         END IF;

@@ -165,8 +165,8 @@ ORDER BY 1, 2;
 -- A fair claim raises `running` by the jobs it moves to RUNNING, every move out of RUNNING
 -- appends its ending to the ledger in its own transaction, and a fold lowers `running` by
 -- the endings it deletes (never below 0): so `running` never counts an attempt that neither
--- runs nor waits to be settled (a claim by the limited claim, which does not charge, only
--- makes it smaller). With the key's RUNNING jobs.
+-- runs nor waits to be settled (the limited claim charges a fair queue's keyed jobs alike, by
+-- evora.fair_charge()). With the key's RUNNING jobs.
 WITH charged AS (
     SELECT k.queue, k.key, k.running FROM evora.fair_keys k WHERE k.running > 0
 ),
