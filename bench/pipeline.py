@@ -5,13 +5,19 @@ plain SQL inside PostgreSQL, and the throughput of `evora pipeline archive`.
     python -m bench.pipeline --events 100000 --rounds 1
     python -m bench.pipeline --master spark://127.0.0.1:7077 \
         --conf spark.executor.memory=1g --conf spark.cores.max=2   # on a Spark cluster
+    python -m bench.pipeline --master 'local[2]' --master standalone \
+        --conf spark.executor.memory=1g --conf spark.cores.max=2   # both, on one load
 
 Starts its own PostgreSQL (embedded wheel, non-durable: the bulk load is not what is
 measured) in a temp dir and fills `job_events` with COPY: a synthetic week of jobs over
 8 queues and 21 queue/type pairs (retries with backoff, lease expiries, releases,
 non-retryable failures, dead letters, operator retries and cancels, 10 weighted error
 reasons). Every `evora pipeline ...` command runs as a fresh process, so its wall time
-includes the JVM start, as an operator would see it. With --mongo the run also writes
+includes the JVM start, as an operator would see it. Each --master runs the same steps in
+turn on the same loaded events (the archive watermark is reset between them, each gets its
+own archive directory); `standalone` starts a master and --workers workers here
+(bench/spark_standalone.py). The peak resident set (VmHWM) of every JVM this benchmark
+starts is sampled each second and reported per step. With --mongo the run also writes
 MongoDB (secantusd-py, a CPU-bound Python server far slower than MongoDB: indicative only).
 """
 
@@ -26,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,6 +44,8 @@ from typing import Any
 import asyncpg
 import orjson
 
+from bench import procstats
+from bench.spark_standalone import StandaloneCluster
 from evora.embedded import LocalMongo, LocalPostgres
 from evora.storage.migrate import apply_migrations
 
@@ -310,7 +319,7 @@ SELECT queue, coalesce(type, '*') AS type, count(*) AS jobs,
            ORDER BY extract(epoch FROM first_claimed_at - submitted_at) * 1000) AS wait_ms,
        percentile_cont(ARRAY[0.5, 0.9, 0.95, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM completed_at - last_claimed_at) * 1000) AS run_ms
-FROM evora.jobs GROUP BY GROUPING SETS ((queue, type), (queue))""",
+FROM jobs GROUP BY GROUPING SETS ((queue, type), (queue))""",
     "throughput_minute": _throughput("minute"),
     "throughput_hour": _throughput("hour"),
     "failure_reasons": """
@@ -428,10 +437,102 @@ def timed_runs(rounds: int, env: dict[str, str], *extra: str) -> tuple[list[floa
     return walls, jobs
 
 
+class JvmPeaks:
+    """Samples, every `interval` seconds, the peak resident set (VmHWM) of each JVM below this
+    process: the drivers of the `pipeline` commands, the executors, the standalone master and
+    workers. A JVM's growth in its last interval before it exits is missed."""
+
+    ROLES = (
+        ("CoarseGrainedExecutorBackend", "executor"),
+        ("deploy.master.Master", "master"),
+        ("deploy.worker.Worker", "worker"),
+        ("SparkSubmit", "driver"),
+    )
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self.peaks: dict[int, tuple[str, int]] = {}  # pid -> (role, KiB)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> JvmPeaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _role(self, pid: int, own: set[int]) -> str | None:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return None
+        # (spark-class first runs launcher.Main, which only prints the command to exec)
+        if not cmdline.split("\0", 1)[0].endswith("java") or "launcher.Main" in cmdline:
+            return None
+        for marker, role in self.ROLES:
+            if marker in cmdline:
+                # this benchmark's own JVM (spark_totals, a child) is not a measured driver
+                return None if role == "driver" and pid in own else role
+        return None
+
+    def _sample(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            tree = procstats.children_by_parent()
+            own = set(tree.get(me, []))
+            pending, below = [me], set()
+            while pending:
+                for child in tree.get(pending.pop(), []):
+                    if child not in below:
+                        below.add(child)
+                        pending.append(child)
+            for pid in below:
+                role = self._role(pid, own)
+                kib = procstats.status_kib(pid, "VmHWM") if role else None
+                if role and kib:
+                    with self._lock:
+                        self.peaks[pid] = (role, max(kib, self.peaks.get(pid, (role, 0))[1]))
+            self._stop.wait(self.interval)
+
+    def take(self) -> str:
+        """The peaks sampled since the last take, per role (MiB), and forget them."""
+        with self._lock:
+            peaks, self.peaks = self.peaks, {}
+        by_role: dict[str, list[int]] = {}
+        for role, kib in peaks.values():
+            by_role.setdefault(role, []).append(kib // 1024)
+        return "; ".join(
+            f"{role} {', '.join(str(m) for m in sorted(mib))} MiB"
+            for role, mib in sorted(by_role.items())
+        )
+
+
+async def reset_archive(dsn: str) -> None:
+    """Nothing archived (the state migration 0004 starts from): the next configuration
+    archives all the events again, into its own directory."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute("DELETE FROM evora.event_archive_runs")
+            await conn.execute(
+                "UPDATE evora.event_archive_watermark SET upto_seq = 0, below_xid = '0',"
+                " archived = 0"
+            )
+    finally:
+        await conn.close()
+
+
 def median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} s" + (
         f" (runs: {', '.join(f'{v:.1f}' for v in values)})" if len(values) > 1 else ""
     )
+
+
+def step_done(peaks: JvmPeaks) -> None:
+    print(f"    JVM peak RSS: {peaks.take() or 'none sampled'}; load {procstats.load_average()}")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -443,7 +544,6 @@ def main(args: argparse.Namespace) -> None:
         env = {
             **os.environ,
             "EVORA_DATABASE_URL": dsn,
-            "EVORA_ARCHIVE_URL": str(tmp / "archive"),
             "EVORA_LOG_FORMAT": "text",
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
@@ -451,15 +551,24 @@ def main(args: argparse.Namespace) -> None:
             mongo = stack.enter_context(LocalMongo(tmp / "mongo"))
             env["EVORA_MONGO_URL"] = mongo.url
         sink = [] if args.mongo else ["--no-mongo"]
-        spark_conf = [
-            *(["--master", args.master] if args.master else []),
-            *(arg for item in ["spark.driver.memory=2g", *args.conf] for arg in ("--conf", item)),
-        ]
-        print(f"spark: {' '.join(spark_conf)}")
+        conf = [arg for item in ["spark.driver.memory=2g", *args.conf] for arg in ("--conf", item)]
+        print(f"spark: {' '.join(conf)}")
         print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
+        peaks = stack.enter_context(JvmPeaks())
+        masters: list[str | None] = args.master or [None]
+        if "standalone" in masters:
+            cluster = StandaloneCluster(tmp / "spark", args.workers, args.worker_memory)
+            stack.enter_context(cluster)
+            print(
+                f"standalone: {cluster.master_url}, {args.workers} workers x 1 core, "
+                f"{args.worker_memory} each"
+            )
+            masters = [cluster.master_url if m == "standalone" else m for m in masters]
 
+        print(f"load {procstats.load_average()}")
         copy_seconds = asyncio.run(load(dsn, args.events, args.seed))
         print(f"loaded {args.events:,} events with COPY in {copy_seconds:.1f} s")
+        print(f"    load {procstats.load_average()}")
 
         sql_runs = []
         for _ in range(args.rounds):
@@ -468,34 +577,47 @@ def main(args: argparse.Namespace) -> None:
             sql_runs.append(took)
             print(f"  SQL {took:.1f} s ({gate})")
         print(f"plain SQL, 6 queries: {median(sql_runs)}; rows {sql_rows}")
+        print(f"    load {procstats.load_average()}")
 
-        live_runs, live_jobs = timed_runs(args.rounds, env, *sink, *spark_conf)
-        print(
-            f"pipeline run, all {args.events:,} events live over JDBC: {median(live_runs)} "
-            f"process wall, {median(live_jobs)} job"
-        )
-        totals = spark_totals(str(tmp / "archive" / "analytics"))
-        assert totals == sql_totals, "Spark and SQL totals differ"
-        print("  queue totals equal the SQL counts")
+        for n, master in enumerate(masters):
+            if n:
+                asyncio.run(reset_archive(dsn))
+            archive = tmp / f"archive-{n}"
+            env["EVORA_ARCHIVE_URL"] = str(archive)
+            spark_conf = [*(["--master", master] if master else []), *conf]
+            print(f"== master {master or '(the pipeline default)'}")
+            peaks.take()  # the standalone daemons' start-up is in their first step's peak
 
-        gate = wait_for_quiet()
-        took, log = pipeline("archive", env, "--older-than", "0", *spark_conf)
-        print(f"  archive {took:.1f} s ({gate})")
-        archived = int(log.split("archived ")[1].split(" ")[0])
-        job = job_seconds(log, "archive run ") or float("nan")
-        print(
-            f"pipeline archive: {archived:,} events in {took:.1f} s process wall "
-            f"= {archived / took:,.0f} events/s; {job:.1f} s job "
-            f"= {archived / job:,.0f} events/s"
-        )
+            live_runs, live_jobs = timed_runs(args.rounds, env, *sink, *spark_conf)
+            print(
+                f"pipeline run, all {args.events:,} events live over JDBC: "
+                f"{median(live_runs)} process wall, {median(live_jobs)} job"
+            )
+            step_done(peaks)
+            totals = spark_totals(str(archive / "analytics"))
+            assert totals == sql_totals, "Spark and SQL totals differ"
+            print("  queue totals equal the SQL counts")
 
-        parquet_runs, parquet_jobs = timed_runs(args.rounds, env, *sink, *spark_conf)
-        print(
-            f"pipeline run, all events from the Parquet archive: {median(parquet_runs)} "
-            f"process wall, {median(parquet_jobs)} job"
-        )
-        assert spark_totals(str(tmp / "archive" / "analytics")) == sql_totals
-        print("  queue totals equal the SQL counts")
+            gate = wait_for_quiet()
+            took, log = pipeline("archive", env, "--older-than", "0", *spark_conf)
+            print(f"  archive {took:.1f} s ({gate})")
+            archived = int(log.split("archived ")[1].split(" ")[0])
+            job = job_seconds(log, "archive run ") or float("nan")
+            print(
+                f"pipeline archive: {archived:,} events in {took:.1f} s process wall "
+                f"= {archived / took:,.0f} events/s; {job:.1f} s job "
+                f"= {archived / job:,.0f} events/s"
+            )
+            step_done(peaks)
+
+            parquet_runs, parquet_jobs = timed_runs(args.rounds, env, *sink, *spark_conf)
+            print(
+                f"pipeline run, all events from the Parquet archive: {median(parquet_runs)} "
+                f"process wall, {median(parquet_jobs)} job"
+            )
+            step_done(peaks)
+            assert spark_totals(str(archive / "analytics")) == sql_totals
+            print("  queue totals equal the SQL counts")
 
 
 if __name__ == "__main__":
@@ -505,7 +627,14 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--mongo", action="store_true", help="also write MongoDB")
     parser.add_argument(
-        "--master", help="Spark master URL for every pipeline run (default: the pipeline's)"
+        "--master",
+        action="append",
+        help="Spark master URL of the pipeline runs (default: the pipeline's); repeat it to "
+        "run each in turn on the same events; `standalone` starts a cluster here",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="workers of `standalone`")
+    parser.add_argument(
+        "--worker-memory", default="1280m", help="memory a `standalone` worker offers"
     )
     parser.add_argument(
         "--conf", action="append", default=[], help="KEY=VALUE Spark setting (repeatable)"

@@ -45,6 +45,17 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def children_by_parent() -> dict[int, list[int]]:
+    """Every live process's children, from one pass over /proc."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None:
+                tree.setdefault(int(fields[1]), []).append(int(entry.name))
+    return tree
+
+
 def cluster_cpu_seconds(postmaster: int) -> float:
     """CPU of a PostgreSQL cluster: the postmaster, its live children and those it reaped
     (backends of closed connections count through the postmaster's cutime/cstime)."""

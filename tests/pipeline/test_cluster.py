@@ -11,20 +11,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
-import pyspark
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
+from bench.spark_standalone import StandaloneCluster
 from evora.readmodels.layout import TOTAL_KEYS, Document
 from evora.storage.jobs import JobStore
 from evora_services.projector.projector import Projector
@@ -36,112 +32,21 @@ from tests.projector.workload import mixed_workload
 
 QUEUES = ["alpha", "beta"]
 REPO = Path(__file__).resolve().parents[2]
-SPARK_HOME = Path(pyspark.__file__).parent
 # Small and quick to start: the machine that runs the tests has two cores and little memory.
 JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 WORKER_MEMORY = "768m"
 EXECUTOR_MEMORY = "512m"
-START_TIMEOUT = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class Cluster:
-    master_url: str
-    worker_dirs: list[Path]
-
-    def executor_logs(self) -> list[str]:
-        """Per worker, the stderr of the executors it ran (every application)."""
-        return [
-            "".join(p.read_text(errors="replace") for p in sorted(d.glob("app-*/*/stderr")))
-            for d in self.worker_dirs
-        ]
-
-
-def _wait_for(log: Path, pattern: str, process: subprocess.Popen[bytes]) -> re.Match[str]:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace") if log.exists() else ""
-        if match := re.search(pattern, text):
-            return match
-        if process.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise AssertionError(f"{log.name}: no {pattern!r}:\n{text[-3000:]}")
 
 
 @pytest.fixture
-def spark_cluster(tmp_path: Path) -> Iterator[Cluster]:
+def spark_cluster(tmp_path: Path) -> Iterator[StandaloneCluster]:
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")) or not os.path.isfile(JAR):
         pytest.fail(f"Spark tests need Java and the PostgreSQL JDBC jar at {JAR}")
-    home = tmp_path / "spark"
-    conf = home / "conf"  # empty: no spark-env.sh or defaults from elsewhere
-    conf.mkdir(parents=True)
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(SPARK_HOME),
-        "SPARK_CONF_DIR": str(conf),
-        "SPARK_LOG_DIR": str(home / "logs"),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_DAEMON_MEMORY": "256m",
-        "SPARK_DAEMON_JAVA_OPTS": JAVA_OPTS,
-        # executors start Python workers with the driver's interpreter (this venv), whose
-        # editable install makes Evora importable: no PYTHONPATH
-    }
-    spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    port = free_port()
-    master_url = f"spark://127.0.0.1:{port}"
-    processes: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
-        log = home / f"{name}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [spark_class, *args],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its JVM and the launcher die together below
-            )
-        processes.append(process)
-        return process, log
-
-    try:
-        master, master_log = start(
-            "master",
-            "org.apache.spark.deploy.master.Master",
-            "--host", "127.0.0.1", "--port", str(port), "--webui-port", "0",
-        )  # fmt: skip
-        _wait_for(master_log, r"I have been elected leader", master)
-        worker_dirs = []
-        for n in (1, 2):
-            work = home / f"worker-{n}"
-            worker, worker_log = start(
-                f"worker-{n}",
-                "org.apache.spark.deploy.worker.Worker",
-                "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
-                "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(work),
-                master_url,
-            )  # fmt: skip
-            _wait_for(worker_log, r"Successfully registered with master", worker)
-            worker_dirs.append(work)
-        yield Cluster(master_url, worker_dirs)
-    finally:
-        for process in reversed(processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    cluster = StandaloneCluster(
+        tmp_path / "spark", worker_memory=WORKER_MEMORY, daemon_java_opts=JAVA_OPTS
+    )
+    with cluster:
+        yield cluster
 
 
 # One executor per worker, memory bounded, JITs that start fast.
@@ -158,7 +63,7 @@ CLUSTER_CONF = {
 
 
 def pipeline_on(
-    cluster: Cluster, command: str, env: dict[str, str], *args: str
+    cluster: StandaloneCluster, command: str, env: dict[str, str], *args: str
 ) -> subprocess.CompletedProcess[str]:
     """`python -m evora_services.pipeline COMMAND --master spark://...` run to its end."""
     conf = [arg for key, value in CLUSTER_CONF.items() for arg in ("--conf", f"{key}={value}")]
@@ -176,7 +81,7 @@ def pipeline_on(
 
 
 async def test_archive_and_run_on_a_standalone_cluster(
-    spark_cluster: Cluster,
+    spark_cluster: StandaloneCluster,
     store: JobStore,
     pool: asyncpg.Pool,
     mongo: AsyncDatabase[Document],
