@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.children import Child, Children
@@ -120,6 +121,7 @@ class EvoraSystem(System):
         )
         if await migrate.wait() != 0:
             raise RuntimeError("evora migrate failed")
+        await self._find_jobs_table(dsn)
         self.services = [
             self.children.spawn(f"{self.name}-{label}-{s}", [*self.command, s], env, self.source)
             for s in SERVICES
@@ -128,6 +130,18 @@ class EvoraSystem(System):
             await asyncio.gather(
                 *(self._wait_ready(session, c, self.urls[s]) for s, c in self._by_service())
             )
+
+    async def _find_jobs_table(self, dsn: str) -> None:
+        """A variant from before every object moved into schema `evora` (migration 0030,
+        2026-11-29) keeps its jobs in `public`: the harness polls that table instead, so the
+        A/B reaches back past the move (docs/benchmarks/2026-11-29-idle-comparison.md)."""
+        conn = await asyncpg.connect(dsn)
+        try:
+            moved = await conn.fetchval("SELECT to_regclass('evora.jobs') IS NOT NULL")
+        finally:
+            await conn.close()
+        if not moved:
+            self.unfinished_sql = EvoraSystem.unfinished_sql.replace("evora.jobs", "public.jobs")
 
     def _by_service(self) -> list[tuple[str, Child]]:
         return list(zip(SERVICES, self.services, strict=True))
