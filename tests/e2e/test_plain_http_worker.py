@@ -98,9 +98,15 @@ async def test_plain_worker_drains_and_a_stale_ack_is_refused_alone(
         "claimed",
         "completed",  # by the second run: the first one's outcome was refused
     ]
-    # The stale outcome rode with 49 others in one claim: only its item was refused.
-    refused = [line for line in worker.output().splitlines() if "outcome refused" in line]
-    assert refused == [f"job {held_id}: outcome refused (409)"]
+
+    # The stale outcome rode with 49 others in one claim: only its item was refused. Polled:
+    # the refusal is printed when that claim answers, which may be after its long-poll wait,
+    # while the other lane's ack of the second run is already recorded.
+    def refused() -> list[str]:
+        return [line for line in worker.output().splitlines() if "outcome refused" in line]
+
+    await stack.until(lambda: bool(refused()), within=30, what="the stale outcome is refused")
+    assert refused() == [f"job {held_id}: outcome refused (409)"]
 
     worker.send(signal.SIGTERM)
     assert await worker.wait(within=15) == 0, worker.output()
