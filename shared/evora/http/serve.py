@@ -127,6 +127,7 @@ def settle_collector(_port: int = 0) -> None:
     per submitted job (docs/benchmarks/2026-11-29-submit-cost.md). Garbage in cycles is
     still collected, later. Only the process's own entry point calls this (`run_service`):
     a test process that serves an app keeps its collector as it is."""
+    gc.collect()  # what startup left as garbage is freed, not frozen for good
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
