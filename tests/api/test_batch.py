@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from evora.config import Settings
@@ -30,6 +32,59 @@ async def test_batch_answers_in_request_order(client: ApiClient, db: asyncpg.Con
     assert (items[2]["job"]["queue"], items[2]["job"]["priority"]) == ("sms", -5)
     assert items[3]["job"]["id"] == items[4]["job"]["id"]
     assert await db.fetchval("SELECT count(*) FROM evora.jobs") == 4
+
+
+async def test_an_item_keeps_the_fields_its_neighbours_leave_out(
+    client: ApiClient, db: asyncpg.Connection
+) -> None:
+    # A batch whose items set only queue, type and payload is stored with each other column
+    # read once (evora.storage.submissions._defaults_only); one item that sets them is not.
+    given: dict[str, Any] = {
+        "priority": 7,
+        "delay_seconds": 60,
+        "max_attempts": 9,
+        "lease_seconds": 45,
+        "backoff": {"initial_seconds": 2, "max_seconds": 20, "multiplier": 3},
+        "expires_at": "2999-01-01T00:00:00Z",
+        "idempotency_key": "k",
+        "group_key": "g",
+        "limit_keys": ["a", "b"],
+        "max_duration_seconds": 90,
+        "fairness_key": "tenant",
+        "on_dependency_failure": "run",
+    }
+    jobs = [job(payload={"i": i}) for i in range(3)]
+    jobs.insert(1, job(payload={"i": "set"}, **given))
+    response = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=PRODUCER)
+    assert response.status == 200, await response.text()
+    rows = await db.fetch(
+        "SELECT payload->>'i' AS i, priority, run_at > created_at AS later, max_attempts,"
+        " lease_seconds, backoff_initial, backoff_max, backoff_multiplier, expires_at IS NOT NULL,"
+        " idempotency_key, group_key, limit_keys, max_duration_seconds, fairness_key,"
+        " on_dependency_failure FROM evora.jobs ORDER BY payload->>'i'"
+    )
+    plain: tuple[Any, ...] = (
+        0,
+        False,
+        5,
+        30,
+        1.0,
+        3600.0,
+        2.0,
+        False,
+        None,
+        None,
+        [],
+        None,
+        None,
+        "cancel",
+    )
+    assert [tuple(r) for r in rows] == [
+        ("0", *plain),
+        ("1", *plain),
+        ("2", *plain),
+        ("set", 7, True, 9, 45, 2.0, 20.0, 3.0, True, "k", "g", ["a", "b"], 90, "tenant", "run"),
+    ]
 
 
 async def test_one_invalid_item_stores_nothing(client: ApiClient, db: asyncpg.Connection) -> None:

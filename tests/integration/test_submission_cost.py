@@ -11,6 +11,7 @@ grow with the batch. (A nested loop joining the items to themselves reads n rows
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -163,3 +164,58 @@ async def test_a_retried_keyed_batch_is_answered_in_linear_work(
     again = await work_per_item(store, conn, plans, keyed, 0, LARGE)
     print(f"keyed, created / replayed: {first:.1f} / {again:.1f} rows per item")
     assert again < WORK_PER_ITEM_BOUND, again
+
+
+# The fields an item of a typical batch leaves out: all but queue, type and payload.
+LEFT_OUT = frozenset(JobSubmission.model_fields) - {"queue", "type", "payload"}
+reads: Counter[str] = Counter()
+
+
+class CountedSubmission(JobSubmission):
+    """A submission that counts the reads of the fields a typical item leaves out."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in LEFT_OUT:
+            reads[name] += 1
+        return super().__getattribute__(name)
+
+
+async def test_a_batch_of_defaults_reads_each_left_out_field_once_not_per_item(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """The api's Python work per item of a batch whose items set only queue, type and
+    payload: every other column of the statement is the default, read once for the batch
+    (reading 25 fields of each item and comparing them was about a tenth of the api's CPU per
+    job, docs/benchmarks/2026-11-29-submit-cost.md). What the jobs store is the defaults."""
+    items = [CountedSubmission(queue="q", type="t", payload={"n": i}) for i in range(LARGE)]
+    reads.clear()
+    async with pool.acquire() as conn, conn.transaction():
+        outcomes = await store.submit_in(conn, items)
+    assert all(isinstance(o, Submitted) and o.created for o in outcomes), outcomes
+    assert max(reads.values()) <= 3, reads.most_common(3)
+    stored = await pool.fetch(
+        "SELECT DISTINCT priority, max_attempts, lease_seconds, backoff_initial, backoff_max,"
+        " backoff_multiplier, expires_at, idempotency_key, group_key, state, depends_on,"
+        " on_dependency_failure, limit_keys, max_duration_seconds, fairness_key,"
+        " run_at = created_at AS now FROM evora.jobs"
+    )
+    assert [tuple(r) for r in stored] == [
+        (
+            0,
+            5,
+            30,
+            1.0,
+            3600.0,
+            2.0,
+            None,
+            None,
+            None,
+            "PENDING",
+            None,
+            "cancel",
+            [],
+            None,
+            None,
+            True,
+        )
+    ]

@@ -187,10 +187,15 @@ async def store(
     item index. Without `with_jobs` the outcomes carry the jobs' ids only. With `own_refs`
     each item's refs are its own (see `dependency_edges`)."""
     ids = uuid7s(len(submissions))
-    edges = dependency_edges(submissions, ids, batch=name_repeats, own_refs=own_refs)
+    defaults = _defaults_only(submissions)
+    edges = (
+        Edges([], [])
+        if defaults
+        else dependency_edges(submissions, ids, batch=name_repeats, own_refs=own_refs)
+    )
 
     try:
-        rows = await _run(conn, change, submissions, ids, edges, committed, with_jobs)
+        rows = await _run(conn, change, submissions, ids, edges, committed, with_jobs, defaults)
     except asyncpg.PostgresError as exc:
         if exc.sqlstate != QUEUE_FULL_SQLSTATE:
             raise
@@ -210,6 +215,21 @@ def queue_full(exc: asyncpg.PostgresError, submissions: Sequence[JobSubmission])
     return QueueFull(str(exc).removeprefix("queue_full: "), key=key, queue=queue)
 
 
+# The fields every item of a typical batch sets itself. An item that sets no other field
+# (pydantic's `model_fields_set`: what the body or the constructor gave) holds every other
+# field at its default.
+_OFTEN_SET = frozenset({"queue", "type", "payload"})
+
+
+def _defaults_only(submissions: Sequence[JobSubmission]) -> bool:
+    """Whether no item sets a field besides queue, type and payload: then every other column
+    of the statement is the first item's default, read once for the batch, and no item has
+    a dependency or a ref to resolve. One check of a set per item, instead of reads of 25
+    fields per item and comparisons of their values (about a tenth of the api's CPU per job
+    of a batch as profiled: docs/benchmarks/2026-11-29-submit-cost.md)."""
+    return all(s.model_fields_set <= _OFTEN_SET for s in submissions)
+
+
 async def _run(
     conn: asyncpg.Connection,
     change: Change,
@@ -218,7 +238,15 @@ async def _run(
     edges: Edges,
     committed: bool,
     with_jobs: bool,
+    defaults: bool,
 ) -> list[asyncpg.Record]:
+    """The statement; with `defaults` (`_defaults_only`) each column besides queue, type and
+    payload is read once, from the first item."""
+    first = submissions[0]
+
+    def each(value: Callable[[JobSubmission], Any]) -> list[Any]:
+        return [value(first)] if defaults else _per_item([value(s) for s in submissions])
+
     return await change(
         conn,
         SUBMIT,
@@ -226,32 +254,30 @@ async def _run(
         _per_item([s.queue for s in submissions]),
         _per_item([s.type for s in submissions]),
         [s.payload for s in submissions],
-        _per_item([s.priority for s in submissions]),
-        _per_item([s.run_at for s in submissions]),
-        _per_item([s.delay_seconds for s in submissions]),
-        _per_item([s.max_attempts for s in submissions]),
-        _per_item([s.lease_seconds for s in submissions]),
-        _per_item([s.backoff.initial_seconds for s in submissions]),
-        _per_item([s.backoff.max_seconds for s in submissions]),
-        _per_item([s.backoff.multiplier for s in submissions]),
-        _per_item([s.expires_at for s in submissions]),
-        _per_item([s.idempotency_key for s in submissions]),
-        _per_item([s.group_key for s in submissions]),
-        _per_item([_fingerprint_before_0011(s) for s in submissions]),
+        each(lambda s: s.priority),
+        each(lambda s: s.run_at),
+        each(lambda s: s.delay_seconds),
+        each(lambda s: s.max_attempts),
+        each(lambda s: s.lease_seconds),
+        each(lambda s: s.backoff.initial_seconds),
+        each(lambda s: s.backoff.max_seconds),
+        each(lambda s: s.backoff.multiplier),
+        each(lambda s: s.expires_at),
+        each(lambda s: s.idempotency_key),
+        each(lambda s: s.group_key),
+        each(_fingerprint_before_0011),
         edges.ords,
         edges.ids,
-        _per_item([s.on_dependency_failure for s in submissions]),
-        [index + 1 for index, s in enumerate(submissions) for _ in s.limit_keys],
-        [key for s in submissions for key in s.limit_keys],
-        _per_item([s.max_duration_seconds for s in submissions]),
-        _per_item([s.fairness_key for s in submissions]),
-        _per_item([None if s.debounce is None else s.debounce.key for s in submissions]),
-        _per_item([None if s.debounce is None else s.debounce.delay_seconds for s in submissions]),
-        _per_item(
-            [None if s.debounce is None else s.debounce.max_delay_seconds for s in submissions]
-        ),
-        _per_item([None if s.throttle is None else s.throttle.key for s in submissions]),
-        _per_item([None if s.throttle is None else s.throttle.window_seconds for s in submissions]),
+        each(lambda s: s.on_dependency_failure),
+        [] if defaults else [i + 1 for i, s in enumerate(submissions) for _ in s.limit_keys],
+        [] if defaults else [key for s in submissions for key in s.limit_keys],
+        each(lambda s: s.max_duration_seconds),
+        each(lambda s: s.fairness_key),
+        each(lambda s: None if s.debounce is None else s.debounce.key),
+        each(lambda s: None if s.debounce is None else s.debounce.delay_seconds),
+        each(lambda s: None if s.debounce is None else s.debounce.max_delay_seconds),
+        each(lambda s: None if s.throttle is None else s.throttle.key),
+        each(lambda s: None if s.throttle is None else s.throttle.window_seconds),
         committed=committed,
         with_jobs=with_jobs,
     )
