@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -43,13 +44,19 @@ QUEUE = "drain"
 
 
 async def submit(store: JobStore, jobs: int, payload_bytes: int = 0) -> None:
-    pad = {"pad": "x" * payload_bytes} if payload_bytes else {}
     for start in range(0, jobs, 1000):
         size = min(1000, jobs - start)
         items = [
-            JobSubmission(queue=QUEUE, type="noop", payload={"n": i, **pad}) for i in range(size)
+            JobSubmission(queue=QUEUE, type="noop", payload={"n": i, **pad(payload_bytes)})
+            for i in range(size)
         ]
         await store.submit_batch(items)
+
+
+def pad(payload_bytes: int) -> dict[str, str]:
+    """About `payload_bytes` of random hex: a payload PostgreSQL's compression cannot shrink
+    much, the worst case for what the row carries (JSON documents compress better)."""
+    return {"pad": os.urandom(payload_bytes // 2).hex()} if payload_bytes else {}
 
 
 class Split:
