@@ -10,7 +10,12 @@ as one SDK worker does as deployed, one claim of `--batch` jobs at a time follow
 PostgreSQL process, from /proc) and the WAL bytes per job of the submission (batches of
 1,000, as the api stores them, after a CHECKPOINT) and of the drain, with the drain's
 full-page images per job, and with `--waldump` the WAL of the last round's drain by record
-type and by the relation each record is for (`pg_walinspect`).
+type and by the relation each record is for (`pg_walinspect`). With `--widths`, what each
+column of `jobs` takes in the drained rows (`pg_column_size`), the whole tuple's size, and how
+many rows set each column: what a claim or a completion writes again, since either is a
+non-HOT update whose WAL record carries the whole new row. `--payload-bytes N` pads each job's
+payload by about N bytes (a payload stays in the row up to ~2 kB; a larger one is TOASTed and
+the row carries a pointer to it).
 
     python -m bench.drain_pg --rounds 3 --jobs 10000
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -37,11 +43,20 @@ from evora.storage.migrate import apply_migrations
 QUEUE = "drain"
 
 
-async def submit(store: JobStore, jobs: int) -> None:
+async def submit(store: JobStore, jobs: int, payload_bytes: int = 0) -> None:
     for start in range(0, jobs, 1000):
         size = min(1000, jobs - start)
-        items = [JobSubmission(queue=QUEUE, type="noop", payload={"n": i}) for i in range(size)]
+        items = [
+            JobSubmission(queue=QUEUE, type="noop", payload={"n": i, **pad(payload_bytes)})
+            for i in range(size)
+        ]
         await store.submit_batch(items)
+
+
+def pad(payload_bytes: int) -> dict[str, str]:
+    """About `payload_bytes` of random hex: a payload PostgreSQL's compression cannot shrink
+    much, the worst case for what the row carries (JSON documents compress better)."""
+    return {"pad": os.urandom(payload_bytes // 2).hex()} if payload_bytes else {}
 
 
 class Split:
@@ -120,6 +135,35 @@ async def wal_by_record(conn: asyncpg.Connection, start: str, end: str, jobs: in
     )
 
 
+async def widths(conn: asyncpg.Connection) -> str:
+    """Average bytes of each column of the drained jobs (NULL counts 0), and the share of rows
+    that set it; the tuple as a whole (`pg_column_size` of the row: header and alignment
+    included)."""
+    columns = [
+        r["attname"]
+        for r in await conn.fetch(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'evora.jobs'::regclass"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+        )
+    ]
+    sizes = ", ".join(
+        f'avg(coalesce(pg_column_size(j."{c}"), 0))::float8 AS "{c}",'
+        f' avg((j."{c}" IS NOT NULL)::int)::float8 AS "{c}?"'
+        for c in columns
+    )
+    row = await conn.fetchrow(
+        f"SELECT avg(pg_column_size(j.*))::float8 AS tuple, {sizes}"
+        f" FROM evora.jobs j WHERE j.queue = '{QUEUE}' AND j.state = 'COMPLETED'"
+    )
+    assert row is not None
+    lines = [f"  whole row (pg_column_size of the tuple) {row['tuple']:7.1f} B"]
+    lines += [
+        f"  {c:<24} {row[c]:7.1f} B  set in {row[c + '?'] * 100:5.1f} % of rows"
+        for c in sorted(columns, key=lambda c: -row[c])
+    ]
+    return "\n".join(lines)
+
+
 async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Path) -> None:
     await apply_migrations(dsn)
     if args.what_if:
@@ -131,7 +175,7 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
     pool = await create_pool(dsn, min_size=2, max_size=2)
     store = JobStore(pool)
     try:
-        await submit(store, args.history)
+        await submit(store, args.history, args.payload_bytes)
         await drain(store, 1000)
         for start in range(0, args.running, 1000):
             # jobs other workers hold RUNNING in another queue while this one drains
@@ -148,7 +192,7 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
                 await conn.execute("CHECKPOINT")
                 _, swal0, _ = await wal(conn)
             s0 = procstats.cluster_cpu_seconds(postmaster)
-            await submit(store, args.jobs)
+            await submit(store, args.jobs, args.payload_bytes)
             submit_cpu.append((procstats.cluster_cpu_seconds(postmaster) - s0) / args.jobs * 1e6)
             async with pool.acquire() as conn:
                 _, swal1, _ = await wal(conn)
@@ -184,6 +228,9 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
         if args.waldump:
             async with pool.acquire() as conn:
                 print(await wal_by_record(conn, lsn0, lsn1, drained))
+        if args.widths:
+            async with pool.acquire() as conn:
+                print(await widths(conn))
     finally:
         await store.close()
         await pool.close()
@@ -202,6 +249,12 @@ def main() -> int:
         "--what-if", help="SQL run after the migrations (a what-if, e.g. dropping an index)"
     )
     parser.add_argument("--waldump", action="store_true", help="WAL of the last round by type")
+    parser.add_argument(
+        "--widths", action="store_true", help="bytes per column of the drained jobs' rows"
+    )
+    parser.add_argument(
+        "--payload-bytes", type=int, default=0, help="pad each drained job's payload by ~N B"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="evora-drain-pg-") as tmp:
         data_dir = Path(tmp) / "data"

@@ -17,6 +17,7 @@ from evora.storage import queries
 from evora.storage.db import jsonb_elements
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.rows import JobDict
+from tests.conftest import Clock
 from tests.polling import until
 
 DONE, LEASE_LOST, NOT_FOUND = AckResult.DONE, AckResult.LEASE_LOST, AckResult.NOT_FOUND
@@ -91,20 +92,32 @@ async def test_single_operations_tell_a_lost_lease_from_an_unknown_job_in_one_st
         ("complete", DONE),
         # the worker handed the job back meanwhile: the lease is gone
         ("release", LEASE_LOST),
+        # the sweeper expired the lease meanwhile: the lease is gone
+        ("expire", LEASE_LOST),
+        # an admin asked for a cancel meanwhile: the job is still RUNNING under the same lease,
+        # and its worker decides, so the completion wins
+        ("cancel", DONE),
     ],
 )
 async def test_a_race_lost_to_a_transaction_that_commits_meanwhile_reads_its_outcome(
-    store: JobStore, pool: asyncpg.Pool, concurrent: str, expected: AckResult
+    store: JobStore, pool: asyncpg.Pool, clock: Clock, concurrent: str, expected: AckResult
 ) -> None:
     """The completion's snapshot still shows the job RUNNING under its token; the job moved
-    while the statement waited for its row, so only the latest version tells why."""
+    while the statement waited for its row, so only the latest version tells why. The
+    completion locks no row before its UPDATE (tests/integration/test_hot_path_indexes.py):
+    the UPDATE waits for the other transaction itself and re-checks its token and state on
+    the version that transaction committed."""
     [job] = await claimed(store, "outcomes-race", 1)
+    if concurrent == "expire":
+        await clock.advance(job["lease_seconds"] + 1)
     statement, args = {
         "complete": (
             queries.COMPLETE,
             ([job["id"]], [job["lease_token"]], jsonb_elements([1]), [], False),
         ),
         "release": (queries.RELEASE, (job["id"], job["lease_token"], 0.0, "released", [])),
+        "expire": (queries.EXPIRE_LEASES, (10, [])),
+        "cancel": (queries.CANCEL, (job["id"], [])),
     }[concurrent]
     async with pool.acquire() as other:
         transaction = other.transaction()
@@ -126,5 +139,67 @@ async def test_a_race_lost_to_a_transaction_that_commits_meanwhile_reads_its_out
         await transaction.commit()
     [outcome] = await answer
     assert outcome.result is expected
-    if expected is DONE:
+    if concurrent == "complete":
         assert outcome.job is not None and outcome.job["result"] == 1
+    events = await pool.fetch(
+        "SELECT event FROM evora.job_events WHERE job_id = $1 ORDER BY seq", job["id"]
+    )
+    assert [e["event"] for e in events] == {
+        "complete": ["submitted", "claimed", "completed"],
+        "release": ["submitted", "claimed", "released"],
+        "expire": ["submitted", "claimed", "lease_expired"],
+        "cancel": ["submitted", "claimed", "cancel_requested", "completed"],
+    }[concurrent]
+    if concurrent == "cancel":
+        assert outcome.job is not None and outcome.job["result"] == 2
+        assert outcome.job["cancel_requested"]
+
+
+async def test_a_completion_held_open_is_skipped_by_the_sweeper_and_fences_a_stale_token(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """The owner's completion holds the job's row, uncommitted, after its lease ran out: the
+    sweeper's expiry passes over the row (SKIP LOCKED), and a completion under the token of
+    the attempt before is refused at once, without waiting for the owner (its token does not
+    match the version its snapshot shows). The owner's completion then commits, the one
+    ending of the attempt."""
+    [first] = await claimed(store, "outcomes-held", 1)
+    await clock.advance(first["lease_seconds"] + 1)
+    [expired] = await store.expire_leases()
+    assert expired["id"] == first["id"]
+    await clock.advance(  # to the retry, after its backoff
+        (expired["run_at"] - await pool.fetchval("SELECT evora.clock_now()")).total_seconds() + 1
+    )
+    [owner] = await store.claim(worker_id="w2", queues=["outcomes-held"])
+    assert owner["lease_token"] != first["lease_token"]
+    await clock.advance(owner["lease_seconds"] + 1)  # the owner's lease has run out too
+    async with pool.acquire() as held:
+        transaction = held.transaction()
+        await transaction.start()
+        await held.fetch(
+            queries.COMPLETE, [owner["id"]], [owner["lease_token"]], jsonb_elements([1]), [], False
+        )
+        async with asyncio.timeout(30):
+            assert await store.expire_leases() == []
+            [stale] = await store.complete_many([Completion(first["id"], first["lease_token"], 2)])
+        assert stale.result is LEASE_LOST
+        await transaction.commit()
+    job = await pool.fetchrow(
+        "SELECT state::text, result, lease_token FROM evora.jobs WHERE id = $1", owner["id"]
+    )
+    assert job is not None
+    assert (job["state"], job["result"], job["lease_token"]) == (
+        "COMPLETED",
+        1,
+        owner["lease_token"],
+    )
+    events = await pool.fetch(
+        "SELECT event FROM evora.job_events WHERE job_id = $1 ORDER BY seq", owner["id"]
+    )
+    assert [e["event"] for e in events] == [
+        "submitted",
+        "claimed",
+        "lease_expired",
+        "claimed",
+        "completed",
+    ]

@@ -527,9 +527,11 @@ _SETTLING_CALLS = (
 async def test_only_statements_that_end_a_job_others_wait_on_run_the_settlement(
     store: JobStore, pool: asyncpg.Pool
 ) -> None:
-    """Claims and completions of jobs nothing waits on call no trigger function: the
-    triggers' WHEN clauses pass over them. A completion that ends a dependency calls the
-    settlement once for its statement."""
+    """Claims and completions of jobs nothing waits on note nothing: the row trigger's WHEN
+    clause passes over them. The settlement's statement trigger runs once per statement that
+    changes a state, and returns at once unless a note was made (it has no WHEN clause: an
+    AFTER trigger's is evaluated before the notes of its statement, functions/dependencies.sql);
+    a completion that ends a dependency is noted and settled once for its statement."""
     plain = [i.job["id"] for i in await store.submit_batch([_sub(), _sub()])]
     parent = await _submit(store)
     await _submit(store, depends_on=[parent])
@@ -546,10 +548,12 @@ async def test_only_statements_that_end_a_job_others_wait_on_run_the_settlement(
             )
 
         await complete(*plain)
-        assert await conn.fetch(_SETTLING_CALLS) == []
+        calls = {r["funcname"]: r["calls"] for r in await conn.fetch(_SETTLING_CALLS)}
+        assert calls == {"settle_dependents": 2}  # the claim's statement and the completion's
         await complete(parent)
         calls = {r["funcname"]: r["calls"] for r in await conn.fetch(_SETTLING_CALLS)}
-        assert calls == {"note_ended_dependency": 1, "settle_dependents": 1}
+        # the completion's settlement, then its own update of the waiting job's, noting none
+        assert calls == {"note_ended_dependency": 1, "settle_dependents": 4}
 
 
 async def test_a_grouped_job_waiting_on_a_dependency_is_overtaken_then_heads_its_group_again(

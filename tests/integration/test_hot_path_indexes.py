@@ -3,7 +3,8 @@ inserts the row, and neither a claim nor a completion is a HOT update (both chan
 which the partial indexes' predicates name), so each adds an entry to every index whose
 predicate the new row matches: a full index pays on every transition. The entries
 are read from the WAL each one writes (pg_walinspect's block references, by relation), so the
-test counts what PostgreSQL did, not what a plan says it would."""
+test counts what PostgreSQL did, not what a plan says it would. So are the row locks each
+writes into the heap of `jobs` (Heap/LOCK records): only those the statement needs."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import Completion, JobStore
 
 
-async def _indexes_written(pool: asyncpg.Pool, step: Awaitable[object]) -> set[str]:
-    """The indexes of evora.jobs that `step` inserted into (a leaf insert or a page split)."""
+async def _wal_blocks(pool: asyncpg.Pool, step: Awaitable[object]) -> list[asyncpg.Record]:
+    """The block references of the WAL records `step` wrote into evora.jobs and its indexes:
+    the relation, the record's resource manager and type, and which block of the record."""
     async with pool.acquire() as conn:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         start = await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")
@@ -26,20 +28,43 @@ async def _indexes_written(pool: asyncpg.Pool, step: Awaitable[object]) -> set[s
         end = await conn.fetchval(
             "SELECT pg_logical_emit_message(false, 'evora-test', '', true)::text"
         )
-        rows = await conn.fetch(
-            "SELECT DISTINCT c.relname"
+        blocks: list[asyncpg.Record] = await conn.fetch(
+            "SELECT c.relname, b.start_lsn, b.block_id, b.resource_manager, b.record_type"
             " FROM pg_get_wal_block_info($1::text::pg_lsn, $2::text::pg_lsn) b"
             " JOIN pg_class c ON c.relfilenode = b.relfilenode"
-            " JOIN pg_index i ON i.indexrelid = c.oid"
             " WHERE b.reldatabase = (SELECT oid FROM pg_database"
             "                           WHERE datname = current_database())"
-            "   AND i.indrelid = 'evora.jobs'::regclass"
-            "   AND b.resource_manager = 'Btree'"
-            "   AND (b.record_type LIKE 'INSERT%' OR b.record_type LIKE 'SPLIT%')",
+            "   AND (c.oid = 'evora.jobs'::regclass OR c.oid IN ("
+            "        SELECT indexrelid FROM pg_index WHERE indrelid = 'evora.jobs'::regclass))",
             start,
             end,
         )
-    return {r["relname"] for r in rows}
+    return blocks
+
+
+async def _indexes_written(pool: asyncpg.Pool, step: Awaitable[object]) -> set[str]:
+    """The indexes of evora.jobs that `step` inserted into (a leaf insert or a page split)."""
+    return {
+        b["relname"]
+        for b in await _wal_blocks(pool, step)
+        if b["resource_manager"] == "Btree"
+        and (b["record_type"].startswith("INSERT") or b["record_type"].startswith("SPLIT"))
+    }
+
+
+async def _row_locks(pool: asyncpg.Pool, step: Awaitable[object]) -> int:
+    """The row locks `step` took in evora.jobs beyond the ones heap_update takes itself: the
+    heap's LOCK records, less one for each update whose new row version went to another page
+    (heap_update marks the old version locked while it looks for room, and WAL-logs that as a
+    LOCK record; a new version on the same page needs none)."""
+    heap = [b for b in await _wal_blocks(pool, step) if b["relname"] == "jobs"]
+    locks = {b["start_lsn"] for b in heap if b["record_type"].startswith("LOCK")}
+    # a non-HOT update names the new version's page as block 0 and, when it is another page,
+    # the old version's as block 1
+    moved = {
+        b["start_lsn"] for b in heap if b["record_type"].startswith("UPDATE") and b["block_id"] == 1
+    }
+    return len(locks) - len(moved)
 
 
 async def test_a_submission_a_claim_and_a_completion_enter_only_the_indexes_of_their_state(
@@ -80,3 +105,26 @@ async def test_a_submission_a_claim_and_a_completion_enter_only_the_indexes_of_t
         "jobs_listing_at_rest",
         "jobs_submit_seq",
     }
+
+
+async def test_only_the_claim_locks_a_row_before_updating_it(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    # The claim's FOR UPDATE SKIP LOCKED is its concurrency: one row lock per job it takes,
+    # and its UPDATE adds none. A completion and a heartbeat lock nothing before their UPDATE,
+    # which fences them by itself (it re-checks its quals on the newest version of a row
+    # another transaction changed). A BEFORE UPDATE row trigger on jobs would lock every row
+    # first, a LOCK record each (issue #33: 206 B of WAL per drained job were LOCK records).
+    await store.submit_batch([JobSubmission(queue="q", type="t")] * 20)
+    claimed: list[dict[str, object]] = []
+
+    async def claim() -> None:
+        claimed.extend(await store.claim(worker_id="w", queues=["q"], max_jobs=20))
+
+    claim_locks = await _row_locks(pool, claim())
+    assert len(claimed) == 20
+    beat = store.heartbeat(claimed[0]["id"], claimed[0]["lease_token"])  # type: ignore[arg-type]
+    beat_locks = await _row_locks(pool, beat)
+    completions = [Completion(j["id"], j["lease_token"]) for j in claimed]  # type: ignore[arg-type]
+    completion_locks = await _row_locks(pool, store.complete_many(completions))
+    assert (claim_locks, beat_locks, completion_locks) == (20, 0, 0)

@@ -213,7 +213,12 @@ async def test_illegal_transition_fails_in_the_database(
     store: JobStore, pool: asyncpg.Pool, from_state: JobState, to_state: JobState
 ) -> None:
     job_id = await _in_state(store, pool, from_state)
-    with pytest.raises(asyncpg.CheckViolationError, match="illegal job transition"):
+    # The guard is an AFTER trigger (a BEFORE one would lock every updated row first:
+    # storage/functions/guards.sql), so a move that also breaks one of the row's CHECK
+    # constraints (a RUNNING job without a lease) is refused by the constraint, before it.
+    with pytest.raises(
+        asyncpg.CheckViolationError, match=r"illegal job transition|violates check constraint"
+    ):
         await pool.execute(
             "UPDATE evora.jobs SET state = $2::evora.job_state, version = version + 1 WHERE id"
             " = $1",

@@ -1691,7 +1691,7 @@ BEGIN
                        coalesce(current_setting('evora.ended_dependencies', true), '')
                            || NEW.id || ',',
                        true);
-    RETURN NEW;
+    RETURN NULL;  -- an AFTER trigger's result is not used
 END
 $$;
 
@@ -2046,6 +2046,9 @@ DECLARE
     ended_states evora.job_state[];
     hinted bigint;
 BEGIN
+    IF coalesce(current_setting('evora.ended_dependencies', true), '') = '' THEN
+        RETURN NULL;
+    END IF;
     ended_ids := string_to_array(rtrim(current_setting('evora.ended_dependencies'), ','),
                                  ',')::uuid[];
     SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
@@ -3372,11 +3375,11 @@ CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON evora.jobs FOR EACH ROW W
 
 CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON evora.jobs FOR EACH ROW WHEN ((new.state <> ALL (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state]))) EXECUTE FUNCTION evora.reject_illegal_transition();
 
-CREATE TRIGGER jobs_note_ended_dependency BEFORE UPDATE OF state ON evora.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state])) AND (old.state IS DISTINCT FROM new.state) AND (current_setting('evora.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION evora.note_ended_dependency();
+CREATE TRIGGER jobs_note_ended_dependency AFTER UPDATE OF state ON evora.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state])) AND (old.state IS DISTINCT FROM new.state) AND (current_setting('evora.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION evora.note_ended_dependency();
 
-CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON evora.jobs FOR EACH STATEMENT WHEN ((current_setting('evora.ended_dependencies'::text, true) <> ''::text)) EXECUTE FUNCTION evora.settle_dependents();
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON evora.jobs FOR EACH STATEMENT EXECUTE FUNCTION evora.settle_dependents();
 
-CREATE TRIGGER jobs_transition_guard BEFORE UPDATE OF state ON evora.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND (((((((((((((((((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state)) AND ((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'RUNNING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'COMPLETED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'SUSPENDED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'WAITING'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))))) EXECUTE FUNCTION evora.reject_illegal_transition();
+CREATE TRIGGER jobs_transition_guard AFTER UPDATE OF state ON evora.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND (((((((((((((((((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state)) AND ((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'RUNNING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'COMPLETED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'SUSPENDED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'WAITING'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))))) EXECUTE FUNCTION evora.reject_illegal_transition();
 
 ALTER TABLE ONLY evora.callbacks
     ADD CONSTRAINT callbacks_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;

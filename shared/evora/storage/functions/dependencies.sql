@@ -92,13 +92,19 @@ $$;
 -- different orders in two batches.) A statement with a fresh snapshot, which sees every
 -- decrement committed before the locks were granted, then settles the whole subtree at once.
 --
--- A BEFORE UPDATE row trigger notes each job the statement ends that others wait on, in a
+-- An AFTER UPDATE row trigger notes each job the statement ends that others wait on, in a
 -- setting local to the transaction; its WHEN clause passes over every other row in C. The
--- AFTER UPDATE statement trigger settles them; its WHEN clause passes over every statement
--- that noted none. (A statement trigger with transition tables would need no note, but
--- would make every update of jobs, heartbeats and claims included, pay for them.) While it
--- settles, `evora.settling` keeps the jobs it cancels from being noted: the settlement
--- already covered what waits on them.
+-- AFTER UPDATE statement trigger settles them; it returns at once from every statement that
+-- noted none. (A statement trigger with transition tables would need no note, but would make
+-- every update of jobs, heartbeats and claims included, pay for them.) While it settles,
+-- `evora.settling` keeps the jobs it cancels from being noted: the settlement already
+-- covered what waits on them.
+-- No BEFORE row trigger: with one on the table, every UPDATE of jobs locks its row before
+-- changing it, a WAL record per row (guards.sql says more). The note fires after the rows
+-- are updated, but before the statement trigger: a statement's AFTER events fire in the order
+-- they were queued, and the statement trigger's is queued when the UPDATE has done its rows.
+-- For the same reason the statement trigger has no WHEN clause: an AFTER trigger's WHEN is
+-- evaluated when its event is queued, before any note has been made.
 CREATE OR REPLACE FUNCTION evora.note_ended_dependency() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -106,7 +112,7 @@ BEGIN
                        coalesce(current_setting('evora.ended_dependencies', true), '')
                            || NEW.id || ',',
                        true);
-    RETURN NEW;
+    RETURN NULL;  -- an AFTER trigger's result is not used
 END
 $$;
 
@@ -120,6 +126,9 @@ DECLARE
     ended_states evora.job_state[];
     hinted bigint;
 BEGIN
+    IF coalesce(current_setting('evora.ended_dependencies', true), '') = '' THEN
+        RETURN NULL;
+    END IF;
     -- Parsed once, before the query: as an expression of it (current_setting() is only
     -- STABLE) a plan scanning the jobs parsed the whole list again for every row, quadratic
     -- in the jobs a statement ends (a cancel of a parent's 3,000 children took 6.5 s here).
@@ -177,7 +186,7 @@ END
 $$;
 
 CREATE OR REPLACE TRIGGER jobs_note_ended_dependency
-    BEFORE UPDATE OF state ON evora.jobs
+    AFTER UPDATE OF state ON evora.jobs
     FOR EACH ROW
     WHEN (NEW.has_dependents AND NEW.state IN ('COMPLETED', 'CANCELLED')
           AND OLD.state IS DISTINCT FROM NEW.state
@@ -187,7 +196,6 @@ CREATE OR REPLACE TRIGGER jobs_note_ended_dependency
 CREATE OR REPLACE TRIGGER jobs_settle_dependents
     AFTER UPDATE OF state ON evora.jobs
     FOR EACH STATEMENT
-    WHEN (current_setting('evora.ended_dependencies', true) <> '')
     EXECUTE FUNCTION evora.settle_dependents();
 
 -- Children awaited without holding a slot (docs/jobs-that-wait.md): the RUNNING job `parent`,

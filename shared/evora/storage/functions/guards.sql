@@ -50,9 +50,13 @@ CREATE OR REPLACE TRIGGER jobs_new_state_guard
 -- it lists the legal moves, the rows of job_transitions (and TRANSITIONS in
 -- evora/domain/states.py) with a from_state; tests/integration/test_state_machine.py checks
 -- that the three agree, so a migration that changes job_transitions changes this list too.
--- The function runs only to reject.
+-- The function runs only to reject. AFTER, not BEFORE: an illegal move fails its statement
+-- either way, but a table with any BEFORE UPDATE row trigger has every UPDATE lock its row
+-- first (to hand the trigger the newest version), a WAL record per row updated, for each
+-- completion and heartbeat too (tests/integration/test_hot_path_indexes.py). The WHEN clause
+-- of an AFTER row trigger is evaluated as each row is updated: a legal move queues nothing.
 CREATE OR REPLACE TRIGGER jobs_transition_guard
-    BEFORE UPDATE OF state ON evora.jobs
+    AFTER UPDATE OF state ON evora.jobs
     FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state AND (OLD.state, NEW.state) NOT IN (
         ('DLQ', 'CANCELLED'), ('DLQ', 'PENDING'),
         ('PENDING', 'CANCELLED'), ('PENDING', 'DLQ'), ('PENDING', 'RUNNING'),
