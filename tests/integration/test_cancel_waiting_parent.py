@@ -8,12 +8,16 @@ never deadlock."""
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
+from uuid import UUID
 
 import asyncpg
+import pytest
 
 from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
-from evora.storage.jobs import JobStore
+from evora.storage.db import jsonb_elements
+from evora.storage.jobs import Completion, JobStore
 from evora.storage.rows import JobDict
 from tests.polling import waits_for_a_lock
 
@@ -173,3 +177,144 @@ async def test_children_ending_while_their_parents_are_cancelled_never_deadlock(
     kids = await pool.fetch("SELECT state FROM evora.jobs WHERE queue = $1", KIDS)
     assert len(kids) == 30
     assert {k["state"] for k in kids} <= {"COMPLETED", "CANCELLED"}
+
+
+# After every row a cancel moves, the length of the setting each note of an ended dependency
+# appends its id to (functions/dependencies.sql): what the next note copies. (pg_settings
+# leaves such placeholder settings out, so it is read by name.) A table's BEFORE row triggers
+# fire in name order, so this one runs after jobs_note_ended_dependency.
+_NOTED_LENGTH = """
+CREATE TABLE noted_length (bytes integer);
+CREATE FUNCTION noted_length() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO noted_length
+    VALUES (octet_length(current_setting('evora.ended_dependencies', true)));
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER jobs_zz_noted_length BEFORE UPDATE OF state ON evora.jobs
+    FOR EACH ROW WHEN (NEW.state = 'CANCELLED') EXECUTE FUNCTION noted_length();
+"""
+
+
+async def test_what_noting_an_ended_dependency_copies_does_not_grow_with_the_statement(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A statement that ends many jobs others wait on (here a cancel of a parent and its
+    children, each of which the parent waits for) notes each for its settlement in settings
+    local to the transaction, and a note copies the setting it writes. When one setting held
+    every id, the n-th note copied n ids: a statement ending n such jobs did O(n^2) work
+    (`python -m bench.cancel_fanout`). Counted here without timing: the noted ids a note
+    copies are no more in a cancel of 2,500 children than in a cancel of 500."""
+    await pool.execute(_NOTED_LENGTH)
+    longest = []
+    for size in (500, 2_500):
+        parent = await running(store, "q", key=f"parent of {size}")
+        await store.spawn_children(
+            parent["id"], parent["lease_token"], [child(f"{size}-{k}") for k in range(size)]
+        )
+        assert (await store.cancel(parent["id"])).immediate
+        longest.append(await pool.fetchval("SELECT max(bytes) FROM noted_length"))
+        await pool.execute("TRUNCATE noted_length")
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state = 'CANCELLED'", KIDS
+        )
+        == 3_000
+    )
+    # the probe saw the notes (a statement of 500 notes 500 ids, 37 bytes each)
+    assert longest[0] > 0
+    assert longest[1] <= longest[0], f"the noted ids, bytes at most: {longest}"
+
+
+@pytest.mark.parametrize("ack", ["held", "racing"])
+async def test_a_cancel_of_thousands_of_children_and_an_ack_batch_settle_the_same_waiting_jobs(
+    store: JobStore, pool: asyncpg.Pool, ack: str
+) -> None:
+    """Two statements on two connections end many dependencies of the same WAITING jobs: the
+    cancel of a parent and its 3,000 children (each waiter waits for the parent), and an ack
+    batch completing the other 100 jobs each waiter waits for. Both lock the waiters in one
+    id order, so neither deadlocks, and each settles them with what the other committed:
+    every waiter moves once, "run" ones to PENDING and "cancel" ones to CANCELLED by the
+    parent. `held`: the ack batch has settled (each waiter left with the parent to wait for)
+    and stays open while the cancel reaches the waiters; `racing`: autocommit, any order."""
+    parent = await running(store, "q")
+    await store.spawn_children(
+        parent["id"], parent["lease_token"], [child(f"kid-{k}") for k in range(3_000)]
+    )
+    acked = [s.id for s in await store.submit_batch([JobSubmission(queue="acked", type="a")] * 100)]
+    waiters: dict[UUID, str] = {}
+    for n in range(20):
+        on_failure: Literal["run", "cancel"] = "cancel" if n % 2 else "run"
+        submission = JobSubmission(
+            queue="waiters",
+            type="w",
+            depends_on=[parent["id"], *acked],
+            on_dependency_failure=on_failure,
+        )
+        waiters[(await store.submit(submission)).id] = on_failure
+    claimed = await store.claim(worker_id="w", queues=["acked"], max_jobs=100)
+    assert len(claimed) == 100
+    ids = [j["id"] for j in claimed]
+    tokens = [j["lease_token"] for j in claimed]
+    results = jsonb_elements([None] * len(ids))
+
+    if ack == "held":
+        async with pool.acquire() as worker:
+            transaction = worker.transaction()
+            await transaction.start()
+            completed = await worker.fetch(queries.COMPLETE, ids, tokens, results, [], False)
+            assert {r["outcome"] for r in completed} == {"done"}
+            assert (
+                await pool.fetchval(
+                    "SELECT count(*) FROM evora.jobs WHERE queue = 'waiters' AND state = 'WAITING'"
+                )
+                == 20
+            )
+            cancelling = asyncio.create_task(store.cancel(parent["id"]))
+            await waits_for_a_lock(pool)
+            await transaction.commit()
+        assert (await cancelling).immediate
+    else:
+        outcomes = await asyncio.gather(
+            store.complete_many([Completion(i, t) for i, t in zip(ids, tokens, strict=True)]),
+            store.cancel(parent["id"]),
+            return_exceptions=True,
+        )
+        assert [o for o in outcomes if isinstance(o, BaseException)] == []
+
+    rows = await pool.fetch(
+        "SELECT job_id, event, from_state::text, to_state::text, data->>'dependency' AS cause"
+        " FROM evora.job_events WHERE queue = 'waiters' ORDER BY seq"
+    )
+    events: dict[UUID, list[tuple[str, str | None, str, str | None]]] = {w: [] for w in waiters}
+    for r in rows:
+        events[r["job_id"]].append((r["event"], r["from_state"], r["to_state"], r["cause"]))
+    for waiter, failure_rule in waiters.items():
+        settled = (
+            ("dependencies_met", "WAITING", "PENDING", None)
+            if failure_rule == "run"
+            else ("cancelled", "WAITING", "CANCELLED", str(parent["id"]))
+        )
+        assert events[waiter] == [("submitted", None, "WAITING", None), settled]
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM evora.jobs WHERE queue = 'waiters' AND dependencies_left = 0"
+            " AND state = 'PENDING'"
+        )
+        == 10
+    )
+    kids = await pool.fetch(
+        "SELECT j.state::text, count(e.*) AS events FROM evora.jobs j"
+        " JOIN evora.job_events e ON e.job_id = j.id AND e.event = 'cancelled'"
+        " WHERE j.queue = $1 GROUP BY j.id",
+        KIDS,
+    )
+    assert len(kids) == 3_000
+    assert {(k["state"], k["events"]) for k in kids} == {("CANCELLED", 1)}
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM evora.jobs WHERE queue = 'acked' AND state = 'COMPLETED'"
+        )
+        == 100
+    )

@@ -1686,11 +1686,18 @@ $$;
 CREATE FUNCTION evora.note_ended_dependency() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    noted text := coalesce(current_setting('evora.ended_dependencies', true), '');
+    full_chunks integer;
 BEGIN
-    PERFORM set_config('evora.ended_dependencies',
-                       coalesce(current_setting('evora.ended_dependencies', true), '')
-                           || NEW.id || ',',
-                       true);
+    IF octet_length(noted) >= 8192 THEN
+        full_chunks := coalesce(nullif(current_setting('evora.ended_dependency_chunks', true),
+                                       ''), '0')::integer + 1;
+        PERFORM set_config('evora.ended_dependencies_' || full_chunks, noted, true);
+        PERFORM set_config('evora.ended_dependency_chunks', full_chunks::text, true);
+        noted := '';
+    END IF;
+    PERFORM set_config('evora.ended_dependencies', noted || NEW.id || ',', true);
     RETURN NEW;
 END
 $$;
@@ -2046,13 +2053,11 @@ DECLARE
     ended_states evora.job_state[];
     hinted bigint;
 BEGIN
-    ended_ids := string_to_array(rtrim(current_setting('evora.ended_dependencies'), ','),
-                                 ',')::uuid[];
+    ended_ids := evora.take_ended_dependencies();
     SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
     FROM evora.jobs j
     WHERE j.id = ANY(ended_ids);
-    PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
     FROM evora.jobs j
@@ -2706,6 +2711,26 @@ BEGIN
                   jsonb_build_object('callback', cb_id, 'timeout_at', deadline,
                                      'on_timeout', suspend_job.on_timeout))::evora.move],
         suppressed) AS r;
+END
+$$;
+
+CREATE FUNCTION evora.take_ended_dependencies() RETURNS uuid[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    full_chunks CONSTANT integer := coalesce(
+        nullif(current_setting('evora.ended_dependency_chunks', true), ''), '0')::integer;
+    noted text;
+BEGIN
+    SELECT string_agg(current_setting('evora.ended_dependencies_' || n), '' ORDER BY n)
+    INTO noted
+    FROM generate_series(1, full_chunks) AS n;
+    noted := concat(noted, current_setting('evora.ended_dependencies'));
+    PERFORM set_config('evora.ended_dependencies_' || n, '', true)
+    FROM generate_series(1, full_chunks) AS n;
+    PERFORM set_config('evora.ended_dependency_chunks', '', true);
+    PERFORM set_config('evora.ended_dependencies', '', true);
+    RETURN string_to_array(rtrim(noted, ','), ',')::uuid[];
 END
 $$;
 
