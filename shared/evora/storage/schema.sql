@@ -3240,6 +3240,7 @@ CREATE TABLE evora.spawned_children (
     parent uuid NOT NULL,
     child uuid NOT NULL
 );
+ALTER TABLE ONLY evora.spawned_children ALTER COLUMN parent SET (n_distinct=-1);
 
 CREATE TABLE evora.submission_keys (
     queue text NOT NULL,
