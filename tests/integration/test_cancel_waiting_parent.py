@@ -229,6 +229,45 @@ async def test_what_noting_an_ended_dependency_copies_does_not_grow_with_the_sta
     assert longest[1] <= longest[0], f"the noted ids, bytes at most: {longest}"
 
 
+# The settings of the notes: the one a note appends to, the count of the full ones moved
+# aside, and the 4th and 5th of those (222 ids fill one).
+_NOTE_SETTINGS = (
+    "SELECT current_setting('evora.ended_dependencies', true) AS noted,"
+    " current_setting('evora.ended_dependency_chunks', true) AS chunks,"
+    " current_setting('evora.ended_dependencies_4', true) AS fourth,"
+    " current_setting('evora.ended_dependencies_5', true) AS fifth"
+)
+
+
+async def test_a_pooled_connection_keeps_the_notes_its_largest_statement_needed_emptied(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """The notes live in settings local to the transaction: a connection keeps the settings
+    its largest statement created (empty between transactions), not more with every
+    transaction. Three cancels of 1,000 children on one connection each fill four settings
+    of 222 ids, and the fifth never exists."""
+    async with pool.acquire() as conn:
+        for n in range(3):
+            parent = await running(store, "q", key=f"parent {n}")
+            await store.spawn_children(
+                parent["id"], parent["lease_token"], [child(f"{n}-{k}") for k in range(1_000)]
+            )
+            [cancelled] = await conn.fetch(queries.CANCEL, parent["id"], [])
+            assert cancelled["outcome"] == "done"
+            assert dict(await conn.fetchrow(_NOTE_SETTINGS)) == {
+                "noted": "",
+                "chunks": "",
+                "fourth": "",
+                "fifth": None,
+            }
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM evora.jobs WHERE queue = $1 AND state = 'CANCELLED'", KIDS
+        )
+        == 3_000
+    )
+
+
 @pytest.mark.parametrize("ack", ["held", "racing"])
 async def test_a_cancel_of_thousands_of_children_and_an_ack_batch_settle_the_same_waiting_jobs(
     store: JobStore, pool: asyncpg.Pool, ack: str
