@@ -2,11 +2,15 @@
 "Cancelling a waiting job"): the job and every child its spawn made are cancelled in one
 transaction, the children in one statement, on one durable PostgreSQL.
 
-    python -m bench.cancel_fanout [--children 100 1000 10000]
+    python -m bench.cancel_fanout [--children 100 1000 10000] [--what-if SQL] [--analyze]
 
 For each size: a running job spawns that many children (`JobStore.spawn_children`), then is
 cancelled (`JobStore.cancel`); prints the seconds the cancel took and how many children it
-left not CANCELLED (0 expected).
+left not CANCELLED (0 expected). Each child is a dependency of the job, so the statement that
+cancels them notes every one for the settlement (functions/dependencies.sql). `--what-if` SQL
+runs after the migrations: another way of noting them, say (a function file's text).
+`--analyze` analyses the tables before each cancel, as autovacuum soon has them after a spawn
+(their statistics choose the plan of the tree of children the cancel reads).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import asyncpg
+
 from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
@@ -24,10 +30,16 @@ from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations
 
 
-async def _run(sizes: list[int], directory: Path) -> None:
+async def _run(sizes: list[int], what_if: str | None, analyze: bool, directory: Path) -> None:
     with LocalPostgres(directory / "pg", durable=True) as server:
         dsn = server.dsn()
         await apply_migrations(dsn)
+        if what_if:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute(what_if)
+            finally:
+                await conn.close()
         pool = await create_pool(dsn, min_size=2, max_size=4)
         try:
             store = JobStore(pool)
@@ -38,6 +50,8 @@ async def _run(sizes: list[int], directory: Path) -> None:
                 [parent] = await store.claim(worker_id="w", queues=[parents])
                 children = [JobSubmission(queue=kids, type="c") for _ in range(size)]
                 await store.spawn_children(parent["id"], parent["lease_token"], children)
+                if analyze:
+                    await pool.execute("ANALYZE")
                 started = time.perf_counter()
                 cancelled = await store.cancel(parent["id"])
                 seconds = time.perf_counter() - started
@@ -56,9 +70,11 @@ async def _run(sizes: list[int], directory: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--children", type=int, nargs="+", default=[100, 1000, 10_000])
+    parser.add_argument("--what-if", help="SQL run after the migrations")
+    parser.add_argument("--analyze", action="store_true", help="ANALYZE before each cancel")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="evora-bench-cancel-fanout-") as directory:
-        asyncio.run(_run(args.children, Path(directory)))
+        asyncio.run(_run(args.children, args.what_if, args.analyze, Path(directory)))
 
 
 if __name__ == "__main__":

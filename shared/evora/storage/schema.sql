@@ -1686,11 +1686,18 @@ $$;
 CREATE FUNCTION evora.note_ended_dependency() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    noted text := coalesce(current_setting('evora.ended_dependencies', true), '');
+    full_chunks integer;
 BEGIN
-    PERFORM set_config('evora.ended_dependencies',
-                       coalesce(current_setting('evora.ended_dependencies', true), '')
-                           || NEW.id || ',',
-                       true);
+    IF octet_length(noted) >= 8192 THEN
+        full_chunks := coalesce(nullif(current_setting('evora.ended_dependency_chunks', true),
+                                       ''), '0')::integer + 1;
+        PERFORM set_config('evora.ended_dependencies_' || full_chunks, noted, true);
+        PERFORM set_config('evora.ended_dependency_chunks', full_chunks::text, true);
+        noted := '';
+    END IF;
+    PERFORM set_config('evora.ended_dependencies', noted || NEW.id || ',', true);
     RETURN NULL;  -- an AFTER trigger's result is not used
 END
 $$;
@@ -2049,13 +2056,11 @@ BEGIN
     IF coalesce(current_setting('evora.ended_dependencies', true), '') = '' THEN
         RETURN NULL;
     END IF;
-    ended_ids := string_to_array(rtrim(current_setting('evora.ended_dependencies'), ','),
-                                 ',')::uuid[];
+    ended_ids := evora.take_ended_dependencies();
     SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
     FROM evora.jobs j
     WHERE j.id = ANY(ended_ids);
-    PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
     FROM evora.jobs j
@@ -2712,6 +2717,26 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.take_ended_dependencies() RETURNS uuid[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    full_chunks CONSTANT integer := coalesce(
+        nullif(current_setting('evora.ended_dependency_chunks', true), ''), '0')::integer;
+    noted text;
+BEGIN
+    SELECT string_agg(current_setting('evora.ended_dependencies_' || n), '' ORDER BY n)
+    INTO noted
+    FROM generate_series(1, full_chunks) AS n;
+    noted := concat(noted, current_setting('evora.ended_dependencies'));
+    PERFORM set_config('evora.ended_dependencies_' || n, '', true)
+    FROM generate_series(1, full_chunks) AS n;
+    PERFORM set_config('evora.ended_dependency_chunks', '', true);
+    PERFORM set_config('evora.ended_dependencies', '', true);
+    RETURN string_to_array(rtrim(noted, ','), ',')::uuid[];
+END
+$$;
+
 CREATE FUNCTION evora.text_field(value jsonb, field text, pattern text, max_length integer, optional boolean) RETURNS text
     LANGUAGE plpgsql STABLE
     AS $$
@@ -3218,6 +3243,7 @@ CREATE TABLE evora.spawned_children (
     parent uuid NOT NULL,
     child uuid NOT NULL
 );
+ALTER TABLE ONLY evora.spawned_children ALTER COLUMN parent SET (n_distinct=-1);
 
 CREATE TABLE evora.submission_keys (
     queue text NOT NULL,

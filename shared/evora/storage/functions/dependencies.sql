@@ -92,27 +92,71 @@ $$;
 -- different orders in two batches.) A statement with a fresh snapshot, which sees every
 -- decrement committed before the locks were granted, then settles the whole subtree at once.
 --
--- An AFTER UPDATE row trigger notes each job the statement ends that others wait on, in a
--- setting local to the transaction; its WHEN clause passes over every other row in C. The
+-- An AFTER UPDATE row trigger notes each job the statement ends that others wait on, in
+-- settings local to the transaction; its WHEN clause passes over every other row in C. The
 -- AFTER UPDATE statement trigger settles them; it returns at once from every statement that
--- noted none. (A statement trigger with transition tables would need no note, but would make
--- every update of jobs, heartbeats and claims included, pay for them.) While it settles,
--- `evora.settling` keeps the jobs it cancels from being noted: the settlement already
--- covered what waits on them.
+-- noted none. While it settles, `evora.settling` keeps the jobs it cancels from being noted:
+-- the settlement already covered what waits on them.
 -- No BEFORE row trigger: with one on the table, every UPDATE of jobs locks its row before
 -- changing it, a WAL record per row (guards.sql says more). The note fires after the rows
 -- are updated, but before the statement trigger: a statement's AFTER events fire in the order
 -- they were queued, and the statement trigger's is queued when the UPDATE has done its rows.
 -- For the same reason the statement trigger has no WHEN clause: an AFTER trigger's WHEN is
 -- evaluated when its event is queued, before any note has been made.
+--
+-- A note appends the id to `evora.ended_dependencies`, and setting a value copies it whole,
+-- so that setting is kept short: once it holds 8 kB (222 ids) it moves to
+-- `evora.ended_dependencies_<n>`, `evora.ended_dependency_chunks` counting them, and a
+-- statement ending n jobs copies O(n) bytes. (One setting holding every id copied O(n^2):
+-- bench.cancel_fanout, loaded machine, 2026-11-29, a cancel of 10,000 children 2.65 s,
+-- 50,000 past the 30 s statement timeout; in chunks 0.58-1.39 s and 5.3-5.8 s, the rest of
+-- the cancel now the larger part.) Measured beside it: an insert per id into a temporary
+-- table (1.25 s, 10.96 s; and a table in every pooled session) or an unlogged table keyed
+-- by transaction (2.27 s, 8.98 s; and its dead rows to vacuum). A statement trigger with
+-- transition tables would need no list of ids, but PostgreSQL refuses them on a trigger
+-- with a column list (`UPDATE OF state`), so every update of jobs, heartbeats and claims
+-- included, would copy its rows into them. (bench.heartbeats with such a trigger: 262
+-- and 379 against 286 and 291 us of PostgreSQL CPU per heartbeat, within the loaded
+-- machine's noise; the cost is not measurable there, but it is not nothing.) A session
+-- keeps the chunk settings it created, emptied at the end of each transaction: as many as
+-- its largest statement needed, not one more per transaction.
 CREATE OR REPLACE FUNCTION evora.note_ended_dependency() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    noted text := coalesce(current_setting('evora.ended_dependencies', true), '');
+    full_chunks integer;
 BEGIN
-    PERFORM set_config('evora.ended_dependencies',
-                       coalesce(current_setting('evora.ended_dependencies', true), '')
-                           || NEW.id || ',',
-                       true);
+    IF octet_length(noted) >= 8192 THEN
+        full_chunks := coalesce(nullif(current_setting('evora.ended_dependency_chunks', true),
+                                       ''), '0')::integer + 1;
+        PERFORM set_config('evora.ended_dependencies_' || full_chunks, noted, true);
+        PERFORM set_config('evora.ended_dependency_chunks', full_chunks::text, true);
+        noted := '';
+    END IF;
+    PERFORM set_config('evora.ended_dependencies', noted || NEW.id || ',', true);
     RETURN NULL;  -- an AFTER trigger's result is not used
+END
+$$;
+
+-- The ids evora.note_ended_dependency() noted since the last call, its chunks and the
+-- current setting in one text, read once; all emptied (a long transaction does not keep
+-- them). The settlement's first step.
+CREATE OR REPLACE FUNCTION evora.take_ended_dependencies() RETURNS uuid[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    full_chunks CONSTANT integer := coalesce(
+        nullif(current_setting('evora.ended_dependency_chunks', true), ''), '0')::integer;
+    noted text;
+BEGIN
+    SELECT string_agg(current_setting('evora.ended_dependencies_' || n), '' ORDER BY n)
+    INTO noted
+    FROM generate_series(1, full_chunks) AS n;
+    noted := concat(noted, current_setting('evora.ended_dependencies'));
+    PERFORM set_config('evora.ended_dependencies_' || n, '', true)
+    FROM generate_series(1, full_chunks) AS n;
+    PERFORM set_config('evora.ended_dependency_chunks', '', true);
+    PERFORM set_config('evora.ended_dependencies', '', true);
+    RETURN string_to_array(rtrim(noted, ','), ',')::uuid[];
 END
 $$;
 
@@ -132,13 +176,11 @@ BEGIN
     -- Parsed once, before the query: as an expression of it (current_setting() is only
     -- STABLE) a plan scanning the jobs parsed the whole list again for every row, quadratic
     -- in the jobs a statement ends (a cancel of a parent's 3,000 children took 6.5 s here).
-    ended_ids := string_to_array(rtrim(current_setting('evora.ended_dependencies'), ','),
-                                 ',')::uuid[];
+    ended_ids := evora.take_ended_dependencies();
     SELECT array_agg(j.id ORDER BY j.id), array_agg(j.state ORDER BY j.id)
     INTO ended_ids, ended_states
     FROM evora.jobs j
     WHERE j.id = ANY(ended_ids);
-    PERFORM set_config('evora.ended_dependencies', '', true);
 
     PERFORM 1
     FROM evora.jobs j
@@ -278,6 +320,9 @@ $$;
 -- when a WAITING job other than its parent and that parent's other children waits for it
 -- (a later spawn or submission that named it). The jobs a child's idempotency key replayed
 -- are not its parent's: never recorded, never cancelled.
+-- Read by one index probe of `spawned_children` per job of the tree, because migration 0058
+-- has the planner expect a row or so per parent: estimated from the statistics (thousands
+-- per parent after a few large spawns) it compared every job of the tree with every row.
 CREATE OR REPLACE FUNCTION evora.spawned_tree(parent uuid) RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
     WITH RECURSIVE tree (id) AS (
