@@ -183,18 +183,18 @@ async def test_children_ending_while_their_parents_are_cancelled_never_deadlock(
 
 # After every row a cancel moves, the length of the setting each note of an ended dependency
 # appends its id to (functions/dependencies.sql): what the next note copies. (pg_settings
-# leaves such placeholder settings out, so it is read by name.) A table's BEFORE row triggers
-# fire in name order, so this one runs after jobs_note_ended_dependency.
+# leaves such placeholder settings out, so it is read by name.) A row's AFTER triggers fire
+# in name order, so this one runs after jobs_note_ended_dependency.
 _NOTED_LENGTH = """
 CREATE TABLE noted_length (bytes integer);
 CREATE FUNCTION noted_length() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO noted_length
     VALUES (octet_length(current_setting('evora.ended_dependencies', true)));
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
-CREATE TRIGGER jobs_zz_noted_length BEFORE UPDATE OF state ON evora.jobs
+CREATE TRIGGER jobs_zz_noted_length AFTER UPDATE OF state ON evora.jobs
     FOR EACH ROW WHEN (NEW.state = 'CANCELLED') EXECUTE FUNCTION noted_length();
 """
 
