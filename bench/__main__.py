@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--profile",
         action="store_true",
-        help="py-spy profiles of Evora's processes, pg_stat_statements",
+        help="py-spy profiles of each Evora's processes (variants too), pg_stat_statements",
     )
     compare.add_argument(
         "--pressure",
@@ -249,7 +249,7 @@ async def compare(
                 database = f"bench_{name.replace('@', '_')}_{label}"
                 print(f"== {name} repetition {rep}/{repetitions}", flush=True)
                 dsn = await cluster.fresh_database(database)
-                profiling = profiler if name == "evora" else None
+                profiling = profiler if name.startswith("evora") else None
                 result = await Repetition(system, cluster, workload, label, profiling).run(dsn)
                 result["repetition"] = rep
                 print(
