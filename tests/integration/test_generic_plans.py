@@ -97,7 +97,10 @@ FROM generate_series(1, $1) AS n,
 HISTORY = """
 INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
                               attempt, worker_id, at, job)
-SELECT j.id, j.version, j.queue, j.type, 'completed', 'RUNNING', j.state, 1, j.worker_id,
+SELECT j.id, j.version, j.queue, j.type,
+       CASE j.state WHEN 'COMPLETED' THEN 'completed' WHEN 'CANCELLED' THEN 'cancelled'
+                    ELSE 'failed' END,
+       'RUNNING', j.state, 1, j.worker_id,
        greatest(j.finished_at, evora.clock_now() - interval '1 minute'),
        evora.event_image(j, 'RUNNING')
 FROM evora.jobs j WHERE j.finished_at IS NOT NULL
