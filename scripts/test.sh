@@ -151,6 +151,7 @@ PG_LEG_TESTS=(
     tests/integration/test_migrations.py
     tests/sql_enqueue/test_migration.py tests/sql_enqueue/test_role.py
     tests/integration/test_plan_estimates.py tests/integration/test_claim_cost.py
+    tests/integration/test_generic_plans.py
     tests/integration/test_ack_cost.py tests/integration/test_limit_usage_cost.py
     tests/integration/test_store_concurrency.py tests/integration/test_fencing.py
     tests/sql_enqueue/test_idempotency.py tests/sql_enqueue/test_transactions.py

@@ -45,16 +45,25 @@ async def test_session_mode_migrates_and_keeps_the_timeouts(pg_server_url: str) 
         with pgbouncer(pg_server_url, "session") as port:
             url = through(_with_database(pg_server_url, name), port)
             assert await apply_migrations(url, pooler="session")
-            pool = await create_pool(url, min_size=2, max_size=2, pooler="session")
+            # as the dispatcher's pool: with generic plans
+            pool = await create_pool(
+                url, min_size=2, max_size=2, pooler="session", generic_plans=True
+            )
             try:
                 for _ in range(3):  # and still after the pool took the connection back
                     async with pool.acquire() as conn:
                         shown = await conn.fetchrow(
                             "SELECT current_setting('statement_timeout') AS statement,"
                             " current_setting('idle_in_transaction_session_timeout') AS idle,"
-                            " current_setting('jit') AS jit"
+                            " current_setting('jit') AS jit,"
+                            " current_setting('plan_cache_mode') AS plans"
                         )
-                    assert dict(shown) == {"statement": "30s", "idle": "1min", "jit": "off"}
+                    assert dict(shown) == {
+                        "statement": "30s",
+                        "idle": "1min",
+                        "jit": "off",
+                        "plans": "force_generic_plan",
+                    }
             finally:
                 await pool.close()
             conn = await connect(url, statement_timeout=None, pooler="session")

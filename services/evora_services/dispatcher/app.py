@@ -43,7 +43,11 @@ async def create_app(settings: Settings) -> web.Application:
     metrics = DispatcherMetrics(app[METRICS])
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
-        pool = await open_pool(app, "dispatcher")
+        # Every statement of the dispatcher is a one-job or one-batch operation on indexed
+        # rows, so each is planned once per connection instead of on every call (issue 33:
+        # the planning of a one-job claim cost more than running it); the api and the sweeper
+        # stay on PostgreSQL's default (docs/deploy.md says why).
+        pool = await open_pool(app, "dispatcher", generic_plans=True)
         store = JobStore(pool)
 
         async def due_in(queue: str) -> float | None:

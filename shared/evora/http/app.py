@@ -189,10 +189,12 @@ async def _edge(
     return response
 
 
-async def open_pool(app: web.Application, service: str) -> asyncpg.Pool:
+async def open_pool(
+    app: web.Application, service: str, *, generic_plans: bool = False
+) -> asyncpg.Pool:
     """The service's pool, registered for /readyz. min_size=0: connections open on first
     use, so the service starts (and /readyz says why it is not ready) while PostgreSQL is
-    still coming up, instead of crash-looping until it is."""
+    still coming up, instead of crash-looping until it is. `generic_plans`: create_pool's."""
     settings = app[SETTINGS]
     settings.require("database_url")
     assert settings.database_url is not None
@@ -202,6 +204,7 @@ async def open_pool(app: web.Application, service: str) -> asyncpg.Pool:
         min_size=0,
         max_size=settings.db_pool_size,
         pooler=settings.database_pooler,
+        generic_plans=generic_plans,
     )
     ready = database_ready(pool)
     app[READINESS].append(ready)

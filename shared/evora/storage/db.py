@@ -88,10 +88,14 @@ Pooler = Literal["none", "session", "transaction"]
 STATEMENT_CACHE_SIZE = 100
 
 
-def session_settings(statement_timeout: int | None, *, read_only: bool = False) -> dict[str, str]:
+def session_settings(
+    statement_timeout: int | None, *, read_only: bool = False, generic_plans: bool = False
+) -> dict[str, str]:
     """What every Evora session runs with, however it gets there; `read_only` for a read
     replica's sessions, so that a write sent there by mistake fails in every deployment
-    (a hot standby refuses it anyway, a promoted one would not)."""
+    (a hot standby refuses it anyway, a promoted one would not); `generic_plans` for a pool
+    whose every statement is a one-job (or one-batch) operation on indexed rows (the
+    dispatcher's)."""
     settings = {
         "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
         # No statement of Evora's runs long enough for LLVM compilation (tens of milliseconds
@@ -106,6 +110,16 @@ def session_settings(statement_timeout: int | None, *, read_only: bool = False) 
         settings["statement_timeout"] = str(statement_timeout)
     if read_only:
         settings["default_transaction_read_only"] = "on"
+    if generic_plans:
+        # asyncpg prepares every statement once per connection, but under the default
+        # `auto` PostgreSQL plans it again on every run whenever a custom plan looks cheaper
+        # than the generic one, which a `LIMIT $n` or an array parameter makes it do every
+        # time (and, from PostgreSQL 18, so are the bodies of the SQL functions it calls):
+        # planning cost a one-job claim more than executing it. A generic plan is made once,
+        # without the parameters' values, so it suits only statements whose best plan does not
+        # depend on them: tests/integration/test_generic_plans.py holds every statement of the
+        # dispatcher to a few buffers per job on a filled database under it.
+        settings["plan_cache_mode"] = "force_generic_plan"
     return settings
 
 
@@ -288,12 +302,16 @@ async def _reset(conn: asyncpg.Connection) -> None:
 
 
 def _startup(
-    pooler: Pooler, application_name: str, statement_timeout: int | None, read_only: bool = False
+    pooler: Pooler,
+    application_name: str,
+    statement_timeout: int | None,
+    read_only: bool = False,
+    generic_plans: bool = False,
 ) -> tuple[dict[str, str], dict[str, str], int]:
     """(startup parameters, settings to SET after connecting, asyncpg's statement cache size)
     behind `pooler`. application_name is one of the few parameters PgBouncer passes
     on (it tracks it per client)."""
-    settings = session_settings(statement_timeout, read_only=read_only)
+    settings = session_settings(statement_timeout, read_only=read_only, generic_plans=generic_plans)
     if pooler == "none":
         return {"application_name": application_name, **settings}, {}, STATEMENT_CACHE_SIZE
     if pooler == "session":
@@ -301,6 +319,8 @@ def _startup(
     # asyncpg then sends each statement unnamed: Parse, Describe, Bind, Execute and one Sync,
     # which PgBouncer keeps on one server connection (it switches only at a Sync outside a
     # transaction). Its own prepared-statement support needs PgBouncer 1.21 (Debian 12: 1.18).
+    # An unnamed statement is planned on every run whatever plan_cache_mode says, so
+    # `generic_plans` has nothing to save here (and is not SET, like the rest).
     return {"application_name": application_name}, {}, 0
 
 
@@ -331,8 +351,12 @@ async def create_pool(
     max_size: int = 10,
     pooler: Pooler = "none",
     read_only: bool = False,
+    generic_plans: bool = False,
 ) -> asyncpg.Pool:
-    startup, later, cache_size = _startup(pooler, application_name, STATEMENT_TIMEOUT_MS, read_only)
+    """A pool; `generic_plans` plans each statement once per connection (session_settings)."""
+    startup, later, cache_size = _startup(
+        pooler, application_name, STATEMENT_TIMEOUT_MS, read_only, generic_plans
+    )
     # asyncpg.create_pool with our pool and connection classes (it takes no pool class).
     pool = _DeadlinePool(
         dsn,

@@ -1,0 +1,258 @@
+"""Every statement the dispatcher runs stays a few buffers per job under a generic plan.
+
+The dispatcher's pool runs with plan_cache_mode = force_generic_plan (db.session_settings,
+issue 33): each statement is planned once per connection, without its parameters' values,
+instead of on every call. That is safe only for statements whose best plan does not depend
+on those values. Here, on a filled database (finished jobs, a PENDING backlog over queues,
+types, priorities, groups and delayed jobs, their history; ANALYZEd), each operation of the
+dispatcher runs through the store's own code on a connection of such a pool, inside a
+transaction rolled back afterwards, and what it read is that transaction's own statistics:
+buffers of every relation of the schema (tables and indexes, the statements inside the
+functions it calls included) and sequential scans of jobs and job_events. Counts, not time.
+The checker is shown able to fail: a listing statement with optional filters
+(`$n IS NULL OR col = $n`, what storage/queries.py's list_jobs avoids) reads a few buffers
+under a custom plan and thousands under the generic one (it walks the submission order past
+every finished job)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import orjson
+import pytest
+
+from evora.protocol.jobs import JobSubmission
+from evora.storage import checkpoints, queries
+from evora.storage.db import create_pool, jsonb_elements
+from evora.storage.fairness import FairnessStore
+from evora.storage.jobs import Failure, JobStore
+from evora.storage.limits import LimitStore
+
+FINISHED = 200_000
+PENDING = 50_000
+QUEUES = 4
+BATCH = 100
+# Buffers (blocks of tables and indexes, hit or read) a one-job operation may touch: its row,
+# the index descents that find it and the entries its new version adds to jobs' indexes, its
+# event, the small tables (limits, fairness, pauses). Measured under generic plans (PostgreSQL
+# 18 and 15): 3-89, and 138-148 to spawn a child (its submission and the parent's wait). jobs
+# alone holds 7,158 pages here (asserted above 10x the bound), so one walk over it is far above.
+ONE_JOB_BUFFERS = 250
+# Per job of a batch of BATCH: measured 28 (claim), 38 (complete and fail).
+BATCH_BUFFERS_PER_JOB = 60
+
+pytestmark = pytest.mark.audit_skip("jobs and events are inserted directly, not by transitions")
+
+
+@dataclass(frozen=True)
+class Read:
+    buffers: int
+    seq_scans: int  # of jobs and job_events' partitions
+
+
+def within_one_job(read: Read) -> bool:
+    """What a one-job operation may read."""
+    return read.seq_scans == 0 and read.buffers <= ONE_JOB_BUFFERS
+
+
+READ = """
+SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::int8 AS buffers,
+       coalesce(sum(pg_stat_get_xact_numscans(c.oid)) FILTER (
+           WHERE c.oid = 'evora.jobs'::regclass
+              OR c.oid IN (SELECT inhrelid FROM pg_inherits
+                           WHERE inhparent = 'evora.job_events'::regclass)), 0)::int8 AS seq_scans
+FROM pg_class c
+WHERE c.relnamespace = 'evora'::regnamespace AND c.relkind IN ('r', 'i', 't')
+"""
+
+# Finished jobs first (the oldest submissions), then the backlog: 1 in 5 grouped, 1 in 10
+# delayed, then the history. Inserted as they would stand, bypassing the transition triggers
+# (replica role). $1 how many, $2 queues.
+FINISHED_JOBS = """
+INSERT INTO evora.jobs (id, queue, type, payload, state, priority, group_key, attempt,
+                        max_attempts, lease_seconds, backoff_initial, backoff_max,
+                        backoff_multiplier, run_at, created_at, updated_at, started_at,
+                        finished_at, worker_id, result)
+SELECT gen_random_uuid(), 'q' || n % $2, 't' || n % 3, jsonb_build_object('n', n),
+       (ARRAY['COMPLETED', 'COMPLETED', 'COMPLETED', 'CANCELLED', 'DLQ'])[n % 5 + 1]
+           ::evora.job_state,
+       n / 3 % 3, CASE WHEN n % 5 = 0 THEN 'g' || n % 1000 END, 1, 3, 30, 1, 60, 2,
+       at, at, at, at, at + interval '1 second', 'old-worker', '{}'
+FROM generate_series(1, $1) AS n,
+     LATERAL (SELECT evora.clock_now() - make_interval(secs => $1 - n + 3600)) AS t(at)
+"""
+PENDING_JOBS = """
+INSERT INTO evora.jobs (id, queue, type, payload, priority, group_key, max_attempts,
+                        lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
+                        run_at, created_at, updated_at)
+SELECT gen_random_uuid(), 'q' || n % $2, 't' || n % 3, jsonb_build_object('n', n), n / 3 % 3,
+       CASE WHEN n % 5 = 0 THEN 'g' || n % 1000 END, 3, 30, 1, 60, 2,
+       CASE WHEN n % 10 = 0 THEN at + interval '1 hour' ELSE at END, at, at
+FROM generate_series(1, $1) AS n,
+     LATERAL (SELECT evora.clock_now() - make_interval(secs => ($1 - n) / 100.0)) AS t(at)
+"""
+HISTORY = """
+INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                              attempt, worker_id, at, job)
+SELECT j.id, j.version, j.queue, j.type,
+       CASE j.state WHEN 'COMPLETED' THEN 'completed' WHEN 'CANCELLED' THEN 'cancelled'
+                    ELSE 'failed' END,
+       'RUNNING', j.state, 1, j.worker_id,
+       greatest(j.finished_at, evora.clock_now() - interval '1 minute'),
+       evora.event_image(j, 'RUNNING')
+FROM evora.jobs j WHERE j.finished_at IS NOT NULL
+"""
+
+# A listing with optional filters: one plan for any combination, good for none of them.
+OPTIONAL_FILTERS = """
+SELECT id FROM evora.jobs
+WHERE ($1::text IS NULL OR queue = $1) AND ($2::evora.job_state IS NULL OR state = $2)
+ORDER BY submit_seq LIMIT $3
+"""
+
+
+async def read_by(conn: asyncpg.Connection, operation: Awaitable[Any]) -> Read:
+    """What `operation` (on `conn`) read, in a transaction rolled back afterwards."""
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        before = await conn.fetchrow(READ)
+        await operation
+        after = await conn.fetchrow(READ)
+    finally:
+        await tx.rollback()
+    return Read(after["buffers"] - before["buffers"], after["seq_scans"] - before["seq_scans"])
+
+
+@pytest.fixture
+async def generic(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """The one connection of a pool made as the dispatcher makes its own."""
+    pool = await create_pool(db_url, min_size=1, max_size=1, generic_plans=True)
+    try:
+        async with pool.acquire() as conn:
+            yield conn
+    finally:
+        await pool.close()
+
+
+async def _fill(conn: asyncpg.Connection) -> int:
+    """The database filled; the pages of jobs."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        await conn.execute(FINISHED_JOBS, FINISHED, QUEUES)
+        await conn.execute(PENDING_JOBS, PENDING, QUEUES)
+        await conn.execute(HISTORY)
+    await conn.execute("ANALYZE evora.jobs, evora.job_events")
+    pages: int = await conn.fetchval(
+        "SELECT pg_relation_size('evora.jobs') / current_setting('block_size')::int"
+    )
+    return pages
+
+
+async def test_every_statement_of_the_dispatcher_reads_a_few_buffers_per_job_under_a_generic_plan(
+    generic: asyncpg.Connection, store: JobStore
+) -> None:
+    assert await generic.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
+    pages = await _fill(generic)
+    assert pages > 10 * ONE_JOB_BUFFERS
+    # jobs RUNNING under leases (committed, through the ordinary store): each operation below
+    # is rolled back, so all of them act on the same ones
+    [held] = await store.claim(worker_id="w", queues=["q1"], max_jobs=1)
+    batch = await store.claim(worker_id="w", queues=["q2"], max_jobs=BATCH)
+    assert len(batch) == BATCH
+    job, token = held["id"], held["lease_token"]
+    ids: list[UUID] = [j["id"] for j in batch]
+    tokens: list[UUID] = [j["lease_token"] for j in batch]
+
+    # the store as the dispatcher's, on the measured connection (hints sent in each statement)
+    dispatcher = JobStore(generic, hint_window=0.0)
+
+    async def spawn() -> None:
+        # store.spawn_children's statements, on this connection's transaction
+        await generic.fetch(queries.HOLD_PARENT, job, token)
+        children, _ = await dispatcher._store_children(
+            generic, job, [JobSubmission(queue="q1", type="child")]
+        )
+        await dispatcher._change(
+            generic,
+            queries.AWAIT_CHILDREN,
+            job,
+            [c.id for c in children],
+            None,
+            committed=False,
+        )
+        await generic.execute(queries.RECORD_CHILDREN, job, [c.id for c in children])
+
+    one_job: dict[str, Callable[[], Awaitable[Any]]] = {
+        "claim": lambda: dispatcher.claim(worker_id="w", queues=["q0"], max_jobs=1),
+        "claim by type": lambda: dispatcher.claim(
+            worker_id="w", queues=["q3", "q0"], max_jobs=1, types=["t2"]
+        ),
+        "heartbeat": lambda: dispatcher.heartbeat(job, token, progress={"done": 1}),
+        "complete": lambda: dispatcher.settle_completions(
+            [job], [token], jsonb_elements([{"ok": True}])
+        ),
+        "complete with job": lambda: dispatcher.complete(job, token, {"ok": True}),
+        "fail": lambda: dispatcher.fail(Failure(job, token, "boom")),
+        "fail for good": lambda: dispatcher.fail(Failure(job, token, "boom", retryable=False)),
+        "release": lambda: dispatcher.release(job, token),
+        "snooze": lambda: dispatcher.snooze(job, token, delay_seconds=60),
+        "suspend": lambda: dispatcher.suspend(job, token, timeout_seconds=60, on_timeout="fail"),
+        "checkpoint": lambda: checkpoints.record(generic, job, token, "step", {"at": 1}),
+        "spawn children": spawn,
+        "traceparents": lambda: dispatcher.traceparents([job]),
+        "next due": lambda: dispatcher.seconds_until_due(["q0"]),
+        "hints": lambda: generic.execute(queries.NOTIFY_QUEUES, ["q0"]),
+    }
+    batches: dict[str, Callable[[], Awaitable[Any]]] = {
+        "claim a batch": lambda: dispatcher.claim(
+            worker_id="w", queues=["q0", "q3"], max_jobs=BATCH
+        ),
+        "complete a batch": lambda: dispatcher.settle_completions(
+            ids, tokens, [orjson.Fragment(b"{}")] * BATCH
+        ),
+        "fail a batch": lambda: dispatcher.fail_many(
+            [Failure(i, t, "boom") for i, t in zip(ids, tokens, strict=True)], with_jobs=False
+        ),
+    }
+    reports: dict[str, Callable[[], Awaitable[Any]]] = {
+        "unclaimed report": lambda: generic.fetch(queries.UNCLAIMED_JOBS, 60.0, 100),
+        "throttled limits": lambda: LimitStore(generic).throttled_until(),
+        "limit usage": lambda: LimitStore(generic).usage_by_kind(),
+        "fairness": lambda: FairnessStore(generic).by_kind(),
+    }
+    operations = {**one_job, **batches, **reports}
+    # every operation twice: under the pool's generic plans, then under custom ones
+    read = {name: await read_by(generic, run()) for name, run in operations.items()}
+    await generic.execute("SET plan_cache_mode = force_custom_plan")
+    custom = {name: await read_by(generic, run()) for name, run in operations.items()}
+    print(f"jobs: {pages} pages; generic: {read}; custom: {custom}")
+    assert {name: r.seq_scans for name, r in read.items() if r.seq_scans} == {}
+    assert {n: read[n] for n in one_job if not within_one_job(read[n])} == {}
+    assert {
+        n: read[n].buffers for n in batches if read[n].buffers > BATCH * BATCH_BUFFERS_PER_JOB
+    } == {}
+    # the reports read what the custom plan reads (the unclaimed-jobs report, every 30 s,
+    # reads each due PENDING job whatever its plan), not more
+    assert {
+        n: (read[n].buffers, custom[n].buffers)
+        for n in reports
+        if read[n].buffers > custom[n].buffers * 1.1 + 10
+    } == {}
+
+
+async def test_the_check_fails_for_a_statement_whose_generic_plan_reads_the_table(
+    generic: asyncpg.Connection,
+) -> None:
+    pages = await _fill(generic)
+    listing = generic.fetch(OPTIONAL_FILTERS, "q1", "PENDING", 1)
+    as_generic = await read_by(generic, listing)
+    await generic.execute("SET plan_cache_mode = force_custom_plan")
+    as_custom = await read_by(generic, generic.fetch(OPTIONAL_FILTERS, "q1", "PENDING", 1))
+    print(f"jobs: {pages} pages; generic plan: {as_generic}; custom plan: {as_custom}")
+    assert within_one_job(as_custom)
+    assert not within_one_job(as_generic)
