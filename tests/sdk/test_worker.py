@@ -4,11 +4,13 @@ where a test watches what the worker sends or stages a failure."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import logging
 import os
 import signal
 import sys
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -428,6 +430,32 @@ async def test_outcomes_are_batched_under_load(
     assert sorted(ack["id"] for batch in carried + sent for ack in batch) == sorted(ids)
     assert not proxy.seen("POST", "/v1/jobs/{id}/complete")
     assert [(await stored(store, i))["result"] for i in ids] == list(range(20))
+
+
+async def test_a_finished_job_is_freed_without_the_garbage_collector(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    """A job whose handler uses none of checkpoints, suspend or children leaves no reference
+    cycle behind: it is freed as soon as the worker is done with it, not by the cyclic
+    garbage collector, whose runs over every job of a drain cost the worker more CPU than
+    the rest of the job's own work (docs/benchmarks/2026-11-29-worker-cpu-per-job.md)."""
+    worker = make_worker(proxy, concurrency=10)
+    handled: list[weakref.ref[evora.Job]] = []
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        handled.append(weakref.ref(job))
+
+    submitted: list[Submission] = [{"queue": "q", "type": "t"} for _ in range(10)]
+    ids = [r.id for r in await client.submit_batch(submitted)]
+    gc.disable()
+    try:
+        async with serving(worker):
+            await until(all_in_state(store, ids, "COMPLETED"), "all completed")
+        assert len(handled) == 10
+        assert [ref() for ref in handled] == [None] * 10
+    finally:
+        gc.enable()
 
 
 async def test_a_lone_outcome_is_not_delayed_by_the_linger(

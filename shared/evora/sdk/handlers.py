@@ -8,6 +8,7 @@ import re
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import orjson
@@ -26,6 +27,25 @@ _TYPE_RE = re.compile(TYPE_PATTERN)
 # cancel event while it is created. One lock for all jobs, not one per job: the steps it
 # guards are a few bytecodes long, and a drain builds a thousand jobs a second.
 _SHARED_STATE = threading.Lock()
+
+_NO_CHECKPOINTS: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLink:
+    """How the jobs a worker runs reach it: one per worker, shared by all its jobs. A job
+    holds nothing of its own for features it may never use, and nothing that leads back to
+    the worker's record of it: a job and that record referring to each other would be a
+    reference cycle, which only the cyclic garbage collector frees, and its runs over every
+    job of a drain cost the worker more CPU than the rest of the job's own work
+    (docs/benchmarks/2026-11-29-worker-cpu-per-job.md)."""
+
+    transport: Transport
+    # Suspends the job on a callback (timeout seconds, on_timeout): its callback id.
+    suspend: Callable[[Job, float, str], Awaitable[str]]
+    # Submits children and makes the job wait for them (children, on_dependency_failure):
+    # their ids.
+    spawn_children: Callable[[Job, list[Submission], str | None], Awaitable[list[str]]]
 
 
 @dataclass(eq=False)
@@ -52,19 +72,13 @@ class Job:
     _cancel_event: asyncio.Event | None = field(default=None, repr=False)
     _timeout_requested: bool = field(default=False, repr=False)
     _progress: orjson.Fragment | None = field(default=None, repr=False)
-    # Where `checkpoint()` sends (the worker's transport; None outside a worker).
-    _transport: Transport | None = field(default=None, repr=False)
-    _checkpoints: dict[str, Any] = field(default_factory=dict, repr=False)
-    # Set by the worker: suspends the job (timeout seconds, on_timeout) and answers the
-    # callback id (`suspend`).
-    _suspender: Callable[[float, str], Awaitable[str]] | None = field(default=None, repr=False)
+    # The worker running the job (None outside one), for `checkpoint`, `suspend` and
+    # `spawn_children`.
+    _worker: WorkerLink | None = field(default=None, repr=False)
+    # The checkpoints as `checkpoint()` last answered them; until then the claim's.
+    _checkpoints: Mapping[str, Any] | None = field(default=None, repr=False)
     # The callback id once the handler suspended the job.
     callback_id: str | None = field(default=None, repr=False)
-    # Set by the worker: submits children and makes the job wait for them (children,
-    # on_dependency_failure), answering their ids or None when a requested cancel won.
-    _spawner: Callable[[list[Submission], str | None], Awaitable[list[str]]] | None = field(
-        default=None, repr=False
-    )
     # The children's ids once the handler made the job wait for them (`spawn_children`).
     children: list[str] | None = field(default=None, repr=False)
 
@@ -80,7 +94,6 @@ class Job:
             lease_seconds=int(data["lease_seconds"]),
             lease_token=str(data["lease_token"]),
             data=data,
-            _checkpoints=dict(data.get("checkpoints") or {}),
         )
 
     @property
@@ -110,11 +123,11 @@ class Job:
         says: `fail` the attempt, `dlq`, or `resume` with `callback["timed_out"]`. Raises
         `JobCancelled` if a cancel was requested (the job is cancelled instead) and
         `LeaseLostError` if the lease is no longer the job's. Async handlers only."""
-        if self._suspender is None:
+        if self._worker is None:
             raise RuntimeError("only a job a worker runs can be suspended")
         if self.callback_id is not None:
             raise RuntimeError(f"job {self.id} is already suspended")
-        self.callback_id = await self._suspender(timeout_seconds, on_timeout)
+        self.callback_id = await self._worker.suspend(self, timeout_seconds, on_timeout)
         return self.callback_id
 
     async def spawn_children(
@@ -133,11 +146,11 @@ class Job:
         Raises `JobCancelled` if a cancel was requested (no child is submitted),
         `LeaseLostError` if the lease is no longer the job's, `RequestValidationError` for an
         invalid child (none is submitted). Async handlers only."""
-        if self._spawner is None:
+        if self._worker is None:
             raise RuntimeError("only a job a worker runs can spawn children")
         if self.left_worker:
             raise RuntimeError(f"job {self.id} already left the worker")
-        self.children = await self._spawner(list(jobs), on_dependency_failure)
+        self.children = await self._worker.spawn_children(self, list(jobs), on_dependency_failure)
         return self.children
 
     @property
@@ -158,6 +171,10 @@ class Job:
         """The steps recorded with `checkpoint()`, name -> data: by earlier attempts (handed
         over with the claim) and by this one. A handler resumes after the last step done
         instead of repeating it (docs/jobs-that-wait.md). Empty when none."""
+        if self._checkpoints is None:
+            # Read from the claim when asked, not copied for every job: most never are.
+            claimed: Mapping[str, Any] = self.data.get("checkpoints") or _NO_CHECKPOINTS
+            return claimed
         return self._checkpoints
 
     async def checkpoint(self, name: str, data: Any = None) -> None:
@@ -167,9 +184,9 @@ class Job:
         `LeaseLostError` if this attempt no longer holds the job (stop: another may run it),
         `PayloadTooLargeError` past 100 names or 1 MiB in all. Async handlers only (a `def`
         handler's thread cannot await it)."""
-        if self._transport is None:
+        if self._worker is None:
             raise RuntimeError("checkpoint() needs a job a worker claimed")
-        resp = await self._transport.request(
+        resp = await self._worker.transport.request(
             "POST",
             f"/v1/jobs/{self.id}/checkpoints",
             body={"lease_token": self.lease_token, "name": name, "data": data},

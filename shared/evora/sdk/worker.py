@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import inspect
 import logging
 import random
@@ -78,7 +77,7 @@ from evora.sdk.errors import (
     JobCancelled,
 )
 from evora.sdk.executor import Executor
-from evora.sdk.handlers import H, Handler, Handlers, Job
+from evora.sdk.handlers import H, Handler, Handlers, Job, WorkerLink
 from evora.sdk.heartbeats import Heartbeats
 from evora.sdk.reports import Reports
 from evora.sdk.running import Interrupt, RunningJob, Snoozed
@@ -219,7 +218,8 @@ class Worker:
         self._capacity = settings.concurrency + settings.prefetch  # jobs held at most
         # With prefetch, `concurrency` of the jobs held run; the others wait for a slot here.
         self._run_slots = asyncio.Semaphore(settings.concurrency) if settings.prefetch else None
-        self._running: set[RunningJob] = set()
+        self._running: dict[Job, RunningJob] = {}  # the jobs held, claimed and not over
+        self._link = WorkerLink(self._http, self._suspend, self._spawn_children)
         self._slot_freed = asyncio.Event()
         self._waiting_for_slot = False
         self._carried: _Carried | None = None  # outcomes for the next claim to carry
@@ -301,7 +301,7 @@ class Worker:
             self._claim_task.cancel()
 
     def _interrupt_all(self) -> None:
-        for running in self._running:
+        for running in self._running.values():
             running.interrupt(Interrupt.SHUTDOWN)
 
     async def serve(self) -> None:
@@ -484,15 +484,13 @@ class Worker:
 
     def _start(self, data: Mapping[str, Any]) -> RunningJob:
         job = Job.from_claim(data)
-        job._transport = self._http
+        job._worker = self._link
         running = RunningJob(job)
-        job._suspender = functools.partial(self._suspend, running)
-        job._spawner = functools.partial(self._spawn_children, running)
         self._busy += 1
         running.task = asyncio.get_running_loop().create_task(
             self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
         )
-        self._running.add(running)
+        self._running[job] = running
         return running
 
     async def _process(self, running: RunningJob, handler: Handler | None) -> None:
@@ -531,30 +529,37 @@ class Worker:
             )
         finally:
             running.stop_timers()
-            self._running.discard(running)
+            del self._running[job]
             if running.thread is not None and not running.thread.done():
                 self._free_slot_when_done(running)
             else:
                 self._release_slot(running)
 
-    async def _suspend(self, running: RunningJob, timeout_seconds: float, on_timeout: str) -> str:
+    async def _suspend(self, job: Job, timeout_seconds: float, on_timeout: str) -> str:
         """`Job.suspend`: the heartbeats stop first (once suspended, the job's lease is gone
         and a heartbeat would interrupt the handler as if it had been lost)."""
-        running.stop_timers()
-        callback_id = await self._reports.suspend(running.job, timeout_seconds, on_timeout)
+        self._stop_timers(job)
+        callback_id = await self._reports.suspend(job, timeout_seconds, on_timeout)
         if callback_id is None:
-            raise JobCancelled(f"cancellation of job {running.job.id} was requested")
+            raise JobCancelled(f"cancellation of job {job.id} was requested")
         return callback_id
 
     async def _spawn_children(
-        self, running: RunningJob, jobs: list[Submission], on_dependency_failure: str | None
+        self, job: Job, jobs: list[Submission], on_dependency_failure: str | None
     ) -> list[str]:
         """`Job.spawn_children`: the heartbeats stop first, as for a suspend."""
-        running.stop_timers()
-        children = await self._reports.spawn_children(running.job, jobs, on_dependency_failure)
+        self._stop_timers(job)
+        children = await self._reports.spawn_children(job, jobs, on_dependency_failure)
         if children is None:
-            raise JobCancelled(f"cancellation of job {running.job.id} was requested")
+            raise JobCancelled(f"cancellation of job {job.id} was requested")
         return children
+
+    def _stop_timers(self, job: Job) -> None:
+        # Not held any more (its task has ended) when a handler's own task calls this late:
+        # its timers are stopped already.
+        running = self._running.get(job)
+        if running is not None:
+            running.stop_timers()
 
     def _release_slot(self, running: RunningJob) -> None:
         """Free the job's slot, once; never while its handler's thread still runs."""
@@ -581,7 +586,7 @@ class Worker:
     async def _shutdown(self) -> None:
         self._stop_requested.set()
         # Jobs claimed ahead that have not started go back at once, not after the grace.
-        for running in self._running:
+        for running in self._running.values():
             if running.waiting:
                 running.interrupt(Interrupt.SHUTDOWN)
         try:
@@ -596,11 +601,13 @@ class Worker:
                 await self._wait_running(self.settings.shutdown_timeout)
             if self._running:
                 log.error("giving up on %d jobs; their leases will expire", len(self._running))
-                for running in self._running:
+                for running in self._running.values():
                     running.give_up()
                 # A handler that ignores cancellation keeps its task alive: waiting for it
                 # would keep serve() from returning.
-                tasks = {running.task for running in self._running if not running.in_handler}
+                tasks = {
+                    running.task for running in self._running.values() if not running.in_handler
+                }
                 if tasks:
                     await asyncio.wait(tasks)
             # Every outcome a job task waited for has been sent; what is left belongs to
@@ -615,7 +622,7 @@ class Worker:
         log.info("worker %s stopped", self.settings.worker_id)
 
     async def _wait_running(self, seconds: float) -> None:
-        tasks = {running.task for running in self._running}
+        tasks = {running.task for running in self._running.values()}
         if tasks:
             await asyncio.wait(tasks, timeout=seconds)
 
@@ -624,7 +631,7 @@ class Worker:
         if task is None:
             return "a callback outside any task"
         # A copy first: the set may change on the loop meanwhile (copying takes no turns).
-        for running in tuple(self._running):
+        for running in tuple(self._running.values()):
             if running.task is task:
                 job = running.job
                 return (
