@@ -2196,8 +2196,8 @@ CREATE FUNCTION evora.spawned_tree(parent uuid) RETURNS SETOF uuid
         WHERE NOT EXISTS (
             SELECT 1 FROM evora.waiting_dependents(s.child) AS w(id)
             WHERE w.id <> s.parent
-              AND w.id NOT IN (SELECT o.child FROM evora.spawned_children o
-                               WHERE o.parent = s.parent))
+              AND (SELECT o.child FROM evora.spawned_children o
+                   WHERE o.parent = s.parent AND o.child = w.id) IS NULL)
     )
     SELECT j.id FROM tree t JOIN evora.jobs j ON j.id = t.id
     WHERE t.id <> parent AND j.state IN ('PENDING', 'WAITING', 'RUNNING', 'SUSPENDED')

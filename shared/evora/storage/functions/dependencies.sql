@@ -323,6 +323,12 @@ $$;
 -- Read by one index probe of `spawned_children` per job of the tree, because migration 0058
 -- has the planner expect a row or so per parent: estimated from the statistics (thousands
 -- per parent after a few large spawns) it compared every job of the tree with every row.
+-- Whether a job waiting for a child is one of its siblings is one probe of the primary key,
+-- (parent, child), both known: a scalar subquery, which the planner runs as it is written.
+-- As `NOT IN` the family's children (a hashed subplan, built again for each child a sibling
+-- waits for) or as `NOT EXISTS` (pulled up into an anti-join that probes by parent alone,
+-- which 0058 estimates at a row), each child a sibling waits for read the whole family: a
+-- chain of n siblings, n^2 rows.
 CREATE OR REPLACE FUNCTION evora.spawned_tree(parent uuid) RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
     WITH RECURSIVE tree (id) AS (
@@ -332,8 +338,8 @@ LANGUAGE sql STABLE AS $$
         WHERE NOT EXISTS (
             SELECT 1 FROM evora.waiting_dependents(s.child) AS w(id)
             WHERE w.id <> s.parent
-              AND w.id NOT IN (SELECT o.child FROM evora.spawned_children o
-                               WHERE o.parent = s.parent))
+              AND (SELECT o.child FROM evora.spawned_children o
+                   WHERE o.parent = s.parent AND o.child = w.id) IS NULL)
     )
     SELECT j.id FROM tree t JOIN evora.jobs j ON j.id = t.id
     WHERE t.id <> parent AND j.state IN ('PENDING', 'WAITING', 'RUNNING', 'SUSPENDED')
