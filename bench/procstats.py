@@ -35,14 +35,7 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def children_of(pid: int) -> list[int]:
-    parent = str(pid)
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None and fields[1] == parent:
-                found.append(int(entry.name))
-    return found
+    return children_by_parent().get(pid, [])
 
 
 def children_by_parent() -> dict[int, list[int]]:

@@ -138,7 +138,13 @@ class Reports:
         carried = None if self._carry is None else self._carry(acks)
         try:
             if carried is not None:
-                results = await carried
+                try:
+                    results = await carried
+                finally:
+                    # A failed future holds its exception, whose traceback holds this frame,
+                    # which would hold the future: a cycle keeping the batch's outcomes and
+                    # jobs for the cyclic collector. Dropped, they are freed as they end.
+                    del carried
             else:
                 resp = await self._http.request(
                     "POST",
