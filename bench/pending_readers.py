@@ -5,12 +5,15 @@ applies the migrations of the `evora` package on the path (so `PYTHONPATH=<check
 picks the schema and the statements to measure), runs `--what-if` SQL if given, loads
 `--jobs` rows straight into `evora.jobs` (triggers off): most of them finished, `--pending`
 of them PENDING over `--priorities` priorities, half of those due and half delayed up to a
-day, in three queues (90 %, 9 %, 1 %). It then runs every statement that reads PENDING jobs
-by queue and due time (the dispatcher's next due time and unclaimed-jobs report, the
-projector's oldest due job, a limit's held-back jobs and the queues a limit wakes), each
-`--repeat` times under EXPLAIN ANALYZE, and prints the median execution time, the buffers
-read and the indexes the plan uses; then the size of the indexes by due time, and how long
-building the one there is again takes.
+day, in three queues (90 %, 9 %, 1 %), `--holders` of the PENDING jobs of `mid` holding the
+limit key `api:x`. It then runs every statement that reads PENDING jobs by queue and due time
+(the dispatcher's next due time and unclaimed-jobs report, the projector's oldest due job, a
+limit's held-back jobs and the queues a limit wakes), each `--repeat` times under EXPLAIN
+ANALYZE, and prints the median execution time, the buffers read and the indexes the plan
+uses; then the size of the indexes by due time, and how long building the one there is again
+takes. A statement is given only as many of the arguments below as it has parameters, so an
+older checkout's statements (which had fewer: the caps on what the readers of the backlog
+look at came later) are measured by the same cases.
 
     python -m bench.pending_readers --jobs 1000000 --priorities 5
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -63,6 +67,11 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             await conn.execute(args.what_if)
         await conn.execute("SET session_replication_role = replica")  # no triggers: a bulk load
         await conn.execute(LOAD, args.jobs, args.pending, args.priorities)
+        await conn.execute(
+            "UPDATE evora.jobs SET limit_keys = '{api:x}' WHERE id IN (SELECT id FROM evora.jobs"
+            " WHERE state = 'PENDING' AND queue = 'mid' LIMIT $1)",
+            args.holders,
+        )
         await conn.execute("RESET session_replication_role")
         await conn.execute("VACUUM ANALYZE evora.jobs")
         counts = await conn.fetch(
@@ -82,13 +91,22 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             *((f"next_due {q}", queries.NEXT_DUE, [[q]]) for q in QUEUES),
             ("next_due all queues", queries.NEXT_DUE, [list(QUEUES)]),
             ("oldest_due all queues", outbox.OLDEST_DUE, [list(QUEUES)]),
-            ("unclaimed_jobs", queries.UNCLAIMED_JOBS, [300, 100]),
-            ("key_usage queue:rare (full)", limits.USAGE, ["queue:rare", 0, None, None]),
-            ("key_usage queue:big (full)", limits.USAGE, ["queue:big", 0, None, None]),
-            ("wake_limited_queues queue:mid", limits.WAKE, ["queue:mid"]),
+            # after 300 s (the default), at most 100 rows, 1,000 jobs looked at per queue
+            ("unclaimed_jobs", queries.UNCLAIMED_JOBS, [300, 100, 1000]),
+            # concurrency 0: no room, the held back counted (up to 1,000)
+            *(
+                (f"key_usage {key} (full)", limits.USAGE, [key, 0, None, None, 1000])
+                for key in ("queue:rare", "queue:big", "api:x")
+            ),
+            # reading up to 1,000 jobs holding the key
+            *(
+                (f"wake_limited_queues {key}", limits.WAKE, [key, 1000])
+                for key in ("queue:mid", "api:x", "api:none", "tenant:*")
+            ),
         ]
         for label, sql, params in cases:
-            ms, buffers, used = await plans.explain(conn, sql, params, args.repeat)
+            given = params[: max(int(n) for n in re.findall(r"\$(\d+)", sql))]
+            ms, buffers, used = await plans.explain(conn, sql, given, args.repeat)
             shown = ", ".join(sorted(used)) or "(no index)"
             print(f"  {label:<32} {ms:9.3f} ms  {buffers:7d} buffers  {shown}")
         await plans.print_index_sizes(conn, ("jobs_claimable", "jobs_delayed", "jobs_scheduled"))
@@ -103,6 +121,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--pending", type=int, default=100_000, help="of them PENDING")
     parser.add_argument("--priorities", type=int, default=5, help="distinct priorities")
+    parser.add_argument("--holders", type=int, default=5_000, help="of them holding api:x")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--what-if", help="SQL run after the migrations")
     args = parser.parse_args()

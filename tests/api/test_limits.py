@@ -9,7 +9,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from evora.storage import limits
 from evora.storage.jobs import JobStore
+from evora.storage.limits import WAKE_READ
 from tests.api.conftest import ADMIN, PRODUCER, ApiClient, problem
 
 CONCURRENCY = {"concurrency": 2, "rate": None}
@@ -236,17 +238,27 @@ async def test_the_keys_a_prefix_limit_governs_come_a_page_at_a_time(
 
 
 @pytest.mark.parametrize(
-    ("change", "key", "queues"),
+    ("change", "key", "queues", "read"),
     [
-        ("put", "api:x", ["held"]),
-        ("put", "api:*", ["held", "other"]),
-        ("put", "queue:held", ["held"]),
-        ("delete", "api:x", ["held"]),
+        ("put", "api:x", ["held"], WAKE_READ),
+        # a prefix limit wakes every queue with PENDING jobs (no index finds keys by prefix)
+        ("put", "api:*", ["held", "other", "plain"], WAKE_READ),
+        ("put", "queue:held", ["held"], WAKE_READ),
+        ("delete", "api:x", ["held"], WAKE_READ),
+        # more jobs naming the key than a wake-up reads: every queue with PENDING jobs
+        ("put", "api:x", ["held", "other", "plain"], 1),
     ],
 )
 async def test_a_limit_change_wakes_the_queues_whose_jobs_it_may_hold_back(
-    client: ApiClient, db_url: str, change: str, key: str, queues: list[str]
+    client: ApiClient,
+    db_url: str,
+    change: str,
+    key: str,
+    queues: list[str],
+    read: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(limits, "WAKE_READ", read)
     await put(client, "api:x", {"concurrency": 1, "rate": None})
     await submit(client, "held", "api:x", count=2)
     await submit(client, "other", "api:y")

@@ -15,6 +15,7 @@ from evora.config import Settings
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.limits import LimitSpec, LimitStore, Rate
+from evora_services.dispatcher import unclaimed
 from evora_services.dispatcher.app import create_app
 from evora_services.dispatcher.unclaimed import UnclaimedWatch
 from tests.polling import until
@@ -118,3 +119,31 @@ async def test_the_dispatcher_serves_the_gauge(db_url: str, store: JobStore) -> 
             await until(reported, "the dispatcher reports the unclaimed job", within=30)
     finally:
         await dispatcher.close()
+
+
+async def test_a_queue_with_more_due_jobs_than_looked_at_is_reported_as_at_least(
+    store: JobStore,
+    pool: asyncpg.Pool,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check looks at each queue's first LOOKED_AT_PER_QUEUE long-due jobs in claim order
+    (here 3): a queue with more says its count is a lower bound, one within it an exact one;
+    a type whose jobs all wait behind that many others is not seen yet."""
+    monkeypatch.setattr(unclaimed, "LOOKED_AT_PER_QUEUE", 3)
+    for type_ in ("big.a", "big.a", "big.b", "big.b", "big.c"):
+        await _submit(store, "big", type_)
+    await _submit(store, "small", "small.job")
+    with caplog.at_level(logging.WARNING, logger="evora_services.dispatcher.unclaimed"):
+        found = await UnclaimedWatch(pool, CollectorRegistry(), after_seconds=60).check()
+    assert [(u.queue, u.type, u.pending, u.at_least) for u in found] == [
+        ("big", "big.a", 2, True),
+        ("big", "big.b", 1, True),
+        ("small", "small.job", 1, False),
+    ]
+    warned = {r.getMessage().split(" in queue ")[0] for r in caplog.records}
+    assert warned == {
+        "at least 2 PENDING job(s) of type big.a",
+        "at least 1 PENDING job(s) of type big.b",
+        "1 PENDING job(s) of type small.job",
+    }

@@ -18,19 +18,29 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
 from evora.protocol.jobs import JobSubmission
 from evora.storage import checkpoints, queries
 from evora.storage.db import create_pool, jsonb_elements
 from evora.storage.fairness import FairnessStore
 from evora.storage.jobs import Failure, JobStore
-from evora.storage.limits import LimitSpec, LimitStore
+from evora.storage.limits import (
+    THROTTLED_COUNTED,
+    USAGE,
+    WAKE,
+    WAKE_READ,
+    LimitSpec,
+    LimitStore,
+)
+from evora_services.dispatcher.unclaimed import LOOKED_AT_PER_QUEUE, UnclaimedWatch
 
 FINISHED = 200_000
 PENDING = 50_000
@@ -220,7 +230,9 @@ async def test_every_statement_of_the_dispatcher_reads_a_few_buffers_per_job_und
         ),
     }
     reports: dict[str, Callable[[], Awaitable[Any]]] = {
-        "unclaimed report": lambda: generic.fetch(queries.UNCLAIMED_JOBS, 60.0, 100),
+        "unclaimed report": lambda: generic.fetch(
+            queries.UNCLAIMED_JOBS, 60.0, 100, LOOKED_AT_PER_QUEUE
+        ),
         "throttled limits": lambda: LimitStore(generic).throttled_until(),
         "limit usage": lambda: LimitStore(generic).usage_by_kind(),
         "fairness": lambda: FairnessStore(generic).by_kind(),
@@ -236,13 +248,88 @@ async def test_every_statement_of_the_dispatcher_reads_a_few_buffers_per_job_und
     assert {
         n: read[n].buffers for n in batches if read[n].buffers > BATCH * BATCH_BUFFERS_PER_JOB
     } == {}
-    # the reports read what the custom plan reads (the unclaimed-jobs report, every 30 s,
-    # reads each due PENDING job whatever its plan), not more
+    # the reports read what the custom plan reads, not more
     assert {
         n: (read[n].buffers, custom[n].buffers)
         for n in reports
         if read[n].buffers > custom[n].buffers * 1.1 + 10
     } == {}
+
+
+# What a periodic reader of the backlog may read per queue with PENDING jobs, however many
+# there are: the unclaimed-jobs report looks at LOOKED_AT_PER_QUEUE jobs of each (a block of
+# the heap each at worst, and the FIFO group probes of the grouped ones), a wake-up probes
+# jobs_claimable once. Measured: see test_the_readers_of_the_backlog_read_what_the_queues_bound.
+BACKLOG_BUFFERS_PER_QUEUE = 5 * LOOKED_AT_PER_QUEUE
+HOLDERS = 5_000
+
+
+async def test_the_readers_of_the_backlog_read_what_the_queues_bound(
+    generic: asyncpg.Connection,
+) -> None:
+    """The statements that run periodically or on an operator's action over every PENDING
+    job (issue 33): the dispatcher's unclaimed-jobs report (every 30 s) and the wake-up of a
+    limit's change and a key's usage read what the number of queues bounds, not the backlog:
+    on the filled database (50,000 PENDING, every queue far more than the report looks at),
+    with HOLDERS of them holding a limit key, none reads more with the backlog doubled, and
+    each less than BACKLOG_BUFFERS_PER_QUEUE per queue (reading the backlog is ~2 buffers per
+    job: well above). Measured (PostgreSQL 18.6), filled / doubled: the report 13,864 / 12,332
+    buffers, a wake-up 22-43 / 21-42, a usage 8-385 / 8-385; on 4954fa6 115,184 / 284,996,
+    1,670-1,708 / 3,137-3,175 and 1,654-1,683 / 3,499-3,528."""
+    await _fill(generic)
+    await generic.execute(
+        "UPDATE evora.jobs SET limit_keys = '{api:x}' WHERE id IN (SELECT id FROM evora.jobs"
+        " WHERE state = 'PENDING' AND queue = 'q2' LIMIT $1)",
+        HOLDERS,
+    )
+    await generic.execute("ANALYZE evora.jobs")
+    found: list[Any] = []
+    found_usage: list[Any] = []
+    readers: dict[str, Callable[[], Awaitable[Any]]] = {
+        "unclaimed report": lambda: _into(
+            found, UnclaimedWatch(generic, CollectorRegistry(), after_seconds=60.0).check
+        ),
+        "wake queue:q1": lambda: generic.fetchval(WAKE, "queue:q1", WAKE_READ),
+        "wake api:x": lambda: generic.fetchval(WAKE, "api:x", WAKE_READ),
+        "wake api:none": lambda: generic.fetchval(WAKE, "api:none", WAKE_READ),
+        "wake tenant:*": lambda: generic.fetchval(WAKE, "tenant:*", WAKE_READ),
+        # the usage of a key without room left (concurrency 0): its held back jobs counted
+        **{
+            f"usage {key}": partial(_into, found_usage, partial(_usage, generic, key))
+            for key in ("queue:q1", "api:x", "api:none")
+        },
+    }
+    bound = QUEUES * BACKLOG_BUFFERS_PER_QUEUE
+    read = {name: await read_by(generic, run()) for name, run in readers.items()}
+    # the backlog doubled: as many PENDING jobs again over the same queues, submitted an hour
+    # earlier (ahead in claim order, so the jobs looked at lie in the heap as densely as the
+    # first ones did: the count of jobs, not their layout, is what changes)
+    async with generic.transaction():
+        await generic.execute("SET LOCAL session_replication_role = replica")
+        await generic.execute("SET LOCAL evora.clock_offset = '-1 hour'")
+        await generic.execute(PENDING_JOBS, PENDING, QUEUES)
+    await generic.execute("ANALYZE evora.jobs")
+    found.clear()
+    found_usage.clear()
+    doubled = {name: await read_by(generic, run()) for name, run in readers.items()}
+    print(f"bound {bound}: {read}; with the backlog doubled: {doubled}")
+    assert {n: r for n, r in doubled.items() if r.seq_scans or r.buffers > bound} == {}
+    assert {
+        n: (read[n].buffers, r.buffers)
+        for n, r in doubled.items()
+        if r.buffers > read[n].buffers * 1.1 + 10
+    } == {}
+    # every queue is reported, its count a lower bound: more are due than it looked at
+    assert sorted((u.queue, u.at_least) for u in found if u.type == "t0") == [
+        (f"q{n}", True) for n in range(QUEUES)
+    ]
+    assert all(u.pending <= LOOKED_AT_PER_QUEUE for u in found)
+    # counted up to THROTTLED_COUNTED: the queue's and the key's held back are more
+    assert [u["throttled_jobs"] for u in found_usage] == [THROTTLED_COUNTED] * 2 + [0]
+
+
+async def _usage(conn: asyncpg.Connection, key: str) -> list[asyncpg.Record]:
+    return [await conn.fetchrow(USAGE, key, 0, None, None, THROTTLED_COUNTED)]
 
 
 FAIR_JOBS = 5_000

@@ -9,8 +9,13 @@ metrics' throttled jobs), and per queue and type
 - sets the gauge `evora_dispatcher_unclaimed_jobs{queue,type}` (removed once they move),
 - logs a WARNING when a queue and type start to starve, and INFO once they are claimed again.
 
-It reads `jobs` through the partial index of pending jobs by run_at, on its own schedule,
-and never touches the claim path. Every dispatcher replica checks and reports the same.
+It reads `jobs` through the partial index of pending jobs (jobs_claimable), on its own
+schedule, and never touches the claim path. Every dispatcher replica checks and reports the
+same. Its cost is bounded in the backlog: of each queue it looks at the first
+`LOOKED_AT_PER_QUEUE` jobs due for longer than that, in the order claims take them, so with a
+larger backlog a count is a lower bound (`at_least`, "at least N" in the warning), and a
+type whose jobs all lie behind that many others of its queue is reported once they come
+within it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ log = logging.getLogger(__name__)
 CHECK_SECONDS = 30.0
 # Queue and type pairs reported at once: bounds the gauge's series and the query's answer.
 MAX_REPORTED = 100
+# Jobs looked at per queue (of each of its priorities at most one more): what bounds the
+# check's reads in a backlog of any size (tests/integration/test_generic_plans.py).
+LOOKED_AT_PER_QUEUE = 1_000
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,8 @@ class Unclaimed:
     type: str
     pending: int
     oldest: datetime
+    # the queue has more jobs due for that long than were looked at: `pending` is a lower bound
+    at_least: bool = False
 
 
 class UnclaimedWatch:
@@ -57,8 +67,12 @@ class UnclaimedWatch:
         self._starving: set[tuple[str, str]] = set()
 
     async def check(self) -> list[Unclaimed]:
-        rows = await self._pool.fetch(queries.UNCLAIMED_JOBS, self.after_seconds, MAX_REPORTED)
-        found = [Unclaimed(r["queue"], r["type"], r["pending"], r["oldest"]) for r in rows]
+        rows = await self._pool.fetch(
+            queries.UNCLAIMED_JOBS, self.after_seconds, MAX_REPORTED, LOOKED_AT_PER_QUEUE
+        )
+        found = [
+            Unclaimed(r["queue"], r["type"], r["pending"], r["oldest"], r["at_least"]) for r in rows
+        ]
         now = {(u.queue, u.type): u for u in found}
         for queue, type_ in sorted(self._starving - now.keys()):
             self._gauge.remove(queue, type_)
@@ -67,9 +81,10 @@ class UnclaimedWatch:
             self._gauge.labels(*key).set(unclaimed.pending)
             if key not in self._starving:
                 log.warning(
-                    "%d PENDING job(s) of type %s in queue %s have been due for over %.0f s "
+                    "%s%d PENDING job(s) of type %s in queue %s have been due for over %.0f s "
                     "(the oldest since %s) and no worker claimed them: is a worker with a "
                     "handler for %s on queue %s running, with free slots?",
+                    "at least " if unclaimed.at_least else "",
                     unclaimed.pending,
                     unclaimed.type,
                     unclaimed.queue,

@@ -50,6 +50,13 @@ from evora.storage.statements import load
 
 log = logging.getLogger(__name__)
 
+# Held back jobs a key's usage counts at most (`throttled_jobs`): what bounds the read of a
+# backlog of any size; a count of this many means at least.
+THROTTLED_COUNTED = 1_000
+# PENDING jobs naming a key a limit's change reads to find the queues to wake; beyond this
+# many, every queue with PENDING jobs is woken.
+WAKE_READ = 1_000
+
 # How long a PUT waits for the claims that began before its limit was committed (they are
 # milliseconds long); a transaction older than that is no claim, and is not waited for.
 SETTLE_SECONDS = 5.0
@@ -154,7 +161,7 @@ class LimitStore:
                     None if rate is None else rate.per_seconds,
                     spec.max_pending,
                 )
-                await conn.fetchval(WAKE, key)
+                await conn.fetchval(WAKE, key, WAKE_READ)
             await _await_claims_begun_before(conn)
         assert row is not None  # an upsert answers its row
         return limit_from_row(row), row["created"]
@@ -187,7 +194,7 @@ class LimitStore:
             if key.endswith(PREFIX_MARK):
                 usage = await conn.fetchrow(PREFIX_USAGE, key.removesuffix(PREFIX_MARK), *spec)
             else:
-                usage = await conn.fetchrow(USAGE, key, *spec)
+                usage = await conn.fetchrow(USAGE, key, *spec, THROTTLED_COUNTED)
                 if row["max_pending"] is not None:
                     pending = await conn.fetchval(DEPTH, key)
         assert usage is not None  # an aggregate answers one row
@@ -261,7 +268,7 @@ class LimitStore:
         async with self._pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(DELETE, key) is None:
                 raise _not_found(key)
-            await conn.fetchval(WAKE, key)
+            await conn.fetchval(WAKE, key, WAKE_READ)
 
 
 async def _await_claims_begun_before(conn: asyncpg.Connection) -> None:

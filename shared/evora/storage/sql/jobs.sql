@@ -38,13 +38,28 @@ SELECT extract(epoch FROM least(
 ) - evora.clock_now())::float8;
 
 -- name: unclaimed_jobs
--- $1 seconds, $2 at most this many rows: per queue and type, the jobs a claim may take
--- (evora.claimable() and the FIFO group rule `group_turn` of rules.sql, as the claims do;
--- tests/integration/test_claim_rule.py proves the report counts what they take) that have
--- been due for longer than $1 seconds and no worker claimed, leaving out those whose limit
--- has no room left, the most first (the dispatcher's unclaimed-jobs warning). A job that
--- waits for a reason (a paused queue, its group's turn, a limit) is not unclaimed.
-WITH full_keys AS (
+-- $1 seconds, $2 at most this many rows, $3 at most this many jobs looked at per queue: per
+-- queue and type, the jobs a claim may take (evora.claimable() and the FIFO group rule
+-- `group_turn` of rules.sql, as the claims do; tests/integration/test_claim_rule.py proves
+-- the report counts what they take) that have been due for longer than $1 seconds and no
+-- worker claimed, leaving out those whose limit has no room left, the most first (the
+-- dispatcher's unclaimed-jobs warning). A job that waits for a reason (a paused queue, its
+-- group's turn, a limit) is not unclaimed.
+-- Bounded in the backlog: of each queue it looks at the first $3 jobs due for longer than $1
+-- seconds in the order the claims take them (priority, run_at, submit_seq), read through
+-- jobs_claimable a priority at a time, and `at_least` says the queue had more, so `pending`
+-- counts the unclaimed among those looked at only. It reads at most $3 + 1 jobs per queue,
+-- and a probe per priority present, however many are PENDING
+-- (tests/integration/test_generic_plans.py).
+WITH RECURSIVE queues AS (
+    -- the queues with PENDING jobs, one probe of jobs_claimable each
+    (SELECT j.queue FROM evora.jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM evora.jobs j
+            WHERE j.state = 'PENDING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+),
+full_keys AS (
     -- the limited keys without room left (docs/flow-control.md): jobs holding one wait for
     -- their limit, not for a worker, and are reported as throttled by the flow-control
     -- metrics instead. Only while any limit exists; read from the RUNNING jobs and from the
@@ -61,13 +76,42 @@ WITH full_keys AS (
        -- then even without a rate, NULL otherwise)
        OR (SELECT evora.tokens(b, g.rate_limit, g.rate_per_seconds, evora.clock_now())
            FROM evora.flow_buckets b WHERE b.key = g.key) < 1
+),
+looked_at AS (
+    -- each queue's first $3 + 1 jobs due for longer than $1 seconds, in claim order: its
+    -- priorities lowest first (a loose index scan), each one's jobs by run_at from the range
+    -- of jobs_claimable, the walk stopping at $3 + 1; whether each is unclaimed, decided for
+    -- those only
+    SELECT q.queue, s.type, s.run_at, s.unclaimed,
+           row_number() OVER (PARTITION BY q.queue
+                              ORDER BY s.priority, s.run_at, s.submit_seq) AS n
+    FROM queues q
+    CROSS JOIN LATERAL (
+        SELECT x.*
+        FROM evora.pending_priorities(ARRAY[q.queue]) AS p
+        CROSS JOIN LATERAL (
+            SELECT j.type, j.priority, j.run_at, j.submit_seq,
+                   -- the queue's pause checked once (q.queue: outside this subquery)
+                   evora.claimable(j, q.queue, evora.clock_now(), NULL)
+                   AND {{rule:group_turn}}
+                   AND NOT ((('queue:' || j.queue) || j.limit_keys)
+                            && ARRAY(SELECT key FROM full_keys)) AS unclaimed
+            FROM evora.jobs j
+            WHERE j.state = 'PENDING' AND j.queue = p.queue AND j.priority = p.priority
+              AND j.run_at <= evora.clock_now() - make_interval(secs => $1)
+            ORDER BY j.run_at, j.submit_seq
+            LIMIT $3 + 1
+        ) AS x
+        LIMIT $3 + 1
+    ) AS s
+    WHERE q.queue IS NOT NULL
+),
+queue_totals AS (
+    SELECT l.queue, count(*) > $3 AS at_least FROM looked_at l GROUP BY l.queue
 )
-SELECT j.queue, j.type, count(*) AS pending, min(j.run_at) AS oldest
-FROM evora.jobs j
-WHERE evora.claimable(j, j.queue, evora.clock_now(), NULL)
-  AND j.run_at <= evora.clock_now() - make_interval(secs => $1)
-  AND {{rule:group_turn}}
-  AND NOT ((('queue:' || j.queue) || j.limit_keys) && ARRAY(SELECT key FROM full_keys))
-GROUP BY j.queue, j.type
-ORDER BY count(*) DESC, j.queue, j.type
+SELECT l.queue, l.type, count(*) AS pending, min(l.run_at) AS oldest, t.at_least
+FROM looked_at l JOIN queue_totals t ON t.queue = l.queue
+WHERE l.unclaimed AND l.n <= $3
+GROUP BY l.queue, l.type, t.at_least
+ORDER BY count(*) DESC, l.queue, l.type
 LIMIT $2;

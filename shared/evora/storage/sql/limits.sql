@@ -47,10 +47,14 @@ ORDER BY l.key = $1 DESC, length(l.stem) DESC
 LIMIT 1;
 
 -- name: key_usage
--- $1 key, $2 concurrency, $3 rate limit, $4 rate period: RUNNING jobs holding the key, tokens
--- in its bucket now (NULL without a rate; a key never claimed has a full bucket), until when
--- an upstream throttles it (NULL: not now; evora.drain_buckets()), and the due PENDING jobs
--- holding it while it has no room left, with when the longest held back became due.
+-- $1 key, $2 concurrency, $3 rate limit, $4 rate period, $5 at most this many held back
+-- counted: RUNNING jobs holding the key, tokens in its bucket now (NULL without a rate; a key
+-- never claimed has a full bucket), until when an upstream throttles it (NULL: not now;
+-- evora.drain_buckets()), and the due PENDING jobs holding it while it has no room left, with
+-- when the longest held back of those counted became due. Bounded in the backlog: the held
+-- back are counted up to $5 (a count of $5 means at least), those of `queue:<q>` through
+-- jobs_claimable a priority at a time, those that name the key among their limit_keys
+-- through jobs_waiting_limit_keys (tests/integration/test_generic_plans.py).
 SELECT r.running, t.tokens, t.throttled_until, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
        h.since AS throttled_since
 FROM (SELECT evora.running_holding($1) AS running) AS r
@@ -62,10 +66,30 @@ CROSS JOIN LATERAL (
             WHERE b.key = $1 AND b.throttled_until > evora.clock_now()) AS throttled_until
 ) AS t
 LEFT JOIN LATERAL (
-    SELECT count(*) AS jobs, min(p.run_at) AS since FROM evora.jobs p
-    WHERE p.state = 'PENDING' AND p.run_at <= evora.clock_now()
-      AND ((starts_with($1, 'queue:') AND p.queue = substr($1, 7))
-           OR p.limit_keys @> ARRAY[$1::text])
+    SELECT count(*) AS jobs, min(c.run_at) AS since FROM (
+        -- a job counts once, even of the queue and naming `queue:<its queue>` too
+        SELECT q.id, q.run_at FROM (
+            SELECT s.id, s.run_at
+            FROM evora.pending_priorities(
+                CASE WHEN starts_with($1, 'queue:') THEN ARRAY[substr($1, 7)] ELSE '{}' END) AS p
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.run_at FROM evora.jobs j
+                WHERE j.state = 'PENDING' AND j.queue = p.queue AND j.priority = p.priority
+                  AND j.run_at <= evora.clock_now()
+                ORDER BY j.run_at
+                LIMIT $5
+            ) AS s
+            LIMIT $5
+        ) AS q
+        UNION
+        SELECT k.id, k.run_at FROM (
+            SELECT j.id, j.run_at FROM evora.jobs j
+            WHERE j.state = 'PENDING' AND j.limit_keys <> '{}' AND j.limit_keys @> ARRAY[$1::text]
+              AND j.run_at <= evora.clock_now()
+            LIMIT $5
+        ) AS k
+        LIMIT $5
+    ) AS c
 ) AS h ON r.running >= $2::int4 OR t.tokens < 1 OR t.throttled_until IS NOT NULL;
 
 -- name: key_depth
@@ -189,10 +213,15 @@ FROM usage u LEFT JOIN held h ON h.key = u.key
 ORDER BY u.key;
 
 -- name: wake_limited_queues
--- $1 a limit's key, just set or deleted. Sends the queue's NOTIFY hint (as a job becoming
--- claimable does) to every queue with a PENDING job that holds a key the limit may govern, so
--- workers waiting on jobs it held back claim again at once; the queues notified. A hint too
--- many only costs a claim, so this does not ask which of those jobs the limit really held.
+-- $1 a limit's key, just set or deleted, $2 at most this many jobs holding it read. Sends the
+-- queue's NOTIFY hint (as a job becoming claimable does) to every queue with a PENDING job
+-- that holds a key the limit may govern, so workers waiting on jobs it held back claim again
+-- at once; the queues notified. A hint too many only costs a claim, so this does not ask which
+-- of those jobs the limit really held, and where finding the queues exactly would read the
+-- backlog it wakes every queue with PENDING jobs instead: for a prefix limit (no index finds
+-- keys by prefix), and for a key more than $2 PENDING jobs name among their limit_keys.
+-- Bounded in the backlog: one probe of jobs_claimable per queue with PENDING jobs, and at most
+-- $2 jobs read through jobs_waiting_limit_keys (tests/integration/test_generic_plans.py).
 WITH RECURSIVE queues AS (
     -- the queues with PENDING jobs, one index probe each
     (SELECT j.queue FROM evora.jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
@@ -201,21 +230,18 @@ WITH RECURSIVE queues AS (
             WHERE j.state = 'PENDING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
     FROM queues q WHERE q.queue IS NOT NULL
 ),
+holding AS (
+    -- the queues of up to $2 + 1 PENDING jobs naming the key (none for a prefix limit's)
+    SELECT p.queue FROM evora.jobs p
+    WHERE right($1, 1) <> '*' AND p.state = 'PENDING' AND p.limit_keys <> '{}'
+      AND p.limit_keys @> ARRAY[$1::text]
+    LIMIT $2 + 1
+),
 limited AS (
     SELECT q.queue FROM queues q
     WHERE q.queue IS NOT NULL
-      AND (CASE
-           WHEN right($1, 1) = '*' THEN
-               starts_with('queue:' || q.queue, left($1, -1)) OR EXISTS (
-                   SELECT 1 FROM evora.jobs p, unnest(p.limit_keys) AS k
-                   WHERE p.state = 'PENDING' AND p.queue = q.queue AND p.limit_keys <> '{}'
-                     AND starts_with(k, left($1, -1)))
-           ELSE
-               'queue:' || q.queue = $1 OR EXISTS (
-                   SELECT 1 FROM evora.jobs p
-                   WHERE p.state = 'PENDING' AND p.queue = q.queue
-                     AND p.limit_keys @> ARRAY[$1::text])
-           END)
+      AND ('queue:' || q.queue = $1 OR q.queue IN (SELECT h.queue FROM holding h)
+           OR right($1, 1) = '*' OR (SELECT count(*) FROM holding) > $2)
 )
 SELECT coalesce(array_agg(l.queue ORDER BY l.queue), '{}') AS notified
 FROM limited l, pg_notify('evora_jobs', l.queue);
