@@ -22,6 +22,12 @@ from evora.sdk.client import Client
 from evora.sdk.handlers import Handlers, Job
 from evora.sdk.worker import Worker
 
+settle_collector: Callable[[], None] | None
+try:
+    from evora.collector import settle as settle_collector
+except ImportError:  # a variant (`--evora-variant`) whose Worker.run() left the collector as is
+    settle_collector = None
+
 WORKER_CONCURRENCY = 100
 
 
@@ -58,6 +64,10 @@ class EvoraRunner:
             handlers=handlers,
             prefetch=self.args.prefetch,
         )
+        # This process is the worker's, as under `Worker.run()` (what `evora worker` and the
+        # README's workers run), which settles the collector before serving.
+        if settle_collector is not None:
+            settle_collector()
         serving = asyncio.create_task(worker.serve())
         ready()
         await stop.wait()
