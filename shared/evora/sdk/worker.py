@@ -269,7 +269,11 @@ class Worker:
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully (a second signal skips the
         rest of the grace period). Blocks; runs its own event loop (see `evora.loops`).
-        Without a logging configuration of the program's, it logs readable lines at INFO."""
+        Without a logging configuration of the program's, it logs readable lines at INFO.
+        It takes the process as its own, as a service does: what was built before it
+        started is frozen out of the garbage collector's scans, and the youngest generation
+        is collected every 10,000 allocations instead of 700 (`evora.collector`); `serve()`
+        leaves the collector of the program it runs in as it is."""
         configure_default_logging(secrets=[self.settings.token or ""])
         loops.run(self._serve_until_signalled())
 
