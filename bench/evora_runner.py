@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.runnerkit import JOB_TYPE, QUEUE, parse_args, ready, run_mode
 from evora import loops
+from evora.sdk import worker as worker_module
 from evora.sdk.client import Client
 from evora.sdk.handlers import Handlers, Job
 from evora.sdk.worker import Worker
@@ -58,6 +59,14 @@ class EvoraRunner:
             handlers=handlers,
             prefetch=self.args.prefetch,
         )
+        # This process is the worker's, as under `Worker.run()` (what `evora worker` and the
+        # README's workers run), which settles the collector before serving. Asked of the
+        # worker's module, not imported: a variant (`--evora-variant`) whose run() leaves the
+        # collector as it is must not find this checkout's `evora.collector` through the
+        # editable install.
+        collector = getattr(worker_module, "collector", None)
+        if collector is not None:
+            collector.settle()
         serving = asyncio.create_task(worker.serve())
         ready()
         await stop.wait()

@@ -21,6 +21,7 @@ import pytest
 
 import evora
 from evora import Client, Worker
+from evora.collector import GC_YOUNG_THRESHOLD
 from evora.logs import context as log_fields
 from evora.sdk.client import BackoffSpec, Submission
 from evora.storage.jobs import JobStore
@@ -461,6 +462,65 @@ async def test_a_finished_job_is_freed_without_the_garbage_collector(
         assert [ref() for ref in handled] == [None] * 10
     finally:
         gc.enable()
+
+
+async def test_the_worker_asks_for_the_running_loop_per_claim_not_per_job(
+    proxy: FaultProxy, client: Client, store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Python 3.11 `asyncio.get_running_loop()` makes a getpid() system call (its check
+    for a fork): asked for each job's task and each outcome's future, that was 7 % of the
+    worker's CPU in a drain (docs/benchmarks/2026-11-29-dispatcher-and-worker-cpu.md). The
+    worker and its ack batcher keep the loop they started on."""
+    asked = 0
+    get_running_loop = asyncio.get_running_loop
+
+    def counting() -> asyncio.AbstractEventLoop:
+        nonlocal asked
+        if sys._getframe(1).f_globals["__name__"].startswith("evora.sdk"):
+            asked += 1
+        return get_running_loop()
+
+    worker = make_worker(proxy, concurrency=10)
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        pass
+
+    submitted: list[Submission] = [{"queue": "q", "type": "t"} for _ in range(30)]
+    ids = [r.id for r in await client.submit_batch(submitted)]
+    monkeypatch.setattr(asyncio, "get_running_loop", counting)
+    async with serving(worker):
+        await until(all_in_state(store, ids, "COMPLETED"), "all completed")
+    # A few per claim and per batch of outcomes (3 to 30 of each here), none per job.
+    assert asked < len(ids), asked
+
+
+async def test_run_settles_the_collector_as_a_service_does(
+    proxy: FaultProxy, client: Client, store: JobStore
+) -> None:
+    """`Worker.run()` owns its process, as `evora worker` does: what was built to start is
+    frozen out of the collector's scans and young collections are rarer, as in the services
+    (evora.collector); in a drain the collector had been a quarter of the worker's CPU."""
+    worker = make_worker(proxy)
+    seen: list[tuple[int, int]] = []
+
+    @worker.handler("t")
+    async def handle(job: evora.Job) -> None:
+        seen.append((gc.get_threshold()[0], gc.get_freeze_count()))
+
+    job_id = (await client.submit("q", "t")).id
+    threshold = gc.get_threshold()
+    # run() is this on a loop of its own, which a test's loop cannot start.
+    serving_task = asyncio.create_task(worker._serve_until_signalled())
+    try:
+        await until(in_state(store, job_id, "COMPLETED"), "completed")
+    finally:
+        await asyncio.wait_for(worker.stop(), 10)
+        await serving_task
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+    assert seen == [(GC_YOUNG_THRESHOLD, seen[0][1])]
+    assert seen[0][1] > 0
 
 
 async def test_a_lone_outcome_is_not_delayed_by_the_linger(

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from evora.http.serve import GC_YOUNG_THRESHOLD, settle_collector
+from evora.collector import GC_YOUNG_THRESHOLD
+from evora.http.serve import settle_collector
 from evora.protocol.fields import CHECKED_TOGETHER
 from evora.protocol.jobs import BatchSubmission
 

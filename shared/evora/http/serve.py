@@ -9,7 +9,6 @@ runs cleanup (pools close).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import resource
 import signal
@@ -17,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from evora import loops
+from evora import collector, loops
 from evora.http.app import LIFECYCLE, METRICS, SETTINGS
 from evora.http.protocol import HEAD_TIMEOUT_S, LINGER_S, Connections, EdgeProtocol
 
@@ -27,10 +26,6 @@ AppFactory = Callable[[], Awaitable[web.Application]]
 
 # Files a service opens besides its connections: database pool, LISTEN, logs, libraries.
 OPEN_FILES_HEADROOM = 256
-
-# Allocations of container objects between two collections of the youngest generation
-# (Python's default is 700); see `settle_collector`.
-GC_YOUNG_THRESHOLD = 10_000
 
 
 async def serve_app(
@@ -117,19 +112,8 @@ def _raise_open_files(wanted: int) -> None:
 
 
 def settle_collector(_port: int = 0) -> None:
-    """Once a service process listens: what it built to get there (modules, the app, its
-    pools, some 70,000 objects) is frozen out of the garbage collector's scans, and the
-    youngest generation is collected every GC_YOUNG_THRESHOLD allocations, not every 700. A
-    request of 1,000 submissions holds ~8,000 containers until it is answered: with the
-    defaults it ran 13 young collections, each promoting what the request still held, which
-    set off a collection of the middle generation per request and a full one over the whole
-    heap every ten; in a replay of the api's work per request that was half its Python CPU
-    per submitted job (docs/benchmarks/2026-11-29-submit-cost.md). Garbage in cycles is
-    still collected, later. Only the process's own entry point calls this (`run_service`):
-    a test process that serves an app keeps its collector as it is."""
-    gc.collect()  # what startup left as garbage is freed, not frozen for good
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    """Once a service process listens: its collector settled (`evora.collector`)."""
+    collector.settle()
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:

@@ -101,15 +101,20 @@ class AckBatcher:
         self._flush_now = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        # The loop `start` ran on: asking for the running loop per outcome is a getpid()
+        # system call each on Python 3.11 (its check for a fork).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="evora-acks")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="evora-acks")
 
     def submit(self, ack: Ack, on_sent: Callable[[], None] | None = None) -> asyncio.Future[int]:
         """Queue an outcome; the future resolves to its status once the dispatcher answered.
         `on_sent` runs when the outcome goes into a batch being sent (once, even if that batch
         is retried)."""
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        assert self._loop is not None, "submit() before start()"
+        future: asyncio.Future[int] = self._loop.create_future()
         self._pending.append((ack, future, on_sent))
         self._wakeup.set()
         if len(self._pending) >= self._max_batch or not self._expect_more():

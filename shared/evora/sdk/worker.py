@@ -64,7 +64,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from evora import loops
+from evora import collector, loops
 from evora.logs import bind, configure_default_logging
 from evora.protocol.bounds import MAX_CLAIM_JOBS
 from evora.protocol.retries import RetryBackoff
@@ -226,6 +226,9 @@ class Worker:
         self._stop_requested = asyncio.Event()
         self._stopped = asyncio.Event()
         self._claim_task: asyncio.Task[None] | None = None
+        # The loop serve() runs on, kept: asking for the running loop per job is a getpid()
+        # system call each on Python 3.11 (its check for a fork).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._watchdog = (
             None
@@ -266,7 +269,11 @@ class Worker:
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully (a second signal skips the
         rest of the grace period). Blocks; runs its own event loop (see `evora.loops`).
-        Without a logging configuration of the program's, it logs readable lines at INFO."""
+        Without a logging configuration of the program's, it logs readable lines at INFO.
+        It takes the process as its own, as a service does: what was built before it
+        started is frozen out of the garbage collector's scans, and the youngest generation
+        is collected every 10,000 allocations instead of 700 (`evora.collector`); `serve()`
+        leaves the collector of the program it runs in as it is."""
         configure_default_logging(secrets=[self.settings.token or ""])
         loops.run(self._serve_until_signalled())
 
@@ -274,6 +281,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        # The process is the worker's, as a service's is its own: what was built to start
+        # (modules, handlers, the worker) leaves the collector's scans, and a claim's jobs
+        # no longer set off a dozen collections each (evora.collector).
+        collector.settle()
         try:
             await self.serve()
         finally:
@@ -317,6 +328,7 @@ class Worker:
         if self._started:
             raise RuntimeError("this Worker has already served; create a new one")
         self._started = True
+        self._loop = asyncio.get_running_loop()
         self._reports.start()
         if self._watchdog is not None:
             self._watchdog.start()
@@ -487,7 +499,8 @@ class Worker:
         job._worker = self._link
         running = RunningJob(job)
         self._busy += 1
-        running.task = asyncio.get_running_loop().create_task(
+        assert self._loop is not None  # set by serve(), which claimed the job
+        running.task = self._loop.create_task(
             self._process(running, self.handlers.get(job.type)), name=f"evora-job-{job.id}"
         )
         self._running[job] = running
