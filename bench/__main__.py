@@ -9,6 +9,9 @@ durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, .
                                                  # holds 100 jobs ahead (`prefetch`)
     python -m bench compare --profile            # also py-spy profiles of Evora's processes
                                                  # and pg_stat_statements
+    python -m bench compare --perf               # also `perf` of PostgreSQL in each drain
+                                                 # (bench.pgperf) and every statement,
+                                                 # nested ones too, with functions' times
     python -m bench compare --systems evora --evora-variant base=/path/to/other/checkout
                                                  # A/B: that checkout's Evora as a system
                                                  # of its own ("evora@base"), interleaved
@@ -122,6 +125,12 @@ def _parser() -> argparse.ArgumentParser:
         "--profile",
         action="store_true",
         help="py-spy profiles of each Evora's processes (variants too), pg_stat_statements",
+    )
+    compare.add_argument(
+        "--perf",
+        action="store_true",
+        help="perf profiles of PostgreSQL in each system's drain; statements nested in "
+        "functions in pg_stat_statements, and the functions' own times",
     )
     compare.add_argument(
         "--pressure",
@@ -359,7 +368,9 @@ def run_compare(args: argparse.Namespace) -> int:
         directory = (args.keep or Path(tmp)).resolve()
         directory.mkdir(parents=True, exist_ok=True)
         bin_dir = postgres_bin_dir(args.postgres)
-        with Cluster(directory, statements=args.profile, bin_dir=bin_dir) as cluster:
+        with Cluster(
+            directory, statements=args.profile, bin_dir=bin_dir, perf=args.perf
+        ) as cluster:
             settings = asyncio.run(cluster.settings())
             info = machine_info(settings, peers.node if peers else None)
             info["evora_variants"] = {

@@ -10,7 +10,7 @@ from typing import Self
 
 import asyncpg
 
-from bench import procstats
+from bench import pgperf, procstats
 from evora.embedded import LocalMongo, LocalPostgres
 
 SETTINGS_SHOWN = (
@@ -29,11 +29,21 @@ SETTINGS_SHOWN = (
 
 class Cluster:
     def __init__(
-        self, directory: Path, *, statements: bool = False, bin_dir: Path | None = None
+        self,
+        directory: Path,
+        *,
+        statements: bool = False,
+        bin_dir: Path | None = None,
+        perf: bool = False,
     ) -> None:
         self.postgres = LocalPostgres(directory / "pgdata", durable=True, bin_dir=bin_dir)
         self.mongo = LocalMongo(directory / "mongo", log_path=directory / "mongo.log")
-        self.statements = statements
+        # `perf`: each drain is recorded (bench.pgperf), and pg_stat_statements counts the
+        # statements inside functions too, with the functions' own times
+        self.statements = statements or perf
+        self.nested = perf
+        self.directory = directory
+        self.perf: pgperf.PgPerf | None = None
 
     def __enter__(self) -> Self:
         self.postgres.start()
@@ -42,8 +52,13 @@ class Cluster:
                 # pg_stat_statements must be preloaded: set it, then restart once.
                 preload = "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"
                 asyncio.run(self.execute(preload))
+                if self.nested:
+                    asyncio.run(self.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'"))
+                    asyncio.run(self.execute("ALTER SYSTEM SET track_functions = 'all'"))
                 self.postgres.stop()
                 self.postgres.start()
+            if self.nested:
+                self.perf = pgperf.PgPerf(self.directory / "perf", self.postmaster_pid)
             self.mongo.start()
         except BaseException:
             self.postgres.stop()
@@ -103,7 +118,7 @@ class Cluster:
             return []
         rows = await conn.fetch(
             """
-            SELECT calls, total_exec_time, rows,
+            SELECT calls, total_exec_time, rows, toplevel,
                    left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS q
             FROM pg_stat_statements
             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -112,10 +127,24 @@ class Cluster:
             """,
             top,
         )
-        return [
-            f"{r['total_exec_time']:9.1f} ms {r['calls']:7} calls {r['rows']:8} rows  {r['q']}"
+        lines = [
+            f"{r['total_exec_time']:9.1f} ms {r['calls']:7} calls {r['rows']:8} rows"
+            f" {' ' if r['toplevel'] else '>'} {r['q']}"
             for r in rows
         ]
+        if self.nested:
+            # every function's own time (`>` above: a statement inside a function)
+            functions = await conn.fetch(
+                "SELECT schemaname || '.' || funcname AS f, calls, total_time, self_time"
+                " FROM pg_stat_user_functions ORDER BY self_time DESC LIMIT $1",
+                top,
+            )
+            lines += [
+                f"{r['self_time']:9.1f} ms self {r['total_time']:9.1f} ms total {r['calls']:7}"
+                f" calls  function {r['f']}"
+                for r in functions
+            ]
+        return lines
 
     async def settings(self) -> dict[str, str]:
         conn = await asyncpg.connect(self.dsn())

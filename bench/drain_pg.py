@@ -16,6 +16,11 @@ many rows set each column: what a claim or a completion writes again, since eith
 non-HOT update whose WAL record carries the whole new row. `--payload-bytes N` pads each job's
 payload by about N bytes (a payload stays in the row up to ~2 kB; a larger one is TOASTed and
 the row carries a pointer to it).
+`--perf DIR` records the last round's drain with `perf` (bench.pgperf: by process, by kind
+of work, by function); `--statements` prints that drain's statements from
+pg_stat_statements with `track = all` (the statements inside functions and triggers too,
+so the nested ones count inside their callers' times as well) and the functions'
+own times (`track_functions = all`).
 
     python -m bench.drain_pg --rounds 3 --jobs 10000
 """
@@ -33,7 +38,7 @@ from pathlib import Path
 
 import asyncpg
 
-from bench import procstats
+from bench import pgperf, procstats
 from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
@@ -135,6 +140,42 @@ async def wal_by_record(conn: asyncpg.Connection, start: str, end: str, jobs: in
     )
 
 
+async def statements(conn: asyncpg.Connection, jobs: int) -> str:
+    """pg_stat_statements since the reset (nested statements too), and the functions' own
+    times, per drained job."""
+    await asyncio.sleep(0.6)  # the functions' counts reach the view at the next stats flush
+    rows = await conn.fetch(
+        "SELECT calls, rows, total_exec_time, total_plan_time, plans, toplevel,"
+        "       shared_blks_hit + shared_blks_read AS blocks, wal_records, wal_bytes,"
+        "       left(regexp_replace(query, '\\s+', ' ', 'g'), 110) AS q"
+        " FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%'"
+        " ORDER BY total_exec_time DESC LIMIT 25"
+    )
+    functions = await conn.fetch(
+        "SELECT schemaname || '.' || funcname AS f, calls, total_time, self_time"
+        " FROM pg_stat_user_functions ORDER BY self_time DESC LIMIT 15"
+    )
+    return "\n".join(
+        [
+            "  statements (us per drained job: execution, planning; calls, blocks, WAL"
+            " records per job; * = top level):",
+            *(
+                f"  {r['total_exec_time'] * 1e3 / jobs:7.2f}"
+                f" {r['total_plan_time'] * 1e3 / jobs:6.2f} us"
+                f" {r['calls'] / jobs:6.3f} calls {r['blocks'] / jobs:6.1f} blk"
+                f" {r['wal_records'] / jobs:5.2f} rec {'*' if r['toplevel'] else ' '} {r['q']}"
+                for r in rows
+            ),
+            "  functions (us per drained job, total and self; calls per job):",
+            *(
+                f"  {r['total_time'] * 1e3 / jobs:7.2f} {r['self_time'] * 1e3 / jobs:7.2f} us"
+                f" {r['calls'] / jobs:6.3f} calls  {r['f']}"
+                for r in functions
+            ),
+        ]
+    )
+
+
 async def widths(conn: asyncpg.Connection) -> str:
     """Average bytes of each column of the drained jobs (NULL counts 0), and the share of rows
     that set it; the tuple as a whole (`pg_column_size` of the row: header and alignment
@@ -166,6 +207,12 @@ async def widths(conn: asyncpg.Connection) -> str:
 
 async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Path) -> None:
     await apply_migrations(dsn)
+    if args.statements:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        finally:
+            await conn.close()
     if args.what_if:
         conn = await asyncpg.connect(dsn)
         try:
@@ -200,12 +247,20 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
             async with pool.acquire() as conn:
                 await conn.execute("CHECKPOINT")
                 lsn0, wal0, fpi0 = await wal(conn)
+            last = round_ == args.rounds
+            if last and args.statements:
+                async with pool.acquire() as conn:
+                    await conn.execute("SELECT pg_stat_statements_reset(), pg_stat_reset()")
+            perf = pgperf.PgPerf(args.perf, postmaster) if last and args.perf else None
+            if perf is not None:
+                perf.start(f"drain-round-{round_}")
             cpu0 = procstats.cluster_cpu_seconds(postmaster)
             t0 = time.perf_counter()
             split = Split(postmaster)
             drained = await drain(store, args.batch, split)
             seconds = time.perf_counter() - t0
             cpu1 = procstats.cluster_cpu_seconds(postmaster)
+            profile = perf.stop() if perf is not None else []
             async with pool.acquire() as conn:
                 lsn1, wal1, fpi1 = await wal(conn)
             cpu.append((cpu1 - cpu0) / drained * 1e6)
@@ -219,6 +274,11 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
                 f"completions {split.complete / drained * 1e6:.1f} us/job)",
                 flush=True,
             )
+            for line in profile:
+                print(line)
+            if last and args.statements:
+                async with pool.acquire() as conn:
+                    print(await statements(conn, drained))
         print(
             f"median: submit PG CPU {statistics.median(submit_cpu):.1f} us/job, "
             f"WAL {statistics.median(submit_wal):,.0f} B/job; "
@@ -234,6 +294,20 @@ async def run(args: argparse.Namespace, dsn: str, postmaster: int, data_dir: Pat
     finally:
         await store.close()
         await pool.close()
+
+
+async def track_statements(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        for setting in (
+            "shared_preload_libraries = 'pg_stat_statements'",
+            "pg_stat_statements.track = 'all'",
+            "pg_stat_statements.track_planning = on",
+            "track_functions = 'all'",
+        ):
+            await conn.execute(f"ALTER SYSTEM SET {setting}")
+    finally:
+        await conn.close()
 
 
 def main() -> int:
@@ -255,10 +329,18 @@ def main() -> int:
     parser.add_argument(
         "--payload-bytes", type=int, default=0, help="pad each drained job's payload by ~N B"
     )
+    parser.add_argument("--perf", type=Path, help="perf record the last drain into this folder")
+    parser.add_argument(
+        "--statements", action="store_true", help="pg_stat_statements of the last drain"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="evora-drain-pg-") as tmp:
         data_dir = Path(tmp) / "data"
         with LocalPostgres(data_dir, durable=True, log_path=Path(tmp) / "postgres.log") as pg:
+            if args.statements:
+                asyncio.run(track_statements(pg.dsn("postgres")))
+                pg.stop()
+                pg.start()
             postmaster = procstats.postmaster_pid(data_dir)
             assert postmaster is not None
             asyncio.run(run(args, pg.dsn("postgres"), postmaster, data_dir))

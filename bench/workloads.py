@@ -242,11 +242,17 @@ class Repetition:
         )
         await self.worker.wait_ready_line()
         self._profile("drain", [self.worker])
+        perf = self.cluster.perf
+        if perf is not None:
+            # the whole machine: the system may open connections during the drain
+            perf.start(f"{self.system.name}-{self.label}-drain", system_wide=True)
         before = self._cpu()
         wal_before = await _wal_bytes(conn)
         finished_at = await self._wait_finished(conn, w.drain_timeout_s)
         after = self._cpu()
         wal = await _wal_bytes(conn) - wal_before
+        if perf is not None:
+            self.result["drain_perf"] = perf.stop()
         self.result["drain"] = {
             "jobs": w.jobs,
             "finished_at": finished_at,

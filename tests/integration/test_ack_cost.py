@@ -84,3 +84,46 @@ async def test_an_ack_reads_rows_for_its_items_not_for_every_running_job(
     assert all(n <= ITEMS * ROWS_READ_PER_ITEM for n in read.values()), (
         f"rows of jobs read to ack {ITEMS} items: {read}"
     )
+
+
+async def test_a_completion_reads_each_job_once_and_records_in_its_own_statement(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """What a completion does per item beyond what it must (docs/benchmarks/
+    2026-11-29-postgresql-cpu-profile.md): each item's job is read once, by the update that
+    completes it, and its event is written by the completion's own statement. The item's
+    second read, looking for a job that the update already moved, cost a primary-key probe
+    and a fetch of the whole row per item; recording through evora.record_moves() cost a
+    PL/pgSQL call, a statement of its own, and each moved job copied into a composite and
+    read back out of it. PL/pgSQL calls are counted (`track_functions = 'pl'`, this
+    transaction's own statistics): the completion's function, and the statement trigger
+    that settles dependents (it finds nothing here), once each; nothing per item, nothing
+    else."""
+    await store.submit_batch([JobSubmission(queue="mine", type="t") for _ in range(ITEMS)])
+    mine = await store.claim(worker_id="me", queues=["mine"], max_jobs=ITEMS)
+    ids = [j["id"] for j in mine]
+    async with pool.acquire() as conn:
+        await conn.execute("ANALYZE evora.jobs")
+        await conn.execute("SET track_functions = 'pl'")
+        async with conn.transaction():
+            before = await rows_read(conn)
+            rows = await conn.fetch(
+                queries.COMPLETE, *complete_args(ids, [j["lease_token"] for j in mine])
+            )
+            read = await rows_read(conn) - before
+            called = {
+                r["funcname"]: r["calls"]
+                for r in await conn.fetch(
+                    "SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                    " WHERE schemaname = 'evora'"
+                )
+            }
+        events = await conn.fetchval(
+            "SELECT count(*) FROM evora.job_events WHERE job_id = ANY($1::uuid[])"
+            " AND event = 'completed' AND to_state = 'COMPLETED'",
+            ids,
+        )
+    assert [r["outcome"] for r in rows] == ["done"] * ITEMS
+    assert events == ITEMS
+    assert called == {"complete_items": 1, "settle_dependents": 1}, called
+    assert read <= ITEMS, f"rows of jobs read to complete {ITEMS} items: {read}"

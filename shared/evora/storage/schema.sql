@@ -867,12 +867,24 @@ BEGIN
             finished_at = evora.clock_now(), updated_at = evora.clock_now(),
             version = j.version + 1
         FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
-        RETURNING j.id, j.lease_token, j AS job,
-                  ROW(j, 'completed', 'RUNNING', j.worker_id,
-                      jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora.move AS move
+        RETURNING j.id, j.lease_token, j AS job, j.version, j.queue, j.type, j.attempt,
+                  j.worker_id, j.updated_at, pg_column_size(i.result) AS result_bytes,
+                  evora.event_image(j, 'RUNNING') AS image,
+                  j.group_key IS NOT NULL OR j.limited OR j.fairness_key IS NOT NULL AS noted
     ),
     recorded AS (
-        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type, 'completed', 'RUNNING', 'COMPLETED', attempt, worker_id,
+               updated_at, jsonb_build_object('result_bytes', result_bytes), image
+        FROM moved
+    ),
+    notes AS (
+        SELECT n.notified, n.owed
+        FROM evora.note_moves(ARRAY(SELECT ROW(m.job, 'completed', 'RUNNING', m.worker_id,
+                                               NULL)::evora.move
+                                    FROM moved m WHERE m.noted), suppressed) AS n
+        WHERE EXISTS (SELECT 1 FROM moved m WHERE m.noted)
     )
     SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
                 WHEN cur.found THEN 'lease_lost'
@@ -880,12 +892,13 @@ BEGIN
            CASE WHEN with_jobs THEN coalesce(m.job, CASE WHEN cur.replayed THEN cur.job END) END,
            r.notified, r.owed
     FROM items i
-    CROSS JOIN recorded r
+    LEFT JOIN notes r ON true
     LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
     LEFT JOIN LATERAL (
         SELECT true AS found, s.state = 'RUNNING' AND s.lease_token = i.token AS stale,
                s.state = 'COMPLETED' AND s.lease_token = i.token AS replayed, s AS job
         FROM evora.jobs s WHERE s.id = i.id AND m.id IS NULL
+        OFFSET 0
     ) snap ON true
     LEFT JOIN LATERAL (
         SELECT true AS found, l.state = 'COMPLETED' AND l.lease_token = i.token AS replayed,
@@ -1702,6 +1715,38 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.note_moves(moves evora.move[], suppressed text[]) RETURNS TABLE(notified text[], owed text[])
+    LANGUAGE plpgsql ROWS 1
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(moves) AS m WHERE (m.job).fairness_key IS NOT NULL) THEN
+        PERFORM evora.fair_note(array_agg((m.job).queue), array_agg((m.job).fairness_key),
+                                array_agg(CASE WHEN m.from_state = 'RUNNING' THEN 1 ELSE 0 END),
+                                array_agg(CASE WHEN m.from_state = 'RUNNING'
+                                               THEN extract(epoch FROM (m.job).updated_at
+                                                                       - (m.job).started_at)::float8
+                                               ELSE 0 END))
+        FROM unnest(moves) AS m
+        WHERE (m.job).fairness_key IS NOT NULL
+          AND (m.from_state = 'RUNNING' OR (m.job).state IN ('PENDING', 'WAITING'));
+    END IF;
+    RETURN QUERY
+    WITH claimable AS (
+        SELECT DISTINCT (m.job).queue AS q FROM unnest(moves) AS m
+        WHERE (m.job).state = 'PENDING' OR (m.job).group_key IS NOT NULL
+           OR ((m.job).limited AND m.from_state = 'RUNNING')
+    ),
+    hinted AS (
+        SELECT q, pg_notify('evora_jobs', q) AS sent
+        FROM claimable
+        WHERE q <> ALL(suppressed)
+    )
+    SELECT (SELECT array_agg(q) FROM hinted),
+           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed));
+END
+$$;
+
 CREATE FUNCTION evora.number_field(value jsonb, field text, lo numeric, hi numeric, integral boolean, above_lo boolean DEFAULT false) RETURNS numeric
     LANGUAGE plpgsql STABLE
     AS $$
@@ -1899,17 +1944,6 @@ CREATE FUNCTION evora.record_moves(moves evora.move[], suppressed text[]) RETURN
     AS $$
 #variable_conflict use_column
 BEGIN
-    IF EXISTS (SELECT 1 FROM unnest(moves) AS m WHERE (m.job).fairness_key IS NOT NULL) THEN
-        PERFORM evora.fair_note(array_agg((m.job).queue), array_agg((m.job).fairness_key),
-                                array_agg(CASE WHEN m.from_state = 'RUNNING' THEN 1 ELSE 0 END),
-                                array_agg(CASE WHEN m.from_state = 'RUNNING'
-                                               THEN extract(epoch FROM (m.job).updated_at
-                                                                       - (m.job).started_at)::float8
-                                               ELSE 0 END))
-        FROM unnest(moves) AS m
-        WHERE (m.job).fairness_key IS NOT NULL
-          AND (m.from_state = 'RUNNING' OR (m.job).state IN ('PENDING', 'WAITING'));
-    END IF;
     RETURN QUERY
     WITH moved AS (
         SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
@@ -1921,18 +1955,8 @@ BEGIN
         SELECT id, version, queue, type, event, from_state, state,
                attempt, worker, updated_at, data, evora.event_image(whole, from_state)
         FROM moved
-    ),
-    claimable AS (
-        SELECT DISTINCT queue AS q FROM moved
-        WHERE state = 'PENDING' OR group_key IS NOT NULL OR (limited AND from_state = 'RUNNING')
-    ),
-    hinted AS (
-        SELECT q, pg_notify('evora_jobs', q) AS sent
-        FROM claimable
-        WHERE q <> ALL(suppressed)
     )
-    SELECT (SELECT array_agg(q) FROM hinted),
-           (SELECT array_agg(q) FROM claimable WHERE q = ANY(suppressed));
+    SELECT n.notified, n.owed FROM evora.note_moves(moves, suppressed) AS n;
 END
 $$;
 

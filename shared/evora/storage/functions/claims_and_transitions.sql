@@ -71,17 +71,45 @@ $$;
 
 -- Records `moves` (one event each) and sends the NOTIFY hint of every queue that gained a
 -- claimable job, except those in `suppressed` (this process notified them a moment ago), which
--- it returns as owed. One row, whatever it was given, which ROWS 1 tells the planner (it takes a
--- set-returning PL/pgSQL function for 1,000 rows, and the ack joining each of its items to
--- this row would be planned past jit_above_cost). plpgsql so that its plans are prepared
--- once per connection, like a statement's.
+-- it returns as owed (the hints and the fair claim's notes are evora.note_moves()'s). One row,
+-- whatever it was given, which ROWS 1 tells the planner (it takes a set-returning PL/pgSQL
+-- function for 1,000 rows, and the ack joining each of its items to this row would be planned
+-- past jit_above_cost). plpgsql so that its plans are prepared once per connection, like a
+-- statement's.
 CREATE OR REPLACE FUNCTION evora.record_moves(moves evora.move[], suppressed text[])
 RETURNS TABLE (notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
 #variable_conflict use_column
 BEGIN
-    -- Keyed jobs tell their queue's fair claim (functions/fairness.sql) that they have work
-    -- again and how long ended attempts held their leases. Unkeyed moves pay this one look.
+    RETURN QUERY
+    WITH moved AS (
+        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
+        FROM unnest(moves) AS m
+    ),
+    recorded AS (
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type, event, from_state, state,
+               attempt, worker, updated_at, data, evora.event_image(whole, from_state)
+        FROM moved
+    )
+    SELECT n.notified, n.owed FROM evora.note_moves(moves, suppressed) AS n;
+END
+$$;
+
+-- What `moves` change besides their events: keyed jobs tell their queue's fair claim
+-- (functions/fairness.sql) that they have work again and how long ended attempts held their
+-- leases, and each queue that gained a claimable job gets its NOTIFY hint, except those in
+-- `suppressed`, which come back as owed. Only a move to PENDING, a move of a grouped job or of
+-- a keyed one, or the end of an attempt claimed under a limit has anything to note, so a
+-- transition whose jobs are none of these (evora.complete_items() for plain jobs) need not
+-- call it. One row, ROWS 1, plpgsql: as evora.record_moves().
+CREATE OR REPLACE FUNCTION evora.note_moves(moves evora.move[], suppressed text[])
+RETURNS TABLE (notified text[], owed text[])
+LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
+#variable_conflict use_column
+BEGIN
+    -- Unkeyed moves pay this one look.
     IF EXISTS (SELECT 1 FROM unnest(moves) AS m WHERE (m.job).fairness_key IS NOT NULL) THEN
         PERFORM evora.fair_note(array_agg((m.job).queue), array_agg((m.job).fairness_key),
                                 array_agg(CASE WHEN m.from_state = 'RUNNING' THEN 1 ELSE 0 END),
@@ -94,23 +122,13 @@ BEGIN
           AND (m.from_state = 'RUNNING' OR (m.job).state IN ('PENDING', 'WAITING'));
     END IF;
     RETURN QUERY
-    WITH moved AS (
-        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
-        FROM unnest(moves) AS m
-    ),
-    recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type, event, from_state, state,
-               attempt, worker, updated_at, data, evora.event_image(whole, from_state)
-        FROM moved
-    ),
     -- a queue gains a claimable job when one becomes PENDING, when a group's running job
     -- moves (its next may run), and when an attempt claimed under a limit ends (its room is
     -- free again: docs/flow-control.md)
-    claimable AS (
-        SELECT DISTINCT queue AS q FROM moved
-        WHERE state = 'PENDING' OR group_key IS NOT NULL OR (limited AND from_state = 'RUNNING')
+    WITH claimable AS (
+        SELECT DISTINCT (m.job).queue AS q FROM unnest(moves) AS m
+        WHERE (m.job).state = 'PENDING' OR (m.job).group_key IS NOT NULL
+           OR ((m.job).limited AND m.from_state = 'RUNNING')
     ),
     hinted AS (
         SELECT q, pg_notify('evora_jobs', q) AS sent
@@ -841,12 +859,31 @@ BEGIN
             finished_at = evora.clock_now(), updated_at = evora.clock_now(),
             version = j.version + 1
         FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
-        RETURNING j.id, j.lease_token, j AS job,
-                  ROW(j, 'completed', 'RUNNING', j.worker_id,
-                      jsonb_build_object('result_bytes', pg_column_size(i.result)))::evora.move AS move
+        RETURNING j.id, j.lease_token, j AS job, j.version, j.queue, j.type, j.attempt,
+                  j.worker_id, j.updated_at, pg_column_size(i.result) AS result_bytes,
+                  evora.event_image(j, 'RUNNING') AS image,
+                  j.group_key IS NOT NULL OR j.limited OR j.fairness_key IS NOT NULL AS noted
     ),
+    -- The events are written here, by the completion's own statement, as the claim writes its
+    -- own (evora.claim_jobs()), rather than by evora.record_moves(): that one is a PL/pgSQL
+    -- call and a statement of its own, and each job would be copied into an evora.move and
+    -- read back out of it, together ~7 % of PostgreSQL's CPU per drained job
+    -- (docs/benchmarks/2026-11-29-postgresql-cpu-profile.md). Only the jobs with something to
+    -- note (evora.note_moves(): grouped, claimed under a limit, or keyed) go through it, and a
+    -- batch with none does not call it (the one-time filter on `noted`).
     recorded AS (
-        SELECT * FROM evora.record_moves(ARRAY(SELECT move FROM moved), suppressed)
+        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+                                attempt, worker_id, at, data, job)
+        SELECT id, version, queue, type, 'completed', 'RUNNING', 'COMPLETED', attempt, worker_id,
+               updated_at, jsonb_build_object('result_bytes', result_bytes), image
+        FROM moved
+    ),
+    notes AS (
+        SELECT n.notified, n.owed
+        FROM evora.note_moves(ARRAY(SELECT ROW(m.job, 'completed', 'RUNNING', m.worker_id,
+                                               NULL)::evora.move
+                                    FROM moved m WHERE m.noted), suppressed) AS n
+        WHERE EXISTS (SELECT 1 FROM moved m WHERE m.noted)
     )
     SELECT CASE WHEN m.id IS NOT NULL OR cur.replayed THEN 'done'
                 WHEN cur.found THEN 'lease_lost'
@@ -854,7 +891,7 @@ BEGIN
            CASE WHEN with_jobs THEN coalesce(m.job, CASE WHEN cur.replayed THEN cur.job END) END,
            r.notified, r.owed
     FROM items i
-    CROSS JOIN recorded r
+    LEFT JOIN notes r ON true
     LEFT JOIN moved m ON m.id = i.id AND m.lease_token = i.token
     -- An item that changed nothing reads its job as this statement's snapshot shows it. If the
     -- snapshot still shows the job RUNNING under the item's own token (`stale`), a concurrent
@@ -862,11 +899,15 @@ BEGIN
     -- match): only the latest version tells a replay (COMPLETED under the same token) from a
     -- lost lease, so that one row is read again under a lock, which waits for and returns the
     -- latest version. A row this statement changed is never read so: its items matched it, or
-    -- carry another token than the one the snapshot shows.
+    -- carry another token than the one the snapshot shows. An item that changed its job does
+    -- not read it at all: OFFSET 0 keeps this a subquery of its own, where `m.id IS NULL`
+    -- gates the probe (a one-time filter per item); pulled up into the join, it was a filter
+    -- applied after the probe had fetched the row (tests/integration/test_ack_cost.py).
     LEFT JOIN LATERAL (
         SELECT true AS found, s.state = 'RUNNING' AND s.lease_token = i.token AS stale,
                s.state = 'COMPLETED' AND s.lease_token = i.token AS replayed, s AS job
         FROM evora.jobs s WHERE s.id = i.id AND m.id IS NULL
+        OFFSET 0
     ) snap ON true
     LEFT JOIN LATERAL (
         SELECT true AS found, l.state = 'COMPLETED' AND l.lease_token = i.token AS replayed,

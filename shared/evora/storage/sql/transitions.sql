@@ -2,7 +2,9 @@
 -- changes them guarded by their expected state (and lease token), and records exactly one
 -- `job_events` row per changed job. A lost race matches no row and so writes no event.
 -- Recording is evora.record_moves() (functions/claims_and_transitions.sql, where every
--- function named here lives): the events, and the NOTIFY hint for each
+-- function named here lives; a claim and a completion write their events themselves and
+-- leave the rest to evora.note_moves(), record_moves()' second half): the events, and the
+-- NOTIFY hint for each
 -- queue that gained a claimable job (a PENDING job, a group's next job, or room under a limit
 -- that an ending attempt frees), except for the queues in the statement's last text[]
 -- parameter, which this process notified a moment ago (evora/storage/notify.py); it reports
