@@ -1128,14 +1128,14 @@ $$;
 CREATE FUNCTION evora.expired_event_partitions(older_than double precision, archived_only boolean) RETURNS TABLE(name text, attached boolean, detach_pending boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'evora', 'pg_temp'
-    AS $$
+    AS $_$
 DECLARE
     part      record;
     consumed  xid8;
     mark      evora.event_archive_watermark;
     oldest    timestamptz;
     last_xid  xid8;
-    last_seq  bigint;
+    past_mark boolean;
 BEGIN
     IF older_than IS NULL OR older_than < 0 THEN
         RAISE EXCEPTION 'invalid retention (older than %)', older_than
@@ -1157,10 +1157,11 @@ BEGIN
     LOOP
         EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
             INTO last_xid;
-        EXECUTE format('SELECT max(e.seq) FROM evora.%I e', part.name) INTO last_seq;
-        IF last_seq IS NOT NULL AND NOT (
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM evora.%I e WHERE e.seq > $1)', part.name)
+            INTO past_mark USING mark.upto_seq;
+        IF last_xid IS NOT NULL AND NOT (
             last_xid < consumed
-            AND (NOT archived_only OR (last_seq <= mark.upto_seq AND last_xid < mark.below_xid))
+            AND (NOT archived_only OR (NOT past_mark AND last_xid < mark.below_xid))
         ) THEN
             EXIT;
         END IF;
@@ -1170,7 +1171,7 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END
-$$;
+$_$;
 
 CREATE FUNCTION evora.fail(job_id uuid, lease_token uuid, error jsonb, retryable boolean DEFAULT true, retry_in_seconds double precision DEFAULT NULL::double precision, retry_after jsonb DEFAULT NULL::jsonb) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1512,6 +1513,40 @@ CREATE FUNCTION evora.fairness_weight_set_by(fkey text) RETURNS text
          ORDER BY length(w.stem) DESC LIMIT 1))
 $$;
 
+CREATE FUNCTION evora.first_event_seq(from_seq bigint) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    last  bigint := coalesce(
+        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
+    lo    bigint := greatest(from_seq, 1);
+    width bigint := 1024;
+    hit   bigint;
+    mid   bigint;
+BEGIN
+    WHILE hit IS NULL AND lo <= last LOOP
+        SELECT e.seq INTO hit FROM evora.job_events e
+        WHERE e.seq >= lo AND e.seq < lo + width LIMIT 1;
+        IF hit IS NULL THEN
+            lo := lo + width;
+            width := width * 2;
+        END IF;
+    END LOOP;
+    IF hit IS NULL THEN
+        RETURN NULL;
+    END IF;
+    WHILE hit - lo > 1024 LOOP
+        mid := lo + (hit - lo) / 2;
+        SELECT coalesce(min(e.seq), hit) INTO hit FROM (
+            SELECT e.seq FROM evora.job_events e WHERE e.seq >= lo AND e.seq < mid LIMIT 1) e;
+        IF hit >= mid THEN
+            lo := mid;
+        END IF;
+    END LOOP;
+    RETURN (SELECT min(e.seq) FROM evora.job_events e WHERE e.seq >= lo AND e.seq <= hit);
+END
+$$;
+
 CREATE FUNCTION evora.for_each_item(vals anyarray, items integer) RETURNS anyarray
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -1551,6 +1586,28 @@ CREATE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image
                j.attempt, j.max_attempts, j.lease_seconds, j.run_at, j.expires_at,
                j.lease_expires_at, j.worker_id, j.cancel_requested, j.last_error, j.version,
                j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::evora.job_image
+$$;
+
+CREATE FUNCTION evora.last_event_seq() RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    hi    bigint := coalesce(
+        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
+    width bigint := 1024;
+    found bigint;
+BEGIN
+    WHILE hi > 0 LOOP
+        SELECT max(e.seq) INTO found FROM evora.job_events e
+        WHERE e.seq > hi - width AND e.seq <= hi;
+        IF found IS NOT NULL THEN
+            RETURN found;
+        END IF;
+        hi := hi - width;
+        width := width * 2;
+    END LOOP;
+    RETURN 0;
+END
 $$;
 
 CREATE FUNCTION evora.leave_dlq(ids uuid[], to_state evora.job_state, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
@@ -3298,9 +3355,6 @@ ALTER TABLE ONLY evora.job_dependencies
     ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on);
 
 ALTER TABLE ONLY evora.job_events
-    ADD CONSTRAINT job_events_pkey PRIMARY KEY (seq, at);
-
-ALTER TABLE ONLY evora.job_events
     ADD CONSTRAINT job_events_version_once UNIQUE (job_id, job_version, at);
 
 ALTER TABLE ONLY evora.job_prune_counts
@@ -3350,6 +3404,8 @@ CREATE INDEX flow_limits_prefixes ON evora.flow_limits USING btree (stem) WHERE 
 CREATE INDEX idempotency_keys_age ON evora.idempotency_keys USING btree (created_at);
 
 CREATE INDEX job_dependencies_dependents ON evora.job_dependencies USING btree (depends_on, job_id);
+
+CREATE INDEX job_events_seq ON ONLY evora.job_events USING brin (seq) WITH (pages_per_range='32', autosummarize='on');
 
 CREATE INDEX job_events_tail ON ONLY evora.job_events USING btree (xid, seq);
 
