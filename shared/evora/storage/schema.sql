@@ -1101,6 +1101,32 @@ CREATE FUNCTION evora.event_partitions() RETURNS TABLE(name text, lower timestam
     ORDER BY 3
 $$;
 
+CREATE TABLE evora.job_events (
+    seq bigint CONSTRAINT job_events_seq_not_null1 NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() CONSTRAINT job_events_xid_not_null1 NOT NULL,
+    job_id uuid CONSTRAINT job_events_job_id_not_null1 NOT NULL,
+    job_version integer CONSTRAINT job_events_job_version_not_null1 NOT NULL,
+    queue text CONSTRAINT job_events_queue_not_null1 NOT NULL,
+    type text CONSTRAINT job_events_type_not_null1 NOT NULL,
+    event text CONSTRAINT job_events_event_not_null1 NOT NULL,
+    from_state evora.job_state,
+    to_state evora.job_state CONSTRAINT job_events_to_state_not_null1 NOT NULL,
+    attempt integer CONSTRAINT job_events_attempt_not_null1 NOT NULL,
+    worker_id text,
+    at timestamp with time zone CONSTRAINT job_events_at_not_null1 NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb CONSTRAINT job_events_data_not_null1 NOT NULL,
+    job evora.job_image CONSTRAINT job_events_job_not_null1 NOT NULL
+)
+PARTITION BY RANGE (at);
+
+CREATE FUNCTION evora.events_in_seq_range(lo bigint, hi bigint) RETURNS SETOF evora.job_events
+    LANGUAGE sql STABLE
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+    SELECT * FROM evora.job_events e WHERE e.seq >= lo AND e.seq < hi
+$$;
+
 CREATE FUNCTION evora.expire_callbacks(batch integer, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 100
     AS $$
@@ -1515,6 +1541,8 @@ $$;
 
 CREATE FUNCTION evora.first_event_seq(from_seq bigint) RETURNS bigint
     LANGUAGE plpgsql STABLE
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     last  bigint := coalesce(
@@ -1590,6 +1618,8 @@ $$;
 
 CREATE FUNCTION evora.last_event_seq() RETURNS bigint
     LANGUAGE plpgsql STABLE
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     hi    bigint := coalesce(
@@ -1717,6 +1747,7 @@ DECLARE
     lo     timestamptz;
     hi     timestamptz;
     part   text;
+    idx    regclass;
 BEGIN
     IF width IS NULL OR width < 1 OR ahead IS NULL OR ahead < 1 THEN
         RAISE EXCEPTION 'invalid partitioning (% seconds, % ahead)', width, ahead
@@ -1735,6 +1766,16 @@ BEGIN
         EXECUTE format('ALTER TABLE evora.job_events ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
                        part, lo, hi);
         lo := hi;
+    END LOOP;
+    FOR idx IN
+        SELECT x.indexrelid::regclass
+        FROM evora.event_partitions() p
+        JOIN pg_index x ON x.indrelid = format('evora.%I', p.name)::regclass
+        JOIN pg_inherits h ON h.inhrelid = x.indexrelid
+        WHERE h.inhparent = 'evora.job_events_seq'::regclass
+          AND p.upper <= evora.clock_now()
+    LOOP
+        PERFORM brin_summarize_new_values(idx);
     END LOOP;
     RETURN extract(epoch FROM greatest(lo, newest) - evora.clock_now());
 END
@@ -3197,24 +3238,6 @@ CREATE TABLE evora.job_dependencies (
     depends_on uuid NOT NULL,
     CONSTRAINT job_dependencies_not_self CHECK ((job_id <> depends_on))
 );
-
-CREATE TABLE evora.job_events (
-    seq bigint CONSTRAINT job_events_seq_not_null1 NOT NULL,
-    xid xid8 DEFAULT pg_current_xact_id() CONSTRAINT job_events_xid_not_null1 NOT NULL,
-    job_id uuid CONSTRAINT job_events_job_id_not_null1 NOT NULL,
-    job_version integer CONSTRAINT job_events_job_version_not_null1 NOT NULL,
-    queue text CONSTRAINT job_events_queue_not_null1 NOT NULL,
-    type text CONSTRAINT job_events_type_not_null1 NOT NULL,
-    event text CONSTRAINT job_events_event_not_null1 NOT NULL,
-    from_state evora.job_state,
-    to_state evora.job_state CONSTRAINT job_events_to_state_not_null1 NOT NULL,
-    attempt integer CONSTRAINT job_events_attempt_not_null1 NOT NULL,
-    worker_id text,
-    at timestamp with time zone CONSTRAINT job_events_at_not_null1 NOT NULL,
-    data jsonb DEFAULT '{}'::jsonb CONSTRAINT job_events_data_not_null1 NOT NULL,
-    job evora.job_image CONSTRAINT job_events_job_not_null1 NOT NULL
-)
-PARTITION BY RANGE (at);
 
 ALTER TABLE evora.job_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME evora.job_events_seq_seq

@@ -101,6 +101,16 @@ BEGIN
 END
 $$;
 
+-- The events of seqs [lo, hi), in no order: a range the BRIN index on seq (migration 0059)
+-- answers, for the auditor's walk (sql/audit.sql). Planned with its bounds and never as a
+-- sequential scan: the planner's estimate of a BRIN scan of a partition that holds none of
+-- the range can exceed that of reading the partition whole, which it then does.
+CREATE OR REPLACE FUNCTION evora.events_in_seq_range(lo bigint, hi bigint)
+RETURNS SETOF evora.job_events
+LANGUAGE sql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
+    SELECT * FROM evora.job_events e WHERE e.seq >= lo AND e.seq < hi
+$$;
+
 -- Creates the partitions of job_events from the newest one's end (or from the current slot,
 -- if the clock has passed it) until `ahead` partitions of `width` seconds lie beyond Evora's
 -- clock, each aligned to a multiple of `width` since the epoch and named by the time it

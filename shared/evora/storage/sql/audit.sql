@@ -28,8 +28,8 @@ SELECT extract(epoch FROM evora.clock_now() - now())::float8;
 
 -- name: events
 -- $1 from seq, $2 below this seq, $3 at most this many (NULL: all). The events of that range
--- of seq, oldest first (a range the BRIN index on seq answers, read whole and sorted: the
--- auditor walks the history a range at a time, migration 0059), with
+-- of seq (evora.events_in_seq_range(): read whole through the BRIN index on seq, then
+-- sorted; the auditor walks the history a range at a time, migration 0059), oldest first, with
 -- the fields of the job image the checks use (never the payload, result or error). An event
 -- after `submitted` carries only some (evora.event_image()): its worker is the event's own
 -- column, which every transition writes as the job's worker; an event with a whole image
@@ -49,8 +49,7 @@ SELECT e.seq, e.xid::text AS xid, e.job_id, e.job_version, e.queue, e.event,
            AS limit_keys,
        (e.data -> 'fair' ->> 'tag')::float8 AS fair_tag,
        (e.data -> 'fair' ->> 'vtime')::float8 AS fair_vtime
-FROM evora.job_events e
-WHERE e.seq >= $1::int8 AND e.seq < $2::int8
+FROM evora.events_in_seq_range($1::int8, $2::int8) e
 ORDER BY e.seq
 LIMIT $3::int8;
 
