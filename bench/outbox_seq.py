@@ -10,12 +10,15 @@ picks the schema: a tree before 0059 has the primary key), runs `--what-if` SQL 
 seqs (what the partitions retention dropped leave). Then VACUUM ANALYZE (autovacuum's
 summarizing of the BRIN ranges, done at once), Evora's clock moved past the last of those
 days and the sweeper's round of partitions run (evora.make_event_partitions()), and per
-reader the median time, the shared
-buffers (hit or read) of EXPLAIN (ANALYZE, BUFFERS) and the plan's nodes: the projector's
-`read_batch` of `--batch` events from the middle of the tail (the statement of this tree,
-and with `--previous-sql <tree>` that tree's, the previous release's, which fetches by
-`seq = ANY(...)`; `--tree` runs another tree's statements throughout), the auditor's range of 10,000 seqs, the newest seq and the next one after
-the gap, the archive's range of 10,000 seqs, and retention's walk of the expired partitions.
+reader the median time, the buffers the reading transaction fetched (of the schema's tables
+and indexes, hit or read: every part of the plan, functions included) and the plan's nodes:
+the projector's `read_batch` of `--batch` events from the middle of the tail (the statement
+of this tree, and with `--previous-sql <tree>` that tree's, the previous release's, which
+fetches by `seq = ANY(...)`; `--tree` runs another tree's statements throughout), the
+auditor's range of 10,000 seqs, the newest seq and the next one after the gap, the archive's
+range of 10,000 seqs, and retention's walk of the expired partitions; with `--then-migrate
+FILE`, how long that migration then takes (run on a tree before 0059 with 0059's file: the
+upgrade's index build).
 
     PYTHONPATH=shared python -m bench.outbox_seq --events 1000000 --days 6
 """
@@ -52,6 +55,9 @@ INSERT INTO evora.jobs (id, queue, type, payload, max_attempts, lease_seconds, b
                         backoff_max, backoff_multiplier, run_at)
 VALUES (gen_random_uuid(), 'q', 't', '{}', 3, 30, 1, 60, 2, evora.clock_now())
 """
+
+
+HERE = Path(__file__).resolve().parents[1]
 
 
 def statement(tree: Path, file: str, name: str) -> str:
@@ -123,7 +129,9 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
     await apply_migrations(dsn)
     conn = await asyncpg.connect(dsn)
     await conn.set_type_codec(
-        "jsonb", encoder=lambda v: orjson.dumps(v).decode(), decoder=orjson.loads,
+        "jsonb",
+        encoder=lambda v: orjson.dumps(v).decode(),
+        decoder=orjson.loads,
         schema="pg_catalog",
     )
     try:
@@ -149,37 +157,51 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
         await conn.close()
         conn = await asyncpg.connect(dsn)
         await conn.set_type_codec(
-            "jsonb", encoder=lambda v: orjson.dumps(v).decode(), decoder=orjson.loads,
+            "jsonb",
+            encoder=lambda v: orjson.dumps(v).decode(),
+            decoder=orjson.loads,
             schema="pg_catalog",
         )
         await conn.execute("SELECT evora.make_event_partitions(86400, 3)")
         parts = await conn.fetch(
             "SELECT tableoid::regclass::text AS name, count(*) AS n, min(seq) AS lo,"
-            " max(seq) AS hi, max(xid::text::int8) AS xid FROM evora.job_events GROUP BY 1 ORDER BY 3"
+            " max(seq) AS hi, max(xid::text::int8) AS xid"
+            " FROM evora.job_events GROUP BY 1 ORDER BY 3"
         )
         for p in parts:
             print(f"  {p['name']}: {p['n']:,} events, seq {p['lo']}..{p['hi']}")
-        print(await conn.fetchval(
-            "SELECT string_agg(c.relname || ' ' || pg_size_pretty(pg_relation_size(c.oid)), ', ')"
-            " FROM pg_class c WHERE c.relname LIKE 'job_events_p%' AND c.relkind = 'i'"
-            " AND c.relname LIKE $1", f"{parts[-2]['name'].split('.')[1]}%"))
+        print(
+            await conn.fetchval(
+                "SELECT string_agg(c.relname || ' '"
+                " || pg_size_pretty(pg_relation_size(c.oid)), ', ')"
+                " FROM pg_class c WHERE c.relname LIKE 'job_events_p%' AND c.relkind = 'i'"
+                " AND c.relname LIKE $1",
+                f"{parts[-2]['name'].split('.')[1]}%",
+            )
+        )
         # the projector's batch from the middle of the tail, in (xid, seq) order
         xid, seq = await conn.fetchrow(
             "SELECT xid::text::int8, seq FROM evora.job_events ORDER BY xid, seq OFFSET $1 LIMIT 1",
             args.events // 2,
         )
         batch_args = [str(xid), seq, args.batch, None, None, {}, 60, None, [], str(xid), seq]
-        here = Path(args.tree) if args.tree else Path(__file__).resolve().parents[1]
-        await explain(conn, "read_batch (this tree)", statement(here, "outbox.sql", "read_batch"),
-                      *batch_args)
+        here = Path(args.tree) if args.tree else HERE
+        await explain(
+            conn, "read_batch (this tree)", statement(here, "outbox.sql", "read_batch"), *batch_args
+        )
         if args.previous_sql:
-            await explain(conn, "read_batch (previous release)",
-                          statement(Path(args.previous_sql), "outbox.sql", "read_batch"),
-                          *batch_args)
+            await explain(
+                conn,
+                "read_batch (previous release)",
+                statement(Path(args.previous_sql), "outbox.sql", "read_batch"),
+                *batch_args,
+            )
         mid = args.gap + args.events // 2
         audit_events = statement(here, "audit.sql", "events")
         if "$3" in audit_events:
-            await explain(conn, "auditor events (range of 10,000)", audit_events, mid, mid + 10_000, None)
+            await explain(
+                conn, "auditor events (range of 10,000)", audit_events, mid, mid + 10_000, None
+            )
         else:
             await explain(conn, "auditor events (10,000 from seq)", audit_events, mid, 10_000)
         for name in ("last_seq", "next_seq"):
@@ -190,23 +212,31 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             await read_in_functions(conn, f"auditor {name}", sql, *([2] if "$1" in sql else []))
         below = parts[-1]["xid"] + 1
         await explain(
-            conn, "archive between (10,000 new seqs)",
+            conn,
+            "archive between (10,000 new seqs)",
             f"""SELECT seq FROM evora.job_events WHERE seq > {mid} AND seq <= {mid + 10_000}
                 AND xid < '{below}'::xid8 UNION ALL SELECT seq FROM evora.job_events
                 WHERE seq <= {mid} AND xid >= '{below}'::xid8 AND xid < '{below}'::xid8""",
         )
         await conn.execute(
             "UPDATE evora.event_archive_watermark SET upto_seq = $1, below_xid = $2::text::xid8",
-            parts[1]["hi"], str(below),
+            parts[1]["hi"],
+            str(below),
         )
         await conn.execute(
             "INSERT INTO evora.projector_progress (generation, xid) VALUES (1, $1::text::xid8)",
             str(below),
         )
         await read_in_functions(
-            conn, "retention expired_event_partitions",
+            conn,
+            "retention expired_event_partitions",
             "SELECT name FROM evora.expired_event_partitions(0, true) WHERE attached",
         )
+        if args.then_migrate:
+            # what the upgrade holds writers of events back for (its locks, its index build)
+            t0 = time.perf_counter()
+            await conn.execute(args.then_migrate_sql)
+            print(f"{args.then_migrate}: {time.perf_counter() - t0:.1f} s")
     finally:
         await conn.close()
 
@@ -221,10 +251,14 @@ def main() -> int:
     parser.add_argument("--what-if", help="SQL run after the migrations")
     parser.add_argument("--previous-sql", help="a tree whose read_batch to measure as well")
     parser.add_argument("--tree", help="the tree whose statements to run (default: this one)")
+    parser.add_argument("--then-migrate", help="a migration's SQL file to run and time at the end")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="evora-outbox-seq-") as tmp:
-        with LocalPostgres(Path(tmp) / "data", log_path=Path(tmp) / "postgres.log") as pg:
-            asyncio.run(run(args, pg.dsn("postgres")))
+    args.then_migrate_sql = Path(args.then_migrate).read_text() if args.then_migrate else None
+    with (
+        tempfile.TemporaryDirectory(prefix="evora-outbox-seq-") as tmp,
+        LocalPostgres(Path(tmp) / "data", log_path=Path(tmp) / "postgres.log") as pg,
+    ):
+        asyncio.run(run(args, pg.dsn("postgres")))
     return 0
 
 

@@ -131,7 +131,11 @@ async def test_the_auditor_walks_the_history_a_range_of_seq_at_a_time(
     range, empty, the jump over the gap, the first range past it; and where a pass that read
     nothing resumes. (`first_seq_since` reads the partitions of the window it is given, which
     the audit then reads whole.)"""
-    last_seq, next_seq, events = audit_module._LAST_SEQ, audit_module._NEXT_SEQ, audit_module._EVENTS
+    last_seq, next_seq, events = (
+        audit_module._LAST_SEQ,
+        audit_module._NEXT_SEQ,
+        audit_module._EVENTS,
+    )
     width = audit_module._EVENTS_PER_RANGE
 
     async def bounded_pass(conn: asyncpg.Connection) -> None:
