@@ -97,7 +97,7 @@ async def run(dsn: str, events: int, rounds: int, windows: Sequence[int]) -> Non
     print(f"history: {total} events written in {time.perf_counter() - t0:.0f} s")
     conn = await asyncpg.connect(dsn)
     try:
-        last: int = await conn.fetchval("SELECT max(seq) FROM evora.job_events")
+        last: int = await conn.fetchval("SELECT evora.last_event_seq()")
         for window in (*windows, total):
             from_seq = max(1, last - window + 1)
             times = []

@@ -262,7 +262,7 @@ async def load(dsn: str, events: int, seed: int) -> float:
         # the projector has consumed it all (the archive needs that)
         await conn.execute(
             "INSERT INTO evora.projector_progress (generation, xid, seq) "
-            "SELECT 1, pg_snapshot_xmin(pg_current_snapshot()), max(seq) FROM evora.job_events"
+            "SELECT 1, pg_snapshot_xmin(pg_current_snapshot()), evora.last_event_seq()"
         )
     finally:
         await conn.close()

@@ -106,7 +106,7 @@ async def main(args: argparse.Namespace) -> None:
         async def sample(conn: asyncpg.Pool) -> None:
             while not stop.is_set():
                 checkpoint = await projector.checkpoint()
-                newest = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM evora.job_events")
+                newest = await conn.fetchval("SELECT evora.last_event_seq()")
                 oldest = await conn.fetchval(
                     "SELECT extract(epoch FROM now() - min(at)) FROM evora.job_events WHERE seq"
                     " > $1",
@@ -130,7 +130,7 @@ async def main(args: argparse.Namespace) -> None:
         before_writes = writes(metrics)
         tasks = [asyncio.create_task(project()), asyncio.create_task(sample(pool))]
         offered = await load()
-        newest = await pool.fetchval("SELECT max(seq) FROM evora.job_events")
+        newest = await pool.fetchval("SELECT evora.last_event_seq()")
         while True:  # let the projector drain what the load left
             if (await projector.checkpoint()).get("max_seq") == newest:
                 break

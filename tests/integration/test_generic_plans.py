@@ -125,14 +125,15 @@ ORDER BY submit_seq LIMIT $3
 """
 
 
-async def read_by(conn: asyncpg.Connection, operation: Awaitable[Any]) -> Read:
-    """What `operation` (on `conn`) read, in a transaction rolled back afterwards."""
+async def read_by(conn: asyncpg.Connection, operation: Awaitable[Any], query: str = READ) -> Read:
+    """What `operation` (on `conn`) read, in a transaction rolled back afterwards (as `query`
+    counts it: READ's columns)."""
     tx = conn.transaction()
     await tx.start()
     try:
-        before = await conn.fetchrow(READ)
+        before = await conn.fetchrow(query)
         await operation
-        after = await conn.fetchrow(READ)
+        after = await conn.fetchrow(query)
     finally:
         await tx.rollback()
     return Read(after["buffers"] - before["buffers"], after["seq_scans"] - before["seq_scans"])

@@ -72,7 +72,7 @@ class Rectangle:
 
 def between(inner: Rectangle, outer: Rectangle) -> str:
     """SQL for the events in `outer` but not in `inner` (outer must contain inner), as two
-    disjoint index range scans: new sequence numbers (primary key), and late transactions
+    disjoint range scans: new sequence numbers (the BRIN index on seq), and late transactions
     below the old seq bound (job_events_tail on xid)."""
     if not outer.contains(inner):
         raise ValueError(f"{outer} does not contain {inner}")

@@ -1114,6 +1114,32 @@ CREATE FUNCTION evora.event_partitions() RETURNS TABLE(name text, lower timestam
     ORDER BY 3
 $$;
 
+CREATE TABLE evora.job_events (
+    seq bigint CONSTRAINT job_events_seq_not_null1 NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() CONSTRAINT job_events_xid_not_null1 NOT NULL,
+    job_id uuid CONSTRAINT job_events_job_id_not_null1 NOT NULL,
+    job_version integer CONSTRAINT job_events_job_version_not_null1 NOT NULL,
+    queue text CONSTRAINT job_events_queue_not_null1 NOT NULL,
+    type text CONSTRAINT job_events_type_not_null1 NOT NULL,
+    event text CONSTRAINT job_events_event_not_null1 NOT NULL,
+    from_state evora.job_state,
+    to_state evora.job_state CONSTRAINT job_events_to_state_not_null1 NOT NULL,
+    attempt integer CONSTRAINT job_events_attempt_not_null1 NOT NULL,
+    worker_id text,
+    at timestamp with time zone CONSTRAINT job_events_at_not_null1 NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb CONSTRAINT job_events_data_not_null1 NOT NULL,
+    job evora.job_image CONSTRAINT job_events_job_not_null1 NOT NULL
+)
+PARTITION BY RANGE (at);
+
+CREATE FUNCTION evora.events_in_seq_range(lo bigint, hi bigint) RETURNS SETOF evora.job_events
+    LANGUAGE sql STABLE
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+    SELECT * FROM evora.job_events e WHERE e.seq >= lo AND e.seq < hi
+$$;
+
 CREATE FUNCTION evora.expire_callbacks(batch integer, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 100
     AS $$
@@ -1141,14 +1167,14 @@ $$;
 CREATE FUNCTION evora.expired_event_partitions(older_than double precision, archived_only boolean) RETURNS TABLE(name text, attached boolean, detach_pending boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'evora', 'pg_temp'
-    AS $$
+    AS $_$
 DECLARE
     part      record;
     consumed  xid8;
     mark      evora.event_archive_watermark;
     oldest    timestamptz;
     last_xid  xid8;
-    last_seq  bigint;
+    past_mark boolean;
 BEGIN
     IF older_than IS NULL OR older_than < 0 THEN
         RAISE EXCEPTION 'invalid retention (older than %)', older_than
@@ -1170,10 +1196,11 @@ BEGIN
     LOOP
         EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
             INTO last_xid;
-        EXECUTE format('SELECT max(e.seq) FROM evora.%I e', part.name) INTO last_seq;
-        IF last_seq IS NOT NULL AND NOT (
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM evora.%I e WHERE e.seq > $1)', part.name)
+            INTO past_mark USING mark.upto_seq;
+        IF last_xid IS NOT NULL AND NOT (
             last_xid < consumed
-            AND (NOT archived_only OR (last_seq <= mark.upto_seq AND last_xid < mark.below_xid))
+            AND (NOT archived_only OR (NOT past_mark AND last_xid < mark.below_xid))
         ) THEN
             EXIT;
         END IF;
@@ -1183,7 +1210,7 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END
-$$;
+$_$;
 
 CREATE FUNCTION evora.fail(job_id uuid, lease_token uuid, error jsonb, retryable boolean DEFAULT true, retry_in_seconds double precision DEFAULT NULL::double precision, retry_after jsonb DEFAULT NULL::jsonb) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1525,6 +1552,42 @@ CREATE FUNCTION evora.fairness_weight_set_by(fkey text) RETURNS text
          ORDER BY length(w.stem) DESC LIMIT 1))
 $$;
 
+CREATE FUNCTION evora.first_event_seq(from_seq bigint) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    last  bigint := coalesce(
+        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
+    lo    bigint := greatest(from_seq, 1);
+    width bigint := 1024;
+    hit   bigint;
+    mid   bigint;
+BEGIN
+    WHILE hit IS NULL AND lo <= last LOOP
+        SELECT e.seq INTO hit FROM evora.job_events e
+        WHERE e.seq >= lo AND e.seq < lo + width LIMIT 1;
+        IF hit IS NULL THEN
+            lo := lo + width;
+            width := width * 2;
+        END IF;
+    END LOOP;
+    IF hit IS NULL THEN
+        RETURN NULL;
+    END IF;
+    WHILE hit - lo > 1024 LOOP
+        mid := lo + (hit - lo) / 2;
+        SELECT coalesce(min(e.seq), hit) INTO hit FROM (
+            SELECT e.seq FROM evora.job_events e WHERE e.seq >= lo AND e.seq < mid LIMIT 1) e;
+        IF hit >= mid THEN
+            lo := mid;
+        END IF;
+    END LOOP;
+    RETURN (SELECT min(e.seq) FROM evora.job_events e WHERE e.seq >= lo AND e.seq <= hit);
+END
+$$;
+
 CREATE FUNCTION evora.for_each_item(vals anyarray, items integer) RETURNS anyarray
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -1564,6 +1627,30 @@ CREATE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image
                j.attempt, j.max_attempts, j.lease_seconds, j.run_at, j.expires_at,
                j.lease_expires_at, j.worker_id, j.cancel_requested, j.last_error, j.version,
                j.submit_seq, j.created_at, j.updated_at, j.started_at, j.finished_at)::evora.job_image
+$$;
+
+CREATE FUNCTION evora.last_event_seq() RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    hi    bigint := coalesce(
+        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
+    width bigint := 1024;
+    found bigint;
+BEGIN
+    WHILE hi > 0 LOOP
+        SELECT max(e.seq) INTO found FROM evora.job_events e
+        WHERE e.seq > hi - width AND e.seq <= hi;
+        IF found IS NOT NULL THEN
+            RETURN found;
+        END IF;
+        hi := hi - width;
+        width := width * 2;
+    END LOOP;
+    RETURN 0;
+END
 $$;
 
 CREATE FUNCTION evora.leave_dlq(ids uuid[], to_state evora.job_state, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
@@ -1673,6 +1760,7 @@ DECLARE
     lo     timestamptz;
     hi     timestamptz;
     part   text;
+    idx    regclass;
 BEGIN
     IF width IS NULL OR width < 1 OR ahead IS NULL OR ahead < 1 THEN
         RAISE EXCEPTION 'invalid partitioning (% seconds, % ahead)', width, ahead
@@ -1691,6 +1779,16 @@ BEGIN
         EXECUTE format('ALTER TABLE evora.job_events ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
                        part, lo, hi);
         lo := hi;
+    END LOOP;
+    FOR idx IN
+        SELECT x.indexrelid::regclass
+        FROM evora.event_partitions() p
+        JOIN pg_index x ON x.indrelid = format('evora.%I', p.name)::regclass
+        JOIN pg_inherits h ON h.inhrelid = x.indexrelid
+        WHERE h.inhparent = 'evora.job_events_seq'::regclass
+          AND p.upper <= evora.clock_now()
+    LOOP
+        PERFORM brin_summarize_new_values(idx);
     END LOOP;
     RETURN extract(epoch FROM greatest(lo, newest) - evora.clock_now());
 END
@@ -3165,24 +3263,6 @@ CREATE TABLE evora.job_dependencies (
     CONSTRAINT job_dependencies_not_self CHECK ((job_id <> depends_on))
 );
 
-CREATE TABLE evora.job_events (
-    seq bigint CONSTRAINT job_events_seq_not_null1 NOT NULL,
-    xid xid8 DEFAULT pg_current_xact_id() CONSTRAINT job_events_xid_not_null1 NOT NULL,
-    job_id uuid CONSTRAINT job_events_job_id_not_null1 NOT NULL,
-    job_version integer CONSTRAINT job_events_job_version_not_null1 NOT NULL,
-    queue text CONSTRAINT job_events_queue_not_null1 NOT NULL,
-    type text CONSTRAINT job_events_type_not_null1 NOT NULL,
-    event text CONSTRAINT job_events_event_not_null1 NOT NULL,
-    from_state evora.job_state,
-    to_state evora.job_state CONSTRAINT job_events_to_state_not_null1 NOT NULL,
-    attempt integer CONSTRAINT job_events_attempt_not_null1 NOT NULL,
-    worker_id text,
-    at timestamp with time zone CONSTRAINT job_events_at_not_null1 NOT NULL,
-    data jsonb DEFAULT '{}'::jsonb CONSTRAINT job_events_data_not_null1 NOT NULL,
-    job evora.job_image CONSTRAINT job_events_job_not_null1 NOT NULL
-)
-PARTITION BY RANGE (at);
-
 ALTER TABLE evora.job_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME evora.job_events_seq_seq
     START WITH 1
@@ -3322,9 +3402,6 @@ ALTER TABLE ONLY evora.job_dependencies
     ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on);
 
 ALTER TABLE ONLY evora.job_events
-    ADD CONSTRAINT job_events_pkey PRIMARY KEY (seq, at);
-
-ALTER TABLE ONLY evora.job_events
     ADD CONSTRAINT job_events_version_once UNIQUE (job_id, job_version, at);
 
 ALTER TABLE ONLY evora.job_prune_counts
@@ -3374,6 +3451,8 @@ CREATE INDEX flow_limits_prefixes ON evora.flow_limits USING btree (stem) WHERE 
 CREATE INDEX idempotency_keys_age ON evora.idempotency_keys USING btree (created_at);
 
 CREATE INDEX job_dependencies_dependents ON evora.job_dependencies USING btree (depends_on, job_id);
+
+CREATE INDEX job_events_seq ON ONLY evora.job_events USING brin (seq) WITH (pages_per_range='32', autosummarize='on');
 
 CREATE INDEX job_events_tail ON ONLY evora.job_events USING btree (xid, seq);
 

@@ -29,6 +29,88 @@ LANGUAGE sql STABLE AS $$
     ORDER BY 3
 $$;
 
+-- The newest event's seq the caller's snapshot sees (0 without events). There is no B-tree
+-- on seq (migration 0059), and max(seq) through its BRIN index reads every partition whole.
+-- The identity's last value bounds it from above (a visible event's seq was taken before the
+-- snapshot, and this reads the sequence after it): ranges of seq are read down from there,
+-- each twice as wide as the one before, until one holds a visible event. One range but after
+-- a run of seqs taken by transactions that rolled back or are still open. Each range is
+-- planned with its bounds (a generic plan, PL/pgSQL's after five calls, reads the tail
+-- index for any range), and never as a sequential scan (one that stops at the first event of
+-- a range is cheap, but a range estimated full and empty in fact reads the partition whole).
+CREATE OR REPLACE FUNCTION evora.last_event_seq()
+RETURNS bigint
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
+DECLARE
+    hi    bigint := coalesce(
+        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
+    width bigint := 1024;
+    found bigint;
+BEGIN
+    WHILE hi > 0 LOOP
+        SELECT max(e.seq) INTO found FROM evora.job_events e
+        WHERE e.seq > hi - width AND e.seq <= hi;
+        IF found IS NOT NULL THEN
+            RETURN found;
+        END IF;
+        hi := hi - width;
+        width := width * 2;
+    END LOOP;
+    RETURN 0;
+END
+$$;
+
+-- The first event's seq at or past `from_seq` that the caller's snapshot sees (NULL: none),
+-- for a walk in seq order over a gap (the partitions retention dropped, seqs of transactions
+-- that rolled back) without a B-tree on seq. Ranges twice as wide each time find one that
+-- holds an event (any event of it: the read stops at the first); halving the span below it
+-- then narrows down to the first, so that the range whose minimum is read at the end is at
+-- most 1,024 seqs wide however many events lie past it. Planned as evora.last_event_seq().
+CREATE OR REPLACE FUNCTION evora.first_event_seq(from_seq bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
+DECLARE
+    last  bigint := coalesce(
+        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
+    lo    bigint := greatest(from_seq, 1);
+    width bigint := 1024;
+    hit   bigint;
+    mid   bigint;
+BEGIN
+    WHILE hit IS NULL AND lo <= last LOOP
+        SELECT e.seq INTO hit FROM evora.job_events e
+        WHERE e.seq >= lo AND e.seq < lo + width LIMIT 1;
+        IF hit IS NULL THEN
+            lo := lo + width;
+            width := width * 2;
+        END IF;
+    END LOOP;
+    IF hit IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- the first is in [lo, hit]
+    WHILE hit - lo > 1024 LOOP
+        mid := lo + (hit - lo) / 2;
+        SELECT coalesce(min(e.seq), hit) INTO hit FROM (
+            SELECT e.seq FROM evora.job_events e WHERE e.seq >= lo AND e.seq < mid LIMIT 1) e;
+        IF hit >= mid THEN
+            lo := mid;
+        END IF;
+    END LOOP;
+    RETURN (SELECT min(e.seq) FROM evora.job_events e WHERE e.seq >= lo AND e.seq <= hit);
+END
+$$;
+
+-- The events of seqs [lo, hi), in no order: a range the BRIN index on seq (migration 0059)
+-- answers, for the auditor's walk (sql/audit.sql). Planned with its bounds and never as a
+-- sequential scan: the planner's estimate of a BRIN scan of a partition that holds none of
+-- the range can exceed that of reading the partition whole, which it then does.
+CREATE OR REPLACE FUNCTION evora.events_in_seq_range(lo bigint, hi bigint)
+RETURNS SETOF evora.job_events
+LANGUAGE sql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
+    SELECT * FROM evora.job_events e WHERE e.seq >= lo AND e.seq < hi
+$$;
+
 -- Creates the partitions of job_events from the newest one's end (or from the current slot,
 -- if the clock has passed it) until `ahead` partitions of `width` seconds lie beyond Evora's
 -- clock, each aligned to a multiple of `width` since the epoch and named by the time it
@@ -40,6 +122,13 @@ $$;
 -- EXCLUSIVE lock on the parent, which writers never wait for (CREATE TABLE ... PARTITION OF
 -- would take an ACCESS EXCLUSIVE one). Two callers at once queue on that lock, the second
 -- then finds the partitions made.
+-- It also has the BRIN index on seq (migration 0059) summarize the last block range of each
+-- partition the clock has passed: autosummarize summarizes a range when the next one starts
+-- filling, so a partition's last one, partly filled, would stay unsummarized once writes
+-- move on, and every read of a range of seq would read it whole in every such partition.
+-- The current partition's is left to fill: an insert into a summarized range widens its
+-- summary, a write of the index on the hot path. (A long transaction's event written into a
+-- passed partition later does that, rarely.)
 CREATE OR REPLACE FUNCTION evora.make_event_partitions(width float8, ahead integer)
 RETURNS float8
 LANGUAGE plpgsql AS $$
@@ -49,6 +138,7 @@ DECLARE
     lo     timestamptz;
     hi     timestamptz;
     part   text;
+    idx    regclass;
 BEGIN
     IF width IS NULL OR width < 1 OR ahead IS NULL OR ahead < 1 THEN
         RAISE EXCEPTION 'invalid partitioning (% seconds, % ahead)', width, ahead
@@ -67,6 +157,16 @@ BEGIN
         EXECUTE format('ALTER TABLE evora.job_events ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
                        part, lo, hi);
         lo := hi;
+    END LOOP;
+    FOR idx IN
+        SELECT x.indexrelid::regclass
+        FROM evora.event_partitions() p
+        JOIN pg_index x ON x.indrelid = format('evora.%I', p.name)::regclass
+        JOIN pg_inherits h ON h.inhrelid = x.indexrelid
+        WHERE h.inhparent = 'evora.job_events_seq'::regclass
+          AND p.upper <= evora.clock_now()
+    LOOP
+        PERFORM brin_summarize_new_values(idx);
     END LOOP;
     RETURN extract(epoch FROM greatest(lo, newest) - evora.clock_now());
 END
@@ -88,7 +188,7 @@ DECLARE
     mark      evora.event_archive_watermark;
     oldest    timestamptz;
     last_xid  xid8;
-    last_seq  bigint;
+    past_mark boolean;
 BEGIN
     IF older_than IS NULL OR older_than < 0 THEN
         RAISE EXCEPTION 'invalid retention (older than %)', older_than
@@ -110,12 +210,17 @@ BEGIN
           AND (oldest IS NULL OR oldest >= p.upper)
         ORDER BY p.upper
     LOOP
+        -- (NULL: the partition is empty) through job_events_tail
         EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
             INTO last_xid;
-        EXECUTE format('SELECT max(e.seq) FROM evora.%I e', part.name) INTO last_seq;
-        IF last_seq IS NOT NULL AND NOT (
+        -- whether it holds a seq past the archive's bound: not max(seq), which its BRIN
+        -- index (migration 0059) answers only by reading the whole partition, but the ranges
+        -- of seq past the bound, which an archived partition has none of
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM evora.%I e WHERE e.seq > $1)', part.name)
+            INTO past_mark USING mark.upto_seq;
+        IF last_xid IS NOT NULL AND NOT (
             last_xid < consumed
-            AND (NOT archived_only OR (last_seq <= mark.upto_seq AND last_xid < mark.below_xid))
+            AND (NOT archived_only OR (NOT past_mark AND last_xid < mark.below_xid))
         ) THEN
             -- A newer partition cannot go before this one: the archive and the projector
             -- read in order.

@@ -7,23 +7,29 @@
 -- name: first_seq_since
 -- $1 seconds: the first event written at most that long ago by the database's clock
 -- (`at` is the writing transaction's start), or one past the last event when none was.
--- Seq and `at` rise together closely enough to stop at the first match in seq order.
+-- The window's partitions only (`at` is their key), then the least seq of what they hold
+-- past it: no index serves seq order (migration 0059), and the audit reads the window next.
 SELECT coalesce(
-    (SELECT e.seq FROM evora.job_events e
-     WHERE e.at >= evora.clock_now() - make_interval(secs => $1::float8)
-     ORDER BY e.seq LIMIT 1),
-    (SELECT coalesce(max(e.seq), 0) + 1 FROM evora.job_events e));
+    (SELECT min(e.seq) FROM evora.job_events e
+     WHERE e.at >= evora.clock_now() - make_interval(secs => $1::float8)),
+    evora.last_event_seq() + 1);
 
 -- name: last_seq
 -- The newest event's seq (0 without events): where an incremental audit resumes.
-SELECT coalesce(max(seq), 0) FROM evora.job_events;
+SELECT evora.last_event_seq();
+
+-- name: next_seq
+-- $1 seq: the first event's seq at or past it (NULL: none), across a gap in the history.
+SELECT evora.first_event_seq($1::int8);
 
 -- name: clock_offset
 -- How far `evora.clock_now()` runs ahead of `now()` right now, in seconds (tests move it).
 SELECT extract(epoch FROM evora.clock_now() - now())::float8;
 
 -- name: events
--- $1 from seq, $2 at most this many (NULL: all). The events from there on, oldest first, with
+-- $1 from seq, $2 below this seq, $3 at most this many (NULL: all). The events of that range
+-- of seq (evora.events_in_seq_range(): read whole through the BRIN index on seq, then
+-- sorted; the auditor walks the history a range at a time, migration 0059), oldest first, with
 -- the fields of the job image the checks use (never the payload, result or error). An event
 -- after `submitted` carries only some (evora.event_image()): its worker is the event's own
 -- column, which every transition writes as the job's worker; an event with a whole image
@@ -43,10 +49,9 @@ SELECT e.seq, e.xid::text AS xid, e.job_id, e.job_version, e.queue, e.event,
            AS limit_keys,
        (e.data -> 'fair' ->> 'tag')::float8 AS fair_tag,
        (e.data -> 'fair' ->> 'vtime')::float8 AS fair_vtime
-FROM evora.job_events e
-WHERE e.seq >= $1::int8
+FROM evora.events_in_seq_range($1::int8, $2::int8) e
 ORDER BY e.seq
-LIMIT $2::int8;
+LIMIT $3::int8;
 
 -- name: jobs_of
 -- $1 job ids: those that still exist, with what the events do not carry.

@@ -31,8 +31,11 @@ WITH span AS MATERIALIZED (
     SELECT coalesce($8::text::pg_snapshot, pg_current_snapshot()) AS target
 ),
 picked AS MATERIALIZED (
-    SELECT p.seq FROM (
-        (SELECT e.xid, e.seq FROM evora.job_events e
+    -- the events themselves (`ev`, the whole row), read as the scans find them: fetching them
+    -- again afterwards by (xid, seq) would probe the tail index of every partition per event
+    -- (seq has only a BRIN index, migration 0059)
+    SELECT p.xid, p.seq, p.ev FROM (
+        (SELECT e.xid, e.seq, e AS ev FROM evora.job_events e
          WHERE e.xid = ANY ($9::text[]::xid8[])
            AND (e.xid, e.seq) > ($1::text::xid8, $2::int8)
            AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
@@ -40,7 +43,7 @@ picked AS MATERIALIZED (
          ORDER BY e.xid, e.seq
          LIMIT $3)
         UNION ALL
-        (SELECT e.xid, e.seq FROM evora.job_events e
+        (SELECT e.xid, e.seq, e AS ev FROM evora.job_events e
          WHERE (e.xid, e.seq) > ($10::text::xid8, $11::int8)
            AND e.xid < (SELECT pg_snapshot_xmax(target) FROM span)
            AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
@@ -79,8 +82,7 @@ batch AS MATERIALIZED (
                END AS error,
                $6::jsonb -> 'queues' -> e.queue AS queue_past,
                $6::jsonb -> 'workers' -> e.worker_id AS worker_past
-        -- by primary key (a join would be planned as a hash join over the whole table)
-        FROM evora.job_events e WHERE e.seq = ANY (ARRAY(SELECT seq FROM picked))
+        FROM (SELECT (p.ev).* FROM picked p) e
     ) b
 ),
 groups AS (

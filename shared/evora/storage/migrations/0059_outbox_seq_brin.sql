@@ -1,0 +1,39 @@
+-- Evora schema, version 59: job_events' primary key (seq, at) gives way to a BRIN index on seq
+-- (docs/benchmarks/2026-11-29-outbox-brin.md). Every event entered the primary key's B-tree
+-- at its insert, on the hot path: 137 B of WAL per drained job and 76 B per submitted job.
+-- A BRIN index keeps one summary (the least and greatest seq) per range of heap pages, and an
+-- insert writes nothing into it until the range is summarized (autosummarize: when the next
+-- range starts filling, by autovacuum, off the hot path). seq is taken at insert from a
+-- rising sequence and rows are appended, so a range's seqs are close together and a read of
+-- a range of seq visits only the pages that hold it.
+--
+-- Uniqueness is not lost: seq is `GENERATED ALWAYS AS IDENTITY` (migration 0032), one
+-- sequence for the whole partitioned table, so a writer can give no seq of its own (only
+-- `OVERRIDING SYSTEM VALUE` could, which nothing in Evora writes) and each one is unique and
+-- rising by construction; the primary key only restated that per partition (`at` was in it
+-- because a partitioned table's key must hold the partition key).
+--
+-- What read through the B-tree now reads otherwise (docs/architecture.md, rule 9): the
+-- projector fetches the events it picked by (xid, seq) through job_events_tail; the auditor
+-- and the archive read ranges of seq (`seq >= $1 AND seq < $2`), which this index answers,
+-- and find the newest seq with evora.last_event_seq() (functions/retention.sql); retention
+-- asks whether a partition holds a seq past the archive's bound, not its max(seq).
+--
+-- pages_per_range 32, measured on 1,000,000 events (bench/outbox_seq.py): a range of 10,000
+-- seqs read 238, 270, 302 and 430 buffers with 16, 32, 64 and 128 pages per range (the
+-- ranges that hold it, and the newest partition's last one, not summarized yet, whole), the
+-- newest seq 112, 114, 116 and 185; the index is 24 kB per partition of 166,000 events in
+-- each case. Not 16: autosummarize asks autovacuum for a summarization per range filled,
+-- and autovacuum keeps 256 such requests between two visits (more are dropped, and the
+-- ranges wait for the next VACUUM of the partition): twice as many ranges fill them twice
+-- as fast.
+--
+-- Dropping the constraint on the parent drops it on every partition; the index made on the
+-- parent is built on every existing partition (one read of the whole history, under a SHARE
+-- lock that holds writers of events for as long as that takes: docs/deploy.md, Upgrades), and
+-- a partition attached later (evora.make_event_partitions()) gets its own at the ATTACH.
+-- The previous release's projector fetches by `seq = ANY(...)` until it is rolled: through
+-- this index, a bitmap scan of the ranges that hold the batch's seqs, correct and slower.
+ALTER TABLE evora.job_events DROP CONSTRAINT job_events_pkey;
+CREATE INDEX job_events_seq ON evora.job_events USING brin (seq)
+    WITH (pages_per_range = 32, autosummarize = on);
