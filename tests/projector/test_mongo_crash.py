@@ -13,6 +13,7 @@ from pathlib import Path
 
 import asyncpg
 from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.embedded import LocalMongo
 from evora.embedded._process import free_loopback_port
@@ -31,7 +32,9 @@ OUTAGE_SECONDS = 0.5  # how long MongoDB stays down each time
 async def test_sigkilled_mongodb_leaves_the_read_models_equal_to_the_truth(
     db_url: str, store: JobStore, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server = LocalMongo(
+        tmp_path / "mongo", port=free_loopback_port(), log_path=tmp_path / "mongo.log"
+    )
     server.start()
     log = tmp_path / "projector.log"
     rng = random.Random(2611)
@@ -65,13 +68,36 @@ async def test_sigkilled_mongodb_leaves_the_read_models_equal_to_the_truth(
         deadline = time.monotonic() + 180
         while await progress() != newest:
             assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "projector did not catch up"
+            if time.monotonic() >= deadline:
+                raise AssertionError(
+                    "projector did not catch up\n" + await _state(pool, mongo, log)
+                )
             await asyncio.sleep(0.2)
         assert process.poll() is None, log.read_text()[-3000:]
         assert kills == KILLS
-        await assert_matches_truth(pool, mongo)
+        try:
+            await assert_matches_truth(pool, mongo)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{await _state(pool, mongo, log)}") from exc
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(20)
         await client.close()
         await asyncio.to_thread(server.stop)
+
+
+async def _state(pool: asyncpg.Pool, mongo: AsyncDatabase[Document], log: Path) -> str:
+    """What a failure needs to explain itself: the checkpoint against the outbox's newest
+    event, each queue document's cursor and event totals against PostgreSQL's, and what the
+    projector logged last."""
+    _, totals, newest = await truth(pool)
+    checkpoint = await mongo[CONTROL].find_one({"_id": checkpoint_id(1)})
+    lines = [f"newest seq {newest}, checkpoint {checkpoint}"]
+    async for doc in mongo["rm1_queues"].find({}, {"cursor": 1, "totals": 1}):
+        counted = {k: v for k, v in doc["totals"].items() if v}
+        lines.append(
+            f"queue {doc['_id']} cursor {doc['cursor']}: totals {counted}, "
+            f"truth {totals.get(doc['_id'])}"
+        )
+    lines.append((await asyncio.to_thread(log.read_text))[-3000:])
+    return "\n".join(lines)
