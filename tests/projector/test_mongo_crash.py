@@ -9,24 +9,33 @@ import os
 import random
 import signal
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import asyncpg
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, InsertOne, UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.embedded import LocalMongo
 from evora.embedded._process import free_loopback_port
+from evora.protocol.jobs import JobSubmission
+from evora.readmodels.client import mongo_client
 from evora.readmodels.layout import CONTROL, Document, checkpoint_id
 from evora.storage.jobs import JobStore
+from evora.storage.outbox import Batch, OutboxCursor, Span
+from evora_services.projector.projector import ProjectionConflict, Projector
 from tests.polling import until
-from tests.projector.conftest import truth
+from tests.projector.conftest import catch_up, truth
 from tests.projector.test_crash import _start
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
 
 KILLS = 3
 OUTAGE_SECONDS = 0.5  # how long MongoDB stays down each time
+
+T = TypeVar("T")
 
 
 async def test_sigkilled_mongodb_leaves_the_read_models_equal_to_the_truth(
@@ -82,6 +91,108 @@ async def test_sigkilled_mongodb_leaves_the_read_models_equal_to_the_truth(
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(20)
+        await client.close()
+        await asyncio.to_thread(server.stop)
+
+
+class _KillsMongo(Projector):
+    """A projector whose MongoDB is SIGKILLed, and started again, the moment it has
+    acknowledged its `nth` write of the queue documents (`what` "queues") or of the
+    checkpoint ("checkpoint"). Everything before that write is made durable first (fsync),
+    so that the crash can lose that write and no other."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        db: AsyncDatabase[Document],
+        server: LocalMongo,
+        what: str,
+        nth: int,
+    ) -> None:
+        super().__init__(pool, db, 1, batch_size=100)
+        self._server = server
+        self._what = what
+        self._left = nth
+
+    def _due(self, what: str) -> bool:
+        if what == self._what:
+            self._left -= 1
+        return what == self._what and self._left == 0
+
+    async def _crash_after(self, write: Awaitable[T]) -> T:
+        await self._db.client.admin.command("fsync")
+        written = await write
+        pid = self._server.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        await until(lambda: not self._server.running, "MongoDB is gone", within=30)
+        await asyncio.to_thread(self._server.start)
+        return written
+
+    async def _write(
+        self, collection: AsyncCollection[Document], ops: list[InsertOne[Document] | UpdateOne]
+    ) -> None:
+        write = super()._write(collection, ops)
+        if collection.name.endswith("_queues") and self._due("queues"):
+            await self._crash_after(write)
+        else:
+            await write
+
+    async def _advance_checkpoint(
+        self, old: Document, span: Span, cursor: OutboxCursor, batch: Batch | None
+    ) -> Document:
+        write = super()._advance_checkpoint(old, span, cursor, batch)
+        return await (self._crash_after(write) if self._due("checkpoint") else write)
+
+
+async def _catch_up_replaying(projector: Projector) -> None:
+    """catch_up, replaying a batch abandoned on a conflict as the service does."""
+    while True:
+        try:
+            await catch_up(projector)
+            return
+        except ProjectionConflict:
+            pass
+
+
+async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
+    store: JobStore, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """MongoDB killed between a batch's writes loses those it acknowledged unless they were
+    journaled, while the rest of the batch, its checkpoint included, goes to the server
+    started again and stays. The checkpoint must not pass events whose documents were
+    lost: once caught up, the queue documents hold every event."""
+    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server.start()
+    client = mongo_client(server.url, "test")
+    db = client["lost"]
+    try:
+        await mixed_workload(store, pool, jobs=300, queues=["k1", "k2"], seed=23)
+        await _catch_up_replaying(_KillsMongo(pool, db, server, "queues", nth=5))
+        await assert_matches_truth(pool, db)
+    finally:
+        await client.close()
+        await asyncio.to_thread(server.stop)
+
+
+async def test_the_last_checkpoint_before_mongodb_is_killed_is_kept(
+    store: JobStore, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """A projector that has caught up reads nothing more from MongoDB until new events come:
+    had MongoDB lost its last checkpoint, acknowledged just before being killed, the read
+    models would stay behind, the projector idle and sure it is done. Here the last batch
+    (one span: its target, then the span done) is read with MongoDB killed right after that
+    second checkpoint write."""
+    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server.start()
+    client = mongo_client(server.url, "test")
+    db = client["lost"]
+    projector = _KillsMongo(pool, db, server, "checkpoint", nth=2)
+    try:
+        await store.submit_batch([JobSubmission(queue="c1", type="t") for _ in range(20)])
+        assert await catch_up(projector) == 20
+        await assert_matches_truth(pool, db)
+    finally:
         await client.close()
         await asyncio.to_thread(server.stop)
 
