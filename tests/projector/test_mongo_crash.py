@@ -1,6 +1,8 @@
 """The read models' MongoDB killed with SIGKILL and started again, three times, while a real
 `evora projector` process tails a mixed workload: nobody restarts the projector, it carries
-on when MongoDB is back, and once it has caught up the read models equal PostgreSQL."""
+on when MongoDB is back, and once it has caught up the read models equal PostgreSQL. Then
+killed right after the writes whose loss did harm when MongoDB acknowledged them before
+they were on disk: a batch's first documents, and the last checkpoint."""
 
 from __future__ import annotations
 
