@@ -27,9 +27,9 @@ from evora.readmodels.client import mongo_client
 from evora.readmodels.layout import CONTROL, Document, checkpoint_id
 from evora.storage.jobs import JobStore
 from evora.storage.outbox import Batch, OutboxCursor, Span
-from evora_services.projector.projector import ProjectionConflict, Projector
+from evora_services.projector.projector import Projector
 from tests.polling import until
-from tests.projector.conftest import catch_up, truth
+from tests.projector.conftest import catch_up, catch_up_replaying, truth
 from tests.projector.test_crash import _start
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
@@ -147,16 +147,6 @@ class _KillsMongo(Projector):
         return await (self._crash_after(write) if self._due("checkpoint") else write)
 
 
-async def _catch_up_replaying(projector: Projector) -> None:
-    """catch_up, replaying a batch abandoned on a conflict as the service does."""
-    while True:
-        try:
-            await catch_up(projector)
-            return
-        except ProjectionConflict:
-            pass
-
-
 async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
     store: JobStore, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
@@ -170,7 +160,7 @@ async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
     db = client["lost"]
     try:
         await mixed_workload(store, pool, jobs=300, queues=["k1", "k2"], seed=23)
-        await _catch_up_replaying(_KillsMongo(pool, db, server, "queues", nth=5))
+        await catch_up_replaying(_KillsMongo(pool, db, server, "queues", nth=5))
         await assert_matches_truth(pool, db)
     finally:
         await client.close()
