@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from evora_services.projector.projector import Projector
+from evora_services.projector.projector import ProjectionConflict, Projector
 
 
 async def truth(
@@ -31,3 +31,14 @@ async def catch_up(projector: Projector) -> int:
         applied += batch
     await projector.refresh()
     return applied
+
+
+async def catch_up_replaying(projector: Projector) -> None:
+    """catch_up, replaying a batch abandoned on a conflict as the service does: a write that
+    another writer made, or that MongoDB applied late or lost, fails its compare-and-set."""
+    while True:
+        try:
+            await catch_up(projector)
+            return
+        except ProjectionConflict:
+            pass

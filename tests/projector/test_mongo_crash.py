@@ -1,6 +1,8 @@
 """The read models' MongoDB killed with SIGKILL and started again, three times, while a real
 `evora projector` process tails a mixed workload: nobody restarts the projector, it carries
-on when MongoDB is back, and once it has caught up the read models equal PostgreSQL."""
+on when MongoDB is back, and once it has caught up the read models equal PostgreSQL. Then
+killed right after the writes whose loss did harm when MongoDB acknowledged them before
+they were on disk: a batch's first documents, and the last checkpoint."""
 
 from __future__ import annotations
 
@@ -9,17 +11,25 @@ import os
 import random
 import signal
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import asyncpg
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, InsertOne, UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.embedded import LocalMongo
 from evora.embedded._process import free_loopback_port
+from evora.protocol.jobs import JobSubmission
+from evora.readmodels.client import mongo_client
 from evora.readmodels.layout import CONTROL, Document, checkpoint_id
 from evora.storage.jobs import JobStore
+from evora.storage.outbox import Batch, OutboxCursor, Span
+from evora_services.projector.projector import Projector
 from tests.polling import until
-from tests.projector.conftest import truth
+from tests.projector.conftest import catch_up, catch_up_replaying, truth
 from tests.projector.test_crash import _start
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
@@ -27,11 +37,15 @@ from tests.projector.workload import mixed_workload
 KILLS = 3
 OUTAGE_SECONDS = 0.5  # how long MongoDB stays down each time
 
+T = TypeVar("T")
+
 
 async def test_sigkilled_mongodb_leaves_the_read_models_equal_to_the_truth(
     db_url: str, store: JobStore, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server = LocalMongo(
+        tmp_path / "mongo", port=free_loopback_port(), log_path=tmp_path / "mongo.log"
+    )
     server.start()
     log = tmp_path / "projector.log"
     rng = random.Random(2611)
@@ -65,13 +79,128 @@ async def test_sigkilled_mongodb_leaves_the_read_models_equal_to_the_truth(
         deadline = time.monotonic() + 180
         while await progress() != newest:
             assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "projector did not catch up"
+            if time.monotonic() >= deadline:
+                raise AssertionError(
+                    "projector did not catch up\n" + await _state(pool, mongo, log)
+                )
             await asyncio.sleep(0.2)
         assert process.poll() is None, log.read_text()[-3000:]
         assert kills == KILLS
-        await assert_matches_truth(pool, mongo)
+        try:
+            await assert_matches_truth(pool, mongo)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{await _state(pool, mongo, log)}") from exc
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(20)
         await client.close()
         await asyncio.to_thread(server.stop)
+
+
+class _KillsMongo(Projector):
+    """A projector whose MongoDB is SIGKILLed, and started again, the moment it has
+    acknowledged its `nth` write of the queue documents (`what` "queues") or of the
+    checkpoint ("checkpoint"). Everything before that write is made durable first (fsync),
+    so that the crash can lose that write and no other."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        db: AsyncDatabase[Document],
+        server: LocalMongo,
+        what: str,
+        nth: int,
+    ) -> None:
+        super().__init__(pool, db, 1, batch_size=100)
+        self._server = server
+        self._what = what
+        self._left = nth
+
+    def _due(self, what: str) -> bool:
+        if what == self._what:
+            self._left -= 1
+        return what == self._what and self._left == 0
+
+    async def _crash_after(self, write: Awaitable[T]) -> T:
+        await self._db.client.admin.command("fsync")
+        written = await write
+        pid = self._server.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        await until(lambda: not self._server.running, "MongoDB is gone", within=30)
+        await asyncio.to_thread(self._server.start)
+        return written
+
+    async def _write(
+        self, collection: AsyncCollection[Document], ops: list[InsertOne[Document] | UpdateOne]
+    ) -> None:
+        write = super()._write(collection, ops)
+        if collection.name.endswith("_queues") and self._due("queues"):
+            await self._crash_after(write)
+        else:
+            await write
+
+    async def _advance_checkpoint(
+        self, old: Document, span: Span, cursor: OutboxCursor, batch: Batch | None
+    ) -> Document:
+        write = super()._advance_checkpoint(old, span, cursor, batch)
+        return await (self._crash_after(write) if self._due("checkpoint") else write)
+
+
+async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
+    store: JobStore, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """MongoDB killed between a batch's writes loses those it acknowledged unless they were
+    journaled, while the rest of the batch, its checkpoint included, goes to the server
+    started again and stays. The checkpoint must not pass events whose documents were
+    lost: once caught up, the queue documents hold every event."""
+    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server.start()
+    client = mongo_client(server.url, "test")
+    db = client["lost"]
+    try:
+        await mixed_workload(store, pool, jobs=300, queues=["k1", "k2"], seed=23)
+        await catch_up_replaying(_KillsMongo(pool, db, server, "queues", nth=5))
+        await assert_matches_truth(pool, db)
+    finally:
+        await client.close()
+        await asyncio.to_thread(server.stop)
+
+
+async def test_the_last_checkpoint_before_mongodb_is_killed_is_kept(
+    store: JobStore, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """A projector that has caught up reads nothing more from MongoDB until new events come:
+    had MongoDB lost its last checkpoint, acknowledged just before being killed, the read
+    models would stay behind, the projector idle and sure it is done. Here the last batch
+    (one span: its target, then the span done) is read with MongoDB killed right after that
+    second checkpoint write."""
+    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server.start()
+    client = mongo_client(server.url, "test")
+    db = client["lost"]
+    projector = _KillsMongo(pool, db, server, "checkpoint", nth=2)
+    try:
+        await store.submit_batch([JobSubmission(queue="c1", type="t") for _ in range(20)])
+        assert await catch_up(projector) == 20
+        await assert_matches_truth(pool, db)
+    finally:
+        await client.close()
+        await asyncio.to_thread(server.stop)
+
+
+async def _state(pool: asyncpg.Pool, mongo: AsyncDatabase[Document], log: Path) -> str:
+    """What a failure needs to explain itself: the checkpoint against the outbox's newest
+    event, each queue document's cursor and event totals against PostgreSQL's, and what the
+    projector logged last."""
+    _, totals, newest = await truth(pool)
+    checkpoint = await mongo[CONTROL].find_one({"_id": checkpoint_id(1)})
+    lines = [f"newest seq {newest}, checkpoint {checkpoint}"]
+    async for doc in mongo["rm1_queues"].find({}, {"cursor": 1, "totals": 1}):
+        counted = {k: v for k, v in doc["totals"].items() if v}
+        lines.append(
+            f"queue {doc['_id']} cursor {doc['cursor']}: totals {counted}, "
+            f"truth {totals.get(doc['_id'])}"
+        )
+    lines.append((await asyncio.to_thread(log.read_text))[-3000:])
+    return "\n".join(lines)

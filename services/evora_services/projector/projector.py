@@ -48,6 +48,7 @@ from pymongo import InsertOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
+from pymongo.write_concern import WriteConcern
 
 from evora.readmodels.layout import (
     CONTROL,
@@ -79,6 +80,17 @@ BATCH_SIZE = 5000
 # Queue documents refreshed per read.
 REFRESH_CHUNK = 500
 _REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pending_at"), 1)
+
+# Every write of a batch, its documents' and its checkpoint's, is acknowledged only once on
+# disk (j) and, in a replica set, on a majority of it. MongoDB acknowledges a w:1 write
+# before its journal reaches the disk, so one killed comes back without the last writes it
+# acknowledged, while this projector, its cache now ahead of what is stored, goes on with
+# the server started again. Compare-and-set finds a lost write out only when a later write
+# is conditional on it: a batch's documents lost and its checkpoint written after the
+# restart would pass events those documents never got, and a lost last checkpoint would
+# leave an idle projector behind for good (tests/projector/test_mongo_crash.py). Refreshes
+# write without it: each is done again from PostgreSQL a few seconds later.
+DURABLE = WriteConcern(w="majority", j=True)
 
 # Documents kept between batches, per collection: a queue document with full latency
 # windows holds ~60 KB in memory, so this bounds the cache at a few MB however many queues
@@ -191,7 +203,7 @@ class Projector:
             "at": datetime.now(UTC),
             "last_event_at": batch.at if batch else old.get("last_event_at"),
         }
-        control = self._db[CONTROL]
+        control = self._db[CONTROL].with_options(write_concern=DURABLE)
         if "at" not in old:
             try:
                 await control.insert_one(new)
@@ -383,7 +395,9 @@ class Projector:
         if not ops:
             return
         try:
-            result = await collection.bulk_write(ops, ordered=False)
+            result = await collection.with_options(write_concern=DURABLE).bulk_write(
+                ops, ordered=False
+            )
         except BulkWriteError as exc:
             raise ProjectionConflict(
                 f"{collection.name}: {exc.details.get('writeErrors')}"
