@@ -8,7 +8,7 @@ import json
 
 import asyncpg
 
-from evora.storage.limits import GOVERNED_KEYS, LimitSpec, LimitStore
+from evora.storage.limits import GOVERNED_KEYS, THROTTLED_COUNTED, LimitSpec, LimitStore
 
 TENANTS = 200_000
 PAGE = 50
@@ -48,7 +48,7 @@ async def test_a_page_of_keys_reads_a_small_part_of_millions(pool: asyncpg.Pool)
     assert [k.key for k in last.keys] == [f"tenant:{TENANTS - 1:06}", f"tenant:{TENANTS:06}"]
     assert last.next_after is None
 
-    args = ("tenant:*", "tenant:", middle, PAGE + 1, 5, None, None)
+    args = ("tenant:*", "tenant:", middle, PAGE + 1, 5, None, None, THROTTLED_COUNTED)
     read = await _buffers(pool, *args)
     print(f"a page of {PAGE} keys read {read} buffers; the buckets table has {table_pages} pages")
     # measured: 7 buffers, against 4,412 pages of buckets (plus their index)
