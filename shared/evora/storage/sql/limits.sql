@@ -249,14 +249,19 @@ WHERE datname = current_database() AND backend_type = 'client backend'
 -- name: usage_by_kind
 -- $1 at most this many held back counted per kind. Per kind of key (what precedes its first
 -- ':', e.g. `tenant`, `queue`), over the keys a limit governs that RUNNING jobs hold, and
--- those with a limit of their own or a bucket (made by their first claim under a limit) that
--- a due PENDING job holds: RUNNING jobs holding them, tokens in their buckets (keys with a
--- rate), due PENDING jobs held back (holding a key without room left) and how long the
--- longest held back of those counted has been due. Bounded in the backlog: the RUNNING jobs
--- read once, the limits and buckets each probed once for a due holder, and of each kind at
--- most $1 held back read through evora.due_holding(), a job counted once (a count of $1
--- means at least; tests/integration/test_generic_plans.py). A key under a prefix limit that
--- only PENDING jobs hold and no claim has tried yet is left out: it has all its room.
+-- those with a limit of their own or a bucket that may be empty (see below) that a due
+-- PENDING job holds: RUNNING jobs holding them, tokens in their buckets (keys with a rate),
+-- due PENDING jobs held back (holding a key without room left) and how long the longest held
+-- back of those counted has been due. A key has no room when its RUNNING holders reach its
+-- concurrency (at least 1: it is among those RUNNING jobs hold), when an upstream drains it,
+-- or when its bucket has less than a token, which it can only have if refilled within the
+-- time the slowest rate of any limit takes to refill one: so the buckets probed are the
+-- drained and the recently refilled, not every key ever claimed. Keys with room that only
+-- PENDING jobs hold are left out (no tokens counted for them: they are claimed next). Bounded
+-- in the backlog: the RUNNING jobs read once, the buckets once, the limits' own keys and
+-- those buckets each probed once for a due holder, and of each kind at most $1 held back read
+-- through evora.due_holding(), a job counted once (a count of $1 means at least;
+-- tests/integration/test_generic_plans.py).
 WITH running AS (
     SELECT k AS key, count(*) AS n
     FROM evora.jobs j, unnest(('queue:' || j.queue) || j.limit_keys) AS k
@@ -271,6 +276,10 @@ held_keys AS (
         SELECT l.key FROM evora.flow_limits l WHERE l.stem IS NULL
         UNION
         SELECT b.key FROM evora.flow_buckets b
+        WHERE b.throttled_until > evora.clock_now()
+           OR (b.tokens < 1 AND b.refilled_at > evora.clock_now() - (
+                   SELECT make_interval(secs => max(l.rate_per_seconds / l.rate_limit))
+                   FROM evora.flow_limits l WHERE l.rate_limit IS NOT NULL))
     ) AS c
     WHERE EXISTS (SELECT 1 FROM evora.due_holding(c.key, 1))
 ),
