@@ -76,13 +76,14 @@ SELECT evora.pending_holding($1, NULL);
 -- $1 stem of a prefix limit, $2 its concurrency, $3 rate limit, $4 rate period, $5 at most
 -- this many held back counted. Summed over the keys it governs (those starting with the stem
 -- that have no limit of their own and no longer prefix limit) that have RUNNING jobs or a
--- bucket (made by their first claim under a limit: a key with neither has all its room, as
--- governed_keys has it): RUNNING jobs holding them, and due PENDING jobs holding one without
--- room left (an upstream's drain included), added up over the keys up to $5 (a count of $5
--- means at least), with when the longest held back of those
--- counted became due. Bounded in the backlog: the RUNNING jobs read once, the buckets under
--- the stem through their primary key, and at most $5 held back per key without room, up to
--- $5 in all, through evora.due_holding() (tests/integration/test_generic_plans.py).
+-- bucket that may be empty (made by their first claim under a limit; a key with neither has
+-- all its room, as governed_keys has it): RUNNING jobs holding them, and due PENDING jobs
+-- holding one without room left (an upstream's drain included), added up over the keys up to
+-- $5 (a count of $5 means at least), with when the longest held back of those counted became
+-- due. Bounded in the backlog: the RUNNING jobs read once, the buckets under the stem once
+-- through their primary key, and at most $5 held back per key without room, up to $5 in all,
+-- through evora.due_holding() (tests/integration/test_generic_plans.py,
+-- test_limit_usage_cost.py).
 WITH running AS (
     -- a job counts once per key, even holding `queue:<its queue>` among its limit_keys too
     SELECT k AS key, count(DISTINCT j.id) AS n
@@ -94,8 +95,14 @@ WITH running AS (
 keys AS (
     SELECT r.key, r.n AS running FROM running r
     UNION ALL
+    -- without RUNNING jobs a key has no room only while drained, or with less than a token:
+    -- refilled within the time the limit's rate takes to refill one (every other key adds
+    -- nothing to the sums, and is not looked at)
     SELECT b.key, 0 FROM evora.flow_buckets b
     WHERE b.key >= $1 AND starts_with(b.key, $1)
+      AND (b.throttled_until > evora.clock_now()
+           OR (b.tokens < 1
+               AND b.refilled_at > evora.clock_now() - make_interval(secs => $4::float8 / $3)))
       AND NOT EXISTS (SELECT 1 FROM running r WHERE r.key = b.key)
 ),
 governed AS (
