@@ -8,7 +8,9 @@ of them PENDING over `--priorities` priorities, half of those due and half delay
 day, in three queues (90 %, 9 %, 1 %), `--holders` of the PENDING jobs of `mid` holding the
 limit key `api:x`. It then runs every statement that reads PENDING jobs by queue and due time
 (the dispatcher's next due time and unclaimed-jobs report, the projector's oldest due job, a
-limit's held-back jobs and the queues a limit wakes), each `--repeat` times under EXPLAIN
+limit's held-back jobs and the queues a limit wakes; then, under limits without room left
+on `queue:rare` and on `api:*` (a token an hour, spent), the metrics' usage per kind of key, a
+prefix limit's usage and pages of the keys a limit governs), each `--repeat` times under EXPLAIN
 ANALYZE, and prints the median execution time, the buffers read and the indexes the plan
 uses; then the size of the indexes by due time, and how long building the one there is again
 takes. A statement is given only as many of the arguments below as it has parameters, so an
@@ -104,16 +106,48 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
                 for key in ("queue:mid", "api:x", "api:none", "tenant:*")
             ),
         ]
-        for label, sql, params in cases:
-            given = params[: max(int(n) for n in re.findall(r"\$(\d+)", sql))]
-            ms, buffers, used = await plans.explain(conn, sql, given, args.repeat)
-            shown = ", ".join(sorted(used)) or "(no index)"
-            print(f"  {label:<32} {ms:9.3f} ms  {buffers:7d} buffers  {shown}")
+        await _explain(conn, cases, args.repeat)
+        # limits without room, and the buckets of the keys claims have tried under them (after
+        # the cases above, which they would change)
+        for key in ("queue:rare", "api:*"):
+            await conn.execute(
+                "INSERT INTO evora.flow_limits (key, rate_limit, rate_per_seconds)"
+                " VALUES ($1, 1, 3600)",
+                key,
+            )
+        await conn.execute(
+            "INSERT INTO evora.flow_buckets (key, tokens, refilled_at)"
+            " VALUES ('queue:rare', 0, now()), ('api:x', 0, now())"
+        )
+        limited: list[tuple[str, str, list[Any]]] = [
+            # up to 1,000 held back counted per kind, per prefix limit, per key of a page
+            ("usage_by_kind", limits.USAGE_BY_KIND, [1000]),
+            ("prefix_usage api:* (full)", limits.PREFIX_USAGE, ["api:", None, 1, 3600.0, 1000]),
+            *(
+                (
+                    f"governed_keys {key} (full)",
+                    limits.GOVERNED_KEYS,
+                    [key, stem, None, 101, None, 1, 3600.0, 1000],
+                )
+                for key, stem in (("api:*", "api:"), ("queue:rare", None))
+            ),
+        ]
+        await _explain(conn, limited, args.repeat)
         await plans.print_index_sizes(conn, ("jobs_claimable", "jobs_delayed", "jobs_scheduled"))
         # what building it again takes (the upgrade that makes it holds writes back as long)
         await plans.print_rebuild_times(conn, ("jobs_delayed", "jobs_scheduled"))
     finally:
         await conn.close()
+
+
+async def _explain(
+    conn: asyncpg.Connection, cases: list[tuple[str, str, list[Any]]], repeat: int
+) -> None:
+    for label, sql, params in cases:
+        given = params[: max((int(n) for n in re.findall(r"\$(\d+)", sql)), default=0)]
+        ms, buffers, used = await plans.explain(conn, sql, given, repeat)
+        shown = ", ".join(sorted(used)) or "(no index)"
+        print(f"  {label:<32} {ms:9.3f} ms  {buffers:7d} buffers  {shown}")
 
 
 def main() -> int:

@@ -33,6 +33,9 @@ from evora.storage.db import create_pool, jsonb_elements
 from evora.storage.fairness import FairnessStore
 from evora.storage.jobs import Failure, JobStore
 from evora.storage.limits import (
+    GOVERNED_KEYS,
+    PREFIX_USAGE,
+    PUT,
     THROTTLED_COUNTED,
     USAGE,
     WAKE,
@@ -269,23 +272,36 @@ async def test_the_readers_of_the_backlog_read_what_the_queues_bound(
     generic: asyncpg.Connection,
 ) -> None:
     """The statements that run periodically or on an operator's action over every PENDING
-    job (issue 33): the dispatcher's unclaimed-jobs report (every 30 s) and the wake-up of a
-    limit's change and a key's usage read what the number of queues bounds, not the backlog:
+    job (issue 33): the dispatcher's unclaimed-jobs report (every 30 s), the wake-up of a
+    limit's change, a key's usage, the metrics' usage per kind of key, a prefix limit's usage
+    and a page of the keys a limit governs read what the number of queues bounds, not the backlog:
     on the filled database (50,000 PENDING, every queue far more than the report looks at),
     with HOLDERS of them holding a limit key, none reads more with the backlog doubled, and
     each less than BACKLOG_BUFFERS_PER_QUEUE per queue (reading the backlog is ~2 buffers per
     job: well above). Measured (PostgreSQL 18.6), filled / doubled: the report 13,864 / 12,332
     buffers, a wake-up 22-43 / 21-42, a usage 8-385 / 8-385; on 4954fa6 115,184 / 284,996,
-    1,670-1,708 / 3,137-3,175 and 1,654-1,683 / 3,499-3,528."""
+    1,670-1,708 / 3,137-3,175 and 1,654-1,683 / 3,499-3,528. Under limits without room on
+    `queue:q3` and `api:*`: the usage per kind 475 / 475, the prefix usage 94 / 94, the pages
+    92-323 / 92-323; on 2946893 7,325 / 8,601 (a sequential scan of jobs), 1,832 / 3,506 and
+    1,823-1,841 / 3,497-3,515."""
     await _fill(generic)
     await generic.execute(
         "UPDATE evora.jobs SET limit_keys = '{api:x}' WHERE id IN (SELECT id FROM evora.jobs"
         " WHERE state = 'PENDING' AND queue = 'q2' LIMIT $1)",
         HOLDERS,
     )
+    # held back by limits without room (a token an hour, spent): `queue:q3`, and `api:x`
+    # under `api:*`
+    for limited in ("queue:q3", "api:*"):
+        await generic.fetchrow(PUT, limited, None, 1, 3600.0, None)
+    await generic.execute(
+        "INSERT INTO evora.flow_buckets (key, tokens, refilled_at)"
+        " VALUES ('queue:q3', 0, evora.clock_now()), ('api:x', 0, evora.clock_now())"
+    )
     await generic.execute("ANALYZE evora.jobs")
     found: list[Any] = []
     found_usage: list[Any] = []
+    found_kinds: list[Any] = []
     readers: dict[str, Callable[[], Awaitable[Any]]] = {
         "unclaimed report": lambda: _into(
             found, UnclaimedWatch(generic, CollectorRegistry(), after_seconds=60.0).check
@@ -298,6 +314,19 @@ async def test_the_readers_of_the_backlog_read_what_the_queues_bound(
         **{
             f"usage {key}": partial(_into, found_usage, partial(_usage, generic, key))
             for key in ("queue:q1", "api:x", "api:none")
+        },
+        # the metrics' usage per kind, a prefix limit's usage, a page of governed keys
+        "usage by kind": lambda: _into(found_kinds, LimitStore(generic).usage_by_kind),
+        "prefix usage api:*": partial(
+            _into, found_usage, partial(_fetch, generic, PREFIX_USAGE, "api:", None, 1, 3600.0)
+        ),
+        **{
+            f"governed keys {key}": partial(
+                _into,
+                found_usage,
+                partial(_fetch, generic, GOVERNED_KEYS, key, stem, None, 101, 0, None, None),
+            )
+            for key, stem in (("api:*", "api:"), ("queue:q3", None))
         },
     }
     bound = QUEUES * BACKLOG_BUFFERS_PER_QUEUE
@@ -312,6 +341,7 @@ async def test_the_readers_of_the_backlog_read_what_the_queues_bound(
     await generic.execute("ANALYZE evora.jobs")
     found.clear()
     found_usage.clear()
+    found_kinds.clear()
     doubled = {name: await read_by(generic, run()) for name, run in readers.items()}
     print(f"bound {bound}: {read}; with the backlog doubled: {doubled}")
     assert {n: r for n, r in doubled.items() if r.seq_scans or r.buffers > bound} == {}
@@ -321,16 +351,29 @@ async def test_the_readers_of_the_backlog_read_what_the_queues_bound(
         if r.buffers > read[n].buffers * 1.1 + 10
     } == {}
     # every queue is reported, its count a lower bound: more are due than it looked at
+    # (q3's jobs are held back, not unclaimed)
     assert sorted((u.queue, u.at_least) for u in found if u.type == "t0") == [
-        (f"q{n}", True) for n in range(QUEUES)
+        (f"q{n}", True) for n in range(QUEUES - 1)
     ]
     assert all(u.pending <= LOOKED_AT_PER_QUEUE for u in found)
-    # counted up to THROTTLED_COUNTED: the queue's and the key's held back are more
-    assert [u["throttled_jobs"] for u in found_usage] == [THROTTLED_COUNTED] * 2 + [0]
+    # counted up to THROTTLED_COUNTED: the queue's and the key's held back are more (also
+    # summed under the prefix limit, and on the pages of `api:*` and of `queue:q3`)
+    assert [u["throttled_jobs"] for u in found_usage] == [THROTTLED_COUNTED] * 2 + [0] + [
+        THROTTLED_COUNTED
+    ] * 3
+    assert [(u.kind, u.throttled_jobs) for u in found_kinds] == [
+        ("api", THROTTLED_COUNTED),
+        ("queue", THROTTLED_COUNTED),
+    ]
 
 
 async def _usage(conn: asyncpg.Connection, key: str) -> list[asyncpg.Record]:
     return [await conn.fetchrow(USAGE, key, 0, None, None, THROTTLED_COUNTED)]
+
+
+async def _fetch(conn: asyncpg.Connection, statement: str, *args: Any) -> list[asyncpg.Record]:
+    """The rows of a usage statement, its last argument THROTTLED_COUNTED."""
+    return list(await conn.fetch(statement, *args, THROTTLED_COUNTED))
 
 
 FAIR_JOBS = 5_000

@@ -8,14 +8,22 @@ import json
 
 import asyncpg
 
-from evora.storage.limits import GOVERNED_KEYS, LimitSpec, LimitStore
+from evora.storage.limits import (
+    GOVERNED_KEYS,
+    PREFIX_USAGE,
+    THROTTLED_COUNTED,
+    USAGE_BY_KIND,
+    LimitSpec,
+    LimitStore,
+    Rate,
+)
 
 TENANTS = 200_000
 PAGE = 50
 
 
-async def _buffers(pool: asyncpg.Pool, *args: object) -> int:
-    plan = await pool.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {GOVERNED_KEYS}", *args)
+async def _buffers(pool: asyncpg.Pool, *args: object, statement: str = GOVERNED_KEYS) -> int:
+    plan = await pool.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", *args)
     # the pool decodes json itself
     top = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
     return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
@@ -48,8 +56,40 @@ async def test_a_page_of_keys_reads_a_small_part_of_millions(pool: asyncpg.Pool)
     assert [k.key for k in last.keys] == [f"tenant:{TENANTS - 1:06}", f"tenant:{TENANTS:06}"]
     assert last.next_after is None
 
-    args = ("tenant:*", "tenant:", middle, PAGE + 1, 5, None, None)
+    args = ("tenant:*", "tenant:", middle, PAGE + 1, 5, None, None, THROTTLED_COUNTED)
     read = await _buffers(pool, *args)
     print(f"a page of {PAGE} keys read {read} buffers; the buckets table has {table_pages} pages")
     # measured: 7 buffers, against 4,412 pages of buckets (plus their index)
     assert read < 200 < table_pages
+
+
+async def test_the_usages_summed_over_keys_read_the_buckets_once_not_a_probe_each(
+    pool: asyncpg.Pool,
+) -> None:
+    """The metrics' usage per kind (every scrape) and a prefix limit's usage look at the keys
+    that may have no room only: with 200,000 tenants claimed under `tenant:*` an hour ago
+    (their buckets refilled since), each reads the buckets once, not a probe per bucket (what
+    they read with every bucket probed: ~1 buffer or more each)."""
+    await LimitStore(pool).put("tenant:*", LimitSpec(concurrency=5, rate=Rate(10, 1.0)))
+    await pool.execute(
+        """
+        INSERT INTO evora.flow_buckets (key, tokens, refilled_at)
+        SELECT 'tenant:' || lpad(n::text, 6, '0'), 0, now() - interval '1 hour'
+        FROM generate_series(1, $1) AS n
+        """,
+        TENANTS,
+    )
+    await pool.execute("ANALYZE evora.flow_buckets")
+    pages = await pool.fetchval(
+        "SELECT (pg_relation_size('evora.flow_buckets')"
+        " + pg_relation_size('evora.flow_buckets_pkey')) / current_setting('block_size')::int"
+    )
+    read = {
+        "usage by kind": await _buffers(pool, THROTTLED_COUNTED, statement=USAGE_BY_KIND),
+        "usage of tenant:*": await _buffers(
+            pool, "tenant:", 5, 10, 1.0, THROTTLED_COUNTED, statement=PREFIX_USAGE
+        ),
+    }
+    print(f"read {read}; the buckets and their key have {pages} pages")
+    # measured: see the record (docs/benchmarks/2026-11-29-backlog-readers.md)
+    assert {n: r for n, r in read.items() if r > pages + 200} == {}

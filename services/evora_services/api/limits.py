@@ -76,7 +76,10 @@ class Usage(BaseModel):
         description="tokens in the key's bucket now; null without a rate, or for a prefix"
     )
     throttled_jobs: int = Field(
-        description="due PENDING jobs holding the key while it has no room left (0 while it has)"
+        description=(
+            "due PENDING jobs holding the key while it has no room left (0 while it has), "
+            "counted up to 1,000: 1,000 means at least that many"
+        )
     )
     throttled_since: datetime | None = Field(
         description="when the longest held back of those jobs became due; null when none is"

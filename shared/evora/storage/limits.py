@@ -50,8 +50,9 @@ from evora.storage.statements import load
 
 log = logging.getLogger(__name__)
 
-# Held back jobs a key's usage counts at most (`throttled_jobs`): what bounds the read of a
-# backlog of any size; a count of this many means at least.
+# Held back jobs a usage counts at most (`throttled_jobs`: a key's, a prefix limit's summed
+# over its keys, each key's of a page of governed keys; the metrics' per kind): what bounds
+# the read of a backlog of any size; a count of this many means at least.
 THROTTLED_COUNTED = 1_000
 # PENDING jobs naming a key a limit's change reads to find the queues to wake; beyond this
 # many, every queue with PENDING jobs is woken.
@@ -192,7 +193,9 @@ class LimitStore:
             row = await self._governing(conn, key)
             spec = (row["concurrency"], row["rate_limit"], row["rate_per_seconds"])
             if key.endswith(PREFIX_MARK):
-                usage = await conn.fetchrow(PREFIX_USAGE, key.removesuffix(PREFIX_MARK), *spec)
+                usage = await conn.fetchrow(
+                    PREFIX_USAGE, key.removesuffix(PREFIX_MARK), *spec, THROTTLED_COUNTED
+                )
             else:
                 usage = await conn.fetchrow(USAGE, key, *spec, THROTTLED_COUNTED)
                 if row["max_pending"] is not None:
@@ -227,6 +230,7 @@ class LimitStore:
                 row["concurrency"],
                 row["rate_limit"],
                 row["rate_per_seconds"],
+                THROTTLED_COUNTED,
             )
         more = len(rows) > limit
         keys = [
@@ -254,7 +258,7 @@ class LimitStore:
 
     async def usage_by_kind(self) -> list[KindUsage]:
         """What metrics export: the usage of every governed key live jobs hold, by kind."""
-        rows = await self._pool.fetch(USAGE_BY_KIND)
+        rows = await self._pool.fetch(USAGE_BY_KIND, THROTTLED_COUNTED)
         return [
             KindUsage(
                 r["kind"], r["running"], r["tokens"], r["throttled_jobs"], r["throttled_seconds"]

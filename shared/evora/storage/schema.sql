@@ -1045,6 +1045,34 @@ CREATE FUNCTION evora.drop_archived_events(upto_seq bigint, older_than_seconds d
     SELECT 0::bigint
 $$;
 
+CREATE FUNCTION evora.due_holding(k text, most bigint) RETURNS TABLE(id uuid, run_at timestamp with time zone)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT c.id, c.run_at FROM (
+        SELECT q.id, q.run_at FROM (
+            SELECT s.id, s.run_at
+            FROM evora.pending_priorities(
+                CASE WHEN starts_with(k, 'queue:') THEN ARRAY[substr(k, 7)] ELSE '{}' END) AS p
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.run_at FROM evora.jobs j
+                WHERE j.state = 'PENDING' AND j.queue = p.queue AND j.priority = p.priority
+                  AND j.run_at <= evora.clock_now()
+                ORDER BY j.run_at
+                LIMIT most
+            ) AS s
+            LIMIT most
+        ) AS q
+        UNION
+        SELECT n.id, n.run_at FROM (
+            SELECT j.id, j.run_at FROM evora.jobs j
+            WHERE j.state = 'PENDING' AND j.limit_keys <> '{}' AND j.limit_keys @> ARRAY[k]
+              AND j.run_at <= evora.clock_now()
+            LIMIT most
+        ) AS n
+    ) AS c
+    LIMIT most
+$$;
+
 CREATE FUNCTION evora.end_attempts(ends evora.attempt_end[], suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 100
     AS $$

@@ -185,7 +185,7 @@ export interface GovernedKey {
   running: number;
   /** tokens in the key's bucket now; null without a rate, or for a prefix */
   tokens: number | null;
-  /** due PENDING jobs holding the key while it has no room left (0 while it has) */
+  /** due PENDING jobs holding the key while it has no room left (0 while it has), counted up to 1,000: 1,000 means at least that many */
   throttled_jobs: number;
   /** when the longest held back of those jobs became due; null when none is */
   throttled_since: string | null;
@@ -449,7 +449,7 @@ export interface LimitUsage {
   running: number;
   /** tokens in the key's bucket now; null without a rate, or for a prefix */
   tokens: number | null;
-  /** due PENDING jobs holding the key while it has no room left (0 while it has) */
+  /** due PENDING jobs holding the key while it has no room left (0 while it has), counted up to 1,000: 1,000 means at least that many */
   throttled_jobs: number;
   /** when the longest held back of those jobs became due; null when none is */
   throttled_since: string | null;

@@ -73,6 +73,39 @@ LANGUAGE sql STABLE AS $$
                 LIMIT most) AS l)
 $$;
 
+-- Up to `most` due PENDING jobs holding `k` (a job of queue q holds `queue:q`, and each key
+-- its limit_keys name), each once, with when it became due: the held back of a key without
+-- room that the usages count (storage/sql/limits.sql). Bounded by `most`, never by the
+-- backlog: those of `queue:<q>` read through jobs_claimable a priority at a time, those
+-- naming `k` through jobs_waiting_limit_keys (tests/integration/test_generic_plans.py).
+CREATE OR REPLACE FUNCTION evora.due_holding(k text, most bigint)
+RETURNS TABLE (id uuid, run_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT c.id, c.run_at FROM (
+        SELECT q.id, q.run_at FROM (
+            SELECT s.id, s.run_at
+            FROM evora.pending_priorities(
+                CASE WHEN starts_with(k, 'queue:') THEN ARRAY[substr(k, 7)] ELSE '{}' END) AS p
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.run_at FROM evora.jobs j
+                WHERE j.state = 'PENDING' AND j.queue = p.queue AND j.priority = p.priority
+                  AND j.run_at <= evora.clock_now()
+                ORDER BY j.run_at
+                LIMIT most
+            ) AS s
+            LIMIT most
+        ) AS q
+        UNION
+        SELECT n.id, n.run_at FROM (
+            SELECT j.id, j.run_at FROM evora.jobs j
+            WHERE j.state = 'PENDING' AND j.limit_keys <> '{}' AND j.limit_keys @> ARRAY[k]
+              AND j.run_at <= evora.clock_now()
+            LIMIT most
+        ) AS n
+    ) AS c
+    LIMIT most
+$$;
+
 -- A bucket's tokens at `at`: refilled at limit / per_seconds a second, capped at limit; none
 -- while an upstream throttles the key (`throttled_until`, evora.drain_buckets()), even
 -- without a rate (NULL otherwise): the claim's room in a key is the least of its concurrency

@@ -52,9 +52,8 @@ LIMIT 1;
 -- never claimed has a full bucket), until when an upstream throttles it (NULL: not now;
 -- evora.drain_buckets()), and the due PENDING jobs holding it while it has no room left, with
 -- when the longest held back of those counted became due. Bounded in the backlog: the held
--- back are counted up to $5 (a count of $5 means at least), those of `queue:<q>` through
--- jobs_claimable a priority at a time, those that name the key among their limit_keys
--- through jobs_waiting_limit_keys (tests/integration/test_generic_plans.py).
+-- back are counted up to $5 (a count of $5 means at least; evora.due_holding())
+-- (tests/integration/test_generic_plans.py).
 SELECT r.running, t.tokens, t.throttled_until, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
        h.since AS throttled_since
 FROM (SELECT evora.running_holding($1) AS running) AS r
@@ -66,30 +65,7 @@ CROSS JOIN LATERAL (
             WHERE b.key = $1 AND b.throttled_until > evora.clock_now()) AS throttled_until
 ) AS t
 LEFT JOIN LATERAL (
-    SELECT count(*) AS jobs, min(c.run_at) AS since FROM (
-        -- a job counts once, even of the queue and naming `queue:<its queue>` too
-        SELECT q.id, q.run_at FROM (
-            SELECT s.id, s.run_at
-            FROM evora.pending_priorities(
-                CASE WHEN starts_with($1, 'queue:') THEN ARRAY[substr($1, 7)] ELSE '{}' END) AS p
-            CROSS JOIN LATERAL (
-                SELECT j.id, j.run_at FROM evora.jobs j
-                WHERE j.state = 'PENDING' AND j.queue = p.queue AND j.priority = p.priority
-                  AND j.run_at <= evora.clock_now()
-                ORDER BY j.run_at
-                LIMIT $5
-            ) AS s
-            LIMIT $5
-        ) AS q
-        UNION
-        SELECT k.id, k.run_at FROM (
-            SELECT j.id, j.run_at FROM evora.jobs j
-            WHERE j.state = 'PENDING' AND j.limit_keys <> '{}' AND j.limit_keys @> ARRAY[$1::text]
-              AND j.run_at <= evora.clock_now()
-            LIMIT $5
-        ) AS k
-        LIMIT $5
-    ) AS c
+    SELECT count(*) AS jobs, min(c.run_at) AS since FROM evora.due_holding($1, $5) AS c
 ) AS h ON r.running >= $2::int4 OR t.tokens < 1 OR t.throttled_until IS NOT NULL;
 
 -- name: key_depth
@@ -97,28 +73,40 @@ LEFT JOIN LATERAL (
 SELECT evora.pending_holding($1, NULL);
 
 -- name: prefix_usage
--- $1 stem of a prefix limit, $2 its concurrency, $3 rate limit, $4 rate period. Summed over
--- the keys it governs (those starting with the stem that have no limit of their own and no
--- longer prefix limit) that live jobs hold: RUNNING jobs holding them, and due PENDING jobs
--- holding one without room left (an upstream's drain included), with when the longest held
--- back became due. Reads the live jobs once.
-WITH held AS (
-    SELECT j.id, j.state, j.run_at, k AS key
+-- $1 stem of a prefix limit, $2 its concurrency, $3 rate limit, $4 rate period, $5 at most
+-- this many held back counted. Summed over the keys it governs (those starting with the stem
+-- that have no limit of their own and no longer prefix limit) that have RUNNING jobs or a
+-- bucket that may be empty (made by their first claim under a limit; a key with neither has
+-- all its room, as governed_keys has it): RUNNING jobs holding them, and due PENDING jobs
+-- holding one without room left (an upstream's drain included), added up over the keys up to
+-- $5 (a count of $5 means at least), with when the longest held back of those counted became
+-- due. Bounded in the backlog: the RUNNING jobs read once, the buckets under the stem once
+-- through their primary key, and at most $5 held back per key without room, up to $5 in all,
+-- through evora.due_holding() (tests/integration/test_generic_plans.py,
+-- test_limit_usage_cost.py).
+WITH running AS (
+    -- a job counts once per key, even holding `queue:<its queue>` among its limit_keys too
+    SELECT k AS key, count(DISTINCT j.id) AS n
     FROM evora.jobs j
     CROSS JOIN LATERAL unnest(('queue:' || j.queue) || j.limit_keys) AS k
-    WHERE (j.state = 'RUNNING' OR (j.state = 'PENDING' AND j.run_at <= evora.clock_now()))
-      AND starts_with(k, $1)
+    WHERE j.state = 'RUNNING' AND starts_with(k, $1)
+    GROUP BY k
 ),
 keys AS (
-    -- a job counts once per key, even holding `queue:<its queue>` among its limit_keys too
-    SELECT h.key, count(DISTINCT h.id) FILTER (WHERE h.state = 'RUNNING') AS running,
-           count(DISTINCT h.id) FILTER (WHERE h.state = 'PENDING') AS due,
-           min(h.run_at) FILTER (WHERE h.state = 'PENDING') AS since
-    FROM held h
-    GROUP BY h.key
+    SELECT r.key, r.n AS running FROM running r
+    UNION ALL
+    -- without RUNNING jobs a key has no room only while drained, or with less than a token:
+    -- refilled within the time the limit's rate takes to refill one (every other key adds
+    -- nothing to the sums, and is not looked at)
+    SELECT b.key, 0 FROM evora.flow_buckets b
+    WHERE b.key >= $1 AND starts_with(b.key, $1)
+      AND (b.throttled_until > evora.clock_now()
+           OR (b.tokens < 1
+               AND b.refilled_at > evora.clock_now() - make_interval(secs => $4::float8 / $3)))
+      AND NOT EXISTS (SELECT 1 FROM running r WHERE r.key = b.key)
 ),
 governed AS (
-    SELECT k.*, CASE WHEN $3::int4 IS NOT NULL THEN coalesce(
+    SELECT k.key, k.running, CASE WHEN $3::int4 IS NOT NULL THEN coalesce(
                (SELECT evora.tokens(b, $3::int4, $4::float8, evora.clock_now())
                 FROM evora.flow_buckets b WHERE b.key = k.key), $3::int4) END AS tokens,
            coalesce((SELECT b.throttled_until > evora.clock_now()
@@ -128,25 +116,31 @@ governed AS (
         SELECT 1 FROM evora.flow_limits o
         WHERE o.key = k.key
            OR (o.stem IS NOT NULL AND length(o.stem) > length($1) AND starts_with(k.key, o.stem)))
+),
+held AS (
+    SELECT count(*) AS jobs, min(h.run_at) AS since FROM (
+        SELECT d.id, d.run_at
+        FROM governed g CROSS JOIN LATERAL evora.due_holding(g.key, $5) AS d
+        WHERE g.running >= $2::int4 OR g.tokens < 1 OR g.upstream
+        LIMIT $5
+    ) AS h
 )
-SELECT coalesce(sum(g.running), 0)::bigint AS running, NULL::float8 AS tokens,
-       coalesce(sum(g.due) FILTER (WHERE g.running >= $2::int4 OR g.tokens < 1 OR g.upstream),
-                0)::bigint AS throttled_jobs,
-       min(g.since) FILTER (WHERE g.running >= $2::int4 OR g.tokens < 1 OR g.upstream)
-           AS throttled_since
-FROM governed g;
+SELECT (SELECT coalesce(sum(g.running), 0) FROM governed g)::bigint AS running,
+       NULL::float8 AS tokens, h.jobs::bigint AS throttled_jobs, h.since AS throttled_since
+FROM held h;
 
 -- name: governed_keys
 -- $1 the limit's key, $2 its stem (NULL for a limit of one key), $3 key to continue after
--- (NULL: from the start), $4 page size, $5 concurrency, $6 rate limit, $7 rate period. A page
+-- (NULL: from the start), $4 page size, $5 concurrency, $6 rate limit, $7 rate period, $8 at
+-- most this many held back counted per key (a count of $8 means at least). A page
 -- of the concrete keys the limit governs, in key order, each with its usage as key_usage has
 -- it. For a limit of one key, that key; for a prefix limit, the keys under its stem without a
 -- limit of their own or a longer prefix limit that have a bucket (made by their first claim
 -- under a limit) or RUNNING jobs: a key with neither has all its room. Bounded by the page,
 -- never by how many keys exist: the buckets are read in key order through their primary key
 -- from where the page starts (the keys under a stem lie together in the database's C
--- collation; another collation only costs a longer scan), the RUNNING jobs once, and the due
--- PENDING jobs once, only when a key of the page has no room left.
+-- collation; another collation only costs a longer scan), the RUNNING jobs once, and for
+-- each key of the page without room left at most $8 due PENDING jobs (evora.due_holding()).
 WITH bucket_keys AS (
     SELECT b.key FROM evora.flow_buckets b
     WHERE $2::text IS NOT NULL AND b.key >= $2::text AND ($3::text IS NULL OR b.key > $3::text)
@@ -199,13 +193,9 @@ full_keys AS (
     WHERE u.running >= $5::int4 OR u.tokens < 1 OR u.throttled_until IS NOT NULL
 ),
 held AS (
-    SELECT k AS key, count(DISTINCT p.id) AS jobs, min(p.run_at) AS since
-    FROM evora.jobs p
-    CROSS JOIN LATERAL unnest(('queue:' || p.queue) || p.limit_keys) AS k
-    WHERE EXISTS (SELECT 1 FROM full_keys)
-      AND p.state = 'PENDING' AND p.run_at <= evora.clock_now()
-      AND k IN (SELECT key FROM full_keys)
-    GROUP BY k
+    SELECT f.key, count(*) AS jobs, min(d.run_at) AS since
+    FROM full_keys f CROSS JOIN LATERAL evora.due_holding(f.key, $8) AS d
+    GROUP BY f.key
 )
 SELECT u.key, u.running, u.tokens, u.throttled_until, coalesce(h.jobs, 0)::bigint AS throttled_jobs,
        h.since AS throttled_since
@@ -264,23 +254,44 @@ WHERE datname = current_database() AND backend_type = 'client backend'
   AND xact_start > $1 - make_interval(secs => $2);
 
 -- name: usage_by_kind
--- Per kind of key (what precedes its first ':', e.g. `tenant`, `queue`), over the keys live
--- jobs hold that a limit governs: RUNNING jobs holding them, tokens in their buckets (keys
--- with a rate), due PENDING jobs held back (holding a key without room left) and how long
--- the longest held back has been due. Reads every live job once.
-WITH live AS (
-    SELECT j.id, j.state, j.run_at, ('queue:' || j.queue) || j.limit_keys AS keys
-    FROM evora.jobs j
+-- $1 at most this many held back counted per kind. Per kind of key (what precedes its first
+-- ':', e.g. `tenant`, `queue`), over the keys a limit governs that RUNNING jobs hold, and
+-- those with a limit of their own or a bucket that may be empty (see below) that a due
+-- PENDING job holds: RUNNING jobs holding them, tokens in their buckets (keys with a rate),
+-- due PENDING jobs held back (holding a key without room left) and how long the longest held
+-- back of those counted has been due. A key has no room when its RUNNING holders reach its
+-- concurrency (at least 1: it is among those RUNNING jobs hold), when an upstream drains it,
+-- or when its bucket has less than a token, which it can only have if refilled within the
+-- time the slowest rate of any limit takes to refill one: so the buckets probed are the
+-- drained and the recently refilled, not every key ever claimed. Keys with room that only
+-- PENDING jobs hold are left out (no tokens counted for them: they are claimed next). Bounded
+-- in the backlog: the RUNNING jobs read once, the buckets once, the limits' own keys and
+-- those buckets each probed once for a due holder, and of each kind at most $1 held back read
+-- through evora.due_holding(), a job counted once (a count of $1 means at least;
+-- tests/integration/test_generic_plans.py).
+WITH running AS (
+    SELECT k AS key, count(*) AS n
+    FROM evora.jobs j, unnest(('queue:' || j.queue) || j.limit_keys) AS k
     -- without any limit, nothing to read (a one-time filter: no scan)
-    WHERE j.state IN ('PENDING', 'RUNNING') AND EXISTS (SELECT 1 FROM evora.flow_limits)
-),
-running AS (
-    SELECT k AS key, count(*) AS n FROM live, unnest(live.keys) AS k
-    WHERE live.state = 'RUNNING'
+    WHERE j.state = 'RUNNING' AND EXISTS (SELECT 1 FROM evora.flow_limits)
     GROUP BY k
 ),
+held_keys AS (
+    SELECT r.key FROM running r
+    UNION
+    SELECT c.key FROM (
+        SELECT l.key FROM evora.flow_limits l WHERE l.stem IS NULL
+        UNION
+        SELECT b.key FROM evora.flow_buckets b
+        WHERE b.throttled_until > evora.clock_now()
+           OR (b.tokens < 1 AND b.refilled_at > evora.clock_now() - (
+                   SELECT make_interval(secs => max(l.rate_per_seconds / l.rate_limit))
+                   FROM evora.flow_limits l WHERE l.rate_limit IS NOT NULL))
+    ) AS c
+    WHERE EXISTS (SELECT 1 FROM evora.due_holding(c.key, 1))
+),
 governed AS (
-    SELECT * FROM evora.governing_limits(ARRAY(SELECT DISTINCT k FROM live, unnest(live.keys) AS k))
+    SELECT * FROM evora.governing_limits(ARRAY(SELECT h.key FROM held_keys h))
 ),
 usage AS (
     SELECT g.key, split_part(g.key, ':', 1) AS kind, coalesce(r.n, 0) AS running,
@@ -295,12 +306,15 @@ usage AS (
     LEFT JOIN running r ON r.key = g.key
 ),
 held AS (
-    SELECT u.kind, count(DISTINCT l.id) AS jobs, min(l.run_at) AS oldest
-    FROM live l
-    CROSS JOIN LATERAL unnest(l.keys) AS k
-    JOIN usage u ON u.key = k AND (u.running >= u.concurrency OR u.tokens < 1 OR u.upstream)
-    WHERE l.state = 'PENDING' AND l.run_at <= evora.clock_now()
-    GROUP BY u.kind
+    SELECT k.kind, count(DISTINCT h.id) AS jobs, min(h.run_at) AS oldest
+    FROM (SELECT DISTINCT u.kind FROM usage u) AS k
+    CROSS JOIN LATERAL (
+        SELECT d.id, d.run_at
+        FROM usage u CROSS JOIN LATERAL evora.due_holding(u.key, $1) AS d
+        WHERE u.kind = k.kind AND (u.running >= u.concurrency OR u.tokens < 1 OR u.upstream)
+        LIMIT $1
+    ) AS h
+    GROUP BY k.kind
 )
 SELECT u.kind, sum(u.running)::bigint AS running, sum(u.tokens) AS tokens,
        coalesce(max(h.jobs), 0)::bigint AS throttled_jobs,
