@@ -1951,6 +1951,19 @@ CREATE FUNCTION evora.pending_priorities(queues text[]) RETURNS TABLE(queue text
     SELECT p.queue, p.priority FROM p WHERE p.priority IS NOT NULL
 $$;
 
+CREATE FUNCTION evora.pending_queues() RETURNS TABLE(queue text)
+    LANGUAGE sql STABLE ROWS 10
+    AS $$
+    WITH RECURSIVE q(queue) AS (
+        (SELECT j.queue FROM evora.jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.queue FROM evora.jobs j
+                WHERE j.state = 'PENDING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+        FROM q WHERE q.queue IS NOT NULL
+    )
+    SELECT q.queue FROM q WHERE q.queue IS NOT NULL
+$$;
+
 CREATE FUNCTION evora.prune_finished(age double precision, batch integer, finished evora.job_state) RETURNS bigint
     LANGUAGE plpgsql
     AS $$

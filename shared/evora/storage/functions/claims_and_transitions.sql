@@ -213,6 +213,22 @@ LANGUAGE sql STABLE AS $$
        AND NOT evora.queue_paused(in_queue)
 $$;
 
+-- The queues with PENDING jobs: a loose index scan of jobs_claimable, one probe per queue,
+-- so the periodic readers that walk every queue with work (the unclaimed-jobs report in
+-- sql/jobs.sql, a limit's wake-up in sql/limits.sql) cost what the queues are, not the backlog.
+CREATE OR REPLACE FUNCTION evora.pending_queues()
+RETURNS TABLE (queue text)
+LANGUAGE sql STABLE ROWS 10 AS $$
+    WITH RECURSIVE q(queue) AS (
+        (SELECT j.queue FROM evora.jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.queue FROM evora.jobs j
+                WHERE j.state = 'PENDING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+        FROM q WHERE q.queue IS NOT NULL
+    )
+    SELECT q.queue FROM q WHERE q.queue IS NOT NULL
+$$;
+
 -- The priorities the PENDING jobs of each of `queues` have, lowest first: a loose index scan
 -- of jobs_claimable (queue, priority, run_at, submit_seq), one probe per priority present.
 -- The projector's oldest due job (`oldest_due` in sql/outbox.sql) probes each priority's

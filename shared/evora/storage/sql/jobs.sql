@@ -51,13 +51,8 @@ SELECT extract(epoch FROM least(
 -- counts the unclaimed among those looked at only. It reads at most $3 + 1 jobs per queue,
 -- and a probe per priority present, however many are PENDING
 -- (tests/integration/test_generic_plans.py).
-WITH RECURSIVE queues AS (
-    -- the queues with PENDING jobs, one probe of jobs_claimable each
-    (SELECT j.queue FROM evora.jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM evora.jobs j
-            WHERE j.state = 'PENDING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
-    FROM queues q WHERE q.queue IS NOT NULL
+WITH queues AS (
+    SELECT p.queue FROM evora.pending_queues() AS p
 ),
 full_keys AS (
     -- the limited keys without room left (docs/flow-control.md): jobs holding one wait for

@@ -212,13 +212,8 @@ ORDER BY u.key;
 -- keys by prefix), and for a key more than $2 PENDING jobs name among their limit_keys.
 -- Bounded in the backlog: one probe of jobs_claimable per queue with PENDING jobs, and at most
 -- $2 jobs read through jobs_waiting_limit_keys (tests/integration/test_generic_plans.py).
-WITH RECURSIVE queues AS (
-    -- the queues with PENDING jobs, one index probe each
-    (SELECT j.queue FROM evora.jobs j WHERE j.state = 'PENDING' ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM evora.jobs j
-            WHERE j.state = 'PENDING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
-    FROM queues q WHERE q.queue IS NOT NULL
+WITH queues AS (
+    SELECT p.queue FROM evora.pending_queues() AS p
 ),
 holding AS (
     -- the queues of up to $2 + 1 PENDING jobs naming the key (none for a prefix limit's)
