@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -36,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import orjson
 
 from evora.embedded import LocalPostgres
+from evora.storage.db import connect
 from evora.storage.migrate import apply_migrations
 from evora.storage.statements import parse
 
@@ -94,7 +93,7 @@ async def explain(conn: asyncpg.Connection, label: str, sql: str, *args: Any) ->
             b0, _ = await conn.fetchrow(STATS)
             [row] = await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", *args)
             b1, _ = await conn.fetchrow(STATS)
-        [result] = json.loads(row[0])
+        [result] = row[0]  # EXPLAIN (FORMAT JSON), decoded by the json codec
         times.append(result["Execution Time"])
         plan = result["Plan"]
         rows = int(plan["Actual Rows"])
@@ -127,13 +126,7 @@ async def read_in_functions(conn: asyncpg.Connection, label: str, sql: str, *arg
 
 async def run(args: argparse.Namespace, dsn: str) -> None:
     await apply_migrations(dsn)
-    conn = await asyncpg.connect(dsn)
-    await conn.set_type_codec(
-        "jsonb",
-        encoder=lambda v: orjson.dumps(v).decode(),
-        decoder=orjson.loads,
-        schema="pg_catalog",
-    )
+    conn = await connect(dsn, application_name="bench", statement_timeout=None)
     try:
         if args.what_if:
             await conn.execute(args.what_if)
@@ -155,13 +148,7 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             f"ALTER DATABASE postgres SET evora.clock_offset = '{args.days + 1} days'"
         )
         await conn.close()
-        conn = await asyncpg.connect(dsn)
-        await conn.set_type_codec(
-            "jsonb",
-            encoder=lambda v: orjson.dumps(v).decode(),
-            decoder=orjson.loads,
-            schema="pg_catalog",
-        )
+        conn = await connect(dsn, application_name="bench", statement_timeout=None)
         await conn.execute("SELECT evora.make_event_partitions(86400, 3)")
         parts = await conn.fetch(
             "SELECT tableoid::regclass::text AS name, count(*) AS n, min(seq) AS lo,"
