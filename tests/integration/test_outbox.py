@@ -242,3 +242,29 @@ async def test_a_batch_crosses_to_the_projector_as_a_few_groups(
     # Measured: 47 KB kept (mostly the two lists of 500 floats), 274 KB at the peak (the
     # wire buffers). The 1,500 events read as one Python object each kept 1.13 MB.
     assert kept < 200_000 and peak < 600_000
+
+
+async def test_a_new_target_is_returned_only_once_the_log_is_on_disk_past_it(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A commit that sent only a NOTIFY took an xid but does not wait for the disk, so the
+    target taken next counts it finished before a crash could still lose it (then its xid
+    could be handed out again, to a transaction whose events that stored target would never
+    read). read_batch returns a new target only once the log is on disk past it. On the code
+    before (39d4601), the read returned at once, the NOTIFY's commit not yet on disk (3 of 3
+    runs)."""
+    await store.submit(JobSubmission(queue="q", type="t"))
+    async with pool.acquire() as conn:
+        await conn.execute("SELECT pg_notify('evora_test_only', 'x')")
+        position = await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+    batch = await _read(pool, OutboxCursor(), 100)
+    assert batch is not None
+    flushed = await pool.fetchval("SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn", position)
+    assert flushed
+    # the write whose commit put it there, for the operator to see
+    assert await pool.fetchval("SELECT target::text FROM evora.outbox_target") == batch.target
+    # a span whose target is fixed already writes nothing
+    taken = await pool.fetchval("SELECT taken_at FROM evora.outbox_target")
+    await store.submit(JobSubmission(queue="q", type="t"))
+    assert await _read(pool, OutboxCursor(), 100, Span(NOTHING_VISIBLE, batch.target))
+    assert await pool.fetchval("SELECT taken_at FROM evora.outbox_target") == taken

@@ -21,8 +21,8 @@ import asyncpg
 
 from evora.storage.statements import load
 
-READ_BATCH, BACKLOG, OLDEST_DUE, PRUNED = load(
-    "outbox", "read_batch", "backlog", "oldest_due", "pruned"
+READ_BATCH, TARGET_TAKEN, BACKLOG, OLDEST_DUE, PRUNED = load(
+    "outbox", "read_batch", "target_taken", "backlog", "oldest_due", "pruned"
 )
 
 
@@ -163,6 +163,10 @@ async def read_batch(
     assert row is not None
     if row["groups"] is None:
         return None
+    if span.target is None:
+        # A new target, which the caller stores outside PostgreSQL: first put on disk every
+        # commit it counts finished (sql/outbox.sql, target_taken).
+        await conn.execute(TARGET_TAKEN, row["target"])
     return Batch(
         groups=[_group(g, after.span) for g in row["groups"]],
         samples={q: (w, r) for q, (w, r) in (row["samples"] or {}).items()},

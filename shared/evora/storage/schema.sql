@@ -3349,6 +3349,13 @@ CREATE TABLE evora.migrations (
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE evora.outbox_target (
+    only_row boolean DEFAULT true NOT NULL,
+    target pg_snapshot NOT NULL,
+    taken_at timestamp with time zone NOT NULL,
+    CONSTRAINT outbox_target_only_row_check CHECK (only_row)
+);
+
 CREATE TABLE evora.paused_queues (
     queue text NOT NULL,
     paused_at timestamp with time zone DEFAULT now() NOT NULL
@@ -3459,6 +3466,9 @@ ALTER TABLE ONLY evora.jobs
 
 ALTER TABLE ONLY evora.migrations
     ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY evora.outbox_target
+    ADD CONSTRAINT outbox_target_pkey PRIMARY KEY (only_row);
 
 ALTER TABLE ONLY evora.paused_queues
     ADD CONSTRAINT paused_queues_pkey PRIMARY KEY (queue);

@@ -139,6 +139,18 @@ SELECT (SELECT jsonb_agg(jsonb_build_array(
         FROM batch WHERE error IS NOT NULL) AS failures,
        (SELECT target::text FROM span) AS target;
 
+-- name: target_taken
+-- $1 a span's new target, just returned by read_batch. Stored before the caller stores the
+-- target anywhere else: this commit waits for the log to reach the disk (synchronous_commit
+-- raised for it alone, should the server run with it off), and so puts on disk every commit
+-- the target counts finished, a NOTIFY-only one (which does not wait) included. Without it
+-- a crash could lose such a commit after the target was stored outside PostgreSQL, and
+-- recovery hand its xid to a new transaction whose events that target never reads.
+WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
+INSERT INTO evora.outbox_target (only_row, target, taken_at)
+SELECT true, $1::text::pg_snapshot, now() FROM durable
+ON CONFLICT (only_row) DO UPDATE SET target = excluded.target, taken_at = excluded.taken_at;
+
 -- name: backlog
 -- $1 the checkpoint's snapshot (text), $2 its span's target (text, NULL: none yet), $3, $4
 -- the (xid, seq) consumed up to in that span, $5 cap: committed events not yet consumed,
