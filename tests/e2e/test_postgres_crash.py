@@ -24,8 +24,12 @@ import asyncpg
 from bench.procstats import children_of, postmaster_pid
 from evora import Client, Handlers, Job, Worker
 from evora.embedded import LocalPostgres
+from evora.protocol.jobs import JobSubmission
 from evora.sdk.errors import EvoraClientError, EvoraHTTPError
+from evora.storage.db import create_pool
+from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations
+from evora.storage.outbox import OutboxCursor, Span, read_batch
 from tests.e2e.conftest import FAST, Child, Children
 from tests.fuzz.conftest import spawn
 from tests.polling import until
@@ -173,5 +177,71 @@ async def test_postgres_killed_twice_under_load_loses_nothing(
                     )
 
                 await until(converged, "the read models caught up", within=60)
+    finally:
+        await asyncio.to_thread(pg.stop)
+
+
+async def test_a_span_target_stays_right_through_a_crash_that_loses_a_notify_only_commit(
+    tmp_path: Path,
+) -> None:
+    """A span target is stored outside PostgreSQL (the projector's checkpoint in MongoDB), so
+    it outlives a crash. A transaction that sent only a NOTIFY took an xid, yet its commit
+    does not wait for the disk; the target taken next counts it finished. Here the WAL
+    writer is frozen, so that commit is still only in PostgreSQL's memory when the cluster
+    is killed: recovery then hands its xid to the next transaction, a submission. On the code
+    before migration 0060 that submission's events were below the stored target's xmax and
+    not among its running transactions, so no span ever held them (its `submitted` event
+    was never read: failed 3 of 3). The reader now writes each new target durably before
+    returning it, which puts the NOTIFY's commit on disk first."""
+    pg = LocalPostgres(tmp_path / "pg", durable=True, log_path=tmp_path / "pg.log")
+    pg.start()
+    try:
+        await apply_migrations(pg.dsn())
+        conn = await asyncpg.connect(pg.dsn())
+        try:
+            # nothing but this test takes an xid after the restart (an ANALYZE would)
+            await conn.execute("ALTER SYSTEM SET autovacuum = off")
+            await conn.execute("SELECT pg_reload_conf()")
+        finally:
+            await conn.close()
+        pool = await create_pool(pg.dsn(), min_size=1, max_size=2)
+        store = JobStore(pool)
+        try:
+            await store.submit(JobSubmission(queue=QUEUE, type="before"))
+            first = await read_batch(pool, Span(), OutboxCursor(), 100, bucket_seconds=60)
+            assert first is not None and first.events == 1
+            stored = Span(first.target)  # the span after it, as the projector would store it
+            await store.submit(JobSubmission(queue=QUEUE, type="in_the_span"))
+            walwriter = await pool.fetchval(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
+            )
+            os.kill(walwriter, signal.SIGSTOP)  # nothing flushes an asynchronous commit now
+            notify_xid = await pool.fetchval(
+                "SELECT pg_current_xact_id()::text::int8 FROM pg_notify('evora_test_only', '')"
+            )
+            batch = await read_batch(pool, stored, OutboxCursor(1), 100, bucket_seconds=60)
+            assert batch is not None and batch.events == 1
+            stored = Span(batch.target)  # the span done: its target is the next one's start
+        finally:
+            await store.close()
+            await pool.close()
+        await _kill_cluster(pg)
+        await asyncio.to_thread(pg.start)
+
+        pool = await create_pool(pg.dsn(), min_size=1, max_size=2)
+        store = JobStore(pool)
+        try:
+            after = await store.submit(JobSubmission(queue=QUEUE, type="after_the_crash"))
+            taken = await pool.fetchval(
+                "SELECT xid::text::int8 FROM evora.job_events WHERE job_id = $1", after.id
+            )
+            read = await read_batch(pool, stored, OutboxCursor(2), 100, bucket_seconds=60)
+            # The submission after the crash is in the span after the stored target, because
+            # the NOTIFY's commit survived and its xid was not handed out again.
+            assert read is not None and read.events == 1, (notify_xid, taken)
+            assert taken > notify_xid
+        finally:
+            await store.close()
+            await pool.close()
     finally:
         await asyncio.to_thread(pg.stop)
