@@ -18,7 +18,7 @@ from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations, current_version
 from evora_services.projector.projector import Projector
-from tests.projector.conftest import catch_up
+from tests.projector.conftest import catch_up, without_target_writes
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
 
@@ -69,7 +69,9 @@ async def old_url(empty_db_url: str) -> str:
 
 
 async def test_history_survives_the_upgrade_and_the_projector_reads_on(
-    old_url: str, mongo: AsyncDatabase[Document]
+    old_url: str,
+    mongo: AsyncDatabase[Document],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pool = await create_pool(old_url, min_size=1, max_size=4)
     try:
@@ -84,6 +86,7 @@ async def test_history_survives_the_upgrade_and_the_projector_reads_on(
             )
         # through that release's SQL: today's JobStore reads columns later migrations add
         await submit_in_sql(pool, 4)
+        without_target_writes(monkeypatch)  # as that release ran it
         projector = Projector(pool, mongo, 1, batch_size=50)
         await projector.run_once()  # part of the way, checkpoint recorded
         await submit_in_sql(pool, 2)
@@ -92,6 +95,7 @@ async def test_history_survives_the_upgrade_and_the_projector_reads_on(
         await pool.close()
 
     assert (await apply_migrations(old_url))[0] == 32
+    monkeypatch.undo()
 
     pool = await create_pool(old_url, min_size=1, max_size=4)
     try:

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.readmodels.layout import Document
@@ -19,7 +20,7 @@ from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations, current_version
 from evora_services.projector.projector import Projector
 from tests.integration.listing_pages import every_page
-from tests.projector.conftest import catch_up
+from tests.projector.conftest import catch_up, without_target_writes
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
 from tests.release_tree import CODE_ROOTS, run_release_script, unpack_release
@@ -72,7 +73,10 @@ async def _before_narrow(url: str, tree: Path) -> tuple[list[list[str]], list[An
 
 
 async def test_jobs_and_history_survive_the_upgrade_and_read_alike(
-    empty_db_url: str, mongo: AsyncDatabase[Document], tmp_path: Path
+    empty_db_url: str,
+    mongo: AsyncDatabase[Document],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     tree = unpack_release(BEFORE_NARROW, tmp_path / "before", (*CODE_ROOTS, "tests"))
     running, before = await _before_narrow(empty_db_url, tree)
@@ -82,6 +86,7 @@ async def test_jobs_and_history_survive_the_upgrade_and_read_alike(
         store = JobStore(pool)
         async with pool.acquire() as conn:
             assert await current_version(conn) == BEFORE
+        without_target_writes(monkeypatch)  # as that release ran it
         projector = Projector(pool, mongo, 1, batch_size=50)
         await projector.run_once()  # part of the way, checkpoint recorded
         assert {r["relname"] for r in await pool.fetch(JOBS_INDEXES)} >= {
@@ -93,6 +98,7 @@ async def test_jobs_and_history_survive_the_upgrade_and_read_alike(
         await pool.close()
 
     assert 38 in await apply_migrations(empty_db_url)
+    monkeypatch.undo()
 
     pool = await create_pool(empty_db_url, min_size=1, max_size=4)
     try:

@@ -23,7 +23,7 @@ from evora.storage.migrate import apply_migrations, current_version
 from evora.storage.statements import parse
 from evora_services.projector.projector import Projector
 from tests.conftest import Clock
-from tests.projector.conftest import catch_up
+from tests.projector.conftest import catch_up, without_target_writes
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
 from tests.release_tree import CODE_ROOTS, run_release_script, unpack_release
@@ -100,6 +100,7 @@ async def test_the_previous_projector_reads_right_through_the_upgrade_and_this_o
             assert _indexes(await conn.fetch(EVENT_INDEXES)) == {("btree", True, True)}
         # the previous release's projector, part of the way before the upgrade
         monkeypatch.setattr(outbox, "READ_BATCH", previous_read_batch)
+        without_target_writes(monkeypatch)
         await Projector(pool, mongo, 1, batch_size=50).run_once()
     finally:
         await pool.close()

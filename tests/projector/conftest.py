@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
+from evora.storage import outbox
 from evora_services.projector.projector import ProjectionConflict, Projector
 
 
@@ -42,3 +44,10 @@ async def catch_up_replaying(projector: Projector) -> None:
             return
         except ProjectionConflict:
             pass
+
+
+def without_target_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This projector as releases before migration 0060 ran it, for an upgrade test's part
+    before that migration: a new span target is not written to `evora.outbox_target` (the
+    table does not exist yet); `monkeypatch.undo()` rolls it forward."""
+    monkeypatch.setattr(outbox, "TARGET_TAKEN", "SELECT $1::text")
