@@ -343,9 +343,10 @@ $$;
 
 -- Removes the rows of evora.flow_buckets (a key's token bucket, docs/flow-control.md) that
 -- carry nothing, among the `batch` keys after `after` in key order (a walk of the primary
--- key, so a pass reads every row once however few it removes, and no index is added that
--- every claim's bucket update would have to change: those updates stay HOT); returns how
--- many it removed and the last key it looked at (NULL: the walk reached the end).
+-- key: a pass reads every row once however few it removes, and no index is added that
+-- every claim's update of a bucket would write too; docs/flow-control.md has the figures);
+-- returns how many it removed and the last key it looked at (NULL: the walk reached the
+-- end).
 --
 -- A missing row is made by the claim on first use as a full bucket: tokens = the governing
 -- limit's rate_limit (0 without a rate, and a rate-less bucket's tokens are never read),
