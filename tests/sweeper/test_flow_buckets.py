@@ -168,10 +168,10 @@ async def test_concurrent_claims_and_prunes_never_exceed_the_rate(
     random moments, the bucket often full again between two of them, while the pruner runs
     in a loop. A bucket pruned after a claim spent it would give the key a second full
     bucket at once."""
-    limit, per = 3, 0.2
+    limit, per = 2, 0.1
     await limits.put("hot", LimitSpec(concurrency=None, rate=Rate(limit, per)))
     await _submit(store, 400, "hot")
-    stores = [JobStore(await create_pool(db_url, min_size=1, max_size=1)) for _ in range(3)]
+    stores = [JobStore(await create_pool(db_url, min_size=1, max_size=1)) for _ in range(4)]
     retention = RetentionStore(pool)
     claiming = True
     pruned = 0
@@ -179,7 +179,7 @@ async def test_concurrent_claims_and_prunes_never_exceed_the_rate(
 
         async def claim(s: JobStore, seed: int) -> None:
             rnd = random.Random(seed)
-            ending = asyncio.get_running_loop().time() + 4
+            ending = asyncio.get_running_loop().time() + 5
             while asyncio.get_running_loop().time() < ending:
                 jobs = await s.claim(worker_id="w", queues=[Q], max_jobs=rnd.randint(1, limit))
                 await s.complete_many([Completion(j["id"], j["lease_token"]) for j in jobs])
