@@ -22,7 +22,7 @@ from evora.storage.limits import LimitSpec, LimitStore, Rate
 from evora.storage.retention import RetentionStore
 from tests.conftest import Clock
 from tests.polling import until
-from tests.sweeper.conftest import FAST, StartSweeper
+from tests.sweeper.conftest import FAST, StartSweeper, done_or_waiting
 
 Q = "buckets"
 TENANTS = 50_000
@@ -141,16 +141,11 @@ async def test_a_claim_spending_the_bucket_keeps_what_it_spent(
         # ... when the sweeper looks at the bucket, whose committed version is full.
         pruning = asyncio.create_task(RetentionStore(pool).prune_flow_buckets("", 1000))
 
-        async def pruned_or_waiting() -> bool:
-            waits = await pool.fetchval(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            )
-            return pruning.done() or bool(waits)
-
         # The pass either passes over the held bucket or waits for its claim: the claim
         # commits at that moment, the unlucky one.
-        await until(pruned_or_waiting, "the pass to finish or wait for the held bucket")
+        await until(
+            lambda: done_or_waiting(pool, pruning), "the pass to finish or wait for the held bucket"
+        )
         await held.commit()
         await pruning
     finally:
