@@ -5,6 +5,7 @@ is a bounded poll of observable state."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,17 @@ async def force_lease_expiry(pool: asyncpg.Pool, *job_ids: UUID) -> None:
         list(job_ids),
     )
     assert status == f"UPDATE {len(job_ids)}"
+
+
+async def done_or_waiting(pool: asyncpg.Pool, task: asyncio.Task[Any]) -> bool:
+    """Whether `task` (a pass run against rows a held transaction writes) has finished, or
+    some session of the test's database waits for a lock: the moment the held transaction
+    commits, the unlucky one."""
+    waits = await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    return task.done() or bool(waits)
 
 
 async def events(pool: asyncpg.Pool, job_id: UUID) -> list[tuple[str, dict[str, Any]]]:

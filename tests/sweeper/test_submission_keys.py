@@ -20,7 +20,7 @@ from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.retention import RetentionStore
 from tests.conftest import Clock
 from tests.polling import until
-from tests.sweeper.conftest import FAST, StartSweeper
+from tests.sweeper.conftest import FAST, StartSweeper, done_or_waiting
 
 Q = "keys"
 # throttled jobs wait in a queue of their own: the claims below take only debounced ones
@@ -124,16 +124,11 @@ async def test_a_submission_holding_its_key_keeps_the_row_it_writes(
         throttle_made = await in_sql(holder, "t", QT, throttle={"key": "t", "window_seconds": 50})
         pruning = asyncio.create_task(RetentionStore(pool).prune_submission_keys(1000))
 
-        async def pruned_or_waiting() -> bool:
-            waits = await pool.fetchval(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            )
-            return pruning.done() or bool(waits)
-
         # The pass either passes over the rows being written or waits for their writer: the
         # holder commits at that moment, the unlucky one.
-        await until(pruned_or_waiting, "the pass to finish or wait for the held rows")
+        await until(
+            lambda: done_or_waiting(pool, pruning), "the pass to finish or wait for the held rows"
+        )
         await held.commit()
         await pruning
     finally:

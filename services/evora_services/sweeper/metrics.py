@@ -13,7 +13,14 @@ LEASE_OUTCOMES = ("requeued", "dead_lettered", "cancelled")
 # what a callback that timed out made of its job (docs/callbacks.md): resumed (on_timeout
 # resume), requeued (fail, retried), dead_lettered (dlq, or fail with no attempt left)
 CALLBACK_OUTCOMES = ("resumed", "requeued", "dead_lettered")
-PRUNE_KINDS = ("completed", "cancelled", "dlq", "idempotency_keys", "submission_keys")
+PRUNE_KINDS = (
+    "completed",
+    "cancelled",
+    "dlq",
+    "idempotency_keys",
+    "submission_keys",
+    "flow_buckets",
+)
 # How late a schedule's job is made after its tick: on time is well under a second; a
 # catch-up after downtime can be hours.
 FIRE_DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 86400)
@@ -50,7 +57,7 @@ class SweeperMetrics:
         self.pruned = Counter(
             "evora_sweeper_pruned",
             "Rows removed by retention, by kind (completed, cancelled, dlq, idempotency_keys,"
-            " submission_keys).",
+            " submission_keys, flow_buckets).",
             ["kind"],
             registry=registry,
         )

@@ -229,9 +229,9 @@ class Sweeper:
     async def prune_due(self, ended: asyncio.Event | None = None) -> Counter[str]:
         """One retention pass: job_events' partitions made ahead, then finished jobs and
         idempotency keys past their windows, debounce and throttle keys that answer nothing
-        more, in batches of one short statement each, and the
-        partitions of events past theirs. Returns the rows (partitions, for
-        `event_partitions`) removed by kind."""
+        more, token buckets that carry nothing (full, not throttled), in batches of one
+        short statement each, and the partitions of events past theirs. Returns the rows
+        (partitions, for `event_partitions`) removed by kind."""
         removed: Counter[str] = Counter()
         # First: a missing partition fails transitions, an unpruned row only waits.
         ahead = await self._store.make_event_partitions(
@@ -255,6 +255,8 @@ class Sweeper:
                 "submission_keys", self._store.prune_submission_keys, ended
             )
         if not _ended(ended):
+            removed["flow_buckets"] = await self._prune_flow_buckets(ended)
+        if not _ended(ended):
             dropped = await self._store.drop_event_partitions(
                 self._retention.events, self._retention.archive_events
             )
@@ -275,6 +277,18 @@ class Sweeper:
             self._metrics.pruned.labels(kind).inc(removed)
             if removed < batch or _ended(ended):
                 return total
+
+    async def _prune_flow_buckets(self, ended: asyncio.Event | None) -> int:
+        """The token buckets that carry nothing, a walk of all of them in key order, a batch
+        of keys looked at per statement (a kept bucket is passed once a pass, not again in
+        every batch as an oldest-first prune would)."""
+        after: str | None = ""
+        total = 0
+        while after is not None and not _ended(ended):
+            removed, after = await self._store.prune_flow_buckets(after, self._tuning.prune_batch)
+            total += removed
+            self._metrics.pruned.labels("flow_buckets").inc(removed)
+        return total
 
     async def _prune_forever(self, ended: asyncio.Event) -> None:
         backoff = Backoff()

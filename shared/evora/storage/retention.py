@@ -45,6 +45,7 @@ _ANOTHER_HAS_IT = (
     PRUNE_FINISHED,
     PRUNE_IDEMPOTENCY_KEYS,
     PRUNE_SUBMISSION_KEYS,
+    PRUNE_FLOW_BUCKETS,
     MAKE_EVENT_PARTITIONS,
     EXPIRED_EVENT_PARTITIONS,
     RECORD_PROJECTOR_PROGRESS,
@@ -57,6 +58,7 @@ _ANOTHER_HAS_IT = (
     "prune_finished",
     "prune_idempotency_keys",
     "prune_submission_keys",
+    "prune_flow_buckets",
     "make_event_partitions",
     "expired_event_partitions",
     "record_projector_progress",
@@ -114,6 +116,14 @@ class RetentionStore:
         a throttle key past its window, a debounce key whose job started or is gone."""
         removed: int = await self._pool.fetchval(PRUNE_SUBMISSION_KEYS, limit)
         return removed
+
+    async def prune_flow_buckets(self, after: str, limit: int) -> tuple[int, str | None]:
+        """Look at up to `limit` token buckets after the key `after` ('' from the start),
+        removing those that carry nothing (a full bucket, or one no rate reads, not
+        throttled); returns how many went and the key to go on after (None: the end)."""
+        row = await self._pool.fetchrow(PRUNE_FLOW_BUCKETS, after, limit)
+        assert row is not None
+        return row["pruned"], row["last_key"]
 
     async def make_event_partitions(self, width: float, ahead: int) -> float:
         """Make job_events' partitions until `ahead` of `width` seconds lie beyond the

@@ -1996,6 +1996,36 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.prune_flow_buckets(after text, batch integer) RETURNS TABLE(pruned bigint, last_key text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    at CONSTANT timestamptz := evora.clock_now();
+    keys text[];
+BEGIN
+    keys := ARRAY(SELECT b.key FROM evora.flow_buckets b WHERE b.key > after
+                  ORDER BY b.key LIMIT batch);
+    last_key := CASE WHEN cardinality(keys) = batch THEN keys[batch] END;
+    WITH governing AS MATERIALIZED (
+        SELECT * FROM evora.governing_limits(keys)
+    ),
+    gone AS (
+        DELETE FROM evora.flow_buckets
+        WHERE key IN (
+            SELECT b.key FROM evora.flow_buckets b
+            LEFT JOIN governing g ON g.key = b.key
+            WHERE b.key = ANY(keys)
+              AND (b.throttled_until IS NULL OR b.throttled_until <= at)
+              AND (g.rate_limit IS NULL
+                   OR evora.tokens(b, g.rate_limit, g.rate_per_seconds, at) >= g.rate_limit)
+            FOR UPDATE OF b SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO pruned FROM gone;
+    RETURN NEXT;
+END
+$$;
+
 CREATE FUNCTION evora.prune_submission_keys(batch integer) RETURNS bigint
     LANGUAGE plpgsql
     AS $$

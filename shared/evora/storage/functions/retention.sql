@@ -340,3 +340,58 @@ BEGIN
     RETURN removed + debounced;
 END
 $$;
+
+-- Removes the rows of evora.flow_buckets (a key's token bucket, docs/flow-control.md) that
+-- carry nothing, among the `batch` keys after `after` in key order (a walk of the primary
+-- key: a pass reads every row once however few it removes, and no index is added that
+-- every claim's update of a bucket would write too; docs/flow-control.md has the figures);
+-- returns how many it removed and the last key it looked at (NULL: the walk reached the
+-- end).
+--
+-- A missing row is made by the claim on first use as a full bucket: tokens = the governing
+-- limit's rate_limit (0 without a rate, and a rate-less bucket's tokens are never read),
+-- throttled_until NULL (evora.claim_limited()). So a row is equivalent to no row, and goes,
+-- when it is not throttling (`throttled_until`, an upstream's drain, is past; while it holds,
+-- evora.tokens() answers 0, whatever the limit) and
+--   * its key's governing limit has a rate and the bucket is full by now: evora.tokens() at
+--     the clock is the rate_limit (the same rule, and the same function, the claim counts
+--     by; tokens only grow with time, so a later claim finds it full too), or
+--   * that limit has no rate (its tokens are never read), or no limit governs the key any
+--     more (no claim reads its bucket; one that comes to govern it starts from full).
+-- The verdict is made on the locked row's newest version: the rows are locked FOR UPDATE
+-- SKIP LOCKED and the test is on the locked row's own columns (rechecked on its newest
+-- version when a claim committed a spend after this statement's snapshot). A claim holding
+-- the row (it locks the row before it counts and keeps it until it commits) is skipped, never
+-- waited for, and looked at again next pass; a row a claim is making (under the key's
+-- advisory lock) is not visible yet. A claim whose snapshot still saw a row removed here finds
+-- it gone when it locks it and leaves the key blocked for that claim, as if locked; the
+-- next claim makes it anew, full, as the limit would have refilled it.
+CREATE OR REPLACE FUNCTION evora.prune_flow_buckets(after text, batch integer)
+RETURNS TABLE (pruned bigint, last_key text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    at CONSTANT timestamptz := evora.clock_now();
+    keys text[];
+BEGIN
+    keys := ARRAY(SELECT b.key FROM evora.flow_buckets b WHERE b.key > after
+                  ORDER BY b.key LIMIT batch);
+    last_key := CASE WHEN cardinality(keys) = batch THEN keys[batch] END;
+    WITH governing AS MATERIALIZED (
+        SELECT * FROM evora.governing_limits(keys)
+    ),
+    gone AS (
+        DELETE FROM evora.flow_buckets
+        WHERE key IN (
+            SELECT b.key FROM evora.flow_buckets b
+            LEFT JOIN governing g ON g.key = b.key
+            WHERE b.key = ANY(keys)
+              AND (b.throttled_until IS NULL OR b.throttled_until <= at)
+              AND (g.rate_limit IS NULL
+                   OR evora.tokens(b, g.rate_limit, g.rate_per_seconds, at) >= g.rate_limit)
+            FOR UPDATE OF b SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) INTO pruned FROM gone;
+    RETURN NEXT;
+END
+$$;

@@ -57,6 +57,13 @@ SELECT count(*) FROM gone;
 -- (evora.prune_submission_keys(), functions/retention.sql).
 SELECT evora.prune_submission_keys($1);
 
+-- name: prune_flow_buckets
+-- $1 the key after which to look ('' from the start), $2 at most this many keys looked at.
+-- The token buckets among them that carry nothing (full by now, or no rate to count) are
+-- removed; how many, and the last key looked at (NULL: no keys after it)
+-- (evora.prune_flow_buckets(), functions/retention.sql).
+SELECT pruned, last_key FROM evora.prune_flow_buckets($1, $2);
+
 -- name: make_event_partitions
 -- $1 width of a partition (seconds), $2 how many to have ahead of the clock; returns the
 -- seconds of partitions ahead once made (evora.make_event_partitions(), functions/retention.sql).
