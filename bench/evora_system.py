@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.children import Child, Children
 from bench.system import System
+from bench.wholelife import Part, evora_parts
 
 SERVICES = ("api", "dispatcher", "sweeper", "projector")
 READY_TIMEOUT_S = 60.0
@@ -33,6 +35,8 @@ COUNTERS = {
         "evora_http_requests_total",
     ),
     "api": ("evora_http_requests_total",),
+    # whether the sweeper's incremental audit read events inside a measured phase
+    "sweeper": ("evora_audit_events_total",),
     "projector": (
         "evora_projector_events_total",
         "evora_projector_batch_size_count",
@@ -63,6 +67,7 @@ class EvoraSystem(System):
         "SELECT EXISTS (SELECT FROM evora.jobs WHERE queue = 'bench' AND state IN"
         " ('PENDING', 'RUNNING'))"
     )
+    schemas = ("evora",)
 
     def __init__(
         self,
@@ -216,6 +221,13 @@ class EvoraSystem(System):
                     break
                 await asyncio.sleep(0.05)
         return {"projector_catch_up_s": time.monotonic() - started}
+
+    async def deferred_parts(
+        self, conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack
+    ) -> list[Part]:
+        """The sweeper's audit and retention and autovacuum's work (`bench.wholelife`). A
+        variant's are run by this checkout's sweeper code."""
+        return await evora_parts(conn, dsn, stack)
 
     def profile_targets(self) -> list[Child]:
         return list(self.services)
