@@ -324,7 +324,8 @@ class Repetition:
         parts = []
         async with AsyncExitStack() as stack:
             for part in await self.system.deferred_parts(conn, dsn, stack):
-                await conn.execute("CHECKPOINT")
+                if part.later:
+                    await conn.execute("CHECKPOINT")
                 before = {POSTGRES: self.cluster.cpu(), "client": procstats.own_cpu_seconds()}
                 before |= {MACHINE: procstats.machine_busy_seconds(), WALL: time.monotonic()}
                 wal_before = await _wal_bytes(conn)
@@ -332,9 +333,11 @@ class Repetition:
                 wal = await _wal_bytes(conn) - wal_before
                 after = {POSTGRES: self.cluster.cpu(), "client": procstats.own_cpu_seconds()}
                 after |= {MACHINE: procstats.machine_busy_seconds(), WALL: time.monotonic()}
+                await wholelife.flush_stats(conn)
                 parts.append(
                     {
                         "part": part.name,
+                        "checkpoint_first": part.later,
                         "seconds": after[WALL] - before[WALL],
                         "wal_bytes": wal,
                         "wal_bytes_per_job": wal / jobs,
