@@ -45,6 +45,13 @@ COUNTERS = {
 }
 
 
+# (ORDER BY rather than min()/max(): xid8 has no such aggregates before PostgreSQL 16)
+_EVERY_EVENT_CONSUMED = """
+SELECT (SELECT p.xid FROM evora.projector_progress p ORDER BY p.xid LIMIT 1)
+     > (SELECT e.xid FROM evora.job_events e ORDER BY e.xid DESC LIMIT 1)
+"""
+
+
 def _evora_command(variant: bool = False) -> list[str]:
     # The console script of the environment running the benchmark: what a deployment runs.
     # A variant's services run as a module from its checkout (their working directory).
@@ -221,6 +228,17 @@ class EvoraSystem(System):
                     break
                 await asyncio.sleep(0.05)
         return {"projector_catch_up_s": time.monotonic() - started}
+
+    async def settle(self, conn: asyncpg.Connection) -> None:
+        """Waits until the projector has recorded that it consumed every event (it records
+        its progress after writing the read models, a moment after its lag reads 0): event
+        retention drops no partition before that."""
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if await conn.fetchval(_EVERY_EVENT_CONSUMED):
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError("the projector did not record every event consumed")
 
     async def deferred_parts(
         self, conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack

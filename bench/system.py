@@ -76,6 +76,11 @@ class System(ABC):
         """Anything the system still does once every job is finished (waited for here)."""
         return {}
 
+    async def settle(self, conn: asyncpg.Connection) -> None:
+        """Anything the system must still do before it is stopped for the deferred parts
+        (`--whole-life`), waited for here. Nothing for a system without services."""
+        return
+
     async def deferred_parts(
         self, conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack
     ) -> list[Part]:

@@ -28,6 +28,8 @@ how many autovacuum and autoanalyze runs happened anyway is recorded (`autovacuu
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -44,6 +46,8 @@ from evora_services.sweeper.sweeper import Retention, Sweeper, Tuning
 # How far the retention pass runs the database's clock ahead: past the end of the day's
 # job_events partition (partitions are a day wide by default), wherever in the day the run is.
 CLOCK_AHEAD = "1 day"
+# How long after its session ended a backend is surely gone (exited and reaped).
+REAPED_S = 0.5
 # What a part did (rows removed, events read, tables vacuumed ...), for the report.
 Counts = dict[str, int]
 
@@ -66,6 +70,11 @@ WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r'
 ORDER BY 1
 """
 
+_OTHERS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
+
 _STATS = """
 SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0)::int8 AS runs,
        coalesce(sum(n_dead_tup), 0)::int8 AS dead
@@ -84,6 +93,19 @@ async def autovacuum_off(conn: asyncpg.Connection, schemas: Sequence[str]) -> No
             f"ALTER TABLE {table} SET (autovacuum_enabled = false,"
             " toast.autovacuum_enabled = false)"
         )
+
+
+async def wait_alone(conn: asyncpg.Connection, timeout_s: float = 30.0) -> None:
+    """Waits until no other session is connected to the database, and a little longer: a
+    backend that exits while the cluster's CPU is read (the postmaster's count of reaped
+    children first, then the live ones) would be counted in neither, or its whole life in a
+    part."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not await conn.fetchval(_OTHERS):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(REAPED_S)
 
 
 async def flush_stats(conn: asyncpg.Connection) -> None:

@@ -318,7 +318,9 @@ class Repetition:
         run's), with nothing of the system running: what it still does after the jobs are
         finished (Evora's projector catching up) is waited for, then it is stopped."""
         await self.system.after_drain()
+        await self.system.settle(conn)
         self.system.stop()
+        await wholelife.wait_alone(conn)
         jobs = self.workload.jobs + self.result["latency"]["offered"]
         autovacuum_runs = await wholelife.autovacuum_runs(conn, self.system.schemas)
         parts = []
