@@ -245,7 +245,7 @@ class EvoraSystem(System):
     ) -> list[Part]:
         """The sweeper's audit and retention and autovacuum's work (`bench.wholelife`). A
         variant's are run by this checkout's sweeper code."""
-        return await evora_parts(conn, dsn, stack)
+        return await evora_parts(conn, dsn, stack, self.schemas)
 
     def profile_targets(self) -> list[Child]:
         return list(self.services)

@@ -133,7 +133,9 @@ def vacuum(conn: asyncpg.Connection, schemas: Sequence[str], name: str = "vacuum
     return Part(name, run)
 
 
-async def evora_parts(conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack) -> list[Part]:
+async def evora_parts(
+    conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack, schemas: Sequence[str]
+) -> list[Part]:
     """Evora's deferred work, done by a `Sweeper` as the sweeper service does it (its
     `audit_due` and `prune_due`, default tuning), with every retention window 0 (the
     settings' floor is 60 s, so the windows are given to the `Retention` directly) and the
@@ -162,7 +164,9 @@ async def evora_parts(conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack)
 
     async def audit() -> Counts:
         passes = 1
-        while await sweeper.audit_due():  # a backlog: pass after pass, as the sweeper does
+        # A backlog: pass after pass, as the sweeper reads one (without its Tuning.min_wait
+        # of 0.05 s between passes, which is no work).
+        while await sweeper.audit_due():
             passes += 1
         events = metrics.registry.get_sample_value("evora_audit_events_total") or 0
         return {"passes": passes, "events": int(events)}
@@ -173,7 +177,6 @@ async def evora_parts(conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack)
             await flush_stats(session)
         return removed
 
-    schemas = ("evora",)
     return [
         Part("audit", audit),
         vacuum(conn, schemas, "vacuum after the drain"),
