@@ -19,6 +19,10 @@ durable PostgreSQL, repetitions interleaved (evora, graphile, pgqueuer, evora, .
                                                  # on another supported major (14-17:
                                                  # the test matrix's builds; 15 is
                                                  # Debian's, with JIT); default 18
+    python -m bench compare --whole-life         # also what the finished jobs still cost
+                                                 # after the drain (retention, the audit,
+                                                 # vacuum; see bench.wholelife), autovacuum
+                                                 # off for the systems' tables
     python -m bench compare --pressure           # each system at 200 jobs/s: 2 min clean,
                                                  # 10 min with a transaction pinning xmin
                                                  # in another database, 1 min released
@@ -131,6 +135,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="perf profiles of PostgreSQL in each system's drain; statements nested in "
         "functions in pg_stat_statements, and the functions' own times",
+    )
+    compare.add_argument(
+        "--whole-life",
+        action="store_true",
+        help="also the deferred work of the finished jobs: retention, the audit, vacuum "
+        "(bench.wholelife)",
     )
     compare.add_argument(
         "--pressure",
@@ -247,6 +257,7 @@ async def compare(
     peers: Peers | None,
     profiler: Profiler | None,
     variants: dict[str, Path] | None = None,
+    whole_life: bool = False,
 ) -> list[dict[str, Any]]:
     children = Children(directory)
     runs = []
@@ -259,7 +270,9 @@ async def compare(
                 print(f"== {name} repetition {rep}/{repetitions}", flush=True)
                 dsn = await cluster.fresh_database(database)
                 profiling = profiler if name.startswith("evora") else None
-                result = await Repetition(system, cluster, workload, label, profiling).run(dsn)
+                result = await Repetition(
+                    system, cluster, workload, label, profiling, whole_life
+                ).run(dsn)
                 result["repetition"] = rep
                 print(
                     f"   enqueue {result['enqueue']['jobs_per_s']:,.0f} jobs/s, drain "
@@ -397,8 +410,10 @@ def run_compare(args: argparse.Namespace) -> int:
                     peers,
                     profiler,
                     variants,
+                    args.whole_life,
                 )
             )
+        info["load_average_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
         summary = report.summarize(runs)
         out = args.out or Path("bench/results") / datetime.now(UTC).strftime(
             "compare-%Y%m%dT%H%M%SZ.json"
@@ -409,6 +424,7 @@ def run_compare(args: argparse.Namespace) -> int:
                 {
                     "machine": info,
                     "workload": workload.__dict__,
+                    "whole_life": args.whole_life,
                     "systems": systems,
                     "summary": summary,
                     "runs": runs,

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.children import Child, Children
 from bench.system import System
+from bench.wholelife import Part, evora_parts
 
 SERVICES = ("api", "dispatcher", "sweeper", "projector")
 READY_TIMEOUT_S = 60.0
@@ -33,12 +35,21 @@ COUNTERS = {
         "evora_http_requests_total",
     ),
     "api": ("evora_http_requests_total",),
+    # whether the sweeper's incremental audit read events inside a measured phase
+    "sweeper": ("evora_audit_events_total",),
     "projector": (
         "evora_projector_events_total",
         "evora_projector_batch_size_count",
         "evora_projector_mongo_writes_total",
     ),
 }
+
+
+# (ORDER BY rather than min()/max(): xid8 has no such aggregates before PostgreSQL 16)
+_EVERY_EVENT_CONSUMED = """
+SELECT (SELECT p.xid FROM evora.projector_progress p ORDER BY p.xid LIMIT 1)
+     > (SELECT e.xid FROM evora.job_events e ORDER BY e.xid DESC LIMIT 1)
+"""
 
 
 def _evora_command(variant: bool = False) -> list[str]:
@@ -63,6 +74,7 @@ class EvoraSystem(System):
         "SELECT EXISTS (SELECT FROM evora.jobs WHERE queue = 'bench' AND state IN"
         " ('PENDING', 'RUNNING'))"
     )
+    schemas = ("evora",)
 
     def __init__(
         self,
@@ -216,6 +228,24 @@ class EvoraSystem(System):
                     break
                 await asyncio.sleep(0.05)
         return {"projector_catch_up_s": time.monotonic() - started}
+
+    async def settle(self, conn: asyncpg.Connection) -> None:
+        """Waits until the projector has recorded that it consumed every event (it records
+        its progress after writing the read models, a moment after its lag reads 0): event
+        retention drops no partition before that."""
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if await conn.fetchval(_EVERY_EVENT_CONSUMED):
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError("the projector did not record every event consumed")
+
+    async def deferred_parts(
+        self, conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack
+    ) -> list[Part]:
+        """The sweeper's audit and retention and autovacuum's work (`bench.wholelife`). A
+        variant's are run by this checkout's sweeper code."""
+        return await evora_parts(conn, dsn, stack, self.schemas)
 
     def profile_targets(self) -> list[Child]:
         return list(self.services)

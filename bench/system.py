@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from bench.children import Child, Children
+from bench.wholelife import Part, vacuum
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,6 +37,9 @@ class System(ABC):
     # EXISTS, not count(*): the harness polls it while the system works, and a count over
     # the whole table cost PostgreSQL more than a tenth of a core at that rate.
     unfinished_sql: str
+    # The schemas of the system's tables (`--whole-life` vacuums them and turns their
+    # autovacuum off).
+    schemas: tuple[str, ...]
 
     def __init__(self, children: Children) -> None:
         self.children = children
@@ -68,6 +75,19 @@ class System(ABC):
     async def after_drain(self) -> dict[str, Any]:
         """Anything the system still does once every job is finished (waited for here)."""
         return {}
+
+    async def settle(self, conn: asyncpg.Connection) -> None:
+        """Anything the system must still do before it is stopped for the deferred parts
+        (`--whole-life`), waited for here. Nothing for a system without services."""
+        return
+
+    async def deferred_parts(
+        self, conn: asyncpg.Connection, dsn: str, stack: AsyncExitStack
+    ) -> list[Part]:
+        """The work the finished jobs leave for later (`bench.wholelife`), in the order it
+        happens, set up (connections opened, statements found) but not begun; `stack`
+        closes what they need once they are done. By default what autovacuum does."""
+        return [vacuum(conn, self.schemas)]
 
     def profile_targets(self) -> list[Child]:
         return []

@@ -11,6 +11,10 @@
     for the producers, which exit at the end of their phase), peak RSS of every process
     (VmHWM, or the runner's ru_maxrss) and PostgreSQL's peak private memory: the largest sum
     of RssAnon over all its processes, sampled every SAMPLE_S (shared_buffers left out).
+(d) with `whole_life` (`bench.wholelife`): autovacuum off for the system's tables from the
+    start, and after the latency run, every process of the system stopped, the work its
+    finished jobs still leave (retention, the audit, vacuum), part by part: WAL bytes,
+    PostgreSQL CPU, this process's CPU (the part's client side), wall time.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from bench import procstats
+from bench import procstats, wholelife
 from bench.children import Child
 from bench.cluster import Cluster
 from bench.profiling import Profiler
@@ -97,12 +101,15 @@ class Repetition:
         workload: Workload,
         label: str,
         profiler: Profiler | None,
+        whole_life: bool = False,
     ) -> None:
         self.system = system
         self.cluster = cluster
         self.workload = workload
         self.label = label
         self.profiler = profiler
+        self.whole_life = whole_life
+        self._autovacuum_runs = 0
         self.directory = system.children.directory
         self.worker: Child | None = None
         self.result: dict[str, Any] = {"system": system.name, "label": label}
@@ -186,10 +193,15 @@ class Repetition:
         await self.system.start(dsn, self.label)
         conn = await asyncpg.connect(dsn)
         try:
+            if self.whole_life:
+                await wholelife.autovacuum_off(conn, self.system.schemas)
+                self._autovacuum_runs = await wholelife.autovacuum_runs(conn, self.system.schemas)
             with PeakSampler(self.cluster).running() as sampler:
                 await self.cluster.execute("CHECKPOINT")
                 await self._phases(conn)
                 self._score(self._stop_and_collect(sampler))
+            if self.whole_life:
+                await self._deferred(conn, dsn)
         finally:
             await conn.close()
             if self.worker is not None:
@@ -300,6 +312,49 @@ class Repetition:
             "statements": await self.cluster.top_statements(conn),
         }
         self.result["peak_rss_mib"]["producer (offer)"] = out["maxrss_kib"] / KIB_PER_MIB
+
+    async def _deferred(self, conn: asyncpg.Connection, dsn: str) -> None:
+        """The deferred parts, per job the run finished (the drained ones and the latency
+        run's), with nothing of the system running: what it still does after the jobs are
+        finished (Evora's projector catching up) is waited for, then it is stopped."""
+        await self.system.after_drain()
+        await self.system.settle(conn)
+        self.system.stop()
+        await wholelife.wait_alone(conn)
+        jobs = self.workload.jobs + self.result["latency"]["offered"]
+        autovacuum_runs = await wholelife.autovacuum_runs(conn, self.system.schemas)
+        parts = []
+        async with AsyncExitStack() as stack:
+            for part in await self.system.deferred_parts(conn, dsn, stack):
+                if part.later:
+                    await conn.execute("CHECKPOINT")
+                before = {POSTGRES: self.cluster.cpu(), "client": procstats.own_cpu_seconds()}
+                before |= {MACHINE: procstats.machine_busy_seconds(), WALL: time.monotonic()}
+                wal_before = await _wal_bytes(conn)
+                did = await part.run()
+                wal = await _wal_bytes(conn) - wal_before
+                after = {POSTGRES: self.cluster.cpu(), "client": procstats.own_cpu_seconds()}
+                after |= {MACHINE: procstats.machine_busy_seconds(), WALL: time.monotonic()}
+                await wholelife.flush_stats(conn)
+                parts.append(
+                    {
+                        "part": part.name,
+                        "checkpoint_first": part.later,
+                        "seconds": after[WALL] - before[WALL],
+                        "wal_bytes": wal,
+                        "wal_bytes_per_job": wal / jobs,
+                        "cpu_us_per_job": self._per_job_us(before, after, jobs),
+                        "noise_cores": self._noise_cores(before, after),
+                        "did": did,
+                    }
+                )
+        self.result["deferred"] = {
+            "jobs": jobs,
+            "parts": parts,
+            # autovacuum and autoanalyze runs on the system's tables from the first phase to
+            # the deferred parts (autovacuum being off for them: 0 expected)
+            "autovacuum_runs": autovacuum_runs - self._autovacuum_runs,
+        }
 
     def _stop_and_collect(self, sampler: PeakSampler) -> list[list[float]]:
         """Peak memory of every process; stops the worker and returns its handler starts."""

@@ -10,6 +10,7 @@ class GraphileSystem(PeerSystem):
     name = "graphile"
     # Completed jobs are deleted; failed ones would stay (none fail here).
     unfinished_sql = "SELECT EXISTS (SELECT FROM graphile_worker._private_jobs)"
+    schemas = ("graphile_worker",)
 
     def runner_argv(self) -> list[str]:
         return [str(self.peers.node), str(self.peers.graphile_runner), "--dsn", self.dsn]
