@@ -13,10 +13,11 @@ import signal
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
+from bson import ObjectId
 from pymongo import AsyncMongoClient, InsertOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
@@ -103,7 +104,10 @@ class _KillsMongo(Projector):
     """A projector whose MongoDB is SIGKILLed, and started again, the moment it has
     acknowledged its `nth` write of the queue documents (`what` "queues") or of the
     checkpoint ("checkpoint"). Everything before that write is made durable first (fsync),
-    so that the crash can lose that write and no other."""
+    so that the crash can lose that write and no other. Or ("sealed") killed once its `nth`
+    batch has found that one server took all its writes, just before the checkpoint, with
+    nothing made durable: the crash loses the batch's writes, w:1 since the last journaled
+    one."""
 
     def __init__(
         self,
@@ -136,10 +140,21 @@ class _KillsMongo(Projector):
             await write
 
     async def _advance_checkpoint(
-        self, old: Document, span: Span, cursor: OutboxCursor, batch: Batch | None
+        self,
+        old: Document,
+        span: Span,
+        cursor: OutboxCursor,
+        batch: Batch | None,
+        **how: Any,
     ) -> Document:
-        write = super()._advance_checkpoint(old, span, cursor, batch)
+        write = super()._advance_checkpoint(old, span, cursor, batch, **how)
         return await (self._crash_after(write) if self._due("checkpoint") else write)
+
+    async def _seal(self, checkpoint: Document) -> ObjectId | None:
+        token = await super()._seal(checkpoint)
+        if self._due("sealed"):
+            await _kill(self._server)
+        return token
 
 
 async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
@@ -156,6 +171,27 @@ async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
     try:
         await mixed_workload(store, pool, jobs=300, queues=["k1", "k2"], seed=23)
         await catch_up_replaying(_KillsMongo(pool, db, server, "queues", nth=5))
+        await assert_matches_truth(pool, db)
+    finally:
+        await client.close()
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_batch_lost_after_its_server_was_checked_is_not_checkpointed(
+    store: JobStore, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """A batch's documents go w:1 and only its checkpoint is journaled. MongoDB killed after
+    the batch found one server took all its writes, and before the checkpoint, loses those
+    documents, while the checkpoint goes to the server started again: it must not pass their
+    events. The third batch is one in the middle of a span, whose checkpoint position is
+    already durable."""
+    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server.start()
+    client = mongo_client(server.url, "test")
+    db = client["lost"]
+    try:
+        await mixed_workload(store, pool, jobs=300, queues=["s1", "s2"], seed=37)
+        await catch_up_replaying(_KillsMongo(pool, db, server, "sealed", nth=3))
         await assert_matches_truth(pool, db)
     finally:
         await client.close()
@@ -220,12 +256,17 @@ async def _crash_after(db: AsyncDatabase[Document], server: LocalMongo, write: A
     lose that write and no other."""
     await db.client.admin.command("fsync")
     written = await write
+    await _kill(server)
+    return written
+
+
+async def _kill(server: LocalMongo) -> None:
+    """SIGKILL MongoDB, and start it again."""
     pid = server.pid
     assert pid is not None
     os.killpg(pid, signal.SIGKILL)
     await until(lambda: not server.running, "MongoDB is gone", within=30)
     await asyncio.to_thread(server.start)
-    return written
 
 
 async def _state(pool: asyncpg.Pool, mongo: AsyncDatabase[Document], log: Path) -> str:
