@@ -3,6 +3,7 @@ while a steady workload runs.
 
     python -m bench.projector            # 20,000 jobs backlog, 30 s live phase
     python -m bench.projector --quick
+    python -m bench.projector --queues 200   # a batch touches ~200 queue documents
 
 Starts its own durable PostgreSQL (embedded wheel) and MongoDB-wire server (secantusd-py),
 both in a temp dir. The local MongoDB-wire server is far slower than a real MongoDB (it is
@@ -33,17 +34,16 @@ from evora.storage.migrate import apply_migrations
 from evora_services.projector.metrics import ProjectorMetrics
 from evora_services.projector.projector import Projector
 
-QUEUES = ["q0", "q1", "q2", "q3"]
 
-
-async def cycle(store: JobStore, jobs: int, batch: int = 500) -> None:
-    """Submit, claim and complete `jobs` jobs in batches: three events per job."""
+async def cycle(store: JobStore, jobs: int, queues: list[str], batch: int = 500) -> None:
+    """Submit, claim and complete `jobs` jobs in batches, spread over `queues`: three events
+    per job."""
     for start in range(0, jobs, batch):
         n = min(batch, jobs - start)
         await store.submit_batch(
-            [JobSubmission(queue=QUEUES[i % len(QUEUES)], type="t") for i in range(n)]
+            [JobSubmission(queue=queues[(start + i) % len(queues)], type="t") for i in range(n)]
         )
-        claimed = await store.claim(worker_id=f"w{start % 7}", queues=QUEUES, max_jobs=n)
+        claimed = await store.claim(worker_id=f"w{start % 7}", queues=queues, max_jobs=n)
         await store.complete_many([Completion(j["id"], j["lease_token"]) for j in claimed])
 
 
@@ -66,6 +66,7 @@ async def main(args: argparse.Namespace) -> None:
         client = mongo_client(mongo_server.url, "bench")
         db = client["bench"]
         store = JobStore(pool)
+        queues = [f"q{n}" for n in range(args.queues)]
         print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
         print(
             f"PostgreSQL {await pool.fetchval('SHOW server_version')} (durable), "
@@ -73,10 +74,11 @@ async def main(args: argparse.Namespace) -> None:
         )
 
         started = time.perf_counter()
-        await cycle(store, args.jobs)
+        await cycle(store, args.jobs, queues)
         events = await pool.fetchval("SELECT count(*) FROM evora.job_events")
         print(
-            f"backlog: {args.jobs} jobs, {events} events in {time.perf_counter() - started:.1f} s"
+            f"backlog: {args.jobs} jobs in {args.queues} queues, {events} events in "
+            f"{time.perf_counter() - started:.1f} s"
         )
 
         metrics = ProjectorMetrics(ServiceMetrics("bench"))
@@ -121,7 +123,7 @@ async def main(args: argparse.Namespace) -> None:
             deadline = time.monotonic() + args.seconds
             while time.monotonic() < deadline:
                 tick = time.monotonic()
-                await cycle(store, args.rate // 2, batch=args.rate // 2)
+                await cycle(store, args.rate // 2, queues, batch=args.rate // 2)
                 done += args.rate // 2
                 await asyncio.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
             return done
@@ -157,6 +159,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rate", type=int, default=400, help="jobs/s in the live phase")
     parser.add_argument("--seconds", type=int, default=30)
+    parser.add_argument("--queues", type=int, default=4, help="queues the jobs are spread over")
     parser.add_argument("--quick", action="store_true")
     arguments = parser.parse_args()
     if arguments.quick:

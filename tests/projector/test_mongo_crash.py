@@ -13,9 +13,11 @@ import signal
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
+import pytest
+from bson import ObjectId
 from pymongo import AsyncMongoClient, InsertOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
@@ -24,9 +26,10 @@ from evora.embedded import LocalMongo
 from evora.embedded._process import free_loopback_port
 from evora.protocol.jobs import JobSubmission
 from evora.readmodels.client import mongo_client
-from evora.readmodels.layout import CONTROL, Document, checkpoint_id
+from evora.readmodels.layout import CONTROL, Document, active_generation, checkpoint_id
 from evora.storage.jobs import JobStore
 from evora.storage.outbox import Batch, OutboxCursor, Span
+from evora_services.projector import service
 from evora_services.projector.projector import Projector
 from tests.polling import until
 from tests.projector.conftest import catch_up, catch_up_replaying, truth
@@ -101,7 +104,10 @@ class _KillsMongo(Projector):
     """A projector whose MongoDB is SIGKILLed, and started again, the moment it has
     acknowledged its `nth` write of the queue documents (`what` "queues") or of the
     checkpoint ("checkpoint"). Everything before that write is made durable first (fsync),
-    so that the crash can lose that write and no other."""
+    so that the crash can lose that write and no other. Or ("sealed") killed once its `nth`
+    batch has found that one server took all its writes, just before the checkpoint, with
+    nothing made durable: the crash loses the batch's writes, w:1 since the last journaled
+    one."""
 
     def __init__(
         self,
@@ -122,14 +128,7 @@ class _KillsMongo(Projector):
         return what == self._what and self._left == 0
 
     async def _crash_after(self, write: Awaitable[T]) -> T:
-        await self._db.client.admin.command("fsync")
-        written = await write
-        pid = self._server.pid
-        assert pid is not None
-        os.killpg(pid, signal.SIGKILL)
-        await until(lambda: not self._server.running, "MongoDB is gone", within=30)
-        await asyncio.to_thread(self._server.start)
-        return written
+        return await _crash_after(self._db, self._server, write)
 
     async def _write(
         self, collection: AsyncCollection[Document], ops: list[InsertOne[Document] | UpdateOne]
@@ -141,10 +140,21 @@ class _KillsMongo(Projector):
             await write
 
     async def _advance_checkpoint(
-        self, old: Document, span: Span, cursor: OutboxCursor, batch: Batch | None
+        self,
+        old: Document,
+        span: Span,
+        cursor: OutboxCursor,
+        batch: Batch | None,
+        **how: Any,
     ) -> Document:
-        write = super()._advance_checkpoint(old, span, cursor, batch)
+        write = super()._advance_checkpoint(old, span, cursor, batch, **how)
         return await (self._crash_after(write) if self._due("checkpoint") else write)
+
+    async def _seal(self, checkpoint: Document) -> ObjectId | None:
+        token = await super()._seal(checkpoint)
+        if self._due("sealed"):
+            await _kill(self._server)
+        return token
 
 
 async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
@@ -161,6 +171,27 @@ async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
     try:
         await mixed_workload(store, pool, jobs=300, queues=["k1", "k2"], seed=23)
         await catch_up_replaying(_KillsMongo(pool, db, server, "queues", nth=5))
+        await assert_matches_truth(pool, db)
+    finally:
+        await client.close()
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_batch_lost_after_its_server_was_checked_is_not_checkpointed(
+    store: JobStore, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """A batch's documents go w:1 and only its checkpoint is journaled. MongoDB killed after
+    the batch found one server took all its writes, and before the checkpoint, loses those
+    documents, while the checkpoint goes to the server started again: it must not pass their
+    events. The third batch is one in the middle of a span, whose checkpoint position is
+    already durable."""
+    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server.start()
+    client = mongo_client(server.url, "test")
+    db = client["lost"]
+    try:
+        await mixed_workload(store, pool, jobs=300, queues=["s1", "s2"], seed=37)
+        await catch_up_replaying(_KillsMongo(pool, db, server, "sealed", nth=3))
         await assert_matches_truth(pool, db)
     finally:
         await client.close()
@@ -187,6 +218,55 @@ async def test_the_last_checkpoint_before_mongodb_is_killed_is_kept(
     finally:
         await client.close()
         await asyncio.to_thread(server.stop)
+
+
+async def test_a_rebuilds_switch_is_kept_when_mongodb_is_killed_right_after_it(
+    store: JobStore, pool: asyncpg.Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild makes its generation the one readers use, then drops the older ones. Had
+    MongoDB lost that switch, acknowledged just before being killed, readers would be sent
+    back to generation 1, whose collections and checkpoint the rebuild goes on to drop, and
+    the service's projector, following the active generation, would start generation 1 again
+    from an outbox whose old events retention may have dropped, leaving the rebuilt
+    generation unread and unfollowed."""
+    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server.start()
+    client = mongo_client(server.url, "test")
+    db = client["flip"]
+    switch = service.switch_generation
+
+    async def switch_then_crash(db: AsyncDatabase[Document], generation: int) -> None:
+        await _crash_after(db, server, switch(db, generation))
+
+    monkeypatch.setattr(service, "switch_generation", switch_then_crash)
+    try:
+        await mixed_workload(store, pool, jobs=200, queues=["g1", "g2"], seed=31)
+        await catch_up(Projector(pool, db, 1))
+        assert (await service.rebuild(pool, db))[0] == 2
+        assert await active_generation(db) == 2
+        await assert_matches_truth(pool, db, generation=2)
+    finally:
+        await client.close()
+        await asyncio.to_thread(server.stop)
+
+
+async def _crash_after(db: AsyncDatabase[Document], server: LocalMongo, write: Awaitable[T]) -> T:
+    """`write`'s result, MongoDB SIGKILLed the moment it has acknowledged it and started
+    again. Everything before that write is made durable first (fsync), so that the crash can
+    lose that write and no other."""
+    await db.client.admin.command("fsync")
+    written = await write
+    await _kill(server)
+    return written
+
+
+async def _kill(server: LocalMongo) -> None:
+    """SIGKILL MongoDB, and start it again."""
+    pid = server.pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    await until(lambda: not server.running, "MongoDB is gone", within=30)
+    await asyncio.to_thread(server.start)
 
 
 async def _state(pool: asyncpg.Pool, mongo: AsyncDatabase[Document], log: Path) -> str:

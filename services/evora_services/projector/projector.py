@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import asyncpg
+from bson import ObjectId
 from pymongo import InsertOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
@@ -81,16 +82,31 @@ BATCH_SIZE = 5000
 REFRESH_CHUNK = 500
 _REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pending_at"), 1)
 
-# Every write of a batch, its documents' and its checkpoint's, is acknowledged only once on
-# disk (j) and, in a replica set, on a majority of it. MongoDB acknowledges a w:1 write
-# before its journal reaches the disk, so one killed comes back without the last writes it
-# acknowledged, while this projector, its cache now ahead of what is stored, goes on with
-# the server started again. Compare-and-set finds a lost write out only when a later write
-# is conditional on it: a batch's documents lost and its checkpoint written after the
-# restart would pass events those documents never got, and a lost last checkpoint would
-# leave an idle projector behind for good (tests/projector/test_mongo_crash.py). Refreshes
-# write without it: each is done again from PostgreSQL a few seconds later.
+# A batch's checkpoint is acknowledged only once on disk (j) and, in a replica set, on a
+# majority of it. MongoDB acknowledges a w:1 write before its journal reaches the disk, so one
+# killed comes back without the last writes it acknowledged, while this projector, its cache
+# now ahead of what is stored, goes on with the server started again. Compare-and-set finds a
+# lost write out only when a later write is conditional on it: a batch's documents lost and
+# its checkpoint written after the restart would pass events those documents never got, and
+# a lost last checkpoint would leave an idle projector behind for good
+# (tests/projector/test_mongo_crash.py).
+#
+# Only the checkpoint waits for the journal: a journaled write returns once the journal (one
+# log, written in order) is on disk up to it, so every write the same server acknowledged
+# before it is on disk too, and the documents (and a span's target) go w:1. That holds only if
+# no other server took those writes: a restart, or in a replica set a new primary, in between
+# loses them silently (retryable writes and reconnects hide it). So the batch (`_seal`) reads
+# the server's `hello` topologyVersion (a process id, and a counter each change of role
+# moves) before its first write, writes a token into the checkpoint w:1 after its last, and
+# reads the topologyVersion again: the same one means one server process, primary all along,
+# took every write up to the token. The journaled checkpoint is conditional on the token:
+# a crash after that check loses a suffix of the journal, which contains the token if it
+# contains any of the batch's writes, and the checkpoint then fails its compare-and-set. A
+# server that reports no topologyVersion (before 4.4), or a mongos (whose own says nothing of
+# the shards' restarts), gets every write journaled. Refreshes write w:1: each is done again
+# from PostgreSQL a few seconds later.
 DURABLE = WriteConcern(w="majority", j=True)
+UNJOURNALED = WriteConcern(w=1)
 
 # Documents kept between batches, per collection: a queue document with full latency
 # windows holds ~60 KB in memory, so this bounds the cache at a few MB however many queues
@@ -111,6 +127,16 @@ def _past(after: OutboxCursor, docs: Iterable[Document]) -> dict[str, OutboxCurs
         if cursor > after:
             past[doc["_id"]] = cursor
     return past
+
+
+def _unmoved(checkpoint: Document) -> Document:
+    """Matches the stored checkpoint while it is still `checkpoint`: its target too, since
+    fixing the target leaves the cursor as it was."""
+    return {
+        "_id": checkpoint["_id"],
+        "cursor": checkpoint["cursor"],
+        "target": checkpoint.get("target"),
+    }
 
 
 def position(checkpoint: Document) -> tuple[Span, OutboxCursor]:
@@ -178,6 +204,10 @@ class Projector:
         # The checkpoint as this projector last wrote it; its next write is conditional on
         # it like the documents', so a stale one only costs a replayed batch.
         self._checkpoint: Document | None = None
+        # MongoDB's topologyVersion as last seen (see UNJOURNALED), None: not read since the
+        # cache was emptied. A batch that starts with one seen at the end of the previous
+        # batch only asks for more: the same server throughout a longer stretch.
+        self._seen_server: Document | None = None
 
     # -- checkpoint ----------------------------------------------------------------------
 
@@ -192,8 +222,17 @@ class Projector:
         }
 
     async def _advance_checkpoint(
-        self, old: Document, span: Span, cursor: OutboxCursor, batch: Batch | None
+        self,
+        old: Document,
+        span: Span,
+        cursor: OutboxCursor,
+        batch: Batch | None,
+        *,
+        sealed: ObjectId | None = None,
+        concern: WriteConcern = DURABLE,
     ) -> Document:
+        """Replace the checkpoint `old`, still as it was (and still holding the token
+        `sealed`, if given), by the position `cursor` of `span`."""
         new = {
             "_id": old["_id"],
             "cursor": [cursor.span, cursor.xid, cursor.seq],
@@ -203,20 +242,42 @@ class Projector:
             "at": datetime.now(UTC),
             "last_event_at": batch.at if batch else old.get("last_event_at"),
         }
-        control = self._db[CONTROL].with_options(write_concern=DURABLE)
+        control = self._db[CONTROL].with_options(write_concern=concern)
         if "at" not in old:
             try:
                 await control.insert_one(new)
             except Exception as exc:
                 raise ProjectionConflict("checkpoint created concurrently") from exc
             return new
-        # The target too: fixing it leaves the cursor as it was.
-        result = await control.replace_one(
-            {"_id": old["_id"], "cursor": old["cursor"], "target": old.get("target")}, new
-        )
+        found = _unmoved(old) if sealed is None else {**_unmoved(old), "sealed": sealed}
+        result = await control.replace_one(found, new)
+        if result.matched_count != 1:
+            raise ProjectionConflict("checkpoint moved underneath, or its token was lost")
+        return new
+
+    async def _topology(self) -> Document | None:
+        hello = await self._db.client.admin.command("hello")
+        if hello.get("msg") == "isdbgrid":
+            # a mongos answers for itself, not for the shard primaries that take the writes:
+            # its topologyVersion says nothing of their restarts, so every write is journaled
+            return None
+        version: Document | None = hello.get("topologyVersion")
+        return version
+
+    async def _seal(self, checkpoint: Document) -> ObjectId | None:
+        """After a batch's last w:1 write: a token for the checkpoint to be conditional on,
+        written into it w:1, once the same server is found to have taken every write since
+        `self._seen_server` was read (see UNJOURNALED). None: every write was journaled."""
+        if self._seen_server is None:
+            return None
+        token = ObjectId()
+        control = self._db[CONTROL].with_options(write_concern=UNJOURNALED)
+        result = await control.update_one(_unmoved(checkpoint), {"$set": {"sealed": token}})
         if result.matched_count != 1:
             raise ProjectionConflict("checkpoint moved underneath")
-        return new
+        if await self._topology() != self._seen_server:
+            raise ProjectionConflict("MongoDB restarted or changed primary during the batch")
+        return token
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -236,27 +297,35 @@ class Projector:
         checkpoint = self._checkpoint or await self.checkpoint()
         span, after = position(checkpoint)
         batch = await self._read(span, after)
-        if span.target is None:
-            if batch is None:
+        if batch is None:
+            if span.target is None:
                 return 0
-            # Fixed before any document holds one of its events: whoever replays this batch
-            # reads the same span, so the documents' cursors compare with its positions.
-            span = Span(span.prev, batch.target)
-            checkpoint = await self._advance_checkpoint(checkpoint, span, after, None)
-            self._checkpoint = checkpoint
-        elif batch is None:
             # The span's last batch was exactly full: it is done, and the next one begins.
             self._checkpoint = await self._advance_checkpoint(
                 checkpoint, Span(span.target), OutboxCursor(after.span + 1), None
             )
             return await self._next_batch()
+        if self._seen_server is None:  # before the batch's first write
+            self._seen_server = await self._topology()
+        if span.target is None:
+            # Fixed before any document holds one of its events: whoever replays this batch
+            # reads the same span, so the documents' cursors compare with its positions.
+            # Lost by a crash, it is lost with every later write of the batch (its token too).
+            span = Span(span.prev, batch.target)
+            checkpoint = await self._advance_checkpoint(
+                checkpoint, span, after, None, concern=self._documents_concern
+            )
+            self._checkpoint = checkpoint
         started = time.perf_counter()
         await self._apply(span, after, batch)
         if batch.events < self.batch_size:  # the span is done
             span, upto = Span(batch.target), OutboxCursor(after.span + 1)
         else:
             upto = batch.upto
-        self._checkpoint = await self._advance_checkpoint(checkpoint, span, upto, batch)
+        sealed = await self._seal(checkpoint)
+        self._checkpoint = await self._advance_checkpoint(
+            checkpoint, span, upto, batch, sealed=sealed
+        )
         await self._record_progress(span.prev)
         if self._metrics is not None:
             self._metrics.events.inc(batch.events)
@@ -282,8 +351,13 @@ class Projector:
             past=past,
         )
 
+    @property
+    def _documents_concern(self) -> WriteConcern:
+        return DURABLE if self._seen_server is None else UNJOURNALED
+
     def _forget(self) -> None:
         self._checkpoint = None
+        self._seen_server = None
         for cache in (self._queues, self._workers, self._failures):
             cache.clear()
 
@@ -395,9 +469,9 @@ class Projector:
         if not ops:
             return
         try:
-            result = await collection.with_options(write_concern=DURABLE).bulk_write(
-                ops, ordered=False
-            )
+            result = await collection.with_options(
+                write_concern=self._documents_concern
+            ).bulk_write(ops, ordered=False)
         except BulkWriteError as exc:
             raise ProjectionConflict(
                 f"{collection.name}: {exc.details.get('writeErrors')}"

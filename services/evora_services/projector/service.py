@@ -29,7 +29,7 @@ from evora.readmodels.layout import (
 from evora.storage.outbox import backlog
 from evora.waiting import Backoff, wait_until_set
 from evora_services.projector.metrics import ProjectorMetrics
-from evora_services.projector.projector import ProjectionConflict, Projector, position
+from evora_services.projector.projector import DURABLE, ProjectionConflict, Projector, position
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,16 @@ async def rebuild(pool: asyncpg.Pool, db: AsyncDatabase[Document]) -> tuple[int,
         applied += batch
         log.info("rebuild: %d events applied", applied)
     await projector.refresh()
-    await db[CONTROL].update_one({"_id": CONTROL_ID}, {"$set": {"generation": target}}, upsert=True)
+    await switch_generation(db, target)
     await _drop_older(db, target)
     return target, applied
+
+
+async def switch_generation(db: AsyncDatabase[Document], generation: int) -> None:
+    """Make `generation` the one readers use: journaled (DURABLE), since the older ones are
+    dropped next. A switch lost by a crash would send readers back to a generation with no
+    collections left, and the service's projector, which follows the active generation,
+    would start that one again from the beginning of an outbox retention may have thinned,
+    while the rebuilt generation went unread and unfollowed."""
+    control = db[CONTROL].with_options(write_concern=DURABLE)
+    await control.update_one({"_id": CONTROL_ID}, {"$set": {"generation": generation}}, upsert=True)
