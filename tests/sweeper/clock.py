@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime, timedelta
 
 
@@ -29,7 +28,9 @@ class FakeClock:
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
+                # not each awaited under suppress(CancelledError): that would also swallow a
+                # cancel of this task arriving meanwhile (a test cancels scheduler loops), and
+                # the loop would run on; gather() passes one on
                 for wait in waits:
                     wait.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await wait
+                await asyncio.gather(*waits, return_exceptions=True)
