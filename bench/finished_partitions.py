@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -237,7 +238,11 @@ class Shape:
             await conn.close()
         await self.set_clock(0)
         await self.with_store(lambda s: self.history(s, history))
-        await self.retention(batch, detach=False)
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await self.retention(conn, batch, detach=False)
+        finally:
+            await conn.close()
 
     @staticmethod
     async def history(store: JobStore, jobs: int) -> None:
@@ -253,26 +258,33 @@ class Shape:
             await store.close()
             await pool.close()
 
-    async def retention(self, batch: int, *, detach: bool) -> int:
-        """Removes every finished job of the shape: returns how many went (today) or 0."""
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            if self.name == "today":
-                removed = 0
-                while n := await conn.fetchval(
-                    "SELECT evora.prune_finished(0, $1, 'COMPLETED')", batch
-                ):
-                    removed += n
-                return removed
-            if detach:
-                await conn.execute(
-                    f"ALTER TABLE evora.finished_jobs DETACH PARTITION evora.{self.partition}"
-                    " CONCURRENTLY"
-                )
-            await conn.execute(f"DROP TABLE evora.{self.partition}")
-            return 0
-        finally:
-            await conn.close()
+    async def retention(self, conn: asyncpg.Connection, batch: int, *, detach: bool) -> int:
+        """Removes every finished job of the shape: returns how many went (today) or 0. On
+        the caller's connection: a backend that exits while the cluster's CPU is read takes
+        its CPU time out of the count until the postmaster reaps it."""
+        if self.name == "today":
+            removed = 0
+            while n := await conn.fetchval(
+                "SELECT evora.prune_finished(0, $1, 'COMPLETED')", batch
+            ):
+                removed += n
+            return removed
+        if detach:
+            await conn.execute(
+                f"ALTER TABLE evora.finished_jobs DETACH PARTITION evora.{self.partition}"
+                " CONCURRENTLY"
+            )
+        # job_prune_counts keeps its promise (the read models match the true counts per
+        # state): the partition's jobs counted by queue and state, one read of it whole,
+        # before it goes
+        await conn.execute(
+            "INSERT INTO evora.job_prune_counts AS c (queue, state, pruned)"
+            f" SELECT f.queue, f.state, count(*) FROM evora.{self.partition} f"
+            " GROUP BY f.queue, f.state ORDER BY f.queue, f.state"
+            " ON CONFLICT (queue, state) DO UPDATE SET pruned = c.pruned + excluded.pruned"
+        )
+        await conn.execute(f"DROP TABLE evora.{self.partition}")
+        return 0
 
     async def round(self, round_: int, args: argparse.Namespace, postmaster: int) -> None:
         await self.set_clock(round_)
@@ -317,20 +329,17 @@ class Shape:
             if self.name != "today":
                 moved = await conn.fetchval(f"SELECT count(*) FROM evora.{self.partition}")
                 assert moved == args.jobs, (self.name, moved)
+            vacuum = "VACUUM (ANALYZE false) evora.jobs"
+            await phase("vacuum", conn.execute(vacuum), args.jobs, checkpoint=False)
             await phase(
                 "retention",
-                self.retention(args.prune_batch, detach=round_ % 2 == 0),
+                self.retention(conn, args.prune_batch, detach=round_ % 2 == 0),
                 args.jobs,
                 checkpoint=True,
             )
             left = await conn.fetchval("SELECT count(*) FROM evora.jobs WHERE queue = $1", QUEUE)
             assert left == 0, (self.name, left)
-            await phase(
-                "vacuum",
-                conn.execute("VACUUM (ANALYZE false) evora.jobs"),
-                args.jobs,
-                checkpoint=False,
-            )
+            await phase("vacuum 2", conn.execute(vacuum), args.jobs, checkpoint=False)
         finally:
             await conn.close()
         last = {k: v[-1] for k, v in self.phases.items()}
@@ -367,6 +376,7 @@ async def lock_probe(shape: Shape, hold: float) -> None:
         old = shape.partition
         await shape.set_clock(days + 1)
         reader = await asyncpg.connect(shape.dsn)
+        dropper = await asyncpg.connect(shape.dsn)
         pool = await create_pool(shape.dsn, min_size=2, max_size=2)
         store = JobStore(pool)
         try:
@@ -376,7 +386,7 @@ async def lock_probe(shape: Shape, hold: float) -> None:
             await reader.execute("BEGIN")
             await reader.fetchval("SELECT count(*) FROM evora.finished_jobs")
             shape.partition = old
-            dropping = asyncio.ensure_future(shape.retention(1000, detach=detach))
+            dropping = asyncio.ensure_future(shape.retention(dropper, 1000, detach=detach))
             await asyncio.sleep(0.3)
             during = asyncio.ensure_future(complete_one(store))
             await asyncio.sleep(hold)
@@ -393,6 +403,88 @@ async def lock_probe(shape: Shape, hold: float) -> None:
             await store.close()
             await pool.close()
             await reader.close()
+            await dropper.close()
+
+
+# Copies of a partition's rows (`{source}`) into the partition of the clock's day, with new
+# ids made now (uuid7s, as submissions' are), finished an hour later.
+COPY_DAY = """
+DO $do$
+DECLARE
+    cols text;
+BEGIN
+    SELECT string_agg(CASE a.attname
+               WHEN 'id' THEN 'evora.uuid7()'
+               WHEN 'finished_at' THEN 'evora.clock_now() + interval ''1 hour'''
+               ELSE 'f.' || quote_ident(a.attname) END, ', ' ORDER BY a.attnum)
+    INTO cols
+    FROM pg_attribute a
+    WHERE a.attrelid = 'evora.finished_jobs'::regclass AND a.attnum > 0
+      AND NOT a.attisdropped;
+    EXECUTE format('INSERT INTO evora.finished_jobs SELECT %s FROM evora.%I f', cols, '{source}');
+END
+$do$
+"""
+# The time a uuid7 was made: its first 48 bits, milliseconds since the epoch.
+UUID7_TIME = (
+    "to_timestamp((('x' || lpad(replace(left($1::text, 13), '-', ''), 16, '0'))"
+    "::bit(64)::int8) / 1000.0)"
+)
+
+
+async def id_probe(shape: Shape, days: int, jobs: int) -> None:
+    """What a read of a finished job by id costs with `days` daily partitions of `jobs` jobs
+    each (a primary key per partition, no index across them): EXPLAIN ANALYZE, median of 7,
+    of the read of an id in the newest partition, in the oldest, of one in none, and of the
+    newest one's read with the partitions before its id's time pruned (`finished_at` >= the
+    uuid7's time: a job finishes after it is submitted)."""
+    await shape.set_clock(200)
+    first = shape.partition
+    await shape.with_store(lambda s: Shape.history(s, jobs))
+    for day in range(201, 200 + days):
+        await shape.set_clock(day)
+        conn = await asyncpg.connect(shape.dsn)  # a new session sees the clock's new day
+        try:
+            await conn.execute(COPY_DAY.replace("{source}", first))
+        finally:
+            await conn.close()
+    conn = await asyncpg.connect(shape.dsn)
+    try:
+        await conn.execute("ANALYZE evora.finished_jobs")
+        newest = await conn.fetchval(f"SELECT id FROM evora.{shape.partition} LIMIT 1")
+        oldest = await conn.fetchval(f"SELECT id FROM evora.{first} LIMIT 1")
+        by_id = "SELECT * FROM evora.finished_jobs WHERE id = $1"
+        reads = {
+            "newest": (by_id, newest),
+            "oldest": (by_id, oldest),
+            "missing": (by_id, "00000000-0000-7000-8000-000000000000"),
+            "newest, pruned by the id's time": (
+                # (plus how far Evora's clock runs ahead, as the rows' finished_at does)
+                f"{by_id} AND finished_at >= {UUID7_TIME} + (evora.clock_now() - now())",
+                newest,
+            ),
+        }
+        for name, (sql, value) in reads.items():
+            await conn.execute(f"PREPARE probe(uuid) AS {sql}")
+            plans = [
+                json.loads(
+                    await conn.fetchval(
+                        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE probe('{value}')"
+                    )
+                )[0]
+                for _ in range(7)
+            ]
+            await conn.execute("DEALLOCATE probe")
+            print(
+                f"id probe, {days} partitions of {jobs:,} jobs, {name}: execution"
+                f" {statistics.median(p['Execution Time'] for p in plans):.3f} ms, planning"
+                f" {statistics.median(p.get('Planning Time', 0.0) for p in plans):.3f} ms,"
+                f" {plans[-1]['Plan'].get('Shared Hit Blocks', 0)} buffers,"
+                f" {plans[-1]['Plan'].get('Actual Rows')} rows",
+                flush=True,
+            )
+    finally:
+        await conn.close()
 
 
 async def run(args: argparse.Namespace, pg: LocalPostgres, postmaster: int) -> None:
@@ -421,10 +513,11 @@ async def run(args: argparse.Namespace, pg: LocalPostgres, postmaster: int) -> N
                 for k, v in shape.phases.items()
             )
         )
-    if args.lock_probe:
-        probe = next((s for s in shapes if s.name == "sql-pk"), None)
-        if probe is not None:
-            await lock_probe(probe, args.lock_probe)
+    probe = next((s for s in shapes if s.name == "sql-pk"), None)
+    if probe is not None and args.lock_probe:
+        await lock_probe(probe, args.lock_probe)
+    if probe is not None and args.id_probe:
+        await id_probe(probe, args.id_probe, args.jobs)
 
 
 def main() -> int:
@@ -437,6 +530,9 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument(
         "--waldump", action="store_true", help="the last drain's WAL by record, per shape"
+    )
+    parser.add_argument(
+        "--id-probe", type=int, default=0, help="days of partitions for the id probe (0: none)"
     )
     parser.add_argument(
         "--lock-probe", type=float, default=0.0, help="seconds a reader holds (0: no probe)"
