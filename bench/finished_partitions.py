@@ -190,7 +190,12 @@ class Phase:
 
 async def fpi_bytes(conn: asyncpg.Connection, start: str, end: str) -> int:
     """The full-page images' bytes between two LSNs, read from the WAL itself (pg_stat_wal
-    lags: a backend reports its counts at its next stats flush)."""
+    lags: a backend reports its counts at its next stats flush). pg_walinspect reads only
+    flushed WAL, and a VACUUM's records may not be yet: a transaction with an xid, after
+    `end`, commits and so flushes them."""
+    if start == end:
+        return 0
+    await conn.fetchval("SELECT txid_current()")
     return int(
         await conn.fetchval(
             "SELECT coalesce(sum(fpi_size), 0) FROM"
