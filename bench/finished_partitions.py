@@ -56,7 +56,7 @@ from pathlib import Path
 import asyncpg
 
 from bench import procstats
-from bench.drain_pg import QUEUE, drain, submit, wal, wal_by_record
+from bench.drain_pg import QUEUE, drain, submit, wal_by_record
 from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
@@ -186,6 +186,18 @@ class Phase:
     wal: float
     fpi: float  # bytes of full-page images
     cpu_us: float
+
+
+async def wal(conn: asyncpg.Connection) -> tuple[str, int, int]:
+    """The WAL's insert position (as bench.drain_pg.wal(), whose pg_current_wal_lsn() is the
+    position written out so far: enough after commits, which flush, but a VACUUM's records
+    wait in the WAL buffers until something writes them)."""
+    row = await conn.fetchrow(
+        "SELECT pg_current_wal_insert_lsn()::text AS lsn,"
+        " pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::int8 AS bytes"
+    )
+    assert row is not None
+    return row["lsn"], row["bytes"], 0
 
 
 async def fpi_bytes(conn: asyncpg.Connection, start: str, end: str) -> int:
