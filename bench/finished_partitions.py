@@ -203,24 +203,22 @@ async def wal(conn: asyncpg.Connection) -> tuple[str, int, int]:
 async def fpi_bytes(conn: asyncpg.Connection, start: str, end: str) -> int:
     """The full-page images' bytes between two LSNs, read from the WAL itself (pg_stat_wal
     lags: a backend reports its counts at its next stats flush). pg_walinspect reads only
-    flushed WAL, and a VACUUM's records may not be yet: a transaction with an xid, after
-    `end`, commits and so flushes them."""
-    await conn.fetchval("SELECT txid_current()")
-    try:
-        return int(
-            await conn.fetchval(
-                "SELECT coalesce(sum(fpi_size), 0) FROM"
-                " pg_get_wal_stats($1::text::pg_lsn, $2::text::pg_lsn)",
-                start,
-                end,
-            )
+    flushed WAL, and a VACUUM's records may not be yet: a message written with `flush`, after
+    `end`, flushes them (a transaction that wrote nothing before its commit record does not
+    flush at commit)."""
+    if await conn.fetchval("SELECT $2::text::pg_lsn - $1::text::pg_lsn", start, end) < 1024:
+        # (< 0.1 B per job: a range of a few bytes, a VACUUM with nothing to do, may hold no
+        # record start at all, which pg_walinspect refuses)
+        return 0
+    await conn.fetchval("SELECT pg_logical_emit_message(false, 'bench', 'flush', true)")
+    return int(
+        await conn.fetchval(
+            "SELECT coalesce(sum(fpi_size), 0) FROM"
+            " pg_get_wal_stats($1::text::pg_lsn, $2::text::pg_lsn)",
+            start,
+            end,
         )
-    except asyncpg.InternalServerError:
-        # "could not find a valid record after": no record starts in a range of a few bytes
-        # (a VACUUM with nothing to do); a larger range that fails is an error
-        if await conn.fetchval("SELECT $2::text::pg_lsn - $1::text::pg_lsn", start, end) < 1024:
-            return 0
-        raise
+    )
 
 
 class Shape:
