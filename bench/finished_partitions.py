@@ -8,14 +8,16 @@ clock moved a day ahead (so the round's jobs finish in a day of their own):
 
 - `drain`: `--jobs` jobs submitted (batches of 1,000), a CHECKPOINT, then drained as
   bench.drain_pg drains them (one claim of `--batch`, one `complete_many` of that batch);
+- `vacuum`: `VACUUM (ANALYZE false)` of `jobs` right after, what autovacuum does soon about
+  the dead rows the drain left there (autovacuum is off in the cluster, so none of it falls
+  into a measured phase);
 - `retention`: a CHECKPOINT first (retention comes a day after the drain, with checkpoints
   between), then what removes the round's jobs: today, the sweeper's evora.prune_finished()
   with the window 0, batches of 1,000 (the sweeper's `prune_batch`) until one removes none;
-  a moved shape, the drop of the day's partition, in odd rounds a plain `DROP TABLE`, in
-  even ones `ALTER TABLE ... DETACH PARTITION ... CONCURRENTLY` and then the drop;
-- `vacuum`: `VACUUM (ANALYZE false)` of `jobs`, what autovacuum does later about the dead
-  rows either shape left there (autovacuum is off in the cluster, so none of it falls into a
-  measured phase).
+  a moved shape, the count of the partition's jobs into job_prune_counts and the drop of the
+  partition, in odd rounds a plain `DROP TABLE`, in even ones `ALTER TABLE ... DETACH
+  PARTITION ... CONCURRENTLY` and then the drop;
+- `vacuum 2`: the same vacuum again, after retention's deletes.
 
 Each phase: WAL bytes (exact), of them the full-page images' (pg_walinspect), and the
 cluster's CPU (every PostgreSQL process, /proc), per job. The shapes (`--shapes`):
@@ -34,9 +36,11 @@ cluster's CPU (every PostgreSQL process, /proc), per job. The shapes (`--shapes`
 `--lock-probe S`: afterwards, in the `sql-pk` database, whether a partition's DROP stalls the
 completions: a session reads `finished_jobs` and stays in its transaction for S seconds while
 the drop of an old partition starts, and a completion is timed meanwhile; once with `DROP
-TABLE`, once with `DETACH ... CONCURRENTLY` then the drop.
+TABLE`, once with `DETACH ... CONCURRENTLY` then the drop. `--id-probe N`: then a read of a
+finished job by id over N day partitions (each partition's primary key probed, or only those
+the id's time allows).
 
-    python -m bench.finished_partitions --rounds 2 --jobs 10000
+    python -m bench.finished_partitions --rounds 6 --jobs 10000 --lock-probe 2 --id-probe 30
 """
 
 from __future__ import annotations
