@@ -88,8 +88,12 @@ class PeakSampler:
 
 
 async def _wal_bytes(conn: asyncpg.Connection) -> int:
-    """Where the cluster's WAL is now, in bytes (one system runs at a time)."""
-    position: int = await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8")
+    """Where the cluster's WAL is now, in bytes (one system runs at a time): the insert
+    position, not pg_current_wal_lsn(), which is only what has been written out so far (the
+    same after commits, which flush, but a VACUUM's records can wait in the WAL buffers)."""
+    position: int = await conn.fetchval(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::int8"
+    )
     return position
 
 
