@@ -7,11 +7,12 @@ they were on disk: a batch's first documents, and the last checkpoint."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,6 +42,21 @@ KILLS = 3
 OUTAGE_SECONDS = 0.5  # how long MongoDB stays down each time
 
 T = TypeVar("T")
+
+
+@contextlib.asynccontextmanager
+async def _killable_mongo(
+    tmp_path: Path, name: str
+) -> AsyncIterator[tuple[LocalMongo, AsyncDatabase[Document]]]:
+    """A MongoDB of the test's own, which it may kill, and database `name` in it."""
+    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
+    server.start()
+    client = mongo_client(server.url, "test")
+    try:
+        yield server, client[name]
+    finally:
+        await client.close()
+        await asyncio.to_thread(server.stop)
 
 
 async def test_sigkilled_mongodb_leaves_the_read_models_equal_to_the_truth(
@@ -164,17 +180,10 @@ async def test_a_batch_whose_first_writes_mongodb_lost_is_not_checkpointed(
     journaled, while the rest of the batch, its checkpoint included, goes to the server
     started again and stays. The checkpoint must not pass events whose documents were
     lost: once caught up, the queue documents hold every event."""
-    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
-    server.start()
-    client = mongo_client(server.url, "test")
-    db = client["lost"]
-    try:
+    async with _killable_mongo(tmp_path, "lost") as (server, db):
         await mixed_workload(store, pool, jobs=300, queues=["k1", "k2"], seed=23)
         await catch_up_replaying(_KillsMongo(pool, db, server, "queues", nth=5))
         await assert_matches_truth(pool, db)
-    finally:
-        await client.close()
-        await asyncio.to_thread(server.stop)
 
 
 async def test_a_batch_lost_after_its_server_was_checked_is_not_checkpointed(
@@ -185,17 +194,10 @@ async def test_a_batch_lost_after_its_server_was_checked_is_not_checkpointed(
     documents, while the checkpoint goes to the server started again: it must not pass their
     events. The third batch is one in the middle of a span, whose checkpoint position is
     already durable."""
-    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
-    server.start()
-    client = mongo_client(server.url, "test")
-    db = client["lost"]
-    try:
+    async with _killable_mongo(tmp_path, "lost") as (server, db):
         await mixed_workload(store, pool, jobs=300, queues=["s1", "s2"], seed=37)
         await catch_up_replaying(_KillsMongo(pool, db, server, "sealed", nth=3))
         await assert_matches_truth(pool, db)
-    finally:
-        await client.close()
-        await asyncio.to_thread(server.stop)
 
 
 async def test_the_last_checkpoint_before_mongodb_is_killed_is_kept(
@@ -206,18 +208,11 @@ async def test_the_last_checkpoint_before_mongodb_is_killed_is_kept(
     models would stay behind, the projector idle and sure it is done. Here the last batch
     (one span: its target, then the span done) is read with MongoDB killed right after that
     second checkpoint write."""
-    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
-    server.start()
-    client = mongo_client(server.url, "test")
-    db = client["lost"]
-    projector = _KillsMongo(pool, db, server, "checkpoint", nth=2)
-    try:
+    async with _killable_mongo(tmp_path, "lost") as (server, db):
+        projector = _KillsMongo(pool, db, server, "checkpoint", nth=2)
         await store.submit_batch([JobSubmission(queue="c1", type="t") for _ in range(20)])
         assert await catch_up(projector) == 20
         await assert_matches_truth(pool, db)
-    finally:
-        await client.close()
-        await asyncio.to_thread(server.stop)
 
 
 async def test_a_rebuilds_switch_is_kept_when_mongodb_is_killed_right_after_it(
@@ -229,25 +224,18 @@ async def test_a_rebuilds_switch_is_kept_when_mongodb_is_killed_right_after_it(
     the service's projector, following the active generation, would start generation 1 again
     from an outbox whose old events retention may have dropped, leaving the rebuilt
     generation unread and unfollowed."""
-    server = LocalMongo(tmp_path / "mongo", port=free_loopback_port())
-    server.start()
-    client = mongo_client(server.url, "test")
-    db = client["flip"]
     switch = service.switch_generation
+    async with _killable_mongo(tmp_path, "flip") as (server, db):
 
-    async def switch_then_crash(db: AsyncDatabase[Document], generation: int) -> None:
-        await _crash_after(db, server, switch(db, generation))
+        async def switch_then_crash(db: AsyncDatabase[Document], generation: int) -> None:
+            await _crash_after(db, server, switch(db, generation))
 
-    monkeypatch.setattr(service, "switch_generation", switch_then_crash)
-    try:
+        monkeypatch.setattr(service, "switch_generation", switch_then_crash)
         await mixed_workload(store, pool, jobs=200, queues=["g1", "g2"], seed=31)
         await catch_up(Projector(pool, db, 1))
         assert (await service.rebuild(pool, db))[0] == 2
         assert await active_generation(db) == 2
         await assert_matches_truth(pool, db, generation=2)
-    finally:
-        await client.close()
-        await asyncio.to_thread(server.stop)
 
 
 async def _crash_after(db: AsyncDatabase[Document], server: LocalMongo, write: Awaitable[T]) -> T:
