@@ -559,6 +559,7 @@ class _LimitHistory:
     def __init__(self, changes: list[asyncpg.Record]) -> None:
         self.times: list[float] = []
         self.configs: list[dict[str, _Limit]] = []
+        self._ever_governed: dict[str, bool] = {}
         config: dict[str, _Limit] = {}
         for r in sorted(changes, key=lambda r: (r["changed_at"], r["seq"])):
             config = dict(config)
@@ -585,6 +586,15 @@ class _LimitHistory:
         index = bisect_left(self.times, instant) - 1
         return self.configs[index] if index >= 0 else {}
 
+    def ever_governs(self, key: str) -> bool:
+        """Whether a limit governed `key` at any time of the history: the claims of a key
+        that none did (a queue's, mostly) can break no limit and are not replayed."""
+        governed = self._ever_governed.get(key)
+        if governed is None:
+            governed = any(_governing(config, key) is not None for config in self.configs)
+            self._ever_governed[key] = governed
+        return governed
+
 
 def _governing(limits: dict[str, _Limit], key: str) -> _Limit | None:
     """The limit of one concrete key: its own, else the longest prefix limit over it."""
@@ -602,7 +612,7 @@ def _keys_held(job: _Job, row: asyncpg.Record | None) -> list[str]:
     names, else (an event written before events named them, or a submission before the
     window) those of its row; a job retention removed whose submission is outside the window
     counts for its queue's key only."""
-    own = job.limit_keys if job.limit_keys is not None else row["limit_keys"] if row else []
+    own = job.limit_keys if job.limit_keys is not None else row["limit_keys"] if row else ()
     return [f"queue:{job.queue}", *own]
 
 
@@ -616,17 +626,21 @@ def _check_limits(
     force when it began, each job holding the keys `_keys_held` says."""
     if not history:
         return
-    keys_of = {job_id: _keys_held(job, rows.get(job_id)) for job_id, job in auditor.jobs.items()}
-    # every claim and ending of a job holding each key, in seq order
+    keys_of: dict[str, list[str]] = {}
+    for job_id, job in auditor.jobs.items():
+        keys = [k for k in _keys_held(job, rows.get(job_id)) if history.ever_governs(k)]
+        if keys:
+            keys_of[job_id] = keys
+    # every claim and ending of a job holding each key, in seq order (a seq is one event's)
     timeline: dict[str, list[tuple[int, int, str, float | None]]] = defaultdict(list)
     for job_id, seq, claimed_at in auditor.claims:
-        for key in keys_of[job_id]:
+        for key in keys_of.get(job_id, ()):
             timeline[key].append((seq, 1, job_id, claimed_at))
     for job_id, seq in auditor.endings:
-        for key in keys_of[job_id]:
+        for key in keys_of.get(job_id, ()):
             timeline[key].append((seq, -1, job_id, None))
     for key, moves in timeline.items():
-        moves.sort(key=lambda m: m[0])
+        moves.sort()
         running: set[str] = set()
         # the bucket replayed while one rate governs the key, from full (a change restarts it)
         bucket: _Limit | None = None
