@@ -69,6 +69,12 @@ from evora.storage.statements import load
 # The width of the ranges of seq the auditor reads the history in: each is read whole and
 # sorted in memory (at most this many events).
 _EVENTS_PER_RANGE = 10_000
+# and the events of a range come this many per round trip, checked a batch at a time: not
+# each row through an awaited step of its own (a cursor's iteration), and not a whole range
+# at once either, whose records lived long enough to be promoted to the garbage collector's
+# oldest generation and make its full collections come sooner (on bench/audit.py's history
+# 500 or 1,000 a fetch cost ~0.5 us of Python CPU per event less than 10,000)
+_EVENTS_PER_FETCH = 1_000
 
 # Every check, in report order, with what it means (docs/audit.md says more).
 CHECKS: dict[str, str] = {
@@ -737,13 +743,11 @@ async def _audit(
         while lo is not None and (max_events is None or auditor.events < max_events):
             hi = lo + _EVENTS_PER_RANGE
             left = None if max_events is None else max_events - auditor.events
-            # the range in one round trip (it is read whole and sorted anyway): a cursor's
-            # rows came a prefetch at a time, each through an awaited step of its own
-            events = await conn.fetch(_EVENTS, lo, hi, left)
             read = auditor.events
-            for e in events:
-                auditor.event(e)
-            if events:
+            cursor = await conn.cursor(_EVENTS, lo, hi, left)
+            while events := await cursor.fetch(_EVENTS_PER_FETCH):
+                for e in events:
+                    auditor.event(e)
                 last = events[-1]["seq"]
             lo = hi if auditor.events > read else await conn.fetchval(_NEXT_SEQ, hi)
         # a pass cut short by max_events has not read the jobs' newest events
