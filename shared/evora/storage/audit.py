@@ -37,6 +37,8 @@ from evora.storage.statements import load
     _NEXT_SEQ,
     _CLOCK_OFFSET,
     _EVENTS,
+    _NEXT_EVENTS,
+    _CLOSE_EVENTS,
     _JOBS_OF,
     _DEPENDENCIES_OF,
     _WAITING_ON_MISSING,
@@ -54,6 +56,8 @@ from evora.storage.statements import load
     "next_seq",
     "clock_offset",
     "events",
+    "next_events",
+    "close_events",
     "jobs_of",
     "dependencies_of",
     "waiting_on_missing",
@@ -67,14 +71,8 @@ from evora.storage.statements import load
 )
 
 # The width of the ranges of seq the auditor reads the history in: each is read whole and
-# sorted in memory (at most this many events).
+# sorted in memory (at most this many events), then fetched a batch at a time (sql/audit.sql).
 _EVENTS_PER_RANGE = 10_000
-# and the events of a range come this many per round trip, checked a batch at a time: not
-# each row through an awaited step of its own (a cursor's iteration), and not a whole range
-# at once either, whose records lived long enough to be promoted to the garbage collector's
-# oldest generation and make its full collections come sooner (on bench/audit.py's history
-# 500 or 1,000 a fetch cost ~0.5 us of Python CPU per event less than 10,000)
-_EVENTS_PER_FETCH = 1_000
 
 # Every check, in report order, with what it means (docs/audit.md says more).
 CHECKS: dict[str, str] = {
@@ -744,11 +742,12 @@ async def _audit(
             hi = lo + _EVENTS_PER_RANGE
             left = None if max_events is None else max_events - auditor.events
             read = auditor.events
-            cursor = await conn.cursor(_EVENTS, lo, hi, left)
-            while events := await cursor.fetch(_EVENTS_PER_FETCH):
+            await conn.execute(_EVENTS, lo, hi, left)
+            while events := await conn.fetch(_NEXT_EVENTS):
                 for e in events:
                     auditor.event(e)
                 last = events[-1]["seq"]
+            await conn.execute(_CLOSE_EVENTS)
             lo = hi if auditor.events > read else await conn.fetchval(_NEXT_SEQ, hi)
         # a pass cut short by max_events has not read the jobs' newest events
         complete = max_events is None or auditor.events < max_events
