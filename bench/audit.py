@@ -9,29 +9,44 @@ limit so the limit checks have claims to replay; first, a fifth of the events in
 of 20 fairness keys, claimed before the limit exists, so the fair claims are tagged and
 `fair_virtual_time` has claims to replay), then times `audit()` over windows of the
 newest N events (`from_seq`), each `--rounds` times, and prints the median seconds and
-microseconds per event.
+microseconds per event, with the CPU each audit cost per event: this process's (the auditor's
+Python, as in the sweeper) and its connection's backend's (PostgreSQL), read from /proc
+(10 ms ticks: over 100,000 events, 0.1 us per event).
+
+`--baseline REV` also times that revision's auditor (its evora/storage/audit.py and
+sql/audit.sql, from git; the schema is this checkout's) on the same history, the two
+alternating within each round: on a loaded machine only such pairs compare.
 
     python -m bench.audit --events 100000 --rounds 5
+    python -m bench.audit --events 100000 --rounds 7 --baseline 64cdefc
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from unittest import mock
 
 import asyncpg
 
+from bench import procstats
 from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
-from evora.storage.audit import audit
+from evora.storage import statements
+from evora.storage.audit import AuditReport, audit
 from evora.storage.db import create_pool
 from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.migrate import apply_migrations
+
+Audit = Callable[..., Awaitable[AuditReport]]
 
 QUEUE = "bench"
 FAIR_QUEUE = "bench-fair"
@@ -90,28 +105,81 @@ async def write_history(dsn: str, events: int) -> int:
         await pool.close()
 
 
-async def run(dsn: str, events: int, rounds: int, windows: Sequence[int]) -> None:
+def baseline_audit(revision: str, directory: Path) -> Audit:
+    """The `audit()` of another revision: its module from git, imported under a name of its
+    own, reading its statements from that revision's sql/audit.sql."""
+    root = Path(__file__).resolve().parents[1]
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "show", f"{revision}:{path}"],
+            cwd=root,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    source = directory / "baseline_audit.py"
+    source.write_text(show("shared/evora/storage/audit.py"))
+    sql = statements.parse(show("shared/evora/storage/sql/audit.sql"))
+
+    def load(_file: str, *names: str) -> tuple[str, ...]:
+        return tuple(statements.with_rules(sql[name]) for name in names)
+
+    spec = importlib.util.spec_from_file_location("baseline_audit", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    with mock.patch.object(statements, "load", load):
+        spec.loader.exec_module(module)
+    baseline: Audit = module.audit
+    return baseline
+
+
+async def run(
+    dsn: str, events: int, rounds: int, windows: Sequence[int], auditors: dict[str, Audit]
+) -> None:
     await apply_migrations(dsn)
     t0 = time.perf_counter()
     total = await write_history(dsn, events)
     print(f"history: {total} events written in {time.perf_counter() - t0:.0f} s")
+    print(f"load average {procstats.load_average()}")
     conn = await asyncpg.connect(dsn)
     try:
         last: int = await conn.fetchval("SELECT evora.last_event_seq()")
+        backend: int = await conn.fetchval("SELECT pg_backend_pid()")
         for window in (*windows, total):
             from_seq = max(1, last - window + 1)
-            times = []
-            for _ in range(rounds):
-                started = time.perf_counter()
-                report = await audit(conn, from_seq=from_seq)
-                times.append(time.perf_counter() - started)
-                assert report.ok, report.text()
-            median = statistics.median(times)
-            print(
-                f"window of {report.events:>7} events ({report.jobs:>6} jobs): "
-                f"median {median:.3f} s over {rounds} runs, "
-                f"{median / report.events * 1e6:.1f} us per event"
-            )
+            # per auditor: (wall s, Python CPU s, PostgreSQL CPU s) of each run
+            runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in auditors}
+            events = jobs = 0
+            for round_ in range(rounds):
+                # the order alternates, so neither is always the one after the other
+                order = list(auditors) if round_ % 2 == 0 else list(reversed(auditors))
+                for name in order:
+                    started = time.perf_counter()
+                    own = procstats.own_cpu_seconds()
+                    pg = procstats.cpu_seconds(backend) or 0.0
+                    result = await auditors[name](conn, from_seq=from_seq)
+                    runs[name].append(
+                        (
+                            time.perf_counter() - started,
+                            procstats.own_cpu_seconds() - own,
+                            (procstats.cpu_seconds(backend) or 0.0) - pg,
+                        )
+                    )
+                    assert result.ok, result.text()
+                    events, jobs = result.events, result.jobs
+            for name, times in runs.items():
+                wall, python, postgres = (statistics.median(t[i] for t in times) for i in range(3))
+                per = 1e6 / events
+                print(
+                    f"{name}: window of {events:>7} events ({jobs:>6} jobs): "
+                    f"median {wall:.3f} s over {rounds} runs, {wall * per:.1f} us per event; "
+                    f"CPU per event: Python {python * per:.2f} us, PostgreSQL "
+                    f"{postgres * per:.2f} us"
+                )
+        print(f"load average {procstats.load_average()}")
     finally:
         await conn.close()
 
@@ -120,12 +188,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", help="git revision whose auditor to time alongside")
     args = parser.parse_args(argv)
     with (
         tempfile.TemporaryDirectory(prefix="evora-bench-audit-") as tmp,
         LocalPostgres(Path(tmp) / "data", durable=False) as pg,
     ):
-        asyncio.run(run(pg.dsn("postgres"), args.events, args.rounds, (10_000,)))
+        auditors: dict[str, Audit] = {"this checkout": audit}
+        if args.baseline:
+            auditors = {args.baseline: baseline_audit(args.baseline, Path(tmp)), **auditors}
+        asyncio.run(run(pg.dsn("postgres"), args.events, args.rounds, (10_000,), auditors))
     return 0
 
 

@@ -19,12 +19,11 @@ violation that straddles its start but never reports one that is not there.
 from __future__ import annotations
 
 import json
-import uuid
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -38,6 +37,8 @@ from evora.storage.statements import load
     _NEXT_SEQ,
     _CLOCK_OFFSET,
     _EVENTS,
+    _NEXT_EVENTS,
+    _CLOSE_EVENTS,
     _JOBS_OF,
     _DEPENDENCIES_OF,
     _WAITING_ON_MISSING,
@@ -55,6 +56,8 @@ from evora.storage.statements import load
     "next_seq",
     "clock_offset",
     "events",
+    "next_events",
+    "close_events",
     "jobs_of",
     "dependencies_of",
     "waiting_on_missing",
@@ -68,7 +71,7 @@ from evora.storage.statements import load
 )
 
 # The width of the ranges of seq the auditor reads the history in: each is read whole and
-# sorted in memory (at most this many events).
+# sorted in memory (at most this many events), then fetched a batch at a time (sql/audit.sql).
 _EVENTS_PER_RANGE = 10_000
 
 # Every check, in report order, with what it means (docs/audit.md says more).
@@ -154,7 +157,7 @@ _HANDED_BACK_TO = frozenset({"PENDING", "WAITING"})
 # group_order: a job that became PENDING this long (by `at`, its transaction's start) before
 # a claim was visible to it, unless its transaction stayed open longer; a shorter wait may be
 # a submission the claim's snapshot could not see yet, though its seq is lower
-_GROUP_ORDER_MARGIN = timedelta(minutes=5)
+_GROUP_ORDER_MARGIN_S = 300.0
 # a claim that began up to this long after a limit's change began may not have seen it
 # (docs/flow-control.md: the PUT answers after the transactions of the 5 s before it)
 _LIMIT_CHANGE_MARGIN_S = 5.0
@@ -246,11 +249,12 @@ class AuditReport:
 
 @dataclass(slots=True)
 class _Claim:
+    """The open attempt of a job: its claim's seq and what the attempt's events repeat."""
+
     seq: int
     attempt: int
-    started_at: datetime | None
+    started_at: float | None
     worker: str | None
-    at: datetime
 
 
 @dataclass(slots=True)
@@ -280,105 +284,118 @@ class _Job:
 
 
 class _Auditor:
+    """The checks made while the events stream. What it keeps for the whole window is a job's
+    `_Job` and, for the checks after the stream, tuples of ids (text), seqs and times: tuples
+    of such values the cyclic garbage collector stops tracking, so its full collections,
+    whose number and cost grow with what the process holds, stay cheap as the window grows
+    (with a `uuid` per event kept, they were a third of the auditor's CPU)."""
+
     def __init__(self, archived_upto: int) -> None:
         # events up to this seq may have been dropped by retention (evora.drop_archived_events)
         self.archived_upto = archived_upto
         self.results = {name: CheckResult(name, meaning) for name, meaning in CHECKS.items()}
-        self.jobs: dict[uuid.UUID, _Job] = {}
-        self.claims: list[tuple[uuid.UUID, _Claim]] = []
+        self.jobs: dict[str, _Job] = {}
+        # every claim: the job, its seq and `at` (for the limit checks after the stream)
+        self.claims: list[tuple[str, int, float]] = []
         # the jobs of each (queue, group) with an attempt open
-        self.group_running: dict[tuple[str, str], set[uuid.UUID]] = defaultdict(set)
+        self.group_running: dict[tuple[str, str], set[str]] = defaultdict(set)
         # the PENDING jobs of each (queue, group): (priority, submit_seq), since when (at, seq)
-        self.group_pending: dict[
-            tuple[str, str], dict[uuid.UUID, tuple[tuple[int, int], datetime, int]]
-        ] = defaultdict(dict)
-        self.ticks: dict[tuple[str, str], list[tuple[uuid.UUID, int]]] = defaultdict(list)
+        self.group_pending: dict[tuple[str, str], dict[str, tuple[tuple[int, int], float, int]]] = (
+            defaultdict(dict)
+        )
+        self.ticks: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
         # per fair queue: the largest start tag its earlier claims served, with its seq, and
         # the claim being read (its transaction, the largest tag it served and its seq)
         self.fair_served: dict[str, tuple[float, int]] = {}
         self.fair_claim: dict[str, tuple[str, float, int]] = {}
-        self.endings: list[tuple[uuid.UUID, int]] = []
+        self.endings: list[tuple[str, int]] = []
         self.events = 0
 
-    def fail(self, check: str, detail: str, jobs: Iterable[uuid.UUID], seqs: Iterable[int]) -> None:
+    def fail(self, check: str, detail: str, jobs: Iterable[object], seqs: Iterable[int]) -> None:
         self.results[check].violations.append(
             Violation(check, detail, tuple(str(j) for j in jobs), tuple(seqs))
         )
 
     def event(self, e: asyncpg.Record) -> None:
+        """One event, in seq order. Its columns are unpacked once, by position (the `events`
+        statement's order): a lookup by name per use cost more than the checks."""
+        (seq, xid, job_id, version, queue, name, frm, to, attempt, at, worker, started_at,
+         group_key, priority, submit_seq, schedule, tick, limit_keys, fair_tag,
+         fair_vtime) = e  # fmt: skip
         self.events += 1
-        seq: int = e["seq"]
-        job_id: uuid.UUID = e["job_id"]
-        name: str = e["event"]
-        frm: str | None = e["from_state"]
-        to: str = e["to_state"]
         if (frm, to, name) not in _ALLOWED:
             self.fail("transitions_legal", f"{name}: {frm} -> {to}", [job_id], [seq])
         job = self.jobs.get(job_id)
         if job is None:
-            if e["job_version"] == 1 and (name != "submitted" or frm is not None):
+            if version == 1 and (name != "submitted" or frm is not None):
                 self.fail("chain_continuous", f"version 1 is {name}", [job_id], [seq])
-            job = _Job(e["queue"], e["job_version"] - 1, frm or "", e["attempt"])
+            job = _Job(queue, version - 1, frm or "", attempt)
             self.jobs[job_id] = job
-        elif e["job_version"] != job.version + 1 and job.last_seq < self.archived_upto:
+        elif version != job.version + 1 and job.last_seq < self.archived_upto:
             # the versions between may be events retention dropped after archiving them
             # (the archived set is bounded by xid as well as seq, so it need not be a prefix
             # of each job's chain): start this job afresh, as at the window's start
             self._forget(job_id, job)
         else:
-            if e["job_version"] != job.version + 1 or frm != job.state:
+            if version != job.version + 1 or frm != job.state:
                 self.fail(
                     "chain_continuous",
                     f"version {job.version} ({job.state}) followed by version "
-                    f"{e['job_version']} ({name} from {frm})",
+                    f"{version} ({name} from {frm})",
                     [job_id],
                     [job.last_seq, seq],
                 )
-            self._attempt(job_id, job, e)
-        if e["group_key"] is not None:
-            job.group_key = e["group_key"]
-        self._attempts(job_id, job, e)
+            self._attempt(job_id, job, seq, name, to, attempt)
+        if group_key is not None:
+            job.group_key = group_key
+        if name == "claimed" or frm == "RUNNING" or frm == "SUSPENDED":
+            self._attempts(job_id, job, seq, name, frm, to, attempt, at, worker, started_at)
         if job.group_key is not None:
-            self._group_order(job_id, job, e)
-        if e["fair_tag"] is not None:
-            self._fair_virtual_time(job_id, e)
+            self._group_order(job_id, job, seq, name, to, at, (priority, submit_seq))
+        if fair_tag is not None:
+            self._fair_virtual_time(job_id, queue, seq, xid, fair_tag, fair_vtime)
         if name == "submitted":
             job.submitted_seq = seq
-            if e["limit_keys"] is not None:
-                job.limit_keys = tuple(e["limit_keys"])
-            if e["schedule"] is not None and e["tick"] is not None:
-                self.ticks[(e["schedule"], e["tick"])].append((job_id, seq))
+            if limit_keys is not None:
+                job.limit_keys = tuple(limit_keys)
+            if schedule is not None and tick is not None:
+                self.ticks[(schedule, tick)].append((job_id, seq))
         if (
             to == "PENDING"
             and name in ("submitted", "dependencies_met")
             and job.released_seq is None
         ):
-            job.released_seq, job.released_xid = seq, e["xid"]
+            job.released_seq, job.released_xid = seq, xid
         if name == "awaiting_children":
             # it waits for new dependencies, its children: it is released again when they end
             # (dependencies_met), or at once when none is left
-            job.released_seq, job.released_xid = (
-                (seq, e["xid"]) if to == "PENDING" else (None, None)
-            )
+            job.released_seq, job.released_xid = (seq, xid) if to == "PENDING" else (None, None)
         if name == "snoozed" and to == "PENDING":
             job.snoozes += 1
         if name in ("completed", "cancelled") and job.ended_seq is None:
-            job.ended_seq, job.ended_state, job.ended_xid = seq, to, e["xid"]
-        job.version, job.state, job.attempt, job.last_seq = e["job_version"], to, e["attempt"], seq
+            job.ended_seq, job.ended_state, job.ended_xid = seq, to, xid
+        job.version, job.state, job.attempt, job.last_seq = version, to, attempt, seq
 
-    def _group_order(self, job_id: uuid.UUID, job: _Job, e: asyncpg.Record) -> None:
+    def _group_order(
+        self,
+        job_id: str,
+        job: _Job,
+        seq: int,
+        name: str,
+        to: str,
+        at: float,
+        place: tuple[int, int],
+    ) -> None:
         """group_order, and the group's PENDING jobs it keeps. A WAITING job is not PENDING:
-        the later jobs of its group overtake it until its dependencies end."""
+        the later jobs of its group overtake it until its dependencies end. `place` is the
+        job's (priority, submit_seq)."""
         assert job.group_key is not None
         pending = self.group_pending[(job.queue, job.group_key)]
-        place = (e["priority"], e["submit_seq"])
-        if e["event"] == "claimed":
+        if name == "claimed":
             ahead = [
                 (other, since_seq)
                 for other, (other_place, since, since_seq) in pending.items()
-                if other != job_id
-                and other_place < place
-                and since <= e["at"] - _GROUP_ORDER_MARGIN
+                if other != job_id and other_place < place and since <= at - _GROUP_ORDER_MARGIN_S
             ]
             if ahead:
                 self.fail(
@@ -386,15 +403,17 @@ class _Auditor:
                     f"claimed in group {job.group_key!r} of queue {job.queue!r} while "
                     f"{len(ahead)} job(s) before it were PENDING",
                     [job_id, *(other for other, _ in ahead)],
-                    [e["seq"], *(since_seq for _, since_seq in ahead)],
+                    [seq, *(since_seq for _, since_seq in ahead)],
                 )
-        if e["to_state"] == "PENDING":
+        if to == "PENDING":
             if job_id not in pending:
-                pending[job_id] = (place, e["at"], e["seq"])
+                pending[job_id] = (place, at, seq)
         else:
             pending.pop(job_id, None)
 
-    def _fair_virtual_time(self, job_id: uuid.UUID, e: asyncpg.Record) -> None:
+    def _fair_virtual_time(
+        self, job_id: str, queue: str, seq: int, xid: str, tag: float, vtime: float
+    ) -> None:
         """fair_virtual_time, on a fair claim's `claimed` event. The queue's fair claims take
         turns under its fair_queues row lock, held to their commit, and take their events'
         seqs under it: in seq order each claim (one transaction) comes after every earlier
@@ -402,8 +421,6 @@ class _Auditor:
         and serves no job before that time (a start tag is max(virtual time, the key's
         finish)). A claim that chose without waiting for the turn reads a virtual time behind
         the tags already served; one that served a key ahead of it gave the key credit."""
-        queue, seq, xid = e["queue"], e["seq"], e["xid"]
-        tag, vtime = float(e["fair_tag"]), float(e["fair_vtime"])
         claim = self.fair_claim.get(queue)
         if claim is not None and claim[0] != xid:
             served = self.fair_served.get(queue)
@@ -430,7 +447,7 @@ class _Auditor:
         if claim is None or tag > claim[1]:
             self.fair_claim[queue] = (xid, tag, seq)
 
-    def _forget(self, job_id: uuid.UUID, job: _Job) -> None:
+    def _forget(self, job_id: str, job: _Job) -> None:
         """What happened before a gap is unknown: no open attempt, nothing running."""
         job.claim = None
         job.cancel_requested_seq = None
@@ -438,9 +455,9 @@ class _Auditor:
             self.group_running[(job.queue, job.group_key)].discard(job_id)
             self.group_pending[(job.queue, job.group_key)].pop(job_id, None)
 
-    def _attempt(self, job_id: uuid.UUID, job: _Job, e: asyncpg.Record) -> None:
+    def _attempt(self, job_id: str, job: _Job, seq: int, name: str, to: str, attempt: int) -> None:
         """attempts_counted: the attempt an event carries, given the one before it."""
-        name, to, before = e["event"], e["to_state"], job.attempt
+        before = job.attempt
         expected = (
             before + 1
             if name == "claimed"
@@ -450,21 +467,32 @@ class _Auditor:
             if name == "retried"
             else before
         )
-        if e["attempt"] != expected:
+        if attempt != expected:
             self.fail(
                 "attempts_counted",
-                f"{name} carries attempt {e['attempt']}, expected {expected}",
+                f"{name} carries attempt {attempt}, expected {expected}",
                 [job_id],
-                [e["seq"]],
+                [seq],
             )
 
-    def _attempts(self, job_id: uuid.UUID, job: _Job, e: asyncpg.Record) -> None:
-        """The open attempt: one_claim_per_attempt, cancel_honoured, group_exclusive."""
-        seq, name, frm, to = e["seq"], e["event"], e["from_state"], e["to_state"]
+    def _attempts(
+        self,
+        job_id: str,
+        job: _Job,
+        seq: int,
+        name: str,
+        frm: str | None,
+        to: str,
+        attempt: int,
+        at: float,
+        worker: str | None,
+        started_at: float | None,
+    ) -> None:
+        """The open attempt: one_claim_per_attempt, cancel_honoured, group_exclusive. Only
+        a claim and the events of a RUNNING or SUSPENDED job come here: no other moves it."""
         if name == "claimed":
-            opened = _Claim(seq, e["attempt"], e["started_at"], e["worker_id"], e["at"])
-            job.claim = opened
-            self.claims.append((job_id, opened))
+            job.claim = _Claim(seq, attempt, started_at, worker)
+            self.claims.append((job_id, seq, at))
             if job.group_key is not None:
                 others = self.group_running[(job.queue, job.group_key)]
                 if others:
@@ -484,15 +512,15 @@ class _Auditor:
             return
         claim = job.claim
         if claim is not None:
-            attempt = claim.attempt - (1 if name in _HANDED_BACK and to in _HANDED_BACK_TO else 0)
-            if (e["attempt"], e["started_at"], e["worker_id"]) != (
-                attempt,
-                claim.started_at,
-                claim.worker,
+            handed_back = name in _HANDED_BACK and to in _HANDED_BACK_TO
+            if (
+                attempt != claim.attempt - (1 if handed_back else 0)
+                or started_at != claim.started_at
+                or worker != claim.worker
             ):
                 self.fail(
                     "one_claim_per_attempt",
-                    f"{name} of attempt {e['attempt']} (worker {e['worker_id']!r}) does not "
+                    f"{name} of attempt {attempt} (worker {worker!r}) does not "
                     f"match the claim of attempt {claim.attempt} (worker {claim.worker!r})",
                     [job_id],
                     [claim.seq, seq],
@@ -535,6 +563,7 @@ class _LimitHistory:
     def __init__(self, changes: list[asyncpg.Record]) -> None:
         self.times: list[float] = []
         self.configs: list[dict[str, _Limit]] = []
+        self._ever_governed: dict[str, bool] = {}
         config: dict[str, _Limit] = {}
         for r in sorted(changes, key=lambda r: (r["changed_at"], r["seq"])):
             config = dict(config)
@@ -561,6 +590,15 @@ class _LimitHistory:
         index = bisect_left(self.times, instant) - 1
         return self.configs[index] if index >= 0 else {}
 
+    def ever_governs(self, key: str) -> bool:
+        """Whether a limit governed `key` at any time of the history: the claims of a key
+        that none did (a queue's, mostly) can break no limit and are not replayed."""
+        governed = self._ever_governed.get(key)
+        if governed is None:
+            governed = any(_governing(config, key) is not None for config in self.configs)
+            self._ever_governed[key] = governed
+        return governed
+
 
 def _governing(limits: dict[str, _Limit], key: str) -> _Limit | None:
     """The limit of one concrete key: its own, else the longest prefix limit over it."""
@@ -578,37 +616,44 @@ def _keys_held(job: _Job, row: asyncpg.Record | None) -> list[str]:
     names, else (an event written before events named them, or a submission before the
     window) those of its row; a job retention removed whose submission is outside the window
     counts for its queue's key only."""
-    own = job.limit_keys if job.limit_keys is not None else row["limit_keys"] if row else []
+    own = job.limit_keys if job.limit_keys is not None else row["limit_keys"] if row else ()
     return [f"queue:{job.queue}", *own]
 
 
 def _check_limits(
     auditor: _Auditor,
     history: _LimitHistory,
-    keys_of: dict[uuid.UUID, list[str]],
+    rows: dict[str, asyncpg.Record],
     offset: float,
-    ends: dict[uuid.UUID, list[int]],
 ) -> None:
     """concurrency_limits and rate_limits, per concrete key, each claim against the limit in
     force when it began, each job holding the keys `_keys_held` says."""
     if not history:
         return
-    # every claim and ending of a job holding each key, in seq order
-    timeline: dict[str, list[tuple[int, int, uuid.UUID, datetime | None]]] = defaultdict(list)
-    for job_id, claim in auditor.claims:
-        for key in keys_of.get(job_id, []):
-            timeline[key].append((claim.seq, 1, job_id, claim.at))
-    for job_id, seqs in ends.items():
-        for key in keys_of.get(job_id, []):
-            for seq in seqs:
-                timeline[key].append((seq, -1, job_id, None))
+    keys_of: dict[str, list[str]] = {}
+    for job_id, job in auditor.jobs.items():
+        keys = [k for k in _keys_held(job, rows.get(job_id)) if history.ever_governs(k)]
+        if keys:
+            keys_of[job_id] = keys
+    # every claim and ending of a job holding each key, in seq order (a seq is one event's)
+    timeline: dict[str, list[tuple[int, int, str, float | None]]] = defaultdict(list)
+    for job_id, seq, claimed_at in auditor.claims:
+        for key in keys_of.get(job_id, ()):
+            timeline[key].append((seq, 1, job_id, claimed_at))
+    for job_id, seq in auditor.endings:
+        for key in keys_of.get(job_id, ()):
+            timeline[key].append((seq, -1, job_id, None))
     for key, moves in timeline.items():
-        moves.sort(key=lambda m: m[0])
-        running: set[uuid.UUID] = set()
+        moves.sort()
+        running: set[str] = set()
         # the bucket replayed while one rate governs the key, from full (a change restarts it)
         bucket: _Limit | None = None
         tokens = 0.0
         last = 0.0
+        # the limits in force at the claim before, and the one of them governing the key:
+        # claim after claim the same, so found once for them all
+        governed_by: dict[str, _Limit] | None = None
+        limit: _Limit | None = None
         for seq, delta, job_id, at in moves:
             if delta < 0:
                 running.discard(job_id)
@@ -616,12 +661,13 @@ def _check_limits(
             running.add(job_id)
             assert at is not None
             # `at` is evora.clock_now(): back on the real clock of the limits' changes
-            began = at.timestamp() - offset
+            began = at - offset
             limits = history.at(began)
             if limits is None:
                 bucket = None
                 continue
-            limit = _governing(limits, key)
+            if limits is not governed_by:
+                limit, governed_by = _governing(limits, key), limits
             if limit is None:
                 bucket = None
                 continue
@@ -696,9 +742,12 @@ async def _audit(
             hi = lo + _EVENTS_PER_RANGE
             left = None if max_events is None else max_events - auditor.events
             read = auditor.events
-            async for e in conn.cursor(_EVENTS, lo, hi, left, prefetch=2000):
-                auditor.event(e)
-                last = e["seq"]
+            await conn.execute(_EVENTS, lo, hi, left)
+            while events := await conn.fetch(_NEXT_EVENTS):
+                for e in events:
+                    auditor.event(e)
+                last = events[-1]["seq"]
+            await conn.execute(_CLOSE_EVENTS)
             lo = hi if auditor.events > read else await conn.fetchval(_NEXT_SEQ, hi)
         # a pass cut short by max_events has not read the jobs' newest events
         complete = max_events is None or auditor.events < max_events
@@ -707,7 +756,7 @@ async def _audit(
             last = max(last, int(await conn.fetchval(_LAST_SEQ)))
         ids = list(auditor.jobs)
         rows = {r["id"]: r for r in await conn.fetch(_JOBS_OF, ids)}
-        deps: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+        deps: dict[str, list[str]] = defaultdict(list)
         for r in await conn.fetch(_DEPENDENCIES_OF, ids):
             deps[r["job_id"]].append(r["depends_on"])
         missing = await conn.fetch(_WAITING_ON_MISSING)
@@ -767,24 +816,20 @@ async def _audit(
                 [job_id for job_id, _ in made],
                 [seq for _, seq in made],
             )
-    keys_of = {job_id: _keys_held(job, rows.get(job_id)) for job_id, job in auditor.jobs.items()}
-    ends: dict[uuid.UUID, list[int]] = defaultdict(list)
-    for job_id, seq in auditor.endings:
-        ends[job_id].append(seq)
-    _check_limits(auditor, history, keys_of, offset, ends)
+    _check_limits(auditor, history, rows, offset)
     return AuditReport(from_seq, last, auditor.events, len(auditor.jobs), auditor.result())
 
 
 def _check_tables(
     auditor: _Auditor,
-    rows: dict[uuid.UUID, asyncpg.Record],
+    rows: dict[str, asyncpg.Record],
     pruned: dict[tuple[str, str], int],
     complete: bool,
 ) -> None:
     """ends_in_current_state, snoozes_counted and no_job_lost. A pass that stopped at
     max_events (not `complete`) has not read the newest events of some jobs: those are not
     compared."""
-    gone: dict[tuple[str, str], list[uuid.UUID]] = defaultdict(list)
+    gone: dict[tuple[str, str], list[str]] = defaultdict(list)
     for job_id, job in auditor.jobs.items():
         row = rows.get(job_id)
         if row is not None:
@@ -825,8 +870,8 @@ def _check_tables(
 
 def _check_dependencies(
     auditor: _Auditor,
-    rows: dict[uuid.UUID, asyncpg.Record],
-    deps: dict[uuid.UUID, list[uuid.UUID]],
+    rows: dict[str, asyncpg.Record],
+    deps: dict[str, list[str]],
 ) -> None:
     """dependencies_before_start: for each dependency whose submission is in the window."""
     for job_id, depends_on in deps.items():

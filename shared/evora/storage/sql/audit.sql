@@ -37,11 +37,22 @@ SELECT extract(epoch FROM evora.clock_now() - now())::float8;
 -- limit keys where it has any (events written before that do not: the job's row says them);
 -- a fair claim's `claimed` event, the job's start tag and the virtual time the claim read
 -- (functions/fairness.sql).
-SELECT e.seq, e.xid::text AS xid, e.job_id, e.job_version, e.queue, e.event,
+-- The auditor takes the columns by position, in this order (audit.py, _Auditor.event), and
+-- only compares ids and times: the job's id comes as text and the times as seconds since
+-- the epoch (float8, exact to the microsecond), cheaper to decode than uuid and datetime
+-- objects, and a text id kept for the window is nothing the garbage collector walks.
+-- A cursor, which next_events reads 1,000 events at a time and close_events closes: a batch
+-- is one round trip, checked at once (not a row per awaited step), and small enough that its
+-- records die young in the auditor's process (a whole range's 10,000 fetched at once lived
+-- long enough for Python's garbage collector to promote them, and its full collections came
+-- sooner: docs/benchmarks/2026-11-29-auditor-cpu.md). Closed after its range: a finished
+-- portal keeps its executor's memory (the range's sort, ~5 MB) to the transaction's end.
+DECLARE evora_audit_events NO SCROLL CURSOR FOR
+SELECT e.seq, e.xid::text AS xid, e.job_id::text AS job_id, e.job_version, e.queue, e.event,
        e.from_state::text AS from_state,
-       e.to_state::text AS to_state, e.attempt, e.at,
+       e.to_state::text AS to_state, e.attempt, date_part('epoch', e.at) AS at,
        coalesce((e.job).worker_id, e.worker_id) AS worker_id,
-       (e.job).started_at AS started_at, (e.job).group_key AS group_key,
+       date_part('epoch', (e.job).started_at) AS started_at, (e.job).group_key AS group_key,
        (e.job).priority AS priority, (e.job).submit_seq AS submit_seq,
        e.data ->> 'schedule' AS schedule, e.data ->> 'tick' AS tick,
        CASE WHEN e.data ? 'limit_keys'
@@ -53,16 +64,24 @@ FROM evora.events_in_seq_range($1::int8, $2::int8) e
 ORDER BY e.seq
 LIMIT $3::int8;
 
+-- name: next_events
+-- The next events of the `events` cursor (none: its range is read).
+FETCH 1000 FROM evora_audit_events;
+
+-- name: close_events
+CLOSE evora_audit_events;
+
 -- name: jobs_of
--- $1 job ids: those that still exist, with what the events do not carry.
-SELECT j.id, j.state::text AS state, j.version, j.queue, j.limit_keys,
+-- $1 job ids: those that still exist, with what the events do not carry (ids as text, as
+-- the auditor keeps them).
+SELECT j.id::text AS id, j.state::text AS state, j.version, j.limit_keys,
        j.on_dependency_failure, j.snoozes
 FROM evora.jobs j
 WHERE j.id = ANY($1::uuid[]);
 
 -- name: dependencies_of
--- $1 job ids: the dependencies each of them was submitted with.
-SELECT d.job_id, d.depends_on
+-- $1 job ids: the dependencies each of them was submitted with (ids as text).
+SELECT d.job_id::text AS job_id, d.depends_on::text AS depends_on
 FROM evora.job_dependencies d
 WHERE d.job_id = ANY($1::uuid[]);
 
