@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 from uuid import UUID
 
@@ -165,11 +166,16 @@ async def test_partitions_are_made_ahead_as_the_clock_runs(
     assert 3 * 3600 <= ahead < 4 * 3600
     await cancel(store, ids)
     newest = await pool.fetch(
-        "SELECT name, upper - lower AS width FROM evora.event_partitions() ORDER BY upper DESC"
-        " LIMIT 3"
+        "SELECT name, lower, upper - lower AS width FROM evora.event_partitions()"
+        " ORDER BY upper DESC LIMIT 3"
     )
     assert all(r["width"].total_seconds() == 3600 for r in newest)
-    assert all(r["name"].startswith("job_events_p") and r["name"][-4:] == "0000" for r in newest)
+    # named by their start, to the hour; one starting at midnight by its day alone (this
+    # test used to assert an "..0000" ending and so failed from 21:00 to midnight UTC)
+    starts = [r["lower"].astimezone(UTC) for r in newest]
+    assert [r["name"] for r in newest] == [
+        f"job_events_p{t:%Y%m%d}" + ("" if t.hour == 0 else f"_{t:%H}0000") for t in starts
+    ]
     await sweeper.observe()
     assert sweeper._metrics.event_partitions_ahead._value.get() == pytest.approx(
         float(ahead), abs=60
