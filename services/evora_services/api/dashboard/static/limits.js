@@ -220,7 +220,7 @@ function keysMount(root, params, ctx) {
       h("dt", null, "Rate"), h("dd", null, rateText(limit.rate)),
     );
     const note = key.endsWith("*")
-      ? "The keys under this prefix without a limit of their own that have been claimed under it or have RUNNING jobs, in key order. A key not listed has all its room."
+      ? "The keys under this prefix without a limit of their own that have a token bucket (kept from a claim until it is full again) or RUNNING jobs, in key order. A key not listed has all its room."
       : "This key's usage.";
     replace(
       list,
