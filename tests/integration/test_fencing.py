@@ -87,6 +87,44 @@ async def test_a_stranger_beside_the_owner_changes_nothing_in_either_order(
         assert owner_first[1].job is None
 
 
+async def test_every_lease_token_is_its_own_across_claims_and_attempts(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Each claimed job gets a token of its own, unique per job and attempt: one job's token
+    fences every other job out, also when two claims run at once and when the same jobs are
+    claimed again after a failure (a token derived per claim rather than drawn per job, or
+    one reused across attempts, fails here)."""
+    await store.submit_batch(
+        [JobSubmission(queue="fence-tokens", type="t", max_attempts=3) for _ in range(200)]
+    )
+    claims = await asyncio.gather(
+        *(store.claim(worker_id=f"w{n}", queues=["fence-tokens"], max_jobs=100) for n in (1, 2))
+    )
+    first = [job for claim in claims for job in claim]
+    assert len(first) == 200 and len({job["id"] for job in first}) == 200
+    assert len({job["lease_token"] for job in first}) == 200
+
+    # the same jobs' second attempts: none reuses a token of the first
+    outcomes = await store.fail_many(
+        [Failure(j["id"], j["lease_token"], "again", retry_in_seconds=0) for j in first]
+    )
+    assert statuses(outcomes) == [200] * 200
+    again = await store.claim(worker_id="w3", queues=["fence-tokens"], max_jobs=200)
+    assert len(again) == 200
+    tokens = {job["lease_token"] for job in first} | {job["lease_token"] for job in again}
+    assert len(tokens) == 400
+
+    # a neighbour's token (same claim) and the job's own stale one are both refused
+    a, b = again[0], again[1]
+    stale = next(j["lease_token"] for j in first if j["id"] == a["id"])
+    refused = await store.complete_many(
+        [Completion(a["id"], b["lease_token"]), Completion(a["id"], stale)]
+    )
+    assert statuses(refused) == [409, 409]
+    assert (await store.get(a["id"]))["state"] == "RUNNING"
+    assert await event_counts(pool, a["id"]) == {"submitted": 1, "claimed": 2, "failed": 1}
+
+
 async def test_fail_is_fenced_per_item_too(store: JobStore, pool: asyncpg.Pool) -> None:
     first, second = await claimed_jobs(store, "fence-fail", 2)
     stranger = uuid.uuid4()
