@@ -92,8 +92,8 @@ async def test_every_lease_token_is_its_own_across_claims_and_attempts(
 ) -> None:
     """Each claimed job gets a token of its own, unique per job and attempt: one job's token
     fences every other job out, also when two claims run at once and when the same jobs are
-    claimed again after a failure (a token derived per claim rather than drawn per job, or
-    one reused across attempts, fails here)."""
+    claimed again after a failure (a token shared by a claim's jobs, or reused across
+    attempts, fails here)."""
     await store.submit_batch(
         [JobSubmission(queue="fence-tokens", type="t", max_attempts=3) for _ in range(200)]
     )
