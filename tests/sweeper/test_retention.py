@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -194,3 +194,109 @@ async def test_prunes_use_the_finished_index_even_with_a_generic_plan(
             "SELECT pg_stat_get_xact_numscans('evora.jobs_finished'::regclass)"
         )
     assert scans > 0
+
+
+# Rows of other tables that name a job, by table: what a job leaves behind it.
+REFERENCES = """
+SELECT 'callbacks' AS t, count(*) AS n FROM evora.callbacks WHERE job_id = ANY($1::uuid[])
+UNION ALL SELECT 'dependencies', count(*) FROM evora.job_dependencies WHERE job_id = ANY($1)
+UNION ALL SELECT 'traces', count(*) FROM evora.job_traces WHERE job_id = ANY($1)
+UNION ALL SELECT 'children', count(*) FROM evora.spawned_children WHERE parent = ANY($1)
+"""
+
+
+async def add_references(pool: asyncpg.Pool, job_ids: list[UUID]) -> None:
+    """A settled callback, a dependency edge, a trace context and a spawned child for each of
+    `job_ids`, written directly: which path wrote a row does not matter to its removal."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO evora.callbacks (id, secret_hash, job_id, attempt, on_timeout,"
+            " created_at, timeout_at, outcome, settled_at)"
+            " SELECT gen_random_uuid(), sha256(uuid_send(j)), j, 1, 'fail', evora.clock_now(),"
+            " evora.clock_now(), 'resolved', evora.clock_now() FROM unnest($1::uuid[]) AS j",
+            job_ids,
+        )
+        await conn.execute(
+            "INSERT INTO evora.job_dependencies (job_id, depends_on)"
+            " SELECT j, gen_random_uuid() FROM unnest($1::uuid[]) AS j",
+            job_ids,
+        )
+        await conn.execute(
+            "INSERT INTO evora.job_traces (job_id, traceparent)"
+            " SELECT j, '00-' || md5(j::text) || '-0000000000000001-01'"
+            " FROM unnest($1::uuid[]) AS j",
+            job_ids,
+        )
+        await conn.execute(
+            "INSERT INTO evora.spawned_children (parent, child)"
+            " SELECT j, gen_random_uuid() FROM unnest($1::uuid[]) AS j",
+            job_ids,
+        )
+
+
+async def references(pool: asyncpg.Pool, job_ids: list[UUID]) -> dict[str, int]:
+    return {r["t"]: r["n"] for r in await pool.fetch(REFERENCES, job_ids)}
+
+
+async def test_a_removed_jobs_references_go_with_it_and_no_other_jobs(
+    store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """What a job leaves in other tables goes with it when retention removes it, and when an
+    operator deletes a finished job (the statement trigger jobs_references_removed; foreign
+    keys did this until migration 0061); the rows of jobs that stay are kept, also an edge
+    that names a removed job as the dependency of a kept one (it belongs to the kept job)."""
+    old = await finished(store, "refs", JobState.COMPLETED, 5, "old")
+    await clock.advance(2 * DAY)
+    young = await finished(store, "refs", JobState.COMPLETED, 3, "young")
+    await add_references(pool, old + young)
+    await pool.execute(
+        "INSERT INTO evora.job_dependencies (job_id, depends_on) VALUES ($1, $2)", young[0], old[0]
+    )
+
+    assert await RetentionStore(pool).prune_finished(JobState.COMPLETED, DAY, 100) == len(old)
+    assert await references(pool, old) == dict.fromkeys(REFERENCE_TABLES, 0)
+    assert await references(pool, young) == {
+        **dict.fromkeys(REFERENCE_TABLES, 3),
+        "dependencies": 4,
+    }
+
+    # an operator's DELETE of two jobs (counted as retention counts its own, which the
+    # auditor checks every test's history against)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("DELETE FROM evora.jobs WHERE id = ANY($1::uuid[])", young[1:])
+        await conn.execute(
+            "UPDATE evora.job_prune_counts SET pruned = pruned + 2"
+            " WHERE queue = 'refs' AND state = 'COMPLETED'"
+        )
+    assert await references(pool, young[1:]) == dict.fromkeys(REFERENCE_TABLES, 0)
+    assert await references(pool, young[:1]) == {
+        **dict.fromkeys(REFERENCE_TABLES, 1),
+        "dependencies": 2,
+    }
+    # a DELETE that removes nothing touches nothing
+    await pool.execute("DELETE FROM evora.jobs WHERE id = $1", uuid4())
+    assert await references(pool, young[:1]) == {
+        **dict.fromkeys(REFERENCE_TABLES, 1),
+        "dependencies": 2,
+    }
+
+
+REFERENCE_TABLES = ("callbacks", "dependencies", "traces", "children")
+
+
+async def test_no_foreign_key_references_jobs_and_the_trigger_is_in_place(
+    pool: asyncpg.Pool,
+) -> None:
+    """Migration 0061's end state, which the schema dump also pins: no foreign key references
+    `jobs` (each ran a query per deleted job), and the statement trigger is in place."""
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_constraint WHERE contype = 'f'"
+            " AND confrelid = 'evora.jobs'::regclass"
+        )
+        == 0
+    )
+    assert await pool.fetchval(
+        "SELECT tgenabled <> 'D' FROM pg_trigger WHERE tgname = 'jobs_references_removed'"
+        " AND tgrelid = 'evora.jobs'::regclass"
+    )

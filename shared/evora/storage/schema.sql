@@ -2169,6 +2169,24 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION evora.remove_job_references() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ids uuid[];
+BEGIN
+    ids := ARRAY(SELECT g.id FROM gone g);
+    IF ids = '{}' THEN
+        RETURN NULL;
+    END IF;
+    DELETE FROM evora.callbacks c WHERE c.job_id = ANY(ids);
+    DELETE FROM evora.job_dependencies d WHERE d.job_id = ANY(ids);
+    DELETE FROM evora.job_traces t WHERE t.job_id = ANY(ids);
+    DELETE FROM evora.spawned_children s WHERE s.parent = ANY(ids);
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION evora.resolve_callback(callback_id text, payload jsonb DEFAULT NULL::jsonb) RETURNS jsonb
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'evora', 'pg_temp'
@@ -3587,18 +3605,8 @@ CREATE TRIGGER jobs_new_state_guard BEFORE INSERT ON evora.jobs FOR EACH ROW WHE
 
 CREATE TRIGGER jobs_note_ended_dependency AFTER UPDATE OF state ON evora.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.state = ANY (ARRAY['COMPLETED'::evora.job_state, 'CANCELLED'::evora.job_state])) AND (old.state IS DISTINCT FROM new.state) AND (current_setting('evora.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION evora.note_ended_dependency();
 
+CREATE TRIGGER jobs_references_removed AFTER DELETE ON evora.jobs REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION evora.remove_job_references();
+
 CREATE TRIGGER jobs_settle_dependents AFTER UPDATE OF state ON evora.jobs FOR EACH STATEMENT EXECUTE FUNCTION evora.settle_dependents();
 
 CREATE TRIGGER jobs_transition_guard AFTER UPDATE OF state ON evora.jobs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND (((((((((((((((((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state)) AND ((old.state <> 'DLQ'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'PENDING'::evora.job_state) OR (new.state <> 'RUNNING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'COMPLETED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'SUSPENDED'::evora.job_state))) AND ((old.state <> 'RUNNING'::evora.job_state) OR (new.state <> 'WAITING'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'DLQ'::evora.job_state))) AND ((old.state <> 'SUSPENDED'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'CANCELLED'::evora.job_state))) AND ((old.state <> 'WAITING'::evora.job_state) OR (new.state <> 'PENDING'::evora.job_state))))) EXECUTE FUNCTION evora.reject_illegal_transition();
-
-ALTER TABLE ONLY evora.callbacks
-    ADD CONSTRAINT callbacks_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY evora.job_dependencies
-    ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY evora.job_traces
-    ADD CONSTRAINT job_traces_job_id_fkey FOREIGN KEY (job_id) REFERENCES evora.jobs(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY evora.spawned_children
-    ADD CONSTRAINT spawned_children_parent_fkey FOREIGN KEY (parent) REFERENCES evora.jobs(id) ON DELETE CASCADE;

@@ -275,6 +275,44 @@ BEGIN
 END
 $$;
 
+-- What a job leaves in other tables goes with it, whoever deletes it (evora.prune_finished(),
+-- an operator's DELETE): its callbacks, the dependencies it waits on (job_dependencies by
+-- job_id; the rows naming it as the dependency of others go with those others), its trace
+-- context and the children it spawned. One statement per table for the whole DELETE, through
+-- the statement's transition table; the foreign keys' ON DELETE CASCADE this replaces
+-- (migration 0061) ran four queries for every deleted job.
+-- Without the foreign keys, nothing refuses a row for a job that does not exist; none is
+-- written for a job a DELETE may remove meanwhile. Retention deletes only finished jobs,
+-- locked FOR UPDATE SKIP LOCKED, and every writer of these rows writes them for a job its own
+-- transaction created (a submission's dependencies and trace context) or holds locked while
+-- RUNNING (a callback: evora.suspend_job(); awaited children and their edges:
+-- storage/sql/children.sql hold_parent), so a DELETE of that job waits for it or skips it,
+-- and finds the job no longer finished, or its rows committed.
+CREATE OR REPLACE FUNCTION evora.remove_job_references() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids uuid[];
+BEGIN
+    -- `= ANY` of an array: an index probe per id, whatever the plan cached for the first
+    -- call thought of the transition table's size
+    ids := ARRAY(SELECT g.id FROM gone g);
+    IF ids = '{}' THEN
+        RETURN NULL;
+    END IF;
+    DELETE FROM evora.callbacks c WHERE c.job_id = ANY(ids);
+    DELETE FROM evora.job_dependencies d WHERE d.job_id = ANY(ids);
+    DELETE FROM evora.job_traces t WHERE t.job_id = ANY(ids);
+    DELETE FROM evora.spawned_children s WHERE s.parent = ANY(ids);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_references_removed
+    AFTER DELETE ON evora.jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION evora.remove_job_references();
+
 -- Removes at most `batch` rows of evora.submission_keys (migration 0056) that answer no later
 -- submission, oldest first, and returns how many: throttle keys whose window has passed,
 -- debounce keys whose job is no longer PENDING and never started, or is gone (the next
