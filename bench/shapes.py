@@ -193,7 +193,8 @@ CREATE TABLE {s}.running (
     queue text NOT NULL,
     type text NOT NULL,
     group_key text,
-    attempt integer NOT NULL
+    attempt integer NOT NULL,
+    started_at timestamptz NOT NULL
 );
 CREATE INDEX running_lease ON {s}.running (lease_expires_at);
 CREATE UNIQUE INDEX running_group ON {s}.running (queue, group_key) WHERE group_key IS NOT NULL;
@@ -224,6 +225,8 @@ CREATE TABLE {s}.events (
     attempt integer NOT NULL,
     worker_id text,
     at timestamptz NOT NULL,
+    run_at timestamptz,
+    started_at timestamptz,
     data jsonb NOT NULL DEFAULT '{}',
     UNIQUE (job_id, job_version, at)
 ) PARTITION BY RANGE (at);
@@ -231,7 +234,8 @@ CREATE INDEX events_tail ON {s}.events (xid, seq);
 CREATE INDEX events_seq ON {s}.events USING brin (seq);
 """
 # One row per statement: the jobs it moved as arrays (a job's version is 1 when submitted,
-# 2 * attempt when claimed, 2 * attempt + 1 when it ends).
+# 2 * attempt when claimed, 2 * attempt + 1 when it ends), with what the projector reads of
+# each (its queue, type, due and start times).
 BATCH_EVENTS = """
 CREATE TABLE {s}.events (
     seq bigint GENERATED ALWAYS AS IDENTITY,
@@ -242,6 +246,10 @@ CREATE TABLE {s}.events (
     job_ids uuid[] NOT NULL,
     versions integer[] NOT NULL,
     states evora.job_state[] NOT NULL,
+    queues text[] NOT NULL,
+    types text[] NOT NULL,
+    run_ats timestamptz[],
+    started_ats timestamptz[],
     data jsonb NOT NULL DEFAULT '{}'
 ) PARTITION BY RANGE (at);
 CREATE INDEX events_tail ON {s}.events (xid, seq);
@@ -270,13 +278,14 @@ WITH picked AS (
     WHERE r.id IN (SELECT c.id FROM {s}.ready c
                    WHERE c.queue = $1 AND c.run_at <= evora.clock_now()
                    ORDER BY c.priority DESC, c.seq LIMIT $2 FOR UPDATE SKIP LOCKED)
-    RETURNING r.id, r.queue, r.type, r.attempt + 1 AS attempt
+    RETURNING r.id, r.queue, r.type, r.attempt + 1 AS attempt, r.run_at
 ), ran AS (
-    INSERT INTO {s}.running (id, token, lease_expires_at, worker, queue, type, group_key, attempt)
+    INSERT INTO {s}.running (id, token, lease_expires_at, worker, queue, type, group_key, attempt,
+                             started_at)
     SELECT p.id, gen_random_uuid(), evora.clock_now() + interval '5 minutes', $3, p.queue,
-           p.type, NULL, p.attempt
+           p.type, NULL, p.attempt, evora.clock_now()
     FROM picked p
-    RETURNING id, token, queue, type, attempt
+    RETURNING id, token, queue, type, attempt, started_at
 ){events}
 SELECT r.id, r.token, r.attempt, j.type, j.payload
 FROM ran r JOIN {s}.jobs j ON j.id = r.id
@@ -285,7 +294,7 @@ SPLIT_COMPLETE = """
 WITH done AS (
     DELETE FROM {s}.running r USING unnest($1::uuid[], $2::uuid[]) AS i(id, token)
     WHERE r.id = i.id AND r.token = i.token
-    RETURNING r.id, r.queue, r.type, r.attempt, r.worker
+    RETURNING r.id, r.queue, r.type, r.attempt, r.worker, r.started_at
 ), fin AS (
     INSERT INTO {s}.finished (id, state, result, finished_at)
     SELECT id, 'COMPLETED', NULL, evora.clock_now() FROM done
@@ -296,41 +305,47 @@ SELECT count(*) FROM done
 ROW_EVENTS = {
     "submit": """, events AS (
     INSERT INTO {s}.events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, at)
-    SELECT id, 1, $3, $4, 'submitted', NULL, 'PENDING', 0, evora.clock_now() FROM input
+                            attempt, at, run_at)
+    SELECT id, 1, $3, $4, 'submitted', NULL, 'PENDING', 0, evora.clock_now(), evora.clock_now()
+    FROM input
 )""",
     "claim": """, events AS (
     INSERT INTO {s}.events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at)
-    SELECT id, 2 * attempt, queue, type, 'claimed', 'PENDING', 'RUNNING', attempt, $3,
-           evora.clock_now()
-    FROM ran
+                            attempt, worker_id, at, run_at, started_at)
+    SELECT r.id, 2 * r.attempt, r.queue, r.type, 'claimed', 'PENDING', 'RUNNING', r.attempt, $3,
+           evora.clock_now(), p.run_at, r.started_at
+    FROM ran r JOIN picked p ON p.id = r.id
 )""",
     "complete": """, events AS (
     INSERT INTO {s}.events (job_id, job_version, queue, type, event, from_state, to_state,
-                            attempt, worker_id, at)
+                            attempt, worker_id, at, started_at)
     SELECT id, 2 * attempt + 1, queue, type, 'completed', 'RUNNING', 'COMPLETED', attempt,
-           worker, evora.clock_now()
+           worker, evora.clock_now(), started_at
     FROM done
 )""",
 }
 BATCH_EVENT_CTES = {
     "submit": """, events AS (
-    INSERT INTO {s}.events (event, at, job_ids, versions, states)
+    INSERT INTO {s}.events (event, at, job_ids, versions, states, queues, types, run_ats)
     SELECT 'submitted', evora.clock_now(), array_agg(id), array_agg(1),
-           array_agg('PENDING'::evora.job_state)
+           array_agg('PENDING'::evora.job_state), array_agg($3::text), array_agg($4::text),
+           array_agg(evora.clock_now())
     FROM input
 )""",
     "claim": """, events AS (
-    INSERT INTO {s}.events (event, worker_id, at, job_ids, versions, states)
-    SELECT 'claimed', $3, evora.clock_now(), array_agg(id), array_agg(2 * attempt),
-           array_agg('RUNNING'::evora.job_state)
-    FROM ran HAVING count(*) > 0
+    INSERT INTO {s}.events (event, worker_id, at, job_ids, versions, states, queues, types,
+                            run_ats, started_ats)
+    SELECT 'claimed', $3, evora.clock_now(), array_agg(r.id), array_agg(2 * r.attempt),
+           array_agg('RUNNING'::evora.job_state), array_agg(r.queue), array_agg(r.type),
+           array_agg(p.run_at), array_agg(r.started_at)
+    FROM ran r JOIN picked p ON p.id = r.id HAVING count(*) > 0
 )""",
     "complete": """, events AS (
-    INSERT INTO {s}.events (event, worker_id, at, job_ids, versions, states)
+    INSERT INTO {s}.events (event, worker_id, at, job_ids, versions, states, queues, types,
+                            started_ats)
     SELECT 'completed', min(worker), evora.clock_now(), array_agg(id), array_agg(2 * attempt + 1),
-           array_agg('COMPLETED'::evora.job_state)
+           array_agg('COMPLETED'::evora.job_state), array_agg(queue), array_agg(type),
+           array_agg(started_at)
     FROM done HAVING count(*) > 0
 )""",
 }
