@@ -34,6 +34,10 @@ The shapes (`--shapes`):
   which checks no lock owner for jobs without a named queue): the calibration;
 - `today`: Evora as it is (`JobStore.submit_batch`, `.claim`, `.complete_many`; retention by
   `evora.prune_finished()` and the day's `job_events` partition detached and dropped);
+- `today-batch`: Evora as it is, in a database of its own, but for the hot path's three
+  event inserts (submission, claim, completion), which write one row per statement into
+  `evora.event_batches` (today's columns as arrays, the job images too; `(xid, seq)` and BRIN
+  on seq, no index by job id; day partitions dropped by retention);
 - `split`: the job record written once at submission (day partitions by submission time); a
   narrow `ready` table the claim deletes from; a narrow `running` table the claim inserts into
   and the fenced completion deletes from (the FIFO group's unique index lives there); finished
@@ -77,7 +81,17 @@ from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations
 from evora.storage.submissions import uuid7s
 
-SHAPES = ("graphile", "today", "split", "split-batch", "split-batch-gin", "split-batch-lean")
+SHAPES = (
+    "graphile",
+    "today",
+    "today-batch",
+    "split",
+    "split-batch",
+    "split-batch-gin",
+    "split-batch-lean",
+)
+# The shapes that run Evora's own functions (through JobStore), each in a database of its own.
+EVORA_SHAPES = {"today": "shapes", "today-batch": "shapes_today_batch"}
 PHASES = ("submit", "drain", "vacuum", "retention", "vacuum 2")
 SUBMIT_BATCH = 1000
 WORKER = "shapes-worker"
@@ -155,6 +169,71 @@ RETURNING *
 GRAPHILE_COMPLETE = """
 DELETE FROM graphile._private_jobs AS jobs USING unnest($1::bigint[]) n(n) WHERE id = n
 """
+
+# today-batch: Evora's schema and functions, but the hot path's three event inserts (the
+# submission's, evora.store_submissions(); the claim's, evora.claim_jobs(); the completion's,
+# evora.complete_items()) write one row per statement into `evora.event_batches`, every column
+# of today's rows as an array (the job images too), in day partitions.
+EVENT_BATCHES = """
+CREATE TABLE evora.event_batches (
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    at timestamptz NOT NULL,
+    job_ids uuid[] NOT NULL,
+    job_versions integer[] NOT NULL,
+    queues text[] NOT NULL,
+    types text[] NOT NULL,
+    events text[] NOT NULL,
+    from_states evora.job_state[] NOT NULL,
+    to_states evora.job_state[] NOT NULL,
+    attempts integer[] NOT NULL,
+    worker_ids text[] NOT NULL,
+    ats timestamptz[] NOT NULL,
+    data jsonb[] NOT NULL,
+    jobs evora.job_image[] NOT NULL
+) PARTITION BY RANGE (at);
+CREATE INDEX event_batches_tail ON evora.event_batches (xid, seq);
+CREATE INDEX event_batches_seq ON evora.event_batches USING brin (seq);
+"""
+EVENT_COLUMNS = (
+    "job_id, job_version, queue, type, event, from_state, to_state, attempt, worker_id, at,"
+    " data, job"
+)
+# An `INSERT INTO evora.job_events (<the columns>) SELECT ... FROM moved [m]` ending its CTE.
+EVENT_INSERT = re.compile(
+    r"INSERT INTO evora\.job_events \(([^)]*)\)\s+(SELECT .*?\bFROM moved(?: m)?)(?=\s*\n\s*\))",
+    re.S,
+)
+EVENT_BATCH_INSERT = f"""INSERT INTO evora.event_batches (at, job_ids, job_versions, queues, types,
+            events, from_states, to_states, attempts, worker_ids, ats, data, jobs)
+        SELECT min(x.at), array_agg(x.job_id), array_agg(x.job_version), array_agg(x.queue),
+               array_agg(x.type), array_agg(x.event::text),
+               array_agg(x.from_state::text::evora.job_state),
+               array_agg(x.to_state::text::evora.job_state), array_agg(x.attempt),
+               array_agg(x.worker_id::text), array_agg(x.at), array_agg(x.data::jsonb),
+               array_agg(x.job)
+        FROM (\\2) AS x({EVENT_COLUMNS})
+        HAVING count(*) > 0"""
+
+
+async def events_per_statement(conn: asyncpg.Connection) -> None:
+    """Rewrites the hot path's three functions to write `evora.event_batches`."""
+    await conn.execute(EVENT_BATCHES)
+    rows = await conn.fetch(
+        "SELECT p.proname, pg_get_functiondef(p.oid) AS body FROM pg_proc p"
+        " WHERE p.pronamespace = 'evora'::regnamespace"
+        " AND p.proname IN ('store_submissions', 'claim_jobs', 'complete_items')"
+    )
+    rewritten = set()
+    for row in rows:
+        found = EVENT_INSERT.search(row["body"])
+        if found is None:
+            continue
+        assert " ".join(found.group(1).split()) == EVENT_COLUMNS, found.group(1)
+        await conn.execute(EVENT_INSERT.sub(EVENT_BATCH_INSERT, row["body"]))
+        rewritten.add(row["proname"])
+    assert rewritten == {"store_submissions", "claim_jobs", "complete_items"}, rewritten
+
 
 # The split shapes. `{s}` is the schema. Partitioned tables get their day partitions (and a
 # primary key on id in each, since a unique index across partitions must hold the partition
@@ -375,8 +454,16 @@ class Shape:
 
     @property
     def prototype(self) -> str:
-        """The schema of a split prototype."""
-        return self.name.replace("-", "_")
+        """The schema of a prototype's tables."""
+        return "evora" if self.evora else self.name.replace("-", "_")
+
+    @property
+    def evora(self) -> bool:
+        return self.name in EVORA_SHAPES
+
+    @property
+    def database(self) -> str:
+        return EVORA_SHAPES.get(self.name, "shapes")
 
     def sql(self, template: str, events: dict[str, str] | None = None, step: str = "") -> str:
         ctes = (events or {}).get(step, "")
@@ -386,17 +473,18 @@ class Shape:
         return BATCH_EVENT_CTES if self.name.startswith("split-batch") else ROW_EVENTS
 
     def schemas(self) -> list[str]:
-        if self.name == "today":
-            return ["evora"]
         return [self.prototype]
 
     def partitioned(self) -> list[str]:
-        return [] if self.name in ("graphile", "today") else ["jobs", "finished", "events"]
+        """The shape's tables partitioned by day (besides Evora's job_events)."""
+        if self.name in ("graphile", "today"):
+            return []
+        return ["event_batches"] if self.name == "today-batch" else ["jobs", "finished", "events"]
 
     def ddl(self) -> str:
         if self.name == "graphile":
             return GRAPHILE_SCHEMA
-        if self.name == "today":
+        if self.evora:
             return ""
         events = BATCH_EVENTS if self.name.startswith("split-batch") else SPLIT_EVENTS
         extra = {"gin": GIN_TIMELINE, "lean": NO_LEASE_INDEX}.get(self.name.split("-")[-1], "")
@@ -413,9 +501,8 @@ async def day_of(conn: asyncpg.Connection) -> datetime:
 async def day_partitions(conn: asyncpg.Connection, shape: Shape) -> None:
     """The partitions of the clock's day, each partitioned table of the shape."""
     day = await day_of(conn)
-    if shape.name == "today":
+    if shape.evora:
         await conn.execute("SELECT evora.make_event_partitions(86400, 3)")
-        return
     s = shape.prototype
     for table in shape.partitioned():
         name = f"{table}_p{day:%Y%m%d}"
@@ -426,7 +513,7 @@ async def day_partitions(conn: asyncpg.Connection, shape: Shape) -> None:
             f" FROM ('{day:%Y-%m-%d} UTC') TO ('{day:%Y-%m-%d} UTC'::timestamptz"
             " + interval '1 day')"
         )
-        if table != "events":
+        if table in ("jobs", "finished"):
             await conn.execute(f"ALTER TABLE {s}.{name} ADD PRIMARY KEY (id)")
 
 
@@ -442,7 +529,7 @@ class Workload:
         self.conn: asyncpg.Connection | None = None
 
     async def open(self) -> None:
-        if self.shape.name == "today":
+        if self.shape.evora:
             self.pool = await create_pool(self.dsn, min_size=2, max_size=2)
             self.store = JobStore(self.pool)
         else:
@@ -498,12 +585,14 @@ async def retention(conn: asyncpg.Connection, shape: Shape, day: datetime, batch
     """Removes the day's finished jobs and their history as the shape would."""
     if shape.name == "graphile":
         return  # a completed job was deleted by its completion; graphile-worker keeps none
-    if shape.name == "today":
+    s = shape.prototype
+    if shape.evora:
         while await conn.fetchval("SELECT evora.prune_finished(0, $1, 'COMPLETED')", batch):
             pass
         await detach_and_drop(conn, "evora.job_events", f"evora.job_events_p{day:%Y%m%d}")
+        for table in shape.partitioned():
+            await detach_and_drop(conn, f"{s}.{table}", f"{s}.{table}_p{day:%Y%m%d}")
         return
-    s = shape.prototype
     await conn.execute(
         SPLIT_PRUNE_COUNT.replace("{s}", s)
         .replace("{finished}", f"finished_p{day:%Y%m%d}")
@@ -637,8 +726,10 @@ async def check_empty(conn: asyncpg.Connection, shape: Shape) -> None:
     split: no ready, running or partitioned row)."""
     if shape.name == "graphile":
         left = await conn.fetchval("SELECT count(*) FROM graphile._private_jobs")
-    elif shape.name == "today":
-        left = await conn.fetchval("SELECT count(*) FROM evora.jobs WHERE queue = $1", QUEUE)
+    elif shape.evora:
+        left = await conn.fetchval("SELECT count(*) FROM evora.jobs WHERE queue = $1", QUEUE) + sum(
+            [await conn.fetchval(f"SELECT count(*) FROM evora.{t}") for t in shape.partitioned()]
+        )
     else:
         s = shape.prototype
         left = await conn.fetchval(
@@ -745,29 +836,38 @@ async def set_clock(admin_dsn: str, database: str, days: int) -> None:
 
 async def run(args: argparse.Namespace, pg: LocalPostgres, postmaster: int) -> None:
     admin_dsn = pg.dsn("postgres")
+    shapes = [Shape(name) for name in args.shapes]
+    databases = sorted({shape.database for shape in shapes})
     admin = await asyncpg.connect(admin_dsn)
     try:
-        await admin.execute("CREATE DATABASE shapes")
+        for database in databases:
+            await admin.execute(f"CREATE DATABASE {database}")
     finally:
         await admin.close()
-    dsn = pg.dsn("shapes")
-    await apply_migrations(dsn)
-    shapes = [Shape(name) for name in args.shapes]
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        for shape in shapes:
-            if shape.ddl():
-                await conn.execute(shape.ddl())
-    finally:
-        await conn.close()
+    for database in databases:
+        await apply_migrations(pg.dsn(database))
+        conn = await asyncpg.connect(pg.dsn(database))
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            for shape in shapes:
+                if shape.database != database:
+                    continue
+                if shape.ddl():
+                    await conn.execute(shape.ddl())
+                if shape.name == "today-batch":
+                    await events_per_statement(conn)
+        finally:
+            await conn.close()
     # Round 0 is a warm-up (the tables' first pages, the catalogs' caches), not counted.
     # Round r runs on day r + 1: the migrations' first job_events partition ends a minute
     # after they ran, and the next one at midnight; whole days start the day after.
     for round_ in range(args.rounds + 1):
-        await set_clock(admin_dsn, "shapes", round_ + 1)
+        for database in databases:
+            await set_clock(admin_dsn, database, round_ + 1)
         for shape in shapes:
-            await round_of(shape, dsn, args, postmaster, round_ > 0, round_ == args.rounds)
+            await round_of(
+                shape, pg.dsn(shape.database), args, postmaster, round_ > 0, round_ == args.rounds
+            )
             if round_ > 0:
                 p = {k: v[-1] for k, v in shape.phases.items()}
                 print(
