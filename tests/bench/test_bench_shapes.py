@@ -28,6 +28,7 @@ def test_every_shape_lives_a_whole_life_and_is_measured() -> None:
     own = {
         "graphile": "graphile._private_jobs",
         "today": "evora.jobs",
+        "today-batch": "evora.event_batches_p*",
         "split": "split.ready",
         "split-batch": "split_batch.running",
         "split-batch-gin": "split_batch_gin.events_p*_job_ids_idx",
