@@ -20,11 +20,11 @@ shape in turn, the rounds interleaved shape by shape, goes through:
 
 With `--no-checkpoints`, no CHECKPOINT before a phase (the lower bound of the full-page
 images: a drain close behind its submissions, within one checkpoint cycle). Each phase: WAL
-bytes (the insert position, exact), of them the full-page images'
-(pg_walinspect), the client backends' CPU (user + system from /proc, 10 ms ticks) and the
-whole cluster's (every PostgreSQL process), per job; the last round's WAL by relation (each
-record counted once, whole, for the relation of its first block; partitions named by their
-parent). Medians over `--rounds`.
+bytes (the insert position, exact), of them the full-page images' (pg_walinspect), the
+client backends' CPU (user + system from /proc, 10 ms ticks) and the whole cluster's (every
+PostgreSQL process), per job; the last round's WAL by relation (each record counted once,
+whole, for the relation of its first block; partitions named by their parent).
+Medians over `--rounds`.
 
 The shapes (`--shapes`):
 
@@ -42,16 +42,17 @@ The shapes (`--shapes`):
   narrow `ready` table the claim deletes from; a narrow `running` table the claim inserts into
   and the fenced completion deletes from (the FIFO group's unique index lives there); finished
   jobs inserted into day partitions of `finished`; events as today (a row per transition,
-  `(job_id, job_version, at)` unique and the `(xid, seq)` tail, BRIN on seq), without the
-  copy of the job; retention counts and drops the day's partitions of all three;
-- `split-batch`: `split` with one outbox row per statement (arrays of ids, versions and
-  states; one tail entry per statement), the timeline by job id from the read models (no
-  index by job id);
+  `(job_id, job_version, at)` unique and the `(xid, seq)` tail, BRIN on seq), carrying the
+  due and start times the projector reads instead of the copy of the job; retention counts and
+  drops the day's partitions of all three;
+- `split-batch`: `split` with one outbox row per statement (arrays of ids, versions, states,
+  queues, types, due and start times; one tail entry per statement), the timeline by job id
+  from the read models (no index by job id);
 - `split-batch-gin`: the same with a GIN index on the ids array for the timeline by id;
 - `split-batch-lean`: `split-batch` without the index of leases by expiry (the sweeper reads
   `running`, which holds only the jobs in flight, whole).
 
-    python -m bench.shapes --rounds 3 --jobs 10000
+    python -m bench.shapes --rounds 7 --jobs 10000 [--no-checkpoints]
 """
 
 from __future__ import annotations
