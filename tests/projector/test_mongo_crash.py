@@ -12,7 +12,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -198,6 +198,63 @@ async def test_a_batch_lost_after_its_server_was_checked_is_not_checkpointed(
         await mixed_workload(store, pool, jobs=300, queues=["s1", "s2"], seed=37)
         await catch_up_replaying(_KillsMongo(pool, db, server, "sealed", nth=3))
         await assert_matches_truth(pool, db)
+
+
+class _LosesTarget(Projector):
+    """A projector whose MongoDB is SIGKILLed, and started again, the moment it has
+    acknowledged the checkpoint write that fixes a span's target (everything before it made
+    durable first), and then runs `meanwhile`."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        db: AsyncDatabase[Document],
+        server: LocalMongo,
+        meanwhile: Callable[[], Awaitable[None]],
+    ) -> None:
+        super().__init__(pool, db, 1)
+        self._server = server
+        self._meanwhile: Callable[[], Awaitable[None]] | None = meanwhile
+
+    async def _advance_checkpoint(
+        self,
+        old: Document,
+        span: Span,
+        cursor: OutboxCursor,
+        batch: Batch | None,
+        **how: Any,
+    ) -> Document:
+        write = super()._advance_checkpoint(old, span, cursor, batch, **how)
+        fixes_target = batch is None and span.target is not None and old.get("target") is None
+        if not fixes_target or self._meanwhile is None:
+            return await write
+        meanwhile, self._meanwhile = self._meanwhile, None
+        written = await _crash_after(self._db, self._server, write)
+        await meanwhile()
+        return written
+
+
+async def test_a_span_target_lost_by_mongodb_is_not_read_past_by_documents(
+    db_url: str, store: JobStore, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """A span's target is stored in the checkpoint before any document holds one of its
+    events, so that a batch read again reads the same span. MongoDB killed right after
+    acknowledging that write loses it unless it was journaled, while the batch's documents
+    go to the server started again and stay. A transaction open when the lost target was
+    taken (its xid the smallest) commits meanwhile: the batch read again takes a new target,
+    which holds it, before the events the documents already counted. Its event must still
+    be counted."""
+    held = await asyncpg.connect(db_url)
+    try:
+        tx = held.transaction()
+        await tx.start()
+        await held.fetchval("SELECT evora.submit('t1', 'held', '{}', '{}')")
+        await store.submit_batch([JobSubmission(queue="t1", type="t") for _ in range(20)])
+        async with _killable_mongo(tmp_path, "target") as (server, db):
+            await catch_up_replaying(_LosesTarget(pool, db, server, tx.commit))
+            await assert_matches_truth(pool, db)
+    finally:
+        await held.close()
 
 
 async def test_the_last_checkpoint_before_mongodb_is_killed_is_kept(

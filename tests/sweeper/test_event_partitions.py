@@ -7,6 +7,7 @@ the database's clock ahead (the `clock` fixture)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from datetime import UTC
 from typing import Any
@@ -18,7 +19,9 @@ import pytest
 from evora.http.metrics import ServiceMetrics
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import JobState
+from evora.storage import audit as audit_module
 from evora.storage import retention as retention_module
+from evora.storage.audit import audit
 from evora.storage.jobs import JobStore
 from evora.storage.retention import RetentionStore, record_projector_progress
 from evora_services.sweeper.metrics import SweeperMetrics
@@ -231,6 +234,66 @@ async def test_a_reader_of_the_partition_delays_its_drop_and_never_blocks_writer
     assert (await make_sweeper().prune_due())["event_partitions"] >= 1
     assert old not in await partitions(pool)
     assert await event_count(pool) == 3
+
+
+class _PausedAudit(asyncpg.Connection):  # type: ignore[misc]
+    """A connection whose audit stops after its first batch of events (the cursor open, its
+    range half read, its transaction holding its snapshot) until `resume` is set."""
+
+    fetched: asyncio.Event
+    resume: asyncio.Event
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        rows = await super().fetch(query, *args)
+        if query == audit_module._NEXT_EVENTS and not self.fetched.is_set():
+            self.fetched.set()
+            await self.resume.wait()
+        return rows
+
+
+async def test_an_audit_between_two_fetches_delays_the_drop_a_round_and_sees_one_history(
+    make_sweeper: MakeSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock, db_url: str
+) -> None:
+    """The auditor reads a range through a cursor, 1,000 events a fetch, in one REPEATABLE
+    READ transaction. Stopped between two fetches while retention wants the partition it
+    reads and writers append events: retention gives up for the round within its lock
+    timeout, writers never wait, and the audit, resumed, reports the history of its
+    snapshot exactly as an audit with nothing beside it; the next round drops the
+    partition."""
+    ids = [
+        r.job["id"] for r in await store.submit_batch([JobSubmission(queue="q", type="t")] * 1500)
+    ]
+    await consumed(pool)
+    await clock.advance(3 * DAY)
+    old = await partition_of_first_event(pool)
+    alone = await audit(db_url)
+    assert alone.ok and alone.events == 1500, alone.text()
+
+    conn = await asyncpg.connect(db_url, connection_class=_PausedAudit)
+    assert isinstance(conn, _PausedAudit)
+    conn.fetched, conn.resume = asyncio.Event(), asyncio.Event()
+    try:
+        paused = asyncio.create_task(audit(conn))
+        await asyncio.wait_for(conn.fetched.wait(), 30)
+        # writers append events (to the clock's partition) while the audit holds its cursor
+        await asyncio.wait_for(cancel(store, ids[:50]), timeout=5.0)
+        started = time.monotonic()
+        removed = await asyncio.wait_for(make_sweeper().prune_due(), timeout=30)
+        waited = time.monotonic() - started
+        assert removed["event_partitions"] == 0 and old in await partitions(pool)
+        print(f"retention round beside the paused audit: {waited:.2f} s")
+        await asyncio.wait_for(cancel(store, ids[50:100]), timeout=5.0)
+        conn.resume.set()
+        report = await asyncio.wait_for(paused, 60)
+    finally:
+        conn.resume.set()
+        await conn.close()
+    assert report.as_json() == alone.as_json()
+    assert (await make_sweeper().prune_due())["event_partitions"] >= 1
+    assert old not in await partitions(pool)
+    assert await event_count(pool) == 100
+    after = await audit(db_url)
+    assert after.ok and after.events == 100, after.text()
 
 
 async def test_two_sweepers_at_once_with_writers_remove_each_partition_once(

@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from evora.protocol.jobs import JobSubmission
+from evora.storage.audit import audit
 from evora.storage.db import create_pool
 from evora.storage.jobs import Completion, JobStore
 from evora.storage.limits import LimitSpec, LimitStore, Rate
@@ -209,3 +210,32 @@ async def test_concurrent_claims_and_prunes_never_exceed_the_rate(
         for j in range(i + limit, len(started)):
             span = (started[j] - first).total_seconds()
             assert j - i + 1 <= limit + span * limit / per + 1e-6, (i, j, span)
+
+
+@pytest.mark.parametrize("between", ["deleted", "rate-less"])
+async def test_a_rate_put_back_after_a_spell_without_is_audited_from_a_full_bucket(
+    store: JobStore, limits: LimitStore, pool: asyncpg.Pool, db_url: str, between: str
+) -> None:
+    """While no rate governs a key, its bucket goes, spent or not: with its limit when that
+    is deleted (sql/limits.sql, delete_limit), or, when the limit is changed to a
+    concurrency alone, in the sweeper's pass (no claim reads it). The rate put back starts
+    from a full bucket, as a new key's (docs/flow-control.md), and the auditor must judge
+    the claims after it so too, not against the tokens spent before, even when the limit
+    put back equals the one before. (The auditor judges a claim against a limit only from
+    5 s after the limit's last change: hence the waits.)"""
+    await limits.put("hot", LimitSpec(concurrency=None, rate=RATE))
+    await asyncio.sleep(6)
+    assert await _claimed(store, "hot", 5) == 5
+    await asyncio.sleep(1.5)
+    if between == "deleted":
+        await limits.delete("hot")
+    else:
+        await limits.put("hot", LimitSpec(concurrency=10, rate=None))
+    await RetentionStore(pool).prune_flow_buckets("", 1000)
+    assert await _buckets(pool) == set()
+    await limits.put("hot", LimitSpec(concurrency=None, rate=RATE))
+    await asyncio.sleep(6)
+    # within the minute of the first five, five more: a full bucket, as a new key's
+    assert await _claimed(store, "hot", 10) == 5
+    report = await audit(db_url)
+    assert report.ok, report.text()

@@ -91,9 +91,10 @@ _REFRESH_FIELDS = dict.fromkeys(("cursor", "transitions", "pruned", "oldest_pend
 # a lost last checkpoint would leave an idle projector behind for good
 # (tests/projector/test_mongo_crash.py).
 #
-# Only the checkpoint waits for the journal: a journaled write returns once the journal (one
-# log, written in order) is on disk up to it, so every write the same server acknowledged
-# before it is on disk too, and the documents (and a span's target) go w:1. That holds only if
+# Only the checkpoint waits for the journal (and a span's target, which must outlive any
+# document holding its events: see _next_batch): a journaled write returns once the journal
+# (one log, written in order) is on disk up to it, so every write the same server
+# acknowledged before it is on disk too, and the documents go w:1. That holds only if
 # no other server took those writes: a restart, or in a replica set a new primary, in between
 # loses them silently (retryable writes and reconnects hide it). So the batch (`_seal`) reads
 # the server's `hello` topologyVersion (a process id, and a counter each change of role
@@ -308,13 +309,16 @@ class Projector:
         if self._seen_server is None:  # before the batch's first write
             self._seen_server = await self._topology()
         if span.target is None:
-            # Fixed before any document holds one of its events: whoever replays this batch
-            # reads the same span, so the documents' cursors compare with its positions.
-            # Lost by a crash, it is lost with every later write of the batch (its token too).
+            # Fixed, journaled, before any document holds one of its events: whoever replays
+            # this batch reads the same span, so the documents' cursors compare with its
+            # positions. Not w:1: a MongoDB killed right after acknowledging it loses it,
+            # while the batch's documents go on to the server started again (the driver
+            # reconnects) and stay until the token's check abandons the batch. The replay
+            # would take a newer target, in which a transaction open at the lost one (its xid
+            # below events those documents counted) comes before their cursors: never
+            # counted for them (tests/projector/test_mongo_crash.py).
             span = Span(span.prev, batch.target)
-            checkpoint = await self._advance_checkpoint(
-                checkpoint, span, after, None, concern=self._documents_concern
-            )
+            checkpoint = await self._advance_checkpoint(checkpoint, span, after, None)
             self._checkpoint = checkpoint
         started = time.perf_counter()
         await self._apply(span, after, batch)

@@ -19,7 +19,7 @@ violation that straddles its start but never reports one that is not there.
 from __future__ import annotations
 
 import json
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -590,6 +590,19 @@ class _LimitHistory:
         index = bisect_left(self.times, instant) - 1
         return self.configs[index] if index >= 0 else {}
 
+    def rate_lapsed(self, key: str, since: float, until: float) -> bool:
+        """Whether a change in (since, until] left `key` without a rate for a while (its
+        limit deleted, or the one governing it rate-less): no claim read its bucket then,
+        and the sweeper may have removed it (evora.prune_flow_buckets()), so the rate that
+        governs it again starts from a full bucket, as a new key's, however the limit
+        compares with the one before."""
+        first, end = bisect_right(self.times, since), bisect_right(self.times, until)
+        for config in self.configs[first:end]:
+            limit = _governing(config, key)
+            if limit is None or limit.rate_limit is None or not limit.rate_per_seconds:
+                return True
+        return False
+
     def ever_governs(self, key: str) -> bool:
         """Whether a limit governed `key` at any time of the history: the claims of a key
         that none did (a queue's, mostly) can break no limit and are not replayed."""
@@ -646,7 +659,8 @@ def _check_limits(
     for key, moves in timeline.items():
         moves.sort()
         running: set[str] = set()
-        # the bucket replayed while one rate governs the key, from full (a change restarts it)
+        # the bucket replayed while one rate governs the key, from full (a change to another
+        # limit restarts it, and so does a spell without a rate: _LimitHistory.rate_lapsed)
         bucket: _Limit | None = None
         tokens = 0.0
         last = 0.0
@@ -666,7 +680,8 @@ def _check_limits(
             if limits is None:
                 bucket = None
                 continue
-            if limits is not governed_by:
+            changed = limits is not governed_by
+            if changed:
                 limit, governed_by = _governing(limits, key), limits
             if limit is None:
                 bucket = None
@@ -684,7 +699,7 @@ def _check_limits(
                 continue
             rate = limit.rate_limit / limit.rate_per_seconds
             capacity = float(limit.rate_limit)
-            if bucket != limit:
+            if bucket != limit or (changed and history.rate_lapsed(key, last, began)):
                 bucket, tokens, last = limit, capacity, began
             tokens = min(capacity, tokens + max(0.0, began - last) * rate) - 1
             last = max(last, began)
