@@ -11,11 +11,18 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
 from evora.protocol.jobs import Debounce, JobSubmission
-from evora.readmodels.layout import CONTROL, TOTAL_KEYS, Document, checkpoint_id
+from evora.readmodels.layout import (
+    CONTROL,
+    TOTAL_KEYS,
+    Document,
+    active_generation,
+    checkpoint_id,
+)
 from evora.readmodels.reader import ReadModels
 from evora.storage.db import connect
 from evora.storage.jobs import Failure, JobStore
-from evora_services.projector.projector import ProjectionConflict, Projector
+from evora.storage.retention import ABANDONED_REBUILD_SECONDS
+from evora_services.projector.projector import AbandonedRebuild, ProjectionConflict, Projector
 from tests.conftest import Clock
 from tests.projector.conftest import catch_up, truth
 from tests.projector.workload import mixed_workload
@@ -263,3 +270,31 @@ async def test_debounced_submissions_are_projected(
     stats = await ReadModels(mongo).queue_stats("alpha", paused=set())
     assert stats is not None and stats["counts"]["PENDING"] == 1
     await assert_matches_truth(pool, mongo)
+
+
+async def test_a_rebuild_taken_for_abandoned_stops_and_never_switches(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document], clock: Clock
+) -> None:
+    """A rebuild's generation that recorded no progress for ABANDONED_REBUILD_SECONDS has its
+    progress row removed by the active projector, so that event retention stops waiting for
+    it; if that rebuild was only slow, it stops at its next record or before it switches, since
+    events it had not read may be gone by then. The readers stay on the active generation."""
+    await mixed_workload(store, pool, jobs=60, queues=QUEUES, seed=7)
+    await catch_up(Projector(pool, mongo, 1))
+    slow = Projector(pool, mongo, 2, batch_size=20)
+    quiet = Projector(pool, mongo, 3, batch_size=1000)
+    assert await slow.run_once() > 0
+    assert await quiet.run_once() > 0
+    await quiet.ensure_not_abandoned()  # recorded, and its row is there
+
+    await clock.advance(ABANDONED_REBUILD_SECONDS + 60)
+    await mixed_workload(store, pool, jobs=10, queues=QUEUES, seed=8)
+    await catch_up(Projector(pool, mongo, 1))
+    generations = await pool.fetch("SELECT generation FROM evora.projector_progress")
+    assert [r["generation"] for r in generations] == [1]
+
+    with pytest.raises(AbandonedRebuild, match="generation 2 recorded no progress"):
+        await slow.run_once()
+    with pytest.raises(AbandonedRebuild, match="generation 3 recorded no progress"):
+        await quiet.ensure_not_abandoned()
+    assert await active_generation(mongo) == 1

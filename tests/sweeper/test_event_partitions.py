@@ -23,7 +23,11 @@ from evora.storage import audit as audit_module
 from evora.storage import retention as retention_module
 from evora.storage.audit import audit
 from evora.storage.jobs import JobStore
-from evora.storage.retention import RetentionStore, record_projector_progress
+from evora.storage.retention import (
+    ABANDONED_REBUILD_SECONDS,
+    RetentionStore,
+    record_projector_progress,
+)
 from evora_services.sweeper.metrics import SweeperMetrics
 from evora_services.sweeper.sweeper import Retention, Sweeper, Tuning
 from tests.conftest import Clock
@@ -311,3 +315,34 @@ async def test_two_sweepers_at_once_with_writers_remove_each_partition_once(
     assert old not in await partitions(pool)
     # the writers' events are all there, in today's partition; the old one went whole
     assert await event_count(pool) == len(ids)
+
+
+async def test_a_rebuild_silent_for_an_hour_no_longer_holds_a_partition_back(
+    make_sweeper: MakeSweeper, store: JobStore, pool: asyncpg.Pool, clock: Clock
+) -> None:
+    """A rebuild that died leaves its generation's progress row: once it has recorded nothing
+    for ABANDONED_REBUILD_SECONDS, the active generation's next record removes it, and the
+    partitions it held go; a rebuild that recorded lately, even at an old position (a slow
+    one), still holds them. On 384d167 the abandoned row held them for ever."""
+    before = await pool.fetchval("SELECT pg_current_snapshot()::text")
+    await submit(store, 5)
+    await consumed(pool, generation=1)
+    # generation 3 records an old position after the clock moves (a slow rebuild, alive);
+    # generation 2 recorded the same position before it (a rebuild that died)
+    await record_projector_progress(pool, 2, before, False)
+    await clock.advance(3 * DAY)
+    await record_projector_progress(pool, 3, before, False)
+    await consumed(pool, generation=1)
+    generations = await pool.fetch("SELECT generation FROM evora.projector_progress ORDER BY 1")
+    assert [r["generation"] for r in generations] == [1, 3]
+    sweeper = make_sweeper()
+    await sweeper.prune_due()
+    assert await event_count(pool) == 5  # the slow rebuild holds them
+
+    await clock.advance(ABANDONED_REBUILD_SECONDS + 60)
+    await consumed(pool, generation=1)
+    assert (await sweeper.prune_due())["event_partitions"] >= 1
+    assert await event_count(pool) == 0
+    # the slow rebuild, recording again, learns that its row was taken for abandoned
+    assert not await record_projector_progress(pool, 3, before, False)
+    assert await record_projector_progress(pool, 3, before, False)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from evora.config import Settings
 from evora.http.serve import run_service
 from evora.readmodels.client import mongo_client
 from evora.storage.db import create_pool
 from evora_services.projector.app import create_app
+from evora_services.projector.projector import AbandonedRebuild
 from evora_services.projector.service import rebuild
 
 
@@ -41,6 +43,10 @@ def run_rebuild(settings: Settings) -> int:
             await client.close()
             await pool.close()
 
-    generation, applied = asyncio.run(main())
+    try:
+        generation, applied = asyncio.run(main())
+    except AbandonedRebuild as exc:
+        print(f"error: the rebuild stopped: {exc}", file=sys.stderr)
+        return 1
     print(f"read models rebuilt as generation {generation} from {applied} events; now active")
     return 0

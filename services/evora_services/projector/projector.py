@@ -41,7 +41,7 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import asyncpg
 from bson import ObjectId
@@ -71,7 +71,11 @@ from evora.storage.outbox import (
     pruned_counts,
     read_batch,
 )
-from evora.storage.retention import record_projector_progress
+from evora.storage.retention import (
+    ABANDONED_REBUILD_SECONDS,
+    projector_progress_kept,
+    record_projector_progress,
+)
 from evora_services.projector import changes, projection
 from evora_services.projector.metrics import ProjectorMetrics
 
@@ -159,6 +163,11 @@ class ProjectionConflict(Exception):
     The batch is abandoned; replaying it from the checkpoint is safe."""
 
 
+class AbandonedRebuild(Exception):
+    """A rebuild's generation was taken for abandoned while it ran (its progress row removed):
+    its read models may lack events removed since, so it must not become active."""
+
+
 class DocumentCache:
     """The documents of one collection as this projector last wrote them, least recently
     used first, at most `limit`."""
@@ -199,6 +208,7 @@ class Projector:
         # Generations only move forward, so once this one was seen active it stays the
         # newest; until then each batch asks (a rebuild runs ahead of the switch).
         self._seen_active = False
+        self._recorded = False  # whether this projector has recorded its progress yet
         self._queues = DocumentCache()
         self._workers = DocumentCache()
         self._failures = DocumentCache()
@@ -368,8 +378,27 @@ class Projector:
     async def _record_progress(self, consumed: str) -> None:
         if not self._seen_active:
             self._seen_active = await active_generation(self._db) == self.generation.number
-        await record_projector_progress(
+        kept = await record_projector_progress(
             self._pool, self.generation.number, consumed, self._seen_active
+        )
+        if self._recorded and not kept and not self._seen_active:
+            self._abandoned()
+        self._recorded = True
+
+    async def ensure_not_abandoned(self) -> None:
+        """Raise AbandonedRebuild if this generation's progress row, once recorded, has been
+        removed as an abandoned rebuild's (a rebuild asks before it switches: its last batches
+        may have found nothing more to record)."""
+        if self._recorded and not await projector_progress_kept(self._pool, self.generation.number):
+            self._abandoned()
+
+    def _abandoned(self) -> NoReturn:
+        # Taken for abandoned (no progress for ABANDONED_REBUILD_SECONDS): event retention no
+        # longer waited for this generation, so what it had not read may be gone.
+        raise AbandonedRebuild(
+            f"generation {self.generation.number} recorded no progress for"
+            f" {ABANDONED_REBUILD_SECONDS:.0f} s and was taken for abandoned; events it had not"
+            " read yet may have been removed since: run the rebuild again"
         )
 
     async def _apply(self, span: Span, after: OutboxCursor, batch: Batch) -> None:

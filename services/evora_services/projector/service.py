@@ -172,6 +172,7 @@ async def rebuild(pool: asyncpg.Pool, db: AsyncDatabase[Document]) -> tuple[int,
         applied += batch
         log.info("rebuild: %d events applied", applied)
     await projector.refresh()
+    await projector.ensure_not_abandoned()
     await switch_generation(db, target)
     await _drop_older(db, target)
     return target, applied

@@ -49,6 +49,7 @@ _ANOTHER_HAS_IT = (
     MAKE_EVENT_PARTITIONS,
     EXPIRED_EVENT_PARTITIONS,
     RECORD_PROJECTOR_PROGRESS,
+    PROJECTOR_PROGRESS_KEPT,
     OLDEST_WRITING_TRANSACTION_SECONDS,
     EVENT_PARTITIONS_AHEAD_SECONDS,
     JOBS_DEAD_TUPLES,
@@ -62,17 +63,36 @@ _ANOTHER_HAS_IT = (
     "make_event_partitions",
     "expired_event_partitions",
     "record_projector_progress",
+    "projector_progress_kept",
     "oldest_writing_transaction_seconds",
     "event_partitions_ahead",
     "jobs_dead_tuples",
 )
 
 
+# A rebuild's generation that has recorded no progress for this long is taken for abandoned:
+# the active projector removes its row, which would otherwise hold event retention back for
+# ever (a rebuild that died leaves it), and the rebuild, if it was only slow, stops at its next
+# record (sql/retention.sql, record_projector_progress).
+ABANDONED_REBUILD_SECONDS = 3600.0
+
+
 async def record_projector_progress(
     conn: asyncpg.Connection | asyncpg.Pool, generation: int, consumed: str, active: bool
-) -> None:
-    """`consumed`: the snapshot every span the generation consumed ended at."""
-    await conn.execute(RECORD_PROJECTOR_PROGRESS, generation, consumed, active)
+) -> bool:
+    """`consumed`: the snapshot every span the generation consumed ended at. Whether the
+    generation's row was there before (False the first time, and after it was removed as an
+    abandoned rebuild's)."""
+    kept: bool = await conn.fetchval(
+        RECORD_PROJECTOR_PROGRESS, generation, consumed, active, ABANDONED_REBUILD_SECONDS
+    )
+    return kept
+
+
+async def projector_progress_kept(conn: asyncpg.Connection | asyncpg.Pool, generation: int) -> bool:
+    """Whether the generation's progress row is there."""
+    kept: bool = await conn.fetchval(PROJECTOR_PROGRESS_KEPT, generation)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -88,19 +88,40 @@ FROM evora.expired_event_partitions($1, $2) p;
 
 -- name: record_projector_progress
 -- $1 generation, $2 the snapshot every span it consumed ended at (text), $3 whether the
--- generation is the active one. The projector's half: after each checkpoint it records how
+-- generation is the active one, $4 seconds without progress after which a newer generation's
+-- row counts as abandoned. The projector's half: after each checkpoint it records how
 -- far it has consumed, so that retention (which has no MongoDB) knows: every event visible
 -- in the snapshot, and so every event with an xid below the snapshot's xmin, which is what
 -- retention and the archive go by (conservative: a transaction left open holds it back, and
 -- them with it, not the projector). Once a generation is active the rows of older ones go:
--- their read models are dropped and must not hold retention back for ever.
-WITH recorded AS (
-    INSERT INTO evora.projector_progress (generation, xid, snapshot)
-    VALUES ($1, pg_snapshot_xmin($2::text::pg_snapshot), $2::text::pg_snapshot)
+-- their read models are dropped and must not hold retention back for ever. So does the row of
+-- a newer one (a rebuild's) that has recorded nothing for $4 seconds: a rebuild that died
+-- would hold retention back for ever, and one run again starts over. A rebuild that was only
+-- slow finds its row gone at its next record and stops (`kept` false: it had recorded before
+-- and its row is not there), since events it had not read yet may have gone meanwhile.
+-- Answers whether the generation's row was there before this record.
+WITH kept AS (
+    SELECT EXISTS (SELECT 1 FROM evora.projector_progress p WHERE p.generation = $1) AS kept
+),
+recorded AS (
+    INSERT INTO evora.projector_progress (generation, xid, snapshot, updated_at)
+    VALUES ($1, pg_snapshot_xmin($2::text::pg_snapshot), $2::text::pg_snapshot,
+            evora.clock_now())
     ON CONFLICT (generation) DO UPDATE
         SET xid = excluded.xid, snapshot = excluded.snapshot, updated_at = evora.clock_now()
+),
+dropped AS (
+    DELETE FROM evora.projector_progress p
+    WHERE $3 AND (p.generation < $1
+                  OR (p.generation > $1
+                      AND p.updated_at < evora.clock_now() - make_interval(secs => $4)))
 )
-DELETE FROM evora.projector_progress WHERE $3 AND generation < $1;
+SELECT kept FROM kept;
+
+-- name: projector_progress_kept
+-- $1 generation: whether its progress row is there (a rebuild checks before it switches, in
+-- case its row was removed as an abandoned rebuild's after its last record).
+SELECT EXISTS (SELECT 1 FROM evora.projector_progress p WHERE p.generation = $1);
 
 -- name: oldest_writing_transaction_seconds
 -- Age of the oldest transaction in the cluster that holds an xid (has written something).
