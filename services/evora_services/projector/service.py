@@ -137,6 +137,7 @@ class ProjectorService:
         caught up; until then they read the old one, as it was. A lossless switchover is
         rebuilt all the same: nothing readable by a plain role tells it apart."""
         self._metrics.history_changes.inc()
+        self._metrics.unmeasured()  # the lag of neither generation is measured meanwhile
         log.warning(
             "PostgreSQL's history changed under the read models (%s): a failover, switchover "
             "or restore; transactions they counted may be gone and their xids handed out "
