@@ -16,6 +16,8 @@ process), the standby promoted (`pg_promote()`) and started on the primary's add
 virtual IP or a DNS name moving would present it: the services reconnect on their own. New
 jobs are submitted there and take the lost xids again. The read models must converge to the
 tables anyway (the projector notices the new timeline and rebuilds), and go on converging.
+So must they after a switchover that loses nothing (the primary stopped cleanly, the standby
+promoted), which is rebuilt all the same.
 
 Frozen on the primary's side, not the standby's walreceiver: WAL already sent sits in the
 walreceiver's socket until it reads again, so a frozen walreceiver can still get, after it
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
+import pytest
 
 from evora import Client
 from evora.embedded import LocalPostgres
@@ -43,8 +46,8 @@ from tests.polling import until
 from tests.servers import ADMIN_TOKEN, PRODUCER_TOKEN
 
 LOST_XIDS = 300  # transactions with an xid committed on the primary alone
-LOST_JOBS = 5  # and submissions (queue "lost")
-AFTER_JOBS = 3  # submissions after the failover, each given a lost xid again
+LAST_JOBS = 5  # and submissions (queue "last")
+AFTER_JOBS = 3  # submissions after the failover (given lost xids again, if any)
 HISTORY_CHANGES = "evora_projector_history_changes_total"
 
 Counts = dict[str, dict[str, int]]  # queue -> state -> jobs, with "submitted" for the total
@@ -80,9 +83,13 @@ async def _replayed(standby: LocalPostgres, job_id: str) -> bool:
         await conn.close()
 
 
-async def test_the_read_models_converge_after_a_failover_that_lost_counted_commits(
-    mongo_url: str, mongo_db_name: str, children: Children
+@pytest.mark.parametrize("lost", [True, False], ids=["asynchronous failover", "switchover"])
+async def test_the_read_models_converge_after_a_failover(
+    lost: bool, mongo_url: str, mongo_db_name: str, children: Children
 ) -> None:
+    """`lost`: the standby lacks the primary's last commits (its walsender frozen, the primary
+    killed); otherwise a switchover that loses nothing (the primary stopped cleanly, which
+    sends the standby all it wrote), rebuilt all the same."""
     # Not under tmp_path, as tests/e2e/test_read_replica.py says why.
     with tempfile.TemporaryDirectory(prefix="evora-test-failover-") as tmp:
         primary = LocalPostgres(Path(tmp) / "primary", durable=False)
@@ -127,17 +134,24 @@ async def test_the_read_models_converge_after_a_failover_that_lost_counted_commi
                     walsender = await conn.fetchval(
                         "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender'"
                     )
-                    os.kill(walsender, signal.SIGSTOP)  # the standby gets nothing more
+                    if lost:
+                        os.kill(walsender, signal.SIGSTOP)  # the standby gets nothing more
                     for _ in range(LOST_XIDS):
                         await conn.fetchval("SELECT pg_current_xact_id()::text")
                     lost_above = int(await conn.fetchval("SELECT pg_current_xact_id()::text"))
                 finally:
                     await conn.close()
-                for i in range(LOST_JOBS):
-                    await producer.submit("lost", "t", {}, idempotency_key=f"lost-{i}")
-                await converge("the read models count the jobs the standby lacks")
+                last = [
+                    await producer.submit("last", "t", {}, idempotency_key=f"last-{i}")
+                    for i in range(LAST_JOBS)
+                ]
+                await converge("the read models count the primary's last jobs")
 
-                await _kill_cluster(primary)
+                if lost:
+                    await _kill_cluster(primary)
+                else:
+                    await asyncio.to_thread(primary.stop)
+                    assert await _replayed(standby, last[-1].id)
                 conn = await asyncpg.connect(standby.dsn())
                 try:
                     assert await conn.fetchval("SELECT pg_promote()")
@@ -148,7 +162,11 @@ async def test_the_read_models_converge_after_a_failover_that_lost_counted_commi
                 servers.append(new_primary)
                 await asyncio.to_thread(new_primary.start)  # the services reconnect by themselves
 
-                assert await _tables(primary.dsn()) == {"kept": {"PENDING": 1, "submitted": 1}}
+                one = {"PENDING": 1, "submitted": 1}
+                last_ones = {"PENDING": LAST_JOBS, "submitted": LAST_JOBS}
+                assert await _tables(primary.dsn()) == (
+                    {"kept": one} if lost else {"kept": one, "last": last_ones}
+                )
                 after = [
                     await producer.submit("after", "t", {}, idempotency_key=f"after-{i}")
                     for i in range(AFTER_JOBS)
@@ -162,7 +180,7 @@ async def test_the_read_models_converge_after_a_failover_that_lost_counted_commi
                 finally:
                     await conn.close()
                 # they took xids the lost transactions had (those the stored target counts)
-                assert all(row[0] < lost_above for row in xids), (xids, lost_above)
+                assert all(row[0] < lost_above for row in xids) == lost, (xids, lost_above)
 
                 await converge("the read models equal the tables again", within=60)
                 # and stay right: later submissions are counted as usual, with no new rebuild
@@ -170,7 +188,8 @@ async def test_the_read_models_converge_after_a_failover_that_lost_counted_commi
                     await producer.submit("after", "t", {}, idempotency_key=f"later-{i}")
                 await converge("the read models count later jobs", within=30)
                 assert await _read_models(admin) == {
-                    "kept": {"PENDING": 1, "submitted": 1},
+                    "kept": one,
+                    **({} if lost else {"last": last_ones}),
                     "after": {"PENDING": 2 * AFTER_JOBS, "submitted": 2 * AFTER_JOBS},
                 }
                 assert (await scrape(http, projector_url))[(HISTORY_CHANGES,)] == 1
