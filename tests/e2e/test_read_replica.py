@@ -61,9 +61,11 @@ class Replicated:
     dispatcher: str
 
 
-def _standby_of(primary: LocalPostgres, data_dir: Path) -> LocalPostgres:
+def _standby_of(
+    primary: LocalPostgres, data_dir: Path, apply_delay_ms: int | None = APPLY_DELAY_MS
+) -> LocalPostgres:
     """A hot standby of `primary` in `data_dir`, streaming from it, replaying each commit
-    APPLY_DELAY_MS after the primary made it."""
+    `apply_delay_ms` after the primary made it (None: as soon as it arrives)."""
     subprocess.run(
         [
             str(find_bin_dir() / "pg_basebackup"),
@@ -74,8 +76,9 @@ def _standby_of(primary: LocalPostgres, data_dir: Path) -> LocalPostgres:
         capture_output=True,
         timeout=120,
     )
-    with (data_dir / "postgresql.auto.conf").open("a") as conf:
-        conf.write(f"recovery_min_apply_delay = '{APPLY_DELAY_MS}ms'\n")
+    if apply_delay_ms is not None:
+        with (data_dir / "postgresql.auto.conf").open("a") as conf:
+            conf.write(f"recovery_min_apply_delay = '{apply_delay_ms}ms'\n")
     if (account := server_account()) is not None:  # the copy was made as root
         for root, dirs, files in os.walk(data_dir):
             for name in [root, *(os.path.join(root, n) for n in dirs + files)]:

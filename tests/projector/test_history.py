@@ -133,7 +133,7 @@ def _busy(minutes: range) -> QueueChange:
                 max_seq=seq + 1, last_cursor=OutboxCursor(0, 1, seq + 1),
             ),
         ]  # fmt: skip
-    batch = Batch(groups, {"busy": ([], [250.0] * len(minutes))}, {}, [], NOTHING_VISIBLE)
+    batch = Batch(groups, {"busy": ([], [250.0] * len(minutes))}, {}, [], NOTHING_VISIBLE, "")
     return fold(batch)[0]["busy"]
 
 

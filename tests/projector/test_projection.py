@@ -21,6 +21,7 @@ from evora.readmodels.layout import (
 from evora.readmodels.reader import ReadModels
 from evora.storage.db import connect
 from evora.storage.jobs import Failure, JobStore
+from evora.storage.outbox import HistoryChanged
 from evora.storage.retention import ABANDONED_REBUILD_SECONDS
 from evora_services.projector.projector import AbandonedRebuild, ProjectionConflict, Projector
 from tests.conftest import Clock
@@ -186,6 +187,39 @@ async def test_rebuild_produces_identical_read_models(
     assert "rm1_queues" not in await mongo.list_collection_names()
     stats = await ReadModels(mongo).queue_stats("beta", paused=set())
     assert stats is not None and stats["counts"] == first["queues"][1]["counts"]
+
+
+async def test_a_checkpoint_is_read_on_only_on_the_history_it_was_taken_on(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    """The checkpoint records the PostgreSQL history (system identifier, timeline) its
+    snapshots were taken on; one from before that takes the history of its next batch. On
+    another history (a promoted standby: tests/e2e/test_failover.py; here the stored one made
+    another timeline) the projector raises HistoryChanged before writing anything."""
+    system, timeline = await pool.fetchrow(
+        "SELECT (pg_control_system()).system_identifier::text,"
+        " left(pg_walfile_name(pg_current_wal_insert_lsn()), 8)"
+    )
+    here, elsewhere = f"{system}/{timeline}", f"{system}/{int(timeline, 16) + 1:08X}"
+    control = mongo[CONTROL]
+    await mixed_workload(store, pool, jobs=60, queues=QUEUES, seed=8)
+    await Projector(pool, mongo, 1, batch_size=40).run_once()
+    assert (await control.find_one({"_id": checkpoint_id(1)}) or {})["history"] == here
+
+    await control.update_one({"_id": checkpoint_id(1)}, {"$unset": {"history": ""}})
+    await catch_up(Projector(pool, mongo, 1, batch_size=40))
+    await assert_matches_truth(pool, mongo)
+    assert (await control.find_one({"_id": checkpoint_id(1)}) or {})["history"] == here
+
+    await control.update_one({"_id": checkpoint_id(1)}, {"$set": {"history": elsewhere}})
+    await mixed_workload(store, pool, jobs=20, queues=QUEUES, seed=9)
+    before = await read_models(mongo, 1), await control.find_one({"_id": checkpoint_id(1)})
+    with pytest.raises(HistoryChanged) as raised:
+        await Projector(pool, mongo, 1).run_once()
+    assert (raised.value.stored, raised.value.found) == (elsewhere, here)
+    assert (await read_models(mongo, 1), await control.find_one({"_id": checkpoint_id(1)})) == (
+        before
+    )
 
 
 async def test_failure_reasons_are_counted(

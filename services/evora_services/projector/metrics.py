@@ -73,6 +73,13 @@ class ProjectorMetrics:
             "Batches abandoned because a document changed underneath (another writer).",
             registry=registry,
         )
+        self.history_changes = Counter(
+            "evora_projector_history_changes",
+            "Times the projector found PostgreSQL on another history (system identifier or "
+            "timeline) than the one its checkpoint was taken on: a failover, a switchover or "
+            "a restore. Each starts a rebuild of the read models.",
+            registry=registry,
+        )
         self.queues = QueueGauges()
         registry.register(self.queues)
 

@@ -29,6 +29,10 @@ every consumed span ended at (`prev`), the span being read (`target`) and how fa
 (`cursor`: span number, xid, seq). A span's target is stored before any document holds one
 of its events, so every attempt at a batch, however late, reads the same events in the
 same order, and document cursors compare with the checkpoint's as (span, xid, seq).
+It also holds the PostgreSQL history (system identifier, timeline) those snapshots were
+taken on (`history`): read on another one, after a failover or a restore, they may count
+finished xids the new primary never committed and hands out again (`HistoryChanged`), and
+the generation cannot be carried on: the service rebuilds the read models instead.
 
 What changes without an event (jobs pruned by the sweeper, delayed jobs coming due) is read
 from PostgreSQL by `refresh`, which the service runs every few seconds.
@@ -230,6 +234,7 @@ class Projector:
             "prev": NOTHING_VISIBLE,
             "target": None,
             "max_seq": 0,
+            "history": None,
         }
 
     async def _advance_checkpoint(
@@ -239,16 +244,19 @@ class Projector:
         cursor: OutboxCursor,
         batch: Batch | None,
         *,
+        history: str | None,
         sealed: ObjectId | None = None,
         concern: WriteConcern = DURABLE,
     ) -> Document:
         """Replace the checkpoint `old`, still as it was (and still holding the token
-        `sealed`, if given), by the position `cursor` of `span`."""
+        `sealed`, if given), by the position `cursor` of `span`, whose snapshots were taken
+        on `history`."""
         new = {
             "_id": old["_id"],
             "cursor": [cursor.span, cursor.xid, cursor.seq],
             "prev": span.prev,
             "target": span.target,
+            "history": history,
             "max_seq": max(int(old.get("max_seq", 0)), batch.max_seq if batch else 0),
             "at": datetime.now(UTC),
             "last_event_at": batch.at if batch else old.get("last_event_at"),
@@ -307,13 +315,15 @@ class Projector:
     async def _next_batch(self) -> int:
         checkpoint = self._checkpoint or await self.checkpoint()
         span, after = position(checkpoint)
-        batch = await self._read(span, after)
+        # None in a checkpoint from before histories were kept: the first batch records it
+        history = checkpoint.get("history")
+        batch = await self._read(span, after, history)  # HistoryChanged: on another one
         if batch is None:
             if span.target is None:
                 return 0
             # The span's last batch was exactly full: it is done, and the next one begins.
             self._checkpoint = await self._advance_checkpoint(
-                checkpoint, Span(span.target), OutboxCursor(after.span + 1), None
+                checkpoint, Span(span.target), OutboxCursor(after.span + 1), None, history=history
             )
             return await self._next_batch()
         if self._seen_server is None:  # before the batch's first write
@@ -328,7 +338,9 @@ class Projector:
             # below events those documents counted) comes before their cursors: never
             # counted for them (tests/projector/test_mongo_crash.py).
             span = Span(span.prev, batch.target)
-            checkpoint = await self._advance_checkpoint(checkpoint, span, after, None)
+            checkpoint = await self._advance_checkpoint(
+                checkpoint, span, after, None, history=batch.history
+            )
             self._checkpoint = checkpoint
         started = time.perf_counter()
         await self._apply(span, after, batch)
@@ -338,7 +350,7 @@ class Projector:
             upto = batch.upto
         sealed = await self._seal(checkpoint)
         self._checkpoint = await self._advance_checkpoint(
-            checkpoint, span, upto, batch, sealed=sealed
+            checkpoint, span, upto, batch, history=batch.history, sealed=sealed
         )
         await self._record_progress(span.prev)
         if self._metrics is not None:
@@ -352,6 +364,7 @@ class Projector:
         self,
         span: Span,
         after: OutboxCursor,
+        history: str | None,
         upto: OutboxCursor | None = None,
         past: dict[str, dict[str, OutboxCursor]] | None = None,
     ) -> Batch | None:
@@ -363,6 +376,7 @@ class Projector:
             bucket_seconds=BUCKET_SECONDS,
             upto=upto,
             past=past,
+            history=history,
         )
 
     @property
@@ -411,7 +425,7 @@ class Projector:
         # same range is summed up again with its earlier events left out for it.
         past = {"queues": _past(after, queues.values()), "workers": _past(after, workers.values())}
         if any(past.values()):
-            again = await self._read(span, after, batch.upto, past)
+            again = await self._read(span, after, batch.history, batch.upto, past)
             assert again is not None  # the same span, the same range of it
             batch = again
             by_queue, by_worker = changes.fold(batch)

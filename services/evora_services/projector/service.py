@@ -26,7 +26,7 @@ from evora.readmodels.layout import (
     active_generation,
     checkpoint_id,
 )
-from evora.storage.outbox import backlog
+from evora.storage.outbox import HistoryChanged, backlog
 from evora.waiting import Backoff, wait_until_set
 from evora_services.projector.metrics import ProjectorMetrics
 from evora_services.projector.projector import DURABLE, ProjectionConflict, Projector, position
@@ -97,7 +97,11 @@ class ProjectorService:
                 if time.monotonic() >= next_lag:
                     await self._measure_lag(projector)
                     next_lag = time.monotonic() + LAG_REFRESH_SECONDS
-                applied = await projector.run_once()
+                try:
+                    applied = await projector.run_once()
+                except HistoryChanged as exc:
+                    await self._rebuild(exc, ended)
+                    continue
                 now = time.monotonic()
                 if now >= next_refresh:
                     await projector.refresh()
@@ -123,6 +127,43 @@ class ProjectorService:
                 await wait_until_set(ended, linger.seconds)
         self._metrics.queues.clear()  # a standby exports no per-queue figures
         self._metrics.unmeasured()
+
+    async def _rebuild(self, changed: HistoryChanged, ended: asyncio.Event) -> None:
+        """The active generation counted transactions on another history of PostgreSQL
+        (HistoryChanged): a failover to an asynchronous standby may have lost some of them,
+        whose events it counted, and handed their xids out again, whose events it would never
+        read. Which they were cannot be told from the new primary, so the read models are
+        rebuilt from its outbox into a new generation, which readers switch to once it has
+        caught up; until then they read the old one, as it was. A lossless switchover is
+        rebuilt all the same: nothing readable by a plain role tells it apart."""
+        self._metrics.history_changes.inc()
+        self._metrics.unmeasured()  # the lag of neither generation is measured meanwhile
+        log.warning(
+            "PostgreSQL's history changed under the read models (%s): a failover, switchover "
+            "or restore; transactions they counted may be gone and their xids handed out "
+            "again, so they are rebuilding from the outbox into a new generation",
+            changed,
+        )
+        # Given up when this replica stops leading: the next leader finds the history
+        # changed too and starts the rebuild again (its generation's collections afresh).
+        rebuilding = asyncio.ensure_future(rebuild(self._pool, self._db))
+        stopping = asyncio.ensure_future(ended.wait())
+        try:
+            await asyncio.wait([rebuilding, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not rebuilding.done():
+                rebuilding.cancel()
+                await asyncio.wait([rebuilding])
+        if rebuilding.cancelled():
+            return
+        generation, applied = rebuilding.result()  # or what made the rebuild fail
+        log.warning(
+            "read models rebuilt as generation %d from %d events on %s; now active",
+            generation,
+            applied,
+            changed.found,
+        )
 
     async def _measure_lag(self, projector: Projector) -> None:
         checkpoint = await projector.checkpoint()

@@ -102,6 +102,7 @@ class Batch:
     runs: dict[str, tuple[list[str], list[str]]]
     failures: list[FailureEvent]
     target: str  # the span's target snapshot
+    history: str  # the PostgreSQL history it was read on (HistoryChanged)
 
     @property
     def events(self) -> int:
@@ -126,6 +127,24 @@ class Batch:
         return max(self.groups, key=lambda g: g.last)
 
 
+class HistoryChanged(Exception):
+    """The outbox is read on another history of PostgreSQL than the one a span's snapshots
+    were taken on: another cluster (a restore elsewhere), or a new timeline (a promoted
+    standby, a point-in-time recovery). A history is the cluster's system identifier and its
+    timeline, "<system identifier>/<timeline as in WAL file names>".
+
+    A snapshot's xids mean something only on the history it was taken on. A standby promoted
+    without the old primary's last commits (asynchronous replication) hands their xids out
+    again: a new transaction's events then sit below a stored target's xmax and outside its
+    running list, never read by its span nor any later one, while the lost transactions'
+    events stay counted. Nothing read on the new history can tell which xids those were."""
+
+    def __init__(self, stored: str, found: str) -> None:
+        super().__init__(f"the span's snapshots were taken on {stored}, PostgreSQL is now {found}")
+        self.stored = stored
+        self.found = found
+
+
 async def read_batch(
     conn: asyncpg.Connection | asyncpg.Pool,
     span: Span,
@@ -135,12 +154,16 @@ async def read_batch(
     bucket_seconds: int,
     upto: OutboxCursor | None = None,
     past: dict[str, dict[str, OutboxCursor]] | None = None,
+    history: str | None = None,
 ) -> Batch | None:
     """The next events of `span` after `after` (at most `limit`; with `upto`, exactly those
     up to it), summed up in PostgreSQL; their cursors are in span number `after.span`.
     `past` names the queues and workers whose documents already hold events past `after`
     ({"queues" or "workers": {key: cursor}}): events up to that cursor do not count for them.
-    None means the span holds nothing more (a span without a target: nothing new)."""
+    `history`: the one `span`'s snapshots were taken on (None: not known, a span from the
+    start of the outbox or from before histories were kept); read on another, HistoryChanged
+    is raised, nothing new or not. None means the span holds nothing more (a span without a
+    target: nothing new)."""
     bounds = {
         kind: {key: [cursor.xid, cursor.seq] for key, cursor in cursors.items()}
         for kind, cursors in (past or {}).items()
@@ -161,6 +184,8 @@ async def read_batch(
         start_seq,
     )
     assert row is not None
+    if history is not None and row["history"] != history:
+        raise HistoryChanged(history, row["history"])
     if row["groups"] is None:
         return None
     if span.target is None:
@@ -173,6 +198,7 @@ async def read_batch(
         runs={w: (started, stopped) for w, (started, stopped) in (row["runs"] or {}).items()},
         failures=[_failure(f, after.span) for f in row["failures"] or ()],
         target=row["target"],
+        history=row["history"],
     )
 
 

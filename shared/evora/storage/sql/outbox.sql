@@ -18,7 +18,7 @@
 -- `runs`, per worker the jobs that started running under it and were still running at the
 -- batch's end, and those that stopped and were running at its start; `failures`, the events
 -- that report an error, one by one (reasons are grouped by a normalised message only the
--- projector knows).
+-- projector knows); `history`, whose snapshots these are (even when nothing is new).
 -- Sequence numbers commit out of order, so `seq > last` alone would lose events. The batch is
 -- taken from a span, PgQ's way: the events of transactions visible in the target snapshot
 -- and not in the checkpoint's (so committed in between), after ($1, $2) in (xid, seq) order.
@@ -137,7 +137,14 @@ SELECT (SELECT jsonb_agg(jsonb_build_array(
        (SELECT jsonb_agg(jsonb_build_array(xid::text::int8, seq, job_id, queue, type, at, error)
                ORDER BY n)
         FROM batch WHERE error IS NOT NULL) AS failures,
-       (SELECT target::text FROM span) AS target;
+       (SELECT target::text FROM span) AS target,
+       -- the history the snapshots belong to, read by the same statement: the cluster's
+       -- system identifier and the timeline it writes on (a promotion starts a new one). A
+       -- stored target means nothing on another history (outbox.py, HistoryChanged). Both
+       -- are readable by any role; the timeline is in the name of the WAL file being
+       -- written, which a server in recovery refuses to tell: the outbox is read on a primary.
+       (pg_control_system()).system_identifier::text || '/'
+           || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8) AS history;
 
 -- name: target_taken
 -- $1 a span's new target, just returned by read_batch. Stored before the caller stores the
