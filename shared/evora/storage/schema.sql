@@ -494,7 +494,7 @@ CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer te
             worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
-        WHERE j.id = p.id
+        WHERE j.id = p.id AND j.id = ANY(ids)
         RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
     ),
     recorded AS (

@@ -163,7 +163,13 @@ LANGUAGE sql AS $$
             worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
-        WHERE j.id = p.id
+        -- `j.id = ANY(ids)` repeats the join as a condition on jobs alone, so that the rows
+        -- are found through the primary key under any plan: planned without the ids (a
+        -- generic plan, kept by the connection), the planner takes the array for 10
+        -- elements, and while jobs looked small it hashed them against a sequential scan
+        -- that every later claim read whole, finished jobs too
+        -- (tests/integration/test_claim_cost.py).
+        WHERE j.id = p.id AND j.id = ANY(ids)
         RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
     ),
     recorded AS (
