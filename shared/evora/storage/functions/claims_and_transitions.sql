@@ -880,7 +880,10 @@ BEGIN
         SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL,
             finished_at = evora.clock_now(), updated_at = evora.clock_now(),
             version = j.version + 1
+        -- `j.id = ANY(ids)`: through the primary key under any plan, as in evora.claim_jobs()
+        -- (a generic plan made while jobs was small read the whole table on every ack).
         FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
+                       AND j.id = ANY(ids)
         RETURNING j.id, j.lease_token, j AS job, j.version, j.queue, j.type, j.attempt,
                   j.worker_id, j.updated_at, pg_column_size(i.result) AS result_bytes,
                   evora.event_image(j, 'RUNNING') AS image,
