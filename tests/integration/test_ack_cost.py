@@ -17,7 +17,7 @@ import asyncpg
 
 from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
-from evora.storage.db import jsonb_elements
+from evora.storage.db import create_pool, jsonb_elements
 from evora.storage.jobs import JobStore
 
 ELSEWHERE = 3_000  # jobs RUNNING under other workers, in another queue
@@ -127,3 +127,48 @@ async def test_a_completion_reads_each_job_once_and_records_in_its_own_statement
     assert events == ITEMS
     assert called == {"complete_items": 1, "settle_dependents": 1}, called
     assert read <= ITEMS, f"rows of jobs read to complete {ITEMS} items: {read}"
+
+
+FINISHED = 1_000  # finished jobs still in `jobs`, as retention keeps them for a while
+
+
+async def test_a_completion_finds_its_job_by_primary_key_however_many_finished_jobs_remain(
+    store: JobStore, db_url: str
+) -> None:
+    """A connection keeps a generic plan once made (the dispatcher's are all generic). Made
+    while `jobs` was small, a sequential scan of it hashed against the items (an array
+    parameter, taken for 10 elements) looked cheaper than probing the primary key, and every
+    later completion on that connection read the whole table, finished jobs too. Both kinds
+    of plan must read the completed rows only, whatever the table held when they were made."""
+    read: dict[str, list[int]] = {}
+    for plans in PLANS:
+        # as a dispatcher's connection: it completes a drained backlog, then one job at a time
+        one = await create_pool(
+            db_url, min_size=1, max_size=1, generic_plans=plans == "force_generic_plan"
+        )
+        conn = await one.acquire()
+        try:
+            await store.submit_batch(
+                [JobSubmission(queue="done", type="t") for _ in range(FINISHED)]
+            )
+            while taken := await store.claim(worker_id="w", queues=["done"], max_jobs=100):
+                await conn.fetch(
+                    queries.COMPLETE,
+                    *complete_args([j["id"] for j in taken], [j["lease_token"] for j in taken]),
+                )
+            for _ in range(3):
+                await store.submit_batch([JobSubmission(queue="q", type="t")])
+                [job] = await store.claim(worker_id="me", queues=["q"], max_jobs=1)
+                async with conn.transaction():
+                    before = await rows_read(conn)
+                    [row] = await conn.fetch(
+                        queries.COMPLETE, *complete_args([job["id"]], [job["lease_token"]])
+                    )
+                    after = await rows_read(conn)
+                assert row["outcome"] == "done"
+                read.setdefault(plans, []).append(after - before)
+        finally:
+            await one.release(conn)
+            await one.close()
+    print(f"rows of jobs read to complete 1 job beside {FINISHED} finished ones: {read}")
+    assert all(rows <= ROWS_READ_PER_ITEM for per in read.values() for rows in per), read

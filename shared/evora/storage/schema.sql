@@ -494,7 +494,7 @@ CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer te
             worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
-        WHERE j.id = p.id
+        WHERE j.id = p.id AND j.id = ANY(ids)
         RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
     ),
     recorded AS (
@@ -867,6 +867,7 @@ BEGIN
             finished_at = evora.clock_now(), updated_at = evora.clock_now(),
             version = j.version + 1
         FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
+                       AND j.id = ANY(ids)
         RETURNING j.id, j.lease_token, j AS job, j.version, j.queue, j.type, j.attempt,
                   j.worker_id, j.updated_at, pg_column_size(i.result) AS result_bytes,
                   evora.event_image(j, 'RUNNING') AS image,

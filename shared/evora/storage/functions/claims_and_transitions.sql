@@ -163,7 +163,13 @@ LANGUAGE sql AS $$
             worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
             version = j.version + 1, limited = coalesce(p.flag, false)
         FROM unnest(ids, limited_flags) AS p(id, flag)
-        WHERE j.id = p.id
+        -- `j.id = ANY(ids)` repeats the join as a condition on jobs alone, so that the rows
+        -- are found through the primary key under any plan: planned without the ids (a
+        -- generic plan, kept by the connection), the planner takes the array for 10
+        -- elements, and while jobs looked small it hashed them against a sequential scan
+        -- that every later claim read whole, finished jobs too
+        -- (tests/integration/test_claim_cost.py).
+        WHERE j.id = p.id AND j.id = ANY(ids)
         RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
     ),
     recorded AS (
@@ -874,7 +880,10 @@ BEGIN
         SET state = 'COMPLETED', result = i.result, lease_expires_at = NULL,
             finished_at = evora.clock_now(), updated_at = evora.clock_now(),
             version = j.version + 1
+        -- `j.id = ANY(ids)`: through the primary key under any plan, as in evora.claim_jobs()
+        -- (a generic plan made while jobs was small read the whole table on every ack).
         FROM input i WHERE j.id = i.id AND j.lease_token = i.token AND j.state = i.fenced
+                       AND j.id = ANY(ids)
         RETURNING j.id, j.lease_token, j AS job, j.version, j.queue, j.type, j.attempt,
                   j.worker_id, j.updated_at, pg_column_size(i.result) AS result_bytes,
                   evora.event_image(j, 'RUNNING') AS image,
