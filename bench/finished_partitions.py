@@ -30,8 +30,9 @@ cluster's CPU (every PostgreSQL process, /proc), per job. The shapes (`--shapes`
   else, `-listing`: and the listing's two indexes, (queue, state, submit_seq) and submit_seq;
 - `sql-pk`, `sql-listing`: the same, the finished row built in the statement (one DELETE ...
   RETURNING feeding one INSERT, no PL/pgSQL per row);
-- `sql-pk-nofk`: `sql-pk` without the four foreign keys that reference jobs ON DELETE CASCADE
-  (what their checks cost a completion that deletes).
+- `sql-pk-nofk`: `sql-pk` without the four foreign keys that referenced jobs ON DELETE CASCADE
+  (what their checks cost a completion that deletes), and without the statement trigger that
+  replaced them in migration 0061 (since which `sql-pk` has no foreign keys either).
 
 `--lock-probe S`: afterwards, in the `sql-pk` database, whether a partition's DROP stalls the
 completions: a session reads `finished_jobs` and stays in its transaction for S seconds while
@@ -53,9 +54,10 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -80,11 +82,14 @@ LISTING_INDEXES = """
 CREATE INDEX finished_jobs_listing ON evora.finished_jobs (queue, state, submit_seq);
 CREATE INDEX finished_jobs_submit_seq ON evora.finished_jobs (submit_seq);
 """
+# The foreign keys are gone since migration 0061 (IF EXISTS), replaced by a statement trigger
+# that this drops too: the move with nothing removing a deleted job's references.
 NO_FOREIGN_KEYS = """
-ALTER TABLE evora.callbacks DROP CONSTRAINT callbacks_job_id_fkey;
-ALTER TABLE evora.job_dependencies DROP CONSTRAINT job_dependencies_job_id_fkey;
-ALTER TABLE evora.job_traces DROP CONSTRAINT job_traces_job_id_fkey;
-ALTER TABLE evora.spawned_children DROP CONSTRAINT spawned_children_parent_fkey;
+ALTER TABLE evora.callbacks DROP CONSTRAINT IF EXISTS callbacks_job_id_fkey;
+ALTER TABLE evora.job_dependencies DROP CONSTRAINT IF EXISTS job_dependencies_job_id_fkey;
+ALTER TABLE evora.job_traces DROP CONSTRAINT IF EXISTS job_traces_job_id_fkey;
+ALTER TABLE evora.spawned_children DROP CONSTRAINT IF EXISTS spawned_children_parent_fkey;
+DROP TRIGGER IF EXISTS jobs_references_removed ON evora.jobs;
 """
 # The finished row, built per job in PL/pgSQL.
 FINISHED_ROW = """
@@ -562,14 +567,22 @@ def main() -> int:
         "--lock-probe", type=float, default=0.0, help="seconds a reader holds (0: no probe)"
     )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="evora-finished-parts-") as tmp:
+    on_fresh_cluster("evora-finished-parts-", lambda pg, postmaster: run(args, pg, postmaster))
+    return 0
+
+
+def on_fresh_cluster(
+    prefix: str, run: Callable[[LocalPostgres, int], Coroutine[Any, Any, None]]
+) -> None:
+    """`run(pg, postmaster pid)` on a durable PostgreSQL of its own with autovacuum off (every
+    vacuum a measured phase), removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         data_dir = Path(tmp) / "data"
         with LocalPostgres(data_dir, durable=True, log_path=Path(tmp) / "postgres.log") as pg:
             asyncio.run(autovacuum_off(pg.dsn("postgres")))
             postmaster = procstats.postmaster_pid(data_dir)
             assert postmaster is not None
-            asyncio.run(run(args, pg, postmaster))
-    return 0
+            asyncio.run(run(pg, postmaster))
 
 
 async def autovacuum_off(dsn: str) -> None:

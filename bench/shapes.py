@@ -58,23 +58,20 @@ The shapes (`--shapes`):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import re
 import statistics
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from bench import procstats
 from bench.drain_pg import QUEUE, drain, submit
-from bench.finished_partitions import autovacuum_off, fpi_bytes, wal
+from bench.finished_partitions import fpi_bytes, on_fresh_cluster, wal
 from bench.wholelife import tables
 from evora.embedded import LocalPostgres
 from evora.storage.db import create_pool
@@ -897,13 +894,7 @@ def main() -> int:
         " checkpoints (timed, or by WAL volume) fall",
     )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="evora-shapes-") as tmp:
-        data_dir = Path(tmp) / "data"
-        with LocalPostgres(data_dir, durable=True, log_path=Path(tmp) / "postgres.log") as pg:
-            asyncio.run(autovacuum_off(pg.dsn("postgres")))
-            postmaster = procstats.postmaster_pid(data_dir)
-            assert postmaster is not None
-            asyncio.run(run(args, pg, postmaster))
+    on_fresh_cluster("evora-shapes-", lambda pg, postmaster: run(args, pg, postmaster))
     return 0
 
 
