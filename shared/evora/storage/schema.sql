@@ -1694,7 +1694,6 @@ $$;
 
 CREATE FUNCTION evora.leave_dlq(ids uuid[], to_state evora.job_state, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 100
-    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE

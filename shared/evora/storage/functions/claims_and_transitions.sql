@@ -154,7 +154,7 @@ $$;
 -- the job was seen PENDING, so the dependency endings that released it are in it.
 -- `SET enable_seqscan = off`, here and on every function that moves jobs it is given by id
 -- (evora.complete_items(), evora.fail_items(), evora.end_attempts(), evora.cancel_held(),
--- evora.cancel_job(), evora.leave_dlq(), evora.settle_dependents()): a connection keeps
+-- evora.cancel_job(), evora.settle_dependents()): a connection keeps
 -- the plans of a function's statements, and a plan made while `jobs` held a few pages read
 -- it whole, a sequential scan being cheaper then than probing the primary key even for one
 -- id; kept, it read every job on every later call, finished ones too (1,208 rows for one
@@ -726,7 +726,7 @@ $$;
 -- owed (evora.record_moves): ROWS 100, as evora.end_attempts().
 CREATE OR REPLACE FUNCTION evora.leave_dlq(ids uuid[], to_state evora.job_state, suppressed text[])
 RETURNS TABLE (job evora.jobs, notified text[], owed text[])
-LANGUAGE plpgsql VOLATILE ROWS 100 SET enable_seqscan = off AS $$
+LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
 #variable_conflict use_column
 DECLARE
     retried CONSTANT boolean := to_state = 'PENDING';
