@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
+from uuid import uuid4
 
 import asyncpg
 import pytest
 
 from evora.protocol.jobs import JobSubmission
+from evora.storage import queries
 from evora.storage.db import create_pool
 from evora.storage.jobs import Completion, Failure, JobStore
+from evora.storage.limits import LimitSpec, LimitStore
 from tests.conftest import MakeDatabase
 
 FINISHED = 1_000  # finished jobs still in `jobs`, as retention keeps them for a while
@@ -191,6 +194,32 @@ async def op_discard_settle(setup: JobStore, mine: JobStore, conn: asyncpg.Conne
     return lambda: mine.discard(job["id"])
 
 
+# the api's read of a job's events (job_events, partitioned by time)
+async def op_events(setup: JobStore, mine: JobStore, conn: asyncpg.Connection) -> Operation:
+    job = await running(setup)
+    return lambda: conn.fetch(queries.JOB_EVENTS, job["id"])
+
+
+# the fair claim (a queue that received a job with a fairness key)
+async def op_claim_fair(setup: JobStore, mine: JobStore, conn: asyncpg.Connection) -> Operation:
+    await setup.submit_batch([JobSubmission(queue="f", type="t", fairness_key="a")])
+    return lambda: mine.claim(worker_id="me", queues=["f"], max_jobs=10)
+
+
+# the limited claim (while any concurrency limit exists)
+async def op_claim_limited(setup: JobStore, mine: JobStore, conn: asyncpg.Connection) -> Operation:
+    await LimitStore(setup._pool).put("tenant:*", LimitSpec(concurrency=1_000, rate=None))
+    await setup.submit_batch([JobSubmission(queue="l", type="t", limit_keys=["tenant:a"])])
+    return lambda: mine.claim(worker_id="me", queues=["l"], max_jobs=10)
+
+
+# a repeated submission with an idempotency key, answered with the job it created before
+async def op_submit_again(setup: JobStore, mine: JobStore, conn: asyncpg.Connection) -> Operation:
+    submission = JobSubmission(queue="p", type="t", idempotency_key=str(uuid4()))
+    await setup.submit(submission)
+    return lambda: mine.submit_in(conn, [submission])
+
+
 OPERATIONS: dict[str, Prepare] = {
     name.removeprefix("op_"): prepare
     for name, prepare in list(globals().items())
@@ -198,8 +227,22 @@ OPERATIONS: dict[str, Prepare] = {
 }
 
 
+# Not fixed yet: the limited claim's count of the RUNNING jobs holding its keys, planned on a
+# table of a few jobs, walks jobs_running_lease (every RUNNING job, twice: its two branches)
+# instead of probing jobs_running_limit_keys: 414 rows to claim one job beside 200 running.
+KNOWN = {"claim_limited": "the limited claim walks every RUNNING job (not fixed yet)"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=[pytest.mark.xfail(reason=KNOWN[name], strict=True)])
+        if name in KNOWN
+        else name
+        for name in sorted(OPERATIONS)
+    ],
+)
 @pytest.mark.audit_skip("lease and deadline times are moved directly to make jobs due")
-@pytest.mark.parametrize("name", sorted(OPERATIONS))
 async def test_an_operation_reads_its_own_jobs_whatever_the_table_held_when_it_was_planned(
     name: str, make_db_url: MakeDatabase
 ) -> None:
@@ -242,7 +285,12 @@ async def test_an_operation_reads_its_own_jobs_whatever_the_table_held_when_it_w
 
 async def fill(setup: JobStore) -> None:
     """FINISHED finished jobs and RUNNING running ones, in queues of their own."""
-    await setup.submit_batch([JobSubmission(queue="done", type="t") for _ in range(FINISHED)])
+    await setup.submit_batch(
+        [
+            JobSubmission(queue="done", type="t", idempotency_key=str(uuid4()))
+            for _ in range(FINISHED)
+        ]
+    )
     while taken := await setup.claim(worker_id="w", queues=["done"], max_jobs=100):
         await setup.complete_many([Completion(r["id"], r["lease_token"]) for r in taken])
     await setup.submit_batch([JobSubmission(queue="busy", type="t") for _ in range(RUNNING)])

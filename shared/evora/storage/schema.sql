@@ -2428,6 +2428,7 @@ $$;
 
 CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[], fairness_keys text[] DEFAULT NULL::text[], debounce_keys text[] DEFAULT '{}'::text[], debounce_delays double precision[] DEFAULT '{}'::double precision[], debounce_max_delays double precision[] DEFAULT '{}'::double precision[], throttle_keys text[] DEFAULT '{}'::text[], throttle_windows double precision[] DEFAULT '{}'::double precision[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
     SET search_path TO 'evora', 'pg_temp'
     AS $$
 DECLARE
@@ -2475,7 +2476,8 @@ BEGIN
                         THEN k.job_id END
             FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011)
                 WITH ORDINALITY AS x(id, queue, key, fingerprint, before, ord)
-            LEFT JOIN evora.idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+            LEFT JOIN evora.idempotency_keys k
+                ON k.queue = x.queue AND k.key = x.key AND k.key = ANY(idempotency_keys)
             ORDER BY x.ord);
         IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
             waited := ARRAY(
@@ -2525,7 +2527,7 @@ BEGIN
             DELETE FROM evora.idempotency_keys k
             USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
             WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
-              AND k.job_id = x.id;
+              AND k.job_id = x.id AND k.key = ANY(idempotency_keys);
         END IF;
     END IF;
     created := ARRAY(
@@ -2633,7 +2635,8 @@ BEGIN
            NULL::text[], NULL::text[]
     FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011, refusals)
         WITH ORDINALITY AS x(id, queue, key, fingerprint, before, refusal, ord)
-    LEFT JOIN evora.idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+    LEFT JOIN evora.idempotency_keys k
+        ON k.queue = x.queue AND k.key = x.key AND k.key = ANY(idempotency_keys)
     LEFT JOIN evora.jobs s ON s.id = k.job_id
     WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND x.refusal IS NULL;
 END
