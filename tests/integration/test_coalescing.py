@@ -18,10 +18,10 @@ from asyncpg.connection import LoggedQuery
 from evora.domain.errors import EvoraError
 from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
-from evora.storage.db import create_pool
 from evora.storage.jobs import AckOutcome, AckResult, Completion, Failure, JobStore, coalescing
 from evora.storage.submissions import Submitted
 from evora_services.api.tracing import traced_submitter
+from tests.integration.conftest import own_store
 from tests.polling import until
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -106,13 +106,8 @@ async def planned_store(request: pytest.FixtureRequest, db_url: str) -> AsyncIte
     """A store whose pool plans every statement generically (as the dispatcher's does) or as
     PostgreSQL chooses: the brief lock timeout must be in force before the statement takes
     any lock under either plan."""
-    pool = await create_pool(db_url, min_size=1, max_size=8, generic_plans=request.param)
-    store = JobStore(pool)
-    try:
+    async with own_store(db_url, max_size=8, generic_plans=request.param) as store:
         yield store
-    finally:
-        await store.close()
-        await pool.close()
 
 
 async def test_a_coalesced_failure_of_a_held_job_waits_alone(
@@ -196,15 +191,8 @@ async def one_connection_store(db_url: str, sent: list[str]) -> AsyncIterator[Jo
         if record.query != queries.NOTIFY_QUEUES:
             sent.append(record.query)
 
-    pool = await create_pool(db_url, min_size=1, max_size=1)
-    async with pool.acquire() as conn:  # the pool's one connection, for the whole test
-        conn.add_query_logger(log)
-    store = JobStore(pool)
-    try:
+    async with own_store(db_url, max_size=1, log=log) as store:
         yield store
-    finally:
-        await store.close()
-        await pool.close()
 
 
 async def test_a_lone_request_is_one_statement_outside_a_transaction_block(
