@@ -30,9 +30,9 @@ With `--coalesced C` it measures concurrent single requests instead: N jobs subm
 per call by C concurrent producers through a submission coalescer, then claimed (not
 measured) and completed one per call by C concurrent workers through a completion
 coalescer, as the api and the dispatcher do. Each phase runs twice per way of coalescing,
-alternating: as shipped (`jobs.coalescing`: each statement in a transaction that gives up
-waiting for a lock after 100 ms, see sql/transitions.sql brief_lock_waits) and as a bare
-statement without that bound (what single requests did before it).
+alternating: as shipped (`jobs.coalescing`: each statement gives up waiting for a lock
+after 100 ms, see sql/transitions.sql brief_lock_waits) and as a bare statement without
+that bound (what single requests did before it).
 """
 
 from __future__ import annotations

@@ -267,18 +267,27 @@ class JobStore:
         carried = None if traceparents is None else [traceparents[index] for index in kept]
         traced = traces.carried(carried)
         async with self._pool.acquire() as conn:
-            if not traced and not brief_lock_waits:
-                stored, _ = await store(conn, self._change, subs, committed=True, own_refs=True)
+            if not traced:
+                stored, _ = await store(
+                    conn,
+                    self._change,
+                    subs,
+                    committed=True,
+                    own_refs=True,
+                    brief_lock_waits=brief_lock_waits,
+                )
             else:
                 async with conn.transaction():
-                    if brief_lock_waits:
-                        await conn.execute(queries.BRIEF_LOCK_WAITS)
                     stored, rows = await store(
-                        conn, self._change, subs, committed=False, own_refs=True
+                        conn,
+                        self._change,
+                        subs,
+                        committed=False,
+                        own_refs=True,
+                        brief_lock_waits=brief_lock_waits,
                     )
-                    if traced:
-                        assert carried is not None
-                        await traces.keep(conn, rows, carried)
+                    assert carried is not None
+                    await traces.keep(conn, rows, carried)
                 self._owe(rows)
         for index, outcome in zip(kept, stored, strict=True):
             outcomes[index] = outcome
@@ -575,16 +584,11 @@ class JobStore:
     async def _ack(
         self, query: str, *args: Any, with_jobs: bool, brief_lock_waits: bool = False
     ) -> list[asyncpg.Record]:
-        """Run an ack statement. With `brief_lock_waits` (for several independent requests)
-        in a transaction of its own that gives up waiting for a lock at once, else as a
-        statement alone."""
-        if not brief_lock_waits:
-            return await self._change(self._pool, query, *args, with_jobs=with_jobs)
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(queries.BRIEF_LOCK_WAITS)
-            rows = await self._change(conn, query, *args, committed=False, with_jobs=with_jobs)
-        self._owe(rows)
-        return rows
+        """Run an ack statement, alone. With `brief_lock_waits` (for several independent
+        requests) it gives up waiting for a lock at once (`queries.briefly`)."""
+        if brief_lock_waits:
+            query = queries.briefly(query)
+        return await self._change(self._pool, query, *args, with_jobs=with_jobs)
 
     async def fail_many(
         self, failures: Sequence[Failure], *, with_jobs: bool = True, brief_lock_waits: bool = False

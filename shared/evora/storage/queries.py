@@ -6,6 +6,8 @@ admin job listing is assembled here, one statement per filter combination.
 
 from __future__ import annotations
 
+import functools
+
 from evora.storage.statements import load
 
 (
@@ -42,6 +44,19 @@ from evora.storage.statements import load
     "redrive",
     "brief_lock_waits",
 )
+
+_STATEMENT = "{{statement}}"
+if BRIEF_LOCK_WAITS.count(_STATEMENT) != 1:
+    raise ValueError(f"brief_lock_waits must name {_STATEMENT} once")
+
+
+@functools.cache
+def briefly(statement: str) -> str:
+    """`statement` (a SELECT) as one that gives up, with 55P03, any lock it would wait for
+    more than briefly, whether sent alone or inside a transaction (brief_lock_waits in
+    sql/transitions.sql; see evora.storage.jobs.lock_contended)."""
+    return BRIEF_LOCK_WAITS.replace(_STATEMENT, statement)
+
 
 # children awaited without holding a slot (docs/jobs-that-wait.md)
 (

@@ -34,6 +34,7 @@ from evora.domain.errors import (
 )
 from evora.protocol.bounds import DEPENDENCY_REF_PREFIX
 from evora.protocol.jobs import JobSubmission
+from evora.storage.queries import briefly
 from evora.storage.rows import JobDict, job_from_row
 from evora.storage.statements import load
 
@@ -180,12 +181,14 @@ async def store(
     name_repeats: bool = False,
     with_jobs: bool = True,
     own_refs: bool = False,
+    brief_lock_waits: bool = False,
 ) -> tuple[list[Submitted | EvoraError], list[asyncpg.Record]]:
     """Store the submissions in one statement; the outcome of each (created, replayed
     or an idempotency error) and the statement's rows. With `name_repeats` (one batch
     request) a key repeated with other fields, and every invalid dependency, is reported by
     item index. Without `with_jobs` the outcomes carry the jobs' ids only. With `own_refs`
-    each item's refs are its own (see `dependency_edges`)."""
+    each item's refs are its own (see `dependency_edges`). With `brief_lock_waits` the
+    statement gives up waiting for a lock at once (`queries.briefly`)."""
     ids = uuid7s(len(submissions))
     defaults = _defaults_only(submissions)
     edges = (
@@ -195,7 +198,10 @@ async def store(
     )
 
     try:
-        rows = await _run(conn, change, submissions, ids, edges, committed, with_jobs, defaults)
+        statement = briefly(SUBMIT) if brief_lock_waits else SUBMIT
+        rows = await _run(
+            conn, change, statement, submissions, ids, edges, committed, with_jobs, defaults
+        )
     except asyncpg.PostgresError as exc:
         if exc.sqlstate != QUEUE_FULL_SQLSTATE:
             raise
@@ -233,6 +239,7 @@ def _defaults_only(submissions: Sequence[JobSubmission]) -> bool:
 async def _run(
     conn: asyncpg.Connection,
     change: Change,
+    statement: str,
     submissions: Sequence[JobSubmission],
     ids: list[UUID],
     edges: Edges,
@@ -240,8 +247,8 @@ async def _run(
     with_jobs: bool,
     defaults: bool,
 ) -> list[asyncpg.Record]:
-    """The statement; with `defaults` (`_defaults_only`) each column besides queue, type and
-    payload is read once, from the first item."""
+    """The statement (`SUBMIT`, maybe `briefly`); with `defaults` (`_defaults_only`) each
+    column besides queue, type and payload is read once, from the first item."""
     first = submissions[0]
 
     def each(value: Callable[[JobSubmission], Any]) -> list[Any]:
@@ -249,7 +256,7 @@ async def _run(
 
     return await change(
         conn,
-        SUBMIT,
+        statement,
         ids,
         _per_item([s.queue for s in submissions]),
         _per_item([s.type for s in submissions]),

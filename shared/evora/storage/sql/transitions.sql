@@ -308,11 +308,25 @@ SELECT job, notified, owed
 FROM evora.leave_dlq(ARRAY(SELECT id FROM target), 'PENDING', $4::text[]);
 
 -- name: brief_lock_waits
--- Run first in the transaction of a statement made for several independent requests
--- (evora.coalesce): any lock it would wait for longer than this is held by some other
--- transaction, maybe an application's that stays open for long, and one request's lock must
--- not stall the others. The statement fails with lock_not_available (55P03) instead, having
--- changed nothing, and the coalescer splits the batch until the item that needs the lock
--- waits for it alone. Long enough that the row locks of concurrent statements like it (held
--- until their commits, a few milliseconds) are waited out rather than split over.
-SET LOCAL lock_timeout = '100ms';
+-- A statement made for several independent requests (evora.coalesce), wrapped whole where
+-- the text names it (queries.briefly): any lock it would wait for longer than this is held by
+-- some other transaction, maybe an application's that stays open for long, and one request's
+-- lock must not stall the others. The statement fails with lock_not_available (55P03)
+-- instead, having changed nothing, and the coalescer splits the batch until the item that
+-- needs the lock waits for it alone. Long enough that the row locks of concurrent statements
+-- like it (held until their commits, a few milliseconds) are waited out rather than split
+-- over.
+-- The timeout is set by the statement itself, so that a lone request is one round trip, not
+-- four (BEGIN, SET LOCAL, the statement, COMMIT): set_config(.., true) lasts until the end
+-- of the transaction, which for a statement sent alone is the statement's own, and inside a
+-- transaction (a traced submission's) covers the rest of it as SET LOCAL did. It must be in
+-- force before the statement takes any lock: an uncorrelated scalar subquery is an InitPlan,
+-- and a condition on it alone holds no column of any row, so the planner makes it a
+-- One-Time Filter of a Result above the whole join tree (custom and generic plans alike),
+-- checked before the first row is asked of anything below it; the wrapped statements take
+-- no lock outside the functions they call below it (tests/integration/test_coalescing.py
+-- holds a row and a key under either plan).
+SELECT * FROM (
+{{statement}}
+) AS briefly
+WHERE (SELECT set_config('lock_timeout', '100ms', true)) IS NOT NULL;
