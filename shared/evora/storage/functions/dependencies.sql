@@ -163,12 +163,8 @@ $$;
 -- The AFTER UPDATE statement trigger's function (see evora.note_ended_dependency above): locks
 -- every WAITING job that will change in id order, then settles the whole subtree with a fresh
 -- snapshot, writes their events and the NOTIFY hint of each queue that gained a PENDING job.
--- `SET enable_seqscan = off`, as on evora.claim_jobs() (the reason is there): a connection
--- keeps the plans of its statements, and one made while jobs was small read the table whole
--- on every later settlement (7,289 rows to discard one job with one dependent beside 1,200
--- others, tests/integration/test_plan_traps.py).
 CREATE OR REPLACE FUNCTION evora.settle_dependents() RETURNS trigger
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     ended_ids uuid[];
     ended_states evora.job_state[];
