@@ -12,6 +12,7 @@ functions of the same names that the role finds first on its search_path."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -32,6 +33,8 @@ from evora_services.projector import projector as projector_module
 from evora_services.projector.history_check import HistoryCheck
 from evora_services.projector.metrics import ProjectorMetrics
 from evora_services.projector.projector import Projector
+from evora_services.projector.service import ProjectorService
+from tests.polling import until
 from tests.projector.conftest import catch_up
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
@@ -222,3 +225,38 @@ async def test_the_history_check_off_and_on_again_rebuilds_only_on_another_histo
     with pytest.raises(HistoryChanged) as raised:
         await projector().run_once()
     assert (raised.value.stored, raised.value.found) == (elsewhere, here)
+
+
+async def test_the_service_keeps_the_read_models_flowing_and_says_so_once(
+    store: JobStore,
+    pool: asyncpg.Pool,
+    plain_conn: asyncpg.Connection,
+    role_pool: asyncpg.Pool,
+    mongo: AsyncDatabase[Document],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The service as deployed, its loop reading batch after batch without the history: the
+    read models keep up with later work too, the gauge it exports reads 1, one WARNING."""
+    await plain_conn.execute(REFUSALS["pg_control_system revoked"])
+    base = ServiceMetrics("projector")
+    service = ProjectorService(role_pool, mongo, ProjectorMetrics(base))
+
+    async def matches() -> bool:
+        try:
+            await assert_matches_truth(pool, mongo)
+        except AssertionError:
+            return False
+        return True
+
+    ended = asyncio.Event()
+    leading = asyncio.create_task(service.lead(ended))
+    try:
+        for seed in (51, 52, 53):
+            await mixed_workload(store, pool, jobs=30, queues=QUEUES, seed=seed)
+            await until(matches, "the read models equal the tables", within=30)
+    finally:
+        ended.set()
+        await asyncio.wait_for(leading, 30)
+    assert base.registry.get_sample_value(CHECK_OFF) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and REASONS["pg_control_system revoked"] in warnings[0], warnings
