@@ -323,11 +323,11 @@ class Projector:
         # None in a checkpoint from before histories were kept: the first batch records it
         history = checkpoint.get("history")
         batch = await self._read(span, after, history)  # HistoryChanged: on another one
-        # A batch read without the history (HistoryCheck: the server refuses it) leaves the
-        # checkpoint's as it was: it says nothing of the history, and a None stored would make
-        # a change that happened meanwhile go unnoticed once the check is on again, while the
-        # one kept is found changed then (a read compares only with a history stored, and
-        # never takes a history found where none was stored for a change: that is not one).
+        # A batch read without the history (HistoryCheck: the server refuses it) says nothing
+        # of it: the checkpoint keeps the one it had. Were None stored instead, a change made
+        # while the check was off would go unseen once it is on again: a read compares only
+        # with a stored history, and one found where none was stored is recorded, not taken
+        # for a change (no history known is no change of history).
         read_on = history if batch is None or batch.history is None else batch.history
         if batch is None:
             if span.target is None:
