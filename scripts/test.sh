@@ -139,7 +139,8 @@ run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 # sql_enqueue/test_migration, sql_enqueue/test_role), the planner's choices for the hot
 # statements (the *_cost tests and test_plan_estimates), locking, SKIP LOCKED and snapshots
 # under real concurrency (test_store_concurrency, test_fencing, sql_enqueue/test_idempotency,
-# sql_enqueue/test_transactions, test_outbox), and the four services end to end
+# sql_enqueue/test_transactions, test_outbox), the projector's history check on a server that
+# refuses it (privileges, error codes: test_history_refused), and the four services end to end
 # (e2e/test_flow). The rest reaches PostgreSQL only through statements these already run, or
 # checks input in PL/pgSQL the same way on every major (sql_enqueue/test_validation's ~100
 # cases). test_server_version makes sure each leg runs on the major it names (and 15 with JIT). tests/integration/test_schema.py compares
@@ -155,7 +156,7 @@ PG_LEG_TESTS=(
     tests/integration/test_ack_cost.py tests/integration/test_limit_usage_cost.py
     tests/integration/test_store_concurrency.py tests/integration/test_fencing.py
     tests/sql_enqueue/test_idempotency.py tests/sql_enqueue/test_transactions.py
-    tests/integration/test_outbox.py
+    tests/integration/test_outbox.py tests/projector/test_history_refused.py
     tests/e2e/test_flow.py
 )
 if [ -n "${EVORA_PG_LEGS:-}" ]; then

@@ -563,6 +563,23 @@ def build() -> dict[str, Any]:
         8,
         8,
     )
+    d.add(
+        timeseries(
+            "PostgreSQL history",
+            [
+                (
+                    f"sum(increase(evora_projector_history_changes_total[{RATE}]))",
+                    "history changes (each starts a rebuild)",
+                ),
+                ("max(evora_projector_history_check_off)", "check off"),
+            ],
+            description="A change of PostgreSQL's history (a failover, a switchover, a "
+            "restore) rebuilds the read models. Check off (1): the server refuses the history, "
+            "and a failover goes unnoticed: run `evora projector --rebuild` after one.",
+        ),
+        8,
+        8,
+    )
 
     d.row("HTTP")
     d.add(

@@ -80,6 +80,13 @@ class ProjectorMetrics:
             "a restore. Each starts a rebuild of the read models.",
             registry=registry,
         )
+        self.history_check_off = Gauge(
+            "evora_projector_history_check_off",
+            "1 while PostgreSQL refuses the projector its history (a revoked privilege, a "
+            "function missing or not supported): a failover, a switchover or a restore goes "
+            "unnoticed and starts no rebuild. 0 while it is read with every batch.",
+            registry=registry,
+        )
         self.queues = QueueGauges()
         registry.register(self.queues)
 

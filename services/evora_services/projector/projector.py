@@ -32,7 +32,9 @@ same order, and document cursors compare with the checkpoint's as (span, xid, se
 It also holds the PostgreSQL history (system identifier, timeline) those snapshots were
 taken on (`history`): read on another one, after a failover or a restore, they may count
 finished xids the new primary never committed and hands out again (`HistoryChanged`), and
-the generation cannot be carried on: the service rebuilds the read models instead.
+the generation cannot be carried on: the service rebuilds the read models instead. On a
+server that refuses to tell it (HistoryCheck) batches are read without it, and the checkpoint
+keeps the last one known.
 
 What changes without an event (jobs pruned by the sweeper, delayed jobs coming due) is read
 from PostgreSQL by `refresh`, which the service runs every few seconds.
@@ -81,6 +83,7 @@ from evora.storage.retention import (
     record_projector_progress,
 )
 from evora_services.projector import changes, projection
+from evora_services.projector.history_check import HistoryCheck
 from evora_services.projector.metrics import ProjectorMetrics
 
 log = logging.getLogger(__name__)
@@ -202,10 +205,12 @@ class Projector:
         generation: int,
         metrics: ProjectorMetrics | None = None,
         batch_size: int = BATCH_SIZE,
+        history_check: HistoryCheck | None = None,
     ) -> None:
         self._pool = pool
         self._db = db
         self._metrics = metrics
+        self._history_check = history_check or HistoryCheck(metrics)
         self.batch_size = batch_size
         self.generation = Generation.of(db, generation)
         self._indexed = False
@@ -318,6 +323,12 @@ class Projector:
         # None in a checkpoint from before histories were kept: the first batch records it
         history = checkpoint.get("history")
         batch = await self._read(span, after, history)  # HistoryChanged: on another one
+        # A batch read without the history (HistoryCheck: the server refuses it) says nothing
+        # of it: the checkpoint keeps the one it had. Were None stored instead, a change made
+        # while the check was off would go unseen once it is on again: a read compares only
+        # with a stored history, and one found where none was stored is recorded, not taken
+        # for a change (no history known is no change of history).
+        read_on = history if batch is None or batch.history is None else batch.history
         if batch is None:
             if span.target is None:
                 return 0
@@ -339,7 +350,7 @@ class Projector:
             # counted for them (tests/projector/test_mongo_crash.py).
             span = Span(span.prev, batch.target)
             checkpoint = await self._advance_checkpoint(
-                checkpoint, span, after, None, history=batch.history
+                checkpoint, span, after, None, history=read_on
             )
             self._checkpoint = checkpoint
         started = time.perf_counter()
@@ -350,7 +361,7 @@ class Projector:
             upto = batch.upto
         sealed = await self._seal(checkpoint)
         self._checkpoint = await self._advance_checkpoint(
-            checkpoint, span, upto, batch, history=batch.history, sealed=sealed
+            checkpoint, span, upto, batch, history=read_on, sealed=sealed
         )
         await self._record_progress(span.prev)
         if self._metrics is not None:
@@ -368,16 +379,20 @@ class Projector:
         upto: OutboxCursor | None = None,
         past: dict[str, dict[str, OutboxCursor]] | None = None,
     ) -> Batch | None:
-        return await read_batch(
-            self._pool,
-            span,
-            after,
-            self.batch_size,
-            bucket_seconds=BUCKET_SECONDS,
-            upto=upto,
-            past=past,
-            history=history,
-        )
+        async def read(conn: asyncpg.Pool | asyncpg.Connection, with_history: bool) -> Batch | None:
+            return await read_batch(
+                conn,
+                span,
+                after,
+                self.batch_size,
+                bucket_seconds=BUCKET_SECONDS,
+                upto=upto,
+                past=past,
+                history=history,
+                read_history=with_history,
+            )
+
+        return await self._history_check.read(self._pool, read)
 
     @property
     def _documents_concern(self) -> WriteConcern:

@@ -28,6 +28,7 @@ from evora.readmodels.layout import (
 )
 from evora.storage.outbox import HistoryChanged, backlog
 from evora.waiting import Backoff, wait_until_set
+from evora_services.projector.history_check import HistoryCheck
 from evora_services.projector.metrics import ProjectorMetrics
 from evora_services.projector.projector import DURABLE, ProjectionConflict, Projector, position
 
@@ -73,6 +74,8 @@ class ProjectorService:
         self._linger = linger
         self.wake = asyncio.Event()
         self._projector: Projector | None = None
+        # one for the process: a refusal is warned of once, not again by each generation
+        self._history_check = HistoryCheck(metrics)
 
     async def _current(self) -> Projector:
         generation = await active_generation(self._db)
@@ -80,7 +83,9 @@ class ProjectorService:
             if self._projector is not None:
                 log.info("read models switched to generation %d", generation)
                 await _drop_older(self._db, generation)
-            self._projector = Projector(self._pool, self._db, generation, self._metrics)
+            self._projector = Projector(
+                self._pool, self._db, generation, self._metrics, history_check=self._history_check
+            )
         return self._projector
 
     async def lead(self, ended: asyncio.Event) -> None:
@@ -146,7 +151,7 @@ class ProjectorService:
         )
         # Given up when this replica stops leading: the next leader finds the history
         # changed too and starts the rebuild again (its generation's collections afresh).
-        rebuilding = asyncio.ensure_future(rebuild(self._pool, self._db))
+        rebuilding = asyncio.ensure_future(rebuild(self._pool, self._db, self._history_check))
         stopping = asyncio.ensure_future(ended.wait())
         try:
             await asyncio.wait([rebuilding, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -198,7 +203,9 @@ async def _drop_older(db: AsyncDatabase[Document], generation: int) -> None:
     )
 
 
-async def rebuild(pool: asyncpg.Pool, db: AsyncDatabase[Document]) -> tuple[int, int]:
+async def rebuild(
+    pool: asyncpg.Pool, db: AsyncDatabase[Document], history_check: HistoryCheck | None = None
+) -> tuple[int, int]:
     """Project the whole outbox into a fresh generation, then make it the one readers use.
     Returns (generation, events applied). The active projector follows the switch."""
     current = await active_generation(db)
@@ -207,7 +214,7 @@ async def rebuild(pool: asyncpg.Pool, db: AsyncDatabase[Document]) -> tuple[int,
     for collection in fresh.all():
         await collection.drop()
     await db[CONTROL].delete_one({"_id": checkpoint_id(target)})
-    projector = Projector(pool, db, target)
+    projector = Projector(pool, db, target, history_check=history_check)
     applied = 0
     while batch := await projector.run_once():
         applied += batch

@@ -21,8 +21,27 @@ import asyncpg
 
 from evora.storage.statements import load
 
-READ_BATCH, TARGET_TAKEN, BACKLOG, OLDEST_DUE, PRUNED = load(
-    "outbox", "read_batch", "target_taken", "backlog", "oldest_due", "pruned"
+READ_BATCH, TARGET_TAKEN, BACKLOG, OLDEST_DUE, PRUNED, IN_RECOVERY = load(
+    "outbox", "read_batch", "target_taken", "backlog", "oldest_due", "pruned", "in_recovery"
+)
+# read_batch with its last column, the history, NULL: for a server that refuses to tell it
+# (HISTORY_REFUSALS). The functions it is read with are left out of the statement, not
+# skipped inside it: PostgreSQL checks the privilege to call a function, and looks it up,
+# before it runs anything.
+READ_BATCH_BLIND = READ_BATCH[: READ_BATCH.rindex("(pg_control_system())")] + "NULL AS history"
+
+# What reading the history fails with on a server that will not tell it for as long as it
+# runs as it does: the role may not call a function it is read with (a hardening policy's
+# REVOKE EXECUTE ... FROM PUBLIC), the function does not exist, or the build does not
+# support it (Aurora: "currently not supported", feature_not_supported; on its writer
+# "wal_level must be set to 'logical'", object_not_in_prerequisite_state). The last is also
+# what a server in recovery answers ("recovery is in progress"): `in_recovery` tells them
+# apart.
+HISTORY_REFUSALS: tuple[type[asyncpg.PostgresError], ...] = (
+    asyncpg.InsufficientPrivilegeError,
+    asyncpg.UndefinedFunctionError,
+    asyncpg.FeatureNotSupportedError,
+    asyncpg.ObjectNotInPrerequisiteStateError,
 )
 
 
@@ -102,7 +121,8 @@ class Batch:
     runs: dict[str, tuple[list[str], list[str]]]
     failures: list[FailureEvent]
     target: str  # the span's target snapshot
-    history: str  # the PostgreSQL history it was read on (HistoryChanged)
+    # the PostgreSQL history it was read on (HistoryChanged); None: read without it
+    history: str | None
 
     @property
     def events(self) -> int:
@@ -155,6 +175,7 @@ async def read_batch(
     upto: OutboxCursor | None = None,
     past: dict[str, dict[str, OutboxCursor]] | None = None,
     history: str | None = None,
+    read_history: bool = True,
 ) -> Batch | None:
     """The next events of `span` after `after` (at most `limit`; with `upto`, exactly those
     up to it), summed up in PostgreSQL; their cursors are in span number `after.span`.
@@ -162,15 +183,16 @@ async def read_batch(
     ({"queues" or "workers": {key: cursor}}): events up to that cursor do not count for them.
     `history`: the one `span`'s snapshots were taken on (None: not known, a span from the
     start of the outbox or from before histories were kept); read on another, HistoryChanged
-    is raised, nothing new or not. None means the span holds nothing more (a span without a
-    target: nothing new)."""
+    is raised, nothing new or not. `read_history` False reads the batch without the history
+    (READ_BATCH_BLIND: a server that refuses it), compared with nothing and returned as None.
+    None means the span holds nothing more (a span without a target: nothing new)."""
     bounds = {
         kind: {key: [cursor.xid, cursor.seq] for key, cursor in cursors.items()}
         for kind, cursors in (past or {}).items()
     }
     running, (start_xid, start_seq) = span.unseen_from(after)
     row = await conn.fetchrow(
-        READ_BATCH,
+        READ_BATCH if read_history else READ_BATCH_BLIND,
         str(after.xid),
         after.seq,
         limit,
@@ -184,7 +206,7 @@ async def read_batch(
         start_seq,
     )
     assert row is not None
-    if history is not None and row["history"] != history:
+    if read_history and history is not None and row["history"] != history:
         raise HistoryChanged(history, row["history"])
     if row["groups"] is None:
         return None
@@ -220,6 +242,12 @@ def _failure(f: list[Any], span: int) -> FailureEvent:
     return FailureEvent(
         OutboxCursor(span, xid, seq), job_id, queue, job_type, datetime.fromisoformat(at), error
     )
+
+
+async def in_recovery(conn: asyncpg.Connection) -> bool:
+    """Whether the server `conn` is on is a standby (or recovering): its refusal to tell its
+    history is then no reason to read the outbox without it (sql/outbox.sql, in_recovery)."""
+    return bool(await conn.fetchval(IN_RECOVERY))
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,11 @@ SELECT (SELECT jsonb_agg(jsonb_build_array(
        -- the history the snapshots belong to, read by the same statement: the cluster's
        -- system identifier and the timeline it writes on (a promotion starts a new one). A
        -- stored target means nothing on another history (outbox.py, HistoryChanged). Both
-       -- are readable by any role; the timeline is in the name of the WAL file being
-       -- written, which a server in recovery refuses to tell: the outbox is read on a primary.
+       -- are readable by any role as PostgreSQL ships; the timeline is in the name of the WAL
+       -- file being written, which a server in recovery refuses to tell: the outbox is read
+       -- on a primary. Some servers refuse either function for good (a revoked privilege, a
+       -- fork without it): the projector then reads with this column NULL instead
+       -- (outbox.py, READ_BATCH_BLIND, which takes it for the statement's last).
        (pg_control_system()).system_identifier::text || '/'
            || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8) AS history;
 
@@ -207,3 +210,11 @@ FROM unnest($1::text[]) AS q(queue);
 -- $1 queues: finished jobs the sweeper pruned, per queue and state (they leave without an
 -- event).
 SELECT queue, state::text AS state, pruned FROM evora.job_prune_counts WHERE queue = ANY($1::text[]);
+
+-- name: in_recovery
+-- Whether this server is a standby, asked only when read_batch could not read the history:
+-- a standby refuses it for as long as it is one ("recovery is in progress"), and the outbox
+-- must not be read there without it. A standby replays the primary's commits late, so a
+-- span target taken on the primary counts finished transactions whose events it does not
+-- hold yet: read there, they would be passed over for good.
+SELECT pg_is_in_recovery();
