@@ -40,12 +40,15 @@ DECLARE
     at CONSTANT timestamptz := evora.clock_now();
     deadline CONSTANT timestamptz := at + make_interval(secs => timeout_seconds);
     cb_id CONSTANT uuid := gen_random_uuid();
+    -- the fence: a variable, so that a plan kept for the connection is not one that walks
+    -- every RUNNING job's entry of a partial index (see the `heartbeat` statement)
+    running CONSTANT evora.job_state := 'RUNNING';
     secret text;
     j evora.jobs;
 BEGIN
     SELECT x.* INTO j FROM evora.jobs x
     WHERE x.id = suspend_job.job_id AND x.lease_token = suspend_job.lease_token
-      AND x.state = 'RUNNING'
+      AND x.state = running
     FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT CASE WHEN EXISTS (SELECT 1 FROM evora.jobs x
