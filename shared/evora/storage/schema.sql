@@ -1337,15 +1337,16 @@ CREATE FUNCTION evora.fail_items(ids uuid[], tokens uuid[], errors jsonb[], retr
     AS $$
 #variable_conflict use_column
 DECLARE
-    running CONSTANT evora.job_state := 'RUNNING';
     drains text[];
     untils timestamptz[];
 BEGIN
     IF array_remove(after_keys, NULL) <> '{}' THEN
+        WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state)
         SELECT array_agg(i.key), array_agg(evora.clock_now() + make_interval(secs => i.retry_in))
         INTO drains, untils
-        FROM unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
-        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = running
+        FROM fence f
+        CROSS JOIN unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
+        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = f.state
         WHERE i.key IS NOT NULL AND j.id = ANY(ids);
         PERFORM evora.drain_buckets(coalesce(drains, '{}'), coalesce(untils, '{}'));
     END IF;
@@ -2902,14 +2903,14 @@ DECLARE
     at CONSTANT timestamptz := evora.clock_now();
     deadline CONSTANT timestamptz := at + make_interval(secs => timeout_seconds);
     cb_id CONSTANT uuid := gen_random_uuid();
-    running CONSTANT evora.job_state := 'RUNNING';
     secret text;
     j evora.jobs;
 BEGIN
-    SELECT x.* INTO j FROM evora.jobs x
+    WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state)
+    SELECT x.* INTO j FROM evora.jobs x, fence f
     WHERE x.id = suspend_job.job_id AND x.lease_token = suspend_job.lease_token
-      AND x.state = running
-    FOR UPDATE;
+      AND x.state = f.state
+    FOR UPDATE OF x;
     IF NOT FOUND THEN
         RETURN QUERY SELECT CASE WHEN EXISTS (SELECT 1 FROM evora.jobs x
                                               WHERE x.id = suspend_job.job_id)

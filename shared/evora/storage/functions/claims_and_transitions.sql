@@ -1000,19 +1000,19 @@ CREATE OR REPLACE FUNCTION evora.fail_items(
 LANGUAGE plpgsql VOLATILE ROWS 100 SET random_page_cost = 1 AS $$
 #variable_conflict use_column
 DECLARE
-    -- the drain's fence: a variable, so that a plan kept for the connection is not one that
-    -- walks every RUNNING job's entry of a partial index (`state = 'RUNNING'` written out
-    -- proves them usable; see the `heartbeat` statement)
-    running CONSTANT evora.job_state := 'RUNNING';
     drains text[];
     untils timestamptz[];
 BEGIN
     IF array_remove(after_keys, NULL) <> '{}' THEN
         -- the buckets first, until the time the job's run_at is set to (evora.end_attempts())
+        -- The fence's state from a materialized CTE, as in the `heartbeat` statement (the
+        -- reason is there; a variable would be a constant in a custom plan).
+        WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state)
         SELECT array_agg(i.key), array_agg(evora.clock_now() + make_interval(secs => i.retry_in))
         INTO drains, untils
-        FROM unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
-        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = running
+        FROM fence f
+        CROSS JOIN unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
+        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = f.state
         WHERE i.key IS NOT NULL AND j.id = ANY(ids);
         PERFORM evora.drain_buckets(coalesce(drains, '{}'), coalesce(untils, '{}'));
     END IF;
