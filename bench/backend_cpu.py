@@ -24,7 +24,7 @@ from bench import procstats
 from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
-from evora.storage.jobs import Completion, JobStore
+from evora.storage.jobs import Completion, Failure, JobStore
 from evora.storage.migrate import apply_migrations
 from evora.storage.rows import JobDict
 
@@ -69,6 +69,12 @@ async def _round(dsn: str, calls: int, generic: bool) -> dict[str, float]:
             await store.complete(job["id"], job["lease_token"], {})
         claimed.clear()
 
+    # a failure that ends the job (DLQ): the failure path, without a retry left in the queue
+    async def fail_each() -> None:
+        for job in claimed:
+            await store.fail(Failure(job["id"], job["lease_token"], "boom", retryable=False))
+        claimed.clear()
+
     async def submit_batches() -> None:
         for n in range(0, calls, 100):
             await store.submit_batch([_submission(n + i) for i in range(100)])
@@ -90,10 +96,16 @@ async def _round(dsn: str, calls: int, generic: bool) -> dict[str, float]:
         [job] = await store.claim(worker_id="w", queues=[QUEUE], max_jobs=1)
         await store.heartbeat(job["id"], job["lease_token"])
         await store.complete(job["id"], job["lease_token"], {})
+        await store.submit(_submission(-2))
+        [job] = await store.claim(worker_id="w", queues=[QUEUE], max_jobs=1)
+        await store.fail(Failure(job["id"], job["lease_token"], "boom", retryable=False))
         await timed("submit 1", calls, submit_each)
         await timed("claim 1", calls, claim_each)
         await timed("heartbeat", calls, heartbeat_each)
         await timed("complete 1", calls, complete_each)
+        await submit_each()
+        await claim_each()
+        await timed("fail 1", calls, fail_each)
         await timed("submit 100, per job", calls, submit_batches)
         await timed("claim 100, per job", calls, claim_batches)
         await timed("complete 100, per job", calls, complete_batches)

@@ -137,10 +137,11 @@ run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 # tests, about a minute and a half each on 2 cores (most of it one database clone per test):
 # the migrations (syntax, DO blocks, privileges: test_migrations,
 # sql_enqueue/test_migration, sql_enqueue/test_role), the planner's choices for the hot
-# statements (the *_cost tests and test_plan_estimates), locking, SKIP LOCKED and snapshots
-# under real concurrency (test_store_concurrency, test_fencing, sql_enqueue/test_idempotency,
-# sql_enqueue/test_transactions, test_outbox), the projector's history check on a server that
-# refuses it (privileges, error codes: test_history_refused), and the four services end to end
+# statements (the *_cost tests, test_plan_estimates and test_plan_traps), locking, SKIP
+# LOCKED and snapshots under real concurrency (test_store_concurrency, test_fencing,
+# sql_enqueue/test_idempotency, sql_enqueue/test_transactions, test_outbox), the projector's
+# history check on a server that refuses it (privileges, error codes: test_history_refused),
+# and the four services end to end
 # (e2e/test_flow). The rest reaches PostgreSQL only through statements these already run, or
 # checks input in PL/pgSQL the same way on every major (sql_enqueue/test_validation's ~100
 # cases). test_server_version makes sure each leg runs on the major it names (and 15 with JIT). tests/integration/test_schema.py compares
@@ -152,7 +153,7 @@ PG_LEG_TESTS=(
     tests/integration/test_migrations.py
     tests/sql_enqueue/test_migration.py tests/sql_enqueue/test_role.py
     tests/integration/test_plan_estimates.py tests/integration/test_claim_cost.py
-    tests/integration/test_generic_plans.py
+    tests/integration/test_generic_plans.py tests/integration/test_plan_traps.py
     tests/integration/test_ack_cost.py tests/integration/test_limit_usage_cost.py
     tests/integration/test_store_concurrency.py tests/integration/test_fencing.py
     tests/sql_enqueue/test_idempotency.py tests/sql_enqueue/test_transactions.py

@@ -354,6 +354,7 @@ $$;
 
 CREATE FUNCTION evora.cancel_held(ids uuid[], suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
     LANGUAGE sql ROWS 100
+    SET random_page_cost TO '1'
     AS $$
     WITH target AS (
         SELECT j.id, j.state FROM evora.jobs j
@@ -367,7 +368,7 @@ CREATE FUNCTION evora.cancel_held(ids uuid[], suppressed text[]) RETURNS TABLE(j
             cancel_requested = (t.state = 'RUNNING'),
             finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora.clock_now() END,
             updated_at = evora.clock_now(), version = j.version + 1
-        FROM target t WHERE j.id = t.id
+        FROM target t WHERE j.id = t.id AND j.id = ANY(ids)
         RETURNING j AS whole, t.state AS from_state,
             ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
                 t.state, j.worker_id, '{}')::evora.move AS move
@@ -386,6 +387,7 @@ $$;
 
 CREATE FUNCTION evora.cancel_job(job_id uuid, suppressed text[]) RETURNS TABLE(outcome text, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 1
+    SET random_page_cost TO '1'
     AS $$
 DECLARE
     parent RECORD;
@@ -393,7 +395,7 @@ DECLARE
     family_notified text[];
     family_owed text[];
 BEGIN
-    PERFORM 1 FROM evora.jobs j WHERE j.id IN (SELECT evora.spawned_tree(job_id))
+    PERFORM 1 FROM evora.jobs j WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(job_id)))
     ORDER BY j.id FOR UPDATE;
     SELECT j.* INTO current FROM evora.jobs j WHERE j.id = job_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -409,7 +411,7 @@ BEGIN
     IF (parent.job).state = 'CANCELLED' THEN
         SELECT c.notified, c.owed INTO family_notified, family_owed
         FROM evora.cancel_held(ARRAY(SELECT j.id FROM evora.jobs j
-                                     WHERE j.id IN (SELECT evora.spawned_tree(job_id))
+                                     WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(job_id)))
                                      ORDER BY j.id FOR UPDATE),
                                suppressed || parent.notified) AS c
         LIMIT 1;
@@ -486,6 +488,7 @@ $$;
 
 CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer text, claimed_at timestamp with time zone) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
     LANGUAGE sql
+    SET random_page_cost TO '1'
     AS $$
     WITH moved AS (
         UPDATE evora.jobs j
@@ -849,6 +852,7 @@ $$;
 
 CREATE FUNCTION evora.complete_items(ids uuid[], tokens uuid[], results jsonb[], suppressed text[], with_jobs boolean) RETURNS TABLE(outcome text, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 100
+    SET random_page_cost TO '1'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -1076,8 +1080,11 @@ $$;
 
 CREATE FUNCTION evora.end_attempts(ends evora.attempt_end[], suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 100
+    SET random_page_cost TO '1'
     AS $$
 #variable_conflict use_column
+DECLARE
+    ids CONSTANT uuid[] := ARRAY(SELECT e.id FROM unnest(ends) AS e);
 BEGIN
     RETURN QUERY
     WITH decided AS MATERIALIZED (
@@ -1095,7 +1102,7 @@ BEGIN
                           THEN evora.clock_now() + make_interval(secs => d.delay) ELSE j.run_at END,
             finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora.clock_now() END,
             updated_at = evora.clock_now(), version = j.version + 1
-        FROM decided d WHERE j.id = d.id AND j.state = d.fenced
+        FROM decided d WHERE j.id = d.id AND j.state = d.fenced AND j.id = ANY(ids)
         RETURNING j AS whole, ROW(
             j,
             CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
@@ -1326,6 +1333,7 @@ $$;
 
 CREATE FUNCTION evora.fail_items(ids uuid[], tokens uuid[], errors jsonb[], retryables boolean[], retry_ins double precision[], after_keys text[], suppressed text[], with_jobs boolean) RETURNS TABLE(outcome text, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql ROWS 100
+    SET random_page_cost TO '1'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1333,11 +1341,13 @@ DECLARE
     untils timestamptz[];
 BEGIN
     IF array_remove(after_keys, NULL) <> '{}' THEN
+        WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state)
         SELECT array_agg(i.key), array_agg(evora.clock_now() + make_interval(secs => i.retry_in))
         INTO drains, untils
-        FROM unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
-        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
-        WHERE i.key IS NOT NULL;
+        FROM fence f
+        CROSS JOIN unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
+        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = f.state
+        WHERE i.key IS NOT NULL AND j.id = ANY(ids);
         PERFORM evora.drain_buckets(coalesce(drains, '{}'), coalesce(untils, '{}'));
     END IF;
     RETURN QUERY
@@ -1368,6 +1378,7 @@ BEGIN
             CASE WHEN i.after_key IS NOT NULL THEN 'released' ELSE 'failed' END, j.worker_id
         )::evora.attempt_end AS decision
         FROM evora.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
+        WHERE j.id = ANY(ids)
         FOR UPDATE OF j
     ),
     ended AS (
@@ -2259,6 +2270,7 @@ $$;
 
 CREATE FUNCTION evora.settle_dependents() RETURNS trigger
     LANGUAGE plpgsql
+    SET random_page_cost TO '1'
     AS $$
 DECLARE
     ended_ids uuid[];
@@ -2417,6 +2429,7 @@ $$;
 
 CREATE FUNCTION evora.store_submissions(ids uuid[], queues text[], types text[], payloads jsonb[], priorities smallint[], run_ats timestamp with time zone[], delays double precision[], max_attempts integer[], leases integer[], backoff_initials double precision[], backoff_maxes double precision[], backoff_multipliers double precision[], expires_ats timestamp with time zone[], idempotency_keys text[], group_keys text[], before_0011 bytea[], quiet text[], dependency_ords integer[], dependency_ids uuid[], on_failures text[], limit_key_ords integer[], limit_key_names text[], max_durations integer[] DEFAULT NULL::integer[], fairness_keys text[] DEFAULT NULL::text[], debounce_keys text[] DEFAULT '{}'::text[], debounce_delays double precision[] DEFAULT '{}'::double precision[], debounce_max_delays double precision[] DEFAULT '{}'::double precision[], throttle_keys text[] DEFAULT '{}'::text[], throttle_windows double precision[] DEFAULT '{}'::double precision[]) RETURNS TABLE(ord integer, outcome text, first_ord integer, job evora.jobs, notified text[], owed text[])
     LANGUAGE plpgsql
+    SET random_page_cost TO '1'
     SET search_path TO 'evora', 'pg_temp'
     AS $$
 DECLARE
@@ -2464,7 +2477,8 @@ BEGIN
                         THEN k.job_id END
             FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011)
                 WITH ORDINALITY AS x(id, queue, key, fingerprint, before, ord)
-            LEFT JOIN evora.idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+            LEFT JOIN evora.idempotency_keys k
+                ON k.queue = x.queue AND k.key = x.key AND k.key = ANY(idempotency_keys)
             ORDER BY x.ord);
         IF cardinality(dependency_ids) > 0 AND array_remove(replays, NULL) <> '{}' THEN
             waited := ARRAY(
@@ -2514,7 +2528,7 @@ BEGIN
             DELETE FROM evora.idempotency_keys k
             USING unnest(ids, queues, idempotency_keys, refusals) AS x(id, queue, key, refusal)
             WHERE x.refusal IS NOT NULL AND k.queue = x.queue AND k.key = x.key
-              AND k.job_id = x.id;
+              AND k.job_id = x.id AND k.key = ANY(idempotency_keys);
         END IF;
     END IF;
     created := ARRAY(
@@ -2622,7 +2636,8 @@ BEGIN
            NULL::text[], NULL::text[]
     FROM unnest(ids, queues, idempotency_keys, fingerprints, before_0011, refusals)
         WITH ORDINALITY AS x(id, queue, key, fingerprint, before, refusal, ord)
-    LEFT JOIN evora.idempotency_keys k ON k.queue = x.queue AND k.key = x.key
+    LEFT JOIN evora.idempotency_keys k
+        ON k.queue = x.queue AND k.key = x.key AND k.key = ANY(idempotency_keys)
     LEFT JOIN evora.jobs s ON s.id = k.job_id
     WHERE x.key IS NOT NULL AND k.job_id IS DISTINCT FROM x.id AND x.refusal IS NULL;
 END
@@ -2891,10 +2906,11 @@ DECLARE
     secret text;
     j evora.jobs;
 BEGIN
-    SELECT x.* INTO j FROM evora.jobs x
+    WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state)
+    SELECT x.* INTO j FROM evora.jobs x, fence f
     WHERE x.id = suspend_job.job_id AND x.lease_token = suspend_job.lease_token
-      AND x.state = 'RUNNING'
-    FOR UPDATE;
+      AND x.state = f.state
+    FOR UPDATE OF x;
     IF NOT FOUND THEN
         RETURN QUERY SELECT CASE WHEN EXISTS (SELECT 1 FROM evora.jobs x
                                               WHERE x.id = suspend_job.job_id)

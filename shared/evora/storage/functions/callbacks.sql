@@ -43,10 +43,13 @@ DECLARE
     secret text;
     j evora.jobs;
 BEGIN
-    SELECT x.* INTO j FROM evora.jobs x
+    -- The fence's state from a materialized CTE, as in the `heartbeat` statement (the
+    -- reason is there; a variable would be a constant in a custom plan).
+    WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state)
+    SELECT x.* INTO j FROM evora.jobs x, fence f
     WHERE x.id = suspend_job.job_id AND x.lease_token = suspend_job.lease_token
-      AND x.state = 'RUNNING'
-    FOR UPDATE;
+      AND x.state = f.state
+    FOR UPDATE OF x;
     IF NOT FOUND THEN
         RETURN QUERY SELECT CASE WHEN EXISTS (SELECT 1 FROM evora.jobs x
                                               WHERE x.id = suspend_job.job_id)

@@ -152,10 +152,27 @@ $$;
 -- fail and leave the jobs RUNNING with nobody holding them). This snapshot is enough, and
 -- the caller's might not be (the limited claim picks under newer ones): it is taken after
 -- the job was seen PENDING, so the dependency endings that released it are in it.
+-- `SET random_page_cost = 1`, here and on every function that moves jobs it is given by id
+-- (evora.complete_items(), evora.fail_items(), evora.end_attempts(), evora.cancel_held(),
+-- evora.cancel_job(), evora.settle_dependents(); evora.store_submissions() for its keys): a
+-- connection keeps the plans of a function's statements, and under the default 4 a plan made
+-- while `jobs` held a few pages read it whole: a probe of the primary key (a page of the
+-- index and one of the table, 4 each) cost more than one pass over a table the planner took
+-- for 10 pages (1 each). Kept, it read every job on every later call, finished ones too
+-- (1,208 rows for one failure beside 1,000 finished jobs and 200 running:
+-- tests/integration/test_plan_traps.py). What these functions read is the rows they move
+-- and the index pages that lead to them, written or read moments before and in shared
+-- buffers, where a page read at random costs what the next one does: 1, PostgreSQL's own
+-- advice for cached data. A lowered cost never raises a plan's total, where
+-- `enable_seqscan = off` made a scan the planner could not avoid cost 1e10 on PostgreSQL
+-- 14-17, past jit_above_cost (test_plan_estimates). `j.id = ANY(ids)` beside a join gives
+-- the primary key the ids to probe. A plan made while the statistics said one page (a
+-- VACUUM of the nearly empty table) may still read the table whole; autovacuum's next
+-- ANALYZE, after a tenth of the table changed, has the connection plan it again.
 CREATE OR REPLACE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer text,
                                  claimed_at timestamptz)
 RETURNS TABLE (job evora.jobs, dependency_results jsonb)
-LANGUAGE sql AS $$
+LANGUAGE sql SET random_page_cost = 1 AS $$
     WITH moved AS (
         UPDATE evora.jobs j
         SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
@@ -168,7 +185,8 @@ LANGUAGE sql AS $$
         -- generic plan, kept by the connection), the planner takes the array for 10
         -- elements, and while jobs looked small it hashed them against a sequential scan
         -- that every later claim read whole, finished jobs too
-        -- (tests/integration/test_claim_cost.py).
+        -- (tests/integration/test_claim_cost.py; on a table of a few pages, the sequential
+        -- scan won even so under the default random_page_cost: the SET above).
         WHERE j.id = p.id AND j.id = ANY(ids)
         RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
     ),
@@ -659,8 +677,10 @@ $$;
 -- function for 1,000 rows, and the statements that join it cross jit_above_cost.
 CREATE OR REPLACE FUNCTION evora.end_attempts(ends evora.attempt_end[], suppressed text[])
 RETURNS TABLE (job evora.jobs, notified text[], owed text[])
-LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
+LANGUAGE plpgsql VOLATILE ROWS 100 SET random_page_cost = 1 AS $$
 #variable_conflict use_column
+DECLARE
+    ids CONSTANT uuid[] := ARRAY(SELECT e.id FROM unnest(ends) AS e);
 BEGIN
     RETURN QUERY
     WITH decided AS MATERIALIZED (
@@ -682,7 +702,10 @@ BEGIN
                           THEN evora.clock_now() + make_interval(secs => d.delay) ELSE j.run_at END,
             finished_at = CASE WHEN d.to_state = 'PENDING' THEN NULL ELSE evora.clock_now() END,
             updated_at = evora.clock_now(), version = j.version + 1
-        FROM decided d WHERE j.id = d.id AND j.state = d.fenced
+        -- `j.id = ANY(ids)` and the SET: through the primary key under any plan, as in
+        -- evora.claim_jobs() (a plan made while jobs was small read the whole table on every
+        -- failure, release, snooze, lease expiry and timeout)
+        FROM decided d WHERE j.id = d.id AND j.state = d.fenced AND j.id = ANY(ids)
         RETURNING j AS whole, ROW(
             j,
             CASE WHEN d.to_state = 'CANCELLED' THEN 'cancelled'
@@ -758,7 +781,7 @@ $$;
 -- (evora.record_moves).
 CREATE OR REPLACE FUNCTION evora.cancel_held(ids uuid[], suppressed text[])
 RETURNS TABLE (job evora.jobs, notified text[], owed text[])
-LANGUAGE sql VOLATILE ROWS 100 AS $$
+LANGUAGE sql VOLATILE ROWS 100 SET random_page_cost = 1 AS $$
     WITH target AS (
         SELECT j.id, j.state FROM evora.jobs j
         WHERE j.id = ANY(ids)
@@ -771,7 +794,9 @@ LANGUAGE sql VOLATILE ROWS 100 AS $$
             cancel_requested = (t.state = 'RUNNING'),
             finished_at = CASE WHEN t.state = 'RUNNING' THEN NULL ELSE evora.clock_now() END,
             updated_at = evora.clock_now(), version = j.version + 1
-        FROM target t WHERE j.id = t.id
+        -- `j.id = ANY(ids)` and the SET: through the primary key under any plan
+        -- (evora.claim_jobs())
+        FROM target t WHERE j.id = t.id AND j.id = ANY(ids)
         RETURNING j AS whole, t.state AS from_state,
             ROW(j, CASE WHEN t.state = 'RUNNING' THEN 'cancel_requested' ELSE 'cancelled' END,
                 t.state, j.worker_id, '{}')::evora.move AS move
@@ -802,14 +827,18 @@ $$;
 -- queues notified and owed.
 CREATE OR REPLACE FUNCTION evora.cancel_job(job_id uuid, suppressed text[])
 RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
-LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
+LANGUAGE plpgsql VOLATILE ROWS 1 SET random_page_cost = 1 AS $$
 DECLARE
     parent RECORD;
     current evora.jobs;
     family_notified text[];
     family_owed text[];
 BEGIN
-    PERFORM 1 FROM evora.jobs j WHERE j.id IN (SELECT evora.spawned_tree(job_id))
+    -- `= ANY(ARRAY(...))` and the SET (evora.claim_jobs()), a probe of the primary key per
+    -- child under any plan: as `IN (SELECT ...)`, a plan made while jobs was small read it
+    -- whole on every cancel (6,126 rows to cancel one PENDING job beside 1,200 others,
+    -- tests/integration/test_plan_traps.py)
+    PERFORM 1 FROM evora.jobs j WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(job_id)))
     ORDER BY j.id FOR UPDATE;
     SELECT j.* INTO current FROM evora.jobs j WHERE j.id = job_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -825,7 +854,7 @@ BEGIN
     IF (parent.job).state = 'CANCELLED' THEN
         SELECT c.notified, c.owed INTO family_notified, family_owed
         FROM evora.cancel_held(ARRAY(SELECT j.id FROM evora.jobs j
-                                     WHERE j.id IN (SELECT evora.spawned_tree(job_id))
+                                     WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(job_id)))
                                      ORDER BY j.id FOR UPDATE),
                                suppressed || parent.notified) AS c
         LIMIT 1;
@@ -857,7 +886,7 @@ $$;
 CREATE OR REPLACE FUNCTION evora.complete_items(
     ids uuid[], tokens uuid[], results jsonb[], suppressed text[], with_jobs boolean
 ) RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
-LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
+LANGUAGE plpgsql VOLATILE ROWS 100 SET random_page_cost = 1 AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
@@ -968,7 +997,7 @@ CREATE OR REPLACE FUNCTION evora.fail_items(
     ids uuid[], tokens uuid[], errors jsonb[], retryables boolean[], retry_ins float8[],
     after_keys text[], suppressed text[], with_jobs boolean
 ) RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
-LANGUAGE plpgsql VOLATILE ROWS 100 AS $$
+LANGUAGE plpgsql VOLATILE ROWS 100 SET random_page_cost = 1 AS $$
 #variable_conflict use_column
 DECLARE
     drains text[];
@@ -976,11 +1005,15 @@ DECLARE
 BEGIN
     IF array_remove(after_keys, NULL) <> '{}' THEN
         -- the buckets first, until the time the job's run_at is set to (evora.end_attempts())
+        -- The fence's state from a materialized CTE, as in the `heartbeat` statement (the
+        -- reason is there; a variable would be a constant in a custom plan).
+        WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state)
         SELECT array_agg(i.key), array_agg(evora.clock_now() + make_interval(secs => i.retry_in))
         INTO drains, untils
-        FROM unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
-        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = 'RUNNING'
-        WHERE i.key IS NOT NULL;
+        FROM fence f
+        CROSS JOIN unnest(ids, tokens, after_keys, retry_ins) AS i(id, token, key, retry_in)
+        JOIN evora.jobs j ON j.id = i.id AND j.lease_token = i.token AND j.state = f.state
+        WHERE i.key IS NOT NULL AND j.id = ANY(ids);
         PERFORM evora.drain_buckets(coalesce(drains, '{}'), coalesce(untils, '{}'));
     END IF;
     RETURN QUERY
@@ -1012,6 +1045,8 @@ BEGIN
             CASE WHEN i.after_key IS NOT NULL THEN 'released' ELSE 'failed' END, j.worker_id
         )::evora.attempt_end AS decision
         FROM evora.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token AND j.state = i.fenced
+        -- through the primary key under any plan, as in evora.complete_items()
+        WHERE j.id = ANY(ids)
         FOR UPDATE OF j
     ),
     ended AS (

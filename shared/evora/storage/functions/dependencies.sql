@@ -163,8 +163,13 @@ $$;
 -- The AFTER UPDATE statement trigger's function (see evora.note_ended_dependency above): locks
 -- every WAITING job that will change in id order, then settles the whole subtree with a fresh
 -- snapshot, writes their events and the NOTIFY hint of each queue that gained a PENDING job.
+-- `SET random_page_cost = 1`, as on evora.claim_jobs() (the reason is there): a connection
+-- keeps the plans of its statements, and one made while jobs was small read the table whole
+-- on every later settlement (7,289 rows to discard one job with one dependent beside 1,200
+-- others, tests/integration/test_plan_traps.py); planned afresh on a table without
+-- statistics, the WAITING jobs of evora.settlement() were still a sequential scan (2,435).
 CREATE OR REPLACE FUNCTION evora.settle_dependents() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET random_page_cost = 1 AS $$
 DECLARE
     ended_ids uuid[];
     ended_states evora.job_state[];

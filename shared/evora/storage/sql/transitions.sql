@@ -82,13 +82,19 @@ WHERE EXISTS (SELECT 1 FROM evora.fair_queues WHERE queue = ANY($1::text[]))
 -- heartbeat from the deadline on says so. The lease is still extended: the worker needs it
 -- to report the failure, and the sweeper's `time_out` ends the attempt after the grace
 -- whatever the lease says.
-WITH beat AS (
-    UPDATE evora.jobs
-    SET lease_expires_at = evora.clock_now() + make_interval(secs => coalesce($3::int4, lease_seconds)),
-        progress = coalesce($4::jsonb, progress)
-    WHERE id = $1 AND lease_token = $2 AND state = 'RUNNING'
-    RETURNING lease_expires_at, cancel_requested,
-              coalesce(started_at + make_interval(secs => max_duration_seconds)
+-- The fence's state comes from a materialized CTE, as in evora.end_attempts(): a join
+-- condition, not a filter that proves the partial indexes of RUNNING jobs usable. As a
+-- filter, a plan made while few jobs ran read all of jobs_running_lease, every RUNNING job
+-- of every queue, on each later heartbeat (tests/integration/test_plan_traps.py).
+WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state),
+beat AS (
+    UPDATE evora.jobs j
+    SET lease_expires_at = evora.clock_now() + make_interval(secs => coalesce($3::int4, j.lease_seconds)),
+        progress = coalesce($4::jsonb, j.progress)
+    FROM fence f
+    WHERE j.id = $1 AND j.lease_token = $2 AND j.state = f.state
+    RETURNING j.lease_expires_at, j.cancel_requested,
+              coalesce(j.started_at + make_interval(secs => j.max_duration_seconds)
                        <= evora.clock_now(), false) AS timeout_requested
 )
 SELECT CASE WHEN b.lease_expires_at IS NOT NULL THEN 'done'
@@ -123,7 +129,9 @@ FROM evora.fail_items($1::uuid[], $2::uuid[], $3::jsonb[], $4::bool[], $5::float
 -- `snoozes`; docs/jobs-that-wait.md), $5 suppressed queues.
 -- Back to PENDING without counting the attempt, or CANCELLED when a cancel was requested (then
 -- the attempt ran and stays counted). Exactly one row: the outcome, and the job if it moved.
-WITH decided AS (
+-- The fence's state from a materialized CTE, as in `heartbeat` (the reason is there).
+WITH fence AS MATERIALIZED (SELECT 'RUNNING'::evora.job_state AS state),
+decided AS (
     SELECT ROW(
         j.id,
         CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END::evora.job_state,
@@ -131,8 +139,8 @@ WITH decided AS (
         CASE WHEN j.cancel_requested THEN 'cancel_requested' END,
         $3::float8, true, $4::text, j.worker_id
     )::evora.attempt_end AS decision
-    FROM evora.jobs j
-    WHERE j.id = $1 AND j.lease_token = $2 AND j.state = 'RUNNING'
+    FROM evora.jobs j, fence f
+    WHERE j.id = $1 AND j.lease_token = $2 AND j.state = f.state
     FOR UPDATE OF j
 ),
 ended AS (
