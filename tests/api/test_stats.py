@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -112,11 +113,17 @@ async def test_with_mongo_down_the_stats_endpoints_answer_503(db_url: str) -> No
     await server.start_server()
     try:
         async with aiohttp.ClientSession(headers=ADMIN) as http:
-            for path in ("/v1/queues", "/v1/queues/q/stats", "/v1/workers"):
+
+            async def unavailable(path: str) -> None:
                 async with http.get(server.make_url(path)) as r:
                     assert r.status == 503, (path, await r.text())
                     assert r.headers["Retry-After"]
                     assert (await r.json())["code"] == "unavailable"
+
+            # At once: each waits out the MongoDB client's server selection (5 s).
+            await asyncio.gather(
+                *(unavailable(p) for p in ("/v1/queues", "/v1/queues/q/stats", "/v1/workers"))
+            )
     finally:
         await server.close()
 
