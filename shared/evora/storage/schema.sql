@@ -496,9 +496,9 @@ CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer te
             lease_expires_at = claimed_at + make_interval(secs => j.lease_seconds),
             worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
             version = j.version + 1, limited = coalesce(p.flag, false)
-        FROM unnest(ids, limited_flags) AS p(id, flag)
+        FROM unnest(ids, limited_flags) WITH ORDINALITY AS p(id, flag, n)
         WHERE j.id = p.id AND j.id = ANY(ids)
-        RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
+        RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on, p.n
     ),
     recorded AS (
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -506,7 +506,7 @@ CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer te
         SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
                (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
                m.image
-        FROM moved m
+        FROM moved m ORDER BY m.n
     )
     SELECT m.job,
            CASE WHEN m.depends_on IS NOT NULL THEN (

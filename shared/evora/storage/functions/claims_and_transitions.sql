@@ -179,7 +179,7 @@ LANGUAGE sql SET random_page_cost = 1 AS $$
             lease_expires_at = claimed_at + make_interval(secs => j.lease_seconds),
             worker_id = claimer, started_at = claimed_at, updated_at = claimed_at,
             version = j.version + 1, limited = coalesce(p.flag, false)
-        FROM unnest(ids, limited_flags) AS p(id, flag)
+        FROM unnest(ids, limited_flags) WITH ORDINALITY AS p(id, flag, n)
         -- `j.id = ANY(ids)` repeats the join as a condition on jobs alone, so that the rows
         -- are found through the primary key under any plan: planned without the ids (a
         -- generic plan, kept by the connection), the planner takes the array for 10
@@ -188,7 +188,7 @@ LANGUAGE sql SET random_page_cost = 1 AS $$
         -- (tests/integration/test_claim_cost.py; on a table of a few pages, the sequential
         -- scan won even so under the default random_page_cost: the SET above).
         WHERE j.id = p.id AND j.id = ANY(ids)
-        RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on
+        RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on, p.n
     ),
     recorded AS (
         INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
@@ -196,7 +196,11 @@ LANGUAGE sql SET random_page_cost = 1 AS $$
         SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
                (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
                m.image
-        FROM moved m
+        -- in the order of `ids`, the claim's (priority, due, submission): the events' seq
+        -- says which attempt came first (the auditor charges limits in that order), and the
+        -- UPDATE returns its rows in whatever order its plan finds them (by the primary key's
+        -- order under some)
+        FROM moved m ORDER BY m.n
     )
     SELECT m.job,
            CASE WHEN m.depends_on IS NOT NULL THEN (
