@@ -197,9 +197,11 @@ EVENT_COLUMNS = (
     "job_id, job_version, queue, type, event, from_state, to_state, attempt, worker_id, at,"
     " data, job"
 )
-# An `INSERT INTO evora.job_events (<the columns>) SELECT ... FROM moved [m]` ending its CTE.
+# An `INSERT INTO evora.job_events (<the columns>) SELECT ... FROM moved [m] [ORDER BY m.n]`
+# ending its CTE (claim_jobs orders its events by the claim's order).
 EVENT_INSERT = re.compile(
-    r"INSERT INTO evora\.job_events \(([^)]*)\)\s+(SELECT .*?\bFROM moved(?: m)?)(?=\s*\n\s*\))",
+    r"INSERT INTO evora\.job_events \(([^)]*)\)\s+"
+    r"(SELECT .*?\bFROM moved(?: m)?(?: ORDER BY m\.n)?)(?=\s*\n\s*\))",
     re.S,
 )
 EVENT_BATCH_INSERT = f"""INSERT INTO evora.event_batches (at, job_ids, job_versions, queues, types,

@@ -17,7 +17,7 @@ from evora.readmodels.layout import CONTROL, Document, active_generation, checkp
 from evora.storage.jobs import JobStore
 from evora_services.projector.metrics import ProjectorMetrics
 from evora_services.projector.projector import Projector
-from evora_services.projector.service import ProjectorService
+from evora_services.projector.service import ProjectorService, switch_generation
 from tests.polling import until, waits_for_a_lock
 from tests.projector.conftest import catch_up
 from tests.projector.test_projection import assert_matches_truth
@@ -70,6 +70,12 @@ async def test_a_rebuild_on_another_history_is_given_up_when_leading_ends_and_ru
             return await active_generation(mongo) == 2
 
         await until(switched, "the rebuilt generation is the active one", within=60)
+
+        async def dropped() -> bool:
+            return "rm1_queues" not in await mongo.list_collection_names()
+
+        # the switch, then the drop: leading must not end between them here (the next test)
+        await until(dropped, "generation 1 dropped", within=30)
     finally:
         ended.set()
         await asyncio.wait_for(leading, 30)
@@ -78,3 +84,29 @@ async def test_a_rebuild_on_another_history_is_given_up_when_leading_ends_and_ru
     rebuilt = await mongo[CONTROL].find_one({"_id": checkpoint_id(2)})
     assert rebuilt is not None and rebuilt["history"] == f"{system}/{timeline}"
     assert "rm1_queues" not in await mongo.list_collection_names()
+
+
+async def test_a_generation_left_behind_by_a_leader_gone_after_the_switch_is_dropped(
+    store: JobStore, pool: asyncpg.Pool, mongo: AsyncDatabase[Document]
+) -> None:
+    """A leader that stops leading after a rebuild's switch and before its drop leaves the old
+    generation's collections behind; the next one to lead drops them before it projects."""
+    await mixed_workload(store, pool, jobs=40, queues=QUEUES, seed=12)
+    await catch_up(Projector(pool, mongo, 1, batch_size=50))
+    await catch_up(Projector(pool, mongo, 2, batch_size=50))
+    await switch_generation(mongo, 2)  # and no drop: the leader was gone
+    assert "rm1_queues" in await mongo.list_collection_names()
+    service = ProjectorService(pool, mongo, ProjectorMetrics(ServiceMetrics("projector")))
+    ended = asyncio.Event()
+    leading = asyncio.create_task(service.lead(ended))
+    try:
+
+        async def dropped() -> bool:
+            return "rm1_queues" not in await mongo.list_collection_names()
+
+        await until(dropped, "generation 1 dropped by the next leader", within=30)
+    finally:
+        ended.set()
+        await asyncio.wait_for(leading, 30)
+    assert await mongo[CONTROL].find_one({"_id": checkpoint_id(1)}) is None
+    await assert_matches_truth(pool, mongo, generation=2)

@@ -82,7 +82,9 @@ class ProjectorService:
         if self._projector is None or self._projector.generation.number != generation:
             if self._projector is not None:
                 log.info("read models switched to generation %d", generation)
-                await _drop_older(self._db, generation)
+            # At a switch, and when this replica starts projecting: a leader that lost its
+            # lease between a rebuild's switch and its drop left the older ones behind.
+            await _drop_older(self._db, generation)
             self._projector = Projector(
                 self._pool, self._db, generation, self._metrics, history_check=self._history_check
             )
