@@ -1,6 +1,7 @@
-"""scripts/locks/local.txt, the versions `bash scripts/run.sh` installs without asking any
-index: it must pin every package the `local` extra needs, at a version pyproject.toml
-allows, or run.sh falls back to a slow unpinned install."""
+"""scripts/locks/local.txt and dev.txt, the versions `bash scripts/run.sh` and
+`bash scripts/test.sh` install without asking any index: each must pin every package its
+extra needs, at a version pyproject.toml allows, or the script falls back to a slow unpinned
+install (and, for dev, to whatever linter and test tools were released last)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,18 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCK = ROOT / "scripts/locks/local.txt"
+LOCKS = ROOT / "scripts/locks"
 _SELF = re.compile(r"^evora-queue\[(?P<extras>[^\]]+)\]$")
 
 
-def _pins() -> dict[str, str]:
+def _pins(extra: str) -> dict[str, str]:
     pins: dict[str, str] = {}
-    for line in LOCK.read_text().splitlines():
+    for line in (LOCKS / f"{extra}.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, version = line.split("==")
             pins[canonicalize_name(name)] = version.strip()
@@ -50,10 +52,11 @@ def _requirements(extra: str) -> list[Requirement]:
     return found
 
 
-def test_the_lock_pins_what_the_local_extra_needs_at_allowed_versions() -> None:
-    pins = _pins()
+@pytest.mark.parametrize("extra", ["local", "dev"])
+def test_the_lock_pins_what_its_extra_needs_at_allowed_versions(extra: str) -> None:
+    pins = _pins(extra)
     problems = []
-    for requirement in _requirements("local"):
+    for requirement in _requirements(extra):
         version = pins.get(canonicalize_name(requirement.name))
         if version is None:
             problems.append(f"{requirement.name}: not pinned")

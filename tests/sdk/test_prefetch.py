@@ -122,6 +122,11 @@ async def test_stop_releases_held_jobs_at_once_and_lets_running_ones_finish(
         return await states(store, [first, *held]) == ["RUNNING"] * 3
 
     await until(all_claimed, "three jobs claimed")
+    # Claimed is not yet received: the claim's answer may still be on its way through the
+    # proxy, and a stop then abandons it (its jobs wait out their leases, as documented).
+    # The first handler running means the worker holds all three: the claim's jobs start
+    # together, each held one waiting for the slot before any later task runs.
+    await until(lambda: blocking.started == [first], "the first handler running")
     stopping = asyncio.create_task(blocking.worker.stop())
 
     async def held_back() -> bool:

@@ -197,7 +197,7 @@ async def test_a_reader_of_the_partition_delays_its_drop_and_never_blocks_writer
     db_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(retention_module, "PARTITION_LOCK_TIMEOUT_MS", 3000)
+    monkeypatch.setattr(retention_module, "PARTITION_LOCK_TIMEOUT_MS", 6000)
     later = (await submit(store, 5))[:3]
     await consumed(pool)
     await clock.advance(3 * DAY)
@@ -218,7 +218,7 @@ async def test_a_reader_of_the_partition_delays_its_drop_and_never_blocks_writer
             )
             return waiting
 
-        await until(detach_waits, "the DETACH waiting for the reader", within=2.5)
+        await until(detach_waits, "the DETACH waiting for the reader", within=5)
         # writers go on while it waits: they never queue behind it
         await asyncio.wait_for(cancel(store, later), timeout=2.0)
         assert not round_.done()
