@@ -16,6 +16,8 @@ from bench import procstats
 from bench.runnerkit import READY_LINE
 
 STOP_TIMEOUT_S = 30.0
+# How much of a failed child's last log line the first line of the error quotes.
+LAST_LINE_CHARS = 300
 
 
 class ChildFailed(RuntimeError):
@@ -48,7 +50,13 @@ class Child:
             return "(no log)"
 
     def failed(self, what: str) -> ChildFailed:
-        return ChildFailed(f"{self.name} {what} (exit {self.popen.poll()}):\n{self.log_tail()}")
+        """The error's first line is all a CI summary may keep of it: there the exit code and
+        the log's last line (an exception or a usage error, as a rule), then the tail."""
+        tail = self.log_tail()
+        lines = [line.strip() for line in tail.splitlines() if line.strip()]
+        last = lines[-1][:LAST_LINE_CHARS] if lines else "(no output)"
+        head = f"{self.name} {what} (exit {self.popen.poll()}): {last}"
+        return ChildFailed(f"{head}\n--- the end of its log:\n{tail}")
 
     async def wait_ready_line(self, limit_s: float = 60.0) -> None:
         """Until the process has printed `READY` on a line of its own."""

@@ -26,11 +26,13 @@ from bench.typescript_worker import PYTHON_WORKER, REPO, Drain, measure
 from evora import loops
 
 # The reference worker run as its file is run by hand, after a READY line for the harness;
-# `bench.typescript_worker.drain` passes url, token, queue, job type and concurrency.
+# `bench.typescript_worker.drain` passes url, token, queue, job type and concurrency. The
+# token goes where the example reads it, the environment.
 PLAIN_WORKER = """
-import runpy, sys
+import os, runpy, sys
 url, token, queue, job_type, concurrency, path, lanes, apart = sys.argv[1:9]
-argv = [url, token, queue, "--type", job_type, "--lanes", lanes,
+os.environ["EVORA_WORKER_TOKEN"] = token
+argv = [url, queue, "--type", job_type, "--lanes", lanes,
         "--max-jobs", str(int(concurrency) // int(lanes))]
 print("READY", flush=True)
 if apart == "no":

@@ -3,7 +3,12 @@ docs/http-api.md ("Writing a worker without an SDK") tells a worker in any langu
 written, so it is also the reference the SDK worker is measured against (`python -m
 bench.plain_http`).
 
-    python examples/plain_http_worker.py "$EVORA_DISPATCHER_URL" "$EVORA_WORKER_TOKEN" demo
+    EVORA_WORKER_TOKEN=... python examples/plain_http_worker.py "$EVORA_DISPATCHER_URL" demo
+
+The token is read from the environment, not the command line: there any user of the machine
+could read it (`ps`), and a token may begin with `-` (one in 64 of those that
+`secrets.token_urlsafe` makes, as `evora dev` does), which an argument parser takes for an
+option: the worker would stop at once with a usage error.
 
 The loop, in each of `lanes` (default 2) concurrent copies, each on a kept-alive connection:
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import sys
@@ -44,6 +50,12 @@ async def handle(job: dict[str, Any]) -> Any:
     """The work: `job` is the claimed job (`id`, `type`, `payload`, `attempt`, ...); the
     return value is its result, an exception fails it (retried within its attempts)."""
     return None
+
+
+def said(exc: BaseException) -> str:
+    """An error as logged: its type and message. Not its repr, which for an answer's status
+    holds the request's headers, the token among them."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 class Refused(Exception):
@@ -114,7 +126,7 @@ class PlainWorker:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 failures += 1
                 delay = min(10.0, 0.1 * 2**failures) * random.uniform(0.5, 1.0)
-                print(f"claim failed ({exc!r}); again in {delay:.1f}s", file=sys.stderr)
+                print(f"claim failed ({said(exc)}); again in {delay:.1f}s", file=sys.stderr)
                 await asyncio.sleep(delay)
                 acks = await self.send_acks(http, acks)  # perhaps not recorded: resend
                 continue
@@ -142,7 +154,7 @@ class PlainWorker:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 failures += 1
                 if failures > 8:
-                    print(f"giving up on {len(acks)} outcomes ({exc!r})", file=sys.stderr)
+                    print(f"giving up on {len(acks)} outcomes ({said(exc)})", file=sys.stderr)
                     break
                 await asyncio.sleep(min(10.0, 0.1 * 2**failures) * random.uniform(0.5, 1.0))
                 continue
@@ -222,13 +234,12 @@ class PlainWorker:
             )
         except (Refused, aiohttp.ClientError, TimeoutError) as exc:
             # Its lease expires and it runs again, as after a crash.
-            print(f"job {ack['id']}: not released ({exc!r})", file=sys.stderr)
+            print(f"job {ack['id']}: not released ({said(exc)})", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None, work: Handle = handle) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("url", help="the dispatcher, e.g. $EVORA_DISPATCHER_URL")
-    parser.add_argument("token", help="a worker token, e.g. $EVORA_WORKER_TOKEN")
     parser.add_argument("queue", nargs="+")
     parser.add_argument("--type", action="append", dest="types", help="claim only these")
     parser.add_argument("--max-jobs", type=int, default=100, help="jobs per claim and lane")
@@ -236,11 +247,14 @@ def main(argv: list[str] | None = None, work: Handle = handle) -> None:
     parser.add_argument("--wait-seconds", type=float, default=20.0)
     parser.add_argument("--grace-seconds", type=float, default=30.0)
     args = parser.parse_args(argv)
+    token = os.environ.get("EVORA_WORKER_TOKEN")
+    if not token:
+        parser.error("set EVORA_WORKER_TOKEN to a worker token")
 
     async def serve() -> None:
         worker = PlainWorker(
             args.url,
-            args.token,
+            token,
             args.queue,
             args.types,
             work,

@@ -5,9 +5,11 @@ that item only, the rest of its batch recorded."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tests.e2e.conftest import WORKER_HEADERS, Child, Children, Stack, child_env
 from tests.servers import WORKER_TOKEN
@@ -46,11 +48,16 @@ async def started(stack: Stack, worker: Child, hold: Path) -> None:
 
 
 def holding_worker(stack: Stack, *options: str) -> list[str]:
-    """The command running that worker on queue `plain` of `stack`."""
+    """The command running that worker on queue `plain` of `stack` (its token in
+    `worker_env()`)."""
     return [
         *(sys.executable, "-c", HOLDING_WORKER, str(EXAMPLE)),
-        *(stack.dispatcher_url, WORKER_TOKEN, "plain", *options),
+        *(stack.dispatcher_url, "plain", *options),
     ]
+
+
+def worker_env() -> dict[str, str]:
+    return child_env(EVORA_WORKER_TOKEN=WORKER_TOKEN)
 
 
 async def test_plain_worker_drains_and_a_stale_ack_is_refused_alone(
@@ -66,7 +73,7 @@ async def test_plain_worker_drains_and_a_stale_ack_is_refused_alone(
     worker = await children.spawn(
         "plain-worker",
         holding_worker(stack, "--max-jobs", "50", "--wait-seconds", "1"),
-        child_env(),
+        worker_env(),
     )
 
     await started(stack, worker, gate)
@@ -120,7 +127,7 @@ async def test_plain_worker_releases_what_it_holds_on_sigterm(
     worker = await children.spawn(
         "plain-worker",
         holding_worker(stack, "--grace-seconds", "0.5"),
-        child_env(),
+        worker_env(),
     )
     await started(stack, worker, never)
     worker.send(signal.SIGTERM)
@@ -146,7 +153,7 @@ async def test_plain_worker_heartbeats_and_stops_a_job_cancelled_while_it_runs(
     worker = await children.spawn(
         "plain-worker",
         holding_worker(stack),
-        child_env(),
+        worker_env(),
     )
     await stack.wait_for_states("plain", {"RUNNING": 1}, within=30)
     first = await stack.pool.fetchval(
@@ -168,3 +175,94 @@ async def test_plain_worker_heartbeats_and_stops_a_job_cancelled_while_it_runs(
     assert events == ["submitted", "claimed", "cancel_requested", "cancelled"]
     worker.send(signal.SIGTERM)
     assert await worker.wait(within=15) == 0, worker.output()
+
+
+# What a loaded or restarting dispatcher, or the network, does to a connection, one fault
+# per connection in this order: closed once the request arrived, unanswered; answered 503;
+# its answer cut short (a long-poll that found nothing: no job is stranded unanswered).
+FAULTS = ("cut", "503", "cut-answer")
+UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class FaultyFront:
+    """A TCP proxy in front of the dispatcher that spoils its first connections with
+    `FAULTS`, then passes the rest through."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlsplit(upstream)
+        self.faults = list(FAULTS)
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def serve(self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+        fault = self.faults.pop(0) if self.faults else None
+        server, to_server = await asyncio.open_connection(
+            self.upstream.hostname, self.upstream.port
+        )
+        try:
+            request = await client.read(65536)
+            if fault == "503":
+                to_client.write(UNAVAILABLE)
+            elif fault != "cut":
+                to_server.write(request)
+                cut_after = 64 if fault == "cut-answer" else None
+                pipes = {
+                    asyncio.ensure_future(pipe(client, to_server)),
+                    asyncio.ensure_future(pipe(server, to_client, cut_after)),
+                }
+                # Either side closing, or the answer cut, ends the connection for both.
+                _, pending = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+                for task in pending:
+                    task.cancel()
+        finally:
+            for writer in (to_client, to_server):
+                writer.close()
+
+
+async def pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cut_after: int | None = None
+) -> None:
+    """Copies until the reader's side closes, or only the first `cut_after` bytes."""
+    while data := await reader.read(cut_after or 65536):
+        writer.write(data)
+        await writer.drain()
+        if cut_after is not None:
+            return
+
+
+async def test_plain_worker_outlives_connections_cut_and_a_503(
+    stack: Stack, children: Children
+) -> None:
+    front = FaultyFront(stack.dispatcher_url)
+    url = await front.start()
+    try:
+        # Claims of 1 s long-polls on an empty queue: each lane meets the faults first.
+        worker = await children.spawn(
+            "plain-worker",
+            [sys.executable, str(EXAMPLE), url, "plain", "--wait-seconds", "1"],
+            worker_env(),
+        )
+
+        def spent() -> bool:
+            assert worker.running, worker.output()
+            return worker.output().count("claim failed") == len(FAULTS)
+
+        await stack.until(spent, within=30, what="each fault failed a claim, tried again")
+        await stack.client.submit_batch(
+            [{"queue": "plain", "type": "plain.echo", "payload": {"i": i}} for i in range(50)],
+            return_jobs=False,
+        )
+        await stack.wait_for_states("plain", {"COMPLETED": 50}, within=60)
+        assert worker.running, worker.output()
+        assert WORKER_TOKEN not in worker.output()  # its failures are logged without it
+        worker.send(signal.SIGTERM)
+        assert await worker.wait(within=15) == 0, worker.output()
+    finally:
+        front.close()
