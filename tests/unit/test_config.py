@@ -167,6 +167,14 @@ def test_dev_generates_valid_tokens(tmp_path: Path) -> None:
     assert not set(tokens) & EXAMPLE_TOKENS
 
 
+def test_dev_tokens_never_look_like_an_option(tmp_path: Path) -> None:
+    """A token that begins with "-" is taken for an option by `evora worker --token` (as
+    argparse does); with token_urlsafe one in 64 did: these 1,200 made about 19 such."""
+    for n in range(400):
+        for token in parse_tokens(_kept_tokens(tmp_path / f"tokens-{n}")):
+            assert not token.startswith("-")
+
+
 def test_settings_repr_hides_the_tokens() -> None:
     settings = load_settings(tokens=f"admin:{SECRET}")
     assert SECRET not in repr(settings) and SECRET not in str(settings)

@@ -133,7 +133,9 @@ def _kept_tokens(path: Path) -> str:
     """Tokens generated on the first run and kept, so workers keep working after a restart."""
     if path.exists():
         return path.read_text().strip()
-    tokens = ",".join(f"{role}:{secrets.token_urlsafe(18)}" for role in ROLES)
+    # Hex, not token_urlsafe: one in 64 of those begins with "-", which `evora worker --token
+    # TOKEN` and most other argument parsers take for an option.
+    tokens = ",".join(f"{role}:{secrets.token_hex(20)}" for role in ROLES)
     path.write_text(tokens + "\n")
     path.chmod(0o600)
     return tokens
