@@ -7,9 +7,12 @@ makes one database per plan mode with the migrations of the `evora` package on t
 runs each operation `--calls` times through the job store on a pool of one connection,
 reading that connection's backend's user + system CPU from /proc (10 ms ticks: over 2,000
 calls, 5 us per call) around them; rounds interleave the modes. Time on a shared machine
-varies with the load; a process's own CPU much less.
+varies with the load; a process's own CPU much less. With `--limited`, a concurrency limit on
+`tenant:*` exists and each job holds one of TENANTS keys under it, so every claim is the
+limited one (evora.claim_limited()): the jobs a timed claim took stay RUNNING until the
+completions, so its count of a key's RUNNING holders runs beside up to `--calls` of them.
 
-    python -m bench.backend_cpu --calls 2000 --rounds 3
+    python -m bench.backend_cpu --calls 2000 --rounds 3 [--limited]
 """
 
 from __future__ import annotations
@@ -25,19 +28,23 @@ from evora.embedded import LocalPostgres
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
 from evora.storage.jobs import Completion, Failure, JobStore
+from evora.storage.limits import LimitSpec, LimitStore
 from evora.storage.migrate import apply_migrations
 from evora.storage.rows import JobDict
 
 MODES = {"auto": False, "force_generic_plan": True}
 QUEUE = "q"
+# the keys of --limited's jobs, under the one limit (room for all: none is held back)
+TENANTS = 100
 
 
-def _submission(n: int) -> JobSubmission:
-    return JobSubmission(queue=QUEUE, type="t", payload={"n": n})
-
-
-async def _round(dsn: str, calls: int, generic: bool) -> dict[str, float]:
+async def _round(dsn: str, calls: int, generic: bool, limited: bool) -> dict[str, float]:
     """Microseconds of backend CPU per call (per job for batches)."""
+
+    def _submission(n: int) -> JobSubmission:
+        keys = [f"tenant:{n % TENANTS}"] if limited else []
+        return JobSubmission(queue=QUEUE, type="t", payload={"n": n}, limit_keys=keys)
+
     pool = await create_pool(dsn, min_size=1, max_size=1, generic_plans=generic)
     store = JobStore(pool)
     pid: int = await pool.fetchval("SELECT pg_backend_pid()")
@@ -125,11 +132,18 @@ async def run(args: argparse.Namespace, dsn_of: Callable[[str], str]) -> None:
             await admin.execute(f"ALTER DATABASE {database} SET synchronous_commit = off")
             dsns[mode] = dsn_of(database)
             await apply_migrations(dsns[mode])
+            if args.limited:
+                limits = await create_pool(dsns[mode], min_size=1, max_size=1)
+                try:
+                    spec = LimitSpec(concurrency=args.calls + 1_000, rate=None)
+                    await LimitStore(limits).put("tenant:*", spec)
+                finally:
+                    await limits.close()
     finally:
         await admin.close()
     for round_ in range(1, args.rounds + 1):
         for mode, generic in MODES.items():
-            figures = await _round(dsns[mode], args.calls, generic)
+            figures = await _round(dsns[mode], args.calls, generic, args.limited)
             shown = ", ".join(f"{name} {us:,.0f}" for name, us in figures.items())
             print(f"round {round_} {mode:18} us per call: {shown}", flush=True)
 
@@ -138,6 +152,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=2000, help="calls of each operation")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--limited", action="store_true", help="under a concurrency limit: the limited claim"
+    )
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="evora-backend-cpu-") as tmp,

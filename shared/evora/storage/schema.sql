@@ -525,6 +525,7 @@ $$;
 
 CREATE FUNCTION evora.claim_limited(queues text[], types text[], wanted integer, worker text) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
     LANGUAGE plpgsql ROWS 1
+    SET random_page_cost TO '1'
     AS $$
 DECLARE
     at CONSTANT timestamptz := evora.clock_now();
@@ -732,15 +733,15 @@ j.group_key IS NULL OR (
             FROM evora.jobs r
             CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
             JOIN mine m ON m.key = k.key
-            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && owned
+            WHERE r.state BETWEEN 'RUNNING' AND 'RUNNING' AND r.limit_keys <> '{}'
+              AND r.limit_keys && owned
               AND k.key <> 'queue:' || r.queue
             GROUP BY k.key
             UNION ALL
-            SELECT 'queue:' || r.queue, count(*)
-            FROM evora.jobs r
-            WHERE r.state = 'RUNNING' AND r.queue = ANY(
-                ARRAY(SELECT substr(m.key, 7) FROM mine m WHERE starts_with(m.key, 'queue:')))
-            GROUP BY r.queue
+            SELECT m.key, (SELECT count(*) FROM evora.jobs r
+                           WHERE r.state = 'RUNNING' AND r.queue = substr(m.key, 7))
+            FROM mine m
+            WHERE starts_with(m.key, 'queue:')
         ),
         caps AS MATERIALIZED (
             SELECT l.key, l.rate, l.per, least(
@@ -3592,7 +3593,7 @@ CREATE INDEX jobs_pending_ttl ON evora.jobs USING btree (expires_at) WHERE ((sta
 
 CREATE INDEX jobs_running_lease ON evora.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::evora.job_state);
 
-CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = 'RUNNING'::evora.job_state) AND (limit_keys <> '{}'::text[]));
+CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE (((state >= 'RUNNING'::evora.job_state) AND (state <= 'RUNNING'::evora.job_state)) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_running_time_limit ON evora.jobs USING btree (started_at) WHERE ((state = 'RUNNING'::evora.job_state) AND (max_duration_seconds IS NOT NULL));
 

@@ -330,9 +330,17 @@ $$;
 -- gives its turn to the next fair choice; the keys are charged (evora.fair_charge()) for
 -- the jobs the round moved, and only those. Windows read only unkeyed jobs, and a fair
 -- queue's window only in a round its keys did not fill.
+--
+-- The count of the RUNNING jobs holding the locked keys states the predicate of
+-- jobs_running_limit_keys as that index writes it (`state BETWEEN 'RUNNING' AND 'RUNNING'`,
+-- migration 0062), so that it can use no other partial index of RUNNING jobs, and
+-- `SET random_page_cost = 1` (as on evora.claim_jobs(), which says why) makes the GIN probe
+-- cheaper than one pass over a table of a few pages: under any plan a connection keeps, the
+-- count reads the holders of its keys, not every RUNNING job
+-- (tests/integration/test_plan_traps.py).
 CREATE OR REPLACE FUNCTION evora.claim_limited(queues text[], types text[], wanted integer, worker text)
 RETURNS TABLE (job evora.jobs, dependency_results jsonb)
-LANGUAGE plpgsql ROWS 1 AS $$
+LANGUAGE plpgsql ROWS 1 SET random_page_cost = 1 AS $$
 DECLARE
     at CONSTANT timestamptz := evora.clock_now();
     -- the advisory lock class of "making the bucket row of a key" (the key's hash is the
@@ -561,22 +569,25 @@ BEGIN
             SELECT * FROM unnest(lim_keys, lim_conc, lim_rate, lim_per) AS u(key, conc, rate, per)
         ),
         mine AS (SELECT DISTINCT key FROM unnest(owned) AS m(key)),
-        -- RUNNING jobs holding the locked keys, in one pass (a job holding `queue:<q>` in its
-        -- limit_keys too counts once)
+        -- RUNNING jobs holding the locked keys (a job holding `queue:<q>` in its limit_keys
+        -- too counts once): the keys' holders through jobs_running_limit_keys (its predicate
+        -- as written: see the header), and each locked `queue:` key's RUNNING jobs by a
+        -- subquery of its own, which runs only for such a key (`r.queue = ANY(...)` over
+        -- every RUNNING job read them all to find none when no `queue:` key was locked)
         running AS (
             SELECT k.key, count(*) AS n
             FROM evora.jobs r
             CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
             JOIN mine m ON m.key = k.key
-            WHERE r.state = 'RUNNING' AND r.limit_keys <> '{}' AND r.limit_keys && owned
+            WHERE r.state BETWEEN 'RUNNING' AND 'RUNNING' AND r.limit_keys <> '{}'
+              AND r.limit_keys && owned
               AND k.key <> 'queue:' || r.queue
             GROUP BY k.key
             UNION ALL
-            SELECT 'queue:' || r.queue, count(*)
-            FROM evora.jobs r
-            WHERE r.state = 'RUNNING' AND r.queue = ANY(
-                ARRAY(SELECT substr(m.key, 7) FROM mine m WHERE starts_with(m.key, 'queue:')))
-            GROUP BY r.queue
+            SELECT m.key, (SELECT count(*) FROM evora.jobs r
+                           WHERE r.state = 'RUNNING' AND r.queue = substr(m.key, 7))
+            FROM mine m
+            WHERE starts_with(m.key, 'queue:')
         ),
         caps AS MATERIALIZED (
             SELECT l.key, l.rate, l.per, least(
