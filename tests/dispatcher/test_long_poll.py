@@ -50,8 +50,14 @@ async def test_submission_wakes_a_waiting_poll_by_notify(
 
 
 async def test_delayed_job_is_handed_out_when_due(dispatcher: Dispatcher, store: JobStore) -> None:
-    job = (await store.submit(JobSubmission(queue="later", type="t", delay_seconds=0.5))).job
-    status, answer = await asyncio.wait_for(long_poll(dispatcher, ["later"], wait=20), 15)
+    # The poll waits before the job exists, and the job is due well after the claim its
+    # submission's hint wakes: a claim that came after the job was due would take it without
+    # any timer (under load, a delay of 0.5 s was passed both by a poll's first claim and by
+    # the hint's).
+    poll = long_poll(dispatcher, ["later"], wait=20)
+    await until(lambda: waiting(dispatcher, "later") == 1)
+    job = (await store.submit(JobSubmission(queue="later", type="t", delay_seconds=2))).job
+    status, answer = await asyncio.wait_for(poll, 15)
     assert status == 200 and answer["jobs"][0]["id"] == str(job["id"])
     assert dispatcher.metric("evora_dispatcher_wakeups_total", cause="timer") >= 1
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 
 from evora import Handlers, Job, Worker
 from evora.embedded import LocalPostgres
@@ -24,9 +25,10 @@ from tests.polling import until
 from tests.servers import WORKER_TOKEN
 
 QUEUE = "recovery"
-# Far longer than the outage: without the readiness probes the worker would sleep 10-20 s
-# after its first failed claim, whatever happened meanwhile.
-SLOW_BACKOFF = RetryBackoff(initial=20.0, max_delay=20.0)
+# Far longer than the outage: without the readiness probes the worker would sleep 30-60 s
+# after its first failed claim, whatever happened meanwhile (far enough from a probe and a
+# claim, which a loaded machine can stretch to several seconds, for the two never to meet).
+SLOW_BACKOFF = RetryBackoff(initial=60.0, max_delay=60.0)
 OUTAGE_SECONDS = 3.0
 
 
@@ -77,7 +79,10 @@ async def test_worker_claims_within_a_probe_of_the_dispatcher_being_ready_again(
         running = asyncio.create_task(worker.serve())
         try:
             first = await _submit(pg.dsn())
-            await until(lambda: first in done, "the worker runs a job before the outage")
+            # Its outcome recorded, not only its handler run: an outcome still on its way
+            # when PostgreSQL stops is retried after the acks' own backoff, SLOW_BACKOFF,
+            # and stop() below would wait for that.
+            await _until_completed(pg.dsn(), first, "the worker completes a job before the outage")
 
             await asyncio.to_thread(pg.stop)
             async with aiohttp.ClientSession() as http:
@@ -96,14 +101,29 @@ async def test_worker_claims_within_a_probe_of_the_dispatcher_being_ready_again(
             ready_at = time.monotonic()
             second = await _submit(pg.dsn())
             await until(lambda: second in done, "the worker runs a job after the outage", within=30)
-            # A probe every ~1 s plus a claim: well inside the 10-20 s the backoff alone waits.
-            assert done[second] - ready_at < 5.0, done[second] - ready_at
+            # A probe every ~1 s plus a claim: well inside the 30-60 s the backoff alone waits.
+            assert done[second] - ready_at < 15.0, done[second] - ready_at
             assert not running.done()
         finally:
             await asyncio.wait_for(worker.stop(), 30)
             await running
     finally:
         pg.stop()
+
+
+async def _until_completed(dsn: str, job_id: str, what: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+
+        async def completed() -> bool:
+            state = await conn.fetchval(
+                "SELECT state::text FROM evora.jobs WHERE id = $1::uuid", job_id
+            )
+            return bool(state == "COMPLETED")
+
+        await until(completed, what)
+    finally:
+        await conn.close()
 
 
 async def _not_ready(http: aiohttp.ClientSession, url: str) -> bool:

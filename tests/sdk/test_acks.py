@@ -16,6 +16,11 @@ from evora.sdk.acks import Ack, AckBatcher
 from evora.sdk.reports import Reports
 from tests.sdk.conftest import FAST
 
+# What is awaited here needs no I/O and is immediate: the bound fails a hang, or an outcome
+# held for the 10 s linger (LINGER), yet is loose enough for a loaded machine's scheduling.
+LINGER = 10.0
+HANG = LINGER / 2
+
 
 def ack(n: int) -> Ack:
     return Ack(f"job-{n}", f"token-{n}", "fail", error={"message": "m", "retryable": True})
@@ -41,7 +46,7 @@ class Dispatcher:
 
 
 def batcher(
-    dispatcher: Dispatcher, *, busy: bool, linger: float = 10.0, max_batch: int = 100
+    dispatcher: Dispatcher, *, busy: bool, linger: float = LINGER, max_batch: int = 100
 ) -> AckBatcher:
     acks = AckBatcher(
         dispatcher.send,
@@ -56,19 +61,19 @@ def batcher(
 
 async def test_a_lone_outcome_is_sent_at_once_whatever_the_linger() -> None:
     dispatcher = Dispatcher()
-    acks = batcher(dispatcher, busy=False, linger=10.0)
-    assert await asyncio.wait_for(acks.submit(ack(1)), 1.0) == 200
+    acks = batcher(dispatcher, busy=False, linger=LINGER)
+    assert await asyncio.wait_for(acks.submit(ack(1)), HANG) == 200
     assert dispatcher.batches == [["job-1"]]
-    await acks.close(within=1.0)
+    await acks.close(within=HANG)
 
 
 async def test_while_handlers_run_outcomes_linger_until_the_batch_is_full() -> None:
     dispatcher = Dispatcher()
-    acks = batcher(dispatcher, busy=True, linger=10.0, max_batch=3)
+    acks = batcher(dispatcher, busy=True, linger=LINGER, max_batch=3)
     futures = [acks.submit(ack(n)) for n in range(3)]
-    assert await asyncio.wait_for(asyncio.gather(*futures), 1.0) == [200, 200, 200]
+    assert await asyncio.wait_for(asyncio.gather(*futures), HANG) == [200, 200, 200]
     assert dispatcher.batches == [["job-0", "job-1", "job-2"]]
-    await acks.close(within=1.0)
+    await acks.close(within=HANG)
 
 
 async def test_linger_is_bounded() -> None:
@@ -76,9 +81,9 @@ async def test_linger_is_bounded() -> None:
     acks = batcher(dispatcher, busy=True, linger=0.05)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await asyncio.wait_for(acks.submit(ack(1)), 1.0)
+    await asyncio.wait_for(acks.submit(ack(1)), HANG)
     assert 0.04 <= loop.time() - started < 0.5
-    await acks.close(within=1.0)
+    await acks.close(within=HANG)
 
 
 async def test_outcomes_arriving_during_a_send_go_together_in_the_next_one() -> None:
@@ -86,12 +91,12 @@ async def test_outcomes_arriving_during_a_send_go_together_in_the_next_one() -> 
     dispatcher.gate.clear()
     acks = batcher(dispatcher, busy=False)
     first = acks.submit(ack(0))
-    await asyncio.wait_for(dispatcher.sending.wait(), 1.0)
+    await asyncio.wait_for(dispatcher.sending.wait(), HANG)
     rest = [acks.submit(ack(n)) for n in range(1, 6)]
     dispatcher.gate.set()
-    await asyncio.wait_for(asyncio.gather(first, *rest), 1.0)
+    await asyncio.wait_for(asyncio.gather(first, *rest), HANG)
     assert dispatcher.batches == [["job-0"], ["job-1", "job-2", "job-3", "job-4", "job-5"]]
-    await acks.close(within=1.0)
+    await acks.close(within=HANG)
 
 
 async def test_batches_never_exceed_max_batch() -> None:
@@ -100,9 +105,9 @@ async def test_batches_never_exceed_max_batch() -> None:
     acks = batcher(dispatcher, busy=False, max_batch=2)
     futures = [acks.submit(ack(n)) for n in range(5)]
     dispatcher.gate.set()
-    await asyncio.wait_for(asyncio.gather(*futures), 1.0)
+    await asyncio.wait_for(asyncio.gather(*futures), HANG)
     assert [len(batch) for batch in dispatcher.batches] == [2, 2, 1]
-    await acks.close(within=1.0)
+    await acks.close(within=HANG)
 
 
 async def test_transient_failures_are_retried_with_the_same_batch() -> None:
@@ -113,9 +118,9 @@ async def test_transient_failures_are_retried_with_the_same_batch() -> None:
         ]
     )
     acks = batcher(dispatcher, busy=False)
-    assert await asyncio.wait_for(acks.submit(ack(1)), 1.0) == 200
+    assert await asyncio.wait_for(acks.submit(ack(1)), HANG) == 200
     assert dispatcher.batches == [["job-1"]] * 3
-    await acks.close(within=1.0)
+    await acks.close(within=HANG)
 
 
 async def test_a_final_error_is_handed_to_every_waiting_job() -> None:
@@ -127,7 +132,7 @@ async def test_a_final_error_is_handed_to_every_waiting_job() -> None:
     dispatcher.gate.set()
     results = await asyncio.gather(*futures, return_exceptions=True)
     assert results == [refused, refused]
-    await acks.close(within=1.0)
+    await acks.close(within=HANG)
 
 
 async def test_close_gives_up_on_what_cannot_be_sent(caplog: pytest.LogCaptureFixture) -> None:
@@ -135,7 +140,7 @@ async def test_close_gives_up_on_what_cannot_be_sent(caplog: pytest.LogCaptureFi
     dispatcher = Dispatcher(failures=down)
     acks = batcher(dispatcher, busy=False)
     future = acks.submit(ack(1))
-    await asyncio.wait_for(dispatcher.sending.wait(), 1.0)
+    await asyncio.wait_for(dispatcher.sending.wait(), HANG)
     with caplog.at_level(logging.ERROR, logger="evora.worker"):
         await acks.close(within=0.1)
     with pytest.raises(evora.EvoraConnectionError, match="stopped"):
@@ -188,9 +193,9 @@ async def test_a_refused_outcome_is_logged_naming_its_job(
     reports.start()
     with caplog.at_level(logging.WARNING, logger="evora.worker"):
         statuses = await asyncio.wait_for(
-            asyncio.gather(reports.report(ack(1)), reports.report(ack(2))), 1.0
+            asyncio.gather(reports.report(ack(1)), reports.report(ack(2))), HANG
         )
-    await reports.close(within=1.0)
+    await reports.close(within=HANG)
     assert list(statuses) == [200, status]
     [record] = caplog.records
     assert (record.levelno, record.__dict__["job_id"]) == (level, "job-2")

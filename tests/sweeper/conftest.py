@@ -24,6 +24,7 @@ from evora.storage.jobs import JobStore
 from evora.storage.rows import JobDict
 from evora_services.sweeper.app import SWEEPER, create_app
 from evora_services.sweeper.sweeper import Sweeper, Tuning
+from tests.polling import until
 
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 
@@ -56,6 +57,13 @@ class RunningSweeper:
 
 
 StartSweeper = Callable[..., Awaitable[RunningSweeper]]
+
+
+async def counted(running: RunningSweeper, name: str, **labels: str) -> None:
+    """Until `running` counted one of what the test saw in the database: a sweeper counts
+    after its statement returned, and that statement's commit is visible to others a moment
+    before (a loaded machine stretches the moment)."""
+    await until(lambda: running.metric(name, **labels) == 1, f"{name} {labels} counted once")
 
 
 @pytest.fixture

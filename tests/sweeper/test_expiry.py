@@ -16,6 +16,7 @@ from tests.sweeper.conftest import (
     FAST,
     StartSweeper,
     claimed,
+    counted,
     event_names,
     events,
     submit,
@@ -50,7 +51,7 @@ async def test_expired_lease_goes_back_to_pending_with_backoff(
     assert current["lease_expires_at"] is None
     # backoff 60 s (+-20 % jitter) from the expiry
     assert current["run_at"] > datetime.now(UTC) + timedelta(seconds=40)
-    assert running.metric("evora_sweeper_leases_expired_total", outcome="requeued") == 1
+    await counted(running, "evora_sweeper_leases_expired_total", outcome="requeued")
 
 
 async def test_expired_lease_with_no_attempts_left_is_dead_lettered(
@@ -72,7 +73,7 @@ async def test_expired_lease_with_no_attempts_left_is_dead_lettered(
     stored = await store.get(job["id"])
     # The dead job says why it died (the dashboard shows last_error).
     assert stored["state"] == "DLQ" and stored["last_error"] == LEASE_EXPIRED
-    assert running.metric("evora_sweeper_leases_expired_total", outcome="dead_lettered") == 1
+    await counted(running, "evora_sweeper_leases_expired_total", outcome="dead_lettered")
 
 
 async def test_expired_lease_of_a_cancel_requested_job_cancels_it(
@@ -94,7 +95,7 @@ async def test_expired_lease_of_a_cancel_requested_job_cancels_it(
         ("cancelled", {"reason": "cancel_requested"}),
     ]
     assert (await store.get(job["id"]))["state"] == "CANCELLED"
-    assert running.metric("evora_sweeper_leases_expired_total", outcome="cancelled") == 1
+    await counted(running, "evora_sweeper_leases_expired_total", outcome="cancelled")
 
 
 async def test_ttl_spares_a_job_that_started_and_waits_for_its_retry(
@@ -146,7 +147,7 @@ async def test_ttl_expiry_dead_letters_only_jobs_that_never_started(
     ]
     job = await store.get(expired)
     assert job["state"] == "DLQ" and job["attempt"] == 0
-    assert running.metric("evora_sweeper_ttls_expired_total") == 1
+    await counted(running, "evora_sweeper_ttls_expired_total")
 
     # After one more full pass, the others are as they were.
     seen = running.metric("evora_sweeper_last_run_timestamp_seconds")
@@ -244,8 +245,8 @@ async def test_a_callback_past_its_timeout_is_settled_by_the_running_sweeper(
     assert (await event_names(pool, failed["id"]))[-1] == "dead_lettered"
     assert (await store.get(resumed["id"]))["state"] == "PENDING"
     assert (await store.get(failed["id"]))["state"] == "DLQ"
-    assert running.metric("evora_sweeper_callbacks_timed_out_total", outcome="resumed") == 1
-    assert running.metric("evora_sweeper_callbacks_timed_out_total", outcome="dead_lettered") == 1
+    await counted(running, "evora_sweeper_callbacks_timed_out_total", outcome="resumed")
+    await counted(running, "evora_sweeper_callbacks_timed_out_total", outcome="dead_lettered")
 
 
 async def test_wakes_at_the_next_callback_timeout(

@@ -24,6 +24,7 @@ from tests.sweeper.conftest import (
     RunningSweeper,
     StartSweeper,
     claimed,
+    counted,
     event_names,
     force_lease_expiry,
 )
@@ -66,8 +67,10 @@ async def test_one_sweeper_active_and_a_standby_takes_over(
 
     await until(expired_once, "the lease to be expired")
     assert await event_names(pool, job["id"]) == ["submitted", "claimed", "lease_expired"]
-    counted = [r.metric("evora_sweeper_leases_expired_total", outcome="requeued") for r in replicas]
-    assert counted == [1 if r is first else 0 for r in replicas]
+    await counted(first, "evora_sweeper_leases_expired_total", outcome="requeued")
+    assert [
+        r.metric("evora_sweeper_leases_expired_total", outcome="requeued") for r in replicas
+    ] == [1 if r is first else 0 for r in replicas]
 
     # Kill the active replica's lock connection: it stops, the standby takes over.
     assert await pool.fetchval("SELECT pg_terminate_backend($1)", holder)
