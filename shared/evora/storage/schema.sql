@@ -733,7 +733,7 @@ j.group_key IS NULL OR (
             FROM evora.jobs r
             CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
             JOIN mine m ON m.key = k.key
-            WHERE r.state BETWEEN 'RUNNING' AND 'RUNNING' AND r.limit_keys <> '{}'
+            WHERE r.state >= 'RUNNING' AND r.state <= 'RUNNING' AND r.limit_keys <> '{}'
               AND r.limit_keys && owned
               AND k.key <> 'queue:' || r.queue
             GROUP BY k.key
@@ -3593,7 +3593,7 @@ CREATE INDEX jobs_pending_ttl ON evora.jobs USING btree (expires_at) WHERE ((sta
 
 CREATE INDEX jobs_running_lease ON evora.jobs USING btree (lease_expires_at) WHERE (state = 'RUNNING'::evora.job_state);
 
-CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE (((state >= 'RUNNING'::evora.job_state) AND (state <= 'RUNNING'::evora.job_state)) AND (limit_keys <> '{}'::text[]));
+CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state >= 'RUNNING'::evora.job_state) AND (state <= 'RUNNING'::evora.job_state) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_running_time_limit ON evora.jobs USING btree (started_at) WHERE ((state = 'RUNNING'::evora.job_state) AND (max_duration_seconds IS NOT NULL));
 

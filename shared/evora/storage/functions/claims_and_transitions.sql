@@ -332,7 +332,7 @@ $$;
 -- queue's window only in a round its keys did not fill.
 --
 -- The count of the RUNNING jobs holding the locked keys states the predicate of
--- jobs_running_limit_keys as that index writes it (`state BETWEEN 'RUNNING' AND 'RUNNING'`,
+-- jobs_running_limit_keys as that index writes it (`state >= 'RUNNING' AND state <= 'RUNNING'`,
 -- migration 0062), so that it can use no other partial index of RUNNING jobs, and
 -- `SET random_page_cost = 1` (as on evora.claim_jobs(), which says why) makes the GIN probe
 -- cheaper than one pass over a table of a few pages: under any plan a connection keeps, the
@@ -579,7 +579,7 @@ BEGIN
             FROM evora.jobs r
             CROSS JOIN LATERAL unnest(r.limit_keys) AS k(key)
             JOIN mine m ON m.key = k.key
-            WHERE r.state BETWEEN 'RUNNING' AND 'RUNNING' AND r.limit_keys <> '{}'
+            WHERE r.state >= 'RUNNING' AND r.state <= 'RUNNING' AND r.limit_keys <> '{}'
               AND r.limit_keys && owned
               AND k.key <> 'queue:' || r.queue
             GROUP BY k.key

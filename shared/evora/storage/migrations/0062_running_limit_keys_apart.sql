@@ -10,8 +10,10 @@
 -- looks cheaper than the GIN probe, and it read every RUNNING job on every later claim
 -- (tests/integration/test_plan_traps.py: 414 rows to claim one job beside 200 running).
 --
--- The predicate is now `state BETWEEN 'RUNNING' AND 'RUNNING'`: the same rows, written as
--- two comparisons. The limited claim's count states them; from them the planner cannot
+-- The predicate is now `state >= 'RUNNING' AND state <= 'RUNNING'`: the same rows, written
+-- as two comparisons. (Not as `state BETWEEN ...`: PostgreSQL keeps a BETWEEN's two
+-- comparisons as an AND nested in the predicate's, which a dump restores flattened, so
+-- `evora migrate --check` on a restored database would call the index changed.) The limited claim's count states them; from them the planner cannot
 -- derive `state = 'RUNNING'`, so no other partial index of RUNNING jobs is usable there, and
 -- the choice left is the GIN probe or a pass over the whole table, which under the claim's
 -- `random_page_cost = 1` costs more than the probe even on a table of a few pages (12.4
@@ -24,4 +26,4 @@
 DROP INDEX IF EXISTS evora.jobs_running_limit_keys;
 CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys)
     WITH (fastupdate = off)
-    WHERE state BETWEEN 'RUNNING' AND 'RUNNING' AND limit_keys <> '{}';
+    WHERE state >= 'RUNNING' AND state <= 'RUNNING' AND limit_keys <> '{}';
