@@ -489,13 +489,18 @@ class JobStore:
         # RUNNING job per group, then fails this claim whole, having changed nothing. It lost
         # that group, nothing more: run it again, under a snapshot that shows the group's
         # job running, for the other jobs it may claim. Each failure is another claim's
-        # committed start, so this ends as claims make progress.
+        # committed start, so this ends as claims make progress. The same check may wait
+        # for a transaction moving the group's running job, which may wait for a row this
+        # claim holds: the claim gives way after a short wait (lock_not_available,
+        # evora.claim_jobs() says why) and runs again, having changed nothing.
         while True:
             try:
                 rows = await self._pool.fetch(queries.CLAIM, *args)
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name != "jobs_group_running":
                     raise
+            except asyncpg.LockNotAvailableError:
+                continue
             else:
                 break
         # in the order the claim took them

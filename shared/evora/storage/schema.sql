@@ -489,6 +489,7 @@ $$;
 CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer text, claimed_at timestamp with time zone) RETURNS TABLE(job evora.jobs, dependency_results jsonb)
     LANGUAGE sql
     SET random_page_cost TO '1'
+    SET lock_timeout TO '100ms'
     AS $$
     WITH moved AS (
         UPDATE evora.jobs j

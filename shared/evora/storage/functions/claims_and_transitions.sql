@@ -169,10 +169,24 @@ $$;
 -- the primary key the ids to probe. A plan made while the statistics said one page (a
 -- VACUUM of the nearly empty table) may still read the table whole; autovacuum's next
 -- ANALYZE, after a tenth of the table changed, has the connection plan it again.
+-- `SET lock_timeout = '100ms'`: the one wait a claim can meet is here. Moving a grouped job
+-- to RUNNING checks jobs_group_running (one RUNNING job per group), and that check waits for
+-- any transaction still moving a RUNNING job of the group in or out: another claim whose
+-- snapshot saw a newer head, or a completion, cancel or heartbeat of a job claimed after this
+-- claim's snapshot. Meanwhile the claim holds the rows it picked, and those its `SKIP LOCKED`
+-- pick found updated after its snapshot and locked to recheck (PostgreSQL keeps such a lock
+-- though the row is not taken): a completion of a batch holding one of those rows and the
+-- group's RUNNING job closes a cycle, and the deadlock detector (after deadlock_timeout, 1 s
+-- by default) fails whichever party looks first, a worker's completion as often as the
+-- claim. A claim that changed nothing can simply run again, so it gives way first: after
+-- 100 ms, well before any deadlock_timeout a server keeps and well past the few
+-- milliseconds another claim takes, it fails with lock_not_available and the store runs it
+-- again (storage/jobs.py), under a snapshot that shows the group's new state
+-- (tests/integration/test_claim_lock_waits.py builds the cycle).
 CREATE OR REPLACE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer text,
                                  claimed_at timestamptz)
 RETURNS TABLE (job evora.jobs, dependency_results jsonb)
-LANGUAGE sql SET random_page_cost = 1 AS $$
+LANGUAGE sql SET random_page_cost = 1 SET lock_timeout = '100ms' AS $$
     WITH moved AS (
         UPDATE evora.jobs j
         SET state = 'RUNNING', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
