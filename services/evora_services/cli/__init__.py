@@ -524,8 +524,27 @@ def _server_extra_missing(command: str) -> str | None:
     )
 
 
+# Options whose value is an opaque secret, which may begin with "-" (a token made by
+# `secrets.token_urlsafe` does one time in 64): argparse reads `--token -abc` as an option
+# with no value. Passed on as `--token=-abc`, the value is taken whatever it holds.
+_SECRET_OPTIONS = frozenset({"--token"})
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    given = iter(argv)
+    joined: list[str] = []
+    for arg in given:
+        if arg == "--":  # the rest is positional
+            joined += [arg, *given]
+        elif arg in _SECRET_OPTIONS and (value := next(given, None)) is not None:
+            joined.append(f"{arg}={value}")
+        else:
+            joined.append(arg)
+    return _parser().parse_args(joined)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(sys.argv[1:] if argv is None else argv)
     if hasattr(args, "operate"):  # the operator commands: the SDK alone, no logging set up
         from evora_services.cli.admin.run import run
 
