@@ -30,6 +30,7 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
+from evora.storage.limits import LimitSpec, LimitStore
 from tests.polling import until
 
 PAUSED_CLAIMER = "paused-claimer"
@@ -80,18 +81,24 @@ async def _state(pool: asyncpg.Pool, job_id: UUID) -> str:
     return state
 
 
+# While any concurrency or rate limit exists, every claim is evora.claim_limited(), which
+# moves its jobs with the same function. (A fair queue's claims take turns, so two of them
+# never race for a group.)
+@pytest.mark.parametrize("claim", ["plain", "limited"])
 async def test_a_claim_in_a_lock_cycle_gives_way_and_the_cancel_goes_on(
-    pool: asyncpg.Pool,
+    pool: asyncpg.Pool, claim: str
 ) -> None:
     queue = "cycle"
     store = JobStore(pool)
+    if claim == "limited":
+        await LimitStore(pool).put("elsewhere", LimitSpec(concurrency=10, rate=None))
     plain = (await store.submit(JobSubmission(queue=queue, type="t", priority=0))).job["id"]
     grouped = (
         await store.submit(JobSubmission(queue=queue, type="t", group_key="g", priority=1))
     ).job["id"]
 
     # the claim picks both (the group runs nothing, `grouped` is its head) and is held
-    claim = asyncio.create_task(store.claim(worker_id=PAUSED_CLAIMER, queues=[queue], max_jobs=2))
+    paused = asyncio.create_task(store.claim(worker_id=PAUSED_CLAIMER, queues=[queue], max_jobs=2))
     await until(lambda: _waiting(pool, "Timeout", "PgSleep"), "the claim is held")
 
     # the group gets a new head, and a held transaction claims it: the group's RUNNING job is
@@ -113,7 +120,7 @@ async def test_a_claim_in_a_lock_cycle_gives_way_and_the_cancel_goes_on(
         assert row["outcome"] == "done"  # not a deadlock: the claim gave way
         await transaction.commit()
 
-    assert await asyncio.wait_for(claim, 30) == []  # run again: nothing left for it
+    assert await asyncio.wait_for(paused, 30) == []  # run again: nothing left for it
     assert await _state(pool, plain) == "CANCELLED"
     assert await _state(pool, new_head) == "RUNNING"
     assert await _state(pool, grouped) == "PENDING"
