@@ -209,3 +209,85 @@ async def test_progress_recorded_before_spans_becomes_an_equal_snapshot(
         )
     finally:
         await conn.close()
+
+
+# A job of (queue, group) moved through `states` by hand, with the triggers off (a historical
+# schema runs its own functions, not the files'), on a database of any version since 0040.
+_GROUPED_JOB = """
+INSERT INTO evora.jobs (id, queue, type, payload, priority, state, attempt, max_attempts,
+                        lease_seconds, backoff_initial, backoff_max, backoff_multiplier, run_at,
+                        created_at, updated_at, group_key)
+VALUES (gen_random_uuid(), $1, 't', '{}', 0, 'PENDING', 0, 3, 60, 1, 60, 2, now(), now(), now(),
+        $2)
+RETURNING id
+"""
+_MOVE = {
+    "RUNNING": "UPDATE evora.jobs SET state = 'RUNNING', attempt = 1, worker_id = 'w',"
+    " started_at = now(), lease_token = gen_random_uuid(),"
+    " lease_expires_at = now() + interval '1 hour' WHERE id = $1",
+    "SUSPENDED": "UPDATE evora.jobs SET state = 'SUSPENDED', lease_token = NULL,"
+    " lease_expires_at = NULL WHERE id = $1",
+    "CANCELLED": "UPDATE evora.jobs SET state = 'CANCELLED', finished_at = now() WHERE id = $1",
+}
+
+
+async def _grouped(conn: asyncpg.Connection, queue: str, group: str, *states: str) -> str:
+    async with conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        job_id = await conn.fetchval(_GROUPED_JOB, queue, group)
+        for state in states:
+            await conn.execute(_MOVE[state], job_id)
+    return str(job_id)
+
+
+@pytest.mark.audit_skip("the jobs are moved by hand, without events")
+async def test_groups_held_twice_by_an_old_race_refuse_the_unique_index_by_name(
+    make_db_url: Callable[[], Awaitable[str]],
+) -> None:
+    """Migration 0063 makes jobs_group_running unique over a group's RUNNING and SUSPENDED jobs.
+    A database where the race it closes already happened (a group with a SUSPENDED and a
+    RUNNING job) cannot have that index: the migration refuses with the groups and their jobs
+    named, and changes nothing; once the operator ended one of each pair, it applies."""
+    dsn = await _empty_database(make_db_url)
+    await apply_migrations(dsn, upto=62)
+    conn = await asyncpg.connect(dsn)
+    try:
+        # the race's outcome: the group's new head suspended, then the old head started
+        suspended = await _grouped(conn, "q", "g", "RUNNING", "SUSPENDED")
+        running = await _grouped(conn, "q", "g", "RUNNING")
+        # a group held once, and the same group name in another queue: both fine
+        await _grouped(conn, "q", "h", "RUNNING", "SUSPENDED")
+        await _grouped(conn, "r", "g", "RUNNING")
+
+        with pytest.raises(asyncpg.RaiseError) as refused:
+            await apply_migrations(dsn)
+        message = str(refused.value)
+        assert "queue 'q' group 'g': " in message
+        assert f"{running} RUNNING" in message and f"{suspended} SUSPENDED" in message
+        assert "'h'" not in message and "'r'" not in message
+        assert await migrate.current_version(conn) == 62
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_indexes WHERE schemaname = 'evora'"
+                " AND indexname IN ('jobs_group_running', 'jobs_group_suspended')"
+            )
+            == 2
+        )
+
+        await conn.execute(_MOVE["CANCELLED"], running)
+        assert await apply_migrations(dsn) == [63]
+        assert await conn.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'evora'"
+            " AND indexname = 'jobs_group_running'"
+        ) == (
+            "CREATE UNIQUE INDEX jobs_group_running ON evora.jobs USING btree (queue, group_key)"
+            " WHERE ((state = ANY (ARRAY['RUNNING'::evora.job_state,"
+            " 'SUSPENDED'::evora.job_state])) AND (group_key IS NOT NULL))"
+        )
+        assert not await conn.fetchval("SELECT to_regclass('evora.jobs_group_suspended')")
+        # the group's SUSPENDED job now holds it against a RUNNING one, whatever SQL runs
+        with pytest.raises(asyncpg.UniqueViolationError) as held:
+            await _grouped(conn, "q", "g", "RUNNING")
+        assert held.value.constraint_name == "jobs_group_running"
+    finally:
+        await conn.close()

@@ -140,6 +140,15 @@ async def op_claim(setup: JobStore, mine: JobStore, conn: asyncpg.Connection) ->
     return lambda: mine.claim(worker_id="me", queues=["c"], max_jobs=10)
 
 
+# a claim of a grouped job: the rule's probe of the group's RUNNING or SUSPENDED jobs states
+# jobs_group_running's own predicate (rules.sql, group_turn), from which no partial index of
+# RUNNING jobs alone is usable. Its probe of `state = 'RUNNING'` before migration 0063 walked
+# jobs_running_lease under generic plans, every RUNNING job (208 rows beside 200 running)
+async def op_claim_grouped(setup: JobStore, mine: JobStore, conn: asyncpg.Connection) -> Operation:
+    await setup.submit_batch([JobSubmission(queue="c", type="t", group_key=str(uuid4()))])
+    return lambda: mine.claim(worker_id="me", queues=["c"], max_jobs=10)
+
+
 async def op_retry(setup: JobStore, mine: JobStore, conn: asyncpg.Connection) -> Operation:
     job = await running(setup)
     await setup.fail_many([Failure(job["id"], job["lease_token"], "boom", retryable=False)])

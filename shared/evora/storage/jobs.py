@@ -485,14 +485,15 @@ class JobStore:
         args = (list(queues), list(types) if types else None, max_jobs, worker_id)
         # A claim reads its groups' running and pending jobs under its snapshot, and a group's
         # head may change after it was taken (a job put back ahead of the one it picked) and
-        # the new head be started by a claim that commits meanwhile: jobs_group_running, one
-        # RUNNING job per group, then fails this claim whole, having changed nothing. It lost
-        # that group, nothing more: run it again, under a snapshot that shows the group's
-        # job running, for the other jobs it may claim. Each failure is another claim's
-        # committed start, so this ends as claims make progress. The same check may wait
-        # for a transaction moving the group's running job, which may wait for a row this
-        # claim holds: the claim gives way after a short wait (lock_not_available,
-        # evora.claim_jobs() says why) and runs again, having changed nothing.
+        # the new head be started (and even suspended) by a claim that commits meanwhile:
+        # jobs_group_running, one RUNNING or SUSPENDED job per group, then fails this claim
+        # whole, having changed nothing. It lost that group, nothing more: run it again, under
+        # a snapshot that shows the group held, for the other jobs it may claim. Each failure
+        # is another claim's committed start, so this ends as claims make progress. The same
+        # check may wait for a transaction changing the group's running or suspended job,
+        # which may wait for a row this claim holds: the claim gives way after a short wait
+        # (lock_not_available, evora.claim_jobs() says why) and runs again, having changed
+        # nothing.
         while True:
             try:
                 rows = await self._pool.fetch(queries.CLAIM, *args)

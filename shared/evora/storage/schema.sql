@@ -463,11 +463,9 @@ BEGIN
                 WHERE evora.claimable(j, q, at, types) AND (
 j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
-     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     WHERE r.state IN ('RUNNING', 'SUSPENDED') AND r.queue = j.queue
+       AND r.group_key = j.group_key
      LIMIT 1) IS NULL
-    AND (SELECT true FROM evora.jobs s
-         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
-         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -615,11 +613,9 @@ BEGIN
                   AND (
 j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
-     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     WHERE r.state IN ('RUNNING', 'SUSPENDED') AND r.queue = j.queue
+       AND r.group_key = j.group_key
      LIMIT 1) IS NULL
-    AND (SELECT true FROM evora.jobs s
-         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
-         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -1497,11 +1493,9 @@ BEGIN
                  AND evora.claimable(j, q, at, types) AND (
 j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
-     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     WHERE r.state IN ('RUNNING', 'SUSPENDED') AND r.queue = j.queue
+       AND r.group_key = j.group_key
      LIMIT 1) IS NULL
-    AND (SELECT true FROM evora.jobs s
-         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
-         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -1524,11 +1518,9 @@ j.group_key IS NULL OR (
               AND evora.claimable(j, q, at, types) AND (
 j.group_key IS NULL OR (
     (SELECT true FROM evora.jobs r
-     WHERE r.state = 'RUNNING' AND r.queue = j.queue AND r.group_key = j.group_key
+     WHERE r.state IN ('RUNNING', 'SUSPENDED') AND r.queue = j.queue
+       AND r.group_key = j.group_key
      LIMIT 1) IS NULL
-    AND (SELECT true FROM evora.jobs s
-         WHERE s.state = 'SUSPENDED' AND s.queue = j.queue AND s.group_key = j.group_key
-         LIMIT 1) IS NULL
     AND (SELECT true FROM evora.jobs e
          WHERE e.state = 'PENDING' AND e.queue = j.queue AND e.group_key = j.group_key
            AND (e.priority, e.submit_seq) < (j.priority, j.submit_seq)
@@ -3584,9 +3576,7 @@ CREATE INDEX jobs_finished ON evora.jobs USING btree (state, finished_at) WHERE 
 
 CREATE INDEX jobs_group_pending ON evora.jobs USING btree (queue, group_key, priority, submit_seq) WHERE ((state = 'PENDING'::evora.job_state) AND (group_key IS NOT NULL));
 
-CREATE UNIQUE INDEX jobs_group_running ON evora.jobs USING btree (queue, group_key) WHERE ((state = 'RUNNING'::evora.job_state) AND (group_key IS NOT NULL));
-
-CREATE INDEX jobs_group_suspended ON evora.jobs USING btree (queue, group_key) WHERE ((state = 'SUSPENDED'::evora.job_state) AND (group_key IS NOT NULL));
+CREATE UNIQUE INDEX jobs_group_running ON evora.jobs USING btree (queue, group_key) WHERE ((state = ANY (ARRAY['RUNNING'::evora.job_state, 'SUSPENDED'::evora.job_state])) AND (group_key IS NOT NULL));
 
 CREATE INDEX jobs_listing_at_rest ON evora.jobs USING btree (queue, state, submit_seq) WHERE (state <> 'RUNNING'::evora.job_state);
 

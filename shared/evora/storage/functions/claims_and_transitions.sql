@@ -170,10 +170,11 @@ $$;
 -- VACUUM of the nearly empty table) may still read the table whole; autovacuum's next
 -- ANALYZE, after a tenth of the table changed, has the connection plan it again.
 -- `SET lock_timeout = '100ms'`: the one wait a claim can meet is here. Moving a grouped job
--- to RUNNING checks jobs_group_running (one RUNNING job per group), and that check waits for
--- any transaction still moving a RUNNING job of the group in or out: another claim whose
--- snapshot saw a newer head, or a completion, cancel or heartbeat of a job claimed after this
--- claim's snapshot. Meanwhile the claim holds the rows it picked, and those its `SKIP LOCKED`
+-- to RUNNING checks jobs_group_running (one RUNNING or SUSPENDED job per group), and that
+-- check waits for any transaction still changing a RUNNING or SUSPENDED job of the group:
+-- another claim whose snapshot saw a newer head, or a completion, cancel, heartbeat or
+-- suspension of a job claimed after this claim's snapshot (or the resumption or cancel of one
+-- suspended since). Meanwhile the claim holds the rows it picked, and those its `SKIP LOCKED`
 -- pick found updated after its snapshot and locked to recheck (PostgreSQL keeps such a lock
 -- though the row is not taken): a completion of a batch holding one of those rows and the
 -- group's RUNNING job closes a cycle, and the deadlock detector (after deadlock_timeout, 1 s
@@ -322,10 +323,10 @@ $$;
 -- bucket after the other committed would otherwise move the bucket back in time.
 --
 -- A grouped job is claimable only as the head of its (queue, group) and only while no job of
--- its group runs. Both checks are scalar subqueries (`(SELECT true ... LIMIT 1) IS NULL`),
--- which PostgreSQL never hashes: each grouped candidate probes jobs_group_running and
--- jobs_group_pending by its own key, under custom and generic plans alike, instead of a
--- hashed subplan built from every RUNNING job of every queue
+-- its group runs or is suspended (rules.sql, group_turn). Both checks are scalar subqueries
+-- (`(SELECT true ... LIMIT 1) IS NULL`), which PostgreSQL never hashes: each grouped
+-- candidate probes jobs_group_running and jobs_group_pending by its own key, under custom and
+-- generic plans alike, instead of a hashed subplan built from every RUNNING job of every queue
 -- (tests/integration/test_claim_cost.py). The unlimited claim in storage/sql/transitions.sql
 -- does the same.
 --

@@ -36,8 +36,8 @@
 -- (functions/fairness.sql) claims instead; unkeyed queues pay one probe of fair_queues'
 -- primary key, a one-time filter like the flow_limits one.
 -- A job whose group's head changed after this statement's snapshot (a job of its group
--- started meanwhile) fails the claim on jobs_group_running: the store runs it again
--- (storage/jobs.py).
+-- started meanwhile, and perhaps suspended since) fails the claim on jobs_group_running, unique
+-- over a group's RUNNING and SUSPENDED jobs: the store runs it again (storage/jobs.py).
 -- Each claimed job that has dependencies carries the results of those COMPLETED
 -- (`dependency_results`, read by evora.claim_jobs() under its own snapshot, where the
 -- dependency endings that released the job are visible whichever snapshot picked it).
