@@ -493,17 +493,20 @@ class JobStore:
         # check may wait for a transaction changing the group's running or suspended job,
         # which may wait for a row this claim holds: the claim gives way after a short wait
         # (lock_not_available, evora.claim_jobs() says why) and runs again, having changed
-        # nothing.
-        while True:
-            try:
-                rows = await self._pool.fetch(queries.CLAIM, *args)
-            except asyncpg.UniqueViolationError as exc:
-                if exc.constraint_name != "jobs_group_running":
-                    raise
-            except asyncpg.LockNotAvailableError:
-                continue
-            else:
-                break
+        # nothing. That bound also cuts short a wait for a lock held long (an operator's
+        # REINDEX of what the claim reads): the tries share one connection, so a request's
+        # budget (storage/db.py) bounds them all, not each.
+        async with self._pool.acquire() as conn:
+            while True:
+                try:
+                    rows = await conn.fetch(queries.CLAIM, *args)
+                except asyncpg.UniqueViolationError as exc:
+                    if exc.constraint_name != "jobs_group_running":
+                        raise
+                except asyncpg.LockNotAvailableError:
+                    continue
+                else:
+                    break
         # in the order the claim took them
         rows = sorted(
             rows, key=lambda r: (r["job"]["priority"], r["job"]["run_at"], r["job"]["submit_seq"])
