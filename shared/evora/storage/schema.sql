@@ -395,8 +395,7 @@ DECLARE
     family_notified text[];
     family_owed text[];
 BEGIN
-    PERFORM 1 FROM evora.jobs j WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(job_id)))
-    ORDER BY j.id FOR UPDATE;
+    PERFORM evora.hold_spawned_tree(job_id);
     SELECT j.* INTO current FROM evora.jobs j WHERE j.id = job_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'not_found', NULL::evora.jobs, NULL::text[], NULL::text[];
@@ -410,10 +409,8 @@ BEGIN
     END IF;
     IF (parent.job).state = 'CANCELLED' THEN
         SELECT c.notified, c.owed INTO family_notified, family_owed
-        FROM evora.cancel_held(ARRAY(SELECT j.id FROM evora.jobs j
-                                     WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(job_id)))
-                                     ORDER BY j.id FOR UPDATE),
-                               suppressed || parent.notified) AS c
+        FROM evora.cancel_held(evora.hold_spawned_tree(job_id), suppressed || parent.notified)
+            AS c
         LIMIT 1;
     END IF;
     RETURN QUERY SELECT 'done', parent.job, parent.notified || family_notified,
@@ -1652,6 +1649,19 @@ CREATE FUNCTION evora.hold_dependencies(ids uuid[]) RETURNS TABLE(id uuid, state
     FROM held h
     WHERE j.id = h.id
     RETURNING j.id, j.state
+$$;
+
+CREATE FUNCTION evora.hold_spawned_tree(parent uuid) RETURNS uuid[]
+    LANGUAGE sql
+    AS $$
+    WITH held AS (
+        SELECT j.id FROM evora.jobs j
+        WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(parent)) || parent)
+        ORDER BY j.state = 'WAITING', j.id
+        FOR UPDATE
+    )
+    SELECT coalesce(array_agg(h.id ORDER BY h.id) FILTER (WHERE h.id <> parent), '{}')
+    FROM held h
 $$;
 
 CREATE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image

@@ -846,15 +846,15 @@ $$;
 -- An admin's cancel of one job (the `cancel` statement, storage/sql/transitions.sql): the job
 -- by evora.cancel_held()'s rule and, when it is cancelled at once, the unfinished children its
 -- spawns made (evora.spawned_tree(), docs/jobs-that-wait.md), each as a cancel of it alone
--- would, all in one statement of the caller's. The children are locked first, in id order:
--- a child ending locks the child and then its waiting parent (the dependency settlement), so
--- a cancel that took the parent first and then waited for that child would deadlock with it.
--- The tree is read again once the job is held: a spawn that committed meanwhile made
--- children the first read could not see. Each statement takes a new snapshot after the locks
--- it needs were granted, so the decision is made on the state the job is really in. Exactly
--- one row: the outcome ('done', 'refused' or 'not_found'), the job, moved or as it refused
--- (its newest version: a locking read waits for whatever moved it out of reach), and the
--- queues notified and owed.
+-- would, all in one statement of the caller's. The job and its children are locked first, in
+-- the order of evora.hold_spawned_tree() (which says why): a child ending locks the child and
+-- then its waiting parent (the dependency settlement), so a cancel that took the parent first
+-- and then waited for that child would deadlock with it. The tree is read again once the job
+-- is held: a spawn that committed meanwhile made children the first read could not see. Each
+-- statement takes a new snapshot after the locks it needs were granted, so the decision is
+-- made on the state the job is really in. Exactly one row: the outcome ('done', 'refused' or
+-- 'not_found'), the job, moved or as it refused (its newest version: a locking read waits for
+-- whatever moved it out of reach), and the queues notified and owed.
 CREATE OR REPLACE FUNCTION evora.cancel_job(job_id uuid, suppressed text[])
 RETURNS TABLE (outcome text, job evora.jobs, notified text[], owed text[])
 LANGUAGE plpgsql VOLATILE ROWS 1 SET random_page_cost = 1 AS $$
@@ -864,12 +864,12 @@ DECLARE
     family_notified text[];
     family_owed text[];
 BEGIN
-    -- `= ANY(ARRAY(...))` and the SET (evora.claim_jobs()), a probe of the primary key per
-    -- child under any plan: as `IN (SELECT ...)`, a plan made while jobs was small read it
-    -- whole on every cancel (6,126 rows to cancel one PENDING job beside 1,200 others,
-    -- tests/integration/test_plan_traps.py)
-    PERFORM 1 FROM evora.jobs j WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(job_id)))
-    ORDER BY j.id FOR UPDATE;
+    -- `= ANY(ARRAY(...))` (in evora.hold_spawned_tree()) and the SET (evora.claim_jobs()), a
+    -- probe of the primary key per child under any plan: as `IN (SELECT ...)`, a plan made
+    -- while jobs was small read it whole on every cancel (6,126 rows to cancel one PENDING
+    -- job beside 1,200 others, tests/integration/test_plan_traps.py)
+    PERFORM evora.hold_spawned_tree(job_id);
+    -- held already: its newest version
     SELECT j.* INTO current FROM evora.jobs j WHERE j.id = job_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'not_found', NULL::evora.jobs, NULL::text[], NULL::text[];
@@ -883,10 +883,8 @@ BEGIN
     END IF;
     IF (parent.job).state = 'CANCELLED' THEN
         SELECT c.notified, c.owed INTO family_notified, family_owed
-        FROM evora.cancel_held(ARRAY(SELECT j.id FROM evora.jobs j
-                                     WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(job_id)))
-                                     ORDER BY j.id FOR UPDATE),
-                               suppressed || parent.notified) AS c
+        FROM evora.cancel_held(evora.hold_spawned_tree(job_id), suppressed || parent.notified)
+            AS c
         LIMIT 1;
     END IF;
     RETURN QUERY SELECT 'done', parent.job, parent.notified || family_notified,

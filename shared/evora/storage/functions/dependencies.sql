@@ -349,3 +349,32 @@ LANGUAGE sql STABLE AS $$
     SELECT j.id FROM tree t JOIN evora.jobs j ON j.id = t.id
     WHERE t.id <> parent AND j.state IN ('PENDING', 'WAITING', 'RUNNING', 'SUSPENDED')
 $$;
+
+-- Locks `parent` and its tree (evora.spawned_tree()) for their cancel; returns the tree's ids
+-- (in id order: evora.cancel_held() probes the primary key by `= ANY(ids)`, which sorts the
+-- array for each probe, and a sorted one costs a pass).
+-- The order of the locks is the one every transition keeps when it locks several jobs: the
+-- jobs that are not WAITING first, then the WAITING ones, each by id. An ending holds its
+-- jobs (never WAITING, locked by id when they are a batch of acks) and then, settling, locks
+-- the WAITING jobs that wait for them, by id (evora.settle_dependents()). A tree orders its
+-- jobs otherwise: a parent waits for its children, which are newer (larger ids), and one
+-- batch's ids share their millisecond and are random below it, so a sibling that waits for
+-- another may have the smaller id. Locked by id (the parent last), a cancel held a WAITING
+-- child and waited for its RUNNING child, whose completion waited for the WAITING one: a
+-- deadlock (tests/integration/test_lock_order.py builds it, and the others this order
+-- closes). Nor deepest first: a batch of acks holding a child and a cousin's child (two
+-- depths, both RUNNING) takes them by id. `parent` is locked with them, not after: a cancel
+-- of a job inside another's tree then takes the jobs both lock in the same order. `=
+-- ANY(ARRAY(...))`: a probe of the primary key per job under any plan, as evora.cancel_job()
+-- says. A statement of its own, so a new snapshot: the tree as committed when it is read.
+CREATE OR REPLACE FUNCTION evora.hold_spawned_tree(parent uuid) RETURNS uuid[]
+LANGUAGE sql VOLATILE AS $$
+    WITH held AS (
+        SELECT j.id FROM evora.jobs j
+        WHERE j.id = ANY(ARRAY(SELECT evora.spawned_tree(parent)) || parent)
+        ORDER BY j.state = 'WAITING', j.id
+        FOR UPDATE
+    )
+    SELECT coalesce(array_agg(h.id ORDER BY h.id) FILTER (WHERE h.id <> parent), '{}')
+    FROM held h
+$$;

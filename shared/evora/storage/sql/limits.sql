@@ -16,15 +16,23 @@ RETURNING l.key, l.concurrency, l.rate_limit, l.rate_per_seconds, l.max_pending,
 -- name: delete_limit
 -- $1 key. Its buckets go with it (for a prefix limit, those of the keys under its stem
 -- without a limit of their own); the key, if it was deleted.
+-- The buckets are locked in key order before they are deleted, the order in which a drain
+-- (evora.drain_buckets(), an upstream's retry-after for several keys) takes them: deleted in
+-- the order the scan met them, a prefix's buckets deadlocked with a drain of two of its keys
+-- (tests/integration/test_lock_order.py). A claim never waits for a bucket.
 WITH gone AS (
     DELETE FROM evora.flow_limits WHERE key = $1 RETURNING key, stem
 ),
-buckets AS (
-    DELETE FROM evora.flow_buckets b
-    USING gone g
+held AS (
+    SELECT b.key FROM evora.flow_buckets b, gone g
     WHERE b.key = g.key
        OR (g.stem IS NOT NULL AND starts_with(b.key, g.stem)
            AND NOT EXISTS (SELECT 1 FROM evora.flow_limits o WHERE o.key = b.key))
+    ORDER BY b.key
+    FOR UPDATE OF b
+),
+buckets AS (
+    DELETE FROM evora.flow_buckets b USING held h WHERE b.key = h.key
 )
 SELECT key FROM gone;
 
