@@ -12,7 +12,7 @@ nothing until it commits and is simply run again, so it is the claim that must g
 waits for a lock at most a short time (evora.claim_jobs(), well under deadlock_timeout), and
 the store runs it again.
 
-The cycle is built at the unlucky moment, not waited for: a gate (tests/claim_gate.py) holds
+The cycle is built at the unlucky moment, not waited for: a gate (tests/gate.py) holds
 the claim after it picked its jobs, a held transaction claims the group's new head and then
 cancels a job the paused claim holds.
 """
@@ -29,7 +29,7 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.jobs import JobStore
 from evora.storage.limits import LimitSpec, LimitStore
-from tests.claim_gate import PAUSED_CLAIMER, claim_held, gated_pool, open_gate, state, waiting
+from tests.gate import PAUSED_CLAIMER, gated_pool, held, open_gate, state, waiting
 from tests.polling import until
 
 
@@ -57,7 +57,7 @@ async def test_a_claim_in_a_lock_cycle_gives_way_and_the_cancel_goes_on(
 
     # the claim picks both (the group runs nothing, `grouped` is its head) and is held
     paused = asyncio.create_task(store.claim(worker_id=PAUSED_CLAIMER, queues=[queue], max_jobs=2))
-    await until(lambda: claim_held(pool), "the claim is held")
+    await until(lambda: held(pool), "the claim is held")
 
     # the group gets a new head, and a held transaction claims it: the group's RUNNING job is
     # that transaction's, uncommitted; then it cancels the job the held claim locked

@@ -6,7 +6,7 @@ SUSPENDED and a RUNNING job: a claim picks the group's head under its snapshot; 
 head is submitted, claimed, and suspended by its worker; the first claim's move to RUNNING then
 found the new head's RUNNING index entry dead (its row is SUSPENDED now) and passed.
 
-The race is built at the unlucky moment, not waited for: a gate (tests/claim_gate.py) holds the
+The race is built at the unlucky moment, not waited for: a gate (tests/gate.py) holds the
 first claim after its pick until the new head is suspended.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
-from tests.claim_gate import PAUSED_CLAIMER, claim_held, gated_pool, open_gate, state
+from tests.gate import PAUSED_CLAIMER, gated_pool, held, open_gate, state
 from tests.polling import until
 
 
@@ -41,7 +41,7 @@ async def test_a_claim_whose_head_was_overtaken_and_suspended_meanwhile_takes_no
 
     # the claim picks `head` (the group holds nothing, it is the head) and is held
     claim = asyncio.create_task(store.claim(worker_id=PAUSED_CLAIMER, queues=[queue], max_jobs=1))
-    await until(lambda: claim_held(pool), "the claim is held")
+    await until(lambda: held(pool), "the claim is held")
 
     # the group gets a new head, claimed by another worker, which suspends it on a callback
     new_head = (

@@ -22,52 +22,19 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage import queries, submissions
 from evora.storage.jobs import AckResult, Completion, Failure, JobStore
 from evora.storage.limits import LimitSpec, LimitStore
+from tests.gate import gate_on, held, hold, open_gate
 from tests.integration.test_cancel_waiting_parent import child, running, states
 from tests.polling import until, waits_for_a_lock
-
-# Holds a statement at a row it changes until the test opens the gate (`_hold` makes the
-# trigger): the row is locked (a BEFORE row trigger of an UPDATE or DELETE locks it first) and
-# the statement goes no further. A sleep loop, not a lock wait, so that the pause is no lock.
-GATE_SQL = """
-CREATE TABLE lock_gate (open boolean NOT NULL);
-INSERT INTO lock_gate VALUES (false);
-CREATE FUNCTION hold_at_gate() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    WHILE NOT (SELECT open FROM lock_gate) LOOP
-        PERFORM pg_sleep(0.01);
-    END LOOP;
-    IF TG_OP = 'DELETE' THEN
-        RETURN OLD;
-    END IF;
-    RETURN NEW;
-END $$;
-"""
-
-GATED_TABLES = ("evora.jobs", "evora.flow_buckets")
 
 
 @pytest.fixture
 async def gate(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
-    await pool.execute(GATE_SQL)
-    try:
+    async with gate_on(pool):
         yield pool
-    finally:
-        for table in GATED_TABLES:
-            await pool.execute(f"DROP TRIGGER IF EXISTS hold_at_gate ON {table}")
-
-
-async def _hold(pool: asyncpg.Pool, table: str, event: str, held_when: str) -> None:
-    """Holds each `event` (UPDATE, DELETE) of a row of `table` that matches `held_when` (a
-    condition on OLD and NEW) at the gate, the row locked."""
-    assert table in GATED_TABLES
-    await pool.execute(
-        f"CREATE TRIGGER hold_at_gate BEFORE {event} ON {table} FOR EACH ROW"
-        f" WHEN ({held_when}) EXECUTE FUNCTION hold_at_gate()"
-    )
 
 
 async def _hold_updates(pool: asyncpg.Pool, held_when: str) -> None:
-    await _hold(pool, "evora.jobs", "UPDATE", held_when)
+    await hold(pool, "evora.jobs", "UPDATE", held_when)
 
 
 async def _both_blocked(pool: asyncpg.Pool, *, not_by: int = 0) -> bool:
@@ -82,13 +49,21 @@ async def _both_blocked(pool: asyncpg.Pool, *, not_by: int = 0) -> bool:
     return count == 2
 
 
-async def _held(pool: asyncpg.Pool) -> bool:
-    return bool(
-        await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Timeout' AND wait_event = 'PgSleep'"
-        )
-    )
+async def _complete_while_a_cancel_waits(
+    store: JobStore, gate: asyncpg.Pool, queue: str, job_id: UUID, token: UUID, cancelled: UUID
+) -> None:
+    """The completion of `job_id` (of `queue`) held at the gate, its row locked, while a cancel
+    of `cancelled` starts and waits for a lock; then both go on, and both must succeed."""
+    await _hold_updates(gate, f"OLD.queue = '{queue}' AND NEW.state = 'COMPLETED'")
+    completing = asyncio.create_task(store.complete(job_id, token, "done"))
+    await until(lambda: held(gate), "the completion holds its row")
+    cancelling = asyncio.create_task(store.cancel(cancelled))
+    await waits_for_a_lock(gate)
+
+    await open_gate(gate)
+    completed, cancel = await asyncio.wait_for(asyncio.gather(completing, cancelling), 30)
+    assert completed["state"] == "COMPLETED"
+    assert cancel.immediate
 
 
 async def test_a_cancel_and_a_grandchild_ending_lock_the_child_in_one_order(
@@ -111,19 +86,9 @@ async def test_a_cancel_and_a_grandchild_ending_lock_the_child_in_one_order(
     # the order that made the cycle: id order takes the child first
     assert kid.id < grandkid.id
 
-    await _hold_updates(gate, "OLD.queue = 'grand' AND NEW.state = 'COMPLETED'")
-    completing = asyncio.create_task(
-        store.complete(grandkid.id, claimed_grandkid["lease_token"], "done")
+    await _complete_while_a_cancel_waits(
+        store, gate, "grand", grandkid.id, claimed_grandkid["lease_token"], parent["id"]
     )
-    await until(lambda: _held(gate), "the grandchild's completion holds its row")
-    cancelling = asyncio.create_task(store.cancel(parent["id"]))
-    await waits_for_a_lock(gate)
-
-    await gate.execute("UPDATE lock_gate SET open = true")
-    completed, cancelled = await asyncio.wait_for(asyncio.gather(completing, cancelling), 30)
-
-    assert completed["state"] == "COMPLETED"
-    assert cancelled.immediate
     # the completion released the child (PENDING), and the cancel then cancelled it
     assert await states(gate, parent["id"], kid.id, grandkid.id) == [
         ("CANCELLED", False),
@@ -163,17 +128,9 @@ async def test_a_cancel_and_a_sibling_ending_lock_the_sibling_waiting_for_it_in_
     [claimed] = await store.claim(worker_id="w", queues=["kids"])
     assert claimed["id"] == first.id  # `then` waits for it
 
-    await _hold_updates(gate, "OLD.queue = 'kids' AND NEW.state = 'COMPLETED'")
-    completing = asyncio.create_task(store.complete(first.id, claimed["lease_token"], "done"))
-    await until(lambda: _held(gate), "the first child's completion holds its row")
-    cancelling = asyncio.create_task(store.cancel(parent["id"]))
-    await waits_for_a_lock(gate)
-
-    await gate.execute("UPDATE lock_gate SET open = true")
-    completed, cancelled = await asyncio.wait_for(asyncio.gather(completing, cancelling), 30)
-
-    assert completed["state"] == "COMPLETED"
-    assert cancelled.immediate
+    await _complete_while_a_cancel_waits(
+        store, gate, "kids", first.id, claimed["lease_token"], parent["id"]
+    )
     assert await states(gate, parent["id"], first.id, then.id) == [
         ("CANCELLED", False),
         ("COMPLETED", False),
@@ -267,9 +224,9 @@ async def test_a_prefix_limit_deleted_while_an_upstream_drains_two_of_its_keys(
         "tenant:a",
     ]
 
-    await _hold(gate, "evora.flow_buckets", "DELETE", "OLD.key = 'tenant:b'")
+    await hold(gate, "evora.flow_buckets", "DELETE", "OLD.key = 'tenant:b'")
     deleting = asyncio.create_task(limits.delete("tenant:*"))
-    await until(lambda: _held(gate), "the delete holds a bucket")
+    await until(lambda: held(gate), "the delete holds a bucket")
     failing = asyncio.create_task(
         store.fail_many(
             [
@@ -282,7 +239,7 @@ async def test_a_prefix_limit_deleted_while_an_upstream_drains_two_of_its_keys(
     )
     await waits_for_a_lock(gate)
 
-    await gate.execute("UPDATE lock_gate SET open = true")
+    await open_gate(gate)
     _, failed = await asyncio.wait_for(asyncio.gather(deleting, failing), 30)
 
     assert [o.result for o in failed] == [AckResult.DONE, AckResult.DONE]
@@ -322,11 +279,11 @@ async def test_a_cancel_and_an_ack_batch_of_two_depths_lock_the_running_jobs_by_
             ]
         )
     )
-    await until(lambda: _held(gate), "the batch holds the child")
+    await until(lambda: held(gate), "the batch holds the child")
     cancelling = asyncio.create_task(store.cancel(parent["id"]))
     await waits_for_a_lock(gate)
 
-    await gate.execute("UPDATE lock_gate SET open = true")
+    await open_gate(gate)
     acked, cancelled = await asyncio.wait_for(asyncio.gather(acking, cancelling), 30)
 
     assert [o.result for o in acked] == [AckResult.DONE, AckResult.DONE]
