@@ -175,6 +175,24 @@ def request_budget(seconds: float) -> Iterator[None]:
         _budget.reset(token)
 
 
+@contextlib.contextmanager
+def one_deadline() -> Iterator[None]:
+    """Every use of a pool connection in this context (several tries of one statement, each
+    on a connection of its own) ends by one deadline, the request budget's counted from now,
+    where each would otherwise get the whole budget. Without a budget, nothing."""
+    budget = _budget.get()
+    if budget is None:
+        yield
+        return
+    deadline = asyncio.get_running_loop().time() + budget
+    outer = _deadline.get()  # a use nested in another ends no later than it
+    token = _deadline.set(deadline if outer is None else min(outer, deadline))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
 def _bounded(timeout: float | None) -> float | None:
     """A statement's timeout: the one given, else what is left of the deadline (asyncpg
     raises TimeoutError at once when that is not positive)."""

@@ -34,7 +34,7 @@ from evora.domain.errors import (
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import EventName, JobState
 from evora.storage import dependencies, queries, traces
-from evora.storage.db import jsonb_elements
+from evora.storage.db import jsonb_elements, one_deadline
 from evora.storage.dependencies import DependentsPage
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
 from evora.storage.rows import JobDict, claimed_job_from_row, event_from_row, job_from_row
@@ -494,12 +494,12 @@ class JobStore:
         # which may wait for a row this claim holds: the claim gives way after a short wait
         # (lock_not_available, evora.claim_jobs() says why) and runs again, having changed
         # nothing. That bound also cuts short a wait for a lock held long (an operator's
-        # REINDEX of what the claim reads): the tries share one connection, so a request's
+        # REINDEX of what the claim reads): the tries share one deadline, so a request's
         # budget (storage/db.py) bounds them all, not each.
-        async with self._pool.acquire() as conn:
+        with one_deadline():
             while True:
                 try:
-                    rows = await conn.fetch(queries.CLAIM, *args)
+                    rows = await self._pool.fetch(queries.CLAIM, *args)
                 except asyncpg.UniqueViolationError as exc:
                     if exc.constraint_name != "jobs_group_running":
                         raise
