@@ -36,6 +36,8 @@ from evora.storage.retention import (
     EVENT_PARTITIONS_AHEAD,
     MAKE_EVENT_PARTITIONS,
 )
+from tests.databases import create_database
+from tests.scratch import scratch_dir
 from tests.servers import Services, start_api, start_dispatcher
 
 MakeDatabase = Callable[[], Awaitable[str]]
@@ -81,6 +83,14 @@ async def _admin(dsn: str, statement: str) -> None:
         await conn.close()
 
 
+async def _create(dsn: str, name: str, template: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await create_database(conn, name, template)
+    finally:
+        await conn.close()
+
+
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
     """Admin DSN (database ``postgres``) of a server where tests may create databases."""
@@ -95,7 +105,7 @@ def pg_server_url() -> Iterator[str]:
             yield container.get_connection_url()
     else:
         with (
-            tempfile.TemporaryDirectory(prefix="evora-test-pg-") as tmp,
+            tempfile.TemporaryDirectory(prefix="evora-test-pg-", dir=scratch_dir()) as tmp,
             LocalPostgres(Path(tmp) / "data", durable=False) as server,
         ):
             yield server.dsn()
@@ -106,7 +116,7 @@ async def empty_db_url(pg_server_url: str) -> AsyncIterator[str]:
     """A database of its own made from template0, not even Evora's schema in it: for a test
     that migrates, restores or upgrades one itself. Dropped after the test."""
     name = f"empty_{uuid.uuid4().hex}"
-    await _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE template0')
+    await _create(pg_server_url, name, "template0")
     try:
         yield _with_database(pg_server_url, name)
     finally:
@@ -184,7 +194,7 @@ async def make_db_url(
 
     async def make() -> str:
         name = f"test_{uuid.uuid4().hex}"
-        await _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        await _create(pg_server_url, name, template_db)
         created.append(name)
         return _with_database(pg_server_url, name)
 
@@ -253,7 +263,7 @@ def mongo_url() -> Iterator[str]:
             yield container.get_connection_url()
     else:
         with (
-            tempfile.TemporaryDirectory(prefix="evora-test-mongo-") as tmp,
+            tempfile.TemporaryDirectory(prefix="evora-test-mongo-", dir=scratch_dir()) as tmp,
             LocalMongo(Path(tmp)) as server,
         ):
             yield server.url

@@ -18,6 +18,7 @@ from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.storage.jobs import Failure, JobStore
 from evora_services.api.app import create_app
 from evora_services.api.routes import STORE
+from tests.databases import create_database
 
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 ADMIN = {"Authorization": "Bearer test-admin-token"}
@@ -79,10 +80,9 @@ def db(plain_conn: asyncpg.Connection) -> asyncpg.Connection:
 async def database(server_url: str, template: str | None = None) -> AsyncIterator[str]:
     """A new database on the server (a clone of `template`, if given), dropped afterwards."""
     name = f"test_api_{uuid.uuid4().hex}"
-    clone = f' TEMPLATE "{template}"' if template else ""
     admin = await asyncpg.connect(server_url)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"{clone}')
+        await create_database(admin, name, template)
         yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from evora import Client, Handlers, RetryBackoff, Worker
 from evora_services.dispatcher.state import DISPATCH
+from tests.databases import create_database
 from tests.polling import Condition, until
 from tests.servers import (
     ADMIN_TOKEN,
@@ -343,7 +344,7 @@ async def module_db_url(pg_server_url: str, template_db: str) -> AsyncIterator[s
     name = f"test_e2e_{uuid.uuid4().hex}"
     admin = await asyncpg.connect(pg_server_url)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        await create_database(admin, name, template_db)
         yield _with_database(pg_server_url, name)
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -29,8 +29,8 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.jobs import JobStore
 from evora.storage.limits import LimitSpec, LimitStore
-from tests.gate import PAUSED_CLAIMER, gated_pool, held, open_gate, state, waiting
-from tests.polling import until
+from tests.gate import PAUSED_CLAIMER, gated_pool, held, open_gate, state
+from tests.polling import until, waits_for_a_lock
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ async def test_a_claim_in_a_lock_cycle_gives_way_and_the_cancel_goes_on(
         claimed = await holder.fetch(queries.CLAIM, [queue], None, 1, "holder")
         assert [r["job"]["id"] for r in claimed] == [new_head]
         cancel = asyncio.create_task(holder.fetch(queries.CANCEL, plain, []))
-        await until(lambda: waiting(pool, "Lock"), "the cancel waits for the held claim")
+        await waits_for_a_lock(pool)  # the cancel, for the held claim
 
         # the claim goes on: its move of `grouped` waits for the holder, which waits for it
         await open_gate(pool)
