@@ -5,8 +5,9 @@
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 
+# Each step says how long the script has run (bash's SECONDS): where a slow run spent its time.
 step() {
-    printf '==> %s\n' "$*"
+    printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"
 }
 
 _apt_updated=0
