@@ -67,7 +67,7 @@ from bench.peers.install import GRAPHILE_PACKAGE, PGQUEUER_PACKAGE, Peers, insta
 from bench.peers.pgqueuer import PgqueuerSystem
 from bench.profiling import Profiler
 from bench.system import System
-from bench.workloads import Repetition, Workload
+from bench.workloads import IDLE_BEFORE_OFFER_S, Repetition, Workload
 
 SYSTEMS = ("evora", "graphile", "pgqueuer", "evora-prefetch")
 DEFAULT_SYSTEMS = SYSTEMS[:3]
@@ -115,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
         "--handler-ms",
         type=float,
         help="how long each job's handler takes (default 0: no-op jobs)",
+    )
+    compare.add_argument(
+        "--idle-seconds",
+        dest="idle_s",
+        type=float,
+        help="how long the worker waits idle between the drain and the latency run"
+        f" (default {IDLE_BEFORE_OFFER_S:g})",
     )
     compare.add_argument(
         "--postgres",
@@ -195,7 +202,7 @@ def workload_of(args: argparse.Namespace) -> Workload:
     base = Workload.quick() if args.quick else Workload()
     changes = {
         k: v
-        for k in ("jobs", "rate", "seconds", "handler_ms")
+        for k in ("jobs", "rate", "seconds", "handler_ms", "idle_s")
         if (v := getattr(args, k)) is not None
     }
     return Workload(**{**base.__dict__, **changes})

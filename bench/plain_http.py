@@ -22,7 +22,7 @@ import sys
 from datetime import UTC, datetime
 
 from bench import procstats
-from bench.typescript_worker import PYTHON_WORKER, REPO, Drain, measure
+from bench.typescript_worker import PYTHON_WORKER, REPO, Deployment, Drain, deployment, measure
 from evora import loops
 
 # The reference worker run as its file is run by hand, after a READY line for the harness;
@@ -66,6 +66,12 @@ def summary(name: str, drains: list[Drain]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
+    with deployment() as on:
+        compare(args, on)
+
+
+def compare(args: argparse.Namespace, on: Deployment) -> None:
+    """The rounds on deployment `on`, and their report."""
     script = str(REPO / "examples" / "plain_http_worker.py")
     # `measure` appends url, token, queue, type and concurrency; the plain worker's own
     # arguments follow those.
@@ -76,6 +82,7 @@ def main(args: argparse.Namespace) -> None:
     results = loops.run(
         measure(
             args,
+            on,
             workers,
             extra={"plain-http": [script, str(args.lanes), "yes" if args.acks_apart else "no"]},
             alternate=True,

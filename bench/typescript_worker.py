@@ -22,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -140,8 +141,36 @@ async def drain(
             child.stop()
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """The Evora that `measure` drains on: its services started, and its database."""
+
+    system: EvoraSystem
+    children: Children
+    dsn: str
+
+
+@contextmanager
+def deployment() -> Iterator[Deployment]:
+    """Evora as `python -m bench` runs it, on a durable PostgreSQL of its own in a temporary
+    directory; everything stopped and removed at the end."""
+    with (
+        tempfile.TemporaryDirectory(prefix="evora-ts-bench-") as tmp,
+        Cluster(Path(tmp)) as cluster,
+    ):
+        children = Children(Path(tmp))
+        try:
+            dsn = loops.run(cluster.fresh_database("tsbench"))
+            system = EvoraSystem(children, cluster.mongo_url)
+            loops.run(system.start(dsn, "tsbench"))
+            yield Deployment(system, children, dsn)
+        finally:
+            children.stop_all()
+
+
 async def measure(
     args: argparse.Namespace,
+    on: Deployment,
     workers: dict[str, list[str]],
     extra: Mapping[str, list[str]] | None = None,
     *,
@@ -150,34 +179,24 @@ async def measure(
     """Drains with each of `workers` in turn, `args.rounds` times (interleaved); `extra`:
     arguments of a worker's own, after the ones every worker gets. `alternate` reverses the
     order every other round, so no worker always drains first (on the stack still warming
-    up) or last (on a table grown by the others' jobs)."""
+    up) or last (on a table grown by the others' jobs). Each drain has a queue of its own, so
+    one deployment serves any number of these."""
     results: list[Drain] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="evora-ts-bench-") as tmp,
-        Cluster(Path(tmp)) as cluster,
-    ):
-        children = Children(Path(tmp))
-        try:
-            dsn = await cluster.fresh_database("tsbench")
-            system = EvoraSystem(children, cluster.mongo_url)
-            await system.start(dsn, "tsbench")
-            for round in range(args.rounds):
-                order = list(workers.items())
-                for name, argv in reversed(order) if alternate and round % 2 else order:
-                    result = await drain(
-                        system,
-                        children,
-                        dsn,
-                        name,
-                        argv,
-                        args.jobs,
-                        args.concurrency,
-                        (extra or {}).get(name, []),
-                    )
-                    print(result.line(), flush=True)
-                    results.append(result)
-        finally:
-            children.stop_all()
+    for round in range(args.rounds):
+        order = list(workers.items())
+        for name, argv in reversed(order) if alternate and round % 2 else order:
+            result = await drain(
+                on.system,
+                on.children,
+                on.dsn,
+                name,
+                argv,
+                args.jobs,
+                args.concurrency,
+                (extra or {}).get(name, []),
+            )
+            print(result.line(), flush=True)
+            results.append(result)
     return results
 
 
@@ -188,7 +207,8 @@ def main(args: argparse.Namespace) -> None:
         "python": [sys.executable, "-c", PYTHON_WORKER],
         "typescript": [node, str(PACKAGE / "dist" / "tools" / "drain-worker.js")],
     }
-    results = loops.run(measure(args, workers))
+    with deployment() as on:
+        results = loops.run(measure(args, on, workers))
     print(
         f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {procstats.cpu_model()}, "
         f"{procstats.memory_total_gib():.0f} GiB, Python {platform.python_version()}, "

@@ -4,9 +4,10 @@
     running; jobs/s = jobs / (last call returned - first call made). Then drain: the worker
     starts and takes them all; jobs/s = jobs / (moment the database shows no unfinished job
     - first handler start). The database is polled every POLL_S for that moment.
-(b) latency: the now idle worker waits; a producer offers `rate` jobs/s for `seconds`
-    (open loop, one job per call); latency = handler start - the producer's call returned
-    (also reported from the call's start), both this machine's wall clock.
+(b) latency: the now idle worker waits `idle_s` (2 s unless told); a producer offers `rate`
+    jobs/s for `seconds` (open loop, one job per call); latency = handler start - the
+    producer's call returned (also reported from the call's start), both this machine's
+    wall clock.
 (c) CPU seconds per job of every process in each phase (/proc, or the runner's own count
     for the producers, which exit at the end of their phase), peak RSS of every process
     (VmHWM, or the runner's ru_maxrss) and PostgreSQL's peak private memory: the largest sum
@@ -57,6 +58,8 @@ class Workload:
     seconds: float = 20.0
     drain_timeout_s: float = 600.0
     handler_ms: float = 0.0  # how long each handler takes (0: no-op jobs)
+    # how long the worker waits idle between the drain and the latency run
+    idle_s: float = IDLE_BEFORE_OFFER_S
 
     @classmethod
     def quick(cls) -> Workload:
@@ -281,7 +284,7 @@ class Repetition:
         }
 
     async def _latency(self, conn: asyncpg.Connection, w: Workload) -> None:
-        await asyncio.sleep(IDLE_BEFORE_OFFER_S)
+        await asyncio.sleep(w.idle_s)
         assert self.worker is not None
         counters = await self.system.counters()
         await self._begin(conn, "latency", [*self.system.profile_targets(), self.worker])

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bench import pressure
 from bench.children import Children
@@ -17,22 +20,39 @@ from bench.evora_system import EvoraSystem
 from bench.system import System
 
 RATE = 40.0
+# Each period long enough for the producer to be offering in it (its first call comes an
+# interpreter's start after the clean period's clock began: the clean period measured 2 s
+# of its 3 at a load average of 8), sampled every 0.25 s so that each period holds several
+# samples (was 4 + 4 + 2 s sampled every second).
+PRESSURE = pressure.Pressure(
+    rate=RATE,
+    clean_s=3.0,
+    pinned_s=2.0,
+    after_s=1.5,
+    pin_in=pressure.PIN_PLACES,
+    sample_s=0.25,
+)
+OFFER_S = PRESSURE.clean_s + PRESSURE.pinned_s + PRESSURE.after_s
 
 
-async def test_pressure_reports_every_period_with_the_read_models_lag() -> None:
-    p = pressure.Pressure(
-        rate=RATE, clean_s=4.0, pinned_s=4.0, after_s=2.0, pin_in=pressure.PIN_PLACES
-    )
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """One PostgreSQL and MongoDB stand-in for the file's runs, as `python -m bench compare`
+    keeps one for all of its: every run has databases of its own."""
     # Not pytest's tmp_path: other pytest sessions on the machine prune those directories,
     # and PostgreSQL's data directory must outlive the test.
-    with tempfile.TemporaryDirectory(prefix="evora-bench-test-") as tmp:
-        directory = Path(tmp)
-        with Cluster(directory) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="evora-bench-test-") as tmp,
+        Cluster(Path(tmp)) as started,
+    ):
+        yield started
 
-            def make(name: str, children: Children) -> System:
-                return EvoraSystem(children, cluster.mongo_url)
 
-            runs = await pressure.compare_pressure(cluster, directory, ["evora"], p, make)
+async def test_pressure_reports_every_period_with_the_read_models_lag(cluster: Cluster) -> None:
+    def make(name: str, children: Children) -> System:
+        return EvoraSystem(children, cluster.mongo_url)
+
+    runs = await pressure.compare_pressure(cluster, cluster.directory, ["evora"], PRESSURE, make)
     assert [(r["system"], r["pin_in"]) for r in runs] == [("evora", "other"), ("evora", "same")]
     for run in runs:
         _check(run)
@@ -40,7 +60,7 @@ async def test_pressure_reports_every_period_with_the_read_models_lag() -> None:
 
 
 def _check(run: dict[str, Any]) -> None:
-    assert run["handled"] == run["offered"] == round(RATE * 10.0)
+    assert run["handled"] == run["offered"] == round(RATE * OFFER_S)
     assert run["duplicates"] == 0
     assert run["pinned_at"] < run["released_at"]
     assert math.isfinite(run["pinned_over_clean"])
@@ -70,16 +90,15 @@ def test_read_model_lag_is_the_age_of_the_truth_it_shows() -> None:
     assert pressure.read_model_lags(samples) == [0.0, 1.0, 1.0, 0.0, None, 1.5, 6.0]
 
 
-async def test_soak_reports_every_minute_and_a_verdict_per_process_and_table() -> None:
-    # Three "minutes" of 4.5 s over a 12 s offer: the last call falls mid-way through the
-    # third, so a producer running late still makes exactly three rows; samples every 0.5 s
-    # put several in each.
-    s = pressure.Soak(minutes=0.2, rate=RATE, warmup_minutes=0, sample_s=0.5, bucket_s=4.5)
-    with tempfile.TemporaryDirectory(prefix="evora-bench-test-") as tmp:
-        directory = Path(tmp)
-        with Cluster(directory) as cluster:
-            result = await pressure.soak(cluster, directory, s)
-    assert result["handled"] == result["offered"] == round(RATE * 12)
+async def test_soak_reports_every_minute_and_a_verdict_per_process_and_table(
+    cluster: Cluster,
+) -> None:
+    # Three "minutes" of 2.5 s over a 6 s offer: the last call falls 1 s into the third, so
+    # a producer running up to 1.5 s late still makes exactly three rows; samples every 0.5 s
+    # put several in each (was 4.5 s over 12 s: the offer is most of the test's time).
+    s = pressure.Soak(minutes=0.1, rate=RATE, warmup_minutes=0, sample_s=0.5, bucket_s=2.5)
+    result = await pressure.soak(cluster, cluster.directory, s)
+    assert result["handled"] == result["offered"] == round(RATE * 6)
     assert len(result["minutes"]) == 3
     verdicts = result["verdicts"]
     for process in ("api", "dispatcher", "sweeper", "projector", "worker"):
