@@ -4,11 +4,12 @@ The dispatcher's pool runs with plan_cache_mode = force_generic_plan (db.session
 issue 33): each statement is planned once per connection, without its parameters' values,
 instead of on every call. That is safe only for statements whose best plan does not depend
 on those values. Here, on a filled database (finished jobs, a PENDING backlog over queues,
-types, priorities, groups and delayed jobs, their history; ANALYZEd), each operation of the
-dispatcher runs through the store's own code on a connection of such a pool, inside a
-transaction rolled back afterwards, and what it read is that transaction's own statistics:
-buffers of every relation of the schema (tables and indexes, the statements inside the
-functions it calls included) and sequential scans of jobs and job_events. Counts, not time.
+types, priorities, groups and delayed jobs, their history; ANALYZEd; filled once, each test on
+a copy of its own), each operation of the dispatcher runs through the store's own code on a
+connection of such a pool, inside a transaction rolled back afterwards, and what it read is
+that transaction's own statistics: buffers of every relation of the schema (tables and
+indexes, the statements inside the functions it calls included) and sequential scans of jobs
+and job_events. Counts, not time.
 The checker is shown able to fail: a listing statement with optional filters
 (`$n IS NULL OR col = $n`, what storage/queries.py's list_jobs avoids) reads a few buffers
 under a custom plan and thousands under the generic one (it walks the submission order past
@@ -44,6 +45,7 @@ from evora.storage.limits import (
     LimitStore,
 )
 from evora_services.dispatcher.unclaimed import LOOKED_AT_PER_QUEUE, UnclaimedWatch
+from tests.filled import copy_of, filled_database
 
 FINISHED = 200_000
 PENDING = 50_000
@@ -142,6 +144,41 @@ async def read_by(conn: asyncpg.Connection, operation: Awaitable[Any], query: st
     return Read(after["buffers"] - before["buffers"], after["seq_scans"] - before["seq_scans"])
 
 
+async def _fill(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute(FINISHED_JOBS, FINISHED, QUEUES)
+            await conn.execute(PENDING_JOBS, PENDING, QUEUES)
+            await conn.execute(HISTORY)
+        await conn.execute("ANALYZE evora.jobs, evora.job_events")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+async def filled(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
+    """The database filled and ANALYZEd, once for the module (each test had filled its own:
+    ~10 s of the 11-16 s each took)."""
+    async with filled_database(pg_server_url, template_db, _fill) as name:
+        yield name
+
+
+@pytest.fixture
+async def db_url(pg_server_url: str, filled: str) -> AsyncIterator[str]:
+    """The test's own copy of the filled database: tests write to it."""
+    async with copy_of(pg_server_url, filled) as url:
+        yield url
+
+
+async def _jobs_pages(conn: asyncpg.Connection) -> int:
+    pages: int = await conn.fetchval(
+        "SELECT pg_relation_size('evora.jobs') / current_setting('block_size')::int"
+    )
+    return pages
+
+
 @pytest.fixture
 async def generic(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     """The one connection of a pool made as the dispatcher makes its own."""
@@ -153,25 +190,11 @@ async def generic(db_url: str) -> AsyncIterator[asyncpg.Connection]:
         await pool.close()
 
 
-async def _fill(conn: asyncpg.Connection) -> int:
-    """The database filled; the pages of jobs."""
-    async with conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")
-        await conn.execute(FINISHED_JOBS, FINISHED, QUEUES)
-        await conn.execute(PENDING_JOBS, PENDING, QUEUES)
-        await conn.execute(HISTORY)
-    await conn.execute("ANALYZE evora.jobs, evora.job_events")
-    pages: int = await conn.fetchval(
-        "SELECT pg_relation_size('evora.jobs') / current_setting('block_size')::int"
-    )
-    return pages
-
-
 async def test_every_statement_of_the_dispatcher_reads_a_few_buffers_per_job_under_a_generic_plan(
     generic: asyncpg.Connection, store: JobStore
 ) -> None:
     assert await generic.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
-    pages = await _fill(generic)
+    pages = await _jobs_pages(generic)
     assert pages > 10 * ONE_JOB_BUFFERS
     # jobs RUNNING under leases (committed, through the ordinary store): each operation below
     # is rolled back, so all of them act on the same ones
@@ -284,7 +307,6 @@ async def test_the_readers_of_the_backlog_read_what_the_queues_bound(
     `queue:q3` and `api:*`: the usage per kind 475 / 475, the prefix usage 94 / 94, the pages
     92-323 / 92-323; on 2946893 7,325 / 8,601 (a sequential scan of jobs), 1,832 / 3,506 and
     1,823-1,841 / 3,497-3,515."""
-    await _fill(generic)
     await generic.execute(
         "UPDATE evora.jobs SET limit_keys = '{api:x}' WHERE id IN (SELECT id FROM evora.jobs"
         " WHERE state = 'PENDING' AND queue = 'q2' LIMIT $1)",
@@ -394,7 +416,6 @@ async def test_the_fair_and_the_limited_claim_read_a_few_buffers_per_job_under_a
     scans either table, and under generic plans each reads no more than under custom ones
     (measured: the fair claim of one job 886 buffers against 1,155, of 100 jobs 10,790
     against 16,650; the limited claim 1,129 against 1,814 and 11,694 against 17,375)."""
-    await _fill(generic)
     await store.submit_batch(
         [
             JobSubmission(
@@ -449,7 +470,7 @@ async def test_the_fair_and_the_limited_claim_read_a_few_buffers_per_job_under_a
 async def test_the_check_fails_for_a_statement_whose_generic_plan_reads_the_table(
     generic: asyncpg.Connection,
 ) -> None:
-    pages = await _fill(generic)
+    pages = await _jobs_pages(generic)
     listing = generic.fetch(OPTIONAL_FILTERS, "q1", "PENDING", 1)
     as_generic = await read_by(generic, listing)
     await generic.execute("SET plan_cache_mode = force_custom_plan")

@@ -15,7 +15,7 @@ sequential scans (the auditor's statements before it are not these: bench/outbox
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import asyncpg
@@ -24,10 +24,12 @@ import pytest
 from evora.protocol.jobs import JobSubmission
 from evora.storage import audit as audit_module
 from evora.storage.audit import audit
+from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
 from evora.storage.outbox import OutboxCursor, Span, read_batch
 from evora_services.pipeline.events import Rectangle, between
 from tests.conftest import Clock
+from tests.filled import copy_of, filled_database
 from tests.integration.test_generic_plans import Read, read_by
 
 EVENTS = 300_000
@@ -84,21 +86,51 @@ WHERE inhparent = 'evora.job_events'::regclass
 """
 
 
-@pytest.fixture
-async def outbox(pool: asyncpg.Pool, store: JobStore, clock: Clock) -> asyncpg.Pool:
+# The clock of every copy of the filled outbox: past its last event (ALTER DATABASE settings
+# are not copied with a database, so each copy is set again).
+CLOCK_SECONDS = 3 * 86_400
+
+
+async def _fill(dsn: str) -> None:
     """The outbox filled and vacuumed, and the clock past it (with the sweeper's round of
     partitions, which summarizes the last block range of each partition the clock passed)."""
-    await store.submit(JobSubmission(queue="q", type="t"))
-    async with pool.acquire() as conn:
-        await conn.execute(
-            "SELECT setval(pg_get_serial_sequence('evora.job_events', 'seq'), $1)", GAP
-        )
-        for first in range(0, EVENTS, TX_EVENTS):
-            async with conn.transaction():
-                await conn.execute("SET LOCAL session_replication_role = replica")
-                await conn.execute(FILL, TX_EVENTS, first, EVENTS)
-        await conn.execute("VACUUM (ANALYZE) evora.job_events")
-    await clock.advance(3 * 86_400)
+    pool = await create_pool(dsn, min_size=1, max_size=2)
+    store = JobStore(pool)
+    try:
+        await store.submit(JobSubmission(queue="q", type="t"))
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "SELECT setval(pg_get_serial_sequence('evora.job_events', 'seq'), $1)", GAP
+            )
+            for first in range(0, EVENTS, TX_EVENTS):
+                async with conn.transaction():
+                    await conn.execute("SET LOCAL session_replication_role = replica")
+                    await conn.execute(FILL, TX_EVENTS, first, EVENTS)
+            await conn.execute("VACUUM (ANALYZE) evora.job_events")
+    finally:
+        await store.close()
+        await pool.close()
+    # its setting is the filled database's, not its copies'; its partitions are copied
+    await Clock(dsn, dsn).advance(CLOCK_SECONDS)
+
+
+@pytest.fixture(scope="module")
+async def filled(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
+    """The outbox, filled once for the module (each test had filled its own: 12-15 s)."""
+    async with filled_database(pg_server_url, template_db, _fill) as name:
+        yield name
+
+
+@pytest.fixture
+async def db_url(pg_server_url: str, filled: str) -> AsyncIterator[str]:
+    """The test's own copy of the filled outbox (retention's test writes), its clock set."""
+    async with copy_of(pg_server_url, filled) as url:
+        await Clock(pg_server_url, url).advance(CLOCK_SECONDS, partitions=False)
+        yield url
+
+
+@pytest.fixture
+async def outbox(pool: asyncpg.Pool) -> asyncpg.Pool:
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(DISTINCT tableoid) FROM evora.job_events") >= 4
         # one read of the outbox is above every bound here
