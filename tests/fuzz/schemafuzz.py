@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import requests
 import schemathesis
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis.errors import Unsatisfiable
@@ -60,6 +61,18 @@ CONFIG = schemathesis.Config.from_dict({"generation": {"with-security-parameters
 Prepare = Callable[[schemathesis.Case[Any]], None]
 
 
+class _Curl:
+    """A curl command for `note`, built only when Hypothesis reports the note (the failing
+    example's replay): building one for every generated case was 3.5 % of the fuzzer's samples."""
+
+    def __init__(self, case: schemathesis.Case[Any], headers: dict[str, str]) -> None:
+        self.case = case
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return self.case.as_curl_command(headers=self.headers)
+
+
 @dataclass
 class Report:
     requests: int = 0
@@ -78,48 +91,67 @@ class Report:
         )
 
 
-def fuzz(base_url: str, headers: dict[str, str], *, examples: int, prepare: Prepare) -> Report:
-    """`examples` requests per operation and mode; `prepare` may edit each before it is
-    sent (e.g. to name real jobs)."""
+def fuzz(
+    base_url: str,
+    headers: dict[str, str],
+    *,
+    examples: int,
+    prepare: Prepare,
+    examples_without_body: int | None = None,
+) -> Report:
+    """`examples` requests per operation and mode (`examples_without_body`, where given, for
+    the operations that take no body); `prepare` may edit each before it is sent (e.g. to
+    name real jobs). An operation whose every request has been sent stops early (one
+    request for one without parameters)."""
     schema = schemathesis.openapi.from_url(base_url + "/openapi.json", config=CONFIG)
     report = Report()
-    for result in schema.get_all_operations():
-        if isinstance(result, Err):
-            raise result.err()
-        operation = result.ok()
-        negatable = bool(operation.path_parameters or operation.query or operation.body)
-        modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if negatable else [])
-        for mode in modes:
-
-            @settings(
-                max_examples=examples,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=list(HealthCheck),
+    # One keep-alive connection for all requests: without a session each request paid a
+    # connect, an accept and a teardown (urllib3's create_connection alone was 2.4 % of the
+    # profiled samples). No service sets cookies, so the session carries nothing from one
+    # request to the next.
+    with requests.Session() as session:
+        for result in schema.get_all_operations():
+            if isinstance(result, Err):
+                raise result.err()
+            operation = result.ok()
+            negatable = bool(operation.path_parameters or operation.query or operation.body)
+            modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if negatable else [])
+            count = (
+                examples
+                if operation.body or examples_without_body is None
+                else examples_without_body
             )
-            @given(case=operation.as_strategy(generation_mode=mode))
-            def run(case: schemathesis.Case[Any]) -> None:
-                prepare(case)
-                note(case.as_curl_command())
-                sent = time.perf_counter()
-                response = case.call(base_url=base_url, headers=headers)
-                report.seconds["(waiting for answers)"] += time.perf_counter() - sent
-                report.requests += 1
-                report.statuses[response.status_code] += 1
-                case.validate_response(response, checks=CHECKS, headers=headers)
+            for mode in modes:
 
-            started = time.perf_counter()
-            try:
-                run()
-            except Unsatisfiable:
-                # A path parameter that is any non-empty string has no wrong value that
-                # still reaches the operation.
-                if mode is not GenerationMode.NEGATIVE:
-                    raise
-            except (Exception, BaseExceptionGroup) as exc:
-                report.failures.append(f"{operation.label} ({mode.value}):\n{exc}")
-            report.seconds[operation.label] += time.perf_counter() - started
+                @settings(
+                    max_examples=count,
+                    deadline=None,
+                    derandomize=True,
+                    database=None,
+                    suppress_health_check=list(HealthCheck),
+                )
+                @given(case=operation.as_strategy(generation_mode=mode))
+                def run(case: schemathesis.Case[Any]) -> None:
+                    prepare(case)
+                    note(_Curl(case, headers))
+                    sent = time.perf_counter()
+                    response = case.call(base_url=base_url, session=session, headers=headers)
+                    report.seconds["(waiting for answers)"] += time.perf_counter() - sent
+                    report.requests += 1
+                    report.statuses[response.status_code] += 1
+                    case.validate_response(response, checks=CHECKS, headers=headers)
+
+                started = time.perf_counter()
+                try:
+                    run()
+                except Unsatisfiable:
+                    # A path parameter that is any non-empty string has no wrong value that
+                    # still reaches the operation.
+                    if mode is not GenerationMode.NEGATIVE:
+                        raise
+                except (Exception, BaseExceptionGroup) as exc:
+                    report.failures.append(f"{operation.label} ({mode.value}):\n{exc}")
+                report.seconds[operation.label] += time.perf_counter() - started
     return report
 
 
