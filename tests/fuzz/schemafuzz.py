@@ -91,18 +91,10 @@ class Report:
         )
 
 
-def fuzz(
-    base_url: str,
-    headers: dict[str, str],
-    *,
-    examples: int,
-    prepare: Prepare,
-    examples_without_body: int | None = None,
-) -> Report:
-    """`examples` requests per operation and mode (`examples_without_body`, where given, for
-    the operations that take no body); `prepare` may edit each before it is sent (e.g. to
-    name real jobs). An operation whose every request has been sent stops early (one
-    request for one without parameters)."""
+def fuzz(base_url: str, headers: dict[str, str], *, examples: int, prepare: Prepare) -> Report:
+    """`examples` requests per operation and mode; `prepare` may edit each before it is
+    sent (e.g. to name real jobs). An operation whose every request has been sent stops
+    early (one request for one without parameters)."""
     schema = schemathesis.openapi.from_url(base_url + "/openapi.json", config=CONFIG)
     report = Report()
     # One keep-alive connection for all requests: without a session each request paid a
@@ -116,15 +108,10 @@ def fuzz(
             operation = result.ok()
             negatable = bool(operation.path_parameters or operation.query or operation.body)
             modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if negatable else [])
-            count = (
-                examples
-                if operation.body or examples_without_body is None
-                else examples_without_body
-            )
             for mode in modes:
 
                 @settings(
-                    max_examples=count,
+                    max_examples=examples,
                     deadline=None,
                     derandomize=True,
                     database=None,
