@@ -17,8 +17,8 @@ def scratch_dir() -> str | None:
     temporary directory. The tests' PostgreSQL runs without fsync, yet every database a test
     makes is a copy of the template's files and every drop an unlink, which on a VM's disk
     waited for the disk: CREATE DATABASE took 300-600 ms on this project's ext4 box, 20-35 ms
-    in memory. Nothing a test checks depends on the disk (the crash tests start durable
-    servers of their own)."""
+    in memory. Nothing a test checks depends on the disk: the crash tests' durable servers
+    live here too (tests/e2e/clusters.py says why a kill -9 loses no more on a disk)."""
     if not _MEMORY.is_dir() or not os.access(_MEMORY, os.W_OK):
         return None
     if shutil.disk_usage(_MEMORY).free < _ROOM_BYTES:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import tempfile
-from pathlib import Path
 
 import aiohttp
 import asyncpg
@@ -37,7 +35,7 @@ import pytest
 
 from evora import Client
 from evora.embedded import LocalPostgres
-from evora.storage.migrate import apply_migrations
+from tests.e2e.clusters import cluster_dir, migrated_primary
 from tests.e2e.conftest import Children, scrape
 from tests.e2e.test_postgres_crash import _kill_cluster
 from tests.e2e.test_read_replica import _standby_of
@@ -90,15 +88,13 @@ async def test_the_read_models_converge_after_a_failover(
     """`lost`: the standby lacks the primary's last commits (its walsender frozen, the primary
     killed); otherwise a switchover that loses nothing (the primary stopped cleanly, which
     sends the standby all it wrote), rebuilt all the same."""
-    # Not under tmp_path, as tests/e2e/test_read_replica.py says why.
-    with tempfile.TemporaryDirectory(prefix="evora-test-failover-") as tmp:
-        primary = LocalPostgres(Path(tmp) / "primary", durable=False)
+    with cluster_dir("evora-test-failover-") as tmp:
+        primary = await migrated_primary(tmp / "primary")
         await asyncio.to_thread(primary.start)
         servers = [primary]
         try:
-            await apply_migrations(primary.dsn())
             standby = await asyncio.to_thread(
-                _standby_of, primary, Path(tmp) / "standby", apply_delay_ms=None
+                _standby_of, primary, tmp / "standby", apply_delay_ms=None
             )
             servers.append(standby)
             await asyncio.to_thread(standby.start)

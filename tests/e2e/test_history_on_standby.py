@@ -12,8 +12,6 @@ check stays on."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -26,6 +24,7 @@ from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
 from evora_services.projector.history_check import HistoryCheck
 from evora_services.projector.projector import Projector
+from tests.e2e.clusters import cluster_dir
 from tests.e2e.test_read_replica import _primary_and_standby
 from tests.polling import until
 from tests.projector.workload import mixed_workload
@@ -55,9 +54,8 @@ async def _role_replayed(standby: LocalPostgres) -> bool:
 async def test_a_standby_is_never_read_without_the_history(
     mongo: AsyncDatabase[Document],
 ) -> None:
-    # Not under tmp_path, as tests/e2e/test_read_replica.py says why.
-    with tempfile.TemporaryDirectory(prefix="evora-test-standby-history-") as tmp:
-        async with _primary_and_standby(Path(tmp)) as (primary, standby):
+    with cluster_dir("evora-test-standby-history-") as tmp:
+        async with _primary_and_standby(tmp) as (primary, standby):
             conn = await asyncpg.connect(primary.dsn())
             try:
                 await conn.execute(

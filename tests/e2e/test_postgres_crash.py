@@ -16,10 +16,12 @@ import functools
 import os
 import signal
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import asyncpg
+import pytest
 
 from bench.procstats import children_of, postmaster_pid
 from evora import Client, Handlers, Job, Worker
@@ -28,8 +30,8 @@ from evora.protocol.jobs import JobSubmission
 from evora.sdk.errors import EvoraClientError, EvoraHTTPError
 from evora.storage.db import create_pool
 from evora.storage.jobs import JobStore
-from evora.storage.migrate import apply_migrations
 from evora.storage.outbox import OutboxCursor, Span, read_batch
+from tests.e2e.clusters import cluster_dir, migrated_primary
 from tests.e2e.conftest import FAST, Child, Children
 from tests.fuzz.conftest import spawn
 from tests.polling import until
@@ -56,6 +58,15 @@ async def _kill_cluster(pg: LocalPostgres) -> None:
     await until(lambda: not pg.running, "the killed postmaster is gone", within=30)
 
 
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """The killed server's data directory, in memory (tests/e2e/clusters.py): a kill -9 keeps
+    all PostgreSQL wrote to its files, on a disk or not; what it had not written (a commit
+    left in its WAL buffers, a page only in shared buffers) it loses either way."""
+    with cluster_dir("evora-test-crash-") as tmp:
+        yield tmp / "pg"
+
+
 def _reached(accepted: dict[str, str], count: int) -> bool:
     return len(accepted) >= count
 
@@ -72,12 +83,11 @@ async def _spawn_all(
 
 
 async def test_postgres_killed_twice_under_load_loses_nothing(
-    tmp_path: Path, mongo_url: str, mongo_db_name: str, children: Children
+    data_dir: Path, tmp_path: Path, mongo_url: str, mongo_db_name: str, children: Children
 ) -> None:
-    pg = LocalPostgres(tmp_path / "pg", durable=True, log_path=tmp_path / "pg.log")
-    pg.start()
+    pg = await migrated_primary(data_dir, durable=True, log_path=tmp_path / "pg.log")
+    await asyncio.to_thread(pg.start)
     try:
-        await apply_migrations(pg.dsn())
         async with aiohttp.ClientSession() as http:
             services = await _spawn_all(children, pg.dsn(), mongo_url, mongo_db_name)
             api_url, dispatcher_url = services["api"][1], services["dispatcher"][1]
@@ -182,7 +192,7 @@ async def test_postgres_killed_twice_under_load_loses_nothing(
 
 
 async def test_a_span_target_stays_right_through_a_crash_that_loses_a_notify_only_commit(
-    tmp_path: Path,
+    data_dir: Path, tmp_path: Path
 ) -> None:
     """A span target is stored outside PostgreSQL (the projector's checkpoint in MongoDB), so
     it outlives a crash. A transaction that sent only a NOTIFY took an xid, yet its commit
@@ -193,10 +203,9 @@ async def test_a_span_target_stays_right_through_a_crash_that_loses_a_notify_onl
     not among its running transactions, so no span ever held them (its `submitted` event
     was never read: failed 3 of 3). The reader now writes each new target durably before
     returning it, which puts the NOTIFY's commit on disk first."""
-    pg = LocalPostgres(tmp_path / "pg", durable=True, log_path=tmp_path / "pg.log")
-    pg.start()
+    pg = await migrated_primary(data_dir, durable=True, log_path=tmp_path / "pg.log")
+    await asyncio.to_thread(pg.start)
     try:
-        await apply_migrations(pg.dsn())
         conn = await asyncpg.connect(pg.dsn())
         try:
             # nothing but this test takes an xid after the restart (an ANALYZE would)

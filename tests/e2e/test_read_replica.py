@@ -17,8 +17,8 @@ import contextlib
 import os
 import random
 import subprocess
-import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +33,9 @@ from evora.embedded import LocalPostgres
 from evora.embedded._pgbin import find_bin_dir
 from evora.embedded._runas import server_account
 from evora.protocol.positions import READ_AFTER_HEADER, parse_position
-from evora.storage.migrate import apply_migrations
 from evora.storage.replica import REPLICA_POSITION
+from tests.databases import create_database
+from tests.e2e.clusters import cluster_dir, migrated_primary
 from tests.e2e.conftest import WORKER_HEADERS, Children, free_port, scrape, spawn_service
 from tests.polling import until
 from tests.servers import ADMIN_TOKEN, PRODUCER_TOKEN
@@ -57,6 +58,7 @@ LAG = "evora_read_replica_lag_seconds"
 class Replicated:
     primary: LocalPostgres
     standby: LocalPostgres
+    database: str  # the test's own, on both
     apis: list[str]
     dispatcher: str
 
@@ -87,24 +89,24 @@ def _standby_of(
     return LocalPostgres(data_dir, durable=False)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 async def servers() -> AsyncIterator[tuple[LocalPostgres, LocalPostgres]]:
-    # initdb's pg_hba.conf trusts replication connections from 127.0.0.1, and
-    # wal_level=replica with max_wal_senders=10 are PostgreSQL's defaults. Not under
-    # tmp_path: other pytest sessions of the machine's user may reset the permissions of
-    # its parents, which the server's own account must traverse (as tests/conftest.py).
-    with tempfile.TemporaryDirectory(prefix="evora-test-replica-") as tmp:
-        async with _primary_and_standby(Path(tmp)) as pair:
+    """One primary and standby for the module: each test has a database of its own on them
+    (`replicated`), and the one test that stops the standby starts it again."""
+    with cluster_dir("evora-test-replica-") as tmp:
+        async with _primary_and_standby(tmp) as pair:
             yield pair
 
 
 @contextlib.asynccontextmanager
 async def _primary_and_standby(tmp: Path) -> AsyncIterator[tuple[LocalPostgres, LocalPostgres]]:
-    primary = LocalPostgres(tmp / "primary", durable=False)
+    """A migrated primary (Evora's schema in its `postgres` database) and its hot standby.
+    initdb's pg_hba.conf trusts replication connections from 127.0.0.1, and wal_level=replica
+    with max_wal_senders=10 are PostgreSQL's defaults."""
+    primary = await migrated_primary(tmp / "primary")
     await asyncio.to_thread(primary.start)
     standby: LocalPostgres | None = None
     try:
-        await apply_migrations(primary.dsn())
         standby = await asyncio.to_thread(_standby_of, primary, tmp / "standby")
         await asyncio.to_thread(standby.start)
         # A transaction replayed, so that the standby can tell its lag (replica.sql).
@@ -116,44 +118,58 @@ async def _primary_and_standby(tmp: Path) -> AsyncIterator[tuple[LocalPostgres, 
         await asyncio.to_thread(primary.stop)
 
 
-async def _commit_and_replay(primary: LocalPostgres, standby: LocalPostgres) -> None:
-    conn = await asyncpg.connect(primary.dsn())
+async def _commit_and_replay(
+    primary: LocalPostgres, standby: LocalPostgres, database: str = "postgres"
+) -> None:
+    conn = await asyncpg.connect(primary.dsn(database))
     try:
         await conn.fetchval("SELECT txid_current()")  # commits a transaction with an id
     finally:
         await conn.close()
 
     async def replayed() -> bool:
-        conn = await asyncpg.connect(standby.dsn())
+        try:
+            conn = await asyncpg.connect(standby.dsn(database))
+        except asyncpg.InvalidCatalogNameError:
+            return False  # the database itself is not replayed yet
         try:
             return (await conn.fetchrow(REPLICA_POSITION))["replay_age"] is not None
         finally:
             await conn.close()
 
-    await until(replayed, "the standby replays a transaction", within=30)
+    await until(replayed, f"the standby replays a transaction in {database}", within=30)
 
 
 @pytest.fixture
 async def replicated(
     servers: tuple[LocalPostgres, LocalPostgres], children: Children, http: aiohttp.ClientSession
 ) -> Replicated:
+    """The services on a database of the test's own, a copy of the migrated `postgres` one,
+    replayed on the standby (left in place: the cluster goes with the module)."""
     primary, standby = servers
+    database = f"replica_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(primary.dsn("template1"))
+    try:
+        await create_database(admin, database, "postgres")
+    finally:
+        await admin.close()
+    await _commit_and_replay(primary, standby, database)
     apis = []
     for max_wait in MAX_WAITS_MS:
         port = free_port()
         await spawn_service(
             children,
             http,
-            primary.dsn(),
+            primary.dsn(database),
             "api",
             port,
-            EVORA_READ_DATABASE_URL=standby.dsn(),
+            EVORA_READ_DATABASE_URL=standby.dsn(database),
             EVORA_READ_REPLICA_MAX_WAIT_MS=str(max_wait),
         )
         apis.append(f"http://127.0.0.1:{port}")
     port = free_port()
-    await spawn_service(children, http, primary.dsn(), "dispatcher", port)
-    return Replicated(primary, standby, apis, f"http://127.0.0.1:{port}")
+    await spawn_service(children, http, primary.dsn(database), "dispatcher", port)
+    return Replicated(primary, standby, database, apis, f"http://127.0.0.1:{port}")
 
 
 @pytest.fixture
@@ -391,10 +407,10 @@ async def test_a_replica_lagging_beyond_the_bound_answers_nobody(
     await spawn_service(
         children,
         http,
-        replicated.primary.dsn(),
+        replicated.primary.dsn(replicated.database),
         "api",
         port,
-        EVORA_READ_DATABASE_URL=replicated.standby.dsn(),
+        EVORA_READ_DATABASE_URL=replicated.standby.dsn(replicated.database),
         EVORA_READ_REPLICA_MAX_LAG="0.2",
     )
     strict = f"http://127.0.0.1:{port}"
