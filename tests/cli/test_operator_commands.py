@@ -12,11 +12,16 @@ from datetime import UTC, datetime
 from pymongo.asynchronous.database import AsyncDatabase
 
 import evora
+from evora.protocol.states import JobState
 from evora.readmodels.layout import Document
 from evora_services.cli.admin.exits import Exit
 from tests.cli.commands import evora_async, one_line
-from tests.cli.conftest import WORKER_TOKEN, System
+from tests.cli.conftest import ADMIN_TOKEN, WORKER_TOKEN, System
 from tests.polling import until
+
+# The waits for the worker and the projector ask the api in this process: each `evora` spawned
+# costs most of a second of CPU, and a poll spawned it back to back for as long as it waited.
+# The command itself then runs on what was waited for, and its output is checked as before.
 
 
 async def test_jobs_list_get_events_cancel(system: System) -> None:
@@ -101,10 +106,13 @@ async def test_dlq_and_queues(system: System) -> None:
         return [job["id"] for job in json.loads(result.stdout)["jobs"]]
 
     async def all_dead() -> bool:
-        return sorted(await dead_lettered()) == sorted(doomed)
+        async with evora.Client(system.api.url, ADMIN_TOKEN) as admin:
+            page = await admin.list_jobs(queue="work", state=JobState.DLQ)
+        return sorted(job["id"] for job in page.jobs) == sorted(doomed)
 
     try:
         await until(all_dead, "three jobs in the DLQ", within=30)
+        assert sorted(await dead_lettered()) == sorted(doomed)
         await worker.stop()
         await task
 
@@ -146,11 +154,13 @@ async def test_dlq_and_queues(system: System) -> None:
         assert paused.stdout.strip() == "queue work paused"
 
         async def shows_paused() -> bool:
-            stats = await evora_async("queues", "stats", "--json", env=env)
-            queues = {q["queue"]: q for q in json.loads(stats.stdout)["queues"]}
+            async with evora.Client(system.api.url, ADMIN_TOKEN) as admin:
+                queues = {q["queue"]: q for q in await admin.queues()}
             return "work" in queues and queues["work"]["paused"] is True
 
         await until(shows_paused, "the read models show the queue paused", within=30)
+        stats = await evora_async("queues", "stats", "--json", env=env)
+        assert {q["queue"]: q["paused"] for q in json.loads(stats.stdout)["queues"]}["work"]
         table = await evora_async("queues", "stats", env=env)
         assert table.stdout.splitlines()[0].split() == [
             "QUEUE",
@@ -265,17 +275,16 @@ async def test_analytics(system: System, mongo: AsyncDatabase[Document]) -> None
     await system.producer.submit("mail", "mail.send")
     env = system.env()
 
-    shown: list[str] = []
-
     async def projected() -> bool:
-        result = await evora_async("analytics", env=env)
-        assert result.returncode == Exit.OK, result.stderr
-        shown.append(result.stdout)
-        return "mail" in result.stdout
+        async with evora.Client(system.api.url, ADMIN_TOKEN) as admin:
+            found = await admin.analytics()
+        return any(queue["queue"] == "mail" for queue in found["queues"])
 
     # before any pipeline run: the one command to run, and the live totals alone
     await until(projected, "the projector to see queue mail")
-    hint, caption, header, row = shown[-1].splitlines()
+    before = await evora_async("analytics", env=env)
+    assert before.returncode == Exit.OK, before.stderr
+    hint, caption, header, row = before.stdout.splitlines()
     assert caption == "totals as pipeline/live:"
     assert "the pipeline has not run yet: `evora pipeline run`" in hint
     assert header.split() == [

@@ -6,14 +6,12 @@ reads its few settings without the services' configuration class."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from importlib import metadata
 from typing import TYPE_CHECKING, get_args
 
 from evora.logs import LogFormat, configure_logging
@@ -28,7 +26,13 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 log = logging.getLogger("evora")
 
 
+# asyncio (which imports ssl) and importlib.metadata are imported by the commands that use
+# them: every `evora` start pays for what this module imports, `evora --help` included.
+
+
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
     from evora.storage.migrate import apply_migrations
 
     settings.require("database_url", serving=False)
@@ -109,6 +113,8 @@ def _duration(text: str) -> float:
 
 
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
     from evora.storage.audit import audit
 
     settings.require("database_url", serving=False)
@@ -262,10 +268,36 @@ DISTRIBUTION = "evora-queue"
 
 
 def _version() -> str:
+    from importlib import metadata
+
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown"
+
+
+class _Version(argparse.Action):
+    """argparse's `version` action with the version looked up when --version is given, not
+    each time the parser is built."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="show program's version number and exit",
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"evora {_version()}")  # on stdout, as argparse's own
+        parser.exit()
 
 
 _SERVICE_ENV = (
@@ -419,7 +451,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Evora: a distributed job queue on PostgreSQL. "
         "`evora COMMAND --help` tells more about each command.",
     )
-    parser.add_argument("--version", action="version", version=f"evora {_version()}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_services(sub)
     _add_worker(sub)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evora.protocol.states import JobState
-from evora.sdk.client import Client, JobData, SubmitOptions
 from evora_services.cli.admin.exits import Exit
 from evora_services.cli.admin.output import record, table
+
+# `evora`'s parser imports this module for every command, `--help` and `migrate` too: the
+# SDK (aiohttp, ssl) and asyncio (ssl) are imported by admin.run, only for an operator
+# command, and by the coroutines below, which only run under it.
+if TYPE_CHECKING:
+    from evora.sdk.client import Client, JobData, SubmitOptions
 
 JOB_COLUMNS = ("id", "queue", "type", "state", "attempt", "created_at")
 JOB_FIELDS = (
@@ -58,7 +62,7 @@ class Outcome:
     note: str | None = None
 
 
-Operation = Callable[[Client, argparse.Namespace], Awaitable[Outcome]]
+Operation = Callable[["Client", argparse.Namespace], Awaitable[Outcome]]
 
 
 def _job(job: JobData) -> Outcome:
@@ -99,6 +103,8 @@ async def list_dlq(client: Client, args: argparse.Namespace) -> Outcome:
     page = await client.list_jobs(
         queue=args.queue, state=JobState.DLQ, type=args.type, limit=args.limit, after=args.after
     )
+    import asyncio  # imported already by admin.run, which runs this (see above)
+
     histories = await asyncio.gather(*(client.events(job["id"]) for job in page.jobs))
     jobs = [
         {**job, "dlq_reason": _dlq_reason(events)}
@@ -122,6 +128,8 @@ async def get_job(client: Client, args: argparse.Namespace) -> Outcome:
 async def _wait_for(client: Client, job: JobData, wait: float) -> Outcome:
     """The job once it finished, or as it is after `wait` seconds; exit 0 only if it
     COMPLETED, and a line on stderr saying why not."""
+    import asyncio  # imported already by admin.run, which runs this (see above)
+
     deadline = time.monotonic() + wait
     while job["state"] not in FINAL and time.monotonic() < deadline:
         await asyncio.sleep(WAIT_POLL_SECONDS)
