@@ -128,7 +128,8 @@ if [ "$#" -eq 0 ]; then
     full_run=(--durations=40)
     workers=${EVORA_TEST_WORKERS:-$(nproc)}
     [ "$workers" -ge 2 ] || [ -n "${EVORA_TEST_WORKERS:-}" ] || workers=2
-    [ "$workers" -le 1 ] || full_run+=(-n "$workers" --dist loadfile)
+    # files in collection order, the longest first (tests/conftest.py, LONGEST_FIRST)
+    [ "$workers" -le 1 ] || full_run+=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
 run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 

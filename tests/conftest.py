@@ -169,6 +169,38 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# The files a full run spends longest in (their test time in its --durations list, 35-160 s
+# each), handed to the xdist workers first: scripts/test.sh passes --no-loadscope-reorder, so
+# the workers take files in collection order, and none of these starts last while the other
+# worker has nothing left to do (xdist's own order, most tests first, put the one-test files
+# of a minute or two at the very end). A file renamed here only loses its place.
+LONGEST_FIRST = (
+    "tests/fuzz/test_api_schema.py",
+    "tests/fuzz/test_dispatcher_schema.py",
+    "tests/pipeline/test_cluster.py",
+    "tests/cli/test_readme.py",
+    "tests/e2e/test_random_workload.py",
+    "tests/e2e/test_replicated.py",
+    "tests/cli/test_operator_commands.py",
+    "tests/projector/test_long_transactions.py",
+    "tests/typescript/test_sdk.py",
+    "tests/integration/test_plan_traps.py",
+    "tests/bench/test_bench_pressure.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/dashboard/test_browser.py",
+    "tests/integration/test_dependencies.py",
+    "tests/deploy/test_packaging.py",
+    "tests/sweeper/test_scheduler_processes.py",
+    "tests/sweeper/test_flow_buckets.py",
+    "tests/projector/test_mongo_crash.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
+
+
 def _audited(request: pytest.FixtureRequest) -> bool:
     if request.node.get_closest_marker("audit_skip") is not None:
         return False
