@@ -175,7 +175,11 @@ PG_JIT_LEG_TESTS=(tests/bench/test_bench_smoke.py)
 run_leg() {
     local major=$1 leg_tests=("${PG_LEG_TESTS[@]}")
     [ "$major" != 15 ] || leg_tests+=("${PG_JIT_LEG_TESTS[@]}")
-    use_postgres "$major" && run_pytest "PostgreSQL $major leg" -q -n 0 "${leg_tests[@]}"
+    # a base temporary directory of its own: a pytest session that starts without one makes
+    # /tmp/pytest-of-$USER private again (mode 700), and with it the directories of servers a
+    # leg running beside it gave to the account PostgreSQL runs as (evora.embedded, as root)
+    use_postgres "$major" && run_pytest "PostgreSQL $major leg" -q -n 0 \
+        --basetemp "$leg_logs/$major.tmp" "${leg_tests[@]}"
 }
 # Each leg is one pytest process, and as many legs run at once as the main run had workers:
 # two legs side by side keep both cores as busy as one leg on two workers did, without each
