@@ -42,12 +42,13 @@ def _wait_for(log: Path, pattern: str, process: subprocess.Popen[bytes]) -> re.M
 
 @dataclass
 class StandaloneCluster:
-    """`with StandaloneCluster(home, ...) as cluster:` a master and `workers` workers of one
-    core and `worker_memory` each, stopped (their process groups) on exit."""
+    """`with StandaloneCluster(home, ...) as cluster:` a master and `workers` workers of
+    `worker_cores` cores and `worker_memory` each, stopped (their process groups) on exit."""
 
     home: Path
     workers: int = 2
     worker_memory: str = "1280m"
+    worker_cores: int = 1
     daemon_memory: str = "256m"
     daemon_java_opts: str = ""
 
@@ -56,12 +57,13 @@ class StandaloneCluster:
         self.worker_dirs: list[Path] = []
         self._processes: list[subprocess.Popen[bytes]] = []
 
-    def executor_logs(self) -> list[str]:
-        """Per worker, the stderr of the executors it ran (every application)."""
-        return [
-            "".join(p.read_text(errors="replace") for p in sorted(d.glob("app-*/*/stderr")))
+    def executor_logs(self) -> dict[str, str]:
+        """The stderr of every executor the workers ran, by its `app-.../<executor id>`."""
+        return {
+            f"{p.parent.parent.name}/{p.parent.name}": p.read_text(errors="replace")
             for d in self.worker_dirs
-        ]
+            for p in sorted(d.glob("app-*/*/stderr"))
+        }
 
     def __enter__(self) -> Self:
         conf = self.home / "conf"  # empty: no spark-env.sh or defaults from elsewhere
@@ -107,7 +109,8 @@ class StandaloneCluster:
                     f"worker-{n}",
                     "org.apache.spark.deploy.worker.Worker",
                     "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
-                    "--cores", "1", "--memory", self.worker_memory, "--work-dir", str(work),
+                    "--cores", str(self.worker_cores), "--memory", self.worker_memory,
+                    "--work-dir", str(work),
                     self.master_url,
                 )  # fmt: skip
                 _wait_for(worker_log, r"Successfully registered with master", worker)
