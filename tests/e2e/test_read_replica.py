@@ -91,8 +91,8 @@ def _standby_of(
 
 @pytest.fixture(scope="module")
 async def servers() -> AsyncIterator[tuple[LocalPostgres, LocalPostgres]]:
-    """One primary and standby for the module: each test has a database of its own on them
-    (`replicated`), and the one test that stops the standby starts it again."""
+    """One primary and standby for the module, with the services on a database of their own
+    (`replicated`); the one test that stops the standby starts it again."""
     with cluster_dir("evora-test-replica-") as tmp:
         async with _primary_and_standby(tmp) as pair:
             yield pair
@@ -140,12 +140,25 @@ async def _commit_and_replay(
     await until(replayed, f"the standby replays a transaction in {database}", within=30)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 async def replicated(
+    servers: tuple[LocalPostgres, LocalPostgres], tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Replicated]:
+    """The services, started once for the module (each `evora` process costs more than a
+    second of CPU to start), on a database of their own, a copy of the migrated `postgres`
+    one, replayed on the standby (left in place: the cluster goes with the module). Each test
+    keeps to a queue of its own and counts the metrics from where they stood when it began."""
+    children = Children(tmp_path_factory.mktemp("replica-services"))
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield await _services(servers, children, http)
+    finally:
+        await children.close()
+
+
+async def _services(
     servers: tuple[LocalPostgres, LocalPostgres], children: Children, http: aiohttp.ClientSession
 ) -> Replicated:
-    """The services on a database of the test's own, a copy of the migrated `postgres` one,
-    replayed on the standby (left in place: the cluster goes with the module)."""
     primary, standby = servers
     database = f"replica_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(primary.dsn("template1"))
@@ -188,6 +201,7 @@ class RawClient:
     apis: list[str]
     position: int = 0
     seed: int = 0
+    queue: str = QUEUE
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.seed)
@@ -208,7 +222,7 @@ class RawClient:
         self.position = answered
 
     async def submit(self, **fields: Any) -> str:
-        body = {"queue": QUEUE, "type": "t", "payload": {}, **fields}
+        body = {"queue": self.queue, "type": "t", "payload": {}, **fields}
         async with self.http.post(
             self._next_api() + "/v1/jobs", json=body, headers=self._headers()
         ) as response:
@@ -235,7 +249,10 @@ class RawClient:
             return job
 
 
-async def _counted(http: aiohttp.ClientSession, apis: list[str]) -> tuple[float, dict[str, float]]:
+Counted = tuple[float, dict[str, float]]
+
+
+async def _counted(http: aiohttp.ClientSession, apis: list[str]) -> Counted:
     """(reads the replica served, fallbacks by reason) over the api processes."""
     served, fallbacks = 0.0, dict[str, float]()
     for api in apis:
@@ -282,6 +299,13 @@ async def _lag_sampled(
             )
 
 
+def _since(now: Counted, before: Counted) -> Counted:
+    """What was counted between `before` and `now` (the api processes serve the module)."""
+    return now[0] - before[0], {
+        reason: n - before[1].get(reason, 0) for reason, n in now[1].items()
+    }
+
+
 def _report(what: str, served: float, fallbacks: dict[str, float]) -> None:
     total = served + sum(fallbacks.values())
     share = served / total if total else 0.0
@@ -291,6 +315,7 @@ def _report(what: str, served: float, fallbacks: dict[str, float]) -> None:
 async def test_a_client_reads_its_own_writes(
     replicated: Replicated, http: aiohttp.ClientSession
 ) -> None:
+    before = await _counted(http, replicated.apis)
     clients = [RawClient(http, replicated.apis, seed=seed) for seed in range(20)]
 
     async def submit_and_read(client: RawClient) -> None:
@@ -316,7 +341,7 @@ async def test_a_client_reads_its_own_writes(
         for sdk in sdks:
             await sdk.close()
 
-    served, fallbacks = await _counted(http, replicated.apis)
+    served, fallbacks = _since(await _counted(http, replicated.apis), before)
     _report(f"read-your-writes ({elapsed:.1f}s for 100 submit+read)", served, fallbacks)
     # Both ways were taken: the replica did answer, and reads it could not answer in time
     # went to the primary (and still found their jobs).
@@ -337,9 +362,11 @@ def _how_far(job: dict[str, Any]) -> tuple[int, int]:
 async def test_reads_never_go_backwards(
     replicated: Replicated, http: aiohttp.ClientSession
 ) -> None:
-    mover = RawClient(http, replicated.apis)
+    queue = "replica-moved"  # the one job the mover claims is the first of its queue
+    before = await _counted(http, replicated.apis)
+    mover = RawClient(http, replicated.apis, queue=queue)
     job_id = await mover.submit()
-    readers = [RawClient(http, replicated.apis, seed=seed) for seed in range(4)]
+    readers = [RawClient(http, replicated.apis, seed=seed, queue=queue) for seed in range(4)]
     seen: list[list[tuple[int, int]]] = [[] for _ in readers]
     final = (STATE_ORDER["COMPLETED"], PROGRESS_STEPS)
 
@@ -366,7 +393,7 @@ async def test_reads_never_go_backwards(
     async def move() -> None:
         async with http.post(
             replicated.dispatcher + "/v1/claim",
-            json={"worker_id": "w-replica", "queues": [QUEUE], "wait_seconds": 5},
+            json={"worker_id": "w-replica", "queues": [queue], "wait_seconds": 5},
             headers=WORKER_HEADERS,
         ) as response:
             assert response.status == 200
@@ -390,7 +417,7 @@ async def test_reads_never_go_backwards(
 
     async with _lag_sampled(http, replicated.apis, "monotonic reads"):
         await asyncio.wait_for(asyncio.gather(move(), *(read(i) for i in range(len(readers)))), 60)
-    served, fallbacks = await _counted(http, replicated.apis)
+    served, fallbacks = _since(await _counted(http, replicated.apis), before)
     _report("monotonic reads", served, fallbacks)
     print("steps each reader saw:", [sorted(set(steps)) for steps in seen])
     assert served > 0
@@ -452,7 +479,9 @@ async def test_a_replica_lagging_beyond_the_bound_answers_nobody(
 async def test_a_stopped_standby_sends_reads_to_the_primary(
     replicated: Replicated, http: aiohttp.ClientSession
 ) -> None:
-    client = RawClient(http, replicated.apis)
+    queue = "replica-stopped"  # listed below: this test's job alone
+    start = await _counted(http, replicated.apis)
+    client = RawClient(http, replicated.apis, queue=queue)
     job_id = await client.submit()
     await client.get(job_id)
     _, before = await _counted(http, replicated.apis)
@@ -462,7 +491,7 @@ async def test_a_stopped_standby_sends_reads_to_the_primary(
         assert (await client.get(job_id))["id"] == job_id
     async with http.get(
         replicated.apis[0] + "/v1/jobs",
-        params={"queue": QUEUE},
+        params={"queue": queue},
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
     ) as response:
         assert response.status == 200
@@ -474,7 +503,7 @@ async def test_a_stopped_standby_sends_reads_to_the_primary(
         await sdk.close()
 
     served, after = await _counted(http, replicated.apis)
-    _report("standby stopped", served, after)
+    _report("standby stopped", *_since((served, after), start))
     assert after.get("unavailable", 0) > before.get("unavailable", 0)
 
     # Back up, the replica answers again (it is left alone for a second after failing).
