@@ -19,13 +19,13 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.cli.commands import EVORA, REPO, clean_environment, stop_group, wait_until_up
+from tests.cli.commands import REPO, clean_environment, stop_group, wait_until_up
 from tests.typescript.conftest import PACKAGE, NodeTools, install_packed_sdk
 
 # What the lines use from the repository besides the code: the scripts, the example worker.
@@ -38,7 +38,7 @@ def first_section_blocks(readme: str) -> list[str]:
     return re.findall(r"^```bash\n(.*?)^```", sections[1], flags=re.MULTILINE | re.DOTALL)
 
 
-@pytest.fixture
+@contextmanager
 def default_ports_taken() -> Iterator[None]:
     """8080 and 8081 held by someone else (or already taken on this machine)."""
     with ExitStack() as stack:
@@ -77,61 +77,87 @@ def _clone(target: Path) -> None:
     # The embedded MongoDB-wire server is a program of its package, found beside python.
     mongo_server = Path(sys.executable).parent / "secantusd-py"
     (venv / "bin" / mongo_server.name).symlink_to(mongo_server)
-    digest = hashlib.sha256((target / "pyproject.toml").read_bytes()).hexdigest()
+    # The stamp scripts/_env.sh's ensure_venv compares: pyproject.toml and the extra's lock.
+    # A stale one made `scripts/run.sh` reinstall into this .venv (pip: most of this test's CPU).
+    installed = (target / "pyproject.toml").read_bytes()
+    installed += (target / "scripts" / "locks" / "local.txt").read_bytes()
+    digest = hashlib.sha256(installed).hexdigest()
     (venv / ".evora-installed-local").write_text(digest + "\n")
 
 
-def test_the_first_section_runs_as_written(tmp_path: Path, default_ports_taken: None) -> None:
-    first_terminal, second_terminal = first_section_blocks((REPO / "README.md").read_text())
+@dataclass(frozen=True)
+class FirstTerminal:
+    """The first terminal's lines running in a clone: what they printed once up, and the
+    environment the lines of both terminals run in."""
+
+    clone: Path
+    banner: str
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def first_terminal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstTerminal]:
+    """The README's first terminal, run as written in a clone while 8080 and 8081 are taken.
+    The `evora dev` it starts is also the one every other block runs against (`dev`): one
+    start (initdb, migrations, the databases and four services) instead of two."""
+    first_terminal_lines = first_section_blocks((REPO / "README.md").read_text())[0]
+    tmp_path = tmp_path_factory.mktemp("first-section")
     clone = tmp_path / "evora"
     _clone(clone)
     env = clean_environment()  # the clone's .venv alone says where the code is
     log = tmp_path / "first-terminal.log"
-    with log.open("wb") as log_file:
-        system = subprocess.Popen(
-            ["bash", "-c", first_terminal],
-            cwd=clone,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        banner = wait_until_up(system, log)
-        # What it does while the databases start, and loudly that the ports were replaced.
-        assert "starting the embedded PostgreSQL in " in banner
-        assert "starting the embedded MongoDB-wire server in " in banner
-        for port, service, variable in ((8080, "api", "API"), (8081, "dispatcher", "DISPATCHER")):
-            assert re.search(
-                rf"WARNING evora.dev: port {port} is in use: the {service} listens on \d+ "
-                rf"instead \(set EVORA_{variable}_PORT to choose one\)",
-                banner,
-            ), banner
-        assert "dashboard   http://127.0.0.1:" in banner
-        assert "evora worker examples.worker_example --queues demo" in banner
-        second = subprocess.Popen(
-            ["bash", "-e", "-c", second_terminal],
-            cwd=clone,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+    with default_ports_taken():
+        with log.open("wb") as log_file:
+            system = subprocess.Popen(
+                ["bash", "-c", first_terminal_lines],
+                cwd=clone,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
-            out_bytes, err_bytes = second.communicate(timeout=120)
+            yield FirstTerminal(clone, wait_until_up(system, log), env)
         finally:
-            stop_group(second)  # the worker too, should the lines have stopped before `kill %1`
-        out, err = out_bytes.decode(), err_bytes.decode()
-        assert second.returncode == 0, out + err
-        assert re.search(r"^state\s+COMPLETED$", out, re.MULTILINE), out
-        assert re.search(r'^result\s+\{"hello":"world"\}$', out, re.MULTILINE), out
-        assert re.search(r"\bcompleted\b", out), out  # the events
-        # The default ports were taken, so the system runs elsewhere and said where.
-        env_file = (clone / ".evora" / "env").read_text()
-        assert "EVORA_API_URL=http://127.0.0.1:8080\n" not in env_file
-    finally:
-        stop_group(system)
+            stop_group(system)
     assert not (clone / ".evora" / "env").exists()  # removed when evora dev stopped
+
+
+def test_the_first_section_runs_as_written(first_terminal: FirstTerminal) -> None:
+    second_terminal = first_section_blocks((REPO / "README.md").read_text())[1]
+    banner = first_terminal.banner
+    assert "pip install" not in banner, banner  # the clone's .venv was found complete
+    # What it does while the databases start, and loudly that the ports were replaced.
+    assert "starting the embedded PostgreSQL in " in banner
+    assert "starting the embedded MongoDB-wire server in " in banner
+    for port, service, variable in ((8080, "api", "API"), (8081, "dispatcher", "DISPATCHER")):
+        assert re.search(
+            rf"WARNING evora.dev: port {port} is in use: the {service} listens on \d+ "
+            rf"instead \(set EVORA_{variable}_PORT to choose one\)",
+            banner,
+        ), banner
+    assert "dashboard   http://127.0.0.1:" in banner
+    assert "evora worker examples.worker_example --queues demo" in banner
+    second = subprocess.Popen(
+        ["bash", "-e", "-c", second_terminal],
+        cwd=first_terminal.clone,
+        env=first_terminal.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out_bytes, err_bytes = second.communicate(timeout=120)
+    finally:
+        stop_group(second)  # the worker too, should the lines have stopped before `kill %1`
+    out, err = out_bytes.decode(), err_bytes.decode()
+    assert second.returncode == 0, out + err
+    assert re.search(r"^state\s+COMPLETED$", out, re.MULTILINE), out
+    assert re.search(r'^result\s+\{"hello":"world"\}$', out, re.MULTILINE), out
+    assert re.search(r"\bcompleted\b", out), out  # the events
+    # The default ports were taken, so the system runs elsewhere and said where.
+    env_file = (first_terminal.clone / ".evora" / "env").read_text()
+    assert "EVORA_API_URL=http://127.0.0.1:8080\n" not in env_file
 
 
 # The pages whose code blocks a newcomer copies.
@@ -225,50 +251,64 @@ class Dev:
     workdir: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+@pytest.fixture(scope="module")
+def dev(first_terminal: FirstTerminal) -> Dev:
+    """The first section's `evora dev`, and a shell in its clone that sourced `.evora/env`."""
+    exports = {}
+    for line in (first_terminal.clone / ".evora" / "env").read_text().splitlines():
+        name, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
+        exports[name] = value
+    env = clean_environment(exports)
+    # The venv's `evora` and `python` first, as in a shell where the venv is active.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    return Dev(env, first_terminal.clone)
+
+
+@dataclass(frozen=True)
+class TsBuild:
+    """The TypeScript blocks compiled in a user's ESM project with the packed SDK installed:
+    each block's file, and what tsc said."""
+
+    sources: dict[str, Path]
+    status: int
+    output: str
 
 
 @pytest.fixture(scope="module")
-def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
-    workdir = tmp_path_factory.mktemp("snippets")
-    data_dir = workdir / ".evora"
-    ports = {
-        f"EVORA_{name}_PORT": str(_free_port())
-        for name in ("API", "DISPATCHER", "SWEEPER", "PROJECTOR")
-    }
-    log = workdir / "evora-dev.log"
-    with log.open("wb") as log_file:
-        system = subprocess.Popen(
-            [*EVORA, "dev"],
-            cwd=workdir,
-            env=clean_environment({"EVORA_DATA_DIR": str(data_dir), **ports}),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_until_up(system, log)
-        exports = {}
-        for line in (data_dir / "env").read_text().splitlines():
-            name, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
-            exports[name] = value
-        env = clean_environment(exports)
-        # The venv's `evora` and `python` first, as in a shell where the venv is active.
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
-        yield Dev(env, workdir)
-    finally:
-        stop_group(system)
-
-
-@pytest.fixture(scope="module")
-def ts_project(node_tools: NodeTools, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A user's ESM project with the packed SDK installed, where TypeScript blocks compile."""
+def ts_build(node_tools: NodeTools, tmp_path_factory: pytest.TempPathFactory) -> TsBuild:
+    """Every TypeScript block compiled by one tsc: each block is a module of its own (an ESM
+    project), so compiling them together checks each as compiling it alone does, and tsc's
+    start (seconds of CPU: it loads the compiler and the standard library's types) is paid
+    once instead of once per block."""
     project = tmp_path_factory.mktemp("ts-snippets") / "project"
     install_packed_sdk(node_tools, project)
-    return project
+    sources = {}
+    for index, block in enumerate(block for block in RUN if block.language == "ts"):
+        sources[block.name] = project / f"snippet{index}.ts"
+        sources[block.name].write_text(block.code)
+    compiled = subprocess.run(
+        [
+            node_tools.node,
+            str(PACKAGE / "node_modules" / "typescript" / "bin" / "tsc"),
+            "--module",
+            "nodenext",
+            "--target",
+            "es2022",
+            "--strict",
+            "--skipLibCheck",
+            "--typeRoots",
+            str(PACKAGE / "node_modules" / "@types"),
+            "--types",
+            "node",
+            *map(str, sources.values()),
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return TsBuild(sources, compiled.returncode, compiled.stdout)
 
 
 # SQL blocks run as one script on the database `evora dev` uses.
@@ -291,34 +331,16 @@ def _command(block: Block, dev: Dev, request: pytest.FixtureRequest) -> list[str
     """How a newcomer runs the block: its text in a file, run by the language's tool."""
     suffix = {"bash": "sh", "sh": "sh", "python": "py", "sql": "sql", "ts": "ts"}[block.language]
     if block.language == "ts":
-        project: Path = request.getfixturevalue("ts_project")
+        build: TsBuild = request.getfixturevalue("ts_build")
+        source = build.sources[block.name]
+        # tsc names the file of each error at the start of its line (cwd is the project).
+        own = [line for line in build.output.splitlines() if line.startswith(source.name)]
+        assert not own, f"{block.name} does not compile:\n{build.output}"
+        # An error in no block's file (the options, the SDK's types) fails every block.
+        others = [line for line in build.output.splitlines() if line.startswith("snippet")]
+        assert build.status == 0 or others, f"tsc failed:\n{build.output}"
         tools: NodeTools = request.getfixturevalue("node_tools")
-        source = project / "snippet.ts"
-        source.write_text(block.code)
-        compiled = subprocess.run(
-            [
-                tools.node,
-                str(PACKAGE / "node_modules" / "typescript" / "bin" / "tsc"),
-                "--module",
-                "nodenext",
-                "--target",
-                "es2022",
-                "--strict",
-                "--skipLibCheck",
-                "--typeRoots",
-                str(PACKAGE / "node_modules" / "@types"),
-                "--types",
-                "node",
-                str(source),
-            ],
-            cwd=project,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert compiled.returncode == 0, f"{block.name} does not compile:\n{compiled.stdout}"
-        return [tools.node, str(project / "snippet.js")]
+        return [tools.node, str(source.with_suffix(".js"))]
     script = dev.workdir / f"snippet.{suffix}"
     script.write_text(block.code)
     if block.language == "python":

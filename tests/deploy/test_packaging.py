@@ -3,6 +3,7 @@ it is ours by name, the SDK works, and none of the server side's dependencies co
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -48,6 +49,21 @@ def project_version() -> str:
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 
+def local_wheels() -> list[str]:
+    """pip's options to take the build backend and the SDK's dependencies from the wheels
+    scripts/test.sh downloaded for the dev lock (scripts/_env.sh, _install_pinned) rather
+    than from the index: asking the index for every package was most of this test's time.
+    pip still resolves the SDK's dependencies itself; the folder also holds the server side's
+    wheels, so the check below that none came along still means they were not asked for."""
+    cache = os.environ.get("EVORA_WHEELS_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evora" / "wheels"
+    )
+    lock = hashlib.sha256((ROOT / "scripts" / "locks" / "dev.txt").read_bytes()).hexdigest()
+    wheels = Path(cache) / lock[:16]
+    # Without them (a venv made some other way) pip asks the index, as before.
+    return ["--no-index", "--find-links", str(wheels)] if (wheels / ".complete").exists() else []
+
+
 def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> None:
     # Built from a copy, so the build leaves nothing in the working tree.
     source = tmp_path / "src"
@@ -61,7 +77,18 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     # The wheel a release uploads (and `pip install` of a clone builds), under our name: the
     # `evora` on PyPI is an unrelated project.
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", "dist", source],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            *local_wheels(),
+            "-w",
+            "dist",
+            source,
+        ],
         check=True,
         timeout=600,
         env=CLEAN_ENV,
@@ -90,11 +117,24 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
         "evora_services/cli/__main__.py",
         "evora_services/cli/admin/commands.py",
     } <= names
+    # A clean venv without pip of its own (bootstrapping pip and setuptools into it took
+    # seconds of CPU): this interpreter's pip installs into it (`--python`).
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            *local_wheels(),
+            wheel,
+        ],
         check=True,
         timeout=600,
         env=CLEAN_ENV,
