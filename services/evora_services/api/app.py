@@ -9,16 +9,23 @@ from aiohttp import web
 
 from evora import tracing
 from evora.config import Settings
-from evora.http.app import METRICS, READINESS, SETTINGS, create_base_app, open_pool
+from evora.http.app import (
+    METRICS,
+    READINESS,
+    SETTINGS,
+    TRACER,
+    also_unavailable,
+    create_base_app,
+    open_pool,
+)
 from evora.http.routing import install
-from evora.readmodels.client import mongo_client, mongo_ready
+from evora.readmodels.client import MONGO_UNAVAILABLE, mongo_client, mongo_ready
 from evora.readmodels.reader import ReadModels
 from evora.storage.db import create_pool
 from evora.storage.fairness import FairnessStore
 from evora.storage.jobs import JobStore, coalescing
 from evora.storage.limits import LimitStore
 from evora.storage.schedules import ScheduleStore
-from evora.tracing import TRACER
 from evora_services.api.callbacks import callbacks
 from evora_services.api.dashboard import dashboard
 from evora_services.api.fairness import FAIRNESS, fairness
@@ -89,6 +96,7 @@ async def create_app(settings: Settings) -> web.Application:
     if settings.database_url is None:
         raise ValueError("the api needs settings.database_url")
     app = create_base_app(settings, SERVICE, TITLE)
+    also_unavailable(app, MONGO_UNAVAILABLE)
     app[TRACER] = tracing.tracer("evora.api")
     app[ADMISSION_REFUSED] = admission_refused(app[METRICS].registry)
     app.middlewares.append(answer_positions)

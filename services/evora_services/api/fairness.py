@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Annotated
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from evora.config import Role
 from evora.http.bodies import parse_body, parse_query
@@ -17,7 +17,7 @@ from evora.http.jsonio import json_response
 from evora.http.problems import Problem, validation_problem
 from evora.http.routing import Routes
 from evora.protocol.bounds import LIMIT_NAME_PATTERN, MAX_PAGE
-from evora.protocol.fields import QueueName, WireModel
+from evora.protocol.fields import LazyModel, QueueName, WireModel
 from evora.storage.fairness import FairnessStore
 from evora_services.api.routes import SMALL_BODY_LIMIT
 from evora_services.api.stats import LimitCursor, encode_key
@@ -40,13 +40,13 @@ class WeightBody(WireModel):
     )
 
 
-class Weight(BaseModel):
+class Weight(LazyModel):
     key: str
     weight: float
     changed_at: datetime
 
 
-class KeyService(BaseModel):
+class KeyService(LazyModel):
     queue: str
     served: int = Field(description="jobs the fair claim started for the key")
     held_seconds: float = Field(description="lease seconds its ended attempts held")
@@ -55,20 +55,20 @@ class KeyService(BaseModel):
     lag: float = Field(description="its virtual finish ahead of the queue's virtual time")
 
 
-class KeyWeight(BaseModel):
+class KeyWeight(LazyModel):
     key: str
     weight: float = Field(description="the weight that applies: its own, a prefix's, else 1")
     set_by: str | None = Field(description="the key or prefix that set it; null: the default")
     queues: list[KeyService]
 
 
-class FairQueue(BaseModel):
+class FairQueue(LazyModel):
     queue: str
     keys: int = Field(description="the keys the queue's fair claims have served or noted")
     backlogged_keys: int = Field(description="those its claims walk now: they have work")
 
 
-class KeyState(BaseModel):
+class KeyState(LazyModel):
     key: str
     weight: float = Field(description="the weight that applies: its own, a prefix's, else 1")
     set_by: str | None = Field(description="the key or prefix that set it; null: the default")
@@ -89,13 +89,13 @@ class KeyState(BaseModel):
     )
 
 
-class FairnessPage(BaseModel):
+class FairnessPage(LazyModel):
     queues: list[FairQueue] = Field(description="every fair queue")
     keys: list[KeyState] = Field(description="a page of `queue`'s keys, in key order")
     next: str | None = Field(description="pass as `after` for the next page; null at the end")
 
 
-class FairnessQuery(BaseModel):
+class FairnessQuery(LazyModel):
     # lax (query values are strings); unknown parameters refused, not silently ignored
     model_config = ConfigDict(extra="forbid")
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Annotated
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from evora.config import Role
 from evora.domain.errors import LimitNotFound
@@ -17,7 +17,7 @@ from evora.http.jsonio import json_response
 from evora.http.problems import Problem, validation_problem
 from evora.http.routing import Routes
 from evora.protocol.bounds import LIMIT_NAME_PATTERN, MAX_PAGE
-from evora.protocol.fields import WireModel
+from evora.protocol.fields import LazyModel, WireModel
 from evora.storage.limits import LimitSpec, LimitStore
 from evora.storage.limits import Rate as StoredRate
 from evora_services.api.routes import SMALL_BODY_LIMIT
@@ -59,7 +59,7 @@ class LimitBody(WireModel):
     )
 
 
-class Limit(BaseModel):
+class Limit(LazyModel):
     key: str
     concurrency: int | None
     rate: Rate | None
@@ -68,7 +68,7 @@ class Limit(BaseModel):
     updated_at: datetime
 
 
-class Usage(BaseModel):
+class Usage(LazyModel):
     """A concrete key's live usage under the limit that governs it."""
 
     running: int = Field(description="RUNNING jobs holding the key")
@@ -94,7 +94,7 @@ class Usage(BaseModel):
     )
 
 
-class Admission(BaseModel):
+class Admission(LazyModel):
     """A concrete key's room under a max_pending (null without one, and for a prefix
     limit's own key): ask before a large batch, which is admitted whole or refused whole."""
 
@@ -120,18 +120,18 @@ class GovernedKey(Usage):
     key: str
 
 
-class GovernedKeyPage(BaseModel):
+class GovernedKeyPage(LazyModel):
     limit: GovernedLimit
     keys: list[GovernedKey]
     next: str | None = Field(description="pass as `after` for the next page; null at the end")
 
 
-class LimitList(BaseModel):
+class LimitList(LazyModel):
     limits: list[Limit]
     next: str | None = Field(description="pass as `after` for the next page; null at the end")
 
 
-class LimitListQuery(BaseModel):
+class LimitListQuery(LazyModel):
     # lax (query values are strings); unknown parameters refused, not silently ignored
     model_config = ConfigDict(extra="forbid")
 

@@ -7,10 +7,10 @@ import base64
 import binascii
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from evora.protocol.bounds import MAX_PAGE
-from evora.protocol.fields import QueueName, TypeName
+from evora.protocol.fields import LazyModel, QueueName, TypeName
 from evora.protocol.states import JobState
 
 _CURSOR_BYTES = 8  # a submit_seq is a PostgreSQL bigint
@@ -54,7 +54,7 @@ Cursor = Annotated[
 ]
 
 
-class JobListQuery(BaseModel):
+class JobListQuery(LazyModel):
     # Query values arrive as strings, so this model is lax (limit "20" is 20); unknown
     # parameters are refused so that a misspelt filter is not silently ignored.
     model_config = ConfigDict(extra="forbid")
@@ -66,7 +66,7 @@ class JobListQuery(BaseModel):
     after: Cursor | None = None
 
 
-class PageQuery(BaseModel):
+class PageQuery(LazyModel):
     """A page of a list without filters (pass `next` as `after`)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from evora.config import Role
@@ -24,6 +24,7 @@ from evora.http.jsonio import json_response
 from evora.http.problems import Problem, validation_problem
 from evora.http.routing import Routes
 from evora.protocol.bounds import DEPENDENCY_REF_PREFIX, MAX_PAGE, QUEUE_PATTERN
+from evora.protocol.fields import LazyModel
 from evora.protocol.jobs import JobResponse, JobSubmission, LastError
 from evora.storage.schedules import ScheduleSpec, ScheduleStore
 from evora_services.api.routes import submission_body_limit
@@ -76,7 +77,7 @@ class ScheduledJob(JobSubmission):
         return value
 
 
-class ScheduleBody(BaseModel):
+class ScheduleBody(LazyModel):
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     cron: str = Field(
@@ -112,7 +113,7 @@ class ScheduleBody(BaseModel):
         return value
 
 
-class Schedule(BaseModel):
+class Schedule(LazyModel):
     name: str
     cron: str
     timezone: str
@@ -137,12 +138,12 @@ class Schedule(BaseModel):
     updated_at: datetime
 
 
-class ScheduleList(BaseModel):
+class ScheduleList(LazyModel):
     schedules: list[Schedule]
     next: str | None = Field(description="pass as `after` for the next page; null at the end")
 
 
-class ScheduleListQuery(BaseModel):
+class ScheduleListQuery(LazyModel):
     # lax (query values are strings); unknown parameters refused, not silently ignored
     model_config = ConfigDict(extra="forbid")
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from evora.config import Role
 from evora.domain.errors import QueueNotFound
@@ -20,7 +20,7 @@ from evora.http.jsonio import json_response
 from evora.http.problems import Problem
 from evora.http.routing import Routes
 from evora.protocol.bounds import LIMIT_NAME_PATTERN, MAX_PAGE, QUEUE_PATTERN, TYPE_PATTERN
-from evora.protocol.fields import QueueName
+from evora.protocol.fields import LazyModel, QueueName
 from evora.readmodels.analytics import ALL_TYPES
 from evora.readmodels.reader import Page, ReadModels
 from evora.readmodels.stats import HISTORY_MINUTES
@@ -110,21 +110,21 @@ WorkerCursor = Annotated[
 ]
 
 
-class AnalyticsQuery(BaseModel):
+class AnalyticsQuery(LazyModel):
     model_config = ConfigDict(extra="forbid")
 
     limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=MAX_PAGE)
     after: QueueCursor | None = None
 
 
-class AnalyticsTypesQuery(BaseModel):
+class AnalyticsTypesQuery(LazyModel):
     model_config = ConfigDict(extra="forbid")
 
     limit: int = Field(default=QUEUES_PAGE_DEFAULT, ge=1, le=MAX_PAGE)
     after: TypeCursor | None = None
 
 
-class QueueListQuery(BaseModel):
+class QueueListQuery(LazyModel):
     # lax (query values are strings); unknown parameters refused, not silently ignored
     model_config = ConfigDict(extra="forbid")
 
@@ -132,7 +132,7 @@ class QueueListQuery(BaseModel):
     after: QueueCursor | None = None
 
 
-class WorkerListQuery(BaseModel):
+class WorkerListQuery(LazyModel):
     model_config = ConfigDict(extra="forbid")
 
     # The default is the most a page holds: the whole list clients got before paging.
@@ -148,13 +148,13 @@ _MINUTES = Field(
 )
 
 
-class HistoryQuery(BaseModel):
+class HistoryQuery(LazyModel):
     model_config = ConfigDict(extra="forbid")
 
     minutes: int = _MINUTES
 
 
-class HistoryListQuery(BaseModel):
+class HistoryListQuery(LazyModel):
     model_config = ConfigDict(extra="forbid")
 
     minutes: int = _MINUTES
@@ -171,28 +171,28 @@ def _page(member: str, page: Page, header: dict[str, Any] | None = None) -> web.
 _NEXT = Field(description="pass as `after` for the next page; null at the end")
 
 
-class Percentiles(BaseModel):
+class Percentiles(LazyModel):
     # null while there is no sample to measure
     p50: float | None
     p95: float | None
     p99: float | None
 
 
-class Latency(BaseModel):
+class Latency(LazyModel):
     wait: Percentiles
     run: Percentiles
 
 
-class Throughput(BaseModel):
+class Throughput(LazyModel):
     completed_per_minute: dict[str, float]
 
 
-class AsOf(BaseModel):
+class AsOf(LazyModel):
     seq: int
     at: datetime | None
 
 
-class QueueStats(BaseModel):
+class QueueStats(LazyModel):
     queue: str
     paused: bool
     counts: dict[str, int]
@@ -203,7 +203,7 @@ class QueueStats(BaseModel):
     as_of: AsOf
 
 
-class QueueHistory(BaseModel):
+class QueueHistory(LazyModel):
     queue: str
     step_seconds: int
     start: datetime = Field(description="the first minute's start (UTC)")
@@ -216,17 +216,17 @@ class QueueHistory(BaseModel):
     run_ms: list[float | None] = Field(description="mean run time; null: no completion")
 
 
-class HistoryList(BaseModel):
+class HistoryList(LazyModel):
     history: list[QueueHistory]
     next: str | None = _NEXT
 
 
-class QueueList(BaseModel):
+class QueueList(LazyModel):
     queues: list[QueueStats]
     next: str | None = _NEXT
 
 
-class WorkerActivity(BaseModel):
+class WorkerActivity(LazyModel):
     worker_id: str
     first_seen: datetime | None
     last_seen: datetime | None
@@ -240,12 +240,12 @@ class WorkerActivity(BaseModel):
     lease_expired: int
 
 
-class WorkerList(BaseModel):
+class WorkerList(LazyModel):
     workers: list[WorkerActivity]
     next: str | None = _NEXT
 
 
-class FailureReason(BaseModel):
+class FailureReason(LazyModel):
     type: str | None
     message: str = Field(description="the message with its variable parts as placeholders")
     count: int
@@ -255,18 +255,18 @@ class FailureReason(BaseModel):
     traceback: str | None = Field(description="the end of that failure's stack trace")
 
 
-class TypeFailures(BaseModel):
+class TypeFailures(LazyModel):
     type: str
     failures: int
     reasons: list[FailureReason]
 
 
-class FailureList(BaseModel):
+class FailureList(LazyModel):
     queue: str
     types: list[TypeFailures]
 
 
-class RunAsOf(BaseModel):
+class RunAsOf(LazyModel):
     run_id: str
     at: datetime = Field(description="when the run started")
     events: int = Field(description="how many events the run counted, archive plus live")
@@ -275,18 +275,18 @@ class RunAsOf(BaseModel):
     archive: dict[str, int] = Field(description="the archive watermark the run read up to")
 
 
-class PipelineTotals(BaseModel):
+class PipelineTotals(LazyModel):
     totals: dict[str, int] = Field(description="the stats `totals` keys")
     by_event: dict[str, int] = Field(description="every event name counted")
     events: int
     run_id: str | None
 
 
-class ProjectorTotals(BaseModel):
+class ProjectorTotals(LazyModel):
     totals: dict[str, int]
 
 
-class Rates(BaseModel):
+class Rates(LazyModel):
     jobs: int
     retried_jobs: int
     retries: int
@@ -295,7 +295,7 @@ class Rates(BaseModel):
     dlq_rate: float
 
 
-class LatencySummary(BaseModel):
+class LatencySummary(LazyModel):
     samples: int
     p50_ms: float | None
     p90_ms: float | None
@@ -305,7 +305,7 @@ class LatencySummary(BaseModel):
     max_ms: float | None
 
 
-class QueueAnalytics(BaseModel):
+class QueueAnalytics(LazyModel):
     queue: str
     pipeline: PipelineTotals | None = Field(description="null: not in the latest run")
     projector: ProjectorTotals | None = Field(description="null: not seen by the projector")
@@ -314,7 +314,7 @@ class QueueAnalytics(BaseModel):
     latency: dict[str, LatencySummary | None] = Field(description="`wait` and `run`")
 
 
-class AnalyticsList(BaseModel):
+class AnalyticsList(LazyModel):
     ran: bool = Field(description="false until `evora pipeline run` has written results")
     as_of: RunAsOf | None = Field(description="the run shown; null when none ran")
     projector_as_of: AsOf
@@ -322,7 +322,7 @@ class AnalyticsList(BaseModel):
     next: str | None = _NEXT
 
 
-class AnalyticsFailureReason(BaseModel):
+class AnalyticsFailureReason(LazyModel):
     rank: int
     error_type: str | None
     message: str = Field(description="its first 200 characters")
@@ -330,7 +330,7 @@ class AnalyticsFailureReason(BaseModel):
     last_at: datetime | None
 
 
-class TypeAnalytics(BaseModel):
+class TypeAnalytics(LazyModel):
     type: str = Field(description="the job type; `*`: all the queue's types together")
     events: dict[str, int] = Field(description="events by name")
     jobs: dict[str, int] = Field(description="jobs by the state after their latest event")
@@ -339,7 +339,7 @@ class TypeAnalytics(BaseModel):
     failure_reasons: list[AnalyticsFailureReason] = Field(description="most frequent first")
 
 
-class QueueTypesAnalytics(BaseModel):
+class QueueTypesAnalytics(LazyModel):
     queue: str
     ran: bool
     as_of: RunAsOf | None

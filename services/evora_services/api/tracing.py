@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from evora.domain.errors import EvoraError
+from evora.http.app import TRACER
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.tracing import TRACEPARENT
 from evora.storage.jobs import JobStore, RequestsFlush
 from evora.storage.submissions import Submitted
-from evora.tracing import TRACER
 from evora.tracing.traceparent import valid_traceparent
 
 if TYPE_CHECKING:

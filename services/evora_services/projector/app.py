@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from evora.config import Settings
-from evora.http.app import METRICS, READINESS, create_base_app, open_pool
-from evora.readmodels.client import mongo_client, mongo_ready
+from evora.http.app import METRICS, READINESS, also_unavailable, create_base_app, open_pool
+from evora.readmodels.client import MONGO_UNAVAILABLE, mongo_client, mongo_ready
 from evora.storage import locks
 from evora.storage.leadership import AdvisoryLeader
 from evora.storage.listener import Listener
@@ -27,6 +27,7 @@ async def create_app(settings: Settings) -> web.Application:
     assert mongo_url is not None
     session_dsn, session_pooler = settings.require_session_database("the projector's leadership")
     app = create_base_app(settings, "projector", "Evora projector")
+    also_unavailable(app, MONGO_UNAVAILABLE)
     metrics = ProjectorMetrics(app[METRICS])
 
     async def resources(app: web.Application) -> AsyncIterator[None]:

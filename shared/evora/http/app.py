@@ -9,9 +9,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import asyncpg
-import pymongo.errors
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -31,6 +31,9 @@ from evora.logs import unbind as unbind_log_context
 from evora.protocol import problems
 from evora.storage.db import create_pool, request_budget
 from evora.storage.migrate import missing_versions, stale_function_files
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +89,11 @@ READINESS_CACHE = web.AppKey("readiness_cache", ReadinessCache)
 TOKENS = web.AppKey("tokens", TokenTable)
 DATABASE_BUDGET = web.AppKey("database_budget", float)
 REQUEST_ID = web.RequestKey("request_id", str)
+# The tracer of an app (None when the process does not trace: evora.tracing).
+TRACER: web.AppKey[Tracer | None] = web.AppKey("tracer")
 
 # Failures of the database, not of the request: the client may retry.
-DATABASE_UNAVAILABLE = (
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
     OSError,
     TimeoutError,
     asyncpg.PostgresConnectionError,
@@ -97,9 +102,11 @@ DATABASE_UNAVAILABLE = (
     asyncpg.TooManyConnectionsError,
     asyncpg.QueryCanceledError,
     asyncpg.AdminShutdownError,
-    # MongoDB (the read models) unreachable or not answering
-    pymongo.errors.ConnectionFailure,
 )
+# What a service's requests answer 503 for: DATABASE_UNAVAILABLE, and MongoDB's failures in a
+# service that reads it (also_unavailable), so that the others never import pymongo (a tenth
+# of a service's start-up CPU).
+UNAVAILABLE = web.AppKey("unavailable", tuple[type[Exception], ...])
 # A transaction PostgreSQL rolled back to settle a conflict with a concurrent one (the victim
 # of a deadlock, a serialization failure): what it did is undone, and the request may be
 # sent again, as after a lost connection. Not "statement completion unknown", the other
@@ -153,7 +160,7 @@ async def _edge(
         except ClientDisconnected as exc:
             log.debug("client left %s %s before its body arrived: %s", request.method, route, exc)
             response = web.Response(status=CLIENT_CLOSED_REQUEST)
-        except DATABASE_UNAVAILABLE as exc:
+        except request.app[UNAVAILABLE] as exc:
             log.warning("database unavailable in %s %s: %r", request.method, route, exc)
             response = unavailable(
                 "the database is unavailable or overloaded; retry shortly"
@@ -276,6 +283,11 @@ def _ops_routes(title: str) -> Routes:
     return ops
 
 
+def also_unavailable(app: web.Application, *errors: type[Exception]) -> None:
+    """Requests that fail with one of `errors` (another database's) are answered 503 too."""
+    app[UNAVAILABLE] = (*app[UNAVAILABLE], *errors)
+
+
 def create_base_app(settings: Settings, service: str, title: str) -> web.Application:
     app = web.Application(middlewares=[_edge], client_max_size=ABSOLUTE_BODY_LIMIT)
     app[SETTINGS] = settings
@@ -285,6 +297,7 @@ def create_base_app(settings: Settings, service: str, title: str) -> web.Applica
     app[READINESS_CACHE] = ReadinessCache(app[READINESS])
     app[TOKENS] = TokenTable(settings.token_roles() if settings.auth_enabled else None)
     app[DATABASE_BUDGET] = DATABASE_BUDGET_S
+    app[UNAVAILABLE] = DATABASE_UNAVAILABLE
     app[BODY_BUDGETS] = BodyBudgets.of(settings.body_budget)
     install(app, _ops_routes(title))
     return app

@@ -6,9 +6,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from evora.protocol.fields import Payload, WireModel
+from evora.protocol.fields import LazyModel, Payload, WireModel
 
 
 class ResolveCallbackRequest(WireModel):
@@ -17,7 +17,7 @@ class ResolveCallbackRequest(WireModel):
     )
 
 
-class CallbackResolution(BaseModel):
+class CallbackResolution(LazyModel):
     """A callback's resolution: the same for the first resolution and every repeat."""
 
     callback: UUID = Field(description="the callback's public id (the job's `callback.id`)")

@@ -9,10 +9,11 @@ tests check real answers against them.
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from evora.protocol.bounds import (
     DEPENDENCY_REF_PREFIX,
@@ -25,6 +26,7 @@ from evora.protocol.bounds import (
 )
 from evora.protocol.fields import (
     Key,
+    LazyModel,
     Payload,
     QueueName,
     Timestamp,
@@ -110,8 +112,11 @@ class Throttle(WireModel):
 
 # Shared by every submission that names no backoff: building a model for each item was
 # about a quarter of validating it (a 1,000-job batch, best of 30 runs: 4.4 us per item
-# with a model built for each, 3.0-3.3 us with this one).
-_DEFAULT_BACKOFF = Backoff()
+# with a model built for each, 3.0-3.3 us with this one). Made on the first such
+# submission, not at import, which would build Backoff's validator in every process.
+@cache
+def _default_backoff() -> Backoff:
+    return Backoff()
 
 
 class JobSubmission(WireModel):
@@ -142,7 +147,7 @@ class JobSubmission(WireModel):
         "the worker is asked to stop, and after a grace of lease_seconds the attempt fails "
         "with reason timeout (docs/jobs-that-wait.md)",
     )
-    backoff: Backoff = Field(default_factory=lambda: _DEFAULT_BACKOFF)
+    backoff: Backoff = Field(default_factory=_default_backoff)
     expires_at: Timestamp | None = None
     idempotency_key: Key | None = None
     group_key: Key | None = None
@@ -232,13 +237,13 @@ class RedriveRequest(WireModel):
 # -- responses -----------------------------------------------------------------------------
 
 
-class LastError(BaseModel):
+class LastError(LazyModel):
     message: str
     type: str | None = None
     traceback: str | None = None
 
 
-class Callback(BaseModel):
+class Callback(LazyModel):
     """The callback a job is suspended on, or was last (docs/callbacks.md). Its `id` names
     it; the credential that resolves it was handed to the suspending worker only."""
 
@@ -251,7 +256,7 @@ class Callback(BaseModel):
     payload: Any = Field(description="what the resolution carried (null until then)")
 
 
-class Job(BaseModel):
+class Job(LazyModel):
     """A job as the API returns it (docs/http-api.md#the-job-resource)."""
 
     id: UUID
@@ -332,7 +337,7 @@ class JobResponse(Job):
     )
 
 
-class JobEvent(BaseModel):
+class JobEvent(LazyModel):
     """One row of the `job_events` outbox (docs/http-api.md#the-event-resource)."""
 
     seq: int
@@ -348,32 +353,32 @@ class JobEvent(BaseModel):
     data: dict[str, Any]
 
 
-class Dependents(BaseModel):
+class Dependents(LazyModel):
     jobs: list[JobResponse] = Field(description="the jobs that depend on this one")
 
 
-class BatchItem(BaseModel):
+class BatchItem(LazyModel):
     status: Literal[200, 201] = Field(description="201 created, 200 idempotent replay")
     job: JobResponse
 
 
-class BatchResult(BaseModel):
+class BatchResult(LazyModel):
     jobs: list[BatchItem]
 
 
-class JobList(BaseModel):
+class JobList(LazyModel):
     jobs: list[JobResponse]
     next: str | None = Field(description="pass as `after` for the next page; null at the end")
 
 
-class Events(BaseModel):
+class Events(LazyModel):
     events: list[JobEvent]
 
 
-class Redriven(BaseModel):
+class Redriven(LazyModel):
     redriven: int
 
 
-class QueuePauseState(BaseModel):
+class QueuePauseState(LazyModel):
     queue: str
     paused: bool

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from evora.protocol.bounds import (
     CHECKPOINT_NAME_PATTERN,
@@ -24,6 +24,7 @@ from evora.protocol.bounds import (
 )
 from evora.protocol.fields import (
     CheckpointData,
+    LazyModel,
     Progress,
     QueueName,
     Result,
@@ -40,7 +41,7 @@ class HeartbeatRequest(WireModel):
     progress: Progress = None
 
 
-class HeartbeatResponse(BaseModel):
+class HeartbeatResponse(LazyModel):
     lease_expires_at: datetime
     cancel_requested: bool
     timeout_requested: bool = Field(
@@ -130,7 +131,7 @@ class CheckpointRequest(WireModel):
     )
 
 
-class CheckpointResponse(BaseModel):
+class CheckpointResponse(LazyModel):
     checkpoints: dict[str, Any] = Field(description="every checkpoint of the job, name -> data")
 
 
@@ -150,7 +151,7 @@ class SuspendRequest(WireModel):
     )
 
 
-class SuspendResponse(BaseModel):
+class SuspendResponse(LazyModel):
     callback_id: str | None = Field(
         description=(
             "the one-time callback id, the credential that resolves it (POST "
@@ -180,14 +181,14 @@ class ChildrenRequest(WireModel):
     )
 
 
-class Child(BaseModel):
+class Child(LazyModel):
     id: UUID
     status: Literal[200, 201] = Field(
         description="201 created, 200 an idempotency key's job (or a debounce or throttle key's)"
     )
 
 
-class ChildrenResponse(BaseModel):
+class ChildrenResponse(LazyModel):
     job: Job = Field(
         description=(
             "the job as it now is: WAITING for its children (PENDING if they had all ended, "
@@ -228,12 +229,12 @@ class AcksRequest(WireModel):
     acks: list[Ack] = Field(min_length=1, max_length=MAX_ACKS)
 
 
-class AckResult(BaseModel):
+class AckResult(LazyModel):
     id: UUID
     status: int
 
 
-class AcksResponse(BaseModel):
+class AcksResponse(LazyModel):
     results: list[AckResult]
 
 
@@ -250,7 +251,7 @@ class ClaimRequest(WireModel):
     )
 
 
-class ClaimResponse(BaseModel):
+class ClaimResponse(LazyModel):
     jobs: list[ClaimedJob]
     results: list[AckResult] | None = Field(
         default=None, description="one status per item of the request's acks, if it had any"

@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from pymongo import AsyncMongoClient
+from pymongo.errors import ConnectionFailure
 
 from evora.readmodels.layout import Document
 
 SERVER_SELECTION_MS = 5_000
 CONNECT_MS = 5_000
 SOCKET_MS = 30_000
+
+# MongoDB (the read models) unreachable or not answering: the client may retry.
+MONGO_UNAVAILABLE = ConnectionFailure
 
 
 def mongo_client(url: str, app_name: str) -> AsyncMongoClient[Document]:

@@ -4,7 +4,9 @@ Configured by the standard OTEL_* environment variables. Tracing is on when an e
 asked for (OTEL_TRACES_EXPORTER other than `none`, or an OTLP endpoint) and not disabled by
 OTEL_SDK_DISABLED; otherwise nothing of OpenTelemetry is imported and every service runs as
 without it. One tracer provider serves the whole process (`evora dev` runs every service in
-one), so it is set up once, by the command line, before the apps are created.
+one), so it is set up once, by the command line, before the apps are created. Every command
+imports this module, `evora migrate` too, so it imports no more than that needs (no aiohttp:
+an app's tracer is under evora.http.app's TRACER).
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
-
-from aiohttp import web
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer, TracerProvider
@@ -24,9 +24,6 @@ EXPORTERS = ("otlp", "console")
 _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 _provider: TracerProvider | None = None
-
-# The tracer of an app (None when the process does not trace).
-TRACER: web.AppKey[Tracer | None] = web.AppKey("tracer")
 
 
 def requested_exporters(environ: Mapping[str, str]) -> list[str]:
