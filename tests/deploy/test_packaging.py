@@ -120,7 +120,9 @@ def test_the_sdk_installs_and_works_without_the_server_side(tmp_path: Path) -> N
     # A clean venv without pip of its own (bootstrapping pip and setuptools into it took
     # seconds of CPU): this interpreter's pip installs into it (`--python`).
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
     python = venv / "bin" / "python"
     subprocess.run(
         [
