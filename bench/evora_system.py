@@ -46,9 +46,14 @@ COUNTERS = {
 
 
 # (ORDER BY rather than min()/max(): xid8 has no such aggregates before PostgreSQL 16)
+# The newest xid of each table of the outbox through its tail index: ordered through the
+# `job_events` view (migration 0064), the batches are unfolded whole, every one of them.
 _EVERY_EVENT_CONSUMED = """
 SELECT (SELECT p.xid FROM evora.projector_progress p ORDER BY p.xid LIMIT 1)
-     > (SELECT e.xid FROM evora.job_events e ORDER BY e.xid DESC LIMIT 1)
+     > (SELECT n.xid FROM ((SELECT r.xid FROM evora.job_event_rows r ORDER BY r.xid DESC LIMIT 1)
+                           UNION ALL
+                           (SELECT b.xid FROM evora.event_batches b ORDER BY b.xid DESC LIMIT 1)) n
+        ORDER BY n.xid DESC LIMIT 1)
 """
 
 

@@ -1,5 +1,5 @@
 """What each reader of job_events by seq reads on a filled outbox (migration 0059: a BRIN index
-on seq instead of the primary key's B-tree).
+on seq instead of the primary key's B-tree), for the events written one by one.
 
 Not a test: it measures and prints. It starts its own PostgreSQL in a temporary directory,
 applies the migrations of the `evora` package on the path (`PYTHONPATH=<checkout>/shared`
@@ -7,18 +7,21 @@ picks the schema: a tree before 0059 has the primary key), runs `--what-if` SQL 
 (e.g. the BRIN index again with another pages_per_range), and fills the outbox with
 `--events` events in transactions of `--per-transaction` (a claim's batch), dated over
 `--days` days so that they fall in that many partitions of a day, after a gap of `--gap`
-seqs (what the partitions retention dropped leave). Then VACUUM ANALYZE (autovacuum's
-summarizing of the BRIN ranges, done at once), Evora's clock moved past the last of those
-days and the sweeper's round of partitions run (evora.make_event_partitions()), and per
-reader the median time, the buffers the reading transaction fetched (of the schema's tables
-and indexes, hit or read: every part of the plan, functions included) and the plan's nodes:
-the projector's `read_batch` of `--batch` events from the middle of the tail (the statement
-of this tree, and with `--previous-sql <tree>` that tree's, the previous release's, which
-fetches by `seq = ANY(...)`; `--tree` runs another tree's statements throughout), the
-auditor's range of 10,000 seqs, the newest seq and the next one after the gap, the archive's
-range of 10,000 seqs, and retention's walk of the expired partitions; with `--then-migrate
-FILE`, how long that migration then takes (run on a tree before 0059 with 0059's file: the
-upgrade's index build).
+seqs (what the partitions retention dropped leave). The events are rows of
+`evora.job_event_rows` (of `evora.job_events` on a tree before migration 0064, where that was
+the table): the batches (migration 0064) stay empty, which every reader reads as well. Then
+VACUUM ANALYZE (autovacuum's summarizing of the BRIN ranges, done at once), Evora's clock
+moved past the last of those days and the sweeper's round of partitions run
+(evora.make_event_partitions()), and per reader the median time, the buffers the reading
+transaction fetched (of the schema's tables and indexes, hit or read: every part of the plan,
+functions included) and the plan's nodes: the projector's `read_batch` of `--batch` events
+from the middle of the tail (the statement of this tree, and with `--previous-sql <tree>` that
+tree's, the previous release's, which fetches by `seq = ANY(...)`; `--tree` runs another
+tree's statements throughout), the auditor's range of 10,000 seqs, the newest seq and the next
+one after the gap, the archive's range of 10,000 seqs (through evora.events_between() from
+migration 0064 on), and retention's walk of the expired partitions (of both tables from
+migration 0064 on); with `--then-migrate FILE`, how long that migration then takes (run on a
+tree before 0059 with 0059's file: the upgrade's index build).
 
     PYTHONPATH=shared python -m bench.outbox_seq --events 1000000 --days 6
 """
@@ -42,7 +45,7 @@ from evora.storage.migrate import apply_migrations
 from evora.storage.statements import parse
 
 FILL = """
-INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+INSERT INTO {rows} (job_id, job_version, queue, type, event, from_state, to_state,
                               attempt, worker_id, at, job)
 SELECT gen_random_uuid(), 2, 'q', 't', 'claimed', 'PENDING', 'RUNNING', 1, 'w',
        evora.clock_now() + make_interval(secs => ($2 + n) * $4 * 86400.0 / $3), i.image
@@ -128,20 +131,24 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
     await apply_migrations(dsn)
     conn = await connect(dsn, application_name="bench", statement_timeout=None)
     try:
+        # the table of the events written one by one: a view of both tables has that name
+        # from migration 0064 on
+        batches = await conn.fetchval("SELECT to_regclass('evora.event_batches') IS NOT NULL")
+        rows = "evora.job_event_rows" if batches else "evora.job_events"
         if args.what_if:
             await conn.execute(args.what_if)
         await conn.execute("SELECT evora.make_event_partitions(86400, $1)", args.days + 2)
         await conn.execute(JOB)
-        await conn.execute(
-            "SELECT setval(pg_get_serial_sequence('evora.job_events', 'seq'), $1)", args.gap
-        )
+        await conn.execute(f"SELECT setval(pg_get_serial_sequence('{rows}', 'seq'), $1)", args.gap)
         t0 = time.perf_counter()
         for first in range(0, args.events, args.per_transaction):
             async with conn.transaction():
                 await conn.execute("SET LOCAL session_replication_role = replica")
-                await conn.execute(FILL, args.per_transaction, first, args.events, args.days)
+                await conn.execute(
+                    FILL.format(rows=rows), args.per_transaction, first, args.events, args.days
+                )
         print(f"filled {args.events:,} events in {time.perf_counter() - t0:.0f} s")
-        await conn.execute("VACUUM (ANALYZE) evora.job_events")
+        await conn.execute(f"VACUUM (ANALYZE) {rows}")
         # the history in the past, as read in a deployment: the clock past the last
         # partition filled, and the sweeper's round that makes partitions ahead of it
         await conn.execute(
@@ -153,7 +160,7 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
         parts = await conn.fetch(
             "SELECT tableoid::regclass::text AS name, count(*) AS n, min(seq) AS lo,"
             " max(seq) AS hi, max(xid::text::int8) AS xid"
-            " FROM evora.job_events GROUP BY 1 ORDER BY 3"
+            f" FROM {rows} GROUP BY 1 ORDER BY 3"
         )
         for p in parts:
             print(f"  {p['name']}: {p['n']:,} events, seq {p['lo']}..{p['hi']}")
@@ -168,7 +175,7 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
         )
         # the projector's batch from the middle of the tail, in (xid, seq) order
         xid, seq = await conn.fetchrow(
-            "SELECT xid::text::int8, seq FROM evora.job_events ORDER BY xid, seq OFFSET $1 LIMIT 1",
+            f"SELECT xid::text::int8, seq FROM {rows} ORDER BY xid, seq OFFSET $1 LIMIT 1",
             args.events // 2,
         )
         batch_args = [str(xid), seq, args.batch, None, None, {}, 60, None, [], str(xid), seq]
@@ -198,11 +205,18 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
                 continue
             await read_in_functions(conn, f"auditor {name}", sql, *([2] if "$1" in sql else []))
         below = parts[-1]["xid"] + 1
+        # the archive's new seqs (evora_services.pipeline.events.between): through the view a
+        # filter on seq reaches no index of the batches
+        new_seqs = (
+            f"evora.events_between({mid + 1}, {mid + 10_001})"
+            if batches
+            else f"evora.job_events WHERE seq > {mid} AND seq <= {mid + 10_000}"
+        )
         await explain(
             conn,
             "archive between (10,000 new seqs)",
-            f"""SELECT seq FROM evora.job_events WHERE seq > {mid} AND seq <= {mid + 10_000}
-                AND xid < '{below}'::xid8 UNION ALL SELECT seq FROM evora.job_events
+            f"""SELECT seq FROM (SELECT * FROM {new_seqs}) e WHERE xid < '{below}'::xid8
+                UNION ALL SELECT seq FROM evora.job_events
                 WHERE seq <= {mid} AND xid >= '{below}'::xid8 AND xid < '{below}'::xid8""",
         )
         await conn.execute(
@@ -214,10 +228,12 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             "INSERT INTO evora.projector_progress (generation, xid) VALUES (1, $1::text::xid8)",
             str(below),
         )
+        # from migration 0064 on a range's two tables (the older function answers nothing)
+        expired = "expired_event_tables" if batches else "expired_event_partitions"
         await read_in_functions(
             conn,
-            "retention expired_event_partitions",
-            "SELECT name FROM evora.expired_event_partitions(0, true) WHERE attached",
+            f"retention {expired}",
+            f"SELECT name FROM evora.{expired}(0, true) WHERE attached",
         )
         if args.then_migrate:
             # what the upgrade holds writers of events back for (its locks, its index build)

@@ -9,16 +9,17 @@ plain SQL inside PostgreSQL, and the throughput of `evora pipeline archive`.
         --conf spark.executor.memory=1g --conf spark.cores.max=2   # both, on one load
 
 Starts its own PostgreSQL (embedded wheel, non-durable: the bulk load is not what is
-measured) in a temp dir and fills `job_events` with COPY: a synthetic week of jobs over
-8 queues and 21 queue/type pairs (retries with backoff, lease expiries, releases,
-non-retryable failures, dead letters, operator retries and cancels, 10 weighted error
-reasons). Every `evora pipeline ...` command runs as a fresh process, so its wall time
-includes the JVM start, as an operator would see it. Each --master runs the same steps in
-turn on the same loaded events (the archive watermark is reset between them, each gets its
-own archive directory); `standalone` starts a master and --workers workers here
-(bench/spark_standalone.py). The peak resident set (VmHWM) of every JVM this benchmark
-starts is sampled each second and reported per step. With --mongo the run also writes
-MongoDB (secantusd-py, a CPU-bound Python server far slower than MongoDB: indicative only).
+measured) in a temp dir and fills `job_events` with COPY (into its table of events written
+one by one, `job_event_rows`): a synthetic week of jobs over 8 queues and 21 queue/type pairs
+(retries with backoff, lease expiries, releases, non-retryable failures, dead letters,
+operator retries and cancels, 10 weighted error reasons). Every `evora pipeline ...` command
+runs as a fresh process, so its wall time includes the JVM start, as an operator would see
+it. Each --master runs the same steps in turn on the same loaded events (the archive
+watermark is reset between them, each gets its own archive directory); `standalone` starts a
+master and --workers workers here (bench/spark_standalone.py). The peak resident set (VmHWM)
+of every JVM this benchmark starts is sampled each second and reported per step. With --mongo
+the run also writes MongoDB (secantusd-py, a CPU-bound Python server far slower than
+MongoDB: indicative only).
 """
 
 from __future__ import annotations
@@ -254,11 +255,13 @@ async def load(dsn: str, events: int, seed: int) -> float:
                 for row in chunk
             ]
             # one transaction (one xid) per chunk, as many writers would produce
+            # into the table of the events written one by one: `job_events` is a view of it
+            # and the batches (migration 0064), which COPY cannot write
             await conn.copy_records_to_table(
-                "job_events", schema_name="evora", records=records, columns=COLUMNS
+                "job_event_rows", schema_name="evora", records=records, columns=COLUMNS
             )
         took = time.perf_counter() - started
-        await conn.execute("VACUUM ANALYZE evora.job_events")
+        await conn.execute("VACUUM ANALYZE evora.job_event_rows")
         # the projector has consumed it all (the archive needs that)
         await conn.execute(
             "INSERT INTO evora.projector_progress (generation, xid, seq) "

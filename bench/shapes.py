@@ -33,18 +33,19 @@ The shapes (`--shapes`):
   the rows a `FOR UPDATE SKIP LOCKED` select picked) and its batch completion (a DELETE by id,
   which checks no lock owner for jobs without a named queue): the calibration;
 - `today`: Evora as it is (`JobStore.submit_batch`, `.claim`, `.complete_many`; retention by
-  `evora.prune_finished()` and the day's `job_events` partition detached and dropped);
-- `today-batch`: Evora as it is, in a database of its own, but for the hot path's three
-  event inserts (submission, claim, completion), which write one row per statement into
-  `evora.event_batches` (today's columns as arrays, the job images too; `(xid, seq)` and BRIN
-  on seq, no index by job id; day partitions dropped by retention);
+  `evora.prune_finished()` and the day's partitions of the outbox detached and dropped, the
+  rows' and their twin of `evora.event_batches`). Since migration 0064 its submissions,
+  claims and completions write their events one row of `evora.event_batches` per statement:
+  the shape `today-batch` measured that as a prototype (the three functions rewritten to
+  write batches), and `today` is now what it measured;
 - `split`: the job record written once at submission (day partitions by submission time); a
   narrow `ready` table the claim deletes from; a narrow `running` table the claim inserts into
   and the fenced completion deletes from (the FIFO group's unique index lives there); finished
-  jobs inserted into day partitions of `finished`; events as today (a row per transition,
-  `(job_id, job_version, at)` unique and the `(xid, seq)` tail, BRIN on seq), carrying the
-  due and start times the projector reads instead of the copy of the job; retention counts and
-  drops the day's partitions of all three;
+  jobs inserted into day partitions of `finished`; events as Evora wrote them before
+  migration 0064 (a row per transition, `(job_id, job_version, at)` unique and the
+  `(xid, seq)` tail, BRIN on seq), carrying the due and start times the projector reads
+  instead of the copy of the job; retention counts and drops the day's partitions of all
+  three;
 - `split-batch`: `split` with one outbox row per statement (arrays of ids, versions, states,
   queues, types, due and start times; one tail entry per statement), the timeline by job id
   from the read models (no index by job id);
@@ -82,14 +83,18 @@ from evora.storage.submissions import uuid7s
 SHAPES = (
     "graphile",
     "today",
-    "today-batch",
     "split",
     "split-batch",
     "split-batch-gin",
     "split-batch-lean",
 )
-# The shapes that run Evora's own functions (through JobStore), each in a database of its own.
-EVORA_SHAPES = {"today": "shapes", "today-batch": "shapes_today_batch"}
+# The shape that runs Evora's own functions (through JobStore).
+EVORA_SHAPE = "today"
+# One database holds Evora's schema and every prototype's.
+DATABASE = "shapes"
+# The outbox's partitioned tables: the events written one by one, and the batches (one row
+# per statement, migration 0064).
+EVENT_TABLES = {"evora.job_event_rows", "evora.event_batches"}
 PHASES = ("submit", "drain", "vacuum", "retention", "vacuum 2")
 SUBMIT_BATCH = 1000
 WORKER = "shapes-worker"
@@ -167,73 +172,6 @@ RETURNING *
 GRAPHILE_COMPLETE = """
 DELETE FROM graphile._private_jobs AS jobs USING unnest($1::bigint[]) n(n) WHERE id = n
 """
-
-# today-batch: Evora's schema and functions, but the hot path's three event inserts (the
-# submission's, evora.store_submissions(); the claim's, evora.claim_jobs(); the completion's,
-# evora.complete_items()) write one row per statement into `evora.event_batches`, every column
-# of today's rows as an array (the job images too), in day partitions.
-EVENT_BATCHES = """
-CREATE TABLE evora.event_batches (
-    seq bigint GENERATED ALWAYS AS IDENTITY,
-    xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
-    at timestamptz NOT NULL,
-    job_ids uuid[] NOT NULL,
-    job_versions integer[] NOT NULL,
-    queues text[] NOT NULL,
-    types text[] NOT NULL,
-    events text[] NOT NULL,
-    from_states evora.job_state[] NOT NULL,
-    to_states evora.job_state[] NOT NULL,
-    attempts integer[] NOT NULL,
-    worker_ids text[] NOT NULL,
-    ats timestamptz[] NOT NULL,
-    data jsonb[] NOT NULL,
-    jobs evora.job_image[] NOT NULL
-) PARTITION BY RANGE (at);
-CREATE INDEX event_batches_tail ON evora.event_batches (xid, seq);
-CREATE INDEX event_batches_seq ON evora.event_batches USING brin (seq);
-"""
-EVENT_COLUMNS = (
-    "job_id, job_version, queue, type, event, from_state, to_state, attempt, worker_id, at,"
-    " data, job"
-)
-# An `INSERT INTO evora.job_events (<the columns>) SELECT ... FROM moved [m] [ORDER BY m.n]`
-# ending its CTE (claim_jobs orders its events by the claim's order).
-EVENT_INSERT = re.compile(
-    r"INSERT INTO evora\.job_events \(([^)]*)\)\s+"
-    r"(SELECT .*?\bFROM moved(?: m)?(?: ORDER BY m\.n)?)(?=\s*\n\s*\))",
-    re.S,
-)
-EVENT_BATCH_INSERT = f"""INSERT INTO evora.event_batches (at, job_ids, job_versions, queues, types,
-            events, from_states, to_states, attempts, worker_ids, ats, data, jobs)
-        SELECT min(x.at), array_agg(x.job_id), array_agg(x.job_version), array_agg(x.queue),
-               array_agg(x.type), array_agg(x.event::text),
-               array_agg(x.from_state::text::evora.job_state),
-               array_agg(x.to_state::text::evora.job_state), array_agg(x.attempt),
-               array_agg(x.worker_id::text), array_agg(x.at), array_agg(x.data::jsonb),
-               array_agg(x.job)
-        FROM (\\2) AS x({EVENT_COLUMNS})
-        HAVING count(*) > 0"""
-
-
-async def events_per_statement(conn: asyncpg.Connection) -> None:
-    """Rewrites the hot path's three functions to write `evora.event_batches`."""
-    await conn.execute(EVENT_BATCHES)
-    rows = await conn.fetch(
-        "SELECT p.proname, pg_get_functiondef(p.oid) AS body FROM pg_proc p"
-        " WHERE p.pronamespace = 'evora'::regnamespace"
-        " AND p.proname IN ('store_submissions', 'claim_jobs', 'complete_items')"
-    )
-    rewritten = set()
-    for row in rows:
-        found = EVENT_INSERT.search(row["body"])
-        if found is None:
-            continue
-        assert " ".join(found.group(1).split()) == EVENT_COLUMNS, found.group(1)
-        await conn.execute(EVENT_INSERT.sub(EVENT_BATCH_INSERT, row["body"]))
-        rewritten.add(row["proname"])
-    assert rewritten == {"store_submissions", "claim_jobs", "complete_items"}, rewritten
-
 
 # The split shapes. `{s}` is the schema. Partitioned tables get their day partitions (and a
 # primary key on id in each, since a unique index across partitions must hold the partition
@@ -459,11 +397,7 @@ class Shape:
 
     @property
     def evora(self) -> bool:
-        return self.name in EVORA_SHAPES
-
-    @property
-    def database(self) -> str:
-        return EVORA_SHAPES.get(self.name, "shapes")
+        return self.name == EVORA_SHAPE
 
     def sql(self, template: str, events: dict[str, str] | None = None, step: str = "") -> str:
         ctes = (events or {}).get(step, "")
@@ -476,10 +410,10 @@ class Shape:
         return [self.prototype]
 
     def partitioned(self) -> list[str]:
-        """The shape's tables partitioned by day (besides Evora's job_events)."""
+        """The prototype's tables partitioned by day (Evora's outbox has its own)."""
         if self.name in ("graphile", "today"):
             return []
-        return ["event_batches"] if self.name == "today-batch" else ["jobs", "finished", "events"]
+        return ["jobs", "finished", "events"]
 
     def ddl(self) -> str:
         if self.name == "graphile":
@@ -585,14 +519,21 @@ async def retention(conn: asyncpg.Connection, shape: Shape, day: datetime, batch
     """Removes the day's finished jobs and their history as the shape would."""
     if shape.name == "graphile":
         return  # a completed job was deleted by its completion; graphile-worker keeps none
-    s = shape.prototype
     if shape.evora:
         while await conn.fetchval("SELECT evora.prune_finished(0, $1, 'COMPLETED')", batch):
             pass
-        await detach_and_drop(conn, "evora.job_events", f"evora.job_events_p{day:%Y%m%d}")
-        for table in shape.partitioned():
-            await detach_and_drop(conn, f"{s}.{table}", f"{s}.{table}_p{day:%Y%m%d}")
+        # the day's partition of the rows and its twin of the batches (migration 0064), as
+        # retention removes a range (evora.expired_event_tables())
+        parts = await conn.fetch(
+            "SELECT parent, name FROM evora.event_tables()"
+            " WHERE lower = $1::timestamp AT TIME ZONE 'UTC'",
+            day,
+        )
+        assert {p["parent"] for p in parts} == EVENT_TABLES, parts
+        for part in parts:
+            await detach_and_drop(conn, part["parent"], f"evora.{part['name']}")
         return
+    s = shape.prototype
     await conn.execute(
         SPLIT_PRUNE_COUNT.replace("{s}", s)
         .replace("{finished}", f"finished_p{day:%Y%m%d}")
@@ -622,10 +563,16 @@ def cpu_of(pids: list[int]) -> float:
 
 async def relation_names(conn: asyncpg.Connection) -> dict[int, str]:
     """Each relation's file node, named by schema and name (a partition by its parent's name
-    and `_p*`), catalogs too (whose pg_class.relfilenode is 0)."""
+    and `_p*`; a TOAST table and its index by their table's name and ` TOAST`: where a
+    batch's compressed arrays go), catalogs too (whose pg_class.relfilenode is 0)."""
     rows = await conn.fetch(
-        "SELECT pg_relation_filenode(c.oid)::int8 AS node, n.nspname || '.' || c.relname AS name"
+        "SELECT pg_relation_filenode(c.oid)::int8 AS node,"
+        " coalesce(tn.nspname || '.' || t.relname || ' TOAST', n.nspname || '.' || c.relname)"
+        " AS name"
         " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_index x ON x.indexrelid = c.oid"
+        " LEFT JOIN pg_class t ON t.reltoastrelid IN (c.oid, x.indrelid)"
+        " LEFT JOIN pg_namespace tn ON tn.oid = t.relnamespace"
         " WHERE pg_relation_filenode(c.oid) IS NOT NULL"
     )
     return {r["node"]: re.sub(r"_p\d{8}", "_p*", r["name"]) for r in rows}
@@ -722,13 +669,15 @@ async def round_of(
 
 
 async def check_empty(conn: asyncpg.Connection, shape: Shape) -> None:
-    """Nothing of the round's jobs is left (graphile: no job; today: no job of the queue;
-    split: no ready, running or partitioned row)."""
+    """Nothing of the round's jobs is left (graphile: no job; today: no job or event of the
+    queue, rows or batches; split: no ready, running or partitioned row)."""
     if shape.name == "graphile":
         left = await conn.fetchval("SELECT count(*) FROM graphile._private_jobs")
     elif shape.evora:
-        left = await conn.fetchval("SELECT count(*) FROM evora.jobs WHERE queue = $1", QUEUE) + sum(
-            [await conn.fetchval(f"SELECT count(*) FROM evora.{t}") for t in shape.partitioned()]
+        left = await conn.fetchval(
+            "SELECT (SELECT count(*) FROM evora.jobs WHERE queue = $1)"
+            " + (SELECT count(*) FROM evora.job_events WHERE queue = $1)",
+            QUEUE,
         )
     else:
         s = shape.prototype
@@ -826,48 +775,39 @@ def report(shapes: list[Shape], top: int) -> list[str]:
     return lines
 
 
-async def set_clock(admin_dsn: str, database: str, days: int) -> None:
+async def set_clock(admin_dsn: str, days: int) -> None:
     admin = await asyncpg.connect(admin_dsn)
     try:
-        await admin.execute(f"ALTER DATABASE {database} SET evora.clock_offset = '{days} days'")
+        await admin.execute(f"ALTER DATABASE {DATABASE} SET evora.clock_offset = '{days} days'")
     finally:
         await admin.close()
 
 
 async def run(args: argparse.Namespace, pg: LocalPostgres, postmaster: int) -> None:
     admin_dsn = pg.dsn("postgres")
+    dsn = pg.dsn(DATABASE)
     shapes = [Shape(name) for name in args.shapes]
-    databases = sorted({shape.database for shape in shapes})
     admin = await asyncpg.connect(admin_dsn)
     try:
-        for database in databases:
-            await admin.execute(f"CREATE DATABASE {database}")
+        await admin.execute(f"CREATE DATABASE {DATABASE}")
     finally:
         await admin.close()
-    for database in databases:
-        await apply_migrations(pg.dsn(database))
-        conn = await asyncpg.connect(pg.dsn(database))
-        try:
-            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-            for shape in shapes:
-                if shape.database != database:
-                    continue
-                if shape.ddl():
-                    await conn.execute(shape.ddl())
-                if shape.name == "today-batch":
-                    await events_per_statement(conn)
-        finally:
-            await conn.close()
+    await apply_migrations(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        for shape in shapes:
+            if shape.ddl():
+                await conn.execute(shape.ddl())
+    finally:
+        await conn.close()
     # Round 0 is a warm-up (the tables' first pages, the catalogs' caches), not counted.
     # Round r runs on day r + 1: the migrations' first job_events partition ends a minute
     # after they ran, and the next one at midnight; whole days start the day after.
     for round_ in range(args.rounds + 1):
-        for database in databases:
-            await set_clock(admin_dsn, database, round_ + 1)
+        await set_clock(admin_dsn, round_ + 1)
         for shape in shapes:
-            await round_of(
-                shape, pg.dsn(shape.database), args, postmaster, round_ > 0, round_ == args.rounds
-            )
+            await round_of(shape, dsn, args, postmaster, round_ > 0, round_ == args.rounds)
             if round_ > 0:
                 p = {k: v[-1] for k, v in shape.phases.items()}
                 print(

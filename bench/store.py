@@ -679,12 +679,21 @@ class Bench:
 
 
 async def table_stats(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    # jobs and the outbox's two tables (migration 0064), a partitioned one summed over its
+    # partitions (its own row counts none of their tuples or pages)
     rows = await conn.fetch(
         """
-        SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count,
-               pg_size_pretty(pg_table_size(relid)) AS table_size,
-               pg_size_pretty(pg_indexes_size(relid)) AS index_size
-        FROM pg_stat_user_tables WHERE relname IN ('jobs', 'job_events') ORDER BY relname
+        SELECT r.relname, sum(n_live_tup)::int8 AS n_live_tup,
+               sum(n_dead_tup)::int8 AS n_dead_tup,
+               sum(autovacuum_count)::int8 AS autovacuum_count,
+               sum(autoanalyze_count)::int8 AS autoanalyze_count,
+               pg_size_pretty(sum(pg_table_size(s.relid))) AS table_size,
+               pg_size_pretty(sum(pg_indexes_size(s.relid))) AS index_size
+        FROM pg_stat_user_tables s
+        JOIN pg_class r ON r.oid = coalesce(pg_partition_root(s.relid), s.relid)
+        WHERE r.relnamespace = 'evora'::regnamespace
+          AND r.relname IN ('jobs', 'job_event_rows', 'event_batches')
+        GROUP BY r.relname ORDER BY r.relname
         """
     )
     return [dict(r) for r in rows]

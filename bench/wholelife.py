@@ -18,8 +18,8 @@ nothing else works meanwhile):
 - `vacuum`: `VACUUM (ANALYZE false)` of every table of the system's schemas, what autovacuum
   does later (dead rows of the updates and deletes; the visibility map of inserted rows);
 - Evora only (`EvoraSystem.deferred_parts`): the sweeper's audit over the run's events, its
-  retention of the finished jobs, the drop of the events' partition, and a second vacuum
-  after the retention's deletes.
+  retention of the finished jobs, the drop of the events' partitions (the rows' and their
+  twins of the batches, migration 0064), and a second vacuum after the retention's deletes.
 
 Autovacuum is turned off for the system's tables (`autovacuum_enabled = false`) from before
 the enqueue, so none of that work falls into a measured phase or between two of them unseen;

@@ -66,3 +66,33 @@ async def run_release_script(tree: Path, script: str, *args: str) -> Any:
     out, err = await asyncio.wait_for(process.communicate(), 240)
     assert process.returncode == 0, err.decode()
     return json.loads(out.decode().splitlines()[-1])
+
+
+# Run by a release's own code (run_release_script): migrate an empty database as that release
+# does, drive the mixed workload through its JobStore (seed: the second argument), and leave a
+# job of each queue RUNNING across an upgrade; prints them (id and lease token). Arguments:
+# the database's URL, the seed, the queues.
+HISTORY_WITH_RUNNING_JOBS = """
+import asyncio, json, sys
+from evora.protocol.jobs import JobSubmission
+from evora.storage.db import create_pool
+from evora.storage.jobs import JobStore
+from evora.storage.migrate import apply_migrations
+from tests.projector.workload import mixed_workload
+
+async def main(url, seed, queues):
+    await apply_migrations(url)
+    pool = await create_pool(url, min_size=1, max_size=4)
+    store = JobStore(pool)
+    try:
+        await mixed_workload(store, pool, jobs=120, queues=queues, seed=seed, rounds=6)
+        for queue in queues:
+            await store.submit(JobSubmission(queue=queue, type="across"))
+        running = await store.claim(worker_id="across", queues=queues, max_jobs=5)
+        print(json.dumps([[str(j["id"]), str(j["lease_token"])] for j in running]))
+    finally:
+        await store.close()
+        await pool.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3:]))
+"""

@@ -60,8 +60,9 @@ def dump(dsn: str) -> str:
             "--schema-only",
             "--no-owner",
             "--no-privileges",
-            # job_events' partitions are named by the dates they hold: data, not schema
+            # the outbox's partitions are named by the dates they hold: data, not schema
             "--exclude-table=evora.job_events_p*",
+            "--exclude-table=evora.event_batches_p*",
             "--dbname",
             dsn,
         ],

@@ -447,8 +447,8 @@ async def test_events_retention_dropped_from_the_middle_of_a_chain_are_no_gap(
 ) -> None:
     """The archived rectangle is bounded by xid as well as seq (migration 0004): a job's
     middle events can be archived, and gone, while older ones stay. Retention removes whole
-    partitions of job_events now (migration 0032); here the rows are deleted past the
-    append-only triggers (session_replication_role), inside the watermark."""
+    partitions of job_events now (migration 0032); here the rows and batches are deleted past
+    the append-only triggers (session_replication_role), inside the watermark."""
     [job_id] = await submitted(store, max_attempts=3)
     for _ in range(2):
         [job] = await claimed(store)
@@ -466,7 +466,10 @@ async def test_events_retention_dropped_from_the_middle_of_a_chain_are_no_gap(
             max(middle),
         )
         await conn.execute("SET LOCAL session_replication_role = replica")
-        await conn.execute("DELETE FROM evora.job_events WHERE seq = ANY($1::int8[])", middle)
+        # (a claim's and a failure's events are statement batches, migration 0064; each of
+        # these holds this one job's)
+        for table in ("job_event_rows", "event_batches"):
+            await conn.execute(f"DELETE FROM evora.{table} WHERE seq = ANY($1::int8[])", middle)
 
     report = await audited(pool)
     assert report.ok, report.text()

@@ -1,7 +1,8 @@
 """`python -m bench compare --whole-life` on Evora with tiny counts: after the run, the
 sweeper's audit reads every event, its retention removes every finished job and the events'
-partition, and each part is measured and reported; no autovacuum ran meanwhile. Performance
-is not asserted; the peers (npm, Node, pgqueuer downloads) are not run here."""
+partitions (the rows' and their twins of the batches), and each part is measured and
+reported; no autovacuum ran meanwhile. Performance is not asserted; the peers (npm, Node,
+pgqueuer downloads) are not run here."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ async def test_evora_whole_life_measures_the_audit_retention_and_vacuum_of_its_j
     assert parts["audit"]["did"]["events"] >= 3 * finished
     retention = parts["retention"]["did"]
     assert retention["completed"] == finished
+    # ranges of the outbox, each a partition of both its tables (migration 0064)
     assert retention["event_partitions"] >= 1
     # The drain's claims and completions left dead rows; retention's deletes were logged.
     assert parts["vacuum after the drain"]["did"]["dead_tuples_before"] >= finished

@@ -111,7 +111,7 @@ FROM generate_series(1, $1) AS n,
      LATERAL (SELECT evora.clock_now() - make_interval(secs => ($1 - n) / 100.0)) AS t(at)
 """
 HISTORY = """
-INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event, from_state, to_state,
                               attempt, worker_id, at, job)
 SELECT j.id, j.version, j.queue, j.type,
        CASE j.state WHEN 'COMPLETED' THEN 'completed' WHEN 'CANCELLED' THEN 'cancelled'

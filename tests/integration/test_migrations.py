@@ -272,7 +272,7 @@ async def test_groups_held_twice_by_an_old_race_refuse_the_unique_index_by_name(
         )
 
         await conn.execute(_MOVE["CANCELLED"], running)
-        assert await apply_migrations(dsn) == [63]
+        assert (await apply_migrations(dsn))[0] == 63
         assert await conn.fetchval(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = 'evora'"
             " AND indexname = 'jobs_group_running'"

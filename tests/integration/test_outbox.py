@@ -4,6 +4,7 @@ committed after a higher one, and never waits for a transaction it does not need
 from __future__ import annotations
 
 import tracemalloc
+from collections import Counter
 from uuid import uuid4
 
 import asyncpg
@@ -54,7 +55,7 @@ async def test_late_commit_with_lower_seq_is_delivered(
         await slow_tx.start()
         # The slow transaction takes its seq first...
         slow_seq = await slow.fetchval(
-            "INSERT INTO evora.job_events (job_id, job_version, queue, type, event, to_state,"
+            "INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event, to_state,"
             " attempt,"
             " at, job) VALUES ($1, 1, 'q', 't', 'submitted', 'PENDING', 0, now(),"
             " jsonb_populate_record(NULL::evora.job_image, '{}')) RETURNING seq",
@@ -93,6 +94,32 @@ async def test_reader_pages_through_everything_in_order(
     # Resuming from any cursor yields exactly the rest.
     rest = await _drain(pool, tail[9], 100)
     assert [b.events for b in rest] == [25] and rest[0].upto == tail[-1]
+
+
+async def test_reader_pages_through_statement_batches_from_any_cursor(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """A submission's, a claim's and a completion's events are one row of event_batches each
+    (migration 0064); the reader takes them an event at a time: a page ends inside a batch
+    and the next starts where it ended, and a cursor anywhere in a batch resumes with exactly
+    the rest."""
+    await store.submit_batch([JobSubmission(queue="q", type="t") for _ in range(10)])
+    jobs = await store.claim(worker_id="w1", queues=["q"], max_jobs=10)
+    await store.complete_many([Completion(j["id"], j["lease_token"]) for j in jobs[:7]])
+    await store.submit(JobSubmission(queue="q", type="t"))
+    assert await pool.fetchval("SELECT count(*) FROM evora.event_batches") == 4
+    tail = await _tail(pool)
+    assert len(tail) == 28
+    batches = await _drain(pool, OutboxCursor(), 3)
+    assert [b.events for b in batches] == [3] * 9 + [1]
+    assert [b.upto for b in batches] == tail[2::3] + tail[-1:]
+    counted: Counter[str] = Counter()
+    for g in (g for b in batches for g in b.groups):
+        counted[g.event] += g.events
+    assert counted == {"submitted": 11, "claimed": 10, "completed": 7}
+    for at in (12, 13, 19, 25):
+        rest = await _drain(pool, tail[at], 100)
+        assert [b.events for b in rest] == [27 - at] and rest[0].upto == tail[-1]
 
 
 def _carried(image: asyncpg.Record) -> dict[str, object]:

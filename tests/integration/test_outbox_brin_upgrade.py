@@ -26,48 +26,30 @@ from tests.conftest import Clock
 from tests.projector.conftest import catch_up, without_target_writes
 from tests.projector.test_projection import assert_matches_truth
 from tests.projector.workload import mixed_workload
-from tests.release_tree import CODE_ROOTS, run_release_script, unpack_release
+from tests.release_tree import (
+    CODE_ROOTS,
+    HISTORY_WITH_RUNNING_JOBS,
+    run_release_script,
+    unpack_release,
+)
 
 BEFORE = 58
 # main with migration 0058 its newest: the code that ran before the BRIN index on seq.
 BEFORE_BRIN = "4954fa6"
 QUEUES = ["alpha", "beta"]
-# Per index of job_events and of its partitions: its access method and whether it is unique.
-EVENT_INDEXES = """
+# The table of job_events' rows: itself at 0058, `job_event_rows` from migration 0064 on (where
+# `job_events` is a view over it and the statement batches).
+ROWS = "coalesce(to_regclass('evora.job_event_rows'), 'evora.job_events'::regclass)"
+# Per index of that table and of its partitions: its access method and whether it is unique.
+EVENT_INDEXES = f"""
 SELECT c.relname, a.amname, i.indisunique, i.indisprimary
 FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 JOIN pg_am a ON a.oid = c.relam
-WHERE i.indrelid = 'evora.job_events'::regclass
-   OR i.indrelid IN (SELECT inhrelid FROM pg_inherits
-                     WHERE inhparent = 'evora.job_events'::regclass)
+WHERE i.indrelid = {ROWS}
+   OR i.indrelid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = {ROWS})
 """
-PARTITIONS = "SELECT count(*) FROM pg_inherits WHERE inhparent = 'evora.job_events'::regclass"
-
-# Run by BEFORE_BRIN's own code, in a child process: migrate an empty database as that release
-# does, drive the mixed workload through its JobStore, and leave some jobs RUNNING across the
-# upgrade; prints them (id and lease token).
-_BEFORE_SCRIPT = """
-import asyncio, json, sys
-from evora.storage.db import create_pool
-from evora.storage.jobs import JobStore
-from evora.storage.migrate import apply_migrations
-from tests.projector.workload import mixed_workload
-
-async def main(url, queues):
-    await apply_migrations(url)
-    pool = await create_pool(url, min_size=1, max_size=4)
-    store = JobStore(pool)
-    try:
-        await mixed_workload(store, pool, jobs=120, queues=queues, seed=5, rounds=6)
-        running = await store.claim(worker_id="across", queues=queues, max_jobs=5)
-        print(json.dumps([[str(j["id"]), str(j["lease_token"])] for j in running]))
-    finally:
-        await store.close()
-        await pool.close()
-
-asyncio.run(main(sys.argv[1], sys.argv[2:]))
-"""
+PARTITIONS = f"SELECT count(*) FROM pg_inherits WHERE inhparent = {ROWS}"
 
 
 def _indexes(rows: list[Any]) -> set[tuple[str, bool, bool]]:
@@ -86,7 +68,7 @@ async def test_the_previous_projector_reads_right_through_the_upgrade_and_this_o
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     tree = unpack_release(BEFORE_BRIN, tmp_path / "before", (*CODE_ROOTS, "tests"))
-    running = await run_release_script(tree, _BEFORE_SCRIPT, empty_db_url, *QUEUES)
+    running = await run_release_script(tree, HISTORY_WITH_RUNNING_JOBS, empty_db_url, "5", *QUEUES)
     assert running
     previous_read_batch = parse((tree / "shared/evora/storage/sql/outbox.sql").read_text())[
         "read_batch"

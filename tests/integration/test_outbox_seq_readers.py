@@ -57,7 +57,7 @@ pytestmark = pytest.mark.audit_skip("events are inserted directly, not by transi
 # $1 how many, $2 first of them (of EVENTS), spread from an hour ago over two and a half days:
 # five partitions (the first, older than the clock, and four of a day each made ahead).
 FILL = """
-INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event, from_state, to_state,
                               attempt, worker_id, at, job)
 SELECT gen_random_uuid(), 2, 'q', 't', 'claimed', 'PENDING', 'RUNNING', 1, 'w',
        evora.clock_now() - interval '1 hour'
@@ -73,7 +73,7 @@ READ = """
 SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::int8 AS buffers,
        coalesce(sum(pg_stat_get_xact_numscans(c.oid)) FILTER (
            WHERE c.oid IN (SELECT inhrelid FROM pg_inherits
-                           WHERE inhparent = 'evora.job_events'::regclass)
+                           WHERE inhparent = 'evora.job_event_rows'::regclass)
              AND pg_relation_size(c.oid) > 8 * current_setting('block_size')::int), 0)::int8
            AS seq_scans
 FROM pg_class c
@@ -82,7 +82,7 @@ WHERE c.relnamespace = 'evora'::regnamespace AND c.relkind IN ('r', 'i', 't')
 
 PAGES = """
 SELECT sum(pg_relation_size(inhrelid)) / current_setting('block_size')::int FROM pg_inherits
-WHERE inhparent = 'evora.job_events'::regclass
+WHERE inhparent = 'evora.job_event_rows'::regclass
 """
 
 
@@ -100,13 +100,13 @@ async def _fill(dsn: str) -> None:
         await store.submit(JobSubmission(queue="q", type="t"))
         async with pool.acquire() as conn:
             await conn.execute(
-                "SELECT setval(pg_get_serial_sequence('evora.job_events', 'seq'), $1)", GAP
+                "SELECT setval(pg_get_serial_sequence('evora.job_event_rows', 'seq'), $1)", GAP
             )
             for first in range(0, EVENTS, TX_EVENTS):
                 async with conn.transaction():
                     await conn.execute("SET LOCAL session_replication_role = replica")
                     await conn.execute(FILL, TX_EVENTS, first, EVENTS)
-            await conn.execute("VACUUM (ANALYZE) evora.job_events")
+            await conn.execute("VACUUM (ANALYZE) evora.job_event_rows")
     finally:
         await store.close()
         await pool.close()
@@ -132,7 +132,7 @@ async def db_url(pg_server_url: str, filled: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def outbox(pool: asyncpg.Pool) -> asyncpg.Pool:
     async with pool.acquire() as conn:
-        assert await conn.fetchval("SELECT count(DISTINCT tableoid) FROM evora.job_events") >= 4
+        assert await conn.fetchval("SELECT count(DISTINCT tableoid) FROM evora.job_event_rows") >= 4
         # one read of the outbox is above every bound here
         assert await conn.fetchval(PAGES) > FIND_BUFFERS
     return pool
@@ -223,7 +223,7 @@ async def test_retention_asks_each_partition_for_a_seq_past_the_archive(
     async with outbox.acquire() as conn:
         parts = await conn.fetch(
             "SELECT tableoid::regclass::text AS name, max(seq) AS last, max(xid::text::int8) AS xid"
-            " FROM evora.job_events GROUP BY 1 ORDER BY 2"
+            " FROM evora.job_event_rows GROUP BY 1 ORDER BY 2"
         )
         inside = parts[1]
         await conn.execute(
@@ -235,9 +235,13 @@ async def test_retention_asks_each_partition_for_a_seq_past_the_archive(
             "INSERT INTO evora.projector_progress (generation, xid) VALUES (1, $1::text::xid8)",
             str(parts[-1]["xid"] + 1),
         )
-        expire = "SELECT name FROM evora.expired_event_partitions(0, true) WHERE attached"
-        names = [r["name"] for r in await conn.fetch(expire)]
-        assert [f"evora.{n}" for n in names] == [p["name"] for p in parts[:2]]
+        expire = "SELECT parent, name FROM evora.expired_event_tables(0, true) WHERE attached"
+        expired = await conn.fetch(expire)
+        rows = [r["name"] for r in expired if r["parent"] == "evora.job_event_rows"]
+        assert [f"evora.{n}" for n in rows] == [p["name"] for p in parts[:2]]
+        # each range goes with its (empty) twin for the batches, and no other
+        twins = [r["name"] for r in expired if r["parent"] == "evora.event_batches"]
+        assert twins == [n.replace("job_events_p", "event_batches_p") for n in rows]
         read = await read_by_(conn, conn.fetch(expire))
     # (the partition past the mark may be read sequentially: every row of it answers, the
     # first one ends the read)

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from evora.domain.states import TRANSITIONS, Transition
-from evora.protocol.jobs import JobSubmission
+from evora.protocol.jobs import Debounce, JobSubmission
 from evora.protocol.states import EventName, JobState
 from evora.storage.jobs import Failure, JobStore
 from tests.conftest import Clock
@@ -247,14 +247,27 @@ async def test_new_job_must_be_pending(pool: asyncpg.Pool, state: JobState) -> N
     [
         "UPDATE evora.job_events SET event = 'x'",
         "DELETE FROM evora.job_events",
-        "TRUNCATE evora.job_events",
+        # the outbox's two tables (migration 0064): the `submitted` event is a row, the
+        # claim's a batch
+        "UPDATE evora.job_event_rows SET event = 'x'",
+        "DELETE FROM evora.job_event_rows",
+        "TRUNCATE evora.job_event_rows",
+        "UPDATE evora.event_batches SET events = '{x}'",
+        "DELETE FROM evora.event_batches",
+        "TRUNCATE evora.event_batches",
     ],
 )
 async def test_events_are_append_only(store: JobStore, pool: asyncpg.Pool, statement: str) -> None:
-    await _submit(store)
+    # both tables hold events: the submission's and the claim's batches, and the row of a
+    # second submission the job absorbed (a debounce)
+    debounce = Debounce(key="k", delay_seconds=0, max_delay_seconds=60)
+    for _ in range(2):
+        await _submit(store, debounce=debounce)
+    assert len(await store.claim(worker_id="w", queues=[Q])) == 1
     with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
         await pool.execute(statement)
-    assert await pool.fetchval("SELECT count(*) FROM evora.job_events") == 1
+    assert await pool.fetchval("SELECT count(*) FROM evora.job_events") == 3
+    assert await pool.fetchval("SELECT count(*) FROM evora.job_event_rows") == 1
 
 
 @pytest.mark.parametrize("state", [JobState.PENDING, JobState.RUNNING])

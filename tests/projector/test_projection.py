@@ -128,7 +128,7 @@ async def test_event_committed_out_of_seq_order_is_projected(
         tx = slow.transaction()
         await tx.start()
         await slow.execute(
-            "INSERT INTO evora.job_events (job_id, job_version, queue, type, event, to_state,"
+            "INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event, to_state,"
             " attempt, at, job)"
             " VALUES ($1, 1, 'late', 't', 'submitted', 'PENDING', 0, now(),"
             " jsonb_populate_record(NULL::evora.job_image, '{}'))",

@@ -16,11 +16,16 @@ FORBIDDEN = [
     "UPDATE evora.jobs SET priority = 1",
     "DELETE FROM evora.jobs",
     "INSERT INTO evora.job_events (job_id, job_version, queue, type, event, to_state, attempt,"
-    " at, job)"
-    " SELECT id, 9, queue, type, 'x', state, 0, now(), NULL FROM evora.jobs",
+    " at, job) SELECT id, 9, queue, type, 'x', state, 0, now(), NULL FROM evora.jobs",
     "DELETE FROM evora.job_events",
+    "INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event, to_state,"
+    " attempt, at, job) SELECT id, 9, queue, type, 'x', state, 0, now(), NULL FROM evora.jobs",
+    "SELECT count(*) FROM evora.event_batches",
+    "DELETE FROM evora.job_event_rows",
+    "DELETE FROM evora.event_batches",
     "SELECT evora.drop_archived_events(0, 0, 1)",
     "SELECT * FROM evora.expired_event_partitions(0, false)",
+    "SELECT * FROM evora.expired_event_tables(0, false)",
     "SELECT evora.make_event_partitions(60, 2)",
     "SELECT * FROM evora.store_submissions('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",

@@ -81,9 +81,13 @@ async def partitions(pool: asyncpg.Pool) -> list[str]:
 
 
 async def partition_of_first_event(pool: asyncpg.Pool) -> str:
+    """The range's partition (named as the rows' are) that holds the first event, a row or a
+    statement's batch (migration 0064)."""
     name: str = await pool.fetchval(
-        "SELECT c.relname::text FROM evora.job_events e JOIN pg_class c ON c.oid = e.tableoid"
-        " ORDER BY e.seq LIMIT 1"
+        "SELECT replace(c.relname::text, 'event_batches_p', 'job_events_p')"
+        " FROM (SELECT seq, tableoid FROM evora.job_event_rows"
+        "       UNION ALL SELECT seq, tableoid FROM evora.event_batches) e"
+        " JOIN pg_class c ON c.oid = e.tableoid ORDER BY e.seq LIMIT 1"
     )
     return name
 
@@ -110,7 +114,7 @@ async def test_without_the_archive_old_events_go_with_their_partition(
     # job_events stays append-only: no row was deleted, whole tables went
     stats = await pool.fetchval(
         "SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables"
-        " WHERE relname LIKE 'job\\_events%'"
+        " WHERE relname LIKE 'job\\_events%' OR relname LIKE 'event\\_batches%'"
     )
     assert stats == 0
 
@@ -207,7 +211,14 @@ async def test_a_reader_of_the_partition_delays_its_drop_and_never_blocks_writer
         # a long report over old history, holding its snapshot and a lock on the partition
         holding = reader.transaction(isolation="repeatable_read")
         await holding.start()
-        assert await reader.fetchval(f"SELECT count(*) FROM evora.{old}") == 5
+        twin = old.replace("job_events_p", "event_batches_p")  # the range's batches
+        assert (
+            await reader.fetchval(
+                f"SELECT (SELECT count(*) FROM evora.{old})"
+                f" + (SELECT coalesce(sum(cardinality(seqs)), 0) FROM evora.{twin})"
+            )
+            == 5
+        )
         sweeper = make_sweeper()
         round_ = asyncio.create_task(sweeper.prune_due())
 
@@ -228,8 +239,11 @@ async def test_a_reader_of_the_partition_delays_its_drop_and_never_blocks_writer
         assert old in await partitions(pool)
         # its DETACH ... CONCURRENTLY stopped half way: new queries no longer see the
         # partition, and the next round must FINALIZE it
+        # (the range's first table to go: its twin for the batches, which the reader read)
         pending = await pool.fetchval(
-            "SELECT detach_pending FROM evora.event_partitions() WHERE name = $1", old
+            "SELECT bool_or(detach_pending) FROM evora.event_tables() WHERE name IN ($1, $2)",
+            old,
+            twin,
         )
         assert pending is True
     finally:

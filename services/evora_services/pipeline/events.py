@@ -72,13 +72,16 @@ class Rectangle:
 
 def between(inner: Rectangle, outer: Rectangle) -> str:
     """SQL for the events in `outer` but not in `inner` (outer must contain inner), as two
-    disjoint range scans: new sequence numbers (the BRIN index on seq), and late transactions
-    below the old seq bound (job_events_tail on xid)."""
+    disjoint range scans: new sequence numbers (evora.events_between(): the BRIN indexes on
+    seq; through the `job_events` view a filter on seq reaches no index of the batches), and
+    late transactions below the old seq bound (the tail indexes on xid)."""
     if not outer.contains(inner):
         raise ValueError(f"{outer} does not contain {inner}")
-    return f"""SELECT {_SELECT} FROM evora.job_events
-WHERE seq > {inner.upto_seq} AND seq <= {outer.upto_seq}
-  AND xid < '{outer.below_xid}'::xid8
+    # [lo, hi) in bigint: MAX_SEQ itself, the horizon's bound, is no seq an event has
+    lo, hi = min(inner.upto_seq + 1, MAX_SEQ), min(outer.upto_seq + 1, MAX_SEQ)
+    return f"""SELECT {_SELECT}
+FROM evora.events_between({lo}, {hi})
+WHERE xid < '{outer.below_xid}'::xid8
 UNION ALL
 SELECT {_SELECT} FROM evora.job_events
 WHERE seq <= {inner.upto_seq}

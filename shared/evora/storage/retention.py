@@ -159,7 +159,8 @@ class RetentionStore:
     async def drop_event_partitions(self, older_than: float, archived_only: bool) -> int:
         """Remove the partitions of job_events whose events are all older than `older_than`
         seconds, consumed by every projector generation and (`archived_only`) archived,
-        oldest first; returns how many went. A lock not had within the lock timeout, or a
+        oldest first, a range's two together (the rows' and the batches', migration 0064);
+        returns how many ranges went. A lock not had within the lock timeout, or a
         partition another round is removing, ends the round (logged): what is left is
         retried next round, a detach left pending included."""
         dropped = 0
@@ -172,7 +173,8 @@ class RetentionStore:
                     if partition["detach"] is not None:
                         await conn.execute(partition["detach"])
                     await conn.execute(partition["drop"])
-                    dropped += 1
+                    if partition["range"]:
+                        dropped += 1
             except _ANOTHER_HAS_IT as exc:
                 log.warning("event partition retention stopped for this round: %s", exc)
             finally:

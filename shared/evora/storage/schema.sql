@@ -163,28 +163,6 @@ CREATE TYPE evora.submission AS (
 	max_duration_seconds integer
 );
 
-CREATE FUNCTION evora.add_fair_tag() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    tag jsonb := current_setting('evora.fair_tags')::jsonb -> NEW.job_id::text;
-BEGIN
-    IF tag IS NOT NULL THEN
-        NEW.data := NEW.data || jsonb_build_object('fair', tag);
-    END IF;
-    RETURN NEW;
-END
-$$;
-
-CREATE FUNCTION evora.add_submitted_data() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    NEW.data := NEW.data || current_setting('evora.submitted_data')::jsonb;
-    RETURN NEW;
-END
-$$;
-
 CREATE FUNCTION evora.admission_limits(keys text[]) RETURNS TABLE(key text, max_pending integer)
     LANGUAGE sql STABLE
     AS $$
@@ -321,6 +299,64 @@ CREATE FUNCTION evora.backoff_seconds(initial double precision, max_seconds doub
         max_seconds,
         exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
             * (0.8 + 0.4 * random()))
+$$;
+
+CREATE TABLE evora.event_batches (
+    seqs bigint[] NOT NULL,
+    seq bigint GENERATED ALWAYS AS (seqs[1]) STORED NOT NULL,
+    last_seq bigint GENERATED ALWAYS AS (seqs[cardinality(seqs)]) STORED NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    at timestamp with time zone NOT NULL,
+    job_ids uuid[] NOT NULL,
+    job_versions integer[] NOT NULL,
+    queues text[] NOT NULL,
+    types text[] NOT NULL,
+    events text[] NOT NULL,
+    from_states evora.job_state[] NOT NULL,
+    to_states evora.job_state[] NOT NULL,
+    attempts integer[] NOT NULL,
+    worker_ids text[] NOT NULL,
+    data jsonb[],
+    jobs evora.job_image[] NOT NULL,
+    CONSTRAINT event_batches_size CHECK ((cardinality(seqs) >= 1))
+)
+PARTITION BY RANGE (at);
+
+CREATE TABLE evora.job_event_rows (
+    seq bigint CONSTRAINT job_events_seq_not_null1 NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() CONSTRAINT job_events_xid_not_null1 NOT NULL,
+    job_id uuid CONSTRAINT job_events_job_id_not_null1 NOT NULL,
+    job_version integer CONSTRAINT job_events_job_version_not_null1 NOT NULL,
+    queue text CONSTRAINT job_events_queue_not_null1 NOT NULL,
+    type text CONSTRAINT job_events_type_not_null1 NOT NULL,
+    event text CONSTRAINT job_events_event_not_null1 NOT NULL,
+    from_state evora.job_state,
+    to_state evora.job_state CONSTRAINT job_events_to_state_not_null1 NOT NULL,
+    attempt integer CONSTRAINT job_events_attempt_not_null1 NOT NULL,
+    worker_id text,
+    at timestamp with time zone CONSTRAINT job_events_at_not_null1 NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb CONSTRAINT job_events_data_not_null1 NOT NULL,
+    job evora.job_image CONSTRAINT job_events_job_not_null1 NOT NULL
+)
+PARTITION BY RANGE (at);
+
+CREATE FUNCTION evora.batch_events(b evora.event_batches) RETURNS SETOF evora.job_event_rows
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT e.seq, b.xid, e.job_id, e.job_version, e.queue, e.type, e.event,
+           e.from_state, e.to_state, e.attempt, e.worker_id, b.at,
+           coalesce(e.data, '{}'::jsonb), e.job
+    FROM (SELECT unnest(b.seqs) AS seq, unnest(b.job_ids) AS job_id, unnest(b.job_versions) AS job_version,
+                 unnest(b.queues) AS queue, unnest(b.types) AS type, unnest(b.events) AS event,
+                 unnest(b.from_states) AS from_state, unnest(b.to_states) AS to_state,
+                 unnest(b.attempts) AS attempt, unnest(b.worker_ids) AS worker_id,
+                 unnest(b.data) AS data, unnest(b.jobs) AS job) e
+$$;
+
+CREATE FUNCTION evora.batch_partition(rows_partition text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT 'event_batches_p' || substr(rows_partition, length('job_events_p') + 1)
 $$;
 
 CREATE TABLE evora.callbacks (
@@ -496,13 +532,27 @@ CREATE FUNCTION evora.claim_jobs(ids uuid[], limited_flags boolean[], claimer te
         WHERE j.id = p.id AND j.id = ANY(ids)
         RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on, p.n
     ),
+    fair AS (
+        SELECT nullif(current_setting('evora.fair_tags', true), '')::jsonb AS tags
+    ),
     recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
-               (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
-               m.image
-        FROM moved m ORDER BY m.n
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), claimed_at, array_agg((m.job).id ORDER BY m.n),
+               array_agg((m.job).version ORDER BY m.n), array_agg((m.job).queue ORDER BY m.n),
+               array_agg((m.job).type ORDER BY m.n),
+               array_fill('claimed'::text, ARRAY[count(*)::int]),
+               array_fill('PENDING'::evora.job_state, ARRAY[count(*)::int]),
+               array_fill('RUNNING'::evora.job_state, ARRAY[count(*)::int]),
+               array_agg((m.job).attempt ORDER BY m.n), array_fill(claimer, ARRAY[count(*)::int]),
+               CASE WHEN (SELECT tags FROM fair) IS NOT NULL THEN
+                   array_agg(jsonb_strip_nulls(jsonb_build_object(
+                                 'fair', (SELECT tags FROM fair) -> (m.job).id::text))
+                             ORDER BY m.n) END,
+               array_agg(m.image ORDER BY m.n)
+        FROM moved m
+        HAVING count(*) > 0
     )
     SELECT m.job,
            CASE WHEN m.depends_on IS NOT NULL THEN (
@@ -873,11 +923,17 @@ BEGIN
                   j.group_key IS NOT NULL OR j.limited OR j.fairness_key IS NOT NULL AS noted
     ),
     recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type, 'completed', 'RUNNING', 'COMPLETED', attempt, worker_id,
-               updated_at, jsonb_build_object('result_bytes', result_bytes), image
-        FROM moved
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), m.updated_at, array_agg(m.id), array_agg(m.version), array_agg(m.queue),
+               array_agg(m.type), array_fill('completed'::text, ARRAY[count(*)::int]),
+               array_fill('RUNNING'::evora.job_state, ARRAY[count(*)::int]),
+               array_fill('COMPLETED'::evora.job_state, ARRAY[count(*)::int]),
+               array_agg(m.attempt), array_agg(m.worker_id),
+               array_agg(jsonb_build_object('result_bytes', m.result_bytes)), array_agg(m.image)
+        FROM moved m
+        GROUP BY m.updated_at
     ),
     notes AS (
         SELECT n.notified, n.owed
@@ -959,7 +1015,7 @@ BEGIN
               AND j.id = k.job_id AND j.state = 'PENDING' AND j.started_at IS NULL
             RETURNING j.* INTO absorbing;
             IF FOUND THEN
-                INSERT INTO evora.job_events (job_id, job_version, queue, type, event,
+                INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event,
                                               from_state, to_state, attempt, worker_id, at,
                                               data, job)
                 VALUES (absorbing.id, absorbing.version, absorbing.queue, absorbing.type,
@@ -1136,39 +1192,48 @@ $$;
 CREATE FUNCTION evora.event_partitions() RETURNS TABLE(name text, lower timestamp with time zone, upper timestamp with time zone, detach_pending boolean)
     LANGUAGE sql STABLE
     AS $$
-    SELECT c.relname::text,
+    SELECT t.name, t.lower, t.upper, t.detach_pending FROM evora.event_tables() t
+    WHERE t.parent = 'evora.job_event_rows'
+$$;
+
+CREATE FUNCTION evora.event_tables() RETURNS TABLE(parent text, name text, lower timestamp with time zone, upper timestamp with time zone, detach_pending boolean)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT 'evora.' || p.relname, c.relname::text,
            substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([^'']+)''\)')::timestamptz,
            substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz,
            i.inhdetachpending
-    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-    WHERE i.inhparent = 'evora.job_events'::regclass
-    ORDER BY 3
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+    WHERE i.inhparent IN ('evora.job_event_rows'::regclass, 'evora.event_batches'::regclass)
+    ORDER BY 4, 1
 $$;
 
-CREATE TABLE evora.job_events (
-    seq bigint CONSTRAINT job_events_seq_not_null1 NOT NULL,
-    xid xid8 DEFAULT pg_current_xact_id() CONSTRAINT job_events_xid_not_null1 NOT NULL,
-    job_id uuid CONSTRAINT job_events_job_id_not_null1 NOT NULL,
-    job_version integer CONSTRAINT job_events_job_version_not_null1 NOT NULL,
-    queue text CONSTRAINT job_events_queue_not_null1 NOT NULL,
-    type text CONSTRAINT job_events_type_not_null1 NOT NULL,
-    event text CONSTRAINT job_events_event_not_null1 NOT NULL,
-    from_state evora.job_state,
-    to_state evora.job_state CONSTRAINT job_events_to_state_not_null1 NOT NULL,
-    attempt integer CONSTRAINT job_events_attempt_not_null1 NOT NULL,
-    worker_id text,
-    at timestamp with time zone CONSTRAINT job_events_at_not_null1 NOT NULL,
-    data jsonb DEFAULT '{}'::jsonb CONSTRAINT job_events_data_not_null1 NOT NULL,
-    job evora.job_image CONSTRAINT job_events_job_not_null1 NOT NULL
-)
-PARTITION BY RANGE (at);
+CREATE FUNCTION evora.events_between(lo bigint, hi bigint) RETURNS SETOF evora.job_event_rows
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT * FROM evora.job_event_rows r WHERE r.seq >= lo AND r.seq < hi
+    UNION ALL
+    SELECT e.* FROM evora.event_batches b CROSS JOIN LATERAL evora.batch_events(b) e
+    WHERE b.seq < hi AND b.last_seq >= lo AND e.seq >= lo AND e.seq < hi
+$$;
 
-CREATE FUNCTION evora.events_in_seq_range(lo bigint, hi bigint) RETURNS SETOF evora.job_events
+CREATE FUNCTION evora.events_in_seq_range(lo bigint, hi bigint) RETURNS SETOF evora.job_event_rows
     LANGUAGE sql STABLE
     SET plan_cache_mode TO 'force_custom_plan'
     SET enable_seqscan TO 'off'
     AS $$
-    SELECT * FROM evora.job_events e WHERE e.seq >= lo AND e.seq < hi
+    SELECT * FROM evora.events_between(lo, hi)
+$$;
+
+CREATE FUNCTION evora.events_of_job(id uuid) RETURNS SETOF evora.job_event_rows
+    LANGUAGE sql STABLE
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+    SELECT * FROM evora.job_event_rows r WHERE r.job_id = id
+    UNION ALL
+    SELECT e.* FROM evora.event_batches b CROSS JOIN LATERAL evora.batch_events(b) e
+    WHERE b.job_ids @> ARRAY[id] AND e.job_id = id
 $$;
 
 CREATE FUNCTION evora.expire_callbacks(batch integer, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
@@ -1196,10 +1261,18 @@ END
 $$;
 
 CREATE FUNCTION evora.expired_event_partitions(older_than double precision, archived_only boolean) RETURNS TABLE(name text, attached boolean, detach_pending boolean)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'evora', 'pg_temp'
+    AS $$
+    SELECT NULL::text, NULL::boolean, NULL::boolean WHERE false
+$$;
+
+CREATE FUNCTION evora.expired_event_tables(older_than double precision, archived_only boolean) RETURNS TABLE(parent text, name text, attached boolean, detach_pending boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'evora', 'pg_temp'
     AS $_$
 DECLARE
+    slot      record;
     part      record;
     consumed  xid8;
     mark      evora.event_archive_watermark;
@@ -1212,33 +1285,42 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
-        SELECT c.relname::text, false, false FROM pg_class c
+        SELECT CASE WHEN c.relname LIKE 'event\_batches\_p%' THEN 'evora.event_batches'
+                    ELSE 'evora.job_event_rows' END,
+               c.relname::text, false, false
+        FROM pg_class c
         WHERE c.relnamespace = 'evora'::regnamespace AND c.relkind = 'r'
-          AND c.relname LIKE 'job\_events\_p%' AND NOT c.relispartition;
+          AND (c.relname LIKE 'job\_events\_p%' OR c.relname LIKE 'event\_batches\_p%')
+          AND NOT c.relispartition;
     SELECT p.xid INTO consumed FROM evora.projector_progress p ORDER BY p.xid LIMIT 1;
     SELECT * INTO STRICT mark FROM evora.event_archive_watermark;
     SELECT min(a.xact_start) + (evora.clock_now() - now()) INTO oldest
     FROM pg_stat_activity a WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid();
-    FOR part IN
-        SELECT p.name, p.detach_pending FROM evora.event_partitions() p
+    <<slots>>
+    FOR slot IN
+        SELECT p.upper FROM evora.event_tables() p
         WHERE p.upper <= evora.clock_now() - make_interval(secs => older_than)
           AND (oldest IS NULL OR oldest >= p.upper)
+        GROUP BY p.upper
         ORDER BY p.upper
     LOOP
-        EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
-            INTO last_xid;
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM evora.%I e WHERE e.seq > $1)', part.name)
-            INTO past_mark USING mark.upto_seq;
-        IF last_xid IS NOT NULL AND NOT (
-            last_xid < consumed
-            AND (NOT archived_only OR (NOT past_mark AND last_xid < mark.below_xid))
-        ) THEN
-            EXIT;
-        END IF;
-        name := part.name;
-        attached := true;
-        detach_pending := part.detach_pending;
-        RETURN NEXT;
+        FOR part IN SELECT p.parent, p.name FROM evora.event_tables() p WHERE p.upper = slot.upper LOOP
+            EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
+                INTO last_xid;
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM evora.%I e WHERE e.%I > $1)', part.name,
+                           CASE WHEN part.parent = 'evora.event_batches' THEN 'last_seq'
+                                ELSE 'seq' END)
+                INTO past_mark USING mark.upto_seq;
+            IF last_xid IS NOT NULL AND NOT (
+                coalesce(last_xid < consumed, false)  -- (no progress recorded: not consumed)
+                AND (NOT archived_only OR (NOT past_mark AND last_xid < mark.below_xid))
+            ) THEN
+                EXIT slots;
+            END IF;
+        END LOOP;
+        RETURN QUERY
+            SELECT p.parent, p.name, true, p.detach_pending FROM evora.event_tables() p
+            WHERE p.upper = slot.upper;
     END LOOP;
 END
 $_$;
@@ -1590,15 +1672,15 @@ CREATE FUNCTION evora.first_event_seq(from_seq bigint) RETURNS bigint
     AS $$
 DECLARE
     last  bigint := coalesce(
-        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
+        pg_sequence_last_value(pg_get_serial_sequence('evora.job_event_rows', 'seq')::regclass),
+        0);
     lo    bigint := greatest(from_seq, 1);
     width bigint := 1024;
     hit   bigint;
     mid   bigint;
 BEGIN
     WHILE hit IS NULL AND lo <= last LOOP
-        SELECT e.seq INTO hit FROM evora.job_events e
-        WHERE e.seq >= lo AND e.seq < lo + width LIMIT 1;
+        SELECT e.seq INTO hit FROM evora.events_between(lo, lo + width) e LIMIT 1;
         IF hit IS NULL THEN
             lo := lo + width;
             width := width * 2;
@@ -1610,12 +1692,12 @@ BEGIN
     WHILE hit - lo > 1024 LOOP
         mid := lo + (hit - lo) / 2;
         SELECT coalesce(min(e.seq), hit) INTO hit FROM (
-            SELECT e.seq FROM evora.job_events e WHERE e.seq >= lo AND e.seq < mid LIMIT 1) e;
+            SELECT e.seq FROM evora.events_between(lo, mid) e LIMIT 1) e;
         IF hit >= mid THEN
             lo := mid;
         END IF;
     END LOOP;
-    RETURN (SELECT min(e.seq) FROM evora.job_events e WHERE e.seq >= lo AND e.seq <= hit);
+    RETURN (SELECT min(e.seq) FROM evora.events_between(lo, hit + 1) e);
 END
 $$;
 
@@ -1664,6 +1746,20 @@ CREATE FUNCTION evora.hold_spawned_tree(parent uuid) RETURNS uuid[]
     FROM held h
 $$;
 
+CREATE FUNCTION evora.insert_event_row() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event, from_state,
+                                      to_state, attempt, worker_id, at, data, job)
+    VALUES (NEW.job_id, NEW.job_version, NEW.queue, NEW.type, NEW.event, NEW.from_state,
+            NEW.to_state, NEW.attempt, NEW.worker_id, NEW.at, coalesce(NEW.data, '{}'),
+            NEW.job)
+    RETURNING seq, xid, data INTO NEW.seq, NEW.xid, NEW.data;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -1680,13 +1776,13 @@ CREATE FUNCTION evora.last_event_seq() RETURNS bigint
     AS $$
 DECLARE
     hi    bigint := coalesce(
-        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
+        pg_sequence_last_value(pg_get_serial_sequence('evora.job_event_rows', 'seq')::regclass),
+        0);
     width bigint := 1024;
     found bigint;
 BEGIN
     WHILE hi > 0 LOOP
-        SELECT max(e.seq) INTO found FROM evora.job_events e
-        WHERE e.seq > hi - width AND e.seq <= hi;
+        SELECT max(e.seq) INTO found FROM evora.events_between(hi - width + 1, hi + 1) e;
         IF found IS NOT NULL THEN
             RETURN found;
         END IF;
@@ -1804,13 +1900,15 @@ DECLARE
     lo     timestamptz;
     hi     timestamptz;
     part   text;
+    slot   record;
     idx    regclass;
 BEGIN
     IF width IS NULL OR width < 1 OR ahead IS NULL OR ahead < 1 THEN
         RAISE EXCEPTION 'invalid partitioning (% seconds, % ahead)', width, ahead
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    LOCK TABLE evora.job_events IN SHARE UPDATE EXCLUSIVE MODE;
+    LOCK TABLE evora.job_event_rows IN SHARE UPDATE EXCLUSIVE MODE;
+    LOCK TABLE evora.event_batches IN SHARE UPDATE EXCLUSIVE MODE;
     target := evora.clock_now() + make_interval(secs => width * ahead);
     SELECT max(p.upper) INTO newest FROM evora.event_partitions() p;
     lo := greatest(newest, to_timestamp(floor(extract(epoch FROM evora.clock_now()) / width) * width));
@@ -1819,23 +1917,39 @@ BEGIN
         part := 'job_events_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD')
                 || CASE WHEN lo = date_trunc('day', lo AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
                         THEN '' ELSE to_char(lo AT TIME ZONE 'UTC', '_HH24MISS') END;
-        EXECUTE format('CREATE TABLE evora.%I (LIKE evora.job_events INCLUDING DEFAULTS)', part);
-        EXECUTE format('ALTER TABLE evora.job_events ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
+        EXECUTE format('CREATE TABLE evora.%I (LIKE evora.job_event_rows INCLUDING DEFAULTS)', part);
+        EXECUTE format('ALTER TABLE evora.job_event_rows ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
                        part, lo, hi);
         lo := hi;
     END LOOP;
+    FOR slot IN
+        SELECT p.name, p.lower, p.upper FROM evora.event_partitions() p
+        WHERE to_regclass(format('evora.%I', evora.batch_partition(p.name))) IS NULL
+    LOOP
+        part := evora.batch_partition(slot.name);
+        EXECUTE format('CREATE TABLE evora.%I (LIKE evora.event_batches INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED)', part);
+        EXECUTE format('ALTER TABLE evora.event_batches ATTACH PARTITION evora.%I FOR VALUES FROM (%s) TO (%L)',
+                       part, coalesce(quote_literal(slot.lower), 'MINVALUE'), slot.upper);
+    END LOOP;
     FOR idx IN
         SELECT x.indexrelid::regclass
-        FROM evora.event_partitions() p
+        FROM evora.event_tables() p
         JOIN pg_index x ON x.indrelid = format('evora.%I', p.name)::regclass
         JOIN pg_inherits h ON h.inhrelid = x.indexrelid
-        WHERE h.inhparent = 'evora.job_events_seq'::regclass
+        WHERE h.inhparent IN ('evora.job_events_seq'::regclass, 'evora.event_batches_seq'::regclass)
           AND p.upper <= evora.clock_now()
     LOOP
         PERFORM brin_summarize_new_values(idx);
     END LOOP;
     RETURN extract(epoch FROM greatest(lo, newest) - evora.clock_now());
 END
+$$;
+
+CREATE FUNCTION evora.next_seqs(n bigint) RETURNS bigint[]
+    LANGUAGE sql
+    AS $$
+    SELECT array_agg(s ORDER BY s)
+    FROM (SELECT nextval('evora.job_events_seq_seq') AS s FROM generate_series(1, n)) t
 $$;
 
 CREATE FUNCTION evora.note_ended_dependency() RETURNS trigger
@@ -2131,15 +2245,23 @@ CREATE FUNCTION evora.record_moves(moves evora.move[], suppressed text[]) RETURN
 BEGIN
     RETURN QUERY
     WITH moved AS (
-        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
-        FROM unnest(moves) AS m
+        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data, m.n
+        FROM unnest(moves) WITH ORDINALITY AS m(job, event, from_state, worker, data, n)
     ),
     recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type, event, from_state, state,
-               attempt, worker, updated_at, data, evora.event_image(whole, from_state)
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), updated_at, array_agg(id ORDER BY n),
+               array_agg(version ORDER BY n), array_agg(queue ORDER BY n), array_agg(type ORDER BY n),
+               array_agg(event ORDER BY n), array_agg(from_state ORDER BY n),
+               array_agg(state ORDER BY n), array_agg(attempt ORDER BY n),
+               array_agg(worker ORDER BY n),
+               CASE WHEN bool_or(data <> '{}') THEN array_agg(data ORDER BY n) END,
+               array_agg(evora.event_image(whole, from_state) ORDER BY n)
         FROM moved
+        GROUP BY updated_at
+        ORDER BY min(n)
     )
     SELECT n.notified, n.owed FROM evora.note_moves(moves, suppressed) AS n;
 END
@@ -2313,18 +2435,23 @@ BEGIN
         RETURNING j.*, n.cause, evora.event_image(j, 'WAITING') AS image
     ),
     recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type,
-               CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
-               'WAITING', state, attempt, NULL, updated_at,
-               CASE WHEN state = 'CANCELLED'
-                    THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', cause)
-                    ELSE '{}'::jsonb END,
-               image
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), updated_at, array_agg(id), array_agg(version),
+               array_agg(queue), array_agg(type),
+               array_agg(CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END),
+               array_fill('WAITING'::evora.job_state, ARRAY[count(*)::int]), array_agg(state),
+               array_agg(attempt), array_fill(NULL::text, ARRAY[count(*)::int]),
+               CASE WHEN bool_or(state = 'CANCELLED') THEN
+                   array_agg(CASE WHEN state = 'CANCELLED'
+                                  THEN jsonb_build_object('reason', 'dependency_cancelled',
+                                                          'dependency', cause)
+                                  ELSE '{}'::jsonb END) END,
+               array_agg(image)
         FROM settled
         WHERE state <> 'WAITING'
+        GROUP BY updated_at
     )
     SELECT count(pg_notify('evora_jobs', q.queue))
     INTO hinted
@@ -2592,17 +2719,29 @@ BEGIN
         CROSS JOIN LATERAL unnest(m.depends_on) AS d(dep)
         WHERE cardinality(waited) > 0  -- else not even a pass over the rows
     ),
-    recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
-               m.attempt, NULL, m.updated_at,
+    data AS (
+        SELECT m.*,
                CASE WHEN m.limit_keys = '{}' AND m.fairness_key IS NULL THEN '{}'::jsonb
                     ELSE jsonb_strip_nulls(jsonb_build_object(
                              'limit_keys', nullif(m.limit_keys, '{}'),
-                             'fairness_key', m.fairness_key)) END,
-               m.image
+                             'fairness_key', m.fairness_key)) END
+               || coalesce(nullif(current_setting('evora.submitted_data', true), '')::jsonb,
+                           '{}') AS event_data
         FROM moved m
+    ),
+    recorded AS (
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), d.updated_at, array_agg(d.id), array_agg(d.version),
+               array_agg(d.queue), array_agg(d.type),
+               array_fill('submitted'::text, ARRAY[count(*)::int]),
+               array_fill(NULL::evora.job_state, ARRAY[count(*)::int]), array_agg(d.state),
+               array_agg(d.attempt), array_fill(NULL::text, ARRAY[count(*)::int]),
+               CASE WHEN bool_or(d.event_data <> '{}') THEN array_agg(d.event_data) END,
+               array_agg(d.image)
+        FROM data d
+        GROUP BY d.updated_at
     ),
     claimable AS (
         SELECT DISTINCT m.queue AS q FROM moved m
@@ -3373,7 +3512,52 @@ CREATE TABLE evora.job_dependencies (
     CONSTRAINT job_dependencies_not_self CHECK ((job_id <> depends_on))
 );
 
-ALTER TABLE evora.job_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+CREATE VIEW evora.job_events AS
+ SELECT r.seq,
+    r.xid,
+    r.job_id,
+    r.job_version,
+    r.queue,
+    r.type,
+    r.event,
+    r.from_state,
+    r.to_state,
+    r.attempt,
+    r.worker_id,
+    r.at,
+    r.data,
+    r.job
+   FROM evora.job_event_rows r
+UNION ALL
+ SELECT e.seq,
+    b.xid,
+    e.job_id,
+    e.job_version,
+    e.queue,
+    e.type,
+    e.event,
+    e.from_state,
+    e.to_state,
+    e.attempt,
+    e.worker_id,
+    b.at,
+    COALESCE(e.data, '{}'::jsonb) AS data,
+    e.job
+   FROM (evora.event_batches b
+     CROSS JOIN LATERAL ( SELECT unnest(b.seqs) AS seq,
+            unnest(b.job_ids) AS job_id,
+            unnest(b.job_versions) AS job_version,
+            unnest(b.queues) AS queue,
+            unnest(b.types) AS type,
+            unnest(b.events) AS event,
+            unnest(b.from_states) AS from_state,
+            unnest(b.to_states) AS to_state,
+            unnest(b.attempts) AS attempt,
+            unnest(b.worker_ids) AS worker_id,
+            unnest(b.data) AS data,
+            unnest(b.jobs) AS job) e);
+
+ALTER TABLE evora.job_event_rows ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME evora.job_events_seq_seq
     START WITH 1
     INCREMENT BY 1
@@ -3518,7 +3702,7 @@ ALTER TABLE ONLY evora.idempotency_keys
 ALTER TABLE ONLY evora.job_dependencies
     ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on);
 
-ALTER TABLE ONLY evora.job_events
+ALTER TABLE ONLY evora.job_event_rows
     ADD CONSTRAINT job_events_version_once UNIQUE (job_id, job_version, at);
 
 ALTER TABLE ONLY evora.job_prune_counts
@@ -3558,6 +3742,12 @@ CREATE INDEX callbacks_due ON evora.callbacks USING btree (timeout_at) WHERE (ou
 
 CREATE INDEX callbacks_job ON evora.callbacks USING btree (job_id);
 
+CREATE INDEX event_batches_jobs ON ONLY evora.event_batches USING gin (job_ids);
+
+CREATE INDEX event_batches_seq ON ONLY evora.event_batches USING brin (seq, last_seq) WITH (pages_per_range='32', autosummarize='on');
+
+CREATE INDEX event_batches_tail ON ONLY evora.event_batches USING btree (xid, last_seq);
+
 CREATE INDEX fair_keys_turn ON evora.fair_keys USING btree (queue, vfinish, key) WHERE backlogged;
 
 CREATE INDEX fair_ledger_queue ON evora.fair_ledger USING btree (queue);
@@ -3572,9 +3762,9 @@ CREATE INDEX idempotency_keys_age ON evora.idempotency_keys USING btree (created
 
 CREATE INDEX job_dependencies_dependents ON evora.job_dependencies USING btree (depends_on, job_id);
 
-CREATE INDEX job_events_seq ON ONLY evora.job_events USING brin (seq) WITH (pages_per_range='32', autosummarize='on');
+CREATE INDEX job_events_seq ON ONLY evora.job_event_rows USING brin (seq) WITH (pages_per_range='32', autosummarize='on');
 
-CREATE INDEX job_events_tail ON ONLY evora.job_events USING btree (xid, seq);
+CREATE INDEX job_events_tail ON ONLY evora.job_event_rows USING btree (xid, seq);
 
 CREATE INDEX jobs_claimable ON evora.jobs USING btree (queue, priority, run_at, submit_seq) WHERE (state = 'PENDING'::evora.job_state);
 
@@ -3608,15 +3798,19 @@ CREATE INDEX submission_keys_debounce_since ON evora.submission_keys USING btree
 
 CREATE INDEX submission_keys_throttle_until ON evora.submission_keys USING btree (until) WHERE (kind = 'throttle'::text);
 
+CREATE TRIGGER event_batches_append_only BEFORE DELETE OR UPDATE ON evora.event_batches FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
+
+CREATE TRIGGER event_batches_no_truncate BEFORE TRUNCATE ON evora.event_batches FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
+
 CREATE TRIGGER flow_limits_history AFTER INSERT OR DELETE OR UPDATE ON evora.flow_limits FOR EACH ROW EXECUTE FUNCTION evora.record_limit_change();
 
-CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON evora.job_events FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
+CREATE TRIGGER job_events_append_only BEFORE DELETE OR UPDATE ON evora.job_event_rows FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
 
-CREATE TRIGGER job_events_fair_tag BEFORE INSERT ON evora.job_events FOR EACH ROW WHEN (((new.event = 'claimed'::text) AND (current_setting('evora.fair_tags'::text, true) <> ''::text))) EXECUTE FUNCTION evora.add_fair_tag();
+CREATE TRIGGER job_events_insert INSTEAD OF INSERT ON evora.job_events FOR EACH ROW EXECUTE FUNCTION evora.insert_event_row();
 
-CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON evora.job_events FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
+CREATE TRIGGER job_events_no_truncate BEFORE TRUNCATE ON evora.job_event_rows FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();
 
-CREATE TRIGGER job_events_submitted_data BEFORE INSERT ON evora.job_events FOR EACH ROW WHEN (((new.event = 'submitted'::text) AND (current_setting('evora.submitted_data'::text, true) <> ''::text))) EXECUTE FUNCTION evora.add_submitted_data();
+CREATE TRIGGER job_events_view_append_only INSTEAD OF DELETE OR UPDATE ON evora.job_events FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
 
 CREATE TRIGGER jobs_live_delete_guard BEFORE DELETE ON evora.jobs FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PENDING'::evora.job_state, 'RUNNING'::evora.job_state, 'WAITING'::evora.job_state, 'SUSPENDED'::evora.job_state]))) EXECUTE FUNCTION evora.reject_live_delete();
 

@@ -83,15 +83,25 @@ LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
 BEGIN
     RETURN QUERY
     WITH moved AS (
-        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data
-        FROM unnest(moves) AS m
+        SELECT (m.job).*, m.job AS whole, m.event, m.from_state, m.worker, m.data, m.n
+        FROM unnest(moves) WITH ORDINALITY AS m(job, event, from_state, worker, data, n)
     ),
+    -- One row per statement (evora.event_batches, migration 0064), the events in the order of
+    -- `moves`; its data NULL when every event's is {}.
     recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type, event, from_state, state,
-               attempt, worker, updated_at, data, evora.event_image(whole, from_state)
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), updated_at, array_agg(id ORDER BY n),
+               array_agg(version ORDER BY n), array_agg(queue ORDER BY n), array_agg(type ORDER BY n),
+               array_agg(event ORDER BY n), array_agg(from_state ORDER BY n),
+               array_agg(state ORDER BY n), array_agg(attempt ORDER BY n),
+               array_agg(worker ORDER BY n),
+               CASE WHEN bool_or(data <> '{}') THEN array_agg(data ORDER BY n) END,
+               array_agg(evora.event_image(whole, from_state) ORDER BY n)
         FROM moved
+        GROUP BY updated_at
+        ORDER BY min(n)
     )
     SELECT n.notified, n.owed FROM evora.note_moves(moves, suppressed) AS n;
 END
@@ -205,17 +215,36 @@ LANGUAGE sql SET random_page_cost = 1 SET lock_timeout = '100ms' AS $$
         WHERE j.id = p.id AND j.id = ANY(ids)
         RETURNING j AS job, evora.event_image(j, 'PENDING') AS image, j.depends_on, p.n
     ),
+    -- A fair claim's events carry each job's start tag and the virtual time it was chosen at
+    -- ({"fair": {"tag", "vtime"}}, which evora.claim_fair() sets in `evora.fair_tags`, a JSON
+    -- object by job id, around this call): the auditor checks from them that the queue's fair
+    -- claims took turns and never served a job ahead of virtual time (docs/audit.md).
+    fair AS (
+        SELECT nullif(current_setting('evora.fair_tags', true), '')::jsonb AS tags
+    ),
+    -- One row for the statement's events (evora.event_batches, migration 0064), in the order
+    -- of `ids`, the claim's (priority, due, submission): the events' seq says which attempt
+    -- came first (the auditor charges limits in that order), and the UPDATE returns its rows
+    -- in whatever order its plan finds them (by the primary key's order under some).
     recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT (m.job).id, (m.job).version, (m.job).queue, (m.job).type, 'claimed', 'PENDING',
-               (m.job).state, (m.job).attempt, (m.job).worker_id, (m.job).updated_at, '{}',
-               m.image
-        -- in the order of `ids`, the claim's (priority, due, submission): the events' seq
-        -- says which attempt came first (the auditor charges limits in that order), and the
-        -- UPDATE returns its rows in whatever order its plan finds them (by the primary key's
-        -- order under some)
-        FROM moved m ORDER BY m.n
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), claimed_at, array_agg((m.job).id ORDER BY m.n),
+               array_agg((m.job).version ORDER BY m.n), array_agg((m.job).queue ORDER BY m.n),
+               array_agg((m.job).type ORDER BY m.n),
+               array_fill('claimed'::text, ARRAY[count(*)::int]),
+               array_fill('PENDING'::evora.job_state, ARRAY[count(*)::int]),
+               array_fill('RUNNING'::evora.job_state, ARRAY[count(*)::int]),
+               array_agg((m.job).attempt ORDER BY m.n), array_fill(claimer, ARRAY[count(*)::int]),
+               CASE WHEN (SELECT tags FROM fair) IS NOT NULL THEN
+                   -- (a job the fair pick did not choose, an unkeyed one: {})
+                   array_agg(jsonb_strip_nulls(jsonb_build_object(
+                                 'fair', (SELECT tags FROM fair) -> (m.job).id::text))
+                             ORDER BY m.n) END,
+               array_agg(m.image ORDER BY m.n)
+        FROM moved m
+        HAVING count(*) > 0
     )
     SELECT m.job,
            CASE WHEN m.depends_on IS NOT NULL THEN (
@@ -953,12 +982,21 @@ BEGIN
     -- (docs/benchmarks/2026-11-29-postgresql-cpu-profile.md). Only the jobs with something to
     -- note (evora.note_moves(): grouped, claimed under a limit, or keyed) go through it, and a
     -- batch with none does not call it (the one-time filter on `noted`).
+    -- One row for the statement's events (evora.event_batches, migration 0064), in whatever
+    -- order the UPDATE found the jobs: each array is aggregated from the same rows in the same
+    -- order.
     recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type, 'completed', 'RUNNING', 'COMPLETED', attempt, worker_id,
-               updated_at, jsonb_build_object('result_bytes', result_bytes), image
-        FROM moved
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), m.updated_at, array_agg(m.id), array_agg(m.version), array_agg(m.queue),
+               array_agg(m.type), array_fill('completed'::text, ARRAY[count(*)::int]),
+               array_fill('RUNNING'::evora.job_state, ARRAY[count(*)::int]),
+               array_fill('COMPLETED'::evora.job_state, ARRAY[count(*)::int]),
+               array_agg(m.attempt), array_agg(m.worker_id),
+               array_agg(jsonb_build_object('result_bytes', m.result_bytes)), array_agg(m.image)
+        FROM moved m
+        GROUP BY m.updated_at
     ),
     notes AS (
         SELECT n.notified, n.owed

@@ -209,19 +209,26 @@ BEGIN
         WHERE j.id = n.id AND j.state = 'WAITING'
         RETURNING j.*, n.cause, evora.event_image(j, 'WAITING') AS image
     ),
+    -- One row per statement (evora.event_batches, migration 0064); its data NULL when no
+    -- job was cancelled.
     recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT id, version, queue, type,
-               CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END,
-               'WAITING', state, attempt, NULL, updated_at,
-               CASE WHEN state = 'CANCELLED'
-                    THEN jsonb_build_object('reason', 'dependency_cancelled',
-                                            'dependency', cause)
-                    ELSE '{}'::jsonb END,
-               image
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), updated_at, array_agg(id), array_agg(version),
+               array_agg(queue), array_agg(type),
+               array_agg(CASE WHEN state = 'PENDING' THEN 'dependencies_met' ELSE 'cancelled' END),
+               array_fill('WAITING'::evora.job_state, ARRAY[count(*)::int]), array_agg(state),
+               array_agg(attempt), array_fill(NULL::text, ARRAY[count(*)::int]),
+               CASE WHEN bool_or(state = 'CANCELLED') THEN
+                   array_agg(CASE WHEN state = 'CANCELLED'
+                                  THEN jsonb_build_object('reason', 'dependency_cancelled',
+                                                          'dependency', cause)
+                                  ELSE '{}'::jsonb END) END,
+               array_agg(image)
         FROM settled
         WHERE state <> 'WAITING'
+        GROUP BY updated_at
     )
     -- The NOTIFY hint, as for any job that becomes PENDING (delivered at commit).
     SELECT count(pg_notify('evora_jobs', q.queue))

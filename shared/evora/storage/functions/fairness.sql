@@ -293,7 +293,7 @@ BEGIN
             PERFORM evora.fair_charge(array_fill(q, ARRAY[cardinality(ids)]), picked_keys,
                                       starts, costs);
             -- each job's start tag and the virtual time it was chosen at, for its `claimed`
-            -- event (evora.add_fair_tag() below)
+            -- event (evora.claim_jobs())
             PERFORM set_config('evora.fair_tags', coalesce(tags::text, ''), true);
         ELSE
             ids := '{}';
@@ -314,28 +314,3 @@ BEGIN
     END LOOP;
 END
 $$;
-
--- A fair claim's `claimed` events carry the job's start tag and the queue's virtual time the
--- claim read under the queue's lock ({"fair": {"tag", "vtime"}}): the auditor checks from
--- them that the queue's fair claims took turns and never served a job ahead of virtual time
--- (`fair_virtual_time`, docs/audit.md). evora.claim_fair() sets `evora.fair_tags` (a JSON
--- object by job id, transaction-local) around its evora.claim_jobs(), so the claim every
--- queue shares is not changed; the setting is empty or absent everywhere else, and the WHEN
--- clause keeps those inserts off PL/pgSQL.
-CREATE OR REPLACE FUNCTION evora.add_fair_tag() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    tag jsonb := current_setting('evora.fair_tags')::jsonb -> NEW.job_id::text;
-BEGIN
-    IF tag IS NOT NULL THEN
-        NEW.data := NEW.data || jsonb_build_object('fair', tag);
-    END IF;
-    RETURN NEW;
-END
-$$;
-
-CREATE OR REPLACE TRIGGER job_events_fair_tag
-    BEFORE INSERT ON evora.job_events
-    FOR EACH ROW
-    WHEN (NEW.event = 'claimed' AND current_setting('evora.fair_tags', true) <> '')
-    EXECUTE FUNCTION evora.add_fair_tag();

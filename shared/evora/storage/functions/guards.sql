@@ -1,5 +1,5 @@
 -- Guards: the triggers that make the database enforce the state machine, keep live jobs
--- from being deleted and keep job_events append-only (docs/architecture.md, rule 2).
+-- from being deleted (docs/architecture.md, rule 2; the outbox's own: outbox.sql).
 --
 -- The current text of this area's functions and triggers: edit them here. `evora migrate`
 -- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
@@ -25,17 +25,6 @@ LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'job % is % and may not be deleted', OLD.id, OLD.state
         USING ERRCODE = 'check_violation';
-END
-$$;
-
--- job_events is append-only: no UPDATE, DELETE or TRUNCATE of its rows. Retention removes
--- whole partitions (DETACH, then DROP: evora.expired_event_partitions(), retention.sql),
--- the one removal there is.
-CREATE OR REPLACE FUNCTION evora.reject_event_change() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'job_events is append-only (% rejected)', TG_OP
-        USING ERRCODE = 'insufficient_privilege';
 END
 $$;
 
@@ -72,15 +61,3 @@ CREATE OR REPLACE TRIGGER jobs_live_delete_guard
     BEFORE DELETE ON evora.jobs
     FOR EACH ROW WHEN (OLD.state IN ('PENDING', 'RUNNING', 'WAITING', 'SUSPENDED'))
     EXECUTE FUNCTION evora.reject_live_delete();
-
--- Row triggers, so that every partition has them too (a statement trigger on the parent does
--- not fire for a statement on a partition); the first UPDATE or DELETE of a row rejects
--- the statement. TRUNCATE has no row trigger: the parent's rejects it, and truncating one
--- partition is removing it whole.
-CREATE OR REPLACE TRIGGER job_events_append_only
-    BEFORE UPDATE OR DELETE ON evora.job_events
-    FOR EACH ROW EXECUTE FUNCTION evora.reject_event_change();
-
-CREATE OR REPLACE TRIGGER job_events_no_truncate
-    BEFORE TRUNCATE ON evora.job_events
-    FOR EACH STATEMENT EXECUTE FUNCTION evora.reject_event_change();

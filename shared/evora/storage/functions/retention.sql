@@ -1,5 +1,5 @@
--- Retention (docs/deploy.md, Retention): pruning finished jobs, and job_events' partitions: made ahead
--- of the clock, dropped whole once expired.
+-- Retention (docs/deploy.md, Retention): pruning finished jobs, and the outbox's partitions: made
+-- ahead of the clock, dropped whole once expired.
 --
 -- The current text of this area's functions and triggers: edit them here. `evora migrate`
 -- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
@@ -14,107 +14,48 @@ LANGUAGE sql SECURITY DEFINER SET search_path = evora, pg_temp AS $$
     SELECT 0::bigint
 $$;
 
--- The partitions of job_events (migration 0032), oldest first, with the range each holds
--- (`lower` NULL for the first one's MINVALUE) and whether a DETACH ... CONCURRENTLY of it
--- was interrupted (it must be finished with FINALIZE).
-CREATE OR REPLACE FUNCTION evora.event_partitions()
-RETURNS TABLE (name text, lower timestamptz, upper timestamptz, detach_pending boolean)
+-- Every partition of the outbox's two tables (migration 0064: the events written one by one,
+-- `job_event_rows`, and those written a statement at a time, `event_batches`), oldest first,
+-- each with its parent, the range it holds (`lower` NULL for the first one's MINVALUE) and
+-- whether a DETACH ... CONCURRENTLY of it was interrupted (it must be finished with FINALIZE).
+-- Both tables are partitioned alike: each partition of the rows has a twin of the same range
+-- for the batches, named after it (evora.batch_partition()).
+CREATE OR REPLACE FUNCTION evora.event_tables()
+RETURNS TABLE (parent text, name text, lower timestamptz, upper timestamptz,
+               detach_pending boolean)
 LANGUAGE sql STABLE AS $$
-    SELECT c.relname::text,
+    SELECT 'evora.' || p.relname, c.relname::text,
            substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([^'']+)''\)')::timestamptz,
            substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz,
            i.inhdetachpending
-    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-    WHERE i.inhparent = 'evora.job_events'::regclass
-    ORDER BY 3
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+    WHERE i.inhparent IN ('evora.job_event_rows'::regclass, 'evora.event_batches'::regclass)
+    ORDER BY 4, 1
 $$;
 
--- The newest event's seq the caller's snapshot sees (0 without events). There is no B-tree
--- on seq (migration 0059), and max(seq) through its BRIN index reads every partition whole.
--- The identity's last value bounds it from above (a visible event's seq was taken before the
--- snapshot, and this reads the sequence after it): ranges of seq are read down from there,
--- each twice as wide as the one before, until one holds a visible event. One range but after
--- a run of seqs taken by transactions that rolled back or are still open. Each range is
--- planned with its bounds (a generic plan, PL/pgSQL's after five calls, reads the tail
--- index for any range), and never as a sequential scan (one that stops at the first event of
--- a range is cheap, but a range estimated full and empty in fact reads the partition whole).
-CREATE OR REPLACE FUNCTION evora.last_event_seq()
-RETURNS bigint
-LANGUAGE plpgsql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
-DECLARE
-    hi    bigint := coalesce(
-        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
-    width bigint := 1024;
-    found bigint;
-BEGIN
-    WHILE hi > 0 LOOP
-        SELECT max(e.seq) INTO found FROM evora.job_events e
-        WHERE e.seq > hi - width AND e.seq <= hi;
-        IF found IS NOT NULL THEN
-            RETURN found;
-        END IF;
-        hi := hi - width;
-        width := width * 2;
-    END LOOP;
-    RETURN 0;
-END
+-- The partitions of the events written one by one (migration 0032), which set the ranges,
+-- as evora.event_tables() gives them.
+CREATE OR REPLACE FUNCTION evora.event_partitions()
+RETURNS TABLE (name text, lower timestamptz, upper timestamptz, detach_pending boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT t.name, t.lower, t.upper, t.detach_pending FROM evora.event_tables() t
+    WHERE t.parent = 'evora.job_event_rows'
 $$;
 
--- The first event's seq at or past `from_seq` that the caller's snapshot sees (NULL: none),
--- for a walk in seq order over a gap (the partitions retention dropped, seqs of transactions
--- that rolled back) without a B-tree on seq. Ranges twice as wide each time find one that
--- holds an event (any event of it: the read stops at the first); halving the span below it
--- then narrows down to the first, so that the range whose minimum is read at the end is at
--- most 1,024 seqs wide however many events lie past it. Planned as evora.last_event_seq().
-CREATE OR REPLACE FUNCTION evora.first_event_seq(from_seq bigint)
-RETURNS bigint
-LANGUAGE plpgsql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
-DECLARE
-    last  bigint := coalesce(
-        pg_sequence_last_value(pg_get_serial_sequence('evora.job_events', 'seq')::regclass), 0);
-    lo    bigint := greatest(from_seq, 1);
-    width bigint := 1024;
-    hit   bigint;
-    mid   bigint;
-BEGIN
-    WHILE hit IS NULL AND lo <= last LOOP
-        SELECT e.seq INTO hit FROM evora.job_events e
-        WHERE e.seq >= lo AND e.seq < lo + width LIMIT 1;
-        IF hit IS NULL THEN
-            lo := lo + width;
-            width := width * 2;
-        END IF;
-    END LOOP;
-    IF hit IS NULL THEN
-        RETURN NULL;
-    END IF;
-    -- the first is in [lo, hit]
-    WHILE hit - lo > 1024 LOOP
-        mid := lo + (hit - lo) / 2;
-        SELECT coalesce(min(e.seq), hit) INTO hit FROM (
-            SELECT e.seq FROM evora.job_events e WHERE e.seq >= lo AND e.seq < mid LIMIT 1) e;
-        IF hit >= mid THEN
-            lo := mid;
-        END IF;
-    END LOOP;
-    RETURN (SELECT min(e.seq) FROM evora.job_events e WHERE e.seq >= lo AND e.seq <= hit);
-END
-$$;
-
--- The events of seqs [lo, hi), in no order: a range the BRIN index on seq (migration 0059)
--- answers, for the auditor's walk (sql/audit.sql). Planned with its bounds and never as a
--- sequential scan: the planner's estimate of a BRIN scan of a partition that holds none of
--- the range can exceed that of reading the partition whole, which it then does.
-CREATE OR REPLACE FUNCTION evora.events_in_seq_range(lo bigint, hi bigint)
-RETURNS SETOF evora.job_events
-LANGUAGE sql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
-    SELECT * FROM evora.job_events e WHERE e.seq >= lo AND e.seq < hi
+-- The name of the batches' partition that is the twin of the rows' partition `rows_partition`
+-- (job_events_p20261129 -> event_batches_p20261129).
+CREATE OR REPLACE FUNCTION evora.batch_partition(rows_partition text)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'event_batches_p' || substr(rows_partition, length('job_events_p') + 1)
 $$;
 
 -- Creates the partitions of job_events from the newest one's end (or from the current slot,
 -- if the clock has passed it) until `ahead` partitions of `width` seconds lie beyond Evora's
 -- clock, each aligned to a multiple of `width` since the epoch and named by the time it
--- starts (UTC): job_events_p20261129 at midnight, job_events_p20261129_143000 otherwise.
+-- starts (UTC): job_events_p20261129 at midnight, job_events_p20261129_143000 otherwise;
+-- and the twin of every one that has none yet (evora.batch_partition(): the partitions made
+-- before migration 0064 get theirs the first time).
 -- Returns how many seconds of partitions are left ahead of the clock: an event is written
 -- at the clock's time, and one written where no partition is fails its transition, so the
 -- sweeper alerts long before that (deploy/prometheus/alerts.yml).
@@ -122,13 +63,13 @@ $$;
 -- EXCLUSIVE lock on the parent, which writers never wait for (CREATE TABLE ... PARTITION OF
 -- would take an ACCESS EXCLUSIVE one). Two callers at once queue on that lock, the second
 -- then finds the partitions made.
--- It also has the BRIN index on seq (migration 0059) summarize the last block range of each
--- partition the clock has passed: autosummarize summarizes a range when the next one starts
--- filling, so a partition's last one, partly filled, would stay unsummarized once writes
--- move on, and every read of a range of seq would read it whole in every such partition.
--- The current partition's is left to fill: an insert into a summarized range widens its
--- summary, a write of the index on the hot path. (A long transaction's event written into a
--- passed partition later does that, rarely.)
+-- It also has the BRIN indexes on seq (migrations 0059, 0064) summarize the last block range
+-- of each partition the clock has passed: autosummarize summarizes a range when the next one
+-- starts filling, so a partition's last one, partly filled, would stay unsummarized once
+-- writes move on, and every read of a range of seq would read it whole in every such
+-- partition. The current partition's is left to fill: an insert into a summarized range
+-- widens its summary, a write of the index on the hot path. (A long transaction's event
+-- written into a passed partition later does that, rarely.)
 CREATE OR REPLACE FUNCTION evora.make_event_partitions(width float8, ahead integer)
 RETURNS float8
 LANGUAGE plpgsql AS $$
@@ -138,13 +79,15 @@ DECLARE
     lo     timestamptz;
     hi     timestamptz;
     part   text;
+    slot   record;
     idx    regclass;
 BEGIN
     IF width IS NULL OR width < 1 OR ahead IS NULL OR ahead < 1 THEN
         RAISE EXCEPTION 'invalid partitioning (% seconds, % ahead)', width, ahead
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    LOCK TABLE evora.job_events IN SHARE UPDATE EXCLUSIVE MODE;
+    LOCK TABLE evora.job_event_rows IN SHARE UPDATE EXCLUSIVE MODE;
+    LOCK TABLE evora.event_batches IN SHARE UPDATE EXCLUSIVE MODE;
     target := evora.clock_now() + make_interval(secs => width * ahead);
     SELECT max(p.upper) INTO newest FROM evora.event_partitions() p;
     lo := greatest(newest, to_timestamp(floor(extract(epoch FROM evora.clock_now()) / width) * width));
@@ -153,17 +96,26 @@ BEGIN
         part := 'job_events_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD')
                 || CASE WHEN lo = date_trunc('day', lo AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
                         THEN '' ELSE to_char(lo AT TIME ZONE 'UTC', '_HH24MISS') END;
-        EXECUTE format('CREATE TABLE evora.%I (LIKE evora.job_events INCLUDING DEFAULTS)', part);
-        EXECUTE format('ALTER TABLE evora.job_events ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
+        EXECUTE format('CREATE TABLE evora.%I (LIKE evora.job_event_rows INCLUDING DEFAULTS)', part);
+        EXECUTE format('ALTER TABLE evora.job_event_rows ATTACH PARTITION evora.%I FOR VALUES FROM (%L) TO (%L)',
                        part, lo, hi);
         lo := hi;
     END LOOP;
+    FOR slot IN
+        SELECT p.name, p.lower, p.upper FROM evora.event_partitions() p
+        WHERE to_regclass(format('evora.%I', evora.batch_partition(p.name))) IS NULL
+    LOOP
+        part := evora.batch_partition(slot.name);
+        EXECUTE format('CREATE TABLE evora.%I (LIKE evora.event_batches INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED)', part);
+        EXECUTE format('ALTER TABLE evora.event_batches ATTACH PARTITION evora.%I FOR VALUES FROM (%s) TO (%L)',
+                       part, coalesce(quote_literal(slot.lower), 'MINVALUE'), slot.upper);
+    END LOOP;
     FOR idx IN
         SELECT x.indexrelid::regclass
-        FROM evora.event_partitions() p
+        FROM evora.event_tables() p
         JOIN pg_index x ON x.indrelid = format('evora.%I', p.name)::regclass
         JOIN pg_inherits h ON h.inhrelid = x.indexrelid
-        WHERE h.inhparent = 'evora.job_events_seq'::regclass
+        WHERE h.inhparent IN ('evora.job_events_seq'::regclass, 'evora.event_batches_seq'::regclass)
           AND p.upper <= evora.clock_now()
     LOOP
         PERFORM brin_summarize_new_values(idx);
@@ -172,17 +124,28 @@ BEGIN
 END
 $$;
 
--- The partitions of job_events retention may remove now, oldest first: every event in one
--- is older than `older_than` seconds (its whole range is), consumed by every projector
--- generation that recorded progress (its newest xid below each one's snapshot xmin; none
--- recorded: nothing is known to be consumed), and, with `archived_only`, inside the
--- archive's watermark. A transaction that began before a partition's end could still write
--- an event dated then, so a partition waits for every transaction older than its end.
--- `attached` is false for a table a round detached but could not drop: only DROP is left.
+-- The previous release's sweeper calls this while it is rolled (docs/deploy.md, Upgrades):
+-- its DETACH names `job_events`, a view since migration 0064. It removes nothing; remove it
+-- a release after migration 0064.
 CREATE OR REPLACE FUNCTION evora.expired_event_partitions(older_than float8, archived_only boolean)
 RETURNS TABLE (name text, attached boolean, detach_pending boolean)
+LANGUAGE sql SECURITY DEFINER SET search_path = evora, pg_temp AS $$
+    SELECT NULL::text, NULL::boolean, NULL::boolean WHERE false
+$$;
+
+-- The partitions of the outbox retention may remove now, oldest first, a range at a time
+-- (the rows' partition and its twin for the batches): every event in one is older than
+-- `older_than` seconds (its whole range is), consumed by every projector generation that
+-- recorded progress (its newest xid below each one's snapshot xmin; none recorded: nothing is
+-- known to be consumed), and, with `archived_only`, inside the archive's watermark. A
+-- transaction that began before a partition's end could still write an event dated then, so
+-- a partition waits for every transaction older than its end. `attached` is false for a
+-- table a round detached but could not drop: only DROP is left.
+CREATE OR REPLACE FUNCTION evora.expired_event_tables(older_than float8, archived_only boolean)
+RETURNS TABLE (parent text, name text, attached boolean, detach_pending boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = evora, pg_temp AS $$
 DECLARE
+    slot      record;
     part      record;
     consumed  xid8;
     mark      evora.event_archive_watermark;
@@ -195,41 +158,51 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
-        SELECT c.relname::text, false, false FROM pg_class c
+        SELECT CASE WHEN c.relname LIKE 'event\_batches\_p%' THEN 'evora.event_batches'
+                    ELSE 'evora.job_event_rows' END,
+               c.relname::text, false, false
+        FROM pg_class c
         WHERE c.relnamespace = 'evora'::regnamespace AND c.relkind = 'r'
-          AND c.relname LIKE 'job\_events\_p%' AND NOT c.relispartition;
+          AND (c.relname LIKE 'job\_events\_p%' OR c.relname LIKE 'event\_batches\_p%')
+          AND NOT c.relispartition;
     -- (ORDER BY rather than min(): xid8 has no min aggregate before PostgreSQL 16)
     SELECT p.xid INTO consumed FROM evora.projector_progress p ORDER BY p.xid LIMIT 1;
     SELECT * INTO STRICT mark FROM evora.event_archive_watermark;
     -- The oldest other transaction's start, on Evora's clock (which may run ahead of now()).
     SELECT min(a.xact_start) + (evora.clock_now() - now()) INTO oldest
     FROM pg_stat_activity a WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid();
-    FOR part IN
-        SELECT p.name, p.detach_pending FROM evora.event_partitions() p
+    <<slots>>
+    FOR slot IN
+        SELECT p.upper FROM evora.event_tables() p
         WHERE p.upper <= evora.clock_now() - make_interval(secs => older_than)
           AND (oldest IS NULL OR oldest >= p.upper)
+        GROUP BY p.upper
         ORDER BY p.upper
     LOOP
-        -- (NULL: the partition is empty) through job_events_tail
-        EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
-            INTO last_xid;
-        -- whether it holds a seq past the archive's bound: not max(seq), which its BRIN
-        -- index (migration 0059) answers only by reading the whole partition, but the ranges
-        -- of seq past the bound, which an archived partition has none of
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM evora.%I e WHERE e.seq > $1)', part.name)
-            INTO past_mark USING mark.upto_seq;
-        IF last_xid IS NOT NULL AND NOT (
-            last_xid < consumed
-            AND (NOT archived_only OR (NOT past_mark AND last_xid < mark.below_xid))
-        ) THEN
-            -- A newer partition cannot go before this one: the archive and the projector
-            -- read in order.
-            EXIT;
-        END IF;
-        name := part.name;
-        attached := true;
-        detach_pending := part.detach_pending;
-        RETURN NEXT;
+        FOR part IN SELECT p.parent, p.name FROM evora.event_tables() p WHERE p.upper = slot.upper LOOP
+            -- (NULL: the partition is empty) through the tail index (xid, seq)
+            EXECUTE format('SELECT e.xid FROM evora.%I e ORDER BY e.xid DESC LIMIT 1', part.name)
+                INTO last_xid;
+            -- whether it holds a seq past the archive's bound: not max(seq), which its BRIN
+            -- index (migrations 0059, 0064) answers only by reading the whole partition, but
+            -- the ranges of seq past the bound, which an archived partition has none of (a
+            -- batch's last seq is its greatest)
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM evora.%I e WHERE e.%I > $1)', part.name,
+                           CASE WHEN part.parent = 'evora.event_batches' THEN 'last_seq'
+                                ELSE 'seq' END)
+                INTO past_mark USING mark.upto_seq;
+            IF last_xid IS NOT NULL AND NOT (
+                coalesce(last_xid < consumed, false)  -- (no progress recorded: not consumed)
+                AND (NOT archived_only OR (NOT past_mark AND last_xid < mark.below_xid))
+            ) THEN
+                -- A newer range cannot go before this one: the archive and the projector read
+                -- in order.
+                EXIT slots;
+            END IF;
+        END LOOP;
+        RETURN QUERY
+            SELECT p.parent, p.name, true, p.detach_pending FROM evora.event_tables() p
+            WHERE p.upper = slot.upper;
     END LOOP;
 END
 $$;

@@ -730,7 +730,7 @@ BEGIN
               AND j.id = k.job_id AND j.state = 'PENDING' AND j.started_at IS NULL
             RETURNING j.* INTO absorbing;
             IF FOUND THEN
-                INSERT INTO evora.job_events (job_id, job_version, queue, type, event,
+                INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event,
                                               from_state, to_state, attempt, worker_id, at,
                                               data, job)
                 VALUES (absorbing.id, absorbing.version, absorbing.queue, absorbing.type,
@@ -1032,18 +1032,35 @@ BEGIN
     ),
     -- The job image has no room for a job's limit and fairness keys: its event's data carries
     -- them, where it has any, so the auditor knows which keys an attempt held (docs/audit.md)
-    -- even after retention removed the job.
-    recorded AS (
-        INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
-                                attempt, worker_id, at, data, job)
-        SELECT m.id, m.version, m.queue, m.type, 'submitted', NULL, m.state,
-               m.attempt, NULL, m.updated_at,
+    -- even after retention removed the job. A job a schedule submits names the schedule and
+    -- the tick: the scheduler sets `evora.submitted_data` (a JSON object, transaction-local)
+    -- before it submits, so the submission stays the one every producer uses; the setting is
+    -- empty or absent everywhere else.
+    data AS (
+        SELECT m.*,
                CASE WHEN m.limit_keys = '{}' AND m.fairness_key IS NULL THEN '{}'::jsonb
                     ELSE jsonb_strip_nulls(jsonb_build_object(
                              'limit_keys', nullif(m.limit_keys, '{}'),
-                             'fairness_key', m.fairness_key)) END,
-               m.image
+                             'fairness_key', m.fairness_key)) END
+               || coalesce(nullif(current_setting('evora.submitted_data', true), '')::jsonb,
+                           '{}') AS event_data
         FROM moved m
+    ),
+    -- One row per statement (evora.event_batches, migration 0064), the events in the order
+    -- the jobs were inserted; its data NULL when every event's is {}.
+    recorded AS (
+        INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types, events,
+                                         from_states, to_states, attempts, worker_ids, data,
+                                         jobs)
+        SELECT evora.next_seqs(count(*)), d.updated_at, array_agg(d.id), array_agg(d.version),
+               array_agg(d.queue), array_agg(d.type),
+               array_fill('submitted'::text, ARRAY[count(*)::int]),
+               array_fill(NULL::evora.job_state, ARRAY[count(*)::int]), array_agg(d.state),
+               array_agg(d.attempt), array_fill(NULL::text, ARRAY[count(*)::int]),
+               CASE WHEN bool_or(d.event_data <> '{}') THEN array_agg(d.event_data) END,
+               array_agg(d.image)
+        FROM data d
+        GROUP BY d.updated_at
     ),
     claimable AS (
         SELECT DISTINCT m.queue AS q FROM moved m

@@ -9,9 +9,13 @@
 -- (`at` is the writing transaction's start), or one past the last event when none was.
 -- The window's partitions only (`at` is their key), then the least seq of what they hold
 -- past it: no index serves seq order (migration 0059), and the audit reads the window next.
+-- Of each table of the outbox (migration 0064): a batch's seq is its least event's, so its
+-- events need not be unfolded.
 SELECT coalesce(
-    (SELECT min(e.seq) FROM evora.job_events e
-     WHERE e.at >= evora.clock_now() - make_interval(secs => $1::float8)),
+    least((SELECT min(e.seq) FROM evora.job_event_rows e
+           WHERE e.at >= evora.clock_now() - make_interval(secs => $1::float8)),
+          (SELECT min(b.seq) FROM evora.event_batches b
+           WHERE b.at >= evora.clock_now() - make_interval(secs => $1::float8))),
     evora.last_event_seq() + 1);
 
 -- name: last_seq

@@ -32,7 +32,7 @@ moved AS (
               j.updated_at, evora.event_image(j, 'RUNNING') AS image
 ),
 recorded AS (
-    INSERT INTO evora.job_events (job_id, job_version, queue, type, event, from_state, to_state,
+    INSERT INTO evora.job_event_rows (job_id, job_version, queue, type, event, from_state, to_state,
                                   attempt, worker_id, at, data, job)
     SELECT m.id, m.version, m.queue, m.type, 'checkpointed', 'RUNNING', 'RUNNING', m.attempt,
            m.worker_id, m.updated_at, jsonb_build_object('name', $3::text), m.image

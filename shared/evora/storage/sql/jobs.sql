@@ -5,9 +5,10 @@
 SELECT * FROM evora.jobs WHERE id = $1;
 
 -- name: job_events
--- $1 id: the job's events, oldest first.
+-- $1 id: the job's events, oldest first (evora.events_of_job(): each table of the outbox
+-- through its index by job).
 SELECT seq, job_id, queue, type, event, from_state, to_state, attempt, worker_id, at, data
-FROM evora.job_events WHERE job_id = $1 ORDER BY job_version;
+FROM evora.events_of_job($1) ORDER BY job_version;
 
 -- name: next_due
 -- $1 queues: seconds until the earliest future run_at (by the database's clock, so a

@@ -25,7 +25,7 @@
 -- A span is a fixed set however late it is read again, and a transaction still open at the
 -- target lands in a later span when it commits: nothing waits for it, nothing is lost.
 -- Not visible in the checkpoint's snapshot is "xid in its xip list, or at or past its xmax":
--- two index scans of job_events_tail, each in (xid, seq) order, neither reading the events
+-- two index scans of each table's tail index, each in (xid, seq) order, neither reading the events
 -- below its xmax that it already saw (a long transaction keeps its xmin low, not its xmax).
 WITH span AS MATERIALIZED (
     SELECT coalesce($8::text::pg_snapshot, pg_current_snapshot()) AS target
@@ -33,9 +33,14 @@ WITH span AS MATERIALIZED (
 picked AS MATERIALIZED (
     -- the events themselves (`ev`, the whole row), read as the scans find them: fetching them
     -- again afterwards by (xid, seq) would probe the tail index of every partition per event
-    -- (seq has only a BRIN index, migration 0059)
+    -- (seq has only a BRIN index, migration 0059). Each scan twice, once per table of the
+    -- outbox (migration 0064): a batch by its (xid, last_seq), so that one holding events
+    -- past ($1, $2) or ($10, $11) is found, and of its events those past them are kept; a
+    -- batch whose first seq is past ($4, $5) holds no event up to it. A transaction's rows and
+    -- batches hold disjoint ranges of seq, so (xid, last_seq) orders its batches as their
+    -- events' (xid, seq) do.
     SELECT p.xid, p.seq, p.ev FROM (
-        (SELECT e.xid, e.seq, e AS ev FROM evora.job_events e
+        (SELECT e.xid, e.seq, e AS ev FROM evora.job_event_rows e
          WHERE e.xid = ANY ($9::text[]::xid8[])
            AND (e.xid, e.seq) > ($1::text::xid8, $2::int8)
            AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
@@ -43,12 +48,36 @@ picked AS MATERIALIZED (
          ORDER BY e.xid, e.seq
          LIMIT $3)
         UNION ALL
-        (SELECT e.xid, e.seq, e AS ev FROM evora.job_events e
+        (SELECT e.xid, e.seq, e AS ev FROM evora.job_event_rows e
          WHERE (e.xid, e.seq) > ($10::text::xid8, $11::int8)
            AND e.xid < (SELECT pg_snapshot_xmax(target) FROM span)
            AND ($4::text IS NULL OR (e.xid, e.seq) <= ($4::text::xid8, $5::int8))
            AND pg_visible_in_snapshot(e.xid, (SELECT target FROM span))
          ORDER BY e.xid, e.seq
+         LIMIT $3)
+        UNION ALL
+        (SELECT v.xid, v.seq, v AS ev
+         FROM evora.event_batches b CROSS JOIN LATERAL evora.batch_events(b) v
+         WHERE b.xid = ANY ($9::text[]::xid8[])
+           AND (b.xid, b.last_seq) > ($1::text::xid8, $2::int8)
+           AND ($4::text IS NULL OR (b.xid <= $4::text::xid8
+                                     AND (b.xid, b.seq) <= ($4::text::xid8, $5::int8)))
+           AND pg_visible_in_snapshot(b.xid, (SELECT target FROM span))
+           AND (v.xid, v.seq) > ($1::text::xid8, $2::int8)
+           AND ($4::text IS NULL OR (v.xid, v.seq) <= ($4::text::xid8, $5::int8))
+         ORDER BY b.xid, b.last_seq, v.seq
+         LIMIT $3)
+        UNION ALL
+        (SELECT v.xid, v.seq, v AS ev
+         FROM evora.event_batches b CROSS JOIN LATERAL evora.batch_events(b) v
+         WHERE (b.xid, b.last_seq) > ($10::text::xid8, $11::int8)
+           AND b.xid < (SELECT pg_snapshot_xmax(target) FROM span)
+           AND ($4::text IS NULL OR (b.xid <= $4::text::xid8
+                                     AND (b.xid, b.seq) <= ($4::text::xid8, $5::int8)))
+           AND pg_visible_in_snapshot(b.xid, (SELECT target FROM span))
+           AND (v.xid, v.seq) > ($10::text::xid8, $11::int8)
+           AND ($4::text IS NULL OR (v.xid, v.seq) <= ($4::text::xid8, $5::int8))
+         ORDER BY b.xid, b.last_seq, v.seq
          LIMIT $3)
     ) p
     ORDER BY p.xid, p.seq
@@ -170,22 +199,29 @@ ON CONFLICT (only_row) DO UPDATE SET target = excluded.target, taken_at = exclud
 -- $1 (in its xip list or at or past its xmax, as read_batch), and not in $2's span up to
 -- ($3, $4) (without a target, only that position counts: a checkpoint from before spans).
 WITH unread AS NOT MATERIALIZED (
-    -- read_batch's two index scans, without a target: every committed event past $1
-    SELECT e.xid, e.seq, e.at,
+    -- read_batch's index scans, without a target: every committed event past $1, of both
+    -- tables (migration 0064), in the order of their tail indexes (a batch's events by the
+    -- batch's (xid, last_seq), then their own seq)
+    SELECT e.xid, e.seq, e.seq AS batch_seq, e.at,
            coalesce(pg_visible_in_snapshot(e.xid, $2::text::pg_snapshot), true)
                AND (e.xid, e.seq) <= ($3::text::xid8, $4::int8) AS consumed
-    FROM evora.job_events e
+    FROM evora.job_event_rows e
+    UNION ALL
+    SELECT v.xid, v.seq, b.last_seq, v.at,
+           coalesce(pg_visible_in_snapshot(v.xid, $2::text::pg_snapshot), true)
+               AND (v.xid, v.seq) <= ($3::text::xid8, $4::int8)
+    FROM evora.event_batches b CROSS JOIN LATERAL evora.batch_events(b) v
 )
 SELECT count(*) AS events, min(at) AS oldest
 FROM (
     (SELECT u.at FROM unread u
      WHERE u.xid = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot))) AND NOT u.consumed
-     ORDER BY u.xid, u.seq
+     ORDER BY u.xid, u.batch_seq, u.seq
      LIMIT $5)
     UNION ALL
     (SELECT u.at FROM unread u
      WHERE u.xid >= pg_snapshot_xmax($1::text::pg_snapshot) AND NOT u.consumed
-     ORDER BY u.xid, u.seq
+     ORDER BY u.xid, u.batch_seq, u.seq
      LIMIT $5)
     LIMIT $5
 ) AS behind;

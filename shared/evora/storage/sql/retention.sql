@@ -71,20 +71,22 @@ SELECT evora.make_event_partitions($1, $2);
 
 -- name: expired_event_partitions
 -- $1 the events window (seconds), $2 whether only archived events may go. The partitions of
--- job_events retention removes now, oldest first, each with the statements that do it: a
--- DETACH ... CONCURRENTLY (it never blocks writers: it takes a SHARE UPDATE EXCLUSIVE lock on
--- job_events, then waits for the readers of the partition; run outside a transaction, each
--- under the sweeper's lock_timeout), FINALIZE for one an interrupted round left pending,
--- then DROP TABLE. The SQL function decides what is expired, consumed by every projector
--- generation and (with $2) archived.
-SELECT p.name,
+-- the outbox retention removes now (the events written one by one and their twins for the
+-- batches, migration 0064), oldest first, each with the statements that do it: a DETACH ...
+-- CONCURRENTLY (it never blocks writers: it takes a SHARE UPDATE EXCLUSIVE lock on the
+-- parent, then waits for the readers of the partition; run outside a transaction, each under
+-- the sweeper's lock_timeout), FINALIZE for one an interrupted round left pending, then DROP
+-- TABLE. The SQL function decides what is expired, consumed by every projector generation
+-- and (with $2) archived. `range`: the partition is the rows', one per range of time (its
+-- twin for the batches comes with it), which is what the sweeper counts.
+SELECT p.name, p.parent = 'evora.job_event_rows' AS range,
        CASE WHEN NOT p.attached THEN NULL
             WHEN p.detach_pending
-            THEN format('ALTER TABLE evora.job_events DETACH PARTITION evora.%I FINALIZE', p.name)
-            ELSE format('ALTER TABLE evora.job_events DETACH PARTITION evora.%I CONCURRENTLY', p.name)
+            THEN format('ALTER TABLE %s DETACH PARTITION evora.%I FINALIZE', p.parent, p.name)
+            ELSE format('ALTER TABLE %s DETACH PARTITION evora.%I CONCURRENTLY', p.parent, p.name)
        END AS detach,
        format('DROP TABLE evora.%I', p.name) AS drop
-FROM evora.expired_event_partitions($1, $2) p;
+FROM evora.expired_event_tables($1, $2) p;
 
 -- name: record_projector_progress
 -- $1 generation, $2 the snapshot every span it consumed ended at (text), $3 whether the
@@ -133,7 +135,7 @@ FROM pg_stat_activity
 WHERE backend_xid IS NOT NULL;
 
 -- name: event_partitions_ahead
--- Seconds of job_events' partitions ahead of Evora's clock (negative: an event now has no
+-- Seconds of the outbox's partitions ahead of Evora's clock (negative: an event now has no
 -- partition and its transition fails).
 SELECT extract(epoch FROM max(p.upper) - evora.clock_now())::float8 FROM evora.event_partitions() p;
 

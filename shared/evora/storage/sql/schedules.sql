@@ -88,6 +88,6 @@ WHERE name = $1;
 SELECT min(next_run_at) FROM evora.schedules WHERE NOT paused;
 
 -- name: name_submission
--- $1 the data the next `submitted` events of this transaction carry (the migration's
--- trigger adds it).
+-- $1 the data the next `submitted` events of this transaction carry
+-- (evora.store_submissions() adds it to theirs).
 SELECT set_config('evora.submitted_data', $1, true);
