@@ -10,6 +10,7 @@ import asyncio
 import random
 
 import asyncpg
+import pytest
 
 from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import Completion, Failure, JobStore
@@ -94,3 +95,23 @@ async def test_the_view_unfolds_a_batch_as_the_readers_do(
         )
         == view
     )
+
+
+async def test_a_batch_with_an_array_shorter_than_its_seqs_is_refused(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    """Migration 0065: the view would unfold a short array as NULL fields; the constraint
+    refuses such a row at its INSERT, and it is validated on the rows already there."""
+    await _work(store, "w", 2)
+    assert await pool.fetchval(
+        "SELECT bool_and(convalidated) FROM pg_constraint WHERE conname = 'event_batches_shape'"
+    )
+    # a copy of a writer's row with one seq more than its other arrays hold
+    with pytest.raises(asyncpg.CheckViolationError, match="event_batches_shape"):
+        await pool.execute(
+            "INSERT INTO evora.event_batches (seqs, at, job_ids, job_versions, queues, types,"
+            " events, from_states, to_states, attempts, worker_ids, data, jobs)"
+            " SELECT evora.next_seqs(cardinality(seqs) + 1), at, job_ids, job_versions, queues,"
+            " types, events, from_states, to_states, attempts, worker_ids, data, jobs"
+            " FROM evora.event_batches LIMIT 1"
+        )

@@ -318,6 +318,7 @@ CREATE TABLE evora.event_batches (
     worker_ids text[] NOT NULL,
     data jsonb[],
     jobs evora.job_image[] NOT NULL,
+    CONSTRAINT event_batches_shape CHECK (((cardinality(job_ids) = cardinality(seqs)) AND (cardinality(job_versions) = cardinality(seqs)) AND (cardinality(queues) = cardinality(seqs)) AND (cardinality(types) = cardinality(seqs)) AND (cardinality(events) = cardinality(seqs)) AND (cardinality(from_states) = cardinality(seqs)) AND (cardinality(to_states) = cardinality(seqs)) AND (cardinality(attempts) = cardinality(seqs)) AND (cardinality(worker_ids) = cardinality(seqs)) AND ((data IS NULL) OR (cardinality(data) = cardinality(seqs))) AND (cardinality(jobs) = cardinality(seqs)))),
     CONSTRAINT event_batches_size CHECK ((cardinality(seqs) >= 1))
 )
 PARTITION BY RANGE (at);
