@@ -17,7 +17,7 @@ from evora.readmodels.layout import Document
 from evora.storage.jobs import JobStore
 from evora_services.cli import _parser
 from evora_services.pipeline.control import ControlDB
-from evora_services.pipeline.events import EVENT_COLUMNS, MAX_SEQ, Rectangle, between
+from evora_services.pipeline.events import EVENT_COLUMNS, MAX_SEQ, Rectangle
 from evora_services.pipeline.main import run_command
 from evora_services.pipeline.run import LiveSlice, read_history
 from evora_services.projector.projector import Projector
@@ -119,9 +119,7 @@ async def test_run_killed_before_its_commit_loses_and_duplicates_nothing(
     def history_seqs() -> tuple[int, int]:
         with ControlDB(db_url) as control:
             mark = control.watermark()
-            query = between(mark.rectangle, Rectangle(MAX_SEQ, control.horizon()))
-            measured = control.measure(query)
-        live = LiveSlice(query, measured.events, measured.min_seq, measured.max_seq)
+            live = LiveSlice.measure(control, mark.rectangle, Rectangle(MAX_SEQ, control.horizon()))
         df = read_history(spark, pipeline.source(), pipeline.store, mark, live)
         assert df.columns == list(EVENT_COLUMNS)
         row = df.selectExpr("count(*) AS n", "count(DISTINCT seq) AS seqs").first()

@@ -42,8 +42,8 @@ async def test_events_are_read_through_the_socket(spark: SparkSession, db_url: s
         pytest.skip("this PostgreSQL listens on no Unix socket")
     dsn = f"postgresql://{user}@/{database}?host={directory}&port={port}"
     source = JdbcSource.from_dsn(dsn, partitions=2)
-    query = "SELECT g AS seq FROM generate_series(1, 50) g"
-    rows = await asyncio.to_thread(lambda: source.read(spark, query, 1, 50).count())
+    queries = [f"SELECT g AS seq FROM generate_series({lo}, {lo + 24}) g" for lo in (1, 26)]
+    rows = await asyncio.to_thread(lambda: source.read(spark, queries).count())
     assert rows == 50
 
 

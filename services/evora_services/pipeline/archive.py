@@ -29,7 +29,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from evora_services.pipeline.control import ArchivePlan, ControlDB
-from evora_services.pipeline.events import ARCHIVE_SCHEMA, EVENT_COLUMNS, Rectangle, between
+from evora_services.pipeline.events import (
+    ARCHIVE_SCHEMA,
+    EVENT_COLUMNS,
+    Rectangle,
+    between_parts,
+)
 from evora_services.pipeline.jdbc import JdbcSource
 from evora_services.pipeline.session import ProgressReporter
 from evora_services.pipeline.store import ArchiveStore, new_run_id
@@ -139,7 +144,10 @@ def _stage(
     spark: SparkSession, source: JdbcSource, store: ArchiveStore, run_id: str, plan: ArchivePlan
 ) -> None:
     events = source.read(
-        spark, between(plan.old, plan.new), lower=plan.slice.min_seq, upper=plan.slice.max_seq
+        spark,
+        between_parts(
+            plan.old, plan.new, source.partitions, plan.slice.min_seq, plan.slice.max_seq
+        ),
     )
     (
         events.select(*EVENT_COLUMNS)

@@ -10,6 +10,7 @@ horizon. Both are the same query: `between(inner, outer)`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from pyspark.sql.types import (
     DateType,
@@ -75,14 +76,40 @@ def between(inner: Rectangle, outer: Rectangle) -> str:
     disjoint range scans: new sequence numbers (evora.events_between(): the BRIN indexes on
     seq; through the `job_events` view a filter on seq reaches no index of the batches), and
     late transactions below the old seq bound (the tail indexes on xid)."""
+    return between_parts(inner, outer, 1, 0, 0)[0]
+
+
+def between_parts(
+    inner: Rectangle, outer: Rectangle, parts: int, lower: int, upper: int
+) -> list[str]:
+    """`between(inner, outer)` as `parts` disjoint queries, for as many concurrent reads: the
+    new seqs' range cut in even steps of [lower, upper] (the first part open down to the
+    range's start and the last up to its end, so bounds that are off lose nothing), the late
+    transactions read with the first part. Each part's range is evora.events_between()'s own:
+    a filter on seq around one range would reach no index of the batches, so every reader
+    would unfold the whole range's batches to keep its share."""
     if not outer.contains(inner):
         raise ValueError(f"{outer} does not contain {inner}")
     # [lo, hi) in bigint: MAX_SEQ itself, the horizon's bound, is no seq an event has
     lo, hi = min(inner.upto_seq + 1, MAX_SEQ), min(outer.upto_seq + 1, MAX_SEQ)
-    return f"""SELECT {_SELECT}
-FROM evora.events_between({lo}, {hi})
-WHERE xid < '{outer.below_xid}'::xid8
+    # the cuts spread over the part of [lower, upper] that is new seqs
+    start, end = max(lower, lo), min(upper + 1, hi)
+    step = max(1, (end - start) // max(1, parts))
+    edges = sorted({lo, hi, *(min(start + step * k, hi) for k in range(1, parts))})
+    queries = [
+        f"""SELECT {_SELECT}
+FROM evora.events_between({a}, {b})
+WHERE xid < '{outer.below_xid}'::xid8"""
+        for a, b in list(pairwise(edges)) or [(lo, hi)]
+    ]
+    if inner.upto_seq == 0:
+        return queries  # no seq is 0 or below: nothing is late
+    # Late transactions, found by xid: the tail indexes read every batch of the transactions
+    # since the old rectangle's xid bound once (of those the seq filter keeps the late), not
+    # once per part.
+    queries[0] += f"""
 UNION ALL
 SELECT {_SELECT} FROM evora.job_events
 WHERE seq <= {inner.upto_seq}
   AND xid >= '{inner.below_xid}'::xid8 AND xid < '{outer.below_xid}'::xid8"""
+    return queries

@@ -9,6 +9,7 @@ junixsocket's socket factory (Debian: libjunixsocket-java), whose jar joins pgjd
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
@@ -117,17 +118,17 @@ class JdbcSource:
             options["password"] = self.password
         return options
 
-    def read(self, spark: SparkSession, query: str, lower: int, upper: int) -> DataFrame:
-        """The rows of `query` (which must have a `seq` column), read as `partitions`
-        concurrent range queries over [lower, upper]. The bounds only shape the ranges:
-        the first and last are open-ended, so no row is lost if they are off."""
-        return (
+    def read(self, spark: SparkSession, queries: Sequence[str]) -> DataFrame:
+        """The rows of `queries` (at least one, all with the same columns), each read by a
+        query of its own, concurrently as Spark's tasks allow."""
+        frames = [
             spark.read.format("jdbc")
             .options(**self.options())
             .option("dbtable", f"({query}) AS events")
-            .option("partitionColumn", "seq")
-            .option("lowerBound", str(lower))
-            .option("upperBound", str(max(upper, lower) + 1))
-            .option("numPartitions", str(max(1, self.partitions)))
             .load()
-        )
+            for query in queries
+        ]
+        union = frames[0]
+        for frame in frames[1:]:
+            union = union.unionByName(frame)
+        return union

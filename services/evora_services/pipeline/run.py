@@ -35,6 +35,7 @@ from evora_services.pipeline.events import (
     MAX_SEQ,
     Rectangle,
     between,
+    between_parts,
 )
 from evora_services.pipeline.jdbc import JdbcSource
 from evora_services.pipeline.session import ProgressReporter
@@ -60,10 +61,18 @@ class IncompleteHistory(Exception):
 
 @dataclass(frozen=True)
 class LiveSlice:
-    query: str
+    """The events outside the archive's rectangle and inside the horizon's (`between`)."""
+
+    archived: Rectangle
+    horizon: Rectangle
     events: int
     min_seq: int
     max_seq: int
+
+    @classmethod
+    def measure(cls, control: ControlDB, archived: Rectangle, horizon: Rectangle) -> LiveSlice:
+        measured = control.measure(between(archived, horizon))
+        return cls(archived, horizon, measured.events, measured.min_seq, measured.max_seq)
 
 
 def read_history(
@@ -88,9 +97,12 @@ def read_history(
         parts.append(archived.select(*EVENT_COLUMNS))
     if live.events:
         parts.append(
-            source.read(spark, live.query, lower=live.min_seq, upper=live.max_seq).select(
-                *EVENT_COLUMNS
-            )
+            source.read(
+                spark,
+                between_parts(
+                    live.archived, live.horizon, source.partitions, live.min_seq, live.max_seq
+                ),
+            ).select(*EVENT_COLUMNS)
         )
     if not parts:
         return spark.createDataFrame([], ARCHIVE_SCHEMA).select(*EVENT_COLUMNS)
@@ -116,9 +128,7 @@ def run_analytics(
         run_id = new_run_id()
         mark = control.watermark()
         horizon = max(control.horizon(), mark.rectangle.below_xid)
-        query = between(mark.rectangle, Rectangle(MAX_SEQ, horizon))
-        measured = control.measure(query)
-        live = LiveSlice(query, measured.events, measured.min_seq, measured.max_seq)
+        live = LiveSlice.measure(control, mark.rectangle, Rectangle(MAX_SEQ, horizon))
         expected = mark.archived + live.events
         as_of: dict[str, Any] = {
             "run_id": run_id,
