@@ -1,8 +1,8 @@
 """`evora` commands as child processes forked from one interpreter that imported the command
-once. Each `python -m evora_services.cli` start costs most of a second of CPU, nearly all of
-it imports (the SDK and aiohttp, for an operator command); a test file that runs forty
-commands paid that forty times to check what the commands print and the exit status they
-end with, none of which depends on the imports being fresh.
+once. Each `python -m evora_services.cli` start cost 0.55 s of CPU (measured on a loaded
+2-core machine), nearly all of it imports (the SDK and aiohttp, for an operator command), a
+forked one 0.06 s; test_operator_commands runs 42 commands to check what they print and the
+exit status they end with, none of which depends on the imports being fresh.
 
 The server (`python -m tests.cli.forkserver`) reads one request a line (JSON: argv, the
 whole environment, the working directory) and forks; the child takes that environment,
