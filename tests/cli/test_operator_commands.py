@@ -7,32 +7,45 @@ import asyncio
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
+import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
 import evora
 from evora.protocol.states import JobState
 from evora.readmodels.layout import Document
 from evora_services.cli.admin.exits import Exit
-from tests.cli.commands import evora_async, one_line
+from tests.cli.commands import one_line
 from tests.cli.conftest import ADMIN_TOKEN, WORKER_TOKEN, System
+from tests.cli.forkserver import Forks
 from tests.polling import until
 
 # The waits for the worker and the projector ask the api in this process: each `evora` spawned
 # costs most of a second of CPU, and a poll spawned it back to back for as long as it waited.
 # The command itself then runs on what was waited for, and its output is checked as before.
+# The commands are children forked from one interpreter that imported `evora` once (forkserver).
 
 
-async def test_jobs_list_get_events_cancel(system: System) -> None:
+@pytest.fixture(scope="module")
+def cli() -> Iterator[Forks]:
+    forks = Forks()
+    try:
+        yield forks
+    finally:
+        forks.close()
+
+
+async def test_jobs_list_get_events_cancel(cli: Forks, system: System) -> None:
     first = (await system.producer.submit("mail", "mail.send", {"to": "a"})).id
     second = (await system.producer.submit("mail", "mail.send", {"to": "b"})).id
 
-    listed = await evora_async("jobs", "list", "--queue", "mail", "--json", env=system.env())
+    listed = await cli.evora("jobs", "list", "--queue", "mail", "--json", env=system.env())
     assert listed.returncode == Exit.OK, listed.stderr
     assert [job["id"] for job in json.loads(listed.stdout)["jobs"]] == [second, first]
 
-    table = await evora_async("jobs", "list", env=system.env())
+    table = await cli.evora("jobs", "list", env=system.env())
     header, *rows = table.stdout.splitlines()
     assert header.split() == ["ID", "QUEUE", "TYPE", "STATE", "ATTEMPT", "CREATED_AT"]
     # Whole ids, which people can tell apart and copy.
@@ -41,55 +54,55 @@ async def test_jobs_list_get_events_cancel(system: System) -> None:
         [first, "mail", "mail.send", "PENDING"],
     ]
 
-    shown = await evora_async("jobs", "get", first, env=system.env())
+    shown = await cli.evora("jobs", "get", first, env=system.env())
     assert shown.returncode == Exit.OK
     assert "state             PENDING" in shown.stdout
 
-    cancelled = await evora_async("jobs", "cancel", first, "--json", env=system.env())
+    cancelled = await cli.evora("jobs", "cancel", first, "--json", env=system.env())
     assert json.loads(cancelled.stdout)["jobs"][0]["state"] == "CANCELLED"
-    events = await evora_async("jobs", "events", first, "--json", env=system.env())
+    events = await cli.evora("jobs", "events", first, "--json", env=system.env())
     assert [e["event"] for e in json.loads(events.stdout)["events"]] == ["submitted", "cancelled"]
 
-    waited = await evora_async("jobs", "get", second, "--wait", "0.2", env=system.env())
+    waited = await cli.evora("jobs", "get", second, "--wait", "0.2", env=system.env())
     assert waited.returncode == Exit.TIMED_OUT
     assert "state             PENDING" in waited.stdout
     # Said in words too, not only by the exit status.
     assert one_line(waited.stderr) == (
         f"evora jobs: job {second} is still PENDING after waiting 0.2 s (exit 8)"
     )
-    cancelled_wait = await evora_async("jobs", "get", first, "--wait", "1", env=system.env())
+    cancelled_wait = await cli.evora("jobs", "get", first, "--wait", "1", env=system.env())
     assert cancelled_wait.returncode == Exit.JOB_FAILED
     assert one_line(cancelled_wait.stderr) == (
         f"evora jobs: job {first} ended CANCELLED, not COMPLETED (exit 7)"
     )
 
 
-async def test_exit_statuses_say_what_happened(system: System) -> None:
+async def test_exit_statuses_say_what_happened(cli: Forks, system: System) -> None:
     job = (await system.producer.submit("mail", "mail.send")).id
     env = system.env()
 
-    missing = await evora_async("jobs", "get", str(uuid.uuid4()), env=env)
+    missing = await cli.evora("jobs", "get", str(uuid.uuid4()), env=env)
     assert missing.returncode == Exit.NOT_FOUND
     assert "job_not_found" in one_line(missing.stderr)
 
-    not_in_dlq = await evora_async("jobs", "retry", job, env=env)
+    not_in_dlq = await cli.evora("jobs", "retry", job, env=env)
     assert not_in_dlq.returncode == Exit.CONFLICT
     one_line(not_in_dlq.stderr)
 
-    bad_token = await evora_async("jobs", "list", env={**env, "EVORA_ADMIN_TOKEN": "x" * 20})
+    bad_token = await cli.evora("jobs", "list", env={**env, "EVORA_ADMIN_TOKEN": "x" * 20})
     assert bad_token.returncode == Exit.UNAUTHORIZED
 
-    no_token = await evora_async("jobs", "list", env={"EVORA_API_URL": system.api.url})
+    no_token = await cli.evora("jobs", "list", env={"EVORA_API_URL": system.api.url})
     assert no_token.returncode == Exit.USAGE
     assert one_line(no_token.stderr) == "evora: no token: set EVORA_ADMIN_TOKEN or pass --token"
 
     await system.api.close()
-    down = await evora_async("jobs", "list", env=env)
+    down = await cli.evora("jobs", "list", env=env)
     assert down.returncode == Exit.UNREACHABLE
     one_line(down.stderr)
 
 
-async def test_dlq_and_queues(system: System) -> None:
+async def test_dlq_and_queues(cli: Forks, system: System) -> None:
     handlers = evora.Handlers()
 
     @handlers.job("bad.job")
@@ -102,7 +115,7 @@ async def test_dlq_and_queues(system: System) -> None:
     env = system.env()
 
     async def dead_lettered() -> list[str]:
-        result = await evora_async("dlq", "list", "--queue", "work", "--json", env=env)
+        result = await cli.evora("dlq", "list", "--queue", "work", "--json", env=env)
         return [job["id"] for job in json.loads(result.stdout)["jobs"]]
 
     async def all_dead() -> bool:
@@ -117,7 +130,7 @@ async def test_dlq_and_queues(system: System) -> None:
         await task
 
         # Why each job is there: the reason of its move to the DLQ and its last error.
-        listed = await evora_async("dlq", "list", "--queue", "work", env=env)
+        listed = await cli.evora("dlq", "list", "--queue", "work", env=env)
         header, *rows = listed.stdout.splitlines()
         assert header.split() == [
             "ID",
@@ -131,12 +144,12 @@ async def test_dlq_and_queues(system: System) -> None:
         assert sorted(row.split()[0] for row in rows) == sorted(doomed)
         for row in rows:
             assert row.split()[5:] == ["not_retryable", "NonRetryable:", "broken"], row
-        as_json = await evora_async("dlq", "list", "--queue", "work", "--json", env=env)
+        as_json = await cli.evora("dlq", "list", "--queue", "work", "--json", env=env)
         assert {job["dlq_reason"] for job in json.loads(as_json.stdout)["jobs"]} == {
             "not_retryable"
         }
 
-        retried = await evora_async("dlq", "retry", doomed[0], env=env)
+        retried = await cli.evora("dlq", "retry", doomed[0], env=env)
         assert retried.returncode == Exit.OK, retried.stderr
         assert retried.stdout.splitlines()[1].split()[:4] == [
             doomed[0],
@@ -144,13 +157,13 @@ async def test_dlq_and_queues(system: System) -> None:
             "bad.job",
             "PENDING",
         ]
-        discarded = await evora_async("dlq", "discard", doomed[1], "--json", env=env)
+        discarded = await cli.evora("dlq", "discard", doomed[1], "--json", env=env)
         assert json.loads(discarded.stdout)["jobs"][0]["state"] == "CANCELLED"
-        redriven = await evora_async("queues", "redrive", "work", "--json", env=env)
+        redriven = await cli.evora("queues", "redrive", "work", "--json", env=env)
         assert json.loads(redriven.stdout) == {"redriven": 1}
         assert await dead_lettered() == []
 
-        paused = await evora_async("queues", "pause", "work", env=env)
+        paused = await cli.evora("queues", "pause", "work", env=env)
         assert paused.stdout.strip() == "queue work paused"
 
         async def shows_paused() -> bool:
@@ -159,9 +172,9 @@ async def test_dlq_and_queues(system: System) -> None:
             return "work" in queues and queues["work"]["paused"] is True
 
         await until(shows_paused, "the read models show the queue paused", within=30)
-        stats = await evora_async("queues", "stats", "--json", env=env)
+        stats = await cli.evora("queues", "stats", "--json", env=env)
         assert {q["queue"]: q["paused"] for q in json.loads(stats.stdout)["queues"]}["work"]
-        table = await evora_async("queues", "stats", env=env)
+        table = await cli.evora("queues", "stats", env=env)
         assert table.stdout.splitlines()[0].split() == [
             "QUEUE",
             "PAUSED",
@@ -173,7 +186,7 @@ async def test_dlq_and_queues(system: System) -> None:
             "DLQ",
             "CANCELLED",
         ]
-        resumed = await evora_async("queues", "resume", "work", "--json", env=env)
+        resumed = await cli.evora("queues", "resume", "work", "--json", env=env)
         assert json.loads(resumed.stdout) == {"queue": "work", "paused": False}
     finally:
         if not task.done():
@@ -181,9 +194,9 @@ async def test_dlq_and_queues(system: System) -> None:
             await task
 
 
-async def test_jobs_submit(system: System) -> None:
+async def test_jobs_submit(cli: Forks, system: System) -> None:
     env = system.env()
-    first = await evora_async(
+    first = await cli.evora(
         "jobs", "submit", "mail", "mail.send", '{"to": "a"}', "--key", "k-1", "--json", env=env
     )
     assert first.returncode == Exit.OK, first.stderr
@@ -194,14 +207,14 @@ async def test_jobs_submit(system: System) -> None:
         {"to": "a"},
         "PENDING",
     )
-    again = await evora_async(
+    again = await cli.evora(
         "jobs", "submit", "mail", "mail.send", '{"to": "a"}', "--key", "k-1", env=env
     )
     assert again.returncode == Exit.OK, again.stderr
     assert again.stdout.startswith("replayed: the job this key made before\n")
     assert f"id                {job['id']}" in again.stdout
 
-    not_json = await evora_async("jobs", "submit", "mail", "mail.send", "{to: a}", env=env)
+    not_json = await cli.evora("jobs", "submit", "mail", "mail.send", "{to: a}", env=env)
     assert not_json.returncode == Exit.USAGE
     assert "not JSON" in not_json.stderr
 
@@ -214,7 +227,7 @@ async def test_jobs_submit(system: System) -> None:
     worker = evora.Worker(system.dispatcher.url, WORKER_TOKEN, ["work"], handlers=handlers)
     task = asyncio.create_task(worker.serve())
     try:
-        done = await evora_async(
+        done = await cli.evora(
             "jobs", "submit", "work", "echo", '{"n": 1}', "--priority", "5", "--wait", "30", env=env
         )
         assert done.returncode == Exit.OK, done.stderr
@@ -225,28 +238,28 @@ async def test_jobs_submit(system: System) -> None:
         await task
 
 
-async def test_schedules_and_limits(system: System) -> None:
+async def test_schedules_and_limits(cli: Forks, system: System) -> None:
     env = system.env()
-    put = await evora_async(
+    put = await cli.evora(
         "schedules", "put", "nightly", "0 9 * * 1-5", "reports", "report.build", '{"k": 1}',
         "--timezone", "Europe/Berlin", "--json", env=env,
     )  # fmt: skip
     assert put.returncode == Exit.OK, put.stderr
     assert json.loads(put.stdout)["job"]["payload"] == {"k": 1}
-    listed = await evora_async("schedules", "list", env=env)
+    listed = await cli.evora("schedules", "list", env=env)
     header, row = listed.stdout.splitlines()
     assert header.split() == ["NAME", "CRON", "TIMEZONE", "QUEUE", "TYPE", "PAUSED", "NEXT_RUN_AT"]
     assert row.startswith("nightly  0 9 * * 1-5  Europe/Berlin  reports  report.build  False")
-    triggered = await evora_async("schedules", "trigger", "nightly", "--json", env=env)
+    triggered = await cli.evora("schedules", "trigger", "nightly", "--json", env=env)
     assert json.loads(triggered.stdout)["type"] == "report.build"
-    paused = await evora_async("schedules", "pause", "nightly", env=env)
+    paused = await cli.evora("schedules", "pause", "nightly", env=env)
     assert paused.stdout.strip() == "schedule nightly paused"
-    deleted = await evora_async("schedules", "delete", "nightly", env=env)
+    deleted = await cli.evora("schedules", "delete", "nightly", env=env)
     assert deleted.returncode == Exit.OK
-    gone = await evora_async("schedules", "get", "nightly", env=env)
+    gone = await cli.evora("schedules", "get", "nightly", env=env)
     assert gone.returncode == Exit.NOT_FOUND
 
-    limit = await evora_async(
+    limit = await cli.evora(
         "limits",
         "set",
         "tenant:*",
@@ -261,17 +274,17 @@ async def test_schedules_and_limits(system: System) -> None:
     assert limit.returncode == Exit.OK, limit.stderr
     assert "rate         10/60s" in limit.stdout
     assert "max_pending  100" in limit.stdout
-    usage = await evora_async("limits", "get", "tenant:42", "--json", env=env)
+    usage = await cli.evora("limits", "get", "tenant:42", "--json", env=env)
     assert json.loads(usage.stdout)["governed_by"] == "tenant:*"
     assert (json.loads(usage.stdout)["pending"], json.loads(usage.stdout)["room"]) == (0, 100)
-    bad_rate = await evora_async("limits", "set", "tenant:*", "--rate", "ten", env=env)
+    bad_rate = await cli.evora("limits", "set", "tenant:*", "--rate", "ten", env=env)
     assert bad_rate.returncode == Exit.USAGE
     assert "a rate is N/SECONDS" in bad_rate.stderr
-    await evora_async("limits", "delete", "tenant:*", env=env)
-    assert (await evora_async("limits", "list", env=env)).stdout.strip() == "no limits"
+    await cli.evora("limits", "delete", "tenant:*", env=env)
+    assert (await cli.evora("limits", "list", env=env)).stdout.strip() == "no limits"
 
 
-async def test_analytics(system: System, mongo: AsyncDatabase[Document]) -> None:
+async def test_analytics(cli: Forks, system: System, mongo: AsyncDatabase[Document]) -> None:
     await system.producer.submit("mail", "mail.send")
     env = system.env()
 
@@ -282,7 +295,7 @@ async def test_analytics(system: System, mongo: AsyncDatabase[Document]) -> None
 
     # before any pipeline run: the one command to run, and the live totals alone
     await until(projected, "the projector to see queue mail")
-    before = await evora_async("analytics", env=env)
+    before = await cli.evora("analytics", env=env)
     assert before.returncode == Exit.OK, before.stderr
     hint, caption, header, row = before.stdout.splitlines()
     assert caption == "totals as pipeline/live:"
@@ -306,11 +319,11 @@ async def test_analytics(system: System, mongo: AsyncDatabase[Document]) -> None
         {"_id": "mail", "totals": totals, "by_event": {"submitted": 1}, "events": 1, "run_id": "r1"}
         | {"as_of": {**as_of, "below_xid": 1, "archive": {}}}
     )
-    after = await evora_async("analytics", env=env)
+    after = await cli.evora("analytics", env=env)
     first, _, _, row = after.stdout.splitlines()
     assert first.startswith("pipeline run r1 at 2026-11-29T00:00:00Z: 1 events, seq up to 1")
     assert row.split() == ["mail", "1/1", "0/0", "0/0", "0/0", "0/0", "0/0", "yes"]
-    as_json = await evora_async("analytics", "--json", env=env)
+    as_json = await cli.evora("analytics", "--json", env=env)
     found = json.loads(as_json.stdout)
     assert found["ran"] is True and [q["agree"] for q in found["queues"]] == [True]
 
@@ -324,7 +337,7 @@ async def test_analytics(system: System, mongo: AsyncDatabase[Document]) -> None
         {"_id": "mail/mail.send/1", **mail_send, "rank": 1, "error_type": "SMTPError"}
         | {"message": "550 mailbox full", "failures": 2, "last_at": as_of["at"]}
     )
-    per_type = await evora_async("analytics", "mail", env=env)
+    per_type = await cli.evora("analytics", "mail", env=env)
     assert per_type.returncode == Exit.OK, per_type.stderr
     header, row_line = per_type.stdout.splitlines()
     assert header.split() == [
@@ -338,5 +351,5 @@ async def test_analytics(system: System, mongo: AsyncDatabase[Document]) -> None
     ]
     cells = ["mail.send", "1", "0.0", "0.0", "-", "-", "SMTPError: 550 mailbox full"]
     assert re.split(r"\s{2,}", row_line) == cells
-    nothing = await evora_async("analytics", "other", env=env)
+    nothing = await cli.evora("analytics", "other", env=env)
     assert nothing.stdout.strip() == "queue other had no event in the latest pipeline run"

@@ -52,6 +52,18 @@ GROUPS = 4
 LEADERSHIP_BOUND = 1.5 * STANDBY_SECONDS + 1.0
 LEASE_SECONDS = 5  # a claim answered into a dropped connection waits this out
 REPLICAS = {"api": 2, "dispatcher": 3, "sweeper": 2, "projector": 2}
+# Each producer's pause between submissions, and how long a job of the limited queue runs.
+# The load lasts as long as the kills, takeovers and restarts take (each restart a process
+# start on a loaded machine), and all it submits passes through every service: pausing
+# 0.03 s, the producers made 1,257-1,530 jobs in five runs on a loaded 2-core machine (load
+# 6-10), four to five times the 300 checked below, and with the workers kept the restarting
+# replicas from the CPU. The limit must be reached all along, not only held: the limited
+# queue gets every other submission of one producer, one per 2 x (pause + round trip), and
+# its jobs run long enough for those to overlap even where a round trip takes 80 ms (0.28 s
+# apart, 0.4 s each); where it is quick the arrivals (up to 7.7/s) outpace the limit's
+# 5/s and a backlog waits, as before (14/s against 8/s).
+PRODUCER_PAUSE = 0.06
+LIMITED_SECONDS = 0.4
 
 # Retries at the balancer: a connection that could not be opened never reached a server, so
 # any request may go to another one (`conn-failure`); a request sent to a server that then
@@ -229,7 +241,7 @@ class Load:
             self.accepted[key] = str(result.job["id"])
             if queue == FIFO:
                 self.fifo_order[group].append(str(result.job["id"]))
-            await asyncio.sleep(0.03)
+            await asyncio.sleep(PRODUCER_PAUSE)
 
 
 async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
@@ -258,7 +270,9 @@ async def test_kills_restarts_and_a_drain_lose_nothing_and_break_no_promise(
         async def work(job: Job) -> None:
             # Limited jobs run long enough for their arrivals to overlap, so the limit is
             # reached (and has to hold) all along.
-            await asyncio.sleep(0.25 if job.queue == LIMITED else random.uniform(0.01, 0.08))
+            await asyncio.sleep(
+                LIMITED_SECONDS if job.queue == LIMITED else random.uniform(0.01, 0.08)
+            )
 
         load = Load()
         async with (

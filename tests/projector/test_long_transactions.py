@@ -220,7 +220,11 @@ async def test_a_span_bigger_than_a_batch_is_read_whole_through_writes_and_crash
         # and gives its batch up, as the service does (and replays from the checkpoint).
         with contextlib.suppress(asyncio.CancelledError, ProjectionConflict):
             await attempt
-        await mixed_workload(store, pool, jobs=5, queues=QUEUES, seed=rng.randrange(99), rounds=1)
+        # Writes that commit between the span's batches: one job submitted and a round over
+        # what is pending. Five jobs a time made no other difference than the events the
+        # catch-up below projects: 3,558-4,228 in all after the 96-147 attempts the span of
+        # 1,133 events took, against 1,989-2,119 (three runs each on a loaded machine).
+        await mixed_workload(store, pool, jobs=1, queues=QUEUES, seed=rng.randrange(99), rounds=1)
     done = await Projector(pool, mongo, 1).checkpoint()
     assert done["prev"] == span.target  # the next span begins where this one ended
     # the span's events, each once, and none of those that committed after it was taken
