@@ -76,6 +76,9 @@ class StandaloneCluster:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_DAEMON_MEMORY": self.daemon_memory,
             "SPARK_DAEMON_JAVA_OPTS": self.daemon_java_opts,
+            # Applications come over the master's RPC port; its REST submission server would
+            # only take port 6066, the same for every cluster on the machine.
+            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
             # executors start Python workers with the driver's interpreter (this venv), whose
             # editable install makes Evora importable: no PYTHONPATH
         }

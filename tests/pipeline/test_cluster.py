@@ -38,7 +38,15 @@ from tests.projector.workload import mixed_workload
 QUEUES = ["alpha", "beta"]
 REPO = Path(__file__).resolve().parents[2]
 # Small and quick to start: the machine that runs the tests has two cores and little memory.
-JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# Spark's JVMs load 70-140 MB of class metadata: from the default MetaspaceSize (21 MB) on,
+# each step of that growth ran a full collection ("Metadata GC Threshold": 3-4 in each
+# driver and executor, 2 in the master and the worker; -Xlog:gc), the only full collections
+# these JVMs ran. The threshold is not a reservation: memory is taken as classes load.
+JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:MetaspaceSize=256m"
+# A young generation of half the heap (a third by default) halves the young collections of
+# drivers and executors (the run's driver 19 -> 10, its executors 9 -> 6). With the full
+# collections gone, their GC pauses went from 7.5 s to 4.4 s a test (-Xlog:gc).
+SPARK_JAVA_OPTS = f"{JAVA_OPTS} -Xmn256m"
 EXECUTORS = 2  # of one core each, both on the one worker
 EXECUTOR_MEMORY = "512m"
 WORKER_MEMORY = f"{EXECUTORS * 512}m"
@@ -67,8 +75,8 @@ CLUSTER_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.ui.enabled": "false",
     "spark.driver.memory": "512m",
-    "spark.driver.extraJavaOptions": JAVA_OPTS,
-    "spark.executor.extraJavaOptions": JAVA_OPTS,
+    "spark.driver.extraJavaOptions": SPARK_JAVA_OPTS,
+    "spark.executor.extraJavaOptions": SPARK_JAVA_OPTS,
 }
 
 
