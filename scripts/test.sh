@@ -135,7 +135,8 @@ run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 
 # The version matrix: 14 to 18 are supported (docs/deploy.md). The whole suite ran above, on
 # 18; each other major runs again the tests whose outcome depends on PostgreSQL itself, ~105
-# tests, about two and a half minutes of one core each (most of it one database clone per test):
+# tests, ~115 CPU seconds each (PostgreSQL 16, 2026-12-01; the clone each test gets costs ~0.05
+# s: most of it is what test_plan_traps, test_generic_plans and test_store_concurrency run):
 # the migrations (syntax, DO blocks, privileges: test_migrations,
 # sql_enqueue/test_migration, sql_enqueue/test_role), the planner's choices for the hot
 # statements (the *_cost tests, test_plan_estimates and test_plan_traps), locking, SKIP
@@ -172,13 +173,16 @@ failed_legs=()
 # The build with JIT also runs the comparison benchmark's harness (Evora's side, tiny counts;
 # no figures asserted): the drain a JIT build once made ~6x slower runs there end to end.
 PG_JIT_LEG_TESTS=(tests/bench/test_bench_smoke.py)
+# No test of a leg uses Hypothesis or Schemathesis, whose pytest plugins import both libraries
+# at every start: ~3 of the ~6 CPU seconds a leg's pytest spent before its first test.
+PG_LEG_PYTEST_OPTIONS=(-q -n 0 -p no:schemathesis -p no:hypothesispytest)
 run_leg() {
     local major=$1 leg_tests=("${PG_LEG_TESTS[@]}")
     [ "$major" != 15 ] || leg_tests+=("${PG_JIT_LEG_TESTS[@]}")
     # a base temporary directory of its own: a pytest session that starts without one makes
     # /tmp/pytest-of-$USER private again (mode 700), and with it the directories of servers a
     # leg running beside it gave to the account PostgreSQL runs as (evora.embedded, as root)
-    use_postgres "$major" && run_pytest "PostgreSQL $major leg" -q -n 0 \
+    use_postgres "$major" && run_pytest "PostgreSQL $major leg" "${PG_LEG_PYTEST_OPTIONS[@]}" \
         --basetemp "$leg_logs/$major.tmp" "${leg_tests[@]}"
 }
 # Each leg is one pytest process, and as many legs run at once as the main run had workers:
