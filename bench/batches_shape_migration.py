@@ -26,6 +26,7 @@ from pathlib import Path
 
 import asyncpg
 
+from bench.group_index_migration import timed_alone
 from evora.embedded import LocalPostgres
 from evora.storage.migrate import apply_migrations
 
@@ -53,18 +54,6 @@ ALTER TABLE evora.event_batches ADD CONSTRAINT {CONSTRAINT} CHECK (
 ) NOT VALID;
 ALTER TABLE evora.event_batches VALIDATE CONSTRAINT {CONSTRAINT};
 """
-
-
-async def _timed_alone(conn: asyncpg.Connection, sql: str) -> float:
-    """Seconds `sql` takes in a transaction rolled back after it."""
-    tx = conn.transaction()
-    await tx.start()
-    try:
-        started = time.perf_counter()
-        await conn.execute(sql)
-        return time.perf_counter() - started
-    finally:
-        await tx.rollback()
 
 
 async def _writer(dsn: str, every: float, stop: asyncio.Event) -> list[float]:
@@ -103,7 +92,7 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             " WHERE inhparent = 'evora.event_batches'::regclass"
         )
         print(f"event_batches: {size} with indexes and TOAST")
-        print(f"  add NOT VALID and validate, alone: {await _timed_alone(conn, VALIDATE):.2f} s")
+        print(f"  add NOT VALID and validate, alone: {await timed_alone(conn, VALIDATE):.2f} s")
     finally:
         await conn.close()
     stop = asyncio.Event()

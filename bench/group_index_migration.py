@@ -58,7 +58,7 @@ CREATE UNIQUE INDEX jobs_group_held ON evora.jobs (queue, group_key)
 """
 
 
-async def _timed_alone(conn: asyncpg.Connection, sql: str) -> float:
+async def timed_alone(conn: asyncpg.Connection, sql: str) -> float:
     """Seconds `sql` takes in a transaction rolled back after it."""
     tx = conn.transaction()
     await tx.start()
@@ -82,8 +82,8 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
         await conn.execute("VACUUM ANALYZE evora.jobs")
         size = await conn.fetchval("SELECT pg_size_pretty(pg_table_size('evora.jobs'))")
         print(f"jobs: {size}, {args.running:,} RUNNING and {args.running:,} SUSPENDED grouped")
-        print(f"  check alone: {await _timed_alone(conn, CHECK):.2f} s")
-        print(f"  build alone: {await _timed_alone(conn, BUILD):.2f} s")
+        print(f"  check alone: {await timed_alone(conn, CHECK):.2f} s")
+        print(f"  build alone: {await timed_alone(conn, BUILD):.2f} s")
     finally:
         await conn.close()
     started = time.perf_counter()
