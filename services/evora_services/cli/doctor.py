@@ -20,7 +20,11 @@ import orjson
 from evora.config import Settings
 from evora.storage import doctor, locks
 from evora.storage.db import STATEMENT_TIMEOUT_MS, connect, session_settings
-from evora.storage.migrate import missing_versions, stale_function_files
+from evora.storage.migrate import (
+    missing_versions,
+    stale_function_files,
+    unfinished_index_builds,
+)
 from evora_services.cli.startup_errors import explain
 from evora_services.dispatcher.wakeups import POLL_SECONDS
 
@@ -83,6 +87,15 @@ async def _migrations(conn: asyncpg.Connection, _: Settings, __: Thresholds) -> 
     missing = await missing_versions(conn)
     stale = await stale_function_files(conn)
     if not missing and not stale:
+        unfinished = await unfinished_index_builds(conn)
+        if unfinished:
+            return Finding(
+                "warn",
+                f"every migration is applied, but {len(unfinished)} index build(s) an upgrade "
+                f"leaves to `evora migrate` are not done: {', '.join(unfinished)}",
+                "run `evora migrate` again once no transaction has been open for long "
+                "(it builds them CONCURRENTLY; docs/deploy.md, Upgrades)",
+            )
         return Finding("ok", "every migration and function file this version needs is applied")
     lacking = []
     if missing:

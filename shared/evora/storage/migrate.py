@@ -22,6 +22,12 @@ files existed) is thus brought to the files' text by its next `evora migrate`. A
 run (`upto`) builds a historical schema and leaves the files alone: they describe the
 newest one.
 
+An index added to a partitioned table is made ON ONLY the table by its migration, which
+builds it at once on the small partitions only; `evora migrate` then builds it on the others
+CONCURRENTLY, after the migrations' transactions, and drops the index it replaced once it is
+valid (`build_partition_indexes`): a plain build would stop the writers of a large partition
+for as long as it took.
+
 Every statement runs under a short `lock_timeout`: a lock request queued behind a long
 transaction would queue every later statement on that table behind itself (the claims and
 submissions of a live queue), for as long as that transaction lasts. A transaction that cannot
@@ -56,9 +62,24 @@ from evora.storage.retention import (
     EVENT_PARTITIONS_AHEAD,
     MAKE_EVENT_PARTITIONS,
 )
-from evora.storage.statements import with_rules
+from evora.storage.statements import load, with_rules
 
 log = logging.getLogger(__name__)
+
+(
+    PARTITION_INDEXES_MISSING,
+    INDEX_STATE,
+    RETIRING_INDEXES_READY,
+    RETIRING_INDEXES,
+    FORGET_RETIRING_INDEX,
+) = load(
+    "partition_indexes",
+    "partition_indexes_missing",
+    "index_state",
+    "retiring_indexes_ready",
+    "retiring_indexes",
+    "forget_retiring_index",
+)
 
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -72,6 +93,10 @@ LOCK_TIMEOUT_MS = 2_000
 _RETRY_FIRST_S = 0.1
 _RETRY_LAST_S = 5.0
 LOCK_RETRY_FOR_S = 600.0
+# How long the builds after the migrations (build_partition_indexes) keep trying to get past
+# the transactions a CONCURRENTLY build waits for, before `evora migrate` leaves them to its
+# next run: the schema is committed by then and correct without them.
+INDEX_BUILD_RETRY_FOR_S = 120.0
 
 # The migration that moves Evora's objects, the records included, into the schema `evora`.
 NAMESPACE_VERSION = 30
@@ -219,10 +244,12 @@ async def apply_migrations(
     pooler: Pooler = "none",
     event_partition_seconds: int = EVENT_PARTITION_SECONDS,
     event_partitions_ahead: int = EVENT_PARTITIONS_AHEAD,
+    index_build_retry_for_s: float = INDEX_BUILD_RETRY_FOR_S,
 ) -> list[int]:
     """Bring the database at `dsn` (behind `pooler`) up to date, the function files included,
-    and job_events' partitions made ahead as the sweeper makes them (or up to version
-    `upto`, without either); return the migration versions this call applied."""
+    job_events' partitions made ahead as the sweeper makes them and the indexes a migration
+    left to build on large partitions (or up to version `upto`, without any of those);
+    return the migration versions this call applied."""
     if pooler == "transaction":
         # The lock below is the session's: behind a transaction-mode pooler it would stay on
         # whichever server connection took it (and the unlock run on another), so two
@@ -255,6 +282,8 @@ async def apply_migrations(
                     "the function files",
                     partial(_apply, conn, [], files=True, partitions=partitions),
                 )
+            if upto is None:
+                await build_partition_indexes(conn, retry_for_s=index_build_retry_for_s)
             return [m.version for group in groups for m in group]
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", locks.MIGRATIONS)
@@ -380,10 +409,87 @@ async def _apply_function_files(conn: asyncpg.Connection, *, after_migrations: b
         log.info("applied function files: %s", ", ".join(f.name for f in changed))
 
 
-async def _retrying_locks(what: str, attempt: Callable[[], Awaitable[object]]) -> None:
+async def build_partition_indexes(
+    conn: asyncpg.Connection, *, retry_for_s: float = INDEX_BUILD_RETRY_FOR_S
+) -> None:
+    """Build, CONCURRENTLY and one partition at a time, the indexes that partitions of
+    Evora's tables lack of their table's partitioned indexes, and attach each; then drop
+    the indexes a migration replaced whose replacement is now valid (evora.retiring_indexes).
+    A build that cannot get past the transactions it waits for (open since before it, in this
+    database) within `retry_for_s` is left, with a warning, to the next `evora migrate`.
+
+    A migration that adds an index to a partitioned table makes it ON ONLY the table and
+    builds it at once on the small partitions (migration 0066): a plain build of a large
+    partition would stop every insert into it (the outbox's: every transition) for as long as
+    it takes. A CONCURRENTLY build lets the writers go on, and cannot run in a transaction,
+    hence here, after the migrations' transactions."""
+    for row in await conn.fetch(PARTITION_INDEXES_MISSING):
+        child = row["child"]
+        log.info("building index %s (CONCURRENTLY)", child)
+        started = time.monotonic()
+        try:
+            await _retrying_locks(
+                f"index {child}", partial(_build_and_attach, conn, row), for_s=retry_for_s
+            )
+        except MigrationError as error:
+            log.warning(
+                "%s; the schema is migrated, and reads the partitions whose index is not "
+                "built yet through the index it replaces: run `evora migrate` again",
+                error,
+            )
+            return
+        except asyncpg.UndefinedTableError:
+            log.info("%s: its partition was removed meanwhile", child)
+            continue
+        log.info("built index %s in %.1f s", child, time.monotonic() - started)
+    for row in await conn.fetch(RETIRING_INDEXES_READY):
+        try:
+            await _retrying_locks(
+                f"dropping index {row['name']}",
+                partial(_retire, conn, row["name"], row["drop"]),
+                for_s=retry_for_s,
+            )
+        except MigrationError as error:
+            log.warning("%s; run `evora migrate` again", error)
+            return
+        log.info("dropped index evora.%s, replaced", row["name"])
+
+
+async def unfinished_index_builds(conn: asyncpg.Connection) -> list[str]:
+    """What build_partition_indexes() has left to do, by name: each partition's index to
+    build, each replaced index to drop (`evora doctor` warns of them). For a database with
+    every migration applied."""
+    left = [row["child"] for row in await conn.fetch(PARTITION_INDEXES_MISSING)]
+    return left + [
+        f"{row['name']} (to drop, replaced)" for row in await conn.fetch(RETIRING_INDEXES)
+    ]
+
+
+async def _build_and_attach(conn: asyncpg.Connection, index: asyncpg.Record) -> None:
+    """One partition's index: built unless a run before this one built it (then only
+    attached), and built again if that run was interrupted and left it invalid."""
+    valid = await conn.fetchval(INDEX_STATE, index["child"])
+    if valid is False:
+        await conn.execute(index["drop_leftover"])
+    if valid is not True:
+        await conn.execute(index["build"])
+    await conn.execute(index["attach"])
+
+
+async def _retire(conn: asyncpg.Connection, name: str, drop: str | None) -> None:
+    async with conn.transaction():
+        if drop is not None:
+            await conn.execute(drop)
+        await conn.execute(FORGET_RETIRING_INDEX, name)
+
+
+async def _retrying_locks(
+    what: str, attempt: Callable[[], Awaitable[object]], *, for_s: float = LOCK_RETRY_FOR_S
+) -> None:
     """Run `attempt` (a transaction, or statements that can run again) until it gets its
-    locks within the session's lock_timeout, pausing longer after each refusal."""
-    give_up = time.monotonic() + LOCK_RETRY_FOR_S
+    locks within the session's lock_timeout, pausing longer after each refusal, for at most
+    `for_s` seconds."""
+    give_up = time.monotonic() + for_s
     pause = _RETRY_FIRST_S
     while True:
         try:
@@ -392,7 +498,7 @@ async def _retrying_locks(what: str, attempt: Callable[[], Awaitable[object]]) -
         except asyncpg.LockNotAvailableError as error:
             if time.monotonic() + pause > give_up:
                 raise MigrationError(
-                    f"{what} could not get its locks for {LOCK_RETRY_FOR_S:.0f} s: a long "
+                    f"{what} could not get its locks for {for_s:.0f} s: a long "
                     "transaction holds them (see pg_stat_activity); try again after it"
                 ) from error
             log.warning("%s waits for a lock (%s); trying again in %.1f s", what, error, pause)

@@ -1234,7 +1234,8 @@ CREATE FUNCTION evora.events_of_job(id uuid) RETURNS SETOF evora.job_event_rows
     SELECT * FROM evora.job_event_rows r WHERE r.job_id = id
     UNION ALL
     SELECT e.* FROM evora.event_batches b CROSS JOIN LATERAL evora.batch_events(b) e
-    WHERE b.job_ids @> ARRAY[id] AND e.job_id = id
+    WHERE evora.job_id_times(b.job_ids) @> evora.job_id_times(ARRAY[id])
+      AND b.job_ids @> ARRAY[id] AND e.job_id = id
 $$;
 
 CREATE FUNCTION evora.expire_callbacks(batch integer, suppressed text[]) RETURNS TABLE(job evora.jobs, notified text[], owed text[])
@@ -1759,6 +1760,12 @@ BEGIN
     RETURNING seq, xid, data INTO NEW.seq, NEW.xid, NEW.data;
     RETURN NEW;
 END
+$$;
+
+CREATE FUNCTION evora.job_id_times(ids uuid[]) RETURNS bytea[]
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+    SELECT ARRAY(SELECT substring(uuid_send(i) FROM 1 FOR 6) FROM unnest(ids) AS i)
 $$;
 
 CREATE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image
@@ -3623,6 +3630,11 @@ CREATE TABLE evora.projector_progress (
     snapshot pg_snapshot
 );
 
+CREATE TABLE evora.retiring_indexes (
+    name text NOT NULL,
+    replaced_by text NOT NULL
+);
+
 CREATE TABLE evora.schedules (
     name text NOT NULL,
     cron text NOT NULL,
@@ -3730,6 +3742,9 @@ ALTER TABLE ONLY evora.paused_queues
 ALTER TABLE ONLY evora.projector_progress
     ADD CONSTRAINT projector_progress_pkey PRIMARY KEY (generation);
 
+ALTER TABLE ONLY evora.retiring_indexes
+    ADD CONSTRAINT retiring_indexes_pkey PRIMARY KEY (name);
+
 ALTER TABLE ONLY evora.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
@@ -3743,7 +3758,7 @@ CREATE INDEX callbacks_due ON evora.callbacks USING btree (timeout_at) WHERE (ou
 
 CREATE INDEX callbacks_job ON evora.callbacks USING btree (job_id);
 
-CREATE INDEX event_batches_jobs ON ONLY evora.event_batches USING gin (job_ids);
+CREATE INDEX event_batches_job_times ON ONLY evora.event_batches USING gin (evora.job_id_times(job_ids)) WITH (fastupdate=off);
 
 CREATE INDEX event_batches_seq ON ONLY evora.event_batches USING brin (seq, last_seq) WITH (pages_per_range='32', autosummarize='on');
 

@@ -64,17 +64,39 @@ LANGUAGE sql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan =
     SELECT * FROM evora.events_between(lo, hi)
 $$;
 
--- A job's events, in no order: its rows through job_events_version_once, its batches
--- through the GIN index of their job ids. Never a sequential scan, and planned with the id:
--- a plan a connection kept from when a partition held a few batches read every batch of it
--- on each later call (tests/integration/test_plan_traps.py, `events`).
+-- The milliseconds of `ids`' creation, one per id: the keys of a batch in
+-- event_batches_job_times (migration 0066), the index a job's timeline is found by (GIN keeps
+-- each key of a row once: a DISTINCT here would only add a sort). A job id
+-- is a UUIDv7 whose first 6 bytes are its creation's Unix time in milliseconds
+-- (evora.uuid7(), uuid7s() in storage/submissions.py), and the jobs a statement moves were
+-- mostly created together (a batch submitted in one call shares one millisecond; a claim takes
+-- the oldest first), so a batch of 100 events adds one key or a few to the index where one per
+-- job cost ~110 B of WAL per event. An id of another kind (from before ids were UUIDv7s) is a
+-- key of its own, as every id was. IMMUTABLE because an index is built on it: changing what
+-- it returns requires rebuilding event_batches_job_times.
+CREATE OR REPLACE FUNCTION evora.job_id_times(ids uuid[])
+RETURNS bytea[]
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT ARRAY(SELECT substring(uuid_send(i) FROM 1 FOR 6) FROM unnest(ids) AS i)
+$$;
+
+-- A job's events, in no order: its rows through job_events_version_once, its batches through
+-- event_batches_job_times (the batches holding a job created in its millisecond), of which
+-- `job_ids @> ARRAY[id]` keeps those that hold it before any is unfolded. That second
+-- condition is also the index of the batches' job ids by which the timeline was read before
+-- migration 0066, which the upgrade keeps until the new index is built on every partition
+-- (storage/migrate.py): whichever a partition has, its batches are read through an index.
+-- Never a sequential scan, and planned with the id: a plan a connection kept from when a
+-- partition held a few batches read every batch of it on each later call
+-- (tests/integration/test_plan_traps.py, `events`).
 CREATE OR REPLACE FUNCTION evora.events_of_job(id uuid)
 RETURNS SETOF evora.job_event_rows
 LANGUAGE sql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
     SELECT * FROM evora.job_event_rows r WHERE r.job_id = id
     UNION ALL
     SELECT e.* FROM evora.event_batches b CROSS JOIN LATERAL evora.batch_events(b) e
-    WHERE b.job_ids @> ARRAY[id] AND e.job_id = id
+    WHERE evora.job_id_times(b.job_ids) @> evora.job_id_times(ARRAY[id])
+      AND b.job_ids @> ARRAY[id] AND e.job_id = id
 $$;
 
 -- The newest event's seq the caller's snapshot sees (0 without events). There is no B-tree
