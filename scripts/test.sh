@@ -137,7 +137,8 @@ run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 # 18; each other major runs again the tests whose outcome depends on PostgreSQL itself, ~105
 # tests, ~115 CPU seconds each (PostgreSQL 16, 2026-12-01; the clone each test gets costs ~0.05
 # s: most of it is what test_plan_traps, test_generic_plans and test_store_concurrency run):
-# the migrations (syntax, DO blocks, privileges: test_migrations,
+# the migrations (syntax, DO blocks, privileges, the catalog's text of an index that
+# `evora migrate` builds CONCURRENTLY after them: test_migrations, test_timeline_index,
 # sql_enqueue/test_migration, sql_enqueue/test_role), the planner's choices for the hot
 # statements (the *_cost tests, test_plan_estimates and test_plan_traps), locking, SKIP
 # LOCKED and snapshots under real concurrency (test_store_concurrency, test_fencing,
@@ -152,7 +153,7 @@ run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 # as CI runs it), or for the majors EVORA_PG_LEGS names ("none" for none).
 PG_LEG_TESTS=(
     tests/integration/test_server_version.py
-    tests/integration/test_migrations.py
+    tests/integration/test_migrations.py tests/integration/test_timeline_index.py
     tests/sql_enqueue/test_migration.py tests/sql_enqueue/test_role.py
     tests/integration/test_plan_estimates.py tests/integration/test_claim_cost.py
     tests/integration/test_generic_plans.py tests/integration/test_plan_traps.py

@@ -21,6 +21,7 @@ from evora.storage.migrate import (
     applied_versions,
     available,
     function_files,
+    unfinished_index_builds,
 )
 from evora.storage.statements import load
 
@@ -80,4 +81,10 @@ async def drift(conn: asyncpg.Connection) -> list[str]:
     actual, expected = await schema_objects(conn), expected_objects()
     found += [f"missing {thing}" for thing in sorted(expected - actual)]
     found += [f"unexpected {thing}" for thing in sorted(actual - expected)]
+    if set(known) <= set(applied):
+        found += [
+            f"index {index} is left to the next `evora migrate` (it builds them CONCURRENTLY "
+            "after an upgrade's migrations; run it again)"
+            for index in await unfinished_index_builds(conn)
+        ]
     return found

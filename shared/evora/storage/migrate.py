@@ -429,7 +429,9 @@ async def build_partition_indexes(
         started = time.monotonic()
         try:
             await _retrying_locks(
-                f"index {child}", partial(_build_and_attach, conn, row), for_s=retry_for_s
+                f"index {child}",
+                partial(_build_and_attach, conn, row, wait_s=retry_for_s),
+                for_s=retry_for_s,
             )
         except MigrationError as error:
             log.warning(
@@ -465,14 +467,25 @@ async def unfinished_index_builds(conn: asyncpg.Connection) -> list[str]:
     ]
 
 
-async def _build_and_attach(conn: asyncpg.Connection, index: asyncpg.Record) -> None:
+async def _build_and_attach(
+    conn: asyncpg.Connection, index: asyncpg.Record, *, wait_s: float
+) -> None:
     """One partition's index: built unless a run before this one built it (then only
-    attached), and built again if that run was interrupted and left it invalid."""
+    attached), and built again if that run was interrupted and left it invalid.
+
+    The build waits up to `wait_s` at once for the transactions it must outlast, not the
+    session's short lock timeout: its waits hold no lock a writer needs (it takes SHARE
+    UPDATE EXCLUSIVE on the partition, which inserts do not conflict with), and a build timed
+    out in its last phase has built the whole index for nothing, again at each retry."""
     valid = await conn.fetchval(INDEX_STATE, index["child"])
     if valid is False:
         await conn.execute(index["drop_leftover"])
     if valid is not True:
-        await conn.execute(index["build"])
+        await conn.execute(f"SET lock_timeout = {round(wait_s * 1000)}")
+        try:
+            await conn.execute(index["build"])
+        finally:
+            await conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
     await conn.execute(index["attach"])
 
 
