@@ -1763,9 +1763,23 @@ END
 $$;
 
 CREATE FUNCTION evora.job_id_times(ids uuid[]) RETURNS bytea[]
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
     AS $$
-    SELECT ARRAY(SELECT substring(uuid_send(i) FROM 1 FOR 6) FROM unnest(ids) AS i)
+DECLARE
+    keys bytea[] := '{}';
+    one  uuid;
+    key  bytea;
+    last bytea;
+BEGIN
+    FOREACH one IN ARRAY ids LOOP
+        key := substring(uuid_send(one) FROM 1 FOR 6);
+        IF key IS DISTINCT FROM last THEN
+            keys := keys || key;
+            last := key;
+        END IF;
+    END LOOP;
+    RETURN keys;
+END
 $$;
 
 CREATE FUNCTION evora.job_image(j evora.jobs) RETURNS evora.job_image

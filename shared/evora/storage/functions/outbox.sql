@@ -64,20 +64,38 @@ LANGUAGE sql STABLE SET plan_cache_mode = force_custom_plan SET enable_seqscan =
     SELECT * FROM evora.events_between(lo, hi)
 $$;
 
--- The milliseconds of `ids`' creation, one per id: the keys of a batch in
--- event_batches_job_times (migration 0066), the index a job's timeline is found by (GIN keeps
--- each key of a row once: a DISTINCT here would only add a sort). A job id
+-- The milliseconds of `ids`' creation, each once per run of ids that share it: the keys of a
+-- batch in event_batches_job_times (migration 0066), the index a job's timeline is found by
+-- (GIN keeps each key of a row once whatever the array repeats). A job id
 -- is a UUIDv7 whose first 6 bytes are its creation's Unix time in milliseconds
 -- (evora.uuid7(), uuid7s() in storage/submissions.py), and the jobs a statement moves were
 -- mostly created together (a batch submitted in one call shares one millisecond; a claim takes
 -- the oldest first), so a batch of 100 events adds one key or a few to the index where one per
 -- job cost ~110 B of WAL per event. An id of another kind (from before ids were UUIDv7s) is a
 -- key of its own, as every id was. IMMUTABLE because an index is built on it: changing what
--- it returns requires rebuilding event_batches_job_times.
+-- it returns requires rebuilding event_batches_job_times. PL/pgSQL, a loop over the array:
+-- the index evaluates it in every statement that writes a batch, and a SQL function's body
+-- (ARRAY(SELECT ... FROM unnest(ids))) is planned again in each before PostgreSQL 18, which
+-- made a one-job batch's insert about three times as dear
+-- (docs/benchmarks/2026-12-01-timeline-index.md).
 CREATE OR REPLACE FUNCTION evora.job_id_times(ids uuid[])
 RETURNS bytea[]
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT ARRAY(SELECT substring(uuid_send(i) FROM 1 FOR 6) FROM unnest(ids) AS i)
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    keys bytea[] := '{}';
+    one  uuid;
+    key  bytea;
+    last bytea;
+BEGIN
+    FOREACH one IN ARRAY ids LOOP
+        key := substring(uuid_send(one) FROM 1 FOR 6);
+        IF key IS DISTINCT FROM last THEN
+            keys := keys || key;
+            last := key;
+        END IF;
+    END LOOP;
+    RETURN keys;
+END
 $$;
 
 -- A job's events, in no order: its rows through job_events_version_once, its batches through

@@ -22,8 +22,22 @@
 -- The text of this function is functions/outbox.sql's; the index needs it to exist.
 CREATE OR REPLACE FUNCTION evora.job_id_times(ids uuid[])
 RETURNS bytea[]
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT ARRAY(SELECT substring(uuid_send(i) FROM 1 FOR 6) FROM unnest(ids) AS i)
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    keys bytea[] := '{}';
+    one  uuid;
+    key  bytea;
+    last bytea;
+BEGIN
+    FOREACH one IN ARRAY ids LOOP
+        key := substring(uuid_send(one) FROM 1 FOR 6);
+        IF key IS DISTINCT FROM last THEN
+            keys := keys || key;
+            last := key;
+        END IF;
+    END LOOP;
+    RETURN keys;
+END
 $$;
 
 -- Indexes a migration replaced, each dropped by `evora migrate` once its replacement (a
