@@ -20,7 +20,13 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage import queries
 from evora.storage.drift import drift
 from evora.storage.jobs import Completion, Failure, JobStore
-from evora.storage.migrate import apply_migrations, unfinished_index_builds
+from evora.storage.migrate import (
+    PARTITION_INDEXES_MISSING,
+    _build_and_attach,
+    apply_migrations,
+    build_partition_indexes,
+    unfinished_index_builds,
+)
 from evora_services.cli.doctor import run_checks
 
 # the exact events of a job, read through the view (which unfolds every batch: slow, but
@@ -286,4 +292,38 @@ async def test_the_upgrade_builds_the_index_of_a_large_partition_after_the_migra
         assert await drift(conn) == []
     finally:
         await holder.close()
+        await conn.close()
+
+
+async def test_a_partition_detached_while_its_index_is_built_keeps_it_unattached(
+    db_url: str,
+) -> None:
+    """Retention may detach the oldest partition while `evora migrate` builds an index on it
+    (the oldest is built first): the build attaches nothing and fails nothing; the partitions
+    still attached get theirs. Also a B-tree index on a column, not only migration 0066's."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("CREATE INDEX event_batches_test_at ON ONLY evora.event_batches (at)")
+        missing = await conn.fetch(PARTITION_INDEXES_MISSING)
+        partitions = await conn.fetch(
+            "SELECT 'evora.' || name AS name FROM evora.event_tables()"
+            " WHERE parent = 'evora.event_batches' ORDER BY upper"
+        )
+        assert {r["partition"] for r in missing} == {p["name"] for p in partitions}
+        [gone] = [r for r in missing if r["partition"] == partitions[-1]["name"]]
+        await conn.execute(f"ALTER TABLE evora.event_batches DETACH PARTITION {gone['partition']}")
+        await _build_and_attach(conn, gone, wait_s=5.0)
+        assert await conn.fetchval(
+            "SELECT x.indisvalid FROM pg_index x WHERE x.indexrelid = to_regclass($1)"
+            " AND NOT EXISTS (SELECT FROM pg_inherits h WHERE h.inhrelid = x.indexrelid)",
+            gone["child"],
+        )
+        await build_partition_indexes(conn)
+        assert await conn.fetchval(
+            "SELECT indisvalid FROM pg_index"
+            " WHERE indexrelid = 'evora.event_batches_test_at'::regclass"
+        )
+        assert await conn.fetch(PARTITION_INDEXES_MISSING) == []
+        await conn.execute(f"DROP TABLE {gone['partition']}")
+    finally:
         await conn.close()

@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 (
     PARTITION_INDEXES_MISSING,
     INDEX_STATE,
+    PARTITION_ATTACHED,
     RETIRING_INDEXES_READY,
     RETIRING_INDEXES,
     FORGET_RETIRING_INDEX,
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
     "partition_indexes",
     "partition_indexes_missing",
     "index_state",
+    "partition_attached",
     "retiring_indexes_ready",
     "retiring_indexes",
     "forget_retiring_index",
@@ -471,7 +473,9 @@ async def _build_and_attach(
     conn: asyncpg.Connection, index: asyncpg.Record, *, wait_s: float
 ) -> None:
     """One partition's index: built unless a run before this one built it (then only
-    attached), and built again if that run was interrupted and left it invalid.
+    attached), and built again if that run was interrupted and left it invalid. A partition
+    that retention detached meanwhile (the oldest, the first built) keeps its index unattached
+    and leaves with it.
 
     The build waits up to `wait_s` at once for the transactions it must outlast, not the
     session's short lock timeout: its waits hold no lock a writer needs (it takes SHARE
@@ -486,7 +490,12 @@ async def _build_and_attach(
             await conn.execute(index["build"])
         finally:
             await conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-    await conn.execute(index["attach"])
+    try:
+        await conn.execute(index["attach"])
+    except asyncpg.PostgresError:
+        if await conn.fetchval(PARTITION_ATTACHED, index["partition"]):
+            raise
+        log.info("%s: its table is no partition any more (retention)", index["child"])
 
 
 async def _retire(conn: asyncpg.Connection, name: str, drop: str | None) -> None:

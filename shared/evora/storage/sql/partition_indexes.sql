@@ -9,7 +9,7 @@
 -- partitioned index's own definition with CONCURRENTLY, and the partition in place of the
 -- table), the one that attaches it, and the one that drops what an interrupted build left. A
 -- partition being detached is left alone.
-SELECT format('%I.%I', n.nspname, m.child) AS child,
+SELECT format('%I.%I', n.nspname, m.child) AS child, c.oid::regclass::text AS partition,
        regexp_replace(pg_get_indexdef(pi.indexrelid),
                       '^CREATE (UNIQUE )?INDEX \S+ ON (ONLY )?\S+ ',
                       format('CREATE \1INDEX CONCURRENTLY %I ON %s ', m.child, c.oid::regclass))
@@ -41,6 +41,12 @@ ORDER BY pi.indexrelid, c.relname;
 SELECT x.indisvalid AS valid
 FROM pg_index x
 WHERE x.indexrelid = to_regclass($1);
+
+-- name: partition_attached
+-- $1 a table's qualified name: whether it is a partition still (not detached, nor being).
+SELECT EXISTS (
+    SELECT FROM pg_inherits h WHERE h.inhrelid = to_regclass($1) AND NOT h.inhdetachpending
+);
 
 -- name: retiring_indexes_ready
 -- The indexes a migration replaced whose replacement is now valid (evora.retiring_indexes):
