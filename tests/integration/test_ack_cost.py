@@ -101,9 +101,10 @@ async def test_a_completion_reads_each_job_once_and_records_in_its_own_statement
     and a fetch of the whole row per item; recording through evora.record_moves() cost a
     PL/pgSQL call, a statement of its own, and each moved job copied into a composite and
     read back out of it. PL/pgSQL calls are counted (`track_functions = 'pl'`, this
-    transaction's own statistics): the completion's function, and the statement trigger
-    that settles dependents (it finds nothing here), once each; nothing per item, nothing
-    else."""
+    transaction's own statistics): the completion's function, the statement trigger that
+    settles dependents (it finds nothing here), and the function of the batches' index of
+    job times (migration 0066) for the statement's one batch row, once each; nothing per
+    item, nothing else."""
     await store.submit_batch([JobSubmission(queue="mine", type="t") for _ in range(ITEMS)])
     mine = await store.claim(worker_id="me", queues=["mine"], max_jobs=ITEMS)
     ids = [j["id"] for j in mine]
@@ -130,7 +131,7 @@ async def test_a_completion_reads_each_job_once_and_records_in_its_own_statement
         )
     assert [r["outcome"] for r in rows] == ["done"] * ITEMS
     assert events == ITEMS
-    assert called == {"complete_items": 1, "settle_dependents": 1}, called
+    assert called == {"complete_items": 1, "settle_dependents": 1, "job_id_times": 1}, called
     assert read <= ITEMS, f"rows of jobs read to complete {ITEMS} items: {read}"
 
 
