@@ -6,6 +6,7 @@ root, so in that case the server runs as an unprivileged system account created 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
 import os
@@ -13,6 +14,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,38 +32,56 @@ class RunAs:
     gid: int
 
 
-def server_account() -> RunAs | None:
+def server_account(name: str = SERVER_USER) -> RunAs | None:
     """The account to run PostgreSQL as, or None to run it as ourselves."""
     if os.geteuid() != 0:
         return None
     try:
-        entry = pwd.getpwnam(SERVER_USER)
+        entry = pwd.getpwnam(name)
     except KeyError:
-        entry = _create_system_user(SERVER_USER)
-    return RunAs(SERVER_USER, entry.pw_uid, entry.pw_gid)
+        entry = _create_system_user(name)
+    return RunAs(name, entry.pw_uid, entry.pw_gid)
 
 
 def _create_system_user(name: str) -> pwd.struct_passwd:
+    """Creates the account once, however many processes start a server at the same moment.
+
+    useradd's own lock on /etc/passwd does not hold in every container: four useradd of one
+    name at once all exit 0 there, each writing the account with the uid it chose, and the
+    server a process started under the uid it read first then fails ("could not look up
+    effective user ID"). So creations are serialized here, and the name looked up again
+    under the lock.
+    """
     useradd = shutil.which("useradd") or shutil.which("useradd", path="/usr/sbin:/sbin")
     if useradd is None:
         raise EmbeddedServerError(
             f"running as root, PostgreSQL needs an unprivileged account {name!r} and useradd "
             "is not available: create that user, or run as a non-root user"
         )
-    options = ["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"]
-    result = subprocess.run(
-        [useradd, *options, "--shell", "/usr/sbin/nologin", name],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    # Checked by lookup rather than exit code: a concurrent process may have created it first.
+    # O_NOFOLLOW: the temporary directory is everyone's, and this runs as root
+    lock_path = Path(tempfile.gettempdir()) / f".{name}.useradd.lock"
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        raise EmbeddedServerError(
-            f"could not create system user {name!r}: {result.stderr.strip()}"
-        ) from None
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            pass
+        options = ["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"]
+        result = subprocess.run(
+            [useradd, *options, "--shell", "/usr/sbin/nologin", name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            raise EmbeddedServerError(
+                f"could not create system user {name!r}: {result.stderr.strip()}"
+            ) from None
+    finally:
+        os.close(lock)
 
 
 def make_reachable(path: Path, account: RunAs) -> None:
