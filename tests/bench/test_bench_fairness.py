@@ -3,9 +3,10 @@ of claiming against a tenant mix and judges it. No performance is asserted: only
 job ran and that, with one tenant flooding the queue, fair scheduling shares the workers
 where today's claims do not, with or without a limit that binds on the jobs. Jain's index
 measured ~0.98 fair against ~0.35-0.5 round-robin and 0.33 fifo on an idle machine; with
-two other processes spinning on the 2 cores, 0.81-0.997 fair (12 runs, 2026-12-01, after
-migration 0066; 0.958-0.988 in 8 runs before it) and once 0.795 in a CI run: the bound for
-the fair ways is 0.7, still far from the unfair ones."""
+two other processes spinning on the 2 cores, 0.81-0.997 fair (12 runs, 2026-12-01) and once
+0.795 in a CI run: the bound for the fair ways is 0.7, still far from the unfair ones. The
+spread is the short run's, not the timeline index's (0.841-0.997 with it, 0.826-0.990 with it
+dropped, 20 runs each; docs/benchmarks.md, 2026-12-01)."""
 
 from __future__ import annotations
 
