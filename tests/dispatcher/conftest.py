@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 from evora.config import Settings
 from evora_services.dispatcher.app import create_app
 from evora_services.dispatcher.state import DISPATCH, Dispatch
+from tests.polling import until
 
 TOKENS = "admin:test-admin-token,producer:test-producer-token,worker:test-worker-token"
 WORKER = {"Authorization": "Bearer test-worker-token"}
@@ -43,6 +44,22 @@ class Dispatcher:
         from evora.http.app import METRICS
 
         return self.app[METRICS].registry
+
+    def empty_claims(self) -> float:
+        return self.metric("evora_dispatcher_claims_total", result="empty")
+
+    async def poll_waiting(self, queue: str, empty_claims_before: float) -> None:
+        """Until one long-poll of `queue` claimed, found nothing and waits. A poll joins its
+        queues' line *before* its first claim, so the line alone does not say the claim ran:
+        a change made meanwhile could be seen by that claim, and the poll answered without
+        any wake-up (under load, a limit raised then was)."""
+        await until(
+            lambda: (
+                self.state.wakeups.waiting().get(queue, 0) == 1
+                and self.empty_claims() > empty_claims_before
+            ),
+            f"a poll of {queue!r} waiting after an empty claim",
+        )
 
 
 @pytest.fixture

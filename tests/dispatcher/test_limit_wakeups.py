@@ -12,7 +12,6 @@ from evora.protocol.jobs import JobSubmission
 from evora.storage.jobs import JobStore
 from evora.storage.limits import LimitSpec, LimitStore
 from tests.dispatcher.conftest import Dispatcher
-from tests.polling import until
 
 Q = "throttled"
 KEY = "api:x"
@@ -27,11 +26,12 @@ async def test_a_limit_change_wakes_a_poll_waiting_on_the_jobs_it_held_back(
     for _ in range(2):
         await store.submit(JobSubmission(queue=Q, type="t", limit_keys=[KEY]))
     [running] = await store.claim(worker_id="busy", queues=[Q])
+    empty_claims = dispatcher.empty_claims()
     poll = asyncio.create_task(
         dispatcher.post("/v1/claim", {"worker_id": "w", "queues": [Q], "wait_seconds": 30})
     )
     # the poll found the other job held back and waits
-    await until(lambda: dispatcher.state.wakeups.waiting().get(Q, 0) == 1, "the poll waiting")
+    await dispatcher.poll_waiting(Q, empty_claims)
     notified = dispatcher.metric("evora_dispatcher_wakeups_total", cause="notify")
 
     if change == "raise":

@@ -35,8 +35,9 @@ def waiting(d: Dispatcher, queue: str) -> int:
 async def test_submission_wakes_a_waiting_poll_by_notify(
     dispatcher: Dispatcher, store: JobStore
 ) -> None:
+    empty_claims = dispatcher.empty_claims()
     poll = long_poll(dispatcher, ["mail"], wait=30)
-    await until(lambda: waiting(dispatcher, "mail") == 1)
+    await dispatcher.poll_waiting("mail", empty_claims)
     assert dispatcher.metric("evora_dispatcher_waiting_polls", queue="mail") == 1
     started = time.monotonic()
     job = (await store.submit(JobSubmission(queue="mail", type="t"))).job
@@ -174,8 +175,9 @@ async def test_listener_reconnects_and_catches_up(
     assert killed == 1
     await until(lambda: dispatcher.metric("evora_dispatcher_listener_connected") == 0)
     await until(lambda: dispatcher.metric("evora_dispatcher_listener_connected") == 1)
+    empty_claims = dispatcher.empty_claims()
     poll = long_poll(dispatcher, ["after"], wait=30)
-    await until(lambda: waiting(dispatcher, "after") == 1)
+    await dispatcher.poll_waiting("after", empty_claims)
     notified = dispatcher.metric("evora_dispatcher_wakeups_total", cause="notify")
     await store.submit(JobSubmission(queue="after", type="t"))
     _, answer = await asyncio.wait_for(poll, 10)
