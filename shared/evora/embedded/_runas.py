@@ -14,7 +14,6 @@ import pwd
 import shutil
 import stat
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,8 @@ from evora.embedded._process import EmbeddedServerError
 log = logging.getLogger(__name__)
 
 SERVER_USER = "evora-pg"
+# where useradd writes the accounts; creations lock it (`_create_system_user`)
+ACCOUNTS_DIR = "/etc"
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,10 @@ def _create_system_user(name: str) -> pwd.struct_passwd:
             f"running as root, PostgreSQL needs an unprivileged account {name!r} and useradd "
             "is not available: create that user, or run as a non-root user"
         )
-    # O_NOFOLLOW: the temporary directory is everyone's, and this runs as root
-    lock_path = Path(tempfile.gettempdir()) / f".{name}.useradd.lock"
-    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    # The lock is taken on /etc itself: one inode every process reaches whatever its TMPDIR,
+    # writable by root only, and nothing to create (useradd replaces /etc/passwd by renaming,
+    # so a lock on that file would not outlive the first creation).
+    lock = os.open(ACCOUNTS_DIR, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
