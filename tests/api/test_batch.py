@@ -68,16 +68,17 @@ async def test_an_item_keeps_the_fields_its_neighbours_leave_out(
         False,
         5,
         30,
-        1.0,
-        3600.0,
-        2.0,
+        # the default backoff and on_dependency_failure are stored as NULL (migration 0067)
+        None,
+        None,
+        None,
         False,
         None,
         None,
         [],
         None,
         None,
-        "cancel",
+        None,
     )
     assert [tuple(r) for r in rows] == [
         ("0", *plain),

@@ -103,7 +103,9 @@ async def test_a_cancelled_child_cancels_or_releases_its_parent(
     status, answer = await spawn(dispatcher, parent, kids(2), on_dependency_failure=on_failure)
     assert status == 200, answer
     assert on_failure == await store.pool.fetchval(
-        "SELECT on_dependency_failure FROM evora.jobs WHERE id = $1", parent["id"]
+        # (NULL is 'cancel': migration 0067)
+        "SELECT coalesce(on_dependency_failure, 'cancel') FROM evora.jobs WHERE id = $1",
+        parent["id"],
     )
     first, second = answer["children"]
     [child] = await claim(dispatcher, [KIDS], max_jobs=1)

@@ -83,7 +83,7 @@ async def test_each_item_keeps_its_own_fields_whether_shared_or_not(
     assert [rows[i]["priority"] for i in created] == [3, 3, -4]
     assert [rows[i]["group_key"] for i in created] == [None, "g", None]
     assert {(r["max_attempts"], r["expires_at"], r["backoff_max"]) for r in rows.values()} == {
-        (7, expires, 3600.0)
+        (7, expires, None)  # the default max_seconds, stored as NULL (migration 0067)
     }
 
 

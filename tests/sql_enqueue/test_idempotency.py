@@ -436,8 +436,9 @@ async def test_racing_submissions_of_one_key_with_other_dependencies_make_one_jo
                 ]
                 answers = await _race(jobs, conns, http, api, rng)
                 rows = await conns[0].fetch(
-                    "SELECT id, depends_on, on_dependency_failure FROM evora.jobs "
-                    "WHERE idempotency_key = $1",
+                    # (NULL is 'cancel': migration 0067)
+                    "SELECT id, depends_on, coalesce(on_dependency_failure, 'cancel')"
+                    " AS on_dependency_failure FROM evora.jobs WHERE idempotency_key = $1",
                     key,
                 )
                 assert len(rows) == 1

@@ -82,9 +82,9 @@ CREATE TABLE evora.jobs (
     attempt integer DEFAULT 0 NOT NULL,
     max_attempts integer NOT NULL,
     lease_seconds integer NOT NULL,
-    backoff_initial double precision NOT NULL,
-    backoff_max double precision NOT NULL,
-    backoff_multiplier double precision NOT NULL,
+    backoff_initial double precision,
+    backoff_max double precision,
+    backoff_multiplier double precision,
     run_at timestamp with time zone NOT NULL,
     expires_at timestamp with time zone,
     lease_token uuid,
@@ -99,7 +99,7 @@ CREATE TABLE evora.jobs (
     updated_at timestamp with time zone DEFAULT evora.clock_now() NOT NULL,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
-    on_dependency_failure text DEFAULT 'cancel'::text NOT NULL,
+    on_dependency_failure text,
     dependencies_left integer DEFAULT 0 NOT NULL,
     has_dependents boolean DEFAULT false NOT NULL,
     depends_on uuid[],
@@ -126,6 +126,14 @@ CREATE TABLE evora.jobs (
 )
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
 ALTER TABLE ONLY evora.jobs ALTER COLUMN state SET STATISTICS 0;
+
+COMMENT ON COLUMN evora.jobs.backoff_initial IS 'NULL: the default, evora.limits() -> backoff -> initial_seconds';
+
+COMMENT ON COLUMN evora.jobs.backoff_max IS 'NULL: the default, evora.limits() -> backoff -> max_seconds';
+
+COMMENT ON COLUMN evora.jobs.backoff_multiplier IS 'NULL: the default, evora.limits() -> backoff -> multiplier';
+
+COMMENT ON COLUMN evora.jobs.on_dependency_failure IS 'NULL: cancel';
 
 CREATE TYPE evora.move AS (
 	job evora.jobs,
@@ -262,7 +270,7 @@ BEGIN
            (array_agg(h.id ORDER BY h.id) FILTER (WHERE h.state = 'CANCELLED'))[1]
     INTO named, arrived, cancelled
     FROM evora.hold_dependencies(fresh) AS h;
-    j.on_dependency_failure := coalesce(on_failure, j.on_dependency_failure);
+    j.on_dependency_failure := nullif(coalesce(on_failure, j.on_dependency_failure), 'cancel');
     j.dependencies_left := named;
     next := evora.dependent_next_state(j, arrived, cancelled IS NOT NULL);
     IF next = 'CANCELLED' THEN
@@ -296,9 +304,13 @@ CREATE FUNCTION evora.backoff_seconds(initial double precision, max_seconds doub
     LANGUAGE sql
     AS $$
     SELECT least(
-        max_seconds,
-        exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
+        b.max_seconds,
+        exp(least(ln(b.initial) + greatest(n - 1, 0) * ln(b.multiplier), ln(b.max_seconds) + 1))
             * (0.8 + 0.4 * random()))
+    FROM (SELECT coalesce(initial, (d ->> 'initial_seconds')::float8) AS initial,
+                 coalesce(max_seconds, (d ->> 'max_seconds')::float8) AS max_seconds,
+                 coalesce(multiplier, (d ->> 'multiplier')::float8) AS multiplier
+          FROM (SELECT evora.limits() -> 'backoff' AS d) AS defaults) AS b
 $$;
 
 CREATE TABLE evora.event_batches (
@@ -1063,7 +1075,7 @@ CREATE FUNCTION evora.dependent_next_state(j evora.jobs, arrived integer, cancel
     LANGUAGE sql IMMUTABLE
     AS $$
     SELECT CASE
-        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::evora.job_state
+        WHEN cancelled AND j.on_dependency_failure IS DISTINCT FROM 'run' THEN 'CANCELLED'::evora.job_state
         WHEN j.dependencies_left <= arrived THEN 'PENDING'::evora.job_state
         ELSE 'WAITING'::evora.job_state
     END
@@ -2715,10 +2727,13 @@ BEGIN
                                max_duration_seconds, fairness_key)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
                coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
-               x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
-               x.backoff_multiplier, x.expires_at, x.key, x.group_key,
+               x.max_attempts, x.lease_seconds,
+               nullif(x.backoff_initial, (evora.limits() -> 'backoff' ->> 'initial_seconds')::float8),
+               nullif(x.backoff_max, (evora.limits() -> 'backoff' ->> 'max_seconds')::float8),
+               nullif(x.backoff_multiplier, (evora.limits() -> 'backoff' ->> 'multiplier')::float8),
+               x.expires_at, x.key, x.group_key,
                CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
-               coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
+               coalesce(lefts[x.ord], 0), nullif(x.on_failure, 'cancel'),
                x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}'),
                x.max_duration, fairness_keys[x.ord]
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,

@@ -20,15 +20,20 @@ CREATE OR REPLACE FUNCTION evora.clock_now() RETURNS timestamptz
 $$;
 
 -- Retry n waits about initial * multiplier^(n-1), jittered by +-20 %, never above max.
--- Computed in log space so huge attempt counts cannot overflow.
+-- Computed in log space so huge attempt counts cannot overflow. A NULL field is the default
+-- (a job stores its defaults as NULL: migration 0067).
 CREATE OR REPLACE FUNCTION evora.backoff_seconds(
     initial float8, max_seconds float8, multiplier float8, n integer
 ) RETURNS float8
 LANGUAGE sql VOLATILE AS $$
     SELECT least(
-        max_seconds,
-        exp(least(ln(initial) + greatest(n - 1, 0) * ln(multiplier), ln(max_seconds) + 1))
+        b.max_seconds,
+        exp(least(ln(b.initial) + greatest(n - 1, 0) * ln(b.multiplier), ln(b.max_seconds) + 1))
             * (0.8 + 0.4 * random()))
+    FROM (SELECT coalesce(initial, (d ->> 'initial_seconds')::float8) AS initial,
+                 coalesce(max_seconds, (d ->> 'max_seconds')::float8) AS max_seconds,
+                 coalesce(multiplier, (d ->> 'multiplier')::float8) AS multiplier
+          FROM (SELECT evora.limits() -> 'backoff' AS d) AS defaults) AS b
 $$;
 
 -- The image of a job that its `submitted` event carries: everything a projection needs,

@@ -11,7 +11,8 @@ CREATE OR REPLACE FUNCTION evora.dependent_next_state(j evora.jobs, arrived inte
 RETURNS evora.job_state
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
-        WHEN cancelled AND j.on_dependency_failure = 'cancel' THEN 'CANCELLED'::evora.job_state
+        -- (NULL is 'cancel': migration 0067)
+        WHEN cancelled AND j.on_dependency_failure IS DISTINCT FROM 'run' THEN 'CANCELLED'::evora.job_state
         WHEN j.dependencies_left <= arrived THEN 'PENDING'::evora.job_state
         ELSE 'WAITING'::evora.job_state
     END
@@ -296,7 +297,7 @@ BEGIN
            (array_agg(h.id ORDER BY h.id) FILTER (WHERE h.state = 'CANCELLED'))[1]
     INTO named, arrived, cancelled
     FROM evora.hold_dependencies(fresh) AS h;
-    j.on_dependency_failure := coalesce(on_failure, j.on_dependency_failure);
+    j.on_dependency_failure := nullif(coalesce(on_failure, j.on_dependency_failure), 'cancel');
     j.dependencies_left := named;
     next := evora.dependent_next_state(j, arrived, cancelled IS NOT NULL);
     IF next = 'CANCELLED' THEN

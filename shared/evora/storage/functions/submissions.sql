@@ -1004,10 +1004,15 @@ BEGIN
                                max_duration_seconds, fairness_key)
         SELECT x.id, x.queue, x.type, x.payload, x.priority,
                coalesce(x.run_at, evora.clock_now() + make_interval(secs => coalesce(x.delay, 0))),
-               x.max_attempts, x.lease_seconds, x.backoff_initial, x.backoff_max,
-               x.backoff_multiplier, x.expires_at, x.key, x.group_key,
+               -- a default stored as NULL (migration 0067: a row's bytes are paid again in
+               -- the WAL of every transition)
+               x.max_attempts, x.lease_seconds,
+               nullif(x.backoff_initial, (evora.limits() -> 'backoff' ->> 'initial_seconds')::float8),
+               nullif(x.backoff_max, (evora.limits() -> 'backoff' ->> 'max_seconds')::float8),
+               nullif(x.backoff_multiplier, (evora.limits() -> 'backoff' ->> 'multiplier')::float8),
+               x.expires_at, x.key, x.group_key,
                CASE WHEN coalesce(lefts[x.ord], 0) > 0 THEN 'WAITING' ELSE 'PENDING' END::evora.job_state,
-               coalesce(lefts[x.ord], 0), coalesce(x.on_failure, 'cancel'),
+               coalesce(lefts[x.ord], 0), nullif(x.on_failure, 'cancel'),
                x.id IN (SELECT unnest(waited)), l.deps, coalesce(lk.names, '{}'),
                x.max_duration, fairness_keys[x.ord]
         FROM unnest(ids, queues, types, payloads, priorities, run_ats, delays, max_attempts,
