@@ -25,6 +25,12 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_048_576
 # Intervals beyond ten years overflow nothing in PostgreSQL, but no sane schedule needs them;
 # bounding them keeps every computed timestamp representable.
 MAX_SECONDS: Final = 10 * 365 * 24 * 3600
+# A job's retry backoff when its submission gives none (docs/jobs.md): the model's defaults,
+# evora.limits() in SQL, and the row reader that fills a default stored as NULL (migration
+# 0067) all read these.
+DEFAULT_BACKOFF_INITIAL_SECONDS: Final = 1.0
+DEFAULT_BACKOFF_MAX_SECONDS: Final = 3600.0
+DEFAULT_BACKOFF_MULTIPLIER: Final = 2.0
 # The longest one snooze may wait (docs/jobs-that-wait.md): a worker polling something
 # external asks again within a month; a longer wait is a schedule's (docs/schedules.md).
 MAX_SNOOZE_SECONDS: Final = 30 * 24 * 3600

@@ -16,6 +16,9 @@ from uuid import UUID
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from evora.protocol.bounds import (
+    DEFAULT_BACKOFF_INITIAL_SECONDS,
+    DEFAULT_BACKOFF_MAX_SECONDS,
+    DEFAULT_BACKOFF_MULTIPLIER,
     DEPENDENCY_REF_PREFIX,
     LIMIT_KEY_PATTERN,
     MAX_BATCH,
@@ -61,9 +64,9 @@ class Backoff(WireModel):
         },
     )
 
-    initial_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
-    max_seconds: float = Field(default=3600.0, gt=0, le=MAX_SECONDS)
-    multiplier: float = Field(default=2.0, ge=1, le=1000)
+    initial_seconds: float = Field(default=DEFAULT_BACKOFF_INITIAL_SECONDS, gt=0, le=MAX_SECONDS)
+    max_seconds: float = Field(default=DEFAULT_BACKOFF_MAX_SECONDS, gt=0, le=MAX_SECONDS)
+    multiplier: float = Field(default=DEFAULT_BACKOFF_MULTIPLIER, ge=1, le=1000)
 
     @model_validator(mode="after")
     def _max_not_below_initial(self) -> Backoff:

@@ -6,7 +6,11 @@ from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
-from evora.protocol.jobs import Backoff
+from evora.protocol.bounds import (
+    DEFAULT_BACKOFF_INITIAL_SECONDS,
+    DEFAULT_BACKOFF_MAX_SECONDS,
+    DEFAULT_BACKOFF_MULTIPLIER,
+)
 
 JobDict = dict[str, Any]
 
@@ -59,18 +63,17 @@ _EVENT_FIELDS = (
 # rows into jobs at once, and the dispatcher does little else per job.
 _job_fields = itemgetter(*_JOB_FIELDS)
 _backoff_fields = itemgetter("backoff_initial", "backoff_max", "backoff_multiplier")
-# A job stores a default field of its backoff as NULL (migration 0067): these are the numbers
-# evora.limits() gives the database for it (tests/sql_enqueue/test_bounds.py keeps them equal).
-_DEFAULT_BACKOFF = Backoff()
 
 
 def job_from_row(row: Mapping[str, Any]) -> JobDict:
     job = dict(zip(_JOB_FIELDS, _job_fields(row), strict=True))
     initial, maximum, multiplier = _backoff_fields(row)
+    # A job stores a default field of its backoff as NULL (migration 0067); evora.limits()
+    # holds the same defaults (tests/sql_enqueue/test_bounds.py keeps them equal).
     job["backoff"] = {
-        "initial_seconds": _DEFAULT_BACKOFF.initial_seconds if initial is None else initial,
-        "max_seconds": _DEFAULT_BACKOFF.max_seconds if maximum is None else maximum,
-        "multiplier": _DEFAULT_BACKOFF.multiplier if multiplier is None else multiplier,
+        "initial_seconds": DEFAULT_BACKOFF_INITIAL_SECONDS if initial is None else initial,
+        "max_seconds": DEFAULT_BACKOFF_MAX_SECONDS if maximum is None else maximum,
+        "multiplier": DEFAULT_BACKOFF_MULTIPLIER if multiplier is None else multiplier,
     }
     job["depends_on"] = row["depends_on"] or []
     job["limit_keys"] = row["limit_keys"]
