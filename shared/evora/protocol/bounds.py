@@ -25,9 +25,9 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_048_576
 # Intervals beyond ten years overflow nothing in PostgreSQL, but no sane schedule needs them;
 # bounding them keeps every computed timestamp representable.
 MAX_SECONDS: Final = 10 * 365 * 24 * 3600
-# A job's retry backoff when its submission gives none (docs/jobs.md): the model's defaults,
-# evora.limits() in SQL, and the row reader that fills a default stored as NULL (migration
-# 0067) all read these.
+# A job's retry backoff when its submission gives none (docs/http-api.md): the model's
+# defaults and the row reader that fills a default stored as NULL (migration 0067) read these;
+# evora.limits() in SQL holds the same numbers (tests/sql_enqueue/test_bounds.py).
 DEFAULT_BACKOFF_INITIAL_SECONDS: Final = 1.0
 DEFAULT_BACKOFF_MAX_SECONDS: Final = 3600.0
 DEFAULT_BACKOFF_MULTIPLIER: Final = 2.0
