@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
+
+from evora.storage.migrate import current_version
 
 REPO = Path(__file__).resolve().parents[1]
 # the source roots of either layout (`evora_services` moved into `services/`)
@@ -96,3 +99,13 @@ async def main(url, seed, queues):
 
 asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3:]))
 """
+
+
+async def schema_version(url: str) -> int:
+    """The newest migration applied to the database at `url` (before an upgrade: what the
+    earlier release's code left)."""
+    conn = await asyncpg.connect(url, timeout=30)
+    try:
+        return await current_version(conn)
+    finally:
+        await conn.close()
