@@ -49,7 +49,7 @@ INSERT INTO evora.jobs (id, queue, type, payload, state, attempt, max_attempts, 
                         backoff_initial, backoff_max, backoff_multiplier, run_at, lease_token,
                         lease_expires_at, worker_id, started_at, finished_at, dependencies_left,
                         created_at, updated_at)
-SELECT gen_random_uuid(), q.queue, 't' || (n % 20), '{}', s.state::evora.job_state,
+SELECT evora.uuid7(), q.queue, 't' || (n % 20), '{}', s.state::evora.job_state,
        CASE WHEN s.state IN ('PENDING', 'WAITING') THEN 0 ELSE 1 END, 3, 60, 1, 60, 2,
        now() - make_interval(secs => ($1 - n) / 100.0),
        CASE WHEN s.state = 'RUNNING' THEN gen_random_uuid() END,
@@ -90,7 +90,7 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
         await conn.execute("RESET session_replication_role")
         await conn.execute("VACUUM ANALYZE evora.jobs")
         middle = await conn.fetchval(
-            "SELECT submit_seq FROM evora.jobs ORDER BY submit_seq OFFSET $1 LIMIT 1",
+            "SELECT id FROM evora.jobs ORDER BY id OFFSET $1 LIMIT 1",
             args.jobs // 2,
         )
         values = {"queue": "rare", "state": "DLQ", "type": "t3"}
@@ -108,7 +108,7 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
             (
                 "redrive batch (queue big, DLQ)",
                 "SELECT id FROM evora.jobs WHERE queue = $1 AND state = 'DLQ'"
-                " ORDER BY submit_seq LIMIT 100",
+                " ORDER BY id LIMIT 100",
                 ["big"],
             )
         )
@@ -123,7 +123,7 @@ async def run(args: argparse.Namespace, dsn: str) -> None:
         await plans.print_index_sizes(conn)
         # what building them again takes (an upgrade that makes one holds writes back as long)
         await plans.print_rebuild_times(
-            conn, ("jobs_listing", "jobs_listing_at_rest", "jobs_submit_seq")
+            conn, ("jobs_listing", "jobs_listing_at_rest", "jobs_submit_seq", "jobs_listing_by_id")
         )
     finally:
         await conn.close()

@@ -735,6 +735,12 @@ def medians(shape: Shape) -> dict[str, Phase]:
     return out
 
 
+def _ratio(value: float, base: float) -> str:
+    """`value` as a multiple of `base`; a base of nothing (a CPU time below the clock's tick,
+    with a few hundred jobs) has none."""
+    return f"{value / base:5.2f}x" if base > 0 else "  n/a "
+
+
 def report(shapes: list[Shape], top: int) -> list[str]:
     lines = [
         "medians per job: WAL B (of it full-page images), client backends' CPU us,"
@@ -756,10 +762,10 @@ def report(shapes: list[Shape], top: int) -> list[str]:
         for shape in shapes:
             m = medians(shape)
             lines.append(
-                f"  {shape.name:<16} {m['submit + drain'].wal / g['submit + drain'].wal:5.2f}x"
-                f" {m['whole life'].wal / g['whole life'].wal:5.2f}x WAL;"
-                f" {m['submit + drain'].backend_us / g['submit + drain'].backend_us:5.2f}x"
-                f" {m['whole life'].backend_us / g['whole life'].backend_us:5.2f}x CPU"
+                f"  {shape.name:<16} {_ratio(m['submit + drain'].wal, g['submit + drain'].wal)}"
+                f" {_ratio(m['whole life'].wal, g['whole life'].wal)} WAL;"
+                f" {_ratio(m['submit + drain'].backend_us, g['submit + drain'].backend_us)}"
+                f" {_ratio(m['whole life'].backend_us, g['whole life'].backend_us)} CPU"
             )
     lines.append(f"the last round's WAL by relation, top {top} per phase (B per job):")
     for shape in shapes:

@@ -133,27 +133,28 @@ if [ "$#" -eq 0 ]; then
 fi
 run_pytest "PostgreSQL ${EVORA_PG_MAJOR:-18}" "${full_run[@]}" "$@" || status=$?
 
-# The version matrix: 14 to 18 are supported (docs/deploy.md). The whole suite ran above, on
-# 18; each other major runs again the tests whose outcome depends on PostgreSQL itself, ~105
-# tests, ~115 CPU seconds each (PostgreSQL 16, 2026-12-01; the clone each test gets costs ~0.05
-# s: most of it is what test_plan_traps, test_generic_plans and test_store_concurrency run):
-# the migrations (syntax, DO blocks, privileges, the catalog's text of an index that
-# `evora migrate` builds CONCURRENTLY after them: test_migrations, test_timeline_index,
+# The version matrix: 14 to 18 are supported (docs/deploy.md). The whole suite ran above, on 18;
+# each other major runs again the tests whose outcome depends on PostgreSQL itself, ~105 tests,
+# ~115 CPU seconds each (PostgreSQL 16, 2026-12-01; the clone each test gets costs ~0.05 s: most
+# of it is what test_plan_traps, test_generic_plans and test_store_concurrency run): the
+# migrations (syntax, DO blocks, privileges, the catalog's text of an index that `evora migrate`
+# builds CONCURRENTLY after them: test_migrations, test_timeline_index, test_listing_by_id,
 # sql_enqueue/test_migration, sql_enqueue/test_role), the planner's choices for the hot
-# statements (the *_cost tests, test_plan_estimates and test_plan_traps), locking, SKIP
-# LOCKED and snapshots under real concurrency (test_store_concurrency, test_fencing,
+# statements (the *_cost tests, test_plan_estimates and test_plan_traps), locking, SKIP LOCKED
+# and snapshots under real concurrency (test_store_concurrency, test_fencing,
 # sql_enqueue/test_idempotency, sql_enqueue/test_transactions, test_outbox), the projector's
-# history check on a server that refuses it (privileges, error codes: test_history_refused),
-# and the four services end to end
-# (e2e/test_flow). The rest reaches PostgreSQL only through statements these already run, or
-# checks input in PL/pgSQL the same way on every major (sql_enqueue/test_validation's ~100
-# cases). test_server_version makes sure each leg runs on the major it names (and 15 with JIT). tests/integration/test_schema.py compares
-# pg_dump's text, which differs between majors: 18 only. 15 is Debian's build, with JIT
-# (LLVM); 14, 16 and 17 the npm registry's. The legs run in a full run (no pytest arguments,
-# as CI runs it), or for the majors EVORA_PG_LEGS names ("none" for none).
+# history check on a server that refuses it (privileges, error codes: test_history_refused), and
+# the four services end to end (e2e/test_flow). The rest reaches PostgreSQL only through
+# statements these already run, or checks input in PL/pgSQL the same way on every major
+# (sql_enqueue/test_validation's ~100 cases). test_server_version makes sure each leg runs on
+# the major it names (and 15 with JIT). tests/integration/test_schema.py compares pg_dump's
+# text, which differs between majors: 18 only. 15 is Debian's build, with JIT (LLVM); 14, 16 and
+# 17 the npm registry's. The legs run in a full run (no pytest arguments, as CI runs it), or for
+# the majors EVORA_PG_LEGS names ("none" for none).
 PG_LEG_TESTS=(
     tests/integration/test_server_version.py
     tests/integration/test_migrations.py tests/integration/test_timeline_index.py
+    tests/integration/test_listing_by_id.py
     tests/sql_enqueue/test_migration.py tests/sql_enqueue/test_role.py
     tests/integration/test_plan_estimates.py tests/integration/test_claim_cost.py
     tests/integration/test_generic_plans.py tests/integration/test_plan_traps.py

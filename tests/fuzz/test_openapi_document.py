@@ -5,6 +5,7 @@ The documents are built from the apps' declarations; nothing here needs a databa
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import jsonschema
@@ -18,7 +19,13 @@ from evora.http.openapi import openapi_document
 from evora.http.problems import PROBLEM_CONTENT_TYPE
 from evora.protocol.bounds import QUEUE_PATTERN
 from evora_services.api.app import create_app as create_api
-from evora_services.api.models import JobListQuery, decode_cursor, encode_cursor
+from evora_services.api.models import (
+    JobListQuery,
+    PageQuery,
+    decode_cursor,
+    decode_job_cursor,
+    encode_cursor,
+)
 from evora_services.dispatcher.app import create_app as create_dispatcher
 
 UNUSED_DSN = "postgresql://nobody@127.0.0.1:1/none"  # the apps only connect on startup
@@ -27,7 +34,8 @@ SETTINGS = Settings(database_url=UNUSED_DSN, tokens="admin:unused-admin-token")
 
 Document = dict[str, Any]
 
-CURSOR_PATTERN = JobListQuery.model_json_schema()["properties"]["after"]["anyOf"][0]["pattern"]
+CURSOR_PATTERN = PageQuery.model_json_schema()["properties"]["after"]["anyOf"][0]["pattern"]
+JOB_CURSOR_PATTERN = JobListQuery.model_json_schema()["properties"]["after"]["anyOf"][0]["pattern"]
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +95,14 @@ def test_list_query_parameters_are_typed_and_never_null(api: Document) -> None:
     assert listed["queue"]["schema"]["pattern"] == QUEUE_PATTERN
     assert listed["state"]["schema"] == {"$ref": "#/components/schemas/JobState"}
     cursor = listed["after"]["schema"]
+    # a job's id, or (a cursor of the release before migration 0068) a submit_seq
+    assert jsonschema.Draft202012Validator(cursor).is_valid(encode_cursor(uuid.uuid4()))
     assert jsonschema.Draft202012Validator(cursor).is_valid(encode_cursor(12345))
     assert not jsonschema.Draft202012Validator(cursor).is_valid("not a cursor")
     # 11 characters carry 66 bits; a cursor's last two are zero, so this one is not a cursor
     assert not jsonschema.Draft202012Validator(cursor).is_valid("IkUH99k_ycS")
+    # 22 carry 132; an id's cursor's last four are zero
+    assert not jsonschema.Draft202012Validator(cursor).is_valid("000000000000000000000B")
     for parameter in listed.values():
         assert "null" not in str(parameter["schema"])
 
@@ -156,6 +168,10 @@ def test_every_cursor_the_pattern_allows_is_accepted(data: st.DataObject) -> Non
     submit_seq = decode_cursor(cursor)
     assert isinstance(submit_seq, int)
     assert encode_cursor(submit_seq) == cursor
+    cursor = data.draw(st.from_regex(JOB_CURSOR_PATTERN, fullmatch=True))
+    position = decode_job_cursor(cursor)
+    assert isinstance(position, uuid.UUID | int)
+    assert encode_cursor(position) == cursor
 
 
 def test_documents_say_how_strictly_bodies_are_read(api: Document, dispatcher: Document) -> None:

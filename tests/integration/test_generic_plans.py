@@ -92,7 +92,7 @@ INSERT INTO evora.jobs (id, queue, type, payload, state, priority, group_key, at
                         max_attempts, lease_seconds, backoff_initial, backoff_max,
                         backoff_multiplier, run_at, created_at, updated_at, started_at,
                         finished_at, worker_id, result)
-SELECT gen_random_uuid(), 'q' || n % $2, 't' || n % 3, jsonb_build_object('n', n),
+SELECT evora.uuid7(), 'q' || n % $2, 't' || n % 3, jsonb_build_object('n', n),
        (ARRAY['COMPLETED', 'COMPLETED', 'COMPLETED', 'CANCELLED', 'DLQ'])[n % 5 + 1]
            ::evora.job_state,
        n / 3 % 3, CASE WHEN n % 5 = 0 THEN 'g' || n % 1000 END, 1, 3, 30, 1, 60, 2,
@@ -104,7 +104,7 @@ PENDING_JOBS = """
 INSERT INTO evora.jobs (id, queue, type, payload, priority, group_key, max_attempts,
                         lease_seconds, backoff_initial, backoff_max, backoff_multiplier,
                         run_at, created_at, updated_at)
-SELECT gen_random_uuid(), 'q' || n % $2, 't' || n % 3, jsonb_build_object('n', n), n / 3 % 3,
+SELECT evora.uuid7(), 'q' || n % $2, 't' || n % 3, jsonb_build_object('n', n), n / 3 % 3,
        CASE WHEN n % 5 = 0 THEN 'g' || n % 1000 END, 3, 30, 1, 60, 2,
        CASE WHEN n % 10 = 0 THEN at + interval '1 hour' ELSE at END, at, at
 FROM generate_series(1, $1) AS n,
@@ -126,7 +126,7 @@ FROM evora.jobs j WHERE j.finished_at IS NOT NULL
 OPTIONAL_FILTERS = """
 SELECT id FROM evora.jobs
 WHERE ($1::text IS NULL OR queue = $1) AND ($2::evora.job_state IS NULL OR state = $2)
-ORDER BY submit_seq LIMIT $3
+ORDER BY id LIMIT $3
 """
 
 

@@ -101,11 +101,12 @@ async def test_a_cancel_and_a_sibling_ending_lock_the_sibling_waiting_for_it_in_
     store: JobStore, gate: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Children of one spawn may wait for each other (`ref:`): the later one waits for the
-    earlier, and the earlier one's completion holds it and then locks the later one. One
-    batch's ids share their millisecond and are random below it, so the later child's id may
-    be the smaller: in id order, a cancel of their parent held the waiting sibling and waited
-    for the one completing, which waited for it. The WAITING jobs are locked last. The ids
-    are drawn in that unlucky order here, not waited for."""
+    earlier, and the earlier one's completion holds it and then locks the later one. The later
+    child's id may be the smaller (a batch's ids follow its items' order only since migration
+    0068; a release before drew them at random within their millisecond): in id order, a
+    cancel of their parent held the waiting sibling and waited for the one completing, which
+    waited for it. The WAITING jobs are locked last. The ids are drawn in that unlucky order
+    here, not waited for."""
     drawn = submissions.uuid7s
 
     def descending(count: int) -> list[UUID]:

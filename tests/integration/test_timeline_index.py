@@ -8,7 +8,6 @@ dropped and built again, after a long transaction stopped it."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 from uuid import UUID
 
@@ -28,6 +27,7 @@ from evora.storage.migrate import (
     unfinished_index_builds,
 )
 from evora_services.cli.doctor import run_checks
+from tests.integration.held_builds import migrate_past_an_open_transaction
 
 # the exact events of a job, read through the view (which unfolds every batch: slow, but
 # with no index to trust)
@@ -209,12 +209,8 @@ async def test_the_upgrade_builds_the_index_of_a_large_partition_after_the_migra
         )
         assert big is not None
         # a transaction open since before the build: CREATE INDEX CONCURRENTLY waits for it
-        held = holder.transaction()
-        await held.start()
-        await holder.fetchval("SELECT txid_current()")
-        with caplog.at_level(logging.WARNING, logger="evora.storage.migrate"):
-            assert 66 in await apply_migrations(empty_db_url, index_build_retry_for_s=1.0)
-        assert "run `evora migrate` again" in caplog.text
+        applied, held = await migrate_past_an_open_transaction(empty_db_url, holder, caplog)
+        assert 66 in applied
         # the migration is applied; the large partition still has only the old index, which
         # the timeline reads it through (the new index is not valid yet)
         assert (

@@ -192,7 +192,7 @@ class Decision(StrEnum):
 @dataclass(frozen=True)
 class JobPage:
     jobs: list[JobDict]
-    next_after: int | None  # submit_seq to continue below, or None at the end
+    next_after: UUID | None  # the id to continue below, or None at the end
 
 
 class JobStore:
@@ -374,20 +374,27 @@ class JobStore:
         state: JobState | None = None,
         type: str | None = None,
         limit: int = 50,
-        after: int | None = None,
+        after: UUID | int | None = None,
     ) -> JobPage:
+        """A page of jobs, newest first, after the job of id `after` (or, from a cursor of the
+        release before migration 0068, after the job of submit_seq `after`)."""
         given = {"queue": queue, "state": state, "type": type}
         names = tuple(name for name, value in given.items() if value is not None)
         args: list[Any] = [given[name] for name in names]
         args.append(limit + 1)
-        if after is not None:
-            args.append(after)
-        rows = await self._pool.fetch(queries.list_jobs(names, after=after is not None), *args)
+        async with self._pool.acquire() as conn:
+            if isinstance(after, int):
+                resumed = await conn.fetchval(queries.LISTING_RESUMED, after)
+                if resumed is None:
+                    return JobPage([], None)
+                # the listing goes on below an id: the one just above that job's
+                after = UUID(int=resumed.int + 1)
+            if after is not None:
+                args.append(after)
+            rows = await conn.fetch(queries.list_jobs(names, after=after is not None), *args)
         more = len(rows) > limit
         rows = rows[:limit]
-        return JobPage(
-            [job_from_row(r) for r in rows], rows[-1]["submit_seq"] if more and rows else None
-        )
+        return JobPage([job_from_row(r) for r in rows], rows[-1]["id"] if more and rows else None)
 
     async def cancel(self, job_id: UUID) -> Cancelled:
         """Cancel the job (at once, or by a request its worker acts on while RUNNING) and,

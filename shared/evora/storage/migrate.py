@@ -26,7 +26,8 @@ An index added to a partitioned table is made ON ONLY the table by its migration
 builds it at once on the small partitions only; `evora migrate` then builds it on the others
 CONCURRENTLY, after the migrations' transactions, and drops the index it replaced once it is
 valid (`build_partition_indexes`): a plain build would stop the writers of a large partition
-for as long as it took.
+for as long as it took. An index added to a large plain table is left to the same step by
+its migration (a row in `evora.index_builds`).
 
 Every statement runs under a short `lock_timeout`: a lock request queued behind a long
 transaction would queue every later statement on that table behind itself (the claims and
@@ -68,6 +69,8 @@ log = logging.getLogger(__name__)
 
 (
     PARTITION_INDEXES_MISSING,
+    INDEX_BUILDS,
+    FORGET_INDEX_BUILD,
     INDEX_STATE,
     PARTITION_ATTACHED,
     RETIRING_INDEXES_READY,
@@ -76,6 +79,8 @@ log = logging.getLogger(__name__)
 ) = load(
     "partition_indexes",
     "partition_indexes_missing",
+    "index_builds",
+    "forget_index_build",
     "index_state",
     "partition_attached",
     "retiring_indexes_ready",
@@ -414,31 +419,36 @@ async def _apply_function_files(conn: asyncpg.Connection, *, after_migrations: b
 async def build_partition_indexes(
     conn: asyncpg.Connection, *, retry_for_s: float = INDEX_BUILD_RETRY_FOR_S
 ) -> None:
-    """Build, CONCURRENTLY and one partition at a time, the indexes that partitions of
-    Evora's tables lack of their table's partitioned indexes, and attach each; then drop
-    the indexes a migration replaced whose replacement is now valid (evora.retiring_indexes).
-    A build that cannot get past the transactions it waits for (open since before it, in this
-    database) within `retry_for_s` is left, with a warning, to the next `evora migrate`.
+    """Build, CONCURRENTLY and one at a time, the indexes that partitions of Evora's tables
+    lack of their table's partitioned indexes (each then attached) and those of plain tables a
+    migration left to build (evora.index_builds); then drop the indexes a migration replaced
+    whose replacement is now valid (evora.retiring_indexes). A build that cannot get past the
+    transactions it waits for (open since before it, in this database) within `retry_for_s`
+    is left, with a warning, to the next `evora migrate`.
 
     A migration that adds an index to a partitioned table makes it ON ONLY the table and
-    builds it at once on the small partitions (migration 0066): a plain build of a large
-    partition would stop every insert into it (the outbox's: every transition) for as long as
-    it takes. A CONCURRENTLY build lets the writers go on, and cannot run in a transaction,
-    hence here, after the migrations' transactions."""
-    for row in await conn.fetch(PARTITION_INDEXES_MISSING):
+    builds it at once on the small partitions (migration 0066); one that adds an index to a
+    large plain table leaves it here (migration 0068): a plain build stops every write of the
+    table (the outbox's inserts, the jobs' transitions) for as long as it takes. A
+    CONCURRENTLY build lets the writers go on, and cannot run in a transaction, hence here,
+    after the migrations' transactions."""
+    builds = [
+        (row, partial(_build_and_attach, conn, row, wait_s=retry_for_s))
+        for row in await conn.fetch(PARTITION_INDEXES_MISSING)
+    ] + [
+        (row, partial(_build_left, conn, row, wait_s=retry_for_s))
+        for row in await conn.fetch(INDEX_BUILDS)
+    ]
+    for row, build in builds:
         child = row["child"]
         log.info("building index %s (CONCURRENTLY)", child)
         started = time.monotonic()
         try:
-            await _retrying_locks(
-                f"index {child}",
-                partial(_build_and_attach, conn, row, wait_s=retry_for_s),
-                for_s=retry_for_s,
-            )
+            await _retrying_locks(f"index {child}", build, for_s=retry_for_s)
         except MigrationError as error:
             log.warning(
-                "%s; the schema is migrated, and reads the partitions whose index is not "
-                "built yet through the index it replaces: run `evora migrate` again",
+                "%s; the schema is migrated, and reads what the index is not built for yet "
+                "through the indexes it replaces: run `evora migrate` again",
                 error,
             )
             return
@@ -460,26 +470,23 @@ async def build_partition_indexes(
 
 
 async def unfinished_index_builds(conn: asyncpg.Connection) -> list[str]:
-    """What build_partition_indexes() has left to do, by name: each partition's index to
-    build, each replaced index to drop (`evora doctor` warns of them). For a database with
-    every migration applied."""
+    """What build_partition_indexes() has left to do, by name: each index to build, each
+    replaced index to drop (`evora doctor` warns of them). For a database with every
+    migration applied."""
     left = [row["child"] for row in await conn.fetch(PARTITION_INDEXES_MISSING)]
+    left += [row["child"] for row in await conn.fetch(INDEX_BUILDS)]
     return left + [
         f"{row['name']} (to drop, replaced)" for row in await conn.fetch(RETIRING_INDEXES)
     ]
 
 
-async def _build_and_attach(
-    conn: asyncpg.Connection, index: asyncpg.Record, *, wait_s: float
-) -> None:
-    """One partition's index: built unless a run before this one built it (then only
-    attached), and built again if that run was interrupted and left it invalid. A partition
-    that retention detached meanwhile (the oldest, the first built) keeps its index unattached
-    and leaves with it.
+async def _build(conn: asyncpg.Connection, index: asyncpg.Record, *, wait_s: float) -> None:
+    """An index built CONCURRENTLY, unless a run before this one built it, and built again if
+    that run was interrupted and left it invalid.
 
     The build waits up to `wait_s` at once for the transactions it must outlast, not the
     session's short lock timeout: its waits hold no lock a writer needs (it takes SHARE
-    UPDATE EXCLUSIVE on the partition, which inserts do not conflict with), and a build timed
+    UPDATE EXCLUSIVE on the table, which writes do not conflict with), and a build timed
     out in its last phase has built the whole index for nothing, again at each retry."""
     valid = await conn.fetchval(INDEX_STATE, index["child"])
     if valid is False:
@@ -490,6 +497,21 @@ async def _build_and_attach(
             await conn.execute(index["build"])
         finally:
             await conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+
+
+async def _build_left(conn: asyncpg.Connection, index: asyncpg.Record, *, wait_s: float) -> None:
+    """A plain table's index a migration left to build (evora.index_builds), then forgotten."""
+    await _build(conn, index, wait_s=wait_s)
+    await conn.execute(FORGET_INDEX_BUILD, index["name"])
+
+
+async def _build_and_attach(
+    conn: asyncpg.Connection, index: asyncpg.Record, *, wait_s: float
+) -> None:
+    """One partition's index, built (_build) and attached. A partition that retention
+    detached meanwhile (the oldest, the first built) keeps its index unattached and leaves
+    with it."""
+    await _build(conn, index, wait_s=wait_s)
     try:
         await conn.execute(index["attach"])
     except asyncpg.PostgresError:

@@ -70,8 +70,8 @@ def briefly(statement: str) -> str:
     "record_children",
 )
 
-GET_JOB, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(
-    "jobs", "get_job", "job_events", "next_due", "unclaimed_jobs"
+GET_JOB, LISTING_RESUMED, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(
+    "jobs", "get_job", "listing_resumed", "job_events", "next_due", "unclaimed_jobs"
 )
 
 PAUSE_QUEUE, RESUME_QUEUE, PAUSED_QUEUES, ALL_PAUSED_QUEUES, NOTIFY_QUEUES = load(
@@ -86,23 +86,21 @@ _LIST_FILTERS = {
 
 
 def list_jobs(filters: tuple[str, ...], *, after: bool) -> str:
-    """Newest-first keyset page. One statement per filter combination, so each gets a plan
-    that uses its index instead of a generic plan full of `$n IS NULL OR ...`.
-    The jobs at rest (every state but RUNNING) and the RUNNING ones are read apart, each
-    newest first, and merged: jobs_listing_at_rest leaves the RUNNING jobs out, so that a
-    claim adds no entry to it (migration 0038); they are read through jobs_submit_seq."""
+    """Newest-first keyset page, by id: a UUIDv7, ordered by the time it was made (migration
+    0068). One statement per filter combination, so each gets a plan that uses its index
+    instead of a generic plan full of `$n IS NULL OR ...`. The jobs at rest (every state but
+    RUNNING) and the RUNNING ones are read apart, each newest first, and merged:
+    jobs_listing_by_id leaves the RUNNING jobs out, so that a claim adds no entry to it
+    (migration 0038); they are read through the primary key."""
     clauses = []
     for position, name in enumerate(filters, start=1):
         clauses.append(_LIST_FILTERS[name].format(position))
     limit = len(filters) + 1
     if after:
-        clauses.append(f"submit_seq < ${limit + 1}")
+        clauses.append(f"id < ${limit + 1}")
     branches = [
         f"(SELECT * FROM evora.jobs WHERE {' AND '.join([*clauses, kind])}"
-        f" ORDER BY submit_seq DESC LIMIT ${limit})"
+        f" ORDER BY id DESC LIMIT ${limit})"
         for kind in ("state <> 'RUNNING'", "state = 'RUNNING'")
     ]
-    return (
-        f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS j"
-        f" ORDER BY submit_seq DESC LIMIT ${limit}"
-    )
+    return f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS j ORDER BY id DESC LIMIT ${limit}"

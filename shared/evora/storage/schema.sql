@@ -408,8 +408,8 @@ CREATE FUNCTION evora.cancel_held(ids uuid[], suppressed text[]) RETURNS TABLE(j
     WITH target AS (
         SELECT j.id, j.state FROM evora.jobs j
         WHERE j.id = ANY(ids)
-          AND (j.state IN ('PENDING', 'WAITING', 'SUSPENDED')
-               OR (j.state = 'RUNNING' AND NOT j.cancel_requested))
+          AND j.state IN ('PENDING', 'WAITING', 'SUSPENDED', 'RUNNING')
+          AND (j.state <> 'RUNNING' OR NOT j.cancel_requested)
     ),
     moved AS (
         UPDATE evora.jobs j
@@ -2989,7 +2989,9 @@ BEGIN
                CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
     INTO subs
     FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
-    new_ids := ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs)));
+    new_ids := ARRAY(SELECT g.id FROM (SELECT evora.uuid7() AS id
+                                        FROM generate_series(1, cardinality(subs))) AS g
+                     ORDER BY g.id);
     FOR n IN 1 .. cardinality(subs) LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', n - 1) ELSE '' END;
         FOR place IN 1 .. cardinality((subs[n]).depends_on) LOOP
@@ -3216,10 +3218,10 @@ $$;
 CREATE FUNCTION evora.uuid7() RETURNS uuid
     LANGUAGE sql PARALLEL SAFE
     AS $$
-    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-        PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-                          FROM 3)
-        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
+    SELECT encode(overlay(uuid_send(gen_random_uuid())
+        PLACING int8send(((t.us / 1000) << 16) | 28672 | ((t.us % 1000) * 4096 / 1000))
+        FROM 1 FOR 8), 'hex')::uuid
+    FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS us) AS t
 $$;
 
 CREATE FUNCTION evora.validated(item jsonb, at text) RETURNS evora.submission
@@ -3543,6 +3545,11 @@ CREATE TABLE evora.idempotency_keys (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE evora.index_builds (
+    name text NOT NULL,
+    build text NOT NULL
+);
+
 CREATE TABLE evora.job_dependencies (
     job_id uuid NOT NULL,
     depends_on uuid NOT NULL,
@@ -3741,6 +3748,9 @@ ALTER TABLE ONLY evora.function_files
 ALTER TABLE ONLY evora.idempotency_keys
     ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue, key);
 
+ALTER TABLE ONLY evora.index_builds
+    ADD CONSTRAINT index_builds_pkey PRIMARY KEY (name);
+
 ALTER TABLE ONLY evora.job_dependencies
     ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on);
 
@@ -3823,7 +3833,7 @@ CREATE INDEX jobs_group_pending ON evora.jobs USING btree (queue, group_key, pri
 
 CREATE UNIQUE INDEX jobs_group_running ON evora.jobs USING btree (queue, group_key) WHERE ((state = ANY (ARRAY['RUNNING'::evora.job_state, 'SUSPENDED'::evora.job_state])) AND (group_key IS NOT NULL));
 
-CREATE INDEX jobs_listing_at_rest ON evora.jobs USING btree (queue, state, submit_seq) WHERE (state <> 'RUNNING'::evora.job_state);
+CREATE INDEX jobs_listing_by_id ON evora.jobs USING btree (queue, state, id) WHERE (state <> 'RUNNING'::evora.job_state);
 
 CREATE INDEX jobs_pending_ttl ON evora.jobs USING btree (expires_at) WHERE ((state = 'PENDING'::evora.job_state) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
 
@@ -3832,8 +3842,6 @@ CREATE INDEX jobs_running_lease ON evora.jobs USING btree (lease_expires_at) WHE
 CREATE INDEX jobs_running_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state >= 'RUNNING'::evora.job_state) AND (state <= 'RUNNING'::evora.job_state) AND (limit_keys <> '{}'::text[]));
 
 CREATE INDEX jobs_running_time_limit ON evora.jobs USING btree (started_at) WHERE ((state = 'RUNNING'::evora.job_state) AND (max_duration_seconds IS NOT NULL));
-
-CREATE UNIQUE INDEX jobs_submit_seq ON evora.jobs USING btree (submit_seq);
 
 CREATE INDEX jobs_waiting_limit_keys ON evora.jobs USING gin (limit_keys) WITH (fastupdate=off) WHERE ((state = ANY (ARRAY['PENDING'::evora.job_state, 'WAITING'::evora.job_state])) AND (limit_keys <> '{}'::text[]));
 

@@ -48,24 +48,36 @@ QUEUE_FULL_SQLSTATE = "EV429"
 Change = Callable[..., Awaitable[list[asyncpg.Record]]]
 
 
-# The fixed bits of a UUIDv7 (RFC 9562) besides its timestamp: version 7, variant 0b10.
+# The fixed bits of a UUIDv7 (RFC 9562) besides its time: version 7, variant 0b10.
 _VERSION_AND_VARIANT = (0x7 << 76) | (0b10 << 62)
-# The bits left random: rand_a (12 bits above the variant's word) and rand_b (62 bits).
-_RANDOM_BITS = (0xFFF << 64) | ((1 << 62) - 1)
+# The bits left random: rand_b (62 bits).
+_RANDOM_BITS = (1 << 62) - 1
+# The time of the newest ids made: unix milliseconds, then 12 bits of the millisecond's fraction.
+_last_stamp = 0
 
 
 def uuid7s(count: int) -> list[UUID]:
-    """Time-ordered UUIDs (RFC 9562 version 7) for new jobs: consecutive ids land on the
-    same primary-key pages, where random ids would touch (and WAL-log) a page per insert
-    once the table is large. One read of the system's randomness serves a whole batch and
-    its fixed bits are set for every id at once (one integer of 128 bits per id, masked in
-    C); the ids are asyncpg's own UUIDs, which it encodes without a call per id."""
-    head = ((time.time_ns() // 1_000_000) << 80) | _VERSION_AND_VARIANT
+    """Time-ordered UUIDs (RFC 9562 version 7) for new jobs, in order: consecutive ids land
+    on the same primary-key pages, where random ids would touch (and WAL-log) a page per
+    insert once the table is large, and the admin listing shows the jobs in their ids' order
+    (migration 0068). The millisecond's fraction fills rand_a (12 bits, RFC 9562's third
+    method) and never goes back within the process, so each call's ids follow the last
+    call's; a call's ids share it and are sorted, so they follow the order of the items they
+    go to. One read of the system's randomness serves a whole batch and its fixed bits are
+    set for every id at once (one integer of 128 bits per id, masked in C); the ids are
+    asyncpg's own UUIDs, which it encodes without a call per id."""
+    global _last_stamp
+    milliseconds, fraction = divmod(time.time_ns(), 1_000_000)
+    stamp = max((milliseconds << 12) | (fraction * 4096 // 1_000_000), _last_stamp + 1)
+    _last_stamp = stamp
+    head = ((stamp >> 12) << 80) | ((stamp & 0xFFF) << 64) | _VERSION_AND_VARIANT
     mask = int.from_bytes(_RANDOM_BITS.to_bytes(16, "big") * count, "big")
     fixed = int.from_bytes(head.to_bytes(16, "big") * count, "big")
     noise = int.from_bytes(os.urandom(16 * count), "big")
     raw = ((noise & mask) | fixed).to_bytes(16 * count, "big")
-    return [PgUUID(raw[start : start + 16]) for start in range(0, 16 * count, 16)]
+    return [
+        PgUUID(one) for one in sorted(raw[start : start + 16] for start in range(0, 16 * count, 16))
+    ]
 
 
 def _per_item(values: list[Any]) -> list[Any]:

@@ -849,8 +849,13 @@ LANGUAGE sql VOLATILE ROWS 100 SET random_page_cost = 1 AS $$
     WITH target AS (
         SELECT j.id, j.state FROM evora.jobs j
         WHERE j.id = ANY(ids)
-          AND (j.state IN ('PENDING', 'WAITING', 'SUSPENDED')
-               OR (j.state = 'RUNNING' AND NOT j.cancel_requested))
+          -- Not `state IN (...) OR (state = 'RUNNING' AND ...)`: a plan may take each arm
+          -- through an index of its own and OR them, the first through jobs_listing_by_id
+          -- (its id, under a skip scan) and the second through jobs_running_lease, which
+          -- reads every RUNNING job on every cancel (tests/integration/test_plan_traps.py).
+          -- Stated so, no arm but the id is usable alone: the primary key's probes.
+          AND j.state IN ('PENDING', 'WAITING', 'SUSPENDED', 'RUNNING')
+          AND (j.state <> 'RUNNING' OR NOT j.cancel_requested)
     ),
     moved AS (
         UPDATE evora.jobs j

@@ -57,7 +57,7 @@ $$;
 -- How many jobs holding `k` wait to run (PENDING or WAITING), by this statement's snapshot,
 -- counting at most `most` of each kind of holder (NULL: all): admission only needs to know
 -- whether there are more than max_pending, and reads no further (index-only for
--- `queue:<q>`, through jobs_listing_at_rest; jobs_waiting_limit_keys for the other keys).
+-- `queue:<q>`, through jobs_listing_by_id; jobs_waiting_limit_keys for the other keys).
 CREATE OR REPLACE FUNCTION evora.pending_holding(k text, most bigint) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT (SELECT count(*) FROM (

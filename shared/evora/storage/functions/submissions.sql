@@ -6,13 +6,17 @@
 -- runs the file again whole, so every statement is re-runnable (CONTRIBUTING.md says how).
 
 -- A time-ordered UUID (RFC 9562 version 7), as the api makes for its jobs: consecutive ids
--- land on the same primary-key pages. (uuidv7() is built in only from PostgreSQL 18.)
+-- land on the same primary-key pages, and the admin listing's order, newest first, is the
+-- ids' (migration 0068). The millisecond's fraction fills rand_a (12 bits, RFC 9562's third
+-- method), so the ids of successive calls order as the calls did; the ids a statement makes
+-- in one microsecond share it, and are sorted where their order is the items'
+-- (evora.submit_items()). (uuidv7() is built in only from PostgreSQL 18.)
 CREATE OR REPLACE FUNCTION evora.uuid7() RETURNS uuid
 LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
-    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-        PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-                          FROM 3)
-        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
+    SELECT encode(overlay(uuid_send(gen_random_uuid())
+        PLACING int8send(((t.us / 1000) << 16) | 28672 | ((t.us % 1000) * 4096 / 1000))
+        FROM 1 FOR 8), 'hex')::uuid
+    FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS us) AS t
 $$;
 
 -- Raises the validation error of one field: SQLSTATE 22023 (invalid_parameter_value), the
@@ -1140,7 +1144,10 @@ BEGIN
                CASE WHEN batch THEN format('jobs[%s].', e.n - 1) ELSE '' END) ORDER BY e.n)
     INTO subs
     FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, n);
-    new_ids := ARRAY(SELECT evora.uuid7() FROM generate_series(1, cardinality(subs)));
+    -- sorted: the items' ids in their order, which the listing shows newest first
+    new_ids := ARRAY(SELECT g.id FROM (SELECT evora.uuid7() AS id
+                                        FROM generate_series(1, cardinality(subs))) AS g
+                     ORDER BY g.id);
     FOR n IN 1 .. cardinality(subs) LOOP
         at := CASE WHEN batch THEN format('jobs[%s].', n - 1) ELSE '' END;
         FOR place IN 1 .. cardinality((subs[n]).depends_on) LOOP

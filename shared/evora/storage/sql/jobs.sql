@@ -4,6 +4,13 @@
 -- $1 id.
 SELECT * FROM evora.jobs WHERE id = $1;
 
+-- name: listing_resumed
+-- $1 a submit_seq, from a cursor of the listing as the release before migration 0068 made it
+-- (it paged by submission number): the id of the newest job submitted before it, where that
+-- listing would have gone on. No index orders the jobs by submit_seq any more, so this reads
+-- the table: once per client paging across the rolling upgrade.
+SELECT id FROM evora.jobs WHERE submit_seq < $1 ORDER BY submit_seq DESC LIMIT 1;
+
 -- name: job_events
 -- $1 id: the job's events, oldest first (evora.events_of_job(): each table of the outbox
 -- through its index by job).

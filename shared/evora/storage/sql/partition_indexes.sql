@@ -1,6 +1,7 @@
--- What `evora migrate` does after a migration made an index ON ONLY a partitioned table
--- (storage/migrate.py, build_partition_indexes): the partitions that lack it get it built
--- CONCURRENTLY, one at a time, and attached; the index it replaced goes once it is valid.
+-- What `evora migrate` does after a migration made an index ON ONLY a partitioned table, or
+-- left one of a plain table to it (storage/migrate.py, build_partition_indexes): the
+-- partitions that lack it get it built CONCURRENTLY, one at a time, and attached; a plain
+-- table's is built CONCURRENTLY; the indexes it replaced go once it is valid.
 
 -- name: partition_indexes_missing
 -- Each partition of a table of schema `evora` that lacks an index of one of the table's
@@ -34,6 +35,21 @@ WHERE NOT EXISTS (
     WHERE ii.inhparent = pi.indexrelid AND x.indrelid = c.oid
 )
 ORDER BY pi.indexrelid, c.relname;
+
+-- name: index_builds
+-- The indexes of plain tables a migration left to build (evora.index_builds): each one's
+-- name and qualified name, the statement that builds it CONCURRENTLY and the one that drops
+-- what an interrupted build left.
+SELECT b.name, format('evora.%I', b.name) AS child,
+       regexp_replace(b.build, '^CREATE (UNIQUE )?INDEX ', 'CREATE \1INDEX CONCURRENTLY ')
+           AS build,
+       format('DROP INDEX CONCURRENTLY IF EXISTS evora.%I', b.name) AS drop_leftover
+FROM evora.index_builds b
+ORDER BY b.name;
+
+-- name: forget_index_build
+-- $1 a name of evora.index_builds, built.
+DELETE FROM evora.index_builds WHERE name = $1;
 
 -- name: index_state
 -- $1 an index's qualified name: whether it exists, and whether it is valid (an interrupted

@@ -296,11 +296,12 @@ LEFT JOIN LATERAL (
 
 -- name: redrive
 -- $1 queue, $2 type (NULL: any), $3 batch size, $4 suppressed queues. A bounded batch of the
--- queue's DLQ jobs back to PENDING, as an admin's retry does for one.
+-- queue's DLQ jobs back to PENDING, as an admin's retry does for one: the oldest first, by id
+-- (a UUIDv7: jobs_listing_by_id reads them in order).
 WITH target AS (
     SELECT id FROM evora.jobs
     WHERE queue = $1 AND state = 'DLQ' AND ($2::text IS NULL OR type = $2)
-    ORDER BY submit_seq
+    ORDER BY id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
