@@ -7,7 +7,9 @@ Across migration 0030, which moves every table into the schema `evora`, the prev
 release's statements stop working at its commit, so that upgrade is not rolling: from a
 release before it, the test does what docs/deploy.md says instead (stop the previous
 release's services, migrate, start this release's), under the same load and with the same
-checks. Once PREVIOUS_RELEASE has 0030, the roll is tested again, unchanged."""
+checks. It runs from two releases: one before 0030 (stopped, migrated, started) and the one
+before this (rolled), whose admin listing (paged by submit_seq, migration 0068 drops its
+index) answers across the roll, and whose cursor this release's listing goes on from."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import pytest
 
 from evora import Client, Worker
 from evora.storage.audit import audit
@@ -31,9 +34,11 @@ from tests.cli.commands import REPO
 from tests.polling import until
 from tests.release_tree import release_env, unpack_release
 
-# The release before this one (the commit this version's work started from). The CI clone
-# has the whole history; a shallow one lacks it.
-PREVIOUS_RELEASE = "b00318f"
+# The releases upgraded from: one from before migration 0030, and the release before this one
+# (the commit this version's work started from). The CI clone has the whole history; a
+# shallow one lacks it.
+BEFORE_NAMESPACE = "b00318f"
+PREVIOUS_RELEASE = "08f19eb"
 # The migration that moves Evora's objects into `evora`: an upgrade from a release without
 # it stops the previous release's services before migrating.
 NAMESPACE_MIGRATION = "shared/evora/storage/migrations/0030_one_namespace.sql"
@@ -41,7 +46,8 @@ NAMESPACE_MIGRATION = "shared/evora/storage/migrations/0030_one_namespace.sql"
 SERVICES = ("sweeper", "projector", "dispatcher", "api")
 PRODUCER_TOKEN = "upgrade-producer-token"
 WORKER_TOKEN = "upgrade-worker-token-0"
-TOKENS = f"producer:{PRODUCER_TOKEN},worker:{WORKER_TOKEN}"
+ADMIN_TOKEN = "upgrade-admin-token"
+TOKENS = f"producer:{PRODUCER_TOKEN},worker:{WORKER_TOKEN},admin:{ADMIN_TOKEN}"
 QUEUE = "upgrade"
 
 
@@ -51,18 +57,31 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _previous_tree(into: Path) -> Path:
-    """The previous release's library and services, unpacked from git."""
-    return unpack_release(PREVIOUS_RELEASE, into)
-
-
-def _previous_has_the_namespace() -> bool:
+def _has_the_namespace(release: str) -> bool:
     found = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS_RELEASE}:{NAMESPACE_MIGRATION}"],
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{release}:{NAMESPACE_MIGRATION}"],
         capture_output=True,
         check=False,
     )
     return found.returncode == 0
+
+
+async def _listed(fleet: Fleet, after: str | None = None) -> tuple[list[str], str | None]:
+    """A page of 5 of the queue's jobs from the admin listing (`after` it): their ids and the
+    cursor of the next page."""
+    params = {"queue": QUEUE, "limit": "5"} | ({"after": after} if after else {})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"{fleet.url('api')}/v1/jobs",
+            params=params,
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=aiohttp.ClientTimeout(total=30),
+        ) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+    return [job["id"] for job in body["jobs"]], body["next"]
 
 
 async def _migrate(tree: Path, env: dict[str, str]) -> None:
@@ -134,11 +153,12 @@ class Fleet:
             await self.stop(service)
 
 
+@pytest.mark.parametrize("release", [BEFORE_NAMESPACE, PREVIOUS_RELEASE])
 async def test_services_roll_to_this_release_under_load_after_its_migrations(
-    empty_db_url: str, mongo_url: str, mongo_db_name: str, tmp_path: Path
+    release: str, empty_db_url: str, mongo_url: str, mongo_db_name: str, tmp_path: Path
 ) -> None:
-    previous = _previous_tree(tmp_path / "previous")
-    rolling = _previous_has_the_namespace()
+    previous = unpack_release(release, tmp_path / "previous")
+    rolling = _has_the_namespace(release)
     env = {
         "EVORA_DATABASE_URL": empty_db_url,
         "EVORA_MONGO_URL": mongo_url,
@@ -189,14 +209,21 @@ async def test_services_roll_to_this_release_under_load_after_its_migrations(
         try:
             await until(partial(completed_at_least, 50), "load on the previous release", within=30)
             if rolling:
+                first, cursor = await _listed(fleet)
                 await _migrate(REPO, env)  # this release's migrations, under the old services
                 await until(partial(completed_at_least, len(accepted) + 50), "after migrating")
+                # the previous release's listing answers on the migrated schema
+                assert len((await _listed(fleet, cursor))[0]) == 5
                 for service in SERVICES:
                     await fleet.stop(service)
                     await fleet.start(service, REPO)
                     await until(
                         partial(completed_at_least, len(accepted)), f"after rolling {service}"
                     )
+                # this release's listing goes on from the previous one's cursor, below the
+                # first page's newest job
+                following, _ = await _listed(fleet, cursor)
+                assert len(following) == 5 and max(following) < max(first)
             else:  # the producers and the worker retry while nothing serves
                 await fleet.stop_all()
                 await _migrate(REPO, env)
