@@ -25,6 +25,7 @@ from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations, unfinished_index_builds
 from evora_services.cli.doctor import run_checks
 from tests.integration.held_builds import migrate_past_an_open_transaction
+from tests.polling import until
 from tests.release_tree import CODE_ROOTS, run_release_script, schema_version, unpack_release
 
 BEFORE = 67
@@ -135,6 +136,46 @@ async def test_a_listing_paged_while_jobs_come_and_move_lists_each_job_once(
         "SELECT count(*) FROM evora.jobs WHERE state <> 'PENDING' AND id = ANY($1)", there
     )
     assert moved > 0
+
+
+async def test_the_migration_waits_for_a_writer_that_read_jobs_instead_of_deadlocking(
+    empty_db_url: str,
+) -> None:
+    """A transaction of a running service reads `jobs`, then writes it while the migration
+    (on a small `jobs`, in its transaction) wants the table: the migration's lock waits for
+    it, the writer goes on, nothing deadlocks. Built as index then drops, the migration held
+    the build's SHARE lock while it waited for ACCESS EXCLUSIVE, and the writer's next
+    statement closed the cycle (the rolling upgrade's test failed so)."""
+    await apply_migrations(empty_db_url, upto=BEFORE)
+    writer = await asyncpg.connect(empty_db_url)
+    watcher = await asyncpg.connect(empty_db_url)
+    try:
+        in_progress = writer.transaction()
+        await in_progress.start()
+        await writer.fetchval("SELECT count(*) FROM evora.jobs")
+        migrating = asyncio.create_task(apply_migrations(empty_db_url))
+
+        async def waiting_for_jobs() -> bool:
+            waiting: bool = await watcher.fetchval(
+                "SELECT EXISTS (SELECT FROM pg_locks WHERE relation = 'evora.jobs'::regclass"
+                " AND mode = 'AccessExclusiveLock' AND NOT granted)"
+            )
+            return waiting
+
+        await until(waiting_for_jobs, "the migration waiting for its lock on jobs")
+        # past deadlock_timeout (1 s): a cycle would be found and broken by now
+        await writer.execute("UPDATE evora.jobs SET priority = priority WHERE false")
+        await asyncio.sleep(1.5)
+        await in_progress.commit()
+        assert 68 in await migrating
+    finally:
+        await watcher.close()
+        await writer.close()
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        assert await drift(conn) == []
+    finally:
+        await conn.close()
 
 
 # Run by BEFORE_BY_ID's own code, in a child process: migrate an empty database as that

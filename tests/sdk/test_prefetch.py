@@ -124,10 +124,12 @@ async def test_stop_releases_held_jobs_at_once_and_lets_running_ones_finish(
         return await states(store, [first, *held]) == ["RUNNING"] * 3
 
     await until(all_claimed, "three jobs claimed")
-    # Claimed is not yet received: the claim's answer may still be on its way through the
-    # proxy, and a stop then abandons it (its jobs wait out their leases, as documented).
-    # The first handler running means the worker holds all three: the claim's jobs start
-    # together, each held one waiting for the slot before any later task runs.
+    # Claimed is not yet received: each claim asks for at most `concurrency` jobs (one here),
+    # so three claims took them, and the last one's answer may still be on its way through the
+    # proxy when the database shows its job RUNNING; a stop then abandons it (its job waits
+    # out its lease, as documented: CI saw the test fail so). So the stop waits until the
+    # worker holds all three, the first in its handler, the other two waiting for the slot.
+    await until(lambda: len(blocking.worker._running) == 3, "the worker holding all three")
     await until(lambda: blocking.started == [first], "the first handler running")
     stopping = asyncio.create_task(blocking.worker.stop())
 

@@ -531,15 +531,16 @@ async def _retrying_locks(
     what: str, attempt: Callable[[], Awaitable[object]], *, for_s: float = LOCK_RETRY_FOR_S
 ) -> None:
     """Run `attempt` (a transaction, or statements that can run again) until it gets its
-    locks within the session's lock_timeout, pausing longer after each refusal, for at most
-    `for_s` seconds."""
+    locks within the session's lock_timeout without a deadlock, pausing longer after each
+    refusal, for at most `for_s` seconds."""
     give_up = time.monotonic() + for_s
     pause = _RETRY_FIRST_S
     while True:
         try:
             await attempt()
             return
-        except asyncpg.LockNotAvailableError as error:
+        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError) as error:
+            # A deadlock rolled the attempt back as a lock timeout does: try it again.
             if time.monotonic() + pause > give_up:
                 raise MigrationError(
                     f"{what} could not get its locks for {for_s:.0f} s: a long "

@@ -11,11 +11,12 @@
 -- submit_seq through their own indexes, which keep it.
 --
 -- Building an index locks `jobs` against writes for the build. On a small `jobs` (a new
--- installation, a queue that keeps little) it is built here and the two old indexes dropped;
--- on a larger one it is left to `evora migrate`, which builds it CONCURRENTLY right after
--- this transaction (evora.index_builds; storage/migrate.py) and then drops the two it
--- replaces (evora.retiring_indexes). Until it is built the listing is right but a page
--- filtered by queue reads the queue's jobs at rest through the old index.
+-- installation, a queue that keeps little) it is built here and the two old indexes dropped,
+-- under a lock that keeps every reader and writer of `jobs` waiting until the migrations'
+-- transaction commits; on a larger one it is left to `evora migrate`, which builds it
+-- CONCURRENTLY right after this transaction (evora.index_builds; storage/migrate.py) and then
+-- drops the two it replaces (evora.retiring_indexes). Until it is built the listing is right
+-- but a page filtered by queue reads the queue's jobs at rest through the old index.
 
 -- Indexes of plain tables a migration left to `evora migrate` to build CONCURRENTLY after its
 -- transaction: each index's name (in schema evora) and its CREATE INDEX statement.
@@ -30,6 +31,12 @@ DECLARE
                            'WHERE state <> ''RUNNING''';
 BEGIN
     IF pg_total_relation_size('evora.jobs') < 8 * 1024 * 1024 THEN
+        -- The strongest lock first. The build's SHARE lock and then the drops' ACCESS
+        -- EXCLUSIVE deadlocked with a writer whose transaction had read `jobs` before the
+        -- build and wrote it after (the rolling upgrade's test, under load). Waiting here
+        -- holds nothing a writer needs: it queues behind the lock request, or goes ahead of
+        -- it, and the lock_timeout and retries of `evora migrate` bound the wait.
+        LOCK TABLE evora.jobs IN ACCESS EXCLUSIVE MODE;
         EXECUTE build;
         DROP INDEX evora.jobs_listing_at_rest;
         DROP INDEX evora.jobs_submit_seq;
