@@ -163,9 +163,10 @@ async def test_the_migration_waits_for_a_writer_that_read_jobs_instead_of_deadlo
             return waiting
 
         await until(waiting_for_jobs, "the migration waiting for its lock on jobs")
-        # past deadlock_timeout (1 s): a cycle would be found and broken by now
+        # The write queues behind the migration's lock request until PostgreSQL's deadlock
+        # check (after deadlock_timeout) lets it go ahead of it; had the migration held a lock
+        # the write needs, that check would find a cycle and roll the writer back instead.
         await writer.execute("UPDATE evora.jobs SET priority = priority WHERE false")
-        await asyncio.sleep(1.5)
         await in_progress.commit()
         assert 68 in await migrating
     finally:
@@ -186,7 +187,6 @@ _BEFORE_SCRIPT = """
 import asyncio, json, sys
 from evora.protocol.jobs import JobSubmission
 from evora.storage.db import create_pool
-from evora.storage import queries
 from evora.storage.jobs import JobStore
 from evora.storage.migrate import apply_migrations
 
