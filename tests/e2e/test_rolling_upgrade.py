@@ -8,8 +8,9 @@ release's statements stop working at its commit, so that upgrade is not rolling:
 release before it, the test does what docs/deploy.md says instead (stop the previous
 release's services, migrate, start this release's), under the same load and with the same
 checks. It runs from two releases: one before 0030 (stopped, migrated, started) and the one
-before this (rolled), whose admin listing (paged by submit_seq, migration 0068 drops its
-index) answers across the roll, and whose cursor this release's listing goes on from."""
+before this (rolled), whose admin listing answers across the roll, and whose cursor this
+release's listing goes on from (a release before migration 0068 paged by submit_seq:
+tests/integration/test_listing_by_id.py and tests/api/test_admin.py read its cursors)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from tests.release_tree import release_env, unpack_release
 # (the commit this version's work started from). The CI clone has the whole history; a
 # shallow one lacks it.
 BEFORE_NAMESPACE = "b00318f"
-PREVIOUS_RELEASE = "08f19eb"
+PREVIOUS_RELEASE = "ae14c12"
 # The migration that moves Evora's objects into `evora`: an upgrade from a release without
 # it stops the previous release's services before migrating.
 NAMESPACE_MIGRATION = "shared/evora/storage/migrations/0030_one_namespace.sql"
@@ -212,6 +213,11 @@ async def test_services_roll_to_this_release_under_load_after_its_migrations(
                 first, cursor = await _listed(fleet)
                 await _migrate(REPO, env)  # this release's migrations, under the old services
                 await until(partial(completed_at_least, len(accepted) + 50), "after migrating")
+                # rows inserted from here on leave half of their page free (migration 0069)
+                options = await conn.fetchval(
+                    "SELECT reloptions FROM pg_class WHERE oid = 'evora.jobs'::regclass"
+                )
+                assert "fillfactor=50" in options
                 # the previous release's listing answers on the migrated schema
                 assert len((await _listed(fleet, cursor))[0]) == 5
                 for service in SERVICES:

@@ -4,7 +4,8 @@ which the partial indexes' predicates name), so each adds an entry to every inde
 predicate the new row matches: a full index pays on every transition. The entries
 are read from the WAL each one writes (pg_walinspect's block references, by relation), so the
 test counts what PostgreSQL did, not what a plan says it would. So are the row locks each
-writes into the heap of `jobs` (Heap/LOCK records): only those the statement needs."""
+writes into the heap of `jobs` (Heap/LOCK records): only those the statement needs; and the
+new row versions that leave their page, which the fillfactor of `jobs` keeps few."""
 
 from __future__ import annotations
 
@@ -52,19 +53,27 @@ async def _indexes_written(pool: asyncpg.Pool, step: Awaitable[object]) -> set[s
     }
 
 
+async def _heap_writes(pool: asyncpg.Pool, step: Awaitable[object]) -> tuple[int, int, int]:
+    """What `step` wrote into the heap of evora.jobs: its LOCK records, its UPDATE records
+    (one per new row version), and how many of those put the new version on another page
+    than the old one (a non-HOT update names the new version's page as block 0 and, when it
+    is another page, the old version's as block 1)."""
+    heap = [b for b in await _wal_blocks(pool, step) if b["relname"] == "jobs"]
+    locks = {b["start_lsn"] for b in heap if b["record_type"].startswith("LOCK")}
+    updates = {b["start_lsn"] for b in heap if b["record_type"].startswith("UPDATE")}
+    moved = {
+        b["start_lsn"] for b in heap if b["record_type"].startswith("UPDATE") and b["block_id"] == 1
+    }
+    return len(locks), len(updates), len(moved)
+
+
 async def _row_locks(pool: asyncpg.Pool, step: Awaitable[object]) -> int:
     """The row locks `step` took in evora.jobs beyond the ones heap_update takes itself: the
     heap's LOCK records, less one for each update whose new row version went to another page
     (heap_update marks the old version locked while it looks for room, and WAL-logs that as a
     LOCK record; a new version on the same page needs none)."""
-    heap = [b for b in await _wal_blocks(pool, step) if b["relname"] == "jobs"]
-    locks = {b["start_lsn"] for b in heap if b["record_type"].startswith("LOCK")}
-    # a non-HOT update names the new version's page as block 0 and, when it is another page,
-    # the old version's as block 1
-    moved = {
-        b["start_lsn"] for b in heap if b["record_type"].startswith("UPDATE") and b["block_id"] == 1
-    }
-    return len(locks) - len(moved)
+    locks, _, moved = await _heap_writes(pool, step)
+    return locks - moved
 
 
 async def test_a_submission_a_claim_and_a_completion_enter_only_the_indexes_of_their_state(
@@ -124,3 +133,32 @@ async def test_only_the_claim_locks_a_row_before_updating_it(
     completions = [Completion(j["id"], j["lease_token"]) for j in claimed]  # type: ignore[arg-type]
     completion_locks = await _row_locks(pool, store.complete_many(completions))
     assert (claim_locks, beat_locks, completion_locks) == (20, 0, 0)
+
+
+async def test_a_claim_and_a_completion_write_their_row_beside_the_old_one(
+    store: JobStore, pool: asyncpg.Pool
+) -> None:
+    # Submissions fill a page of jobs only half (fillfactor 50, migration 0069), so the
+    # versions a claim and a completion write find room on their row's page: such an update
+    # WAL-logs only the bytes it changed and no lock of the old version. On full pages most
+    # of them moved, writing the whole row and a Heap/LOCK record each. 300 jobs fill 9 whole
+    # pages, or take 18 half pages.
+    for _ in range(3):
+        await store.submit_batch([JobSubmission(queue="q", type="t")] * 100)
+    pages = await pool.fetchval("SELECT count(DISTINCT (ctid::text::point)[0]) FROM evora.jobs")
+    assert pages >= 5
+    claimed: list[dict[str, object]] = []
+
+    async def claim() -> None:
+        for _ in range(3):
+            claimed.extend(await store.claim(worker_id="w", queues=["q"], max_jobs=100))
+
+    _, claims, claims_moved = await _heap_writes(pool, claim())
+    assert (claims, len(claimed)) == (300, 300)
+    completions = [Completion(j["id"], j["lease_token"]) for j in claimed]  # type: ignore[arg-type]
+    _, done, done_moved = await _heap_writes(pool, store.complete_many(completions))
+    assert done == 300
+    # A page's rows grow when claimed (a lease, a worker, a start), so some overflow: 36
+    # claims and 49 completions moved here, against 246 claims on full pages.
+    assert claims_moved <= 300 // 3, (claims_moved, done_moved)
+    assert done_moved <= 300 // 3, (claims_moved, done_moved)

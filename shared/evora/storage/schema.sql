@@ -124,7 +124,7 @@ CREATE TABLE evora.jobs (
     CONSTRAINT jobs_running_has_lease CHECK (((state <> 'RUNNING'::evora.job_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT jobs_waiting_has_dependencies CHECK (((state <> 'WAITING'::evora.job_state) OR (dependencies_left > 0)))
 )
-WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
 ALTER TABLE ONLY evora.jobs ALTER COLUMN state SET STATISTICS 0;
 
 COMMENT ON COLUMN evora.jobs.backoff_initial IS 'NULL: the default, evora.limits() -> backoff -> initial_seconds';
