@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -17,7 +17,7 @@ import pytest
 from evora import sql_enqueue as sql
 from evora.config import Settings
 from evora.protocol.jobs import JobSubmission
-from evora.storage import queries
+from evora.storage import listing, queries
 from evora.storage.audit import audit
 from evora.storage.db import create_pool
 from evora.storage.drift import drift
@@ -99,6 +99,72 @@ async def test_a_cursor_of_the_release_before_goes_on_where_it_stopped(
     # below every job: the end
     page = await store.list_jobs(limit=5, after=seqs[made[0]])
     assert page.jobs == [] and page.next_after is None
+
+
+# 100,000 jobs stored 10 ms of id apart, in id order but for every seventh, whose id is 30 ms
+# older than its place (made by a clock behind, or stored late): straight into jobs, as if
+# submitted over 17 minutes.
+_LOAD_SKEWED = """
+INSERT INTO evora.jobs (id, queue, type, payload, max_attempts, lease_seconds, run_at)
+SELECT (lpad(to_hex(1800000000000 + n * 10 - CASE WHEN n % 7 = 0 THEN 30 ELSE 0 END), 12, '0')
+        || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+       'l', 't', '{}', 3, 60, now()
+FROM generate_series(1, $1) AS n
+CROSS JOIN LATERAL md5(n::text) AS h
+ORDER BY n
+"""
+
+
+class _Explained:
+    """A connection that runs each statement also under EXPLAIN (ANALYZE, BUFFERS) and adds
+    up the buffers it touched."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.buffers = 0
+        self.statements = 0
+
+    async def _explain(self, query: str, args: tuple[object, ...]) -> None:
+        # the pool decodes json: the plan comes as a list
+        explained = await self.conn.fetchval(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, *args
+        )
+        plan = explained[0]["Plan"]
+        self.buffers += plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+        self.statements += 1
+
+    async def fetchrow(self, query: str, *args: object) -> asyncpg.Record | None:
+        await self._explain(query, args)
+        return await self.conn.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: object) -> object:
+        await self._explain(query, args)
+        return await self.conn.fetchval(query, *args)
+
+
+async def test_a_cursor_of_the_release_before_is_resumed_without_reading_the_table(
+    pool: asyncpg.Pool,
+) -> None:
+    """No index orders jobs by submit_seq: the resume bisects the ids with primary-key probes
+    and reads only the jobs around where the submit_seqs pass the cursor's, and still finds
+    exactly the newest job below it, also where ids and submit_seqs disagree a little."""
+    await pool.execute(_LOAD_SKEWED, 100_000)
+    await pool.execute("VACUUM ANALYZE evora.jobs")
+    pages = await pool.fetchval("SELECT relpages FROM pg_class WHERE oid = 'evora.jobs'::regclass")
+    seqs = await pool.fetch("SELECT submit_seq FROM evora.jobs ORDER BY id")
+    lowest = seqs[0]["submit_seq"]
+    async with pool.acquire() as conn:
+        for seq in (lowest, lowest + 1, lowest + 7, lowest + 50_000, lowest + 99_999, 2**62):
+            exact = await conn.fetchval(
+                "SELECT id FROM evora.jobs WHERE submit_seq < $1 ORDER BY submit_seq DESC LIMIT 1",
+                seq,
+            )
+            counted = _Explained(conn)
+            assert await listing.resumed_after_seq(cast(asyncpg.Connection, counted), seq) == exact
+            # 49 statements at most; the window holds 4 s of ids, 400 of these jobs, on
+            # about 24 of the table's pages
+            assert counted.statements <= 49
+            assert counted.buffers < pages / 5, (seq, counted.buffers, pages)
 
 
 async def test_a_listing_paged_while_jobs_come_and_move_lists_each_job_once(

@@ -33,7 +33,7 @@ from evora.domain.errors import (
 )
 from evora.protocol.jobs import JobSubmission
 from evora.protocol.states import EventName, JobState
-from evora.storage import dependencies, queries, traces
+from evora.storage import dependencies, listing, queries, traces
 from evora.storage.db import jsonb_elements, one_deadline
 from evora.storage.dependencies import DependentsPage
 from evora.storage.notify import DEBOUNCE_SECONDS, NotifyDebouncer
@@ -384,7 +384,7 @@ class JobStore:
         args.append(limit + 1)
         async with self._pool.acquire() as conn:
             if isinstance(after, int):
-                resumed = await conn.fetchval(queries.LISTING_RESUMED, after)
+                resumed = await listing.resumed_after_seq(conn, after)
                 if resumed is None:
                     return JobPage([], None)
                 # the listing goes on below an id: the one just above that job's

@@ -70,8 +70,14 @@ def briefly(statement: str) -> str:
     "record_children",
 )
 
-GET_JOB, LISTING_RESUMED, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(
-    "jobs", "get_job", "listing_resumed", "job_events", "next_due", "unclaimed_jobs"
+GET_JOB, LISTING_PROBE, LISTING_RESUMED, JOB_EVENTS, NEXT_DUE, UNCLAIMED_JOBS = load(
+    "jobs",
+    "get_job",
+    "listing_probe",
+    "listing_resumed",
+    "job_events",
+    "next_due",
+    "unclaimed_jobs",
 )
 
 PAUSE_QUEUE, RESUME_QUEUE, PAUSED_QUEUES, ALL_PAUSED_QUEUES, NOTIFY_QUEUES = load(

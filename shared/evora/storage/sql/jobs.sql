@@ -4,12 +4,33 @@
 -- $1 id.
 SELECT * FROM evora.jobs WHERE id = $1;
 
+-- name: listing_probe
+-- $1 an id: the first job at or after it in the primary key's order, and its submit_seq. A
+-- cursor of the release before migration 0068 (it paged by submission number) names a
+-- submit_seq, and no index orders the jobs by it any more; ids and submit_seqs are both made
+-- as jobs are submitted, so evora.storage.listing bisects the ids' milliseconds with this
+-- probe (one primary key lookup each) for where the submit_seqs pass the cursor's.
+SELECT id, submit_seq FROM evora.jobs WHERE id >= $1 ORDER BY id LIMIT 1;
+
 -- name: listing_resumed
--- $1 a submit_seq, from a cursor of the listing as the release before migration 0068 made it
--- (it paged by submission number): the id of the newest job submitted before it, where that
--- listing would have gone on. No index orders the jobs by submit_seq any more, so this reads
--- the table: once per client paging across the rolling upgrade.
-SELECT id FROM evora.jobs WHERE submit_seq < $1 ORDER BY submit_seq DESC LIMIT 1;
+-- $1 a submit_seq from such a cursor, $2 and $3 the ids bounding the window around where the
+-- probes found the submit_seqs pass it: the id of the newest job submitted before it, where
+-- that listing would have gone on. Within the window, the job of the highest submit_seq below
+-- $1; with none there, the newest job below the window. Both read the primary key in a range.
+SELECT id
+FROM ((SELECT id, true AS inside
+       FROM evora.jobs
+       WHERE id >= $2 AND id < $3 AND submit_seq < $1
+       ORDER BY submit_seq DESC
+       LIMIT 1)
+      UNION ALL
+      (SELECT id, false AS inside
+       FROM evora.jobs
+       WHERE id < $2
+       ORDER BY id DESC
+       LIMIT 1)) AS found
+ORDER BY inside DESC
+LIMIT 1;
 
 -- name: job_events
 -- $1 id: the job's events, oldest first (evora.events_of_job(): each table of the outbox
